@@ -1,0 +1,2 @@
+//! The `rshmem` command.
+fn main() {}

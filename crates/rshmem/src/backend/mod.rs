@@ -1,0 +1,39 @@
+//! Backends: where the symmetric heap lives and how bytes and atomics reach a peer's copy.
+//!
+//! The backend is chosen when the world is created; everything above this trait (PE handles,
+//! teams, collectives, MoE dispatch) is backend-independent. Offsets handed to a backend are
+//! already checked against the heap and the object by the caller.
+
+pub(crate) mod shm;
+
+use crate::config::BackendKind;
+use crate::error::Result;
+
+/// An atomic read-modify-write on a 32- or 64-bit heap word; operands are zero-extended bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtomicOp {
+    Fetch,
+    Set(u64),
+    Swap(u64),
+    CompareSwap { cond: u64, value: u64 },
+    FetchAdd(u64),
+    FetchAnd(u64),
+    FetchOr(u64),
+    FetchXor(u64),
+}
+
+/// Memory of the symmetric heap and the engines that move data between PEs.
+pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+    /// Copies `src` to `offset` of PE `pe`'s heap.
+    fn put(&self, pe: usize, offset: usize, src: &[u8]) -> Result<()>;
+    /// Copies from `offset` of PE `pe`'s heap into `dst`.
+    fn get(&self, pe: usize, offset: usize, dst: &mut [u8]) -> Result<()>;
+    /// Atomic on the 8-byte (`wide`) or 4-byte word at `offset` of PE `pe`; returns the old value.
+    fn atomic(&self, pe: usize, offset: usize, wide: bool, op: AtomicOp) -> Result<u64>;
+    /// Orders this PE's earlier puts and atomics before later ones to each PE.
+    fn fence(&self);
+    /// Completes every outstanding operation of this PE.
+    fn quiet(&self) -> Result<()>;
+}

@@ -1,0 +1,214 @@
+//! Configuration: a builder, filled from `RSHMEM_*` environment variables first.
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// Which backend holds the symmetric heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// CPU memory shared between threads and processes (POSIX shm).
+    Shm,
+    /// NVIDIA GPU memory through the CUDA driver API.
+    Cuda,
+}
+
+impl BackendKind {
+    /// The name used in `RSHMEM_BACKEND` and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Shm => "shm",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// How a GPU heap is allocated (CUDA backend only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeapKind {
+    /// One `cuMemAlloc` region per PE, shared by CUDA IPC handles.
+    Static,
+    /// `cuMemCreate`/`cuMemMap` chunks shared by POSIX file descriptors.
+    Vmm,
+}
+
+/// Runtime configuration. `Config::from_env()` reads the environment; the setters override it.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Bytes of symmetric heap per PE (`RSHMEM_HEAP_SIZE`, e.g. `256M`, `2G`). Default 128 MiB.
+    pub heap_size: usize,
+    /// How long a wait, barrier or bootstrap step may take (`RSHMEM_TIMEOUT`, seconds). Default 60 s.
+    pub timeout: Duration,
+    /// Backend (`RSHMEM_BACKEND=shm|cuda`). Default shm.
+    pub backend: BackendKind,
+    /// GPU heap kind (`RSHMEM_HEAP=static|vmm`). Default static.
+    pub heap_kind: HeapKind,
+    /// Most teams alive at once, the world included (`RSHMEM_MAX_TEAMS`). Default 64.
+    pub max_teams: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            heap_size: 128 << 20,
+            timeout: Duration::from_secs(60),
+            backend: BackendKind::Shm,
+            heap_kind: HeapKind::Static,
+            max_teams: 64,
+        }
+    }
+}
+
+/// Every environment variable the library reads, with its meaning (printed by `rshmem info`).
+pub const ENV_VARS: &[(&str, &str)] = &[
+    (
+        "RSHMEM_HEAP_SIZE",
+        "symmetric heap bytes per PE (K/M/G suffixes), default 128M",
+    ),
+    (
+        "RSHMEM_TIMEOUT",
+        "seconds before a wait, barrier or bootstrap step fails, default 60",
+    ),
+    ("RSHMEM_BACKEND", "shm | cuda, default shm"),
+    ("RSHMEM_HEAP", "GPU heap kind: static | vmm, default static"),
+    ("RSHMEM_MAX_TEAMS", "most teams alive at once, default 64"),
+    (
+        "RSHMEM_RANK",
+        "this process's first PE (set by `rshmem run`)",
+    ),
+    ("RSHMEM_WORLD_SIZE", "number of PEs in the job"),
+    ("RSHMEM_LOCAL_RANK", "this process's rank on its node"),
+    (
+        "RSHMEM_THREADS",
+        "PEs (threads) per process in mixed mode, default 1",
+    ),
+    (
+        "RSHMEM_BOOTSTRAP",
+        "bootstrap address host:port of rank 0, or a unique-id string",
+    ),
+    (
+        "RSHMEM_LOG",
+        "tracing filter for the command-line tool, e.g. rshmem=debug",
+    ),
+];
+
+/// Parses sizes like `4096`, `64K`, `256M`, `2G` (binary units).
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1usize << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<usize>().ok()?.checked_mul(mul)
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn bad(name: &str, v: &str, want: &str) -> Error {
+    Error::invalid(format!("{name}={v:?}: expected {want}"))
+}
+
+impl Config {
+    /// Defaults overridden by the `RSHMEM_*` environment variables; a malformed value is an error.
+    pub fn from_env() -> Result<Config> {
+        let mut c = Config::default();
+        if let Some(v) = env("RSHMEM_HEAP_SIZE") {
+            c.heap_size =
+                parse_size(&v).ok_or_else(|| bad("RSHMEM_HEAP_SIZE", &v, "a size like 256M"))?;
+        }
+        if let Some(v) = env("RSHMEM_TIMEOUT") {
+            let s: f64 = v
+                .trim()
+                .parse()
+                .map_err(|_| bad("RSHMEM_TIMEOUT", &v, "seconds"))?;
+            if !(s.is_finite() && s > 0.0) {
+                return Err(bad("RSHMEM_TIMEOUT", &v, "a positive number of seconds"));
+            }
+            c.timeout = Duration::from_secs_f64(s);
+        }
+        if let Some(v) = env("RSHMEM_BACKEND") {
+            c.backend = match v.trim() {
+                "shm" | "cpu" => BackendKind::Shm,
+                "cuda" | "gpu" => BackendKind::Cuda,
+                _ => return Err(bad("RSHMEM_BACKEND", &v, "shm or cuda")),
+            };
+        }
+        if let Some(v) = env("RSHMEM_HEAP") {
+            c.heap_kind = match v.trim() {
+                "static" => HeapKind::Static,
+                "vmm" => HeapKind::Vmm,
+                _ => return Err(bad("RSHMEM_HEAP", &v, "static or vmm")),
+            };
+        }
+        if let Some(v) = env("RSHMEM_MAX_TEAMS") {
+            c.max_teams = v
+                .trim()
+                .parse()
+                .map_err(|_| bad("RSHMEM_MAX_TEAMS", &v, "a count"))?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Sets the heap size per PE in bytes.
+    pub fn heap_size(mut self, bytes: usize) -> Self {
+        self.heap_size = bytes;
+        self
+    }
+    /// Sets the timeout of waits, barriers and bootstrap steps.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+    /// Sets the backend.
+    pub fn backend(mut self, b: BackendKind) -> Self {
+        self.backend = b;
+        self
+    }
+    /// Sets the GPU heap kind.
+    pub fn heap_kind(mut self, k: HeapKind) -> Self {
+        self.heap_kind = k;
+        self
+    }
+    /// Sets the most teams alive at once.
+    pub fn max_teams(mut self, n: usize) -> Self {
+        self.max_teams = n;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.heap_size == 0 || self.heap_size > (1usize << 46) {
+            return Err(Error::invalid(format!(
+                "heap size {} bytes is out of range",
+                self.heap_size
+            )));
+        }
+        if self.max_teams == 0 || self.max_teams > 4096 {
+            return Err(Error::invalid(format!(
+                "max_teams {} is out of range 1..=4096",
+                self.max_teams
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::invalid("timeout must be positive"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64K"), Some(65536));
+        assert_eq!(parse_size("2g"), Some(2 << 30));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("99999999999999999999G"), None);
+    }
+}

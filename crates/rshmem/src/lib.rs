@@ -1,0 +1,46 @@
+//! # rshmem
+//!
+//! Symmetric-memory communication between processing elements (PEs): threads of one process,
+//! processes, or both; CPU memory now, GPUs through the CUDA backend. Every PE allocates the same
+//! objects at the same offsets of its symmetric heap, and any PE reads, writes and updates a
+//! peer's copy with one-sided operations.
+//!
+//! ```
+//! let sums = rshmem::threads(4, |pe| -> rshmem::Result<u64> {
+//!     let x = pe.alloc::<u64>(1)?;                       // collective, same offset everywhere
+//!     pe.atomic_fetch_add(&x, 0, pe.my_pe() as u64, 0)?; // everyone adds into PE 0's copy
+//!     pe.barrier_all()?;
+//!     pe.g(&x, 0, 0)
+//! }).unwrap();
+//! assert!(sums.into_iter().all(|s| s.unwrap() == 0 + 1 + 2 + 3));
+//! ```
+//!
+//! Errors are [`Error`]; nothing a caller passes or a peer does makes the library panic or hang:
+//! waits and barriers end in [`Error::Timeout`] or [`Error::PeerLost`].
+#![warn(missing_docs)]
+
+mod backend;
+pub mod bootstrap;
+pub mod config;
+mod control;
+pub mod elem;
+mod error;
+pub mod heap;
+pub mod nbi;
+mod pe;
+pub mod segment;
+mod sym;
+mod sync;
+mod team;
+mod world;
+
+pub use bootstrap::{Bootstrap, InProcBootstrap};
+pub use config::{BackendKind, Config, HeapKind};
+pub use elem::{AtomicElem, Cmp, Elem, ElemKind, SignalOp};
+pub use error::{Error, Result};
+pub use half::{bf16, f16};
+pub use nbi::{Completion, OpHandle, OpId, OpKind};
+pub use pe::Pe;
+pub use sym::{AsSym, RawSym, Sym, SymView};
+pub use team::Team;
+pub use world::{threads, threads_with, Mode, PROTOCOL_VERSION};

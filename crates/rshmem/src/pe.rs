@@ -1,0 +1,919 @@
+//! The PE handle: allocation, one-sided operations, atomics, signals, waits, barriers, teams.
+
+use crate::backend::AtomicOp;
+use crate::bootstrap::Bootstrap;
+use crate::config::{BackendKind, Config};
+use crate::control::EXCH_FIXED;
+use crate::elem::{AtomicElem, Cmp, Elem, SignalOp};
+use crate::error::{Error, Result};
+use crate::nbi::{Completion, OpHandle, OpKind};
+use crate::sym::{as_bytes, as_bytes_mut, AsSym, RawSym, Sym};
+use crate::sync::{dissemination_barrier, SyncMem};
+use crate::team::{color_groups, strided_members, Team};
+use crate::world::{self, Mode, PeInner};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A processing element: the handle through which one PE's code talks to the world.
+///
+/// ```
+/// // Two PEs as threads; each writes its rank into the next PE's copy of `x`.
+/// let out = rshmem::threads(2, |pe| -> rshmem::Result<u64> {
+///     let x = pe.alloc::<u64>(1)?;
+///     let next = (pe.my_pe() + 1) % pe.n_pes();
+///     pe.p(&x, 0, pe.my_pe() as u64 + 100, next)?;
+///     pe.barrier_all()?;
+///     let v = pe.g(&x, 0, pe.my_pe())?;
+///     pe.free(x)?;
+///     Ok(v)
+/// }).unwrap();
+/// assert_eq!(out.into_iter().collect::<rshmem::Result<Vec<_>>>().unwrap(), vec![101, 100]);
+/// ```
+#[derive(Debug)]
+pub struct Pe {
+    pub(crate) inner: Arc<PeInner>,
+}
+
+const TAG_ALLOC: u64 = 1;
+const TAG_FREE: u64 = 2;
+const TAG_SPLIT_STRIDED: u64 = 3;
+const TAG_SPLIT_COLOR: u64 = 4;
+const TAG_DESTROY: u64 = 5;
+
+fn tag_name(t: u64) -> &'static str {
+    match t {
+        TAG_ALLOC => "alloc",
+        TAG_FREE => "free",
+        TAG_SPLIT_STRIDED => "team_split_strided",
+        TAG_SPLIT_COLOR => "team_split",
+        TAG_DESTROY => "team_destroy",
+        _ => "collective",
+    }
+}
+
+struct TeamMem<'a> {
+    inner: &'a PeInner,
+    team: &'a Team,
+}
+
+impl SyncMem for TeamMem<'_> {
+    #[inline]
+    fn add(&self, member: usize, round: usize, v: u64) {
+        let w = self.inner.layout.barrier_word(self.team.slot, round);
+        self.inner.ctrls[self.team.members[member]]
+            .word(w)
+            .fetch_add(v, Ordering::AcqRel);
+    }
+    #[inline]
+    fn load_own(&self, round: usize) -> u64 {
+        let w = self.inner.layout.barrier_word(self.team.slot, round);
+        self.inner.ctrls[self.inner.me]
+            .word(w)
+            .load(Ordering::Acquire)
+    }
+}
+
+impl Pe {
+    /// Joins a world through `bootstrap` (collective over every rank of the bootstrap).
+    ///
+    /// Most programs use [`threads`](crate::threads) or [`init`](crate::init) instead; this is
+    /// the entry for threads the application owns: every thread calls it with its endpoint of a
+    /// shared [`InProcBootstrap`](crate::InProcBootstrap).
+    pub fn init(config: Config, bootstrap: Box<dyn Bootstrap>) -> Result<Pe> {
+        Ok(Pe {
+            inner: world::init(config, bootstrap)?,
+        })
+    }
+
+    /// Finalizes this PE: quiet, a barrier with every PE, then the PE is gone. Peers waiting on
+    /// a PE that ends without finalize see [`Error::PeerLost`].
+    pub fn finalize(self) -> Result<()> {
+        let r = self.quiet().and_then(|_| self.sync_all());
+        self.inner.finalized.store(true, Ordering::Release);
+        self.inner.ctrls[self.inner.me]
+            .word(crate::control::W_STATE)
+            .store(crate::control::STATE_FINALIZED, Ordering::Release);
+        r
+    }
+
+    /// This PE's index in the world.
+    pub fn my_pe(&self) -> usize {
+        self.inner.me
+    }
+    /// Number of PEs in the world.
+    pub fn n_pes(&self) -> usize {
+        self.inner.n
+    }
+    /// How the world's PEs are placed (threads, processes, mixed).
+    pub fn mode(&self) -> Mode {
+        self.inner.mode
+    }
+    /// The backend holding the heap.
+    pub fn backend(&self) -> BackendKind {
+        self.inner.backend.kind()
+    }
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+    /// The world team.
+    pub fn world_team(&self) -> &Team {
+        &self.inner.world_team
+    }
+    /// Heap bytes per PE, and bytes currently allocated.
+    pub fn heap_usage(&self) -> (usize, usize) {
+        let h = self.inner.heap.lock().unwrap_or_else(|e| e.into_inner());
+        (h.size(), h.used_bytes())
+    }
+    /// True when world PE `pe` lives in this process (direct pointers, no mapping).
+    pub fn is_same_process(&self, pe: usize) -> Result<bool> {
+        self.check_pe(pe)?;
+        Ok(self.inner.peers[pe].same_process)
+    }
+
+    // ----- checks -----
+
+    fn check_pe(&self, pe: usize) -> Result<()> {
+        if pe >= self.inner.n {
+            return Err(Error::PeOutOfRange {
+                pe,
+                n_pes: self.inner.n,
+                what: "world",
+            });
+        }
+        Ok(())
+    }
+
+    fn check_raw(&self, raw: RawSym) -> Result<()> {
+        if raw.job != self.inner.job {
+            return Err(Error::WorldEnded);
+        }
+        if raw.owner != self.inner.me {
+            return Err(Error::invalid(format!(
+                "symmetric object handle belongs to PE {}, used by PE {}",
+                raw.owner, self.inner.me
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks object, range and PE; returns the byte offset of element `start`.
+    fn locate<T: Elem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        start: usize,
+        count: usize,
+        pe: usize,
+    ) -> Result<usize> {
+        let raw = sym.raw();
+        self.check_raw(raw)?;
+        self.check_pe(pe)?;
+        match start.checked_add(count) {
+            Some(end) if end <= raw.len => Ok(raw.offset + start * std::mem::size_of::<T>()),
+            end => Err(Error::OutOfBounds {
+                start,
+                end: end.unwrap_or(usize::MAX),
+                len: raw.len,
+            }),
+        }
+    }
+
+    // ----- allocation -----
+
+    /// Exchanges a record with every member of `team` (collective); returns all records.
+    fn exchange(&self, team: &Team, rec: &[u64]) -> Result<Vec<Vec<u64>>> {
+        let inner = &*self.inner;
+        let base = inner.layout.exch;
+        debug_assert!(rec.len() <= inner.layout.exch_words);
+        let my = &inner.ctrls[inner.me];
+        for (i, w) in rec.iter().enumerate() {
+            my.word(base + i).store(*w, Ordering::Relaxed);
+        }
+        self.team_sync_op(team, "collective exchange")?;
+        let out = team
+            .members
+            .iter()
+            .map(|&p| {
+                (0..rec.len())
+                    .map(|i| inner.ctrls[p].word(base + i).load(Ordering::Relaxed))
+                    .collect()
+            })
+            .collect();
+        self.team_sync_op(team, "collective exchange")?;
+        Ok(out)
+    }
+
+    /// Checks that every member passed the same record; the first that differs is an error.
+    fn check_same(
+        &self,
+        team: &Team,
+        rec: &[u64],
+        all: &[Vec<u64>],
+        show: impl Fn(&[u64]) -> String,
+    ) -> Result<()> {
+        for (i, r) in all.iter().enumerate() {
+            if r.as_slice() != rec {
+                return Err(Error::CollectiveMismatch {
+                    op: tag_name(rec[0]),
+                    pe: team.members[i],
+                    mine: show(rec),
+                    theirs: show(r),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Collectively allocates `len` elements of `T` on every PE (same offset everywhere).
+    pub fn alloc<T: Elem>(&self, len: usize) -> Result<Sym<T>> {
+        self.alloc_aligned(len, std::mem::align_of::<T>())
+    }
+
+    /// As [`alloc`](Self::alloc) with an alignment (a power of two; at least 64 is used).
+    ///
+    /// Every PE must call it with the same length, type and alignment, in the same order as its
+    /// other collective allocations; a mismatch is [`Error::CollectiveMismatch`] on every PE and
+    /// nothing is allocated.
+    pub fn alloc_aligned<T: Elem>(&self, len: usize, align: usize) -> Result<Sym<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::invalid(format!("allocation of {len} elements overflows")))?;
+        let seq = self.inner.world_seq.fetch_add(1, Ordering::Relaxed);
+        let rec = [TAG_ALLOC, seq, bytes as u64, align as u64, T::KIND as u64];
+        let world = &self.inner.world_team;
+        let all = self.exchange(world, &rec)?;
+        self.check_same(world, &rec, &all, |r| {
+            if r[0] == TAG_ALLOC {
+                format!(
+                    "alloc #{} of {} bytes, align {}, type tag {}",
+                    r[1], r[2], r[3], r[4]
+                )
+            } else {
+                format!("{} #{}", tag_name(r[0]), r[1])
+            }
+        })?;
+        let off = self
+            .inner
+            .heap
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .alloc(bytes, align)?;
+        tracing::trace!(pe = self.inner.me, off, bytes, "alloc");
+        Ok(Sym::new(RawSym {
+            offset: off,
+            len,
+            job: self.inner.job,
+            owner: self.inner.me,
+        }))
+    }
+
+    /// Collectively frees an object (every PE frees the same one, checked).
+    pub fn free<T: Elem>(&self, sym: Sym<T>) -> Result<()> {
+        self.check_raw(sym.raw)?;
+        let seq = self.inner.world_seq.fetch_add(1, Ordering::Relaxed);
+        let rec = [TAG_FREE, seq, sym.raw.offset as u64, 0, 0];
+        let world = &self.inner.world_team;
+        let all = self.exchange(world, &rec)?;
+        self.check_same(world, &rec, &all, |r| {
+            format!("{} #{} at offset {}", tag_name(r[0]), r[1], r[2])
+        })?;
+        self.inner
+            .heap
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free(sym.raw.offset)
+    }
+
+    // ----- put / get -----
+
+    /// Copies `src` into PE `pe`'s copy of `dst`, starting at element `at`. Returns when `src`
+    /// may be reused (delivery is ensured by [`quiet`](Self::quiet) or a barrier).
+    pub fn put<T: Elem>(
+        &self,
+        dst: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        src: &[T],
+        pe: usize,
+    ) -> Result<()> {
+        let off = self.locate(dst, at, src.len(), pe)?;
+        self.inner.backend.put(pe, off, as_bytes(src))
+    }
+
+    /// Copies from PE `pe`'s copy of `src` (from element `at`) into `dst`.
+    pub fn get<T: Elem>(
+        &self,
+        src: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        dst: &mut [T],
+        pe: usize,
+    ) -> Result<()> {
+        let off = self.locate(src, at, dst.len(), pe)?;
+        self.inner.backend.get(pe, off, as_bytes_mut(dst))
+    }
+
+    /// Writes one element.
+    pub fn p<T: Elem>(
+        &self,
+        dst: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        value: T,
+        pe: usize,
+    ) -> Result<()> {
+        self.put(dst, at, std::slice::from_ref(&value), pe)
+    }
+
+    /// Reads one element.
+    pub fn g<T: Elem>(&self, src: &(impl AsSym<T> + ?Sized), at: usize, pe: usize) -> Result<T> {
+        let mut v = [T::ZERO];
+        self.get(src, at, &mut v, pe)?;
+        Ok(v[0])
+    }
+
+    /// Reads this PE's own copy of the whole object.
+    pub fn local_vec<T: Elem>(&self, sym: &(impl AsSym<T> + ?Sized)) -> Result<Vec<T>> {
+        let mut v = vec![T::ZERO; sym.raw().len];
+        self.get(sym, 0, &mut v, self.inner.me)?;
+        Ok(v)
+    }
+
+    /// Writes `src` into this PE's own copy, from element `at`.
+    pub fn local_write<T: Elem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        src: &[T],
+    ) -> Result<()> {
+        self.put(sym, at, src, self.inner.me)
+    }
+
+    /// Fills this PE's own copy with `value`.
+    pub fn local_fill<T: Elem>(&self, sym: &(impl AsSym<T> + ?Sized), value: T) -> Result<()> {
+        self.local_write(sym, 0, &vec![value; sym.raw().len])
+    }
+
+    fn complete(&self, kind: OpKind, pe: usize, tag: u64) -> OpHandle<'static> {
+        let id = self.inner.next_op.fetch_add(1, Ordering::Relaxed);
+        self.inner.cq.push(Completion { id, kind, pe, tag });
+        OpHandle {
+            id,
+            done: Arc::new(AtomicBool::new(true)),
+            _buf: PhantomData,
+        }
+    }
+
+    /// Non-blocking put: returns a handle at once; completion is reported by the handle, by
+    /// [`completions`](Self::completions) (with `tag`), and ensured by [`quiet`](Self::quiet).
+    /// The handle borrows `src` until it is dropped.
+    ///
+    /// On the CPU backend the copy is made by the calling thread before returning (the fastest
+    /// engine on a CPU); the handle is then already complete.
+    pub fn put_nbi<'a, T: Elem>(
+        &self,
+        dst: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        src: &'a [T],
+        pe: usize,
+        tag: u64,
+    ) -> Result<OpHandle<'a>> {
+        self.put(dst, at, src, pe)?;
+        Ok(self.complete(OpKind::Put, pe, tag))
+    }
+
+    /// Non-blocking get; `dst` is borrowed by the handle until it completes.
+    pub fn get_nbi<'a, T: Elem>(
+        &self,
+        src: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        dst: &'a mut [T],
+        pe: usize,
+        tag: u64,
+    ) -> Result<OpHandle<'a>> {
+        self.get(src, at, dst, pe)?;
+        Ok(self.complete(OpKind::Get, pe, tag))
+    }
+
+    /// Moves the completed non-blocking operations into `out`; returns how many.
+    pub fn completions(&self, out: &mut Vec<Completion>) -> usize {
+        self.inner.cq.drain(out)
+    }
+
+    // ----- signals -----
+
+    /// Puts `src` into `dst` on PE `pe`, then updates `sig[sig_at]` there (set or add `value`),
+    /// ordered so that whoever sees the signal sees the data.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal<T: Elem>(
+        &self,
+        dst: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        src: &[T],
+        sig: &(impl AsSym<u64> + ?Sized),
+        sig_at: usize,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+    ) -> Result<()> {
+        let off = self.locate(dst, at, src.len(), pe)?;
+        let soff = self.locate(sig, sig_at, 1, pe)?;
+        self.inner.backend.put(pe, off, as_bytes(src))?;
+        let aop = match op {
+            SignalOp::Set => AtomicOp::Set(value),
+            SignalOp::Add => AtomicOp::FetchAdd(value),
+        };
+        self.inner.backend.atomic(pe, soff, true, aop).map(|_| ())
+    }
+
+    /// Non-blocking [`put_signal`](Self::put_signal).
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_nbi<'a, T: Elem>(
+        &self,
+        dst: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        src: &'a [T],
+        sig: &(impl AsSym<u64> + ?Sized),
+        sig_at: usize,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+        tag: u64,
+    ) -> Result<OpHandle<'a>> {
+        self.put_signal(dst, at, src, sig, sig_at, value, op, pe)?;
+        Ok(self.complete(OpKind::PutSignal, pe, tag))
+    }
+
+    /// Reads this PE's signal word.
+    pub fn signal_fetch(&self, sig: &(impl AsSym<u64> + ?Sized), at: usize) -> Result<u64> {
+        self.atomic_fetch(sig, at, self.inner.me)
+    }
+
+    // ----- ordering -----
+
+    /// Orders earlier puts, atomics and signals to each PE before later ones to the same PE.
+    pub fn fence(&self) {
+        self.inner.backend.fence()
+    }
+
+    /// Completes every outstanding operation of this PE (all non-blocking ones included).
+    pub fn quiet(&self) -> Result<()> {
+        self.inner.backend.quiet()
+    }
+
+    // ----- atomics -----
+
+    fn amo<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        pe: usize,
+        op: AtomicOp,
+    ) -> Result<T> {
+        let off = self.locate(sym, at, 1, pe)?;
+        if off % std::mem::size_of::<T>() != 0 {
+            return Err(Error::Misaligned {
+                offset: off,
+                align: std::mem::size_of::<T>(),
+            });
+        }
+        Ok(T::from_bits(self.inner.backend.atomic(
+            pe,
+            off,
+            T::WIDE,
+            op,
+        )?))
+    }
+
+    /// Atomically reads element `at` on PE `pe`.
+    pub fn atomic_fetch<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        pe: usize,
+    ) -> Result<T> {
+        self.amo(sym, at, pe, AtomicOp::Fetch)
+    }
+    /// Atomically stores `v`.
+    pub fn atomic_set<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        v: T,
+        pe: usize,
+    ) -> Result<()> {
+        self.amo(sym, at, pe, AtomicOp::Set(v.to_bits()))
+            .map(|_: T| ())
+    }
+    /// Atomically swaps in `v`; returns the old value.
+    pub fn atomic_swap<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        v: T,
+        pe: usize,
+    ) -> Result<T> {
+        self.amo(sym, at, pe, AtomicOp::Swap(v.to_bits()))
+    }
+    /// Stores `v` if the value is `cond`; returns the old value.
+    pub fn atomic_compare_swap<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        cond: T,
+        v: T,
+        pe: usize,
+    ) -> Result<T> {
+        self.amo(
+            sym,
+            at,
+            pe,
+            AtomicOp::CompareSwap {
+                cond: cond.to_bits(),
+                value: v.to_bits(),
+            },
+        )
+    }
+    /// Adds `v` (wrapping); returns the old value.
+    pub fn atomic_fetch_add<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        v: T,
+        pe: usize,
+    ) -> Result<T> {
+        self.amo(sym, at, pe, AtomicOp::FetchAdd(v.to_bits()))
+    }
+    /// Adds `v` (wrapping).
+    pub fn atomic_add<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        v: T,
+        pe: usize,
+    ) -> Result<()> {
+        self.atomic_fetch_add(sym, at, v, pe).map(|_| ())
+    }
+    /// Adds one; returns the old value.
+    pub fn atomic_fetch_inc<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        pe: usize,
+    ) -> Result<T> {
+        self.amo(sym, at, pe, AtomicOp::FetchAdd(1))
+    }
+    /// Adds one.
+    pub fn atomic_inc<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        pe: usize,
+    ) -> Result<()> {
+        self.atomic_fetch_inc(sym, at, pe).map(|_| ())
+    }
+    /// Bitwise and; returns the old value.
+    pub fn atomic_fetch_and<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        v: T,
+        pe: usize,
+    ) -> Result<T> {
+        self.amo(sym, at, pe, AtomicOp::FetchAnd(v.to_bits()))
+    }
+    /// Bitwise or; returns the old value.
+    pub fn atomic_fetch_or<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        v: T,
+        pe: usize,
+    ) -> Result<T> {
+        self.amo(sym, at, pe, AtomicOp::FetchOr(v.to_bits()))
+    }
+    /// Bitwise xor; returns the old value.
+    pub fn atomic_fetch_xor<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        v: T,
+        pe: usize,
+    ) -> Result<T> {
+        self.amo(sym, at, pe, AtomicOp::FetchXor(v.to_bits()))
+    }
+    /// Bitwise and.
+    pub fn atomic_and<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        v: T,
+        pe: usize,
+    ) -> Result<()> {
+        self.atomic_fetch_and(sym, at, v, pe).map(|_| ())
+    }
+    /// Bitwise or.
+    pub fn atomic_or<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        v: T,
+        pe: usize,
+    ) -> Result<()> {
+        self.atomic_fetch_or(sym, at, v, pe).map(|_| ())
+    }
+    /// Bitwise xor.
+    pub fn atomic_xor<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        v: T,
+        pe: usize,
+    ) -> Result<()> {
+        self.atomic_fetch_xor(sym, at, v, pe).map(|_| ())
+    }
+
+    // ----- waiting -----
+
+    /// True when this PE's `sym[at] <cmp> value` holds now.
+    pub fn test<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        cmp: Cmp,
+        value: T,
+    ) -> Result<bool> {
+        Ok(cmp.eval(self.atomic_fetch(sym, at, self.inner.me)?, value))
+    }
+
+    /// Waits until this PE's `sym[at] <cmp> value`, at most the configured timeout.
+    pub fn wait_until<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        cmp: Cmp,
+        value: T,
+    ) -> Result<T> {
+        self.wait_until_timeout(sym, at, cmp, value, self.inner.config.timeout)
+    }
+
+    /// Waits until this PE's `sym[at] <cmp> value`, at most `timeout`; returns the value seen.
+    /// Ends in [`Error::PeerLost`] as soon as any peer is found dead, or [`Error::Timeout`].
+    pub fn wait_until_timeout<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        cmp: Cmp,
+        value: T,
+        timeout: Duration,
+    ) -> Result<T> {
+        let me = self.inner.me;
+        let off = self.locate(sym, at, 1, me)?;
+        let b = &self.inner.backend;
+        let mut seen = T::ZERO;
+        let mut err = None;
+        self.inner.wait_for(
+            "wait_until",
+            timeout,
+            || match b.atomic(me, off, T::WIDE, AtomicOp::Fetch) {
+                Ok(v) => {
+                    seen = T::from_bits(v);
+                    cmp.eval(seen, value)
+                }
+                Err(e) => {
+                    err = Some(e);
+                    true
+                }
+            },
+            || None,
+            false,
+        )?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(seen),
+        }
+    }
+
+    // ----- barriers -----
+
+    fn team_sync_op(&self, team: &Team, op: &'static str) -> Result<()> {
+        if team.job != self.inner.job {
+            return Err(Error::WorldEnded);
+        }
+        let inner = &*self.inner;
+        let epoch = inner.team_epochs[team.slot].fetch_add(1, Ordering::Relaxed) + 1;
+        let mem = TeamMem { inner, team };
+        let timeout = inner.config.timeout;
+        dissemination_barrier(
+            &mem,
+            team.my_index,
+            team.members.len(),
+            epoch,
+            |from, ready| {
+                let pe = team.members[from];
+                inner.wait_for(op, timeout, ready, || Some(pe), true)
+            },
+        )
+    }
+
+    /// Barrier of every PE, after completing this PE's outstanding operations.
+    pub fn barrier_all(&self) -> Result<()> {
+        self.quiet()?;
+        self.team_sync_op(&self.inner.world_team, "barrier_all")
+    }
+    /// Synchronises every PE (no quiet).
+    pub fn sync_all(&self) -> Result<()> {
+        self.team_sync_op(&self.inner.world_team, "sync_all")
+    }
+    /// Barrier of a team's PEs, after quiet.
+    pub fn team_barrier(&self, team: &Team) -> Result<()> {
+        self.quiet()?;
+        self.team_sync_op(team, "team_barrier")
+    }
+    /// Synchronises a team's PEs (no quiet).
+    pub fn team_sync(&self, team: &Team) -> Result<()> {
+        self.team_sync_op(team, "team_sync")
+    }
+
+    // ----- teams -----
+
+    fn used_words(&self) -> Vec<u64> {
+        let used = self
+            .inner
+            .team_used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut w = vec![0u64; used.len().div_ceil(64)];
+        for (i, &u) in used.iter().enumerate() {
+            if u {
+                w[i / 64] |= 1 << (i % 64);
+            }
+        }
+        w
+    }
+
+    fn free_slots(&self, all: &[Vec<u64>]) -> Vec<usize> {
+        let n = self.inner.config.max_teams;
+        let mut or = vec![0u64; n.div_ceil(64)];
+        for r in all {
+            for (k, w) in r[EXCH_FIXED..].iter().enumerate() {
+                or[k] |= w;
+            }
+        }
+        (0..n)
+            .filter(|&i| or[i / 64] & (1 << (i % 64)) == 0)
+            .collect()
+    }
+
+    fn make_team(&self, slot: usize, parent: &Team, members_in_parent: &[usize]) -> Team {
+        let members: Arc<[usize]> = members_in_parent
+            .iter()
+            .map(|&i| parent.members[i])
+            .collect();
+        let my_index = members
+            .iter()
+            .position(|&m| m == self.inner.me)
+            .unwrap_or(0);
+        self.inner
+            .team_used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())[slot] = true;
+        self.inner.team_epochs[slot].store(0, Ordering::Relaxed);
+        Team {
+            slot,
+            members,
+            my_index,
+            job: self.inner.job,
+        }
+    }
+
+    fn check_team(&self, team: &Team) -> Result<()> {
+        if team.job != self.inner.job {
+            return Err(Error::WorldEnded);
+        }
+        if team.members.get(team.my_index) != Some(&self.inner.me) {
+            return Err(Error::Team(format!(
+                "PE {} is not a member of this team",
+                self.inner.me
+            )));
+        }
+        Ok(())
+    }
+
+    fn split_record(&self, tag: u64, args: [u64; 4]) -> Vec<u64> {
+        let mut rec = vec![0u64; EXCH_FIXED];
+        rec[0] = tag;
+        rec[1..5].copy_from_slice(&args);
+        rec.extend(self.used_words());
+        rec
+    }
+
+    /// Collective over `parent`: the team of parent members `start, start+stride, …` (`size` of
+    /// them). Members get `Some(team)`, the others `None`. Every parent member must pass the same
+    /// arguments.
+    pub fn team_split_strided(
+        &self,
+        parent: &Team,
+        start: usize,
+        stride: usize,
+        size: usize,
+    ) -> Result<Option<Team>> {
+        self.check_team(parent)?;
+        let shape = strided_members(parent.n_pes(), start, stride, size);
+        let rec = self.split_record(
+            TAG_SPLIT_STRIDED,
+            [start as u64, stride as u64, size as u64, 0],
+        );
+        let all = self.exchange(parent, &rec)?;
+        for (i, r) in all.iter().enumerate() {
+            if r[..5] != rec[..5] {
+                return Err(Error::CollectiveMismatch {
+                    op: "team_split_strided",
+                    pe: parent.members[i],
+                    mine: format!("start {start} stride {stride} size {size}"),
+                    theirs: format!(
+                        "{} start {} stride {} size {}",
+                        tag_name(r[0]),
+                        r[1],
+                        r[2],
+                        r[3]
+                    ),
+                });
+            }
+        }
+        let members = shape?;
+        let slot = *self
+            .free_slots(&all)
+            .first()
+            .ok_or_else(|| self.no_slot())?;
+        Ok(members
+            .contains(&parent.my_index)
+            .then(|| self.make_team(slot, parent, &members)))
+    }
+
+    fn no_slot(&self) -> Error {
+        Error::Team(format!(
+            "no free team slot: {} teams alive (raise RSHMEM_MAX_TEAMS)",
+            self.inner.config.max_teams
+        ))
+    }
+
+    /// Collective over `parent`: members with the same `color` form a team, ordered by `key`
+    /// (then parent index); `None` joins no team and gets `None`.
+    pub fn team_split(&self, parent: &Team, color: Option<u32>, key: i64) -> Result<Option<Team>> {
+        self.check_team(parent)?;
+        let c = color.map_or(u64::MAX, u64::from);
+        let rec = self.split_record(TAG_SPLIT_COLOR, [c, key as u64, 0, 0]);
+        let all = self.exchange(parent, &rec)?;
+        if let Some(i) = all.iter().position(|r| r[0] != TAG_SPLIT_COLOR) {
+            return Err(Error::CollectiveMismatch {
+                op: "team_split",
+                pe: parent.members[i],
+                mine: "team_split".into(),
+                theirs: tag_name(all[i][0]).into(),
+            });
+        }
+        let colors: Vec<Option<u32>> = all
+            .iter()
+            .map(|r| (r[1] != u64::MAX).then_some(r[1] as u32))
+            .collect();
+        let keys: Vec<i64> = all.iter().map(|r| r[2] as i64).collect();
+        let groups = color_groups(&colors, &keys);
+        let free = self.free_slots(&all);
+        if free.len() < groups.len() {
+            return Err(self.no_slot());
+        }
+        Ok(groups
+            .iter()
+            .zip(free)
+            .find(|((_, m), _)| m.contains(&parent.my_index))
+            .map(|((_, m), slot)| self.make_team(slot, parent, m)))
+    }
+
+    /// Collective over the team: releases it (the world team cannot be destroyed).
+    pub fn team_destroy(&self, team: Team) -> Result<()> {
+        self.check_team(&team)?;
+        if team.is_world() {
+            return Err(Error::Team("the world team cannot be destroyed".into()));
+        }
+        let rec = self.split_record(TAG_DESTROY, [0; 4]);
+        let all = self.exchange(&team, &rec[..EXCH_FIXED])?;
+        if let Some(i) = all.iter().position(|r| r[0] != TAG_DESTROY) {
+            return Err(Error::CollectiveMismatch {
+                op: "team_destroy",
+                pe: team.members[i],
+                mine: "team_destroy".into(),
+                theirs: tag_name(all[i][0]).into(),
+            });
+        }
+        // Every signal addressed to this PE in this slot has arrived (all barriers completed),
+        // so its counters can be reset for the slot's next team.
+        let inner = &*self.inner;
+        for r in 0..inner.layout.rounds {
+            inner.ctrls[inner.me]
+                .word(inner.layout.barrier_word(team.slot, r))
+                .store(0, Ordering::Release);
+        }
+        inner.team_used.lock().unwrap_or_else(|e| e.into_inner())[team.slot] = false;
+        Ok(())
+    }
+}

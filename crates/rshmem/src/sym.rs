@@ -1,0 +1,129 @@
+//! Symmetric objects: typed handles to (offset, length) in the symmetric heap, equal on every PE.
+
+use crate::elem::Elem;
+use crate::error::{Error, Result};
+use std::marker::PhantomData;
+
+/// The untyped identity of a symmetric range, as operations see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawSym {
+    /// Byte offset in the heap.
+    pub offset: usize,
+    /// Length in elements.
+    pub len: usize,
+    pub(crate) job: u64,
+    pub(crate) owner: usize,
+}
+
+/// A symmetric array of `len` elements of `T`, allocated collectively by
+/// [`Pe::alloc`](crate::Pe::alloc) and released by [`Pe::free`](crate::Pe::free).
+///
+/// The handle is not `Clone`: `free` consumes it, so a freed object cannot be used again through
+/// it. It is `Send + Sync` (it holds no pointer). Using it with a PE of another world (or after
+/// its world ended) returns [`Error::WorldEnded`].
+#[derive(Debug)]
+pub struct Sym<T: Elem> {
+    pub(crate) raw: RawSym,
+    _t: PhantomData<fn() -> T>,
+}
+
+/// A typed window into a symmetric object (borrowed from it), e.g. bytes viewed as `u64`.
+#[derive(Debug, Clone, Copy)]
+pub struct SymView<'a, T: Elem> {
+    raw: RawSym,
+    _t: PhantomData<(&'a (), fn() -> T)>,
+}
+
+/// Anything that names a symmetric range of `T`: a [`Sym`] or a [`SymView`].
+pub trait AsSym<T: Elem> {
+    /// The range's identity.
+    fn raw(&self) -> RawSym;
+}
+
+impl<T: Elem> AsSym<T> for Sym<T> {
+    fn raw(&self) -> RawSym {
+        self.raw
+    }
+}
+impl<T: Elem> AsSym<T> for SymView<'_, T> {
+    fn raw(&self) -> RawSym {
+        self.raw
+    }
+}
+
+impl<T: Elem> Sym<T> {
+    pub(crate) fn new(raw: RawSym) -> Self {
+        Sym {
+            raw,
+            _t: PhantomData,
+        }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.raw.len
+    }
+    /// True when it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.raw.len == 0
+    }
+    /// Byte offset in the symmetric heap (the same on every PE).
+    pub fn offset(&self) -> usize {
+        self.raw.offset
+    }
+
+    /// Views `len` elements of `U` starting `byte_offset` bytes into this object.
+    ///
+    /// A `byte_offset` that is not a multiple of `U`'s size is [`Error::Misaligned`]; a window
+    /// that does not fit is [`Error::OutOfBounds`] (in bytes).
+    pub fn view<U: Elem>(&self, byte_offset: usize, len: usize) -> Result<SymView<'_, U>> {
+        let us = std::mem::size_of::<U>();
+        let bytes = self.raw.len * std::mem::size_of::<T>();
+        if byte_offset % us != 0 {
+            return Err(Error::Misaligned {
+                offset: byte_offset,
+                align: us,
+            });
+        }
+        let end = len.checked_mul(us).and_then(|b| b.checked_add(byte_offset));
+        match end {
+            Some(end) if end <= bytes => Ok(SymView {
+                raw: RawSym {
+                    offset: self.raw.offset + byte_offset,
+                    len,
+                    ..self.raw
+                },
+                _t: PhantomData,
+            }),
+            _ => Err(Error::OutOfBounds {
+                start: byte_offset,
+                end: end.unwrap_or(usize::MAX),
+                len: bytes,
+            }),
+        }
+    }
+}
+
+impl<T: Elem> SymView<'_, T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.raw.len
+    }
+    /// True when it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.raw.len == 0
+    }
+}
+
+/// Views a slice of elements as bytes.
+pub(crate) fn as_bytes<T: Elem>(s: &[T]) -> &[u8] {
+    // SAFETY: Elem is sealed to primitive numeric types without padding; any initialised value
+    // is valid as bytes, and the length is exact.
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
+}
+
+/// Views a mutable slice of elements as bytes.
+pub(crate) fn as_bytes_mut<T: Elem>(s: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in as_bytes; in addition every bit pattern is a valid T, so writing arbitrary
+    // bytes cannot create an invalid value.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) }
+}

@@ -1,0 +1,203 @@
+//! Synchronisation protocols written against a tiny memory facade, so that the same code runs
+//! on the symmetric heap and, under `--cfg loom`, on loom's model atomics.
+//!
+//! * [`dissemination_barrier`]: ⌈log2 n⌉ rounds; in round r the member `i` adds 1 to the round-r
+//!   counter of member `(i + 2^r) mod n` and waits until its own round-r counter reaches the
+//!   barrier's epoch. Counters only grow and each receives exactly one increment per barrier and
+//!   round, so a fast member's early signal for the next barrier never breaks the current one
+//!   (the reset race of seed 004's barrier cannot happen: nothing is ever reset).
+//! * put-with-signal: data first, then a release store or add on the signal word; the waiter
+//!   reads the signal with acquire ordering, then the data.
+
+use crate::error::Result;
+
+/// Words of remote memory as the protocols see them.
+pub(crate) trait SyncMem {
+    /// Adds `v` to the round-`round` counter of member `member` (release).
+    fn add(&self, member: usize, round: usize, v: u64);
+    /// Loads my own round-`round` counter (acquire).
+    fn load_own(&self, round: usize) -> u64;
+}
+
+/// Rounds of a dissemination barrier over `n` members.
+pub(crate) fn rounds(n: usize) -> usize {
+    if n <= 1 {
+        0
+    } else {
+        (usize::BITS - (n - 1).leading_zeros()) as usize
+    }
+}
+
+/// One barrier of member `me` of `n`; `epoch` counts barriers from 1. When a round's signal has
+/// not arrived yet, `wait(from, ready)` is called with the member waited for and the condition;
+/// it returns once `ready()` holds, or an error to give up (timeout, lost peer).
+pub(crate) fn dissemination_barrier<M: SyncMem>(
+    mem: &M,
+    me: usize,
+    n: usize,
+    epoch: u64,
+    mut wait: impl FnMut(usize, &dyn Fn() -> bool) -> Result<()>,
+) -> Result<()> {
+    let mut dist = 1usize;
+    for r in 0..rounds(n) {
+        let to = (me + dist) % n;
+        let from = (me + n - dist) % n;
+        mem.add(to, r, 1);
+        let ready = || mem.load_own(r) >= epoch;
+        if !ready() {
+            wait(from, &ready)?;
+        }
+        dist <<= 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn rounds_count() {
+        assert_eq!(rounds(1), 0);
+        assert_eq!(rounds(2), 1);
+        assert_eq!(rounds(3), 2);
+        assert_eq!(rounds(4), 2);
+        assert_eq!(rounds(5), 3);
+        assert_eq!(rounds(1024), 10);
+    }
+
+    /// Sequential model: drive members as state machines and check nobody passes early.
+    #[test]
+    fn barrier_never_passes_early_sequential() {
+        struct Mem<'a> {
+            words: &'a [Vec<AtomicU64>],
+            me: usize,
+        }
+        impl SyncMem for Mem<'_> {
+            fn add(&self, m: usize, w: usize, v: u64) {
+                self.words[m][w].fetch_add(v, Ordering::Release);
+            }
+            fn load_own(&self, w: usize) -> u64 {
+                self.words[self.me][w].load(Ordering::Acquire)
+            }
+        }
+        for n in 1..=9 {
+            let words: Vec<Vec<AtomicU64>> = (0..n)
+                .map(|_| (0..8).map(|_| AtomicU64::new(0)).collect())
+                .collect();
+            let passed = AtomicU64::new(0);
+            std::thread::scope(|s| {
+                for me in 0..n {
+                    let words = &words;
+                    let passed = &passed;
+                    s.spawn(move || {
+                        let m = Mem { words, me };
+                        for epoch in 1..=50u64 {
+                            dissemination_barrier(&m, me, n, epoch, |_, ready| {
+                                while !ready() {
+                                    std::thread::yield_now();
+                                }
+                                Ok(())
+                            })
+                            .unwrap();
+                            // Everyone must have arrived at this epoch before anyone passed it.
+                            let p = passed.fetch_add(1, Ordering::SeqCst);
+                            assert!(
+                                p >= (epoch - 1) * n as u64,
+                                "member passed barrier {epoch} early"
+                            );
+                        }
+                    });
+                }
+            });
+        }
+    }
+}
+
+#[cfg(loom)]
+mod loom_models {
+    //! `RUSTFLAGS="--cfg loom" cargo test -p rshmem --release --lib loom_`
+    use super::*;
+    use loom::sync::atomic::{AtomicU64, Ordering};
+    use loom::sync::Arc;
+
+    struct Mem {
+        words: Arc<Vec<AtomicU64>>,
+        stride: usize,
+        me: usize,
+    }
+    impl SyncMem for Mem {
+        fn add(&self, m: usize, w: usize, v: u64) {
+            self.words[m * self.stride + w].fetch_add(v, Ordering::Release);
+        }
+        fn load_own(&self, w: usize) -> u64 {
+            self.words[self.me * self.stride + w].load(Ordering::Acquire)
+        }
+    }
+
+    #[test]
+    fn loom_barrier_orders_writes() {
+        // Two members, two barriers: data written before barrier 1 is seen after it, and a
+        // member's next-epoch signal does not release the other early.
+        loom::model(|| {
+            let words = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+            let data = Arc::new((0..2).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+            let hs: Vec<_> = (0..2)
+                .map(|me| {
+                    let words = words.clone();
+                    let data = data.clone();
+                    loom::thread::spawn(move || {
+                        let m = Mem {
+                            words,
+                            stride: 2,
+                            me,
+                        };
+                        data[me].store(7, Ordering::Relaxed);
+                        dissemination_barrier(&m, me, 2, 1, |_, ready| {
+                            while !ready() {
+                                loom::thread::yield_now();
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                        assert_eq!(data[1 - me].load(Ordering::Relaxed), 7);
+                        dissemination_barrier(&m, me, 2, 2, |_, ready| {
+                            while !ready() {
+                                loom::thread::yield_now();
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                        data[me].store(9, Ordering::Relaxed);
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+        });
+    }
+
+    #[test]
+    fn loom_put_signal_wait() {
+        // put (relaxed data words) then release signal; the waiter acquires the signal and must
+        // see every data word.
+        loom::model(|| {
+            let data = Arc::new((0..2).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+            let sig = Arc::new(AtomicU64::new(0));
+            let (d2, s2) = (data.clone(), sig.clone());
+            let t = loom::thread::spawn(move || {
+                d2[0].store(11, Ordering::Relaxed);
+                d2[1].store(22, Ordering::Relaxed);
+                s2.fetch_add(1, Ordering::Release);
+            });
+            while sig.load(Ordering::Acquire) < 1 {
+                loom::thread::yield_now();
+            }
+            assert_eq!(data[0].load(Ordering::Relaxed), 11);
+            assert_eq!(data[1].load(Ordering::Relaxed), 22);
+            t.join().unwrap();
+        });
+    }
+}

@@ -1,0 +1,486 @@
+//! Start-up and shutdown of a world: bootstrap exchanges, segments, peer mappings, backend.
+
+use crate::backend::{shm::ShmBackend, Backend};
+use crate::bootstrap::{Bootstrap, InProcBootstrap};
+use crate::config::{BackendKind, Config};
+use crate::control::{self, Ctrl, CtrlLayout};
+use crate::error::{Error, Result};
+use crate::heap::HeapAllocator;
+use crate::nbi::CompletionQueue;
+use crate::segment::{segment_name, Region};
+use crate::team::Team;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// Protocol version checked at start-up; PEs of different versions refuse to form a world.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// How the PEs of a world are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Every PE is a thread of one process.
+    Threads,
+    /// One PE per process.
+    Processes,
+    /// Several processes with several thread-PEs each.
+    Mixed,
+}
+
+impl Mode {
+    /// Name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Threads => "threads",
+            Mode::Processes => "processes",
+            Mode::Mixed => "mixed",
+        }
+    }
+}
+
+/// Where a peer lives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerInfo {
+    pub pid: u32,
+    pub same_process: bool,
+}
+
+/// The state of one PE: its view of the world.
+pub(crate) struct PeInner {
+    pub me: usize,
+    pub n: usize,
+    pub job: u64,
+    pub mode: Mode,
+    pub config: Config,
+    pub layout: CtrlLayout,
+    pub ctrls: Vec<Ctrl>,
+    pub peers: Vec<PeerInfo>,
+    pub backend: Box<dyn Backend>,
+    pub heap: Mutex<HeapAllocator>,
+    pub world_seq: AtomicU64,
+    pub team_epochs: Vec<AtomicU64>,
+    pub team_used: Mutex<Vec<bool>>,
+    pub cq: CompletionQueue,
+    pub next_op: AtomicU64,
+    pub finalized: AtomicBool,
+    pub bootstrap: Box<dyn Bootstrap>,
+    pub world_team: Team,
+    _regions: Vec<Arc<Region>>,
+}
+
+impl std::fmt::Debug for PeInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pe")
+            .field("me", &self.me)
+            .field("n", &self.n)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+impl Drop for PeInner {
+    fn drop(&mut self) {
+        if !self.finalized.load(Ordering::Acquire) {
+            // Ending without finalize: peers waiting on this PE learn it is lost.
+            self.ctrls[self.me]
+                .word(control::W_STATE)
+                .store(control::STATE_FAILED, Ordering::Release);
+        }
+    }
+}
+
+/// Liveness of a peer as seen from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    Alive,
+    Finalized,
+    Lost,
+}
+
+fn process_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // A zombie (exited, not yet reaped) still answers kill.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => r == 0,
+    }
+}
+
+impl PeInner {
+    pub fn liveness(&self, pe: usize) -> Liveness {
+        match self.ctrls[pe]
+            .word(control::W_STATE)
+            .load(Ordering::Acquire)
+        {
+            control::STATE_FINALIZED => return Liveness::Finalized,
+            control::STATE_FAILED => return Liveness::Lost,
+            _ => {}
+        }
+        let p = self.peers[pe];
+        if !p.same_process && !process_alive(p.pid) {
+            return Liveness::Lost;
+        }
+        Liveness::Alive
+    }
+
+    /// Spins until `cond` holds, backing off to yields; checks the deadline and the liveness of
+    /// `watch` (one PE, or every PE when `None`) every few milliseconds. `strict` treats a
+    /// finalized peer as lost (it can no longer take part in a barrier).
+    pub fn wait_for(
+        &self,
+        op: &'static str,
+        timeout: Duration,
+        mut cond: impl FnMut() -> bool,
+        mut watch: impl FnMut() -> Option<usize>,
+        strict: bool,
+    ) -> Result<()> {
+        if cond() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut next_check = Duration::from_millis(2);
+        let mut i: u32 = 0;
+        loop {
+            if cond() {
+                return Ok(());
+            }
+            i = i.wrapping_add(1);
+            if i < 128 {
+                std::hint::spin_loop();
+                continue;
+            }
+            std::thread::yield_now();
+            if i % 64 != 0 {
+                continue;
+            }
+            let el = start.elapsed();
+            if el < next_check {
+                continue;
+            }
+            next_check = el + Duration::from_millis(5);
+            let w = watch();
+            let lost = |pe: usize| match self.liveness(pe) {
+                Liveness::Lost => true,
+                Liveness::Finalized => strict,
+                Liveness::Alive => false,
+            };
+            let dead = match w {
+                Some(pe) => lost(pe).then_some(pe),
+                None => (0..self.n).filter(|&p| p != self.me).find(|&p| lost(p)),
+            };
+            if let Some(pe) = dead {
+                if cond() {
+                    return Ok(());
+                }
+                return Err(Error::PeerLost { pe, op });
+            }
+            if el >= timeout {
+                return Err(Error::Timeout {
+                    op,
+                    pe: w,
+                    after: el,
+                });
+            }
+        }
+    }
+}
+
+/// A process-local registry so that peers in the same process find each other's regions
+/// (direct pointers, no shared-memory mapping).
+fn registry() -> &'static Mutex<HashMap<(u64, usize), Weak<Region>>> {
+    static R: std::sync::OnceLock<Mutex<HashMap<(u64, usize), Weak<Region>>>> =
+        std::sync::OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .is_ok()
+    {
+        return u64::from_le_bytes(b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_nanos() as u64) ^ ((std::process::id() as u64) << 32)
+}
+
+fn enc(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+fn dec(b: &[u8]) -> Vec<u64> {
+    b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect()
+}
+
+/// Every rank reports its local outcome; if any failed, every rank returns that error.
+pub(crate) fn agree(boot: &dyn Bootstrap, local: Result<()>, step: &str) -> Result<()> {
+    let msg = match &local {
+        Ok(()) => Vec::new(),
+        Err(e) => format!("{step}: {e}").into_bytes(),
+    };
+    let all = boot.allgather(&msg)?;
+    if let Some((pe, m)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
+        if local.is_err() {
+            return local;
+        }
+        return Err(Error::Bootstrap {
+            pe: Some(pe),
+            msg: String::from_utf8_lossy(m).into_owned(),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInner>> {
+    let checked = config.validate();
+    agree(boot.as_ref(), checked, "configuration")?;
+    let me = boot.rank();
+    let n = boot.size();
+    let pid = std::process::id();
+    let job_mine = if me == 0 { random_u64() } else { 0 };
+    let backend_id = match config.backend {
+        BackendKind::Shm => 1,
+        BackendKind::Cuda => 2,
+    };
+    let rec = [
+        PROTOCOL_VERSION,
+        config.heap_size as u64,
+        config.max_teams as u64,
+        backend_id,
+        pid as u64,
+        job_mine,
+    ];
+    let all: Vec<Vec<u64>> = boot.allgather(&enc(&rec))?.iter().map(|b| dec(b)).collect();
+    let names = ["protocol version", "heap size", "max teams", "backend"];
+    for (pe, r) in all.iter().enumerate() {
+        if r.len() != rec.len() {
+            return Err(Error::Bootstrap {
+                pe: Some(pe),
+                msg: "malformed start-up record (version mismatch?)".into(),
+            });
+        }
+        for (k, name) in names.iter().enumerate() {
+            if r[k] != all[0][k] {
+                return Err(Error::Bootstrap {
+                    pe: Some(pe),
+                    msg: format!(
+                        "{name} differs: PE {pe} has {}, PE 0 has {}",
+                        r[k], all[0][k]
+                    ),
+                });
+            }
+        }
+    }
+    let job = all[0][5];
+    let pids: Vec<u32> = all.iter().map(|r| r[4] as u32).collect();
+    let mut distinct = pids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let mode = if distinct.len() == 1 {
+        Mode::Threads
+    } else if distinct.len() == n {
+        Mode::Processes
+    } else {
+        Mode::Mixed
+    };
+    let layout = CtrlLayout::new(n, config.max_teams);
+    let ctrl_bytes = layout.bytes();
+    let heap_in_segment = config.backend == BackendKind::Shm;
+    let seg_len = ctrl_bytes
+        + if heap_in_segment {
+            config.heap_size.div_ceil(4096) * 4096
+        } else {
+            0
+        };
+
+    // My segment: anonymous when the whole world is in this process, POSIX shm otherwise.
+    let mine = if mode == Mode::Threads {
+        Region::anonymous(seg_len)
+    } else {
+        Region::create_shm(&segment_name(job, me), seg_len)
+    }
+    .map(Arc::new);
+    if let Ok(r) = &mine {
+        registry()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((job, me), Arc::downgrade(r));
+    }
+    let mine_res = mine.as_ref().map(|_| ()).map_err(|e| e.clone());
+    agree(boot.as_ref(), mine_res, "creating the heap segment")?;
+    let mine = mine?;
+
+    // Map peers: same process → the region itself; other process → its shm segment.
+    let mut regions = Vec::with_capacity(n);
+    let mut err = Ok(());
+    for (pe, &ppid) in pids.iter().enumerate() {
+        let r = if pe == me {
+            Ok(mine.clone())
+        } else if ppid == pid {
+            registry()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&(job, pe))
+                .and_then(Weak::upgrade)
+                .ok_or_else(|| Error::Bootstrap {
+                    pe: Some(pe),
+                    msg: "same-process peer's region not found".into(),
+                })
+        } else {
+            Region::open_shm(&segment_name(job, pe), seg_len).map(Arc::new)
+        };
+        match r {
+            Ok(r) => regions.push(r),
+            Err(e) => {
+                err = Err(e);
+                break;
+            }
+        }
+    }
+    agree(boot.as_ref(), err, "mapping peer segments")?;
+    // Everyone has mapped everything: names are no longer needed.
+    mine.unlink();
+    registry()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&(job, me));
+
+    // SAFETY: each region is at least ctrl_bytes long, page aligned, and kept alive in `regions`.
+    let ctrls: Vec<Ctrl> = regions
+        .iter()
+        .map(|r| unsafe { Ctrl::new(r.ptr(), layout.words) })
+        .collect();
+    let c = &ctrls[me];
+    c.word(control::W_MAGIC)
+        .store(control::MAGIC, Ordering::Relaxed);
+    c.word(control::W_PID).store(pid as u64, Ordering::Relaxed);
+    c.word(control::W_STATE)
+        .store(control::STATE_ALIVE, Ordering::Release);
+
+    let backend: Box<dyn Backend> = match config.backend {
+        BackendKind::Shm => {
+            // SAFETY: the heap follows the control block inside each region.
+            let bases = regions
+                .iter()
+                .map(|r| unsafe { r.ptr().add(ctrl_bytes) })
+                .collect();
+            Box::new(ShmBackend::new(bases, regions.clone()))
+        }
+        BackendKind::Cuda => {
+            let e = Error::Backend {
+                backend: "cuda",
+                msg: "the CUDA backend is not built into this version".into(),
+            };
+            agree(boot.as_ref(), Err(e.clone()), "backend")?;
+            return Err(e);
+        }
+    };
+    let peers = pids
+        .iter()
+        .map(|&p| PeerInfo {
+            pid: p,
+            same_process: p == pid,
+        })
+        .collect();
+    let mut team_used = vec![false; config.max_teams];
+    team_used[0] = true;
+    let inner = PeInner {
+        me,
+        n,
+        job,
+        mode,
+        layout,
+        ctrls,
+        peers,
+        backend,
+        heap: Mutex::new(HeapAllocator::new(config.heap_size)),
+        world_seq: AtomicU64::new(0),
+        team_epochs: (0..config.max_teams).map(|_| AtomicU64::new(0)).collect(),
+        team_used: Mutex::new(team_used),
+        cq: CompletionQueue::default(),
+        next_op: AtomicU64::new(1),
+        finalized: AtomicBool::new(false),
+        world_team: Team::world(job, me, n),
+        config,
+        bootstrap: boot,
+        _regions: regions,
+    };
+    // Nobody may touch a peer's control block before it is initialised.
+    inner.bootstrap.barrier()?;
+    tracing::debug!(
+        pe = me,
+        n,
+        ?mode,
+        job = format_args!("{job:016x}"),
+        "rshmem world up"
+    );
+    Ok(Arc::new(inner))
+}
+
+/// Runs `f` on `n` PEs, each a thread of this process, with the configuration from the
+/// environment; returns each PE's result in PE order. See [`threads_with`].
+pub fn threads<R: Send>(n: usize, f: impl Fn(&crate::Pe) -> R + Sync) -> Result<Vec<R>> {
+    threads_with(Config::from_env()?, n, f)
+}
+
+/// Runs `f` on `n` thread-PEs with `config`. Each PE is finalized after `f` returns. If a PE's
+/// `f` panics, its peers see it as lost (their waits end in [`Error::PeerLost`]) and the panic
+/// is resumed here after every thread has ended.
+pub fn threads_with<R: Send>(
+    config: Config,
+    n: usize,
+    f: impl Fn(&crate::Pe) -> R + Sync,
+) -> Result<Vec<R>> {
+    let hub = InProcBootstrap::new(n, config.timeout)?;
+    let results: Vec<std::thread::Result<Result<R>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let hub = &hub;
+                let f = &f;
+                let config = config.clone();
+                std::thread::Builder::new()
+                    .name(format!("rshmem-pe-{rank}"))
+                    .spawn_scoped(s, move || -> Result<R> {
+                        let pe = crate::Pe::init(config, Box::new(hub.join(rank)?))?;
+                        let r = f(&pe);
+                        pe.finalize()?;
+                        Ok(r)
+                    })
+                    .map_err(|e| Error::Os {
+                        op: "spawn PE thread",
+                        msg: e.to_string(),
+                    })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.map_or_else(|e| Ok(Err(e)), |h| h.join()))
+            .collect()
+    });
+    let mut out = Vec::with_capacity(n);
+    let mut first_err = None;
+    for r in results {
+        match r {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(Ok(v)) => out.push(v),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}

@@ -1,0 +1,78 @@
+use rshmem::*;
+use std::time::Duration;
+
+fn cfg() -> Config {
+    Config::default()
+        .heap_size(1 << 20)
+        .timeout(Duration::from_secs(20))
+}
+
+#[test]
+fn ring_put_get() {
+    for n in [1, 2, 3, 8] {
+        let r = threads_with(cfg(), n, |pe| -> Result<Vec<u32>> {
+            let x = pe.alloc::<u32>(5)?;
+            pe.local_fill(&x, 0xdead)?;
+            pe.barrier_all()?;
+            let next = (pe.my_pe() + 1) % pe.n_pes();
+            pe.put(&x, 1, &[pe.my_pe() as u32; 3], next)?;
+            pe.barrier_all()?;
+            let v = pe.local_vec(&x)?;
+            pe.free(x)?;
+            Ok(v)
+        })
+        .unwrap();
+        for (i, v) in r.into_iter().enumerate() {
+            let prev = ((i + n - 1) % n) as u32;
+            assert_eq!(v.unwrap(), vec![0xdead, prev, prev, prev, 0xdead]);
+        }
+    }
+}
+
+#[test]
+fn alloc_mismatch_detected() {
+    let r = threads_with(cfg(), 3, |pe| {
+        pe.alloc::<u8>(if pe.my_pe() == 1 { 10 } else { 20 })
+            .map(|_| ())
+    })
+    .unwrap();
+    for x in r {
+        assert!(matches!(x, Err(Error::CollectiveMismatch { .. })), "{x:?}");
+    }
+}
+
+#[test]
+fn teams_split() {
+    let r = threads_with(
+        cfg(),
+        6,
+        |pe| -> Result<(Option<(usize, usize)>, Option<(usize, usize)>)> {
+            let w = pe.world_team();
+            let odd = pe.team_split_strided(w, 1, 2, 3)?;
+            let col = pe.team_split(w, Some((pe.my_pe() % 3) as u32), -(pe.my_pe() as i64))?;
+            if let Some(t) = &odd {
+                pe.team_barrier(t)?;
+            }
+            if let Some(t) = &col {
+                pe.team_barrier(t)?;
+            }
+            let a = odd.as_ref().map(|t| (t.my_pe(), t.n_pes()));
+            let b = col.as_ref().map(|t| (t.my_pe(), t.n_pes()));
+            if let Some(t) = odd {
+                pe.team_destroy(t)?;
+            }
+            if let Some(t) = col {
+                pe.team_destroy(t)?;
+            }
+            Ok((a, b))
+        },
+    )
+    .unwrap();
+    let r: Vec<_> = r.into_iter().map(|x| x.unwrap()).collect();
+    assert_eq!(r[1].0, Some((0, 3)));
+    assert_eq!(r[5].0, Some((2, 3)));
+    assert_eq!(r[0].0, None);
+    // colors: {0,3},{1,4},{2,5}, ordered by descending PE (key = -pe)
+    assert_eq!(r[3].1, Some((0, 2)));
+    assert_eq!(r[0].1, Some((1, 2)));
+}
