@@ -186,7 +186,7 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            if x % 3 != 0 || live.is_empty() {
+            if !x.is_multiple_of(3) || live.is_empty() {
                 let n = (x >> 8) as usize % 3000;
                 let al = 1usize << ((x >> 40) % 10);
                 if let Ok(o) = a.alloc(n, al) {

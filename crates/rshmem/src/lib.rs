@@ -21,11 +21,14 @@
 
 mod backend;
 pub mod bootstrap;
+pub mod coll;
 pub mod config;
 mod control;
 pub mod elem;
+pub mod ep;
 mod error;
 pub mod heap;
+mod launch;
 pub mod nbi;
 mod pe;
 pub mod segment;
@@ -39,6 +42,7 @@ pub use config::{BackendKind, Config, HeapKind};
 pub use elem::{AtomicElem, Cmp, Elem, ElemKind, SignalOp};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
+pub use launch::{launch, launched};
 pub use nbi::{Completion, OpHandle, OpId, OpKind};
 pub use pe::Pe;
 pub use sym::{AsSym, RawSym, Sym, SymView};

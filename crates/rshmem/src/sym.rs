@@ -31,7 +31,7 @@ pub struct Sym<T: Elem> {
 #[derive(Debug, Clone, Copy)]
 pub struct SymView<'a, T: Elem> {
     raw: RawSym,
-    _t: PhantomData<(&'a (), fn() -> T)>,
+    _t: PhantomData<&'a Sym<T>>,
 }
 
 /// Anything that names a symmetric range of `T`: a [`Sym`] or a [`SymView`].
@@ -78,7 +78,7 @@ impl<T: Elem> Sym<T> {
     pub fn view<U: Elem>(&self, byte_offset: usize, len: usize) -> Result<SymView<'_, U>> {
         let us = std::mem::size_of::<U>();
         let bytes = self.raw.len * std::mem::size_of::<T>();
-        if byte_offset % us != 0 {
+        if !byte_offset.is_multiple_of(us) {
             return Err(Error::Misaligned {
                 offset: byte_offset,
                 align: us,

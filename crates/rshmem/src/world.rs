@@ -157,7 +157,7 @@ impl PeInner {
                 continue;
             }
             std::thread::yield_now();
-            if i % 64 != 0 {
+            if !i.is_multiple_of(64) {
                 continue;
             }
             let el = start.elapsed();
@@ -194,9 +194,9 @@ impl PeInner {
 
 /// A process-local registry so that peers in the same process find each other's regions
 /// (direct pointers, no shared-memory mapping).
-fn registry() -> &'static Mutex<HashMap<(u64, usize), Weak<Region>>> {
-    static R: std::sync::OnceLock<Mutex<HashMap<(u64, usize), Weak<Region>>>> =
-        std::sync::OnceLock::new();
+type Registry = Mutex<HashMap<(u64, usize), Weak<Region>>>;
+fn registry() -> &'static Registry {
+    static R: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
     R.get_or_init(Default::default)
 }
 
@@ -231,9 +231,7 @@ pub(crate) fn agree(boot: &dyn Bootstrap, local: Result<()>, step: &str) -> Resu
     };
     let all = boot.allgather(&msg)?;
     if let Some((pe, m)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
-        if local.is_err() {
-            return local;
-        }
+        local.as_ref().map_err(Clone::clone)?;
         return Err(Error::Bootstrap {
             pe: Some(pe),
             msg: String::from_utf8_lossy(m).into_owned(),

@@ -41,32 +41,30 @@ fn alloc_mismatch_detected() {
     }
 }
 
+type Pair = Option<(usize, usize)>;
+
 #[test]
 fn teams_split() {
-    let r = threads_with(
-        cfg(),
-        6,
-        |pe| -> Result<(Option<(usize, usize)>, Option<(usize, usize)>)> {
-            let w = pe.world_team();
-            let odd = pe.team_split_strided(w, 1, 2, 3)?;
-            let col = pe.team_split(w, Some((pe.my_pe() % 3) as u32), -(pe.my_pe() as i64))?;
-            if let Some(t) = &odd {
-                pe.team_barrier(t)?;
-            }
-            if let Some(t) = &col {
-                pe.team_barrier(t)?;
-            }
-            let a = odd.as_ref().map(|t| (t.my_pe(), t.n_pes()));
-            let b = col.as_ref().map(|t| (t.my_pe(), t.n_pes()));
-            if let Some(t) = odd {
-                pe.team_destroy(t)?;
-            }
-            if let Some(t) = col {
-                pe.team_destroy(t)?;
-            }
-            Ok((a, b))
-        },
-    )
+    let r = threads_with(cfg(), 6, |pe| -> Result<(Pair, Pair)> {
+        let w = pe.world_team();
+        let odd = pe.team_split_strided(w, 1, 2, 3)?;
+        let col = pe.team_split(w, Some((pe.my_pe() % 3) as u32), -(pe.my_pe() as i64))?;
+        if let Some(t) = &odd {
+            pe.team_barrier(t)?;
+        }
+        if let Some(t) = &col {
+            pe.team_barrier(t)?;
+        }
+        let a = odd.as_ref().map(|t| (t.my_pe(), t.n_pes()));
+        let b = col.as_ref().map(|t| (t.my_pe(), t.n_pes()));
+        if let Some(t) = odd {
+            pe.team_destroy(t)?;
+        }
+        if let Some(t) = col {
+            pe.team_destroy(t)?;
+        }
+        Ok((a, b))
+    })
     .unwrap();
     let r: Vec<_> = r.into_iter().map(|x| x.unwrap()).collect();
     assert_eq!(r[1].0, Some((0, 3)));
@@ -76,3 +74,21 @@ fn teams_split() {
     assert_eq!(r[3].1, Some((0, 2)));
     assert_eq!(r[0].1, Some((1, 2)));
 }
+
+#[path = "harness/mod.rs"]
+mod harness;
+
+fn ring_body(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let x = pe.alloc::<f32>(17)?;
+    pe.local_fill(&x, f32::NAN)?;
+    pe.barrier_all()?;
+    let data: Vec<f32> = harness::rand_vec(pe.my_pe(), 1, 17);
+    pe.put(&x, 0, &data, (pe.my_pe() + 1) % n)?;
+    pe.barrier_all()?;
+    let want: Vec<f32> = harness::rand_vec((pe.my_pe() + n - 1) % n, 1, 17);
+    assert_eq!(pe.local_vec(&x)?, want);
+    pe.free(x)
+}
+
+mode_test!(ring_all_modes, [1, 2, 3], ring_body);

@@ -1,0 +1,1 @@
+//! Mixture-of-experts dispatch and combine (DeepEP-style) on symmetric memory.
