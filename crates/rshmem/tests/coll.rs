@@ -348,14 +348,14 @@ fn broadcast_t<T: TElem>(pe: &Pe, cs: &[Coll<'_>; 2], teams: &Teams) -> Result<(
     let what = format!("broadcast {}", tname::<T>());
     cases(pe, cs, teams, &what, |c| {
         let m = c.team.members();
-        for root in 0..m.len() {
+        for (root, &root_pe) in m.iter().enumerate() {
             let s = c.stream * 16 + root as u64;
             let mine = T::gen(pe.my_pe(), s, MAXC, ReduceOp::Sum);
             pe.local_fill(&dst, T::poison())?;
             let obj = if c.in_place { &dst } else { &src };
             pe.local_write(obj, 0, &mine)?;
             c.coll.broadcast(c.team, &dst, obj, c.count, root)?;
-            let mut want = T::gen(m[root], s, c.count, ReduceOp::Sum);
+            let mut want = T::gen(root_pe, s, c.count, ReduceOp::Sum);
             if c.in_place {
                 want.extend_from_slice(&mine[c.count..]);
             }

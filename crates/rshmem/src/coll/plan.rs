@@ -415,6 +415,7 @@ pub fn all_to_all_v(s: Shape, recv: &[VRecv]) -> Plan {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // member indices index several tables
 mod tests {
     use super::*;
     use std::ops::Range;
