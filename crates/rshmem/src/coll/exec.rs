@@ -384,8 +384,15 @@ impl<'pe> Coll<'pe> {
         h
     }
 
-    /// Checks, exchanges and compares the arguments, then runs the plan.
+    /// Checks, exchanges and compares the arguments, then runs the plan on the host.
     fn run<T: Elem>(&self, team: &Team, c: Call<'_>) -> Result<()> {
+        let p = self.prepare::<T>(team, &c)?;
+        self.execute::<T>(team, &c, &p)
+    }
+
+    /// Everything before data moves, for any executor: this member's checks, the exchange of
+    /// every member's arguments (the plan's first sync), the common verdict, the plan.
+    fn prepare<T: Elem>(&self, team: &Team, c: &Call<'_>) -> Result<Plan> {
         let pe = self.pe;
         if team.members().get(team.my_pe()) != Some(&pe.my_pe()) {
             return Err(Error::Team(format!(
@@ -394,8 +401,8 @@ impl<'pe> Coll<'pe> {
             )));
         }
         let (n, me) = (team.n_pes(), team.my_pe());
-        let local = self.check_local::<T>(team, &c);
-        let rec = self.record::<T>(team, &c, local.is_ok());
+        let local = self.check_local::<T>(team, c);
+        let rec = self.record::<T>(team, c, local.is_ok());
         pe.quiet()?;
         pe.local_write(&self.scratch, 0, &rec)?;
         if let (Some(v), Ok(_)) = (c.v, &local) {
@@ -408,7 +415,7 @@ impl<'pe> Coll<'pe> {
             pe.local_write(&self.scratch, H_WORDS, &words)?;
         }
         pe.team_sync(team)?; // plan step 0
-        let verdict = self.compare(team, &c, &rec, local);
+        let verdict = self.compare(team, c, &rec, local);
         let in_place = match verdict {
             Ok(p) => p,
             Err(e) => {
@@ -433,7 +440,7 @@ impl<'pe> Coll<'pe> {
             CollKind::AllGather => plan::all_gather(shape, c.count),
             CollKind::ReduceScatter => plan::reduce_scatter(shape, c.count),
             CollKind::AllToAll => plan::all_to_all(shape, c.count),
-            CollKind::AllToAllV => plan::all_to_all_v(shape, &self.pair_v(team, &c)?),
+            CollKind::AllToAllV => plan::all_to_all_v(shape, &self.pair_v(team, c)?),
         };
         tracing::trace!(
             pe = pe.my_pe(),
@@ -442,7 +449,7 @@ impl<'pe> Coll<'pe> {
             steps = p.steps.len(),
             "collective"
         );
-        self.execute::<T>(team, &c, &p)
+        Ok(p)
     }
 
     /// Reads every member's record; the same verdict on every member.
@@ -524,7 +531,8 @@ impl<'pe> Coll<'pe> {
         Ok(recv)
     }
 
-    /// Runs a plan whose first sync has been done.
+    /// The host executor: runs a prepared plan (its first sync is done) with get, put and
+    /// team_sync, staging through at most (n + 1) chunks of private memory plus `temp_len`.
     fn execute<T: Elem>(&self, team: &Team, c: &Call<'_>, p: &Plan) -> Result<()> {
         let pe = self.pe;
         let members = team.members();

@@ -179,3 +179,27 @@ impl CollConfig {
         (self.chunk_bytes / elem_size.max(1)).max(1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choice_by_size() {
+        let c = CollConfig::default();
+        assert_eq!(
+            c.choose(CollKind::AllReduce, (256 << 10) - 1),
+            Algo::OneShot
+        );
+        assert_eq!(c.choose(CollKind::AllReduce, 256 << 10), Algo::TwoShot);
+        assert_eq!(c.choose(CollKind::Broadcast, 1 << 30), Algo::TwoShot);
+        assert_eq!(c.choose(CollKind::AllGather, 1 << 30), Algo::OneShot);
+        let forced = c.algo(Some(Algo::OneShot));
+        assert_eq!(forced.choose(CollKind::AllReduce, 1 << 30), Algo::OneShot);
+        let forced = c.algo(Some(Algo::TwoShot)).two_shot_bytes(0);
+        assert_eq!(forced.choose(CollKind::AllReduce, 0), Algo::TwoShot);
+        assert_eq!(forced.choose(CollKind::AllToAll, 0), Algo::OneShot);
+        assert_eq!(c.chunk_bytes(3).chunk_elems(8), 1);
+        assert_eq!(c.chunk_elems(4), 64 << 10);
+    }
+}
