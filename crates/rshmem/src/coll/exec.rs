@@ -1,7 +1,7 @@
 //! The host API and the host executor: argument checks, the argument exchange that turns a bad
 //! argument on one member into an error on all, and a plan run with get/put/team_sync.
 
-use super::plan::{self, Buf, CollKind, Plan, Shape, Step, VRecv};
+use super::plan::{self, Algo, Buf, CollKind, Plan, Shape, Step, VRecv};
 use super::reduce::{combine, ReduceOp};
 use super::CollConfig;
 use crate::elem::Elem;
@@ -364,7 +364,7 @@ impl<'pe> Coll<'pe> {
         Ok(in_place)
     }
 
-    fn record<T: Elem>(&self, team: &Team, c: &Call<'_>, ok: bool) -> [u64; H_CMP] {
+    fn record<T: Elem>(team: &Team, c: &Call<'_>, algo: Algo, ok: bool) -> [u64; H_CMP] {
         let mut h = [0u64; H_CMP];
         h[0] = c.kind.code();
         h[1] = T::KIND as u64 + 1;
@@ -375,10 +375,7 @@ impl<'pe> Coll<'pe> {
         h[6] = c.src.len as u64;
         h[7] = c.dst.offset as u64;
         h[8] = c.dst.len as u64;
-        h[9] = self
-            .config
-            .choose(c.kind, c.count.saturating_mul(std::mem::size_of::<T>()))
-            .code();
+        h[9] = algo.code();
         h[10] = team_hash(team);
         h[H_STATUS] = u64::from(!ok);
         h
@@ -402,7 +399,10 @@ impl<'pe> Coll<'pe> {
         }
         let (n, me) = (team.n_pes(), team.my_pe());
         let local = self.check_local::<T>(team, c);
-        let rec = self.record::<T>(team, c, local.is_ok());
+        let algo = self
+            .config
+            .choose(c.kind, c.count.saturating_mul(std::mem::size_of::<T>()));
+        let rec = Self::record::<T>(team, c, algo, local.is_ok());
         pe.quiet()?;
         pe.local_write(&self.scratch, 0, &rec)?;
         if let (Some(v), Ok(_)) = (c.v, &local) {
@@ -430,9 +430,6 @@ impl<'pe> Coll<'pe> {
             in_place,
             chunk: self.config.chunk_elems(std::mem::size_of::<T>()),
         };
-        let algo = self
-            .config
-            .choose(c.kind, c.count.saturating_mul(std::mem::size_of::<T>()));
         let p = match c.kind {
             CollKind::Broadcast => plan::broadcast(shape, c.root, c.count, algo),
             CollKind::Reduce => plan::reduce(shape, c.root, c.count),
