@@ -31,7 +31,7 @@ macro_rules! int_elem {
             fn gen(pe: usize, stream: u64, len: usize, _op: ReduceOp) -> Vec<Self> {
                 harness::rand_vec::<f64>(pe, stream, len)
                     .into_iter()
-                    .map(|x| (mix(x) >> 7) as $t)
+                    .map(|x| mix(x) as $t) // full range: sums and products wrap
                     .collect()
             }
             fn fold(op: ReduceOp, xs: &[Self]) -> Self {
