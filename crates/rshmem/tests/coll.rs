@@ -633,6 +633,34 @@ fn bad_body(pe: &Pe) -> Result<()> {
         reset(&b)?;
     }
 
+    // different operation, element type, or algorithm on the last PE
+    if n > 1 {
+        let op = if me == last {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Sum
+        };
+        let r = coll.all_reduce(w, &b, &a, 4, op);
+        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+        let r = if me == last {
+            let (bu, au) = (b.view::<u32>(0, 8)?, a.view::<u32>(0, 8)?);
+            coll.all_reduce(w, &bu, &au, 4, ReduceOp::Sum)
+        } else {
+            coll.all_reduce(w, &b, &a, 4, ReduceOp::Sum)
+        };
+        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+        let algo = if me == last {
+            Algo::TwoShot
+        } else {
+            Algo::OneShot
+        };
+        let other = Coll::new(pe, CollConfig::default().algo(Some(algo)))?;
+        let r = other.all_reduce(w, &b, &a, 4, ReduceOp::Sum);
+        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+        other.free()?;
+        untouched()?;
+    }
+
     // root outside the team
     let r = coll.broadcast(w, &b, &a, 4, n);
     assert!(

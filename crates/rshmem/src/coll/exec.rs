@@ -529,7 +529,7 @@ impl<'pe> Coll<'pe> {
     }
 
     /// The host executor: runs a prepared plan (its first sync is done) with get, put and
-    /// team_sync, staging through at most (n + 1) chunks of private memory plus `temp_len`.
+    /// team_sync, staging through about two chunks of private memory plus `temp_len`.
     fn execute<T: Elem>(&self, team: &Team, c: &Call<'_>, p: &Plan) -> Result<()> {
         let pe = self.pe;
         let members = team.members();

@@ -44,9 +44,10 @@
 //! data scratch is needed. all_reduce and broadcast choose [`Algo::OneShot`] below
 //! [`CollConfig::two_shot_bytes`] (default 256 KiB) and [`Algo::TwoShot`] from there up; the
 //! others have one algorithm. Copies and reductions are split in chunks of
-//! [`CollConfig::chunk_bytes`] (default 256 KiB), which bounds the executor's staging memory
-//! to (team size + 1) chunks; in-place one-shot all_reduce and in-place all_to_all(v) also
-//! stage the result privately (count, resp. the received elements). Environment:
+//! [`CollConfig::chunk_bytes`] (default 256 KiB; a reduction step reads `chunk / n` from each
+//! of the n members), which bounds the executor's staging memory to about two chunks;
+//! in-place one-shot all_reduce and in-place all_to_all(v) also stage the result privately
+//! (count, resp. the received elements). Environment:
 //! `RSHMEM_COLL_ALGO=auto|one_shot|two_shot`, `RSHMEM_COLL_TWO_SHOT_BYTES`,
 //! `RSHMEM_COLL_CHUNK` (sizes with K/M/G suffixes).
 //!

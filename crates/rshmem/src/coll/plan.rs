@@ -15,8 +15,9 @@
 //!   the hazards, using `Temp` where it must;
 //! * `Reduce` folds the members' values in team order `0..n`, so every member computing an
 //!   element gets the same bits;
-//! * copies and reductions are split into chunks of at most `chunk` elements, which bounds an
-//!   executor's staging memory and gives a GPU executor its pipeline units.
+//! * copies are split into chunks of at most `chunk` elements and reductions into chunks of
+//!   `chunk / n` (n inputs each), which bounds an executor's staging memory to about two chunks
+//!   and gives a GPU executor its pipeline units.
 
 /// How a collective moves its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -242,9 +243,11 @@ impl Builder {
             });
         }
     }
+    /// Reduce steps hold `chunk / n` elements, so gathering the n inputs of a step stages
+    /// about one chunk whatever the team size.
     fn reduce(&mut self, from: Buf, from_at: usize, to: Buf, to_at: usize, len: usize) {
         self.note_temp(to, to_at + len);
-        let c = self.shape.chunk;
+        let c = (self.shape.chunk / self.shape.n.max(1)).max(1);
         for o in (0..len).step_by(c) {
             self.steps.push(Step::Reduce {
                 from,
