@@ -167,7 +167,7 @@ fn check_dispatch<T: Elem>(pe: &Pe, case: &Case, d: &Dispatched<T>) {
     let mut wts = Vec::new();
     let mut rows_x: Vec<Vec<T>> = Vec::new();
     let mut per_pe = vec![0usize; n];
-    for s in 0..n {
+    for (s, count) in per_pe.iter_mut().enumerate() {
         let (ids, w) = routing(case, s, n);
         let x: Vec<T> = hidden(case, s);
         for t in 0..tokens(case, s) {
@@ -191,7 +191,7 @@ fn check_dispatch<T: Elem>(pe: &Pe, case: &Case, d: &Dispatched<T>) {
             }
             local.extend(l);
             rows_x.push(x[t * H..(t + 1) * H].to_vec());
-            per_pe[s] += 1;
+            *count += 1;
         }
     }
     let hd = &d.handle;
@@ -345,8 +345,16 @@ fn bf16_i64_capturable(pe: &Pe) -> Result<()> {
     body_all_cases::<bf16, i64>(pe, EpMode::Capturable { capacity: MAX_T })
 }
 
-mode_test!(dispatch_combine_f32_i64_normal, [1, 2, 3, 4], f32_i64_normal);
-mode_test!(dispatch_combine_bf16_i32_normal, [1, 2, 3, 4], bf16_i32_normal);
+mode_test!(
+    dispatch_combine_f32_i64_normal,
+    [1, 2, 3, 4],
+    f32_i64_normal
+);
+mode_test!(
+    dispatch_combine_bf16_i32_normal,
+    [1, 2, 3, 4],
+    bf16_i32_normal
+);
 mode_test!(
     dispatch_combine_f32_i32_capturable,
     [1, 2, 3, 4],
@@ -385,7 +393,11 @@ fn identity_sum_of_weights(pe: &Pe) -> Result<()> {
     }
     buf.free(pe)
 }
-mode_test!(identity_combine_is_x_times_weight_sum, [1, 2, 3, 4], identity_sum_of_weights);
+mode_test!(
+    identity_combine_is_x_times_weight_sum,
+    [1, 2, 3, 4],
+    identity_sum_of_weights
+);
 
 fn layout_matches_reference(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
@@ -484,8 +496,15 @@ fn bad_call(pe: &Pe, buf: &mut Buffer<f32>, bad: Bad) -> Result<()> {
                     ids.push(0);
                     w.push(0.0);
                 }
-                Bad::IdTooLarge => ids = vec![(n * EPP) as i64; 3],
-                Bad::IdNegative => ids = vec![0, -2, 1],
+                Bad::IdTooLarge | Bad::IdNegative => {
+                    ids = if bad == Bad::IdTooLarge {
+                        vec![(n * EPP) as i64; 3]
+                    } else {
+                        vec![0, -2, 1]
+                    };
+                    w = vec![1.0; 3];
+                    x = vec![0.0; H];
+                }
                 Bad::TopkZero => k = 0,
                 Bad::TopkTooLarge => {
                     k = MAX_K + 1;
@@ -510,12 +529,6 @@ fn bad_call(pe: &Pe, buf: &mut Buffer<f32>, bad: Bad) -> Result<()> {
                     x = vec![0.0; H];
                 }
                 _ => {}
-            }
-        }
-        if bad == Bad::IdTooLarge || bad == Bad::IdNegative {
-            if culprit {
-                w = vec![1.0; 3];
-                x = vec![0.0; H];
             }
         }
         return buf.dispatch(pe, &x, &ids, &w, k).map(|_| ());
@@ -669,7 +682,12 @@ fn bad_configs(pe: &Pe) -> Result<()> {
     let (_, used1) = pe.heap_usage();
     assert!(b.bytes() > 0);
     assert_eq!(b.bytes(), Buffer::<bf16>::bytes_for(&good, n)?);
-    assert!(used1 - used0 >= b.bytes(), "{} < {}", used1 - used0, b.bytes());
+    assert!(
+        used1 - used0 >= b.bytes(),
+        "{} < {}",
+        used1 - used0,
+        b.bytes()
+    );
     assert_eq!(b.recv_rows(), n * MAX_T);
     let want = n * MAX_T * H * 2 + n * MAX_T * (1 + 2 * MAX_K) * 4 + MAX_T * MAX_K * H * 2;
     assert!(b.bytes() >= want && b.bytes() < want + 4096);

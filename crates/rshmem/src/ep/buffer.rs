@@ -248,7 +248,7 @@ impl<T: Elem> Buffer<T> {
                 c.max_topk
             )));
         }
-        if topk_ids.len() % top_k != 0 {
+        if !topk_ids.len().is_multiple_of(top_k) {
             return Err(Error::invalid(format!(
                 "ep: topk_ids has {} elements, not a multiple of top_k {top_k}",
                 topk_ids.len()
@@ -655,8 +655,8 @@ impl<T: Elem> Buffer<T> {
                 *c += f;
             }
         }
-        for e in 0..epp {
-            h.expert_offsets[e + 1] = h.expert_offsets[e] + counts[e];
+        for (e, c) in counts.iter().enumerate() {
+            h.expert_offsets[e + 1] = h.expert_offsets[e] + c;
         }
         let nrows = h.expert_offsets[epp];
         h.row_token = vec![0; nrows];
@@ -761,7 +761,10 @@ impl<T: Elem> Buffer<T> {
                             self.members[d],
                             rec.expect(d, s)
                         ),
-                        theirs: format!("{} rows (handles of different dispatches?)", rec.cnt(s, d)),
+                        theirs: format!(
+                            "{} rows (handles of different dispatches?)",
+                            rec.cnt(s, d)
+                        ),
                     });
                 }
             }

@@ -97,7 +97,10 @@ impl Handle {
     }
     /// Rows per local expert.
     pub fn expert_counts(&self) -> Vec<usize> {
-        self.expert_offsets.windows(2).map(|w| w[1] - w[0]).collect()
+        self.expert_offsets
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .collect()
     }
     /// `[E/n + 1]`: local expert `e`'s rows are `expert_offsets[e]..expert_offsets[e+1]`.
     pub fn expert_offsets(&self) -> &[usize] {

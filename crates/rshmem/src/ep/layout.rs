@@ -32,12 +32,12 @@ impl Layout {
         if top_k == 0 {
             return Err(Error::invalid("ep: top_k must be at least 1"));
         }
-        if n_pes == 0 || num_experts == 0 || num_experts % n_pes != 0 {
+        if n_pes == 0 || num_experts == 0 || !num_experts.is_multiple_of(n_pes) {
             return Err(Error::invalid(format!(
                 "ep: {num_experts} experts cannot be split evenly over {n_pes} PEs"
             )));
         }
-        if topk_ids.len() % top_k != 0 {
+        if !topk_ids.len().is_multiple_of(top_k) {
             return Err(Error::invalid(format!(
                 "ep: {} top-k ids is not a multiple of top_k {top_k}",
                 topk_ids.len()
@@ -106,9 +106,7 @@ impl Layout {
     /// The PEs token `t` goes to, ascending, each once.
     pub fn token_pes(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
         let row = &self.in_pe[t * self.n_pes..(t + 1) * self.n_pes];
-        row.iter()
-            .enumerate()
-            .filter_map(|(p, &b)| b.then_some(p))
+        row.iter().enumerate().filter_map(|(p, &b)| b.then_some(p))
     }
     /// `[T, k]`: the PE serving each slot, -1 where the id is -1.
     pub fn slot_pes(&self) -> &[i32] {

@@ -125,7 +125,7 @@ impl EpConfig {
         if n_pes == 0 {
             return Err(Error::invalid("ep: the team has no PEs"));
         }
-        if self.num_experts == 0 || self.num_experts % n_pes != 0 {
+        if self.num_experts == 0 || !self.num_experts.is_multiple_of(n_pes) {
             return Err(Error::invalid(format!(
                 "ep: {} experts cannot be split evenly over {n_pes} PEs",
                 self.num_experts
