@@ -7,7 +7,7 @@ use super::{check_dtype, EpConfig, EpMode, TopkId};
 use crate::elem::{Cmp, Elem, SignalOp};
 use crate::error::{Error, Result};
 use crate::pe::Pe;
-use crate::sym::Sym;
+use crate::sym::{Sym, SymView};
 use crate::team::Team;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -81,14 +81,10 @@ pub struct Buffer<T: Elem> {
     /// Words per received-row record: token index, k ids, k weights.
     rmw: usize,
     epoch: u64,
-    recv_x: Sym<T>,
-    recv_meta: Sym<u32>,
-    comb: Sym<T>,
-    meta: Sym<u64>,
-    /// `[2n]` record signals by parity, then `[n]` data signals.
-    sig: Sym<u64>,
-    /// `[n]` rows sent by each source in the current call.
-    done: Sym<u64>,
+    plan: Plan,
+    /// All areas in one symmetric allocation (one collective, nothing half-allocated).
+    area: Sym<u8>,
+    _t: std::marker::PhantomData<fn() -> T>,
 }
 
 fn mul(a: usize, b: usize) -> Result<usize> {
@@ -96,17 +92,68 @@ fn mul(a: usize, b: usize) -> Result<usize> {
         .ok_or_else(|| Error::invalid("ep: buffer size overflows"))
 }
 
-/// Sizes of the symmetric areas: (receive rows, record words, row-record words).
-fn shape(cfg: &EpConfig, n: usize) -> (usize, usize, usize) {
+/// Where the areas lie in the buffer's one allocation (byte offsets, 256-aligned).
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// Receive rows (`n * max_tokens` or `n * capacity`).
+    rows: usize,
+    /// Record words.
+    mw: usize,
+    /// Words per received-row record: token index, k ids, k weights.
+    rmw: usize,
+    /// `[rows, H]` of T: received hidden states.
+    x_off: usize,
+    /// `[rows, rmw]` of u32: received row records.
+    rm_off: usize,
+    /// `[max_tokens * max_topk, H]` of T: expert outputs coming back, by (token, slot).
+    comb_off: usize,
+    /// `[2, n, mw]` of u64: agreement records by parity.
+    rec_off: usize,
+    /// `[3n]` of u64: record signals by parity, then data signals.
+    sig_off: usize,
+    /// `[n]` of u64: rows sent by each source in the current call.
+    done_off: usize,
+    total: usize,
+}
+
+fn plan(cfg: &EpConfig, n: usize, elem: usize) -> Result<Plan> {
+    cfg.validate(n)?;
     let per_pair = match cfg.mode {
         EpMode::Normal => cfg.max_tokens,
         EpMode::Capturable { capacity } => capacity,
     };
-    (
-        n * per_pair,
-        R_FIXED + 2 * n + cfg.num_experts / n,
-        1 + 2 * cfg.max_topk,
-    )
+    let rows = mul(n, per_pair)?;
+    let mw = R_FIXED + 2 * n + cfg.num_experts / n;
+    let rmw = 1 + 2 * cfg.max_topk;
+    let sizes = [
+        mul(mul(rows, cfg.hidden)?, elem)?,
+        mul(mul(rows, rmw)?, 4)?,
+        mul(mul(mul(cfg.max_tokens, cfg.max_topk)?, cfg.hidden)?, elem)?,
+        mul(mul(2 * n, mw)?, 8)?,
+        mul(3 * n, 8)?,
+        mul(n, 8)?,
+    ];
+    let mut offs = [0usize; 6];
+    let mut at = 0usize;
+    for (o, sz) in offs.iter_mut().zip(sizes) {
+        *o = at;
+        at = at
+            .checked_add(sz)
+            .and_then(|v| v.checked_next_multiple_of(256))
+            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
+    }
+    Ok(Plan {
+        rows,
+        mw,
+        rmw,
+        x_off: offs[0],
+        rm_off: offs[1],
+        comb_off: offs[2],
+        rec_off: offs[3],
+        sig_off: offs[4],
+        done_off: offs[5],
+        total: at,
+    })
 }
 
 impl<T: Elem> Buffer<T> {
@@ -128,15 +175,8 @@ impl<T: Elem> Buffer<T> {
                 pe.my_pe()
             )));
         }
-        Self::bytes_for(&cfg, n)?;
-        let (rows, mw, rmw) = shape(&cfg, n);
-        let h = cfg.hidden;
-        let recv_x = pe.alloc_aligned::<T>(mul(rows, h)?, 256)?;
-        let recv_meta = pe.alloc_aligned::<u32>(mul(rows, rmw)?, 256)?;
-        let comb = pe.alloc_aligned::<T>(mul(mul(cfg.max_tokens, cfg.max_topk)?, h)?, 256)?;
-        let meta = pe.alloc::<u64>(2 * n * mw)?;
-        let sig = pe.alloc::<u64>(3 * n)?;
-        let done = pe.alloc::<u64>(n)?;
+        let plan = plan(&cfg, n, std::mem::size_of::<T>())?;
+        let area = pe.alloc_aligned::<u8>(plan.total, 256)?;
         let buf = Buffer {
             cfg,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -144,21 +184,18 @@ impl<T: Elem> Buffer<T> {
             me,
             members: team.members().to_vec(),
             epp: cfg.num_experts / n,
-            rows,
-            mw,
-            rmw,
+            rows: plan.rows,
+            mw: plan.mw,
+            rmw: plan.rmw,
             epoch: 0,
-            recv_x,
-            recv_meta,
-            comb,
-            meta,
-            sig,
-            done,
+            plan,
+            area,
+            _t: std::marker::PhantomData,
         };
         // Recycled heap memory may hold old signal values: clear, then make sure nobody signals
         // before everyone cleared.
-        pe.local_fill(&buf.sig, 0)?;
-        pe.local_fill(&buf.done, 0)?;
+        pe.local_fill(&buf.sig()?, 0)?;
+        pe.local_fill(&buf.done()?, 0)?;
         pe.team_barrier(team)?;
         tracing::debug!(
             pe = pe.my_pe(),
@@ -172,23 +209,35 @@ impl<T: Elem> Buffer<T> {
 
     /// Symmetric bytes per PE a buffer of `cfg` on a team of `n_pes` takes.
     pub fn bytes_for(cfg: &EpConfig, n_pes: usize) -> Result<usize> {
-        cfg.validate(n_pes)?;
-        let (rows, mw, rmw) = shape(cfg, n_pes);
-        let ts = std::mem::size_of::<T>();
-        let x = mul(mul(rows, cfg.hidden)?, ts)?;
-        let rm = mul(mul(rows, rmw)?, 4)?;
-        let c = mul(mul(mul(cfg.max_tokens, cfg.max_topk)?, cfg.hidden)?, ts)?;
-        let m = mul(mul(2 * n_pes, mw)?, 8)?;
-        let s = 4 * n_pes * 8;
-        [x, rm, c, m, s]
-            .into_iter()
-            .try_fold(0usize, |a, b| a.checked_add(b))
-            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))
+        Ok(plan(cfg, n_pes, std::mem::size_of::<T>())?.total)
     }
 
     /// Symmetric bytes per PE this buffer takes.
     pub fn bytes(&self) -> usize {
-        Self::bytes_for(&self.cfg, self.n).unwrap_or(0)
+        self.plan.total
+    }
+
+    fn recv_x(&self) -> Result<SymView<'_, T>> {
+        self.area
+            .view(self.plan.x_off, self.plan.rows * self.cfg.hidden)
+    }
+    fn recv_meta(&self) -> Result<SymView<'_, u32>> {
+        self.area
+            .view(self.plan.rm_off, self.plan.rows * self.plan.rmw)
+    }
+    fn comb(&self) -> Result<SymView<'_, T>> {
+        let c = &self.cfg;
+        self.area
+            .view(self.plan.comb_off, c.max_tokens * c.max_topk * c.hidden)
+    }
+    fn meta(&self) -> Result<SymView<'_, u64>> {
+        self.area.view(self.plan.rec_off, 2 * self.n * self.plan.mw)
+    }
+    fn sig(&self) -> Result<SymView<'_, u64>> {
+        self.area.view(self.plan.sig_off, 3 * self.n)
+    }
+    fn done(&self) -> Result<SymView<'_, u64>> {
+        self.area.view(self.plan.done_off, self.n)
     }
 
     /// The configuration.
@@ -208,12 +257,7 @@ impl<T: Elem> Buffer<T> {
 
     /// Releases the symmetric areas (collective over the world, like [`Pe::free`]).
     pub fn free(self, pe: &Pe) -> Result<()> {
-        pe.free(self.done)?;
-        pe.free(self.sig)?;
-        pe.free(self.meta)?;
-        pe.free(self.comb)?;
-        pe.free(self.recv_meta)?;
-        pe.free(self.recv_x)
+        pe.free(self.area)
     }
 
     fn mode_word(&self) -> u64 {
@@ -300,10 +344,10 @@ impl<T: Elem> Buffer<T> {
             let r = row(d);
             debug_assert_eq!(r.len(), self.mw);
             pe.put_signal(
-                &self.meta,
+                &self.meta()?,
                 (parity * n + self.me) * self.mw,
                 &r,
-                &self.sig,
+                &self.sig()?,
                 parity * n + self.me,
                 self.epoch,
                 SignalOp::Set,
@@ -311,10 +355,10 @@ impl<T: Elem> Buffer<T> {
             )?;
         }
         for s in 0..n {
-            pe.wait_until(&self.sig, parity * n + s, Cmp::Ge, self.epoch)?;
+            pe.wait_until(&self.sig()?, parity * n + s, Cmp::Ge, self.epoch)?;
         }
         let mut all = vec![0u64; n * self.mw];
-        pe.get(&self.meta, parity * n * self.mw, &mut all, pe.my_pe())?;
+        pe.get(&self.meta()?, parity * n * self.mw, &mut all, pe.my_pe())?;
         Ok(Records {
             rows: all.chunks(self.mw).map(|c| c.to_vec()).collect(),
             n,
@@ -437,10 +481,10 @@ impl<T: Elem> Buffer<T> {
     fn wait_data(&self, pe: &Pe, rec: &Records, what: &str) -> Result<()> {
         let n = self.n;
         for s in 0..n {
-            pe.wait_until(&self.sig, 2 * n + s, Cmp::Ge, self.epoch)?;
+            pe.wait_until(&self.sig()?, 2 * n + s, Cmp::Ge, self.epoch)?;
         }
         let mut done = vec![0u64; n];
-        pe.get(&self.done, 0, &mut done, pe.my_pe())?;
+        pe.get(&self.done()?, 0, &mut done, pe.my_pe())?;
         for (s, &got) in done.iter().enumerate() {
             if got as usize != rec.cnt(s, self.me) {
                 return Err(Error::invalid(format!(
@@ -456,10 +500,10 @@ impl<T: Elem> Buffer<T> {
     fn signal_done(&self, pe: &Pe, d: usize, rows: usize) -> Result<()> {
         pe.fence();
         pe.put_signal(
-            &self.done,
+            &self.done()?,
             self.me,
             &[rows as u64],
-            &self.sig,
+            &self.sig()?,
             2 * self.n + self.me,
             self.epoch,
             SignalOp::Set,
@@ -527,7 +571,7 @@ impl<T: Elem> Buffer<T> {
                 if !layout.is_token_in_pe(t, d) {
                     continue;
                 }
-                pe.put(&self.recv_x, (base + r) * h, &x[t * h..(t + 1) * h], wd)?;
+                pe.put(&self.recv_x()?, (base + r) * h, &x[t * h..(t + 1) * h], wd)?;
                 let at = meta_rows.len();
                 meta_rows.resize(at + rmw, 0);
                 let m = &mut meta_rows[at..];
@@ -539,7 +583,7 @@ impl<T: Elem> Buffer<T> {
                 r += 1;
             }
             if r > 0 {
-                pe.put(&self.recv_meta, base * rmw, &meta_rows, wd)?;
+                pe.put(&self.recv_meta()?, base * rmw, &meta_rows, wd)?;
             }
             self.signal_done(pe, d, r)?;
         }
@@ -551,7 +595,7 @@ impl<T: Elem> Buffer<T> {
             let c = rec.cnt(s, self.me);
             let base = self.base(&rec, s, self.me);
             let mut m = vec![0u32; c * rmw];
-            pe.get(&self.recv_meta, base * rmw, &mut m, pe.my_pe())?;
+            pe.get(&self.recv_meta()?, base * rmw, &mut m, pe.my_pe())?;
             srcs.push((base, m));
         }
         let rows_meta: Vec<&[u32]> = srcs.iter().map(|(_, m)| &m[..]).collect();
@@ -569,7 +613,7 @@ impl<T: Elem> Buffer<T> {
             let i = handle.row_token[r] as usize;
             let s = handle.recv_src_pe[i] as usize;
             let buf_row = srcs[s].0 + (i - first_of[s]);
-            pe.get(&self.recv_x, buf_row * h, row, pe.my_pe())?;
+            pe.get(&self.recv_x()?, buf_row * h, row, pe.my_pe())?;
         }
         tracing::trace!(
             pe = pe.my_pe(),
@@ -776,7 +820,7 @@ impl<T: Elem> Buffer<T> {
             let s = handle.recv_src_pe[i] as usize;
             let t = handle.recv_src_token[i] as usize;
             let j = handle.row_slot[r] as usize;
-            pe.put(&self.comb, (t * k + j) * h, y, self.members[s])?;
+            pe.put(&self.comb()?, (t * k + j) * h, y, self.members[s])?;
         }
         for kk in 0..n {
             let d = (self.me + 1 + kk) % n;
@@ -784,7 +828,7 @@ impl<T: Elem> Buffer<T> {
         }
         self.wait_data(pe, &rec, "ep combine")?;
         let mut got = vec![T::ZERO; handle.num_tokens * k * h];
-        pe.get(&self.comb, 0, &mut got, pe.my_pe())?;
+        pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;
         Ok(reduce(
             &got,
             &handle.src_slot_pe,
@@ -845,15 +889,15 @@ impl<T: Elem> Buffer<T> {
                 }
             }
             let base = off(self.me, d);
-            pe.put(&self.recv_x, base * h, &stage_x, self.members[d])?;
-            pe.put(&self.recv_meta, base * rmw, &stage_m, self.members[d])?;
+            pe.put(&self.recv_x()?, base * h, &stage_x, self.members[d])?;
+            pe.put(&self.recv_meta()?, base * rmw, &stage_m, self.members[d])?;
         }
         pe.team_barrier(team)?;
         let total: usize = (0..n).map(|s| m[s][self.me]).sum();
         let mut all_x = vec![T::ZERO; total * h];
         let mut all_m = vec![0u32; total * rmw];
-        pe.get(&self.recv_x, 0, &mut all_x, pe.my_pe())?;
-        pe.get(&self.recv_meta, 0, &mut all_m, pe.my_pe())?;
+        pe.get(&self.recv_x()?, 0, &mut all_x, pe.my_pe())?;
+        pe.get(&self.recv_meta()?, 0, &mut all_m, pe.my_pe())?;
         // Records equivalent to the signal path's, for the shared assembly and its checks.
         let rec = Records {
             rows: (0..n)
@@ -891,11 +935,11 @@ impl<T: Elem> Buffer<T> {
         pe.team_barrier(team)?;
         let r: Vec<u64> = row.iter().map(|&c| c as u64).collect();
         for d in 0..n {
-            pe.put(&self.meta, self.me * w, &r, self.members[d])?;
+            pe.put(&self.meta()?, self.me * w, &r, self.members[d])?;
         }
         pe.team_barrier(team)?;
         let mut all = vec![0u64; n * w];
-        pe.get(&self.meta, 0, &mut all, pe.my_pe())?;
+        pe.get(&self.meta()?, 0, &mut all, pe.my_pe())?;
         Ok(all
             .chunks(w)
             .map(|r| r.iter().map(|&c| c as usize).collect())
@@ -964,12 +1008,12 @@ impl<T: Elem> Buffer<T> {
                 }
             }
             first += cnt;
-            pe.put(&self.comb, off(self.me, s) * h, &stage, self.members[s])?;
+            pe.put(&self.comb()?, off(self.me, s) * h, &stage, self.members[s])?;
         }
         pe.team_barrier(team)?;
         let total: usize = expect.iter().sum();
         let mut got = vec![T::ZERO; total * h];
-        pe.get(&self.comb, 0, &mut got, pe.my_pe())?;
+        pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;
         // Unpack: from PE d, its rows in (token, slot) order.
         let t_n = handle.num_tokens;
         let mut scattered = vec![T::ZERO; t_n * k * h];
