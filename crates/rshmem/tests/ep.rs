@@ -156,9 +156,7 @@ fn cfg(n: usize, mode: EpMode) -> EpConfig {
 }
 
 /// Checks a dispatch result against the naive reference computed from every PE's seeds.
-fn check_dispatch<T: Elem>(pe: &Pe, case: &Case, d: &Dispatched<T>) {
-    let n = pe.n_pes();
-    let me = pe.my_pe();
+fn check_dispatch<T: Elem>((me, n): (usize, usize), case: &Case, d: &Dispatched<T>) {
     let k = case.k;
     let lo = (me * EPP) as i64;
     let mut src_pe = Vec::new();
@@ -231,14 +229,14 @@ fn check_dispatch<T: Elem>(pe: &Pe, case: &Case, d: &Dispatched<T>) {
 }
 
 /// Expert outputs: each row scaled by its global expert's scale (identity when `identity`).
-fn experts<T: Elem>(pe: &Pe, d: &Dispatched<T>, identity: bool) -> Vec<T> {
+fn experts<T: Elem>(me: usize, d: &Dispatched<T>, identity: bool) -> Vec<T> {
     let off = d.handle.expert_offsets();
     let mut y = d.x.clone();
     for e in 0..EPP {
         let s = if identity {
             1.0
         } else {
-            expert_scale(pe.my_pe() * EPP + e)
+            expert_scale(me * EPP + e)
         };
         for v in &mut y[off[e] * H..off[e + 1] * H] {
             *v = T::from_f64(v.to_f64() * s);
@@ -248,9 +246,8 @@ fn experts<T: Elem>(pe: &Pe, d: &Dispatched<T>, identity: bool) -> Vec<T> {
 }
 
 /// The exact expected combine output of this PE, rounded once to `T`.
-fn expected_combine<T: Elem>(pe: &Pe, case: &Case, identity: bool) -> Vec<T> {
-    let me = pe.my_pe();
-    let (ids, w) = routing(case, me, pe.n_pes());
+fn expected_combine<T: Elem>((me, n): (usize, usize), case: &Case, identity: bool) -> Vec<T> {
+    let (ids, w) = routing(case, me, n);
     let x: Vec<T> = hidden(case, me);
     let k = case.k;
     let mut out = Vec::new();
@@ -280,15 +277,25 @@ fn run_case<T: Elem, I: TopkId + FromI64>(
     case: &Case,
     identity: bool,
 ) -> Result<()> {
-    let me = pe.my_pe();
-    let (ids, w) = routing(case, me, pe.n_pes());
+    run_case_in::<T, I>(pe, buf, case, identity, (pe.my_pe(), pe.n_pes()))
+}
+
+/// As `run_case`, for team index `me` of a team of `n`.
+fn run_case_in<T: Elem, I: TopkId + FromI64>(
+    pe: &Pe,
+    buf: &mut Buffer<T>,
+    case: &Case,
+    identity: bool,
+    (me, n): (usize, usize),
+) -> Result<()> {
+    let (ids, w) = routing(case, me, n);
     let ids: Vec<I> = cast_ids(&ids);
     let x: Vec<T> = hidden(case, me);
     let d = buf.dispatch(pe, &x, &ids, &w, case.k)?;
-    check_dispatch(pe, case, &d);
-    let y = experts(pe, &d, identity);
+    check_dispatch((me, n), case, &d);
+    let y = experts(me, &d, identity);
     let out = buf.combine(pe, &d.handle, &y)?;
-    let want: Vec<T> = expected_combine(pe, case, identity);
+    let want: Vec<T> = expected_combine((me, n), case, identity);
     assert!(out == want, "{case:?}: combine differs on PE {me}");
     Ok(())
 }
@@ -398,6 +405,29 @@ mode_test!(
     [1, 2, 3, 4],
     identity_sum_of_weights
 );
+
+/// Buffers on split teams (even and odd world PEs): team indices, not world indices, place
+/// experts; both teams run at once on disjoint data.
+fn split_teams(pe: &Pe) -> Result<()> {
+    let color = (pe.my_pe() % 2) as u32;
+    let team = pe
+        .team_split(pe.world_team(), Some(color), pe.my_pe() as i64)?
+        .ok_or_else(|| Error::InvalidArgument("no team".into()))?;
+    let n = team.n_pes();
+    let me = team.my_pe();
+    let mut buf = Buffer::<f32>::new(pe, &team, cfg(n, EpMode::Normal))?;
+    assert_eq!(buf.n_pes(), n);
+    for (i, case) in all_cases().iter().enumerate().step_by(3) {
+        let case = Case {
+            seed: case.seed + 10_000 * color as u64,
+            ..*case
+        };
+        run_case_in::<f32, i32>(pe, &mut buf, &case, i % 2 == 1, (me, n))?;
+    }
+    buf.free(pe)?;
+    pe.team_destroy(team)
+}
+mode_test!(split_team_dispatch_combine, [4], split_teams);
 
 fn layout_matches_reference(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();

@@ -50,7 +50,11 @@
 //! * receive rows: `R * H * size_of::<T>()`
 //! * receive row records: `R * (1 + 2k) * 4` (source token index, k expert ids, k weights)
 //! * combine area: `max_tokens * k * H * size_of::<T>()` (one row per (token, slot))
-//! * agreement records: `2 * n * (8 + n + El) * 8`, signals and row counts: `(3n) * 8 + n * 8`
+//! * agreement records: `2 * n * (8 + 2n + El) * 8`, signals and row counts: `(3n) * 8 + n * 8`
+//!
+//! all in one symmetric allocation, each area rounded up to 256 bytes. Example: `T = 4096`,
+//! `H = 7168` bf16, `k = 8`, `E = 256`, 2 PEs, normal mode: 117 MB receive rows + 0.6 MB row
+//! records + 470 MB combine area ≈ 588 MB per PE.
 //!
 //! # GPU backends
 //! Layout, handle, capacity rules, validation and the agreement decisions are shared; a GPU
