@@ -694,6 +694,33 @@ fn bad_configs(pe: &Pe) -> Result<()> {
         let r = Buffer::<f32>::new(pe, w, c);
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{c:?}: {r:?}");
     }
+    if n > 1 {
+        // One PE with an invalid configuration, the others valid: every PE errs, nobody waits.
+        let culprit = pe.my_pe() == n - 1;
+        let c = if culprit {
+            EpConfig { hidden: 0, ..good }
+        } else {
+            good
+        };
+        match Buffer::<f32>::new(pe, w, c) {
+            Err(Error::InvalidArgument(_)) if culprit => {}
+            Err(Error::CollectiveMismatch { .. }) if !culprit => {}
+            r => panic!("mixed configs on PE {}: {r:?}", pe.my_pe()),
+        }
+        // Same sizes, different modes: the first call finds out, on every PE.
+        let c = if culprit {
+            EpConfig {
+                mode: EpMode::Capturable { capacity: MAX_T },
+                ..good
+            }
+        } else {
+            good
+        };
+        let mut b = Buffer::<f32>::new(pe, w, c)?;
+        let r = b.dispatch::<i32>(pe, &[], &[], &[], 1);
+        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+        b.free(pe)?;
+    }
     let r = Buffer::<i32>::new(pe, w, good);
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "dtype: {r:?}");
     let r = Buffer::<f64>::new(pe, w, good);

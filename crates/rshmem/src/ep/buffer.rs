@@ -165,17 +165,30 @@ impl<T: Elem> Buffer<T> {
     /// (`E % n != 0`, zero sizes, capacity out of range), a heap too small
     /// ([`Error::HeapExhausted`]; [`Buffer::bytes_for`] says how much is needed).
     pub fn new(pe: &Pe, team: &Team, cfg: EpConfig) -> Result<Buffer<T>> {
-        check_dtype::<T>()?;
         let n = team.n_pes();
-        cfg.validate(n)?;
         let me = team.my_pe();
-        if team.members().get(me) != Some(&pe.my_pe()) {
-            return Err(Error::Team(format!(
-                "PE {} is not a member of the team passed to ep::Buffer::new",
-                pe.my_pe()
-            )));
-        }
-        let plan = plan(&cfg, n, std::mem::size_of::<T>())?;
+        let prepared = check_dtype::<T>().and_then(|_| {
+            if team.members().get(me) != Some(&pe.my_pe()) {
+                return Err(Error::Team(format!(
+                    "PE {} is not a member of the team passed to ep::Buffer::new",
+                    pe.my_pe()
+                )));
+            }
+            plan(&cfg, n, std::mem::size_of::<T>())
+        });
+        let plan = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                // Take part in the collective allocation anyway (with 0 bytes) so that peers
+                // whose configuration is valid see a mismatch at once instead of waiting for
+                // this PE until the timeout; when every PE is invalid the same way, the empty
+                // block is released again.
+                if let Ok(s) = pe.alloc_aligned::<u8>(0, 256) {
+                    pe.free(s)?;
+                }
+                return Err(e);
+            }
+        };
         let area = pe.alloc_aligned::<u8>(plan.total, 256)?;
         let buf = Buffer {
             cfg,
