@@ -41,7 +41,7 @@
 //! * [`EpMode::Capturable`]: rows from source `s` go to the fixed slots `s*C .. s*C + C` for a
 //!   configured capacity `C` per (source, destination) pair: placement needs no counts from other
 //!   PEs and all shapes are static (what a captured CUDA graph needs); a count above `C` is
-//!   [`Error::Capacity`](crate::Error::Capacity) on every PE — never a silent drop, never an
+//!   [`Error::Capacity`] on every PE — never a silent drop, never an
 //!   out-of-bounds write.
 //!
 //! # Buffer sizing (bytes per PE, see [`Buffer::bytes`])
@@ -57,9 +57,16 @@
 //! records + 470 MB combine area ≈ 588 MB per PE.
 //!
 //! # GPU backends
-//! Layout, handle, capacity rules, validation and the agreement decisions are shared; a GPU
-//! backend replaces only the data movement (steps 3 and 4, and the count part of step 2) with
-//! kernels writing the same areas in the same order.
+//! Shared with every backend: [`EpConfig`] validation, the byte plan of the areas, [`Layout`]
+//! (a GPU computes the same arrays in a kernel), the record format and the decisions taken from
+//! it (status, mismatches, capacity), the placement rule (`base(s, d)`: prefix of counts in
+//! normal mode, `s * C` in capturable mode), the row-record format and the [`Handle`] arrays.
+//! Backend-specific: only the movement — the record puts and waits (device `put_signal` /
+//! `wait_until` instead of host calls), the payload puts (one warp per (token, destination)
+//! instead of one `put` per row), and the expert-major permutation and weighted reduction
+//! (kernels over the handle arrays). In capturable mode on a GPU the capacity decision is taken
+//! on the device from the same records; an overflow writes nothing and latches an error flag the
+//! host reads at its next synchronisation, so a captured graph never needs the host mid-step.
 //!
 //! ```
 //! use rshmem::ep::{Buffer, EpConfig, EpMode};
