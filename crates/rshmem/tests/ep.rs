@@ -835,3 +835,37 @@ fn bench_small(pe: &Pe) -> Result<()> {
     Ok(())
 }
 mode_test!(bench_entry_point_runs, [1, 2, 3], bench_small);
+
+// ----- a peer that dies mid-step: the others end in an error, they do not hang -----
+
+#[test]
+fn peer_lost_during_dispatch_is_an_error() {
+    use std::sync::Mutex;
+    static SEEN: Mutex<Vec<(usize, String)>> = Mutex::new(Vec::new());
+    let n = 3;
+    let cfg = harness::config().timeout(std::time::Duration::from_secs(10));
+    let r = std::panic::catch_unwind(|| {
+        rshmem::threads_with(cfg, n, |pe| -> Result<()> {
+            let mut buf = Buffer::<f32>::new(pe, pe.world_team(), self::cfg(n, EpMode::Normal))?;
+            run_case::<f32, i64>(pe, &mut buf, &good_case(1), true)?;
+            if pe.my_pe() == n - 1 {
+                panic!("PE {} dies on purpose", pe.my_pe());
+            }
+            let case = good_case(2);
+            let (ids, w) = routing(&case, pe.my_pe(), n);
+            let x: Vec<f32> = hidden(&case, pe.my_pe());
+            let r = buf.dispatch(pe, &x, &ids, &w, case.k);
+            SEEN.lock()
+                .unwrap()
+                .push((pe.my_pe(), format!("{:?}", r.map(|_| ()))));
+            Ok(())
+        })
+    });
+    assert!(r.is_err(), "the dying PE's panic is resumed");
+    let mut seen = SEEN.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(seen.len(), n - 1, "{seen:?}");
+    for (p, e) in seen {
+        assert!(e.contains("PeerLost"), "PE {p}: {e}");
+    }
+}
