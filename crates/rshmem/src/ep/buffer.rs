@@ -4,7 +4,7 @@
 use super::handle::{Dispatched, Handle};
 use super::layout::Layout;
 use super::{check_dtype, EpConfig, EpMode, TopkId};
-use crate::elem::{Cmp, Elem, SignalOp};
+use crate::elem::{Cmp, Elem, ElemKind, SignalOp};
 use crate::error::{Error, Result};
 use crate::pe::Pe;
 use crate::sym::{Sym, SymView};
@@ -1053,11 +1053,34 @@ impl<T: Elem> Buffer<T> {
     }
 }
 
+/// Widens a row of hidden states to `f32` (exact for f32, bf16 and f16).
+fn widen<T: Elem>(row: &[T], out: &mut [f32]) {
+    let bytes = crate::sym::as_bytes(row);
+    match T::KIND {
+        ElemKind::F32 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        ElemKind::Bf16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_ne_bytes([b[0], b[1]]) as u32) << 16);
+            }
+        }
+        _ => {
+            for (o, v) in out.iter_mut().zip(row) {
+                *o = v.to_f64() as f32;
+            }
+        }
+    }
+}
+
 /// `out[t] = Σ_j w[t,j] * y[t*k+j]` over the slots with an expert, in slot order, in `f32`,
 /// rounded once.
 fn reduce<T: Elem>(y: &[T], slot_pe: &[i32], w: &[f32], t_n: usize, k: usize, h: usize) -> Vec<T> {
     let mut out = vec![T::ZERO; t_n * h];
     let mut acc = vec![0f32; h];
+    let mut wide = vec![0f32; h];
     for t in 0..t_n {
         acc.fill(0.0);
         for j in 0..k {
@@ -1065,9 +1088,9 @@ fn reduce<T: Elem>(y: &[T], slot_pe: &[i32], w: &[f32], t_n: usize, k: usize, h:
                 continue;
             }
             let wj = w[t * k + j];
-            let row = &y[(t * k + j) * h..(t * k + j + 1) * h];
-            for (a, v) in acc.iter_mut().zip(row) {
-                *a += wj * v.to_f64() as f32;
+            widen(&y[(t * k + j) * h..(t * k + j + 1) * h], &mut wide);
+            for (a, v) in acc.iter_mut().zip(&wide) {
+                *a += wj * v;
             }
         }
         for (o, a) in out[t * h..(t + 1) * h].iter_mut().zip(&acc) {
