@@ -611,3 +611,20 @@ fn mismatched_configurations_fail_everywhere() {
         |e| matches!(e, Error::InvalidArgument(_)),
     );
 }
+
+#[test]
+fn huge_timeout_does_not_panic() {
+    // Duration::MAX: no deadline anywhere (the bootstrap once added it to an Instant and panicked)
+    let r = rshmem::threads_with(cfg().timeout(Duration::MAX), 3, |pe| -> Result<u64> {
+        let x = pe.alloc::<u64>(1)?;
+        pe.local_fill(&x, 0)?;
+        pe.barrier_all()?;
+        pe.atomic_inc(&x, 0, 0)?;
+        pe.barrier_all()?;
+        let v = pe.g(&x, 0, 0)?;
+        pe.barrier_all()?;
+        pe.free(x)?;
+        Ok(v)
+    });
+    assert_eq!(all_ok(r), [3, 3, 3]);
+}
