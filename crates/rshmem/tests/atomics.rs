@@ -125,7 +125,7 @@ fn next_value<T: AtomicElem>(op: u64, a: T, b: T, cur: T) -> T {
     let bits = |f: fn(u64, u64) -> u64, v: T| T::from_bits(f(cur.to_bits(), v.to_bits()));
     match op {
         0 => cur,
-        1 | 2 | 3 => a,
+        1..=3 => a,
         4 => cur,
         5 | 6 => wadd(cur, a),
         7 | 10 => bits(|x, y| x & y, bor(a, b)),

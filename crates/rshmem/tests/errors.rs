@@ -485,7 +485,7 @@ fn handle_of_another_pe() {
                     }
                 )
             });
-            drop(theirs);
+            let _ = theirs; // PE 0's object: a handle this PE cannot free
         }
         pe.barrier_all()?;
         Ok(())

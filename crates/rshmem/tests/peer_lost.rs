@@ -105,7 +105,8 @@ fn dropped_pe_without_finalize() {
     let n = 3;
     let victim = 2;
     let hub = InProcBootstrap::new(n, Duration::from_secs(20)).unwrap();
-    let results: Vec<Option<(Result<()>, Result<u64>, Result<()>)>> = std::thread::scope(|s| {
+    type Outcome = (Result<()>, Result<u64>, Result<()>); // barrier, wait, finalize
+    let results: Vec<Option<Outcome>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|rank| {
                 let hub = hub.clone();
@@ -116,7 +117,7 @@ fn dropped_pe_without_finalize() {
                     pe.local_fill(&x, 0).expect("fill");
                     pe.barrier_all().expect("barrier");
                     if rank == victim {
-                        drop(x);
+                        let _ = x;
                         drop(pe); // ends without finalize
                         return None;
                     }
