@@ -911,6 +911,15 @@ impl Pe {
     }
 
     /// Collective over the team: releases it (the world team cannot be destroyed).
+    ///
+    /// The world team is only lent (`&Team`), so it cannot even be passed here:
+    ///
+    /// ```compile_fail,E0507
+    /// rshmem::threads(1, |pe| {
+    ///     let world: rshmem::Team = *pe.world_team(); // cannot move out of a reference
+    ///     pe.team_destroy(world)
+    /// });
+    /// ```
     pub fn team_destroy(&self, team: Team) -> Result<()> {
         self.check_team(&team)?;
         if team.is_world() {

@@ -262,13 +262,17 @@ fn exhaustion(pe: &Pe) -> Result<()> {
     );
     // the last team still works
     let x = pe.alloc::<u32>(2)?;
-    team_ring(pe, teams.last().expect("teams"), &x, 7, 2)?;
+    if let Some(t) = teams.last() {
+        team_ring(pe, t, &x, 7, 2)?;
+    }
     for t in teams.drain(..) {
         pe.team_destroy(t)?;
     }
-    let t = pe.team_split_strided(w, 0, 1, n)?.expect("team");
-    team_ring(pe, &t, &x, 8, 2)?;
-    pe.team_destroy(t)?;
+    if slots > 1 {
+        let t = pe.team_split_strided(w, 0, 1, n)?.expect("team");
+        team_ring(pe, &t, &x, 8, 2)?;
+        pe.team_destroy(t)?;
+    }
     pe.free(x)
 }
 mode_test!(slot_exhaustion, [1, 2, 3, 8], exhaustion);
@@ -347,3 +351,21 @@ fn split_errors(pe: &Pe) -> Result<()> {
     Ok(())
 }
 mode_test!(split_errors_everywhere, [1, 2, 3, 8], split_errors);
+
+/// The same with a small `max_teams` (thread mode: the configuration is this test's own).
+#[test]
+fn slot_exhaustion_small_max_teams() {
+    for (slots, n) in [(1, 2), (2, 3), (3, 3), (4, 8)] {
+        let cfg = harness::config().max_teams(slots);
+        let r = rshmem::threads_with(cfg, n, |pe| {
+            assert_eq!(pe.config().max_teams, slots);
+            exhaustion(pe)
+        })
+        .expect("world");
+        for (pe, x) in r.into_iter().enumerate() {
+            if let Err(e) = x {
+                panic!("max_teams {slots}, PE {pe} of {n}: {e}");
+            }
+        }
+    }
+}
