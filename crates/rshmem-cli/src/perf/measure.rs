@@ -124,7 +124,8 @@ pub fn memcpy_k(k: u64, src: &[u64], dst: &mut [u64]) {
 }
 
 /// The same-process atomic-flag ping-pong: the latency baseline. Two flags on their own cache
-/// lines; the client writes `ping`, the server echoes it into `pong`.
+/// lines; the client writes `ping`, the server echoes it into `pong`. Waits spin 128 times,
+/// then yield on each poll, as the library's waits do.
 #[derive(Debug, Default)]
 #[repr(C, align(128))]
 pub struct PingPong {
@@ -135,6 +136,17 @@ pub struct PingPong {
 
 /// Tells the server to stop.
 const STOP: u64 = u64::MAX;
+
+/// The waiting policy of the library's waits: 128 spins, then a yield per poll (so that the
+/// baseline, like the library, survives more runnable threads than cores).
+#[inline]
+fn backoff(spins: u32) {
+    if spins < 128 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
 
 impl PingPong {
     /// Clears both flags (before the server starts).
@@ -157,10 +169,11 @@ impl PingPong {
                 self.pong.store(v, Ordering::Release);
                 last = v;
                 idle = None;
+                spins = 0;
                 continue;
             }
-            std::hint::spin_loop();
             spins = spins.wrapping_add(1);
+            backoff(spins);
             if spins.is_multiple_of(4096) && idle.get_or_insert_with(Instant::now).elapsed() > limit
             {
                 return;
@@ -176,8 +189,8 @@ impl PingPong {
             let mut spins = 0u32;
             let mut start = None;
             while self.pong.load(Ordering::Acquire) != *seq {
-                std::hint::spin_loop();
                 spins = spins.wrapping_add(1);
+                backoff(spins);
                 if spins.is_multiple_of(4096) {
                     let s = *start.get_or_insert_with(Instant::now);
                     if s.elapsed() > limit {

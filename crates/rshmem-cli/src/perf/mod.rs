@@ -207,32 +207,31 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
         report::human_bytes(*opts.sizes.last().unwrap_or(&8)),
     );
     let start = Instant::now();
-    let pb = ProgressBar::new(steps + 1);
+    let worlds: Vec<(usize, &SuiteOpts)> = std::iter::once((2, &main_opts))
+        .chain(extra.iter().map(|&n| (n, &barrier_opts)))
+        .collect();
+    let pb = ProgressBar::new(steps + worlds.len() as u64);
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?
             .progress_chars("=> "),
     );
-    pb.set_message("raw ping-pong baseline");
-    let outside_pp_us = measure::raw_ping_pong_us(&timing);
-    pb.inc(1);
-
-    let mut records = run_world(args.mode, 2, &config, &main_opts, outside_pp_us, &pb)?;
-    for &n in &extra {
-        records.extend(run_world(
-            args.mode,
-            n,
-            &config,
-            &barrier_opts,
-            outside_pp_us,
-            &pb,
-        )?);
+    let mut records = Vec::new();
+    let mut outside = Vec::new();
+    for (n, o) in worlds {
+        // Measured just before each world; the latency baseline where the PEs cannot measure
+        // it themselves (more than two PEs, or PEs in several processes).
+        pb.set_message(format!("raw ping-pong baseline before the {n}-PE world"));
+        let pp = measure::raw_ping_pong_us(&timing);
+        pb.inc(1);
+        outside.push(format!("{pp:.3}"));
+        records.extend(run_world(args.mode, n, &config, o, pp, &pb)?);
     }
     pb.finish_and_clear();
     eprintln!(
-        "done in {:.1} s; raw ping-pong measured outside the worlds: {:.3} us one way",
+        "done in {:.1} s; raw ping-pong (one way, us) measured before each world: {}",
         start.elapsed().as_secs_f64(),
-        outside_pp_us
+        outside.join(", ")
     );
 
     print!("{}", report::table(&records));
