@@ -9,8 +9,18 @@ use std::time::{Duration, Instant};
 pub struct Timing {
     /// Target duration of one sample (a batch of operations timed together).
     pub sample_time: Duration,
-    /// Samples per figure; the median is reported.
+    /// Most samples per figure; the median is reported.
     pub samples: usize,
+    /// Time one figure may take: fewer samples (at least 11) for slow operations.
+    pub budget: Duration,
+}
+
+impl Timing {
+    /// Samples for a figure whose sample takes `sample_s` seconds.
+    pub fn samples_for(&self, sample_s: f64) -> usize {
+        let fit = (self.budget.as_secs_f64() / sample_s.max(1e-9)) as usize;
+        fit.clamp(self.samples.min(11), self.samples.max(1))
+    }
 }
 
 /// Median of `v` (sorted in place); 0 for an empty slice.
@@ -34,18 +44,29 @@ pub fn batch_for(t: &Timing, per_op_s: f64) -> u64 {
 }
 
 /// Warms `f(k)` (which runs `k` operations) up while finding `k`: doubles `k` until a batch
-/// takes a quarter of a sample, then returns the `k` of one sample.
-pub fn calibrate<E>(t: &Timing, f: &mut impl FnMut(u64) -> Result<(), E>) -> Result<u64, E> {
+/// takes a quarter of a sample, then runs batches for at least 20 samples' time (at least one
+/// batch). Returns the `k` of one sample and the time of one operation in seconds.
+pub fn calibrate<E>(t: &Timing, f: &mut impl FnMut(u64) -> Result<(), E>) -> Result<(u64, f64), E> {
+    let start = Instant::now();
     let mut k = 1u64;
     loop {
         let s = Instant::now();
         f(k)?;
         let el = s.elapsed();
         if el >= t.sample_time / 4 || k >= 1 << 32 {
-            return Ok(batch_for(t, el.as_secs_f64() / k as f64));
+            break;
         }
         k *= 2;
     }
+    let k = loop {
+        let s = Instant::now();
+        f(k)?;
+        let per = s.elapsed().as_secs_f64() / k as f64;
+        if start.elapsed() >= t.sample_time * 20 {
+            break (batch_for(t, per), per);
+        }
+    };
+    Ok(k)
 }
 
 /// Microseconds per operation of one sample of `k` operations.
@@ -55,36 +76,39 @@ pub fn sample<E>(k: u64, f: &mut impl FnMut(u64) -> Result<(), E>) -> Result<f64
     Ok(s.elapsed().as_secs_f64() * 1e6 / k as f64)
 }
 
-/// Times `f(k)`, which runs `k` operations: calibration (warm-up), then `t.samples` samples.
+/// Times `f(k)`, which runs `k` operations: calibration (warm-up), then the samples.
 /// Returns the median time of one operation in microseconds and the number of operations timed.
 pub fn time_per_op<E>(
     t: &Timing,
     mut f: impl FnMut(u64) -> Result<(), E>,
 ) -> Result<(f64, u64), E> {
-    let k = calibrate(t, &mut f)?;
-    let mut v = Vec::with_capacity(t.samples);
-    for _ in 0..t.samples {
+    let (k, per) = calibrate(t, &mut f)?;
+    let n = t.samples_for(k as f64 * per);
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
         v.push(sample(k, &mut f)?);
     }
-    Ok((median(&mut v), k * t.samples as u64))
+    Ok((median(&mut v), k * n as u64))
 }
 
 /// Times a baseline and an operation with their samples interleaved (baseline, operation,
-/// baseline, ...), so that both see the same machine load. Returns the medians of one baseline
+/// baseline, ...), so that both see the same machine load. Samples are short (a preemption
+/// spoils few of them, and the median drops those). Returns the medians of one baseline
 /// operation and one operation in microseconds, and the operations timed.
 pub fn time_paired<E>(
     t: &Timing,
     mut base: impl FnMut(u64) -> Result<(), E>,
     mut op: impl FnMut(u64) -> Result<(), E>,
 ) -> Result<(f64, f64, u64), E> {
-    let kb = calibrate(t, &mut base)?;
-    let ko = calibrate(t, &mut op)?;
-    let (mut vb, mut vo) = (Vec::new(), Vec::new());
-    for _ in 0..t.samples {
+    let (kb, pb) = calibrate(t, &mut base)?;
+    let (ko, po) = calibrate(t, &mut op)?;
+    let n = t.samples_for(kb as f64 * pb + ko as f64 * po);
+    let (mut vb, mut vo) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
         vb.push(sample(kb, &mut base)?);
         vo.push(sample(ko, &mut op)?);
     }
-    Ok((median(&mut vb), median(&mut vo), ko * t.samples as u64))
+    Ok((median(&mut vb), median(&mut vo), ko * n as u64))
 }
 
 /// A buffer of `u64` words whose first word is 64-byte aligned, so that two such buffers (and a
@@ -271,6 +295,7 @@ mod tests {
         let t = Timing {
             sample_time: Duration::from_millis(1),
             samples: 3,
+            budget: Duration::from_millis(10),
         };
         let us = raw_ping_pong_us(&t);
         assert!(us.is_finite() && us > 0.0);

@@ -106,16 +106,10 @@ pub fn sizes(full: bool, max: usize) -> Vec<usize> {
 
 /// The timing of one figure.
 pub fn timing(full: bool) -> Timing {
-    if full {
-        Timing {
-            sample_time: Duration::from_millis(20),
-            samples: 21,
-        }
-    } else {
-        Timing {
-            sample_time: Duration::from_millis(8),
-            samples: 11,
-        }
+    Timing {
+        sample_time: Duration::from_micros(100),
+        samples: if full { 201 } else { 51 },
+        budget: Duration::from_millis(if full { 600 } else { 150 }),
     }
 }
 
@@ -273,6 +267,7 @@ mod tests {
             timing: Timing {
                 sample_time: Duration::from_micros(200),
                 samples: 3,
+                budget: Duration::from_millis(5),
             },
             ops: Op::ALL.to_vec(),
         };

@@ -362,6 +362,11 @@ fn calibrate_pp(cx: &Ctx, pp: &dyn PingPong) -> CliResult<u64> {
     Ok(batch_for(t, per))
 }
 
+/// Samples of a phased figure (every PE computes the same number).
+fn phase_samples(t: &Timing) -> usize {
+    t.samples_for(2.0 * t.sample_time.as_secs_f64())
+}
+
 /// The raw ping-pong interleaved with a measurement: `each(i)` runs sample `i` of the figure
 /// after a raw sample (when measured in the world). Returns the raw one-way median (or the
 /// outside figure) and a note saying which.
@@ -376,7 +381,7 @@ fn with_raw(
         0
     };
     let mut v = Vec::new();
-    for i in 0..cx.opts.timing.samples {
+    for i in 0..phase_samples(&cx.opts.timing) {
         if cx.in_world_pp {
             v.push(phase(cx, &raw, k)? / 2.0);
         }
@@ -550,7 +555,7 @@ fn barrier(cx: &mut Ctx) -> CliResult<()> {
     }
     let per = s.elapsed().as_secs_f64() / f64::from(pilot);
     let k = cx.agree(batch_for(&t, per))?;
-    let mut v = Vec::with_capacity(t.samples);
+    let mut v = Vec::new();
     let (base, note) = with_raw(cx, |_| {
         let s = Instant::now();
         for _ in 0..k {
@@ -564,7 +569,7 @@ fn barrier(cx: &mut Ctx) -> CliResult<()> {
         cx.record(
             Op::Barrier,
             0,
-            k * t.samples as u64,
+            k * v.len() as u64,
             us,
             PING_PONG_NAME,
             base,
