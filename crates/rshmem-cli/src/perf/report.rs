@@ -154,7 +154,7 @@ pub fn write_svg(path: &Path, records: &[Record]) -> CliResult<()> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())
+        .build_cartesian_2d((xmin..xmax).log_scale().base(2.0), (ymin..ymax).log_scale())
         .map_err(|e| err(&e))?;
     c.configure_mesh()
         .x_desc("bytes")
@@ -199,7 +199,7 @@ pub fn write_svg(path: &Path, records: &[Record]) -> CliResult<()> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((xmin..xmax).log_scale(), (tmin..tmax).log_scale())
+        .build_cartesian_2d((xmin..xmax).log_scale().base(2.0), (tmin..tmax).log_scale())
         .map_err(|e| err(&e))?;
     c.configure_mesh()
         .x_desc("bytes (barrier drawn at 4)")
@@ -231,6 +231,12 @@ pub fn write_svg(path: &Path, records: &[Record]) -> CliResult<()> {
             col.mix(0.6),
         )))
         .map_err(|e| err(&e))?;
+    }
+    if !lat.is_empty() {
+        c.draw_series(std::iter::empty::<Cross<(f64, f64), i32>>())
+            .map_err(|e| err(&e))?
+            .label("x: raw ping-pong baseline of the same colour")
+            .legend(|(x, y)| Cross::new((x + 10, y), 4, BLACK.mix(0.6)));
     }
     c.configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
