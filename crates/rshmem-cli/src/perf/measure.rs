@@ -239,23 +239,26 @@ pub static PING_PONG: PingPong = PingPong {
     pong: AtomicU64::new(0),
 };
 
-/// One-way latency in microseconds of the raw ping-pong between this thread and a helper thread
-/// (the baseline measured outside any world).
+/// One-way latency in microseconds of the raw ping-pong between two new threads (started as
+/// PE threads are; the calling thread waits), the baseline measured outside any world.
 pub fn raw_ping_pong_us(t: &Timing) -> f64 {
     let pp = PingPong::default();
     let limit = Duration::from_secs(10);
     std::thread::scope(|s| {
         s.spawn(|| pp.serve(limit));
-        let mut seq = 0;
-        let r = time_per_op(t, |k| {
-            if pp.round_trips(k, &mut seq, limit) {
-                Ok(())
-            } else {
-                Err(())
-            }
+        let client = s.spawn(|| {
+            let mut seq = 0;
+            let r = time_per_op(t, |k| {
+                if pp.round_trips(k, &mut seq, limit) {
+                    Ok(())
+                } else {
+                    Err(())
+                }
+            });
+            pp.stop();
+            r.map(|(us, _)| us / 2.0).unwrap_or(f64::NAN)
         });
-        pp.stop();
-        r.map(|(us, _)| us / 2.0).unwrap_or(f64::NAN)
+        client.join().unwrap_or(f64::NAN)
     })
 }
 
