@@ -114,6 +114,8 @@ pub fn time_paired<E>(
 /// A buffer of `u64` words whose first word is 64-byte aligned, so that two such buffers (and a
 /// symmetric object, which the heap aligns to 64) are aligned alike: glibc `memcpy` is many
 /// times slower when destination and source differ by 8 modulo 64.
+/// [`at_page_offset`](Self::at_page_offset) also places it at a chosen offset within its page
+/// (copies between addresses equal modulo 4096 avoid 4K-aliasing stalls alike).
 #[derive(Debug)]
 pub struct AlignedBuf {
     v: Vec<u64>,
@@ -126,6 +128,14 @@ impl AlignedBuf {
     pub fn new(len: usize, fill: u64) -> Self {
         let v = vec![fill; len + 8];
         let off = (v.as_ptr() as usize).wrapping_neg() % 64 / 8;
+        AlignedBuf { v, off, len }
+    }
+
+    /// `len` words set to `fill`, the first at byte `page_offset` (rounded down to 64) of a page.
+    pub fn at_page_offset(len: usize, fill: u64, page_offset: usize) -> Self {
+        let v = vec![fill; len + 512];
+        let want = page_offset % 4096 / 64 * 64;
+        let off = (want.wrapping_sub(v.as_ptr() as usize)) % 4096 / 8;
         AlignedBuf { v, off, len }
     }
     /// The words.
@@ -282,6 +292,12 @@ mod tests {
             assert!(b.as_slice().iter().all(|&w| w == 7));
             b.as_mut_slice().fill(3);
             assert!(b.as_slice().iter().all(|&w| w == 3));
+            for po in [0, 64, 4032, 4096 + 128] {
+                let b = AlignedBuf::at_page_offset(len, 9, po);
+                assert_eq!(b.as_slice().len(), len);
+                assert_eq!(b.as_slice().as_ptr() as usize % 4096, po % 4096);
+                assert!(b.as_slice().iter().all(|&w| w == 9));
+            }
         }
     }
 

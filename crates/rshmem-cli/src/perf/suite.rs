@@ -223,11 +223,18 @@ fn bandwidth(cx: &mut Ctx, op: Op) -> CliResult<()> {
     pe.barrier_all()?;
     let t = cx.opts.timing;
     let (src, mut dst, mut scratch) = if cx.lead() {
-        let mut s = AlignedBuf::new(words, 0);
+        // Local buffers sit at the object's offset within a page (the heap is page aligned), so
+        // put, get and memcpy all copy between addresses equal modulo 4096.
+        let po = obj.offset() % 4096;
+        let mut s = AlignedBuf::at_page_offset(words, 0, po);
         for (i, w) in s.as_mut_slice().iter_mut().enumerate() {
             *w = i as u64 ^ 0x5a5a;
         }
-        (s, AlignedBuf::new(words, 0), AlignedBuf::new(words, 0))
+        let (d, t) = (
+            AlignedBuf::at_page_offset(words, 0, po),
+            AlignedBuf::at_page_offset(words, 0, po),
+        );
+        (s, d, t)
     } else {
         let e = || AlignedBuf::new(0, 0);
         (e(), e(), e())
