@@ -114,6 +114,11 @@ pub fn timing(full: bool) -> Timing {
 }
 
 /// Runs the suite on a world of `n` PEs placed as `mode`; returns PE 0's records.
+///
+/// Process and mixed modes add an arm here that starts the world through `rshmem::launch`
+/// (or `rshmem run`) and calls the same [`suite::run`] on every PE with their mode label;
+/// `outside_pp_us` is then the latency baseline, since PEs in different processes cannot run
+/// the in-process raw ping-pong.
 fn run_world(
     mode: ModeArg,
     n: usize,
@@ -139,6 +144,7 @@ fn run_world(
 pub fn run(args: PerfArgs) -> CliResult<()> {
     let backend = match args.backend {
         BackendArg::Shm => BackendKind::Shm,
+        // The CUDA suite joins `Auto` once the CUDA backend is merged.
         BackendArg::Auto => BackendKind::Shm,
         BackendArg::Cuda => {
             let why = match crate::info::cuda_probe() {

@@ -22,8 +22,10 @@ pub enum Op {
     /// Blocking get by PE 0 from PE 1, sizes swept; baseline memcpy.
     Get,
     /// 8-byte put-with-signal ping-pong between PE 0 and PE 1, one way.
+    #[value(alias = "put_signal")]
     PutSignal,
     /// fetch_add ping-pong between PE 0 and PE 1, one way.
+    #[value(alias = "fetch_add")]
     FetchAdd,
     /// barrier_all of every PE of the world.
     Barrier,
