@@ -108,8 +108,8 @@ pub fn sizes(full: bool, max: usize) -> Vec<usize> {
 pub fn timing(full: bool) -> Timing {
     Timing {
         sample_time: Duration::from_micros(100),
-        samples: if full { 1001 } else { 51 },
-        budget: Duration::from_millis(if full { 1500 } else { 150 }),
+        samples: if full { 1001 } else { 201 },
+        budget: Duration::from_millis(if full { 1500 } else { 300 }),
     }
 }
 
