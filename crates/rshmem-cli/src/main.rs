@@ -1,2 +1,46 @@
-//! The `rshmem` command.
-fn main() {}
+//! The `rshmem` command: `info` and `perf`.
+
+mod info;
+mod perf;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// rshmem: symmetric-memory communication between PEs.
+#[derive(Debug, Parser)]
+#[command(name = "rshmem", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Backends found, defaults, environment variables.
+    Info,
+    /// Benchmarks of every operation beside same-run baselines (quick suite by default).
+    Perf(perf::PerfArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let filter = EnvFilter::try_from_env("RSHMEM_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Info => {
+            print!("{}", info::report());
+            Ok(())
+        }
+        Command::Perf(args) => perf::run(args),
+    };
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rshmem: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
