@@ -125,7 +125,10 @@ extern "C" __global__ void t_conv(rshmem_half* h, rshmem_bfloat16* b, float* f) 
 fn nvrtc_compiles_every_kernel() {
     let ci = std::env::var_os("CI").is_some();
     let srcs = [
-        ("internal kernels", cuda::nvrtc::with_header(cuda::nvrtc::INTERNAL_KERNELS)),
+        (
+            "internal kernels",
+            cuda::nvrtc::with_header(cuda::nvrtc::INTERNAL_KERNELS),
+        ),
         ("test kernels", cuda::nvrtc::with_header(TEST_KERNELS)),
         ("header alone", cuda::nvrtc::with_header("")),
     ];
@@ -147,7 +150,9 @@ fn nvrtc_compiles_every_kernel() {
 #[test]
 fn cuda_pe_of_a_shm_world_is_an_error() {
     let r = rshmem::threads_with(harness::config(), 2, |pe| match CudaPe::new(pe) {
-        Err(Error::Backend { backend: "cuda", .. }) => Ok(()),
+        Err(Error::Backend {
+            backend: "cuda", ..
+        }) => Ok(()),
         other => Err(format!("expected a cuda backend error, got {other:?}")),
     })
     .unwrap();
@@ -166,10 +171,22 @@ fn no_driver_gives_a_backend_error() {
         return; // covered on machines without a GPU
     }
     let e = cuda::info().unwrap_err();
-    assert!(matches!(e, Error::Backend { backend: "cuda", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Backend {
+                backend: "cuda",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let r = rshmem::threads_with(harness::config().backend(BackendKind::Cuda), 2, |_| ());
     match r {
-        Err(Error::Backend { backend: "cuda", .. }) | Err(Error::Bootstrap { .. }) => {}
+        Err(Error::Backend {
+            backend: "cuda", ..
+        })
+        | Err(Error::Bootstrap { .. }) => {}
         other => panic!("expected an error, got {other:?}"),
     }
 }
@@ -214,7 +231,11 @@ fn host_typed<T: Elem>(pe: &Pe, stream: u64) -> Result<()> {
     assert!(got == want, "PE {me}: put data wrong for {:?}", T::KIND);
     let mut back = vec![poison::<T>(); len - 7];
     pe.get(&x, 7, &mut back, next)?;
-    assert!(back == data[7..], "PE {me}: get data wrong for {:?}", T::KIND);
+    assert!(
+        back == data[7..],
+        "PE {me}: get data wrong for {:?}",
+        T::KIND
+    );
     pe.p(&x, 5, T::from_f64(42.0), next)?;
     pe.barrier_all()?;
     assert_eq!(pe.g(&x, 5, me)?.to_f64(), 42.0);
@@ -240,8 +261,14 @@ fn host_atomics<T: rshmem::AtomicElem>(pe: &Pe) -> Result<()> {
         pe.atomic_set(&c, 1, f(5.0), t)?;
         assert_eq!(pe.atomic_fetch_add(&c, 1, f(3.0), t)?.to_f64(), 5.0);
         assert_eq!(pe.atomic_swap(&c, 1, f(10.0), t)?.to_f64(), 8.0);
-        assert_eq!(pe.atomic_compare_swap(&c, 1, f(10.0), f(20.0), t)?.to_f64(), 10.0);
-        assert_eq!(pe.atomic_compare_swap(&c, 1, f(1.0), f(30.0), t)?.to_f64(), 20.0);
+        assert_eq!(
+            pe.atomic_compare_swap(&c, 1, f(10.0), f(20.0), t)?.to_f64(),
+            10.0
+        );
+        assert_eq!(
+            pe.atomic_compare_swap(&c, 1, f(1.0), f(30.0), t)?.to_f64(),
+            20.0
+        );
         assert_eq!(pe.atomic_fetch_and(&c, 1, f(12.0), t)?.to_f64(), 20.0);
         assert_eq!(pe.atomic_fetch_or(&c, 1, f(3.0), t)?.to_f64(), 4.0);
         assert_eq!(pe.atomic_fetch_xor(&c, 1, f(5.0), t)?.to_f64(), 7.0);
@@ -287,8 +314,14 @@ fn host_api(pe: &Pe) -> Result<()> {
     }
     pe.barrier_all()?;
     // Bad inputs are errors.
-    assert!(matches!(pe.put(&d, 0, &[1u32], 9), Err(Error::PeOutOfRange { .. })));
-    assert!(matches!(pe.put(&d, 60, &[1u32; 8], 0), Err(Error::OutOfBounds { .. })));
+    assert!(matches!(
+        pe.put(&d, 0, &[1u32], 9),
+        Err(Error::PeOutOfRange { .. })
+    ));
+    assert!(matches!(
+        pe.put(&d, 60, &[1u32; 8], 0),
+        Err(Error::OutOfBounds { .. })
+    ));
     let g = CudaPe::new(pe)?;
     let st = g.stream()?;
     assert!(matches!(
@@ -481,11 +514,23 @@ fn device_api(pe: &Pe) -> Result<()> {
             let k = g.kernel(TEST_KERNELS, concat!("t_amo_seq_", $name), &[])?;
             // SAFETY: t_amo_seq_<T>(T*, T*, int).
             unsafe {
-                g.launch(&k, &s, 1, 32, 0, &[g.arg(&x)?, g.arg(&out)?, KernelArg::I32(1 - me as i32)])?
+                g.launch(
+                    &k,
+                    &s,
+                    1,
+                    32,
+                    0,
+                    &[g.arg(&x)?, g.arg(&out)?, KernelArg::I32(1 - me as i32)],
+                )?
             };
             s.synchronize()?;
             let o = pe.local_vec(&out)?;
-            assert_eq!(o, vec![5 as $t, 8, 10, 20, 20, 4, 7, 1], "PE {me} {}", $name);
+            assert_eq!(
+                o,
+                vec![5 as $t, 8, 10, 20, 20, 4, 7, 1],
+                "PE {me} {}",
+                $name
+            );
             pe.barrier_all()?;
             pe.local_fill(&x, 0 as $t)?;
             pe.barrier_all()?;
@@ -493,7 +538,14 @@ fn device_api(pe: &Pe) -> Result<()> {
             let grid = (2 * g.sm_count()) as u32;
             // SAFETY: t_amo_contend_<T>(T*, int, int).
             unsafe {
-                g.launch(&k, &s, grid, 128, 0, &[g.arg(&x)?, KernelArg::I32(0), KernelArg::I32(10)])?
+                g.launch(
+                    &k,
+                    &s,
+                    grid,
+                    128,
+                    0,
+                    &[g.arg(&x)?, KernelArg::I32(0), KernelArg::I32(10)],
+                )?
             };
             s.synchronize()?;
             pe.barrier_all()?;
@@ -548,7 +600,10 @@ fn device_api(pe: &Pe) -> Result<()> {
         let o = pe.local_vec(&out)?;
         for r in 0..rounds {
             let want: Vec<u32> = data.iter().map(|&x| x.wrapping_add(r as u32 + 1)).collect();
-            assert!(o[r * n..(r + 1) * n] == want, "signal round {r}: data not visible");
+            assert!(
+                o[r * n..(r + 1) * n] == want,
+                "signal round {r}: data not visible"
+            );
         }
     }
     // Device barrier, world team and a strided team.
@@ -566,7 +621,12 @@ fn device_api(pe: &Pe) -> Result<()> {
             1,
             96,
             0,
-            &[g.arg(&slots)?, g.arg(&bout)?, KernelArg::I32(16), KernelArg::Team(wt)],
+            &[
+                g.arg(&slots)?,
+                g.arg(&bout)?,
+                KernelArg::I32(16),
+                KernelArg::Team(wt),
+            ],
         )?
     };
     s.synchronize()?;
@@ -574,7 +634,11 @@ fn device_api(pe: &Pe) -> Result<()> {
     let o = pe.local_vec(&bout)?;
     for r in 0..16 {
         for p in 0..pe.n_pes() {
-            assert_eq!(o[r * pe.n_pes() + p], r as i64 * 1000 + p as i64, "barrier round {r}");
+            assert_eq!(
+                o[r * pe.n_pes() + p],
+                r as i64 * 1000 + p as i64,
+                "barrier round {r}"
+            );
         }
     }
     pe.barrier_all()?;
@@ -582,7 +646,9 @@ fn device_api(pe: &Pe) -> Result<()> {
     let big = 8usize << 20;
     let bsrc = pe.alloc::<u64>(big)?;
     let bdst = pe.alloc::<u64>(big)?;
-    let data: Vec<u64> = (0..big as u64).map(|i| i.wrapping_mul(0x9e37_79b9) ^ me as u64).collect();
+    let data: Vec<u64> = (0..big as u64)
+        .map(|i| i.wrapping_mul(0x9e37_79b9) ^ me as u64)
+        .collect();
     pe.local_write(&bsrc, 0, &data)?;
     pe.local_fill(&bdst, 0)?;
     pe.barrier_all()?;
@@ -612,7 +678,9 @@ fn device_api(pe: &Pe) -> Result<()> {
     let got = pe.local_vec(&bdst)?;
     let peer = (1 - me) as u64;
     assert!(
-        got.iter().enumerate().all(|(i, &x)| x == (i as u64).wrapping_mul(0x9e37_79b9) ^ peer),
+        got.iter()
+            .enumerate()
+            .all(|(i, &x)| x == (i as u64).wrapping_mul(0x9e37_79b9) ^ peer),
         "PE {me}: all-SM put wrong"
     );
     pe.barrier_all()?;
@@ -693,4 +761,128 @@ fn gpu_bench_report() {
         );
         assert!(rec.time_us > 0.0);
     }
+}
+
+// ---------- process mode (two processes, one GPU each) ----------
+//
+// Until the TCP bootstrap lands, a file-based `Bootstrap` in a temporary folder forms the world:
+// the parent test re-executes this binary twice, each child one PE.
+
+#[derive(Debug)]
+struct FileBoot {
+    dir: std::path::PathBuf,
+    rank: usize,
+    size: usize,
+    seq: std::sync::atomic::AtomicU64,
+}
+
+impl rshmem::Bootstrap for FileBoot {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn allgather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let k = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.dir.join(format!("{k}.{}.tmp", self.rank));
+        let fin = self.dir.join(format!("{k}.{}", self.rank));
+        let io = |e: std::io::Error| Error::Bootstrap {
+            pe: Some(self.rank),
+            msg: e.to_string(),
+        };
+        std::fs::write(&tmp, data).map_err(io)?;
+        std::fs::rename(&tmp, &fin).map_err(io)?;
+        let t0 = std::time::Instant::now();
+        let mut out = Vec::with_capacity(self.size);
+        for r in 0..self.size {
+            let f = self.dir.join(format!("{k}.{r}"));
+            loop {
+                if let Ok(b) = std::fs::read(&f) {
+                    out.push(b);
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(60) {
+                    return Err(Error::Bootstrap {
+                        pe: Some(r),
+                        msg: "file bootstrap timed out".into(),
+                    });
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Entry of a child process (does nothing unless started by `process_mode`).
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_process_child() {
+    let (Ok(dir), Ok(rank), Ok(heap)) = (
+        std::env::var("RSHMEM_TEST_DIR"),
+        std::env::var("RSHMEM_TEST_RANK"),
+        std::env::var("RSHMEM_TEST_HEAP"),
+    ) else {
+        return;
+    };
+    let heap = if heap == "vmm" {
+        HeapKind::Vmm
+    } else {
+        HeapKind::Static
+    };
+    let boot = FileBoot {
+        dir: dir.into(),
+        rank: rank.parse().unwrap(),
+        size: 2,
+        seq: Default::default(),
+    };
+    let pe = Pe::init(gpu_config(heap), Box::new(boot)).expect("init");
+    assert_eq!(pe.mode(), rshmem::Mode::Processes);
+    assert!(!pe.is_same_process(1 - pe.my_pe()).unwrap());
+    host_api(&pe).expect("host api");
+    stream_ops(&pe).expect("stream ops");
+    device_api(&pe).expect("device api");
+    graph_replay(&pe).expect("graph");
+    pe.finalize().expect("finalize");
+}
+
+fn process_mode(heap: &str) {
+    let dir = std::env::temp_dir().join(format!("rshmem-cuda-{}-{heap}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let kids: Vec<_> = (0..2)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--include-ignored",
+                    "--exact",
+                    "gpu_process_child",
+                    "--nocapture",
+                ])
+                .env("RSHMEM_TEST_DIR", &dir)
+                .env("RSHMEM_TEST_RANK", r.to_string())
+                .env("RSHMEM_TEST_HEAP", heap)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, mut k) in kids.into_iter().enumerate() {
+        let st = k.wait().unwrap();
+        assert!(st.success(), "child {r} ({heap}) failed: {st}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_process_mode_static() {
+    process_mode("static");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_process_mode_vmm() {
+    process_mode("vmm");
 }

@@ -127,19 +127,27 @@ __device__ __forceinline__ void rshmemi_flag_timeout() {
     atomicOr((unsigned long long*)(rshmemi_sync(rshmem_dstate.my_pe) + RSHMEM_SYNC_ERR), RSHMEM_ERR_TIMEOUT);
 }
 
+__device__ __forceinline__ rshmem_u64 rshmemi_ld_relaxed(const rshmem_u64* p) {
+    rshmem_u64 v; asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v;
+}
+
 // Waits until the 64-bit word at `p` (this PE's memory) compares true; gives up after the
-// configured timeout (flagging an error the host reports). Returns the value last seen.
+// configured timeout (flagging an error the host reports). Polls with relaxed loads and ends
+// with an acquire fence, so what the signaller wrote before its release is visible after.
+// Returns the value last seen.
 __device__ __forceinline__ rshmem_u64 rshmemi_wait64(const rshmem_u64* p, int cmp, rshmem_u64 v) {
-    rshmem_u64 x = rshmemi_ld_acquire(p);
-    if (rshmemi_cmp(x, cmp, v)) return x;
-    rshmem_u64 t0 = rshmemi_now();
-    unsigned spins = 0;
-    while (!rshmemi_cmp(x = rshmemi_ld_acquire(p), cmp, v)) {
-        if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-            rshmemi_flag_timeout();
-            break;
+    rshmem_u64 x = rshmemi_ld_relaxed(p);
+    if (!rshmemi_cmp(x, cmp, v)) {
+        rshmem_u64 t0 = rshmemi_now();
+        unsigned spins = 0;
+        while (!rshmemi_cmp(x = rshmemi_ld_relaxed(p), cmp, v)) {
+            if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout();
+                break;
+            }
         }
     }
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
     return x;
 }
 
@@ -157,9 +165,24 @@ __device__ __forceinline__ rshmem_u64 rshmemi_wait64(const rshmem_u64* p, int cm
 
 struct __align__(16) rshmemi_v4 { unsigned a, b, c, d; };
 
+// 16-byte path: four loads in flight per thread before their stores.
+__device__ __forceinline__ void rshmemi_copy16(rshmemi_v4* d, const rshmemi_v4* s, size_t_rshmem m,
+                                               unsigned tid, unsigned nth) {
+    size_t_rshmem i = tid;
+    for (; i + 3 * (size_t_rshmem)nth < m; i += 4 * (size_t_rshmem)nth) {
+        rshmemi_v4 a = s[i], b = s[i + nth], c = s[i + 2 * nth], e = s[i + 3 * nth];
+        d[i] = a; d[i + nth] = b; d[i + 2 * nth] = c; d[i + 3 * nth] = e;
+    }
+    for (; i < m; i += nth) d[i] = s[i];
+}
+
 __device__ __forceinline__ void rshmemi_copy(void* d, const void* s, size_t_rshmem n, unsigned tid, unsigned nth) {
     rshmem_u64 a = (rshmem_u64)d | (rshmem_u64)s;
-    if ((a & 15) == 0) RSHMEMI_COPY_W(rshmemi_v4, d, s, n, tid, nth)
+    if ((a & 15) == 0) {
+        size_t_rshmem m = n / 16;
+        rshmemi_copy16((rshmemi_v4*)d, (const rshmemi_v4*)s, m, tid, nth);
+        for (size_t_rshmem i = m * 16 + tid; i < n; i += nth) ((char*)d)[i] = ((const char*)s)[i];
+    }
     else if ((a & 7) == 0) RSHMEMI_COPY_W(rshmem_u64, d, s, n, tid, nth)
     else if ((a & 3) == 0) RSHMEMI_COPY_W(unsigned, d, s, n, tid, nth)
     else if ((a & 1) == 0) RSHMEMI_COPY_W(unsigned short, d, s, n, tid, nth)
@@ -230,12 +253,18 @@ __device__ __forceinline__ void rshmem_getmem_block(void* dest, const void* src,
 
 // ----- signals -----
 
-// Updates PE `pe`'s signal word `sig` (set or add), after everything this thread wrote before.
+// Updates PE `pe`'s signal word `sig` (set or add) with release semantics: whoever sees the
+// new value also sees everything this thread wrote before.
 __device__ __forceinline__ void rshmem_signal_op(rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
     rshmem_u64* r = (rshmem_u64*)rshmem_ptr(sig, pe);
-    asm volatile("fence.sc.sys;" ::: "memory");
     if (op == RSHMEM_SIGNAL_ADD) rshmemi_red_add_release(r, value);
     else rshmemi_st_release(r, value);
+}
+// As rshmem_signal_op after a warp or block barrier: a full system fence first makes the
+// writes of every thread that met at the barrier visible before the signal.
+__device__ __forceinline__ void rshmemi_signal_op_collective(rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    asm volatile("fence.sc.sys;" ::: "memory");
+    rshmem_signal_op(sig, value, op, pe);
 }
 __device__ __forceinline__ rshmem_u64 rshmem_signal_fetch(const rshmem_u64* sig) {
     return rshmemi_ld_acquire(sig);
@@ -256,13 +285,13 @@ __device__ __forceinline__ void rshmem_putmem_signal_nbi(void* dest, const void*
 __device__ __forceinline__ void rshmem_putmem_signal_warp(void* dest, const void* src, size_t_rshmem n,
                                                           rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
     rshmem_putmem_nbi_warp(dest, src, n, pe);
-    if (rshmemi_lane() == 0) rshmem_signal_op(sig, value, op, pe);
+    if (rshmemi_lane() == 0) rshmemi_signal_op_collective(sig, value, op, pe);
     rshmemi_syncwarp();
 }
 __device__ __forceinline__ void rshmem_putmem_signal_block(void* dest, const void* src, size_t_rshmem n,
                                                            rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
     rshmem_putmem_nbi_block(dest, src, n, pe);
-    if (rshmemi_tid() == 0) rshmem_signal_op(sig, value, op, pe);
+    if (rshmemi_tid() == 0) rshmemi_signal_op_collective(sig, value, op, pe);
     __syncthreads();
 }
 

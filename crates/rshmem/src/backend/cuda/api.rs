@@ -340,7 +340,12 @@ impl<'a> CudaPe<'a> {
         self.check_stream(s)?;
         let d = self.loc::<T>(dst.raw(), dst_at, count, pe)?;
         let so = self.loc::<T>(src.raw(), src_at, count, self.b.me)?;
-        self.copy(s, self.b.addr(pe, d), self.b.addr(self.b.me, so), count * std::mem::size_of::<T>())
+        self.copy(
+            s,
+            self.b.addr(pe, d),
+            self.b.addr(self.b.me, so),
+            count * std::mem::size_of::<T>(),
+        )
     }
 
     /// Stream-ordered get: `count` elements of PE `pe`'s `src` into this PE's `dst`.
@@ -358,7 +363,12 @@ impl<'a> CudaPe<'a> {
         self.check_stream(s)?;
         let d = self.loc::<T>(dst.raw(), dst_at, count, self.b.me)?;
         let so = self.loc::<T>(src.raw(), src_at, count, pe)?;
-        self.copy(s, self.b.addr(self.b.me, d), self.b.addr(pe, so), count * std::mem::size_of::<T>())
+        self.copy(
+            s,
+            self.b.addr(self.b.me, d),
+            self.b.addr(pe, so),
+            count * std::mem::size_of::<T>(),
+        )
     }
 
     /// Stream-ordered copy between raw device addresses (both mapped on this GPU).
@@ -405,8 +415,7 @@ impl<'a> CudaPe<'a> {
                             s.raw.raw,
                             addr,
                             value,
-                            ffi::cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT
-                                as u32,
+                            ffi::cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
                         )
                     },
                     "cuStreamWriteValue64",
@@ -511,11 +520,13 @@ impl<'a> CudaPe<'a> {
                 MAX_TEAMS - 1
             )));
         }
-        let stride = if m.len() > 1 { m[1] as i64 - m[0] as i64 } else { 1 };
+        let stride = if m.len() > 1 {
+            m[1] as i64 - m[0] as i64
+        } else {
+            1
+        };
         if stride <= 0 || m.windows(2).any(|w| w[1] as i64 - w[0] as i64 != stride) {
-            return Err(Error::Team(
-                "device-side teams need strided members".into(),
-            ));
+            return Err(Error::Team("device-side teams need strided members".into()));
         }
         Ok(DeviceTeam {
             slot: team.slot as i32,
@@ -532,7 +543,11 @@ impl<'a> CudaPe<'a> {
     pub fn kernel(&self, src: &str, name: &str, options: &[&str]) -> Result<Kernel> {
         let full = nvrtc::with_header(src);
         let arch = self.b.gpu.arch();
-        let key = nvrtc::fnv(&[full.as_bytes(), arch.as_bytes(), options.join("\u{1}").as_bytes()]);
+        let key = nvrtc::fnv(&[
+            full.as_bytes(),
+            arch.as_bytes(),
+            options.join("\u{1}").as_bytes(),
+        ]);
         let existing = self
             .b
             .modules

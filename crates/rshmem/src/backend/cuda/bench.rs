@@ -110,7 +110,11 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
         bytes,
         iters,
         time_us: t,
-        gbps: if bytes > 0 { bytes as f64 / (t * 1e3) } else { 0.0 },
+        gbps: if bytes > 0 {
+            bytes as f64 / (t * 1e3)
+        } else {
+            0.0
+        },
         baseline: base,
         baseline_time_us: bt,
         ratio: if t > 0.0 { bt / t } else { 0.0 },
@@ -121,7 +125,17 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
         let dp = g.ptr(&dst)?;
         let peer_dst = g.peer_ptr(&dst, 0, 1)?;
         let peer_src = g.peer_ptr(&src, 0, 1)?;
-        let grid = (g.sm_count() * 4) as u32;
+        let env = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&v| v > 0)
+                .unwrap_or(d)
+        };
+        // Blocks per SM and threads per block of the device copies (RSHMEM_BENCH_BLOCKS_PER_SM,
+        // RSHMEM_BENCH_THREADS override the measured defaults).
+        let grid = (g.sm_count() * env("RSHMEM_BENCH_BLOCKS_PER_SM", 4)) as u32;
+        let threads = env("RSHMEM_BENCH_THREADS", 512).min(1024) as u32;
         for &n in sizes {
             let iters = if n >= 64 << 20 { 10 } else { 100 };
             let ce_put = time_stream(&g, &s, iters, || g.copy_raw_on_stream(&s, peer_dst, sp, n))?;
@@ -136,12 +150,14 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
             // SAFETY (both launches): the arguments match rshmemi_bench_put/get
             // (char*, const char*, u64, int) and the buffers hold `n` bytes on both PEs.
             let t_put = time_stream(&g, &s, iters, || unsafe {
-                g.launch(&k_put, &s, blocks, 512, 0, &args_put)
+                g.launch(&k_put, &s, blocks, threads, 0, &args_put)
             })?;
             let t_get = time_stream(&g, &s, iters, || unsafe {
-                g.launch(&k_get, &s, blocks, 512, 0, &args_put)
+                g.launch(&k_get, &s, blocks, threads, 0, &args_put)
             })?;
-            let t_stream = time_stream(&g, &s, iters, || g.put_on_stream(&s, &dst, 0, &src, 0, n, 1))?;
+            let t_stream = time_stream(&g, &s, iters, || {
+                g.put_on_stream(&s, &dst, 0, &src, 0, n, 1)
+            })?;
             let b = "cuMemcpyPeerAsync";
             out.push(rec("device_put", "device", n, iters, t_put, b, ce_put));
             out.push(rec("device_get", "device", n, iters, t_get, b, ce_get));
@@ -150,7 +166,11 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
     }
     pe.barrier_all()?;
     // Latency: put-with-signal ping-pong against a raw flag ping-pong, PEs 0 and 1.
-    let k_sig = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_pingpong_signal", &[])?;
+    let k_sig = g.kernel(
+        nvrtc::INTERNAL_KERNELS,
+        "rshmemi_bench_pingpong_signal",
+        &[],
+    )?;
     let k_raw = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_pingpong_raw", &[])?;
     let k_bar = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_barrier", &[])?;
     let iters = latency_iters.max(1);

@@ -94,9 +94,11 @@ pub(crate) fn driver() -> Result<()> {
     DONE.get_or_init(|| {
         // SAFETY: only tries to open the library; no CUDA call is made.
         if !unsafe { cu::is_culib_present() } {
-            return Err("the CUDA driver library (libcuda.so) was not found: no NVIDIA driver \
+            return Err(
+                "the CUDA driver library (libcuda.so) was not found: no NVIDIA driver \
                         on this machine, or it is not on the loader path"
-                .into());
+                    .into(),
+            );
         }
         // SAFETY: the library is present (checked above); `get` only looks a symbol up.
         let lib = unsafe { cu::culib() };
@@ -123,9 +125,11 @@ pub(crate) fn nvrtc() -> Result<()> {
     DONE.get_or_init(|| {
         // SAFETY: only tries to open the library.
         if !unsafe { rtc::is_culib_present() } {
-            return Err("NVRTC (libnvrtc.so) was not found: install the CUDA toolkit or \
+            return Err(
+                "NVRTC (libnvrtc.so) was not found: install the CUDA toolkit or \
                         `pip install nvidia-cuda-nvrtc` and put its lib folder on LD_LIBRARY_PATH"
-                .into());
+                    .into(),
+            );
         }
         // SAFETY: present, checked above.
         let lib = unsafe { rtc::culib() };

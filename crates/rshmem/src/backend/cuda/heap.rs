@@ -27,7 +27,8 @@ fn vmm_prop(ordinal: usize) -> cu::CUmemAllocationProp {
     // matter are set below.
     let mut p: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     p.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.requestedHandleTypes = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p.requestedHandleTypes =
+        cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     p.location.type_ = cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
     p.location.id = ordinal as i32;
     p
@@ -215,7 +216,8 @@ pub(crate) struct PeerMap {
 /// it, which a launcher's children of one user have unless the Yama policy forbids it).
 fn take_fd(pid: u32, fd: i32) -> Result<i32> {
     // SAFETY: plain syscalls with integer arguments.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
+    let pidfd =
+        unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
     if pidfd < 0 {
         return Err(ffi::err(format!(
             "pidfd_open({pid}) failed: {}",
@@ -223,7 +225,14 @@ fn take_fd(pid: u32, fd: i32) -> Result<i32> {
         )));
     }
     // SAFETY: as above.
-    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd as libc::c_long, 0 as libc::c_long) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_getfd,
+            pidfd,
+            fd as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
     let e = std::io::Error::last_os_error();
     // SAFETY: closes the pidfd opened above.
     unsafe { libc::close(pidfd as i32) };

@@ -57,7 +57,8 @@ pub fn info() -> Result<Info> {
                 compute_capability: g.cc(),
                 sms: g.sms(),
                 vmm: g.attr(CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED) > 0,
-                posix_fd: g.attr(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) > 0,
+                posix_fd: g.attr(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+                    > 0,
                 stream_mem_ops_64: g.attr(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) > 0,
             })
             .collect(),

@@ -6,8 +6,9 @@
 //! and VMM heaps; this file the [`Backend`] implementation for the host API; the public modules
 //! the stream-ordered API, the device API (kernels compiled by NVRTC), `info` and benchmarks.
 //!
-//! Device choice: `Config::devices` / `RSHMEM_DEVICES` (world rank → GPU ordinal), else the PE's
-//! index among the PEs of its process.
+//! Device choice: `Config::devices` / `RSHMEM_DEVICES` (world rank → GPU ordinal), else the
+//! world rank modulo the number of visible GPUs (one node: the PE's index among its process's
+//! PEs in thread mode, the local rank in process mode).
 
 mod api;
 pub mod bench;
@@ -110,8 +111,15 @@ fn pick_device(config: &Config, me: usize, pids: &[u32]) -> Result<usize> {
             ))
         });
     }
-    let mine = pids[me];
-    Ok(pids[..me].iter().filter(|&&p| p == mine).count())
+    // One node: world rank modulo the visible GPUs. In thread mode that is the PE's index among
+    // its process's PEs; in process mode the local rank (also right when each process sees
+    // only its own GPU through CUDA_VISIBLE_DEVICES).
+    let _ = pids;
+    let count = gpu::device_count()?;
+    if count == 0 {
+        return Err(ffi::err("no CUDA GPU is visible"));
+    }
+    Ok(me % count)
 }
 
 fn enc(words: &[u64]) -> Vec<u8> {
@@ -147,9 +155,7 @@ pub(crate) fn set_state(m: &Module, state: &DeviceState) -> Result<()> {
     let _g = m.gpu.bind()?;
     // SAFETY: copies the plain struct into a device global of the same size.
     ffi::check(
-        unsafe {
-            ffi::cu::cuMemcpyHtoD_v2(p, state as *const DeviceState as *const _, n)
-        },
+        unsafe { ffi::cu::cuMemcpyHtoD_v2(p, state as *const DeviceState as *const _, n) },
         "cuMemcpyHtoD (device state)",
     )
 }
@@ -174,7 +180,11 @@ impl CudaBackend {
             gpu::gpu(pick_device(config, me, pids)?)
         })();
         let ord = first.as_ref().map(|g| g.ordinal as u64).unwrap_or(u64::MAX);
-        agree(boot, first.as_ref().map(|_| ()).map_err(Clone::clone), "CUDA device")?;
+        agree(
+            boot,
+            first.as_ref().map(|_| ()).map_err(Clone::clone),
+            "CUDA device",
+        )?;
         let gpu = first?;
         let ords: Vec<usize> = boot
             .allgather(&enc(&[ord]))?
@@ -286,7 +296,13 @@ impl CudaBackend {
             "loading rshmem's kernels",
         )?;
         let (f_amo, f_signal_add, f_wait, f_team_sync, internal, stream, scratch) = rest?;
-        tracing::debug!(pe = me, gpu = gpu.ordinal, ?kind, bytes = own.bytes, "CUDA heap up");
+        tracing::debug!(
+            pe = me,
+            gpu = gpu.ordinal,
+            ?kind,
+            bytes = own.bytes,
+            "CUDA heap up"
+        );
         Ok(CudaBackend {
             me,
             n,
@@ -366,7 +382,12 @@ impl CudaBackend {
             // SAFETY: 8 bytes from a local into this PE's sync area.
             ffi::check(
                 unsafe {
-                    ffi::cu::cuMemcpyHtoDAsync_v2(a, &z as *const u64 as *const _, 8, self.stream.raw)
+                    ffi::cu::cuMemcpyHtoDAsync_v2(
+                        a,
+                        &z as *const u64 as *const _,
+                        8,
+                        self.stream.raw,
+                    )
                 },
                 "cuMemcpyHtoDAsync",
             )?;
