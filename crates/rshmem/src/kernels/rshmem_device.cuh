@@ -131,23 +131,36 @@ __device__ __forceinline__ rshmem_u64 rshmemi_ld_relaxed(const rshmem_u64* p) {
     rshmem_u64 v; asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v;
 }
 
+// How device waits poll (a compile option, measured by the benchmarks): 0 polls with
+// acquire loads; 1 polls with relaxed loads and ends with an acquire fence.
+#ifndef RSHMEMI_WAIT_FENCE
+#define RSHMEMI_WAIT_FENCE 0
+#endif
+
 // Waits until the 64-bit word at `p` (this PE's memory) compares true; gives up after the
-// configured timeout (flagging an error the host reports). Polls with relaxed loads and ends
-// with an acquire fence, so what the signaller wrote before its release is visible after.
-// Returns the value last seen.
+// configured timeout (flagging an error the host reports). What the signaller wrote before its
+// release is visible after the wait. Returns the value last seen.
 __device__ __forceinline__ rshmem_u64 rshmemi_wait64(const rshmem_u64* p, int cmp, rshmem_u64 v) {
-    rshmem_u64 x = rshmemi_ld_relaxed(p);
+#if RSHMEMI_WAIT_FENCE
+#define RSHMEMI_POLL rshmemi_ld_relaxed
+#else
+#define RSHMEMI_POLL rshmemi_ld_acquire
+#endif
+    rshmem_u64 x = RSHMEMI_POLL(p);
     if (!rshmemi_cmp(x, cmp, v)) {
         rshmem_u64 t0 = rshmemi_now();
         unsigned spins = 0;
-        while (!rshmemi_cmp(x = rshmemi_ld_relaxed(p), cmp, v)) {
+        while (!rshmemi_cmp(x = RSHMEMI_POLL(p), cmp, v)) {
             if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
                 rshmemi_flag_timeout();
                 break;
             }
         }
     }
+#undef RSHMEMI_POLL
+#if RSHMEMI_WAIT_FENCE
     asm volatile("fence.acq_rel.sys;" ::: "memory");
+#endif
     return x;
 }
 
@@ -178,12 +191,16 @@ __device__ __forceinline__ void rshmemi_copy16(rshmemi_v4* d, const rshmemi_v4* 
 
 __device__ __forceinline__ void rshmemi_copy(void* d, const void* s, size_t_rshmem n, unsigned tid, unsigned nth) {
     rshmem_u64 a = (rshmem_u64)d | (rshmem_u64)s;
-    if ((a & 15) == 0) {
-        size_t_rshmem m = n / 16;
-        rshmemi_copy16((rshmemi_v4*)d, (const rshmemi_v4*)s, m, tid, nth);
-        for (size_t_rshmem i = m * 16 + tid; i < n; i += nth) ((char*)d)[i] = ((const char*)s)[i];
+    if ((a & 15) == 0 && n >= 16) {
+        size_t_rshmem done = (n / 16) * 16;
+        rshmemi_copy16((rshmemi_v4*)d, (const rshmemi_v4*)s, n / 16, tid, nth);
+        if (done == n) return;
+        d = (char*)d + done;
+        s = (const char*)s + done;
+        n -= done;
+        a = (rshmem_u64)d | (rshmem_u64)s;  // still 16-aligned: the rest goes 8 bytes wide
     }
-    else if ((a & 7) == 0) RSHMEMI_COPY_W(rshmem_u64, d, s, n, tid, nth)
+    if ((a & 7) == 0) RSHMEMI_COPY_W(rshmem_u64, d, s, n, tid, nth)
     else if ((a & 3) == 0) RSHMEMI_COPY_W(unsigned, d, s, n, tid, nth)
     else if ((a & 1) == 0) RSHMEMI_COPY_W(unsigned short, d, s, n, tid, nth)
     else RSHMEMI_COPY_W(unsigned char, d, s, n, tid, nth)
@@ -255,10 +272,27 @@ __device__ __forceinline__ void rshmem_getmem_block(void* dest, const void* src,
 
 // Updates PE `pe`'s signal word `sig` (set or add) with release semantics: whoever sees the
 // new value also sees everything this thread wrote before.
+// Signal store (a compile option, measured by the benchmarks): 0 release store/reduction;
+// 1 fence.acq_rel.sys then relaxed; 2 fence.sc.sys then relaxed.
+#ifndef RSHMEMI_SIGNAL_MODE
+#define RSHMEMI_SIGNAL_MODE 0
+#endif
 __device__ __forceinline__ void rshmem_signal_op(rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
     rshmem_u64* r = (rshmem_u64*)rshmem_ptr(sig, pe);
+#if RSHMEMI_SIGNAL_MODE == 0
     if (op == RSHMEM_SIGNAL_ADD) rshmemi_red_add_release(r, value);
     else rshmemi_st_release(r, value);
+#else
+#if RSHMEMI_SIGNAL_MODE == 1
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+#else
+    asm volatile("fence.sc.sys;" ::: "memory");
+#endif
+    if (op == RSHMEM_SIGNAL_ADD)
+        asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" :: "l"(r), "l"(value) : "memory");
+    else
+        asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(r), "l"(value) : "memory");
+#endif
 }
 // As rshmem_signal_op after a warp or block barrier: a full system fence first makes the
 // writes of every thread that met at the barrier visible before the signal.

@@ -99,8 +99,12 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
     let me = pe.my_pe();
     let mode = pe.mode().name();
     let mut out = Vec::new();
-    let k_put = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_put", &[])?;
-    let k_get = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_get", &[])?;
+    // Extra NVRTC options for the benchmark kernels (RSHMEM_BENCH_NVRTC_OPTS, space-separated),
+    // to measure the header's compile-time variants.
+    let opts_s = std::env::var("RSHMEM_BENCH_NVRTC_OPTS").unwrap_or_default();
+    let opts: Vec<&str> = opts_s.split_whitespace().collect();
+    let k_put = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_put", &opts)?;
+    let k_get = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_get", &opts)?;
     let rec = |op, api, bytes: usize, iters, t: f64, base, bt: f64| BenchRecord {
         op,
         api,
@@ -134,7 +138,7 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
         };
         // Blocks per SM and threads per block of the device copies (RSHMEM_BENCH_BLOCKS_PER_SM,
         // RSHMEM_BENCH_THREADS override the measured defaults).
-        let grid = (g.sm_count() * env("RSHMEM_BENCH_BLOCKS_PER_SM", 4)) as u32;
+        let grid = (g.sm_count() * env("RSHMEM_BENCH_BLOCKS_PER_SM", 8)) as u32;
         let threads = env("RSHMEM_BENCH_THREADS", 512).min(1024) as u32;
         for &n in sizes {
             let iters = if n >= 64 << 20 { 10 } else { 100 };
@@ -169,10 +173,10 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
     let k_sig = g.kernel(
         nvrtc::INTERNAL_KERNELS,
         "rshmemi_bench_pingpong_signal",
-        &[],
+        &opts,
     )?;
-    let k_raw = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_pingpong_raw", &[])?;
-    let k_bar = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_barrier", &[])?;
+    let k_raw = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_pingpong_raw", &opts)?;
+    let k_bar = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_barrier", &opts)?;
     let iters = latency_iters.max(1);
     let pingpong = |sig_kernel: bool| -> Result<f64> {
         pe.local_fill(&sig, 0)?;
