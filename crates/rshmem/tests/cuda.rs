@@ -228,7 +228,16 @@ fn host_typed<T: Elem>(pe: &Pe, stream: u64) -> Result<()> {
     let prev = (me + n - 1) % n;
     let want: Vec<T> = harness::rand_vec(prev, stream, len);
     let got = pe.local_vec(&x)?;
-    assert!(got == want, "PE {me}: put data wrong for {:?}", T::KIND);
+    if let Some(i) = (0..len).find(|&i| got[i] != want[i]) {
+        panic!(
+            "PE {me}: put data wrong for {:?} at {i}: got {:?}, want {:?} (mine {:?})",
+            T::KIND,
+            got[i].to_f64(),
+            want[i].to_f64(),
+            data[i].to_f64()
+        );
+    }
+    pe.barrier_all()?; // everyone has checked before the p below changes element 5
     let mut back = vec![poison::<T>(); len - 7];
     pe.get(&x, 7, &mut back, next)?;
     assert!(
@@ -684,6 +693,39 @@ fn device_api(pe: &Pe) -> Result<()> {
         "PE {me}: all-SM put wrong"
     );
     pe.barrier_all()?;
+    // Bulk (TMA) copies, put then get, sizes a multiple of 16 but not of the chunk.
+    let nb = (8usize << 20) + 48;
+    let k_put_bulk = g.kernel(cuda::nvrtc::INTERNAL_KERNELS, "rshmemi_bench_put_bulk", &[])?;
+    let k_get_bulk = g.kernel(cuda::nvrtc::INTERNAL_KERNELS, "rshmemi_bench_get_bulk", &[])?;
+    for (k, get) in [(&k_put_bulk, false), (&k_get_bulk, true)] {
+        pe.local_fill(&bdst, 0)?;
+        pe.barrier_all()?;
+        let args = [
+            g.arg(&bdst)?,
+            g.arg(&bsrc)?,
+            KernelArg::U64(nb as u64),
+            KernelArg::I32(1 - me as i32),
+        ];
+        // SAFETY: rshmemi_bench_{put,get}_bulk(char*, const char*, u64, int); nb bytes fit.
+        unsafe { g.launch(k, &s, 7, 32, 0, &args)? };
+        s.synchronize()?;
+        pe.barrier_all()?;
+        let got = pe.local_vec(&bdst)?;
+        let w = nb / 8;
+        // put: the peer's data arrived here; get: the peer's source was read into mine.
+        assert!(
+            got[..w]
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x == (i as u64).wrapping_mul(0x9e37_79b9) ^ peer),
+            "PE {me}: bulk copy (get {get}) wrong"
+        );
+        assert!(
+            got[w..].iter().all(|&x| x == 0),
+            "PE {me}: bulk copy wrote past the end"
+        );
+        pe.barrier_all()?;
+    }
     // Bad inputs on the device side.
     let t3 = pe.team_split(pe.world_team(), Some(0), -(me as i64))?;
     if let Some(t) = t3 {
@@ -885,4 +927,41 @@ fn gpu_process_mode_static() {
 #[ignore = "needs a GPU"]
 fn gpu_process_mode_vmm() {
     process_mode("vmm");
+}
+
+// ---------- the calling thread's current context does not matter (seed 000) ----------
+
+fn wrong_context(pe: &Pe) -> Result<()> {
+    use cudarc::driver::sys as cu;
+    let g = CudaPe::new(pe)?;
+    let other = (g.device() + 1) % cuda::info()?.gpus.len();
+    let mut dev = 0;
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: test-only raw driver calls: the other GPU's primary context is made current on
+    // this thread before any rshmem call, as a framework might leave it.
+    unsafe {
+        assert_eq!(
+            cu::cuDeviceGet(&mut dev, other as i32),
+            cu::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+            cu::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(cu::cuCtxSetCurrent(ctx), cu::CUresult::CUDA_SUCCESS);
+    }
+    host_typed::<f32>(pe, 77)?;
+    host_atomics::<u64>(pe)?;
+    stream_ops(pe)?;
+    let mut now = std::ptr::null_mut();
+    // SAFETY: reads the current context.
+    unsafe { cu::cuCtxGetCurrent(&mut now) };
+    assert_eq!(now, ctx, "rshmem changed the caller's current context");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_calls_ignore_the_current_context() {
+    on_gpus(HeapKind::Static, 2, wrong_context);
 }

@@ -70,6 +70,21 @@ extern "C" __global__ void rshmemi_bench_get(char* dest, const char* src, rshmem
     rshmem_u64 len = (n - lo) < per ? (n - lo) : per;
     rshmem_getmem_nbi_block(dest + lo, src + lo, len, pe);
 }
+// The same with the bulk-copy engine (TMA) of each block.
+extern "C" __global__ void rshmemi_bench_put_bulk(char* dest, const char* src, rshmem_u64 n, int pe) {
+    rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;
+    rshmem_u64 lo = per * blockIdx.x;
+    if (lo >= n) return;
+    rshmem_u64 len = (n - lo) < per ? (n - lo) : per;
+    rshmemi_bulk_copy_block(rshmem_ptr(dest + lo, pe), src + lo, len);
+}
+extern "C" __global__ void rshmemi_bench_get_bulk(char* dest, const char* src, rshmem_u64 n, int pe) {
+    rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;
+    rshmem_u64 lo = per * blockIdx.x;
+    if (lo >= n) return;
+    rshmem_u64 len = (n - lo) < per ? (n - lo) : per;
+    rshmemi_bulk_copy_block(dest + lo, rshmem_ptr(src + lo, pe), len);
+}
 // Put-with-signal ping-pong (one thread): role 0 sends first; `sig` is symmetric.
 extern "C" __global__ void rshmemi_bench_pingpong_signal(char* buf, rshmem_u64* sig, int iters, int role, int peer) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;

@@ -148,6 +148,9 @@ __device__ __forceinline__ rshmem_u64 rshmemi_wait64(const rshmem_u64* p, int cm
 #endif
     rshmem_u64 x = RSHMEMI_POLL(p);
     if (!rshmemi_cmp(x, cmp, v)) {
+        // After a timeout on this PE, later waits give up at once: the kernel drains instead
+        // of waiting a full timeout per wait; the host reports the error.
+        if (*(volatile rshmem_u64*)(rshmemi_sync(rshmem_dstate.my_pe) + RSHMEM_SYNC_ERR)) return x;
         rshmem_u64 t0 = rshmemi_now();
         unsigned spins = 0;
         while (!rshmemi_cmp(x = RSHMEMI_POLL(p), cmp, v)) {
@@ -219,6 +222,68 @@ __device__ __forceinline__ unsigned rshmemi_warp_width() {
 __device__ __forceinline__ void rshmemi_syncwarp() {
     unsigned w = rshmemi_warp_width();
     __syncwarp(w == 32 ? 0xffffffffu : ((1u << w) - 1));
+}
+
+// ----- bulk copies by the tensor-memory accelerator (sm_90+) -----
+// One thread of the block drives a ring of shared-memory stages: bulk loads (global → shared,
+// completing on an mbarrier) and bulk stores (shared → global), two stores in flight. `d`, `s`
+// and `n` must be multiples of 16. Every thread of the block calls; returns when the stores are
+// complete.
+#define RSHMEMI_BULK_STAGES 4
+#define RSHMEMI_BULK_CHUNK 8192
+
+__device__ __forceinline__ unsigned rshmemi_smem(const void* p) {
+    unsigned a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a;
+}
+
+__device__ __forceinline__ void rshmemi_bulk_copy_block(void* d, const void* s, size_t_rshmem n) {
+#if __CUDA_ARCH__ >= 900
+    __shared__ __align__(128) char buf[RSHMEMI_BULK_STAGES][RSHMEMI_BULK_CHUNK];
+    __shared__ __align__(8) rshmem_u64 bar[RSHMEMI_BULK_STAGES];
+    if (rshmemi_tid() == 0 && n > 0) {
+        size_t_rshmem nch = (n + RSHMEMI_BULK_CHUNK - 1) / RSHMEMI_BULK_CHUNK;
+        for (int i = 0; i < RSHMEMI_BULK_STAGES; i++)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(rshmemi_smem(&bar[i])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        #define RSHMEMI_BULK_LOAD(k)                                                                  \
+        {                                                                                              \
+            size_t_rshmem k_ = (k), off_ = k_ * RSHMEMI_BULK_CHUNK;                                    \
+            unsigned len_ = (unsigned)((n - off_) < RSHMEMI_BULK_CHUNK ? (n - off_) : RSHMEMI_BULK_CHUNK); \
+            unsigned b_ = rshmemi_smem(&bar[k_ % RSHMEMI_BULK_STAGES]);                                \
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b_), "r"(len_) : "memory"); \
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" \
+                         :: "r"(rshmemi_smem(buf[k_ % RSHMEMI_BULK_STAGES])), "l"((const char*)s + off_), \
+                            "r"(len_), "r"(b_) : "memory");                                            \
+        }
+        for (size_t_rshmem k = 0; k < nch && k < RSHMEMI_BULK_STAGES; k++) RSHMEMI_BULK_LOAD(k)
+        for (size_t_rshmem k = 0; k < nch; k++) {
+            unsigned st = (unsigned)(k % RSHMEMI_BULK_STAGES), phase = (unsigned)((k / RSHMEMI_BULK_STAGES) & 1);
+            unsigned ok = 0;
+            do {
+                asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                             : "=r"(ok) : "r"(rshmemi_smem(&bar[st])), "r"(phase) : "memory");
+            } while (!ok);
+            size_t_rshmem off = k * RSHMEMI_BULK_CHUNK;
+            unsigned len = (unsigned)((n - off) < RSHMEMI_BULK_CHUNK ? (n - off) : RSHMEMI_BULK_CHUNK);
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                         :: "l"((char*)d + off), "r"(rshmemi_smem(buf[st])), "r"(len) : "memory");
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            if (k >= 1 && k - 1 + RSHMEMI_BULK_STAGES < nch) {
+                asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+                RSHMEMI_BULK_LOAD(k - 1 + RSHMEMI_BULK_STAGES)
+            }
+        }
+        #undef RSHMEMI_BULK_LOAD
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        for (int i = 0; i < RSHMEMI_BULK_STAGES; i++)
+            asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(rshmemi_smem(&bar[i])) : "memory");
+    }
+    __syncthreads();
+#else
+    rshmemi_copy(d, s, n, rshmemi_tid(), rshmemi_nthreads());
+    __syncthreads();
+#endif
 }
 
 // ----- untyped put/get (bytes) -----

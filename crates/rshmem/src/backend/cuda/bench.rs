@@ -105,6 +105,8 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
     let opts: Vec<&str> = opts_s.split_whitespace().collect();
     let k_put = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_put", &opts)?;
     let k_get = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_get", &opts)?;
+    let k_put_bulk = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_put_bulk", &opts)?;
+    let k_get_bulk = g.kernel(nvrtc::INTERNAL_KERNELS, "rshmemi_bench_get_bulk", &opts)?;
     let rec = |op, api, bytes: usize, iters, t: f64, base, bt: f64| BenchRecord {
         op,
         api,
@@ -140,6 +142,7 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
         // RSHMEM_BENCH_THREADS override the measured defaults).
         let grid = (g.sm_count() * env("RSHMEM_BENCH_BLOCKS_PER_SM", 8)) as u32;
         let threads = env("RSHMEM_BENCH_THREADS", 512).min(1024) as u32;
+        let bulk_grid = (g.sm_count() * env("RSHMEM_BENCH_BULK_BLOCKS_PER_SM", 2)) as u32;
         for &n in sizes {
             let iters = if n >= 64 << 20 { 10 } else { 100 };
             let ce_put = time_stream(&g, &s, iters, || g.copy_raw_on_stream(&s, peer_dst, sp, n))?;
@@ -159,6 +162,15 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
             let t_get = time_stream(&g, &s, iters, || unsafe {
                 g.launch(&k_get, &s, blocks, threads, 0, &args_put)
             })?;
+            let bulk_blocks = bulk_grid.min(n.div_ceil(64 * 1024).max(1) as u32);
+            // SAFETY (both launches): rshmemi_bench_put_bulk/get_bulk take the same arguments
+            // as the kernels above; sizes are multiples of 16.
+            let t_put_bulk = time_stream(&g, &s, iters, || unsafe {
+                g.launch(&k_put_bulk, &s, bulk_blocks, 32, 0, &args_put)
+            })?;
+            let t_get_bulk = time_stream(&g, &s, iters, || unsafe {
+                g.launch(&k_get_bulk, &s, bulk_blocks, 32, 0, &args_put)
+            })?;
             let t_stream = time_stream(&g, &s, iters, || {
                 g.put_on_stream(&s, &dst, 0, &src, 0, n, 1)
             })?;
@@ -166,6 +178,24 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
             out.push(rec("device_put", "device", n, iters, t_put, b, ce_put));
             out.push(rec("device_get", "device", n, iters, t_get, b, ce_get));
             out.push(rec("stream_put", "stream", n, iters, t_stream, b, ce_put));
+            out.push(rec(
+                "device_put_bulk",
+                "device",
+                n,
+                iters,
+                t_put_bulk,
+                b,
+                ce_put,
+            ));
+            out.push(rec(
+                "device_get_bulk",
+                "device",
+                n,
+                iters,
+                t_get_bulk,
+                b,
+                ce_get,
+            ));
         }
     }
     pe.barrier_all()?;

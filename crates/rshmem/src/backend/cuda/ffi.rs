@@ -145,6 +145,13 @@ pub(crate) fn nvrtc() -> Result<()> {
     .map_err(err)
 }
 
+/// True when the (already probed) driver exports `name` (for calls of newer drivers).
+pub(crate) fn has_driver_symbol(name: &str) -> bool {
+    driver().is_ok()
+        // SAFETY: the library is present (driver() succeeded); a lookup only.
+        && unsafe { cu::culib().get::<*const ()>(name.as_bytes()) }.is_ok()
+}
+
 /// True when NVRTC can be loaded here.
 pub(crate) fn nvrtc_present() -> bool {
     nvrtc().is_ok()

@@ -286,10 +286,44 @@ impl Module {
             unsafe { cu::cuModuleLoadData(&mut m, cubin.as_ptr() as *const _) },
             "cuModuleLoadData",
         )?;
-        Ok(Module {
+        let m = Module {
             gpu: gpu.clone(),
             raw: m,
-        })
+        };
+        m.load_all()?;
+        Ok(m)
+    }
+
+    /// Loads every kernel of the module now. Under lazy loading (the driver's default) a kernel
+    /// is otherwise loaded at first use, which waits for kernels running on the GPU: with two
+    /// PEs sharing a GPU, one PE's waiting kernel would then block the other's first launch.
+    fn load_all(&self) -> Result<()> {
+        for s in [
+            "cuModuleGetFunctionCount",
+            "cuModuleEnumerateFunctions",
+            "cuFuncLoad",
+        ] {
+            if !ffi::has_driver_symbol(s) {
+                return Ok(());
+            }
+        }
+        let mut n = 0u32;
+        // SAFETY: live module (context bound by the caller); writes one count.
+        check(
+            unsafe { cu::cuModuleGetFunctionCount(&mut n, self.raw) },
+            "cuModuleGetFunctionCount",
+        )?;
+        let mut fs = vec![std::ptr::null_mut(); n as usize];
+        // SAFETY: the buffer holds n handles.
+        check(
+            unsafe { cu::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, self.raw) },
+            "cuModuleEnumerateFunctions",
+        )?;
+        for f in fs {
+            // SAFETY: a function of this module.
+            check(unsafe { cu::cuFuncLoad(f) }, "cuFuncLoad")?;
+        }
+        Ok(())
     }
     pub fn func(&self, name: &str) -> Result<Func> {
         let c = CString::new(name).map_err(|_| ffi::err("kernel name contains NUL"))?;
