@@ -540,6 +540,10 @@ impl<'a> CudaPe<'a> {
     /// Compiles `src` (CUDA C++ using `rshmem_device.cuh`, which is prepended) with NVRTC for
     /// this GPU, loads it (cached per source, architecture and options in memory and on disk;
     /// modules per PE), fills its device state, and returns kernel `name`.
+    ///
+    /// Every kernel of the module is loaded at once (not lazily at first launch). Obtain the
+    /// kernels on every PE before launching ones that wait for peers: loading a module waits for
+    /// kernels running on the same GPU.
     pub fn kernel(&self, src: &str, name: &str, options: &[&str]) -> Result<Kernel> {
         let full = nvrtc::with_header(src);
         let arch = self.b.gpu.arch();
