@@ -44,6 +44,9 @@ pub struct Config {
     pub heap_kind: HeapKind,
     /// Most teams alive at once, the world included (`RSHMEM_MAX_TEAMS`). Default 64.
     pub max_teams: usize,
+    /// CUDA backend: GPU ordinal of each world rank (`RSHMEM_DEVICES=0,1,...`). Default: each
+    /// PE's index among the PEs of its process.
+    pub devices: Option<Vec<usize>>,
 }
 
 impl Default for Config {
@@ -54,6 +57,7 @@ impl Default for Config {
             backend: BackendKind::Shm,
             heap_kind: HeapKind::Static,
             max_teams: 64,
+            devices: None,
         }
     }
 }
@@ -71,6 +75,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("RSHMEM_BACKEND", "shm | cuda, default shm"),
     ("RSHMEM_HEAP", "GPU heap kind: static | vmm, default static"),
     ("RSHMEM_MAX_TEAMS", "most teams alive at once, default 64"),
+    (
+        "RSHMEM_DEVICES",
+        "CUDA: GPU ordinal per world rank, e.g. 0,1 (default: PE index in its process)",
+    ),
+    (
+        "RSHMEM_CACHE_DIR",
+        "CUDA: where compiled kernels are cached, default ~/.cache/rshmem",
+    ),
     (
         "RSHMEM_RANK",
         "this process's first PE (set by `rshmem run`)",
@@ -151,6 +163,12 @@ impl Config {
                 .parse()
                 .map_err(|_| bad("RSHMEM_MAX_TEAMS", &v, "a count"))?;
         }
+        if let Some(v) = env("RSHMEM_DEVICES") {
+            c.devices = Some(
+                crate::backend::cuda::parse_devices(&v)
+                    .ok_or_else(|| bad("RSHMEM_DEVICES", &v, "GPU ordinals like 0,1,2,3"))?,
+            );
+        }
         c.validate()?;
         Ok(c)
     }
@@ -173,6 +191,11 @@ impl Config {
     /// Sets the GPU heap kind.
     pub fn heap_kind(mut self, k: HeapKind) -> Self {
         self.heap_kind = k;
+        self
+    }
+    /// Sets the GPU ordinal of each world rank (CUDA backend).
+    pub fn devices(mut self, map: Vec<usize>) -> Self {
+        self.devices = Some(map);
         self
     }
     /// Sets the most teams alive at once.

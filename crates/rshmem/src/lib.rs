@@ -37,6 +37,7 @@ mod sync;
 mod team;
 mod world;
 
+pub use backend::cuda;
 pub use bootstrap::{Bootstrap, InProcBootstrap};
 pub use config::{BackendKind, Config, HeapKind};
 pub use elem::{AtomicElem, Cmp, Elem, ElemKind, SignalOp};

@@ -375,14 +375,13 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
                 .collect();
             Box::new(ShmBackend::new(bases, regions.clone()))
         }
-        BackendKind::Cuda => {
-            let e = Error::Backend {
-                backend: "cuda",
-                msg: "the CUDA backend is not built into this version".into(),
-            };
-            agree(boot.as_ref(), Err(e.clone()), "backend")?;
-            return Err(e);
-        }
+        BackendKind::Cuda => Box::new(crate::backend::cuda::CudaBackend::create(
+            &config,
+            me,
+            n,
+            &pids,
+            boot.as_ref(),
+        )?),
     };
     let peers = pids
         .iter()

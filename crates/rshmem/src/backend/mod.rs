@@ -4,6 +4,7 @@
 //! teams, collectives, MoE dispatch) is backend-independent. Offsets handed to a backend are
 //! already checked against the heap and the object by the caller.
 
+pub mod cuda;
 pub(crate) mod shm;
 
 use crate::config::BackendKind;
@@ -36,4 +37,8 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     fn fence(&self);
     /// Completes every outstanding operation of this PE.
     fn quiet(&self) -> Result<()>;
+    /// The CUDA backend, when this is it (for the CUDA-specific public API).
+    fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
+        None
+    }
 }

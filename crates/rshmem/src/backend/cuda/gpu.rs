@@ -1,0 +1,387 @@
+//! Safe types above the FFI: one [`Gpu`] per device ordinal (its retained primary context),
+//! a guard that makes a GPU's context current for the duration of a call, owned streams,
+//! device buffers and loaded modules.
+//!
+//! Every call that touches a GPU takes a [`CtxGuard`] for the GPU it means, so nothing depends on
+//! which context happens to be current on the calling thread (seed 000's bug class), and the
+//! caller's own current context is restored afterwards.
+
+use super::ffi::{self, check, cu};
+use crate::error::Result;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// One GPU of this process: its device handle and retained primary context.
+#[derive(Debug)]
+pub(crate) struct Gpu {
+    pub ordinal: usize,
+    pub dev: cu::CUdevice,
+    pub ctx: cu::CUcontext,
+}
+
+// SAFETY: a CUcontext and CUdevice are process-wide handles usable from any thread.
+unsafe impl Send for Gpu {}
+// SAFETY: as for Send; the handles are never mutated.
+unsafe impl Sync for Gpu {}
+
+/// Number of GPUs visible to this process.
+pub(crate) fn device_count() -> Result<usize> {
+    ffi::driver()?;
+    let mut n = 0;
+    // SAFETY: writes one int.
+    check(unsafe { cu::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")?;
+    Ok(n.max(0) as usize)
+}
+
+/// The process-wide `Gpu` of `ordinal` (created on first use, kept for the process's life).
+pub(crate) fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
+    static GPUS: OnceLock<Mutex<HashMap<usize, Arc<Gpu>>>> = OnceLock::new();
+    let n = device_count()?;
+    if ordinal >= n {
+        return Err(ffi::err(format!(
+            "GPU {ordinal} does not exist: this process sees {n} GPU(s)"
+        )));
+    }
+    let mut map = GPUS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(g) = map.get(&ordinal) {
+        return Ok(g.clone());
+    }
+    let mut dev = 0;
+    // SAFETY: ordinal < device count; writes one handle.
+    check(
+        unsafe { cu::cuDeviceGet(&mut dev, ordinal as i32) },
+        "cuDeviceGet",
+    )?;
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: valid device; the primary context is retained for the process's life.
+    check(
+        unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
+        "cuDevicePrimaryCtxRetain",
+    )?;
+    let g = Arc::new(Gpu { ordinal, dev, ctx });
+    map.insert(ordinal, g.clone());
+    Ok(g)
+}
+
+/// Makes a GPU's context current on this thread until dropped (then the previous one returns).
+pub(crate) struct CtxGuard(());
+
+impl Gpu {
+    /// Pushes this GPU's context; popped when the guard drops.
+    pub fn bind(&self) -> Result<CtxGuard> {
+        // SAFETY: a retained, live primary context.
+        check(
+            unsafe { cu::cuCtxPushCurrent_v2(self.ctx) },
+            "cuCtxPushCurrent",
+        )?;
+        Ok(CtxGuard(()))
+    }
+
+    /// A device attribute (−1 when the driver does not know it).
+    pub fn attr(&self, a: cu::CUdevice_attribute) -> i32 {
+        let mut v = -1;
+        // SAFETY: writes one int; an unknown attribute returns an error and leaves -1.
+        let _ = unsafe { cu::cuDeviceGetAttribute(&mut v, a, self.dev) };
+        v
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> String {
+        let mut b = [0 as std::ffi::c_char; 256];
+        // SAFETY: the buffer holds 256 bytes, the driver writes a NUL-terminated name.
+        let r = unsafe { cu::cuDeviceGetName(b.as_mut_ptr(), 256, self.dev) };
+        if r != cu::CUresult::CUDA_SUCCESS {
+            return String::from("?");
+        }
+        // SAFETY: NUL-terminated within the buffer.
+        unsafe { std::ffi::CStr::from_ptr(b.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// (major, minor) compute capability.
+    pub fn cc(&self) -> (i32, i32) {
+        use cu::CUdevice_attribute::*;
+        (
+            self.attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            self.attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        )
+    }
+
+    /// `sm_XY` of this GPU.
+    pub fn arch(&self) -> String {
+        let (a, b) = self.cc();
+        format!("sm_{a}{b}")
+    }
+
+    /// Number of SMs.
+    pub fn sms(&self) -> usize {
+        self.attr(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .max(1) as usize
+    }
+
+    /// Enables access from this GPU's context to `peer`'s memory (idempotent).
+    pub fn enable_peer(&self, peer: &Gpu) -> Result<()> {
+        if peer.ordinal == self.ordinal {
+            return Ok(());
+        }
+        let _g = self.bind()?;
+        // SAFETY: both contexts are live.
+        let r = unsafe { cu::cuCtxEnablePeerAccess(peer.ctx, 0) };
+        if r == cu::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        check(r, "cuCtxEnablePeerAccess")
+    }
+
+    /// Whether this GPU can access `peer`'s memory, and whether peer atomics are native.
+    pub fn peer_caps(&self, peer: &Gpu) -> (bool, bool) {
+        if peer.ordinal == self.ordinal {
+            return (true, true);
+        }
+        let mut can = 0;
+        let mut atom = 0;
+        // SAFETY: write one int each.
+        unsafe {
+            let _ = cu::cuDeviceCanAccessPeer(&mut can, self.dev, peer.dev);
+            let _ = cu::cuDeviceGetP2PAttribute(
+                &mut atom,
+                cu::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+                self.dev,
+                peer.dev,
+            );
+        }
+        (can != 0, atom != 0)
+    }
+}
+
+impl Drop for CtxGuard {
+    fn drop(&mut self) {
+        let mut old = std::ptr::null_mut();
+        // SAFETY: pops the context pushed by `bind` on this thread.
+        let _ = unsafe { cu::cuCtxPopCurrent_v2(&mut old) };
+    }
+}
+
+/// A stream owned by rshmem (destroyed on drop) or borrowed from the caller.
+#[derive(Debug)]
+pub(crate) struct RawStream {
+    pub gpu: Arc<Gpu>,
+    pub raw: cu::CUstream,
+    pub owned: bool,
+}
+
+// SAFETY: CUstream handles may be used from any thread; calls on it are serialised by the driver.
+unsafe impl Send for RawStream {}
+// SAFETY: as for Send.
+unsafe impl Sync for RawStream {}
+
+impl RawStream {
+    pub fn new(gpu: &Arc<Gpu>) -> Result<RawStream> {
+        let _g = gpu.bind()?;
+        let mut s = std::ptr::null_mut();
+        // SAFETY: the GPU's context is current; writes one handle.
+        check(
+            unsafe {
+                cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+            },
+            "cuStreamCreate",
+        )?;
+        Ok(RawStream {
+            gpu: gpu.clone(),
+            raw: s,
+            owned: true,
+        })
+    }
+    pub fn sync(&self) -> Result<()> {
+        let _g = self.gpu.bind()?;
+        // SAFETY: a live stream.
+        check(
+            unsafe { cu::cuStreamSynchronize(self.raw) },
+            "cuStreamSynchronize",
+        )
+    }
+}
+
+impl Drop for RawStream {
+    fn drop(&mut self) {
+        if self.owned {
+            if let Ok(_g) = self.gpu.bind() {
+                // SAFETY: a stream this object created; nothing uses it after drop.
+                let _ = unsafe { cu::cuStreamDestroy_v2(self.raw) };
+            }
+        }
+    }
+}
+
+/// A device buffer of this GPU (`cuMemAlloc`), freed on drop.
+#[derive(Debug)]
+pub(crate) struct DevBuf {
+    pub gpu: Arc<Gpu>,
+    pub ptr: u64,
+}
+
+impl DevBuf {
+    pub fn zeroed(gpu: &Arc<Gpu>, bytes: usize) -> Result<DevBuf> {
+        let _g = gpu.bind()?;
+        let mut p = 0;
+        // SAFETY: context current; writes one pointer.
+        check(
+            unsafe { cu::cuMemAlloc_v2(&mut p, bytes.max(1)) },
+            "cuMemAlloc",
+        )?;
+        // SAFETY: p is a fresh allocation of at least `bytes`.
+        let r = check(unsafe { cu::cuMemsetD8_v2(p, 0, bytes) }, "cuMemsetD8");
+        if let Err(e) = r {
+            // SAFETY: frees what was just allocated.
+            let _ = unsafe { cu::cuMemFree_v2(p) };
+            return Err(e);
+        }
+        Ok(DevBuf {
+            gpu: gpu.clone(),
+            ptr: p,
+        })
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if let Ok(_g) = self.gpu.bind() {
+            // SAFETY: allocated by `zeroed`, freed once.
+            let _ = unsafe { cu::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+/// A module loaded into one GPU's context (never unloaded: kernels may be in graphs).
+#[derive(Debug)]
+pub(crate) struct Module {
+    pub gpu: Arc<Gpu>,
+    pub raw: cu::CUmodule,
+}
+
+// SAFETY: module and function handles are process-wide and immutable once loaded.
+unsafe impl Send for Module {}
+// SAFETY: as for Send.
+unsafe impl Sync for Module {}
+
+/// A kernel of a loaded module.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Func(pub cu::CUfunction);
+// SAFETY: function handles are immutable process-wide handles.
+unsafe impl Send for Func {}
+// SAFETY: as for Send.
+unsafe impl Sync for Func {}
+
+impl Module {
+    pub fn load(gpu: &Arc<Gpu>, cubin: &[u8]) -> Result<Module> {
+        let _g = gpu.bind()?;
+        let mut m = std::ptr::null_mut();
+        // SAFETY: the image is a complete cubin produced by NVRTC; the driver copies it.
+        check(
+            unsafe { cu::cuModuleLoadData(&mut m, cubin.as_ptr() as *const _) },
+            "cuModuleLoadData",
+        )?;
+        let m = Module {
+            gpu: gpu.clone(),
+            raw: m,
+        };
+        m.load_all()?;
+        Ok(m)
+    }
+
+    /// Loads every kernel of the module now. Under lazy loading (the driver's default) a kernel
+    /// is otherwise loaded at first use, which waits for kernels running on the GPU: with two
+    /// PEs sharing a GPU, one PE's waiting kernel would then block the other's first launch.
+    fn load_all(&self) -> Result<()> {
+        for s in [
+            "cuModuleGetFunctionCount",
+            "cuModuleEnumerateFunctions",
+            "cuFuncLoad",
+        ] {
+            if !ffi::has_driver_symbol(s) {
+                return Ok(());
+            }
+        }
+        let mut n = 0u32;
+        // SAFETY: live module (context bound by the caller); writes one count.
+        check(
+            unsafe { cu::cuModuleGetFunctionCount(&mut n, self.raw) },
+            "cuModuleGetFunctionCount",
+        )?;
+        let mut fs = vec![std::ptr::null_mut(); n as usize];
+        // SAFETY: the buffer holds n handles.
+        check(
+            unsafe { cu::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, self.raw) },
+            "cuModuleEnumerateFunctions",
+        )?;
+        for f in fs {
+            // SAFETY: a function of this module.
+            check(unsafe { cu::cuFuncLoad(f) }, "cuFuncLoad")?;
+        }
+        Ok(())
+    }
+    pub fn func(&self, name: &str) -> Result<Func> {
+        let c = CString::new(name).map_err(|_| ffi::err("kernel name contains NUL"))?;
+        let _g = self.gpu.bind()?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: live module, NUL-terminated name.
+        check(
+            unsafe { cu::cuModuleGetFunction(&mut f, self.raw, c.as_ptr()) },
+            &format!("cuModuleGetFunction({name})"),
+        )?;
+        Ok(Func(f))
+    }
+    /// Address and size of a global symbol.
+    pub fn global(&self, name: &str) -> Result<(u64, usize)> {
+        let c = CString::new(name).map_err(|_| ffi::err("symbol name contains NUL"))?;
+        let _g = self.gpu.bind()?;
+        let mut p = 0;
+        let mut n = 0;
+        // SAFETY: live module, NUL-terminated name.
+        check(
+            unsafe { cu::cuModuleGetGlobal_v2(&mut p, &mut n, self.raw, c.as_ptr()) },
+            &format!("cuModuleGetGlobal({name})"),
+        )?;
+        Ok((p, n))
+    }
+}
+
+/// Launches `f` on `stream` with `params` (pointers to each argument's value).
+///
+/// # Safety
+/// `params` must match the kernel's parameter list in number, order and size, and every pointer
+/// argument must be valid for what the kernel does with it.
+pub(crate) unsafe fn launch(
+    stream: &RawStream,
+    f: Func,
+    grid: u32,
+    block: u32,
+    shmem: u32,
+    params: &mut [*mut std::ffi::c_void],
+) -> Result<()> {
+    let _g = stream.gpu.bind()?;
+    // SAFETY: upheld by the caller.
+    check(
+        unsafe {
+            cu::cuLaunchKernel(
+                f.0,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                shmem,
+                stream.raw,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        "cuLaunchKernel",
+    )
+}

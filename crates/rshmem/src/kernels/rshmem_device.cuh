@@ -1,0 +1,523 @@
+// rshmem device API: one-sided communication from inside CUDA kernels.
+//
+// Compiled at run time by NVRTC (rshmem prepends this header to user source). It needs no CUDA
+// header: f16 and bf16 are 16-bit storage types with PTX conversions. Symmetric pointers are this
+// PE's own addresses of symmetric objects (what rshmem passes for a `Sym` kernel argument); the
+// API translates them to a peer's copy with the base addresses in `rshmem_dstate`, which rshmem
+// fills per module per GPU after loading.
+#ifndef RSHMEM_DEVICE_CUH
+#define RSHMEM_DEVICE_CUH
+
+#define RSHMEM_MAX_PES 64
+#define RSHMEM_MAX_TEAMS 64
+// Team slot reserved for rshmem's stream barrier.
+#define RSHMEM_STREAM_SLOT (RSHMEM_MAX_TEAMS - 1)
+// Layout of the sync area after each PE's heap, in 64-bit words.
+#define RSHMEM_SYNC_BAR 0
+#define RSHMEM_SYNC_EXP (RSHMEM_MAX_TEAMS * RSHMEM_MAX_PES)
+#define RSHMEM_SYNC_ERR (2 * RSHMEM_MAX_TEAMS * RSHMEM_MAX_PES)
+#define RSHMEM_SYNC_SCRATCH (RSHMEM_SYNC_ERR + 8)
+#define RSHMEM_SYNC_WORDS (RSHMEM_SYNC_SCRATCH + 8)
+#define RSHMEM_ERR_TIMEOUT 1ull
+
+// Comparisons (same order as rshmem::Cmp) and signal operations (rshmem::SignalOp).
+#define RSHMEM_CMP_EQ 0
+#define RSHMEM_CMP_NE 1
+#define RSHMEM_CMP_GT 2
+#define RSHMEM_CMP_GE 3
+#define RSHMEM_CMP_LT 4
+#define RSHMEM_CMP_LE 5
+#define RSHMEM_SIGNAL_SET 0
+#define RSHMEM_SIGNAL_ADD 1
+
+typedef unsigned long long rshmem_u64;
+typedef unsigned long long size_t_rshmem;
+
+struct rshmem_state {
+    rshmem_u64 base[RSHMEM_MAX_PES];  // each PE's heap base, as mapped on this GPU
+    rshmem_u64 heap_size;             // user heap bytes (the sync area follows)
+    rshmem_u64 timeout_ns;            // device waits give up after this and flag an error
+    int my_pe;
+    int n_pes;
+};
+
+// A team as kernels see it: a strided set of world PEs with its barrier slot.
+struct rshmem_team {
+    int slot;
+    int my_index;
+    int size;
+    int start;
+    int stride;
+};
+
+__constant__ rshmem_state rshmem_dstate;
+
+struct __align__(2) rshmem_half { unsigned short bits; };
+struct __align__(2) rshmem_bfloat16 { unsigned short bits; };
+
+__device__ __forceinline__ float rshmem_half_to_float(rshmem_half h) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits)); return f;
+}
+__device__ __forceinline__ rshmem_half rshmem_float_to_half(float f) {
+    rshmem_half h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f)); return h;
+}
+__device__ __forceinline__ float rshmem_bfloat16_to_float(rshmem_bfloat16 h) {
+    return __int_as_float(((unsigned)h.bits) << 16);
+}
+__device__ __forceinline__ rshmem_bfloat16 rshmem_float_to_bfloat16(float f) {
+    rshmem_bfloat16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f)); return h;
+}
+
+// ----- basics -----
+
+__device__ __forceinline__ int rshmem_my_pe() { return rshmem_dstate.my_pe; }
+__device__ __forceinline__ int rshmem_n_pes() { return rshmem_dstate.n_pes; }
+__device__ __forceinline__ rshmem_team rshmem_team_world() {
+    rshmem_team t; t.slot = 0; t.my_index = rshmem_dstate.my_pe; t.size = rshmem_dstate.n_pes;
+    t.start = 0; t.stride = 1; return t;
+}
+
+// The address of `local` (a symmetric address of this PE) in PE `pe`'s copy.
+__device__ __forceinline__ void* rshmem_ptr(const void* local, int pe) {
+    rshmem_u64 off = (rshmem_u64)local - rshmem_dstate.base[rshmem_dstate.my_pe];
+    return (void*)(rshmem_dstate.base[pe] + off);
+}
+
+__device__ __forceinline__ rshmem_u64* rshmemi_sync(int pe) {
+    return (rshmem_u64*)(rshmem_dstate.base[pe] + rshmem_dstate.heap_size);
+}
+
+__device__ __forceinline__ rshmem_u64 rshmemi_now() {
+    rshmem_u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+
+__device__ __forceinline__ rshmem_u64 rshmemi_ld_acquire(const rshmem_u64* p) {
+    rshmem_u64 v; asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v;
+}
+__device__ __forceinline__ unsigned rshmemi_ld_acquire32(const unsigned* p) {
+    unsigned v; asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;
+}
+__device__ __forceinline__ void rshmemi_st_release(rshmem_u64* p, rshmem_u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void rshmemi_st_release32(unsigned* p, unsigned v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void rshmemi_red_add_release(rshmem_u64* p, rshmem_u64 v) {
+    asm volatile("red.release.sys.global.add.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+
+// Orders this thread's earlier puts and atomics before its later ones (to every PE).
+__device__ __forceinline__ void rshmem_fence() { asm volatile("fence.sc.sys;" ::: "memory"); }
+// Completes this thread's earlier puts: on NVLink stores are complete once ordered system-wide.
+__device__ __forceinline__ void rshmem_quiet() { asm volatile("fence.sc.sys;" ::: "memory"); }
+
+__device__ __forceinline__ bool rshmemi_cmp(rshmem_u64 a, int cmp, rshmem_u64 b) {
+    switch (cmp) {
+    case RSHMEM_CMP_EQ: return a == b;
+    case RSHMEM_CMP_NE: return a != b;
+    case RSHMEM_CMP_GT: return a > b;
+    case RSHMEM_CMP_GE: return a >= b;
+    case RSHMEM_CMP_LT: return a < b;
+    default: return a <= b;
+    }
+}
+
+__device__ __forceinline__ void rshmemi_flag_timeout() {
+    atomicOr((unsigned long long*)(rshmemi_sync(rshmem_dstate.my_pe) + RSHMEM_SYNC_ERR), RSHMEM_ERR_TIMEOUT);
+}
+
+__device__ __forceinline__ rshmem_u64 rshmemi_ld_relaxed(const rshmem_u64* p) {
+    rshmem_u64 v; asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v;
+}
+
+// How device waits poll (a compile option, measured by the benchmarks): 0 polls with
+// acquire loads; 1 polls with relaxed loads and ends with an acquire fence.
+#ifndef RSHMEMI_WAIT_FENCE
+#define RSHMEMI_WAIT_FENCE 0
+#endif
+
+// Waits until the 64-bit word at `p` (this PE's memory) compares true; gives up after the
+// configured timeout (flagging an error the host reports). What the signaller wrote before its
+// release is visible after the wait. Returns the value last seen.
+__device__ __forceinline__ rshmem_u64 rshmemi_wait64(const rshmem_u64* p, int cmp, rshmem_u64 v) {
+#if RSHMEMI_WAIT_FENCE
+#define RSHMEMI_POLL rshmemi_ld_relaxed
+#else
+#define RSHMEMI_POLL rshmemi_ld_acquire
+#endif
+    rshmem_u64 x = RSHMEMI_POLL(p);
+    if (!rshmemi_cmp(x, cmp, v)) {
+        // After a timeout on this PE, later waits give up at once: the kernel drains instead
+        // of waiting a full timeout per wait; the host reports the error.
+        if (*(volatile rshmem_u64*)(rshmemi_sync(rshmem_dstate.my_pe) + RSHMEM_SYNC_ERR)) return x;
+        rshmem_u64 t0 = rshmemi_now();
+        unsigned spins = 0;
+        while (!rshmemi_cmp(x = RSHMEMI_POLL(p), cmp, v)) {
+            if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout();
+                break;
+            }
+        }
+    }
+#undef RSHMEMI_POLL
+#if RSHMEMI_WAIT_FENCE
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+#endif
+    return x;
+}
+
+// ----- bulk copies: `tid` of `nth` threads cooperate -----
+
+#define RSHMEMI_COPY_W(T, d, s, n, tid, nth)                               \
+    {                                                                     \
+        T* dd = (T*)(d); const T* ss = (const T*)(s);                     \
+        size_t_rshmem m = (n) / sizeof(T);                                \
+        for (size_t_rshmem i = (tid); i < m; i += (nth)) dd[i] = ss[i];   \
+        size_t_rshmem done = m * sizeof(T);                               \
+        for (size_t_rshmem i = done + (tid); i < (n); i += (nth))         \
+            ((char*)(d))[i] = ((const char*)(s))[i];                      \
+    }
+
+struct __align__(16) rshmemi_v4 { unsigned a, b, c, d; };
+
+// 16-byte path: four loads in flight per thread before their stores.
+__device__ __forceinline__ void rshmemi_copy16(rshmemi_v4* d, const rshmemi_v4* s, size_t_rshmem m,
+                                               unsigned tid, unsigned nth) {
+    size_t_rshmem i = tid;
+    for (; i + 3 * (size_t_rshmem)nth < m; i += 4 * (size_t_rshmem)nth) {
+        rshmemi_v4 a = s[i], b = s[i + nth], c = s[i + 2 * nth], e = s[i + 3 * nth];
+        d[i] = a; d[i + nth] = b; d[i + 2 * nth] = c; d[i + 3 * nth] = e;
+    }
+    for (; i < m; i += nth) d[i] = s[i];
+}
+
+__device__ __forceinline__ void rshmemi_copy(void* d, const void* s, size_t_rshmem n, unsigned tid, unsigned nth) {
+    rshmem_u64 a = (rshmem_u64)d | (rshmem_u64)s;
+    if ((a & 15) == 0 && n >= 16) {
+        size_t_rshmem done = (n / 16) * 16;
+        rshmemi_copy16((rshmemi_v4*)d, (const rshmemi_v4*)s, n / 16, tid, nth);
+        if (done == n) return;
+        d = (char*)d + done;
+        s = (const char*)s + done;
+        n -= done;
+        a = (rshmem_u64)d | (rshmem_u64)s;  // still 16-aligned: the rest goes 8 bytes wide
+    }
+    if ((a & 7) == 0) RSHMEMI_COPY_W(rshmem_u64, d, s, n, tid, nth)
+    else if ((a & 3) == 0) RSHMEMI_COPY_W(unsigned, d, s, n, tid, nth)
+    else if ((a & 1) == 0) RSHMEMI_COPY_W(unsigned short, d, s, n, tid, nth)
+    else RSHMEMI_COPY_W(unsigned char, d, s, n, tid, nth)
+}
+
+__device__ __forceinline__ unsigned rshmemi_tid() {
+    return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+__device__ __forceinline__ unsigned rshmemi_nthreads() { return blockDim.x * blockDim.y * blockDim.z; }
+// Lane and width of the calling warp (the last warp of a block may be partial).
+__device__ __forceinline__ unsigned rshmemi_lane() { return rshmemi_tid() & 31; }
+__device__ __forceinline__ unsigned rshmemi_warp_width() {
+    unsigned first = rshmemi_tid() & ~31u, n = rshmemi_nthreads();
+    return (n - first) < 32 ? (n - first) : 32;
+}
+__device__ __forceinline__ void rshmemi_syncwarp() {
+    unsigned w = rshmemi_warp_width();
+    __syncwarp(w == 32 ? 0xffffffffu : ((1u << w) - 1));
+}
+
+// ----- bulk copies by the tensor-memory accelerator (sm_90+) -----
+// One thread of the block drives a ring of shared-memory stages: bulk loads (global → shared,
+// completing on an mbarrier) and bulk stores (shared → global), two stores in flight. `d`, `s`
+// and `n` must be multiples of 16. Every thread of the block calls; returns when the stores are
+// complete.
+#define RSHMEMI_BULK_STAGES 4
+#define RSHMEMI_BULK_CHUNK 8192
+
+__device__ __forceinline__ unsigned rshmemi_smem(const void* p) {
+    unsigned a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a;
+}
+
+__device__ __forceinline__ void rshmemi_bulk_copy_block(void* d, const void* s, size_t_rshmem n) {
+#if __CUDA_ARCH__ >= 900
+    __shared__ __align__(128) char buf[RSHMEMI_BULK_STAGES][RSHMEMI_BULK_CHUNK];
+    __shared__ __align__(8) rshmem_u64 bar[RSHMEMI_BULK_STAGES];
+    if (rshmemi_tid() == 0 && n > 0) {
+        size_t_rshmem nch = (n + RSHMEMI_BULK_CHUNK - 1) / RSHMEMI_BULK_CHUNK;
+        for (int i = 0; i < RSHMEMI_BULK_STAGES; i++)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(rshmemi_smem(&bar[i])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        #define RSHMEMI_BULK_LOAD(k)                                                                  \
+        {                                                                                              \
+            size_t_rshmem k_ = (k), off_ = k_ * RSHMEMI_BULK_CHUNK;                                    \
+            unsigned len_ = (unsigned)((n - off_) < RSHMEMI_BULK_CHUNK ? (n - off_) : RSHMEMI_BULK_CHUNK); \
+            unsigned b_ = rshmemi_smem(&bar[k_ % RSHMEMI_BULK_STAGES]);                                \
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b_), "r"(len_) : "memory"); \
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" \
+                         :: "r"(rshmemi_smem(buf[k_ % RSHMEMI_BULK_STAGES])), "l"((const char*)s + off_), \
+                            "r"(len_), "r"(b_) : "memory");                                            \
+        }
+        for (size_t_rshmem k = 0; k < nch && k < RSHMEMI_BULK_STAGES; k++) RSHMEMI_BULK_LOAD(k)
+        for (size_t_rshmem k = 0; k < nch; k++) {
+            unsigned st = (unsigned)(k % RSHMEMI_BULK_STAGES), phase = (unsigned)((k / RSHMEMI_BULK_STAGES) & 1);
+            unsigned ok = 0;
+            do {
+                asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                             : "=r"(ok) : "r"(rshmemi_smem(&bar[st])), "r"(phase) : "memory");
+            } while (!ok);
+            size_t_rshmem off = k * RSHMEMI_BULK_CHUNK;
+            unsigned len = (unsigned)((n - off) < RSHMEMI_BULK_CHUNK ? (n - off) : RSHMEMI_BULK_CHUNK);
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                         :: "l"((char*)d + off), "r"(rshmemi_smem(buf[st])), "r"(len) : "memory");
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            if (k >= 1 && k - 1 + RSHMEMI_BULK_STAGES < nch) {
+                asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+                RSHMEMI_BULK_LOAD(k - 1 + RSHMEMI_BULK_STAGES)
+            }
+        }
+        #undef RSHMEMI_BULK_LOAD
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        for (int i = 0; i < RSHMEMI_BULK_STAGES; i++)
+            asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(rshmemi_smem(&bar[i])) : "memory");
+    }
+    __syncthreads();
+#else
+    rshmemi_copy(d, s, n, rshmemi_tid(), rshmemi_nthreads());
+    __syncthreads();
+#endif
+}
+
+// ----- untyped put/get (bytes) -----
+// Thread scope: the calling thread copies. Warp scope: every thread of the warp calls with the
+// same arguments. Block scope: every thread of the block calls with the same arguments.
+// Blocking and non-blocking forms are equal on NVLink (stores are issued before return);
+// completion to the peer is ensured by rshmem_quiet or a barrier.
+
+__device__ __forceinline__ void rshmem_putmem_nbi(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmemi_copy(rshmem_ptr(dest, pe), src, n, 0, 1);
+}
+__device__ __forceinline__ void rshmem_putmem(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmem_putmem_nbi(dest, src, n, pe);
+}
+__device__ __forceinline__ void rshmem_getmem_nbi(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmemi_copy(dest, rshmem_ptr(src, pe), n, 0, 1);
+}
+__device__ __forceinline__ void rshmem_getmem(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmem_getmem_nbi(dest, src, n, pe);
+}
+__device__ __forceinline__ void rshmem_putmem_nbi_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmemi_copy(rshmem_ptr(dest, pe), src, n, rshmemi_lane(), rshmemi_warp_width());
+    rshmemi_syncwarp();
+}
+__device__ __forceinline__ void rshmem_putmem_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmem_putmem_nbi_warp(dest, src, n, pe);
+}
+__device__ __forceinline__ void rshmem_getmem_nbi_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmemi_copy(dest, rshmem_ptr(src, pe), n, rshmemi_lane(), rshmemi_warp_width());
+    rshmemi_syncwarp();
+}
+__device__ __forceinline__ void rshmem_getmem_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmem_getmem_nbi_warp(dest, src, n, pe);
+}
+__device__ __forceinline__ void rshmem_putmem_nbi_block(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmemi_copy(rshmem_ptr(dest, pe), src, n, rshmemi_tid(), rshmemi_nthreads());
+    __syncthreads();
+}
+__device__ __forceinline__ void rshmem_putmem_block(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmem_putmem_nbi_block(dest, src, n, pe);
+}
+__device__ __forceinline__ void rshmem_getmem_nbi_block(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmemi_copy(dest, rshmem_ptr(src, pe), n, rshmemi_tid(), rshmemi_nthreads());
+    __syncthreads();
+}
+__device__ __forceinline__ void rshmem_getmem_block(void* dest, const void* src, size_t_rshmem n, int pe) {
+    rshmem_getmem_nbi_block(dest, src, n, pe);
+}
+
+// ----- signals -----
+
+// Updates PE `pe`'s signal word `sig` (set or add) with release semantics: whoever sees the
+// new value also sees everything this thread wrote before.
+// Signal store (a compile option, measured by the benchmarks): 0 release store/reduction;
+// 1 fence.acq_rel.sys then relaxed; 2 fence.sc.sys then relaxed.
+#ifndef RSHMEMI_SIGNAL_MODE
+#define RSHMEMI_SIGNAL_MODE 0
+#endif
+__device__ __forceinline__ void rshmem_signal_op(rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    rshmem_u64* r = (rshmem_u64*)rshmem_ptr(sig, pe);
+#if RSHMEMI_SIGNAL_MODE == 0
+    if (op == RSHMEM_SIGNAL_ADD) rshmemi_red_add_release(r, value);
+    else rshmemi_st_release(r, value);
+#else
+#if RSHMEMI_SIGNAL_MODE == 1
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+#else
+    asm volatile("fence.sc.sys;" ::: "memory");
+#endif
+    if (op == RSHMEM_SIGNAL_ADD)
+        asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" :: "l"(r), "l"(value) : "memory");
+    else
+        asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(r), "l"(value) : "memory");
+#endif
+}
+// As rshmem_signal_op after a warp or block barrier: a full system fence first makes the
+// writes of every thread that met at the barrier visible before the signal.
+__device__ __forceinline__ void rshmemi_signal_op_collective(rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    asm volatile("fence.sc.sys;" ::: "memory");
+    rshmem_signal_op(sig, value, op, pe);
+}
+__device__ __forceinline__ rshmem_u64 rshmem_signal_fetch(const rshmem_u64* sig) {
+    return rshmemi_ld_acquire(sig);
+}
+// Waits until this PE's `sig` compares true against `value`; returns the value seen.
+__device__ __forceinline__ rshmem_u64 rshmem_signal_wait_until(const rshmem_u64* sig, int cmp, rshmem_u64 value) {
+    return rshmemi_wait64(sig, cmp, value);
+}
+__device__ __forceinline__ void rshmem_putmem_signal(void* dest, const void* src, size_t_rshmem n,
+                                                     rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    rshmem_putmem(dest, src, n, pe);
+    rshmem_signal_op(sig, value, op, pe);
+}
+__device__ __forceinline__ void rshmem_putmem_signal_nbi(void* dest, const void* src, size_t_rshmem n,
+                                                         rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    rshmem_putmem_signal(dest, src, n, sig, value, op, pe);
+}
+__device__ __forceinline__ void rshmem_putmem_signal_warp(void* dest, const void* src, size_t_rshmem n,
+                                                          rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    rshmem_putmem_nbi_warp(dest, src, n, pe);
+    if (rshmemi_lane() == 0) rshmemi_signal_op_collective(sig, value, op, pe);
+    rshmemi_syncwarp();
+}
+__device__ __forceinline__ void rshmem_putmem_signal_block(void* dest, const void* src, size_t_rshmem n,
+                                                           rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    rshmem_putmem_nbi_block(dest, src, n, pe);
+    if (rshmemi_tid() == 0) rshmemi_signal_op_collective(sig, value, op, pe);
+    __syncthreads();
+}
+
+// ----- typed one-sided operations: one list of types, every form generated -----
+
+#define RSHMEM_FOR_EACH_TYPE(X)                                         \
+    X(int8, signed char) X(int16, short) X(int32, int) X(int64, long long) \
+    X(uint8, unsigned char) X(uint16, unsigned short) X(uint32, unsigned int) \
+    X(uint64, unsigned long long) X(half, rshmem_half) X(bfloat16, rshmem_bfloat16) \
+    X(float, float) X(double, double)
+
+// Single-element volatile store/load through an integer of the same size (works for the 16-bit
+// storage types too).
+template <typename T, int N> struct rshmemi_bits;
+template <typename T> struct rshmemi_bits<T, 1> { typedef unsigned char U; };
+template <typename T> struct rshmemi_bits<T, 2> { typedef unsigned short U; };
+template <typename T> struct rshmemi_bits<T, 4> { typedef unsigned int U; };
+template <typename T> struct rshmemi_bits<T, 8> { typedef unsigned long long U; };
+template <typename T> __device__ __forceinline__ void rshmemi_vst(T* p, T v) {
+    typedef typename rshmemi_bits<T, sizeof(T)>::U U;
+    *(volatile U*)p = *(U*)&v;
+}
+template <typename T> __device__ __forceinline__ T rshmemi_vld(const T* p) {
+    typedef typename rshmemi_bits<T, sizeof(T)>::U U;
+    U u = *(const volatile U*)p;
+    return *(T*)&u;
+}
+
+#define RSHMEMI_TYPED(NAME, T)                                                                     \
+    __device__ __forceinline__ void rshmem_##NAME##_put(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_putmem(d, s, n * sizeof(T), pe); }                                                     \
+    __device__ __forceinline__ void rshmem_##NAME##_put_nbi(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_putmem_nbi(d, s, n * sizeof(T), pe); }                                                 \
+    __device__ __forceinline__ void rshmem_##NAME##_put_warp(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_putmem_warp(d, s, n * sizeof(T), pe); }                                                \
+    __device__ __forceinline__ void rshmem_##NAME##_put_nbi_warp(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_putmem_nbi_warp(d, s, n * sizeof(T), pe); }                                            \
+    __device__ __forceinline__ void rshmem_##NAME##_put_block(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_putmem_block(d, s, n * sizeof(T), pe); }                                               \
+    __device__ __forceinline__ void rshmem_##NAME##_put_nbi_block(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_putmem_nbi_block(d, s, n * sizeof(T), pe); }                                           \
+    __device__ __forceinline__ void rshmem_##NAME##_get(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_getmem(d, s, n * sizeof(T), pe); }                                                     \
+    __device__ __forceinline__ void rshmem_##NAME##_get_nbi(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_getmem_nbi(d, s, n * sizeof(T), pe); }                                                 \
+    __device__ __forceinline__ void rshmem_##NAME##_get_warp(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_getmem_warp(d, s, n * sizeof(T), pe); }                                                \
+    __device__ __forceinline__ void rshmem_##NAME##_get_nbi_warp(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_getmem_nbi_warp(d, s, n * sizeof(T), pe); }                                            \
+    __device__ __forceinline__ void rshmem_##NAME##_get_block(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_getmem_block(d, s, n * sizeof(T), pe); }                                               \
+    __device__ __forceinline__ void rshmem_##NAME##_get_nbi_block(T* d, const T* s, size_t_rshmem n, int pe) \
+    { rshmem_getmem_nbi_block(d, s, n * sizeof(T), pe); }                                           \
+    __device__ __forceinline__ void rshmem_##NAME##_p(T* d, T v, int pe)                            \
+    { rshmemi_vst((T*)rshmem_ptr(d, pe), v); }                                                       \
+    __device__ __forceinline__ T rshmem_##NAME##_g(const T* s, int pe)                              \
+    { return rshmemi_vld((const T*)rshmem_ptr(s, pe)); }                                             \
+    __device__ __forceinline__ void rshmem_##NAME##_put_signal(T* d, const T* s, size_t_rshmem n,   \
+        rshmem_u64* sig, rshmem_u64 value, int op, int pe)                                          \
+    { rshmem_putmem_signal(d, s, n * sizeof(T), sig, value, op, pe); }                              \
+    __device__ __forceinline__ void rshmem_##NAME##_put_signal_warp(T* d, const T* s, size_t_rshmem n, \
+        rshmem_u64* sig, rshmem_u64 value, int op, int pe)                                          \
+    { rshmem_putmem_signal_warp(d, s, n * sizeof(T), sig, value, op, pe); }                         \
+    __device__ __forceinline__ void rshmem_##NAME##_put_signal_block(T* d, const T* s, size_t_rshmem n, \
+        rshmem_u64* sig, rshmem_u64 value, int op, int pe)                                          \
+    { rshmem_putmem_signal_block(d, s, n * sizeof(T), sig, value, op, pe); }
+
+RSHMEM_FOR_EACH_TYPE(RSHMEMI_TYPED)
+
+// ----- atomics (32- and 64-bit, system scope, on a peer's copy) -----
+// U is the unsigned type of the same width the hardware operation works on.
+
+#define RSHMEM_FOR_EACH_AMO_TYPE(X) \
+    X(int32, int, unsigned int) X(uint32, unsigned int, unsigned int) \
+    X(int64, long long, unsigned long long) X(uint64, unsigned long long, unsigned long long)
+
+#define RSHMEMI_AMO(NAME, T, U)                                                                     \
+    __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_add(T* d, T v, int pe)                \
+    { return (T)atomicAdd_system((U*)rshmem_ptr(d, pe), (U)v); }                                    \
+    __device__ __forceinline__ void rshmem_##NAME##_atomic_add(T* d, T v, int pe)                   \
+    { atomicAdd_system((U*)rshmem_ptr(d, pe), (U)v); }                                              \
+    __device__ __forceinline__ T rshmem_##NAME##_atomic_swap(T* d, T v, int pe)                     \
+    { return (T)atomicExch_system((U*)rshmem_ptr(d, pe), (U)v); }                                   \
+    __device__ __forceinline__ T rshmem_##NAME##_atomic_compare_swap(T* d, T cond, T v, int pe)     \
+    { return (T)atomicCAS_system((U*)rshmem_ptr(d, pe), (U)cond, (U)v); }                           \
+    __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_and(T* d, T v, int pe)                \
+    { return (T)atomicAnd_system((U*)rshmem_ptr(d, pe), (U)v); }                                    \
+    __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_or(T* d, T v, int pe)                 \
+    { return (T)atomicOr_system((U*)rshmem_ptr(d, pe), (U)v); }                                     \
+    __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_xor(T* d, T v, int pe)                \
+    { return (T)atomicXor_system((U*)rshmem_ptr(d, pe), (U)v); }                                    \
+    __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch(const T* d, int pe)                   \
+    { return (T)atomicOr_system((U*)rshmem_ptr(d, pe), (U)0); }                                     \
+    __device__ __forceinline__ void rshmem_##NAME##_atomic_set(T* d, T v, int pe)                   \
+    { atomicExch_system((U*)rshmem_ptr(d, pe), (U)v); }
+
+RSHMEM_FOR_EACH_AMO_TYPE(RSHMEMI_AMO)
+
+// ----- barriers (block scope: every thread of one block per PE calls) -----
+
+// Synchronises the members of `team`: each member adds one to every member's counter for it,
+// then waits until its own counters reach the number of barriers it did with each member.
+__device__ __forceinline__ void rshmem_team_sync_block(rshmem_team team) {
+    __syncthreads();
+    int me = rshmem_dstate.my_pe;
+    rshmem_u64* mine = rshmemi_sync(me);
+    if (rshmemi_tid() == 0) asm volatile("fence.sc.sys;" ::: "memory");
+    __syncthreads();
+    for (int i = rshmemi_tid(); i < team.size; i += rshmemi_nthreads()) {
+        int pe = team.start + i * team.stride;
+        rshmemi_red_add_release(rshmemi_sync(pe) + RSHMEM_SYNC_BAR + team.slot * RSHMEM_MAX_PES + me, 1);
+    }
+    for (int i = rshmemi_tid(); i < team.size; i += rshmemi_nthreads()) {
+        int pe = team.start + i * team.stride;
+        rshmem_u64* exp = mine + RSHMEM_SYNC_EXP + team.slot * RSHMEM_MAX_PES + pe;
+        rshmem_u64 e = *exp + 1;
+        *exp = e;
+        rshmemi_wait64(mine + RSHMEM_SYNC_BAR + team.slot * RSHMEM_MAX_PES + pe, RSHMEM_CMP_GE, e);
+    }
+    __syncthreads();
+}
+// Barrier: completes this block's earlier puts (quiet), then synchronises the team.
+__device__ __forceinline__ void rshmem_team_barrier_block(rshmem_team team) {
+    rshmem_quiet();
+    rshmem_team_sync_block(team);
+}
+__device__ __forceinline__ void rshmem_barrier_all_block() { rshmem_team_barrier_block(rshmem_team_world()); }
+__device__ __forceinline__ void rshmem_sync_all_block() { rshmem_team_sync_block(rshmem_team_world()); }
+
+#endif // RSHMEM_DEVICE_CUH

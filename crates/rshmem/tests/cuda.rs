@@ -1,0 +1,967 @@
+//! CUDA backend tests. The first ones run everywhere (CI): NVRTC compiles every kernel and the
+//! header for sm_90, and a machine without a driver gets a clean error. The others need GPUs
+//! (`--include-ignored` on the GPU machine): thread mode, static and VMM heaps.
+
+mod harness;
+
+use rshmem::cuda::{self, CudaPe, KernelArg};
+use rshmem::{BackendKind, Cmp, Config, Elem, Error, HeapKind, Pe, Result, SignalOp};
+use std::time::Duration;
+
+/// Kernels the GPU tests launch, compiled with the device header; the CI test compiles them too.
+const TEST_KERNELS: &str = r#"
+// Every scope and form of put/get for one type. scope 0 thread, 1 warp, 2 block, 3 p/g.
+#define TEST_COPY(NAME, T)                                                                      \
+extern "C" __global__ void t_copy_##NAME(T* dst, const T* src, unsigned long long n, int pe,    \
+                                         int scope, int get, int nbi) {                         \
+    unsigned long long parts, part;                                                             \
+    unsigned tid = threadIdx.x;                                                                 \
+    if (scope == 3) {                                                                           \
+        for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + tid; i < n;   \
+             i += (unsigned long long)gridDim.x * blockDim.x) {                                 \
+            if (get) dst[i] = rshmem_##NAME##_g(src + i, pe);                                   \
+            else rshmem_##NAME##_p(dst + i, src[i], pe);                                        \
+        }                                                                                       \
+        return;                                                                                 \
+    }                                                                                           \
+    if (scope == 0) { parts = (unsigned long long)gridDim.x * blockDim.x;                       \
+                      part = blockIdx.x * (unsigned long long)blockDim.x + tid; }               \
+    else if (scope == 1) { unsigned wpb = (blockDim.x + 31) / 32; parts = gridDim.x * wpb;      \
+                           part = blockIdx.x * wpb + tid / 32; }                                \
+    else { parts = gridDim.x; part = blockIdx.x; }                                              \
+    unsigned long long per = (n + parts - 1) / parts, lo = part * per;                          \
+    unsigned long long len = lo < n ? (n - lo < per ? n - lo : per) : 0;                        \
+    if (lo > n) lo = n;                                                                         \
+    if (scope == 0) {                                                                           \
+        if (len == 0) return;                                                                   \
+        if (get) { if (nbi) rshmem_##NAME##_get_nbi(dst + lo, src + lo, len, pe);               \
+                   else rshmem_##NAME##_get(dst + lo, src + lo, len, pe); }                     \
+        else { if (nbi) rshmem_##NAME##_put_nbi(dst + lo, src + lo, len, pe);                   \
+               else rshmem_##NAME##_put(dst + lo, src + lo, len, pe); }                         \
+    } else if (scope == 1) {                                                                    \
+        if (get) { if (nbi) rshmem_##NAME##_get_nbi_warp(dst + lo, src + lo, len, pe);          \
+                   else rshmem_##NAME##_get_warp(dst + lo, src + lo, len, pe); }                \
+        else { if (nbi) rshmem_##NAME##_put_nbi_warp(dst + lo, src + lo, len, pe);              \
+               else rshmem_##NAME##_put_warp(dst + lo, src + lo, len, pe); }                    \
+    } else {                                                                                    \
+        if (get) { if (nbi) rshmem_##NAME##_get_nbi_block(dst + lo, src + lo, len, pe);         \
+                   else rshmem_##NAME##_get_block(dst + lo, src + lo, len, pe); }               \
+        else { if (nbi) rshmem_##NAME##_put_nbi_block(dst + lo, src + lo, len, pe);             \
+               else rshmem_##NAME##_put_block(dst + lo, src + lo, len, pe); }                   \
+    }                                                                                           \
+    rshmem_quiet();                                                                             \
+}
+RSHMEM_FOR_EACH_TYPE(TEST_COPY)
+
+// Atomic sequence on PE `pe`'s x[0] by one thread; old values into out[0..9].
+#define TEST_AMO(NAME, T, U)                                                                    \
+extern "C" __global__ void t_amo_seq_##NAME(T* x, T* out, int pe) {                             \
+    if (threadIdx.x | blockIdx.x) return;                                                       \
+    rshmem_##NAME##_atomic_set(x, (T)5, pe);                                                    \
+    out[0] = rshmem_##NAME##_atomic_fetch_add(x, (T)3, pe);                                     \
+    out[1] = rshmem_##NAME##_atomic_swap(x, (T)10, pe);                                         \
+    out[2] = rshmem_##NAME##_atomic_compare_swap(x, (T)10, (T)20, pe);                          \
+    out[3] = rshmem_##NAME##_atomic_compare_swap(x, (T)1, (T)30, pe);                           \
+    out[4] = rshmem_##NAME##_atomic_fetch_and(x, (T)12, pe);                                    \
+    out[5] = rshmem_##NAME##_atomic_fetch_or(x, (T)3, pe);                                      \
+    out[6] = rshmem_##NAME##_atomic_fetch_xor(x, (T)5, pe);                                     \
+    rshmem_##NAME##_atomic_add(x, (T)-1, pe);                                                   \
+    out[7] = rshmem_##NAME##_atomic_fetch(x, pe);                                               \
+}                                                                                               \
+extern "C" __global__ void t_amo_contend_##NAME(T* x, int pe, int iters) {                      \
+    for (int i = 0; i < iters; i++) rshmem_##NAME##_atomic_add(x, (T)1, pe);                    \
+}
+RSHMEM_FOR_EACH_AMO_TYPE(TEST_AMO)
+
+// PE 0 puts `n` u32 with a signal (block scope) to PE 1; PE 1 waits for it and copies what it
+// sees into `out` right after the wait (checks data-before-signal ordering).
+extern "C" __global__ void t_signal(unsigned* dst, const unsigned* src, unsigned long long n,
+                                   unsigned long long* sig, unsigned* out, int rounds) {
+    int me = rshmem_my_pe();
+    for (int r = 1; r <= rounds; r++) {
+        if (me == 0) {
+            for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) out[i] = src[i] + r;
+            __syncthreads();
+            rshmem_uint32_put_signal_block(dst, out, n, sig, 1, RSHMEM_SIGNAL_ADD, 1);
+            if (threadIdx.x == 0) rshmem_signal_wait_until(sig + 1, RSHMEM_CMP_GE, (unsigned long long)r);
+            __syncthreads();
+        } else if (me == 1) {
+            if (threadIdx.x == 0) rshmem_signal_wait_until(sig, RSHMEM_CMP_GE, (unsigned long long)r);
+            __syncthreads();
+            for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x)
+                out[(r - 1) * n + i] = ((volatile unsigned*)dst)[i];
+            __syncthreads();
+            if (threadIdx.x == 0) rshmem_signal_op(sig + 1, (unsigned long long)r, RSHMEM_SIGNAL_SET, 0);
+        }
+    }
+}
+
+// Rounds of: write my value into every PE's slot, barrier, read every slot, barrier.
+extern "C" __global__ void t_barrier(long long* slots, long long* out, int rounds, rshmem_team team) {
+    int me = rshmem_my_pe();
+    for (int r = 0; r < rounds; r++) {
+        for (int i = threadIdx.x; i < team.size; i += blockDim.x)
+            rshmem_int64_p(slots + me, (long long)r * 1000 + me, team.start + i * team.stride);
+        rshmem_team_barrier_block(team);
+        for (int i = threadIdx.x; i < team.size; i += blockDim.x) {
+            int pe = team.start + i * team.stride;
+            out[r * team.size + i] = ((volatile long long*)slots)[pe];
+        }
+        rshmem_team_sync_block(team);
+    }
+}
+
+// A kernel that uses every 16-bit conversion helper (compile check).
+extern "C" __global__ void t_conv(rshmem_half* h, rshmem_bfloat16* b, float* f) {
+    f[0] = rshmem_half_to_float(h[0]) + rshmem_bfloat16_to_float(b[0]);
+    h[1] = rshmem_float_to_half(f[1]);
+    b[1] = rshmem_float_to_bfloat16(f[1]);
+}
+"#;
+
+// ---------- CI tests (no GPU needed) ----------
+
+#[test]
+fn nvrtc_compiles_every_kernel() {
+    let ci = std::env::var_os("CI").is_some();
+    let srcs = [
+        (
+            "internal kernels",
+            cuda::nvrtc::with_header(cuda::nvrtc::INTERNAL_KERNELS),
+        ),
+        ("test kernels", cuda::nvrtc::with_header(TEST_KERNELS)),
+        ("header alone", cuda::nvrtc::with_header("")),
+    ];
+    for (what, src) in srcs {
+        match cuda::nvrtc::compile_uncached(&src, "sm_90", &[]) {
+            Ok(cubin) => assert!(cubin.len() > 100, "{what}: empty cubin"),
+            Err(e) => {
+                let missing = format!("{e}").contains("was not found");
+                if missing && !ci {
+                    eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
+                    return;
+                }
+                panic!("{what}: {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_pe_of_a_shm_world_is_an_error() {
+    let r = rshmem::threads_with(harness::config(), 2, |pe| match CudaPe::new(pe) {
+        Err(Error::Backend {
+            backend: "cuda", ..
+        }) => Ok(()),
+        other => Err(format!("expected a cuda backend error, got {other:?}")),
+    })
+    .unwrap();
+    for x in r {
+        x.unwrap();
+    }
+}
+
+fn driver_present() -> bool {
+    cuda::info().is_ok()
+}
+
+#[test]
+fn no_driver_gives_a_backend_error() {
+    if driver_present() {
+        return; // covered on machines without a GPU
+    }
+    let e = cuda::info().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Backend {
+                backend: "cuda",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let r = rshmem::threads_with(harness::config().backend(BackendKind::Cuda), 2, |_| ());
+    match r {
+        Err(Error::Backend {
+            backend: "cuda", ..
+        })
+        | Err(Error::Bootstrap { .. }) => {}
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+// ---------- GPU tests ----------
+
+fn gpu_config(heap: HeapKind) -> Config {
+    Config::default()
+        .heap_size(256 << 20)
+        .timeout(Duration::from_secs(30))
+        .backend(BackendKind::Cuda)
+        .heap_kind(heap)
+}
+
+fn on_gpus(heap: HeapKind, n: usize, body: fn(&Pe) -> Result<()>) {
+    let r = rshmem::threads_with(gpu_config(heap), n, body).expect("world");
+    for (pe, x) in r.into_iter().enumerate() {
+        if let Err(e) = x {
+            panic!("PE {pe} of {n} ({heap:?}): {e}");
+        }
+    }
+}
+
+fn poison<T: Elem>() -> T {
+    T::from_f64(-77.0)
+}
+
+fn host_typed<T: Elem>(pe: &Pe, stream: u64) -> Result<()> {
+    let me = pe.my_pe();
+    let n = pe.n_pes();
+    let len = 1000 + 3;
+    let x = pe.alloc::<T>(len)?;
+    pe.local_fill(&x, poison())?;
+    pe.barrier_all()?;
+    let next = (me + 1) % n;
+    let data: Vec<T> = harness::rand_vec(me, stream, len);
+    pe.put(&x, 0, &data, next)?;
+    pe.barrier_all()?;
+    let prev = (me + n - 1) % n;
+    let want: Vec<T> = harness::rand_vec(prev, stream, len);
+    let got = pe.local_vec(&x)?;
+    if let Some(i) = (0..len).find(|&i| got[i] != want[i]) {
+        panic!(
+            "PE {me}: put data wrong for {:?} at {i}: got {:?}, want {:?} (mine {:?})",
+            T::KIND,
+            got[i].to_f64(),
+            want[i].to_f64(),
+            data[i].to_f64()
+        );
+    }
+    pe.barrier_all()?; // everyone has checked before the p below changes element 5
+    let mut back = vec![poison::<T>(); len - 7];
+    pe.get(&x, 7, &mut back, next)?;
+    assert!(
+        back == data[7..],
+        "PE {me}: get data wrong for {:?}",
+        T::KIND
+    );
+    pe.p(&x, 5, T::from_f64(42.0), next)?;
+    pe.barrier_all()?;
+    assert_eq!(pe.g(&x, 5, me)?.to_f64(), 42.0);
+    pe.barrier_all()?;
+    pe.free(x)
+}
+
+fn host_atomics<T: rshmem::AtomicElem>(pe: &Pe) -> Result<()> {
+    let me = pe.my_pe();
+    let n = pe.n_pes();
+    let c = pe.alloc::<T>(2)?;
+    pe.local_fill(&c, T::ZERO)?;
+    pe.barrier_all()?;
+    for _ in 0..100 {
+        pe.atomic_inc(&c, 0, 0)?;
+    }
+    pe.barrier_all()?;
+    assert_eq!(pe.atomic_fetch(&c, 0, 0)?.to_f64(), (100 * n) as f64);
+    pe.barrier_all()?;
+    if me == 0 {
+        let f = |v: f64| T::from_f64(v);
+        let t = 1;
+        pe.atomic_set(&c, 1, f(5.0), t)?;
+        assert_eq!(pe.atomic_fetch_add(&c, 1, f(3.0), t)?.to_f64(), 5.0);
+        assert_eq!(pe.atomic_swap(&c, 1, f(10.0), t)?.to_f64(), 8.0);
+        assert_eq!(
+            pe.atomic_compare_swap(&c, 1, f(10.0), f(20.0), t)?.to_f64(),
+            10.0
+        );
+        assert_eq!(
+            pe.atomic_compare_swap(&c, 1, f(1.0), f(30.0), t)?.to_f64(),
+            20.0
+        );
+        assert_eq!(pe.atomic_fetch_and(&c, 1, f(12.0), t)?.to_f64(), 20.0);
+        assert_eq!(pe.atomic_fetch_or(&c, 1, f(3.0), t)?.to_f64(), 4.0);
+        assert_eq!(pe.atomic_fetch_xor(&c, 1, f(5.0), t)?.to_f64(), 7.0);
+        assert_eq!(pe.atomic_fetch(&c, 1, t)?.to_f64(), 2.0);
+    }
+    pe.barrier_all()?;
+    pe.free(c)
+}
+
+fn host_api(pe: &Pe) -> Result<()> {
+    macro_rules! each {
+        ($t:ty, $k:ident) => {
+            host_typed::<$t>(pe, rshmem::ElemKind::$k as u64)?;
+        };
+    }
+    rshmem::for_each_elem!(each);
+    host_atomics::<i32>(pe)?;
+    host_atomics::<u32>(pe)?;
+    host_atomics::<i64>(pe)?;
+    host_atomics::<u64>(pe)?;
+    // wait_until on GPU memory, set by a peer later.
+    let f = pe.alloc::<u64>(1)?;
+    pe.local_fill(&f, 0)?;
+    pe.barrier_all()?;
+    if pe.my_pe() == 1 {
+        std::thread::sleep(Duration::from_millis(50));
+        pe.atomic_set(&f, 0, 7u64, 0)?;
+    } else if pe.my_pe() == 0 {
+        assert_eq!(pe.wait_until(&f, 0, Cmp::Ge, 7u64)?, 7);
+    }
+    // put_signal through the host API.
+    let d = pe.alloc::<u32>(64)?;
+    let s = pe.alloc::<u64>(1)?;
+    pe.local_fill(&s, 0)?;
+    pe.barrier_all()?;
+    if pe.my_pe() == 0 {
+        let v: Vec<u32> = (0..64).map(|i| i * 3 + 1).collect();
+        pe.put_signal(&d, 0, &v, &s, 0, 1, SignalOp::Add, 1)?;
+    } else if pe.my_pe() == 1 {
+        pe.wait_until(&s, 0, Cmp::Eq, 1u64)?;
+        let got = pe.local_vec(&d)?;
+        assert!(got.iter().enumerate().all(|(i, &x)| x == i as u32 * 3 + 1));
+    }
+    pe.barrier_all()?;
+    // Bad inputs are errors.
+    assert!(matches!(
+        pe.put(&d, 0, &[1u32], 9),
+        Err(Error::PeOutOfRange { .. })
+    ));
+    assert!(matches!(
+        pe.put(&d, 60, &[1u32; 8], 0),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let g = CudaPe::new(pe)?;
+    let st = g.stream()?;
+    assert!(matches!(
+        g.put_on_stream(&st, &d, 60, &d, 0, 8, 1),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        g.put_on_stream(&st, &d, 0, &d, 0, 8, 5),
+        Err(Error::PeOutOfRange { .. })
+    ));
+    assert!(matches!(
+        g.wait_until_on_stream(&st, &s, 1, Cmp::Eq, 0),
+        Err(Error::OutOfBounds { .. })
+    ));
+    pe.barrier_all()?;
+    pe.free(s)?;
+    pe.free(d)?;
+    pe.free(f)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_host_api_static() {
+    on_gpus(HeapKind::Static, 2, host_api);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_host_api_vmm() {
+    on_gpus(HeapKind::Vmm, 2, host_api);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_info() {
+    let i = cuda::info().unwrap();
+    eprintln!("{i:#?}");
+    assert!(!i.gpus.is_empty());
+    assert_eq!(i.peer_access.len(), i.gpus.len());
+}
+
+fn stream_ops(pe: &Pe) -> Result<()> {
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let me = pe.my_pe();
+    let peer = 1 - me;
+    let len = 4099;
+    let src = pe.alloc::<f32>(len)?;
+    let dst = pe.alloc::<f32>(len)?;
+    let back = pe.alloc::<f32>(len)?;
+    let sig = pe.alloc::<u64>(2)?;
+    let data: Vec<f32> = harness::rand_vec(me, 11, len);
+    pe.local_write(&src, 0, &data)?;
+    pe.local_fill(&dst, -1.0)?;
+    pe.local_fill(&back, -1.0)?;
+    pe.local_fill(&sig, 0)?;
+    pe.barrier_all()?;
+    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, &sig, 0, 1, SignalOp::Set, peer)?;
+    g.wait_until_on_stream(&s, &sig, 0, Cmp::Eq, 1)?;
+    g.get_on_stream(&s, &back, 0, &dst, 0, len, peer)?; // my own data back from the peer
+    g.signal_on_stream(&s, &sig, 1, 5, SignalOp::Add, peer)?;
+    g.wait_until_on_stream(&s, &sig, 1, Cmp::Gt, 4)?; // kernel path
+    g.barrier_on_stream(&s)?;
+    s.synchronize()?;
+    pe.quiet()?;
+    let want: Vec<f32> = harness::rand_vec(peer, 11, len);
+    assert!(pe.local_vec(&dst)? == want, "PE {me}: stream put wrong");
+    assert!(pe.local_vec(&back)? == data, "PE {me}: stream get wrong");
+    pe.barrier_all()?;
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_stream_ops_static() {
+    on_gpus(HeapKind::Static, 2, stream_ops);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_stream_ops_vmm() {
+    on_gpus(HeapKind::Vmm, 2, stream_ops);
+}
+
+fn graph_replay(pe: &Pe) -> Result<()> {
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let me = pe.my_pe();
+    let peer = 1 - me;
+    let len = 1 << 12;
+    let src = pe.alloc::<u32>(len)?;
+    let dst = pe.alloc::<u32>(len)?;
+    let sig = pe.alloc::<u64>(1)?;
+    pe.local_fill(&sig, 0)?;
+    pe.barrier_all()?;
+    s.begin_capture()?;
+    g.barrier_on_stream(&s)?;
+    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, &sig, 0, 1, SignalOp::Set, peer)?;
+    g.wait_until_on_stream(&s, &sig, 0, Cmp::Eq, 1)?;
+    g.signal_on_stream(&s, &sig, 0, 0, SignalOp::Set, me)?;
+    g.barrier_on_stream(&s)?;
+    let graph = s.end_capture()?;
+    for rep in 0..100u64 {
+        let data: Vec<u32> = harness::rand_vec(me, 1000 + rep, len);
+        pe.local_write(&src, 0, &data)?;
+        pe.local_fill(&dst, 0xdead_beef)?;
+        pe.barrier_all()?;
+        graph.launch(&s)?;
+        s.synchronize()?;
+        pe.quiet()?;
+        let want: Vec<u32> = harness::rand_vec(peer, 1000 + rep, len);
+        assert!(pe.local_vec(&dst)? == want, "PE {me}: replay {rep} wrong");
+        pe.barrier_all()?;
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_graph_capture_replay_100() {
+    on_gpus(HeapKind::Static, 2, graph_replay);
+}
+
+fn device_copy<T: Elem>(pe: &Pe, g: &CudaPe, name: &str) -> Result<()> {
+    let me = pe.my_pe();
+    let peer = 1 - me;
+    let len = 1000 + 7;
+    let src = pe.alloc::<T>(len)?;
+    let dst = pe.alloc::<T>(len)?;
+    let s = g.stream()?;
+    let k = g.kernel(TEST_KERNELS, &format!("t_copy_{name}"), &[])?;
+    for scope in 0..4 {
+        for get in 0..2 {
+            for nbi in 0..2 {
+                let tag = (scope * 4 + get * 2 + nbi) as u64 + 100;
+                let data: Vec<T> = harness::rand_vec(me, tag, len);
+                pe.local_write(&src, 0, &data)?;
+                pe.local_fill(&dst, poison())?;
+                pe.barrier_all()?;
+                let args = [
+                    g.arg(&dst)?,
+                    g.arg(&src)?,
+                    KernelArg::U64(len as u64),
+                    KernelArg::I32(peer as i32),
+                    KernelArg::I32(scope),
+                    KernelArg::I32(get),
+                    KernelArg::I32(nbi),
+                ];
+                // SAFETY: matches t_copy_<T>(T*, const T*, u64, int, int, int, int).
+                unsafe { g.launch(&k, &s, 5, 77, 0, &args)? };
+                s.synchronize()?;
+                pe.barrier_all()?;
+                let got = pe.local_vec(&dst)?;
+                // put: my dst holds the peer's data; get: my dst holds the peer's src.
+                let want: Vec<T> = harness::rand_vec(peer, tag, len);
+                assert!(
+                    got == want,
+                    "PE {me}: {name} scope {scope} get {get} nbi {nbi} wrong"
+                );
+                pe.barrier_all()?;
+            }
+        }
+    }
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+fn device_api(pe: &Pe) -> Result<()> {
+    let g = CudaPe::new(pe)?;
+    let names = [
+        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "half",
+        "bfloat16", "float", "double",
+    ];
+    macro_rules! each {
+        ($t:ty, $k:ident) => {
+            device_copy::<$t>(pe, &g, names[rshmem::ElemKind::$k as usize])?;
+        };
+    }
+    rshmem::for_each_elem!(each);
+    let me = pe.my_pe();
+    let s = g.stream()?;
+    // Atomic sequences (each PE on the other's word) and contention from both GPUs.
+    macro_rules! amo {
+        ($t:ty, $name:expr) => {{
+            let x = pe.alloc::<$t>(1)?;
+            let out = pe.alloc::<$t>(8)?;
+            pe.local_fill(&x, 0 as $t)?;
+            pe.local_fill(&out, 99 as $t)?;
+            pe.barrier_all()?;
+            let k = g.kernel(TEST_KERNELS, concat!("t_amo_seq_", $name), &[])?;
+            // SAFETY: t_amo_seq_<T>(T*, T*, int).
+            unsafe {
+                g.launch(
+                    &k,
+                    &s,
+                    1,
+                    32,
+                    0,
+                    &[g.arg(&x)?, g.arg(&out)?, KernelArg::I32(1 - me as i32)],
+                )?
+            };
+            s.synchronize()?;
+            let o = pe.local_vec(&out)?;
+            assert_eq!(
+                o,
+                vec![5 as $t, 8, 10, 20, 20, 4, 7, 1],
+                "PE {me} {}",
+                $name
+            );
+            pe.barrier_all()?;
+            pe.local_fill(&x, 0 as $t)?;
+            pe.barrier_all()?;
+            let k = g.kernel(TEST_KERNELS, concat!("t_amo_contend_", $name), &[])?;
+            let grid = (2 * g.sm_count()) as u32;
+            // SAFETY: t_amo_contend_<T>(T*, int, int).
+            unsafe {
+                g.launch(
+                    &k,
+                    &s,
+                    grid,
+                    128,
+                    0,
+                    &[g.arg(&x)?, KernelArg::I32(0), KernelArg::I32(10)],
+                )?
+            };
+            s.synchronize()?;
+            pe.barrier_all()?;
+            if me == 0 {
+                let want = (2 * grid as u64 * 128 * 10) as $t;
+                assert_eq!(pe.local_vec(&x)?[0], want, "contention {}", $name);
+            }
+            pe.barrier_all()?;
+            pe.free(out)?;
+            pe.free(x)?;
+        }};
+    }
+    amo!(i32, "int32");
+    amo!(u32, "uint32");
+    amo!(i64, "int64");
+    amo!(u64, "uint64");
+    // put_with_signal ordering: PE 1 copies what it sees right after each signal.
+    let n = 3000usize;
+    let rounds = 20;
+    let dst = pe.alloc::<u32>(n)?;
+    let src = pe.alloc::<u32>(n)?;
+    let out = pe.alloc::<u32>(n * rounds)?;
+    let sig = pe.alloc::<u64>(2)?;
+    let data: Vec<u32> = harness::rand_vec(0, 5, n);
+    pe.local_write(&src, 0, &data)?;
+    pe.local_fill(&sig, 0)?;
+    pe.local_fill(&out, 0)?;
+    pe.barrier_all()?;
+    let k = g.kernel(TEST_KERNELS, "t_signal", &[])?;
+    // SAFETY: t_signal(u32*, const u32*, u64, u64*, u32*, int).
+    unsafe {
+        g.launch(
+            &k,
+            &s,
+            1,
+            256,
+            0,
+            &[
+                g.arg(&dst)?,
+                g.arg(&src)?,
+                KernelArg::U64(n as u64),
+                g.arg(&sig)?,
+                g.arg(&out)?,
+                KernelArg::I32(rounds as i32),
+            ],
+        )?
+    };
+    s.synchronize()?;
+    pe.quiet()?;
+    pe.barrier_all()?;
+    if me == 1 {
+        let o = pe.local_vec(&out)?;
+        for r in 0..rounds {
+            let want: Vec<u32> = data.iter().map(|&x| x.wrapping_add(r as u32 + 1)).collect();
+            assert!(
+                o[r * n..(r + 1) * n] == want,
+                "signal round {r}: data not visible"
+            );
+        }
+    }
+    // Device barrier, world team and a strided team.
+    let slots = pe.alloc::<i64>(pe.n_pes())?;
+    let bout = pe.alloc::<i64>(pe.n_pes() * 16)?;
+    pe.local_fill(&slots, -1)?;
+    pe.barrier_all()?;
+    let k = g.kernel(TEST_KERNELS, "t_barrier", &[])?;
+    let wt = g.device_team(pe.world_team())?;
+    // SAFETY: t_barrier(i64*, i64*, int, rshmem_team).
+    unsafe {
+        g.launch(
+            &k,
+            &s,
+            1,
+            96,
+            0,
+            &[
+                g.arg(&slots)?,
+                g.arg(&bout)?,
+                KernelArg::I32(16),
+                KernelArg::Team(wt),
+            ],
+        )?
+    };
+    s.synchronize()?;
+    pe.quiet()?;
+    let o = pe.local_vec(&bout)?;
+    for r in 0..16 {
+        for p in 0..pe.n_pes() {
+            assert_eq!(
+                o[r * pe.n_pes() + p],
+                r as i64 * 1000 + p as i64,
+                "barrier round {r}"
+            );
+        }
+    }
+    pe.barrier_all()?;
+    // All SMs putting into one peer at once (block scope, 64 MiB, both GPUs at the same time).
+    let big = 8usize << 20;
+    let bsrc = pe.alloc::<u64>(big)?;
+    let bdst = pe.alloc::<u64>(big)?;
+    let data: Vec<u64> = (0..big as u64)
+        .map(|i| i.wrapping_mul(0x9e37_79b9) ^ me as u64)
+        .collect();
+    pe.local_write(&bsrc, 0, &data)?;
+    pe.local_fill(&bdst, 0)?;
+    pe.barrier_all()?;
+    let k = g.kernel(TEST_KERNELS, "t_copy_uint64", &[])?;
+    let grid = (2 * g.sm_count()) as u32;
+    // SAFETY: t_copy_uint64 arguments as above.
+    unsafe {
+        g.launch(
+            &k,
+            &s,
+            grid,
+            512,
+            0,
+            &[
+                g.arg(&bdst)?,
+                g.arg(&bsrc)?,
+                KernelArg::U64(big as u64),
+                KernelArg::I32(1 - me as i32),
+                KernelArg::I32(2),
+                KernelArg::I32(0),
+                KernelArg::I32(1),
+            ],
+        )?
+    };
+    s.synchronize()?;
+    pe.barrier_all()?;
+    let got = pe.local_vec(&bdst)?;
+    let peer = (1 - me) as u64;
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, &x)| x == (i as u64).wrapping_mul(0x9e37_79b9) ^ peer),
+        "PE {me}: all-SM put wrong"
+    );
+    pe.barrier_all()?;
+    // Bulk (TMA) copies, put then get, sizes a multiple of 16 but not of the chunk.
+    let nb = (8usize << 20) + 48;
+    let k_put_bulk = g.kernel(cuda::nvrtc::INTERNAL_KERNELS, "rshmemi_bench_put_bulk", &[])?;
+    let k_get_bulk = g.kernel(cuda::nvrtc::INTERNAL_KERNELS, "rshmemi_bench_get_bulk", &[])?;
+    for (k, get) in [(&k_put_bulk, false), (&k_get_bulk, true)] {
+        pe.local_fill(&bdst, 0)?;
+        pe.barrier_all()?;
+        let args = [
+            g.arg(&bdst)?,
+            g.arg(&bsrc)?,
+            KernelArg::U64(nb as u64),
+            KernelArg::I32(1 - me as i32),
+        ];
+        // SAFETY: rshmemi_bench_{put,get}_bulk(char*, const char*, u64, int); nb bytes fit.
+        unsafe { g.launch(k, &s, 7, 32, 0, &args)? };
+        s.synchronize()?;
+        pe.barrier_all()?;
+        let got = pe.local_vec(&bdst)?;
+        let w = nb / 8;
+        // put: the peer's data arrived here; get: the peer's source was read into mine.
+        assert!(
+            got[..w]
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x == (i as u64).wrapping_mul(0x9e37_79b9) ^ peer),
+            "PE {me}: bulk copy (get {get}) wrong"
+        );
+        assert!(
+            got[w..].iter().all(|&x| x == 0),
+            "PE {me}: bulk copy wrote past the end"
+        );
+        pe.barrier_all()?;
+    }
+    // Bad inputs on the device side.
+    let t3 = pe.team_split(pe.world_team(), Some(0), -(me as i64))?;
+    if let Some(t) = t3 {
+        // Members reversed by key: still strided (stride -1) is rejected.
+        if t.members().len() == 2 {
+            assert!(matches!(g.device_team(&t), Err(Error::Team(_))));
+        }
+        pe.team_destroy(t)?;
+    }
+    assert!(g.kernel("this is not C++", "x", &[]).is_err());
+    assert!(g.kernel(TEST_KERNELS, "no_such_kernel", &[]).is_err());
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_device_api_static() {
+    on_gpus(HeapKind::Static, 2, device_api);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_device_api_vmm() {
+    on_gpus(HeapKind::Vmm, 2, device_api);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_device_timeout_is_an_error() {
+    let cfg = gpu_config(HeapKind::Static).timeout(Duration::from_secs(2));
+    let r = rshmem::threads_with(cfg, 2, |pe| -> Result<()> {
+        let g = CudaPe::new(pe)?;
+        let s = g.stream()?;
+        let sig = pe.alloc::<u64>(1)?;
+        pe.local_fill(&sig, 0)?;
+        pe.barrier_all()?;
+        if pe.my_pe() == 0 {
+            // Nobody ever sets it: the device wait gives up after the timeout.
+            g.wait_until_on_stream(&s, &sig, 0, Cmp::Gt, 0)?;
+            s.synchronize()?;
+            assert!(matches!(pe.quiet(), Err(Error::Timeout { .. })));
+            pe.quiet()?; // cleared
+        }
+        pe.barrier_all()
+    })
+    .expect("world");
+    for x in r {
+        x.unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_bench_report() {
+    let sizes: Vec<usize> = std::env::var("RSHMEM_BENCH_MAX")
+        .ok()
+        .and_then(|v| rshmem::config::parse_size(&v))
+        .map(|m| {
+            let mut v = vec![];
+            let mut s = 4096;
+            while s <= m {
+                v.push(s);
+                s *= 4;
+            }
+            v
+        })
+        .unwrap_or_else(|| vec![4096, 1 << 20]);
+    let max = *sizes.iter().max().unwrap();
+    let cfg = gpu_config(HeapKind::Static).heap_size(2 * max + (64 << 20));
+    let r = rshmem::threads_with(cfg, 2, |pe| cuda::bench(pe, &sizes, 20000)).expect("world");
+    for rec in r.into_iter().next().unwrap().unwrap() {
+        println!(
+            "BENCH {} bytes={} time_us={:.3} gbps={:.1} baseline={} baseline_us={:.3} ratio={:.3}",
+            rec.op, rec.bytes, rec.time_us, rec.gbps, rec.baseline, rec.baseline_time_us, rec.ratio
+        );
+        assert!(rec.time_us > 0.0);
+    }
+}
+
+// ---------- process mode (two processes, one GPU each) ----------
+//
+// Until the TCP bootstrap lands, a file-based `Bootstrap` in a temporary folder forms the world:
+// the parent test re-executes this binary twice, each child one PE.
+
+#[derive(Debug)]
+struct FileBoot {
+    dir: std::path::PathBuf,
+    rank: usize,
+    size: usize,
+    seq: std::sync::atomic::AtomicU64,
+}
+
+impl rshmem::Bootstrap for FileBoot {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn allgather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let k = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.dir.join(format!("{k}.{}.tmp", self.rank));
+        let fin = self.dir.join(format!("{k}.{}", self.rank));
+        let io = |e: std::io::Error| Error::Bootstrap {
+            pe: Some(self.rank),
+            msg: e.to_string(),
+        };
+        std::fs::write(&tmp, data).map_err(io)?;
+        std::fs::rename(&tmp, &fin).map_err(io)?;
+        let t0 = std::time::Instant::now();
+        let mut out = Vec::with_capacity(self.size);
+        for r in 0..self.size {
+            let f = self.dir.join(format!("{k}.{r}"));
+            loop {
+                if let Ok(b) = std::fs::read(&f) {
+                    out.push(b);
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(60) {
+                    return Err(Error::Bootstrap {
+                        pe: Some(r),
+                        msg: "file bootstrap timed out".into(),
+                    });
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Entry of a child process (does nothing unless started by `process_mode`).
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_process_child() {
+    let (Ok(dir), Ok(rank), Ok(heap)) = (
+        std::env::var("RSHMEM_TEST_DIR"),
+        std::env::var("RSHMEM_TEST_RANK"),
+        std::env::var("RSHMEM_TEST_HEAP"),
+    ) else {
+        return;
+    };
+    let heap = if heap == "vmm" {
+        HeapKind::Vmm
+    } else {
+        HeapKind::Static
+    };
+    let boot = FileBoot {
+        dir: dir.into(),
+        rank: rank.parse().unwrap(),
+        size: 2,
+        seq: Default::default(),
+    };
+    let pe = Pe::init(gpu_config(heap), Box::new(boot)).expect("init");
+    assert_eq!(pe.mode(), rshmem::Mode::Processes);
+    assert!(!pe.is_same_process(1 - pe.my_pe()).unwrap());
+    host_api(&pe).expect("host api");
+    stream_ops(&pe).expect("stream ops");
+    device_api(&pe).expect("device api");
+    graph_replay(&pe).expect("graph");
+    pe.finalize().expect("finalize");
+}
+
+fn process_mode(heap: &str) {
+    let dir = std::env::temp_dir().join(format!("rshmem-cuda-{}-{heap}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let kids: Vec<_> = (0..2)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--include-ignored",
+                    "--exact",
+                    "gpu_process_child",
+                    "--nocapture",
+                ])
+                .env("RSHMEM_TEST_DIR", &dir)
+                .env("RSHMEM_TEST_RANK", r.to_string())
+                .env("RSHMEM_TEST_HEAP", heap)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, mut k) in kids.into_iter().enumerate() {
+        let st = k.wait().unwrap();
+        assert!(st.success(), "child {r} ({heap}) failed: {st}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_process_mode_static() {
+    process_mode("static");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_process_mode_vmm() {
+    process_mode("vmm");
+}
+
+// ---------- the calling thread's current context does not matter (seed 000) ----------
+
+fn wrong_context(pe: &Pe) -> Result<()> {
+    use cudarc::driver::sys as cu;
+    let g = CudaPe::new(pe)?;
+    let other = (g.device() + 1) % cuda::info()?.gpus.len();
+    let mut dev = 0;
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: test-only raw driver calls: the other GPU's primary context is made current on
+    // this thread before any rshmem call, as a framework might leave it.
+    unsafe {
+        assert_eq!(
+            cu::cuDeviceGet(&mut dev, other as i32),
+            cu::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+            cu::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(cu::cuCtxSetCurrent(ctx), cu::CUresult::CUDA_SUCCESS);
+    }
+    host_typed::<f32>(pe, 77)?;
+    host_atomics::<u64>(pe)?;
+    stream_ops(pe)?;
+    let mut now = std::ptr::null_mut();
+    // SAFETY: reads the current context.
+    unsafe { cu::cuCtxGetCurrent(&mut now) };
+    assert_eq!(now, ctx, "rshmem changed the caller's current context");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_calls_ignore_the_current_context() {
+    on_gpus(HeapKind::Static, 2, wrong_context);
+}
