@@ -17,6 +17,12 @@ pub fn segment_name(job: u64, pe: usize) -> String {
     format!("/{SEGMENT_PREFIX}{job:016x}-{pe}")
 }
 
+/// The name of PE `pe`'s segment of world `world` in job `job` (a launcher's job may hold
+/// several worlds); starts with the job's prefix, so [`remove_job_segments`] finds it.
+pub fn world_segment_name(job: u64, world: u64, pe: usize) -> String {
+    format!("/{SEGMENT_PREFIX}{job:016x}-{world:016x}-{pe}")
+}
+
 /// A mapped region. Unmapped on drop; an owned shm name not yet unlinked is unlinked then too.
 #[derive(Debug)]
 pub struct Region {

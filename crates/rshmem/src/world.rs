@@ -7,7 +7,7 @@ use crate::control::{self, Ctrl, CtrlLayout};
 use crate::error::{Error, Result};
 use crate::heap::HeapAllocator;
 use crate::nbi::CompletionQueue;
-use crate::segment::{segment_name, Region};
+use crate::segment::{world_segment_name, Region};
 use crate::team::Team;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,6 +46,22 @@ pub(crate) struct PeerInfo {
     pub same_process: bool,
 }
 
+/// Where a PE of the world runs: an entry of the world's placement map
+/// ([`Pe::placement`](crate::Pe::placement)). PE `p * T + t` is thread `t` of process `p`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// The PE's world index.
+    pub pe: usize,
+    /// Index of its process in the job (0 in thread mode).
+    pub process: usize,
+    /// Index of its thread within the process (0 in process mode).
+    pub thread: usize,
+    /// Node-local PE index, the device ordinal under the one-device-per-PE convention.
+    pub device: usize,
+    /// Operating-system id of its process.
+    pub pid: u32,
+}
+
 /// The state of one PE: its view of the world.
 pub(crate) struct PeInner {
     pub me: usize,
@@ -66,6 +82,11 @@ pub(crate) struct PeInner {
     pub finalized: AtomicBool,
     pub bootstrap: Box<dyn Bootstrap>,
     pub world_team: Team,
+    pub placements: Vec<Placement>,
+    /// Per peer: set (by the monitor, or on a failed state word) once the peer is known lost.
+    pub lost: Vec<AtomicBool>,
+    /// Set together with any `lost` flag: an O(1) check for quiet.
+    pub any_lost: AtomicBool,
     _regions: Vec<Arc<Region>>,
 }
 
@@ -123,11 +144,36 @@ impl PeInner {
             control::STATE_FAILED => return Liveness::Lost,
             _ => {}
         }
-        let p = self.peers[pe];
-        if !p.same_process && !process_alive(p.pid) {
+        if self.lost[pe].load(Ordering::Acquire) {
             return Liveness::Lost;
         }
         Liveness::Alive
+    }
+
+    /// The cheap check of blocking operations: `PeerLost` once the monitor marked `pe` lost.
+    #[inline]
+    pub fn check_peer(&self, pe: usize, op: &'static str) -> Result<()> {
+        if self.any_lost.load(Ordering::Relaxed) && self.lost[pe].load(Ordering::Acquire) {
+            return Err(Error::PeerLost { pe, op });
+        }
+        Ok(())
+    }
+
+    /// `PeerLost` naming the first lost peer, if any (quiet).
+    pub fn check_all_peers(&self, op: &'static str) -> Result<()> {
+        if self.any_lost.load(Ordering::Acquire) {
+            if let Some(pe) = (0..self.n).find(|&p| self.lost[p].load(Ordering::Acquire)) {
+                return Err(Error::PeerLost { pe, op });
+            }
+        }
+        Ok(())
+    }
+
+    fn mark_lost(&self, pe: usize) {
+        if !self.lost[pe].swap(true, Ordering::AcqRel) {
+            tracing::warn!(pe = self.me, lost = pe, pid = self.peers[pe].pid, "peer lost");
+        }
+        self.any_lost.store(true, Ordering::Release);
     }
 
     /// Spins until `cond` holds, backing off to yields; checks the deadline and the liveness of
@@ -200,7 +246,7 @@ fn registry() -> &'static Registry {
     R.get_or_init(Default::default)
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     if std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
@@ -246,6 +292,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
     let me = boot.rank();
     let n = boot.size();
     let pid = std::process::id();
+    let loc = boot.locality();
     let job_mine = if me == 0 { random_u64() } else { 0 };
     let backend_id = match config.backend {
         BackendKind::Shm => 1,
@@ -258,6 +305,10 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         backend_id,
         pid as u64,
         job_mine,
+        loc.process as u64,
+        loc.thread as u64,
+        loc.device as u64,
+        loc.job.unwrap_or(0),
     ];
     let all: Vec<Vec<u64>> = boot.allgather(&enc(&rec))?.iter().map(|b| dec(b)).collect();
     let names = ["protocol version", "heap size", "max teams", "backend"];
@@ -281,7 +332,24 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         }
     }
     let job = all[0][5];
+    // Segment names carry the launcher's job id when there is one (so that it can remove what
+    // a crash leaves behind), and this world's id (several worlds of a job never collide).
+    let seg_job = match all[0][9] {
+        0 => job,
+        j => j,
+    };
     let pids: Vec<u32> = all.iter().map(|r| r[4] as u32).collect();
+    let placements: Vec<Placement> = all
+        .iter()
+        .enumerate()
+        .map(|(pe, r)| Placement {
+            pe,
+            process: r[6] as usize,
+            thread: r[7] as usize,
+            device: r[8] as usize,
+            pid: r[4] as u32,
+        })
+        .collect();
     let mut distinct = pids.clone();
     distinct.sort_unstable();
     distinct.dedup();
@@ -306,7 +374,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
     let mine = if mode == Mode::Threads {
         Region::anonymous(seg_len)
     } else {
-        Region::create_shm(&segment_name(job, me), seg_len)
+        Region::create_shm(&world_segment_name(seg_job, job, me), seg_len)
     }
     .map(Arc::new);
     if let Ok(r) = &mine {
@@ -336,7 +404,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
                     msg: "same-process peer's region not found".into(),
                 })
         } else {
-            Region::open_shm(&segment_name(job, pe), seg_len).map(Arc::new)
+            Region::open_shm(&world_segment_name(seg_job, job, pe), seg_len).map(Arc::new)
         };
         match r {
             Ok(r) => regions.push(r),
@@ -410,6 +478,9 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         next_op: AtomicU64::new(1),
         finalized: AtomicBool::new(false),
         world_team: Team::world(job, me, n),
+        lost: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        any_lost: AtomicBool::new(false),
+        placements,
         config,
         bootstrap: boot,
         _regions: regions,
@@ -423,7 +494,90 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         job = format_args!("{job:016x}"),
         "rshmem world up"
     );
-    Ok(Arc::new(inner))
+    let inner = Arc::new(inner);
+    if mode != Mode::Threads {
+        monitor::watch(&inner);
+    }
+    Ok(inner)
+}
+
+/// The per-process liveness monitor: one thread, started when a world with peers in other
+/// processes comes up and ending when no such world is left. Every few milliseconds it checks
+/// each watched world's peers (state word, then whether the process still exists and is not a
+/// zombie) and sets their `lost` flags, which every wait, barrier, quiet and blocking operation
+/// reads.
+mod monitor {
+    use super::{process_alive, PeInner};
+    use crate::control;
+    use std::collections::HashMap;
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex, Weak};
+    use std::time::Duration;
+
+    const PERIOD: Duration = Duration::from_millis(5);
+
+    struct State {
+        worlds: Vec<Weak<PeInner>>,
+        running: bool,
+    }
+    static STATE: Mutex<State> = Mutex::new(State {
+        worlds: Vec::new(),
+        running: false,
+    });
+
+    pub(super) fn watch(w: &Arc<PeInner>) {
+        let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+        st.worlds.push(Arc::downgrade(w));
+        if !st.running {
+            let spawned = std::thread::Builder::new()
+                .name("rshmem-monitor".into())
+                .spawn(run);
+            match spawned {
+                Ok(_) => st.running = true,
+                Err(e) => tracing::warn!(%e, "cannot start the peer monitor; dead peers are found by timeouts only"),
+            }
+        }
+    }
+
+    fn run() {
+        loop {
+            std::thread::sleep(PERIOD);
+            let worlds: Vec<Arc<PeInner>> = {
+                let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+                st.worlds.retain(|w| w.strong_count() > 0);
+                let v: Vec<_> = st.worlds.iter().filter_map(Weak::upgrade).collect();
+                if v.is_empty() {
+                    st.worlds.clear();
+                    st.running = false;
+                    return;
+                }
+                v
+            };
+            let mut alive: HashMap<u32, bool> = HashMap::new();
+            for w in &worlds {
+                if w.finalized.load(Ordering::Acquire) {
+                    continue;
+                }
+                for pe in 0..w.n {
+                    if pe == w.me || w.lost[pe].load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    let state = w.ctrls[pe].word(control::W_STATE).load(Ordering::Acquire);
+                    let lost = match state {
+                        control::STATE_FINALIZED => false,
+                        control::STATE_FAILED => true,
+                        _ => {
+                            let p = w.peers[pe];
+                            !p.same_process && !*alive.entry(p.pid).or_insert_with(|| process_alive(p.pid))
+                        }
+                    };
+                    if lost {
+                        w.mark_lost(pe);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Runs `f` on `n` PEs, each a thread of this process, with the configuration from the
