@@ -98,7 +98,13 @@ fn connect(le: &LaunchEnv, config: &Config) -> Result<TcpBootstrap> {
     c.token = le.job.unwrap_or(0);
     c.locality.device = le.local_rank * le.threads;
     c.locality.job = le.job;
-    tracing::debug!(source = le.source, process = le.process, n = le.n_processes, threads = le.threads, "joining launched job");
+    tracing::debug!(
+        source = le.source,
+        process = le.process,
+        n = le.n_processes,
+        threads = le.threads,
+        "joining launched job"
+    );
     TcpBootstrap::with_config(c)
 }
 

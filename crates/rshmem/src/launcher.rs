@@ -140,10 +140,12 @@ fn free_port() -> Result<u16> {
         pe: None,
         msg: format!("launcher: no free port on 127.0.0.1: {e}"),
     })?;
-    l.local_addr().map(|a| a.port()).map_err(|e| Error::Bootstrap {
-        pe: None,
-        msg: format!("launcher: {e}"),
-    })
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| Error::Bootstrap {
+            pe: None,
+            msg: format!("launcher: {e}"),
+        })
 }
 
 fn forward(

@@ -87,6 +87,8 @@ pub(crate) struct PeInner {
     pub lost: Vec<AtomicBool>,
     /// Set together with any `lost` flag: an O(1) check for quiet.
     pub any_lost: AtomicBool,
+    /// 1 + the first PE found lost (0: none yet).
+    pub first_lost: AtomicU64,
     _regions: Vec<Arc<Region>>,
 }
 
@@ -162,16 +164,45 @@ impl PeInner {
     /// `PeerLost` naming the first lost peer, if any (quiet).
     pub fn check_all_peers(&self, op: &'static str) -> Result<()> {
         if self.any_lost.load(Ordering::Acquire) {
-            if let Some(pe) = (0..self.n).find(|&p| self.lost[p].load(Ordering::Acquire)) {
+            if let Some(pe) = self.first_lost() {
                 return Err(Error::PeerLost { pe, op });
             }
         }
         Ok(())
     }
 
+    /// A peer in another process that crashed: gone (or a zombie) while its state still says
+    /// alive (a PE that ends without finalize marks itself failed on the way out).
+    fn find_dead_process(&self) -> Option<usize> {
+        (0..self.n).find(|&p| {
+            let info = self.peers[p];
+            p != self.me
+                && !info.same_process
+                && self.ctrls[p].word(control::W_STATE).load(Ordering::Acquire)
+                    == control::STATE_ALIVE
+                && !process_alive(info.pid)
+        })
+    }
+
+    /// The first PE this PE found lost, if any.
+    pub fn first_lost(&self) -> Option<usize> {
+        match self.first_lost.load(Ordering::Acquire) {
+            0 => None,
+            p => Some(p as usize - 1),
+        }
+    }
+
     fn mark_lost(&self, pe: usize) {
+        let _ =
+            self.first_lost
+                .compare_exchange(0, pe as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
         if !self.lost[pe].swap(true, Ordering::AcqRel) {
-            tracing::warn!(pe = self.me, lost = pe, pid = self.peers[pe].pid, "peer lost");
+            tracing::warn!(
+                pe = self.me,
+                lost = pe,
+                pid = self.peers[pe].pid,
+                "peer lost"
+            );
         }
         self.any_lost.store(true, Ordering::Release);
     }
@@ -217,10 +248,34 @@ impl PeInner {
                 Liveness::Finalized => strict,
                 Liveness::Alive => false,
             };
-            let dead = match w {
-                Some(pe) => lost(pe).then_some(pe),
-                None => (0..self.n).filter(|&p| p != self.me).find(|&p| lost(p)),
+            let any_lost = || {
+                (0..self.n)
+                    .filter(|&p| p != self.me)
+                    .find(|&p| self.liveness(p) == Liveness::Lost)
             };
+            // Waiting on one PE that is alive but itself stuck on a lost PE (a barrier round
+            // after a failed one) would end in a timeout: any lost PE ends the wait. The PE
+            // reported is the first one found lost (peers that end after noticing the loss are
+            // lost too, later).
+            let first = self.first_lost();
+            let mut dead = match w {
+                Some(pe) => first.or_else(|| lost(pe).then_some(pe)).or_else(any_lost),
+                None => first.or_else(any_lost),
+            };
+            // A PE that ended without finalize after noticing a crash is not the cause: if the
+            // monitor has not flagged anything yet, look for a crashed process directly.
+            if let (None, Some(d)) = (first, dead) {
+                if self.ctrls[d].word(control::W_STATE).load(Ordering::Acquire)
+                    == control::STATE_FAILED
+                {
+                    dead = self.find_dead_process().or(dead);
+                }
+            }
+            if let Some(pe) = dead {
+                if self.liveness(pe) == Liveness::Lost {
+                    self.mark_lost(pe);
+                }
+            }
             if let Some(pe) = dead {
                 if cond() {
                     return Ok(());
@@ -480,6 +535,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         world_team: Team::world(job, me, n),
         lost: (0..n).map(|_| AtomicBool::new(false)).collect(),
         any_lost: AtomicBool::new(false),
+        first_lost: AtomicU64::new(0),
         placements,
         config,
         bootstrap: boot,
@@ -534,7 +590,9 @@ mod monitor {
                 .spawn(run);
             match spawned {
                 Ok(_) => st.running = true,
-                Err(e) => tracing::warn!(%e, "cannot start the peer monitor; dead peers are found by timeouts only"),
+                Err(e) => {
+                    tracing::warn!(%e, "cannot start the peer monitor; dead peers are found by timeouts only")
+                }
             }
         }
     }
@@ -568,7 +626,8 @@ mod monitor {
                         control::STATE_FAILED => true,
                         _ => {
                             let p = w.peers[pe];
-                            !p.same_process && !*alive.entry(p.pid).or_insert_with(|| process_alive(p.pid))
+                            !p.same_process
+                                && !*alive.entry(p.pid).or_insert_with(|| process_alive(p.pid))
                         }
                     };
                     if lost {

@@ -12,7 +12,11 @@ fn placement_body(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
     let me = pe.placement(pe.my_pe())?;
     assert_eq!(me.pid, std::process::id());
-    let t = pe.placements().iter().filter(|p| p.process == me.process).count();
+    let t = pe
+        .placements()
+        .iter()
+        .filter(|p| p.process == me.process)
+        .count();
     for (i, p) in pe.placements().iter().enumerate() {
         assert_eq!(p.pe, i);
         assert_eq!(pe.is_same_process(i)?, p.process == me.process, "PE {i}");
@@ -48,7 +52,11 @@ fn all_pairs_body(pe: &Pe) -> Result<()> {
     let got = pe.local_vec(&x)?;
     for src in 0..n {
         let want: Vec<i64> = harness::rand_vec(src, 7, L);
-        assert_eq!(&got[src * L..(src + 1) * L], &want[..], "block from PE {src}");
+        assert_eq!(
+            &got[src * L..(src + 1) * L],
+            &want[..],
+            "block from PE {src}"
+        );
     }
     // get back the block this PE wrote into the next PE
     let mut back = vec![0i64; L];
@@ -106,7 +114,10 @@ fn nbi_cq_body(pe: &Pe) -> Result<()> {
     let mut done = Vec::new();
     assert_eq!(pe.completions(&mut done), n);
     for (dst, c) in done.iter().enumerate() {
-        assert_eq!((c.id, c.kind, c.pe, c.tag), (ids[dst], OpKind::Put, dst, 1000 + dst as u64));
+        assert_eq!(
+            (c.id, c.kind, c.pe, c.tag),
+            (ids[dst], OpKind::Put, dst, 1000 + dst as u64)
+        );
     }
     pe.barrier_all()?;
     let from = (me + 1) % n;
@@ -116,11 +127,18 @@ fn nbi_cq_body(pe: &Pe) -> Result<()> {
     h.wait()?;
     for s in 0..n {
         let want: Vec<f64> = harness::rand_vec(s, 11, L);
-        assert_eq!(&dst[s * L..(s + 1) * L], &want[..], "block {s} read from PE {from}");
+        assert_eq!(
+            &dst[s * L..(s + 1) * L],
+            &want[..],
+            "block {s} read from PE {from}"
+        );
     }
     done.clear();
     assert_eq!(pe.completions(&mut done), 1);
-    assert_eq!((done[0].id, done[0].kind, done[0].pe, done[0].tag), (id, OpKind::Get, from, 7));
+    assert_eq!(
+        (done[0].id, done[0].kind, done[0].pe, done[0].tag),
+        (id, OpKind::Get, from, 7)
+    );
     pe.barrier_all()?;
     pe.free(x)
 }

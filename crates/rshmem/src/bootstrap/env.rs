@@ -69,11 +69,11 @@ fn var(name: &str) -> Option<String> {
 fn num(name: &str) -> Result<Option<usize>> {
     match var(name) {
         None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::invalid(format!("{name}={v:?}: expected a non-negative integer"))),
+        Some(v) => {
+            v.trim().parse().map(Some).map_err(|_| {
+                Error::invalid(format!("{name}={v:?}: expected a non-negative integer"))
+            })
+        }
     }
 }
 

@@ -144,7 +144,10 @@ fn read_frame(s: &mut TcpStream, deadline: Instant) -> std::io::Result<(u8, Vec<
     s.read_exact(&mut h)?;
     let len = u32::from_le_bytes([h[1], h[2], h[3], h[4]]) as usize;
     if len > MAX_FRAME {
-        return Err(std::io::Error::new(ErrorKind::InvalidData, "frame too long"));
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidData,
+            "frame too long",
+        ));
     }
     let mut p = vec![0u8; len];
     s.read_exact(&mut p)?;
@@ -219,9 +222,19 @@ fn parse_address(a: &str) -> Result<(String, u64)> {
 
 fn resolve(addr: &str) -> Result<SocketAddr> {
     addr.to_socket_addrs()
-        .map_err(|e| be(None, format!("cannot resolve bootstrap address {addr:?}: {e}")))?
+        .map_err(|e| {
+            be(
+                None,
+                format!("cannot resolve bootstrap address {addr:?}: {e}"),
+            )
+        })?
         .next()
-        .ok_or_else(|| be(None, format!("bootstrap address {addr:?} resolves to nothing")))
+        .ok_or_else(|| {
+            be(
+                None,
+                format!("bootstrap address {addr:?} resolves to nothing"),
+            )
+        })
 }
 
 impl TcpBootstrap {
@@ -349,13 +362,25 @@ impl TcpBootstrap {
             } else if size != c.size as u64 {
                 Some(be(who, format!("world size mismatch: process {rank} expects {size} processes, PE 0 expects {}", c.size)))
             } else if ppr != c.pes_per_rank as u64 {
-                Some(be(who, format!("PEs per process mismatch: process {rank} has {ppr}, PE 0 has {}", c.pes_per_rank)))
+                Some(be(
+                    who,
+                    format!(
+                        "PEs per process mismatch: process {rank} has {ppr}, PE 0 has {}",
+                        c.pes_per_rank
+                    ),
+                ))
             } else if tok != token {
                 Some(be(who, format!("process {rank} belongs to another job (token {tok:016x}, expected {token:016x})")))
             } else if rank == 0 || rank_u >= c.size {
-                Some(be(None, format!("a process claims rank {rank}, out of range 1..{}", c.size)))
+                Some(be(
+                    None,
+                    format!("a process claims rank {rank}, out of range 1..{}", c.size),
+                ))
             } else if links[rank_u].is_some() {
-                Some(be(who, format!("duplicate rank: two processes claim rank {rank}")))
+                Some(be(
+                    who,
+                    format!("duplicate rank: two processes claim rank {rank}"),
+                ))
             } else {
                 None
             };
@@ -472,7 +497,10 @@ impl Bootstrap for TcpBootstrap {
                             break;
                         }
                         Ok((k, _)) => {
-                            err = Some(be(Some(r * ppr), format!("unexpected frame kind {k} from process {r}")));
+                            err = Some(be(
+                                Some(r * ppr),
+                                format!("unexpected frame kind {k} from process {r}"),
+                            ));
                             break;
                         }
                         Err(e) => {

@@ -36,10 +36,17 @@ pub fn spawn_self(
     let exe = std::env::current_exe().expect("current_exe");
     let mut job = Job::new(n, exe);
     job.threads_per_proc = threads;
-    job.args = ["--exact", test, "--nocapture", "--test-threads", "1", "--quiet"]
-        .iter()
-        .map(Into::into)
-        .collect();
+    job.args = [
+        "--exact",
+        test,
+        "--nocapture",
+        "--test-threads",
+        "1",
+        "--quiet",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
     job.env = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
     job.timeout = Some(Duration::from_secs(120));
     job.prefix = true;
@@ -63,11 +70,19 @@ pub fn processes(test: &str, n: usize, threads: usize, body: fn(&Pe) -> Result<(
     let _ = body;
     let call = CALLS.with(|c| c.get());
     let tag = format!("{call}:{n}");
-    let out = spawn_self(test, n, threads, &[(CHILD_VAR, &tag)], Duration::from_secs(5));
+    let out = spawn_self(
+        test,
+        n,
+        threads,
+        &[(CHILD_VAR, &tag)],
+        Duration::from_secs(5),
+    );
     assert_eq!(
-        out.code, 0,
+        out.code,
+        0,
         "{test} on {n} PEs as {} process(es) x {threads} thread(s) failed: {:?}",
-        n / threads, out.exits
+        n / threads,
+        out.exits
     );
     assert_eq!(
         out.leftover_segments, 0,
