@@ -73,9 +73,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("RSHMEM_MAX_TEAMS", "most teams alive at once, default 64"),
     (
         "RSHMEM_RANK",
-        "this process's first PE (set by `rshmem run`)",
+        "world index of this process's first PE (counts PEs; set by `rshmem run`)",
     ),
-    ("RSHMEM_WORLD_SIZE", "number of PEs in the job"),
+    (
+        "RSHMEM_WORLD_SIZE",
+        "number of PEs in the job (counts PEs, not processes)",
+    ),
     ("RSHMEM_LOCAL_RANK", "this process's rank on its node"),
     (
         "RSHMEM_THREADS",
@@ -84,6 +87,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_BOOTSTRAP",
         "bootstrap address host:port of rank 0, or a unique-id string",
+    ),
+    (
+        "RSHMEM_JOB",
+        "job id (hex) chosen by `rshmem run`; names the /dev/shm segments it cleans up",
     ),
     (
         "RSHMEM_LOG",

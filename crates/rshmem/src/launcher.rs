@@ -209,7 +209,7 @@ pub fn run(job: &Job) -> Result<Outcome> {
 /// As [`run`]; `signaller` forwards a signal to the job while it runs.
 pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
     let t = job.threads_per_proc;
-    if job.n_pes == 0 || t == 0 || job.n_pes % t != 0 {
+    if job.n_pes == 0 || t == 0 || !job.n_pes.is_multiple_of(t) {
         return Err(Error::invalid(format!(
             "launcher: {} PEs cannot be split into processes of {t} threads",
             job.n_pes

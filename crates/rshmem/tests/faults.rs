@@ -463,3 +463,16 @@ fn launcher_time_limit_and_bad_split() {
     let missing = Job::new(1, "/nonexistent/rshmem-test-program");
     assert!(launcher::run(&missing).is_err());
 }
+
+#[test]
+fn init_without_launcher_is_one_pe() {
+    if harness::is_child() || rshmem::launched() {
+        return;
+    }
+    let pe = rshmem::init_with(harness::config()).unwrap();
+    assert_eq!((pe.my_pe(), pe.n_pes(), pe.mode()), (0, 1, Mode::Threads));
+    let x = pe.alloc::<i32>(3).unwrap();
+    pe.put(&x, 0, &[1, -2, 3], 0).unwrap();
+    assert_eq!(pe.local_vec(&x).unwrap(), vec![1, -2, 3]);
+    pe.finalize().unwrap();
+}

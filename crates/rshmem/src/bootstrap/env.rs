@@ -97,7 +97,7 @@ pub fn detect() -> Result<Option<LaunchEnv>> {
     let explicit_boot = var("RSHMEM_BOOTSTRAP");
     let (source, process, n_processes, local) = if let Some(first) = num("RSHMEM_RANK")? {
         let size = need("RSHMEM_WORLD_SIZE", "RSHMEM_RANK")?;
-        if size % threads != 0 || first % threads != 0 {
+        if !size.is_multiple_of(threads) || !first.is_multiple_of(threads) {
             return Err(Error::invalid(format!(
                 "RSHMEM_RANK={first} and RSHMEM_WORLD_SIZE={size} must be multiples of RSHMEM_THREADS={threads} (they count PEs)"
             )));

@@ -27,6 +27,9 @@ const K_ERROR: u8 = 1;
 const K_HELLO: u8 = 2;
 const K_WELCOME: u8 = 3;
 const MAX_FRAME: usize = 1 << 30;
+/// Extra time a non-root rank waits for rank 0's answer, so that rank 0's own timeout (and the
+/// error it forwards, naming the PE at fault) arrives first.
+const LEAF_SLACK: Duration = Duration::from_millis(500);
 
 /// Listeners bound by [`unique_id`] in this process, waiting for rank 0 to take them.
 fn pending() -> &'static Mutex<HashMap<String, TcpListener>> {
@@ -438,7 +441,7 @@ impl TcpBootstrap {
         }
         write_frame(&mut s, K_HELLO, &h)
             .map_err(|e| be(Some(0), format!("PE {me}: sending hello to {sa}: {e}")))?;
-        match read_frame(&mut s, deadline) {
+        match read_frame(&mut s, deadline + LEAF_SLACK) {
             Ok((K_WELCOME, _)) => Ok(s),
             Ok((K_ERROR, p)) => Err(error_from_payload(&p)),
             Ok((k, _)) => Err(be(Some(0), format!("unexpected frame kind {k} from PE 0"))),
@@ -545,7 +548,7 @@ impl Bootstrap for TcpBootstrap {
                         format!("PE {me}: PE 0 was lost during a bootstrap exchange: {e}"),
                     )));
                 }
-                let r = match read_frame(s, deadline) {
+                let r = match read_frame(s, deadline + LEAF_SLACK) {
                     Ok((K_DATA, p)) => decode_list(&p)
                         .filter(|l| l.len() == self.size)
                         .ok_or_else(|| be(Some(0), "malformed bootstrap exchange from PE 0")),

@@ -129,7 +129,7 @@ pub fn all_modes(test: &str, n: usize, body: fn(&Pe) -> Result<()>) {
     }
     threads(n, body);
     processes(test, n, 1, body);
-    if n >= 2 && n % 2 == 0 {
+    if n >= 2 && n.is_multiple_of(2) {
         processes(test, n, 2, body);
     }
 }
