@@ -362,11 +362,27 @@ fn ring_child() {
     pe.finalize().unwrap();
 }
 
+/// Starts 3 ranks with `envs(rank)` (and a job id, to find their segments), checks that every
+/// rank succeeded and that no segment of the job is left.
 fn run_plain(test: &str, envs: impl Fn(usize) -> Vec<(String, String)>) {
-    let mut kids: Vec<_> = (0..3).map(|r| spawn_plain(test, &envs(r))).collect();
-    for (r, k) in kids.iter_mut().enumerate() {
-        assert!(k.wait().unwrap().success(), "rank {r} failed");
-    }
+    let job = format!(
+        "{:016x}",
+        std::process::id() as u64 * 7919 + 0xabc0_0000_0000_0001
+    );
+    let mut kids: Vec<_> = (0..3)
+        .map(|r| {
+            let mut e = envs(r);
+            e.push(("RSHMEM_JOB".into(), job.clone()));
+            spawn_plain(test, &e)
+        })
+        .collect();
+    let ok: Vec<bool> = kids
+        .iter_mut()
+        .map(|k| k.wait().unwrap().success())
+        .collect();
+    let left = rshmem::segment::remove_job_segments(u64::from_str_radix(&job, 16).unwrap());
+    assert_eq!(ok, vec![true; 3], "ranks that succeeded");
+    assert_eq!(left, 0, "segments left in /dev/shm");
 }
 
 #[test]
@@ -408,9 +424,23 @@ fn openmpi_variables_by_hand() {
 #[test]
 fn launcher_forwards_exit_code() {
     if harness::is_child() {
+        let monitors = || {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .flatten()
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "rshmem-monitor")
+                })
+                .count()
+        };
         let pe = rshmem::init().unwrap();
+        std::thread::sleep(Duration::from_millis(30)); // the thread names itself when it starts
+        assert_eq!(monitors(), 1, "one peer monitor while the world lives");
         let me = pe.my_pe();
         pe.finalize().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(monitors(), 0, "the monitor ends with the world");
         if me == 1 {
             std::process::exit(3);
         }
