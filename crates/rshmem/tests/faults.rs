@@ -506,3 +506,50 @@ fn init_without_launcher_is_one_pe() {
     assert_eq!(pe.local_vec(&x).unwrap(), vec![1, -2, 3]);
     pe.finalize().unwrap();
 }
+
+#[test]
+fn sigterm_during_init_window_unlinks_segments() {
+    use rshmem::segment::{segment_name, Region};
+    use std::os::unix::process::ExitStatusExt;
+    if harness::is_child() {
+        let job = u64::from_str_radix(&std::env::var("RSHMEM_TEST_JOB").unwrap(), 16).unwrap();
+        let current = || {
+            // SAFETY: queries the current action only.
+            unsafe {
+                let mut a: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(libc::SIGTERM, std::ptr::null(), &mut a);
+                a.sa_sigaction
+            }
+        };
+        let before = current();
+        let a = Region::create_shm(&segment_name(job, 0), 4096).unwrap();
+        assert_ne!(current(), before, "handler installed while a name exists");
+        a.unlink();
+        assert_eq!(
+            current(),
+            before,
+            "previous action restored after the unlink"
+        );
+        let _b = Region::create_shm(&segment_name(job, 1), 4096).unwrap();
+        // SAFETY: signals this process.
+        unsafe { libc::raise(libc::SIGTERM) };
+        std::thread::sleep(Duration::from_secs(5));
+        unreachable!("SIGTERM did not end the process");
+    }
+    let job = 0x5157_0000_0000_0000u64 | std::process::id() as u64;
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.env("RSHMEM_TEST_JOB", format!("{job:x}"))
+        .args([
+            "--exact",
+            "sigterm_during_init_window_unlinks_segments",
+            "--nocapture",
+            "--test-threads",
+            "1",
+            "--quiet",
+        ])
+        .env(harness::CHILD_VAR, "signal");
+    let st = c.status().unwrap();
+    assert_eq!(st.signal(), Some(libc::SIGTERM), "{st:?}");
+    let left = rshmem::segment::remove_job_segments(job);
+    assert_eq!(left, 0, "segment left after SIGTERM");
+}
