@@ -309,6 +309,40 @@ impl TcpBootstrap {
         listener
             .set_nonblocking(true)
             .map_err(|e| be(Some(0), format!("set_nonblocking: {e}")))?;
+        let r = Self::gather_ranks(c, &listener, addr, token, deadline);
+        if let Err(e) = &r {
+            // Ranks that connect after the failure get the error too (not a timeout later):
+            // the listener answers their hellos until the deadline (+ slack) has passed.
+            let payload = error_payload(e);
+            let until = deadline.max(Instant::now()) + LEAF_SLACK;
+            let _ = std::thread::Builder::new()
+                .name("rshmem-boot-linger".into())
+                .spawn(move || {
+                    while Instant::now() < until {
+                        match listener.accept() {
+                            Ok((mut s, _)) => {
+                                let _ = s.set_nonblocking(false);
+                                let _ = read_frame(
+                                    &mut s,
+                                    until.min(Instant::now() + Duration::from_millis(200)),
+                                );
+                                let _ = write_frame(&mut s, K_ERROR, &payload);
+                            }
+                            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                        }
+                    }
+                });
+        }
+        r
+    }
+
+    fn gather_ranks(
+        c: &TcpConfig,
+        listener: &TcpListener,
+        addr: &str,
+        token: u64,
+        deadline: Instant,
+    ) -> Result<Vec<Option<TcpStream>>> {
         let mut links: Vec<Option<TcpStream>> = (0..c.size).map(|_| None).collect();
         let mut joined = 1;
         let fail = |links: &mut Vec<Option<TcpStream>>, e: Error| -> Error {
