@@ -115,6 +115,21 @@ pub enum Error {
         /// What went wrong.
         msg: String,
     },
+    /// A fixed-capacity buffer would overflow (MoE dispatch in capturable mode): nothing was
+    /// sent, on any PE of the team, and the buffer stays usable.
+    #[error("capacity exceeded in {op}: PE {src_pe} has {needed} rows for PE {dst_pe}, capacity {capacity} per (source, destination) pair")]
+    Capacity {
+        /// The operation.
+        op: &'static str,
+        /// The sending PE (team index).
+        src_pe: usize,
+        /// The receiving PE (team index).
+        dst_pe: usize,
+        /// Rows it would need.
+        needed: usize,
+        /// Rows available.
+        capacity: usize,
+    },
     /// An operating-system call failed.
     #[error("{op} failed: {msg}")]
     Os {

@@ -1,0 +1,755 @@
+//! Algorithms as data: a [`Plan`] is the list of steps one member of a team performs for one
+//! collective call. Planning is pure (no PE, no memory), so plans are unit-tested on a model
+//! that checks data and cross-member hazards, and any executor — the host executor in
+//! [`super::exec`], later a stream-ordered GPU one — can run the same plan.
+//!
+//! Conventions every plan follows:
+//! * members are team indices `0..n`; offsets and lengths are in elements;
+//! * data moves by *pull*: a member reads peers' symmetric buffers (`Src`, `Dst`) and writes
+//!   only its own (`Dst`, `Temp`); `Temp` is private to the member and never read by peers;
+//! * the first step is a [`Step::Sync`] (all inputs are ready; the host executor checks the
+//!   members' arguments across it) and between two syncs no member writes a range that another
+//!   member reads in the same phase; the last sync comes after every read of peer memory, so
+//!   when a member returns nobody reads its buffers any more;
+//! * in place (`Src` and `Dst` are the same object) is part of the plan: the planner avoids
+//!   the hazards, using `Temp` where it must;
+//! * `Reduce` folds the members' values in team order `0..n`, so every member computing an
+//!   element gets the same bits;
+//! * copies are split into chunks of at most `chunk` elements and reductions into chunks of
+//!   `chunk / n` (n inputs each), which bounds an executor's staging memory to about two chunks
+//!   and gives a GPU executor its pipeline units.
+
+/// How a collective moves its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algo {
+    /// Every member reads what it needs straight from the members that hold it (for
+    /// all_reduce: every member reads every input and reduces all of it).
+    OneShot,
+    /// Two phases over `n` parts of the vector: all_reduce = reduce-scatter then all-gather;
+    /// broadcast = scatter from the root then all-gather. Each member reads about 2·count
+    /// elements instead of n·count (all_reduce) and the root serves count instead of
+    /// (n-1)·count (broadcast), at the price of one more synchronisation.
+    TwoShot,
+}
+
+impl Algo {
+    /// Name used in `RSHMEM_COLL_ALGO` and reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algo::OneShot => "one_shot",
+            Algo::TwoShot => "two_shot",
+        }
+    }
+    pub(crate) fn code(self) -> u64 {
+        self as u64 + 1
+    }
+}
+
+/// The collective operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CollKind {
+    /// One root's vector to every member.
+    Broadcast,
+    /// Element-wise reduction of every member's vector to a root.
+    Reduce,
+    /// Element-wise reduction of every member's vector to every member.
+    AllReduce,
+    /// Every member's vector to every member, concatenated in team order.
+    AllGather,
+    /// Reduction whose result is scattered: member `i` gets part `i`.
+    ReduceScatter,
+    /// Member `i`'s part `j` goes to member `j`'s part `i` (equal parts).
+    AllToAll,
+    /// As `AllToAll` with per-pair counts and displacements.
+    AllToAllV,
+}
+
+impl CollKind {
+    /// Every kind.
+    pub const ALL: [CollKind; 7] = [
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::AllToAll,
+        CollKind::AllToAllV,
+    ];
+    /// Name used in messages and reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CollKind::Broadcast => "broadcast",
+            CollKind::Reduce => "reduce",
+            CollKind::AllReduce => "all_reduce",
+            CollKind::AllGather => "all_gather",
+            CollKind::ReduceScatter => "reduce_scatter",
+            CollKind::AllToAll => "all_to_all",
+            CollKind::AllToAllV => "all_to_all_v",
+        }
+    }
+    /// True when the kind has a [`Algo::TwoShot`] variant.
+    pub const fn has_two_shot(self) -> bool {
+        matches!(self, CollKind::AllReduce | CollKind::Broadcast)
+    }
+    pub(crate) fn code(self) -> u64 {
+        self as u64 + 1
+    }
+}
+
+/// A buffer as a plan names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Buf {
+    /// The source object (symmetric).
+    Src,
+    /// The destination object (symmetric; the same memory as `Src` in place).
+    Dst,
+    /// Private staging memory of [`Plan::temp_len`] elements (never read by peers).
+    Temp,
+}
+
+/// One step of a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Every member of the team reaches this point before any goes on.
+    Sync,
+    /// Copies `len` elements of member `peer`'s `from` (from element `from_at`) into this
+    /// member's `to` at `to_at`. `from` is `Temp` only when `peer` is this member.
+    Copy {
+        /// Team index read from.
+        peer: usize,
+        /// Buffer read.
+        from: Buf,
+        /// First element read.
+        from_at: usize,
+        /// Buffer written (this member's).
+        to: Buf,
+        /// First element written.
+        to_at: usize,
+        /// Elements.
+        len: usize,
+    },
+    /// Folds `len` elements of every member's `from` at `from_at`, in team order, into this
+    /// member's `to` at `to_at`. An executor reads all inputs of the step before it writes.
+    Reduce {
+        /// Buffer read on every member.
+        from: Buf,
+        /// First element read.
+        from_at: usize,
+        /// Buffer written (this member's).
+        to: Buf,
+        /// First element written.
+        to_at: usize,
+        /// Elements.
+        len: usize,
+    },
+}
+
+/// Who plans: the team size, this member, the buffers' relation, the chunk size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Members in the team.
+    pub n: usize,
+    /// This member's team index.
+    pub me: usize,
+    /// `Src` and `Dst` are the same object.
+    pub in_place: bool,
+    /// Most elements per copy or reduce step (at least 1).
+    pub chunk: usize,
+}
+
+/// What one member does for one collective call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The collective.
+    pub kind: CollKind,
+    /// The algorithm.
+    pub algo: Algo,
+    /// Team size, member, in place, chunk.
+    pub shape: Shape,
+    /// Elements of private staging memory the plan needs.
+    pub temp_len: usize,
+    /// The steps, starting with a [`Step::Sync`]; every member's plan has as many syncs.
+    pub steps: Vec<Step>,
+}
+
+impl Plan {
+    /// Number of synchronisations.
+    pub fn syncs(&self) -> usize {
+        self.steps.iter().filter(|s| **s == Step::Sync).count()
+    }
+}
+
+/// One member's receive in an all_to_all_v: `count` elements from the sender's `Src` at
+/// `src_at` into this member's `Dst` at `dst_at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VRecv {
+    /// Elements.
+    pub count: usize,
+    /// Where they are in the sender's source object.
+    pub src_at: usize,
+    /// Where they go in the receiver's destination object.
+    pub dst_at: usize,
+}
+
+/// Part `k` of `count` elements split in `n` near-equal parts: `(start, len)`.
+pub fn part(k: usize, n: usize, count: usize) -> (usize, usize) {
+    let at = |i: usize| (i as u128 * count as u128 / n.max(1) as u128) as usize;
+    (at(k), at(k + 1) - at(k))
+}
+
+struct Builder {
+    shape: Shape,
+    steps: Vec<Step>,
+    temp_len: usize,
+    /// The steps after the last sync touch only this member's memory: no final sync needed.
+    local_tail: bool,
+}
+
+impl Builder {
+    fn new(shape: Shape) -> Builder {
+        Builder {
+            shape: Shape {
+                chunk: shape.chunk.max(1),
+                ..shape
+            },
+            steps: vec![Step::Sync],
+            temp_len: 0,
+            local_tail: false,
+        }
+    }
+    fn sync(&mut self) {
+        self.steps.push(Step::Sync);
+    }
+    fn note_temp(&mut self, buf: Buf, end: usize) {
+        if buf == Buf::Temp {
+            self.temp_len = self.temp_len.max(end);
+        }
+    }
+    fn copy(&mut self, peer: usize, from: Buf, from_at: usize, to: Buf, to_at: usize, len: usize) {
+        if peer == self.shape.me && from_at == to_at && self.same(from, to) {
+            return;
+        }
+        self.note_temp(from, from_at + len);
+        self.note_temp(to, to_at + len);
+        let c = self.shape.chunk;
+        for o in (0..len).step_by(c) {
+            self.steps.push(Step::Copy {
+                peer,
+                from,
+                from_at: from_at + o,
+                to,
+                to_at: to_at + o,
+                len: c.min(len - o),
+            });
+        }
+    }
+    /// Reduce steps hold `chunk / n` elements, so gathering the n inputs of a step stages
+    /// about one chunk whatever the team size.
+    fn reduce(&mut self, from: Buf, from_at: usize, to: Buf, to_at: usize, len: usize) {
+        self.note_temp(to, to_at + len);
+        let c = (self.shape.chunk / self.shape.n.max(1)).max(1);
+        for o in (0..len).step_by(c) {
+            self.steps.push(Step::Reduce {
+                from,
+                from_at: from_at + o,
+                to,
+                to_at: to_at + o,
+                len: c.min(len - o),
+            });
+        }
+    }
+    /// True when the two buffers are the same memory on this member.
+    fn same(&self, a: Buf, b: Buf) -> bool {
+        a == b || (self.shape.in_place && a != Buf::Temp && b != Buf::Temp)
+    }
+    /// Peers in the order `me+1, me+2, …` (spreads the load: members start on different peers).
+    fn others(&self) -> impl Iterator<Item = usize> {
+        let Shape { n, me, .. } = self.shape;
+        (1..n).map(move |k| (me + k) % n)
+    }
+    fn done(mut self, kind: CollKind, algo: Algo) -> Plan {
+        if !self.local_tail {
+            self.sync();
+        }
+        Plan {
+            kind,
+            algo,
+            shape: self.shape,
+            temp_len: self.temp_len,
+            steps: self.steps,
+        }
+    }
+}
+
+/// broadcast: `count` elements of the root's `Src` into every member's `Dst` (the root's too).
+pub fn broadcast(s: Shape, root: usize, count: usize, algo: Algo) -> Plan {
+    let mut b = Builder::new(s);
+    let me = s.me;
+    if me == root {
+        b.copy(me, Buf::Src, 0, Buf::Dst, 0, count);
+    } else if algo == Algo::OneShot {
+        b.copy(root, Buf::Src, 0, Buf::Dst, 0, count);
+    } else {
+        // Scatter: member k fetches part k from the root; then every member fetches part j
+        // from member j (the root's part from the root), reading only parts nobody writes.
+        let (at, len) = part(me, s.n, count);
+        b.copy(root, Buf::Src, at, Buf::Dst, at, len);
+        b.sync();
+        for j in b.others().collect::<Vec<_>>() {
+            let (at, len) = part(j, s.n, count);
+            let from = if j == root { Buf::Src } else { Buf::Dst };
+            b.copy(j, from, at, Buf::Dst, at, len);
+        }
+    }
+    if me == root && algo == Algo::TwoShot {
+        b.sync(); // the root takes part in the other members' middle sync
+    }
+    b.done(CollKind::Broadcast, algo)
+}
+
+/// reduce: the fold of every member's `Src[..count]` into the root's `Dst[..count]`.
+pub fn reduce(s: Shape, root: usize, count: usize) -> Plan {
+    let mut b = Builder::new(s);
+    if s.me == root {
+        // In place the root reads its own chunk before writing it; peers never read the root.
+        b.reduce(Buf::Src, 0, Buf::Dst, 0, count);
+    }
+    b.done(CollKind::Reduce, Algo::OneShot)
+}
+
+/// all_reduce: the fold of every member's `Src[..count]` into every member's `Dst[..count]`.
+pub fn all_reduce(s: Shape, count: usize, algo: Algo) -> Plan {
+    let mut b = Builder::new(s);
+    match algo {
+        Algo::OneShot if s.in_place && s.n > 1 => {
+            // Peers read my Src until the middle sync: reduce into Temp, then overwrite.
+            b.reduce(Buf::Src, 0, Buf::Temp, 0, count);
+            b.sync();
+            b.copy(s.me, Buf::Temp, 0, Buf::Dst, 0, count);
+            b.local_tail = true;
+        }
+        Algo::OneShot => b.reduce(Buf::Src, 0, Buf::Dst, 0, count),
+        Algo::TwoShot => {
+            // Reduce-scatter: member k folds part k into its own Dst part k (in place, peers
+            // read only their own parts of my Src, never part k); all-gather: fetch part j
+            // from member j's Dst, writing parts that nobody reads in this phase.
+            let (at, len) = part(s.me, s.n, count);
+            b.reduce(Buf::Src, at, Buf::Dst, at, len);
+            b.sync();
+            for j in b.others().collect::<Vec<_>>() {
+                let (at, len) = part(j, s.n, count);
+                b.copy(j, Buf::Dst, at, Buf::Dst, at, len);
+            }
+        }
+    }
+    b.done(CollKind::AllReduce, algo)
+}
+
+/// all_gather: member j's `Src[..count]` into every member's `Dst[j·count..]`. In place the
+/// input is already at `Dst[me·count..]`.
+pub fn all_gather(s: Shape, count: usize) -> Plan {
+    let mut b = Builder::new(s);
+    let from = |j: usize| {
+        if s.in_place {
+            (Buf::Dst, j * count)
+        } else {
+            (Buf::Src, 0)
+        }
+    };
+    let (f, at) = from(s.me);
+    b.copy(s.me, f, at, Buf::Dst, s.me * count, count);
+    for j in b.others().collect::<Vec<_>>() {
+        let (f, at) = from(j);
+        b.copy(j, f, at, Buf::Dst, j * count, count);
+    }
+    b.done(CollKind::AllGather, Algo::OneShot)
+}
+
+/// reduce_scatter: the fold of every member's `Src[k·count..]` into member k's `Dst[..count]`;
+/// in place into `Dst[k·count..]` (the object holds n·count elements).
+pub fn reduce_scatter(s: Shape, count: usize) -> Plan {
+    let mut b = Builder::new(s);
+    let to_at = if s.in_place { s.me * count } else { 0 };
+    b.reduce(Buf::Src, s.me * count, Buf::Dst, to_at, count);
+    b.done(CollKind::ReduceScatter, Algo::OneShot)
+}
+
+/// all_to_all: member j's `Src[k·count..]` into member k's `Dst[j·count..]`.
+pub fn all_to_all(s: Shape, count: usize) -> Plan {
+    let recv: Vec<VRecv> = (0..s.n)
+        .map(|j| VRecv {
+            count,
+            src_at: s.me * count,
+            dst_at: j * count,
+        })
+        .collect();
+    Plan {
+        kind: CollKind::AllToAll,
+        ..all_to_all_v(s, &recv)
+    }
+}
+
+/// all_to_all_v: `recv[j]` says what this member receives from member j.
+pub fn all_to_all_v(s: Shape, recv: &[VRecv]) -> Plan {
+    let mut b = Builder::new(s);
+    let order: Vec<usize> = std::iter::once(s.me).chain(b.others()).collect();
+    if s.in_place && s.n > 1 {
+        // Peers read my Src until the middle sync: stage everything, then overwrite.
+        let mut t = 0;
+        let mut staged = Vec::new();
+        for &j in &order {
+            let r = recv[j];
+            b.copy(j, Buf::Src, r.src_at, Buf::Temp, t, r.count);
+            staged.push((t, r));
+            t += r.count;
+        }
+        b.sync();
+        for (t, r) in staged {
+            b.copy(s.me, Buf::Temp, t, Buf::Dst, r.dst_at, r.count);
+        }
+        b.local_tail = true;
+    } else {
+        for &j in &order {
+            let r = recv[j];
+            b.copy(j, Buf::Src, r.src_at, Buf::Dst, r.dst_at, r.count);
+        }
+    }
+    b.done(CollKind::AllToAllV, Algo::OneShot)
+}
+
+#[cfg(test)]
+#[allow(clippy::needless_range_loop)] // member indices index several tables
+mod tests {
+    use super::*;
+    use std::ops::Range;
+
+    /// A model of n members' memory: runs plans phase by phase, checks that no member writes
+    /// what another reads in the same phase, and returns every member's Dst.
+    struct Model {
+        n: usize,
+        in_place: bool,
+        src: Vec<Vec<i64>>,
+        dst: Vec<Vec<i64>>,
+    }
+
+    fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+        a.start < b.end && b.start < a.end && !a.is_empty() && !b.is_empty()
+    }
+
+    impl Model {
+        /// The memory a (member, buf) names: Src and Dst are one object in place.
+        fn obj(&self, b: Buf) -> u8 {
+            match b {
+                Buf::Src => 0,
+                Buf::Dst if self.in_place => 0,
+                Buf::Dst => 1,
+                Buf::Temp => 2,
+            }
+        }
+        fn read(&self, m: usize, b: Buf, at: usize, len: usize, temp: &[Vec<i64>]) -> Vec<i64> {
+            let v = match self.obj(b) {
+                0 => &self.src[m],
+                1 => &self.dst[m],
+                _ => &temp[m],
+            };
+            v[at..at + len].to_vec()
+        }
+        fn write(&mut self, m: usize, b: Buf, at: usize, x: &[i64], temp: &mut [Vec<i64>]) {
+            let v = match self.obj(b) {
+                0 => &mut self.src[m],
+                1 => &mut self.dst[m],
+                _ => &mut temp[m],
+            };
+            v[at..at + x.len()].copy_from_slice(x);
+        }
+
+        fn run(&mut self, plans: &[Plan]) {
+            let n = self.n;
+            let mut temp: Vec<Vec<i64>> = plans.iter().map(|p| vec![0; p.temp_len]).collect();
+            let phases: Vec<Vec<&[Step]>> = plans
+                .iter()
+                .map(|p| {
+                    assert_eq!(p.steps[0], Step::Sync, "{p:?}");
+                    p.steps.split(|s| *s == Step::Sync).collect()
+                })
+                .collect();
+            let np = phases[0].len();
+            assert!(phases.iter().all(|p| p.len() == np), "sync counts differ");
+            for ph in 0..np {
+                // (reader, owner, object, range) and (owner, object, range)
+                let mut reads = Vec::new();
+                let mut writes = Vec::new();
+                for m in 0..n {
+                    for st in phases[m][ph] {
+                        match *st {
+                            Step::Copy {
+                                peer,
+                                from,
+                                from_at,
+                                to,
+                                to_at,
+                                len,
+                            } => {
+                                assert!(from != Buf::Temp || peer == m);
+                                reads.push((m, peer, self.obj(from), from_at..from_at + len));
+                                writes.push((m, self.obj(to), to_at..to_at + len));
+                            }
+                            Step::Reduce {
+                                from,
+                                from_at,
+                                to,
+                                to_at,
+                                len,
+                            } => {
+                                assert_ne!(from, Buf::Temp);
+                                for p in 0..n {
+                                    reads.push((m, p, self.obj(from), from_at..from_at + len));
+                                }
+                                writes.push((m, self.obj(to), to_at..to_at + len));
+                            }
+                            Step::Sync => unreachable!(),
+                        }
+                    }
+                }
+                if ph == np - 1 {
+                    // after the last sync nobody reads peer memory any more
+                    assert!(
+                        reads.iter().all(|(rm, ro, _, _)| rm == ro),
+                        "reads after the last sync"
+                    );
+                }
+                for (wm, wo, wr) in &writes {
+                    for (rm, ro, oo, rr) in &reads {
+                        if rm != wm && ro == wm && oo == wo && *wo != 2 {
+                            assert!(!overlap(wr, rr), "hazard: member {wm} writes {wo}:{wr:?} while member {rm} reads it (phase {ph})");
+                        }
+                    }
+                }
+                for m in 0..n {
+                    for st in phases[m][ph] {
+                        match *st {
+                            Step::Copy {
+                                peer,
+                                from,
+                                from_at,
+                                to,
+                                to_at,
+                                len,
+                            } => {
+                                let x = self.read(peer, from, from_at, len, &temp);
+                                self.write(m, to, to_at, &x, &mut temp);
+                            }
+                            Step::Reduce {
+                                from,
+                                from_at,
+                                to,
+                                to_at,
+                                len,
+                            } => {
+                                let mut acc = self.read(0, from, from_at, len, &temp);
+                                for p in 1..n {
+                                    let x = self.read(p, from, from_at, len, &temp);
+                                    for (a, b) in acc.iter_mut().zip(x) {
+                                        *a = a.wrapping_add(b);
+                                    }
+                                }
+                                self.write(m, to, to_at, &acc, &mut temp);
+                            }
+                            Step::Sync => unreachable!(),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn input(m: usize, i: usize) -> i64 {
+        (m as i64 + 1) * 1000 + i as i64
+    }
+
+    /// Runs `kind` on the model and returns each member's destination object.
+    fn model(
+        kind: CollKind,
+        n: usize,
+        count: usize,
+        in_place: bool,
+        algo: Algo,
+        chunk: usize,
+        root: usize,
+    ) -> Vec<Vec<i64>> {
+        let (src_len, dst_len) = match kind {
+            CollKind::Broadcast | CollKind::Reduce | CollKind::AllReduce => (count, count),
+            CollKind::AllGather => (count, n * count),
+            CollKind::ReduceScatter => (n * count, count),
+            _ => (n * count, n * count),
+        };
+        let len = src_len.max(dst_len);
+        let mut md = Model {
+            n,
+            in_place,
+            src: (0..n)
+                .map(|m| (0..len).map(|i| input(m, i)).collect())
+                .collect(),
+            dst: (0..n).map(|_| vec![-1; len]).collect(),
+        };
+        if in_place && kind == CollKind::AllGather {
+            // the input sits at the member's part of the object
+            for m in 0..n {
+                let v: Vec<i64> = (0..count).map(|i| input(m, i)).collect();
+                md.src[m][m * count..(m + 1) * count].copy_from_slice(&v);
+            }
+        }
+        let plans: Vec<Plan> = (0..n)
+            .map(|me| {
+                let s = Shape {
+                    n,
+                    me,
+                    in_place,
+                    chunk,
+                };
+                match kind {
+                    CollKind::Broadcast => broadcast(s, root, count, algo),
+                    CollKind::Reduce => reduce(s, root, count),
+                    CollKind::AllReduce => all_reduce(s, count, algo),
+                    CollKind::AllGather => all_gather(s, count),
+                    CollKind::ReduceScatter => reduce_scatter(s, count),
+                    CollKind::AllToAll => all_to_all(s, count),
+                    CollKind::AllToAllV => unreachable!(),
+                }
+            })
+            .collect();
+        md.run(&plans);
+        if in_place {
+            md.src
+        } else {
+            md.dst
+        }
+    }
+
+    #[test]
+    fn plans_are_correct_and_hazard_free() {
+        for n in 1..=5 {
+            for count in [0, 1, 3, 7, 20] {
+                for in_place in [false, true] {
+                    for algo in [Algo::OneShot, Algo::TwoShot] {
+                        for chunk in [1, 3, 1 << 20] {
+                            let sum = |i: usize| (0..n).map(|m| input(m, i)).sum::<i64>();
+                            let ctx = format!(
+                                "n {n} count {count} in_place {in_place} {algo:?} chunk {chunk}"
+                            );
+                            for root in 0..n {
+                                let d = model(
+                                    CollKind::Broadcast,
+                                    n,
+                                    count,
+                                    in_place,
+                                    algo,
+                                    chunk,
+                                    root,
+                                );
+                                for m in 0..n {
+                                    let want: Vec<i64> =
+                                        (0..count).map(|i| input(root, i)).collect();
+                                    assert_eq!(
+                                        d[m][..count],
+                                        want[..],
+                                        "broadcast root {root} {ctx}"
+                                    );
+                                }
+                                let d =
+                                    model(CollKind::Reduce, n, count, in_place, algo, chunk, root);
+                                let want: Vec<i64> = (0..count).map(sum).collect();
+                                assert_eq!(d[root][..count], want[..], "reduce {ctx}");
+                            }
+                            let d = model(CollKind::AllReduce, n, count, in_place, algo, chunk, 0);
+                            for m in 0..n {
+                                let want: Vec<i64> = (0..count).map(sum).collect();
+                                assert_eq!(d[m][..count], want[..], "all_reduce {ctx}");
+                            }
+                            let d = model(CollKind::AllGather, n, count, in_place, algo, chunk, 0);
+                            let want: Vec<i64> = (0..n * count)
+                                .map(|i| input(i / count.max(1), i % count.max(1)))
+                                .collect();
+                            for m in 0..n {
+                                assert_eq!(d[m][..n * count], want[..], "all_gather {ctx}");
+                            }
+                            let d =
+                                model(CollKind::ReduceScatter, n, count, in_place, algo, chunk, 0);
+                            for m in 0..n {
+                                let want: Vec<i64> =
+                                    (m * count..(m + 1) * count).map(sum).collect();
+                                let at = if in_place { m * count } else { 0 };
+                                assert_eq!(d[m][at..at + count], want[..], "reduce_scatter {ctx}");
+                            }
+                            let d = model(CollKind::AllToAll, n, count, in_place, algo, chunk, 0);
+                            for m in 0..n {
+                                let want: Vec<i64> = (0..n * count)
+                                    .map(|i| input(i / count.max(1), m * count + i % count.max(1)))
+                                    .collect();
+                                assert_eq!(d[m][..n * count], want[..], "all_to_all {ctx}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parts_cover() {
+        for n in 1..7 {
+            for c in [0, 1, 5, 100] {
+                let mut next = 0;
+                for k in 0..n {
+                    let (at, len) = part(k, n, c);
+                    assert_eq!(at, next);
+                    next += len;
+                }
+                assert_eq!(next, c);
+            }
+        }
+    }
+
+    #[test]
+    fn chunking_bounds_steps() {
+        let p = all_reduce(
+            Shape {
+                n: 3,
+                me: 1,
+                in_place: false,
+                chunk: 4,
+            },
+            10,
+            Algo::OneShot,
+        );
+        assert_eq!(p.syncs(), 2);
+        assert!(p.steps.iter().all(|s| match s {
+            Step::Reduce { len, .. } | Step::Copy { len, .. } => *len <= 4,
+            Step::Sync => true,
+        }));
+        assert_eq!(p.temp_len, 0);
+        let p = all_reduce(
+            Shape {
+                n: 3,
+                me: 1,
+                in_place: true,
+                chunk: 4,
+            },
+            10,
+            Algo::OneShot,
+        );
+        assert_eq!(p.temp_len, 10);
+        assert_eq!(p.syncs(), 2);
+        let p = all_reduce(
+            Shape {
+                n: 3,
+                me: 1,
+                in_place: true,
+                chunk: 4,
+            },
+            10,
+            Algo::TwoShot,
+        );
+        assert_eq!((p.temp_len, p.syncs()), (0, 3));
+    }
+}

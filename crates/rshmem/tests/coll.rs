@@ -1,0 +1,775 @@
+//! Collectives: every collective × element type × operation × team shape (1–4 PEs, a strided
+//! team, a split team) × in place / out of place × one-shot / two-shot with small chunks,
+//! against references computed from every member's seeded inputs; and bad inputs.
+//!
+//! Data: integers are full-range random values (sums and products wrap, checked exactly);
+//! floats are `harness::rand_vec` values (multiples of 1/8 below 2^14, so sums of up to 4 of
+//! them are exact in f32 and f64) or, for products, small integers — every float result is
+//! exact, so floats are compared exactly too (f16/bf16: the exact value rounded once).
+
+#[path = "harness/mod.rs"]
+mod harness;
+
+use rshmem::coll::{Algo, AllToAllV, Coll, CollConfig, ReduceOp};
+use rshmem::{bf16, f16, Elem, Error, Pe, Result, Sym, Team};
+
+/// Test-side knowledge of an element type: data generation and the reference fold.
+trait TElem: Elem {
+    fn gen(pe: usize, stream: u64, len: usize, op: ReduceOp) -> Vec<Self>;
+    fn fold(op: ReduceOp, xs: &[Self]) -> Self;
+    fn ops() -> &'static [ReduceOp];
+    fn poison() -> Self;
+}
+
+fn mix(x: f64) -> u64 {
+    ((x * 8.0) as i64 as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+macro_rules! int_elem {
+    ($($t:ty),*) => {$(
+        impl TElem for $t {
+            fn gen(pe: usize, stream: u64, len: usize, _op: ReduceOp) -> Vec<Self> {
+                harness::rand_vec::<f64>(pe, stream, len)
+                    .into_iter()
+                    .map(|x| mix(x) as $t) // full range: sums and products wrap
+                    .collect()
+            }
+            fn fold(op: ReduceOp, xs: &[Self]) -> Self {
+                xs[1..].iter().fold(xs[0], |a, &b| match op {
+                    ReduceOp::Sum => a.wrapping_add(b),
+                    ReduceOp::Prod => a.wrapping_mul(b),
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                    ReduceOp::And => a & b,
+                    ReduceOp::Or => a | b,
+                    ReduceOp::Xor => a ^ b,
+                })
+            }
+            fn ops() -> &'static [ReduceOp] {
+                &ReduceOp::ALL
+            }
+            fn poison() -> Self {
+                0x5a5a_5a5a_5a5a_5a5au64 as $t
+            }
+        }
+    )*};
+}
+int_elem!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+macro_rules! float_elem {
+    ($($t:ty),*) => {$(
+        impl TElem for $t {
+            fn gen(pe: usize, stream: u64, len: usize, op: ReduceOp) -> Vec<Self> {
+                if op == ReduceOp::Prod {
+                    const SMALL: [f64; 6] = [-3.0, -2.0, -1.0, 1.0, 2.0, 3.0];
+                    harness::rand_vec::<f64>(pe, stream, len)
+                        .into_iter()
+                        .map(|x| <$t>::from_f64(SMALL[(mix(x) >> 40) as usize % 6]))
+                        .collect()
+                } else {
+                    harness::rand_vec::<$t>(pe, stream, len)
+                }
+            }
+            fn fold(op: ReduceOp, xs: &[Self]) -> Self {
+                let v = xs[1..].iter().fold(xs[0].to_f64(), |a, b| {
+                    let b = b.to_f64();
+                    match op {
+                        ReduceOp::Sum => a + b,
+                        ReduceOp::Prod => a * b,
+                        ReduceOp::Min => a.min(b),
+                        ReduceOp::Max => a.max(b),
+                        _ => unreachable!("bitwise on floats"),
+                    }
+                });
+                <$t>::from_f64(v)
+            }
+            fn ops() -> &'static [ReduceOp] {
+                &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max]
+            }
+            fn poison() -> Self {
+                <$t>::from_f64(f64::NAN)
+            }
+        }
+    )*};
+}
+float_elem!(f16, bf16, f32, f64);
+
+/// Runs `$f::<T>(args)` for every element type.
+macro_rules! each_type {
+    ($f:ident($($a:expr),*)) => {{
+        $f::<i8>($($a),*)?;
+        $f::<i16>($($a),*)?;
+        $f::<i32>($($a),*)?;
+        $f::<i64>($($a),*)?;
+        $f::<u8>($($a),*)?;
+        $f::<u16>($($a),*)?;
+        $f::<u32>($($a),*)?;
+        $f::<u64>($($a),*)?;
+        $f::<f16>($($a),*)?;
+        $f::<bf16>($($a),*)?;
+        $f::<f32>($($a),*)?;
+        $f::<f64>($($a),*)?;
+    }};
+}
+
+/// The world, a strided team (3+ PEs) and a split team (members in reverse PE order), the
+/// same list on every PE (`None` where this PE is not a member).
+struct Teams {
+    strided: Option<Team>,
+    split: Option<Team>,
+}
+
+impl Teams {
+    fn new(pe: &Pe) -> Result<Teams> {
+        let w = pe.world_team();
+        let n = pe.n_pes();
+        let strided = if n >= 3 {
+            pe.team_split_strided(w, (n + 1) % 2, 2, 2)? // 3 PEs: {0, 2}; 4 PEs: {1, 3}
+        } else {
+            None
+        };
+        let split = pe.team_split(w, Some((pe.my_pe() % 2) as u32), -(pe.my_pe() as i64))?;
+        Ok(Teams { strided, split })
+    }
+    fn list<'a>(&'a self, pe: &'a Pe) -> [(&'static str, Option<&'a Team>); 3] {
+        [
+            ("world", Some(pe.world_team())),
+            ("strided", self.strided.as_ref()),
+            ("split", self.split.as_ref()),
+        ]
+    }
+    fn destroy(self, pe: &Pe) -> Result<()> {
+        if let Some(t) = self.strided {
+            pe.team_destroy(t)?;
+        }
+        if let Some(t) = self.split {
+            pe.team_destroy(t)?;
+        }
+        Ok(())
+    }
+}
+
+/// Two configurations: one-shot with whole-vector steps; two-shot with 16-byte chunks.
+fn colls(pe: &Pe) -> Result<[Coll<'_>; 2]> {
+    Ok([
+        Coll::new(
+            pe,
+            CollConfig::default()
+                .algo(Some(Algo::OneShot))
+                .chunk_bytes(1 << 20),
+        )?,
+        Coll::new(
+            pe,
+            CollConfig::default()
+                .algo(Some(Algo::TwoShot))
+                .chunk_bytes(16),
+        )?,
+    ])
+}
+
+/// The element counts tried (per member part), one per case.
+const COUNTS: [usize; 4] = [5, 1, 23, 0];
+const MAXC: usize = 23;
+
+/// One test case: which coll, team, in place, count, stream.
+struct Case<'a> {
+    coll: &'a Coll<'a>,
+    team: &'a Team,
+    in_place: bool,
+    count: usize,
+    stream: u64,
+    ctx: String,
+}
+
+/// Calls `f` for every coll × team × in place, with a count and a stream that every PE
+/// derives the same way (non-members skip the case but advance the stream).
+fn cases<'a>(
+    pe: &'a Pe,
+    cs: &'a [Coll<'a>; 2],
+    teams: &'a Teams,
+    what: &str,
+    mut f: impl FnMut(&Case<'_>) -> Result<()>,
+) -> Result<()> {
+    let mut stream = 0u64;
+    for (ci, coll) in cs.iter().enumerate() {
+        for (tname, team) in teams.list(pe) {
+            for in_place in [false, true] {
+                stream += 1;
+                let Some(team) = team else { continue };
+                let count = COUNTS[stream as usize % COUNTS.len()];
+                let ctx = format!(
+                    "{what} coll {ci} team {tname} {:?} in_place {in_place} count {count} (PE {} of {})",
+                    team.members(),
+                    pe.my_pe(),
+                    pe.n_pes()
+                );
+                f(&Case {
+                    coll,
+                    team,
+                    in_place,
+                    count,
+                    stream,
+                    ctx,
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check<T: Elem>(got: &[T], want: &[T], ctx: &str) {
+    assert_eq!(got.len(), want.len(), "{ctx}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        // NaN only where the poison must have stayed (no expected value is NaN)
+        #[allow(clippy::eq_op)]
+        let both_nan = g != g && w != w;
+        assert!(
+            g == w || both_nan,
+            "{ctx}: element {i} is {g:?}, expected {w:?}"
+        );
+    }
+}
+
+fn tname<T: Elem>() -> &'static str {
+    T::KIND.name()
+}
+
+// ----- reductions -----
+
+fn all_reduce_t<T: TElem>(pe: &Pe, cs: &[Coll<'_>; 2], teams: &Teams) -> Result<()> {
+    let src = pe.alloc::<T>(MAXC)?;
+    let dst = pe.alloc::<T>(MAXC)?;
+    for &op in T::ops() {
+        let what = format!("all_reduce {} {}", tname::<T>(), op.name());
+        cases(pe, cs, teams, &what, |c| {
+            let s = c.stream * 16 + op as u64;
+            let m = c.team.members();
+            let mine = T::gen(pe.my_pe(), s, c.count, op);
+            pe.local_fill(&dst, T::poison())?;
+            if c.in_place {
+                pe.local_write(&dst, 0, &mine)?;
+                c.coll.all_reduce(c.team, &dst, &dst, c.count, op)?;
+            } else {
+                pe.local_write(&src, 0, &mine)?;
+                c.coll.all_reduce(c.team, &dst, &src, c.count, op)?;
+            }
+            let ins: Vec<Vec<T>> = m.iter().map(|&w| T::gen(w, s, c.count, op)).collect();
+            let mut want: Vec<T> = (0..c.count)
+                .map(|i| T::fold(op, &ins.iter().map(|v| v[i]).collect::<Vec<_>>()))
+                .collect();
+            want.resize(MAXC, T::poison());
+            check(&pe.local_vec(&dst)?, &want, &c.ctx);
+            Ok(())
+        })?;
+    }
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+fn reduce_t<T: TElem>(pe: &Pe, cs: &[Coll<'_>; 2], teams: &Teams) -> Result<()> {
+    let src = pe.alloc::<T>(MAXC)?;
+    let dst = pe.alloc::<T>(MAXC)?;
+    for &op in T::ops() {
+        let what = format!("reduce {} {}", tname::<T>(), op.name());
+        cases(pe, cs, teams, &what, |c| {
+            let s = c.stream * 16 + op as u64;
+            let m = c.team.members();
+            let root = (c.stream as usize) % m.len();
+            let mine = T::gen(pe.my_pe(), s, MAXC, op);
+            pe.local_fill(&dst, T::poison())?;
+            let obj = if c.in_place { &dst } else { &src };
+            pe.local_write(obj, 0, &mine)?;
+            c.coll.reduce(c.team, &dst, obj, c.count, op, root)?;
+            let want: Vec<T> = if c.team.my_pe() == root {
+                let ins: Vec<Vec<T>> = m.iter().map(|&w| T::gen(w, s, MAXC, op)).collect();
+                let mut w: Vec<T> = (0..c.count)
+                    .map(|i| T::fold(op, &ins.iter().map(|v| v[i]).collect::<Vec<_>>()))
+                    .collect();
+                w.extend_from_slice(if c.in_place { &mine[c.count..] } else { &[] });
+                w.resize(MAXC, T::poison());
+                w
+            } else if c.in_place {
+                mine // untouched
+            } else {
+                vec![T::poison(); MAXC]
+            };
+            check(
+                &pe.local_vec(&dst)?,
+                &want,
+                &format!("{} root {root}", c.ctx),
+            );
+            Ok(())
+        })?;
+    }
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+fn reduce_scatter_t<T: TElem>(pe: &Pe, cs: &[Coll<'_>; 2], teams: &Teams) -> Result<()> {
+    let len = MAXC * pe.n_pes();
+    let src = pe.alloc::<T>(len)?;
+    let dst = pe.alloc::<T>(len)?;
+    for &op in T::ops() {
+        let what = format!("reduce_scatter {} {}", tname::<T>(), op.name());
+        cases(pe, cs, teams, &what, |c| {
+            let s = c.stream * 16 + op as u64;
+            let (m, me, k) = (c.team.members(), c.team.my_pe(), c.count);
+            let mine = T::gen(pe.my_pe(), s, len, op);
+            pe.local_fill(&dst, T::poison())?;
+            let obj = if c.in_place { &dst } else { &src };
+            pe.local_write(obj, 0, &mine)?;
+            c.coll.reduce_scatter(c.team, &dst, obj, k, op)?;
+            let ins: Vec<Vec<T>> = m.iter().map(|&w| T::gen(w, s, len, op)).collect();
+            let part: Vec<T> = (me * k..(me + 1) * k)
+                .map(|i| T::fold(op, &ins.iter().map(|v| v[i]).collect::<Vec<_>>()))
+                .collect();
+            let want: Vec<T> = if c.in_place {
+                let mut w = mine.clone();
+                w[me * k..(me + 1) * k].copy_from_slice(&part);
+                w
+            } else {
+                let mut w = part;
+                w.resize(len, T::poison());
+                w
+            };
+            check(&pe.local_vec(&dst)?, &want, &c.ctx);
+            Ok(())
+        })?;
+    }
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+// ----- data movement (no op: one pass per type) -----
+
+fn broadcast_t<T: TElem>(pe: &Pe, cs: &[Coll<'_>; 2], teams: &Teams) -> Result<()> {
+    let src = pe.alloc::<T>(MAXC)?;
+    let dst = pe.alloc::<T>(MAXC)?;
+    let what = format!("broadcast {}", tname::<T>());
+    cases(pe, cs, teams, &what, |c| {
+        let m = c.team.members();
+        for (root, &root_pe) in m.iter().enumerate() {
+            let s = c.stream * 16 + root as u64;
+            let mine = T::gen(pe.my_pe(), s, MAXC, ReduceOp::Sum);
+            pe.local_fill(&dst, T::poison())?;
+            let obj = if c.in_place { &dst } else { &src };
+            pe.local_write(obj, 0, &mine)?;
+            c.coll.broadcast(c.team, &dst, obj, c.count, root)?;
+            let mut want = T::gen(root_pe, s, c.count, ReduceOp::Sum);
+            if c.in_place {
+                want.extend_from_slice(&mine[c.count..]);
+            }
+            want.resize(MAXC, T::poison());
+            check(
+                &pe.local_vec(&dst)?,
+                &want,
+                &format!("{} root {root}", c.ctx),
+            );
+        }
+        Ok(())
+    })?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+fn all_gather_t<T: TElem>(pe: &Pe, cs: &[Coll<'_>; 2], teams: &Teams) -> Result<()> {
+    let len = MAXC * pe.n_pes();
+    let src = pe.alloc::<T>(MAXC)?;
+    let dst = pe.alloc::<T>(len)?;
+    let what = format!("all_gather {}", tname::<T>());
+    cases(pe, cs, teams, &what, |c| {
+        let (m, me, k) = (c.team.members(), c.team.my_pe(), c.count);
+        let s = c.stream;
+        let mine = T::gen(pe.my_pe(), s, k, ReduceOp::Sum);
+        pe.local_fill(&dst, T::poison())?;
+        if c.in_place {
+            pe.local_write(&dst, me * k, &mine)?;
+            c.coll.all_gather(c.team, &dst, &dst, k)?;
+        } else {
+            pe.local_write(&src, 0, &mine)?;
+            c.coll.all_gather(c.team, &dst, &src, k)?;
+        }
+        let mut want: Vec<T> = m
+            .iter()
+            .flat_map(|&w| T::gen(w, s, k, ReduceOp::Sum))
+            .collect();
+        want.resize(len, T::poison());
+        check(&pe.local_vec(&dst)?, &want, &c.ctx);
+        Ok(())
+    })?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+fn all_to_all_t<T: TElem>(pe: &Pe, cs: &[Coll<'_>; 2], teams: &Teams) -> Result<()> {
+    let len = MAXC * pe.n_pes();
+    let src = pe.alloc::<T>(len)?;
+    let dst = pe.alloc::<T>(len)?;
+    let what = format!("all_to_all {}", tname::<T>());
+    cases(pe, cs, teams, &what, |c| {
+        let (m, me, k) = (c.team.members(), c.team.my_pe(), c.count);
+        let s = c.stream;
+        let mine = T::gen(pe.my_pe(), s, len, ReduceOp::Sum);
+        pe.local_fill(&dst, T::poison())?;
+        let obj = if c.in_place { &dst } else { &src };
+        pe.local_write(obj, 0, &mine)?;
+        c.coll.all_to_all(c.team, &dst, obj, k)?;
+        let mut want: Vec<T> = if c.in_place {
+            mine.clone()
+        } else {
+            vec![T::poison(); len]
+        };
+        for (j, &w) in m.iter().enumerate() {
+            let theirs = T::gen(w, s, len, ReduceOp::Sum);
+            want[j * k..(j + 1) * k].copy_from_slice(&theirs[me * k..(me + 1) * k]);
+        }
+        check(&pe.local_vec(&dst)?, &want, &c.ctx);
+        Ok(())
+    })?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+/// all_to_all_v layout for a case: member i sends `cnt(i, j)` elements to j from
+/// `sdispl(i)[j]`, packed in member order with one-element gaps; j receives them at
+/// `rdispl(j)[i]`, packed in reverse member order with two-element gaps.
+struct VLayout {
+    n: usize,
+    stream: u64,
+}
+
+impl VLayout {
+    fn cnt(&self, i: usize, j: usize) -> usize {
+        (mix(harness::rand_vec::<f64>(i * 64 + j, self.stream, 1)[0]) >> 33) as usize % 5
+    }
+    fn sdispl(&self, i: usize) -> Vec<usize> {
+        let mut at = 1;
+        (0..self.n)
+            .map(|j| {
+                let d = at;
+                at += self.cnt(i, j) + 1;
+                d
+            })
+            .collect()
+    }
+    fn rdispl(&self, j: usize) -> Vec<usize> {
+        let mut d = vec![0; self.n];
+        let mut at = 0;
+        for i in (0..self.n).rev() {
+            d[i] = at;
+            at += self.cnt(i, j) + 2;
+        }
+        d
+    }
+    /// Object length that holds every layout: n·(4 + 2) + 1.
+    fn len(n: usize) -> usize {
+        n * 6 + 1
+    }
+}
+
+fn all_to_all_v_t<T: TElem>(pe: &Pe, cs: &[Coll<'_>; 2], teams: &Teams) -> Result<()> {
+    let len = VLayout::len(pe.n_pes());
+    let src = pe.alloc::<T>(len)?;
+    let dst = pe.alloc::<T>(len)?;
+    let what = format!("all_to_all_v {}", tname::<T>());
+    cases(pe, cs, teams, &what, |c| {
+        let (m, me, n) = (c.team.members(), c.team.my_pe(), c.team.n_pes());
+        let l = VLayout {
+            n,
+            stream: c.stream,
+        };
+        let s = c.stream;
+        let mine = T::gen(pe.my_pe(), s, len, ReduceOp::Sum);
+        pe.local_fill(&dst, T::poison())?;
+        let obj = if c.in_place { &dst } else { &src };
+        pe.local_write(obj, 0, &mine)?;
+        let sc: Vec<usize> = (0..n).map(|j| l.cnt(me, j)).collect();
+        let rc: Vec<usize> = (0..n).map(|i| l.cnt(i, me)).collect();
+        let (sd, rd) = (l.sdispl(me), l.rdispl(me));
+        let v = AllToAllV {
+            send_counts: &sc,
+            send_displs: &sd,
+            recv_counts: &rc,
+            recv_displs: &rd,
+        };
+        c.coll.all_to_all_v(c.team, &dst, obj, &v)?;
+        let mut want: Vec<T> = if c.in_place {
+            mine.clone()
+        } else {
+            vec![T::poison(); len]
+        };
+        for (i, &w) in m.iter().enumerate() {
+            let theirs = T::gen(w, s, len, ReduceOp::Sum);
+            let at = l.sdispl(i)[me];
+            want[rd[i]..rd[i] + rc[i]].copy_from_slice(&theirs[at..at + rc[i]]);
+        }
+        check(&pe.local_vec(&dst)?, &want, &c.ctx);
+        Ok(())
+    })?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+macro_rules! coll_body {
+    ($name:ident, $f:ident) => {
+        fn $name(pe: &Pe) -> Result<()> {
+            let teams = Teams::new(pe)?;
+            let cs = colls(pe)?;
+            each_type!($f(pe, &cs, &teams));
+            let [a, b] = cs;
+            a.free()?;
+            b.free()?;
+            teams.destroy(pe)
+        }
+    };
+}
+
+coll_body!(all_reduce_body, all_reduce_t);
+coll_body!(reduce_body, reduce_t);
+coll_body!(reduce_scatter_body, reduce_scatter_t);
+coll_body!(broadcast_body, broadcast_t);
+coll_body!(all_gather_body, all_gather_t);
+coll_body!(all_to_all_body, all_to_all_t);
+coll_body!(all_to_all_v_body, all_to_all_v_t);
+
+mode_test!(coll_all_reduce, [1, 2, 3, 4], all_reduce_body);
+mode_test!(coll_reduce, [1, 2, 3, 4], reduce_body);
+mode_test!(coll_reduce_scatter, [1, 2, 3, 4], reduce_scatter_body);
+mode_test!(coll_broadcast, [1, 2, 3, 4], broadcast_body);
+mode_test!(coll_all_gather, [1, 2, 3, 4], all_gather_body);
+mode_test!(coll_all_to_all, [1, 2, 3, 4], all_to_all_body);
+mode_test!(coll_all_to_all_v, [1, 2, 3, 4], all_to_all_v_body);
+
+// ----- larger vectors with the default configuration (size-based choice, many chunks) -----
+
+fn auto_body(pe: &Pe) -> Result<()> {
+    // 96K f32 elements = 384 KiB: above the default two-shot threshold, two chunks.
+    let coll = Coll::new(pe, CollConfig::default())?;
+    let count = 96 << 10;
+    let x = pe.alloc::<f32>(count)?;
+    for (k, &root) in [0usize, pe.n_pes() - 1].iter().enumerate() {
+        let s = 900 + k as u64;
+        pe.local_write(&x, 0, &f32::gen(pe.my_pe(), s, count, ReduceOp::Sum))?;
+        coll.all_reduce(pe.world_team(), &x, &x, count, ReduceOp::Sum)?;
+        let ins: Vec<Vec<f32>> = (0..pe.n_pes())
+            .map(|w| f32::gen(w, s, count, ReduceOp::Sum))
+            .collect();
+        let want: Vec<f32> = (0..count)
+            .map(|i| f32::fold(ReduceOp::Sum, &ins.iter().map(|v| v[i]).collect::<Vec<_>>()))
+            .collect();
+        check(&pe.local_vec(&x)?, &want, "auto all_reduce");
+        pe.local_write(&x, 0, &ins[pe.my_pe()])?;
+        coll.broadcast(pe.world_team(), &x, &x, count, root)?;
+        check(&pe.local_vec(&x)?, &ins[root], "auto broadcast");
+    }
+    pe.free(x)?;
+    coll.free()
+}
+
+mode_test!(coll_auto_large, [2, 3], auto_body);
+
+// ----- bad inputs: an error on every member, nothing moved, and the next call works -----
+
+fn is_err(r: &Result<()>) -> bool {
+    r.is_err()
+}
+
+fn bad_body(pe: &Pe) -> Result<()> {
+    let coll = Coll::new(pe, CollConfig::default())?;
+    let w = pe.world_team();
+    let (n, me) = (pe.n_pes(), pe.my_pe());
+    let last = n - 1;
+    let a = pe.alloc::<i32>(8 * n)?;
+    let b = pe.alloc::<i32>(8 * n)?;
+    let f = pe.alloc::<f32>(8)?;
+    let poison = -7i32;
+    let reset = |s: &Sym<i32>| pe.local_fill(s, poison);
+    pe.local_write(&a, 0, &vec![me as i32 + 1; 8 * n])?;
+    reset(&b)?;
+    let untouched = || -> Result<()> {
+        assert!(pe.local_vec(&b)?.iter().all(|&x| x == poison), "data moved");
+        Ok(())
+    };
+
+    // count beyond the object on the last PE only
+    let r = coll.all_reduce(
+        w,
+        &b,
+        &a,
+        if me == last { 8 * n + 1 } else { 8 },
+        ReduceOp::Sum,
+    );
+    if me == last {
+        assert!(matches!(r, Err(Error::OutOfBounds { .. })), "{r:?}");
+    } else {
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument(m)) if m.contains(&format!("PE {last}"))),
+            "{r:?}"
+        );
+    }
+    untouched()?;
+
+    // different counts (each valid on its own)
+    let r = coll.all_reduce(w, &b, &a, if me == last { 3 } else { 4 }, ReduceOp::Sum);
+    if n > 1 {
+        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+    } else {
+        assert!(r.is_ok());
+        reset(&b)?;
+    }
+    untouched()?;
+
+    // different objects on the last PE
+    let (s, d) = if me == last && n > 1 {
+        (&b, &a)
+    } else {
+        (&a, &b)
+    };
+    let r = coll.all_gather(w, d, s, 4);
+    if n > 1 {
+        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+        untouched()?;
+    } else {
+        reset(&b)?;
+    }
+
+    // different operation, element type, or algorithm on the last PE
+    if n > 1 {
+        let op = if me == last {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Sum
+        };
+        let r = coll.all_reduce(w, &b, &a, 4, op);
+        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+        let r = if me == last {
+            let (bu, au) = (b.view::<u32>(0, 8)?, a.view::<u32>(0, 8)?);
+            coll.all_reduce(w, &bu, &au, 4, ReduceOp::Sum)
+        } else {
+            coll.all_reduce(w, &b, &a, 4, ReduceOp::Sum)
+        };
+        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+        let algo = if me == last {
+            Algo::TwoShot
+        } else {
+            Algo::OneShot
+        };
+        let other = Coll::new(pe, CollConfig::default().algo(Some(algo)))?;
+        let r = other.all_reduce(w, &b, &a, 4, ReduceOp::Sum);
+        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+        other.free()?;
+        untouched()?;
+    }
+
+    // root outside the team
+    let r = coll.broadcast(w, &b, &a, 4, n);
+    assert!(
+        matches!(r, Err(Error::PeOutOfRange { pe, .. }) if pe == n),
+        "{r:?}"
+    );
+    let r = coll.reduce(w, &b, &a, 4, ReduceOp::Max, n + 5);
+    assert!(matches!(r, Err(Error::PeOutOfRange { .. })), "{r:?}");
+    untouched()?;
+
+    // bitwise operation on floats
+    for op in [ReduceOp::And, ReduceOp::Or, ReduceOp::Xor] {
+        let r = coll.all_reduce(w, &f, &f, 8, op);
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+        let r = coll.reduce_scatter(w, &f, &f, 1, op);
+        assert!(is_err(&r), "{r:?}");
+    }
+
+    // partially overlapping source and destination
+    let v1 = a.view::<i32>(0, 4 * n)?;
+    let v2 = a.view::<i32>(8, 4 * n)?; // two elements further
+    let r = coll.all_to_all(w, &v2, &v1, 1);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    // all_to_all needs n·count elements
+    let r = coll.all_to_all(w, &b, &a, 9);
+    assert!(matches!(r, Err(Error::OutOfBounds { .. })), "{r:?}");
+    untouched()?;
+
+    // all_to_all_v: member 0 expects one element more from the last member than it sends
+    let ones = vec![1usize; n];
+    let displs: Vec<usize> = (0..n).collect();
+    let mut rc = ones.clone();
+    if me == 0 {
+        rc[last] = 2;
+    }
+    let mut rd = displs.clone();
+    if me == 0 && last > 0 {
+        rd[last] = n; // room for the extra element
+    }
+    let v = AllToAllV {
+        send_counts: &ones,
+        send_displs: &displs,
+        recv_counts: &rc,
+        recv_displs: &rd,
+    };
+    let r = coll.all_to_all_v(w, &b, &a, &v);
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("all_to_all_v")),
+        "{r:?}"
+    );
+    untouched()?;
+    // wrong number of counts; overlapping receive ranges; displacement beyond the object
+    let short = vec![1usize; n + 1];
+    let r = coll.all_to_all_v(
+        w,
+        &b,
+        &a,
+        &AllToAllV {
+            send_counts: &short,
+            ..v
+        },
+    );
+    assert!(matches!(r, Err(Error::LengthMismatch { .. })), "{r:?}");
+    if n > 1 {
+        let zero = vec![0usize; n];
+        let r = coll.all_to_all_v(
+            w,
+            &b,
+            &a,
+            &AllToAllV {
+                recv_counts: &ones,
+                recv_displs: &zero,
+                ..v
+            },
+        );
+        assert!(is_err(&r), "{r:?}");
+    }
+    let far = vec![8 * n; n];
+    let r = coll.all_to_all_v(
+        w,
+        &b,
+        &a,
+        &AllToAllV {
+            send_displs: &far,
+            recv_counts: &ones,
+            recv_displs: &displs,
+            ..v
+        },
+    );
+    assert!(matches!(r, Err(Error::OutOfBounds { .. })), "{r:?}");
+    untouched()?;
+
+    // after all that, a correct call works
+    coll.all_reduce(w, &b, &a, 8 * n, ReduceOp::Sum)?;
+    let sum = (1..=n as i32).sum::<i32>();
+    assert_eq!(pe.local_vec(&b)?, vec![sum; 8 * n]);
+    pe.free(f)?;
+    pe.free(b)?;
+    pe.free(a)?;
+    coll.free()
+}
+
+mode_test!(coll_bad_inputs, [1, 2, 3, 4], bad_body);
+
+fn scratch_body(pe: &Pe) -> Result<()> {
+    let coll = Coll::new(pe, CollConfig::default())?;
+    assert_eq!(coll.scratch_bytes(), 8 * (16 + 2 * pe.n_pes()));
+    coll.barrier(pe.world_team())?;
+    coll.free()
+}
+
+mode_test!(coll_scratch_size, [1, 4], scratch_body);
