@@ -88,6 +88,16 @@ pub fn init_with(config: Config) -> Result<Pe> {
 }
 
 fn connect(le: &LaunchEnv, config: &Config) -> Result<TcpBootstrap> {
+    if le.process == 0 {
+        if let (Some(addr), Some(fd)) = (
+            le.bootstrap.as_deref(),
+            std::env::var("RSHMEM_BOOTSTRAP_FD")
+                .ok()
+                .and_then(|v| v.trim().parse::<i32>().ok()),
+        ) {
+            crate::bootstrap::adopt_inherited_listener(addr, fd);
+        }
+    }
     let mut c = TcpConfig::new(
         le.bootstrap_address()?,
         le.process,

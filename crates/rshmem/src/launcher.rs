@@ -135,17 +135,21 @@ fn install_handlers() {
     }
 }
 
-fn free_port() -> Result<u16> {
+/// Rank 0's listening socket, bound here and inherited by rank 0's process
+/// (`RSHMEM_BOOTSTRAP_FD`): nobody else can take the port in between.
+fn bootstrap_listener() -> Result<(std::net::TcpListener, u16)> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Bootstrap {
         pe: None,
         msg: format!("launcher: no free port on 127.0.0.1: {e}"),
     })?;
-    l.local_addr()
+    let port = l
+        .local_addr()
         .map(|a| a.port())
         .map_err(|e| Error::Bootstrap {
             pe: None,
             msg: format!("launcher: {e}"),
-        })
+        })?;
+    Ok((l, port))
 }
 
 fn forward(
@@ -217,7 +221,8 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
     }
     let procs = job.n_pes / t;
     let job_id = crate::world::random_u64() | 1;
-    let port = free_port()?;
+    let (listener, port) = bootstrap_listener()?;
+    let listen_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
     if job.forward_signals {
         install_handlers();
     }
@@ -236,6 +241,20 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
             .env("RSHMEM_JOB", format!("{job_id:016x}"))
             .stdin(Stdio::null())
             .process_group(0);
+        if p == 0 {
+            cmd.env("RSHMEM_BOOTSTRAP_FD", listen_fd.to_string());
+            // SAFETY: runs in the forked child before exec; fcntl is async-signal-safe. It
+            // lets rank 0's process inherit the listening socket (std opens it close-on-exec).
+            unsafe {
+                cmd.pre_exec(move || {
+                    let fl = libc::fcntl(listen_fd, libc::F_GETFD);
+                    if fl < 0 || libc::fcntl(listen_fd, libc::F_SETFD, fl & !libc::FD_CLOEXEC) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         if job.prefix {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
@@ -265,6 +284,8 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
             }
         }
     }
+    // Rank 0 owns the socket now; were it to die, the others must see the port closed.
+    drop(listener);
     let start = Instant::now();
     let mut exits: Vec<Option<Exit>> = vec![None; procs];
     let mut code = 0;

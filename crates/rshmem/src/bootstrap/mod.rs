@@ -13,6 +13,7 @@ mod inproc;
 mod tcp;
 pub use hier::HierEndpoint;
 pub use inproc::{InProcBootstrap, InProcEndpoint};
+pub(crate) use tcp::adopt_inherited_listener;
 pub use tcp::{unique_id, TcpBootstrap, TcpConfig, TCP_PROTOCOL_VERSION};
 
 /// Where a bootstrap endpoint's PE runs: reported by [`Bootstrap::locality`] and exchanged at

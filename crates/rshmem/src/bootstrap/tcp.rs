@@ -59,6 +59,53 @@ pub fn unique_id() -> Result<String> {
     Ok(id)
 }
 
+/// Takes over a listening socket inherited from the launcher (`RSHMEM_BOOTSTRAP_FD`), so that
+/// the port chosen by the launcher can never be taken by someone else before rank 0 listens.
+/// Only once per process, and only if `fd` is a listening socket bound to `address`'s port.
+pub(crate) fn adopt_inherited_listener(address: &str, fd: i32) {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    static ADOPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if ADOPTED.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let Ok((addr, _)) = parse_address(address) else {
+        return;
+    };
+    let Some(port) = addr
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+    else {
+        return;
+    };
+    let mut listening: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt on an arbitrary fd number only reads its state (EBADF/ENOTSOCK if it
+    // is not a socket); the out-parameters are valid.
+    let ok = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            &mut listening as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    } == 0;
+    if !ok || listening == 0 {
+        return;
+    }
+    // SAFETY: fd is a listening socket (checked above) handed to this process to own.
+    let l = unsafe { TcpListener::from_raw_fd(fd) };
+    if l.local_addr().map(|a| a.port()).ok() != Some(port) {
+        // Not ours: give the descriptor back untouched.
+        let _ = l.into_raw_fd();
+        return;
+    }
+    pending()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(address.to_string(), l);
+}
+
 /// Settings of one rank's TCP bootstrap endpoint.
 #[derive(Debug, Clone)]
 pub struct TcpConfig {
