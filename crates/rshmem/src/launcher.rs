@@ -241,6 +241,20 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
             .env("RSHMEM_JOB", format!("{job_id:016x}"))
             .stdin(Stdio::null())
             .process_group(0);
+        // SAFETY: runs in the forked child before exec; prctl is async-signal-safe. Should the
+        // launcher die (even by SIGKILL), the job's processes get SIGTERM.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGTERM as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                );
+                Ok(())
+            });
+        }
         if p == 0 {
             cmd.env("RSHMEM_BOOTSTRAP_FD", listen_fd.to_string());
             // SAFETY: runs in the forked child before exec; fcntl is async-signal-safe. It

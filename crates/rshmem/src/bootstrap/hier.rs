@@ -129,3 +129,80 @@ impl Bootstrap for HierEndpoint {
         global
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::{unique_id, InProcBootstrap, TcpConfig};
+    use std::time::Duration;
+
+    /// Two "processes" (thread groups with their own hub and TCP endpoint) of 3 threads each.
+    fn run(threads_of: [usize; 2]) -> Vec<Result<Vec<Vec<u8>>>> {
+        let id = unique_id().unwrap();
+        let t = Duration::from_secs(5);
+        std::thread::scope(|s| {
+            let mut hs = Vec::new();
+            for (p, &threads) in threads_of.iter().enumerate() {
+                let id = id.clone();
+                let hub = InProcBootstrap::new(threads, t).unwrap();
+                let tcp = s.spawn(move || {
+                    let mut c = TcpConfig::new(&id, p, 2, t);
+                    c.pes_per_rank = threads;
+                    TcpBootstrap::with_config(c).map(Arc::new)
+                });
+                hs.push(s.spawn(move || {
+                    let tcp = match tcp.join().unwrap() {
+                        Ok(t) => t,
+                        Err(e) => return vec![Err(e); threads],
+                    };
+                    std::thread::scope(|s2| {
+                        let ths: Vec<_> = (0..threads)
+                            .map(|th| {
+                                let ep = HierEndpoint::new(hub.join(th).unwrap(), tcp.clone(), p)
+                                    .unwrap();
+                                s2.spawn(move || {
+                                    let r = ep.rank() as u8;
+                                    assert_eq!(ep.locality().thread, th);
+                                    let mut last = Ok(Vec::new());
+                                    for round in 0..5u8 {
+                                        last = ep.allgather(&[r, round]);
+                                        if last.is_err() {
+                                            break;
+                                        }
+                                    }
+                                    last
+                                })
+                            })
+                            .collect();
+                        ths.into_iter()
+                            .map(|h| h.join().unwrap())
+                            .collect::<Vec<_>>()
+                    })
+                }));
+            }
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn global_ranks_are_process_major() {
+        let out = run([3, 3]);
+        assert_eq!(out.len(), 6);
+        for r in out {
+            let all = r.unwrap();
+            assert_eq!(all, (0..6u8).map(|pe| vec![pe, 4]).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn mismatched_threads_per_process_fail_everywhere() {
+        for r in run([3, 2]) {
+            match r {
+                Err(Error::Bootstrap { msg, .. }) => {
+                    assert!(msg.contains("PEs per process mismatch"), "{msg}")
+                }
+                other => panic!("expected a bootstrap error, got {other:?}"),
+            }
+        }
+    }
+}
