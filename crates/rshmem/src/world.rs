@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// Protocol version checked at start-up; PEs of different versions refuse to form a world.
-pub const PROTOCOL_VERSION: u64 = 1;
+pub const PROTOCOL_VERSION: u64 = 2;
 
 /// How the PEs of a world are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -438,6 +438,17 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
             .unwrap_or_else(|e| e.into_inner())
             .insert((job, me), Arc::downgrade(r));
     }
+    // Leaves the registry on every path out of start-up, errors included.
+    struct Unregister(u64, usize);
+    impl Drop for Unregister {
+        fn drop(&mut self) {
+            registry()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&(self.0, self.1));
+        }
+    }
+    let unregister = Unregister(job, me);
     let mine_res = mine.as_ref().map(|_| ()).map_err(|e| e.clone());
     agree(boot.as_ref(), mine_res, "creating the heap segment")?;
     let mine = mine?;
@@ -472,10 +483,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
     agree(boot.as_ref(), err, "mapping peer segments")?;
     // Everyone has mapped everything: names are no longer needed.
     mine.unlink();
-    registry()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&(job, me));
+    drop(unregister);
 
     // SAFETY: each region is at least ctrl_bytes long, page aligned, and kept alive in `regions`.
     let ctrls: Vec<Ctrl> = regions
