@@ -336,10 +336,10 @@ fn spawn_plain(test: &str, env: &[(String, String)]) -> std::process::Child {
             c.env_remove(k);
         }
     }
-    c.envs(env.iter().cloned())
-        .env(harness::CHILD_VAR, "plain")
+    c.env(harness::CHILD_VAR, "plain")
         .env("RSHMEM_TIMEOUT", "10")
-        .env("RSHMEM_HEAP_SIZE", "1M");
+        .env("RSHMEM_HEAP_SIZE", "1M")
+        .envs(env.iter().cloned());
     c.spawn().unwrap()
 }
 
@@ -555,4 +555,46 @@ fn sigterm_during_init_window_unlinks_segments() {
     assert_eq!(st.signal(), Some(libc::SIGTERM), "{st:?}");
     let left = rshmem::segment::remove_job_segments(job);
     assert_eq!(left, 0, "segment left after SIGTERM");
+}
+
+#[test]
+fn bootstrap_failures_across_processes() {
+    if harness::is_child() {
+        // Every process must fail with a bootstrap error whose message says what went wrong.
+        let want = std::env::var("EXPECT").unwrap();
+        let t0 = Instant::now();
+        match rshmem::init() {
+            Err(Error::Bootstrap { msg, .. }) => assert!(msg.contains(&want), "{msg}"),
+            other => panic!("expected a bootstrap error ({want}), got {other:?}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+        return;
+    }
+    let test = "bootstrap_failures_across_processes";
+    let run = |sizes: &[usize], expect: &str| {
+        let port = free_port();
+        let mut kids: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(r, size)| {
+                let k = spawn_plain(
+                    test,
+                    &[
+                        ("RSHMEM_RANK".into(), r.to_string()),
+                        ("RSHMEM_WORLD_SIZE".into(), size.to_string()),
+                        ("RSHMEM_BOOTSTRAP".into(), format!("127.0.0.1:{port}")),
+                        ("RSHMEM_TIMEOUT".into(), "1".into()),
+                        ("EXPECT".into(), expect.into()),
+                    ],
+                );
+                std::thread::sleep(Duration::from_millis(100));
+                k
+            })
+            .collect();
+        for (r, k) in kids.iter_mut().enumerate() {
+            assert!(k.wait().unwrap().success(), "{expect}: rank {r}");
+        }
+    };
+    run(&[3, 3, 4], "world size mismatch");
+    run(&[3, 3], "never connected");
 }
