@@ -5,7 +5,7 @@
 //!   [`unique_id`]).
 //! * [`HierEndpoint`]: mixed mode, TCP among processes and the in-process hub among a process's
 //!   threads, so each thread is one PE of the global world.
-//! * [`env`]: the launcher conventions (`RSHMEM_*`, torchrun, Open MPI).
+//! * [`env`](mod@env): the launcher conventions (`RSHMEM_*`, torchrun, Open MPI).
 
 pub mod env;
 mod hier;
