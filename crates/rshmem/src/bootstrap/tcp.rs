@@ -185,6 +185,14 @@ fn write_frame(s: &mut TcpStream, kind: u8, payload: &[u8]) -> std::io::Result<(
 }
 
 fn read_frame(s: &mut TcpStream, deadline: Instant) -> std::io::Result<(u8, Vec<u8>)> {
+    read_frame_max(s, deadline, MAX_FRAME)
+}
+
+fn read_frame_max(
+    s: &mut TcpStream,
+    deadline: Instant,
+    max: usize,
+) -> std::io::Result<(u8, Vec<u8>)> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(ErrorKind::TimedOut.into());
@@ -193,7 +201,7 @@ fn read_frame(s: &mut TcpStream, deadline: Instant) -> std::io::Result<(u8, Vec<
     let mut h = [0u8; 5];
     s.read_exact(&mut h)?;
     let len = u32::from_le_bytes([h[1], h[2], h[3], h[4]]) as usize;
-    if len > MAX_FRAME {
+    if len > max {
         return Err(std::io::Error::new(
             ErrorKind::InvalidData,
             "frame too long",
@@ -427,7 +435,7 @@ impl TcpBootstrap {
             let _ = s.set_nodelay(true);
             // A connection that does not say hello within a second (or the deadline) is a stray.
             let hello_by = deadline.min(Instant::now() + Duration::from_secs(1));
-            let h = match read_frame(&mut s, hello_by) {
+            let h = match read_frame_max(&mut s, hello_by, 64) {
                 Ok((K_HELLO, p)) if p.len() == 48 => p,
                 _ => {
                     tracing::debug!(%peer, "tcp bootstrap: ignoring a connection without hello");
