@@ -89,6 +89,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "bootstrap address host:port of rank 0, or a unique-id string",
     ),
     (
+        "RSHMEM_BOOTSTRAP_FD",
+        "rank 0's listening socket, inherited from `rshmem run` (internal)",
+    ),
+    (
         "RSHMEM_JOB",
         "job id (hex) chosen by `rshmem run`; names the /dev/shm segments it cleans up",
     ),
