@@ -152,29 +152,16 @@ fn bootstrap_listener() -> Result<(std::net::TcpListener, u16)> {
     Ok((l, port))
 }
 
+/// Copies `from` line by line to our stdout (stderr when `err`) with a `[label]` prefix.
+/// (Through `print!`, so that a test harness captures it.)
 fn forward(
-    mut from: impl Read + Send + 'static,
-    label: Option<String>,
+    from: impl Read + Send + 'static,
+    label: String,
     err: bool,
 ) -> Option<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("rshmem-launcher-io".into())
         .spawn(move || {
-            let Some(label) = label else {
-                let mut buf = [0u8; 8192];
-                while let Ok(n) = from.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    let chunk = String::from_utf8_lossy(&buf[..n]);
-                    if err {
-                        eprint!("{chunk}");
-                    } else {
-                        print!("{chunk}");
-                    }
-                }
-                return;
-            };
             let mut r = BufReader::new(from);
             let mut line = Vec::new();
             loop {
@@ -281,10 +268,10 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
                         format!("pe {}-{}", p * t, p * t + t - 1)
                     };
                     if let Some(o) = c.stdout.take() {
-                        io.extend(forward(o, Some(label.clone()), false));
+                        io.extend(forward(o, label.clone(), false));
                     }
                     if let Some(e) = c.stderr.take() {
-                        io.extend(forward(e, Some(label), true));
+                        io.extend(forward(e, label, true));
                     }
                 }
                 children.push(Some(c));
