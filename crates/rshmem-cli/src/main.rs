@@ -1,32 +1,52 @@
-//! The `rshmem` command.
-use clap::{Parser, Subcommand};
+//! The `rshmem` command: `info`, `perf` and `run`.
 
+mod info;
+mod perf;
 mod run;
 
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// rshmem: symmetric-memory communication between PEs.
 #[derive(Debug, Parser)]
-#[command(name = "rshmem", version, about = "rshmem: launcher, info, perf")]
+#[command(name = "rshmem", version, about)]
 struct Cli {
     #[command(subcommand)]
-    cmd: Cmd,
+    command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-enum Cmd {
+enum Command {
+    /// Backends found, defaults, environment variables.
+    Info,
+    /// Benchmarks of every operation beside same-run baselines (quick suite by default).
+    Perf(perf::PerfArgs),
     /// Run a program as a job of N PEs (processes, or processes of threads).
     Run(run::RunArgs),
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
+    let filter = EnvFilter::try_from_env("RSHMEM_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RSHMEM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let code = match cli.cmd {
-        Cmd::Run(a) => run::run(a),
+    let r = match cli.command {
+        Command::Info => {
+            print!("{}", info::report());
+            Ok(())
+        }
+        Command::Perf(args) => perf::run(args),
+        Command::Run(args) => {
+            return std::process::ExitCode::from(run::run(args).clamp(0, 255) as u8)
+        }
     };
-    std::process::exit(code);
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rshmem: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

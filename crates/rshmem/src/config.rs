@@ -138,7 +138,9 @@ impl Config {
             if !(s.is_finite() && s > 0.0) {
                 return Err(bad("RSHMEM_TIMEOUT", &v, "a positive number of seconds"));
             }
-            c.timeout = Duration::from_secs_f64(s);
+            // try_: a huge value is an error here, not a panic
+            c.timeout = Duration::try_from_secs_f64(s)
+                .map_err(|_| bad("RSHMEM_TIMEOUT", &v, "a representable number of seconds"))?;
         }
         if let Some(v) = env("RSHMEM_BACKEND") {
             c.backend = match v.trim() {
@@ -221,5 +223,19 @@ mod tests {
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_size(""), None);
         assert_eq!(parse_size("99999999999999999999G"), None);
+    }
+    #[test]
+    fn huge_timeout_is_an_error_not_a_panic() {
+        // The only test of the crate that touches RSHMEM_TIMEOUT.
+        std::env::set_var("RSHMEM_TIMEOUT", "1e30");
+        let r = Config::from_env();
+        std::env::set_var("RSHMEM_TIMEOUT", "2.5");
+        let ok = Config::from_env();
+        std::env::remove_var("RSHMEM_TIMEOUT");
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+        assert_eq!(
+            ok.map(|c| c.timeout).ok(),
+            Some(Duration::from_millis(2500))
+        );
     }
 }

@@ -246,11 +246,17 @@ impl Pe {
     /// other collective allocations; a mismatch is [`Error::CollectiveMismatch`] on every PE and
     /// nothing is allocated.
     pub fn alloc_aligned<T: Elem>(&self, len: usize, align: usize) -> Result<Sym<T>> {
-        let bytes = len
-            .checked_mul(std::mem::size_of::<T>())
-            .ok_or_else(|| Error::invalid(format!("allocation of {len} elements overflows")))?;
-        let seq = self.inner.world_seq.fetch_add(1, Ordering::Relaxed);
-        let rec = [TAG_ALLOC, seq, bytes as u64, align as u64, T::KIND as u64];
+        // An overflowing size still takes part in the exchange (as u64::MAX), so that a PE
+        // passing it alone is reported on every PE instead of leaving the others waiting.
+        let bytes = len.checked_mul(std::mem::size_of::<T>());
+        let seq = self.inner.world_seq.load(Ordering::Relaxed);
+        let rec = [
+            TAG_ALLOC,
+            seq,
+            bytes.map_or(u64::MAX, |b| b as u64),
+            align as u64,
+            T::KIND as u64,
+        ];
         let world = &self.inner.world_team;
         let all = self.exchange(world, &rec)?;
         self.check_same(world, &rec, &all, |r| {
@@ -263,6 +269,11 @@ impl Pe {
                 format!("{} #{}", tag_name(r[0]), r[1])
             }
         })?;
+        // The sequence number is consumed only by a matched call, so every PE stays in step
+        // after a mismatch (which allocates nothing).
+        self.inner.world_seq.store(seq + 1, Ordering::Relaxed);
+        let bytes = bytes
+            .ok_or_else(|| Error::invalid(format!("allocation of {len} elements overflows")))?;
         let off = self
             .inner
             .heap
@@ -280,14 +291,25 @@ impl Pe {
 
     /// Collectively frees an object (every PE frees the same one, checked).
     pub fn free<T: Elem>(&self, sym: Sym<T>) -> Result<()> {
-        self.check_raw(sym.raw)?;
-        let seq = self.inner.world_seq.fetch_add(1, Ordering::Relaxed);
-        let rec = [TAG_FREE, seq, sym.raw.offset as u64, 0, 0];
+        // A foreign handle still takes part in the exchange, so the others see a mismatch
+        // instead of waiting for this PE.
+        let local = self.check_raw(sym.raw);
+        let off = if local.is_ok() {
+            sym.raw.offset as u64
+        } else {
+            u64::MAX
+        };
+        let seq = self.inner.world_seq.load(Ordering::Relaxed);
+        let rec = [TAG_FREE, seq, off, 0, 0];
         let world = &self.inner.world_team;
         let all = self.exchange(world, &rec)?;
-        self.check_same(world, &rec, &all, |r| {
-            format!("{} #{} at offset {}", tag_name(r[0]), r[1], r[2])
+        local?;
+        self.check_same(world, &rec, &all, |r| match (r[0], r[2]) {
+            (TAG_FREE, u64::MAX) => format!("free #{} of a foreign handle", r[1]),
+            (TAG_FREE, off) => format!("free #{} at offset {off}", r[1]),
+            (tag, _) => format!("{} #{}", tag_name(tag), r[1]),
         })?;
+        self.inner.world_seq.store(seq + 1, Ordering::Relaxed);
         self.inner
             .heap
             .lock()
@@ -707,9 +729,8 @@ impl Pe {
     // ----- barriers -----
 
     fn team_sync_op(&self, team: &Team, op: &'static str) -> Result<()> {
-        if team.job != self.inner.job {
-            return Err(Error::WorldEnded);
-        }
+        // A team handle of another PE would make this PE act as that member.
+        self.check_team(team)?;
         let inner = &*self.inner;
         let epoch = inner.team_epochs[team.slot].fetch_add(1, Ordering::Relaxed) + 1;
         let mem = TeamMem { inner, team };
@@ -901,6 +922,15 @@ impl Pe {
     }
 
     /// Collective over the team: releases it (the world team cannot be destroyed).
+    ///
+    /// The world team is only lent (`&Team`), so it cannot even be passed here:
+    ///
+    /// ```compile_fail,E0507
+    /// rshmem::threads(1, |pe| {
+    ///     let world: rshmem::Team = *pe.world_team(); // cannot move out of a reference
+    ///     pe.team_destroy(world)
+    /// });
+    /// ```
     pub fn team_destroy(&self, team: Team) -> Result<()> {
         self.check_team(&team)?;
         if team.is_world() {

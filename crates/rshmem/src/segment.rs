@@ -149,7 +149,10 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 fn map(fd: libc::c_int, len: usize) -> Result<*mut u8> {
-    let flags = if fd < 0 {
+    let flags = if fd < 0 && cfg!(miri) {
+        // Miri models only private anonymous mappings; for thread-PEs they are the same.
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
+    } else if fd < 0 {
         libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE
     } else {
         libc::MAP_SHARED

@@ -763,6 +763,8 @@ pub fn threads_with<R: Send>(
     n: usize,
     f: impl Fn(&crate::Pe) -> R + Sync,
 ) -> Result<Vec<R>> {
+    // Checked here too: the hub's waits use the timeout before the PEs check the config.
+    config.validate()?;
     let hub = InProcBootstrap::new(n, config.timeout)?;
     let results: Vec<std::thread::Result<Result<R>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)

@@ -117,13 +117,14 @@ impl Bootstrap for InProcEndpoint {
             hub.cv.notify_all();
             return Ok(st.result.as_ref().clone());
         }
-        let deadline = Instant::now() + hub.timeout;
+        // A timeout too large for an Instant (Duration::MAX) means no deadline.
+        let deadline = Instant::now().checked_add(hub.timeout);
         while st.generation == gen {
             if let Some(e) = &st.failed {
                 return Err(e.clone());
             }
             let now = Instant::now();
-            if now >= deadline {
+            if deadline.is_some_and(|d| now >= d) {
                 let missing: Vec<usize> =
                     (0..hub.size).filter(|&r| st.slots[r].is_none()).collect();
                 let e = Error::Bootstrap {
@@ -136,7 +137,10 @@ impl Bootstrap for InProcEndpoint {
             }
             st = hub
                 .cv
-                .wait_timeout(st, deadline - now)
+                .wait_timeout(
+                    st,
+                    deadline.map_or(Duration::from_secs(1), |d| d.saturating_duration_since(now)),
+                )
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }

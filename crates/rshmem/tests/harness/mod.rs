@@ -128,6 +128,9 @@ pub fn all_modes(test: &str, n: usize, body: fn(&Pe) -> Result<()>) {
         return;
     }
     threads(n, body);
+    if cfg!(miri) {
+        return; // Miri runs no processes
+    }
     processes(test, n, 1, body);
     if n >= 2 && n.is_multiple_of(2) {
         processes(test, n, 2, body);

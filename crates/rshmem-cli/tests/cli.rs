@@ -1,0 +1,111 @@
+//! The `rshmem` binary end to end: `info`, `perf` with JSON and SVG output, bad arguments.
+
+use std::process::Command;
+
+fn rshmem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rshmem"))
+}
+
+#[test]
+fn info_lists_backends_and_variables() {
+    let out = rshmem()
+        .arg("info")
+        .env("RSHMEM_MAX_TEAMS", "17")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let s = String::from_utf8(out.stdout).unwrap();
+    assert!(s.contains("shm   available"));
+    assert!(s.contains("cuda  "));
+    assert!(s.contains("RSHMEM_MAX_TEAMS   = \"17\""));
+    assert!(s.contains("max teams 17"));
+    assert!(s.contains("RSHMEM_HEAP_SIZE"));
+}
+
+#[test]
+fn perf_writes_json_records_and_svg() {
+    let dir = std::env::temp_dir().join(format!("rshmem-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, svg) = (dir.join("r.json"), dir.join("r.svg"));
+    let out = rshmem()
+        .args([
+            "perf",
+            "--ops",
+            "put,get,put-signal,barrier",
+            "--max-size",
+            "4K",
+        ])
+        .args(["--barrier-pes", "2,3", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("memcpy") && table.contains("raw_pingpong"));
+    let recs: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // put and get at 8, 64, 512, 4096 bytes; put_signal; barrier at 2 and 3 PEs.
+    assert_eq!(recs.len(), 4 + 4 + 1 + 2);
+    for r in &recs {
+        for key in [
+            "op",
+            "api",
+            "backend",
+            "mode",
+            "pes",
+            "bytes",
+            "iters",
+            "time_us",
+            "gbps",
+            "baseline",
+            "baseline_time_us",
+            "ratio",
+        ] {
+            assert!(r.get(key).is_some(), "{key} missing in {r}");
+        }
+        assert_eq!(r["mode"], "threads");
+        assert_eq!(r["backend"], "shm");
+        assert_eq!(r["api"], "host");
+        let (t, b, ratio) = (
+            r["time_us"].as_f64().unwrap(),
+            r["baseline_time_us"].as_f64().unwrap(),
+            r["ratio"].as_f64().unwrap(),
+        );
+        assert!(t > 0.0 && b > 0.0);
+        assert!((ratio - b / t).abs() <= 1e-9 * ratio.abs().max(1.0));
+    }
+    let pes: Vec<u64> = recs
+        .iter()
+        .filter(|r| r["op"] == "barrier")
+        .map(|r| r["pes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pes, vec![2, 3]);
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_arguments_fail_cleanly() {
+    for args in [
+        &["perf", "--max-size", "3"][..],
+        &["perf", "--ops", "nonsense"],
+        &["perf", "--quick", "--full"],
+        &["frobnicate"],
+    ] {
+        let out = rshmem().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+    let out = rshmem()
+        .args(["perf", "--ops", "barrier"])
+        .env("RSHMEM_TIMEOUT", "soon")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RSHMEM_TIMEOUT"));
+}

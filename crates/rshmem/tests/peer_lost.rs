@@ -1,0 +1,180 @@
+//! Lost peers in thread mode: a PE that panics, or drops its handle without finalize, makes the
+//! others' barriers, waits and collectives end in `Error::PeerLost` (not a timeout, not a hang),
+//! and `threads_with` resumes the panic after every PE has ended.
+//!
+//! The configured timeout is long (20 s), so a detection that fell back to the timeout would
+//! show as `Error::Timeout` and fail the test; nothing here measures time.
+
+use rshmem::{Cmp, Config, Error, InProcBootstrap, Pe, Result, Sym};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+use std::time::Duration;
+
+fn cfg() -> Config {
+    Config::default()
+        .heap_size(1 << 20)
+        .timeout(Duration::from_secs(20))
+}
+
+type Op = fn(&Pe, &Sym<u64>) -> Result<()>;
+
+/// Runs `op` on every PE but `victim`, which panics instead; returns what `op` returned on each
+/// survivor and checks that `threads_with` resumed the victim's panic.
+fn with_panicking_pe(n: usize, victim: usize, op: Op) -> Vec<Option<Result<()>>> {
+    let seen: Mutex<Vec<Option<Result<()>>>> = Mutex::new(vec![None; n]);
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        rshmem::threads_with(cfg(), n, |pe| {
+            // a healthy start: one collective and a barrier with everyone
+            let x = pe.alloc::<u64>(4).expect("alloc");
+            pe.local_fill(&x, 0).expect("fill");
+            pe.barrier_all().expect("first barrier");
+            if pe.my_pe() == victim {
+                panic!("PE {victim} gives up on purpose");
+            }
+            let r = op(pe, &x);
+            seen.lock().unwrap()[pe.my_pe()] = Some(r);
+        })
+    }));
+    let payload = match r {
+        Err(p) => p,
+        Ok(v) => panic!("threads_with returned {v:?} instead of resuming the panic"),
+    };
+    let msg = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        msg.contains("gives up on purpose"),
+        "resumed panic: {msg:?}"
+    );
+    seen.into_inner().unwrap()
+}
+
+/// Every survivor got `PeerLost`; with `direct`, naming the victim (with more PEs a survivor
+/// may be waiting for another survivor that gave up first, and names that one).
+fn check_survivors(what: &str, seen: &[Option<Result<()>>], victim: usize, direct: bool) {
+    for (p, r) in seen.iter().enumerate() {
+        if p == victim {
+            assert!(r.is_none(), "{what}: the victim ran the op");
+            continue;
+        }
+        match r {
+            Some(Err(Error::PeerLost { pe, .. })) if !direct || *pe == victim => {}
+            other => panic!("{what}: PE {p} got {other:?}, expected PeerLost of PE {victim}"),
+        }
+    }
+}
+
+const CASES: &[(usize, usize)] = &[(2, 1), (2, 0), (3, 1), (3, 0), (8, 5)];
+
+#[test]
+fn panicking_pe_fails_barriers() {
+    for &(n, victim) in CASES {
+        let seen = with_panicking_pe(n, victim, |pe, _| pe.barrier_all());
+        check_survivors("barrier_all", &seen, victim, n <= 3);
+        let seen = with_panicking_pe(n, victim, |pe, _| pe.sync_all());
+        check_survivors("sync_all", &seen, victim, n <= 3);
+    }
+}
+
+#[test]
+fn panicking_pe_fails_collectives() {
+    for &(n, victim) in CASES {
+        let seen = with_panicking_pe(n, victim, |pe, _| pe.alloc::<u32>(8).map(drop));
+        check_survivors("alloc", &seen, victim, n <= 3);
+        let seen = with_panicking_pe(n, victim, |pe, _| {
+            pe.team_split_strided(pe.world_team(), 0, 1, pe.n_pes())
+                .map(drop)
+        });
+        check_survivors("team split", &seen, victim, n <= 3);
+    }
+}
+
+#[test]
+fn panicking_pe_fails_waits() {
+    // every survivor waits for a flag nobody sets: the lost PE is noticed, not the timeout
+    for &(n, victim) in CASES {
+        let seen = with_panicking_pe(n, victim, |pe, x| pe.wait_until(x, 1, Cmp::Ne, 0).map(drop));
+        check_survivors("wait_until", &seen, victim, true);
+    }
+}
+
+/// Threads the application owns: PE `victim` drops its handle without finalize.
+#[test]
+fn dropped_pe_without_finalize() {
+    let n = 3;
+    let victim = 2;
+    let hub = InProcBootstrap::new(n, Duration::from_secs(20)).unwrap();
+    type Outcome = (Result<()>, Result<u64>, Result<()>); // barrier, wait, finalize
+    let results: Vec<Option<Outcome>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let hub = hub.clone();
+                s.spawn(move || {
+                    let pe =
+                        Pe::init(cfg(), Box::new(hub.join(rank).expect("join"))).expect("init");
+                    let x = pe.alloc::<u64>(1).expect("alloc");
+                    pe.local_fill(&x, 0).expect("fill");
+                    pe.barrier_all().expect("barrier");
+                    if rank == victim {
+                        let _ = x;
+                        drop(pe); // ends without finalize
+                        return None;
+                    }
+                    let b = pe.barrier_all();
+                    let w = pe.wait_until(&x, 0, Cmp::Eq, 1);
+                    let f = pe.finalize();
+                    Some((b, w, f))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        if rank == victim {
+            assert!(r.is_none());
+            continue;
+        }
+        let (b, w, f) = r.expect("survivor");
+        let lost = |e: &Error| matches!(e, Error::PeerLost { pe, .. } if *pe == victim);
+        assert!(b.as_ref().is_err_and(lost), "PE {rank} barrier: {b:?}");
+        assert!(w.as_ref().is_err_and(lost), "PE {rank} wait_until: {w:?}");
+        assert!(f.as_ref().is_err_and(lost), "PE {rank} finalize: {f:?}");
+    }
+}
+
+/// A PE that finalizes early is gone for barriers (PeerLost) but not for waits on one's own
+/// memory, which other PEs could still satisfy: those end in the timeout.
+#[test]
+fn finalized_pe_leaves_barriers() {
+    let hub = InProcBootstrap::new(2, Duration::from_secs(20)).unwrap();
+    let r: Vec<Result<()>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                let hub = hub.clone();
+                s.spawn(move || -> Result<()> {
+                    let pe = Pe::init(cfg(), Box::new(hub.join(rank)?))?;
+                    let x = pe.alloc::<u64>(1)?;
+                    pe.local_fill(&x, 0)?;
+                    if rank == 1 {
+                        return pe.finalize(); // pairs with PE 0's sync_all below
+                    }
+                    pe.sync_all()?;
+                    match pe.barrier_all() {
+                        Err(Error::PeerLost { pe: 1, .. }) => {}
+                        other => panic!("barrier with a finalized peer: {other:?}"),
+                    }
+                    match pe.wait_until_timeout(&x, 0, Cmp::Eq, 1, Duration::from_millis(20)) {
+                        Err(Error::Timeout { .. }) => {}
+                        other => panic!("wait with a finalized peer: {other:?}"),
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for x in r {
+        x.unwrap();
+    }
+}
