@@ -1,7 +1,8 @@
-//! The `rshmem` command: `info` and `perf`.
+//! The `rshmem` command: `info`, `perf` and `run`.
 
 mod info;
 mod perf;
+mod run;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -20,6 +21,8 @@ enum Command {
     Info,
     /// Benchmarks of every operation beside same-run baselines (quick suite by default).
     Perf(perf::PerfArgs),
+    /// Run a program as a job of N PEs (processes, or processes of threads).
+    Run(run::RunArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -35,6 +38,9 @@ fn main() -> std::process::ExitCode {
             Ok(())
         }
         Command::Perf(args) => perf::run(args),
+        Command::Run(args) => {
+            return std::process::ExitCode::from(run::run(args).clamp(0, 255) as u8)
+        }
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -85,9 +85,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_RANK",
-        "this process's first PE (set by `rshmem run`)",
+        "world index of this process's first PE (counts PEs; set by `rshmem run`)",
     ),
-    ("RSHMEM_WORLD_SIZE", "number of PEs in the job"),
+    (
+        "RSHMEM_WORLD_SIZE",
+        "number of PEs in the job (counts PEs, not processes)",
+    ),
     ("RSHMEM_LOCAL_RANK", "this process's rank on its node"),
     (
         "RSHMEM_THREADS",
@@ -96,6 +99,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_BOOTSTRAP",
         "bootstrap address host:port of rank 0, or a unique-id string",
+    ),
+    (
+        "RSHMEM_BOOTSTRAP_FD",
+        "rank 0's listening socket, inherited from `rshmem run` (internal)",
+    ),
+    (
+        "RSHMEM_JOB",
+        "job id (hex) chosen by `rshmem run`; names the /dev/shm segments it cleans up",
     ),
     (
         "RSHMEM_LOG",

@@ -127,6 +127,15 @@ impl Pe {
         let h = self.inner.heap.lock().unwrap_or_else(|e| e.into_inner());
         (h.size(), h.used_bytes())
     }
+    /// Where world PE `pe` runs: its process, its thread in the process, its device ordinal.
+    pub fn placement(&self, pe: usize) -> Result<crate::Placement> {
+        self.check_pe(pe)?;
+        Ok(self.inner.placements[pe])
+    }
+    /// The whole placement map, by world index.
+    pub fn placements(&self) -> &[crate::Placement] {
+        &self.inner.placements
+    }
     /// True when world PE `pe` lives in this process (direct pointers, no mapping).
     pub fn is_same_process(&self, pe: usize) -> Result<bool> {
         self.check_pe(pe)?;
@@ -320,7 +329,8 @@ impl Pe {
         pe: usize,
     ) -> Result<()> {
         let off = self.locate(dst, at, src.len(), pe)?;
-        self.inner.backend.put(pe, off, as_bytes(src))
+        self.inner.backend.put(pe, off, as_bytes(src))?;
+        self.inner.check_peer(pe, "put")
     }
 
     /// Copies from PE `pe`'s copy of `src` (from element `at`) into `dst`.
@@ -332,7 +342,9 @@ impl Pe {
         pe: usize,
     ) -> Result<()> {
         let off = self.locate(src, at, dst.len(), pe)?;
-        self.inner.backend.get(pe, off, as_bytes_mut(dst))
+        self.inner.backend.get(pe, off, as_bytes_mut(dst))?;
+        // The copy reads a mapping that stays valid after the peer died: report the loss.
+        self.inner.check_peer(pe, "get")
     }
 
     /// Writes one element.
@@ -444,7 +456,8 @@ impl Pe {
             SignalOp::Set => AtomicOp::Set(value),
             SignalOp::Add => AtomicOp::FetchAdd(value),
         };
-        self.inner.backend.atomic(pe, soff, true, aop).map(|_| ())
+        self.inner.backend.atomic(pe, soff, true, aop)?;
+        self.inner.check_peer(pe, "put_signal")
     }
 
     /// Non-blocking [`put_signal`](Self::put_signal).
@@ -479,7 +492,8 @@ impl Pe {
 
     /// Completes every outstanding operation of this PE (all non-blocking ones included).
     pub fn quiet(&self) -> Result<()> {
-        self.inner.backend.quiet()
+        self.inner.backend.quiet()?;
+        self.inner.check_all_peers("quiet")
     }
 
     // ----- atomics -----
@@ -498,12 +512,9 @@ impl Pe {
                 align: std::mem::size_of::<T>(),
             });
         }
-        Ok(T::from_bits(self.inner.backend.atomic(
-            pe,
-            off,
-            T::WIDE,
-            op,
-        )?))
+        let v = self.inner.backend.atomic(pe, off, T::WIDE, op)?;
+        self.inner.check_peer(pe, "atomic")?;
+        Ok(T::from_bits(v))
     }
 
     /// Atomically reads element `at` on PE `pe`.

@@ -3,8 +3,9 @@
 //!
 //! Segments are named `/rshmem-<job>-<pe>`, created with mode 0600, and unlinked by their owner
 //! as soon as every peer has mapped them (a mapping outlives its name), so after start-up nothing
-//! is left in `/dev/shm` whatever way the job ends. Before that point `Drop` unlinks them, and
-//! the launcher removes `rshmem-<job>-*` after the job.
+//! is left in `/dev/shm` whatever way the job ends. Before that point `Drop` unlinks them, a
+//! SIGINT/SIGTERM handler (installed only while some name exists, then restored) unlinks them
+//! and re-raises the signal, and the launcher removes `rshmem-<job>-*` after the job.
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
@@ -17,6 +18,12 @@ pub fn segment_name(job: u64, pe: usize) -> String {
     format!("/{SEGMENT_PREFIX}{job:016x}-{pe}")
 }
 
+/// The name of PE `pe`'s segment of world `world` in job `job` (a launcher's job may hold
+/// several worlds); starts with the job's prefix, so [`remove_job_segments`] finds it.
+pub fn world_segment_name(job: u64, world: u64, pe: usize) -> String {
+    format!("/{SEGMENT_PREFIX}{job:016x}-{world:016x}-{pe}")
+}
+
 /// A mapped region. Unmapped on drop; an owned shm name not yet unlinked is unlinked then too.
 #[derive(Debug)]
 pub struct Region {
@@ -24,6 +31,115 @@ pub struct Region {
     len: usize,
     /// The shm name while it still exists and this region created it.
     owned_name: std::sync::Mutex<Option<CString>>,
+    /// Its slot in the table the signal handler unlinks.
+    pending: Option<usize>,
+}
+
+/// Names created and not yet unlinked, for the SIGINT/SIGTERM handler: NUL-padded bytes in
+/// atomics (no locks in a signal handler).
+mod pending {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+    use std::sync::Mutex;
+
+    const SLOTS: usize = 256;
+    const WORDS: usize = 12; // 96 bytes, names are shorter
+    struct Slot {
+        used: AtomicBool,
+        name: [AtomicU64; WORDS],
+    }
+    #[allow(clippy::declare_interior_mutable_const)]
+    const EMPTY: Slot = Slot {
+        used: AtomicBool::new(false),
+        name: [const { AtomicU64::new(0) }; WORDS],
+    };
+    static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
+    static LIVE: AtomicUsize = AtomicUsize::new(0);
+    const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+    /// The actions that were in place before ours, restored when the last name goes. Written
+    /// only under `INSTALL` while our handler is not installed; read by the handler.
+    struct Saved(std::cell::UnsafeCell<std::mem::MaybeUninit<[libc::sigaction; 2]>>);
+    // SAFETY: see the field's comment: writes happen-before the handler that reads is
+    // installed (sigaction is a system call), and never while it is installed.
+    unsafe impl Sync for Saved {}
+    static SAVED: Saved = Saved(std::cell::UnsafeCell::new(std::mem::MaybeUninit::uninit()));
+    static INSTALL: Mutex<()> = Mutex::new(());
+
+    extern "C" fn on_signal(sig: libc::c_int) {
+        for slot in &TABLE {
+            if !slot.used.load(Ordering::Acquire) {
+                continue;
+            }
+            let mut buf = [0u8; WORDS * 8 + 1];
+            for (i, w) in slot.name.iter().enumerate() {
+                buf[i * 8..i * 8 + 8].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+            }
+            // SAFETY: buf is NUL-terminated; shm_unlink only unlinks a file under /dev/shm.
+            unsafe { libc::shm_unlink(buf.as_ptr() as *const libc::c_char) };
+        }
+        let i = SIGNALS.iter().position(|&s| s == sig).unwrap_or(0);
+        // SAFETY: SAVED was written before this handler was installed (see Saved); sigaction
+        // and raise are async-signal-safe: the previous action is put back and the signal is
+        // delivered to it once this handler returns.
+        unsafe {
+            let olds = &*(*SAVED.0.get()).as_ptr();
+            libc::sigaction(sig, &olds[i], std::ptr::null_mut());
+            libc::raise(sig);
+        }
+    }
+
+    /// Records `name`; returns its slot (None when the table is full or the name too long).
+    pub(super) fn add(name: &[u8]) -> Option<usize> {
+        if name.len() > WORDS * 8 {
+            return None;
+        }
+        let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+        let i = TABLE.iter().position(|s| !s.used.load(Ordering::Acquire))?;
+        let mut b = [0u8; WORDS * 8];
+        b[..name.len()].copy_from_slice(name);
+        for (k, w) in TABLE[i].name.iter().enumerate() {
+            let mut c = [0u8; 8];
+            c.copy_from_slice(&b[k * 8..k * 8 + 8]);
+            w.store(u64::from_le_bytes(c), Ordering::Relaxed);
+        }
+        TABLE[i].used.store(true, Ordering::Release);
+        if LIVE.fetch_add(1, Ordering::AcqRel) == 0 {
+            // SAFETY: zeroed sigaction structs are valid; the old actions are saved (our
+            // handler is not installed, nobody reads SAVED) before ours goes in; the handler
+            // only does async-signal-safe work.
+            unsafe {
+                let mut olds: [libc::sigaction; 2] = std::mem::zeroed();
+                for (k, &sig) in SIGNALS.iter().enumerate() {
+                    libc::sigaction(sig, std::ptr::null(), &mut olds[k]);
+                }
+                (*SAVED.0.get()).write(olds);
+                for &sig in &SIGNALS {
+                    let mut act: libc::sigaction = std::mem::zeroed();
+                    act.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+                    libc::sigemptyset(&mut act.sa_mask);
+                    libc::sigaction(sig, &act, std::ptr::null_mut());
+                }
+            }
+        }
+        Some(i)
+    }
+
+    /// Forgets slot `i`; the last one restores the previous signal actions.
+    pub(super) fn remove(i: usize) {
+        let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+        TABLE[i].used.store(false, Ordering::Release);
+        if LIVE.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // SAFETY: SAVED was written when our handler was installed (LIVE went 0 → 1);
+            // this restores those actions.
+            unsafe {
+                let olds = &*(*SAVED.0.get()).as_ptr();
+                for (k, &sig) in SIGNALS.iter().enumerate() {
+                    libc::sigaction(sig, &olds[k], std::ptr::null_mut());
+                }
+            }
+        }
+    }
 }
 
 // SAFETY: a Region is a raw mapping owned by this struct; all access to its bytes goes through
@@ -66,12 +182,20 @@ impl Region {
             ptr,
             len,
             owned_name: std::sync::Mutex::new(None),
+            pending: None,
         })
     }
 
     /// Creates the named segment (exclusively, mode 0600) and maps it.
     pub fn create_shm(name: &str, len: usize) -> Result<Region> {
         let cname = CString::new(name).map_err(|_| Error::invalid("segment name contains NUL"))?;
+        // Recorded before the name exists, so that a signal at any point finds it.
+        let pending = pending::add(cname.as_bytes());
+        let forget = || {
+            if let Some(i) = pending {
+                pending::remove(i);
+            }
+        };
         // SAFETY: cname is a valid C string.
         let fd = unsafe {
             libc::shm_open(
@@ -81,6 +205,7 @@ impl Region {
             )
         };
         if fd < 0 {
+            forget();
             return Err(Error::Os {
                 op: "shm_open (create)",
                 msg: format!("{name}: {}", std::io::Error::last_os_error()),
@@ -92,6 +217,7 @@ impl Region {
                 libc::close(fd);
                 libc::shm_unlink(cname.as_ptr());
             }
+            forget();
             e
         };
         // SAFETY: fd is a valid shm descriptor.
@@ -108,6 +234,7 @@ impl Region {
             ptr,
             len,
             owned_name: std::sync::Mutex::new(Some(cname)),
+            pending,
         })
     }
 
@@ -141,6 +268,7 @@ impl Region {
             ptr: r?,
             len,
             owned_name: std::sync::Mutex::new(None),
+            pending: None,
         })
     }
 
@@ -154,6 +282,9 @@ impl Region {
         {
             // SAFETY: valid C string.
             unsafe { libc::shm_unlink(n.as_ptr()) };
+            if let Some(i) = self.pending {
+                pending::remove(i);
+            }
         }
     }
 

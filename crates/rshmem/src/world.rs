@@ -7,7 +7,7 @@ use crate::control::{self, Ctrl, CtrlLayout};
 use crate::error::{Error, Result};
 use crate::heap::HeapAllocator;
 use crate::nbi::CompletionQueue;
-use crate::segment::{segment_name, Region};
+use crate::segment::{world_segment_name, Region};
 use crate::team::Team;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// Protocol version checked at start-up; PEs of different versions refuse to form a world.
-pub const PROTOCOL_VERSION: u64 = 1;
+pub const PROTOCOL_VERSION: u64 = 2;
 
 /// How the PEs of a world are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +46,22 @@ pub(crate) struct PeerInfo {
     pub same_process: bool,
 }
 
+/// Where a PE of the world runs: an entry of the world's placement map
+/// ([`Pe::placement`](crate::Pe::placement)). PE `p * T + t` is thread `t` of process `p`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// The PE's world index.
+    pub pe: usize,
+    /// Index of its process in the job (0 in thread mode).
+    pub process: usize,
+    /// Index of its thread within the process (0 in process mode).
+    pub thread: usize,
+    /// Node-local PE index, the device ordinal under the one-device-per-PE convention.
+    pub device: usize,
+    /// Operating-system id of its process.
+    pub pid: u32,
+}
+
 /// The state of one PE: its view of the world.
 pub(crate) struct PeInner {
     pub me: usize,
@@ -66,6 +82,13 @@ pub(crate) struct PeInner {
     pub finalized: AtomicBool,
     pub bootstrap: Box<dyn Bootstrap>,
     pub world_team: Team,
+    pub placements: Vec<Placement>,
+    /// Per peer: set (by the monitor, or on a failed state word) once the peer is known lost.
+    pub lost: Vec<AtomicBool>,
+    /// Set together with any `lost` flag: an O(1) check for quiet.
+    pub any_lost: AtomicBool,
+    /// 1 + the first PE found lost (0: none yet).
+    pub first_lost: AtomicU64,
     _regions: Vec<Arc<Region>>,
 }
 
@@ -123,11 +146,65 @@ impl PeInner {
             control::STATE_FAILED => return Liveness::Lost,
             _ => {}
         }
-        let p = self.peers[pe];
-        if !p.same_process && !process_alive(p.pid) {
+        if self.lost[pe].load(Ordering::Acquire) {
             return Liveness::Lost;
         }
         Liveness::Alive
+    }
+
+    /// The cheap check of blocking operations: `PeerLost` once the monitor marked `pe` lost.
+    #[inline]
+    pub fn check_peer(&self, pe: usize, op: &'static str) -> Result<()> {
+        if self.any_lost.load(Ordering::Relaxed) && self.lost[pe].load(Ordering::Acquire) {
+            return Err(Error::PeerLost { pe, op });
+        }
+        Ok(())
+    }
+
+    /// `PeerLost` naming the first lost peer, if any (quiet).
+    pub fn check_all_peers(&self, op: &'static str) -> Result<()> {
+        if self.any_lost.load(Ordering::Acquire) {
+            if let Some(pe) = self.first_lost() {
+                return Err(Error::PeerLost { pe, op });
+            }
+        }
+        Ok(())
+    }
+
+    /// A peer in another process that crashed: gone (or a zombie) while its state still says
+    /// alive (a PE that ends without finalize marks itself failed on the way out).
+    fn find_dead_process(&self) -> Option<usize> {
+        (0..self.n).find(|&p| {
+            let info = self.peers[p];
+            p != self.me
+                && !info.same_process
+                && self.ctrls[p].word(control::W_STATE).load(Ordering::Acquire)
+                    == control::STATE_ALIVE
+                && !process_alive(info.pid)
+        })
+    }
+
+    /// The first PE this PE found lost, if any.
+    pub fn first_lost(&self) -> Option<usize> {
+        match self.first_lost.load(Ordering::Acquire) {
+            0 => None,
+            p => Some(p as usize - 1),
+        }
+    }
+
+    fn mark_lost(&self, pe: usize) {
+        let _ =
+            self.first_lost
+                .compare_exchange(0, pe as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
+        if !self.lost[pe].swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                pe = self.me,
+                lost = pe,
+                pid = self.peers[pe].pid,
+                "peer lost"
+            );
+        }
+        self.any_lost.store(true, Ordering::Release);
     }
 
     /// Spins until `cond` holds, backing off to yields; checks the deadline and the liveness of
@@ -171,10 +248,34 @@ impl PeInner {
                 Liveness::Finalized => strict,
                 Liveness::Alive => false,
             };
-            let dead = match w {
-                Some(pe) => lost(pe).then_some(pe),
-                None => (0..self.n).filter(|&p| p != self.me).find(|&p| lost(p)),
+            let any_lost = || {
+                (0..self.n)
+                    .filter(|&p| p != self.me)
+                    .find(|&p| self.liveness(p) == Liveness::Lost)
             };
+            // Waiting on one PE that is alive but itself stuck on a lost PE (a barrier round
+            // after a failed one) would end in a timeout: any lost PE ends the wait. The PE
+            // reported is the first one found lost (peers that end after noticing the loss are
+            // lost too, later).
+            let first = self.first_lost();
+            let mut dead = match w {
+                Some(pe) => first.or_else(|| lost(pe).then_some(pe)).or_else(any_lost),
+                None => first.or_else(any_lost),
+            };
+            // A PE that ended without finalize after noticing a crash is not the cause: if the
+            // monitor has not flagged anything yet, look for a crashed process directly.
+            if let (None, Some(d)) = (first, dead) {
+                if self.ctrls[d].word(control::W_STATE).load(Ordering::Acquire)
+                    == control::STATE_FAILED
+                {
+                    dead = self.find_dead_process().or(dead);
+                }
+            }
+            if let Some(pe) = dead {
+                if self.liveness(pe) == Liveness::Lost {
+                    self.mark_lost(pe);
+                }
+            }
             if let Some(pe) = dead {
                 if cond() {
                     return Ok(());
@@ -200,7 +301,7 @@ fn registry() -> &'static Registry {
     R.get_or_init(Default::default)
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     if std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
@@ -246,6 +347,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
     let me = boot.rank();
     let n = boot.size();
     let pid = std::process::id();
+    let loc = boot.locality();
     let job_mine = if me == 0 { random_u64() } else { 0 };
     let backend_id = match config.backend {
         BackendKind::Shm => 1,
@@ -258,6 +360,10 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         backend_id,
         pid as u64,
         job_mine,
+        loc.process as u64,
+        loc.thread as u64,
+        loc.device as u64,
+        loc.job.unwrap_or(0),
     ];
     let all: Vec<Vec<u64>> = boot.allgather(&enc(&rec))?.iter().map(|b| dec(b)).collect();
     let names = ["protocol version", "heap size", "max teams", "backend"];
@@ -281,7 +387,24 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         }
     }
     let job = all[0][5];
+    // Segment names carry the launcher's job id when there is one (so that it can remove what
+    // a crash leaves behind), and this world's id (several worlds of a job never collide).
+    let seg_job = match all[0][9] {
+        0 => job,
+        j => j,
+    };
     let pids: Vec<u32> = all.iter().map(|r| r[4] as u32).collect();
+    let placements: Vec<Placement> = all
+        .iter()
+        .enumerate()
+        .map(|(pe, r)| Placement {
+            pe,
+            process: r[6] as usize,
+            thread: r[7] as usize,
+            device: r[8] as usize,
+            pid: r[4] as u32,
+        })
+        .collect();
     let mut distinct = pids.clone();
     distinct.sort_unstable();
     distinct.dedup();
@@ -306,7 +429,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
     let mine = if mode == Mode::Threads {
         Region::anonymous(seg_len)
     } else {
-        Region::create_shm(&segment_name(job, me), seg_len)
+        Region::create_shm(&world_segment_name(seg_job, job, me), seg_len)
     }
     .map(Arc::new);
     if let Ok(r) = &mine {
@@ -315,6 +438,17 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
             .unwrap_or_else(|e| e.into_inner())
             .insert((job, me), Arc::downgrade(r));
     }
+    // Leaves the registry on every path out of start-up, errors included.
+    struct Unregister(u64, usize);
+    impl Drop for Unregister {
+        fn drop(&mut self) {
+            registry()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&(self.0, self.1));
+        }
+    }
+    let unregister = Unregister(job, me);
     let mine_res = mine.as_ref().map(|_| ()).map_err(|e| e.clone());
     agree(boot.as_ref(), mine_res, "creating the heap segment")?;
     let mine = mine?;
@@ -336,7 +470,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
                     msg: "same-process peer's region not found".into(),
                 })
         } else {
-            Region::open_shm(&segment_name(job, pe), seg_len).map(Arc::new)
+            Region::open_shm(&world_segment_name(seg_job, job, pe), seg_len).map(Arc::new)
         };
         match r {
             Ok(r) => regions.push(r),
@@ -349,10 +483,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
     agree(boot.as_ref(), err, "mapping peer segments")?;
     // Everyone has mapped everything: names are no longer needed.
     mine.unlink();
-    registry()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&(job, me));
+    drop(unregister);
 
     // SAFETY: each region is at least ctrl_bytes long, page aligned, and kept alive in `regions`.
     let ctrls: Vec<Ctrl> = regions
@@ -409,6 +540,10 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         next_op: AtomicU64::new(1),
         finalized: AtomicBool::new(false),
         world_team: Team::world(job, me, n),
+        lost: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        any_lost: AtomicBool::new(false),
+        first_lost: AtomicU64::new(0),
+        placements,
         config,
         bootstrap: boot,
         _regions: regions,
@@ -422,7 +557,195 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         job = format_args!("{job:016x}"),
         "rshmem world up"
     );
-    Ok(Arc::new(inner))
+    let inner = Arc::new(inner);
+    if mode != Mode::Threads {
+        monitor::watch(&inner);
+    }
+    Ok(inner)
+}
+
+/// The per-process liveness monitor: one thread, started when a world with peers in other
+/// processes comes up and ending (within 10 ms) when no such world is left. It waits on a pidfd
+/// per peer process (readable the moment the process ends, zombie or reaped; /proc polling
+/// where pidfds are missing), checks the peers' state words every 10 ms, and sets the `lost`
+/// flags that every wait, barrier, quiet and blocking operation reads.
+mod monitor {
+    use super::{process_alive, PeInner};
+    use crate::control;
+    use std::collections::{HashMap, HashSet};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex, Weak};
+    use std::time::Duration;
+
+    const PERIOD: Duration = Duration::from_millis(10);
+
+    struct State {
+        worlds: Vec<Weak<PeInner>>,
+        running: bool,
+    }
+    static STATE: Mutex<State> = Mutex::new(State {
+        worlds: Vec::new(),
+        running: false,
+    });
+
+    pub(super) fn watch(w: &Arc<PeInner>) {
+        let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+        st.worlds.push(Arc::downgrade(w));
+        if !st.running {
+            let spawned = std::thread::Builder::new()
+                .name("rshmem-monitor".into())
+                .spawn(run);
+            match spawned {
+                Ok(_) => st.running = true,
+                Err(e) => {
+                    tracing::warn!(%e, "cannot start the peer monitor; dead peers are found by timeouts only")
+                }
+            }
+        }
+    }
+
+    /// A pidfd for `pid`: `Ok(Some)`, `Ok(None)` when pidfds are not available here (the
+    /// /proc check is used instead), `Err(())` when the process is already gone.
+    fn pidfd_open(pid: u32) -> Result<Option<OwnedFd>, ()> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd >= 0 {
+            // SAFETY: a fresh descriptor that nobody else owns.
+            return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }));
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ESRCH) => Err(()),
+            _ => Ok(None),
+        }
+    }
+
+    fn upgrade_all() -> Option<Vec<Arc<PeInner>>> {
+        let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+        st.worlds.retain(|w| w.strong_count() > 0);
+        let v: Vec<_> = st.worlds.iter().filter_map(Weak::upgrade).collect();
+        if v.is_empty() {
+            st.worlds.clear();
+            st.running = false;
+            return None;
+        }
+        Some(v)
+    }
+
+    /// Marks lost every watched PE that lives in one of `dead`, and the PEs whose state word
+    /// says they ended without finalize.
+    fn mark(worlds: &[Arc<PeInner>], dead: &HashSet<u32>) {
+        for w in worlds {
+            if w.finalized.load(Ordering::Acquire) {
+                continue;
+            }
+            for pe in (0..w.n).filter(|&p| p != w.me) {
+                if w.lost[pe].load(Ordering::Relaxed) {
+                    continue;
+                }
+                let lost = match w.ctrls[pe].word(control::W_STATE).load(Ordering::Acquire) {
+                    control::STATE_FINALIZED => false,
+                    control::STATE_FAILED => true,
+                    _ => !w.peers[pe].same_process && dead.contains(&w.peers[pe].pid),
+                };
+                if lost {
+                    w.mark_lost(pe);
+                }
+            }
+        }
+    }
+
+    /// Waits (at most PERIOD) on a pidfd per peer process: a pidfd becomes readable the moment
+    /// its process ends, so a death is seen at once. Where pidfds are not available the
+    /// process is checked through /proc every PERIOD. The worlds are not held while waiting.
+    fn run() {
+        let mut fds: HashMap<u32, Option<OwnedFd>> = HashMap::new();
+        // Processes known to have ended: never watched again.
+        let mut gone: HashSet<u32> = HashSet::new();
+        loop {
+            let mut dead = HashSet::new();
+            {
+                let Some(worlds) = upgrade_all() else { return };
+                let mut want = HashSet::new();
+                for w in &worlds {
+                    if w.finalized.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    for pe in (0..w.n).filter(|&p| p != w.me) {
+                        let p = w.peers[pe];
+                        let finalized = w.ctrls[pe].word(control::W_STATE).load(Ordering::Acquire)
+                            == control::STATE_FINALIZED;
+                        if !p.same_process
+                            && !finalized
+                            && !w.lost[pe].load(Ordering::Relaxed)
+                            && !gone.contains(&p.pid)
+                        {
+                            want.insert(p.pid);
+                        }
+                    }
+                }
+                fds.retain(|pid, _| want.contains(pid));
+                for &pid in &want {
+                    if let std::collections::hash_map::Entry::Vacant(e) = fds.entry(pid) {
+                        match pidfd_open(pid) {
+                            Ok(fd) => {
+                                e.insert(fd);
+                            }
+                            Err(()) => {
+                                dead.insert(pid);
+                            }
+                        }
+                    }
+                }
+                for (&pid, fd) in &fds {
+                    if fd.is_none() && !process_alive(pid) {
+                        dead.insert(pid);
+                    }
+                }
+                mark(&worlds, &dead);
+                gone.extend(dead.iter().copied());
+            }
+            let mut pids = Vec::new();
+            let mut polls = Vec::new();
+            for (&pid, fd) in &fds {
+                if let Some(fd) = fd {
+                    pids.push(pid);
+                    polls.push(libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                }
+            }
+            if polls.is_empty() {
+                std::thread::sleep(PERIOD);
+                continue;
+            }
+            // SAFETY: `polls` is a valid array of pollfd of the given length.
+            let n = unsafe {
+                libc::poll(
+                    polls.as_mut_ptr(),
+                    polls.len() as libc::nfds_t,
+                    PERIOD.as_millis() as libc::c_int,
+                )
+            };
+            if n > 0 {
+                dead.clear();
+                for (pfd, pid) in polls.iter().zip(&pids) {
+                    if pfd.revents != 0 {
+                        dead.insert(*pid);
+                    }
+                }
+                if let Some(worlds) = upgrade_all() {
+                    mark(&worlds, &dead);
+                }
+                for pid in &dead {
+                    fds.remove(pid);
+                }
+                gone.extend(dead.iter().copied());
+            }
+        }
+    }
 }
 
 /// Runs `f` on `n` PEs, each a thread of this process, with the configuration from the

@@ -1,10 +1,36 @@
 //! Bootstrap: the small host-side exchanges that start a world (and nothing on the hot path).
 //!
 //! * [`InProcBootstrap`]: threads of one process (thread mode, or threads the application owns).
-//! * TCP and the launcher environments (process and mixed mode) build on the same trait.
+//! * [`TcpBootstrap`]: processes, a star around rank 0 (address from the environment or a
+//!   [`unique_id`]).
+//! * [`HierEndpoint`]: mixed mode, TCP among processes and the in-process hub among a process's
+//!   threads, so each thread is one PE of the global world.
+//! * [`env`](mod@env): the launcher conventions (`RSHMEM_*`, torchrun, Open MPI).
 
+pub mod env;
+mod hier;
 mod inproc;
+mod tcp;
+pub use hier::HierEndpoint;
 pub use inproc::{InProcBootstrap, InProcEndpoint};
+pub(crate) use tcp::adopt_inherited_listener;
+pub use tcp::{unique_id, TcpBootstrap, TcpConfig, TCP_PROTOCOL_VERSION};
+
+/// Where a bootstrap endpoint's PE runs: reported by [`Bootstrap::locality`] and exchanged at
+/// start-up to build the world's placement map ([`Pe::placement`](crate::Pe::placement)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Locality {
+    /// Index of the PE's process in the job (0 in thread mode).
+    pub process: usize,
+    /// Index of the PE's thread within its process (0 in process mode).
+    pub thread: usize,
+    /// Node-local PE index: the device ordinal under the one-device-per-PE convention
+    /// (`local_rank * threads_per_process + thread`).
+    pub device: usize,
+    /// Job id chosen by the launcher (`RSHMEM_JOB`), used to name shared-memory segments so
+    /// that the launcher can remove them after the job.
+    pub job: Option<u64>,
+}
 
 use crate::error::Result;
 
@@ -14,6 +40,15 @@ pub trait Bootstrap: Send + Sync + std::fmt::Debug {
     fn rank(&self) -> usize;
     /// Number of ranks.
     fn size(&self) -> usize;
+    /// Where this endpoint's PE runs. The default describes a thread of a single-process world.
+    fn locality(&self) -> Locality {
+        Locality {
+            process: 0,
+            thread: self.rank(),
+            device: self.rank(),
+            job: None,
+        }
+    }
     /// Every rank contributes `data`; everyone receives all contributions in rank order.
     fn allgather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>>;
     /// All ranks meet.

@@ -1,12 +1,94 @@
-//! One harness that runs a test body on every mode: threads now; processes and mixed
-//! (re-executing this test binary under the launcher's environment) where built.
+//! One harness that runs a test body on every mode: threads; processes and mixed by
+//! re-executing this test binary (`--exact <test>`) through the launcher
+//! ([`rshmem::launcher`]) with [`CHILD_VAR`] set, the child running the body through
+//! [`rshmem::launch_with`] as its PEs of the job.
 //!
 //! A body is `fn(&Pe) -> Result<()>` that checks its data itself (assert on exact expected
 //! values, computed from seeded randomness every PE can reproduce).
 #![allow(dead_code)]
 
+use rshmem::launcher::{self, Job, Outcome};
 use rshmem::{Config, Pe, Result};
+use std::cell::Cell;
 use std::time::Duration;
+
+/// Set in a child process of the harness: `<call index>:<n>` of the `all_modes` call to run.
+pub const CHILD_VAR: &str = "RSHMEM_HARNESS_CHILD";
+
+thread_local! {
+    static CALLS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// True in a process started by the harness or by [`spawn_self`].
+pub fn is_child() -> bool {
+    std::env::var_os(CHILD_VAR).is_some()
+}
+
+/// Runs this test binary's test `test` as a job of `n` PEs (`threads` per process) through the
+/// launcher, with `env` added; checks that no segment of the job is left in /dev/shm.
+pub fn spawn_self(
+    test: &str,
+    n: usize,
+    threads: usize,
+    env: &[(&str, &str)],
+    grace: Duration,
+) -> Outcome {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut job = Job::new(n, exe);
+    job.threads_per_proc = threads;
+    job.args = [
+        "--exact",
+        test,
+        "--nocapture",
+        "--test-threads",
+        "1",
+        "--quiet",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    job.env = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
+    job.timeout = Some(Duration::from_secs(120));
+    job.prefix = true;
+    job.grace = grace;
+    let out = launcher::run(&job).expect("launcher");
+    let prefix = format!("rshmem-{:016x}-", out.job);
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|f| f.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "segments left after the job: {left:?}");
+    out
+}
+
+/// Runs `body` on `n` PEs as `n / threads` processes of `threads` thread-PEs each.
+pub fn processes(test: &str, n: usize, threads: usize, body: fn(&Pe) -> Result<()>) {
+    let _ = body;
+    let call = CALLS.with(|c| c.get());
+    let tag = format!("{call}:{n}");
+    let out = spawn_self(
+        test,
+        n,
+        threads,
+        &[(CHILD_VAR, &tag)],
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        out.code,
+        0,
+        "{test} on {n} PEs as {} process(es) x {threads} thread(s) failed: {:?}",
+        n / threads,
+        out.exits
+    );
+    assert_eq!(
+        out.leftover_segments, 0,
+        "the library left segments of the job for the launcher to remove"
+    );
+}
 
 /// The configuration tests use: a small heap, a short timeout.
 pub fn config() -> Config {
@@ -25,9 +107,34 @@ pub fn threads(n: usize, body: fn(&Pe) -> Result<()>) {
     }
 }
 
-/// Runs `body` on `n` PEs in every mode built (threads; processes and mixed to come).
-pub fn all_modes(_test: &str, n: usize, body: fn(&Pe) -> Result<()>) {
+/// Runs `body` on `n` PEs in every mode: threads; `n` processes; `n / 2` processes × 2
+/// threads when `n` is even. In a child process it runs only the call it was started for.
+pub fn all_modes(test: &str, n: usize, body: fn(&Pe) -> Result<()>) {
+    let call = CALLS.with(|c| {
+        let v = c.get() + 1;
+        c.set(v);
+        v
+    });
+    if let Ok(tag) = std::env::var(CHILD_VAR) {
+        if tag != format!("{call}:{n}") {
+            return;
+        }
+        let r = rshmem::launch_with(config(), n, body).expect("world");
+        for (t, x) in r.into_iter().enumerate() {
+            if let Err(e) = x {
+                panic!("{test}: thread {t} of this process (of {n} PEs): {e}");
+            }
+        }
+        return;
+    }
     threads(n, body);
+    if cfg!(miri) {
+        return; // Miri runs no processes
+    }
+    processes(test, n, 1, body);
+    if n >= 2 && n.is_multiple_of(2) {
+        processes(test, n, 2, body);
+    }
 }
 
 /// `mode_test!(name, [n1, n2], body)`: a test running `body` for each PE count on every mode.

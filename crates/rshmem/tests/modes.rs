@@ -1,0 +1,156 @@
+//! Data tests that matter most across processes: run on threads, processes and mixed mode by
+//! the harness (one suite, parameterized over modes).
+
+#[path = "harness/mod.rs"]
+mod harness;
+
+use rshmem::*;
+
+/// Placement map: consistent with the mode and the `p * T + t` convention; same-process peers
+/// are exactly those with my process index.
+fn placement_body(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.placement(pe.my_pe())?;
+    assert_eq!(me.pid, std::process::id());
+    let t = pe
+        .placements()
+        .iter()
+        .filter(|p| p.process == me.process)
+        .count();
+    for (i, p) in pe.placements().iter().enumerate() {
+        assert_eq!(p.pe, i);
+        assert_eq!(pe.is_same_process(i)?, p.process == me.process, "PE {i}");
+        assert_eq!(p.pid == me.pid, p.process == me.process);
+        if pe.mode() != Mode::Threads {
+            assert_eq!(i, p.process * t + p.thread, "PE {i}: {p:?}");
+            assert_eq!(p.device, i, "single node: device = node-local PE index");
+        }
+    }
+    let want = match (t, n / t) {
+        (_, 1) => Mode::Threads,
+        (1, _) => Mode::Processes,
+        _ => Mode::Mixed,
+    };
+    assert_eq!(pe.mode(), want);
+    assert!(pe.placement(n).is_err());
+    Ok(())
+}
+mode_test!(placement_map, [1, 2, 4], placement_body);
+
+/// Every PE puts a random block into every other PE (all pairs), then checks all blocks.
+fn all_pairs_body(pe: &Pe) -> Result<()> {
+    let (n, me) = (pe.n_pes(), pe.my_pe());
+    const L: usize = 33;
+    let x = pe.alloc::<i64>(L * n)?;
+    pe.local_fill(&x, i64::MIN)?;
+    pe.barrier_all()?;
+    let mine: Vec<i64> = harness::rand_vec(me, 7, L);
+    for dst in 0..n {
+        pe.put(&x, me * L, &mine, dst)?;
+    }
+    pe.barrier_all()?;
+    let got = pe.local_vec(&x)?;
+    for src in 0..n {
+        let want: Vec<i64> = harness::rand_vec(src, 7, L);
+        assert_eq!(
+            &got[src * L..(src + 1) * L],
+            &want[..],
+            "block from PE {src}"
+        );
+    }
+    // get back the block this PE wrote into the next PE
+    let mut back = vec![0i64; L];
+    pe.get(&x, me * L, &mut back, (me + 1) % n)?;
+    assert_eq!(back, mine);
+    pe.free(x)
+}
+mode_test!(all_pairs_put_get, [2, 4], all_pairs_body);
+
+/// Atomics and signals across processes: everyone adds into PE 0, counts with fetch_inc, and
+/// signals the next PE after a put; the waiter checks the data behind the signal.
+fn atomics_signal_body(pe: &Pe) -> Result<()> {
+    let (n, me) = (pe.n_pes(), pe.my_pe());
+    let acc = pe.alloc::<u64>(2)?;
+    let data = pe.alloc::<u32>(64)?;
+    let sig = pe.alloc::<u64>(1)?;
+    pe.local_fill(&acc, 0)?;
+    pe.local_fill(&data, 0xffff_ffff)?;
+    pe.local_fill(&sig, 0)?;
+    pe.barrier_all()?;
+    for _ in 0..10 {
+        pe.atomic_add(&acc, 0, me as u64 + 1, 0)?;
+        pe.atomic_fetch_inc(&acc, 1, 0)?;
+    }
+    let payload: Vec<u32> = harness::rand_vec(me, 3, 64);
+    let next = (me + 1) % n;
+    pe.put_signal(&data, 0, &payload, &sig, 0, 1, SignalOp::Add, next)?;
+    pe.wait_until(&sig, 0, Cmp::Ge, 1u64)?;
+    let prev = (me + n - 1) % n;
+    assert_eq!(pe.local_vec(&data)?, harness::rand_vec::<u32>(prev, 3, 64));
+    pe.barrier_all()?;
+    if me == 0 {
+        let total = (1..=n as u64).sum::<u64>() * 10;
+        assert_eq!(pe.local_vec(&acc)?, vec![total, 10 * n as u64]);
+    }
+    Ok(())
+}
+mode_test!(atomics_and_signals, [2, 3, 4], atomics_signal_body);
+
+/// Non-blocking puts and gets with tags, and the completion queue, across processes.
+fn nbi_cq_body(pe: &Pe) -> Result<()> {
+    let (n, me) = (pe.n_pes(), pe.my_pe());
+    const L: usize = 16;
+    let x = pe.alloc::<f64>(L * n)?;
+    pe.local_fill(&x, f64::NAN)?;
+    pe.barrier_all()?;
+    let src: Vec<f64> = harness::rand_vec(me, 11, L);
+    let mut ids = Vec::new();
+    for dst in 0..n {
+        let h = pe.put_nbi(&x, me * L, &src, dst, 1000 + dst as u64)?;
+        ids.push(h.id());
+        h.wait()?;
+    }
+    pe.quiet()?;
+    let mut done = Vec::new();
+    assert_eq!(pe.completions(&mut done), n);
+    for (dst, c) in done.iter().enumerate() {
+        assert_eq!(
+            (c.id, c.kind, c.pe, c.tag),
+            (ids[dst], OpKind::Put, dst, 1000 + dst as u64)
+        );
+    }
+    pe.barrier_all()?;
+    let from = (me + 1) % n;
+    let mut dst = vec![0.0f64; L * n];
+    let h = pe.get_nbi(&x, 0, &mut dst, from, 7)?;
+    let id = h.id();
+    h.wait()?;
+    for s in 0..n {
+        let want: Vec<f64> = harness::rand_vec(s, 11, L);
+        assert_eq!(
+            &dst[s * L..(s + 1) * L],
+            &want[..],
+            "block {s} read from PE {from}"
+        );
+    }
+    done.clear();
+    assert_eq!(pe.completions(&mut done), 1);
+    assert_eq!(
+        (done[0].id, done[0].kind, done[0].pe, done[0].tag),
+        (id, OpKind::Get, from, 7)
+    );
+    pe.barrier_all()?;
+    pe.free(x)
+}
+mode_test!(nbi_and_completion_queue, [2, 4], nbi_cq_body);
+
+/// Collective mismatch is reported on every PE across processes too.
+fn mismatch_body(pe: &Pe) -> Result<()> {
+    let r = pe.alloc::<u8>(if pe.my_pe() == 1 { 10 } else { 20 });
+    assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+    // the world is still usable afterwards
+    let x = pe.alloc::<u16>(4)?;
+    pe.barrier_all()?;
+    pe.free(x)
+}
+mode_test!(alloc_mismatch_all_modes, [2, 4], mismatch_body);
