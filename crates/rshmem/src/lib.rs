@@ -50,3 +50,8 @@ pub use pe::Pe;
 pub use sym::{AsSym, RawSym, Sym, SymView};
 pub use team::Team;
 pub use world::{threads, threads_with, Mode, Placement, PROTOCOL_VERSION};
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
