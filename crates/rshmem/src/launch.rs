@@ -118,8 +118,9 @@ fn connect(le: &LaunchEnv, config: &Config) -> Result<TcpBootstrap> {
     TcpBootstrap::with_config(c)
 }
 
-/// Runs `f` on `n` thread-PEs of this process, thread `t` joining through `boot(t)`.
-fn run_threads<R: Send>(
+/// Runs `f` on `n` thread-PEs of this process, thread `t` joining through `boot(t)`; each PE is
+/// finalized after `f`, a panic is resumed after every thread ended, else the first error wins.
+pub(crate) fn run_threads<R: Send>(
     config: &Config,
     n: usize,
     f: impl Fn(&Pe) -> R + Sync,

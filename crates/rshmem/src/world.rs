@@ -765,44 +765,5 @@ pub fn threads_with<R: Send>(
     // Checked here too: the hub's waits use the timeout before the PEs check the config.
     config.validate()?;
     let hub = InProcBootstrap::new(n, config.timeout)?;
-    let results: Vec<std::thread::Result<Result<R>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|rank| {
-                let hub = &hub;
-                let f = &f;
-                let config = config.clone();
-                std::thread::Builder::new()
-                    .name(format!("rshmem-pe-{rank}"))
-                    .spawn_scoped(s, move || -> Result<R> {
-                        let pe = crate::Pe::init(config, Box::new(hub.join(rank)?))?;
-                        let r = f(&pe);
-                        pe.finalize()?;
-                        Ok(r)
-                    })
-                    .map_err(|e| Error::Os {
-                        op: "spawn PE thread",
-                        msg: e.to_string(),
-                    })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.map_or_else(|e| Ok(Err(e)), |h| h.join()))
-            .collect()
-    });
-    let mut out = Vec::with_capacity(n);
-    let mut first_err = None;
-    for r in results {
-        match r {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(Ok(v)) => out.push(v),
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-        }
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
+    crate::launch::run_threads(&config, n, f, |rank| Ok(Box::new(hub.join(rank)?)))
 }
