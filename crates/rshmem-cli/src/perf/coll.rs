@@ -42,7 +42,8 @@ pub struct CollOpts {
 }
 
 impl CollOpts {
-    /// Sizes 4 KiB, 64 KiB, 1 MiB (quick) or every factor of 4 from 1 KiB to `max` (full).
+    /// Sizes 4 KiB, 64 KiB, 1 MiB up to `max` (quick) or every factor of 4 from 1 KiB to `max`
+    /// (full).
     pub fn new(full: bool, max: usize) -> CollOpts {
         let sizes = if full {
             let mut v = Vec::new();
@@ -53,7 +54,15 @@ impl CollOpts {
             }
             v
         } else {
-            vec![4096, 64 << 10, 1 << 20]
+            let v: Vec<usize> = [4096, 64 << 10, 1 << 20]
+                .into_iter()
+                .filter(|&s| s <= max)
+                .collect();
+            if v.is_empty() {
+                vec![max]
+            } else {
+                v
+            }
         };
         CollOpts {
             sizes,

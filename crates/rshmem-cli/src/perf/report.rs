@@ -294,6 +294,7 @@ mod tests {
             baseline: "memcpy".into(),
             baseline_time_us: bt,
             ratio: 0.0,
+            busbw_gbps: None,
             note: String::new(),
         }
         .finish()
