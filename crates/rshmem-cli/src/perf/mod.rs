@@ -25,7 +25,7 @@ use suite::{CliResult, Op, SuiteOpts};
 /// Which backend to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
-    /// The best backend present (CUDA when built and a GPU is usable, else shm).
+    /// The best backend present: CUDA when 2 GPUs are usable, else shm.
     Auto,
     /// CPU shared memory.
     Shm,
@@ -83,7 +83,7 @@ pub struct PerfArgs {
     /// The full suite: every power of two from 8 B to 64 MiB and longer samples.
     #[arg(long)]
     pub full: bool,
-    /// Backend to measure (auto: CUDA when a GPU is usable, else shm).
+    /// Backend to measure (auto: CUDA when 2 GPUs are usable, else shm).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
     /// Placement of the PEs (CPU backend).
@@ -295,13 +295,6 @@ fn run_world(
     let mut job = Job::new(n, exe);
     job.threads_per_proc = tpp;
     job.args = vec!["perf-worker".into(), serde_json::to_string(&spec)?.into()];
-    job.env = vec![
-        ("RSHMEM_HEAP_SIZE".into(), spec.heap.to_string().into()),
-        (
-            "RSHMEM_TIMEOUT".into(),
-            format!("{}", config.timeout.as_secs_f64()).into(),
-        ),
-    ];
     job.timeout = Some(Duration::from_secs(900));
     let steps = spec.steps(n);
     pb.set_message(format!(
@@ -405,7 +398,13 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
             Ok(_) => run_cuda(&args)?,
             Err(why) => return Err(format!("CUDA backend not available: {why}").into()),
         },
-        BackendArg::Auto => match cuda_usable() {
+        BackendArg::Auto => match cuda_usable().and_then(|i| {
+            if i.gpus.len() >= 2 {
+                Ok(i)
+            } else {
+                Err("the CUDA suite needs 2 GPUs, this machine has 1".into())
+            }
+        }) {
             Ok(_) => run_cuda(&args)?,
             Err(why) => {
                 eprintln!("rshmem perf: CUDA not available ({why}); measuring the shm backend");
