@@ -202,6 +202,8 @@ pub fn run(
     let ctl = pe.alloc::<u64>(8)?;
     let peer = peer_of_pe0(pe)?;
     let raw = match shared {
+        // A one-PE world has no pair to ping-pong between.
+        _ if n < 2 => None,
         Some(s) => Some(s),
         None if n == 2 && pe.is_same_process(1)? => Some(&PING_PONG),
         None => None,
