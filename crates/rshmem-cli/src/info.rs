@@ -37,9 +37,13 @@ fn yn(b: bool) -> &'static str {
 
 /// The CUDA section: GPUs and their capabilities, or why CUDA is not available.
 pub fn cuda_report() -> String {
+    format_cuda(rshmem::cuda::info().map_err(|e| e.to_string()))
+}
+
+fn format_cuda(info: Result<rshmem::cuda::Info, String>) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let i = match rshmem::cuda::info() {
+    let i = match info {
         Ok(i) => i,
         Err(e) => {
             let _ = writeln!(s, "  cuda  not available: {e}");
@@ -161,6 +165,62 @@ pub fn report() -> String {
 
 #[cfg(test)]
 mod tests {
+    use rshmem::cuda::{GpuInfo, Info};
+
+    #[test]
+    fn cuda_section_lists_gpus_and_matrices() {
+        let gpu = |ordinal, vmm| GpuInfo {
+            ordinal,
+            name: format!("GPU model {ordinal}"),
+            compute_capability: (9, 0),
+            sms: 132,
+            vmm,
+            posix_fd: true,
+            stream_mem_ops_64: false,
+        };
+        let s = super::format_cuda(Ok(Info {
+            driver_version: 13000,
+            gpus: vec![gpu(0, true), gpu(1, false)],
+            peer_access: vec![vec![false, true], vec![true, false]],
+            native_atomics: vec![vec![false, false], vec![true, false]],
+            nvrtc: true,
+        }));
+        assert!(s.contains("cuda  available: driver 13.0, 2 GPU(s), NVRTC loadable"));
+        assert!(s.contains(
+            "GPU 0: GPU model 0, compute 9.0, 132 SMs; VMM yes, POSIX-FD handles yes, 64-bit stream mem ops no"
+        ));
+        assert!(s.contains("GPU 1: GPU model 1") && s.contains("VMM no"));
+        let lines: Vec<&str> = s.lines().collect();
+        let at = |title: &str| lines.iter().position(|l| l.contains(title)).unwrap();
+        let (pa, na) = (at("peer access"), at("native atomics"));
+        assert_eq!(
+            lines[pa + 2].split_whitespace().collect::<Vec<_>>(),
+            ["0", "-", "Y"]
+        );
+        assert_eq!(
+            lines[pa + 3].split_whitespace().collect::<Vec<_>>(),
+            ["1", "Y", "-"]
+        );
+        assert_eq!(
+            lines[na + 2].split_whitespace().collect::<Vec<_>>(),
+            ["0", "-", "N"]
+        );
+        assert_eq!(
+            lines[na + 3].split_whitespace().collect::<Vec<_>>(),
+            ["1", "Y", "-"]
+        );
+        let none = super::format_cuda(Ok(Info {
+            driver_version: 12040,
+            gpus: vec![],
+            peer_access: vec![],
+            native_atomics: vec![],
+            nvrtc: false,
+        }));
+        assert!(none.contains("not available: driver 12.4 present but no GPU found"));
+        let err = super::format_cuda(Err("no driver".into()));
+        assert_eq!(err, "  cuda  not available: no driver\n");
+    }
+
     #[test]
     fn lists_backends_defaults_and_every_variable() {
         let r = super::report();

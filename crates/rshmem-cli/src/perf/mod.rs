@@ -366,29 +366,34 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
     let per_pe = rshmem::threads_with(config, 2, |pe| rshmem::cuda::bench(pe, &sizes, iters))?;
     let mut out = Vec::new();
     for r in per_pe {
-        for b in r? {
-            out.push(
-                Record {
-                    op: b.op.into(),
-                    api: b.api.into(),
-                    backend: b.backend.into(),
-                    mode: b.mode.into(),
-                    pes: b.pes,
-                    bytes: b.bytes,
-                    iters: b.iters as u64,
-                    time_us: b.time_us,
-                    gbps: b.gbps,
-                    baseline: b.baseline.into(),
-                    baseline_time_us: b.baseline_time_us,
-                    ratio: b.ratio,
-                    busbw_gbps: None,
-                    note: String::new(),
-                }
-                .finish(),
-            );
-        }
+        out.extend(r?.iter().map(from_cuda));
     }
     Ok(out)
+}
+
+/// A record of the CUDA suite as a perf record (same fields; no baseline: ratio 0).
+fn from_cuda(b: &rshmem::cuda::BenchRecord) -> Record {
+    let mut r = Record {
+        op: b.op.into(),
+        api: b.api.into(),
+        backend: b.backend.into(),
+        mode: b.mode.into(),
+        pes: b.pes,
+        bytes: b.bytes,
+        iters: b.iters as u64,
+        time_us: b.time_us,
+        gbps: b.gbps,
+        baseline: b.baseline.into(),
+        baseline_time_us: b.baseline_time_us,
+        ratio: b.ratio,
+        busbw_gbps: None,
+        note: String::new(),
+    }
+    .finish();
+    if b.baseline_time_us <= 0.0 {
+        r.ratio = 0.0;
+    }
+    r
 }
 
 /// `rshmem perf`.
@@ -592,6 +597,51 @@ fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cuda_records_convert() {
+        let b = rshmem::cuda::BenchRecord {
+            op: "device_put",
+            api: "device",
+            backend: "cuda",
+            mode: "threads",
+            pes: 2,
+            bytes: 1 << 20,
+            iters: 100,
+            time_us: 4.0,
+            gbps: (1 << 20) as f64 / 4e3,
+            baseline: "cuMemcpyPeerAsync",
+            baseline_time_us: 5.0,
+            ratio: 1.25,
+        };
+        let r = from_cuda(&b);
+        assert_eq!(
+            (
+                r.op.as_str(),
+                r.api.as_str(),
+                r.backend.as_str(),
+                r.mode.as_str()
+            ),
+            ("device_put", "device", "cuda", "threads")
+        );
+        assert_eq!((r.pes, r.bytes, r.iters), (2, 1 << 20, 100));
+        assert_eq!(r.kind(), record::Kind::Bandwidth);
+        assert!((r.gbps - b.gbps).abs() < 1e-9 && (r.ratio - 1.25).abs() < 1e-12);
+        let bar = rshmem::cuda::BenchRecord {
+            op: "device_barrier",
+            bytes: 0,
+            baseline: "none",
+            baseline_time_us: 0.0,
+            ratio: 0.0,
+            gbps: 0.0,
+            ..b
+        };
+        let r = from_cuda(&bar);
+        assert_eq!(
+            (r.kind(), r.ratio, r.gbps),
+            (record::Kind::Latency, 0.0, 0.0)
+        );
+    }
 
     #[test]
     fn size_lists() {
