@@ -2,27 +2,115 @@
 
 use rshmem::Config;
 
-/// Probes the CUDA driver: `Ok(description)` when `libcuda.so.1` loads, else the reason.
-pub fn cuda_probe() -> Result<String, String> {
-    // SAFETY: loading the driver library runs its initialisers, which is what every CUDA program
-    // does; we only read its version below.
-    let lib = unsafe { libloading::Library::new("libcuda.so.1") }
-        .map_err(|e| format!("no driver: {e}"))?;
-    type GetVersion = unsafe extern "C" fn(*mut i32) -> i32;
-    // SAFETY: `cuDriverGetVersion(int*)` has this signature in every CUDA driver API version.
-    let f = unsafe { lib.get::<GetVersion>(b"cuDriverGetVersion\0") }
-        .map_err(|e| format!("libcuda.so.1 has no cuDriverGetVersion: {e}"))?;
-    let mut v = 0i32;
-    // SAFETY: a valid pointer to a live i32; the call needs no prior cuInit.
-    let rc = unsafe { f(&mut v) };
-    if rc != 0 {
-        return Err(format!("cuDriverGetVersion failed with CUresult {rc}"));
+/// Variables read outside [`rshmem::config::ENV_VARS`]: thread-mode world size, the
+/// collectives, and the benchmark knobs of the CUDA suite.
+const MORE_VARS: &[(&str, &str)] = &[
+    (
+        "RSHMEM_PES",
+        "PEs of a thread-mode world started by rshmem::launch without a launcher",
+    ),
+    (
+        "RSHMEM_BENCH_NVRTC_OPTS",
+        "perf, CUDA: extra NVRTC options of the benchmark kernels",
+    ),
+    (
+        "RSHMEM_BENCH_BLOCKS_PER_SM",
+        "perf, CUDA: blocks per SM of the device copies, default 8",
+    ),
+    (
+        "RSHMEM_BENCH_THREADS",
+        "perf, CUDA: threads per block of the device copies, default 512",
+    ),
+    (
+        "RSHMEM_BENCH_BULK_BLOCKS_PER_SM",
+        "perf, CUDA: blocks per SM of the bulk copies, default 2",
+    ),
+];
+
+fn yn(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
     }
-    Ok(format!(
-        "libcuda.so.1 loaded, driver API {}.{}",
-        v / 1000,
-        (v % 1000) / 10
-    ))
+}
+
+/// The CUDA section: GPUs and their capabilities, or why CUDA is not available.
+pub fn cuda_report() -> String {
+    format_cuda(rshmem::cuda::info().map_err(|e| e.to_string()))
+}
+
+fn format_cuda(info: Result<rshmem::cuda::Info, String>) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let i = match info {
+        Ok(i) => i,
+        Err(e) => {
+            let _ = writeln!(s, "  cuda  not available: {e}");
+            return s;
+        }
+    };
+    if i.gpus.is_empty() {
+        let _ = writeln!(
+            s,
+            "  cuda  not available: driver {}.{} present but no GPU found",
+            i.driver_version / 1000,
+            (i.driver_version % 1000) / 10
+        );
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "  cuda  available: driver {}.{}, {} GPU(s), NVRTC {}",
+        i.driver_version / 1000,
+        (i.driver_version % 1000) / 10,
+        i.gpus.len(),
+        if i.nvrtc {
+            "loadable"
+        } else {
+            "missing (no device kernels)"
+        }
+    );
+    for g in &i.gpus {
+        let _ = writeln!(
+            s,
+            "        GPU {}: {}, compute {}.{}, {} SMs; VMM {}, POSIX-FD handles {}, 64-bit stream mem ops {}",
+            g.ordinal,
+            g.name,
+            g.compute_capability.0,
+            g.compute_capability.1,
+            g.sms,
+            yn(g.vmm),
+            yn(g.posix_fd),
+            yn(g.stream_mem_ops_64)
+        );
+    }
+    for (title, m) in [
+        ("peer access", &i.peer_access),
+        ("native atomics", &i.native_atomics),
+    ] {
+        let _ = writeln!(s, "        {title} (row: from GPU, column: to GPU):");
+        let _ = writeln!(
+            s,
+            "              {}",
+            (0..m.len()).map(|j| format!("{j:>4}")).collect::<String>()
+        );
+        for (a, row) in m.iter().enumerate() {
+            let cells: String = row
+                .iter()
+                .enumerate()
+                .map(|(b, &v)| {
+                    if a == b {
+                        "   -".to_string()
+                    } else {
+                        format!("{:>4}", if v { "Y" } else { "N" })
+                    }
+                })
+                .collect();
+            let _ = writeln!(s, "          {a:>4}{cells}");
+        }
+    }
+    s
 }
 
 /// The report printed by `rshmem info`.
@@ -36,17 +124,7 @@ pub fn report() -> String {
         s,
         "  shm   available (CPU shared memory; {cpus} CPUs available to this process)"
     );
-    match cuda_probe() {
-        Ok(d) => {
-            let _ = writeln!(
-                s,
-                "  cuda  not built (no CUDA backend in this build); driver: {d}"
-            );
-        }
-        Err(e) => {
-            let _ = writeln!(s, "  cuda  not built / {e}");
-        }
-    }
+    s.push_str(&cuda_report());
     let d = Config::default();
     let _ = writeln!(s, "\nDefaults:");
     let _ = writeln!(s, "  heap size   {} bytes per PE", d.heap_size);
@@ -70,19 +148,79 @@ pub fn report() -> String {
         }
     }
     let _ = writeln!(s, "\nEnvironment:");
-    for (name, what) in rshmem::config::ENV_VARS {
+    let vars = rshmem::config::ENV_VARS
+        .iter()
+        .chain(MORE_VARS)
+        .chain(rshmem::coll::ENV_VARS);
+    for (name, what) in vars {
         let val = match std::env::var(name) {
             Ok(v) => format!("= {v:?}"),
             Err(std::env::VarError::NotPresent) => "(unset)".into(),
             Err(std::env::VarError::NotUnicode(_)) => "(not unicode)".into(),
         };
-        let _ = writeln!(s, "  {name:<18} {val:<14} {what}");
+        let _ = writeln!(s, "  {name:<31} {val:<14} {what}");
     }
     s
 }
 
 #[cfg(test)]
 mod tests {
+    use rshmem::cuda::{GpuInfo, Info};
+
+    #[test]
+    fn cuda_section_lists_gpus_and_matrices() {
+        let gpu = |ordinal, vmm| GpuInfo {
+            ordinal,
+            name: format!("GPU model {ordinal}"),
+            compute_capability: (9, 0),
+            sms: 132,
+            vmm,
+            posix_fd: true,
+            stream_mem_ops_64: false,
+        };
+        let s = super::format_cuda(Ok(Info {
+            driver_version: 13000,
+            gpus: vec![gpu(0, true), gpu(1, false)],
+            peer_access: vec![vec![false, true], vec![true, false]],
+            native_atomics: vec![vec![false, false], vec![true, false]],
+            nvrtc: true,
+        }));
+        assert!(s.contains("cuda  available: driver 13.0, 2 GPU(s), NVRTC loadable"));
+        assert!(s.contains(
+            "GPU 0: GPU model 0, compute 9.0, 132 SMs; VMM yes, POSIX-FD handles yes, 64-bit stream mem ops no"
+        ));
+        assert!(s.contains("GPU 1: GPU model 1") && s.contains("VMM no"));
+        let lines: Vec<&str> = s.lines().collect();
+        let at = |title: &str| lines.iter().position(|l| l.contains(title)).unwrap();
+        let (pa, na) = (at("peer access"), at("native atomics"));
+        assert_eq!(
+            lines[pa + 2].split_whitespace().collect::<Vec<_>>(),
+            ["0", "-", "Y"]
+        );
+        assert_eq!(
+            lines[pa + 3].split_whitespace().collect::<Vec<_>>(),
+            ["1", "Y", "-"]
+        );
+        assert_eq!(
+            lines[na + 2].split_whitespace().collect::<Vec<_>>(),
+            ["0", "-", "N"]
+        );
+        assert_eq!(
+            lines[na + 3].split_whitespace().collect::<Vec<_>>(),
+            ["1", "Y", "-"]
+        );
+        let none = super::format_cuda(Ok(Info {
+            driver_version: 12040,
+            gpus: vec![],
+            peer_access: vec![],
+            native_atomics: vec![],
+            nvrtc: false,
+        }));
+        assert!(none.contains("not available: driver 12.4 present but no GPU found"));
+        let err = super::format_cuda(Err("no driver".into()));
+        assert_eq!(err, "  cuda  not available: no driver\n");
+    }
+
     #[test]
     fn lists_backends_defaults_and_every_variable() {
         let r = super::report();
@@ -92,7 +230,11 @@ mod tests {
             "{} bytes per PE",
             rshmem::Config::default().heap_size
         )));
-        for (name, _) in rshmem::config::ENV_VARS {
+        for (name, _) in rshmem::config::ENV_VARS
+            .iter()
+            .chain(super::MORE_VARS)
+            .chain(rshmem::coll::ENV_VARS)
+        {
             assert!(r.contains(name), "{name} missing");
         }
     }

@@ -23,6 +23,12 @@ enum Command {
     Perf(perf::PerfArgs),
     /// Run a program as a job of N PEs (processes, or processes of threads).
     Run(run::RunArgs),
+    /// One process of a `perf` world (started by `rshmem perf`, not by hand).
+    #[command(name = "perf-worker", hide = true)]
+    PerfWorker {
+        /// The world's specification (JSON).
+        spec: String,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -38,6 +44,7 @@ fn main() -> std::process::ExitCode {
             Ok(())
         }
         Command::Perf(args) => perf::run(args),
+        Command::PerfWorker { spec } => perf::worker(&spec),
         Command::Run(args) => {
             return std::process::ExitCode::from(run::run(args).clamp(0, 255) as u8)
         }

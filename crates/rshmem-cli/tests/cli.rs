@@ -17,7 +17,12 @@ fn info_lists_backends_and_variables() {
     let s = String::from_utf8(out.stdout).unwrap();
     assert!(s.contains("shm   available"));
     assert!(s.contains("cuda  "));
-    assert!(s.contains("RSHMEM_MAX_TEAMS   = \"17\""));
+    assert!(s
+        .lines()
+        .any(|l| l.trim_start().starts_with("RSHMEM_MAX_TEAMS ") && l.contains("= \"17\"")));
+    for v in ["RSHMEM_PES", "RSHMEM_COLL_ALGO", "RSHMEM_COLL_CHUNK"] {
+        assert!(s.contains(v), "{v} missing");
+    }
     assert!(s.contains("max teams 17"));
     assert!(s.contains("RSHMEM_HEAP_SIZE"));
 }
@@ -30,6 +35,10 @@ fn perf_writes_json_records_and_svg() {
     let out = rshmem()
         .args([
             "perf",
+            "--mode",
+            "threads",
+            "--suites",
+            "p2p",
             "--ops",
             "put,get,put-signal,barrier",
             "--max-size",
@@ -96,6 +105,8 @@ fn bad_arguments_fail_cleanly() {
         &["perf", "--max-size", "3"][..],
         &["perf", "--ops", "nonsense"],
         &["perf", "--quick", "--full"],
+        &["perf", "--mode", "sideways"],
+        &["perf", "--coll", "--suites", "p2p"],
         &["frobnicate"],
     ] {
         let out = rshmem().args(args).output().unwrap();

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long to measure one figure.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Timing {
     /// Target duration of one sample (a batch of operations timed together).
     pub sample_time: Duration,
@@ -249,6 +249,120 @@ pub static PING_PONG: PingPong = PingPong {
     pong: AtomicU64::new(0),
 };
 
+/// A [`PingPong`] on a file in `/dev/shm` that several processes map: the latency baseline
+/// between PEs of different processes. The creator removes the file when dropped.
+#[derive(Debug)]
+pub struct SharedPingPong {
+    ptr: std::ptr::NonNull<PingPong>,
+    path: std::path::PathBuf,
+    owner: bool,
+}
+
+// SAFETY: the mapping is only reached through `&PingPong`, whose fields are atomics.
+unsafe impl Send for SharedPingPong {}
+// SAFETY: as above.
+unsafe impl Sync for SharedPingPong {}
+
+const SHARED_LEN: usize = 4096;
+
+impl SharedPingPong {
+    /// Creates (zeroed) and maps a new file for the flags.
+    pub fn create() -> std::io::Result<Self> {
+        let dir = std::path::Path::new("/dev/shm");
+        let dir = if dir.is_dir() {
+            dir.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = dir.join(format!(
+            "rshmem-perf-pingpong-{}-{nanos:08x}",
+            std::process::id()
+        ));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        let r = f.set_len(SHARED_LEN as u64).and_then(|_| Self::map(&f));
+        match r {
+            Ok(ptr) => Ok(SharedPingPong {
+                ptr,
+                path,
+                owner: true,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Maps the file another process created.
+    pub fn open(path: &std::path::Path) -> std::io::Result<Self> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        if f.metadata()?.len() < SHARED_LEN as u64 {
+            return Err(std::io::Error::other(format!(
+                "{}: shorter than {SHARED_LEN} bytes",
+                path.display()
+            )));
+        }
+        Ok(SharedPingPong {
+            ptr: Self::map(&f)?,
+            path: path.to_path_buf(),
+            owner: false,
+        })
+    }
+
+    fn map(f: &std::fs::File) -> std::io::Result<std::ptr::NonNull<PingPong>> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: maps SHARED_LEN bytes of a file at least that long; the kernel picks the
+        // address. The result is checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                SHARED_LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        std::ptr::NonNull::new(p.cast::<PingPong>())
+            .ok_or_else(|| std::io::Error::other("mmap returned null"))
+    }
+
+    /// The file's path (to pass to the other processes).
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// The flags.
+    pub fn flags(&self) -> &PingPong {
+        // SAFETY: the mapping is page aligned (so aligned for PingPong), SHARED_LEN bytes
+        // cover it, it lives until drop, and all-zero bytes are valid atomics.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl Drop for SharedPingPong {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in `map`, not used after this.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), SHARED_LEN) };
+        if self.owner {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 /// One-way latency in microseconds of the raw ping-pong between two new threads (started as
 /// PE threads are; the calling thread waits), the baseline measured outside any world.
 pub fn raw_ping_pong_us(t: &Timing) -> f64 {
@@ -307,6 +421,24 @@ mod tests {
         let mut dst = AlignedBuf::new(33, 0);
         memcpy_k(2, src.as_slice(), dst.as_mut_slice());
         assert_eq!(src.as_slice(), dst.as_slice());
+    }
+
+    #[test]
+    fn shared_ping_pong_maps_one_page_twice() {
+        let a = SharedPingPong::create().unwrap();
+        let b = SharedPingPong::open(a.path()).unwrap();
+        let limit = Duration::from_secs(10);
+        std::thread::scope(|s| {
+            s.spawn(|| b.flags().serve(limit));
+            let mut seq = 0;
+            assert!(a.flags().round_trips(100, &mut seq, limit));
+            a.flags().stop();
+        });
+        let path = a.path().to_path_buf();
+        drop(b);
+        assert!(path.exists());
+        drop(a);
+        assert!(!path.exists());
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! `rshmem perf`: the benchmark suites, their baselines and reports.
 //!
 //! Every figure is printed beside a baseline measured in the same run (memcpy for bandwidth, a
-//! raw atomic-flag ping-pong between two threads for latency) and the ratio
-//! `baseline_time / time` (above 1: faster than the baseline).
+//! raw atomic-flag ping-pong between the same two PEs for latency: threads of this process, or
+//! processes over a shared mapping; all-to-all-v for MoE dispatch/combine) and the ratio
+//! `baseline_time / time` (above 1: faster than the baseline). Process and mixed worlds are
+//! processes of this binary (`rshmem perf-worker`) started through [`rshmem::launcher`].
 
+pub mod coll;
+pub mod ep;
 pub mod measure;
 pub mod record;
 pub mod report;
@@ -12,7 +16,8 @@ pub mod suite;
 use indicatif::{ProgressBar, ProgressStyle};
 use measure::Timing;
 use record::Record;
-use rshmem::{BackendKind, Config};
+use rshmem::launcher::{self, Job};
+use rshmem::{BackendKind, Config, Pe};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use suite::{CliResult, Op, SuiteOpts};
@@ -20,7 +25,7 @@ use suite::{CliResult, Op, SuiteOpts};
 /// Which backend to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
-    /// The best backend present (CUDA when built and a GPU is usable, else shm).
+    /// The best backend present: CUDA when 2 GPUs are usable, else shm.
     Auto,
     /// CPU shared memory.
     Shm,
@@ -33,14 +38,40 @@ pub enum BackendArg {
 pub enum ModeArg {
     /// Every PE is a thread of this process.
     Threads,
+    /// One PE per process (2 processes; the barrier also at `--barrier-pes` processes).
+    Processes,
+    /// 2 processes of 2 thread-PEs each; PE 0 pairs with PE 2 (the other process).
+    Mixed,
+    /// threads, then processes, then mixed.
+    All,
 }
 
 impl ModeArg {
     fn label(self) -> &'static str {
         match self {
             ModeArg::Threads => "threads",
+            ModeArg::Processes => "processes",
+            ModeArg::Mixed => "mixed",
+            ModeArg::All => "all",
         }
     }
+    fn each(self) -> Vec<ModeArg> {
+        match self {
+            ModeArg::All => vec![ModeArg::Threads, ModeArg::Processes, ModeArg::Mixed],
+            m => vec![m],
+        }
+    }
+}
+
+/// A group of benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SuiteArg {
+    /// put, get, put_signal, fetch_add, barrier (`--ops`).
+    P2p,
+    /// all_reduce, all_gather, reduce_scatter, all_to_all, broadcast.
+    Coll,
+    /// MoE dispatch and combine (`--ep-*`).
+    Ep,
 }
 
 /// Arguments of `rshmem perf`.
@@ -52,19 +83,43 @@ pub struct PerfArgs {
     /// The full suite: every power of two from 8 B to 64 MiB and longer samples.
     #[arg(long)]
     pub full: bool,
-    /// Backend to measure.
+    /// Backend to measure (auto: CUDA when 2 GPUs are usable, else shm).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
-    /// Placement of the PEs.
-    #[arg(long, value_enum, default_value_t = ModeArg::Threads)]
+    /// Placement of the PEs (CPU backend).
+    #[arg(long, value_enum, default_value_t = ModeArg::All)]
     pub mode: ModeArg,
-    /// Operations to run, comma separated (default: all).
+    /// Benchmark groups, comma separated (default p2p,coll; `--coll` / `--ep` alone pick one).
+    #[arg(long, value_enum, value_delimiter = ',', conflicts_with_all = ["coll", "ep"])]
+    pub suites: Vec<SuiteArg>,
+    /// Only the collectives (with `--ep`: collectives and MoE).
+    #[arg(long)]
+    pub coll: bool,
+    /// Only MoE dispatch/combine (with `--coll`: both).
+    #[arg(long)]
+    pub ep: bool,
+    /// MoE: tokens per PE T.
+    #[arg(long, default_value_t = 256)]
+    pub ep_tokens: usize,
+    /// MoE: hidden size H (bf16 elements).
+    #[arg(long, default_value_t = 1024)]
+    pub ep_hidden: usize,
+    /// MoE: experts per token k.
+    #[arg(long, default_value_t = 4)]
+    pub ep_topk: usize,
+    /// MoE: experts E (a multiple of the number of PEs).
+    #[arg(long, default_value_t = 16)]
+    pub ep_experts: usize,
+    /// MoE: timed calls (medians reported; default 5, full 20).
+    #[arg(long)]
+    pub ep_iters: Option<usize>,
+    /// Operations of the p2p group, comma separated (default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub ops: Vec<Op>,
-    /// Largest put/get size, e.g. 1M (default 64M).
+    /// Largest put/get size, e.g. 1M (default 64M; collectives: 1M quick, 64M full).
     #[arg(long, value_parser = parse_size_arg)]
     pub max_size: Option<usize>,
-    /// World sizes of the barrier figures, comma separated.
+    /// World sizes of the barrier figures, comma separated (threads and processes).
     #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4])]
     pub barrier_pes: Vec<usize>,
     /// Write the records as a JSON list to FILE.
@@ -113,127 +168,256 @@ pub fn timing(full: bool) -> Timing {
     }
 }
 
-/// Runs the suite on a world of `n` PEs placed as `mode`; returns PE 0's records.
-///
-/// Process and mixed modes add an arm here that starts the world through `rshmem::launch`
-/// (or `rshmem run`) and calls the same [`suite::run`] on every PE with their mode label;
-/// `outside_pp_us` is then the latency baseline, since PEs in different processes cannot run
-/// the in-process raw ping-pong.
-fn run_world(
-    mode: ModeArg,
-    n: usize,
-    config: &Config,
-    opts: &SuiteOpts,
-    outside_pp_us: f64,
-    pb: &ProgressBar,
+/// What one world runs, on every PE; also what `rshmem perf` passes to the processes it starts
+/// (as JSON on the command line of the hidden `perf-worker` subcommand).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Spec {
+    /// Mode label of the records.
+    pub label: String,
+    /// The point-to-point suite.
+    pub suite: Option<SuiteOpts>,
+    /// The collectives.
+    pub coll: Option<coll::CollOpts>,
+    /// MoE dispatch/combine.
+    pub ep: Option<ep::EpOpts>,
+    /// Raw thread ping-pong measured before the world, one way, microseconds.
+    pub outside_pp_us: f64,
+    /// Symmetric heap bytes per PE.
+    pub heap: usize,
+    /// File of the shared raw ping-pong flags (process and mixed mode).
+    pub pp: Option<PathBuf>,
+    /// Where PE 0 writes its records (process and mixed mode).
+    pub out: Option<PathBuf>,
+}
+
+impl Spec {
+    fn steps(&self, n: usize) -> u64 {
+        self.suite.as_ref().map_or(0, |s| s.steps(n))
+            + self.coll.as_ref().map_or(0, |c| c.steps())
+            + u64::from(self.ep.is_some())
+    }
+}
+
+/// Runs the parts of `spec` on this PE; PE 0 returns the records.
+fn run_parts(
+    pe: &Pe,
+    spec: &Spec,
+    shared: Option<&measure::PingPong>,
+    pb: Option<&ProgressBar>,
 ) -> CliResult<Vec<Record>> {
-    let label = mode.label();
-    let per_pe = match mode {
-        ModeArg::Threads => rshmem::threads_with(config.clone(), n, |pe| {
-            suite::run(pe, label, opts, outside_pp_us, Some(pb))
-        })?,
-    };
     let mut out = Vec::new();
-    for r in per_pe {
-        out.extend(r?);
+    if let Some(s) = &spec.suite {
+        out.extend(suite::run(
+            pe,
+            &spec.label,
+            s,
+            spec.outside_pp_us,
+            shared,
+            pb,
+        )?);
+    }
+    if let Some(c) = &spec.coll {
+        out.extend(coll::run(pe, &spec.label, c, pb)?);
+    }
+    if let Some(e) = &spec.ep {
+        if let Some(pb) = pb.filter(|_| pe.my_pe() == 0) {
+            pb.set_message(format!("ep dispatch/combine {} PEs", pe.n_pes()));
+        }
+        out.extend(ep::run(pe, &spec.label, e)?);
+        if let Some(pb) = pb.filter(|_| pe.my_pe() == 0) {
+            pb.inc(1);
+        }
     }
     Ok(out)
 }
 
-/// `rshmem perf`.
-pub fn run(args: PerfArgs) -> CliResult<()> {
-    let backend = match args.backend {
-        BackendArg::Shm => BackendKind::Shm,
-        // The CUDA suite joins `Auto` once the CUDA backend is merged.
-        BackendArg::Auto => BackendKind::Shm,
-        BackendArg::Cuda => {
-            let why = match crate::info::cuda_probe() {
-                Ok(v) => format!("the driver is present ({v}) but this build has no CUDA suite"),
-                Err(e) => e,
-            };
-            return Err(format!("CUDA backend not available: {why}").into());
-        }
-    };
-    let full = args.full;
-    let max = args.max_size.unwrap_or(64 << 20);
-    let ops = if args.ops.is_empty() {
-        Op::ALL.to_vec()
-    } else {
-        args.ops.clone()
-    };
-    let timing = timing(full);
-    let opts = SuiteOpts {
-        sizes: sizes(full, max),
-        timing,
-        ops: ops.clone(),
+/// The hidden `rshmem perf-worker SPEC`: one process of a process- or mixed-mode world started
+/// by `rshmem perf` through the launcher. PE 0 writes its records to `spec.out`.
+pub fn worker(spec: &str) -> CliResult<()> {
+    let spec: Spec = serde_json::from_str(spec).map_err(|e| format!("perf-worker spec: {e}"))?;
+    if !rshmem::launched() {
+        return Err("perf-worker runs only as a process started by `rshmem perf`".into());
+    }
+    let shared = match &spec.pp {
+        Some(p) => Some(
+            measure::SharedPingPong::open(p)
+                .map_err(|e| format!("raw ping-pong mapping {}: {e}", p.display()))?,
+        ),
+        None => None,
     };
     let config = Config::from_env()?
-        .backend(backend)
-        .heap_size(opts.heap_bytes());
-    let mut barrier_pes: Vec<usize> = args
-        .barrier_pes
-        .iter()
-        .copied()
-        .filter(|&n| n >= 1)
-        .collect();
-    barrier_pes.dedup();
-    let extra: Vec<usize> = if ops.contains(&Op::Barrier) {
-        barrier_pes.iter().copied().filter(|&n| n != 2).collect()
-    } else {
-        Vec::new()
-    };
-    let main_opts = SuiteOpts {
-        ops: ops
-            .iter()
-            .copied()
-            .filter(|&o| o != Op::Barrier || barrier_pes.contains(&2))
-            .collect(),
-        ..opts.clone()
-    };
-    let barrier_opts = SuiteOpts {
-        ops: vec![Op::Barrier],
-        sizes: vec![8],
-        timing,
-    };
-    let steps = main_opts.steps(2) + extra.iter().map(|&n| barrier_opts.steps(n)).sum::<u64>();
-
-    eprintln!(
-        "rshmem perf: {} suite, backend {}, mode {}, {} put/get sizes {}..{}",
-        if full { "full" } else { "quick" },
-        backend.name(),
-        args.mode.label(),
-        opts.sizes.len(),
-        report::human_bytes(opts.sizes[0]),
-        report::human_bytes(*opts.sizes.last().unwrap_or(&8)),
-    );
-    let start = Instant::now();
-    let worlds: Vec<(usize, &SuiteOpts)> = std::iter::once((2, &main_opts))
-        .chain(extra.iter().map(|&n| (n, &barrier_opts)))
-        .collect();
-    let pb = ProgressBar::new(steps + worlds.len() as u64);
-    pb.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-            .map_err(|e| e.to_string())?
-            .progress_chars("=> "),
-    );
-    let mut records = Vec::new();
-    let mut outside = Vec::new();
-    for (n, o) in worlds {
-        // Measured just before each world; the latency baseline where the PEs cannot measure
-        // it themselves (more than two PEs, or PEs in several processes).
-        pb.set_message(format!("raw ping-pong baseline before the {n}-PE world"));
-        let pp = measure::raw_ping_pong_us(&timing);
-        pb.inc(1);
-        outside.push(format!("{pp:.3}"));
-        records.extend(run_world(args.mode, n, &config, o, pp, &pb)?);
+        .backend(BackendKind::Shm)
+        .heap_size(spec.heap);
+    let per_pe = rshmem::launch_with(config, 2, |pe| {
+        run_parts(pe, &spec, shared.as_ref().map(|s| s.flags()), None).map(|r| (pe.my_pe(), r))
+    })?;
+    for r in per_pe {
+        let (me, recs) = r?;
+        if me == 0 {
+            if let Some(out) = &spec.out {
+                report::write_json(out, &recs)?;
+            }
+        }
     }
-    pb.finish_and_clear();
-    eprintln!(
-        "done in {:.1} s; raw ping-pong (one way, us) measured before each world: {}",
-        start.elapsed().as_secs_f64(),
-        outside.join(", ")
-    );
+    Ok(())
+}
 
+/// Runs `spec` on a world of `n` PEs placed as `mode`; returns PE 0's records.
+fn run_world(
+    mode: ModeArg,
+    n: usize,
+    config: &Config,
+    spec: &Spec,
+    pb: &ProgressBar,
+) -> CliResult<Vec<Record>> {
+    let config = config.clone().heap_size(spec.heap);
+    let tpp = match mode {
+        ModeArg::Threads | ModeArg::All => {
+            let per_pe = rshmem::threads_with(config, n, |pe| run_parts(pe, spec, None, Some(pb)))?;
+            let mut out = Vec::new();
+            for r in per_pe {
+                out.extend(r?);
+            }
+            return Ok(out);
+        }
+        ModeArg::Processes => 1,
+        ModeArg::Mixed => 2,
+    };
+    let shared = measure::SharedPingPong::create()
+        .map_err(|e| format!("creating the raw ping-pong mapping: {e}"))?;
+    let out = tempfile_path("records.json");
+    let spec = Spec {
+        pp: Some(shared.path().to_path_buf()),
+        out: Some(out.clone()),
+        ..spec.clone()
+    };
+    let exe = std::env::current_exe().map_err(|e| format!("finding the rshmem binary: {e}"))?;
+    let mut job = Job::new(n, exe);
+    job.threads_per_proc = tpp;
+    job.args = vec!["perf-worker".into(), serde_json::to_string(&spec)?.into()];
+    job.timeout = Some(Duration::from_secs(900));
+    let steps = spec.steps(n);
+    pb.set_message(format!(
+        "{} world of {n} PEs ({} processes)",
+        mode.label(),
+        n / tpp
+    ));
+    let o = launcher::run(&job)?;
+    let read = std::fs::read_to_string(&out);
+    let _ = std::fs::remove_file(&out);
+    if o.code != 0 {
+        return Err(format!(
+            "the {} world of {n} PEs failed (exit status {}{})",
+            mode.label(),
+            o.code,
+            if o.timed_out { ", timed out" } else { "" }
+        )
+        .into());
+    }
+    let recs: Vec<Record> = serde_json::from_str(
+        &read.map_err(|e| format!("reading the records of the {} world: {e}", mode.label()))?,
+    )?;
+    pb.inc(steps);
+    Ok(recs)
+}
+
+fn tempfile_path(what: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    std::env::temp_dir().join(format!(
+        "rshmem-perf-{}-{nanos:08x}-{what}",
+        std::process::id()
+    ))
+}
+
+/// Whether the CUDA backend can run here: `Ok(info)` with at least one GPU, else the reason.
+fn cuda_usable() -> Result<rshmem::cuda::Info, String> {
+    match rshmem::cuda::info() {
+        Ok(i) if i.gpus.is_empty() => Err("the CUDA driver reports no GPU".into()),
+        Ok(i) => Ok(i),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The CUDA suite (`rshmem::cuda::bench`, 2 thread-PEs), as perf records.
+fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
+    let full = args.full;
+    let max = args
+        .max_size
+        .unwrap_or(if full { 256 << 20 } else { 64 << 20 });
+    let sizes: Vec<usize> = sizes(full, max)
+        .into_iter()
+        .filter(|&s| s >= 4096)
+        .map(|s| s / 16 * 16)
+        .collect();
+    let sizes = if sizes.is_empty() { vec![4096] } else { sizes };
+    let big = sizes.iter().copied().max().unwrap_or(4096);
+    let config = Config::from_env()?
+        .backend(BackendKind::Cuda)
+        .heap_size(2 * big + (64 << 20));
+    eprintln!(
+        "rshmem perf: {} CUDA suite, 2 PEs, sizes {}..{}",
+        if full { "full" } else { "quick" },
+        report::human_bytes(sizes[0]),
+        report::human_bytes(big)
+    );
+    let iters = if full { 20000 } else { 2000 };
+    let per_pe = rshmem::threads_with(config, 2, |pe| rshmem::cuda::bench(pe, &sizes, iters))?;
+    let mut out = Vec::new();
+    for r in per_pe {
+        out.extend(r?.iter().map(from_cuda));
+    }
+    Ok(out)
+}
+
+/// A record of the CUDA suite as a perf record (same fields; no baseline: ratio 0).
+fn from_cuda(b: &rshmem::cuda::BenchRecord) -> Record {
+    let mut r = Record {
+        op: b.op.into(),
+        api: b.api.into(),
+        backend: b.backend.into(),
+        mode: b.mode.into(),
+        pes: b.pes,
+        bytes: b.bytes,
+        iters: b.iters as u64,
+        time_us: b.time_us,
+        gbps: b.gbps,
+        baseline: b.baseline.into(),
+        baseline_time_us: b.baseline_time_us,
+        ratio: b.ratio,
+        busbw_gbps: None,
+        note: String::new(),
+    }
+    .finish();
+    if b.baseline_time_us <= 0.0 {
+        r.ratio = 0.0;
+    }
+    r
+}
+
+/// `rshmem perf`.
+pub fn run(args: PerfArgs) -> CliResult<()> {
+    let records = match args.backend {
+        BackendArg::Cuda => match cuda_usable() {
+            Ok(_) => run_cuda(&args)?,
+            Err(why) => return Err(format!("CUDA backend not available: {why}").into()),
+        },
+        BackendArg::Auto => match cuda_usable().and_then(|i| {
+            if i.gpus.len() >= 2 {
+                Ok(i)
+            } else {
+                Err("the CUDA suite needs 2 GPUs, this machine has 1".into())
+            }
+        }) {
+            Ok(_) => run_cuda(&args)?,
+            Err(why) => {
+                eprintln!("rshmem perf: CUDA not available ({why}); measuring the shm backend");
+                run_shm(&args)?
+            }
+        },
+        BackendArg::Shm => run_shm(&args)?,
+    };
     print!("{}", report::table(&records));
     if args.markdown {
         print!("\n{}", report::markdown(&records));
@@ -249,9 +433,215 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// The CPU-backend suites over the chosen modes.
+fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
+    let full = args.full;
+    let groups: Vec<SuiteArg> = if !args.suites.is_empty() {
+        args.suites.clone()
+    } else if args.coll || args.ep {
+        [(args.coll, SuiteArg::Coll), (args.ep, SuiteArg::Ep)]
+            .into_iter()
+            .filter_map(|(on, g)| on.then_some(g))
+            .collect()
+    } else {
+        vec![SuiteArg::P2p, SuiteArg::Coll]
+    };
+    let max = args.max_size.unwrap_or(64 << 20);
+    let ops = if args.ops.is_empty() {
+        Op::ALL.to_vec()
+    } else {
+        args.ops.clone()
+    };
+    let timing = timing(full);
+    let opts = SuiteOpts {
+        sizes: sizes(full, max),
+        timing,
+        ops: ops.clone(),
+    };
+    let coll_opts = groups.contains(&SuiteArg::Coll).then(|| {
+        coll::CollOpts::new(
+            full,
+            args.max_size
+                .unwrap_or(if full { 64 << 20 } else { 1 << 20 }),
+        )
+    });
+    let ep_opts = groups.contains(&SuiteArg::Ep).then_some(ep::EpOpts {
+        tokens: args.ep_tokens,
+        hidden: args.ep_hidden,
+        top_k: args.ep_topk,
+        experts: args.ep_experts,
+        iters: args.ep_iters.unwrap_or(if full { 20 } else { 5 }),
+    });
+    let p2p = groups.contains(&SuiteArg::P2p);
+    let config = Config::from_env()?.backend(BackendKind::Shm);
+    let mut barrier_pes: Vec<usize> = args
+        .barrier_pes
+        .iter()
+        .copied()
+        .filter(|&n| n >= 1)
+        .collect();
+    barrier_pes.dedup();
+    let with_barrier = p2p && ops.contains(&Op::Barrier);
+    let main_opts = SuiteOpts {
+        ops: ops
+            .iter()
+            .copied()
+            .filter(|&o| o != Op::Barrier || barrier_pes.contains(&2))
+            .collect(),
+        ..opts.clone()
+    };
+    let barrier_opts = SuiteOpts {
+        ops: vec![Op::Barrier],
+        sizes: vec![8],
+        timing,
+    };
+
+    // The worlds: (mode, PEs, spec).
+    let mut worlds: Vec<(ModeArg, usize, Spec)> = Vec::new();
+    for mode in args.mode.each() {
+        let (n, suite) = match mode {
+            ModeArg::Mixed => (4, p2p.then(|| opts.clone())),
+            _ => (2, p2p.then(|| main_opts.clone())),
+        };
+        let mut heap = suite.as_ref().map_or(1 << 20, |s| s.heap_bytes());
+        if let Some(c) = &coll_opts {
+            heap = heap.max(c.heap_bytes());
+        }
+        if let Some(e) = &ep_opts {
+            e.check(n)?;
+            heap = heap.max(e.heap_bytes(n)?);
+        }
+        worlds.push((
+            mode,
+            n,
+            Spec {
+                label: mode.label().into(),
+                suite,
+                coll: coll_opts.clone(),
+                ep: ep_opts,
+                outside_pp_us: 0.0,
+                heap,
+                pp: None,
+                out: None,
+            },
+        ));
+        if with_barrier && mode != ModeArg::Mixed {
+            for &b in barrier_pes.iter().filter(|&&b| b != 2) {
+                worlds.push((
+                    mode,
+                    b,
+                    Spec {
+                        label: mode.label().into(),
+                        suite: Some(barrier_opts.clone()),
+                        coll: None,
+                        ep: None,
+                        outside_pp_us: 0.0,
+                        heap: barrier_opts.heap_bytes(),
+                        pp: None,
+                        out: None,
+                    },
+                ));
+            }
+        }
+    }
+    let steps: u64 = worlds.iter().map(|(_, n, s)| s.steps(*n) + 1).sum();
+    eprintln!(
+        "rshmem perf: {} suite, backend shm, mode {}, groups {:?}, {} put/get sizes {}..{}",
+        if full { "full" } else { "quick" },
+        args.mode.label(),
+        groups,
+        opts.sizes.len(),
+        report::human_bytes(opts.sizes[0]),
+        report::human_bytes(*opts.sizes.last().unwrap_or(&8)),
+    );
+    let start = Instant::now();
+    let pb = ProgressBar::new(steps);
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    let mut records = Vec::new();
+    let mut outside = Vec::new();
+    for (mode, n, mut spec) in worlds {
+        // Measured just before each world: the latency baseline where the PEs cannot measure
+        // it themselves (more than two thread-PEs), and a reference beside the process-mode
+        // raw ping-pong.
+        pb.set_message(format!("raw ping-pong baseline before the {n}-PE world"));
+        let pp = measure::raw_ping_pong_us(&timing);
+        pb.inc(1);
+        outside.push(format!("{pp:.3}"));
+        spec.outside_pp_us = pp;
+        let mut recs = run_world(mode, n, &config, &spec, &pb)?;
+        if mode != ModeArg::Threads {
+            for r in recs
+                .iter_mut()
+                .filter(|r| r.baseline == suite::PING_PONG_NAME)
+            {
+                r.note.push_str(&format!(
+                    "; raw thread ping-pong before the world: {pp:.3} us"
+                ));
+            }
+        }
+        records.extend(recs);
+    }
+    pb.finish_and_clear();
+    eprintln!(
+        "done in {:.1} s; raw thread ping-pong (one way, us) measured before each world: {}",
+        start.elapsed().as_secs_f64(),
+        outside.join(", ")
+    );
+    Ok(records)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cuda_records_convert() {
+        let b = rshmem::cuda::BenchRecord {
+            op: "device_put",
+            api: "device",
+            backend: "cuda",
+            mode: "threads",
+            pes: 2,
+            bytes: 1 << 20,
+            iters: 100,
+            time_us: 4.0,
+            gbps: (1 << 20) as f64 / 4e3,
+            baseline: "cuMemcpyPeerAsync",
+            baseline_time_us: 5.0,
+            ratio: 1.25,
+        };
+        let r = from_cuda(&b);
+        assert_eq!(
+            (
+                r.op.as_str(),
+                r.api.as_str(),
+                r.backend.as_str(),
+                r.mode.as_str()
+            ),
+            ("device_put", "device", "cuda", "threads")
+        );
+        assert_eq!((r.pes, r.bytes, r.iters), (2, 1 << 20, 100));
+        assert_eq!(r.kind(), record::Kind::Bandwidth);
+        assert!((r.gbps - b.gbps).abs() < 1e-9 && (r.ratio - 1.25).abs() < 1e-12);
+        let bar = rshmem::cuda::BenchRecord {
+            op: "device_barrier",
+            bytes: 0,
+            baseline: "none",
+            baseline_time_us: 0.0,
+            ratio: 0.0,
+            gbps: 0.0,
+            ..b
+        };
+        let r = from_cuda(&bar);
+        assert_eq!(
+            (r.kind(), r.ratio, r.gbps),
+            (record::Kind::Latency, 0.0, 0.0)
+        );
+    }
 
     #[test]
     fn size_lists() {
@@ -281,7 +671,17 @@ mod tests {
             .heap_size(opts.heap_bytes())
             .timeout(Duration::from_secs(20));
         let pb = ProgressBar::hidden();
-        let recs = run_world(ModeArg::Threads, 2, &config, &opts, 1.0, &pb).unwrap();
+        let spec = Spec {
+            label: "threads".into(),
+            heap: opts.heap_bytes(),
+            suite: Some(opts),
+            coll: None,
+            ep: None,
+            outside_pp_us: 1.0,
+            pp: None,
+            out: None,
+        };
+        let recs = run_world(ModeArg::Threads, 2, &config, &spec, &pb).unwrap();
         let ops: Vec<(&str, usize)> = recs.iter().map(|r| (r.op.as_str(), r.bytes)).collect();
         assert_eq!(
             ops,

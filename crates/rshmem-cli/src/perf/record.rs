@@ -29,6 +29,10 @@ pub struct Record {
     pub baseline_time_us: f64,
     /// `baseline_time_us / time_us`: above 1 means faster than the baseline.
     pub ratio: f64,
+    /// Collectives: nccl-tests' bus bandwidth in GB/s (`gbps` is then the algorithm
+    /// bandwidth); absent for other operations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busbw_gbps: Option<f64>,
     /// How the figure was measured (one line).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
@@ -44,11 +48,15 @@ pub enum Kind {
 }
 
 impl Record {
-    /// Bandwidth records move a payload; latency records carry 8 bytes or none.
+    /// Ping-pongs and barriers are latencies; everything else (put, get, collectives, MoE
+    /// dispatch/combine, device copies) moves a payload.
     pub fn kind(&self) -> Kind {
         match self.op.as_str() {
-            "put" | "get" => Kind::Bandwidth,
-            _ => Kind::Latency,
+            "put_signal" | "fetch_add" | "barrier" | "device_put_signal" | "device_barrier" => {
+                Kind::Latency
+            }
+            _ if self.bytes == 0 => Kind::Latency,
+            _ => Kind::Bandwidth,
         }
     }
 
@@ -87,6 +95,7 @@ mod tests {
             baseline: "memcpy".into(),
             baseline_time_us: 90.0,
             ratio: 0.0,
+            busbw_gbps: None,
             note: String::new(),
         }
         .finish();

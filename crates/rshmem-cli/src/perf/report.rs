@@ -31,32 +31,49 @@ fn us(t: f64) -> String {
     }
 }
 
+fn cols(r: &Record) -> (String, String, String) {
+    let bw = r.kind() == Kind::Bandwidth;
+    if bw {
+        (
+            format!("{:.2}", r.gbps),
+            format!("{:.2}", r.bytes as f64 / (r.baseline_time_us * 1e3)),
+            r.busbw_gbps.map_or("-".into(), |b| format!("{b:.2}")),
+        )
+    } else {
+        ("-".into(), "-".into(), "-".into())
+    }
+}
+
 /// The table: each figure beside its same-run baseline and their ratio.
 pub fn table(records: &[Record]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<11} {:>4} {:>9} {:>10} {:>8}   {:<13} {:>10} {:>8}  {:>6}",
-        "op", "pes", "bytes", "time", "GB/s", "baseline", "base time", "base GB/s", "ratio"
+        "{:<17} {:<9} {:>4} {:>9} {:>10} {:>8} {:>7}   {:<13} {:>10} {:>9}  {:>6}",
+        "op",
+        "mode",
+        "pes",
+        "bytes",
+        "time",
+        "GB/s",
+        "busbw",
+        "baseline",
+        "base time",
+        "base GB/s",
+        "ratio"
     );
     for r in records {
-        let bw = r.kind() == Kind::Bandwidth;
-        let (g, bg) = if bw {
-            (
-                format!("{:.2}", r.gbps),
-                format!("{:.2}", r.bytes as f64 / (r.baseline_time_us * 1e3)),
-            )
-        } else {
-            ("-".into(), "-".into())
-        };
+        let (g, bg, bus) = cols(r);
         let _ = writeln!(
             s,
-            "{:<11} {:>4} {:>9} {:>10} {:>8}   {:<13} {:>10} {:>8}  {:>6.2}",
+            "{:<17} {:<9} {:>4} {:>9} {:>10} {:>8} {:>7}   {:<13} {:>10} {:>9}  {:>6.2}",
             r.op,
+            r.mode,
             r.pes,
             human_bytes(r.bytes),
             us(r.time_us),
             g,
+            bus,
             r.baseline,
             us(r.baseline_time_us),
             bg,
@@ -69,27 +86,21 @@ pub fn table(records: &[Record]) -> String {
 /// The same table as Markdown (for BENCHMARKS.md).
 pub fn markdown(records: &[Record]) -> String {
     let mut s = String::from(
-        "| op | PEs | bytes | time | GB/s | baseline | baseline time | baseline GB/s | ratio |\n\
-         |---|---:|---:|---:|---:|---|---:|---:|---:|\n",
+        "| op | mode | PEs | bytes | time | GB/s | busbw GB/s | baseline | baseline time | baseline GB/s | ratio |\n\
+         |---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     for r in records {
-        let bw = r.kind() == Kind::Bandwidth;
-        let (g, bg) = if bw {
-            (
-                format!("{:.2}", r.gbps),
-                format!("{:.2}", r.bytes as f64 / (r.baseline_time_us * 1e3)),
-            )
-        } else {
-            ("-".into(), "-".into())
-        };
+        let (g, bg, bus) = cols(r);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} |",
             r.op,
+            r.mode,
             r.pes,
             human_bytes(r.bytes),
             us(r.time_us),
             g,
+            bus,
             r.baseline,
             us(r.baseline_time_us),
             bg,
@@ -283,6 +294,7 @@ mod tests {
             baseline: "memcpy".into(),
             baseline_time_us: bt,
             ratio: 0.0,
+            busbw_gbps: None,
             note: String::new(),
         }
         .finish()

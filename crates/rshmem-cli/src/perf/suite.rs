@@ -1,9 +1,13 @@
 //! The CPU-backend suite. It runs on every PE of a world, given the PE and a mode label, so the
 //! same code serves thread mode (`rshmem::threads_with`) and process or mixed mode
-//! (`rshmem::launch`). PE 0 measures and returns the records; the other PEs serve ping-pongs and
-//! join the barriers.
+//! (`rshmem::launch`, started by `rshmem perf` through the launcher). PE 0 measures and returns
+//! the records; its peer (PE 1, or in mixed mode the first PE of another process) serves the
+//! ping-pongs and is the target of puts and gets; every PE joins the barriers.
 
-use super::measure::{self, batch_for, median, sample, time_paired, AlignedBuf, Timing, PING_PONG};
+use super::measure::{
+    self, batch_for, median, sample, time_paired, AlignedBuf, PingPong as RawFlags, Timing,
+    PING_PONG,
+};
 use super::record::Record;
 use indicatif::ProgressBar;
 use rshmem::{Cmp, Pe, SignalOp, Sym};
@@ -15,7 +19,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type CliResult<T> = Result<T, BoxError>;
 
 /// An operation of the suite.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 pub enum Op {
     /// Blocking put from PE 0 to PE 1, sizes swept; baseline memcpy.
     Put,
@@ -51,7 +57,7 @@ impl Op {
 }
 
 /// What to run in one world.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SuiteOpts {
     /// Payload sizes in bytes for put and get (multiples of 8).
     pub sizes: Vec<usize>,
@@ -103,9 +109,12 @@ struct Ctx<'a> {
     ctl: Sym<u64>,
     /// One-way raw ping-pong latency measured outside the world, microseconds.
     outside_pp_us: f64,
-    /// Whether PE 0 and PE 1 measure the raw ping-pong themselves, interleaved with each
-    /// latency figure (a two-PE world in one process).
-    in_world_pp: bool,
+    /// The raw flags PE 0 and its peer ping-pong on, interleaved with each latency figure:
+    /// the in-process static (a two-PE world in one process) or a mapping shared by the
+    /// processes; `None`: the outside figure is the baseline.
+    raw: Option<&'a RawFlags>,
+    /// The PE that serves PE 0's ping-pongs and is the target of its puts and gets.
+    peer: usize,
 }
 
 impl Ctx<'_> {
@@ -149,6 +158,7 @@ impl Ctx<'_> {
                 baseline: baseline.into(),
                 baseline_time_us,
                 ratio: 0.0,
+                busbw_gbps: None,
                 note,
             }
             .finish(),
@@ -176,15 +186,28 @@ impl Ctx<'_> {
 /// unless the world has exactly two PEs in this process, in which case the two PE threads
 /// measure the raw ping-pong themselves just before the latency figures (same threads, same
 /// placement, same load).
+///
+/// `shared` is a raw ping-pong on memory every process of the job maps (process and mixed
+/// mode); PE 0 and its peer then measure the raw ping-pong on it in the world, whatever the
+/// world size.
 pub fn run(
     pe: &Pe,
     mode: &str,
     opts: &SuiteOpts,
     outside_pp_us: f64,
+    shared: Option<&RawFlags>,
     pb: Option<&ProgressBar>,
 ) -> CliResult<Vec<Record>> {
     let n = pe.n_pes();
     let ctl = pe.alloc::<u64>(8)?;
+    let peer = peer_of_pe0(pe)?;
+    let raw = match shared {
+        // A one-PE world has no pair to ping-pong between.
+        _ if n < 2 => None,
+        Some(s) => Some(s),
+        None if n == 2 && pe.is_same_process(1)? => Some(&PING_PONG),
+        None => None,
+    };
     let mut cx = Ctx {
         pe,
         mode,
@@ -193,7 +216,8 @@ pub fn run(
         out: Vec::new(),
         ctl,
         outside_pp_us,
-        in_world_pp: n == 2 && pe.is_same_process(1)?,
+        raw,
+        peer,
     };
     let pair = n >= 2;
     for &op in &opts.ops {
@@ -212,13 +236,26 @@ pub fn run(
     Ok(out)
 }
 
+/// PE 0's partner (the same on every PE): the first PE of another process, else PE 1.
+pub fn peer_of_pe0(pe: &Pe) -> CliResult<usize> {
+    let n = pe.n_pes();
+    let p0 = pe.placement(0)?.process;
+    for p in 1..n {
+        if pe.placement(p)?.process != p0 {
+            return Ok(p);
+        }
+    }
+    Ok(1.min(n.saturating_sub(1)))
+}
+
 fn bandwidth(cx: &mut Ctx, op: Op) -> CliResult<()> {
     let pe = cx.pe;
     let max = cx.opts.sizes.iter().copied().max().unwrap_or(8);
     let words = max.div_ceil(8);
     let obj = pe.alloc_aligned::<u64>(words, 64)?;
+    let peer = cx.peer;
     if op == Op::Get {
-        // PE 1's copy holds the pattern the gets read back.
+        // The peer's copy holds the pattern the gets read back.
         let pat: Vec<u64> = (0..words as u64).map(|i| i ^ 0xabcd).collect();
         pe.local_write(&obj, 0, &pat)?;
     }
@@ -258,14 +295,14 @@ fn bandwidth(cx: &mut Ctx, op: Op) -> CliResult<()> {
             let (base_us, us, iters) = match op {
                 Op::Put => time_paired(&t, memcpy, |k| {
                     for _ in 0..k {
-                        pe.put(&obj, 0, s, 1)?;
+                        pe.put(&obj, 0, s, peer)?;
                     }
                     pe.quiet()?;
                     Ok(())
                 })?,
                 _ => time_paired(&t, memcpy, |k| {
                     for _ in 0..k {
-                        pe.get(&obj, 0, d, 1)?;
+                        pe.get(&obj, 0, d, peer)?;
                     }
                     Ok(())
                 })?,
@@ -273,7 +310,7 @@ fn bandwidth(cx: &mut Ctx, op: Op) -> CliResult<()> {
             // Check that the data moved.
             if w > 0 {
                 let (got, want) = match op {
-                    Op::Put => (pe.g(&obj, w - 1, 1)?, src.as_slice()[w - 1]),
+                    Op::Put => (pe.g(&obj, w - 1, peer)?, src.as_slice()[w - 1]),
                     _ => (dst.as_slice()[w - 1], (w as u64 - 1) ^ 0xabcd),
                 };
                 if got != want {
@@ -291,7 +328,11 @@ fn bandwidth(cx: &mut Ctx, op: Op) -> CliResult<()> {
                 us,
                 MEMCPY_NAME,
                 base_us,
-                "memcpy between two 64-byte-aligned buffers of PE 0, same sizes".into(),
+                format!(
+                    "PE 0 {} PE {peer}{}; memcpy between two 64-byte-aligned buffers of PE 0, same sizes",
+                    if op == Op::Put { "to" } else { "from" },
+                    if pe.is_same_process(peer)? { "" } else { " (another process)" }
+                ),
             );
             cx.done();
         }
@@ -315,35 +356,37 @@ trait PingPong {
     fn stop(&self) -> CliResult<()>;
 }
 
-/// The raw atomic-flag ping-pong between the PE threads (thread mode only: a static).
-struct Raw<'a>(&'a Pe);
+/// The raw atomic-flag ping-pong between PE 0 and its peer: on a static (PE threads of one
+/// process) or on a mapping shared by the processes.
+struct Raw<'a>(&'a Pe, &'a RawFlags);
 
 impl PingPong for Raw<'_> {
     fn reset(&self) -> CliResult<()> {
         if self.0.my_pe() == 0 {
-            PING_PONG.reset();
+            self.1.reset();
         }
         Ok(())
     }
     fn client(&self, k: u64) -> CliResult<()> {
         let mut seq = 0;
-        if PING_PONG.round_trips(k, &mut seq, self.0.config().timeout) {
+        if self.1.round_trips(k, &mut seq, self.0.config().timeout) {
             Ok(())
         } else {
             Err("raw ping-pong: the server stopped answering".into())
         }
     }
     fn server(&self) -> CliResult<()> {
-        PING_PONG.serve(self.0.config().timeout);
+        self.1.serve(self.0.config().timeout);
         Ok(())
     }
     fn stop(&self) -> CliResult<()> {
-        PING_PONG.stop();
+        self.1.stop();
         Ok(())
     }
 }
 
-/// One phase of `k` round trips; PE 0 gets microseconds per round trip, the others 0.
+/// One phase of `k` round trips between PE 0 and its peer; PE 0 gets microseconds per round
+/// trip, the others 0.
 fn phase(cx: &Ctx, pp: &dyn PingPong, k: u64) -> CliResult<f64> {
     let pe = cx.pe;
     pp.reset()?;
@@ -355,7 +398,7 @@ fn phase(cx: &Ctx, pp: &dyn PingPong, k: u64) -> CliResult<f64> {
             pp.stop()?;
             us = r?;
         }
-        1 => pp.server()?,
+        p if p == cx.peer => pp.server()?,
         _ => {}
     }
     pe.barrier_all()?;
@@ -383,23 +426,27 @@ fn with_raw(
     cx: &Ctx,
     mut each: impl FnMut(usize) -> CliResult<()>,
 ) -> CliResult<(f64, &'static str)> {
-    let raw = Raw(cx.pe);
-    let k = if cx.in_world_pp {
-        calibrate_pp(cx, &raw)?
-    } else {
-        0
+    let raw = cx.raw.map(|f| Raw(cx.pe, f));
+    let k = match &raw {
+        Some(r) => calibrate_pp(cx, r)?,
+        None => 0,
     };
     let mut v = Vec::new();
     for i in 0..phase_samples(&cx.opts.timing) {
-        if cx.in_world_pp {
-            v.push(phase(cx, &raw, k)? / 2.0);
+        if let Some(r) = &raw {
+            v.push(phase(cx, r, k)? / 2.0);
         }
         each(i)?;
     }
-    Ok(if cx.in_world_pp {
+    let cross = !cx.pe.is_same_process(cx.peer)?;
+    Ok(if raw.is_some() {
         (
             median(&mut v),
-            "baseline: raw ping-pong between the same two PE threads, samples interleaved",
+            if cross {
+                "baseline: raw atomic-flag ping-pong between the same two PEs' processes over a shared mapping, samples interleaved"
+            } else {
+                "baseline: raw ping-pong between the same two PE threads, samples interleaved"
+            },
         )
     } else {
         (
@@ -423,6 +470,7 @@ fn latency(cx: &Ctx, pp: &dyn PingPong) -> CliResult<(f64, &'static str, f64, u6
 
 struct PutSignalPp<'a> {
     pe: &'a Pe,
+    peer: usize,
     data: &'a Sym<u64>,
     sig: &'a Sym<u64>,
 }
@@ -434,7 +482,16 @@ impl PingPong for PutSignalPp<'_> {
     fn client(&self, k: u64) -> CliResult<()> {
         let pe = self.pe;
         for seq in 1..=k {
-            pe.put_signal(self.data, 0, &[seq], self.sig, 0, seq, SignalOp::Set, 1)?;
+            pe.put_signal(
+                self.data,
+                0,
+                &[seq],
+                self.sig,
+                0,
+                seq,
+                SignalOp::Set,
+                self.peer,
+            )?;
             pe.wait_until(self.sig, 0, Cmp::Eq, seq)?;
         }
         // The last echo carried the last sequence number in its data.
@@ -457,7 +514,7 @@ impl PingPong for PutSignalPp<'_> {
         }
     }
     fn stop(&self) -> CliResult<()> {
-        Ok(self.pe.atomic_set(self.sig, 0, STOP, 1)?)
+        Ok(self.pe.atomic_set(self.sig, 0, STOP, self.peer)?)
     }
 }
 
@@ -469,6 +526,7 @@ fn put_signal(cx: &mut Ctx) -> CliResult<()> {
     pe.local_write(&data, 0, &[0])?;
     let pp = PutSignalPp {
         pe,
+        peer: cx.peer,
         data: &data,
         sig: &sig,
     };
@@ -481,7 +539,10 @@ fn put_signal(cx: &mut Ctx) -> CliResult<()> {
             us,
             PING_PONG_NAME,
             base,
-            format!("8-byte put_signal + wait_until ping-pong, round trip / 2; {note}"),
+            format!(
+                "8-byte put_signal + wait_until ping-pong PE 0 <-> PE {}, round trip / 2; {note}",
+                cx.peer
+            ),
         );
         cx.done();
     }
@@ -493,6 +554,7 @@ fn put_signal(cx: &mut Ctx) -> CliResult<()> {
 
 struct FetchAddPp<'a> {
     pe: &'a Pe,
+    peer: usize,
     cnt: &'a Sym<u64>,
 }
 
@@ -503,7 +565,7 @@ impl PingPong for FetchAddPp<'_> {
     fn client(&self, k: u64) -> CliResult<()> {
         let pe = self.pe;
         for seq in 1..=k {
-            let old = pe.atomic_fetch_add(self.cnt, 0, 1u64, 1)?;
+            let old = pe.atomic_fetch_add(self.cnt, 0, 1u64, self.peer)?;
             if old != seq - 1 {
                 return Err(format!("fetch_add returned {old}, expected {}", seq - 1).into());
             }
@@ -524,7 +586,7 @@ impl PingPong for FetchAddPp<'_> {
         }
     }
     fn stop(&self) -> CliResult<()> {
-        Ok(self.pe.atomic_add(self.cnt, 0, STOP, 1)?)
+        Ok(self.pe.atomic_add(self.cnt, 0, STOP, self.peer)?)
     }
 }
 
@@ -532,7 +594,11 @@ fn fetch_add(cx: &mut Ctx) -> CliResult<()> {
     let pe = cx.pe;
     cx.step("fetch_add ping-pong".into());
     let cnt = pe.alloc::<u64>(1)?;
-    let pp = FetchAddPp { pe, cnt: &cnt };
+    let pp = FetchAddPp {
+        pe,
+        peer: cx.peer,
+        cnt: &cnt,
+    };
     let (base, note, us, iters) = latency(cx, &pp)?;
     if cx.lead() {
         cx.record(
