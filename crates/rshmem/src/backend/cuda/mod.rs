@@ -12,6 +12,7 @@
 
 mod api;
 pub mod bench;
+mod coll;
 pub(crate) mod ffi;
 pub(crate) mod gpu;
 mod heap;
@@ -20,6 +21,7 @@ pub mod nvrtc;
 
 pub use api::{CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 pub use bench::{bench, BenchRecord};
+pub use coll::{coll_kernel_names, GpuColl};
 pub use info::{info, GpuInfo, Info};
 
 use super::{AtomicOp, Backend};
