@@ -353,18 +353,10 @@ impl<'a> GpuColl<'a> {
         // SAFETY: matches rshmemi_coll_copy(rshmemi_copies, int): every descriptor's source is
         // a checked range of a symmetric object (translated on the device) or our staging
         // buffer, its destination a checked range of this PE's memory.
-        unsafe {
-            gpu::launch(
-                &s.raw,
-                self.f_copy,
-                n as u32 * per,
-                THREADS,
-                0,
-                &mut p,
-            )
-        }
+        unsafe { gpu::launch(&s.raw, self.f_copy, n as u32 * per, THREADS, 0, &mut p) }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn reduce_launch(
         &self,
         s: &Stream,
@@ -376,9 +368,7 @@ impl<'a> GpuColl<'a> {
         dt: DeviceTeam,
     ) -> Result<()> {
         let vecs = (len * es / 16 + 1) as u64;
-        let blocks = vecs
-            .div_ceil(THREADS as u64)
-            .clamp(1, 4 * self.sms as u64) as u32;
+        let blocks = vecs.div_ceil(THREADS as u64).clamp(1, 4 * self.sms as u64) as u32;
         let (mut d, mut sr, mut n, mut t) = (dst, src, len as u64, dt);
         let mut p = [
             &mut d as *mut u64 as *mut std::ffi::c_void,
@@ -457,7 +447,15 @@ impl<'a> GpuColl<'a> {
                     self.flush(s, &mut copies)?;
                     if len > 0 {
                         let f = reduce.ok_or_else(|| Error::invalid("plan reduces without op"))?;
-                        self.reduce_launch(s, f, addr(to, to_at), addr(from, from_at), len, es, dt)?;
+                        self.reduce_launch(
+                            s,
+                            f,
+                            addr(to, to_at),
+                            addr(from, from_at),
+                            len,
+                            es,
+                            dt,
+                        )?;
                     }
                 }
             }
