@@ -227,11 +227,15 @@ impl<'a> Ctx<'a> {
         what: &str,
         mut f: impl FnMut(&Team, bool, usize, u64, &str) -> Result<()>,
     ) -> Result<()> {
-        let mut stream = 0u64;
+        // Seeds depend on the case only (members see different team lists).
         for (tn, team) in self.teams.list(self.pe) {
+            let ti = ["world", "strided", "tri"]
+                .iter()
+                .position(|&x| x == tn)
+                .unwrap_or(9);
             for in_place in [false, true] {
-                for count in COUNTS {
-                    stream += 1;
+                for (ci, count) in COUNTS.into_iter().enumerate() {
+                    let stream = (ti * 8 + in_place as usize * 4 + ci + 1) as u64;
                     let ctx = format!(
                         "{what} team {tn} {:?} in_place {in_place} count {count} (PE {})",
                         team.members(),
@@ -748,4 +752,52 @@ fn bad_body(pe: &Pe) -> Result<()> {
 #[ignore = "needs a GPU"]
 fn gpu_coll_bad_inputs_are_errors() {
     on_gpus(4, bad_body);
+}
+
+// ---------- benchmark entry point (figures printed, never judged) ----------
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_bench_report() {
+    let sizes: Vec<usize> = std::env::var("RSHMEM_COLL_BENCH_SIZES")
+        .ok()
+        .and_then(|v| v.split(',').map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![8, 64 << 10, 1 << 20, 16 << 20, 64 << 20]);
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let cfg = gpu_config().heap_size(2 * max + (64 << 20));
+    let lib = cuda::nccl::Nccl::load();
+    eprintln!("NCCL: {:?}", lib.as_ref().map(|l| l.path));
+    let sz = sizes.clone();
+    let r = rshmem::threads_with(cfg, 2, move |pe| cuda::coll_bench(pe, &sz, 50)).expect("world");
+    let mut recs = Vec::new();
+    for (pe, x) in r.into_iter().enumerate() {
+        match x {
+            Ok(v) if pe == 0 => recs = v,
+            Ok(v) => assert!(v.is_empty()),
+            Err(e) => panic!("PE {pe}: {e}"),
+        }
+    }
+    assert_eq!(recs.len(), 5 * sizes.iter().filter(|&&s| s >= 8).count());
+    for r in &recs {
+        assert!(r.time_us > 0.0 && r.busbw_gbs > 0.0, "{r:?}");
+        // The baseline is measured or its absence explained, never invented.
+        assert_eq!(
+            r.baseline_time_us.is_some(),
+            r.baseline_note.is_none(),
+            "{r:?}"
+        );
+        println!(
+            "{{\"op\":\"{}\",\"pes\":{},\"bytes\":{},\"algo\":\"{}\",\"time_us\":{:.2},\"algbw\":{:.2},\"busbw\":{:.2},\"baseline\":\"nccl\",\"baseline_time_us\":{},\"ratio\":{},\"note\":{:?}}}",
+            r.op,
+            r.pes,
+            r.bytes,
+            r.algo,
+            r.time_us,
+            r.algbw_gbs,
+            r.busbw_gbs,
+            r.baseline_time_us.map_or("null".into(), |b| format!("{b:.2}")),
+            r.ratio.map_or("null".into(), |b| format!("{b:.3}")),
+            r.baseline_note.clone().unwrap_or_default()
+        );
+    }
 }
