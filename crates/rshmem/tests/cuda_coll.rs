@@ -161,7 +161,11 @@ fn gpu_config() -> Config {
 }
 
 fn on_gpus(n: usize, body: fn(&Pe) -> Result<()>) {
-    let r = rshmem::threads_with(gpu_config(), n, body).expect("world");
+    on_gpus_cfg(gpu_config(), n, body)
+}
+
+fn on_gpus_cfg(cfg: Config, n: usize, body: fn(&Pe) -> Result<()>) {
+    let r = rshmem::threads_with(cfg, n, body).expect("world");
     for (pe, x) in r.into_iter().enumerate() {
         if let Err(e) = x {
             panic!("PE {pe} of {n}: {e}");
@@ -475,6 +479,7 @@ fn graph_body(pe: &Pe) -> Result<()> {
     let t_dst = pe.alloc::<u16>(n * 300)?;
     let p = pe.alloc::<i64>(C1)?; // in-place one-shot all_reduce on the strided team (staging)
     c.coll.reserve(C1 * 8)?;
+    pe.barrier_all()?;
     let s = &c.s;
     s.begin_capture()?;
     let cap = (|| -> Result<()> {
@@ -492,6 +497,7 @@ fn graph_body(pe: &Pe) -> Result<()> {
     let graph = s.end_capture();
     cap?;
     let graph = graph?;
+    pe.barrier_all()?; // every PE has its graph before any launches
     for r in 0..12u64 {
         let st = 1000 + r * 8;
         let f = |pe_: usize| f32::gen(pe_, st, C1, ReduceOp::Sum);
@@ -585,21 +591,33 @@ fn a2av_device_body(pe: &Pe) -> Result<()> {
         let mine: Vec<u64> = (0..n).map(|k| cnt(me, k)).collect();
         pe.local_write(&counts, 0, &mine)
     };
+    let trace = |what: &str| eprintln!("[a2av_device PE {me}] {what}");
     // Direct calls.
     for r in 0..3 {
         let cnt = |i: usize, j: usize| dev_counts(i, j, r);
         set(r, &cnt)?;
+        trace(&format!("round {r} launch"));
         c.coll
             .all_to_all_v_device(s, w, &dst, &src, &counts, &recv)?;
         c.done()?;
+        trace(&format!("round {r} done"));
         check_round(r, &cnt)?;
     }
-    // Captured once, replayed with new counts and data.
+    trace("capture");
+    // Captured once, replayed with new counts and data. Every PE captures and instantiates
+    // before any launches (instantiation may wait for kernels running on the GPU).
+    pe.barrier_all()?;
     s.begin_capture()?;
     let cap_r = c.coll.all_to_all_v_device(s, w, &dst, &src, &counts, &recv);
     let graph = s.end_capture();
+    trace(&format!(
+        "captured: {:?} / {:?}",
+        cap_r,
+        graph.as_ref().err()
+    ));
     cap_r?;
     let graph = graph?;
+    pe.barrier_all()?;
     for r in 10..22 {
         let cnt = |i: usize, j: usize| dev_counts(i, j, r);
         set(r, &cnt)?;
@@ -616,6 +634,7 @@ fn a2av_device_body(pe: &Pe) -> Result<()> {
             dev_counts(i, j, 99)
         }
     };
+    trace("replays checked; overflow");
     set(99, &over)?;
     graph.launch(s)?;
     s.synchronize()?;
@@ -635,6 +654,7 @@ fn a2av_device_body(pe: &Pe) -> Result<()> {
     );
     let rc = pe.local_vec(&recv)?;
     assert_eq!(rc[1], over(1, me), "PE {me}: counts seen are reported");
+    trace("overflow reported");
     // The flag was cleared and the graph still works.
     let cnt = |i: usize, j: usize| dev_counts(i, j, 100);
     set(100, &cnt)?;
@@ -647,7 +667,12 @@ fn a2av_device_body(pe: &Pe) -> Result<()> {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_coll_all_to_all_v_device_counts() {
-    on_gpus(4, a2av_device_body);
+    // Short waits: a failure shows as an error, not a long hang.
+    on_gpus_cfg(
+        gpu_config().timeout(Duration::from_secs(8)),
+        4,
+        a2av_device_body,
+    );
 }
 
 // ---------- bad inputs ----------

@@ -120,10 +120,15 @@ __device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 
     }
 }
 
+// fused != 0 (launched as one block): the team barriers before and after run in the same
+// kernel (one launch for a small one-shot collective instead of three).
 #define RSHMEMI_COLL_REDUCE_KERNEL(NAME, T, A, OPN, OP)                                            \
     extern "C" __global__ void rshmemi_coll_reduce_##NAME##_##OPN(T* dst, const T* src,            \
-                                                                   rshmem_u64 n, rshmem_team team) { \
+                                                                   rshmem_u64 n, rshmem_team team, \
+                                                                   int fused) {                    \
+        if (fused) rshmem_team_sync_block(team);                                                   \
         rshmemi_reduce<T, A, OP>(dst, src, n, team);                                               \
+        if (fused) rshmem_team_sync_block(team);                                                   \
     }
 #define RSHMEMI_COLL_INT_REDUCE(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_REDUCE_KERNEL, NAME, T, A)
 #define RSHMEMI_COLL_FLOAT_REDUCE(NAME, T, A) RSHMEMI_COLL_FLOAT_OPS(RSHMEMI_COLL_REDUCE_KERNEL, NAME, T, A)
@@ -145,7 +150,18 @@ struct rshmemi_copies {
 };
 
 // Block b serves copy b % n, as part b / n of gridDim.x / n (the grid is a multiple of n).
-extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n) {
+// fused != 0 (one block, team given): barrier, every copy by the whole block, barrier.
+extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_team team, int fused) {
+    if (fused) {
+        rshmem_team_sync_block(team);
+        for (int i = 0; i < n; i++) {
+            const rshmemi_copy_desc& d = c.d[i];
+            const void* s = d.pe >= 0 ? rshmem_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
+            rshmemi_copy((void*)d.dst, s, d.bytes, threadIdx.x, blockDim.x);
+        }
+        rshmem_team_sync_block(team);
+        return;
+    }
     unsigned i = blockIdx.x % n, part = blockIdx.x / n, parts = gridDim.x / n;
     const rshmemi_copy_desc& d = c.d[i];
     const void* s = d.pe >= 0 ? rshmem_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;

@@ -13,10 +13,17 @@
 //!   [`CollConfig`] or `RSHMEM_COLL_ALGO` / `RSHMEM_COLL_TWO_SHOT_BYTES` (see
 //!   [`crate::coll`]). Large messages are split over every SM by the kernels (grid-stride, 16-byte
 //!   vectors); the plan's host chunking is not used on the GPU.
+//! * **Small messages** ([`GpuColl::fused_bytes`], default 64 KiB read per PE, environment
+//!   `RSHMEM_CUDA_COLL_FUSED_BYTES`): a plan with a single data phase (one-shot all_reduce,
+//!   reduce, reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as
+//!   one kernel of one block with both barriers inside: one launch instead of three.
 //! * **No host synchronisation** inside a collective: launches only, so every collective can
 //!   be captured in a CUDA graph ([`Stream::begin_capture`]) and replayed. Staging memory (in-place
 //!   one-shot all_reduce, in-place all_to_all) is allocated outside capture; a capture that
 //!   would need more than [`GpuColl::reserve`]d is an error.
+//!   Capture and instantiate on every PE before any PE launches its graph (as with kernel
+//!   loading, the driver may make graph instantiation wait for kernels running on the GPU,
+//!   and a launched collective waits for its peers).
 //! * **Validation before launch**: lengths against the objects, root inside the team, the
 //!   operation against the element type, strided team, stream of this GPU → [`Error`]. What
 //!   only the GPU knows (device-side counts of [`GpuColl::all_to_all_v_device`], peers' counts
@@ -29,7 +36,7 @@
 //! min/max ignore a NaN operand (minNum/maxNum) — the same bits as the host collectives.
 
 use super::api::{CudaPe, DeviceTeam, Stream};
-use super::gpu::{self, DevBuf, Func, Module};
+use super::gpu::{self, DevBuf, Func, Module, RawStream};
 use super::{ffi, nvrtc};
 use crate::coll::plan::{self, Algo, Buf, CollKind, Plan, Shape, Step};
 use crate::coll::{AllToAllV, CollConfig, ReduceOp};
@@ -135,6 +142,11 @@ pub struct GpuColl<'a> {
     /// with the world: freeing is collective).
     meta: Sym<u64>,
     sms: u32,
+    /// Bytes read per PE up to which a one-phase plan runs as one fused kernel.
+    fused_bytes: usize,
+    /// Private stream for the error record (never the legacy default stream: it must not
+    /// interact with other PEs' graph captures on the same GPU).
+    own: RawStream,
 }
 
 impl std::fmt::Debug for GpuColl<'_> {
@@ -171,7 +183,8 @@ impl<'a> GpuColl<'a> {
             funcs.insert(n.clone(), module.func(n)?);
         }
         let b = g.backend();
-        let err = DevBuf::zeroed(&b.gpu, 40)?;
+        let own = RawStream::new(&b.gpu)?;
+        let err = DevBuf::zeroed_on(&own, 40)?;
         let meta = g.pe_ref().alloc::<u64>(2 * A2AV_MAX)?;
         g.pe_ref().barrier_all()?;
         Ok(GpuColl {
@@ -187,6 +200,8 @@ impl<'a> GpuColl<'a> {
             err,
             meta,
             sms: b.gpu.sms().max(1) as u32,
+            fused_bytes: fused_bytes_from_env()?,
+            own,
         })
     }
 
@@ -217,7 +232,7 @@ impl<'a> GpuColl<'a> {
             }
         }
         let cap = bytes.next_power_of_two().max(1 << 16);
-        let b = DevBuf::zeroed(&self.g.backend().gpu, cap)?;
+        let b = DevBuf::zeroed_on(&self.own, cap)?;
         let p = b.ptr;
         t.push((b, cap));
         Ok(p)
@@ -232,14 +247,25 @@ impl<'a> GpuColl<'a> {
         let b = self.g.backend();
         let mut v = [0u64; 5];
         let _g = b.gpu.bind()?;
-        // SAFETY: 40 bytes of our own flag buffer into a local (synchronous copy), then cleared.
+        // SAFETY: 40 bytes of our own error record into a local, on our own stream (then
+        // synchronised); cleared the same way.
         unsafe {
             ffi::check(
-                ffi::cu::cuMemcpyDtoH_v2(v.as_mut_ptr() as *mut _, self.err.ptr, 40),
-                "cuMemcpyDtoH",
+                ffi::cu::cuMemcpyDtoHAsync_v2(
+                    v.as_mut_ptr() as *mut _,
+                    self.err.ptr,
+                    40,
+                    self.own.raw,
+                ),
+                "cuMemcpyDtoHAsync",
             )?;
+            self.own.sync()?;
             if v[0] != 0 {
-                ffi::check(ffi::cu::cuMemsetD8_v2(self.err.ptr, 0, 40), "cuMemsetD8")?;
+                ffi::check(
+                    ffi::cu::cuMemsetD8Async(self.err.ptr, 0, 40, self.own.raw),
+                    "cuMemsetD8Async",
+                )?;
+                self.own.sync()?;
             }
         }
         let v = v.map(|x| x as usize);
@@ -331,7 +357,13 @@ impl<'a> GpuColl<'a> {
         unsafe { gpu::launch(&s.raw, self.g.backend().f_team_sync, 1, threads, 0, &mut p) }
     }
 
-    fn flush(&self, s: &Stream, copies: &mut Vec<CopyDesc>) -> Result<()> {
+    fn flush(
+        &self,
+        s: &Stream,
+        copies: &mut Vec<CopyDesc>,
+        dt: DeviceTeam,
+        fused: bool,
+    ) -> Result<()> {
         if copies.is_empty() {
             return Ok(());
         }
@@ -340,6 +372,8 @@ impl<'a> GpuColl<'a> {
         let per_block = (THREADS as u64) * 64;
         let limit = ((4 * self.sms) as usize / n).max(1) as u64;
         let per = max.div_ceil(per_block).clamp(1, limit) as u32;
+        let grid = if fused { 1 } else { n as u32 * per };
+        let (mut t, mut fu) = (dt, fused as i32);
         let mut c = Copies {
             d: [CopyDesc::default(); MAX_COPIES],
         };
@@ -348,12 +382,14 @@ impl<'a> GpuColl<'a> {
         let mut p = [
             &mut c as *mut Copies as *mut std::ffi::c_void,
             &mut ni as *mut i32 as *mut _,
+            &mut t as *mut DeviceTeam as *mut _,
+            &mut fu as *mut i32 as *mut _,
         ];
         copies.clear();
-        // SAFETY: matches rshmemi_coll_copy(rshmemi_copies, int): every descriptor's source is
-        // a checked range of a symmetric object (translated on the device) or our staging
-        // buffer, its destination a checked range of this PE's memory.
-        unsafe { gpu::launch(&s.raw, self.f_copy, n as u32 * per, THREADS, 0, &mut p) }
+        // SAFETY: matches rshmemi_coll_copy(rshmemi_copies, int, rshmem_team, int): every
+        // descriptor's source is a checked range of a symmetric object (translated on the
+        // device) or our staging buffer, its destination a checked range of this PE's memory.
+        unsafe { gpu::launch(&s.raw, self.f_copy, grid, THREADS, 0, &mut p) }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -366,17 +402,22 @@ impl<'a> GpuColl<'a> {
         len: usize,
         es: usize,
         dt: DeviceTeam,
+        fused: bool,
     ) -> Result<()> {
         let vecs = (len * es / 16 + 1) as u64;
         let blocks = vecs.div_ceil(THREADS as u64).clamp(1, 4 * self.sms as u64) as u32;
+        let blocks = if fused { 1 } else { blocks };
         let (mut d, mut sr, mut n, mut t) = (dst, src, len as u64, dt);
+        let mut fu = fused as i32;
         let mut p = [
             &mut d as *mut u64 as *mut std::ffi::c_void,
             &mut sr as *mut u64 as *mut _,
             &mut n as *mut u64 as *mut _,
             &mut t as *mut DeviceTeam as *mut _,
+            &mut fu as *mut i32 as *mut _,
         ];
-        // SAFETY: matches rshmemi_coll_reduce_*(T*, const T*, u64, rshmem_team); ranges checked.
+        // SAFETY: matches rshmemi_coll_reduce_*(T*, const T*, u64, rshmem_team, int); ranges
+        // checked.
         unsafe { gpu::launch(&s.raw, f, blocks, THREADS, 0, &mut p) }
     }
 
@@ -404,11 +445,17 @@ impl<'a> GpuColl<'a> {
                 Buf::Temp => temp,
             }) + (at * es) as u64
         };
+        let fused = self.fusable(plan, es);
+        let steps = if fused {
+            &plan.steps[1..plan.steps.len() - 1]
+        } else {
+            &plan.steps[..]
+        };
         let mut copies = Vec::new();
-        for step in &plan.steps {
+        for step in steps {
             match *step {
                 Step::Sync => {
-                    self.flush(s, &mut copies)?;
+                    self.flush(s, &mut copies, dt, false)?;
                     self.sync(s, dt)?;
                 }
                 Step::Copy {
@@ -434,7 +481,7 @@ impl<'a> GpuColl<'a> {
                         pe,
                     });
                     if copies.len() == MAX_COPIES {
-                        self.flush(s, &mut copies)?;
+                        self.flush(s, &mut copies, dt, fused)?;
                     }
                 }
                 Step::Reduce {
@@ -444,7 +491,7 @@ impl<'a> GpuColl<'a> {
                     to_at,
                     len,
                 } => {
-                    self.flush(s, &mut copies)?;
+                    self.flush(s, &mut copies, dt, fused)?;
                     if len > 0 {
                         let f = reduce.ok_or_else(|| Error::invalid("plan reduces without op"))?;
                         self.reduce_launch(
@@ -455,12 +502,52 @@ impl<'a> GpuColl<'a> {
                             len,
                             es,
                             dt,
+                            fused,
                         )?;
                     }
                 }
             }
         }
-        self.flush(s, &mut copies)
+        self.flush(s, &mut copies, dt, fused)
+    }
+
+    /// A plan `Sync, (copies | one reduce), Sync` reading at most [`GpuColl::fused_bytes`]
+    /// (and something) runs as one kernel of one block with the barriers inside.
+    fn fusable(&self, plan: &Plan, es: usize) -> bool {
+        let st = &plan.steps;
+        if plan.temp_len > 0
+            || st.len() < 3
+            || st[0] != Step::Sync
+            || st[st.len() - 1] != Step::Sync
+        {
+            return false;
+        }
+        let (mut bytes, mut copies, mut reduces) = (0usize, 0, 0);
+        for x in &st[1..st.len() - 1] {
+            match *x {
+                Step::Sync => return false,
+                Step::Copy { len, .. } => {
+                    copies += 1;
+                    bytes = bytes.saturating_add(len.saturating_mul(es));
+                }
+                Step::Reduce { len, .. } => {
+                    reduces += 1;
+                    bytes = bytes.saturating_add(len.saturating_mul(es * plan.shape.n));
+                }
+            }
+        }
+        let shape_ok = (reduces == 0 && copies <= MAX_COPIES) || (reduces == 1 && copies == 0);
+        shape_ok && bytes > 0 && bytes <= self.fused_bytes
+    }
+
+    /// Bytes read per PE up to which a one-phase collective runs as one fused launch.
+    pub fn fused_bytes(&self) -> usize {
+        self.fused_bytes
+    }
+
+    /// Sets [`GpuColl::fused_bytes`] (0: never fuse).
+    pub fn set_fused_bytes(&mut self, bytes: usize) {
+        self.fused_bytes = bytes;
     }
 
     // ----- the collectives -----
@@ -750,6 +837,20 @@ impl<'a> GpuColl<'a> {
         // lengths passed before it copies.
         unsafe { gpu::launch(&s.raw, self.f_a2av_dev, n as u32 * per, THREADS, 0, &mut p)? };
         self.sync(s, dt)
+    }
+}
+
+/// Default of [`GpuColl::fused_bytes`].
+pub const COLL_FUSED_BYTES: usize = 64 << 10;
+
+fn fused_bytes_from_env() -> Result<usize> {
+    match std::env::var("RSHMEM_CUDA_COLL_FUSED_BYTES") {
+        Ok(v) if !v.trim().is_empty() => crate::config::parse_size(v.trim()).ok_or_else(|| {
+            Error::invalid(format!(
+                "RSHMEM_CUDA_COLL_FUSED_BYTES={v:?}: expected a size like 64K"
+            ))
+        }),
+        _ => Ok(COLL_FUSED_BYTES),
     }
 }
 

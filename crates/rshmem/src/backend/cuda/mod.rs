@@ -23,7 +23,7 @@ pub mod nvrtc;
 
 pub use api::{CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 pub use bench::{bench, BenchRecord};
-pub use coll::{coll_kernel_names, GpuColl};
+pub use coll::{coll_kernel_names, GpuColl, COLL_FUSED_BYTES};
 pub use coll_bench::{coll_bench, CollBenchRecord};
 pub use info::{info, GpuInfo, Info};
 
