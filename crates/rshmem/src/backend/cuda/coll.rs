@@ -511,33 +511,8 @@ impl<'a> GpuColl<'a> {
         self.flush(s, &mut copies, dt, fused)
     }
 
-    /// A plan `Sync, (copies | one reduce), Sync` reading at most [`GpuColl::fused_bytes`]
-    /// (and something) runs as one kernel of one block with the barriers inside.
     fn fusable(&self, plan: &Plan, es: usize) -> bool {
-        let st = &plan.steps;
-        if plan.temp_len > 0
-            || st.len() < 3
-            || st[0] != Step::Sync
-            || st[st.len() - 1] != Step::Sync
-        {
-            return false;
-        }
-        let (mut bytes, mut copies, mut reduces) = (0usize, 0, 0);
-        for x in &st[1..st.len() - 1] {
-            match *x {
-                Step::Sync => return false,
-                Step::Copy { len, .. } => {
-                    copies += 1;
-                    bytes = bytes.saturating_add(len.saturating_mul(es));
-                }
-                Step::Reduce { len, .. } => {
-                    reduces += 1;
-                    bytes = bytes.saturating_add(len.saturating_mul(es * plan.shape.n));
-                }
-            }
-        }
-        let shape_ok = (reduces == 0 && copies <= MAX_COPIES) || (reduces == 1 && copies == 0);
-        shape_ok && bytes > 0 && bytes <= self.fused_bytes
+        fusable(plan, es, self.fused_bytes)
     }
 
     /// Bytes read per PE up to which a one-phase collective runs as one fused launch.
@@ -840,6 +815,32 @@ impl<'a> GpuColl<'a> {
     }
 }
 
+/// True for a plan `Sync, (copies | one reduce), Sync` that reads something and at most
+/// `limit` bytes and uses no staging: it runs as one kernel of one block with the barriers
+/// inside. Every member runs exactly two barriers either way, so members may differ.
+fn fusable(plan: &Plan, es: usize, limit: usize) -> bool {
+    let st = &plan.steps;
+    if plan.temp_len > 0 || st.len() < 3 || st[0] != Step::Sync || st[st.len() - 1] != Step::Sync {
+        return false;
+    }
+    let (mut bytes, mut copies, mut reduces) = (0usize, 0, 0);
+    for x in &st[1..st.len() - 1] {
+        match *x {
+            Step::Sync => return false,
+            Step::Copy { len, .. } => {
+                copies += 1;
+                bytes = bytes.saturating_add(len.saturating_mul(es));
+            }
+            Step::Reduce { len, .. } => {
+                reduces += 1;
+                bytes = bytes.saturating_add(len.saturating_mul(es * plan.shape.n));
+            }
+        }
+    }
+    let shape_ok = (reduces == 0 && copies <= MAX_COPIES) || (reduces == 1 && copies == 0);
+    shape_ok && bytes > 0 && bytes <= limit
+}
+
 /// Default of [`GpuColl::fused_bytes`].
 pub const COLL_FUSED_BYTES: usize = 64 << 10;
 
@@ -888,4 +889,64 @@ fn check_a2av_team(n: usize) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(n: usize, me: usize, in_place: bool) -> Shape {
+        Shape {
+            n,
+            me,
+            in_place,
+            chunk: usize::MAX,
+        }
+    }
+
+    #[test]
+    fn which_plans_fuse() {
+        let lim = COLL_FUSED_BYTES;
+        // one-shot all_reduce out of place: 4 members × 1000 f32 = 16 000 bytes read
+        let p = plan::all_reduce(shape(4, 1, false), 1000, Algo::OneShot);
+        assert!(fusable(&p, 4, lim));
+        assert!(!fusable(&p, 4, 15_999));
+        assert!(!fusable(&p, 4, 0));
+        // in place one-shot stages in Temp; two-shot has three syncs
+        assert!(!fusable(
+            &plan::all_reduce(shape(4, 1, true), 10, Algo::OneShot),
+            4,
+            lim
+        ));
+        assert!(!fusable(
+            &plan::all_reduce(shape(4, 1, false), 10, Algo::TwoShot),
+            4,
+            lim
+        ));
+        // all_to_all / all_gather out of place fuse, in-place all_to_all does not
+        assert!(fusable(&plan::all_to_all(shape(3, 2, false), 10), 8, lim));
+        assert!(!fusable(&plan::all_to_all(shape(3, 2, true), 10), 8, lim));
+        assert!(fusable(&plan::all_gather(shape(3, 0, true), 10), 8, lim));
+        // reduce: the root fuses, the others have nothing between their two syncs
+        assert!(fusable(&plan::reduce(shape(3, 1, false), 1, 10), 8, lim));
+        assert!(!fusable(&plan::reduce(shape(3, 0, false), 1, 10), 8, lim));
+        // nothing to move: not fused (the barriers still run as kernels)
+        assert!(!fusable(&plan::all_gather(shape(3, 0, false), 0), 8, lim));
+        // every plan keeps two or more syncs, so fused and unfused members agree
+        for p in [
+            plan::reduce(shape(3, 0, false), 1, 10),
+            plan::broadcast(shape(3, 0, false), 1, 10, Algo::OneShot),
+        ] {
+            assert!(p.syncs() >= 2);
+        }
+    }
+
+    #[test]
+    fn kernel_names_cover_every_type_and_op() {
+        let names = coll_kernel_names();
+        assert_eq!(names.len(), 4 + 8 * 7 + 4 * 4);
+        assert!(names.contains(&"rshmemi_coll_reduce_bfloat16_max".to_string()));
+        assert!(names.contains(&"rshmemi_coll_reduce_uint8_xor".to_string()));
+        assert!(!names.contains(&"rshmemi_coll_reduce_float_xor".to_string()));
+    }
 }
