@@ -130,6 +130,10 @@ fn nvrtc_compiles_every_kernel() {
             cuda::nvrtc::with_header(cuda::nvrtc::INTERNAL_KERNELS),
         ),
         ("test kernels", cuda::nvrtc::with_header(TEST_KERNELS)),
+        (
+            "collective kernels",
+            cuda::nvrtc::with_header(cuda::nvrtc::COLL_KERNELS),
+        ),
         ("header alone", cuda::nvrtc::with_header("")),
     ];
     for (what, src) in srcs {

@@ -29,10 +29,22 @@ pub struct CudaPe<'a> {
     b: &'a CudaBackend,
 }
 
+impl<'a> CudaPe<'a> {
+    pub(super) fn backend(&self) -> &'a CudaBackend {
+        self.b
+    }
+    pub(super) fn pe_ref(&self) -> &'a Pe {
+        self.pe
+    }
+    pub(super) fn check_stream_pub(&self, s: &Stream) -> Result<()> {
+        self.check_stream(s)
+    }
+}
+
 /// A CUDA stream: owned by rshmem or wrapping the caller's `CUstream`.
 #[derive(Debug)]
 pub struct Stream {
-    raw: RawStream,
+    pub(super) raw: RawStream,
     backend_gpu: usize,
 }
 
@@ -52,7 +64,7 @@ unsafe impl Sync for Graph {}
 /// A kernel compiled with the device header and loaded on one PE's GPU (with its device state).
 #[derive(Debug, Clone)]
 pub struct Kernel {
-    module: Arc<Module>,
+    pub(super) module: Arc<Module>,
     func: Func,
     name: String,
 }

@@ -53,7 +53,7 @@ impl Drop for Ev {
 }
 
 /// Times `f` `iters` times on `s` with events; returns microseconds per call.
-fn time_stream(
+pub(super) fn time_stream(
     g: &CudaPe<'_>,
     s: &Stream,
     iters: usize,

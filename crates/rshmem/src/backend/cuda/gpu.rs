@@ -248,6 +248,32 @@ impl DevBuf {
     }
 }
 
+impl DevBuf {
+    /// As [`DevBuf::zeroed`], zeroing on `stream` (then synchronised) instead of the legacy
+    /// default stream, so it never interacts with other threads' stream captures.
+    pub fn zeroed_on(stream: &RawStream, bytes: usize) -> Result<DevBuf> {
+        let gpu = &stream.gpu;
+        let _g = gpu.bind()?;
+        let mut p = 0;
+        // SAFETY: context current; writes one pointer.
+        check(
+            unsafe { cu::cuMemAlloc_v2(&mut p, bytes.max(1)) },
+            "cuMemAlloc",
+        )?;
+        let b = DevBuf {
+            gpu: gpu.clone(),
+            ptr: p,
+        };
+        // SAFETY: p is a fresh allocation of at least `bytes`; ordered on a live stream.
+        check(
+            unsafe { cu::cuMemsetD8Async(p, 0, bytes, stream.raw) },
+            "cuMemsetD8Async",
+        )?;
+        stream.sync()?;
+        Ok(b)
+    }
+}
+
 impl Drop for DevBuf {
     fn drop(&mut self) {
         if let Ok(_g) = self.gpu.bind() {

@@ -12,14 +12,19 @@
 
 mod api;
 pub mod bench;
+mod coll;
+mod coll_bench;
 pub(crate) mod ffi;
 pub(crate) mod gpu;
 mod heap;
 mod info;
+pub mod nccl;
 pub mod nvrtc;
 
 pub use api::{CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 pub use bench::{bench, BenchRecord};
+pub use coll::{coll_kernel_names, GpuColl, COLL_FUSED_BYTES};
+pub use coll_bench::{coll_bench, CollBenchRecord};
 pub use info::{info, GpuInfo, Info};
 
 use super::{AtomicOp, Backend};

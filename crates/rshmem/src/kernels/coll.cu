@@ -1,0 +1,266 @@
+// rshmem's stream-ordered collectives (rshmem::cuda::GpuColl), compiled with rshmem_device.cuh.
+//
+// The host runs a collective's plan (rshmem::coll::plan) as a sequence of launches on one
+// stream: a team barrier kernel (rshmemi_team_sync, one block, monotonically increasing
+// counters in device memory, so graphs replay) for every Sync step, and between two syncs one
+// copy kernel (every Copy step of the phase, peers' symmetric buffers read over peer mappings)
+// or one reduce kernel (a Reduce step). Data kernels never wait for peers, so PEs sharing a GPU
+// cannot deadlock whatever the occupancy. Every typed kernel is generated from one type list
+// and one op list below (X-macros instantiating templates).
+
+#define RSHMEMI_COLL_MAX_COPIES 64
+
+// ----- element types: storage type, accumulation type -----
+// NAME (rshmem::ElemKind::name, as in the device API), storage T, accumulator A.
+#define RSHMEMI_COLL_INT_TYPES(X)                                                   \
+    X(int8, signed char, signed char) X(int16, short, short) X(int32, int, int)     \
+    X(int64, long long, long long) X(uint8, unsigned char, unsigned char)           \
+    X(uint16, unsigned short, unsigned short) X(uint32, unsigned int, unsigned int) \
+    X(uint64, unsigned long long, unsigned long long)
+#define RSHMEMI_COLL_FLOAT_TYPES(X)                                                 \
+    X(half, rshmem_half, float) X(bfloat16, rshmem_bfloat16, float)                \
+    X(float, float, float) X(double, double, double)
+
+// Operation codes (rshmem::coll::ReduceOp in declaration order).
+#define RSHMEMI_OP_SUM 0
+#define RSHMEMI_OP_PROD 1
+#define RSHMEMI_OP_MIN 2
+#define RSHMEMI_OP_MAX 3
+#define RSHMEMI_OP_AND 4
+#define RSHMEMI_OP_OR 5
+#define RSHMEMI_OP_XOR 6
+#define RSHMEMI_COLL_INT_OPS(X, NAME, T, A)                                               \
+    X(NAME, T, A, sum, RSHMEMI_OP_SUM) X(NAME, T, A, prod, RSHMEMI_OP_PROD)                \
+    X(NAME, T, A, min, RSHMEMI_OP_MIN) X(NAME, T, A, max, RSHMEMI_OP_MAX)                  \
+    X(NAME, T, A, and, RSHMEMI_OP_AND) X(NAME, T, A, or, RSHMEMI_OP_OR)                    \
+    X(NAME, T, A, xor, RSHMEMI_OP_XOR)
+#define RSHMEMI_COLL_FLOAT_OPS(X, NAME, T, A)                                             \
+    X(NAME, T, A, sum, RSHMEMI_OP_SUM) X(NAME, T, A, prod, RSHMEMI_OP_PROD)                \
+    X(NAME, T, A, min, RSHMEMI_OP_MIN) X(NAME, T, A, max, RSHMEMI_OP_MAX)
+
+template <typename A> struct rshmemi_is_float { static const bool v = false; };
+template <> struct rshmemi_is_float<float> { static const bool v = true; };
+template <> struct rshmemi_is_float<double> { static const bool v = true; };
+
+// Storage <-> accumulator.
+template <typename T, typename A> struct rshmemi_cvt {
+    static __device__ __forceinline__ A in(T x) { return (A)x; }
+    static __device__ __forceinline__ T out(A x) { return (T)x; }
+};
+template <> struct rshmemi_cvt<rshmem_half, float> {
+    static __device__ __forceinline__ float in(rshmem_half x) { return rshmem_half_to_float(x); }
+    static __device__ __forceinline__ rshmem_half out(float x) { return rshmem_float_to_half(x); }
+};
+template <> struct rshmemi_cvt<rshmem_bfloat16, float> {
+    static __device__ __forceinline__ float in(rshmem_bfloat16 x) { return rshmem_bfloat16_to_float(x); }
+    static __device__ __forceinline__ rshmem_bfloat16 out(float x) { return rshmem_float_to_bfloat16(x); }
+};
+
+// a OP b: integers wrap (computed in the unsigned type of the same width), floats IEEE
+// (min/max are minNum/maxNum: a NaN operand is ignored unless both are NaN).
+template <typename A, int OP> __device__ __forceinline__ A rshmemi_apply(A a, A b) {
+    if constexpr (rshmemi_is_float<A>::v) {
+        if constexpr (OP == RSHMEMI_OP_SUM) return a + b;
+        else if constexpr (OP == RSHMEMI_OP_PROD) return a * b;
+        else if constexpr (OP == RSHMEMI_OP_MIN) return a != a ? b : (b != b ? a : (b < a ? b : a));
+        else return a != a ? b : (b != b ? a : (b > a ? b : a));
+    } else {
+        typedef typename rshmemi_bits<A, sizeof(A)>::U U;
+        if constexpr (OP == RSHMEMI_OP_SUM) return (A)(U)((U)a + (U)b);
+        else if constexpr (OP == RSHMEMI_OP_PROD) return (A)(U)((U)a * (U)b);
+        else if constexpr (OP == RSHMEMI_OP_MIN) return b < a ? b : a;
+        else if constexpr (OP == RSHMEMI_OP_MAX) return b > a ? b : a;
+        else if constexpr (OP == RSHMEMI_OP_AND) return (A)((U)a & (U)b);
+        else if constexpr (OP == RSHMEMI_OP_OR) return (A)((U)a | (U)b);
+        else return (A)((U)a ^ (U)b);
+    }
+}
+
+__device__ __forceinline__ int rshmemi_member(const rshmem_team& t, int i) { return t.start + i * t.stride; }
+
+// dst[0..n) = fold over the team's members i = 0..size-1 (in team order) of member i's
+// src[0..n). `src` is a symmetric address (this PE's), `dst` this PE's memory (symmetric or
+// private). Each element is read from every member before it is written, so dst may be this
+// PE's src (same index). 16-byte vectors when every address is 16-byte aligned.
+template <typename T, typename A, int OP>
+__device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 n, rshmem_team team) {
+    const rshmem_u64 tid = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x;
+    const rshmem_u64 nth = (rshmem_u64)gridDim.x * blockDim.x;
+    const int V = 16 / sizeof(T);
+    rshmem_u64 done = 0;
+    if ((((rshmem_u64)dst | (rshmem_u64)src) & 15) == 0) {
+        rshmem_u64 nv = n / V;
+        for (rshmem_u64 v = tid; v < nv; v += nth) {
+            A acc[V];
+            {
+                rshmemi_v4 x = ((const rshmemi_v4*)rshmem_ptr(src, rshmemi_member(team, 0)))[v];
+                const T* e = (const T*)&x;
+#pragma unroll
+                for (int k = 0; k < V; k++) acc[k] = rshmemi_cvt<T, A>::in(e[k]);
+            }
+            for (int i = 1; i < team.size; i++) {
+                rshmemi_v4 x = ((const rshmemi_v4*)rshmem_ptr(src, rshmemi_member(team, i)))[v];
+                const T* e = (const T*)&x;
+#pragma unroll
+                for (int k = 0; k < V; k++) acc[k] = rshmemi_apply<A, OP>(acc[k], rshmemi_cvt<T, A>::in(e[k]));
+            }
+            rshmemi_v4 y;
+            T* o = (T*)&y;
+#pragma unroll
+            for (int k = 0; k < V; k++) o[k] = rshmemi_cvt<T, A>::out(acc[k]);
+            ((rshmemi_v4*)dst)[v] = y;
+        }
+        done = nv * V;
+    }
+    for (rshmem_u64 j = done + tid; j < n; j += nth) {
+        A acc = rshmemi_cvt<T, A>::in(((const T*)rshmem_ptr(src, rshmemi_member(team, 0)))[j]);
+        for (int i = 1; i < team.size; i++)
+            acc = rshmemi_apply<A, OP>(acc, rshmemi_cvt<T, A>::in(((const T*)rshmem_ptr(src, rshmemi_member(team, i)))[j]));
+        dst[j] = rshmemi_cvt<T, A>::out(acc);
+    }
+}
+
+// fused != 0 (launched as one block): the team barriers before and after run in the same
+// kernel (one launch for a small one-shot collective instead of three).
+#define RSHMEMI_COLL_REDUCE_KERNEL(NAME, T, A, OPN, OP)                                            \
+    extern "C" __global__ void rshmemi_coll_reduce_##NAME##_##OPN(T* dst, const T* src,            \
+                                                                   rshmem_u64 n, rshmem_team team, \
+                                                                   int fused) {                    \
+        if (fused) rshmem_team_sync_block(team);                                                   \
+        rshmemi_reduce<T, A, OP>(dst, src, n, team);                                               \
+        if (fused) rshmem_team_sync_block(team);                                                   \
+    }
+#define RSHMEMI_COLL_INT_REDUCE(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_REDUCE_KERNEL, NAME, T, A)
+#define RSHMEMI_COLL_FLOAT_REDUCE(NAME, T, A) RSHMEMI_COLL_FLOAT_OPS(RSHMEMI_COLL_REDUCE_KERNEL, NAME, T, A)
+RSHMEMI_COLL_INT_TYPES(RSHMEMI_COLL_INT_REDUCE)
+RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
+
+// ----- copies: every Copy step of one phase in one launch -----
+
+// `bytes` from `src` (translated to world PE `pe`'s copy when pe >= 0, else a local address)
+// to this PE's `dst`.
+struct rshmemi_copy_desc {
+    rshmem_u64 dst;
+    rshmem_u64 src;
+    rshmem_u64 bytes;
+    long long pe;
+};
+struct rshmemi_copies {
+    rshmemi_copy_desc d[RSHMEMI_COLL_MAX_COPIES];
+};
+
+// Block b serves copy b % n, as part b / n of gridDim.x / n (the grid is a multiple of n).
+// fused != 0 (one block, team given): barrier, every copy by the whole block, barrier.
+extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_team team, int fused) {
+    if (fused) {
+        rshmem_team_sync_block(team);
+        for (int i = 0; i < n; i++) {
+            const rshmemi_copy_desc& d = c.d[i];
+            const void* s = d.pe >= 0 ? rshmem_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
+            rshmemi_copy((void*)d.dst, s, d.bytes, threadIdx.x, blockDim.x);
+        }
+        rshmem_team_sync_block(team);
+        return;
+    }
+    unsigned i = blockIdx.x % n, part = blockIdx.x / n, parts = gridDim.x / n;
+    const rshmemi_copy_desc& d = c.d[i];
+    const void* s = d.pe >= 0 ? rshmem_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
+    rshmemi_copy((void*)d.dst, s, d.bytes, part * blockDim.x + threadIdx.x, parts * blockDim.x);
+}
+
+// ----- all_to_all_v with counts in device memory -----
+// counts: symmetric u64[team.size] per member (member j sends counts[k] elements to member k,
+// packed in member order in its src). Member k receives from j into dst, packed in member
+// order; recv_counts[j] (this PE's memory) gets what came from j. Every member reads the whole
+// count matrix (after the barrier before this kernel) and checks it: a sender whose counts
+// exceed `src_cap` elements or a receiver whose total exceeds `dst_cap` makes every member
+// copy nothing, set *err (bit 1) and write the counts it saw; the host turns that into an error.
+#define RSHMEMI_A2AV_MAX 64
+extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, const rshmem_u64* counts,
+                                                 rshmem_u64* recv_counts, rshmem_u64* err, rshmem_u64 elem,
+                                                 rshmem_u64 src_cap, rshmem_u64 dst_cap, rshmem_team team) {
+    __shared__ rshmem_u64 m[RSHMEMI_A2AV_MAX * RSHMEMI_A2AV_MAX];
+    __shared__ int bad;
+    const int n = team.size, me = team.my_index;
+    if (threadIdx.x == 0) bad = 0;
+    for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
+        int j = t / n, k = t % n;
+        m[t] = rshmemi_vld((const rshmem_u64*)rshmem_ptr(counts + k, rshmemi_member(team, j)));
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        rshmem_u64 sent = 0, got = 0;
+        int over = 0;
+        for (int k = 0; k < n; k++) {
+            rshmem_u64 a = m[j * n + k], b = m[k * n + j];
+            if (a > src_cap || b > dst_cap) over = 1;
+            else { sent += a; got += b; }
+        }
+        if (over || sent > src_cap || got > dst_cap) atomicOr(&bad, 1);
+    }
+    __syncthreads();
+    if (blockIdx.x == 0)
+        for (int j = threadIdx.x; j < n; j += blockDim.x) recv_counts[j] = m[j * n + me];
+    if (bad) {
+        // err[1..5): the first offending pair (sender, receiver), the running total of elements
+        // that overflowed (sent by the sender, resp. received by the receiver) and the capacity.
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            int found = 0;
+            for (int j = 0; j < n && !found; j++) {
+                rshmem_u64 sent = 0, got = 0;
+                for (int k = 0; k < n; k++) {
+                    sent += m[j * n + k];
+                    got += m[k * n + j];
+                    if (m[j * n + k] > src_cap || sent > src_cap) {
+                        err[1] = j; err[2] = k; err[3] = sent; err[4] = src_cap; found = 1; break;
+                    }
+                    if (m[k * n + j] > dst_cap || got > dst_cap) {
+                        err[1] = k; err[2] = j; err[3] = got; err[4] = dst_cap; found = 1; break;
+                    }
+                }
+            }
+            atomicOr(err, 1ull);
+        }
+        return;
+    }
+    unsigned j = blockIdx.x % n, part = blockIdx.x / n, parts = gridDim.x / n;
+    rshmem_u64 disp = 0, at = 0;
+    for (int k = 0; k < me; k++) disp += m[j * n + k];
+    for (unsigned i = 0; i < j; i++) at += m[i * n + me];
+    rshmem_u64 bytes = m[j * n + me] * elem;
+    const char* s = (const char*)rshmem_ptr(src + disp * elem, rshmemi_member(team, j));
+    rshmemi_copy(dst + at * elem, s, bytes, part * blockDim.x + threadIdx.x, parts * blockDim.x);
+}
+
+// ----- all_to_all_v with counts known on the host (baked into the launch, so graphs replay) --
+// Each member publishes what it sends to whom (counts and displacements, elements) in its
+// symmetric `meta` (u64[2 * RSHMEMI_A2AV_MAX]); after a barrier, member k pulls from member j
+// `meta_j.count[k]` elements at `meta_j.displ[k]` into dst at its own recv displacement. A
+// count that does not match what k expects, or a range beyond src_cap / dst_cap, copies
+// nothing for that pair and sets *err (bit 2).
+struct rshmemi_a2av_list {
+    rshmem_u64 count[RSHMEMI_A2AV_MAX];
+    rshmem_u64 displ[RSHMEMI_A2AV_MAX];
+};
+extern "C" __global__ void rshmemi_coll_a2av_meta(rshmem_u64* meta, rshmemi_a2av_list send, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        meta[i] = send.count[i];
+        meta[RSHMEMI_A2AV_MAX + i] = send.displ[i];
+    }
+}
+extern "C" __global__ void rshmemi_coll_a2av_host(char* dst, const char* src, const rshmem_u64* meta,
+                                                  rshmemi_a2av_list recv, rshmem_u64* err, rshmem_u64 elem,
+                                                  rshmem_u64 src_cap, rshmem_u64 dst_cap, rshmem_team team) {
+    const int n = team.size, me = team.my_index;
+    unsigned j = blockIdx.x % n, part = blockIdx.x / n, parts = gridDim.x / n;
+    int pe = rshmemi_member(team, j);
+    rshmem_u64 c = rshmemi_vld((const rshmem_u64*)rshmem_ptr(meta + me, pe));
+    rshmem_u64 d = rshmemi_vld((const rshmem_u64*)rshmem_ptr(meta + RSHMEMI_A2AV_MAX + me, pe));
+    rshmem_u64 at = recv.displ[j];
+    if (c != recv.count[j] || c > src_cap || d > src_cap - c || c > dst_cap || at > dst_cap - c) {
+        if (part == 0 && threadIdx.x == 0) atomicOr(err, 2ull);
+        return;
+    }
+    const char* s = (const char*)rshmem_ptr(src + d * elem, pe);
+    rshmemi_copy(dst + at * elem, s, c * elem, part * blockDim.x + threadIdx.x, parts * blockDim.x);
+}

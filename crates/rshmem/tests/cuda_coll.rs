@@ -1,0 +1,828 @@
+//! Stream-ordered CUDA collectives (`rshmem::cuda::GpuColl`).
+//!
+//! CI (no GPU): the collective kernels compile through NVRTC and export every kernel name the
+//! executor loads. GPU (`--include-ignored`; several PEs may share one GPU, e.g.
+//! `RSHMEM_DEVICES=0,0,0,0`): every collective × element type × operation × team (world of 4,
+//! a strided team {1, 3}, a team of 3) × in/out of place × one-shot/two-shot, seeded random
+//! data against a host reference (exact: the data make every float result exact, as in
+//! tests/coll.rs), poisoned outputs; a graph captured once and replayed with new data 12
+//! times, every replay checked; all_to_all_v with device-side counts (exchange, replay,
+//! overflow → `Error::Capacity` with nothing written beyond the capacity); bad inputs.
+
+#[path = "harness/mod.rs"]
+mod harness;
+
+use rshmem::coll::{Algo, AllToAllV, CollConfig, ReduceOp};
+use rshmem::cuda::{self, CudaPe, GpuColl, Stream};
+use rshmem::{bf16, f16, BackendKind, Config, Elem, Error, HeapKind, Pe, Result, Team};
+use std::time::Duration;
+
+// ---------- CI ----------
+
+#[test]
+fn coll_kernels_compile_and_export_every_name() {
+    let ci = std::env::var_os("CI").is_some();
+    let src = cuda::nvrtc::with_header(cuda::nvrtc::COLL_KERNELS);
+    let cubin = match cuda::nvrtc::compile(&src, "sm_90", &[]) {
+        Ok(c) => c,
+        Err(e) if !ci && format!("{e}").contains("was not found") => {
+            eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let names = cuda::coll_kernel_names();
+    assert_eq!(names.len(), 4 + 8 * 7 + 4 * 4);
+    for n in names {
+        let needle = format!("{n}\0");
+        assert!(
+            cubin.windows(needle.len()).any(|w| w == needle.as_bytes()),
+            "kernel {n} missing from the cubin"
+        );
+    }
+}
+
+// ---------- data and references (as tests/coll.rs) ----------
+
+trait TElem: Elem {
+    fn gen(pe: usize, stream: u64, len: usize, op: ReduceOp) -> Vec<Self>;
+    fn fold(op: ReduceOp, xs: &[Self]) -> Self;
+    fn ops() -> &'static [ReduceOp];
+    fn poison() -> Self;
+}
+
+fn mix(x: f64) -> u64 {
+    ((x * 8.0) as i64 as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+macro_rules! int_elem {
+    ($($t:ty),*) => {$(
+        impl TElem for $t {
+            fn gen(pe: usize, stream: u64, len: usize, _op: ReduceOp) -> Vec<Self> {
+                harness::rand_vec::<f64>(pe, stream, len).into_iter().map(|x| mix(x) as $t).collect()
+            }
+            fn fold(op: ReduceOp, xs: &[Self]) -> Self {
+                xs[1..].iter().fold(xs[0], |a, &b| match op {
+                    ReduceOp::Sum => a.wrapping_add(b),
+                    ReduceOp::Prod => a.wrapping_mul(b),
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                    ReduceOp::And => a & b,
+                    ReduceOp::Or => a | b,
+                    ReduceOp::Xor => a ^ b,
+                })
+            }
+            fn ops() -> &'static [ReduceOp] {
+                &ReduceOp::ALL
+            }
+            fn poison() -> Self {
+                0x5a5a_5a5a_5a5a_5a5au64 as $t
+            }
+        }
+    )*};
+}
+int_elem!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+macro_rules! float_elem {
+    ($($t:ty),*) => {$(
+        impl TElem for $t {
+            fn gen(pe: usize, stream: u64, len: usize, op: ReduceOp) -> Vec<Self> {
+                if op == ReduceOp::Prod {
+                    const SMALL: [f64; 6] = [-3.0, -2.0, -1.0, 1.0, 2.0, 3.0];
+                    harness::rand_vec::<f64>(pe, stream, len)
+                        .into_iter()
+                        .map(|x| <$t>::from_f64(SMALL[(mix(x) >> 40) as usize % 6]))
+                        .collect()
+                } else {
+                    harness::rand_vec::<$t>(pe, stream, len)
+                }
+            }
+            fn fold(op: ReduceOp, xs: &[Self]) -> Self {
+                let v = xs[1..].iter().fold(xs[0].to_f64(), |a, b| {
+                    let b = b.to_f64();
+                    match op {
+                        ReduceOp::Sum => a + b,
+                        ReduceOp::Prod => a * b,
+                        ReduceOp::Min => a.min(b),
+                        ReduceOp::Max => a.max(b),
+                        _ => unreachable!("bitwise on floats"),
+                    }
+                });
+                <$t>::from_f64(v)
+            }
+            fn ops() -> &'static [ReduceOp] {
+                &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max]
+            }
+            fn poison() -> Self {
+                <$t>::from_f64(f64::NAN)
+            }
+        }
+    )*};
+}
+float_elem!(f16, bf16, f32, f64);
+
+macro_rules! each_type {
+    ($f:ident($($a:expr),*)) => {{
+        $f::<i8>($($a),*)?;
+        $f::<i16>($($a),*)?;
+        $f::<i32>($($a),*)?;
+        $f::<i64>($($a),*)?;
+        $f::<u8>($($a),*)?;
+        $f::<u16>($($a),*)?;
+        $f::<u32>($($a),*)?;
+        $f::<u64>($($a),*)?;
+        $f::<f16>($($a),*)?;
+        $f::<bf16>($($a),*)?;
+        $f::<f32>($($a),*)?;
+        $f::<f64>($($a),*)?;
+    }};
+}
+
+fn check<T: Elem>(got: &[T], want: &[T], ctx: &str) {
+    assert_eq!(got.len(), want.len(), "{ctx}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        #[allow(clippy::eq_op)]
+        let both_nan = g != g && w != w;
+        assert!(
+            g == w || both_nan,
+            "{ctx}: element {i} is {g:?}, expected {w:?}"
+        );
+    }
+}
+
+// ---------- GPU worlds ----------
+
+fn gpu_config() -> Config {
+    Config::default()
+        .heap_size(64 << 20)
+        .timeout(Duration::from_secs(30))
+        .backend(BackendKind::Cuda)
+        .heap_kind(HeapKind::Static)
+}
+
+fn on_gpus(n: usize, body: fn(&Pe) -> Result<()>) {
+    on_gpus_cfg(gpu_config(), n, body)
+}
+
+fn on_gpus_cfg(cfg: Config, n: usize, body: fn(&Pe) -> Result<()>) {
+    let r = rshmem::threads_with(cfg, n, body).expect("world");
+    for (pe, x) in r.into_iter().enumerate() {
+        if let Err(e) = x {
+            panic!("PE {pe} of {n}: {e}");
+        }
+    }
+}
+
+/// World (4), a strided team {1, 3}, a team of 3 {0, 1, 2}.
+struct Teams {
+    strided: Option<Team>,
+    tri: Option<Team>,
+}
+
+impl Teams {
+    fn new(pe: &Pe) -> Result<Teams> {
+        let w = pe.world_team();
+        let strided = pe.team_split_strided(w, 1, 2, 2)?;
+        let tri = pe.team_split_strided(w, 0, 1, 3)?;
+        Ok(Teams { strided, tri })
+    }
+    fn list<'a>(&'a self, pe: &'a Pe) -> Vec<(&'static str, &'a Team)> {
+        let mut v = vec![("world", pe.world_team())];
+        if let Some(t) = &self.strided {
+            v.push(("strided", t));
+        }
+        if let Some(t) = &self.tri {
+            v.push(("tri", t));
+        }
+        v
+    }
+}
+
+/// Element counts: odd sizes (vector tails), a two-shot-sized one.
+const COUNTS: [usize; 3] = [1, 1003, 70_001];
+const MAXC: usize = 4 * 70_001;
+
+struct Ctx<'a> {
+    pe: &'a Pe,
+    coll: GpuColl<'a>,
+    s: Stream,
+    teams: Teams,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(pe: &'a Pe) -> Result<Ctx<'a>> {
+        let g = CudaPe::new(pe)?;
+        // Two-shot from 64 KiB, so both algorithms run with the counts above.
+        let coll = GpuColl::new(g, CollConfig::default().two_shot_bytes(64 << 10))?;
+        Ok(Ctx {
+            pe,
+            s: g.stream()?,
+            coll,
+            teams: Teams::new(pe)?,
+        })
+    }
+    fn done(&self) -> Result<()> {
+        self.s.synchronize()?;
+        self.coll.check_errors()
+    }
+    /// Runs `f(team, in_place, count, stream, ctx)` over teams × in place × counts.
+    fn cases(
+        &self,
+        what: &str,
+        mut f: impl FnMut(&Team, bool, usize, u64, &str) -> Result<()>,
+    ) -> Result<()> {
+        // Seeds depend on the case only (members see different team lists).
+        for (tn, team) in self.teams.list(self.pe) {
+            let ti = ["world", "strided", "tri"]
+                .iter()
+                .position(|&x| x == tn)
+                .unwrap_or(9);
+            for in_place in [false, true] {
+                for (ci, count) in COUNTS.into_iter().enumerate() {
+                    let stream = (ti * 8 + in_place as usize * 4 + ci + 1) as u64;
+                    let ctx = format!(
+                        "{what} team {tn} {:?} in_place {in_place} count {count} (PE {})",
+                        team.members(),
+                        self.pe.my_pe()
+                    );
+                    f(team, in_place, count, stream, &ctx)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn ins<T: TElem>(team: &Team, s: u64, len: usize, op: ReduceOp) -> Vec<Vec<T>> {
+    team.members()
+        .iter()
+        .map(|&w| T::gen(w, s, len, op))
+        .collect()
+}
+
+fn fold_at<T: TElem>(op: ReduceOp, ins: &[Vec<T>], i: usize) -> T {
+    T::fold(op, &ins.iter().map(|v| v[i]).collect::<Vec<_>>())
+}
+
+fn reductions_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
+    let pe = c.pe;
+    let src = pe.alloc::<T>(MAXC)?;
+    let dst = pe.alloc::<T>(MAXC)?;
+    for &op in T::ops() {
+        let what = format!("{} {}", T::KIND.name(), op.name());
+        c.cases(&what, |team, ip, count, s, ctx| {
+            let (me, n) = (team.my_pe(), team.n_pes());
+            let s = s * 16 + op as u64;
+            let obj = if ip { &dst } else { &src };
+            // all_reduce, both algorithms
+            for algo in [Algo::OneShot, Algo::TwoShot] {
+                let mine = T::gen(pe.my_pe(), s, count, op);
+                pe.local_fill(&dst, T::poison())?;
+                pe.local_write(obj, 0, &mine)?;
+                c.coll
+                    .all_reduce_with(&c.s, team, &dst, obj, count, op, algo)?;
+                c.done()?;
+                let x = ins::<T>(team, s, count, op);
+                let mut want: Vec<T> = (0..count).map(|i| fold_at(op, &x, i)).collect();
+                want.resize(MAXC, T::poison());
+                check(
+                    &pe.local_vec(&dst)?,
+                    &want,
+                    &format!("all_reduce {algo:?} {ctx}"),
+                );
+            }
+            // reduce to a root that varies
+            let root = (s as usize) % n;
+            let mine = T::gen(pe.my_pe(), s + 1, count, op);
+            pe.local_fill(&dst, T::poison())?;
+            pe.local_write(obj, 0, &mine)?;
+            c.coll.reduce(&c.s, team, &dst, obj, count, op, root)?;
+            c.done()?;
+            let mut want = if me == root {
+                let x = ins::<T>(team, s + 1, count, op);
+                (0..count).map(|i| fold_at(op, &x, i)).collect()
+            } else if ip {
+                mine.clone()
+            } else {
+                vec![]
+            };
+            want.resize(MAXC, T::poison());
+            check(
+                &pe.local_vec(&dst)?,
+                &want,
+                &format!("reduce root {root} {ctx}"),
+            );
+            // reduce_scatter (count per member; the object holds n·count)
+            let rc = count.min(MAXC / n);
+            let mine = T::gen(pe.my_pe(), s + 2, n * rc, op);
+            pe.local_fill(&dst, T::poison())?;
+            pe.local_write(obj, 0, &mine)?;
+            c.coll.reduce_scatter(&c.s, team, &dst, obj, rc, op)?;
+            c.done()?;
+            let x = ins::<T>(team, s + 2, n * rc, op);
+            let mut want: Vec<T> = if ip { mine.clone() } else { vec![] };
+            let at = if ip { me * rc } else { 0 };
+            want.resize(MAXC.max(at + rc), T::poison());
+            for i in 0..rc {
+                want[at + i] = fold_at(op, &x, me * rc + i);
+            }
+            want.truncate(MAXC);
+            check(
+                &pe.local_vec(&dst)?,
+                &want,
+                &format!("reduce_scatter {ctx}"),
+            );
+            Ok(())
+        })?;
+    }
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+fn movement_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
+    let pe = c.pe;
+    let src = pe.alloc::<T>(MAXC)?;
+    let dst = pe.alloc::<T>(MAXC)?;
+    let what = T::KIND.name().to_string();
+    c.cases(&what, |team, ip, count, s, ctx| {
+        let (me, n, m) = (team.my_pe(), team.n_pes(), team.members());
+        let obj = if ip { &dst } else { &src };
+        let op = ReduceOp::Sum;
+        // broadcast (one-shot below 64 KiB, two-shot from there: the counts give both)
+        let root = (s as usize + 1) % n;
+        let mine = T::gen(pe.my_pe(), s, count, op);
+        pe.local_fill(&dst, T::poison())?;
+        pe.local_write(obj, 0, &mine)?;
+        c.coll.broadcast(&c.s, team, &dst, obj, count, root)?;
+        c.done()?;
+        let mut want = T::gen(m[root], s, count, op);
+        want.resize(MAXC, T::poison());
+        check(
+            &pe.local_vec(&dst)?,
+            &want,
+            &format!("broadcast root {root} {ctx}"),
+        );
+        // all_gather
+        let gc = count.min(MAXC / n);
+        let mine = T::gen(pe.my_pe(), s + 1, gc, op);
+        pe.local_fill(&dst, T::poison())?;
+        pe.local_write(obj, if ip { me * gc } else { 0 }, &mine)?;
+        c.coll.all_gather(&c.s, team, &dst, obj, gc)?;
+        c.done()?;
+        let mut want: Vec<T> = m.iter().flat_map(|&w| T::gen(w, s + 1, gc, op)).collect();
+        want.resize(MAXC, T::poison());
+        check(&pe.local_vec(&dst)?, &want, &format!("all_gather {ctx}"));
+        // all_to_all
+        let mine = T::gen(pe.my_pe(), s + 2, n * gc, op);
+        pe.local_fill(&dst, T::poison())?;
+        pe.local_write(obj, 0, &mine)?;
+        c.coll.all_to_all(&c.s, team, &dst, obj, gc)?;
+        c.done()?;
+        let mut want: Vec<T> = m
+            .iter()
+            .flat_map(|&w| T::gen(w, s + 2, n * gc, op)[me * gc..(me + 1) * gc].to_vec())
+            .collect();
+        want.resize(MAXC, T::poison());
+        check(&pe.local_vec(&dst)?, &want, &format!("all_to_all {ctx}"));
+        if !ip {
+            a2av_host_t::<T>(c, team, &src, &dst, s + 3, ctx)?;
+        }
+        Ok(())
+    })?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+/// Counts of all_to_all_v cases: sender i → receiver j.
+fn vcnt(i: usize, j: usize, s: u64) -> usize {
+    (mix(harness::rand_vec::<f64>(i * 64 + j, s, 1)[0]) >> 33) as usize % 50
+}
+
+fn a2av_host_t<T: TElem>(
+    c: &Ctx<'_>,
+    team: &Team,
+    src: &rshmem::Sym<T>,
+    dst: &rshmem::Sym<T>,
+    s: u64,
+    ctx: &str,
+) -> Result<()> {
+    let pe = c.pe;
+    let (me, n, m) = (team.my_pe(), team.n_pes(), team.members());
+    let sd = |i: usize| -> Vec<usize> {
+        let mut at = 3;
+        (0..n)
+            .map(|j| {
+                let d = at;
+                at += vcnt(i, j, s) + 1;
+                d
+            })
+            .collect()
+    };
+    let sc: Vec<usize> = (0..n).map(|j| vcnt(me, j, s)).collect();
+    let rc: Vec<usize> = (0..n).map(|i| vcnt(i, me, s)).collect();
+    // receive in reverse member order with gaps
+    let mut rd = vec![0; n];
+    let mut at = 1;
+    for i in (0..n).rev() {
+        rd[i] = at;
+        at += rc[i] + 2;
+    }
+    let mine = T::gen(pe.my_pe(), s, 64 * n, ReduceOp::Sum);
+    pe.local_fill(dst, T::poison())?;
+    pe.local_write(src, 0, &mine)?;
+    let sdm = sd(me);
+    let v = AllToAllV {
+        send_counts: &sc,
+        send_displs: &sdm,
+        recv_counts: &rc,
+        recv_displs: &rd,
+    };
+    c.coll.all_to_all_v(&c.s, team, dst, src, &v)?;
+    c.done()?;
+    let mut want = vec![T::poison(); MAXC];
+    for (i, &w) in m.iter().enumerate() {
+        let theirs = T::gen(w, s, 64 * n, ReduceOp::Sum);
+        let a = sd(i)[me];
+        want[rd[i]..rd[i] + rc[i]].copy_from_slice(&theirs[a..a + rc[i]]);
+    }
+    check(&pe.local_vec(dst)?, &want, &format!("all_to_all_v {ctx}"));
+    Ok(())
+}
+
+fn everything(pe: &Pe) -> Result<()> {
+    let c = Ctx::new(pe)?;
+    each_type!(reductions_t(&c));
+    each_type!(movement_t(&c));
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_every_collective_type_op_team() {
+    on_gpus(4, everything);
+}
+
+// ---------- graph capture and replay ----------
+
+fn graph_body(pe: &Pe) -> Result<()> {
+    let c = Ctx::new(pe)?;
+    let w = pe.world_team();
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let strided = c.teams.strided.as_ref();
+    const C1: usize = 1001;
+    const C2: usize = 40_000; // two-shot (160 KB of f32)
+    let a_src = pe.alloc::<f32>(C1)?;
+    let a_dst = pe.alloc::<f32>(C1)?;
+    let b = pe.alloc::<bf16>(C2)?; // in place, two-shot... bf16 is 80 KB: two-shot at 64 KiB
+    let g_dst = pe.alloc::<i32>(n * C1)?;
+    let t_src = pe.alloc::<u16>(n * 300)?;
+    let t_dst = pe.alloc::<u16>(n * 300)?;
+    let p = pe.alloc::<i64>(C1)?; // in-place one-shot all_reduce on the strided team (staging)
+    c.coll.reserve(C1 * 8)?;
+    pe.barrier_all()?;
+    let s = &c.s;
+    s.begin_capture()?;
+    let cap = (|| -> Result<()> {
+        c.coll.all_reduce(s, w, &a_dst, &a_src, C1, ReduceOp::Sum)?;
+        c.coll.all_reduce(s, w, &b, &b, C2, ReduceOp::Max)?;
+        c.coll
+            .all_gather(s, w, &g_dst, &a_src.view::<i32>(0, C1)?, C1)?;
+        c.coll.all_to_all(s, w, &t_dst, &t_src, 300)?;
+        if let Some(t) = strided {
+            c.coll
+                .all_reduce_with(s, t, &p, &p, C1, ReduceOp::Xor, Algo::OneShot)?;
+        }
+        Ok(())
+    })();
+    let graph = s.end_capture();
+    cap?;
+    let graph = graph?;
+    pe.barrier_all()?; // every PE has its graph before any launches
+    for r in 0..12u64 {
+        let st = 1000 + r * 8;
+        let f = |pe_: usize| f32::gen(pe_, st, C1, ReduceOp::Sum);
+        let bb = |pe_: usize| bf16::gen(pe_, st + 1, C2, ReduceOp::Max);
+        let tt = |pe_: usize| u16::gen(pe_, st + 2, n * 300, ReduceOp::Sum);
+        let pp = |pe_: usize| i64::gen(pe_, st + 3, C1, ReduceOp::Xor);
+        pe.local_fill(&a_dst, f32::poison())?;
+        pe.local_fill(&g_dst, i32::poison())?;
+        pe.local_fill(&t_dst, u16::poison())?;
+        pe.local_write(&a_src, 0, &f(me))?;
+        pe.local_write(&b, 0, &bb(me))?;
+        pe.local_write(&t_src, 0, &tt(me))?;
+        pe.local_write(&p, 0, &pp(me))?;
+        graph.launch(s)?;
+        c.done()?;
+        let ctx = format!("replay {r} PE {me}");
+        let fa: Vec<Vec<f32>> = (0..n).map(f).collect();
+        let want: Vec<f32> = (0..C1).map(|i| fold_at(ReduceOp::Sum, &fa, i)).collect();
+        check(&pe.local_vec(&a_dst)?, &want, &format!("all_reduce {ctx}"));
+        let ba: Vec<Vec<bf16>> = (0..n).map(bb).collect();
+        let want: Vec<bf16> = (0..C2).map(|i| fold_at(ReduceOp::Max, &ba, i)).collect();
+        check(&pe.local_vec(&b)?, &want, &format!("all_reduce bf16 {ctx}"));
+        let want: Vec<i32> = (0..n)
+            .flat_map(|j| {
+                f(j).iter()
+                    .map(|x| i32::from_ne_bytes(x.to_ne_bytes()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        check(&pe.local_vec(&g_dst)?, &want, &format!("all_gather {ctx}"));
+        let want: Vec<u16> = (0..n)
+            .flat_map(|j| tt(j)[me * 300..(me + 1) * 300].to_vec())
+            .collect();
+        check(&pe.local_vec(&t_dst)?, &want, &format!("all_to_all {ctx}"));
+        if let Some(t) = strided {
+            let pa: Vec<Vec<i64>> = t.members().iter().map(|&w| pp(w)).collect();
+            let want: Vec<i64> = (0..C1).map(|i| fold_at(ReduceOp::Xor, &pa, i)).collect();
+            check(
+                &pe.local_vec(&p)?,
+                &want,
+                &format!("strided all_reduce {ctx}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_graph_capture_replay_12() {
+    on_gpus(4, graph_body);
+}
+
+// ---------- all_to_all_v with device counts ----------
+
+fn dev_counts(i: usize, j: usize, r: u64) -> u64 {
+    vcnt(i, j, 7000 + r) as u64 * 3
+}
+
+fn a2av_device_body(pe: &Pe) -> Result<()> {
+    let c = Ctx::new(pe)?;
+    let w = pe.world_team();
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let cap = 150 * n; // every count is below 150
+    let src = pe.alloc::<f32>(cap)?;
+    let big = pe.alloc::<f32>(cap + 64)?; // dst is the first `cap`: the rest must stay poison
+    let dst = big.view::<f32>(0, cap)?;
+    let counts = pe.alloc::<u64>(n)?;
+    let recv = pe.alloc::<u64>(n)?;
+    let s = &c.s;
+    let check_round = |r: u64, want_counts: &dyn Fn(usize, usize) -> u64| -> Result<()> {
+        let rc = pe.local_vec(&recv)?;
+        let got = pe.local_vec(&big)?;
+        let mut want = vec![f32::poison(); cap + 64];
+        let mut at = 0;
+        for (j, &c_got) in rc.iter().enumerate() {
+            let c = want_counts(j, me);
+            assert_eq!(c_got, c, "round {r} PE {me}: count from {j}");
+            let disp: u64 = (0..me).map(|k| want_counts(j, k)).sum();
+            let theirs = f32::gen(j, 9000 + r, cap, ReduceOp::Sum);
+            want[at..at + c as usize].copy_from_slice(&theirs[disp as usize..(disp + c) as usize]);
+            at += c as usize;
+        }
+        check(&got, &want, &format!("a2av device round {r} PE {me}"));
+        Ok(())
+    };
+    let set = |r: u64, cnt: &dyn Fn(usize, usize) -> u64| -> Result<()> {
+        pe.local_fill(&big, f32::poison())?;
+        pe.local_fill(&recv, u64::MAX)?;
+        pe.local_write(&src, 0, &f32::gen(me, 9000 + r, cap, ReduceOp::Sum))?;
+        let mine: Vec<u64> = (0..n).map(|k| cnt(me, k)).collect();
+        pe.local_write(&counts, 0, &mine)
+    };
+    let trace = |what: &str| eprintln!("[a2av_device PE {me}] {what}");
+    // Direct calls.
+    for r in 0..3 {
+        let cnt = |i: usize, j: usize| dev_counts(i, j, r);
+        set(r, &cnt)?;
+        trace(&format!("round {r} launch"));
+        c.coll
+            .all_to_all_v_device(s, w, &dst, &src, &counts, &recv)?;
+        c.done()?;
+        trace(&format!("round {r} done"));
+        check_round(r, &cnt)?;
+    }
+    trace("capture");
+    // Captured once, replayed with new counts and data. Every PE captures and instantiates
+    // before any launches (instantiation may wait for kernels running on the GPU).
+    pe.barrier_all()?;
+    s.begin_capture()?;
+    let cap_r = c.coll.all_to_all_v_device(s, w, &dst, &src, &counts, &recv);
+    let graph = s.end_capture();
+    trace(&format!(
+        "captured: {:?} / {:?}",
+        cap_r,
+        graph.as_ref().err()
+    ));
+    cap_r?;
+    let graph = graph?;
+    pe.barrier_all()?;
+    for r in 10..22 {
+        let cnt = |i: usize, j: usize| dev_counts(i, j, r);
+        set(r, &cnt)?;
+        graph.launch(s)?;
+        c.done()?;
+        check_round(r, &cnt)?;
+    }
+    // Overflow: PE 1 sends everything it has plus one element to PE 0 → capacity error on
+    // every PE, nothing written (dst stays poison, also beyond its capacity).
+    let over = |i: usize, j: usize| -> u64 {
+        if i == 1 && j == 0 {
+            cap as u64 + 1
+        } else {
+            dev_counts(i, j, 99)
+        }
+    };
+    trace("replays checked; overflow");
+    set(99, &over)?;
+    graph.launch(s)?;
+    s.synchronize()?;
+    match c.coll.check_errors() {
+        Err(Error::Capacity {
+            src_pe, capacity, ..
+        }) => {
+            assert_eq!(src_pe, 1, "PE {me}: offending sender");
+            assert_eq!(capacity, cap, "PE {me}");
+        }
+        other => panic!("PE {me}: expected a capacity error, got {other:?}"),
+    }
+    let got = pe.local_vec(&big)?;
+    assert!(
+        got.iter().all(|x| x.is_nan()),
+        "PE {me}: data written despite overflow"
+    );
+    let rc = pe.local_vec(&recv)?;
+    assert_eq!(rc[1], over(1, me), "PE {me}: counts seen are reported");
+    trace("overflow reported");
+    // The flag was cleared and the graph still works.
+    let cnt = |i: usize, j: usize| dev_counts(i, j, 100);
+    set(100, &cnt)?;
+    graph.launch(s)?;
+    c.done()?;
+    check_round(100, &cnt)?;
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_all_to_all_v_device_counts() {
+    // Short waits: a failure shows as an error, not a long hang.
+    on_gpus_cfg(
+        gpu_config().timeout(Duration::from_secs(8)),
+        4,
+        a2av_device_body,
+    );
+}
+
+// ---------- bad inputs ----------
+
+fn bad_body(pe: &Pe) -> Result<()> {
+    let c = Ctx::new(pe)?;
+    let w = pe.world_team();
+    let s = &c.s;
+    let n = pe.n_pes();
+    let x = pe.alloc::<f32>(100)?;
+    let y = pe.alloc::<f32>(100)?;
+    let i = pe.alloc::<i32>(100)?;
+    let is_err = |r: Result<()>, what: &str| {
+        assert!(r.is_err(), "PE {}: {what} must be an error", pe.my_pe());
+    };
+    is_err(
+        c.coll.all_reduce(s, w, &y, &x, 101, ReduceOp::Sum),
+        "count beyond the object",
+    );
+    is_err(
+        c.coll.all_reduce(s, w, &y, &x, 10, ReduceOp::Xor),
+        "xor on floats",
+    );
+    is_err(
+        c.coll.broadcast(s, w, &y, &x, 10, n),
+        "root outside the team",
+    );
+    is_err(
+        c.coll.reduce(s, w, &y, &x, 10, ReduceOp::Min, n + 3),
+        "reduce root outside the team",
+    );
+    is_err(
+        c.coll.all_gather(s, w, &y, &x, 26),
+        "all_gather n·count beyond dst",
+    );
+    is_err(
+        c.coll.all_to_all(s, w, &y, &x, 26),
+        "all_to_all beyond the objects",
+    );
+    is_err(
+        c.coll.reduce_scatter(s, w, &y, &x, 26, ReduceOp::Sum),
+        "reduce_scatter beyond src",
+    );
+    let part = x.view::<f32>(8, 50)?;
+    is_err(
+        c.coll.all_reduce(s, w, &x, &part, 10, ReduceOp::Sum),
+        "partly overlapping src and dst",
+    );
+    let z = vec![0usize; n];
+    let short = vec![0usize; n - 1];
+    let big = vec![200usize; n];
+    is_err(
+        c.coll.all_to_all_v(
+            s,
+            w,
+            &y,
+            &x,
+            &AllToAllV {
+                send_counts: &short,
+                send_displs: &z,
+                recv_counts: &z,
+                recv_displs: &z,
+            },
+        ),
+        "all_to_all_v arrays of the wrong length",
+    );
+    is_err(
+        c.coll.all_to_all_v(
+            s,
+            w,
+            &y,
+            &x,
+            &AllToAllV {
+                send_counts: &big,
+                send_displs: &z,
+                recv_counts: &z,
+                recv_displs: &z,
+            },
+        ),
+        "all_to_all_v counts beyond src",
+    );
+    is_err(
+        c.coll
+            .all_to_all_v_device(s, w, &y, &y, &pe.alloc::<u64>(n)?, &pe.alloc::<u64>(n)?),
+        "device all_to_all_v in place",
+    );
+    let small = pe.alloc::<u64>(n - 1)?;
+    is_err(
+        c.coll.all_to_all_v_device(s, w, &y, &x, &small, &small),
+        "device counts object too small",
+    );
+    // Nothing was launched: the stream is idle, and a good call still works.
+    pe.local_write(&i, 0, &[pe.my_pe() as i32 + 1; 100])?;
+    c.coll.all_reduce(s, w, &i, &i, 100, ReduceOp::Sum)?;
+    c.done()?;
+    let want = (1..=n as i32).sum::<i32>();
+    assert!(pe.local_vec(&i)?.iter().all(|&v| v == want));
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_bad_inputs_are_errors() {
+    on_gpus(4, bad_body);
+}
+
+// ---------- benchmark entry point (figures printed, never judged) ----------
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_bench_report() {
+    let sizes: Vec<usize> = std::env::var("RSHMEM_COLL_BENCH_SIZES")
+        .ok()
+        .and_then(|v| v.split(',').map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![8, 64 << 10, 1 << 20, 16 << 20, 64 << 20]);
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let cfg = gpu_config().heap_size(2 * max + (64 << 20));
+    let lib = cuda::nccl::Nccl::load();
+    eprintln!("NCCL: {:?}", lib.as_ref().map(|l| l.path));
+    let sz = sizes.clone();
+    let r = rshmem::threads_with(cfg, 2, move |pe| cuda::coll_bench(pe, &sz, 50)).expect("world");
+    let mut recs = Vec::new();
+    for (pe, x) in r.into_iter().enumerate() {
+        match x {
+            Ok(v) if pe == 0 => recs = v,
+            Ok(v) => assert!(v.is_empty()),
+            Err(e) => panic!("PE {pe}: {e}"),
+        }
+    }
+    assert_eq!(recs.len(), 5 * sizes.iter().filter(|&&s| s >= 8).count());
+    for r in &recs {
+        assert!(r.time_us > 0.0 && r.busbw_gbs > 0.0, "{r:?}");
+        // The baseline is measured or its absence explained, never invented.
+        assert_eq!(
+            r.baseline_time_us.is_some(),
+            r.baseline_note.is_none(),
+            "{r:?}"
+        );
+        println!(
+            "{{\"op\":\"{}\",\"pes\":{},\"bytes\":{},\"algo\":\"{}\",\"time_us\":{:.2},\"algbw\":{:.2},\"busbw\":{:.2},\"baseline\":\"nccl\",\"baseline_time_us\":{},\"ratio\":{},\"note\":{:?}}}",
+            r.op,
+            r.pes,
+            r.bytes,
+            r.algo,
+            r.time_us,
+            r.algbw_gbs,
+            r.busbw_gbs,
+            r.baseline_time_us.map_or("null".into(), |b| format!("{b:.2}")),
+            r.ratio.map_or("null".into(), |b| format!("{b:.3}")),
+            r.baseline_note.clone().unwrap_or_default()
+        );
+    }
+}
