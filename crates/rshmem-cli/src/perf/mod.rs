@@ -363,12 +363,57 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
         report::human_bytes(big)
     );
     let iters = if full { 20000 } else { 2000 };
-    let per_pe = rshmem::threads_with(config, 2, |pe| rshmem::cuda::bench(pe, &sizes, iters))?;
+    let groups = groups(args);
     let mut out = Vec::new();
-    for r in per_pe {
-        out.extend(r?.iter().map(from_cuda));
+    if groups.contains(&SuiteArg::P2p) {
+        let per_pe = rshmem::threads_with(config.clone(), 2, |pe| {
+            rshmem::cuda::bench(pe, &sizes, iters)
+        })?;
+        for r in per_pe {
+            out.extend(r?.iter().map(from_cuda));
+        }
+    }
+    if groups.contains(&SuiteArg::Coll) {
+        let coll_sizes: Vec<usize> = [8usize, 4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+            .into_iter()
+            .filter(|&s| s <= big.max(8))
+            .collect();
+        let iters = if full { 200 } else { 50 };
+        let per_pe = rshmem::threads_with(config, 2, |pe| {
+            rshmem::cuda::coll_bench(pe, &coll_sizes, iters)
+        })?;
+        for r in per_pe {
+            out.extend(r?.iter().map(from_cuda_coll));
+        }
     }
     Ok(out)
+}
+
+/// A record of the CUDA collectives (NCCL baseline; missing baseline: ratio 0 and a note).
+fn from_cuda_coll(b: &rshmem::cuda::CollBenchRecord) -> Record {
+    Record {
+        op: b.op.into(),
+        api: "stream".into(),
+        backend: "cuda".into(),
+        mode: "threads".into(),
+        pes: b.pes,
+        bytes: b.bytes,
+        iters: b.iters as u64,
+        time_us: b.time_us,
+        gbps: b.algbw_gbs,
+        baseline: b.baseline.into(),
+        baseline_time_us: b.baseline_time_us.unwrap_or(0.0),
+        ratio: b.ratio.unwrap_or(0.0),
+        busbw_gbps: Some(b.busbw_gbs),
+        note: format!(
+            "{}{}",
+            b.algo,
+            b.baseline_note
+                .as_deref()
+                .map(|n| format!("; baseline missing: {n}"))
+                .unwrap_or_default()
+        ),
+    }
 }
 
 /// A record of the CUDA suite as a perf record (same fields; no baseline: ratio 0).
@@ -433,10 +478,9 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
     Ok(())
 }
 
-/// The CPU-backend suites over the chosen modes.
-fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
-    let full = args.full;
-    let groups: Vec<SuiteArg> = if !args.suites.is_empty() {
+/// The benchmark groups asked for (default p2p and coll).
+fn groups(args: &PerfArgs) -> Vec<SuiteArg> {
+    if !args.suites.is_empty() {
         args.suites.clone()
     } else if args.coll || args.ep {
         [(args.coll, SuiteArg::Coll), (args.ep, SuiteArg::Ep)]
@@ -445,7 +489,13 @@ fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
             .collect()
     } else {
         vec![SuiteArg::P2p, SuiteArg::Coll]
-    };
+    }
+}
+
+/// The CPU-backend suites over the chosen modes.
+fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
+    let full = args.full;
+    let groups = groups(args);
     let max = args.max_size.unwrap_or(64 << 20);
     let ops = if args.ops.is_empty() {
         Op::ALL.to_vec()
