@@ -12,6 +12,7 @@
 
 mod api;
 pub mod bench;
+pub mod ep;
 pub(crate) mod ffi;
 pub(crate) mod gpu;
 mod heap;
