@@ -103,7 +103,7 @@ fn routing(
         for _ in 0..k {
             let v = match case {
                 Case::Random => {
-                    if r() % 5 == 0 {
+                    if r().is_multiple_of(5) {
                         -1
                     } else {
                         (r() % e as u64) as i64
@@ -272,6 +272,7 @@ fn verify<T: Elem>(
         assert_eq!(r, total, "PE {me}: rows reported by normal mode");
     }
     let xs = pe.local_vec(&buf.expert_x()?)?;
+    #[allow(clippy::needless_range_loop)]
     for e in 0..el {
         let (a, b) = (hh.expert_offsets[e], hh.expert_offsets[e + 1]);
         let mut got: Vec<(usize, usize, usize)> = hh.rows[a..b].to_vec();

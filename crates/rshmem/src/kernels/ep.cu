@@ -56,7 +56,7 @@ __device__ __forceinline__ unsigned ep_lanemask_lt() { unsigned m; asm("mov.u32 
 // Validates the routing, computes the layout (per-token positions per destination, counts per
 // destination and per expert), exchanges one record with every PE and takes the common
 // decision. One block; dynamic shared memory: `experts` unsigned.
-extern "C" __global__ void ep_prep(const ep_params* P, const ep_id* ids, const float* w, int T, int topk,
+extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, const ep_id* ids, const float* w, int T, int topk,
                                    int capturable, int invalid) {
     extern __shared__ unsigned s_pairs[];
     __shared__ unsigned s_cnt[RSHMEM_MAX_PES];
@@ -178,7 +178,7 @@ extern "C" __global__ void ep_prep(const ep_params* P, const ep_id* ids, const f
 // puts into the destination's receive area at (this PE's slot) * cap + position. Every block
 // then adds 1 to each destination's data signal for this PE (also when nothing moves, so the
 // counters stay in step).
-extern "C" __global__ void ep_send(const ep_params* P, const ep_t* x, const ep_id* ids, const float* w) {
+extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, const ep_t* x, const ep_id* ids, const float* w) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
@@ -230,7 +230,7 @@ extern "C" __global__ void ep_wait(const ep_params* P, int which) {
 
 // Received tokens into expert-major rows `out` (one row per (token, local slot)); fills the
 // handle: row_src[r] = received row * kmax + slot, tok_rows[received row * kmax + slot] = r.
-extern "C" __global__ void ep_permute(const ep_params* P, ep_t* out) {
+extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P, ep_t* out) {
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
     const int n = (int)P->n, me = (int)P->me;
@@ -275,7 +275,7 @@ struct __align__(16) ep_vec { ep_t v[EP_VEC]; };
 // Expert side of combine: for each received token, the weighted sum (slot order, f32) of the
 // expert outputs of its local slots, rounded once, put as one row back to its source at
 // comb[parity][this PE][position]. Then every block adds 1 to each source's combine signal.
-extern "C" __global__ void ep_csend(const ep_params* P, const ep_t* y) {
+extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, const ep_t* y) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
@@ -290,7 +290,7 @@ extern "C" __global__ void ep_csend(const ep_params* P, const ep_t* y) {
             if (i >= recv_cnt[s]) continue;
             const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
             ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
-            if ((H * sizeof(ep_t)) % 16 == 0) {
+            if ((H * sizeof(ep_t)) % 16 == 0 && (((unsigned long long)y | P->comb) & 15) == 0) {
                 for (long long v = lane; v < H / (long long)EP_VEC; v += 32) {
                     float acc[EP_VEC];
                     for (int q = 0; q < (int)EP_VEC; q++) acc[q] = 0.f;
@@ -328,7 +328,7 @@ extern "C" __global__ void ep_csend(const ep_params* P, const ep_t* y) {
 
 // Source side of combine: out[t] = sum over destination PEs (ascending) of the rows they sent
 // back for token t, in f32, rounded once; tokens without experts get zeros.
-extern "C" __global__ void ep_crecv(const ep_params* P, ep_t* out) {
+extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, ep_t* out) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
     const int n = (int)P->n;
@@ -339,8 +339,9 @@ extern "C" __global__ void ep_crecv(const ep_params* P, ep_t* out) {
     const ep_t* comb = (const ep_t*)P->comb + parity * n * C * H;
     const unsigned lane = threadIdx.x & 31;
     long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
+    const bool vec = (H * sizeof(ep_t)) % 16 == 0 && (((unsigned long long)out | P->comb) & 15) == 0;
     for (long long t = gw; t < T; t += nw) {
-        if ((H * sizeof(ep_t)) % 16 == 0) {
+        if (vec) {
             for (long long v = lane; v < H / (long long)EP_VEC; v += 32) {
                 float acc[EP_VEC];
                 for (int q = 0; q < (int)EP_VEC; q++) acc[q] = 0.f;
@@ -369,7 +370,7 @@ extern "C" __global__ void ep_crecv(const ep_params* P, ep_t* out) {
 
 // A stand-in expert computation: y[r] = x[r] * factor[local expert of row r], for the rows of
 // the last dispatch (count read on the device, so it can be captured in a graph).
-extern "C" __global__ void ep_scale_experts(const ep_params* P, const ep_t* x, ep_t* y, const float* factor) {
+extern "C" __global__ void __launch_bounds__(512) ep_scale_experts(const ep_params* P, const ep_t* x, ep_t* y, const float* factor) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
     const long long H = P->hidden, El = P->el;
