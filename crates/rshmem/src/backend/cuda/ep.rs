@@ -83,7 +83,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The kernels' source (after the device header).
 pub const EP_KERNELS: &str = include_str!("../../kernels/ep.cu");
 
-/// Blocks of the grid kernels (a constant: every PE counts its peers' block signals).
+/// Most blocks of the grid kernels. The grid of a buffer follows from its configuration only
+/// (`n * C / 16` blocks of 16 warps, 1..=128), so every PE counts its peers' block signals alike.
 const GRID: u32 = 128;
 const BLOCK: u32 = 512;
 /// Most experts (the layout kernel counts pairs per expert in shared memory).
@@ -300,6 +301,7 @@ pub struct Buffer<T: Elem> {
     crecv: Kernel,
     scale: Kernel,
     dispatches: std::cell::Cell<u64>,
+    grid: u32,
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -392,6 +394,7 @@ impl<T: Elem> Buffer<T> {
             crecv,
             scale,
             dispatches: std::cell::Cell::new(0),
+            grid: ((n * plan.cap).div_ceil(16)).clamp(1, GRID as usize) as u32,
             _t: std::marker::PhantomData,
         };
         let base = g.ptr(&buf.area)?;
@@ -421,7 +424,7 @@ impl<T: Elem> Buffer<T> {
             cfg.num_experts as u64,
             cfg.max_tokens as u64,
             p.rmax as u64,
-            GRID as u64,
+            buf.grid as u64,
         ];
         pe.local_write(&buf.view::<u64>(p.params, 24)?, 0, &params)?;
         pe.local_fill(&buf.view::<u64>(p.sig, 3 * n)?, 0)?;
@@ -525,6 +528,31 @@ impl<T: Elem> Buffer<T> {
         num_tokens: usize,
         top_k: usize,
     ) -> Result<Dispatch> {
+        self.dispatch_marked(
+            pe,
+            s,
+            x,
+            topk_ids,
+            topk_weights,
+            num_tokens,
+            top_k,
+            &mut || Ok(()),
+        )
+    }
+
+    /// [`dispatch`](Self::dispatch) calling `mark` after each kernel launch (for timelines).
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_marked<I: TopkId + Elem>(
+        &self,
+        pe: &Pe,
+        s: &Stream,
+        x: &(impl AsSym<T> + ?Sized),
+        topk_ids: &(impl AsSym<I> + ?Sized),
+        topk_weights: &(impl AsSym<f32> + ?Sized),
+        num_tokens: usize,
+        top_k: usize,
+        mark: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Dispatch> {
         self.check_pe(pe)?;
         let g = CudaPe::new(pe)?;
         if s.device() != g.device() {
@@ -564,6 +592,7 @@ impl<T: Elem> Buffer<T> {
                 ],
             )?;
         }
+        mark()?;
         self.dispatches.set(self.dispatches.get() + 1);
         let mut rows = None;
         let mut counts = None;
@@ -585,7 +614,7 @@ impl<T: Elem> Buffer<T> {
             g.launch(
                 &ks.send,
                 s,
-                GRID,
+                self.grid,
                 BLOCK,
                 0,
                 &[
@@ -599,12 +628,13 @@ impl<T: Elem> Buffer<T> {
             g.launch(
                 &self.permute,
                 s,
-                GRID,
+                self.grid,
                 BLOCK,
                 0,
                 &[prm, KernelArg::Ptr(g.ptr(&self.expert_x()?)?)],
             )?;
         }
+        mark()?;
         if let Some(e) = mine {
             return Err(e);
         }
@@ -629,6 +659,18 @@ impl<T: Elem> Buffer<T> {
         handle: &Dispatch,
         y: &(impl AsSym<T> + ?Sized),
         out: &(impl AsSym<T> + ?Sized),
+    ) -> Result<()> {
+        self.combine_marked(pe, s, handle, y, out, &mut || Ok(()))
+    }
+
+    fn combine_marked(
+        &self,
+        pe: &Pe,
+        s: &Stream,
+        handle: &Dispatch,
+        y: &(impl AsSym<T> + ?Sized),
+        out: &(impl AsSym<T> + ?Sized),
+        mark: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         self.check_pe(pe)?;
         let g = CudaPe::new(pe)?;
@@ -665,10 +707,13 @@ impl<T: Elem> Buffer<T> {
         // ep_crecv(const ep_params*, ep_t*): y holds the rows the device reads (checked above),
         // out holds T rows.
         unsafe {
-            g.launch(&self.csend, s, GRID, BLOCK, 0, &[prm, yp])?;
+            g.launch(&self.csend, s, self.grid, BLOCK, 0, &[prm, yp])?;
+            mark()?;
             g.launch(&self.wait, s, 1, 64, 0, &[prm, KernelArg::I32(1)])?;
-            g.launch(&self.crecv, s, GRID, BLOCK, 0, &[prm, op])?;
+            mark()?;
+            g.launch(&self.crecv, s, self.grid, BLOCK, 0, &[prm, op])?;
         }
+        mark()?;
         Ok(())
     }
 
@@ -713,7 +758,7 @@ impl<T: Elem> Buffer<T> {
         ];
         // SAFETY: ep_scale_experts(const ep_params*, const ep_t*, ep_t*, const float*) with
         // buffers of max_rows rows and E/n factors.
-        unsafe { g.launch(&self.scale, s, GRID, BLOCK, 0, &args) }
+        unsafe { g.launch(&self.scale, s, self.grid, BLOCK, 0, &args) }
     }
 
     fn take_error(&self, pe: &Pe) -> Result<(u64, u64)> {
@@ -925,6 +970,45 @@ fn time_stream(
     Ok(ms as f64 * 1e3 / iters as f64)
 }
 
+/// Per-stage times (µs, averaged over `iters`) of calls made by `f`, which calls the mark it
+/// is given after each kernel launch.
+fn stage_times(
+    g: &CudaPe<'_>,
+    s: &Stream,
+    iters: usize,
+    mut f: impl FnMut(&mut dyn FnMut() -> Result<()>) -> Result<()>,
+) -> Result<Vec<f64>> {
+    let gpu = super::gpu::gpu(g.device())?;
+    let _b = gpu.bind()?;
+    let raw = s.raw() as cu::CUstream;
+    let mut sums: Vec<f64> = Vec::new();
+    for _ in 0..iters {
+        let first = Ev::new()?;
+        // SAFETY: a live event and stream of the current context.
+        ffi::check(unsafe { cu::cuEventRecord(first.0, raw) }, "cuEventRecord")?;
+        let mut evs = vec![first];
+        f(&mut || {
+            let e = Ev::new()?;
+            // SAFETY: as above.
+            ffi::check(unsafe { cu::cuEventRecord(e.0, raw) }, "cuEventRecord")?;
+            evs.push(e);
+            Ok(())
+        })?;
+        s.synchronize()?;
+        sums.resize(sums.len().max(evs.len() - 1), 0.0);
+        for i in 1..evs.len() {
+            let mut ms = 0f32;
+            // SAFETY: both events recorded and complete.
+            ffi::check(
+                unsafe { cu::cuEventElapsedTime_v2(&mut ms, evs[i - 1].0, evs[i].0) },
+                "cuEventElapsedTime",
+            )?;
+            sums[i - 1] += ms as f64 * 1e3;
+        }
+    }
+    Ok(sums.iter().map(|v| v / iters.max(1) as f64).collect())
+}
+
 /// Why the NCCL all-to-all-v baseline is not measured here.
 fn nccl_missing(g: &CudaPe, n: usize) -> String {
     let same = (0..n).any(|p| (0..p).any(|q| g.device_of(p).ok() == g.device_of(q).ok()));
@@ -1039,6 +1123,27 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             s.synchronize()?;
             buf.check(pe)?;
             pe.barrier_all()?;
+            if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
+                let mut last = None;
+                let dt = stage_times(&g, &s, args.iters, |m| {
+                    last = Some(buf.dispatch_marked(pe, &s, &x, &ids, &w, t, k, m)?);
+                    Ok(())
+                })?;
+                let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
+                let ex = buf.expert_x()?;
+                let ct = stage_times(&g, &s, args.iters, |m| {
+                    buf.combine_marked(pe, &s, &d, &ex, &y, m)
+                })?;
+                if me == 0 {
+                    eprintln!(
+                        "ep breakdown T={t} {name} grid={}: dispatch prep/send/wait/permute {dt:.1?} us; combine csend/wait/crecv {ct:.1?} us",
+                        buf.grid
+                    );
+                }
+                s.synchronize()?;
+                buf.check(pe)?;
+                pe.barrier_all()?;
+            }
             for (op, tu, bytes) in [("ep_dispatch", td, dbytes), ("ep_combine", tc, cbytes)] {
                 out.push(EpBenchRecord {
                     op,
