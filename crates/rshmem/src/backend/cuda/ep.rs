@@ -100,6 +100,18 @@ const ERR_CAPACITY: u64 = 4;
 const ERR_CORRUPT: u64 = 8;
 const REC_FIXED: usize = 4;
 
+/// Blocks of the grid kernels for `n` PEs and `cap` rows per pair: `RSHMEM_EP_GRID` when set
+/// (a tuning knob; every PE must see the same value), else `n * cap / 16`, in 1..=128.
+fn grid_for(n: usize, cap: usize) -> u32 {
+    let env = std::env::var("RSHMEM_EP_GRID")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    match env {
+        Some(g) => g.clamp(1, 1024) as u32,
+        None => (n * cap).div_ceil(16).clamp(1, GRID as usize) as u32,
+    }
+}
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// NVRTC `-D` options of the kernels for hidden type `T` and id type `I`.
@@ -394,7 +406,7 @@ impl<T: Elem> Buffer<T> {
             crecv,
             scale,
             dispatches: std::cell::Cell::new(0),
-            grid: ((n * plan.cap).div_ceil(16)).clamp(1, GRID as usize) as u32,
+            grid: grid_for(n, plan.cap),
             _t: std::marker::PhantomData,
         };
         let base = g.ptr(&buf.area)?;
