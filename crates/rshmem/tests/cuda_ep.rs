@@ -431,6 +431,14 @@ fn gpu_ep_routings_normal_f32() {
 
 #[test]
 #[ignore = "needs a GPU"]
+fn gpu_ep_routings_capturable_f16() {
+    on_gpus(2, |pe| {
+        routings_body::<rshmem::f16>(pe, EpMode::Capturable { capacity: 40 })
+    });
+}
+
+#[test]
+#[ignore = "needs a GPU"]
 fn gpu_ep_routings_capturable_bf16() {
     on_gpus(2, |pe| {
         routings_body::<bf16>(pe, EpMode::Capturable { capacity: 40 })
