@@ -243,47 +243,28 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
     int* tok_rows = (int*)P->tok_rows;
     const long long lo = (long long)me * El;
     long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
-    const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ((P->recv_x | (unsigned long long)out) & 15) == 0;
     for (long long g = gw; g < n * C; g += nw) {
         long long s = g / C, i = g % C;
         if (i >= recv_cnt[s]) continue;
         const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
-        // Lane 0 takes a row for each local slot (slot order), then the warp reads the received
-        // row once and stores it to each of its rows.
-        if (lane == 0) {
-            for (long long j = 0; j < K; j++) {
-                long long id = (long long)(int)m[1 + j];
-                int r = -1;
-                if (id >= lo && id < lo + El) {
-                    long long e = id - lo;
-                    unsigned rr = off[e] + atomicAdd(&fill[e], 1u);
-                    if (rr < off[e + 1]) { r = (int)rr; row_src[r] = (unsigned)(g * K + j); }
-                    else atomicOr(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
-                }
-                tok_rows[g * K + j] = r;
-            }
-        }
-        __syncwarp();
-        const ep_t* src = (const ep_t*)P->recv_x + g * H;
-        if (vec && K <= 32) {
-            int myr = lane < K ? tok_rows[g * K + lane] : -1;
-            const long long nvec = H * (long long)sizeof(ep_t) / 16;
-            for (long long v0 = 0; v0 < nvec; v0 += 32) {
-                long long v = v0 + lane;
-                rshmemi_v4 a = {0u, 0u, 0u, 0u};
-                if (v < nvec) a = ((const rshmemi_v4*)src)[v];
-                for (int j = 0; j < (int)K; j++) {
-                    int r = __shfl_sync(0xffffffffu, myr, j);
-                    if (r >= 0 && v < nvec) ((rshmemi_v4*)((ep_t*)out + (long long)r * H))[v] = a;
+        for (long long j = 0; j < K; j++) {
+            long long id = (long long)(int)m[1 + j];
+            int r = -1;
+            if (id >= lo && id < lo + El) {
+                long long e = id - lo;
+                unsigned rr = 0;
+                if (lane == 0) rr = off[e] + atomicAdd(&fill[e], 1u);
+                rr = __shfl_sync(0xffffffffu, rr, 0);
+                if (rr < off[e + 1]) {
+                    r = (int)rr;
+                    rshmemi_copy((ep_t*)out + (long long)r * H, (const ep_t*)P->recv_x + g * H, H * sizeof(ep_t), lane, 32);
+                    if (lane == 0) row_src[r] = (unsigned)(g * K + j);
+                } else if (lane == 0) {
+                    atomicOr(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
                 }
             }
-        } else {
-            for (long long j = 0; j < K; j++) {
-                int r = tok_rows[g * K + j];
-                if (r >= 0) rshmemi_copy((ep_t*)out + (long long)r * H, src, H * sizeof(ep_t), lane, 32);
-            }
+            if (lane == 0) tok_rows[g * K + j] = r;
         }
-        __syncwarp();
     }
 }
 
@@ -310,26 +291,19 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
             const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
             ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
             if ((H * sizeof(ep_t)) % 16 == 0 && (((unsigned long long)y | P->comb) & 15) == 0) {
-                const bool sh = K <= 32;
-                int myr = (sh && lane < K) ? tok_rows[g * K + lane] : -1;
-                float myw = (sh && lane < K) ? __uint_as_float(m[1 + K + lane]) : 0.f;
-                const long long nvec = H / (long long)EP_VEC;
-                for (long long v0 = 0; v0 < nvec; v0 += 32) {
-                    long long v = v0 + lane;
+                for (long long v = lane; v < H / (long long)EP_VEC; v += 32) {
                     float acc[EP_VEC];
                     for (int q = 0; q < (int)EP_VEC; q++) acc[q] = 0.f;
                     for (long long j = 0; j < K; j++) {
-                        int r = sh ? __shfl_sync(0xffffffffu, myr, (int)j) : tok_rows[g * K + j];
-                        float wj = sh ? __shfl_sync(0xffffffffu, myw, (int)j) : __uint_as_float(m[1 + K + j]);
-                        if (r < 0 || v >= nvec) continue;
+                        int r = tok_rows[g * K + j];
+                        if (r < 0) continue;
+                        float wj = __uint_as_float(m[1 + K + j]);
                         ep_vec a = ((const ep_vec*)(y + (long long)r * H))[v];
                         for (int q = 0; q < (int)EP_VEC; q++) acc[q] += wj * ep_f(a.v[q]);
                     }
-                    if (v < nvec) {
-                        ep_vec o;
-                        for (int q = 0; q < (int)EP_VEC; q++) ep_from(acc[q], &o.v[q]);
-                        ((ep_vec*)dst)[v] = o;
-                    }
+                    ep_vec o;
+                    for (int q = 0; q < (int)EP_VEC; q++) ep_from(acc[q], &o.v[q]);
+                    ((ep_vec*)dst)[v] = o;
                 }
             } else {
                 for (long long h = lane; h < H; h += 32) {

@@ -83,8 +83,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The kernels' source (after the device header).
 pub const EP_KERNELS: &str = include_str!("../../kernels/ep.cu");
 
-/// Most blocks of the grid kernels. The grid of a buffer follows from its configuration only
-/// (`n * C / 16` blocks of 16 warps, 1..=128), so every PE counts its peers' block signals alike.
+/// Blocks of the grid kernels (a constant: every PE counts its peers' block signals).
 const GRID: u32 = 128;
 const BLOCK: u32 = 512;
 /// Most experts (the layout kernel counts pairs per expert in shared memory).
@@ -99,18 +98,6 @@ const ERR_PEER: u64 = 2;
 const ERR_CAPACITY: u64 = 4;
 const ERR_CORRUPT: u64 = 8;
 const REC_FIXED: usize = 4;
-
-/// Blocks of the grid kernels for `n` PEs and `cap` rows per pair: `RSHMEM_EP_GRID` when set
-/// (a tuning knob; every PE must see the same value), else `n * cap / 16`, in 1..=128.
-fn grid_for(n: usize, cap: usize) -> u32 {
-    let env = std::env::var("RSHMEM_EP_GRID")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok());
-    match env {
-        Some(g) => g.clamp(1, 1024) as u32,
-        None => (n * cap).div_ceil(16).clamp(1, GRID as usize) as u32,
-    }
-}
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -406,7 +393,7 @@ impl<T: Elem> Buffer<T> {
             crecv,
             scale,
             dispatches: std::cell::Cell::new(0),
-            grid: grid_for(n, plan.cap),
+            grid: GRID,
             _t: std::marker::PhantomData,
         };
         let base = g.ptr(&buf.area)?;
