@@ -69,8 +69,8 @@
 //! # Status
 //! Run on one H200 with 2 and 4 PEs as threads sharing the GPU (`tests/cuda_ep.rs`); not yet
 //! on two GPUs nor in process mode. The benchmark's NCCL all-to-all-v baseline is not wired
-//! here (reported as missing). Known cost: the expert-major copy (one row per (token, local
-//! slot)) and the expert-side weighted sum dominate at T=4096, more than the transfers.
+//! here (reported as missing). `RSHMEM_EP_BREAKDOWN=1` makes [`ep_bench`] print per-kernel
+//! times (stream events between launches).
 //!
 //! # Buffer sizing (bytes per PE, [`Buffer::bytes_for`])
 //! `n*C*H*s` receive rows + `n*C*(1+2k)*4` row records + `2*n*C*H*s` combine rows +
@@ -629,7 +629,9 @@ impl<T: Elem> Buffer<T> {
                     KernelArg::Ptr(wp),
                 ],
             )?;
+            mark()?;
             g.launch(&self.wait, s, 1, 64, 0, &[prm, KernelArg::I32(0)])?;
+            mark()?;
             g.launch(
                 &self.permute,
                 s,
