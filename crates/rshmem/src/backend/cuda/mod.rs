@@ -14,6 +14,7 @@ mod api;
 pub mod bench;
 mod coll;
 mod coll_bench;
+pub mod ep;
 pub(crate) mod ffi;
 pub(crate) mod gpu;
 mod heap;

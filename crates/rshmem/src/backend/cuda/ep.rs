@@ -1,0 +1,1179 @@
+//! MoE dispatch and combine on GPUs through the device API (the CUDA side of [`crate::ep`]).
+//!
+//! Same configuration ([`EpConfig`]), expert split (PE `p` of the team owns experts
+//! `p*E/n .. (p+1)*E/n`) and validation rules as the CPU [`crate::ep::Buffer`]; the movement,
+//! the layout and the bookkeeping run in kernels (`src/kernels/ep.cu`, compiled by NVRTC with the
+//! device header when the buffer is created).
+//!
+//! # Inputs and outputs
+//! All tensors are **symmetric objects** (or views of them) of the calling PE's heap, i.e. GPU
+//! memory of this PE's device: that settles device placement (a `Sym` of another world is
+//! rejected) and lets every size be checked before a kernel runs. Inputs may be longer than
+//! needed (static buffers for graphs): the first `T*H` / `T*k` elements are used.
+//! * `x [T, H]` (`f32`, `bf16` or `f16`), `topk_ids [T, k]` (`i32`/`i64`, `-1` = none),
+//!   `topk_weights [T, k]` (`f32`).
+//! * dispatch output: the buffer's expert-major area [`Buffer::expert_x`] — for local expert 0,
+//!   1, … every (received token, slot) it serves, `expert_offsets` on the device; rows of one
+//!   expert are in an unspecified order (placed by atomics), the handle says which is which
+//!   ([`Buffer::host_handle`]).
+//! * combine input: expert outputs `y` in the same row order (any symmetric object with at least
+//!   `rows * H` elements; `expert_x` itself for identity experts); output `out [T, H]`.
+//!
+//! # Layout, dispatch, combine (kernels on one stream)
+//! 1. `ep_prep` (one block): checks every id (`-1` or `0..E`) and every weight of a used slot
+//!    (finite), computes for each token its destination PEs (once per PE), its position in the
+//!    send to each, the counts per PE and per expert; puts one record to every PE (status,
+//!    count, per-local-expert pairs) with a signal carrying a device-side call number; waits for
+//!    every PE's record. Every PE takes the same decision from the same records: invalid input
+//!    anywhere, or a count above the capacity (capturable mode), and **no** PE moves a row; the
+//!    error is latched in a device flag that [`Buffer::check`] turns into [`Error::Capacity`] /
+//!    [`Error::InvalidArgument`].
+//! 2. `ep_send` (grid): one warp per token writes its row and row record (token index, k ids,
+//!    k weights) once into each destination's receive area at `source * C + position` (`C` =
+//!    `max_tokens` normal, `capacity` capturable), then each block adds 1 to each destination's
+//!    data signal. `ep_wait` (one block) waits for every source's blocks.
+//! 3. `ep_permute` (grid): received rows into expert-major rows, filling the handle arrays.
+//! 4. Combine, **pre-reduced on the expert side**: `ep_csend` sums, for each received token,
+//!    weight × expert output over the slots served here (slot order, `f32`), rounds once to
+//!    `T` and puts **one row per (token, PE)** back into the source's combine area; `ep_crecv`
+//!    sums the rows of a token over PEs (ascending PE, `f32`) and rounds. Semantics differ from
+//!    the CPU (per-slot rows, one rounding) only by that intermediate rounding of each PE's
+//!    partial sum: exact for `f32` partial sums that are exact, within bf16/f16 tolerance
+//!    otherwise. The combine area is `2 * n * C` rows (double-buffered by call parity) instead of
+//!    `max_tokens * k`: 235 MB instead of 470 MB for T=4096, H=7168 bf16, k=8, 2 PEs, and
+//!    combine traffic is one row per (token, PE) instead of one per slot.
+//!
+//! # Modes
+//! * Normal: after `ep_prep` the host synchronises the stream once and reads the counts
+//!   exchanged on the GPU ([`Dispatch::rows`], [`Dispatch::expert_counts`]) and any error,
+//!   then queues the rest.
+//! * Capturable: nothing waits for the host; every kernel reads the counts and the decision
+//!   from device memory, so dispatch, an expert computation and combine can be captured once in
+//!   a CUDA graph and replayed with new routing written into the same input buffers. A capacity
+//!   overflow moves nothing and latches the error; call [`Buffer::check`] after synchronising.
+//!
+//! # Reusing the areas without extra synchronisation
+//! A PE writes a peer's records (step 1) only after it waited for that peer's previous data
+//! signals, which the peer sends after reading its records; it writes a peer's receive area
+//! only after the peer's record of the same call, which the peer sends after its previous
+//! permute and combine; combine rows go to the half of the combine area of the call's parity,
+//! and a PE reaches combine `c+2` only after the peer's rows of `c+1`, sent after it read `c`.
+//!
+//! # Errors that are not agreed on the device
+//! A PE whose inputs fail the host checks still launches `ep_prep` (marked invalid, no pointer
+//! read) and, in capturable mode, the rest of the step, so peers see the error too. Combine's
+//! host checks (handle of this buffer's latest dispatch, sizes) return before any kernel runs
+//! on that PE; its peers' combine then ends in [`Error::Timeout`] (device waits time out), never
+//! in silently wrong sums.
+//!
+//! # Status
+//! Run on one H200 with 2 and 4 PEs as threads sharing the GPU (`tests/cuda_ep.rs`); not yet
+//! on two GPUs nor in process mode. The benchmark's NCCL all-to-all-v baseline is not wired
+//! here (reported as missing). `RSHMEM_EP_BREAKDOWN=1` makes [`ep_bench`] print per-kernel
+//! times (stream events between launches).
+//!
+//! # Buffer sizing (bytes per PE, [`Buffer::bytes_for`])
+//! `n*C*H*s` receive rows + `n*C*(1+2k)*4` row records + `2*n*C*H*s` combine rows +
+//! `n*C*k*H*s` expert-major rows + small bookkeeping (`s` = element size).
+
+use super::api::{CudaPe, Kernel, KernelArg, Stream};
+use super::ffi::{self, cu};
+use crate::elem::{Elem, ElemKind};
+use crate::ep::{EpConfig, EpMode, TopkId};
+use crate::error::{Error, Result};
+use crate::sym::{AsSym, Sym, SymView};
+use crate::team::Team;
+use crate::Pe;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The kernels' source (after the device header).
+pub const EP_KERNELS: &str = include_str!("../../kernels/ep.cu");
+
+/// Blocks of the grid kernels (a constant: every PE counts its peers' block signals).
+const GRID: u32 = 128;
+const BLOCK: u32 = 512;
+/// Most experts (the layout kernel counts pairs per expert in shared memory).
+pub const MAX_GPU_EXPERTS: usize = 8192;
+
+const CTL_GO: usize = 3;
+const CTL_ERR: usize = 4;
+const CTL_INFO: usize = 5;
+const CTL_ROWS: usize = 6;
+const ERR_MINE: u64 = 1;
+const ERR_PEER: u64 = 2;
+const ERR_CAPACITY: u64 = 4;
+const ERR_CORRUPT: u64 = 8;
+const REC_FIXED: usize = 4;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// NVRTC `-D` options of the kernels for hidden type `T` and id type `I`.
+pub fn kernel_options(t: ElemKind, id: ElemKind) -> Result<Vec<String>> {
+    let tn = match t {
+        ElemKind::F32 => "float",
+        ElemKind::Bf16 => "rshmem_bfloat16",
+        ElemKind::F16 => "rshmem_half",
+        k => {
+            return Err(Error::invalid(format!(
+                "ep: hidden states must be f32, bf16 or f16, not {}",
+                k.name()
+            )))
+        }
+    };
+    let idn = match id {
+        ElemKind::I32 => "int",
+        ElemKind::I64 => "long long",
+        k => {
+            return Err(Error::invalid(format!(
+                "ep: top-k ids must be i32 or i64, not {}",
+                k.name()
+            )))
+        }
+    };
+    Ok(vec![format!("-DEP_T={tn}"), format!("-DEP_ID={idn}")])
+}
+
+/// Byte offsets of the areas in the buffer's one symmetric allocation.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    cap: usize,
+    rmax: usize,
+    rmw: usize,
+    recv_x: usize,
+    recv_meta: usize,
+    comb: usize,
+    expert_x: usize,
+    rec: usize,
+    sig: usize,
+    ctl: usize,
+    recv_cnt: usize,
+    expert_off: usize,
+    fill: usize,
+    tok_pos: usize,
+    row_src: usize,
+    tok_rows: usize,
+    params: usize,
+    total: usize,
+}
+
+fn mul(a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| Error::invalid("ep: buffer size overflows"))
+}
+
+fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
+    cfg.validate(n)?;
+    if n > super::MAX_PES {
+        return Err(Error::invalid(format!(
+            "ep: GPU teams have at most {} PEs",
+            super::MAX_PES
+        )));
+    }
+    if cfg.num_experts > MAX_GPU_EXPERTS {
+        return Err(Error::invalid(format!(
+            "ep: at most {MAX_GPU_EXPERTS} experts on GPUs, not {}",
+            cfg.num_experts
+        )));
+    }
+    let cap = match cfg.mode {
+        EpMode::Normal => cfg.max_tokens,
+        EpMode::Capturable { capacity } => capacity,
+    };
+    let el = cfg.num_experts / n;
+    let k = cfg.max_topk;
+    let rows = mul(n, cap)?;
+    // Duplicate ids in one token's slots make up to k rows per received token.
+    let rmax = mul(rows, k)?;
+    let rmw = 1 + 2 * k;
+    let rw = REC_FIXED + el;
+    let h = cfg.hidden;
+    let sizes = [
+        mul(mul(rows, h)?, es)?,
+        mul(mul(rows, rmw)?, 4)?,
+        mul(mul(mul(rows, h)?, es)?, 2)?,
+        mul(mul(rmax, h)?, es)?,
+        mul(mul(n, rw)?, 8)?,
+        3 * n * 8,
+        16 * 8,
+        n * 4,
+        (el + 1) * 4,
+        el * 4,
+        mul(mul(cfg.max_tokens, n)?, 4)?,
+        mul(rmax, 4)?,
+        mul(mul(rows, k)?, 4)?,
+        24 * 8,
+    ];
+    let mut offs = [0usize; 14];
+    let mut at = 0usize;
+    for (o, sz) in offs.iter_mut().zip(sizes) {
+        *o = at;
+        at = at
+            .checked_add(sz)
+            .and_then(|v| v.checked_next_multiple_of(256))
+            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
+    }
+    if rmax.saturating_mul(k) > u32::MAX as usize {
+        return Err(Error::invalid(
+            "ep: buffer too large for 32-bit row indices",
+        ));
+    }
+    Ok(Plan {
+        cap,
+        rmax,
+        rmw,
+        recv_x: offs[0],
+        recv_meta: offs[1],
+        comb: offs[2],
+        expert_x: offs[3],
+        rec: offs[4],
+        sig: offs[5],
+        ctl: offs[6],
+        recv_cnt: offs[7],
+        expert_off: offs[8],
+        fill: offs[9],
+        tok_pos: offs[10],
+        row_src: offs[11],
+        tok_rows: offs[12],
+        params: offs[13],
+        total: at,
+    })
+}
+
+#[derive(Debug, Clone)]
+struct Kernels {
+    prep: Kernel,
+    send: Kernel,
+}
+
+/// What one dispatch returns on one PE: the handle [`Buffer::combine`] needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dispatch {
+    buffer_id: u64,
+    seq: u64,
+    num_tokens: usize,
+    top_k: usize,
+    rows: Option<usize>,
+    expert_counts: Option<Vec<usize>>,
+}
+
+impl Dispatch {
+    /// Tokens this PE dispatched (`T`, the rows combine returns).
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+    /// The top-k of this PE's dispatch.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+    /// Expert-major rows received (normal mode; `None` in capturable mode, where the count
+    /// stays on the device — [`Buffer::host_handle`] reads it after a synchronisation).
+    pub fn rows(&self) -> Option<usize> {
+        self.rows
+    }
+    /// Rows per local expert (normal mode).
+    pub fn expert_counts(&self) -> Option<&[usize]> {
+        self.expert_counts.as_deref()
+    }
+}
+
+/// The device handle of the last dispatch, copied to the host (for tests and debugging).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostHandle {
+    /// Tokens received from each source PE (team index).
+    pub recv_tokens_per_pe: Vec<usize>,
+    /// `[E/n + 1]`: local expert `e`'s rows are `expert_offsets[e]..expert_offsets[e+1]`.
+    pub expert_offsets: Vec<usize>,
+    /// For each expert-major row: (source PE team index, source token index, top-k slot).
+    pub rows: Vec<(usize, usize, usize)>,
+}
+
+/// A GPU expert-parallel buffer for hidden states of type `T` (`f32`, `bf16`, `f16`), created
+/// collectively and reused by every dispatch and combine of its team (all calls collective over
+/// the team, in the same order on every PE, on one stream per PE).
+#[derive(Debug)]
+pub struct Buffer<T: Elem> {
+    cfg: EpConfig,
+    id: u64,
+    n: usize,
+    world_me: usize,
+    plan: Plan,
+    area: Sym<u8>,
+    k32: Kernels,
+    k64: Kernels,
+    wait: Kernel,
+    permute: Kernel,
+    csend: Kernel,
+    crecv: Kernel,
+    scale: Kernel,
+    dispatches: std::cell::Cell<u64>,
+    grid: u32,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+fn words_u32(v: &[u32]) -> Vec<usize> {
+    v.iter().map(|&x| x as usize).collect()
+}
+
+impl<T: Elem> Buffer<T> {
+    /// Symmetric bytes per PE a buffer of `cfg` on a team of `n_pes` takes.
+    pub fn bytes_for(cfg: &EpConfig, n_pes: usize) -> Result<usize> {
+        Ok(plan(cfg, n_pes, std::mem::size_of::<T>())?.total)
+    }
+
+    /// Symmetric bytes per PE this buffer takes.
+    pub fn bytes(&self) -> usize {
+        self.plan.total
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EpConfig {
+        &self.cfg
+    }
+
+    /// Rows per (source, destination) pair (`max_tokens` normal, `capacity` capturable).
+    pub fn pair_capacity(&self) -> usize {
+        self.plan.cap
+    }
+
+    /// Most expert-major rows one dispatch can produce here (`n * C * k`: duplicate ids give up to k rows per token).
+    pub fn max_rows(&self) -> usize {
+        self.plan.rmax
+    }
+
+    /// Allocates the buffer for `team` and loads its kernels (collective over the world, as
+    /// every symmetric allocation is; every PE passes the same configuration).
+    pub fn new(pe: &Pe, team: &Team, cfg: EpConfig) -> Result<Buffer<T>> {
+        let g = CudaPe::new(pe)?;
+        let n = team.n_pes();
+        let prepared = (|| {
+            let dt = g.device_team(team)?;
+            let p = plan(&cfg, n, std::mem::size_of::<T>())?;
+            let o32 = kernel_options(T::KIND, ElemKind::I32)?;
+            let o64 = kernel_options(T::KIND, ElemKind::I64)?;
+            let o32: Vec<&str> = o32.iter().map(|s| s.as_str()).collect();
+            let o64: Vec<&str> = o64.iter().map(|s| s.as_str()).collect();
+            let k = |name: &str, o: &[&str]| g.kernel(EP_KERNELS, name, o);
+            let ks = (
+                Kernels {
+                    prep: k("ep_prep", &o32)?,
+                    send: k("ep_send", &o32)?,
+                },
+                Kernels {
+                    prep: k("ep_prep", &o64)?,
+                    send: k("ep_send", &o64)?,
+                },
+                [
+                    k("ep_wait", &o32)?,
+                    k("ep_permute", &o32)?,
+                    k("ep_csend", &o32)?,
+                    k("ep_crecv", &o32)?,
+                    k("ep_scale_experts", &o32)?,
+                ],
+            );
+            Ok::<_, Error>((dt, p, ks))
+        })();
+        let (dt, plan, (k32, k64, [wait, permute, csend, crecv, scale])) = match prepared {
+            Ok(v) => v,
+            Err(e) => {
+                // Take part in the collective allocation (0 bytes) so peers are not left
+                // waiting for this PE.
+                if let Ok(s) = pe.alloc_aligned::<u8>(0, 256) {
+                    pe.free(s)?;
+                }
+                return Err(e);
+            }
+        };
+        let area = pe.alloc_aligned::<u8>(plan.total, 256)?;
+        let buf = Buffer {
+            cfg,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            n,
+            world_me: pe.my_pe(),
+            plan,
+            area,
+            k32,
+            k64,
+            wait,
+            permute,
+            csend,
+            crecv,
+            scale,
+            dispatches: std::cell::Cell::new(0),
+            grid: GRID,
+            _t: std::marker::PhantomData,
+        };
+        let base = g.ptr(&buf.area)?;
+        let a = |off: usize| base + off as u64;
+        let p = &buf.plan;
+        let params: Vec<u64> = vec![
+            a(p.recv_x),
+            a(p.recv_meta),
+            a(p.comb),
+            a(p.rec),
+            a(p.sig),
+            a(p.ctl),
+            a(p.recv_cnt),
+            a(p.expert_off),
+            a(p.fill),
+            a(p.tok_pos),
+            a(p.row_src),
+            a(p.tok_rows),
+            n as u64,
+            dt.my_index as u64,
+            dt.start as u64,
+            dt.stride as u64,
+            p.cap as u64,
+            cfg.hidden as u64,
+            cfg.max_topk as u64,
+            (cfg.num_experts / n) as u64,
+            cfg.num_experts as u64,
+            cfg.max_tokens as u64,
+            p.rmax as u64,
+            buf.grid as u64,
+        ];
+        pe.local_write(&buf.view::<u64>(p.params, 24)?, 0, &params)?;
+        pe.local_fill(&buf.view::<u64>(p.sig, 3 * n)?, 0)?;
+        pe.local_fill(&buf.view::<u64>(p.ctl, 16)?, 0)?;
+        pe.local_fill(&buf.view::<u32>(p.expert_off, cfg.num_experts / n + 1)?, 0)?;
+        pe.team_barrier(team)?;
+        tracing::debug!(
+            pe = pe.my_pe(),
+            bytes = p.total,
+            ?cfg,
+            "cuda ep buffer created"
+        );
+        Ok(buf)
+    }
+
+    fn view<U: Elem>(&self, off: usize, len: usize) -> Result<SymView<'_, U>> {
+        self.area.view(off, len)
+    }
+
+    /// The expert-major dispatch output area (`[max_rows, H]`; the first `rows` are valid).
+    pub fn expert_x(&self) -> Result<SymView<'_, T>> {
+        self.view(self.plan.expert_x, self.plan.rmax * self.cfg.hidden)
+    }
+
+    /// Releases the symmetric area (collective over the world, like [`Pe::free`]).
+    pub fn free(self, pe: &Pe) -> Result<()> {
+        pe.free(self.area)
+    }
+
+    fn params_ptr(&self, g: &CudaPe) -> Result<u64> {
+        Ok(g.ptr(&self.area)? + self.plan.params as u64)
+    }
+
+    fn check_pe(&self, pe: &Pe) -> Result<()> {
+        if pe.my_pe() != self.world_me {
+            return Err(Error::invalid(format!(
+                "ep: buffer of PE {} used by PE {}",
+                self.world_me,
+                pe.my_pe()
+            )));
+        }
+        Ok(())
+    }
+
+    fn validate_dispatch<I: Elem>(
+        &self,
+        g: &CudaPe,
+        x: &(impl AsSym<T> + ?Sized),
+        ids: &(impl AsSym<I> + ?Sized),
+        w: &(impl AsSym<f32> + ?Sized),
+        t: usize,
+        top_k: usize,
+    ) -> Result<(u64, u64, u64)> {
+        let c = &self.cfg;
+        if top_k == 0 || top_k > c.max_topk {
+            return Err(Error::invalid(format!(
+                "ep: top_k {top_k} is out of range 1..={} (max_topk of the buffer)",
+                c.max_topk
+            )));
+        }
+        if t > c.max_tokens {
+            return Err(Error::invalid(format!(
+                "ep: {t} tokens exceed max_tokens {} of the buffer",
+                c.max_tokens
+            )));
+        }
+        let need = |what: &'static str, got: usize, expected: usize| {
+            if got < expected {
+                Err(Error::LengthMismatch {
+                    what,
+                    got,
+                    expected,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        need("x (tokens * hidden)", x.raw().len, t * c.hidden)?;
+        need("topk_ids (tokens * top_k)", ids.raw().len, t * top_k)?;
+        need("topk_weights (tokens * top_k)", w.raw().len, t * top_k)?;
+        // ptr() checks that each object belongs to this world (this PE's GPU heap).
+        Ok((g.ptr(x)?, g.ptr(ids)?, g.ptr(w)?))
+    }
+
+    /// Dispatches this PE's `num_tokens` tokens (see the [module docs](self)): `x [T, H]`,
+    /// `topk_ids [T, top_k]`, `topk_weights [T, top_k]`, all symmetric objects of this PE's
+    /// heap, on stream `s`. Collective over the team.
+    ///
+    /// Normal mode synchronises `s` once (after the layout and count exchange) and returns
+    /// errors found on the device at once; capturable mode never synchronises (call
+    /// [`check`](Self::check) after synchronising). The expert-major rows are in
+    /// [`expert_x`](Self::expert_x) once `s` reaches the end of the queued work.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch<I: TopkId + Elem>(
+        &self,
+        pe: &Pe,
+        s: &Stream,
+        x: &(impl AsSym<T> + ?Sized),
+        topk_ids: &(impl AsSym<I> + ?Sized),
+        topk_weights: &(impl AsSym<f32> + ?Sized),
+        num_tokens: usize,
+        top_k: usize,
+    ) -> Result<Dispatch> {
+        self.dispatch_marked(
+            pe,
+            s,
+            x,
+            topk_ids,
+            topk_weights,
+            num_tokens,
+            top_k,
+            &mut || Ok(()),
+        )
+    }
+
+    /// [`dispatch`](Self::dispatch) calling `mark` after each kernel launch (for timelines).
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_marked<I: TopkId + Elem>(
+        &self,
+        pe: &Pe,
+        s: &Stream,
+        x: &(impl AsSym<T> + ?Sized),
+        topk_ids: &(impl AsSym<I> + ?Sized),
+        topk_weights: &(impl AsSym<f32> + ?Sized),
+        num_tokens: usize,
+        top_k: usize,
+        mark: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Dispatch> {
+        self.check_pe(pe)?;
+        let g = CudaPe::new(pe)?;
+        if s.device() != g.device() {
+            return Err(Error::invalid("ep: stream of another GPU"));
+        }
+        let ks = match I::KIND {
+            ElemKind::I64 => self.k64.clone(),
+            _ => self.k32.clone(),
+        };
+        let prm = KernelArg::Ptr(self.params_ptr(&g)?);
+        let capturable = matches!(self.cfg.mode, EpMode::Capturable { .. });
+        let checked = self.validate_dispatch(&g, x, topk_ids, topk_weights, num_tokens, top_k);
+        let (xp, ip, wp, t, k, mine) = match checked {
+            Ok((a, b, c)) => (a, b, c, num_tokens as i32, top_k as i32, None),
+            // Invalid here: ep_prep reads no input (T = 0) and reports this PE as invalid.
+            Err(e) => (0, 0, 0, 0, 1, Some(e)),
+        };
+        let smem = (self.cfg.num_experts * 4) as u32;
+        // SAFETY: arguments match ep_prep(const ep_params*, const ep_id*, const float*, int, int,
+        // int, int); the pointers were checked to be this PE's symmetric objects with at least
+        // T*k elements (or T = 0 when invalid); the params block lies in the buffer.
+        unsafe {
+            g.launch(
+                &ks.prep,
+                s,
+                1,
+                1024,
+                smem,
+                &[
+                    prm,
+                    KernelArg::Ptr(ip),
+                    KernelArg::Ptr(wp),
+                    KernelArg::I32(t),
+                    KernelArg::I32(k),
+                    KernelArg::I32(capturable as i32),
+                    KernelArg::I32(mine.is_some() as i32),
+                ],
+            )?;
+        }
+        mark()?;
+        self.dispatches.set(self.dispatches.get() + 1);
+        let mut rows = None;
+        let mut counts = None;
+        if !capturable {
+            s.synchronize()?;
+            if let Some(e) = mine {
+                self.take_error(pe)?;
+                return Err(e);
+            }
+            self.check(pe)?;
+            let el = self.cfg.num_experts / self.n;
+            let off = words_u32(&pe.local_vec(&self.view::<u32>(self.plan.expert_off, el + 1)?)?);
+            rows = Some(off[el]);
+            counts = Some(off.windows(2).map(|w| w[1] - w[0]).collect());
+        }
+        // SAFETY: ep_send(const ep_params*, const ep_t*, const ep_id*, const float*): checked
+        // pointers (read only when the device decision says go).
+        unsafe {
+            g.launch(
+                &ks.send,
+                s,
+                self.grid,
+                BLOCK,
+                0,
+                &[
+                    prm,
+                    KernelArg::Ptr(xp),
+                    KernelArg::Ptr(ip),
+                    KernelArg::Ptr(wp),
+                ],
+            )?;
+            mark()?;
+            g.launch(&self.wait, s, 1, 64, 0, &[prm, KernelArg::I32(0)])?;
+            mark()?;
+            g.launch(
+                &self.permute,
+                s,
+                self.grid,
+                BLOCK,
+                0,
+                &[prm, KernelArg::Ptr(g.ptr(&self.expert_x()?)?)],
+            )?;
+        }
+        mark()?;
+        if let Some(e) = mine {
+            return Err(e);
+        }
+        Ok(Dispatch {
+            buffer_id: self.id,
+            seq: self.dispatches.get(),
+            num_tokens,
+            top_k,
+            rows,
+            expert_counts: counts,
+        })
+    }
+
+    /// Combines the expert outputs `y` (`[rows, H]`, in [`expert_x`](Self::expert_x)'s row
+    /// order; at least `rows * H` elements, `max_rows * H` in capturable mode) back into
+    /// `out [T, H]` on the source PEs, on stream `s`. `handle` must be this buffer's latest
+    /// dispatch (the device keeps one layout). Collective over the team.
+    pub fn combine(
+        &self,
+        pe: &Pe,
+        s: &Stream,
+        handle: &Dispatch,
+        y: &(impl AsSym<T> + ?Sized),
+        out: &(impl AsSym<T> + ?Sized),
+    ) -> Result<()> {
+        self.combine_marked(pe, s, handle, y, out, &mut || Ok(()))
+    }
+
+    fn combine_marked(
+        &self,
+        pe: &Pe,
+        s: &Stream,
+        handle: &Dispatch,
+        y: &(impl AsSym<T> + ?Sized),
+        out: &(impl AsSym<T> + ?Sized),
+        mark: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        self.check_pe(pe)?;
+        let g = CudaPe::new(pe)?;
+        if handle.buffer_id != self.id {
+            return Err(Error::invalid(
+                "ep combine: the handle comes from another buffer",
+            ));
+        }
+        if handle.seq != self.dispatches.get() {
+            return Err(Error::invalid(
+                "ep combine: the handle is not the buffer's latest dispatch",
+            ));
+        }
+        let h = self.cfg.hidden;
+        let rows = handle.rows.unwrap_or(self.plan.rmax);
+        if y.raw().len < rows * h {
+            return Err(Error::LengthMismatch {
+                what: "expert outputs (rows * hidden)",
+                got: y.raw().len,
+                expected: rows * h,
+            });
+        }
+        if out.raw().len < handle.num_tokens * h {
+            return Err(Error::LengthMismatch {
+                what: "combine output (tokens * hidden)",
+                got: out.raw().len,
+                expected: handle.num_tokens * h,
+            });
+        }
+        let prm = KernelArg::Ptr(self.params_ptr(&g)?);
+        let yp = KernelArg::Ptr(g.ptr(y)?);
+        let op = KernelArg::Ptr(g.ptr(out)?);
+        // SAFETY: ep_csend(const ep_params*, const ep_t*), ep_wait(const ep_params*, int),
+        // ep_crecv(const ep_params*, ep_t*): y holds the rows the device reads (checked above),
+        // out holds T rows.
+        unsafe {
+            g.launch(&self.csend, s, self.grid, BLOCK, 0, &[prm, yp])?;
+            mark()?;
+            g.launch(&self.wait, s, 1, 64, 0, &[prm, KernelArg::I32(1)])?;
+            mark()?;
+            g.launch(&self.crecv, s, self.grid, BLOCK, 0, &[prm, op])?;
+        }
+        mark()?;
+        Ok(())
+    }
+
+    /// A stand-in expert computation on stream `s`: `y[r] = x[r] * factors[local expert of r]`
+    /// for the rows of the last dispatch (row count read on the device: capturable).
+    pub fn scale_experts(
+        &self,
+        pe: &Pe,
+        s: &Stream,
+        x: &(impl AsSym<T> + ?Sized),
+        y: &(impl AsSym<T> + ?Sized),
+        factors: &(impl AsSym<f32> + ?Sized),
+    ) -> Result<()> {
+        self.check_pe(pe)?;
+        let g = CudaPe::new(pe)?;
+        let want = self.plan.rmax * self.cfg.hidden;
+        for (what, len) in [
+            ("expert input", x.raw().len),
+            ("expert output", y.raw().len),
+        ] {
+            if len < want {
+                return Err(Error::LengthMismatch {
+                    what,
+                    got: len,
+                    expected: want,
+                });
+            }
+        }
+        let el = self.cfg.num_experts / self.n;
+        if factors.raw().len < el {
+            return Err(Error::LengthMismatch {
+                what: "expert factors",
+                got: factors.raw().len,
+                expected: el,
+            });
+        }
+        let args = [
+            KernelArg::Ptr(self.params_ptr(&g)?),
+            KernelArg::Ptr(g.ptr(x)?),
+            KernelArg::Ptr(g.ptr(y)?),
+            KernelArg::Ptr(g.ptr(factors)?),
+        ];
+        // SAFETY: ep_scale_experts(const ep_params*, const ep_t*, ep_t*, const float*) with
+        // buffers of max_rows rows and E/n factors.
+        unsafe { g.launch(&self.scale, s, self.grid, BLOCK, 0, &args) }
+    }
+
+    fn take_error(&self, pe: &Pe) -> Result<(u64, u64)> {
+        let ctl = self.view::<u64>(self.plan.ctl, 16)?;
+        let v = pe.local_vec(&ctl)?;
+        if v[CTL_ERR] != 0 {
+            pe.local_write(&ctl, CTL_ERR, &[0u64, 0u64])?;
+        }
+        Ok((v[CTL_ERR], v[CTL_INFO]))
+    }
+
+    /// Reports errors latched on the device by earlier calls (call after synchronising the
+    /// stream): capacity overflow ([`Error::Capacity`], nothing was moved), invalid ids or
+    /// weights on some PE, device wait timeouts. Clears them.
+    pub fn check(&self, pe: &Pe) -> Result<()> {
+        CudaPe::new(pe)?.check_device_errors()?;
+        let (err, info) = self.take_error(pe)?;
+        if err & ERR_CAPACITY != 0 {
+            return Err(Error::Capacity {
+                op: "ep dispatch",
+                src_pe: ((info >> 24) & 0xff) as usize,
+                dst_pe: (info & 0xff_ffff) as usize,
+                needed: (info >> 32) as usize,
+                capacity: self.plan.cap,
+            });
+        }
+        if err & ERR_MINE != 0 {
+            return Err(Error::invalid(
+                "ep dispatch: an expert id is out of range (-1 or 0..E) or a used slot's weight \
+                 is not finite in this PE's input; nothing was sent",
+            ));
+        }
+        if err & ERR_PEER != 0 {
+            return Err(Error::invalid(format!(
+                "ep dispatch: PE {} (team index) rejected its input; nothing was sent",
+                info & 0xff_ffff
+            )));
+        }
+        if err & ERR_CORRUPT != 0 {
+            return Err(ffi::err("ep: inconsistent counts on the device"));
+        }
+        Ok(())
+    }
+
+    /// True when the last dispatch moved data (the device decision; after a synchronisation).
+    pub fn last_dispatch_ok(&self, pe: &Pe) -> Result<bool> {
+        Ok(pe.local_vec(&self.view::<u64>(self.plan.ctl, 16)?)?[CTL_GO] == 1)
+    }
+
+    /// Copies the last dispatch's device handle to the host (after a synchronisation).
+    pub fn host_handle(&self, pe: &Pe) -> Result<HostHandle> {
+        let p = &self.plan;
+        let el = self.cfg.num_experts / self.n;
+        let k = self.cfg.max_topk;
+        let ctl = pe.local_vec(&self.view::<u64>(p.ctl, 16)?)?;
+        let recv = words_u32(&pe.local_vec(&self.view::<u32>(p.recv_cnt, self.n)?)?);
+        let off = words_u32(&pe.local_vec(&self.view::<u32>(p.expert_off, el + 1)?)?);
+        let nrows = ctl[CTL_ROWS] as usize;
+        if nrows > p.rmax || off[el] != nrows {
+            return Err(ffi::err("ep: inconsistent row count on the device"));
+        }
+        let rs = pe.local_vec(&self.view::<u32>(p.row_src, p.rmax)?)?;
+        let meta = pe.local_vec(&self.view::<u32>(p.recv_meta, self.n * p.cap * p.rmw)?)?;
+        let mut rows = Vec::with_capacity(nrows);
+        for &v in &rs[..nrows] {
+            let (gi, j) = (v as usize / k, v as usize % k);
+            rows.push((gi / p.cap, meta[gi * p.rmw] as usize, j));
+        }
+        Ok(HostHandle {
+            recv_tokens_per_pe: recv,
+            expert_offsets: off,
+            rows,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark
+
+/// One EP measurement (the `rshmem perf` JSON schema plus the token count).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpBenchRecord {
+    /// `ep_dispatch` or `ep_combine`.
+    pub op: &'static str,
+    /// Always "device".
+    pub api: &'static str,
+    /// Always "cuda".
+    pub backend: &'static str,
+    /// `normal` or `capturable`.
+    pub mode: &'static str,
+    /// Team size.
+    pub pes: usize,
+    /// Tokens per PE.
+    pub tokens: usize,
+    /// Bytes PE 0 sent to other PEs per call (DeepEP's convention).
+    pub bytes: usize,
+    /// Calls timed.
+    pub iters: usize,
+    /// Microseconds per call.
+    pub time_us: f64,
+    /// bytes / time in GB/s.
+    pub gbps: f64,
+    /// The baseline's name, with why it is missing when it is.
+    pub baseline: String,
+    /// Baseline microseconds per call (0 when missing).
+    pub baseline_time_us: f64,
+    /// baseline_time_us / time_us (0 when missing).
+    pub ratio: f64,
+}
+
+/// What [`ep_bench`] measures.
+#[derive(Debug, Clone)]
+pub struct EpBenchArgs {
+    /// Token counts per PE (e.g. 4096 and 128).
+    pub tokens: Vec<usize>,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Top-k.
+    pub top_k: usize,
+    /// Experts.
+    pub experts: usize,
+    /// Timed iterations.
+    pub iters: usize,
+}
+
+impl Default for EpBenchArgs {
+    fn default() -> Self {
+        EpBenchArgs {
+            tokens: vec![4096, 128],
+            hidden: 7168,
+            top_k: 8,
+            experts: 256,
+            iters: 20,
+        }
+    }
+}
+
+/// Deterministic random routing of PE `pe`: `top_k` distinct experts per token, weights.
+pub fn bench_routing(pe: usize, t: usize, k: usize, e: usize) -> (Vec<i32>, Vec<f32>) {
+    let mut st = 0x9e37_79b9_7f4a_7c15u64 ^ ((pe as u64 + 1) << 20);
+    let mut next = || {
+        st ^= st << 13;
+        st ^= st >> 7;
+        st ^= st << 17;
+        st
+    };
+    let mut ids = Vec::with_capacity(t * k);
+    let mut w = Vec::with_capacity(t * k);
+    for _ in 0..t {
+        let mut chosen: Vec<i32> = Vec::with_capacity(k);
+        while chosen.len() < k.min(e) {
+            let c = (next() % e as u64) as i32;
+            if !chosen.contains(&c) {
+                chosen.push(c);
+            }
+        }
+        chosen.resize(k, -1);
+        for c in chosen {
+            ids.push(c);
+            w.push(((next() % 8) + 1) as f32 / 8.0);
+        }
+    }
+    (ids, w)
+}
+
+struct Ev(cu::CUevent);
+impl Ev {
+    fn new() -> Result<Ev> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: creates an event in the current context (callers bind first).
+        ffi::check(unsafe { cu::cuEventCreate(&mut e, 0) }, "cuEventCreate")?;
+        Ok(Ev(e))
+    }
+}
+impl Drop for Ev {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once.
+        unsafe { cu::cuEventDestroy_v2(self.0) };
+    }
+}
+
+fn time_stream(
+    g: &CudaPe<'_>,
+    s: &Stream,
+    iters: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    let gpu = super::gpu::gpu(g.device())?;
+    let _b = gpu.bind()?;
+    f()?;
+    s.synchronize()?;
+    let (a, b) = (Ev::new()?, Ev::new()?);
+    let raw = s.raw() as cu::CUstream;
+    // SAFETY: live events and stream of the current context.
+    ffi::check(unsafe { cu::cuEventRecord(a.0, raw) }, "cuEventRecord")?;
+    for _ in 0..iters {
+        f()?;
+    }
+    // SAFETY: as above.
+    ffi::check(unsafe { cu::cuEventRecord(b.0, raw) }, "cuEventRecord")?;
+    // SAFETY: as above.
+    ffi::check(unsafe { cu::cuEventSynchronize(b.0) }, "cuEventSynchronize")?;
+    let mut ms = 0f32;
+    // SAFETY: both events recorded and complete.
+    ffi::check(
+        unsafe { cu::cuEventElapsedTime_v2(&mut ms, a.0, b.0) },
+        "cuEventElapsedTime",
+    )?;
+    Ok(ms as f64 * 1e3 / iters as f64)
+}
+
+/// Per-stage times (µs, averaged over `iters`) of calls made by `f`, which calls the mark it
+/// is given after each kernel launch.
+fn stage_times(
+    g: &CudaPe<'_>,
+    s: &Stream,
+    iters: usize,
+    mut f: impl FnMut(&mut dyn FnMut() -> Result<()>) -> Result<()>,
+) -> Result<Vec<f64>> {
+    let gpu = super::gpu::gpu(g.device())?;
+    let _b = gpu.bind()?;
+    let raw = s.raw() as cu::CUstream;
+    let mut sums: Vec<f64> = Vec::new();
+    for _ in 0..iters {
+        let first = Ev::new()?;
+        // SAFETY: a live event and stream of the current context.
+        ffi::check(unsafe { cu::cuEventRecord(first.0, raw) }, "cuEventRecord")?;
+        let mut evs = vec![first];
+        f(&mut || {
+            let e = Ev::new()?;
+            // SAFETY: as above.
+            ffi::check(unsafe { cu::cuEventRecord(e.0, raw) }, "cuEventRecord")?;
+            evs.push(e);
+            Ok(())
+        })?;
+        s.synchronize()?;
+        sums.resize(sums.len().max(evs.len() - 1), 0.0);
+        for i in 1..evs.len() {
+            let mut ms = 0f32;
+            // SAFETY: both events recorded and complete.
+            ffi::check(
+                unsafe { cu::cuEventElapsedTime_v2(&mut ms, evs[i - 1].0, evs[i].0) },
+                "cuEventElapsedTime",
+            )?;
+            sums[i - 1] += ms as f64 * 1e3;
+        }
+    }
+    Ok(sums.iter().map(|v| v / iters.max(1) as f64).collect())
+}
+
+/// Why the NCCL all-to-all-v baseline is not measured here.
+fn nccl_missing(g: &CudaPe, n: usize) -> String {
+    let same = (0..n).any(|p| (0..p).any(|q| g.device_of(p).ok() == g.device_of(q).ok()));
+    if same {
+        "nccl-a2av (missing: PEs share a GPU; NCCL needs one GPU per rank)".into()
+    } else {
+        "nccl-a2av (missing: not wired in this branch)".into()
+    }
+}
+
+/// Benchmarks dispatch and combine (bf16, random routing, both modes) on the world team.
+/// Collective; the heap must hold the buffers (about 2.2 GB per PE at T=4096, H=7168, k=8).
+/// Returns PE 0's records (others an empty list).
+pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
+    use crate::bf16 as Bf16;
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let h = args.hidden;
+    let k = args.top_k;
+    let e = args.experts;
+    let es = std::mem::size_of::<Bf16>();
+    let baseline = nccl_missing(&g, n);
+    let mut out = Vec::new();
+    for &t in &args.tokens {
+        let routes: Vec<(Vec<i32>, Vec<f32>)> = (0..n).map(|p| bench_routing(p, t, k, e)).collect();
+        // Tokens PE p sends to PE d.
+        let cnt = |p: usize, d: usize| -> usize {
+            let epp = e / n;
+            routes[p]
+                .0
+                .chunks(k)
+                .filter(|row| row.iter().any(|&id| id >= 0 && id as usize / epp == d))
+                .count()
+        };
+        let dbytes: usize = (0..n)
+            .filter(|&d| d != me)
+            .map(|d| cnt(me, d))
+            .sum::<usize>()
+            * h
+            * es;
+        let cbytes: usize = (0..n)
+            .filter(|&s| s != me)
+            .map(|s| cnt(s, me))
+            .sum::<usize>()
+            * h
+            * es;
+        let max_pair = (0..n)
+            .flat_map(|p| (0..n).map(move |d| (p, d)))
+            .map(|(p, d)| cnt(p, d))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let x = pe.alloc_aligned::<Bf16>(t * h, 256)?;
+        let ids = pe.alloc::<i32>(t * k)?;
+        let w = pe.alloc::<f32>(t * k)?;
+        let xs: Vec<Bf16> = (0..t * h)
+            .map(|i| Bf16::from_f64(((i * 7 + me) % 17) as f64 - 8.0))
+            .collect();
+        pe.local_write(&x, 0, &xs)?;
+        pe.local_write(&ids, 0, &routes[me].0)?;
+        pe.local_write(&w, 0, &routes[me].1)?;
+        let y = pe.alloc_aligned::<Bf16>(t * h, 256)?;
+        for mode in [
+            EpMode::Normal,
+            EpMode::Capturable {
+                capacity: max_pair.min(t),
+            },
+        ] {
+            let cfg = EpConfig {
+                num_experts: e,
+                max_tokens: t,
+                hidden: h,
+                max_topk: k,
+                mode,
+            };
+            let buf = Buffer::<Bf16>::new(pe, pe.world_team(), cfg)?;
+            let name = if mode == EpMode::Normal {
+                "normal"
+            } else {
+                "capturable"
+            };
+            let mut last = None;
+            let (td, tc);
+            if mode == EpMode::Normal {
+                td = time_stream(&g, &s, args.iters, || {
+                    last = Some(buf.dispatch(pe, &s, &x, &ids, &w, t, k)?);
+                    Ok(())
+                })?;
+                let d = last.clone().ok_or_else(|| Error::invalid("no dispatch"))?;
+                let ex = buf.expert_x()?;
+                tc = time_stream(&g, &s, args.iters, || buf.combine(pe, &s, &d, &ex, &y))?;
+            } else {
+                // Capture one dispatch and one combine, replay each.
+                buf.dispatch(pe, &s, &x, &ids, &w, t, k)?;
+                s.synchronize()?;
+                buf.check(pe)?;
+                pe.barrier_all()?;
+                s.begin_capture()?;
+                let d = buf.dispatch(pe, &s, &x, &ids, &w, t, k);
+                let gd = s.end_capture()?;
+                let d = d?;
+                let ex = buf.expert_x()?;
+                s.begin_capture()?;
+                let r = buf.combine(pe, &s, &d, &ex, &y);
+                let gc = s.end_capture()?;
+                r?;
+                td = time_stream(&g, &s, args.iters, || gd.launch(&s))?;
+                tc = time_stream(&g, &s, args.iters, || gc.launch(&s))?;
+            }
+            s.synchronize()?;
+            buf.check(pe)?;
+            pe.barrier_all()?;
+            if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
+                let mut last = None;
+                let dt = stage_times(&g, &s, args.iters, |m| {
+                    last = Some(buf.dispatch_marked(pe, &s, &x, &ids, &w, t, k, m)?);
+                    Ok(())
+                })?;
+                let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
+                let ex = buf.expert_x()?;
+                let ct = stage_times(&g, &s, args.iters, |m| {
+                    buf.combine_marked(pe, &s, &d, &ex, &y, m)
+                })?;
+                if me == 0 {
+                    eprintln!(
+                        "ep breakdown T={t} {name} grid={}: dispatch prep/send/wait/permute {dt:.1?} us; combine csend/wait/crecv {ct:.1?} us",
+                        buf.grid
+                    );
+                }
+                s.synchronize()?;
+                buf.check(pe)?;
+                pe.barrier_all()?;
+            }
+            for (op, tu, bytes) in [("ep_dispatch", td, dbytes), ("ep_combine", tc, cbytes)] {
+                out.push(EpBenchRecord {
+                    op,
+                    api: "device",
+                    backend: "cuda",
+                    mode: name,
+                    pes: n,
+                    tokens: t,
+                    bytes,
+                    iters: args.iters,
+                    time_us: tu,
+                    gbps: bytes as f64 / (tu * 1e3),
+                    baseline: baseline.clone(),
+                    baseline_time_us: 0.0,
+                    ratio: 0.0,
+                });
+            }
+            buf.free(pe)?;
+        }
+        pe.free(y)?;
+        pe.free(w)?;
+        pe.free(ids)?;
+        pe.free(x)?;
+    }
+    Ok(if me == 0 { out } else { Vec::new() })
+}

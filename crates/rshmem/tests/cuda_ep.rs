@@ -1,0 +1,842 @@
+//! GPU MoE dispatch/combine (`rshmem::cuda::ep`). The first test runs everywhere (CI: NVRTC
+//! compiles the kernels for every hidden/id type); the others need GPUs (`--include-ignored`).
+//! PEs are threads; `RSHMEM_DEVICES` (e.g. `0,0` on one GPU) is cycled to the team size.
+
+mod harness;
+
+use rshmem::cuda::ep::{self, Buffer, Dispatch};
+use rshmem::cuda::{self, CudaPe, Stream};
+use rshmem::ep::{EpConfig, EpMode};
+use rshmem::{bf16, BackendKind, Config, Elem, ElemKind, Error, HeapKind, Pe, Result, Sym};
+use std::time::Duration;
+
+#[test]
+fn nvrtc_compiles_ep_kernels() {
+    let ci = std::env::var_os("CI").is_some();
+    let src = cuda::nvrtc::with_header(ep::EP_KERNELS);
+    for t in [ElemKind::F32, ElemKind::Bf16, ElemKind::F16] {
+        for id in [ElemKind::I32, ElemKind::I64] {
+            let opts = ep::kernel_options(t, id).unwrap();
+            let o: Vec<&str> = opts.iter().map(|s| s.as_str()).collect();
+            match cuda::nvrtc::compile_uncached(&src, "sm_90", &o) {
+                Ok(cubin) => assert!(cubin.len() > 100, "{t:?}/{id:?}: empty cubin"),
+                Err(e) => {
+                    let missing = format!("{e}").contains("was not found");
+                    if missing && !ci {
+                        eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
+                        return;
+                    }
+                    panic!("{t:?}/{id:?}: {e}");
+                }
+            }
+        }
+    }
+    assert!(ep::kernel_options(ElemKind::I32, ElemKind::I32).is_err());
+    assert!(ep::kernel_options(ElemKind::F32, ElemKind::U32).is_err());
+}
+
+// ---------- GPU tests ----------
+
+fn gpu_config(n: usize) -> Config {
+    let devs: Vec<usize> = std::env::var("RSHMEM_DEVICES")
+        .ok()
+        .and_then(|v| v.split(',').map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    let c = Config::default()
+        .heap_size(256 << 20)
+        .timeout(Duration::from_secs(20))
+        .backend(BackendKind::Cuda)
+        .heap_kind(HeapKind::Static);
+    if devs.is_empty() {
+        c
+    } else {
+        c.devices((0..n).map(|i| devs[i % devs.len()]).collect())
+    }
+}
+
+fn on_gpus(n: usize, body: fn(&Pe) -> Result<()>) {
+    let r = rshmem::threads_with(gpu_config(n), n, body).expect("world");
+    for (pe, x) in r.into_iter().enumerate() {
+        if let Err(e) = x {
+            panic!("PE {pe} of {n}: {e}");
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Case {
+    Random,
+    /// Every token's experts all on one PE (token t: PE t % n).
+    OnePe,
+    /// No token goes to the last PE.
+    NoneToLast,
+    AllMinusOne,
+    /// Every slot of every token: expert 1 (duplicates included).
+    OneExpert,
+}
+
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+/// Routing of PE `p`: ids (i64, converted per test) and weights (multiples of 1/8).
+fn routing(
+    p: usize,
+    n: usize,
+    case: Case,
+    t: usize,
+    k: usize,
+    e: usize,
+    seed: u64,
+) -> (Vec<i64>, Vec<f32>) {
+    let mut r = xorshift(seed * 7919 + p as u64 * 104_729 + 17);
+    let el = e / n;
+    let mut ids = Vec::new();
+    let mut w = Vec::new();
+    for tok in 0..t {
+        for _ in 0..k {
+            let v = match case {
+                Case::Random => {
+                    if r().is_multiple_of(5) {
+                        -1
+                    } else {
+                        (r() % e as u64) as i64
+                    }
+                }
+                Case::OnePe => ((tok % n) * el) as i64 + (r() % el as u64) as i64,
+                Case::NoneToLast => (r() % ((n - 1) * el) as u64) as i64,
+                Case::AllMinusOne => -1,
+                Case::OneExpert => 1,
+            };
+            ids.push(v);
+            w.push(((r() % 8) + 1) as f32 / 8.0);
+        }
+    }
+    (ids, w)
+}
+
+fn xval<T: Elem>(p: usize, t: usize, h: usize) -> T {
+    T::from_f64(((p * 131 + t * 7 + h * 3) % 19) as f64 - 9.0)
+}
+
+fn factor(e: usize) -> f32 {
+    1.0 + (e % 4) as f32 * 0.5
+}
+
+/// Rounds an f32 to T (as the kernels' cvt.rn) and back.
+fn rt<T: Elem>(v: f32) -> f32 {
+    T::from_f64(v as f64).to_f64() as f32
+}
+
+struct Inputs<T: Elem> {
+    x: Sym<T>,
+    ids32: Sym<i32>,
+    ids64: Sym<i64>,
+    w: Sym<f32>,
+    out: Sym<T>,
+    y: Sym<T>,
+    factors: Sym<f32>,
+}
+
+fn inputs<T: Elem>(pe: &Pe, cfg: &EpConfig, n: usize) -> Result<Inputs<T>> {
+    let rows = n * cfg.max_tokens * cfg.max_topk;
+    Ok(Inputs {
+        x: pe.alloc(cfg.max_tokens * cfg.hidden)?,
+        ids32: pe.alloc(cfg.max_tokens * cfg.max_topk)?,
+        ids64: pe.alloc(cfg.max_tokens * cfg.max_topk)?,
+        w: pe.alloc(cfg.max_tokens * cfg.max_topk)?,
+        out: pe.alloc(cfg.max_tokens * cfg.hidden)?,
+        y: pe.alloc(rows * cfg.hidden)?,
+        factors: pe.alloc(cfg.num_experts / n)?,
+    })
+}
+
+fn free_inputs<T: Elem>(pe: &Pe, i: Inputs<T>) -> Result<()> {
+    pe.free(i.factors)?;
+    pe.free(i.y)?;
+    pe.free(i.out)?;
+    pe.free(i.w)?;
+    pe.free(i.ids64)?;
+    pe.free(i.ids32)?;
+    pe.free(i.x)
+}
+
+struct Step {
+    case: Case,
+    t: usize,
+    k: usize,
+    seed: u64,
+    i64_ids: bool,
+    scale: bool,
+}
+
+/// Writes this PE's inputs of `st`.
+fn write_inputs<T: Elem>(pe: &Pe, cfg: &EpConfig, inp: &Inputs<T>, st: &Step) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let (ids, w) = routing(me, n, st.case, st.t, st.k, cfg.num_experts, st.seed);
+    let h = cfg.hidden;
+    let xs: Vec<T> = (0..st.t * h).map(|i| xval(me, i / h, i % h)).collect();
+    pe.local_write(&inp.x, 0, &xs)?;
+    let i32s: Vec<i32> = ids.iter().map(|&v| v as i32).collect();
+    pe.local_write(&inp.ids32, 0, &i32s)?;
+    pe.local_write(&inp.ids64, 0, &ids)?;
+    pe.local_write(&inp.w, 0, &w)?;
+    let f: Vec<f32> = (0..cfg.num_experts / n).map(factor).collect();
+    pe.local_write(&inp.factors, 0, &f)?;
+    pe.local_fill(&inp.out, T::from_f64(-77.0))?;
+    Ok(())
+}
+
+fn dispatch<T: Elem>(
+    pe: &Pe,
+    s: &Stream,
+    buf: &Buffer<T>,
+    inp: &Inputs<T>,
+    st: &Step,
+) -> Result<Dispatch> {
+    if st.i64_ids {
+        buf.dispatch(pe, s, &inp.x, &inp.ids64, &inp.w, st.t, st.k)
+    } else {
+        buf.dispatch(pe, s, &inp.x, &inp.ids32, &inp.w, st.t, st.k)
+    }
+}
+
+/// Queues expert computation and combine after a dispatch.
+fn expert_and_combine<T: Elem>(
+    pe: &Pe,
+    s: &Stream,
+    buf: &Buffer<T>,
+    inp: &Inputs<T>,
+    d: &Dispatch,
+    scale: bool,
+) -> Result<()> {
+    if scale {
+        buf.scale_experts(pe, s, &buf.expert_x()?, &inp.y, &inp.factors)?;
+        buf.combine(pe, s, d, &inp.y, &inp.out)
+    } else {
+        buf.combine(pe, s, d, &buf.expert_x()?, &inp.out)
+    }
+}
+
+/// Checks the dispatch result (handle, expert-major rows) and the combine output of `st`
+/// against a host reference computed from every PE's deterministic inputs.
+fn verify<T: Elem>(
+    pe: &Pe,
+    cfg: &EpConfig,
+    buf: &Buffer<T>,
+    inp: &Inputs<T>,
+    st: &Step,
+    rows: Option<usize>,
+) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let e_n = cfg.num_experts;
+    let el = e_n / n;
+    let h = cfg.hidden;
+    let (t, k) = (st.t, st.k);
+    let all: Vec<(Vec<i64>, Vec<f32>)> = (0..n)
+        .map(|p| routing(p, n, st.case, t, k, e_n, st.seed))
+        .collect();
+    let hh = buf.host_handle(pe)?;
+    // Tokens received per source, expected rows per local expert.
+    let mut want_rows: Vec<Vec<(usize, usize, usize)>> = vec![Vec::new(); el];
+    for (p, (ids, _)) in all.iter().enumerate() {
+        let mut cnt = 0;
+        for tok in 0..t {
+            let mut here = false;
+            for j in 0..k {
+                let id = ids[tok * k + j];
+                if id >= 0 && id as usize / el == me {
+                    here = true;
+                    want_rows[id as usize % el].push((p, tok, j));
+                }
+            }
+            cnt += here as usize;
+        }
+        assert_eq!(
+            hh.recv_tokens_per_pe[p], cnt,
+            "PE {me}: tokens from PE {p} ({:?} t={t} k={k})",
+            st.case
+        );
+    }
+    let total: usize = want_rows.iter().map(|v| v.len()).sum();
+    assert_eq!(hh.rows.len(), total, "PE {me}: rows");
+    if let Some(r) = rows {
+        assert_eq!(r, total, "PE {me}: rows reported by normal mode");
+    }
+    let xs = pe.local_vec(&buf.expert_x()?)?;
+    #[allow(clippy::needless_range_loop)]
+    for e in 0..el {
+        let (a, b) = (hh.expert_offsets[e], hh.expert_offsets[e + 1]);
+        let mut got: Vec<(usize, usize, usize)> = hh.rows[a..b].to_vec();
+        for (r, &(p, tok, _)) in hh.rows[a..b].iter().enumerate() {
+            for c in 0..h {
+                let v = xs[(a + r) * h + c];
+                assert!(
+                    v == xval::<T>(p, tok, c),
+                    "PE {me}: expert {e} row {} (from PE {p} token {tok}) element {c}: {v:?}",
+                    a + r
+                );
+            }
+        }
+        got.sort();
+        let mut want = want_rows[e].clone();
+        want.sort();
+        assert_eq!(
+            got, want,
+            "PE {me}: rows of local expert {e} ({:?})",
+            st.case
+        );
+    }
+    // Nothing beyond the rows (poisoned before the dispatch).
+    for (i, v) in xs[total * h..].iter().enumerate() {
+        assert!(
+            *v == T::from_f64(-55.0),
+            "PE {me}: expert-major area written beyond the rows at {}",
+            total * h + i
+        );
+    }
+    // Combine: per destination PE a partial sum (slot order, f32) rounded to T, then the sum
+    // over PEs (ascending, f32) rounded to T.
+    let out = pe.local_vec(&inp.out)?;
+    let (ids, w) = &all[me];
+    for tok in 0..t {
+        for c in 0..h {
+            let xv = xval::<T>(me, tok, c).to_f64() as f32;
+            let mut acc = 0f32;
+            for d in 0..n {
+                let mut part = 0f32;
+                let mut any = false;
+                for j in 0..k {
+                    let id = ids[tok * k + j];
+                    if id >= 0 && id as usize / el == d {
+                        any = true;
+                        let yv = if st.scale {
+                            rt::<T>(xv * factor(id as usize % el))
+                        } else {
+                            xv
+                        };
+                        part += w[tok * k + j] * yv;
+                    }
+                }
+                if any {
+                    acc += rt::<T>(part);
+                }
+            }
+            let want = T::from_f64(acc as f64);
+            let got = out[tok * h + c];
+            assert!(
+                got == want,
+                "PE {me}: combine token {tok} element {c}: {got:?} != {want:?} ({:?} k={k})",
+                st.case
+            );
+        }
+    }
+    for v in &out[t * h..] {
+        assert!(
+            *v == T::from_f64(-77.0),
+            "PE {me}: combine wrote beyond T rows"
+        );
+    }
+    Ok(())
+}
+
+fn run_step<T: Elem>(
+    pe: &Pe,
+    s: &Stream,
+    cfg: &EpConfig,
+    buf: &Buffer<T>,
+    inp: &Inputs<T>,
+    st: &Step,
+) -> Result<()> {
+    write_inputs(pe, cfg, inp, st)?;
+    pe.local_fill(&buf.expert_x()?, T::from_f64(-55.0))?;
+    pe.barrier_all()?;
+    let d = dispatch(pe, s, buf, inp, st)?;
+    expert_and_combine(pe, s, buf, inp, &d, st.scale)?;
+    s.synchronize()?;
+    buf.check(pe)?;
+    verify(pe, cfg, buf, inp, st, d.rows())?;
+    pe.barrier_all()
+}
+
+fn cfg(n: usize, mode: EpMode) -> EpConfig {
+    EpConfig {
+        num_experts: 4 * n,
+        max_tokens: 40,
+        hidden: 72,
+        max_topk: 8,
+        mode,
+    }
+}
+
+fn routings_body<T: Elem>(pe: &Pe, mode: EpMode) -> Result<()> {
+    let n = pe.n_pes();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = cfg(n, mode);
+    let buf = Buffer::<T>::new(pe, pe.world_team(), c)?;
+    let inp = inputs::<T>(pe, &c, n)?;
+    let mut seed = 1;
+    let mut steps = Vec::new();
+    for k in 1..=8 {
+        steps.push((Case::Random, 40, k));
+    }
+    for case in [
+        Case::OnePe,
+        Case::NoneToLast,
+        Case::AllMinusOne,
+        Case::OneExpert,
+    ] {
+        steps.push((case, 33, 4));
+    }
+    steps.push((Case::Random, 0, 3));
+    steps.push((Case::Random, 1, 8));
+    for (case, t, k) in steps {
+        for (i64_ids, scale) in [(false, false), (true, true)] {
+            seed += 1;
+            let st = Step {
+                case,
+                t,
+                k,
+                seed,
+                i64_ids,
+                scale,
+            };
+            run_step(pe, &s, &c, &buf, &inp, &st)?;
+        }
+    }
+    free_inputs(pe, inp)?;
+    buf.free(pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_routings_normal_bf16() {
+    on_gpus(2, |pe| routings_body::<bf16>(pe, EpMode::Normal));
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_routings_normal_f32() {
+    on_gpus(2, |pe| routings_body::<f32>(pe, EpMode::Normal));
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_routings_capturable_f16() {
+    on_gpus(2, |pe| {
+        routings_body::<rshmem::f16>(pe, EpMode::Capturable { capacity: 40 })
+    });
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_routings_capturable_bf16() {
+    on_gpus(2, |pe| {
+        routings_body::<bf16>(pe, EpMode::Capturable { capacity: 40 })
+    });
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_routings_4pes_f32() {
+    on_gpus(4, |pe| routings_body::<f32>(pe, EpMode::Normal));
+}
+
+fn overflow_body(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let mut c = cfg(n, EpMode::Capturable { capacity: 5 });
+    c.max_tokens = 16;
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let inp = inputs::<bf16>(pe, &c, n)?;
+    for round in 0..2 {
+        // All 16 tokens of every PE to expert 1 (PE 0): 16 > 5.
+        let st = Step {
+            case: Case::OneExpert,
+            t: 16,
+            k: 2,
+            seed: 3,
+            i64_ids: false,
+            scale: false,
+        };
+        write_inputs(pe, &c, &inp, &st)?;
+        pe.local_fill(&buf.expert_x()?, bf16::from_f64(-55.0))?;
+        pe.barrier_all()?;
+        let d = dispatch(pe, &s, &buf, &inp, &st)?;
+        expert_and_combine(pe, &s, &buf, &inp, &d, false)?;
+        s.synchronize()?;
+        match buf.check(pe) {
+            Err(Error::Capacity {
+                needed,
+                capacity,
+                dst_pe,
+                ..
+            }) => {
+                assert_eq!((needed, capacity, dst_pe), (16, 5, 0), "PE {}", pe.my_pe())
+            }
+            other => panic!(
+                "PE {} round {round}: expected a capacity error, got {other:?}",
+                pe.my_pe()
+            ),
+        }
+        assert!(!buf.last_dispatch_ok(pe)?);
+        assert!(
+            pe.local_vec(&buf.expert_x()?)?
+                .iter()
+                .all(|v| *v == bf16::from_f64(-55.0)),
+            "rows written despite overflow"
+        );
+        assert!(
+            pe.local_vec(&inp.out)?
+                .iter()
+                .all(|v| *v == bf16::from_f64(-77.0)),
+            "combine wrote despite overflow"
+        );
+        buf.check(pe)?; // cleared
+        pe.barrier_all()?;
+        // The buffer still works: a routing within capacity (4 tokens).
+        let st = Step {
+            case: Case::Random,
+            t: 4,
+            k: 3,
+            seed: 9 + round,
+            i64_ids: true,
+            scale: true,
+        };
+        run_step(pe, &s, &c, &buf, &inp, &st)?;
+    }
+    free_inputs(pe, inp)?;
+    buf.free(pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_capacity_overflow_is_an_error() {
+    on_gpus(2, overflow_body);
+}
+
+fn graph_body(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = cfg(n, EpMode::Capturable { capacity: 40 });
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let inp = inputs::<bf16>(pe, &c, n)?;
+    let t = 37;
+    let k = 6;
+    let first = Step {
+        case: Case::Random,
+        t,
+        k,
+        seed: 100,
+        i64_ids: false,
+        scale: true,
+    };
+    write_inputs(pe, &c, &inp, &first)?;
+    pe.barrier_all()?;
+    s.begin_capture()?;
+    let captured = dispatch(pe, &s, &buf, &inp, &first)
+        .and_then(|d| expert_and_combine(pe, &s, &buf, &inp, &d, true));
+    let graph = s.end_capture()?;
+    captured?;
+    for rep in 0..14u64 {
+        let case = match rep % 7 {
+            3 => Case::OnePe,
+            4 => Case::AllMinusOne,
+            5 => Case::NoneToLast,
+            _ => Case::Random,
+        };
+        let st = Step {
+            case,
+            t,
+            k,
+            seed: 200 + rep,
+            i64_ids: false,
+            scale: true,
+        };
+        write_inputs(pe, &c, &inp, &st)?;
+        pe.local_fill(&buf.expert_x()?, bf16::from_f64(-55.0))?;
+        pe.barrier_all()?;
+        graph.launch(&s)?;
+        s.synchronize()?;
+        buf.check(pe)?;
+        verify(pe, &c, &buf, &inp, &st, None)?;
+        pe.barrier_all()?;
+    }
+    // Every slot of every token to one expert (duplicate ids): 444 rows on PE 0.
+    let one = Step {
+        case: Case::OneExpert,
+        t,
+        k,
+        seed: 1,
+        i64_ids: false,
+        scale: true,
+    };
+    write_inputs(pe, &c, &inp, &one)?;
+    pe.local_fill(&buf.expert_x()?, bf16::from_f64(-55.0))?;
+    pe.barrier_all()?;
+    graph.launch(&s)?;
+    s.synchronize()?;
+    buf.check(pe)?;
+    verify(pe, &c, &buf, &inp, &one, None)?;
+    pe.barrier_all()?;
+    drop(graph);
+    free_inputs(pe, inp)?;
+    buf.free(pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_graph_replay_changing_routing() {
+    on_gpus(2, graph_body);
+}
+
+fn graph_overflow_body(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = cfg(n, EpMode::Capturable { capacity: 12 });
+    let buf = Buffer::<f32>::new(pe, pe.world_team(), c)?;
+    let inp = inputs::<f32>(pe, &c, n)?;
+    let t = 20;
+    let k = 3;
+    let good = |seed| Step {
+        case: Case::OnePe,
+        t,
+        k,
+        seed,
+        i64_ids: true,
+        scale: true,
+    }; // 10 per PE
+    write_inputs(pe, &c, &inp, &good(1))?;
+    pe.barrier_all()?;
+    s.begin_capture()?;
+    let captured = dispatch(pe, &s, &buf, &inp, &good(1))
+        .and_then(|d| expert_and_combine(pe, &s, &buf, &inp, &d, true));
+    let graph = s.end_capture()?;
+    captured?;
+    for rep in 0..10u64 {
+        let overflow = rep % 3 == 1;
+        let st = if overflow {
+            Step {
+                case: Case::OneExpert,
+                t,
+                k,
+                seed: rep,
+                i64_ids: true,
+                scale: true,
+            } // 20 > 12
+        } else {
+            good(10 + rep)
+        };
+        write_inputs(pe, &c, &inp, &st)?;
+        pe.local_fill(&buf.expert_x()?, -55.0)?;
+        pe.barrier_all()?;
+        graph.launch(&s)?;
+        s.synchronize()?;
+        if overflow {
+            match buf.check(pe) {
+                Err(Error::Capacity {
+                    needed: 20,
+                    capacity: 12,
+                    ..
+                }) => {}
+                other => panic!(
+                    "PE {} replay {rep}: expected a capacity error, got {other:?}",
+                    pe.my_pe()
+                ),
+            }
+            assert!(
+                pe.local_vec(&inp.out)?.iter().all(|v| *v == -77.0),
+                "combine wrote despite overflow"
+            );
+        } else {
+            buf.check(pe)?;
+            verify(pe, &c, &buf, &inp, &st, None)?;
+        }
+        pe.barrier_all()?;
+    }
+    drop(graph);
+    free_inputs(pe, inp)?;
+    buf.free(pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_graph_replay_with_overflow() {
+    on_gpus(2, graph_overflow_body);
+}
+
+fn bad_inputs_body(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = cfg(n, EpMode::Normal);
+    // Bad configurations: every PE gets the error.
+    for bad in [
+        EpConfig {
+            num_experts: 3,
+            ..c
+        },
+        EpConfig { hidden: 0, ..c },
+        EpConfig { max_topk: 0, ..c },
+        EpConfig {
+            num_experts: 2 * 8192,
+            ..c
+        },
+        EpConfig {
+            mode: EpMode::Capturable { capacity: 41 },
+            ..c
+        },
+    ] {
+        assert!(
+            matches!(
+                Buffer::<f32>::new(pe, pe.world_team(), bad),
+                Err(Error::InvalidArgument(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        Buffer::<i32>::new(pe, pe.world_team(), c),
+        Err(Error::InvalidArgument(_))
+    ));
+    let buf = Buffer::<f32>::new(pe, pe.world_team(), c)?;
+    let inp = inputs::<f32>(pe, &c, n)?;
+    let small = pe.alloc::<f32>(10)?;
+    let small_i = pe.alloc::<i32>(3)?;
+    let good = Step {
+        case: Case::Random,
+        t: 10,
+        k: 4,
+        seed: 5,
+        i64_ids: false,
+        scale: false,
+    };
+    // Host-side checks on PE 0 (PE 1 is valid and must hear about it); device-side checks.
+    for case in 0..7 {
+        write_inputs(pe, &c, &inp, &good)?;
+        if me == 0 && case == 4 {
+            pe.local_write(&inp.ids32, 7, &[c.num_experts as i32])?;
+        }
+        if me == 0 && case == 5 {
+            pe.local_write(&inp.ids32, 2, &[-2])?;
+        }
+        if me == 0 && case == 6 {
+            let ids = pe.local_vec(&inp.ids32)?;
+            let j = ids.iter().position(|&v| v >= 0).unwrap_or(0);
+            pe.local_write(&inp.w, j, &[f32::NAN])?;
+        }
+        pe.barrier_all()?;
+        let r = if me == 0 {
+            match case {
+                0 => buf.dispatch(pe, &s, &inp.x, &inp.ids32, &inp.w, 10, 0),
+                1 => buf.dispatch(pe, &s, &inp.x, &inp.ids32, &inp.w, 10, 9),
+                2 => buf.dispatch(pe, &s, &inp.x, &inp.ids32, &inp.w, 41, 4),
+                3 => buf.dispatch(pe, &s, &small, &inp.ids32, &inp.w, 10, 4),
+                _ => buf.dispatch(pe, &s, &inp.x, &inp.ids32, &inp.w, 10, 4),
+            }
+        } else if case == 3 {
+            // A short ids buffer on PE 1 instead.
+            buf.dispatch(pe, &s, &inp.x, &small_i, &inp.w, 10, 4)
+        } else {
+            buf.dispatch(pe, &s, &inp.x, &inp.ids32, &inp.w, 10, 4)
+        };
+        match r {
+            Err(Error::InvalidArgument(_)) | Err(Error::LengthMismatch { .. }) => {}
+            other => panic!("PE {me} bad case {case}: expected an error, got {other:?}"),
+        }
+        s.synchronize()?;
+        buf.check(pe)?;
+        pe.barrier_all()?;
+    }
+    // Combine: handles and sizes (every PE makes the same mistake: no kernel runs anywhere).
+    run_step(pe, &s, &c, &buf, &inp, &good)?;
+    let d1 = dispatch(pe, &s, &buf, &inp, &good)?;
+    let d2 = dispatch(pe, &s, &buf, &inp, &good)?;
+    assert!(matches!(
+        buf.combine(pe, &s, &d1, &buf.expert_x()?, &inp.out),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        buf.combine(pe, &s, &d2, &small, &inp.out),
+        Err(Error::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        buf.combine(pe, &s, &d2, &buf.expert_x()?, &small),
+        Err(Error::LengthMismatch { .. })
+    ));
+    let other = Buffer::<f32>::new(pe, pe.world_team(), c)?;
+    assert!(matches!(
+        other.combine(pe, &s, &d2, &other.expert_x()?, &inp.out),
+        Err(Error::InvalidArgument(_))
+    ));
+    buf.combine(pe, &s, &d2, &buf.expert_x()?, &inp.out)?;
+    s.synchronize()?;
+    buf.check(pe)?;
+    verify(pe, &c, &buf, &inp, &good, d2.rows())?;
+    pe.barrier_all()?;
+    other.free(pe)?;
+    pe.free(small_i)?;
+    pe.free(small)?;
+    free_inputs(pe, inp)?;
+    buf.free(pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_bad_inputs() {
+    on_gpus(2, bad_inputs_body);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_bench_report() {
+    // Small sizes here (timings are not checked); the full sizes run through ep_bench directly.
+    let r = rshmem::threads_with(gpu_config(2), 2, |pe| {
+        let args = ep::EpBenchArgs {
+            tokens: vec![64, 8],
+            hidden: 256,
+            top_k: 4,
+            experts: 8,
+            iters: 3,
+        };
+        ep::ep_bench(pe, &args)
+    })
+    .expect("world");
+    let recs = r.into_iter().next().unwrap().expect("bench");
+    assert_eq!(recs.len(), 8);
+    for rec in &recs {
+        assert!(rec.time_us > 0.0 && rec.bytes > 0, "{rec:?}");
+    }
+}
+
+/// The full-size benchmark (T=4096 and 128, H=7168 bf16, k=8, E=256), printed as JSON lines.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_bench_full() {
+    if std::env::var_os("RSHMEM_EP_BENCH").is_none() {
+        return;
+    }
+    let cfg = gpu_config(2).heap_size(6 << 30);
+    let r = rshmem::threads_with(cfg, 2, |pe| ep::ep_bench(pe, &ep::EpBenchArgs::default()))
+        .expect("world");
+    let recs = r.into_iter().next().unwrap().expect("bench");
+    for x in recs {
+        println!(
+            "{{\"op\":\"{}\",\"api\":\"{}\",\"backend\":\"{}\",\"mode\":\"{}\",\"pes\":{},\"tokens\":{},\"bytes\":{},\"iters\":{},\"time_us\":{:.2},\"gbps\":{:.1},\"baseline\":\"{}\",\"baseline_time_us\":{},\"ratio\":{}}}",
+            x.op, x.api, x.backend, x.mode, x.pes, x.tokens, x.bytes, x.iters, x.time_us, x.gbps, x.baseline, x.baseline_time_us, x.ratio
+        );
+    }
+}
