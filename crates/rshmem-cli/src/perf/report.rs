@@ -31,12 +31,25 @@ fn us(t: f64) -> String {
     }
 }
 
+/// The baseline's time and the ratio, or "missing" when the baseline could not run.
+fn base(r: &Record) -> (String, String) {
+    if r.baseline_time_us > 0.0 {
+        (us(r.baseline_time_us), format!("{:.2}", r.ratio))
+    } else {
+        ("missing".into(), "-".into())
+    }
+}
+
 fn cols(r: &Record) -> (String, String, String) {
     let bw = r.kind() == Kind::Bandwidth;
     if bw {
         (
             format!("{:.2}", r.gbps),
-            format!("{:.2}", r.bytes as f64 / (r.baseline_time_us * 1e3)),
+            if r.baseline_time_us > 0.0 {
+                format!("{:.2}", r.bytes as f64 / (r.baseline_time_us * 1e3))
+            } else {
+                "-".into()
+            },
             r.busbw_gbps.map_or("-".into(), |b| format!("{b:.2}")),
         )
     } else {
@@ -66,7 +79,7 @@ pub fn table(records: &[Record]) -> String {
         let (g, bg, bus) = cols(r);
         let _ = writeln!(
             s,
-            "{:<17} {:<9} {:>4} {:>9} {:>10} {:>8} {:>7}   {:<13} {:>10} {:>9}  {:>6.2}",
+            "{:<17} {:<9} {:>4} {:>9} {:>10} {:>8} {:>7}   {:<13} {:>10} {:>9}  {:>6}",
             r.op,
             r.mode,
             r.pes,
@@ -75,9 +88,9 @@ pub fn table(records: &[Record]) -> String {
             g,
             bus,
             r.baseline,
-            us(r.baseline_time_us),
+            base(r).0,
             bg,
-            r.ratio
+            base(r).1
         );
     }
     s
@@ -93,7 +106,7 @@ pub fn markdown(records: &[Record]) -> String {
         let (g, bg, bus) = cols(r);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.op,
             r.mode,
             r.pes,
@@ -102,9 +115,9 @@ pub fn markdown(records: &[Record]) -> String {
             g,
             bus,
             r.baseline,
-            us(r.baseline_time_us),
+            base(r).0,
             bg,
-            r.ratio
+            base(r).1
         );
     }
     s
