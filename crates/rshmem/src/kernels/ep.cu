@@ -64,7 +64,7 @@ __device__ __forceinline__ bool ep_timed_out() {
 // before the signals just waited for, stops the rest of the step on this PE.
 __device__ __forceinline__ void ep_abort_if_failed(unsigned long long* ctl) {
     if (ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) {
-        atomicOr(&ctl[EP_CTL_ERR], EP_ERR_ABORT);
+        atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_ABORT);
         ((volatile unsigned long long*)ctl)[EP_CTL_GO] = 0;
     }
 }
@@ -178,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
         if (ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) err |= EP_ERR_ABORT;
         if (err) {
             ctl[EP_CTL_GO] = 0;
-            atomicOr(&ctl[EP_CTL_ERR], err);  // peers' sends may put an abort bit concurrently
+            atomicOr_system(&ctl[EP_CTL_ERR], err);  // peers' sends may put an abort bit concurrently
             ctl[EP_CTL_INFO] = info;
         } else {
             ctl[EP_CTL_GO] = 1;
@@ -200,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
                 for (int s = 0; s < n; s++) acc += (unsigned)((volatile rshmem_u64*)rec)[s * RW + EP_REC_FIXED + e];
             }
             off[El] = acc;
-            if (acc > (unsigned)P->rmax) { ctl[EP_CTL_GO] = 0; atomicOr(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT); }
+            if (acc > (unsigned)P->rmax) { ctl[EP_CTL_GO] = 0; atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT); }
             ctl[EP_CTL_ROWS] = acc;
         }
     }
@@ -293,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
                     rshmemi_copy((ep_t*)out + (long long)r * H, (const ep_t*)P->recv_x + g * H, H * sizeof(ep_t), lane, 32);
                     if (lane == 0) row_src[r] = (unsigned)(g * K + j);
                 } else if (lane == 0) {
-                    atomicOr(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
+                    atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
                 }
             }
             if (lane == 0) tok_rows[g * K + j] = r;

@@ -65,7 +65,10 @@
 //! signal it sends carries the flag to the receiving PE, which stops too. So no PE uses rows of
 //! a step that some PE gave up on: the PE that timed out gets [`Error::Timeout`] from
 //! [`Buffer::check`], its peers get [`Error::Timeout`] too (naming a team member's wait). The
-//! flag is sticky until [`Buffer::check`] clears it.
+//! flag is sticky until [`Buffer::check`] clears it; a PE that gave up may still receive a
+//! peer's flag after its own check, so before reusing the buffer after a timeout, let every
+//! PE synchronise its stream, meet (e.g. [`Pe::barrier_all`]) and call [`Buffer::check`] once
+//! more (`tests/cuda_ep.rs`, `gpu_ep_peer_timeout_stops_every_pe`).
 //!
 //! # Errors that are not agreed on the device
 //! A PE whose inputs fail the host checks still launches `ep_prep` (marked invalid, no pointer
