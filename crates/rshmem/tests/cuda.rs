@@ -206,6 +206,7 @@ fn gpu_config(heap: HeapKind) -> Config {
 }
 
 fn on_gpus(heap: HeapKind, n: usize, body: fn(&Pe) -> Result<()>) {
+    let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(gpu_config(heap), n, body).expect("world");
     for (pe, x) in r.into_iter().enumerate() {
         if let Err(e) = x {
@@ -760,6 +761,7 @@ fn gpu_device_api_vmm() {
 #[ignore = "needs a GPU"]
 fn gpu_device_timeout_is_an_error() {
     let cfg = gpu_config(HeapKind::Static).timeout(Duration::from_secs(2));
+    let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(cfg, 2, |pe| -> Result<()> {
         let g = CudaPe::new(pe)?;
         let s = g.stream()?;
@@ -799,6 +801,7 @@ fn gpu_bench_report() {
         .unwrap_or_else(|| vec![4096, 1 << 20]);
     let max = *sizes.iter().max().unwrap();
     let cfg = gpu_config(HeapKind::Static).heap_size(2 * max + (64 << 20));
+    let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(cfg, 2, |pe| cuda::bench(pe, &sizes, 20000)).expect("world");
     for rec in r.into_iter().next().unwrap().unwrap() {
         println!(
@@ -894,6 +897,7 @@ fn gpu_process_child() {
 }
 
 fn process_mode(heap: &str) {
+    let _gpu = harness::gpu_world();
     let dir = std::env::temp_dir().join(format!("rshmem-cuda-{}-{heap}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

@@ -165,6 +165,7 @@ fn on_gpus(n: usize, body: fn(&Pe) -> Result<()>) {
 }
 
 fn on_gpus_cfg(cfg: Config, n: usize, body: fn(&Pe) -> Result<()>) {
+    let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(cfg, n, body).expect("world");
     for (pe, x) in r.into_iter().enumerate() {
         if let Err(e) = x {
@@ -793,6 +794,7 @@ fn gpu_coll_bench_report() {
     let lib = cuda::nccl::Nccl::load();
     eprintln!("NCCL: {:?}", lib.as_ref().map(|l| l.path));
     let sz = sizes.clone();
+    let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(cfg, 2, move |pe| cuda::coll_bench(pe, &sz, 50)).expect("world");
     let mut recs = Vec::new();
     for (pe, x) in r.into_iter().enumerate() {

@@ -7,7 +7,7 @@ mod harness;
 use rshmem::cuda::ep::{self, Buffer, Dispatch};
 use rshmem::cuda::{self, CudaPe, Stream};
 use rshmem::ep::{EpConfig, EpMode};
-use rshmem::{bf16, BackendKind, Config, Elem, ElemKind, Error, HeapKind, Pe, Result, Sym};
+use rshmem::{bf16, BackendKind, Cmp, Config, Elem, ElemKind, Error, HeapKind, Pe, Result, Sym};
 use std::time::Duration;
 
 #[test]
@@ -55,6 +55,7 @@ fn gpu_config(n: usize) -> Config {
 }
 
 fn on_gpus(n: usize, body: fn(&Pe) -> Result<()>) {
+    let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(gpu_config(n), n, body).expect("world");
     for (pe, x) in r.into_iter().enumerate() {
         if let Err(e) = x {
@@ -525,6 +526,87 @@ fn gpu_ep_capacity_overflow_is_an_error() {
     on_gpus(2, overflow_body);
 }
 
+/// PE 1's device waits have timed out (a wait nobody satisfies, queued before the step): its
+/// step stops, and PE 0, whose waits all succeed, must not use what PE 1 sent or failed to
+/// send — both report a timeout and leave their outputs alone; after both have synchronised
+/// and cleared the flags the buffer works again.
+fn peer_timeout_body(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = cfg(n, EpMode::Capturable { capacity: 40 });
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let inp = inputs::<bf16>(pe, &c, n)?;
+    let never = pe.alloc::<u64>(1)?;
+    pe.local_fill(&never, 0)?;
+    let st = Step {
+        case: Case::Random,
+        t: 40,
+        k: 3,
+        seed: 77,
+        i64_ids: false,
+        scale: true,
+    };
+    write_inputs(pe, &c, &inp, &st)?;
+    pe.local_fill(&buf.expert_x()?, bf16::from_f64(-55.0))?;
+    pe.barrier_all()?;
+    if me == 1 {
+        // Times out (kernel path: `>` is not a stream-memory comparison) and latches the
+        // device flag, which stays set until a check or quiet.
+        g.wait_until_on_stream(&s, &never, 0, Cmp::Gt, 0)?;
+        s.synchronize()?;
+    } else {
+        // Host waits time out as device waits do: meet PE 1 after its wait has given up
+        // (2 s), well within PE 1's host timeout.
+        std::thread::sleep(Duration::from_millis(2600));
+    }
+    // No quiet: PE 1's flag must survive until its step runs.
+    pe.sync_all()?;
+    let d = dispatch(pe, &s, &buf, &inp, &st)?;
+    expert_and_combine(pe, &s, &buf, &inp, &d, st.scale)?;
+    s.synchronize()?;
+    match buf.check(pe) {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("PE {me}: expected a timeout, got {other:?}"),
+    }
+    assert!(!buf.last_dispatch_ok(pe)?, "PE {me}: step not stopped");
+    assert!(
+        pe.local_vec(&buf.expert_x()?)?
+            .iter()
+            .all(|v| *v == bf16::from_f64(-55.0)),
+        "PE {me}: rows permuted after a timeout"
+    );
+    assert!(
+        pe.local_vec(&inp.out)?
+            .iter()
+            .all(|v| *v == bf16::from_f64(-77.0)),
+        "PE {me}: combine wrote after a timeout"
+    );
+    // Every stream is idle after this barrier: flags that arrived late are cleared here.
+    pe.barrier_all()?;
+    let _ = buf.check(pe);
+    pe.barrier_all()?;
+    let st = Step { seed: 78, ..st };
+    run_step(pe, &s, &c, &buf, &inp, &st)?;
+    pe.free(never)?;
+    free_inputs(pe, inp)?;
+    buf.free(pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_peer_timeout_stops_every_pe() {
+    let _gpu = harness::gpu_world();
+    let cfg = gpu_config(2).timeout(Duration::from_secs(2));
+    let r = rshmem::threads_with(cfg, 2, peer_timeout_body).expect("world");
+    for (pe, x) in r.into_iter().enumerate() {
+        if let Err(e) = x {
+            panic!("PE {pe}: {e}");
+        }
+    }
+}
+
 fn graph_body(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
     let g = CudaPe::new(pe)?;
@@ -804,6 +886,7 @@ fn gpu_ep_bad_inputs() {
 #[ignore = "needs a GPU"]
 fn gpu_ep_bench_report() {
     // Small sizes here (timings are not checked); the full sizes run through ep_bench directly.
+    let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(gpu_config(2), 2, |pe| {
         let args = ep::EpBenchArgs {
             tokens: vec![64, 8],
@@ -830,6 +913,7 @@ fn gpu_ep_bench_full() {
         return;
     }
     let cfg = gpu_config(2).heap_size(6 << 30);
+    let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(cfg, 2, |pe| ep::ep_bench(pe, &ep::EpBenchArgs::default()))
         .expect("world");
     let recs = r.into_iter().next().unwrap().expect("bench");

@@ -76,6 +76,15 @@ template <typename A, int OP> __device__ __forceinline__ A rshmemi_apply(A a, A 
     }
 }
 
+// True once a device wait of this PE timed out (the header's flag, until the host checks it).
+// Data kernels then move nothing: a PE that gave up on a barrier must not overwrite what its
+// peers may still be reading (they would get wrong data without an error of their own); its own
+// results are wrong anyway and the host reports the timeout. Barriers still run (counters stay
+// in step).
+__device__ __forceinline__ bool rshmemi_coll_gave_up() {
+    return *(volatile rshmem_u64*)(rshmemi_sync(rshmem_dstate.my_pe) + RSHMEM_SYNC_ERR) != 0;
+}
+
 __device__ __forceinline__ int rshmemi_member(const rshmem_team& t, int i) { return t.start + i * t.stride; }
 
 // dst[0..n) = fold over the team's members i = 0..size-1 (in team order) of member i's
@@ -127,7 +136,7 @@ __device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 
                                                                    rshmem_u64 n, rshmem_team team, \
                                                                    int fused) {                    \
         if (fused) rshmem_team_sync_block(team);                                                   \
-        rshmemi_reduce<T, A, OP>(dst, src, n, team);                                               \
+        if (!rshmemi_coll_gave_up()) rshmemi_reduce<T, A, OP>(dst, src, n, team);                  \
         if (fused) rshmem_team_sync_block(team);                                                   \
     }
 #define RSHMEMI_COLL_INT_REDUCE(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_REDUCE_KERNEL, NAME, T, A)
@@ -154,7 +163,7 @@ struct rshmemi_copies {
 extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_team team, int fused) {
     if (fused) {
         rshmem_team_sync_block(team);
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < n && !rshmemi_coll_gave_up(); i++) {
             const rshmemi_copy_desc& d = c.d[i];
             const void* s = d.pe >= 0 ? rshmem_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
             rshmemi_copy((void*)d.dst, s, d.bytes, threadIdx.x, blockDim.x);
@@ -162,6 +171,7 @@ extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_tea
         rshmem_team_sync_block(team);
         return;
     }
+    if (rshmemi_coll_gave_up()) return;
     unsigned i = blockIdx.x % n, part = blockIdx.x / n, parts = gridDim.x / n;
     const rshmemi_copy_desc& d = c.d[i];
     const void* s = d.pe >= 0 ? rshmem_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
@@ -182,6 +192,7 @@ extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, con
     __shared__ rshmem_u64 m[RSHMEMI_A2AV_MAX * RSHMEMI_A2AV_MAX];
     __shared__ int bad;
     const int n = team.size, me = team.my_index;
+    if (rshmemi_coll_gave_up()) return;
     if (threadIdx.x == 0) bad = 0;
     for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
         int j = t / n, k = t % n;
@@ -252,6 +263,7 @@ extern "C" __global__ void rshmemi_coll_a2av_host(char* dst, const char* src, co
                                                   rshmemi_a2av_list recv, rshmem_u64* err, rshmem_u64 elem,
                                                   rshmem_u64 src_cap, rshmem_u64 dst_cap, rshmem_team team) {
     const int n = team.size, me = team.my_index;
+    if (rshmemi_coll_gave_up()) return;
     unsigned j = blockIdx.x % n, part = blockIdx.x / n, parts = gridDim.x / n;
     int pe = rshmemi_member(team, j);
     rshmem_u64 c = rshmemi_vld((const rshmem_u64*)rshmem_ptr(meta + me, pe));

@@ -37,6 +37,11 @@ struct ep_params {
 #define EP_ERR_PEER 2ull
 #define EP_ERR_CAPACITY 4ull
 #define EP_ERR_CORRUPT 8ull
+// A device wait of this step timed out on this PE or on a PE that signalled it: what follows the
+// wait was not used (nothing permuted or combined) and every later signal of this PE carries the
+// bit to its peers, so no PE treats a step some PE gave up on as complete. Sticky until the host
+// clears the flags (Buffer::check).
+#define EP_ERR_ABORT 16ull
 // record words per source: status, count for this destination, tokens, top_k, then El pairs.
 #define EP_REC_FIXED 4
 // status: 0 ok, 1 invalid input, 2 | dst << 8 | needed << 32 capacity
@@ -49,6 +54,30 @@ __device__ __forceinline__ float ep_f(rshmem_half v) { return rshmem_half_to_flo
 __device__ __forceinline__ void ep_from(float f, float* o) { *o = f; }
 __device__ __forceinline__ void ep_from(float f, rshmem_bfloat16* o) { *o = rshmem_float_to_bfloat16(f); }
 __device__ __forceinline__ void ep_from(float f, rshmem_half* o) { *o = rshmem_float_to_half(f); }
+
+// True when a device wait of this PE timed out (the device header's flag; the host clears it).
+__device__ __forceinline__ bool ep_timed_out() {
+    return *(volatile rshmem_u64*)(rshmemi_sync(rshmem_dstate.my_pe) + RSHMEM_SYNC_ERR) != 0;
+}
+
+// After this PE's waits of a step (one thread): a timeout here, or an abort a peer put here
+// before the signals just waited for, stops the rest of the step on this PE.
+__device__ __forceinline__ void ep_abort_if_failed(unsigned long long* ctl) {
+    if (ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) {
+        atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_ABORT);
+        ((volatile unsigned long long*)ctl)[EP_CTL_GO] = 0;
+    }
+}
+
+// Adds 1 to PE `pe`'s counter `sig` (this PE's symmetric address) after this thread's barrier
+// with its block; an aborted PE first puts the abort bit into the peer's flags (ordered before
+// the signal by the release).
+__device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64* peer_ctl_err, int pe) {
+    asm volatile("fence.sc.sys;" ::: "memory");
+    if (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)
+        atomicOr_system((unsigned long long*)rshmem_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
+    rshmemi_red_add_release((rshmem_u64*)rshmem_ptr(sig, pe), 1);
+}
 
 __device__ __forceinline__ int ep_pe(const ep_params* P, int d) { return (int)(P->start + d * P->stride); }
 __device__ __forceinline__ unsigned ep_lanemask_lt() { unsigned m; asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m)); return m; }
@@ -144,9 +173,12 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
             else if ((st & 0xff) == EP_ST_CAPACITY) { err |= EP_ERR_CAPACITY; info = ((st >> 8) & 0xffffff) | ((rshmem_u64)s << 24) | (st & 0xffffffff00000000ull); }
             else if (((volatile rshmem_u64*)rec)[s * RW + 1] > (rshmem_u64)P->cap) err |= EP_ERR_CORRUPT;
         }
+        // A timed-out wait above read records that may not have arrived; an abort latched by an
+        // earlier step stays until the host clears it.
+        if (ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) err |= EP_ERR_ABORT;
         if (err) {
             ctl[EP_CTL_GO] = 0;
-            ctl[EP_CTL_ERR] |= err;
+            atomicOr_system(&ctl[EP_CTL_ERR], err);  // peers' sends may put an abort bit concurrently
             ctl[EP_CTL_INFO] = info;
         } else {
             ctl[EP_CTL_GO] = 1;
@@ -168,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
                 for (int s = 0; s < n; s++) acc += (unsigned)((volatile rshmem_u64*)rec)[s * RW + EP_REC_FIXED + e];
             }
             off[El] = acc;
-            if (acc > (unsigned)P->rmax) { ctl[EP_CTL_GO] = 0; ctl[EP_CTL_ERR] |= EP_ERR_CORRUPT; }
+            if (acc > (unsigned)P->rmax) { ctl[EP_CTL_GO] = 0; atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT); }
             ctl[EP_CTL_ROWS] = acc;
         }
     }
@@ -208,10 +240,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
     }
     __syncthreads();
     rshmem_u64* sig = (rshmem_u64*)P->sig;
-    for (int d = threadIdx.x; d < n; d += blockDim.x) {
-        asm volatile("fence.sc.sys;" ::: "memory");
-        rshmemi_red_add_release((rshmem_u64*)rshmem_ptr(sig + n + me, ep_pe(P, d)), 1);
-    }
+    for (int d = threadIdx.x; d < n; d += blockDim.x)
+        ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
 }
 
 // Waits (one block) until every PE's blocks signalled this step: which 0 dispatch, 1 combine.
@@ -225,7 +255,10 @@ extern "C" __global__ void ep_wait(const ep_params* P, int which) {
     for (int s = threadIdx.x; s < n; s += blockDim.x)
         rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_c * (rshmem_u64)P->grid);
     __syncthreads();
-    if (threadIdx.x == 0) asm volatile("fence.acq_rel.sys;" ::: "memory");
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        ep_abort_if_failed(ctl);
+    }
 }
 
 // Received tokens into expert-major rows `out` (one row per (token, local slot)); fills the
@@ -260,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
                     rshmemi_copy((ep_t*)out + (long long)r * H, (const ep_t*)P->recv_x + g * H, H * sizeof(ep_t), lane, 32);
                     if (lane == 0) row_src[r] = (unsigned)(g * K + j);
                 } else if (lane == 0) {
-                    atomicOr(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
+                    atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
                 }
             }
             if (lane == 0) tok_rows[g * K + j] = r;
@@ -320,10 +353,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
     }
     __syncthreads();
     rshmem_u64* sig = (rshmem_u64*)P->sig;
-    for (int d = threadIdx.x; d < n; d += blockDim.x) {
-        asm volatile("fence.sc.sys;" ::: "memory");
-        rshmemi_red_add_release((rshmem_u64*)rshmem_ptr(sig + 2 * n + me, ep_pe(P, d)), 1);
-    }
+    for (int d = threadIdx.x; d < n; d += blockDim.x)
+        ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
 }
 
 // Source side of combine: out[t] = sum over destination PEs (ascending) of the rows they sent

@@ -165,3 +165,14 @@ pub fn rand_vec<T: rshmem::Elem>(pe: usize, stream: u64, len: usize) -> Vec<T> {
         })
         .collect()
 }
+
+/// Serialises GPU worlds within one test process: hold the guard while a GPU world runs.
+///
+/// PEs of every world of a process share the GPU's CUDA context, whose streams share a fixed
+/// number of hardware queues (see the CUDA backend's module docs): worlds running in parallel
+/// (`cargo test`'s default) multiply the live streams, and a kernel of one world waiting for
+/// its peer can then hold back another stream's work on its queue until the device timeout.
+pub fn gpu_world() -> std::sync::MutexGuard<'static, ()> {
+    static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    GPU.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -241,7 +241,9 @@ impl<'a> GpuColl<'a> {
     /// Reads and clears the device error flags; call after the stream is synchronised, outside
     /// capture. Device-side count violations become [`Error::Capacity`] (device counts beyond
     /// the objects) or [`Error::InvalidArgument`] (counts that do not pair up); device wait
-    /// timeouts become [`Error::Timeout`].
+    /// timeouts become [`Error::Timeout`]. After a device wait of this PE timed out, its
+    /// collectives move no data (barriers still run) until this check or [`Pe::quiet`](crate::Pe::quiet) clears
+    /// the flag: a PE that gave up on a barrier never overwrites what its peers may still read.
     pub fn check_errors(&self) -> Result<()> {
         self.g.check_device_errors()?;
         let b = self.g.backend();

@@ -59,6 +59,17 @@
 //! permute and combine; combine rows go to the half of the combine area of the call's parity,
 //! and a PE reaches combine `c+2` only after the peer's rows of `c+1`, sent after it read `c`.
 //!
+//! # Device wait timeouts
+//! A device wait that times out (a peer never signalled, or signalled too late) latches an
+//! abort flag on that PE: it stops the step (nothing permuted or combined) and every later
+//! signal it sends carries the flag to the receiving PE, which stops too. So no PE uses rows of
+//! a step that some PE gave up on: the PE that timed out gets [`Error::Timeout`] from
+//! [`Buffer::check`], its peers get [`Error::Timeout`] too (naming a team member's wait). The
+//! flag is sticky until [`Buffer::check`] clears it; a PE that gave up may still receive a
+//! peer's flag after its own check, so before reusing the buffer after a timeout, let every
+//! PE synchronise its stream, meet (e.g. [`Pe::barrier_all`]) and call [`Buffer::check`] once
+//! more (`tests/cuda_ep.rs`, `gpu_ep_peer_timeout_stops_every_pe`).
+//!
 //! # Errors that are not agreed on the device
 //! A PE whose inputs fail the host checks still launches `ep_prep` (marked invalid, no pointer
 //! read) and, in capturable mode, the rest of the step, so peers see the error too. Combine's
@@ -103,6 +114,7 @@ const ERR_MINE: u64 = 1;
 const ERR_PEER: u64 = 2;
 const ERR_CAPACITY: u64 = 4;
 const ERR_CORRUPT: u64 = 8;
+const ERR_ABORT: u64 = 16;
 const REC_FIXED: usize = 4;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -781,8 +793,19 @@ impl<T: Elem> Buffer<T> {
     /// stream): capacity overflow ([`Error::Capacity`], nothing was moved), invalid ids or
     /// weights on some PE, device wait timeouts. Clears them.
     pub fn check(&self, pe: &Pe) -> Result<()> {
-        CudaPe::new(pe)?.check_device_errors()?;
+        let g = CudaPe::new(pe)?;
+        let own = g.check_device_errors();
         let (err, info) = self.take_error(pe)?;
+        own?;
+        if err & ERR_ABORT != 0 {
+            // A peer gave up waiting (its own check reports that timeout): this PE used
+            // nothing that followed; its outputs of that step are left as they were.
+            return Err(Error::Timeout {
+                op: "ep step (a team member's device-side wait timed out; nothing after it was used)",
+                pe: None,
+                after: g.backend().timeout,
+            });
+        }
         if err & ERR_CAPACITY != 0 {
             return Err(Error::Capacity {
                 op: "ep dispatch",

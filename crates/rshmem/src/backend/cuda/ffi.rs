@@ -108,6 +108,7 @@ pub(crate) fn driver() -> Result<()> {
                 return Err(format!("the CUDA driver lacks {s} (driver too old)"));
             }
         }
+        raise_connections();
         // SAFETY: cuInit with flags 0 is always valid once the library is loaded.
         let r = unsafe { cu::cuInit(0) };
         if r != cu::CUresult::CUDA_SUCCESS {
@@ -117,6 +118,27 @@ pub(crate) fn driver() -> Result<()> {
     })
     .clone()
     .map_err(err)
+}
+
+/// Hardware work queues per context that rshmem asks for (the driver's maximum).
+pub(crate) const MAX_CONNECTIONS: &str = "32";
+
+/// Asks for the most hardware work queues per context (`CUDA_DEVICE_MAX_CONNECTIONS`, read by
+/// the driver when it creates a context; default 8) unless the user chose a value.
+///
+/// Streams beyond the queue count share queues, and a queue runs its work in order: a kernel
+/// of one stream waiting for a peer then holds back the later work of every stream sharing its
+/// queue. With PEs sharing a GPU (threads of one process share its context) each PE has a
+/// host-operation stream and its users' streams; with 8 queues, a waiting kernel of one PE (the
+/// EP layout exchange, a stream barrier) often held back the very kernel of another PE it was
+/// waiting for, until the device wait timed out.
+fn raise_connections() {
+    const VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+    if std::env::var_os(VAR).is_none() {
+        // Before cuInit, once (under the caller's OnceLock).
+        std::env::set_var(VAR, MAX_CONNECTIONS);
+        tracing::debug!("{VAR}={MAX_CONNECTIONS} (PEs sharing a GPU need queues of their own)");
+    }
 }
 
 /// Loads NVRTC once (for run-time kernel compilation); the outcome is remembered.

@@ -9,6 +9,25 @@
 //! Device choice: `Config::devices` / `RSHMEM_DEVICES` (world rank → GPU ordinal), else the
 //! world rank modulo the number of visible GPUs (one node: the PE's index among its process's
 //! PEs in thread mode, the local rank in process mode).
+//!
+//! # PEs sharing a GPU
+//! Several PEs of one world may share a GPU (threads of one process share its CUDA context).
+//! Kernels that wait for peers are one block each and data kernels never wait, so waiting
+//! kernels cannot starve the peers' kernels of SMs, and every module a world needs is loaded
+//! (all kernels at once, not lazily) before any of its PEs can launch a waiting kernel
+//! ([`CudaPe::kernel`], [`GpuColl::new`] and [`ep::Buffer::new`] meet the other PEs after
+//! loading). What a shared context adds: its streams are spread over a fixed number of
+//! hardware work queues (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default), a queue runs its work in
+//! order, and streams beyond that number share queues. A kernel that waits for a peer then
+//! holds back the later work (kernels and copies) of every other stream on its queue, which
+//! may be exactly the peer work it waits for: it spins until the device timeout, after which
+//! everything proceeds and the wait is reported ([`Error::Timeout`]). Each PE uses a stream for
+//! host operations plus its users' streams ([`GpuColl`] one more), so 4 PEs with a
+//! collectives context and a stream each already use 12. rshmem therefore sets `CUDA_DEVICE_MAX_CONNECTIONS=32` (the maximum)
+//! before initialising the driver unless it is set already; with more live streams than that
+//! in the process (many PEs or streams per GPU, several worlds at once), or a smaller value
+//! chosen by the user, waits can still stall until the timeout. Run one GPU world at a time per
+//! process (the GPU tests serialise theirs).
 
 mod api;
 pub mod bench;
