@@ -36,9 +36,11 @@ pub struct BenchRecord {
     pub ratio: f64,
 }
 
-struct Ev(cu::CUevent);
+/// A CUDA event, destroyed on drop.
+pub(super) struct Ev(pub(super) cu::CUevent);
 impl Ev {
-    fn new() -> Result<Ev> {
+    /// A new event in the current context.
+    pub(super) fn new() -> Result<Ev> {
         let mut e = std::ptr::null_mut();
         // SAFETY: creates an event in the current context (callers bind first).
         ffi::check(unsafe { cu::cuEventCreate(&mut e, 0) }, "cuEventCreate")?;

@@ -954,51 +954,7 @@ pub fn bench_routing(pe: usize, t: usize, k: usize, e: usize) -> (Vec<i32>, Vec<
     (ids, w)
 }
 
-struct Ev(cu::CUevent);
-impl Ev {
-    fn new() -> Result<Ev> {
-        let mut e = std::ptr::null_mut();
-        // SAFETY: creates an event in the current context (callers bind first).
-        ffi::check(unsafe { cu::cuEventCreate(&mut e, 0) }, "cuEventCreate")?;
-        Ok(Ev(e))
-    }
-}
-impl Drop for Ev {
-    fn drop(&mut self) {
-        // SAFETY: destroyed once.
-        unsafe { cu::cuEventDestroy_v2(self.0) };
-    }
-}
-
-fn time_stream(
-    g: &CudaPe<'_>,
-    s: &Stream,
-    iters: usize,
-    mut f: impl FnMut() -> Result<()>,
-) -> Result<f64> {
-    let gpu = super::gpu::gpu(g.device())?;
-    let _b = gpu.bind()?;
-    f()?;
-    s.synchronize()?;
-    let (a, b) = (Ev::new()?, Ev::new()?);
-    let raw = s.raw() as cu::CUstream;
-    // SAFETY: live events and stream of the current context.
-    ffi::check(unsafe { cu::cuEventRecord(a.0, raw) }, "cuEventRecord")?;
-    for _ in 0..iters {
-        f()?;
-    }
-    // SAFETY: as above.
-    ffi::check(unsafe { cu::cuEventRecord(b.0, raw) }, "cuEventRecord")?;
-    // SAFETY: as above.
-    ffi::check(unsafe { cu::cuEventSynchronize(b.0) }, "cuEventSynchronize")?;
-    let mut ms = 0f32;
-    // SAFETY: both events recorded and complete.
-    ffi::check(
-        unsafe { cu::cuEventElapsedTime_v2(&mut ms, a.0, b.0) },
-        "cuEventElapsedTime",
-    )?;
-    Ok(ms as f64 * 1e3 / iters as f64)
-}
+use super::bench::{time_stream, Ev};
 
 /// Per-stage times (µs, averaged over `iters`) of calls made by `f`, which calls the mark it
 /// is given after each kernel launch.
