@@ -38,6 +38,48 @@ pub struct AllToAllV<'a> {
     pub recv_displs: &'a [usize],
 }
 
+impl AllToAllV<'_> {
+    /// Checks that the four arrays have `n` entries and that every (displacement, count) lies
+    /// in its object (`src_len` / `dst_len` elements); returns the receive ranges.
+    pub(crate) fn check(
+        &self,
+        n: usize,
+        src_len: usize,
+        dst_len: usize,
+    ) -> Result<Vec<(usize, usize)>> {
+        for (what, s) in [
+            ("send_counts", self.send_counts),
+            ("send_displs", self.send_displs),
+            ("recv_counts", self.recv_counts),
+            ("recv_displs", self.recv_displs),
+        ] {
+            if s.len() != n {
+                return Err(Error::LengthMismatch {
+                    what,
+                    got: s.len(),
+                    expected: n,
+                });
+            }
+        }
+        let range = |at: usize, cnt: usize, len: usize| -> Result<(usize, usize)> {
+            match at.checked_add(cnt) {
+                Some(end) if end <= len => Ok((at, end)),
+                end => Err(Error::OutOfBounds {
+                    start: at,
+                    end: end.unwrap_or(usize::MAX),
+                    len,
+                }),
+            }
+        };
+        for j in 0..n {
+            range(self.send_displs[j], self.send_counts[j], src_len)?;
+        }
+        (0..n)
+            .map(|j| range(self.recv_displs[j], self.recv_counts[j], dst_len))
+            .collect()
+    }
+}
+
 /// Collectives of one PE: the configuration and the symmetric scratch for argument exchange.
 /// See the [module documentation](super) for the contract.
 #[derive(Debug)]
@@ -321,36 +363,7 @@ impl<'pe> Coll<'pe> {
             CollKind::AllToAllV => {
                 let v =
                     c.v.ok_or_else(|| Error::invalid("internal: all_to_all_v without counts"))?;
-                for (what, s) in [
-                    ("send_counts", v.send_counts),
-                    ("send_displs", v.send_displs),
-                    ("recv_counts", v.recv_counts),
-                    ("recv_displs", v.recv_displs),
-                ] {
-                    if s.len() != n {
-                        return Err(Error::LengthMismatch {
-                            what,
-                            got: s.len(),
-                            expected: n,
-                        });
-                    }
-                }
-                let range = |at: usize, cnt: usize, len: usize| -> Result<(usize, usize)> {
-                    match at.checked_add(cnt) {
-                        Some(end) if end <= len => Ok((at, end)),
-                        end => Err(Error::OutOfBounds {
-                            start: at,
-                            end: end.unwrap_or(usize::MAX),
-                            len,
-                        }),
-                    }
-                };
-                for j in 0..n {
-                    range(v.send_displs[j], v.send_counts[j], sl)?;
-                }
-                let mut recv = (0..n)
-                    .map(|j| range(v.recv_displs[j], v.recv_counts[j], dl))
-                    .collect::<Result<Vec<_>>>()?;
+                let mut recv = v.check(n, sl, dl)?;
                 recv.retain(|(a, b)| a < b);
                 recv.sort_unstable();
                 if let Some(w) = recv.windows(2).find(|w| w[0].1 > w[1].0) {

@@ -690,25 +690,8 @@ impl<'a> GpuColl<'a> {
                 "cuda all_to_all_v: src and dst must be different objects",
             ));
         }
-        for (what, a) in [
-            ("send_counts", v.send_counts),
-            ("send_displs", v.send_displs),
-            ("recv_counts", v.recv_counts),
-            ("recv_displs", v.recv_displs),
-        ] {
-            if a.len() != n {
-                return Err(Error::LengthMismatch {
-                    what,
-                    expected: n,
-                    got: a.len(),
-                });
-            }
-        }
         let (sl, dl) = (src.raw().len, dst.raw().len);
-        for i in 0..n {
-            range_ok(v.send_displs[i], v.send_counts[i], sl)?;
-            range_ok(v.recv_displs[i], v.recv_counts[i], dl)?;
-        }
+        v.check(n, sl, dl)?;
         let sr = self.g.ptr(src)?;
         let d = self.g.ptr(dst)?;
         let mp = self.g.ptr(&self.meta)?;
@@ -860,17 +843,6 @@ fn fused_bytes_from_env() -> Result<usize> {
 fn mul(n: usize, count: usize) -> Result<usize> {
     n.checked_mul(count)
         .ok_or_else(|| Error::invalid("count times team size overflows"))
-}
-
-fn range_ok(at: usize, count: usize, len: usize) -> Result<()> {
-    match at.checked_add(count) {
-        Some(end) if end <= len => Ok(()),
-        end => Err(Error::OutOfBounds {
-            start: at,
-            end: end.unwrap_or(usize::MAX),
-            len,
-        }),
-    }
 }
 
 fn check_root(root: usize, dt: DeviceTeam) -> Result<()> {
