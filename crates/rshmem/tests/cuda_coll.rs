@@ -11,6 +11,10 @@
 
 #[path = "harness/mod.rs"]
 mod harness;
+#[macro_use]
+#[path = "harness/coll_data.rs"]
+mod coll_data;
+use coll_data::{mix, TElem};
 
 use rshmem::coll::{Algo, AllToAllV, CollConfig, ReduceOp};
 use rshmem::cuda::{self, CudaPe, GpuColl, Stream};
@@ -42,101 +46,7 @@ fn coll_kernels_compile_and_export_every_name() {
     }
 }
 
-// ---------- data and references (as tests/coll.rs) ----------
-
-trait TElem: Elem {
-    fn gen(pe: usize, stream: u64, len: usize, op: ReduceOp) -> Vec<Self>;
-    fn fold(op: ReduceOp, xs: &[Self]) -> Self;
-    fn ops() -> &'static [ReduceOp];
-    fn poison() -> Self;
-}
-
-fn mix(x: f64) -> u64 {
-    ((x * 8.0) as i64 as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
-macro_rules! int_elem {
-    ($($t:ty),*) => {$(
-        impl TElem for $t {
-            fn gen(pe: usize, stream: u64, len: usize, _op: ReduceOp) -> Vec<Self> {
-                harness::rand_vec::<f64>(pe, stream, len).into_iter().map(|x| mix(x) as $t).collect()
-            }
-            fn fold(op: ReduceOp, xs: &[Self]) -> Self {
-                xs[1..].iter().fold(xs[0], |a, &b| match op {
-                    ReduceOp::Sum => a.wrapping_add(b),
-                    ReduceOp::Prod => a.wrapping_mul(b),
-                    ReduceOp::Min => a.min(b),
-                    ReduceOp::Max => a.max(b),
-                    ReduceOp::And => a & b,
-                    ReduceOp::Or => a | b,
-                    ReduceOp::Xor => a ^ b,
-                })
-            }
-            fn ops() -> &'static [ReduceOp] {
-                &ReduceOp::ALL
-            }
-            fn poison() -> Self {
-                0x5a5a_5a5a_5a5a_5a5au64 as $t
-            }
-        }
-    )*};
-}
-int_elem!(i8, i16, i32, i64, u8, u16, u32, u64);
-
-macro_rules! float_elem {
-    ($($t:ty),*) => {$(
-        impl TElem for $t {
-            fn gen(pe: usize, stream: u64, len: usize, op: ReduceOp) -> Vec<Self> {
-                if op == ReduceOp::Prod {
-                    const SMALL: [f64; 6] = [-3.0, -2.0, -1.0, 1.0, 2.0, 3.0];
-                    harness::rand_vec::<f64>(pe, stream, len)
-                        .into_iter()
-                        .map(|x| <$t>::from_f64(SMALL[(mix(x) >> 40) as usize % 6]))
-                        .collect()
-                } else {
-                    harness::rand_vec::<$t>(pe, stream, len)
-                }
-            }
-            fn fold(op: ReduceOp, xs: &[Self]) -> Self {
-                let v = xs[1..].iter().fold(xs[0].to_f64(), |a, b| {
-                    let b = b.to_f64();
-                    match op {
-                        ReduceOp::Sum => a + b,
-                        ReduceOp::Prod => a * b,
-                        ReduceOp::Min => a.min(b),
-                        ReduceOp::Max => a.max(b),
-                        _ => unreachable!("bitwise on floats"),
-                    }
-                });
-                <$t>::from_f64(v)
-            }
-            fn ops() -> &'static [ReduceOp] {
-                &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max]
-            }
-            fn poison() -> Self {
-                <$t>::from_f64(f64::NAN)
-            }
-        }
-    )*};
-}
-float_elem!(f16, bf16, f32, f64);
-
-macro_rules! each_type {
-    ($f:ident($($a:expr),*)) => {{
-        $f::<i8>($($a),*)?;
-        $f::<i16>($($a),*)?;
-        $f::<i32>($($a),*)?;
-        $f::<i64>($($a),*)?;
-        $f::<u8>($($a),*)?;
-        $f::<u16>($($a),*)?;
-        $f::<u32>($($a),*)?;
-        $f::<u64>($($a),*)?;
-        $f::<f16>($($a),*)?;
-        $f::<bf16>($($a),*)?;
-        $f::<f32>($($a),*)?;
-        $f::<f64>($($a),*)?;
-    }};
-}
+// ---------- data and references: harness/coll_data.rs (as tests/coll.rs) ----------
 
 fn check<T: Elem>(got: &[T], want: &[T], ctx: &str) {
     assert_eq!(got.len(), want.len(), "{ctx}");
