@@ -47,6 +47,10 @@ pub struct Config {
     /// CUDA backend: GPU ordinal of each world rank (`RSHMEM_DEVICES=0,1,...`). Default: each
     /// PE's index among the PEs of its process.
     pub devices: Option<Vec<usize>>,
+    /// Entries the completion queue of non-blocking operations holds before a submission
+    /// fails with [`Error::QueueFull`] (`RSHMEM_COMPLETION_QUEUE`); 0 records nothing.
+    /// Default 65 536 (2 MiB per PE at most).
+    pub completion_queue: usize,
 }
 
 impl Default for Config {
@@ -58,6 +62,7 @@ impl Default for Config {
             heap_kind: HeapKind::Static,
             max_teams: 64,
             devices: None,
+            completion_queue: 1 << 16,
         }
     }
 }
@@ -78,6 +83,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_DEVICES",
         "CUDA: GPU ordinal per world rank, e.g. 0,1 (default: PE index in its process)",
+    ),
+    (
+        "RSHMEM_COMPLETION_QUEUE",
+        "entries of the non-blocking completion queue (0 = off), default 65536",
     ),
     (
         "RSHMEM_CACHE_DIR",
@@ -174,6 +183,12 @@ impl Config {
                 .parse()
                 .map_err(|_| bad("RSHMEM_MAX_TEAMS", &v, "a count"))?;
         }
+        if let Some(v) = env("RSHMEM_COMPLETION_QUEUE") {
+            c.completion_queue = v
+                .trim()
+                .parse()
+                .map_err(|_| bad("RSHMEM_COMPLETION_QUEUE", &v, "a count (0 = off)"))?;
+        }
         if let Some(v) = env("RSHMEM_DEVICES") {
             c.devices = Some(
                 crate::backend::cuda::parse_devices(&v)
@@ -207,6 +222,11 @@ impl Config {
     /// Sets the GPU ordinal of each world rank (CUDA backend).
     pub fn devices(mut self, map: Vec<usize>) -> Self {
         self.devices = Some(map);
+        self
+    }
+    /// Sets the completion queue's capacity in entries (0: record no completions).
+    pub fn completion_queue(mut self, entries: usize) -> Self {
+        self.completion_queue = entries;
         self
     }
     /// Sets the most teams alive at once.

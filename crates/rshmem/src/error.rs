@@ -70,6 +70,15 @@ pub enum Error {
         /// How long it waited.
         after: Duration,
     },
+    /// The completion queue of non-blocking operations is full: the operation was not started.
+    #[error(
+        "completion queue full ({capacity} entries): drain it with Pe::completions, or size it \
+         with Config::completion_queue / RSHMEM_COMPLETION_QUEUE (0 records nothing)"
+    )]
+    QueueFull {
+        /// The queue's capacity.
+        capacity: usize,
+    },
     /// A peer died (crash, kill, exit without finalize) while this PE depended on it.
     #[error("PE {pe} was lost (process or thread ended) during {op}")]
     PeerLost {

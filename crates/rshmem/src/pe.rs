@@ -392,6 +392,8 @@ impl Pe {
         self.inner.cq.push(Completion { id, kind, pe, tag });
         OpHandle {
             id,
+            pe,
+            timeout: self.inner.config.timeout,
             done: Arc::new(AtomicBool::new(true)),
             _buf: PhantomData,
         }
@@ -411,6 +413,7 @@ impl Pe {
         pe: usize,
         tag: u64,
     ) -> Result<OpHandle<'a>> {
+        self.inner.cq.check_room()?;
         self.put(dst, at, src, pe)?;
         Ok(self.complete(OpKind::Put, pe, tag))
     }
@@ -424,11 +427,17 @@ impl Pe {
         pe: usize,
         tag: u64,
     ) -> Result<OpHandle<'a>> {
+        self.inner.cq.check_room()?;
         self.get(src, at, dst, pe)?;
         Ok(self.complete(OpKind::Get, pe, tag))
     }
 
     /// Moves the completed non-blocking operations into `out`; returns how many.
+    ///
+    /// The queue holds [`Config::completion_queue`](crate::Config::completion_queue) entries
+    /// (default 65 536; 0 records nothing): once full, a non-blocking submission fails with
+    /// [`Error::QueueFull`](crate::Error::QueueFull) before it starts, until the queue is
+    /// drained here.
     pub fn completions(&self, out: &mut Vec<Completion>) -> usize {
         self.inner.cq.drain(out)
     }
@@ -474,6 +483,7 @@ impl Pe {
         pe: usize,
         tag: u64,
     ) -> Result<OpHandle<'a>> {
+        self.inner.cq.check_room()?;
         self.put_signal(dst, at, src, sig, sig_at, value, op, pe)?;
         Ok(self.complete(OpKind::PutSignal, pe, tag))
     }

@@ -536,7 +536,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         world_seq: AtomicU64::new(0),
         team_epochs: (0..config.max_teams).map(|_| AtomicU64::new(0)).collect(),
         team_used: Mutex::new(team_used),
-        cq: CompletionQueue::default(),
+        cq: CompletionQueue::new(config.completion_queue),
         next_op: AtomicU64::new(1),
         finalized: AtomicBool::new(false),
         world_team: Team::world(job, me, n),

@@ -628,3 +628,50 @@ fn huge_timeout_does_not_panic() {
     });
     assert_eq!(all_ok(r), [3, 3, 3]);
 }
+
+/// A full completion queue refuses the next non-blocking operation before it starts (nothing
+/// written); draining makes room; capacity 0 records nothing and never refuses.
+#[test]
+fn completion_queue_is_bounded() {
+    let r = rshmem::threads_with(cfg().completion_queue(3), 2, |pe| -> Result<()> {
+        let x = pe.alloc::<u32>(8)?;
+        pe.local_fill(&x, 0)?;
+        pe.barrier_all()?;
+        let peer = 1 - pe.my_pe();
+        let vals: Vec<u32> = (0..8).map(|i| 100 * pe.my_pe() as u32 + i + 1).collect();
+        for i in 0..3 {
+            pe.put_nbi(&x, i, &vals[i..i + 1], peer, i as u64)?.wait()?;
+        }
+        let full = pe.put_nbi(&x, 3, &vals[3..4], peer, 3);
+        assert!(
+            matches!(full, Err(Error::QueueFull { capacity: 3 })),
+            "{full:?}"
+        );
+        let mut dst = [7u32; 1];
+        let full = pe.get_nbi(&x, 0, &mut dst, peer, 9);
+        assert!(matches!(full, Err(Error::QueueFull { .. })), "{full:?}");
+        assert_eq!(dst, [7], "a refused get wrote its destination");
+        let mut done = Vec::new();
+        assert_eq!(pe.completions(&mut done), 3);
+        let tags: Vec<u64> = done.iter().map(|c| c.tag).collect();
+        assert_eq!(tags, [0, 1, 2]);
+        pe.put_nbi(&x, 4, &vals[4..5], peer, 4)?.wait()?;
+        pe.barrier_all()?;
+        let got = pe.local_vec(&x)?;
+        let p = 100 * peer as u32;
+        assert_eq!(got, [p + 1, p + 2, p + 3, 0, p + 5, 0, 0, 0], "PE {}", pe.my_pe());
+        Ok(())
+    });
+    all_ok(r);
+    let r = rshmem::threads_with(cfg().completion_queue(0), 1, |pe| -> Result<()> {
+        let x = pe.alloc::<u32>(1)?;
+        for i in 0..10 {
+            pe.put_nbi(&x, 0, &[i], 0, 0)?.wait()?;
+        }
+        assert_eq!(pe.local_vec(&x)?, [9]);
+        let mut done = Vec::new();
+        assert_eq!(pe.completions(&mut done), 0);
+        Ok(())
+    });
+    all_ok(r);
+}

@@ -249,13 +249,15 @@ pub static PING_PONG: PingPong = PingPong {
     pong: AtomicU64::new(0),
 };
 
-/// A [`PingPong`] on a file in `/dev/shm` that several processes map: the latency baseline
-/// between PEs of different processes. The creator removes the file when dropped.
+/// A [`PingPong`] in an anonymous memory file (`memfd_create`) that several processes map: the
+/// latency baseline between PEs of different processes. It has no name in `/dev/shm`, so
+/// nothing is left behind whichever way the processes end: the other processes open it through
+/// the creator's descriptor (`/proc/<pid>/fd/<fd>`, [`path`](Self::path)) while it lives.
 #[derive(Debug)]
 pub struct SharedPingPong {
     ptr: std::ptr::NonNull<PingPong>,
     path: std::path::PathBuf,
-    owner: bool,
+    _fd: std::os::fd::OwnedFd,
 }
 
 // SAFETY: the mapping is only reached through `&PingPong`, whose fields are atomics.
@@ -266,41 +268,29 @@ unsafe impl Sync for SharedPingPong {}
 const SHARED_LEN: usize = 4096;
 
 impl SharedPingPong {
-    /// Creates (zeroed) and maps a new file for the flags.
+    /// Creates (zeroed) and maps a new anonymous file for the flags.
     pub fn create() -> std::io::Result<Self> {
-        let dir = std::path::Path::new("/dev/shm");
-        let dir = if dir.is_dir() {
-            dir.to_path_buf()
-        } else {
-            std::env::temp_dir()
-        };
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let path = dir.join(format!(
-            "rshmem-perf-pingpong-{}-{nanos:08x}",
-            std::process::id()
-        ));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
-        let r = f.set_len(SHARED_LEN as u64).and_then(|_| Self::map(&f));
-        match r {
-            Ok(ptr) => Ok(SharedPingPong {
-                ptr,
-                path,
-                owner: true,
-            }),
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                Err(e)
-            }
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a NUL-terminated name and valid flags; the result is checked.
+        let raw =
+            unsafe { libc::memfd_create(c"rshmem-perf-pingpong".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
         }
+        // SAFETY: `raw` is a new descriptor that nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let f = std::fs::File::from(fd);
+        f.set_len(SHARED_LEN as u64)?;
+        let ptr = Self::map(&f)?;
+        let path = format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd()).into();
+        Ok(SharedPingPong {
+            ptr,
+            path,
+            _fd: f.into(),
+        })
     }
 
-    /// Maps the file another process created.
+    /// Maps the file another process created (its [`path`](Self::path)).
     pub fn open(path: &std::path::Path) -> std::io::Result<Self> {
         let f = std::fs::OpenOptions::new()
             .read(true)
@@ -315,7 +305,7 @@ impl SharedPingPong {
         Ok(SharedPingPong {
             ptr: Self::map(&f)?,
             path: path.to_path_buf(),
-            owner: false,
+            _fd: f.into(),
         })
     }
 
@@ -357,9 +347,6 @@ impl Drop for SharedPingPong {
     fn drop(&mut self) {
         // SAFETY: unmaps the mapping made in `map`, not used after this.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), SHARED_LEN) };
-        if self.owner {
-            let _ = std::fs::remove_file(&self.path);
-        }
     }
 }
 
@@ -434,11 +421,17 @@ mod tests {
             assert!(a.flags().round_trips(100, &mut seq, limit));
             a.flags().stop();
         });
-        let path = a.path().to_path_buf();
+        // Flags written through one mapping are read through the other (the round trips
+        // above); the file is anonymous: no name in /dev/shm to leave behind.
+        let target = std::fs::read_link(a.path()).unwrap();
+        assert!(
+            target
+                .to_string_lossy()
+                .starts_with("/memfd:rshmem-perf-pingpong"),
+            "{target:?}"
+        );
         drop(b);
-        assert!(path.exists());
         drop(a);
-        assert!(!path.exists());
     }
 
     #[test]
