@@ -231,7 +231,7 @@ impl GpuMode {
 pub const DONE_VAR: &str = "RSHMEM_HARNESS_DONE";
 
 /// How long a launched GPU job may run before the launcher stops it (a hang fails the test).
-pub const GPU_JOB_LIMIT: Duration = Duration::from_secs(240);
+pub const GPU_JOB_LIMIT: Duration = Duration::from_secs(180);
 
 /// Runs `body` on `n` PEs in `mode` with `config` (a CUDA configuration), holding
 /// [`gpu_world`] in this process; panics (failing the test) on any error.
