@@ -5,6 +5,10 @@
 //!
 //! A body is `fn(&Pe) -> Result<()>` that checks its data itself (assert on exact expected
 //! values, computed from seeded randomness every PE can reproduce).
+//!
+//! GPU bodies (CUDA configuration, `#[ignore]`d tests) go through [`gpu_run`] / [`gpu_modes`] /
+//! `gpu_mode_test!`: the same re-execution, one mode per call, with done markers so a child
+//! that never reached the body cannot pass, and [`gpu_world`] held in the parent.
 #![allow(dead_code)]
 
 use rshmem::launcher::{self, Job, Outcome};
