@@ -1,6 +1,8 @@
 //! CUDA backend tests. The first ones run everywhere (CI): NVRTC compiles every kernel and the
 //! header for sm_90, and a machine without a driver gets a clean error. The others need GPUs
-//! (`--include-ignored` on the GPU machine): thread mode, static and VMM heaps.
+//! (`--include-ignored` on the GPU machine): thread mode, static and VMM heaps; the host API,
+//! stream ops, device API and graph replay also as launched processes and in mixed mode
+//! (`harness::gpu_run`: the launcher and TCP bootstrap, all PEs may share one GPU).
 
 mod harness;
 
@@ -195,6 +197,17 @@ fn no_driver_gives_a_backend_error() {
     }
 }
 
+/// The GPU harness's machinery (launcher, child selection, done markers) on the CPU backend:
+/// the ring body of the GPU tests' host part in every mode.
+#[test]
+fn gpu_harness_runs_every_mode() {
+    fn body(pe: &Pe) -> Result<()> {
+        host_typed::<f32>(pe, 5)?;
+        host_atomics::<u64>(pe)
+    }
+    harness::gpu_modes("gpu_harness_runs_every_mode", 4, harness::config, body);
+}
+
 // ---------- GPU tests ----------
 
 fn gpu_config(heap: HeapKind) -> Config {
@@ -213,6 +226,13 @@ fn on_gpus(heap: HeapKind, n: usize, body: fn(&Pe) -> Result<()>) {
             panic!("PE {pe} of {n} ({heap:?}): {e}");
         }
     }
+}
+
+/// This PE, the next and the previous one in the world (the bodies send around the ring, so
+/// they run on any number of PEs: same-process and other-process neighbours in mixed mode).
+fn ring(pe: &Pe) -> (usize, usize, usize) {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    (me, (me + 1) % n, (me + n - 1) % n)
 }
 
 fn poison<T: Elem>() -> T {
@@ -380,8 +400,7 @@ fn gpu_info() {
 fn stream_ops(pe: &Pe) -> Result<()> {
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
-    let me = pe.my_pe();
-    let peer = 1 - me;
+    let (me, next, prev) = ring(pe);
     let len = 4099;
     let src = pe.alloc::<f32>(len)?;
     let dst = pe.alloc::<f32>(len)?;
@@ -393,15 +412,15 @@ fn stream_ops(pe: &Pe) -> Result<()> {
     pe.local_fill(&back, -1.0)?;
     pe.local_fill(&sig, 0)?;
     pe.barrier_all()?;
-    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, &sig, 0, 1, SignalOp::Set, peer)?;
+    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, &sig, 0, 1, SignalOp::Set, next)?;
     g.wait_until_on_stream(&s, &sig, 0, Cmp::Eq, 1)?;
-    g.get_on_stream(&s, &back, 0, &dst, 0, len, peer)?; // my own data back from the peer
-    g.signal_on_stream(&s, &sig, 1, 5, SignalOp::Add, peer)?;
+    g.get_on_stream(&s, &back, 0, &dst, 0, len, next)?; // my own data back from the next PE
+    g.signal_on_stream(&s, &sig, 1, 5, SignalOp::Add, next)?;
     g.wait_until_on_stream(&s, &sig, 1, Cmp::Gt, 4)?; // kernel path
     g.barrier_on_stream(&s)?;
     s.synchronize()?;
     pe.quiet()?;
-    let want: Vec<f32> = harness::rand_vec(peer, 11, len);
+    let want: Vec<f32> = harness::rand_vec(prev, 11, len);
     assert!(pe.local_vec(&dst)? == want, "PE {me}: stream put wrong");
     assert!(pe.local_vec(&back)? == data, "PE {me}: stream get wrong");
     pe.barrier_all()?;
@@ -423,8 +442,7 @@ fn gpu_stream_ops_vmm() {
 fn graph_replay(pe: &Pe) -> Result<()> {
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
-    let me = pe.my_pe();
-    let peer = 1 - me;
+    let (me, next, prev) = ring(pe);
     let len = 1 << 12;
     let src = pe.alloc::<u32>(len)?;
     let dst = pe.alloc::<u32>(len)?;
@@ -433,7 +451,7 @@ fn graph_replay(pe: &Pe) -> Result<()> {
     pe.barrier_all()?;
     s.begin_capture()?;
     g.barrier_on_stream(&s)?;
-    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, &sig, 0, 1, SignalOp::Set, peer)?;
+    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, &sig, 0, 1, SignalOp::Set, next)?;
     g.wait_until_on_stream(&s, &sig, 0, Cmp::Eq, 1)?;
     g.signal_on_stream(&s, &sig, 0, 0, SignalOp::Set, me)?;
     g.barrier_on_stream(&s)?;
@@ -446,7 +464,7 @@ fn graph_replay(pe: &Pe) -> Result<()> {
         graph.launch(&s)?;
         s.synchronize()?;
         pe.quiet()?;
-        let want: Vec<u32> = harness::rand_vec(peer, 1000 + rep, len);
+        let want: Vec<u32> = harness::rand_vec(prev, 1000 + rep, len);
         assert!(pe.local_vec(&dst)? == want, "PE {me}: replay {rep} wrong");
         pe.barrier_all()?;
     }
@@ -460,8 +478,7 @@ fn gpu_graph_capture_replay_100() {
 }
 
 fn device_copy<T: Elem>(pe: &Pe, g: &CudaPe, name: &str) -> Result<()> {
-    let me = pe.my_pe();
-    let peer = 1 - me;
+    let (me, next, prev) = ring(pe);
     let len = 1000 + 7;
     let src = pe.alloc::<T>(len)?;
     let dst = pe.alloc::<T>(len)?;
@@ -479,7 +496,7 @@ fn device_copy<T: Elem>(pe: &Pe, g: &CudaPe, name: &str) -> Result<()> {
                     g.arg(&dst)?,
                     g.arg(&src)?,
                     KernelArg::U64(len as u64),
-                    KernelArg::I32(peer as i32),
+                    KernelArg::I32(next as i32),
                     KernelArg::I32(scope),
                     KernelArg::I32(get),
                     KernelArg::I32(nbi),
@@ -489,8 +506,8 @@ fn device_copy<T: Elem>(pe: &Pe, g: &CudaPe, name: &str) -> Result<()> {
                 s.synchronize()?;
                 pe.barrier_all()?;
                 let got = pe.local_vec(&dst)?;
-                // put: my dst holds the peer's data; get: my dst holds the peer's src.
-                let want: Vec<T> = harness::rand_vec(peer, tag, len);
+                // put: my dst holds the previous PE's data; get: the next PE's src.
+                let want: Vec<T> = harness::rand_vec(if get == 1 { next } else { prev }, tag, len);
                 assert!(
                     got == want,
                     "PE {me}: {name} scope {scope} get {get} nbi {nbi} wrong"
@@ -515,9 +532,10 @@ fn device_api(pe: &Pe) -> Result<()> {
         };
     }
     rshmem::for_each_elem!(each);
-    let me = pe.my_pe();
+    let (me, next, prev) = ring(pe);
+    let n_pes = pe.n_pes();
     let s = g.stream()?;
-    // Atomic sequences (each PE on the other's word) and contention from both GPUs.
+    // Atomic sequences (each PE on the next PE's word) and contention from every PE.
     macro_rules! amo {
         ($t:ty, $name:expr) => {{
             let x = pe.alloc::<$t>(1)?;
@@ -534,7 +552,7 @@ fn device_api(pe: &Pe) -> Result<()> {
                     1,
                     32,
                     0,
-                    &[g.arg(&x)?, g.arg(&out)?, KernelArg::I32(1 - me as i32)],
+                    &[g.arg(&x)?, g.arg(&out)?, KernelArg::I32(next as i32)],
                 )?
             };
             s.synchronize()?;
@@ -564,7 +582,7 @@ fn device_api(pe: &Pe) -> Result<()> {
             s.synchronize()?;
             pe.barrier_all()?;
             if me == 0 {
-                let want = (2 * grid as u64 * 128 * 10) as $t;
+                let want = (n_pes as u64 * grid as u64 * 128 * 10) as $t;
                 assert_eq!(pe.local_vec(&x)?[0], want, "contention {}", $name);
             }
             pe.barrier_all()?;
@@ -656,7 +674,7 @@ fn device_api(pe: &Pe) -> Result<()> {
         }
     }
     pe.barrier_all()?;
-    // All SMs putting into one peer at once (block scope, 64 MiB, both GPUs at the same time).
+    // All SMs putting into the next PE at once (block scope, 64 MiB, every PE at the same time).
     let big = 8usize << 20;
     let bsrc = pe.alloc::<u64>(big)?;
     let bdst = pe.alloc::<u64>(big)?;
@@ -680,7 +698,7 @@ fn device_api(pe: &Pe) -> Result<()> {
                 g.arg(&bdst)?,
                 g.arg(&bsrc)?,
                 KernelArg::U64(big as u64),
-                KernelArg::I32(1 - me as i32),
+                KernelArg::I32(next as i32),
                 KernelArg::I32(2),
                 KernelArg::I32(0),
                 KernelArg::I32(1),
@@ -690,11 +708,11 @@ fn device_api(pe: &Pe) -> Result<()> {
     s.synchronize()?;
     pe.barrier_all()?;
     let got = pe.local_vec(&bdst)?;
-    let peer = (1 - me) as u64;
+    let from = |p: usize| {
+        move |(i, &x): (usize, &u64)| x == (i as u64).wrapping_mul(0x9e37_79b9) ^ p as u64
+    };
     assert!(
-        got.iter()
-            .enumerate()
-            .all(|(i, &x)| x == (i as u64).wrapping_mul(0x9e37_79b9) ^ peer),
+        got.iter().enumerate().all(from(prev)),
         "PE {me}: all-SM put wrong"
     );
     pe.barrier_all()?;
@@ -709,7 +727,7 @@ fn device_api(pe: &Pe) -> Result<()> {
             g.arg(&bdst)?,
             g.arg(&bsrc)?,
             KernelArg::U64(nb as u64),
-            KernelArg::I32(1 - me as i32),
+            KernelArg::I32(next as i32),
         ];
         // SAFETY: rshmemi_bench_{put,get}_bulk(char*, const char*, u64, int); nb bytes fit.
         unsafe { g.launch(k, &s, 7, 32, 0, &args)? };
@@ -717,12 +735,12 @@ fn device_api(pe: &Pe) -> Result<()> {
         pe.barrier_all()?;
         let got = pe.local_vec(&bdst)?;
         let w = nb / 8;
-        // put: the peer's data arrived here; get: the peer's source was read into mine.
+        // put: the previous PE's data arrived here; get: the next PE's source was read.
         assert!(
             got[..w]
                 .iter()
                 .enumerate()
-                .all(|(i, &x)| x == (i as u64).wrapping_mul(0x9e37_79b9) ^ peer),
+                .all(from(if get { next } else { prev })),
             "PE {me}: bulk copy (get {get}) wrong"
         );
         assert!(
@@ -734,8 +752,8 @@ fn device_api(pe: &Pe) -> Result<()> {
     // Bad inputs on the device side.
     let t3 = pe.team_split(pe.world_team(), Some(0), -(me as i64))?;
     if let Some(t) = t3 {
-        // Members reversed by key: still strided (stride -1) is rejected.
-        if t.members().len() == 2 {
+        // Members reversed by key: strided with stride -1, which is rejected.
+        if t.members().len() >= 2 {
             assert!(matches!(g.device_team(&t), Err(Error::Team(_))));
         }
         pe.team_destroy(t)?;
@@ -812,130 +830,60 @@ fn gpu_bench_report() {
     }
 }
 
-// ---------- process mode (two processes, one GPU each) ----------
+// ---------- processes and mixed mode ----------
 //
-// Until the TCP bootstrap lands, a file-based `Bootstrap` in a temporary folder forms the world:
-// the parent test re-executes this binary twice, each child one PE.
+// The bodies above again, as 2 launched processes (TCP bootstrap) and as 2 processes of 2
+// thread-PEs each (mixed: same-process and other-process peers in one world), both heaps. The
+// thread-mode tests above keep their names: `gpu_host_api_static` matches all three.
 
-#[derive(Debug)]
-struct FileBoot {
-    dir: std::path::PathBuf,
-    rank: usize,
-    size: usize,
-    seq: std::sync::atomic::AtomicU64,
-}
-
-impl rshmem::Bootstrap for FileBoot {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn allgather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let k = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = self.dir.join(format!("{k}.{}.tmp", self.rank));
-        let fin = self.dir.join(format!("{k}.{}", self.rank));
-        let io = |e: std::io::Error| Error::Bootstrap {
-            pe: Some(self.rank),
-            msg: e.to_string(),
-        };
-        std::fs::write(&tmp, data).map_err(io)?;
-        std::fs::rename(&tmp, &fin).map_err(io)?;
-        let t0 = std::time::Instant::now();
-        let mut out = Vec::with_capacity(self.size);
-        for r in 0..self.size {
-            let f = self.dir.join(format!("{k}.{r}"));
-            loop {
-                if let Ok(b) = std::fs::read(&f) {
-                    out.push(b);
-                    break;
-                }
-                if t0.elapsed() > Duration::from_secs(60) {
-                    return Err(Error::Bootstrap {
-                        pe: Some(r),
-                        msg: "file bootstrap timed out".into(),
-                    });
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// Entry of a child process (does nothing unless started by `process_mode`).
-#[test]
-#[ignore = "needs a GPU"]
-fn gpu_process_child() {
-    let (Ok(dir), Ok(rank), Ok(heap)) = (
-        std::env::var("RSHMEM_TEST_DIR"),
-        std::env::var("RSHMEM_TEST_RANK"),
-        std::env::var("RSHMEM_TEST_HEAP"),
-    ) else {
-        return;
-    };
-    let heap = if heap == "vmm" {
-        HeapKind::Vmm
-    } else {
-        HeapKind::Static
-    };
-    let boot = FileBoot {
-        dir: dir.into(),
-        rank: rank.parse().unwrap(),
-        size: 2,
-        seq: Default::default(),
-    };
-    let pe = Pe::init(gpu_config(heap), Box::new(boot)).expect("init");
-    assert_eq!(pe.mode(), rshmem::Mode::Processes);
-    assert!(!pe.is_same_process(1 - pe.my_pe()).unwrap());
-    host_api(&pe).expect("host api");
-    stream_ops(&pe).expect("stream ops");
-    device_api(&pe).expect("device api");
-    graph_replay(&pe).expect("graph");
-    pe.finalize().expect("finalize");
-}
-
-fn process_mode(heap: &str) {
-    let _gpu = harness::gpu_world();
-    let dir = std::env::temp_dir().join(format!("rshmem-cuda-{}-{heap}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let kids: Vec<_> = (0..2)
-        .map(|r| {
-            std::process::Command::new(&exe)
-                .args([
-                    "--include-ignored",
-                    "--exact",
-                    "gpu_process_child",
-                    "--nocapture",
-                ])
-                .env("RSHMEM_TEST_DIR", &dir)
-                .env("RSHMEM_TEST_RANK", r.to_string())
-                .env("RSHMEM_TEST_HEAP", heap)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for (r, mut k) in kids.into_iter().enumerate() {
-        let st = k.wait().unwrap();
-        assert!(st.success(), "child {r} ({heap}) failed: {st}");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
-#[ignore = "needs a GPU"]
-fn gpu_process_mode_static() {
-    process_mode("static");
-}
-
-#[test]
-#[ignore = "needs a GPU"]
-fn gpu_process_mode_vmm() {
-    process_mode("vmm");
-}
+gpu_mode_test!(
+    gpu_host_api_static,
+    gpu_config(HeapKind::Static),
+    host_api,
+    [processes(2), mixed(4)]
+);
+gpu_mode_test!(
+    gpu_host_api_vmm,
+    gpu_config(HeapKind::Vmm),
+    host_api,
+    [processes(2), mixed(4)]
+);
+gpu_mode_test!(
+    gpu_stream_ops_static,
+    gpu_config(HeapKind::Static),
+    stream_ops,
+    [processes(2), mixed(4)]
+);
+gpu_mode_test!(
+    gpu_stream_ops_vmm,
+    gpu_config(HeapKind::Vmm),
+    stream_ops,
+    [processes(2), mixed(4)]
+);
+gpu_mode_test!(
+    gpu_device_api_static,
+    gpu_config(HeapKind::Static),
+    device_api,
+    [processes(2), mixed(4)]
+);
+gpu_mode_test!(
+    gpu_device_api_vmm,
+    gpu_config(HeapKind::Vmm),
+    device_api,
+    [processes(2), mixed(4)]
+);
+gpu_mode_test!(
+    gpu_graph_capture_replay_100,
+    gpu_config(HeapKind::Static),
+    graph_replay,
+    [processes(2), mixed(4)]
+);
+gpu_mode_test!(
+    gpu_graph_capture_replay_100_vmm,
+    gpu_config(HeapKind::Vmm),
+    graph_replay,
+    [threads(2), processes(2), mixed(4)]
+);
 
 // ---------- the calling thread's current context does not matter (seed 000) ----------
 

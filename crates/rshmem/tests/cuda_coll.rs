@@ -7,7 +7,9 @@
 //! data against a host reference (exact: the data make every float result exact, as in
 //! tests/coll.rs), poisoned outputs; a graph captured once and replayed with new data 12
 //! times, every replay checked; all_to_all_v with device-side counts (exchange, replay,
-//! overflow → `Error::Capacity` with nothing written beyond the capacity); bad inputs.
+//! overflow → `Error::Capacity` with nothing written beyond the capacity); bad inputs. A
+//! sample of types, the graph replay and the device-count all_to_all_v also run as 4 launched
+//! processes and as 2 processes × 2 threads (`harness::gpu_run`).
 
 #[path = "harness/mod.rs"]
 mod harness;
@@ -373,6 +375,22 @@ fn gpu_coll_every_collective_type_op_team() {
     on_gpus(4, everything);
 }
 
+/// A sample of `everything` for the launched modes: bf16 reductions (all_reduce both
+/// algorithms, reduce, reduce_scatter; every op) and f32 data movement (broadcast, all_gather,
+/// all_to_all, all_to_all_v), every team, in and out of place.
+fn sample(pe: &Pe) -> Result<()> {
+    let c = Ctx::new(pe)?;
+    reductions_t::<bf16>(&c)?;
+    movement_t::<f32>(&c)
+}
+
+gpu_mode_test!(
+    gpu_coll_sample_bf16_f32,
+    gpu_config(),
+    sample,
+    [processes(4), mixed(4)]
+);
+
 // ---------- graph capture and replay ----------
 
 fn graph_body(pe: &Pe) -> Result<()> {
@@ -461,6 +479,13 @@ fn graph_body(pe: &Pe) -> Result<()> {
 fn gpu_coll_graph_capture_replay_12() {
     on_gpus(4, graph_body);
 }
+
+gpu_mode_test!(
+    gpu_coll_graph_capture_replay_12,
+    gpu_config(),
+    graph_body,
+    [processes(4), mixed(4)]
+);
 
 // ---------- all_to_all_v with device counts ----------
 
@@ -585,6 +610,13 @@ fn gpu_coll_all_to_all_v_device_counts() {
         a2av_device_body,
     );
 }
+
+gpu_mode_test!(
+    gpu_coll_all_to_all_v_device_counts,
+    gpu_config().timeout(Duration::from_secs(8)),
+    a2av_device_body,
+    [processes(4), mixed(4)]
+);
 
 // ---------- bad inputs ----------
 

@@ -1,6 +1,8 @@
 //! GPU MoE dispatch/combine (`rshmem::cuda::ep`). The first test runs everywhere (CI: NVRTC
 //! compiles the kernels for every hidden/id type); the others need GPUs (`--include-ignored`).
-//! PEs are threads; `RSHMEM_DEVICES` (e.g. `0,0` on one GPU) is cycled to the team size.
+//! PEs are threads; `RSHMEM_DEVICES` (e.g. `0,0` on one GPU) is cycled to the team size. The
+//! bf16 routings and graph replay also run as launched processes and in mixed mode
+//! (`harness::gpu_run`).
 
 mod harness;
 
@@ -424,6 +426,13 @@ fn gpu_ep_routings_normal_bf16() {
     on_gpus(2, |pe| routings_body::<bf16>(pe, EpMode::Normal));
 }
 
+gpu_mode_test!(
+    gpu_ep_routings_normal_bf16,
+    gpu_config(4),
+    |pe| routings_body::<bf16>(pe, EpMode::Normal),
+    [processes(2), mixed(4)]
+);
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_ep_routings_normal_f32() {
@@ -445,6 +454,13 @@ fn gpu_ep_routings_capturable_bf16() {
         routings_body::<bf16>(pe, EpMode::Capturable { capacity: 40 })
     });
 }
+
+gpu_mode_test!(
+    gpu_ep_routings_capturable_bf16,
+    gpu_config(4),
+    |pe| routings_body::<bf16>(pe, EpMode::Capturable { capacity: 40 }),
+    [processes(2), mixed(4)]
+);
 
 #[test]
 #[ignore = "needs a GPU"]
@@ -682,6 +698,13 @@ fn graph_body(pe: &Pe) -> Result<()> {
 fn gpu_ep_graph_replay_changing_routing() {
     on_gpus(2, graph_body);
 }
+
+gpu_mode_test!(
+    gpu_ep_graph_replay_changing_routing,
+    gpu_config(4),
+    graph_body,
+    [processes(2), mixed(4)]
+);
 
 fn graph_overflow_body(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();

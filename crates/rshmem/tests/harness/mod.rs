@@ -5,6 +5,10 @@
 //!
 //! A body is `fn(&Pe) -> Result<()>` that checks its data itself (assert on exact expected
 //! values, computed from seeded randomness every PE can reproduce).
+//!
+//! GPU bodies (CUDA configuration, `#[ignore]`d tests) go through [`gpu_run`] / [`gpu_modes`] /
+//! `gpu_mode_test!`: the same re-execution, one mode per call, with done markers so a child
+//! that never reached the body cannot pass, and [`gpu_world`] held in the parent.
 #![allow(dead_code)]
 
 use rshmem::launcher::{self, Job, Outcome};
@@ -33,9 +37,36 @@ pub fn spawn_self(
     env: &[(&str, &str)],
     grace: Duration,
 ) -> Outcome {
+    spawn_job(
+        test,
+        n,
+        threads,
+        env,
+        grace,
+        false,
+        Duration::from_secs(120),
+    )
+}
+
+/// As [`spawn_self`]; `ignored`: the test is `#[ignore]`d (the children run it anyway), and the
+/// job is stopped after `limit`.
+fn spawn_job(
+    test: &str,
+    n: usize,
+    threads: usize,
+    env: &[(&str, &str)],
+    grace: Duration,
+    ignored: bool,
+    limit: Duration,
+) -> Outcome {
     let exe = std::env::current_exe().expect("current_exe");
     let mut job = Job::new(n, exe);
     job.threads_per_proc = threads;
+    let ignored = if ignored {
+        &["--include-ignored"][..]
+    } else {
+        &[]
+    };
     job.args = [
         "--exact",
         test,
@@ -45,10 +76,11 @@ pub fn spawn_self(
         "--quiet",
     ]
     .iter()
+    .chain(ignored)
     .map(Into::into)
     .collect();
     job.env = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
-    job.timeout = Some(Duration::from_secs(120));
+    job.timeout = Some(limit);
     job.prefix = true;
     job.grace = grace;
     let out = launcher::run(&job).expect("launcher");
@@ -164,6 +196,194 @@ pub fn rand_vec<T: rshmem::Elem>(pe: usize, stream: u64, len: usize) -> Vec<T> {
             T::from_f64(((x >> 11) % 200_000) as f64 / 8.0 - 10_000.0)
         })
         .collect()
+}
+
+// ---------- GPU bodies in every mode ----------
+
+/// How [`gpu_run`] runs a body's PEs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuMode {
+    /// Thread-PEs of this test process ([`rshmem::threads_with`]).
+    Threads,
+    /// One PE per process: this test binary re-executed `n` times through the launcher (TCP
+    /// bootstrap, `RSHMEM_*` environment).
+    Processes,
+    /// `n / 2` launched processes of 2 thread-PEs each.
+    Mixed,
+}
+
+impl GpuMode {
+    /// The mode named by `gpu_mode_test!`'s test names: `threads`, `processes`, `mixed`.
+    pub fn named(name: &str) -> GpuMode {
+        match name {
+            "threads" => GpuMode::Threads,
+            "processes" => GpuMode::Processes,
+            "mixed" => GpuMode::Mixed,
+            _ => panic!("no GPU mode {name:?} (threads, processes, mixed)"),
+        }
+    }
+    fn threads_per_proc(self) -> usize {
+        match self {
+            GpuMode::Mixed => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Set in a child of [`gpu_run`]: a folder where each PE that ran the body to the end leaves a
+/// file.
+pub const DONE_VAR: &str = "RSHMEM_HARNESS_DONE";
+
+/// How long a launched GPU job may run before the launcher stops it (a hang fails the test).
+pub const GPU_JOB_LIMIT: Duration = Duration::from_secs(180);
+
+/// Runs `body` on `n` PEs in `mode` with `config` (a CUDA configuration), holding
+/// [`gpu_world`] in this process; panics (failing the test) on any error.
+///
+/// Processes and mixed mode re-execute this test binary (`--exact test --include-ignored`)
+/// through the launcher; the child re-runs the same test function, which reaches the same call
+/// with the same `config` (so `config` must not depend on the process: build it from
+/// constants and the inherited environment) and runs `body` on its PEs. One GPU is enough:
+/// PEs beyond the GPU count share GPUs (round robin), and `RSHMEM_DEVICES` (inherited) still
+/// maps PEs to GPUs. A child that cannot use a GPU fails with the backend's error; the parent
+/// then reports which job failed (the children's output precedes it, prefixed `[pe k]`).
+pub fn gpu_run(test: &str, mode: GpuMode, n: usize, config: Config, body: fn(&Pe) -> Result<()>) {
+    let t = mode.threads_per_proc();
+    assert!(
+        n >= 1 && n.is_multiple_of(t),
+        "{test}: {n} PEs in {mode:?} mode"
+    );
+    let call = CALLS.with(|c| {
+        let v = c.get() + 1;
+        c.set(v);
+        v
+    });
+    let tag = format!("gpu:{call}:{n}:{t}");
+    if let Ok(want) = std::env::var(CHILD_VAR) {
+        if want != tag {
+            return;
+        }
+        let want_mode = match (mode, n / t) {
+            (_, 1) => rshmem::Mode::Threads,
+            (GpuMode::Mixed, _) => rshmem::Mode::Mixed,
+            _ => rshmem::Mode::Processes,
+        };
+        let done = std::env::var_os(DONE_VAR).map(std::path::PathBuf::from);
+        let run = |pe: &Pe| -> Result<()> {
+            assert_eq!(pe.mode(), want_mode, "{test}: PE {} of {n}", pe.my_pe());
+            body(pe)?;
+            if let Some(d) = &done {
+                std::fs::write(d.join(pe.my_pe().to_string()), b"").expect("done marker");
+            }
+            Ok(())
+        };
+        let r = rshmem::launch_with(config, n, run).unwrap_or_else(|e| {
+            panic!("{test} ({mode:?}, {n} PEs): this process's PEs could not start: {e}")
+        });
+        for (i, x) in r.into_iter().enumerate() {
+            if let Err(e) = x {
+                panic!("{test} ({mode:?}, {n} PEs): thread {i} of this process: {e}");
+            }
+        }
+        return;
+    }
+    let _gpu = gpu_world();
+    if mode == GpuMode::Threads {
+        let r = rshmem::threads_with(config, n, body).unwrap_or_else(|e| {
+            panic!("{test} (threads, {n} PEs): the world could not start: {e}")
+        });
+        for (pe, x) in r.into_iter().enumerate() {
+            if let Err(e) = x {
+                panic!("{test} (threads): PE {pe} of {n}: {e}");
+            }
+        }
+        return;
+    }
+    // Each PE marks its success here: a child that never reached the body (a test name not
+    // found, a call skipped) exits 0 too.
+    let done = std::env::temp_dir().join(format!(
+        "rshmem-harness-{}-{}-{}",
+        std::process::id(),
+        test.replace(':', "-"),
+        tag.replace(':', "-")
+    ));
+    let _ = std::fs::remove_dir_all(&done);
+    std::fs::create_dir_all(&done).expect("marker folder");
+    let done_s = done.to_string_lossy().into_owned();
+    let out = spawn_job(
+        test,
+        n,
+        t,
+        &[(CHILD_VAR, &tag), (DONE_VAR, &done_s)],
+        Duration::from_secs(10),
+        true,
+        GPU_JOB_LIMIT,
+    );
+    let ran = std::fs::read_dir(&done).map_or(0, |d| d.count());
+    let _ = std::fs::remove_dir_all(&done);
+    assert!(
+        !out.timed_out,
+        "{test}: {n} PEs as {} process(es) x {t} thread(s) still ran after {GPU_JOB_LIMIT:?}: \
+         stopped ({:?})",
+        n / t,
+        out.exits
+    );
+    assert_eq!(
+        out.code,
+        0,
+        "{test}: {n} PEs as {} process(es) x {t} thread(s) failed (their output is above): {:?}",
+        n / t,
+        out.exits
+    );
+    assert_eq!(
+        ran, n,
+        "{test}: only {ran} of {n} PEs of the job ran the body to the end"
+    );
+    assert_eq!(
+        out.leftover_segments, 0,
+        "the library left segments of the job for the launcher to remove"
+    );
+}
+
+/// Runs `body` on `n` PEs in every mode: threads, `n` processes, and `n / 2` processes × 2
+/// threads when `n` is even (see [`gpu_run`]).
+pub fn gpu_modes(test: &str, n: usize, config: impl Fn() -> Config, body: fn(&Pe) -> Result<()>) {
+    gpu_run(test, GpuMode::Threads, n, config(), body);
+    gpu_run(test, GpuMode::Processes, n, config(), body);
+    if n.is_multiple_of(2) {
+        gpu_run(test, GpuMode::Mixed, n, config(), body);
+    }
+}
+
+/// `gpu_mode_test!(name, config, body, [processes(2), mixed(4)])`: a module `name` of GPU
+/// tests (`#[ignore = "needs a GPU"]`), one per listed mode (`threads`, `processes`, `mixed`)
+/// with its PE count, each running `body` with `config` (expressions evaluated inside the
+/// module, which sees the enclosing module's items) through [`gpu_run`]. The tests are
+/// `name::processes` etc., so a filter `name` also matches a thread-mode test `name` kept
+/// beside the module.
+#[macro_export]
+macro_rules! gpu_mode_test {
+    ($name:ident, $config:expr, $body:expr, [$($mode:ident($n:expr)),+ $(,)?]) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[test]
+                #[ignore = "needs a GPU"]
+                fn $mode() {
+                    let path = concat!(module_path!(), "::", stringify!($mode));
+                    let test = path.split_once("::").map_or(path, |(_, t)| t);
+                    $crate::harness::gpu_run(
+                        test,
+                        $crate::harness::GpuMode::named(stringify!($mode)),
+                        $n,
+                        $config,
+                        $body,
+                    );
+                }
+            )+
+        }
+    };
 }
 
 /// Serialises GPU worlds within one test process: hold the guard while a GPU world runs.

@@ -8,7 +8,7 @@
 //!
 //! Device choice: `Config::devices` / `RSHMEM_DEVICES` (world rank → GPU ordinal), else the
 //! world rank modulo the number of visible GPUs (one node: the PE's index among its process's
-//! PEs in thread mode, the local rank in process mode).
+//! PEs in thread mode, the local rank in process mode), so PEs beyond the GPU count share GPUs.
 //!
 //! # PEs sharing a GPU
 //! Several PEs of one world may share a GPU (threads of one process share its CUDA context).
@@ -128,6 +128,21 @@ fn pick_device(config: &Config, me: usize, pids: &[u32]) -> Result<usize> {
         })?),
         _ => None,
     };
+    // One node: world rank modulo the visible GPUs. In thread mode that is the PE's index among
+    // its process's PEs; in process mode the local rank (also right when each process sees
+    // only its own GPU through CUDA_VISIBLE_DEVICES).
+    let _ = pids;
+    device_of(map.as_deref(), me, gpu::device_count)
+}
+
+/// PE `me`'s GPU: its entry of the device map when there is one (entries may repeat: PEs
+/// sharing a GPU), else `me` modulo the number of visible GPUs (`count`, asked only then), so
+/// with fewer GPUs than PEs the PEs share them round robin.
+fn device_of(
+    map: Option<&[usize]>,
+    me: usize,
+    count: impl FnOnce() -> Result<usize>,
+) -> Result<usize> {
     if let Some(m) = map {
         return m.get(me).copied().ok_or_else(|| {
             Error::invalid(format!(
@@ -136,13 +151,17 @@ fn pick_device(config: &Config, me: usize, pids: &[u32]) -> Result<usize> {
             ))
         });
     }
-    // One node: world rank modulo the visible GPUs. In thread mode that is the PE's index among
-    // its process's PEs; in process mode the local rank (also right when each process sees
-    // only its own GPU through CUDA_VISIBLE_DEVICES).
-    let _ = pids;
-    let count = gpu::device_count()?;
+    let count = count()?;
     if count == 0 {
         return Err(ffi::err("no CUDA GPU is visible"));
+    }
+    if me >= count {
+        tracing::debug!(
+            pe = me,
+            gpus = count,
+            gpu = me % count,
+            "more PEs than visible GPUs: PEs share GPUs"
+        );
     }
     Ok(me % count)
 }
@@ -525,5 +544,35 @@ impl Backend for CudaBackend {
     }
     fn as_cuda(&self) -> Option<&CudaBackend> {
         Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_choice_wraps_and_follows_the_map() {
+        let two = || Ok(2);
+        let got: Vec<usize> = (0..5).map(|me| device_of(None, me, two).unwrap()).collect();
+        assert_eq!(got, [0, 1, 0, 1, 0], "fewer GPUs than PEs: round robin");
+        for me in 0..4 {
+            assert_eq!(device_of(None, me, || Ok(1)).unwrap(), 0, "one GPU: shared");
+        }
+        assert!(device_of(None, 0, || Ok(0)).is_err(), "no GPU");
+        let e = device_of(None, 0, || Err(ffi::err("no driver"))).unwrap_err();
+        assert!(matches!(e, Error::Backend { .. }), "{e}");
+        // A map wins and is not checked against the count here (gpu::gpu does that).
+        let map = parse_devices("0, 0,1,0").unwrap();
+        let never = || -> Result<usize> { panic!("the count is not needed with a map") };
+        let got: Vec<usize> = (0..4)
+            .map(|me| device_of(Some(&map), me, never).unwrap())
+            .collect();
+        assert_eq!(got, [0, 0, 1, 0]);
+        assert!(matches!(
+            device_of(Some(&map), 4, never),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(parse_devices("0,x"), None);
     }
 }
