@@ -221,11 +221,7 @@ fn gpu_config(heap: HeapKind) -> Config {
 fn on_gpus(heap: HeapKind, n: usize, body: fn(&Pe) -> Result<()>) {
     let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(gpu_config(heap), n, body).expect("world");
-    for (pe, x) in r.into_iter().enumerate() {
-        if let Err(e) = x {
-            panic!("PE {pe} of {n} ({heap:?}): {e}");
-        }
-    }
+    harness::expect_all_ok(&format!("{n} PEs ({heap:?})"), r);
 }
 
 /// This PE, the next and the previous one in the world (the bodies send around the ring, so

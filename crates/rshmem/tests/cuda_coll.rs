@@ -79,11 +79,7 @@ fn on_gpus(n: usize, body: fn(&Pe) -> Result<()>) {
 fn on_gpus_cfg(cfg: Config, n: usize, body: fn(&Pe) -> Result<()>) {
     let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(cfg, n, body).expect("world");
-    for (pe, x) in r.into_iter().enumerate() {
-        if let Err(e) = x {
-            panic!("PE {pe} of {n}: {e}");
-        }
-    }
+    harness::expect_all_ok(&format!("{n} PEs"), r);
 }
 
 /// World (4), a strided team {1, 3}, a team of 3 {0, 1, 2}.

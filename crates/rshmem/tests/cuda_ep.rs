@@ -59,11 +59,7 @@ fn gpu_config(n: usize) -> Config {
 fn on_gpus(n: usize, body: fn(&Pe) -> Result<()>) {
     let _gpu = harness::gpu_world();
     let r = rshmem::threads_with(gpu_config(n), n, body).expect("world");
-    for (pe, x) in r.into_iter().enumerate() {
-        if let Err(e) = x {
-            panic!("PE {pe} of {n}: {e}");
-        }
-    }
+    harness::expect_all_ok(&format!("{n} PEs"), r);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -616,11 +612,7 @@ fn gpu_ep_peer_timeout_stops_every_pe() {
     let _gpu = harness::gpu_world();
     let cfg = gpu_config(2).timeout(Duration::from_secs(2));
     let r = rshmem::threads_with(cfg, 2, peer_timeout_body).expect("world");
-    for (pe, x) in r.into_iter().enumerate() {
-        if let Err(e) = x {
-            panic!("PE {pe}: {e}");
-        }
-    }
+    harness::expect_all_ok("peer timeout, 2 PEs", r);
 }
 
 fn graph_body(pe: &Pe) -> Result<()> {

@@ -659,7 +659,12 @@ fn completion_queue_is_bounded() {
         pe.barrier_all()?;
         let got = pe.local_vec(&x)?;
         let p = 100 * peer as u32;
-        assert_eq!(got, [p + 1, p + 2, p + 3, 0, p + 5, 0, 0, 0], "PE {}", pe.my_pe());
+        assert_eq!(
+            got,
+            [p + 1, p + 2, p + 3, 0, p + 5, 0, 0, 0],
+            "PE {}",
+            pe.my_pe()
+        );
         Ok(())
     });
     all_ok(r);

@@ -362,10 +362,6 @@ fn slot_exhaustion_small_max_teams() {
             exhaustion(pe)
         })
         .expect("world");
-        for (pe, x) in r.into_iter().enumerate() {
-            if let Err(e) = x {
-                panic!("max_teams {slots}, PE {pe} of {n}: {e}");
-            }
-        }
+        harness::expect_all_ok(&format!("max_teams {slots}, {n} PEs"), r);
     }
 }

@@ -129,14 +129,41 @@ pub fn config() -> Config {
         .timeout(Duration::from_secs(30))
 }
 
+/// Panics (failing the test) if any PE's result is an error, listing every PE's error with
+/// the likely causes first: a PE's own failure before the timeouts and lost peers it caused
+/// in the others (which would otherwise hide it when PE 0 is reported first).
+pub fn expect_all_ok<R>(what: &str, results: Vec<Result<R>>) {
+    let mut errs: Vec<(bool, usize, rshmem::Error)> = results
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.err().map(|e| (i, e)))
+        .map(|(i, e)| {
+            let consequence = matches!(
+                e,
+                rshmem::Error::Timeout { .. } | rshmem::Error::PeerLost { .. }
+            );
+            (consequence, i, e)
+        })
+        .collect();
+    if errs.is_empty() {
+        return;
+    }
+    errs.sort_by_key(|(c, i, _)| (*c, *i));
+    let list: Vec<String> = errs
+        .iter()
+        .map(|(_, i, e)| format!("  PE {i}: {e}"))
+        .collect();
+    panic!(
+        "{what}: {} PE(s) failed (likely causes first):\n{}",
+        errs.len(),
+        list.join("\n")
+    );
+}
+
 /// Runs `body` on `n` PEs in thread mode; panics (failing the test) on any error.
 pub fn threads(n: usize, body: fn(&Pe) -> Result<()>) {
     let r = rshmem::threads_with(config(), n, body).expect("world");
-    for (pe, x) in r.into_iter().enumerate() {
-        if let Err(e) = x {
-            panic!("PE {pe} of {n}: {e}");
-        }
-    }
+    expect_all_ok(&format!("{n} PEs (threads)"), r);
 }
 
 /// Runs `body` on `n` PEs in every mode: threads; `n` processes; `n / 2` processes × 2
@@ -152,11 +179,7 @@ pub fn all_modes(test: &str, n: usize, body: fn(&Pe) -> Result<()>) {
             return;
         }
         let r = rshmem::launch_with(config(), n, body).expect("world");
-        for (t, x) in r.into_iter().enumerate() {
-            if let Err(e) = x {
-                panic!("{test}: thread {t} of this process (of {n} PEs): {e}");
-            }
-        }
+        expect_all_ok(&format!("{test}: threads of this process (of {n} PEs)"), r);
         return;
     }
     threads(n, body);
@@ -280,11 +303,10 @@ pub fn gpu_run(test: &str, mode: GpuMode, n: usize, config: Config, body: fn(&Pe
         let r = rshmem::launch_with(config, n, run).unwrap_or_else(|e| {
             panic!("{test} ({mode:?}, {n} PEs): this process's PEs could not start: {e}")
         });
-        for (i, x) in r.into_iter().enumerate() {
-            if let Err(e) = x {
-                panic!("{test} ({mode:?}, {n} PEs): thread {i} of this process: {e}");
-            }
-        }
+        expect_all_ok(
+            &format!("{test} ({mode:?}, {n} PEs): threads of this process"),
+            r,
+        );
         return;
     }
     let _gpu = gpu_world();
@@ -292,11 +314,7 @@ pub fn gpu_run(test: &str, mode: GpuMode, n: usize, config: Config, body: fn(&Pe
         let r = rshmem::threads_with(config, n, body).unwrap_or_else(|e| {
             panic!("{test} (threads, {n} PEs): the world could not start: {e}")
         });
-        for (pe, x) in r.into_iter().enumerate() {
-            if let Err(e) = x {
-                panic!("{test} (threads): PE {pe} of {n}: {e}");
-            }
-        }
+        expect_all_ok(&format!("{test} (threads, {n} PEs)"), r);
         return;
     }
     // Each PE marks its success here: a child that never reached the body (a test name not
