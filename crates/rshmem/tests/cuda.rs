@@ -1212,6 +1212,13 @@ fn many_pes(pe: &Pe) -> Result<()> {
 #[ignore = "needs a GPU"]
 fn gpu_many_pes_ring_and_barriers() {
     let _gpu = harness::gpu_world();
+    // Compile once here, not 72 times at once inside the world's start-up deadline.
+    for g in cuda::info().expect("CUDA").gpus {
+        let arch = format!("sm_{}{}", g.compute_capability.0, g.compute_capability.1);
+        for src in [cuda::nvrtc::INTERNAL_KERNELS, MANY_PE_KERNELS] {
+            cuda::nvrtc::compile(&cuda::nvrtc::with_header(src), &arch, &[]).expect("NVRTC");
+        }
+    }
     let cfg = gpu_config(HeapKind::Static)
         .heap_size(2 << 20)
         .max_teams(MANY_TEAMS);
