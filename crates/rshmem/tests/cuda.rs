@@ -1011,8 +1011,15 @@ extern "C" __global__ void t_many_team(long long* slots, long long* out, int rou
 extern "C" __global__ void t_many_sync(rshmem_team team) { rshmem_team_sync_block(team); }
 "#;
 
-/// PEs of the many-PE test: more than the 64 the device state once held.
-const MANY_PES: usize = 72;
+/// PEs of the many-PE test: more than the 64 the device state once held (`RSHMEM_TEST_PES`
+/// overrides it, e.g. to find where a machine stops coping).
+fn many_pes_count() -> usize {
+    std::env::var("RSHMEM_TEST_PES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 2)
+        .unwrap_or(72)
+}
 /// Team slots of the many-PE test (a non-default size; every slot gets used).
 const MANY_TEAMS: usize = 8;
 
@@ -1030,7 +1037,6 @@ fn many_launch(g: &CudaPe, s: &cuda::Stream, k: &cuda::Kernel, args: &[KernelArg
 fn many_pes(pe: &Pe) -> Result<()> {
     let g = CudaPe::new(pe)?;
     let (me, n) = (pe.my_pe(), pe.n_pes());
-    assert_eq!(n, MANY_PES);
     // n × (max_teams + 1) × 16 B of barrier words, the error line, the base table.
     assert_eq!(
         g.sync_area_bytes(),
@@ -1043,9 +1049,9 @@ fn many_pes(pe: &Pe) -> Result<()> {
     let k_team = g.kernel(MANY_PE_KERNELS, "t_many_team", &[])?;
     let k_sync = g.kernel(MANY_PE_KERNELS, "t_many_sync", &[])?;
 
-    // Teams: a strided one (members 1, 4, …, 70), then full copies of the world until every
-    // slot is taken; the device has counters for every one of them, the last slot included.
-    let strided = pe.team_split_strided(pe.world_team(), 1, 3, 24)?;
+    // Teams: a strided one (members 1, 4, 7, …: 24 of 72), then full copies of the world until
+    // every slot is taken; the device has counters for every one of them, the last included.
+    let strided = pe.team_split_strided(pe.world_team(), 1, 3, (n - 2) / 3 + 1)?;
     let mut fill = Vec::new();
     for _ in 2..MANY_TEAMS {
         fill.push(
@@ -1204,10 +1210,11 @@ fn many_pes(pe: &Pe) -> Result<()> {
     pe.barrier_all()
 }
 
-/// 72 thread PEs (more than the 64 the device state once held) with 8 team slots on however
-/// many GPUs there are (sharing GPU 0 on a one-GPU machine), 2 MiB heaps: device ring put
-/// with signal, device barriers on the world, a strided team and the last team slot, the
-/// stream barrier, and hand-made bad teams.
+/// 72 thread PEs (more than the 64 the device state once held; `RSHMEM_TEST_PES` overrides)
+/// with 8 team slots on however many GPUs there are (sharing GPU 0 on a one-GPU machine), 2 MiB
+/// heaps: device ring put with signal, device barriers on the world, a strided team and the
+/// last team slot, the stream barrier, and hand-made bad teams. Every PE's waiting kernel runs
+/// at once: 72 one-block kernels, under the GPU's 128 concurrent kernels.
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_many_pes_ring_and_barriers() {
@@ -1222,10 +1229,11 @@ fn gpu_many_pes_ring_and_barriers() {
     let cfg = gpu_config(HeapKind::Static)
         .heap_size(2 << 20)
         .max_teams(MANY_TEAMS);
-    let r = rshmem::threads_with(cfg, MANY_PES, many_pes).expect("world");
+    let n = many_pes_count();
+    let r = rshmem::threads_with(cfg, n, many_pes).expect("world");
     for (pe, x) in r.into_iter().enumerate() {
         if let Err(e) = x {
-            panic!("PE {pe} of {MANY_PES}: {e}");
+            panic!("PE {pe} of {n}: {e}");
         }
     }
 }
