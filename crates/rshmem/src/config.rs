@@ -42,7 +42,8 @@ pub struct Config {
     pub backend: BackendKind,
     /// GPU heap kind (`RSHMEM_HEAP=static|vmm`). Default static.
     pub heap_kind: HeapKind,
-    /// Most teams alive at once, the world included (`RSHMEM_MAX_TEAMS`). Default 64.
+    /// Most teams alive at once, the world included (`RSHMEM_MAX_TEAMS`). Default 64. The CUDA
+    /// backend keeps `n_pes × (max_teams + 1) × 16` bytes of barrier counters per PE.
     pub max_teams: usize,
     /// CUDA backend: GPU ordinal of each world rank (`RSHMEM_DEVICES=0,1,...`). Default: each
     /// PE's index among the PEs of its process.

@@ -82,7 +82,7 @@ template <typename A, int OP> __device__ __forceinline__ A rshmemi_apply(A a, A 
 // results are wrong anyway and the host reports the timeout. Barriers still run (counters stay
 // in step).
 __device__ __forceinline__ bool rshmemi_coll_gave_up() {
-    return *(volatile rshmem_u64*)(rshmemi_sync(rshmem_dstate.my_pe) + RSHMEM_SYNC_ERR) != 0;
+    return rshmemi_failed();
 }
 
 __device__ __forceinline__ int rshmemi_member(const rshmem_team& t, int i) { return t.start + i * t.stride; }

@@ -15,6 +15,10 @@
 typedef EP_T ep_t;
 typedef EP_ID ep_id;
 
+// Most PEs of an EP team: destinations are bits of a 64-bit mask in ep_prep. ep.rs
+// (MAX_GPU_EP_PES) refuses bigger teams.
+#define EP_MAX_PES 64
+
 // Parameter block (u64 words; written by the host once per buffer). Keep in step with ep.rs.
 struct ep_params {
     unsigned long long recv_x, recv_meta, comb, rec, sig, ctl, recv_cnt, expert_off, fill, tok_pos,
@@ -55,9 +59,10 @@ __device__ __forceinline__ void ep_from(float f, float* o) { *o = f; }
 __device__ __forceinline__ void ep_from(float f, rshmem_bfloat16* o) { *o = rshmem_float_to_bfloat16(f); }
 __device__ __forceinline__ void ep_from(float f, rshmem_half* o) { *o = rshmem_float_to_half(f); }
 
-// True when a device wait of this PE timed out (the device header's flag; the host clears it).
+// True when a device wait of this PE timed out or a device barrier was misused (the device
+// header's flag; the host clears it).
 __device__ __forceinline__ bool ep_timed_out() {
-    return *(volatile rshmem_u64*)(rshmemi_sync(rshmem_dstate.my_pe) + RSHMEM_SYNC_ERR) != 0;
+    return rshmemi_failed();
 }
 
 // After this PE's waits of a step (one thread): a timeout here, or an abort a peer put here
@@ -88,7 +93,7 @@ __device__ __forceinline__ unsigned ep_lanemask_lt() { unsigned m; asm("mov.u32 
 extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, const ep_id* ids, const float* w, int T, int topk,
                                    int capturable, int invalid) {
     extern __shared__ unsigned s_pairs[];
-    __shared__ unsigned s_cnt[RSHMEM_MAX_PES];
+    __shared__ unsigned s_cnt[EP_MAX_PES];
     __shared__ unsigned s_wt[32];
     __shared__ unsigned s_wbase[32];
     __shared__ int s_err;

@@ -3,22 +3,23 @@
 // Compiled at run time by NVRTC (rshmem prepends this header to user source). It needs no CUDA
 // header: f16 and bf16 are 16-bit storage types with PTX conversions. Symmetric pointers are this
 // PE's own addresses of symmetric objects (what rshmem passes for a `Sym` kernel argument); the
-// API translates them to a peer's copy with the base addresses in `rshmem_dstate`, which rshmem
-// fills per module per GPU after loading.
+// API translates them to a peer's copy with the heap base table `rshmem_dstate.base`, which
+// rshmem fills per module per GPU after loading.
+//
+// No limit on PEs or teams is compiled in: the job's sizes come with `rshmem_dstate`. After each
+// PE's heap (`heap_size` bytes from its base) lies its sync area, laid out by the host
+// (`SyncLayout` in backend/cuda/mod.rs) in 64-bit words at the offsets `rshmem_dstate` gives:
+//   sync_bar: team_slots x n_pes barrier counters (slot s, member p: s * n_pes + p)
+//   sync_exp: team_slots x n_pes barrier expectations (same indexing)
+//   sync_err: the error word (RSHMEM_ERR_* bits), then 7 reserved words
+//   then n_pes words: the table of heap bases `base` points to (this PE's area only)
+// Slot 0 is the world's, the last (stream_slot) rshmem's stream barrier's.
 #ifndef RSHMEM_DEVICE_CUH
 #define RSHMEM_DEVICE_CUH
 
-#define RSHMEM_MAX_PES 64
-#define RSHMEM_MAX_TEAMS 64
-// Team slot reserved for rshmem's stream barrier.
-#define RSHMEM_STREAM_SLOT (RSHMEM_MAX_TEAMS - 1)
-// Layout of the sync area after each PE's heap, in 64-bit words.
-#define RSHMEM_SYNC_BAR 0
-#define RSHMEM_SYNC_EXP (RSHMEM_MAX_TEAMS * RSHMEM_MAX_PES)
-#define RSHMEM_SYNC_ERR (2 * RSHMEM_MAX_TEAMS * RSHMEM_MAX_PES)
-#define RSHMEM_SYNC_SCRATCH (RSHMEM_SYNC_ERR + 8)
-#define RSHMEM_SYNC_WORDS (RSHMEM_SYNC_SCRATCH + 8)
+// Bits of the error word: a device wait timed out; a device barrier got a team outside the job.
 #define RSHMEM_ERR_TIMEOUT 1ull
+#define RSHMEM_ERR_BAD_TEAM 2ull
 
 // Comparisons (same order as rshmem::Cmp) and signal operations (rshmem::SignalOp).
 #define RSHMEM_CMP_EQ 0
@@ -33,13 +34,21 @@
 typedef unsigned long long rshmem_u64;
 typedef unsigned long long size_t_rshmem;
 
+// Must match `DeviceState` in backend/cuda/mod.rs (72 bytes).
 struct rshmem_state {
-    rshmem_u64 base[RSHMEM_MAX_PES];  // each PE's heap base, as mapped on this GPU
-    rshmem_u64 heap_size;             // user heap bytes (the sync area follows)
-    rshmem_u64 timeout_ns;            // device waits give up after this and flag an error
+    const rshmem_u64* base;  // n_pes heap bases as mapped on this GPU (in this PE's sync area)
+    rshmem_u64 my_base;      // base[my_pe]
+    rshmem_u64 heap_size;    // user heap bytes (the sync area follows)
+    rshmem_u64 timeout_ns;   // device waits give up after this and flag an error
+    rshmem_u64 sync_bar;     // word offsets in the sync area (see above)
+    rshmem_u64 sync_exp;
+    rshmem_u64 sync_err;
     int my_pe;
     int n_pes;
+    int team_slots;          // slots of barrier counters: the configured max teams + 1
+    int stream_slot;         // team_slots - 1
 };
+static_assert(sizeof(rshmem_state) == 72, "rshmem_state must match DeviceState");
 
 // A team as kernels see it: a strided set of world PEs with its barrier slot.
 struct rshmem_team {
@@ -77,15 +86,25 @@ __device__ __forceinline__ rshmem_team rshmem_team_world() {
     t.start = 0; t.stride = 1; return t;
 }
 
+// PE `pe`'s heap base as mapped on this GPU: one read-only (cached) load from the base table.
+__device__ __forceinline__ rshmem_u64 rshmemi_base(int pe) { return __ldg(rshmem_dstate.base + pe); }
+
 // The address of `local` (a symmetric address of this PE) in PE `pe`'s copy.
 __device__ __forceinline__ void* rshmem_ptr(const void* local, int pe) {
-    rshmem_u64 off = (rshmem_u64)local - rshmem_dstate.base[rshmem_dstate.my_pe];
-    return (void*)(rshmem_dstate.base[pe] + off);
+    return (void*)(rshmemi_base(pe) + ((rshmem_u64)local - rshmem_dstate.my_base));
 }
 
 __device__ __forceinline__ rshmem_u64* rshmemi_sync(int pe) {
-    return (rshmem_u64*)(rshmem_dstate.base[pe] + rshmem_dstate.heap_size);
+    return (rshmem_u64*)(rshmemi_base(pe) + rshmem_dstate.heap_size);
 }
+__device__ __forceinline__ rshmem_u64* rshmemi_my_sync() {
+    return (rshmem_u64*)(rshmem_dstate.my_base + rshmem_dstate.heap_size);
+}
+// This PE's error word (RSHMEM_ERR_* bits; the host reads and clears it).
+__device__ __forceinline__ rshmem_u64* rshmemi_err_word() { return rshmemi_my_sync() + rshmem_dstate.sync_err; }
+// True once a device wait of this PE timed out or a device barrier was misused (until the host
+// checks): later waits give up at once and rshmem's data kernels move nothing.
+__device__ __forceinline__ bool rshmemi_failed() { return *(volatile rshmem_u64*)rshmemi_err_word() != 0; }
 
 __device__ __forceinline__ rshmem_u64 rshmemi_now() {
     rshmem_u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
@@ -124,7 +143,7 @@ __device__ __forceinline__ bool rshmemi_cmp(rshmem_u64 a, int cmp, rshmem_u64 b)
 }
 
 __device__ __forceinline__ void rshmemi_flag_timeout() {
-    atomicOr((unsigned long long*)(rshmemi_sync(rshmem_dstate.my_pe) + RSHMEM_SYNC_ERR), RSHMEM_ERR_TIMEOUT);
+    atomicOr((unsigned long long*)rshmemi_err_word(), RSHMEM_ERR_TIMEOUT);
 }
 
 __device__ __forceinline__ rshmem_u64 rshmemi_ld_relaxed(const rshmem_u64* p) {
@@ -150,7 +169,7 @@ __device__ __forceinline__ rshmem_u64 rshmemi_wait64(const rshmem_u64* p, int cm
     if (!rshmemi_cmp(x, cmp, v)) {
         // After a timeout on this PE, later waits give up at once: the kernel drains instead
         // of waiting a full timeout per wait; the host reports the error.
-        if (*(volatile rshmem_u64*)(rshmemi_sync(rshmem_dstate.my_pe) + RSHMEM_SYNC_ERR)) return x;
+        if (rshmemi_failed()) return x;
         rshmem_u64 t0 = rshmemi_now();
         unsigned spins = 0;
         while (!rshmemi_cmp(x = RSHMEMI_POLL(p), cmp, v)) {
@@ -493,22 +512,33 @@ RSHMEM_FOR_EACH_AMO_TYPE(RSHMEMI_AMO)
 
 // Synchronises the members of `team`: each member adds one to every member's counter for it,
 // then waits until its own counters reach the number of barriers it did with each member.
+// A team whose slot or members lie outside the job (a hand-made `rshmem_team`) touches nothing:
+// it flags RSHMEM_ERR_BAD_TEAM, which the host reports.
 __device__ __forceinline__ void rshmem_team_sync_block(rshmem_team team) {
     __syncthreads();
-    int me = rshmem_dstate.my_pe;
-    rshmem_u64* mine = rshmemi_sync(me);
+    const int me = rshmem_dstate.my_pe, n = rshmem_dstate.n_pes;
+    const long long last = (long long)team.start + (long long)(team.size - 1) * team.stride;
+    if (team.slot < 0 || team.slot >= rshmem_dstate.team_slots || team.size < 1 || team.start < 0 ||
+        (team.size > 1 && team.stride < 1) || last >= n) {
+        if (rshmemi_tid() == 0) atomicOr((unsigned long long*)rshmemi_err_word(), RSHMEM_ERR_BAD_TEAM);
+        __syncthreads();
+        return;
+    }
+    rshmem_u64* mine = rshmemi_my_sync();
+    const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)n;
+    const rshmem_u64 bar = rshmem_dstate.sync_bar + row, exp_at = rshmem_dstate.sync_exp + row;
     if (rshmemi_tid() == 0) asm volatile("fence.sc.sys;" ::: "memory");
     __syncthreads();
     for (int i = rshmemi_tid(); i < team.size; i += rshmemi_nthreads()) {
         int pe = team.start + i * team.stride;
-        rshmemi_red_add_release(rshmemi_sync(pe) + RSHMEM_SYNC_BAR + team.slot * RSHMEM_MAX_PES + me, 1);
+        rshmemi_red_add_release(rshmemi_sync(pe) + bar + me, 1);
     }
     for (int i = rshmemi_tid(); i < team.size; i += rshmemi_nthreads()) {
         int pe = team.start + i * team.stride;
-        rshmem_u64* exp = mine + RSHMEM_SYNC_EXP + team.slot * RSHMEM_MAX_PES + pe;
+        rshmem_u64* exp = mine + exp_at + pe;
         rshmem_u64 e = *exp + 1;
         *exp = e;
-        rshmemi_wait64(mine + RSHMEM_SYNC_BAR + team.slot * RSHMEM_MAX_PES + pe, RSHMEM_CMP_GE, e);
+        rshmemi_wait64(mine + bar + pe, RSHMEM_CMP_GE, e);
     }
     __syncthreads();
 }

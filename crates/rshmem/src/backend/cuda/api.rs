@@ -2,7 +2,7 @@
 //! with the rshmem device header.
 
 use super::gpu::{self, Func, Module, RawStream};
-use super::{ffi, nvrtc, set_state, CudaBackend, MAX_TEAMS};
+use super::{ffi, nvrtc, set_state, CudaBackend};
 use crate::elem::{Cmp, Elem, SignalOp};
 use crate::error::{Error, Result};
 use crate::sym::{AsSym, RawSym};
@@ -255,6 +255,12 @@ impl<'a> CudaPe<'a> {
         })
     }
 
+    /// Bytes of the sync area (barrier counters, error word, heap base table) that each PE's
+    /// GPU heap holds beyond the user heap: `n_pes × (max_teams + 1) × 16 + 64 + 8 × n_pes`.
+    pub fn sync_area_bytes(&self) -> usize {
+        self.b.layout.bytes()
+    }
+
     /// Number of SMs of this PE's GPU.
     pub fn sm_count(&self) -> usize {
         self.b.gpu.sms()
@@ -504,7 +510,7 @@ impl<'a> CudaPe<'a> {
     pub fn barrier_on_stream(&self, s: &Stream) -> Result<()> {
         self.check_stream(s)?;
         let mut t = DeviceTeam {
-            slot: (MAX_TEAMS - 1) as i32,
+            slot: self.b.layout.stream_slot() as i32,
             my_index: self.b.me as i32,
             size: self.b.n as i32,
             start: 0,
@@ -525,11 +531,12 @@ impl<'a> CudaPe<'a> {
     /// The device-side view of `team` (teams with strided members only).
     pub fn device_team(&self, team: &Team) -> Result<DeviceTeam> {
         let m = &team.members;
-        if team.slot >= MAX_TEAMS - 1 {
+        // Every host team slot has device counters (the stream barrier's slot comes after).
+        if team.slot >= self.b.layout.stream_slot() {
             return Err(Error::Team(format!(
                 "team slot {} is beyond the device's {} team slots",
                 team.slot,
-                MAX_TEAMS - 1
+                self.b.layout.stream_slot()
             )));
         }
         let stride = if m.len() > 1 {

@@ -105,6 +105,8 @@ const GRID: u32 = 128;
 const BLOCK: u32 = 512;
 /// Most experts (the layout kernel counts pairs per expert in shared memory).
 pub const MAX_GPU_EXPERTS: usize = 8192;
+/// Most PEs of a GPU EP team (`EP_MAX_PES` of `ep.cu`: destinations are bits of a 64-bit mask).
+pub const MAX_GPU_EP_PES: usize = 64;
 
 const CTL_GO: usize = 3;
 const CTL_ERR: usize = 4;
@@ -175,10 +177,9 @@ fn mul(a: usize, b: usize) -> Result<usize> {
 
 fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
     cfg.validate(n)?;
-    if n > super::MAX_PES {
+    if n > MAX_GPU_EP_PES {
         return Err(Error::invalid(format!(
-            "ep: GPU teams have at most {} PEs",
-            super::MAX_PES
+            "ep: GPU teams have at most {MAX_GPU_EP_PES} PEs, not {n}"
         )));
     }
     if cfg.num_experts > MAX_GPU_EXPERTS {

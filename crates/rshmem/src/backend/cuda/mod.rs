@@ -10,6 +10,15 @@
 //! world rank modulo the number of visible GPUs (one node: the PE's index among its process's
 //! PEs in thread mode, the local rank in process mode), so PEs beyond the GPU count share GPUs.
 //!
+//! # Sizes
+//! Nothing is compiled in: each PE's GPU heap is the user heap followed by a sync area sized
+//! from the job (`SyncLayout`: barrier counters for every team slot and the stream barrier,
+//! the device error word, the table of heap bases that device code translates addresses
+//! with), `n_pes × (max_teams + 1) × 16 + 64 + 8 × n_pes` bytes; the device state
+//! (`rshmem_state`, in each module's constant memory) points at the table and carries the
+//! layout. [`CudaPe::sync_area_bytes`] reports it, the `CUDA heap up` debug event logs it, and
+//! a warning says when it outgrows the heap (`RSHMEM_MAX_TEAMS` sizes it).
+//!
 //! # PEs sharing a GPU
 //! Several PEs of one world may share a GPU (threads of one process share its CUDA context).
 //! Kernels that wait for peers are one block each and data kernels never wait, so waiting
@@ -56,21 +65,149 @@ use gpu::{DevBuf, Func, Gpu, Module, RawStream};
 use heap::{OwnHeap, PeerMap, HANDLE_BYTES};
 use std::sync::{Arc, Mutex};
 
-/// Must match RSHMEM_MAX_PES / RSHMEM_SYNC_WORDS of the device header.
-pub(crate) const MAX_PES: usize = 64;
-pub(crate) const MAX_TEAMS: usize = 64;
-pub(crate) const SYNC_ERR: usize = 2 * MAX_TEAMS * MAX_PES;
-pub(crate) const SYNC_BYTES: usize = (SYNC_ERR + 16) * 8;
+/// Layout of the sync area that follows each PE's heap, in 64-bit words, sized from the job
+/// (the device header reads it from `rshmem_state`; no limit is compiled in):
+///
+/// | words | what |
+/// | --- | --- |
+/// | `slots × n_pes` from [`bar`](Self::bar) | barrier counters: slot `s`, member `p` at `s × n_pes + p` |
+/// | `slots × n_pes` from [`exp`](Self::exp) | barrier expectations, same indexing |
+/// | 8 from [`err`](Self::err) | the device error word (`RSHMEM_ERR_*` bits), 7 reserved |
+/// | `n_pes` from [`bases`](Self::bases) | this PE's table of heap bases as mapped on its GPU |
+///
+/// `slots` is `max_teams + 1`: a slot per host team slot (slot 0 the world's) plus the last,
+/// [`stream_slot`](Self::stream_slot), for [`CudaPe::barrier_on_stream`]. That is
+/// `n_pes × (max_teams + 1) × 16 + 64 + 8 × n_pes` bytes per PE (72 PEs, 64 teams: 75 KB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SyncLayout {
+    /// PEs of the world.
+    pub n_pes: usize,
+    /// Barrier slots (`max_teams + 1`).
+    pub slots: usize,
+}
 
-/// The device state layout of the header's `rshmem_state`.
+impl SyncLayout {
+    /// Words of the error line.
+    const ERR_WORDS: usize = 8;
+
+    /// The layout for `n_pes` PEs and `max_teams` team slots; an error when it overflows or
+    /// the device's `int` PE and slot numbers cannot hold it.
+    pub fn new(n_pes: usize, max_teams: usize) -> Result<SyncLayout> {
+        let l = SyncLayout {
+            n_pes,
+            slots: max_teams.saturating_add(1),
+        };
+        let fits = n_pes >= 1
+            && max_teams >= 1
+            && i32::try_from(n_pes).is_ok()
+            && i32::try_from(l.slots).is_ok()
+            && l.checked_bytes().is_some();
+        if !fits {
+            return Err(Error::invalid(format!(
+                "cannot lay out the CUDA sync area for {n_pes} PEs and {max_teams} teams (none, or too many)"
+            )));
+        }
+        Ok(l)
+    }
+
+    fn checked_bytes(&self) -> Option<usize> {
+        self.slots
+            .checked_mul(self.n_pes)?
+            .checked_mul(2)?
+            .checked_add(Self::ERR_WORDS)?
+            .checked_add(self.n_pes)?
+            .checked_mul(8)
+    }
+
+    /// First word of the barrier counters.
+    pub fn bar(&self) -> usize {
+        0
+    }
+    /// First word of the barrier expectations.
+    pub fn exp(&self) -> usize {
+        self.slots * self.n_pes
+    }
+    /// The error word.
+    pub fn err(&self) -> usize {
+        2 * self.slots * self.n_pes
+    }
+    /// First word of the base table.
+    pub fn bases(&self) -> usize {
+        self.err() + Self::ERR_WORDS
+    }
+    /// Words of the whole area.
+    pub fn words(&self) -> usize {
+        self.bases() + self.n_pes
+    }
+    /// Bytes of the whole area (what each PE's heap allocation adds to the user heap).
+    pub fn bytes(&self) -> usize {
+        self.words() * 8
+    }
+    /// The slot of the stream barrier (the last).
+    pub fn stream_slot(&self) -> usize {
+        self.slots - 1
+    }
+    /// Word of the counter member `pe` bumps in slot `slot` of whoever owns the area.
+    #[cfg(test)]
+    pub fn bar_word(&self, slot: usize, pe: usize) -> usize {
+        self.bar() + slot * self.n_pes + pe
+    }
+    /// Word of the owner's expectation for member `pe` in slot `slot`.
+    #[cfg(test)]
+    pub fn exp_word(&self, slot: usize, pe: usize) -> usize {
+        self.exp() + slot * self.n_pes + pe
+    }
+}
+
+/// The device state layout of the header's `rshmem_state` (checked by size when set).
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DeviceState {
-    pub base: [u64; MAX_PES],
+    /// Device address of the base table (in this PE's sync area).
+    pub base: u64,
+    pub my_base: u64,
     pub heap_size: u64,
     pub timeout_ns: u64,
+    pub sync_bar: u64,
+    pub sync_exp: u64,
+    pub sync_err: u64,
     pub my_pe: i32,
     pub n_pes: i32,
+    pub team_slots: i32,
+    pub stream_slot: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<DeviceState>() == 72);
+
+/// `RSHMEM_ERR_BAD_TEAM` of the header (`RSHMEM_ERR_TIMEOUT` is 1).
+const ERR_BAD_TEAM: u64 = 2;
+
+impl DeviceState {
+    /// The state of PE `me` whose heap of `heap_size` bytes (then the sync area) is at
+    /// `bases[me]`, with `bases` as mapped on its GPU.
+    fn new(
+        layout: &SyncLayout,
+        bases: &[u64],
+        me: usize,
+        heap_size: usize,
+        timeout: std::time::Duration,
+    ) -> DeviceState {
+        let my_base = bases.get(me).copied().unwrap_or(0);
+        let sync = my_base + heap_size as u64;
+        DeviceState {
+            base: sync + layout.bases() as u64 * 8,
+            my_base,
+            heap_size: heap_size as u64,
+            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            sync_bar: layout.bar() as u64,
+            sync_exp: layout.exp() as u64,
+            sync_err: layout.err() as u64,
+            my_pe: me as i32,
+            n_pes: layout.n_pes as i32,
+            team_slots: layout.slots as i32,
+            stream_slot: layout.stream_slot() as i32,
+        }
+    }
 }
 
 /// The CUDA backend of one PE.
@@ -84,6 +221,8 @@ pub(crate) struct CudaBackend {
     pub bases: Vec<u64>,
     /// User heap bytes (the sync area follows at this offset).
     pub heap_size: usize,
+    /// Layout of the sync area.
+    pub layout: SyncLayout,
     pub timeout: std::time::Duration,
     pub heap_kind: HeapKind,
     /// Host-API operations run on this stream under `lock`.
@@ -214,13 +353,10 @@ impl CudaBackend {
         boot: &dyn Bootstrap,
     ) -> Result<CudaBackend> {
         // Step 1: device choice, exchanged so VMM heaps can grant same-process peers access.
+        let layout = SyncLayout::new(n, config.max_teams);
         let first = (|| -> Result<Arc<Gpu>> {
             ffi::driver()?;
-            if n > MAX_PES {
-                return Err(ffi::err(format!(
-                    "{n} PEs: the CUDA backend supports at most {MAX_PES}"
-                )));
-            }
+            layout.as_ref().map_err(Clone::clone)?;
             gpu::gpu(pick_device(config, me, pids)?)
         })();
         let ord = first.as_ref().map(|g| g.ordinal as u64).unwrap_or(u64::MAX);
@@ -230,6 +366,7 @@ impl CudaBackend {
             "CUDA device",
         )?;
         let gpu = first?;
+        let layout = layout?;
         let ords: Vec<usize> = boot
             .allgather(&enc(&[ord]))?
             .iter()
@@ -244,7 +381,7 @@ impl CudaBackend {
         // Step 2: my heap.
         let kind = config.heap_kind;
         let bytes = (|| -> Result<usize> {
-            let raw = config.heap_size.div_ceil(4096) * 4096 + SYNC_BYTES;
+            let raw = config.heap_size.div_ceil(4096) * 4096 + layout.bytes();
             Ok(match kind {
                 HeapKind::Static => raw,
                 HeapKind::Vmm => {
@@ -308,21 +445,29 @@ impl CudaBackend {
         agree(boot, mapped.clone(), "mapping peer GPU heaps")?;
         own.close_export();
 
-        // Step 4: internal kernels and host-op resources.
-        let state = DeviceState {
-            base: {
-                let mut b = [0u64; MAX_PES];
-                b[..n].copy_from_slice(&bases);
-                b
-            },
-            heap_size: heap_size as u64,
-            timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
-            my_pe: me as i32,
-            n_pes: n as i32,
-        };
+        // Step 4: the base table, internal kernels and host-op resources.
+        let state = DeviceState::new(&layout, &bases, me, heap_size, config.timeout);
         let rest = (|| -> Result<_> {
-            let internal = Arc::new(load_internal(&gpu, &state)?);
             let stream = RawStream::new(&gpu)?;
+            let table = enc(&bases);
+            let _g = gpu.bind()?;
+            // SAFETY: the table's n_pes words lie at the end of this PE's own sync area, inside
+            // its heap allocation (layout.bytes() counts them); the source is a live vector and
+            // the copy completes before it is dropped (stream synchronised).
+            ffi::check(
+                unsafe {
+                    ffi::cu::cuMemcpyHtoDAsync_v2(
+                        state.base,
+                        table.as_ptr() as *const _,
+                        table.len(),
+                        stream.raw,
+                    )
+                },
+                "cuMemcpyHtoDAsync (heap base table)",
+            )?;
+            stream.sync()?;
+            drop(_g);
+            let internal = Arc::new(load_internal(&gpu, &state)?);
             let scratch = DevBuf::zeroed(&gpu, 64)?;
             Ok((
                 internal.func("rshmemi_host_amo")?,
@@ -345,8 +490,21 @@ impl CudaBackend {
             gpu = gpu.ordinal,
             ?kind,
             bytes = own.bytes,
+            heap_bytes = heap_size,
+            sync_bytes = layout.bytes(),
+            team_slots = layout.slots,
             "CUDA heap up"
         );
+        if me == 0 && layout.bytes() > heap_size {
+            tracing::warn!(
+                sync_bytes = layout.bytes(),
+                heap_bytes = heap_size,
+                n_pes = n,
+                max_teams = config.max_teams,
+                "the CUDA sync area (n_pes x (max_teams + 1) x 16 B per PE) is larger than the \
+                 heap; lower RSHMEM_MAX_TEAMS to shrink it"
+            );
+        }
         Ok(CudaBackend {
             me,
             n,
@@ -354,6 +512,7 @@ impl CudaBackend {
             ordinals: ords,
             bases,
             heap_size,
+            layout,
             timeout: config.timeout,
             heap_kind: kind,
             stream,
@@ -372,15 +531,13 @@ impl CudaBackend {
 
     /// The device state every module loaded for this PE gets.
     pub(crate) fn state(&self) -> DeviceState {
-        let mut b = [0u64; MAX_PES];
-        b[..self.n].copy_from_slice(&self.bases);
-        DeviceState {
-            base: b,
-            heap_size: self.heap_size as u64,
-            timeout_ns: self.timeout.as_nanos().min(u64::MAX as u128) as u64,
-            my_pe: self.me as i32,
-            n_pes: self.n as i32,
-        }
+        DeviceState::new(
+            &self.layout,
+            &self.bases,
+            self.me,
+            self.heap_size,
+            self.timeout,
+        )
     }
 
     /// Address of `offset` in PE `pe`'s heap, as mapped here.
@@ -398,10 +555,11 @@ impl CudaBackend {
         self.lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reads and clears the device error word (set by device waits that timed out).
+    /// Reads and clears the device error word (set by device waits that timed out and device
+    /// barriers given a team outside the job).
     pub(crate) fn take_device_error(&self) -> Result<()> {
         let mut v = 0u64;
-        let a = self.sync_addr(self.me, SYNC_ERR);
+        let a = self.sync_addr(self.me, self.layout.err());
         {
             let _l = self.guard();
             let _g = self.gpu.bind()?;
@@ -436,6 +594,13 @@ impl CudaBackend {
                 "cuMemcpyHtoDAsync",
             )?;
             self.stream.sync()?;
+            if v & ERR_BAD_TEAM != 0 {
+                return Err(Error::Team(
+                    "a device barrier was given a team whose slot or members lie outside this \
+                     job (a DeviceTeam not made by CudaPe::device_team?); it synchronised nothing"
+                        .into(),
+                ));
+            }
             return Err(Error::Timeout {
                 op: "device-side wait (kernel or stream)",
                 pe: None,
@@ -550,6 +715,142 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// Every region in its place, no overlap, the documented size, the stream slot after
+    /// every host team slot.
+    #[test]
+    fn sync_layout_regions() {
+        for (n, teams) in [
+            (1, 1),
+            (2, 64),
+            (8, 64),
+            (64, 64),
+            (72, 64),
+            (72, 8),
+            (1000, 4096),
+        ] {
+            let l = SyncLayout::new(n, teams).unwrap();
+            assert_eq!(l.slots, teams + 1);
+            assert_eq!(l.stream_slot(), teams, "after host slots 0..{teams}");
+            assert_eq!(l.bar(), 0);
+            assert_eq!(l.exp(), (teams + 1) * n);
+            assert_eq!(l.err(), 2 * (teams + 1) * n);
+            assert_eq!(l.bases(), l.err() + 8);
+            assert_eq!(l.words(), l.bases() + n);
+            assert_eq!(
+                l.bytes(),
+                n * (teams + 1) * 16 + 64 + 8 * n,
+                "{n} PEs, {teams}"
+            );
+            // First and last word of each slot's rows stay in their region.
+            for slot in [0, teams - 1, l.stream_slot()] {
+                assert!(l.bar_word(slot, 0) >= l.bar() && l.bar_word(slot, n - 1) < l.exp());
+                assert!(l.exp_word(slot, 0) >= l.exp() && l.exp_word(slot, n - 1) < l.err());
+            }
+            assert_eq!(l.bar_word(l.stream_slot(), n - 1), l.exp() - 1);
+            assert_eq!(l.exp_word(l.stream_slot(), n - 1), l.err() - 1);
+            // Distinct (slot, pe) pairs get distinct words.
+            assert_eq!(l.bar_word(1, 0), l.bar_word(0, n - 1) + 1);
+        }
+        // 72 PEs with the default 64 teams: 75,520 bytes per PE.
+        assert_eq!(SyncLayout::new(72, 64).unwrap().bytes(), 75_520);
+    }
+
+    #[test]
+    fn sync_layout_rejects_what_it_cannot_hold() {
+        for (n, teams) in [
+            (0, 64),
+            (2, 0),
+            (usize::MAX / 4, 64),
+            (2, usize::MAX),
+            (i32::MAX as usize + 1, 1),
+            (i32::MAX as usize, i32::MAX as usize - 1),
+        ] {
+            assert!(
+                matches!(SyncLayout::new(n, teams), Err(Error::InvalidArgument(_))),
+                "{n} PEs, {teams} teams"
+            );
+        }
+    }
+
+    #[test]
+    fn device_state_points_into_the_sync_area() {
+        let l = SyncLayout::new(72, 64).unwrap();
+        let heap = 2 << 20;
+        let bases: Vec<u64> = (0..72u64)
+            .map(|p| 0x7f00_0000_0000 + p * 0x100_0000)
+            .collect();
+        let st = DeviceState::new(&l, &bases, 5, heap, Duration::from_millis(1500));
+        let sync = bases[5] + heap as u64;
+        assert_eq!(st.my_base, bases[5]);
+        assert_eq!(st.base, sync + 8 * l.bases() as u64);
+        // The base table ends exactly where the allocation's sync area does.
+        assert_eq!(st.base + 8 * 72, sync + l.bytes() as u64);
+        assert_eq!(st.heap_size, heap as u64);
+        assert_eq!(st.timeout_ns, 1_500_000_000);
+        assert_eq!(
+            (st.sync_bar, st.sync_exp, st.sync_err),
+            (0, l.exp() as u64, l.err() as u64)
+        );
+        assert_eq!(
+            (st.my_pe, st.n_pes, st.team_slots, st.stream_slot),
+            (5, 72, 65, 64)
+        );
+    }
+
+    /// `rshmem_state` of the header has the fields of `DeviceState`, in order, at the same
+    /// offsets, and no compiled-in limit is left.
+    #[test]
+    fn header_state_matches_device_state() {
+        let h = nvrtc::DEVICE_HEADER;
+        let body = h
+            .split("struct rshmem_state {")
+            .nth(1)
+            .and_then(|b| b.split("};").next())
+            .expect("struct rshmem_state in the header");
+        let mut off = 0usize;
+        let mut fields = Vec::new();
+        for line in body.lines() {
+            let decl = line.split("//").next().unwrap_or("").trim();
+            let Some(decl) = decl.strip_suffix(';') else {
+                continue;
+            };
+            let (ty, name) = decl.rsplit_once(' ').expect("type and name");
+            let size = match ty.trim() {
+                "const rshmem_u64*" | "rshmem_u64" => 8,
+                "int" => 4,
+                other => panic!("unexpected field type {other:?}"),
+            };
+            assert_eq!(off % size, 0, "{name} is unaligned");
+            fields.push((name.trim_start_matches('*').to_string(), off));
+            off += size;
+        }
+        let rust = [
+            ("base", std::mem::offset_of!(DeviceState, base)),
+            ("my_base", std::mem::offset_of!(DeviceState, my_base)),
+            ("heap_size", std::mem::offset_of!(DeviceState, heap_size)),
+            ("timeout_ns", std::mem::offset_of!(DeviceState, timeout_ns)),
+            ("sync_bar", std::mem::offset_of!(DeviceState, sync_bar)),
+            ("sync_exp", std::mem::offset_of!(DeviceState, sync_exp)),
+            ("sync_err", std::mem::offset_of!(DeviceState, sync_err)),
+            ("my_pe", std::mem::offset_of!(DeviceState, my_pe)),
+            ("n_pes", std::mem::offset_of!(DeviceState, n_pes)),
+            ("team_slots", std::mem::offset_of!(DeviceState, team_slots)),
+            (
+                "stream_slot",
+                std::mem::offset_of!(DeviceState, stream_slot),
+            ),
+        ];
+        let rust: Vec<(String, usize)> = rust.iter().map(|(n, o)| (n.to_string(), *o)).collect();
+        assert_eq!(fields, rust);
+        assert_eq!(off, std::mem::size_of::<DeviceState>());
+        assert!(h.contains(&format!("static_assert(sizeof(rshmem_state) == {off}")));
+        assert!(h.contains(&format!("#define RSHMEM_ERR_BAD_TEAM {ERR_BAD_TEAM}ull")));
+        for gone in ["RSHMEM_MAX_PES", "RSHMEM_MAX_TEAMS", "RSHMEM_SYNC_"] {
+            assert!(!h.contains(gone), "{gone} is back in the header");
+        }
+    }
 
     #[test]
     fn device_choice_wraps_and_follows_the_map() {
