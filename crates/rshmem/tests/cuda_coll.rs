@@ -36,7 +36,7 @@ fn coll_kernels_compile_and_export_every_name() {
         Err(e) => panic!("{e}"),
     };
     let names = cuda::coll_kernel_names();
-    assert_eq!(names.len(), 4 + 8 * 7 + 4 * 4);
+    assert_eq!(names.len(), 5 + 8 * 7 + 4 * 4);
     for n in names {
         let needle = format!("{n}\0");
         assert!(
