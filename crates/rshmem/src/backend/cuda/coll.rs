@@ -84,6 +84,7 @@ const ERR_MM_THEIRS: usize = ERR_MM_MINE + SIG_WORDS;
 /// First skip flag (one per team slot); the words before it are the record proper.
 const ERR_SKIP: usize = 32;
 const ERR_WORDS: usize = ERR_SKIP + MAX_TEAMS;
+const _: () = assert!(ERR_MM_THEIRS + SIG_WORDS <= ERR_SKIP);
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -318,6 +319,8 @@ pub struct GpuColl<'a> {
     n_pes: usize,
     /// Largest team of [`GpuColl::all_to_all_v_device`] (its count matrix is in shared memory).
     a2av_dev_max: usize,
+    /// Members per all_to_all_v list launch (at most [`A2AV_CHUNK`]).
+    a2av_chunk: usize,
     sms: u32,
     /// Bytes read per PE up to which a one-phase plan runs as one fused kernel.
     fused_bytes: usize,
@@ -396,6 +399,7 @@ impl<'a> GpuColl<'a> {
             sigs,
             n_pes,
             a2av_dev_max,
+            a2av_chunk: A2AV_CHUNK,
             sms: b.gpu.sms().max(1) as u32,
             fused_bytes: fused_bytes_from_env()?,
             own,
@@ -780,6 +784,25 @@ impl<'a> GpuColl<'a> {
         self.fused_bytes = bytes;
     }
 
+    /// Members per [`GpuColl::all_to_all_v`] list launch, 1 to 64 (the default, and the most
+    /// a launch's arguments hold): smaller values only add launches. For tests, which cover
+    /// several chunks with small teams this way.
+    #[doc(hidden)]
+    pub fn set_a2av_chunk(&mut self, members: usize) -> Result<()> {
+        if !(1..=A2AV_CHUNK).contains(&members) {
+            return Err(Error::invalid(format!(
+                "all_to_all_v chunk of {members} members: 1 to {A2AV_CHUNK}"
+            )));
+        }
+        self.a2av_chunk = members;
+        Ok(())
+    }
+
+    /// The largest team [`GpuColl::all_to_all_v_device`] serves on this GPU.
+    pub fn all_to_all_v_device_max_team(&self) -> usize {
+        self.a2av_dev_max
+    }
+
     // ----- the collectives -----
 
     /// Stream-ordered barrier of `team` (earlier work on the stream completes first).
@@ -996,12 +1019,13 @@ impl<'a> GpuColl<'a> {
         let mp = self.g.ptr(&self.meta)?;
         let sig = call_sig::<T>(CollKind::AllToAllV, None, None, false, 0, 0, src, dst, dt);
         let ck = self.check(dt, CallSig { syncs: 2, ..sig }.pack()?)?;
+        let chunk = self.a2av_chunk.clamp(1, A2AV_CHUNK);
         let list = |c: &[usize], d: &[usize], base: usize| {
             let mut l = A2avList {
                 count: [0; A2AV_CHUNK],
                 displ: [0; A2AV_CHUNK],
             };
-            let cn = (n - base).min(A2AV_CHUNK);
+            let cn = (n - base).min(chunk);
             for i in 0..cn {
                 l.count[i] = c[base + i] as u64;
                 l.displ[i] = d[base + i] as u64;
@@ -1009,7 +1033,7 @@ impl<'a> GpuColl<'a> {
             (l, cn)
         };
         // The previous all_to_all_v's readers of `meta` finished at its closing barrier.
-        for base in (0..n).step_by(A2AV_CHUNK) {
+        for base in (0..n).step_by(chunk) {
             let (mut send, cn) = list(v.send_counts, v.send_displs, base);
             let (mut m, mut b, mut ni, mut st) = (mp, base as i32, cn as i32, self.n_pes as u64);
             let mut p = [
@@ -1025,7 +1049,7 @@ impl<'a> GpuColl<'a> {
         }
         self.sig_sync(s, dt, ck)?;
         let es = std::mem::size_of::<T>() as u64;
-        for base in (0..n).step_by(A2AV_CHUNK) {
+        for base in (0..n).step_by(chunk) {
             let (mut recv, cn) = list(v.recv_counts, v.recv_displs, base);
             let max = v.recv_counts[base..base + cn]
                 .iter()
@@ -1599,7 +1623,6 @@ mod tests {
         // rshmemi_check: six signature words, two pointers; the error record fits every slot.
         assert_eq!(std::mem::size_of::<Check>(), 8 * (SIG_WORDS + 2));
         assert_eq!(std::mem::size_of::<A2avList>(), 16 * A2AV_CHUNK);
-        assert!(ERR_MM_THEIRS + SIG_WORDS <= ERR_SKIP);
         assert_eq!(ERR_WORDS, ERR_SKIP + MAX_TEAMS);
         let src = crate::backend::cuda::nvrtc::COLL_KERNELS;
         for (name, v) in [
@@ -1636,6 +1659,35 @@ mod tests {
         assert!(want <= SHARED_DEFAULT && max >= 64);
         // unknown attribute: the default 47 KiB → 77 members
         assert_eq!(a2av_dev_limit(-1, 1024).1, 77);
+    }
+
+    #[test]
+    fn every_gpu_plan_opens_with_a_barrier_and_has_two() {
+        // `exec` relies on it: the first barrier carries the signature, and a second one
+        // keeps the slots from being rewritten before every member has read them.
+        for n in 1..6 {
+            for me in 0..n {
+                for ip in [false, true] {
+                    for count in [0, 1, 7, 1000] {
+                        let sh = shape(n, me, ip);
+                        let mut plans = vec![
+                            plan::reduce(sh, n - 1, count),
+                            plan::all_gather(sh, count),
+                            plan::reduce_scatter(sh, count),
+                            plan::all_to_all(sh, count),
+                        ];
+                        for algo in [Algo::OneShot, Algo::TwoShot] {
+                            plans.push(plan::broadcast(sh, me, count, algo));
+                            plans.push(plan::all_reduce(sh, count, algo));
+                        }
+                        for p in plans {
+                            assert_eq!(p.steps.first(), Some(&Step::Sync), "{p:?}");
+                            assert!(p.syncs() >= 2 && p.syncs() <= 0xffff, "{p:?}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
