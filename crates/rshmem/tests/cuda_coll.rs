@@ -38,7 +38,7 @@ fn coll_kernels_compile_and_export_every_name() {
         Err(e) => panic!("{e}"),
     };
     let names = cuda::coll_kernel_names();
-    assert_eq!(names.len(), 4 + 8 * 7 + 4 * 4);
+    assert_eq!(names.len(), 5 + 8 * 7 + 4 * 4);
     for n in names {
         let needle = format!("{n}\0");
         assert!(
@@ -765,4 +765,458 @@ fn gpu_coll_bench_report() {
             r.baseline_note.clone().unwrap_or_default()
         );
     }
+}
+
+// ---------- cross-PE argument check: signatures carried by the first barrier ----------
+
+/// The member PE `me` reports as differing when only world member `odd` differs (the first
+/// member in team order whose signature is not `me`'s).
+fn first_other(me: usize, odd: usize) -> usize {
+    match (me == odd, odd) {
+        (true, 0) => 1,
+        (true, _) => 0,
+        (false, _) => odd,
+    }
+}
+
+/// After a call where only member `odd` differed: the stream completed without a host error,
+/// `check_errors` is a mismatch naming the right member, and the descriptions show `odd_has`
+/// for the odd member's call and `rest_has` for the others'.
+fn expect_mismatch(c: &Ctx<'_>, odd: usize, odd_has: &str, rest_has: &str, ctx: &str) {
+    let me = c.pe.my_pe();
+    c.s.synchronize()
+        .unwrap_or_else(|e| panic!("{ctx} PE {me}: {e}"));
+    match c.coll.check_errors() {
+        Err(Error::CollectiveMismatch {
+            pe, mine, theirs, ..
+        }) => {
+            assert_eq!(pe, first_other(me, odd), "{ctx} PE {me}: differing member");
+            let (m, t) = if me == odd {
+                (odd_has, rest_has)
+            } else {
+                (rest_has, odd_has)
+            };
+            assert!(mine.contains(m), "{ctx} PE {me}: mine {mine:?} lacks {m:?}");
+            assert!(
+                theirs.contains(t),
+                "{ctx} PE {me}: theirs {theirs:?} lacks {t:?}"
+            );
+        }
+        other => panic!("{ctx} PE {me}: expected a collective mismatch, got {other:?}"),
+    }
+    // Reported once: the record is clear now.
+    assert!(
+        c.coll.check_errors().is_ok(),
+        "{ctx} PE {me}: flag not cleared"
+    );
+}
+
+/// Poisons `dst`, writes this PE's seeded `src[..len]`; returns what `src` holds.
+fn arm(pe: &Pe, src: &rshmem::Sym<f32>, dst: &rshmem::Sym<f32>, s: u64) -> Result<Vec<f32>> {
+    pe.local_fill(dst, f32::poison())?;
+    let v = f32::gen(pe.my_pe(), s, src.len(), ReduceOp::Sum);
+    pe.local_write(src, 0, &v)?;
+    Ok(v)
+}
+
+/// A correct all_reduce after a mismatch: exact data.
+fn good_all_reduce(
+    c: &Ctx<'_>,
+    src: &rshmem::Sym<f32>,
+    dst: &rshmem::Sym<f32>,
+    s: u64,
+    count: usize,
+    ctx: &str,
+) -> Result<()> {
+    let pe = c.pe;
+    arm(pe, src, dst, s)?;
+    c.coll
+        .all_reduce(&c.s, pe.world_team(), dst, src, count, ReduceOp::Sum)?;
+    c.done()?;
+    let x: Vec<Vec<f32>> = (0..pe.n_pes())
+        .map(|w| f32::gen(w, s, src.len(), ReduceOp::Sum))
+        .collect();
+    let mut want: Vec<f32> = (0..count).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+    want.resize(dst.len(), f32::poison());
+    check(
+        &pe.local_vec(dst)?,
+        &want,
+        &format!("good all_reduce after {ctx}"),
+    );
+    Ok(())
+}
+
+fn mismatch_body(pe: &Pe, fused: bool) -> Result<()> {
+    let mut c = Ctx::new(pe)?;
+    if !fused {
+        c.coll.set_fused_bytes(0);
+    }
+    let w = pe.world_team();
+    let me = pe.my_pe();
+    let s = &c.s;
+    const N: usize = 20_000; // 80 KB of f32: two-shot all_reduce at the context's 64 KiB
+    let src = pe.alloc::<f32>(N)?;
+    let dst = pe.alloc::<f32>(N)?;
+    let other = pe.alloc::<f32>(N)?;
+    let seed = std::cell::Cell::new(500 + fused as u64 * 100);
+    let after = |c: &Ctx<'_>, ctx: &str, mine_src: &[f32]| -> Result<()> {
+        // Nothing moved on any PE: dst still poison, src untouched.
+        check(
+            &pe.local_vec(&dst)?,
+            &vec![f32::poison(); N],
+            &format!("{ctx}: dst"),
+        );
+        check(&pe.local_vec(&src)?, mine_src, &format!("{ctx}: src"));
+        seed.set(seed.get() + 1);
+        good_all_reduce(c, &src, &dst, seed.get(), 1000, ctx)
+    };
+    // Different lengths (the same algorithm).
+    let ctx = format!("count mismatch (fused {fused})");
+    let v = arm(pe, &src, &dst, seed.get())?;
+    let n = if me == 1 { 99 } else { 100 };
+    c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
+    expect_mismatch(&c, 1, "count 99 ", "count 100 ", &ctx);
+    after(&c, &ctx, &v)?;
+    // Different lengths that choose different algorithms (3 barriers against 2): the members
+    // pad to the same barrier count, so nothing hangs and the next call is in step.
+    let ctx = format!("algorithm mismatch (fused {fused})");
+    let v = arm(pe, &src, &dst, seed.get())?;
+    let n = if me == 0 { N } else { 100 };
+    c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
+    expect_mismatch(
+        &c,
+        0,
+        "algo two_shot barriers 3",
+        "algo one_shot barriers 2",
+        &ctx,
+    );
+    after(&c, &ctx, &v)?;
+    // Different operations.
+    let ctx = format!("op mismatch (fused {fused})");
+    let v = arm(pe, &src, &dst, seed.get())?;
+    let op = if me == 2 {
+        ReduceOp::Max
+    } else {
+        ReduceOp::Sum
+    };
+    c.coll.all_reduce(s, w, &dst, &src, 100, op)?;
+    expect_mismatch(&c, 2, "float max count", "float sum count", &ctx);
+    after(&c, &ctx, &v)?;
+    // Different roots: reduce and broadcast.
+    let ctx = format!("reduce root mismatch (fused {fused})");
+    let v = arm(pe, &src, &dst, seed.get())?;
+    let root = if me == 3 { 1 } else { 0 };
+    c.coll.reduce(s, w, &dst, &src, 100, ReduceOp::Sum, root)?;
+    expect_mismatch(&c, 3, "root 1 ", "root 0 ", &ctx);
+    after(&c, &ctx, &v)?;
+    let ctx = format!("broadcast root mismatch (fused {fused})");
+    let v = arm(pe, &src, &dst, seed.get())?;
+    let root = if me == 0 { 2 } else { 3 };
+    c.coll.broadcast(s, w, &dst, &src, 100, root)?;
+    expect_mismatch(&c, 0, "root 2 ", "root 3 ", &ctx);
+    after(&c, &ctx, &v)?;
+    // Different collectives.
+    let ctx = format!("kind mismatch (fused {fused})");
+    let v = arm(pe, &src, &dst, seed.get())?;
+    if me == 1 {
+        c.coll.all_gather(s, w, &dst, &src, 25)?;
+    } else {
+        c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
+    }
+    expect_mismatch(
+        &c,
+        1,
+        "all_gather float count 25",
+        "all_reduce float sum count 100",
+        &ctx,
+    );
+    after(&c, &ctx, &v)?;
+    // Different element types (same bytes).
+    let ctx = format!("type mismatch (fused {fused})");
+    let v = arm(pe, &src, &dst, seed.get())?;
+    if me == 2 {
+        let (d, sr) = (dst.view::<i32>(0, N)?, src.view::<i32>(0, N)?);
+        c.coll.all_reduce(s, w, &d, &sr, 100, ReduceOp::Sum)?;
+    } else {
+        c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
+    }
+    expect_mismatch(&c, 2, "all_reduce int32 sum", "all_reduce float sum", &ctx);
+    after(&c, &ctx, &v)?;
+    // A different source object.
+    let ctx = format!("object mismatch (fused {fused})");
+    let v = arm(pe, &src, &dst, seed.get())?;
+    let sr = if me == 3 { &other } else { &src };
+    c.coll.all_reduce(s, w, &dst, sr, 100, ReduceOp::Sum)?;
+    expect_mismatch(&c, 3, "", "", &ctx);
+    after(&c, &ctx, &v)?;
+    // In place on one member only.
+    let ctx = format!("in-place mismatch (fused {fused})");
+    let v = arm(pe, &src, &dst, seed.get())?;
+    c.coll.reserve(100 * 4)?;
+    if me == 0 {
+        c.coll.all_reduce(s, w, &src, &src, 100, ReduceOp::Sum)?;
+    } else {
+        c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
+    }
+    expect_mismatch(&c, 0, "in_place true", "in_place false", &ctx);
+    after(&c, &ctx, &v)?;
+    // On a sub-team (strided {1, 3}): member 1 of the team (PE 3) differs.
+    if let Some(t) = c.teams.strided.as_ref() {
+        let ctx = format!("strided team mismatch (fused {fused})");
+        let v = arm(pe, &src, &dst, seed.get())?;
+        let n = if me == 3 { 7 } else { 8 };
+        c.coll.all_reduce(s, t, &dst, &src, n, ReduceOp::Sum)?;
+        s.synchronize()?;
+        match c.coll.check_errors() {
+            Err(Error::CollectiveMismatch { pe: p, .. }) => {
+                assert_eq!(p, if me == 3 { 1 } else { 3 }, "{ctx} PE {me}")
+            }
+            other => panic!("{ctx} PE {me}: {other:?}"),
+        }
+        check(&pe.local_vec(&dst)?, &vec![f32::poison(); N], &ctx);
+        check(&pe.local_vec(&src)?, &v, &ctx);
+    }
+    pe.barrier_all()?;
+    good_all_reduce(&c, &src, &dst, seed.get() + 1, N, "everything")
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_mismatch_fused_is_an_error_on_every_pe() {
+    on_gpus_cfg(gpu_config().timeout(Duration::from_secs(8)), 4, |pe| {
+        mismatch_body(pe, true)
+    });
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_mismatch_unfused_is_an_error_on_every_pe() {
+    on_gpus_cfg(gpu_config().timeout(Duration::from_secs(8)), 4, |pe| {
+        mismatch_body(pe, false)
+    });
+}
+
+/// Captured graphs: one whose calls differ across PEs (every replay reports the mismatch and
+/// moves nothing), one that agrees (every replay exact), replayed alternately.
+fn mismatch_graph_body(pe: &Pe) -> Result<()> {
+    let c = Ctx::new(pe)?;
+    let w = pe.world_team();
+    let me = pe.my_pe();
+    let s = &c.s;
+    const N: usize = 1000;
+    let src = pe.alloc::<f32>(N)?;
+    let dst = pe.alloc::<f32>(N)?;
+    let capture = |f: &dyn Fn() -> Result<()>| -> Result<cuda::Graph> {
+        s.begin_capture()?;
+        let r = f();
+        let g = s.end_capture();
+        r?;
+        g
+    };
+    pe.barrier_all()?;
+    // Fused one-shot, then a two-shot one (separate kernels): PE 1 differs in both.
+    let bad = capture(&|| {
+        let n = if me == 1 { N - 1 } else { N };
+        c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
+        c.coll
+            .all_reduce_with(s, w, &dst, &src, n, ReduceOp::Sum, Algo::TwoShot)
+    })?;
+    let good = capture(&|| {
+        c.coll
+            .all_reduce_with(s, w, &dst, &src, N, ReduceOp::Sum, Algo::TwoShot)
+    })?;
+    pe.barrier_all()?; // every PE has its graphs before any launches
+    for r in 0..4u64 {
+        let ctx = format!("graph replay {r}");
+        let v = arm(pe, &src, &dst, 800 + r)?;
+        bad.launch(s)?;
+        expect_mismatch(&c, 1, "count 999 ", "count 1000 ", &ctx);
+        check(
+            &pe.local_vec(&dst)?,
+            &vec![f32::poison(); N],
+            &format!("{ctx}: dst"),
+        );
+        check(&pe.local_vec(&src)?, &v, &format!("{ctx}: src"));
+        good.launch(s)?;
+        c.done()?;
+        let x: Vec<Vec<f32>> = (0..pe.n_pes())
+            .map(|w| f32::gen(w, 800 + r, N, ReduceOp::Sum))
+            .collect();
+        let want: Vec<f32> = (0..N).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+        check(&pe.local_vec(&dst)?, &want, &format!("{ctx}: good graph"));
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_mismatch_in_captured_graph() {
+    on_gpus_cfg(
+        gpu_config().timeout(Duration::from_secs(8)),
+        4,
+        mismatch_graph_body,
+    );
+}
+
+/// all_to_all_v with host counts in several list chunks (3 members per launch, so teams of
+/// 4, 3 and 2 take 2, 1 and 1 chunks), exact data; then one member passing a different source
+/// object: a mismatch on every member, nothing received; then device counts against a plain
+/// all_to_all on one member.
+fn a2av_chunks_body(pe: &Pe) -> Result<()> {
+    let mut c = Ctx::new(pe)?;
+    c.coll.set_a2av_chunk(3)?;
+    assert!(c.coll.set_a2av_chunk(0).is_err() && c.coll.set_a2av_chunk(65).is_err());
+    let me = pe.my_pe();
+    let n = pe.n_pes();
+    let src = pe.alloc::<f32>(MAXC)?;
+    let dst = pe.alloc::<f32>(MAXC)?;
+    let other = pe.alloc::<f32>(MAXC)?;
+    for (tn, team) in c.teams.list(pe) {
+        for r in 0..3u64 {
+            let ctx = format!("a2av chunks team {tn} round {r} (PE {me})");
+            a2av_host_t::<f32>(&c, team, &src, &dst, 4000 + r, &ctx)?;
+        }
+    }
+    let w = pe.world_team();
+    let z = vec![1usize; n];
+    let d: Vec<usize> = (0..n).collect();
+    let v = AllToAllV {
+        send_counts: &z,
+        send_displs: &d,
+        recv_counts: &z,
+        recv_displs: &d,
+    };
+    pe.local_fill(&dst, f32::poison())?;
+    let sr = if me == 2 { &other } else { &src };
+    c.coll.all_to_all_v(&c.s, w, &dst, sr, &v)?;
+    expect_mismatch(
+        &c,
+        2,
+        "all_to_all_v float",
+        "all_to_all_v float",
+        "a2av object",
+    );
+    check(
+        &pe.local_vec(&dst)?,
+        &vec![f32::poison(); MAXC],
+        &format!("a2av mismatch PE {me}"),
+    );
+    // Device counts on PE 3, a plain all_to_all elsewhere.
+    let counts = pe.alloc::<u64>(n)?;
+    let recv = pe.alloc::<u64>(n)?;
+    pe.local_write(&counts, 0, &vec![1u64; n])?;
+    pe.local_fill(&recv, u64::MAX)?;
+    pe.local_fill(&dst, f32::poison())?;
+    if me == 3 {
+        c.coll
+            .all_to_all_v_device(&c.s, w, &dst, &src, &counts, &recv)?;
+    } else {
+        c.coll.all_to_all(&c.s, w, &dst, &src, 1)?;
+    }
+    expect_mismatch(
+        &c,
+        3,
+        "all_to_all_v_device float",
+        "all_to_all float count 1",
+        "a2av device",
+    );
+    check(
+        &pe.local_vec(&dst)?,
+        &vec![f32::poison(); MAXC],
+        "a2av device mismatch",
+    );
+    assert!(
+        pe.local_vec(&recv)?.iter().all(|&x| x == u64::MAX),
+        "PE {me}: recv counts written despite the mismatch"
+    );
+    // And in step afterwards.
+    a2av_host_t::<f32>(&c, w, &src, &dst, 4100, "a2av after the mismatches")
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_all_to_all_v_chunks_and_mismatch() {
+    on_gpus_cfg(
+        gpu_config().timeout(Duration::from_secs(8)),
+        4,
+        a2av_chunks_body,
+    );
+}
+
+/// A world of 72 PEs (more than the 64 members a launch's all_to_all_v list holds, more
+/// copies than one copy launch takes): all_to_all_v with host counts, all_gather, all_reduce,
+/// all_to_all_v with device counts, a mismatch. Needs the device header's 64-PE limit lifted
+/// (rshmem_device.cuh / backend::cuda::MAX_PES) and, with so many PEs, several GPUs (each GPU's
+/// PEs share 32 hardware queues, about 3 streams per PE): e.g. an 8-GPU machine.
+fn big_world_body(pe: &Pe) -> Result<()> {
+    let c = Ctx::new(pe)?;
+    let w = pe.world_team();
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let src = pe.alloc::<f32>(64 * n)?;
+    let dst = pe.alloc::<f32>(64 * n)?;
+    a2av_host_t::<f32>(&c, w, &src, &dst, 6000, &format!("72 PEs a2av (PE {me})"))?;
+    // all_gather: n copies per PE, two copy launches.
+    let v = arm(pe, &src, &dst, 6001)?;
+    c.coll.all_gather(&c.s, w, &dst, &src, 10)?;
+    c.done()?;
+    let want: Vec<f32> = (0..n)
+        .flat_map(|j| f32::gen(j, 6001, 64 * n, ReduceOp::Sum)[..10].to_vec())
+        .chain(std::iter::repeat_n(f32::poison(), 64 * n - 10 * n))
+        .collect();
+    check(
+        &pe.local_vec(&dst)?,
+        &want,
+        &format!("72 PEs all_gather (PE {me})"),
+    );
+    check(&pe.local_vec(&src)?, &v, "72 PEs all_gather src");
+    good_all_reduce(&c, &src, &dst, 6002, 1003, "72 PEs")?;
+    // Device counts: member j sends (j + k) % 3 elements to member k.
+    let cnt = |j: usize, k: usize| ((j + k) % 3) as u64;
+    let counts = pe.alloc::<u64>(n)?;
+    let recv = pe.alloc::<u64>(n)?;
+    if n <= c.coll.all_to_all_v_device_max_team() {
+        pe.local_write(&counts, 0, &(0..n).map(|k| cnt(me, k)).collect::<Vec<_>>())?;
+        arm(pe, &src, &dst, 6003)?;
+        c.coll
+            .all_to_all_v_device(&c.s, w, &dst, &src, &counts, &recv)?;
+        c.done()?;
+        let mut want = Vec::new();
+        for j in 0..n {
+            let disp: u64 = (0..me).map(|k| cnt(j, k)).sum();
+            let theirs = f32::gen(j, 6003, 64 * n, ReduceOp::Sum);
+            want.extend_from_slice(&theirs[disp as usize..(disp + cnt(j, me)) as usize]);
+        }
+        want.resize(64 * n, f32::poison());
+        check(
+            &pe.local_vec(&dst)?,
+            &want,
+            &format!("72 PEs a2av device (PE {me})"),
+        );
+        let rc: Vec<u64> = (0..n).map(|j| cnt(j, me)).collect();
+        assert_eq!(pe.local_vec(&recv)?, rc, "PE {me}: recv counts");
+    }
+    // A mismatch reaches all 72.
+    let v = arm(pe, &src, &dst, 6004)?;
+    let k = if me == 70 { 9 } else { 10 };
+    c.coll.all_reduce(&c.s, w, &dst, &src, k, ReduceOp::Sum)?;
+    expect_mismatch(&c, 70, "count 9 ", "count 10 ", "72 PEs");
+    check(&pe.local_vec(&src)?, &v, "72 PEs mismatch src");
+    check(
+        &pe.local_vec(&dst)?,
+        &vec![f32::poison(); 64 * n],
+        "72 PEs mismatch dst",
+    );
+    good_all_reduce(&c, &src, &dst, 6005, 64 * n, "72 PEs after the mismatch")
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_world_of_72() {
+    on_gpus_cfg(
+        gpu_config()
+            .heap_size(16 << 20)
+            .timeout(Duration::from_secs(20)),
+        72,
+        big_world_body,
+    );
 }

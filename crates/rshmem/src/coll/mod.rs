@@ -32,7 +32,10 @@
 //!   all_to_all_v counts that do not pair up) is an [`Error`](crate::Error) on *every* member,
 //!   with no data moved, never a hang. The member that passed the bad argument gets the precise
 //!   error; the others get [`Error::InvalidArgument`](crate::Error::InvalidArgument) or
-//!   [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch) naming it.
+//!   [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch) naming it. The CUDA
+//!   executor (`cuda::GpuColl`) checks its arguments locally before launching and compares a
+//!   signature of every call across members inside its first barrier on the GPU: differing
+//!   calls move no data on any member and `GpuColl::check_errors` reports the mismatch.
 //! * **Reductions**: see [`ReduceOp`] — team-order fold, integers wrap, `f16`/`bf16` accumulate
 //!   in `f32` and round once, every member gets the same bits.
 //!

@@ -7,6 +7,16 @@
 // or one reduce kernel (a Reduce step). Data kernels never wait for peers, so PEs sharing a GPU
 // cannot deadlock whatever the occupancy. Every typed kernel is generated from one type list
 // and one op list below (X-macros instantiating templates).
+//
+// Cross-PE argument check: the first barrier of every collective (rshmemi_coll_sync_sig, or the
+// first barrier inside a fused kernel) carries the call's signature (rshmemi_sig, computed on
+// the host and passed as a kernel argument, so graphs replay it). Each member stores its
+// signature into every member's slot for it before the barrier; after the barrier each member
+// compares every member's slot with its own and clears the slots. On a mismatch it records the
+// first differing member and both signatures in the error record (bit RSHMEMI_ERR_MISMATCH),
+// sets the call's skip flag (the data kernels of the call then move nothing), and pads its
+// barrier count up to the largest any member's call performs, so every member leaves the call
+// having done the same number of barriers and nobody hangs.
 
 #define RSHMEMI_COLL_MAX_COPIES 64
 
@@ -87,6 +97,108 @@ __device__ __forceinline__ bool rshmemi_coll_gave_up() {
 
 __device__ __forceinline__ int rshmemi_member(const rshmem_team& t, int i) { return t.start + i * t.stride; }
 
+// ----- signatures (see the top of the file; layout mirrored by rshmem::cuda::GpuColl) -----
+#define RSHMEMI_SIG_WORDS 6
+// Word 0: bit 63 set (a written slot is never 0), bits 32..47 the number of barriers the call
+// performs.
+#define RSHMEMI_SIG_SYNCS(w0) ((unsigned)(((w0) >> 32) & 0xffff))
+// Error record (u64 words): [0] flags, [1..5) capacity detail, [5] world PE of the first member
+// whose signature differs, [6..12) this PE's signature, [12..18) that member's (0: none
+// written), [RSHMEMI_ERR_SKIP + slot] the skip flag of the latest call on a team slot.
+#define RSHMEMI_ERR_CAPACITY 1ull
+#define RSHMEMI_ERR_A2AV 2ull
+#define RSHMEMI_ERR_MISMATCH 4ull
+#define RSHMEMI_ERR_MM_PE 5
+#define RSHMEMI_ERR_MM_MINE 6
+#define RSHMEMI_ERR_MM_THEIRS (RSHMEMI_ERR_MM_MINE + RSHMEMI_SIG_WORDS)
+#define RSHMEMI_ERR_SKIP 32
+
+struct rshmemi_sig {
+    rshmem_u64 w[RSHMEMI_SIG_WORDS];
+};
+// What a collective's first barrier needs: the signature, this PE's symmetric slot row of the
+// team's slot (u64[n_pes][RSHMEMI_SIG_WORDS], indexed by world PE) and the error record.
+struct rshmemi_check {
+    rshmemi_sig sig;
+    rshmem_u64* slots;
+    rshmem_u64* err;
+};
+
+// The skip flag of the current call (set by its first barrier).
+__device__ __forceinline__ bool rshmemi_coll_skip(const rshmemi_check& ck, const rshmem_team& t) {
+    return *(volatile rshmem_u64*)(ck.err + RSHMEMI_ERR_SKIP + t.slot) != 0;
+}
+
+// The signature-carrying barrier (block scope, every thread of one block). Returns true when
+// every member passed the same signature (then the call moves data).
+__device__ bool rshmemi_sig_sync(rshmem_team team, const rshmemi_check& ck) {
+    __shared__ int first_bad;
+    __shared__ unsigned max_syncs;
+    __shared__ int gave_up;
+    const unsigned tid = rshmemi_tid(), nth = rshmemi_nthreads();
+    const int my_pe = rshmem_dstate.my_pe;
+    if (tid == 0) { first_bad = 0x7fffffff; max_syncs = 0; }
+    for (int i = tid; i < team.size; i += nth) {
+        volatile rshmem_u64* d = (volatile rshmem_u64*)rshmem_ptr(ck.slots + (rshmem_u64)my_pe * RSHMEMI_SIG_WORDS,
+                                                                  rshmemi_member(team, i));
+#pragma unroll
+        for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) d[w] = ck.sig.w[w];
+    }
+    // Its fence and release arrivals publish the slots (and the shared initialisation above).
+    rshmem_team_sync_block(team);
+    if (tid == 0) gave_up = rshmemi_coll_gave_up();
+    __syncthreads();
+    if (gave_up) {
+        // A wait timed out: the slots may not be written yet; the host reports the timeout.
+        if (tid == 0) ck.err[RSHMEMI_ERR_SKIP + team.slot] = 1;
+        return false;
+    }
+    for (int i = tid; i < team.size; i += nth) {
+        const volatile rshmem_u64* s = ck.slots + (rshmem_u64)rshmemi_member(team, i) * RSHMEMI_SIG_WORDS;
+        bool eq = true;
+#pragma unroll
+        for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) eq = eq && s[w] == ck.sig.w[w];
+        if (!eq) atomicMin(&first_bad, i);
+        atomicMax(&max_syncs, RSHMEMI_SIG_SYNCS(s[0]));
+    }
+    __syncthreads();
+    const bool ok = first_bad == 0x7fffffff;
+    if (tid == 0) {
+        if (!ok) {
+            unsigned long long old = atomicOr((unsigned long long*)ck.err, RSHMEMI_ERR_MISMATCH);
+            if (!(old & RSHMEMI_ERR_MISMATCH)) {
+                int pe = rshmemi_member(team, first_bad);
+                const volatile rshmem_u64* s = ck.slots + (rshmem_u64)pe * RSHMEMI_SIG_WORDS;
+                ck.err[RSHMEMI_ERR_MM_PE] = pe;
+                for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) {
+                    ck.err[RSHMEMI_ERR_MM_MINE + w] = ck.sig.w[w];
+                    ck.err[RSHMEMI_ERR_MM_THEIRS + w] = s[w];
+                }
+            }
+        }
+        ck.err[RSHMEMI_ERR_SKIP + team.slot] = ok ? 0 : 1;
+    }
+    __syncthreads();
+    // Consumed: a member that passes no signature next time (a different call) reads as 0.
+    // Nobody writes these slots again before this PE's next barrier of the team.
+    for (int i = tid; i < team.size; i += nth) {
+        volatile rshmem_u64* s = ck.slots + (rshmem_u64)rshmemi_member(team, i) * RSHMEMI_SIG_WORDS;
+#pragma unroll
+        for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) s[w] = 0;
+    }
+    if (!ok) {
+        // Pad to the largest barrier count of any member's call: every member leaves the call
+        // with the same number of barriers done (the remaining ones are already enqueued).
+        unsigned mine = RSHMEMI_SIG_SYNCS(ck.sig.w[0]);
+        for (unsigned k = mine; k < max_syncs; k++) rshmem_team_sync_block(team);
+    }
+    __syncthreads();
+    return ok;
+}
+
+// The first barrier of a collective that does not run fused.
+extern "C" __global__ void rshmemi_coll_sync_sig(rshmem_team team, rshmemi_check ck) { rshmemi_sig_sync(team, ck); }
+
 // dst[0..n) = fold over the team's members i = 0..size-1 (in team order) of member i's
 // src[0..n). `src` is a symmetric address (this PE's), `dst` this PE's memory (symmetric or
 // private). Each element is read from every member before it is written, so dst may be this
@@ -129,14 +241,14 @@ __device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 
     }
 }
 
-// fused != 0 (launched as one block): the team barriers before and after run in the same
-// kernel (one launch for a small one-shot collective instead of three).
+// fused != 0 (launched as one block): the team barriers before (with the signature check)
+// and after run in the same kernel (one launch for a small one-shot collective instead of three).
 #define RSHMEMI_COLL_REDUCE_KERNEL(NAME, T, A, OPN, OP)                                            \
     extern "C" __global__ void rshmemi_coll_reduce_##NAME##_##OPN(T* dst, const T* src,            \
                                                                    rshmem_u64 n, rshmem_team team, \
-                                                                   int fused) {                    \
-        if (fused) rshmem_team_sync_block(team);                                                   \
-        if (!rshmemi_coll_gave_up()) rshmemi_reduce<T, A, OP>(dst, src, n, team);                  \
+                                                                   int fused, rshmemi_check ck) {  \
+        bool ok = fused ? rshmemi_sig_sync(team, ck) : !rshmemi_coll_skip(ck, team);               \
+        if (ok && !rshmemi_coll_gave_up()) rshmemi_reduce<T, A, OP>(dst, src, n, team);            \
         if (fused) rshmem_team_sync_block(team);                                                   \
     }
 #define RSHMEMI_COLL_INT_REDUCE(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_REDUCE_KERNEL, NAME, T, A)
@@ -159,11 +271,12 @@ struct rshmemi_copies {
 };
 
 // Block b serves copy b % n, as part b / n of gridDim.x / n (the grid is a multiple of n).
-// fused != 0 (one block, team given): barrier, every copy by the whole block, barrier.
-extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_team team, int fused) {
+// fused != 0 (one block, team given): signature barrier, every copy by the whole block, barrier.
+extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_team team, int fused,
+                                             rshmemi_check ck) {
     if (fused) {
-        rshmem_team_sync_block(team);
-        for (int i = 0; i < n && !rshmemi_coll_gave_up(); i++) {
+        bool ok = rshmemi_sig_sync(team, ck);
+        for (int i = 0; i < n && ok && !rshmemi_coll_gave_up(); i++) {
             const rshmemi_copy_desc& d = c.d[i];
             const void* s = d.pe >= 0 ? rshmem_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
             rshmemi_copy((void*)d.dst, s, d.bytes, threadIdx.x, blockDim.x);
@@ -171,7 +284,7 @@ extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_tea
         rshmem_team_sync_block(team);
         return;
     }
-    if (rshmemi_coll_gave_up()) return;
+    if (rshmemi_coll_gave_up() || rshmemi_coll_skip(ck, team)) return;
     unsigned i = blockIdx.x % n, part = blockIdx.x / n, parts = gridDim.x / n;
     const rshmemi_copy_desc& d = c.d[i];
     const void* s = d.pe >= 0 ? rshmem_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
@@ -185,14 +298,14 @@ extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_tea
 // count matrix (after the barrier before this kernel) and checks it: a sender whose counts
 // exceed `src_cap` elements or a receiver whose total exceeds `dst_cap` makes every member
 // copy nothing, set *err (bit 1) and write the counts it saw; the host turns that into an error.
-#define RSHMEMI_A2AV_MAX 64
+// The count matrix lives in dynamic shared memory (team.size^2 words, sized by the host).
 extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, const rshmem_u64* counts,
                                                  rshmem_u64* recv_counts, rshmem_u64* err, rshmem_u64 elem,
                                                  rshmem_u64 src_cap, rshmem_u64 dst_cap, rshmem_team team) {
-    __shared__ rshmem_u64 m[RSHMEMI_A2AV_MAX * RSHMEMI_A2AV_MAX];
+    extern __shared__ rshmem_u64 m[];
     __shared__ int bad;
     const int n = team.size, me = team.my_index;
-    if (rshmemi_coll_gave_up()) return;
+    if (rshmemi_coll_gave_up() || *(volatile rshmem_u64*)(err + RSHMEMI_ERR_SKIP + team.slot)) return;
     if (threadIdx.x == 0) bad = 0;
     for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
         int j = t / n, k = t % n;
@@ -230,7 +343,7 @@ extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, con
                     }
                 }
             }
-            atomicOr(err, 1ull);
+            atomicOr(err, RSHMEMI_ERR_CAPACITY);
         }
         return;
     }
@@ -243,34 +356,42 @@ extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, con
     rshmemi_copy(dst + at * elem, s, bytes, part * blockDim.x + threadIdx.x, parts * blockDim.x);
 }
 
-// ----- all_to_all_v with counts known on the host (baked into the launch, so graphs replay) --
+// ----- all_to_all_v with counts known on the host (baked into the launches, so graphs replay) --
 // Each member publishes what it sends to whom (counts and displacements, elements) in its
-// symmetric `meta` (u64[2 * RSHMEMI_A2AV_MAX]); after a barrier, member k pulls from member j
-// `meta_j.count[k]` elements at `meta_j.displ[k]` into dst at its own recv displacement. A
-// count that does not match what k expects, or a range beyond src_cap / dst_cap, copies
-// nothing for that pair and sets *err (bit 2).
+// symmetric `meta` (u64[2 * stride], stride >= team size: counts, then displacements); after a
+// barrier, member k pulls from member j `meta_j.count[k]` elements at `meta_j.displ[k]` into
+// dst at its own recv displacement. A count that does not match what k expects, or a range
+// beyond src_cap / dst_cap, copies nothing for that pair and sets *err (bit 2). The lists travel
+// as kernel arguments in chunks of RSHMEMI_A2AV_CHUNK members (one launch per chunk), so any
+// team size works and a captured graph holds them.
+#define RSHMEMI_A2AV_CHUNK 64
 struct rshmemi_a2av_list {
-    rshmem_u64 count[RSHMEMI_A2AV_MAX];
-    rshmem_u64 displ[RSHMEMI_A2AV_MAX];
+    rshmem_u64 count[RSHMEMI_A2AV_CHUNK];
+    rshmem_u64 displ[RSHMEMI_A2AV_CHUNK];
 };
-extern "C" __global__ void rshmemi_coll_a2av_meta(rshmem_u64* meta, rshmemi_a2av_list send, int n) {
+// Members base .. base + n of this PE's send list.
+extern "C" __global__ void rshmemi_coll_a2av_meta(rshmem_u64* meta, rshmemi_a2av_list send, int base, int n,
+                                                  rshmem_u64 stride) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        meta[i] = send.count[i];
-        meta[RSHMEMI_A2AV_MAX + i] = send.displ[i];
+        meta[base + i] = send.count[i];
+        meta[stride + base + i] = send.displ[i];
     }
 }
+// Receives from senders base .. base + cn (recv holds their entries); block b serves sender
+// base + b % cn, as part b / cn of gridDim.x / cn.
 extern "C" __global__ void rshmemi_coll_a2av_host(char* dst, const char* src, const rshmem_u64* meta,
-                                                  rshmemi_a2av_list recv, rshmem_u64* err, rshmem_u64 elem,
-                                                  rshmem_u64 src_cap, rshmem_u64 dst_cap, rshmem_team team) {
-    const int n = team.size, me = team.my_index;
-    if (rshmemi_coll_gave_up()) return;
-    unsigned j = blockIdx.x % n, part = blockIdx.x / n, parts = gridDim.x / n;
-    int pe = rshmemi_member(team, j);
+                                                  rshmemi_a2av_list recv, int base, int cn, rshmem_u64 stride,
+                                                  rshmem_u64* err, rshmem_u64 elem, rshmem_u64 src_cap,
+                                                  rshmem_u64 dst_cap, rshmem_team team) {
+    const int me = team.my_index;
+    if (rshmemi_coll_gave_up() || *(volatile rshmem_u64*)(err + RSHMEMI_ERR_SKIP + team.slot)) return;
+    unsigned jj = blockIdx.x % cn, part = blockIdx.x / cn, parts = gridDim.x / cn;
+    int pe = rshmemi_member(team, base + (int)jj);
     rshmem_u64 c = rshmemi_vld((const rshmem_u64*)rshmem_ptr(meta + me, pe));
-    rshmem_u64 d = rshmemi_vld((const rshmem_u64*)rshmem_ptr(meta + RSHMEMI_A2AV_MAX + me, pe));
-    rshmem_u64 at = recv.displ[j];
-    if (c != recv.count[j] || c > src_cap || d > src_cap - c || c > dst_cap || at > dst_cap - c) {
-        if (part == 0 && threadIdx.x == 0) atomicOr(err, 2ull);
+    rshmem_u64 d = rshmemi_vld((const rshmem_u64*)rshmem_ptr(meta + stride + me, pe));
+    rshmem_u64 at = recv.displ[jj];
+    if (c != recv.count[jj] || c > src_cap || d > src_cap - c || c > dst_cap || at > dst_cap - c) {
+        if (part == 0 && threadIdx.x == 0) atomicOr(err, RSHMEMI_ERR_A2AV);
         return;
     }
     const char* s = (const char*)rshmem_ptr(src + d * elem, pe);

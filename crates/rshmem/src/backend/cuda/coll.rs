@@ -29,29 +29,62 @@
 //!   only the GPU knows (device-side counts of [`GpuColl::all_to_all_v_device`], peers' counts
 //!   of [`GpuColl::all_to_all_v`]) is checked on the GPU: a violation copies nothing for the
 //!   offending pairs and raises a flag that [`GpuColl::check_errors`] turns into an error.
+//! * **Cross-PE argument check, on the GPU** (no host synchronisation, no extra launch): the
+//!   first barrier of every collective (the barrier kernel, or the first barrier inside a fused
+//!   kernel) carries the call's signature, a kernel argument computed on the host: kind,
+//!   element type, operation, count, root, in place, algorithm, barrier count, the source and
+//!   destination objects, the team. Each member stores it into every member's slot before the
+//!   barrier and compares every member's after it. If any differ, no member moves data in that
+//!   call (its later kernels read a per-team-slot skip flag), every member still performs as
+//!   many barriers as the longest of the members' calls (nobody hangs, counters stay in step),
+//!   and [`GpuColl::check_errors`] returns [`Error::CollectiveMismatch`] naming the first
+//!   differing member and both calls. Graph replays carry the captured signature.
+//!   [`GpuColl::barrier`] carries none (it has one barrier; a collective needs at least two
+//!   for the slots to be reused safely), and a call refused on the host launches nothing, so
+//!   its peers wait for it (device timeout) as before.
 //! * **Contract** as for [`crate::coll::Coll`]: every member calls the same collectives in the
 //!   same order with the same arguments; one stream at a time per [`GpuColl`] and team.
+//! * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
+//!   matrix lives in one block's shared memory: about 170 members on H100/H200; an explicit
+//!   error beyond). Host-count all_to_all_v lists travel in 64-member chunks of kernel
+//!   arguments (one launch per chunk), copies in launches of 64 descriptors.
 //!
 //! Reductions fold in team order; integers wrap; f16/bf16 accumulate in f32 and round once;
 //! min/max ignore a NaN operand (minNum/maxNum) — the same bits as the host collectives.
 
 use super::api::{CudaPe, DeviceTeam, Stream};
 use super::gpu::{self, DevBuf, Func, Module, RawStream};
-use super::{ffi, nvrtc};
+use super::{ffi, nvrtc, MAX_TEAMS};
 use crate::coll::plan::{self, Algo, Buf, CollKind, Plan, Shape, Step};
 use crate::coll::{AllToAllV, CollConfig, ReduceOp};
 use crate::elem::{Elem, ElemKind};
 use crate::error::{Error, Result};
-use crate::sym::{AsSym, Sym};
+use crate::sym::{AsSym, RawSym, Sym};
 use crate::team::Team;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Copies per copy-kernel launch (`RSHMEMI_COLL_MAX_COPIES`).
+/// Copies per copy-kernel launch (`RSHMEMI_COLL_MAX_COPIES`); more copies take more launches.
 const MAX_COPIES: usize = 64;
-/// Largest team of the all_to_all_v kernels (`RSHMEMI_A2AV_MAX`).
-const A2AV_MAX: usize = 64;
+/// Members per all_to_all_v (host counts) list chunk, one launch each (`RSHMEMI_A2AV_CHUNK`).
+const A2AV_CHUNK: usize = 64;
 const THREADS: u32 = 512;
+
+// Signatures and the error record: mirrors `kernels/coll.cu`.
+/// Words of a call signature (`RSHMEMI_SIG_WORDS`).
+const SIG_WORDS: usize = 6;
+/// Error record flags.
+const ERR_CAPACITY: u64 = 1;
+const ERR_A2AV: u64 = 2;
+const ERR_MISMATCH: u64 = 4;
+/// Error record words: the first differing member (world PE), this PE's and its signature.
+const ERR_MM_PE: usize = 5;
+const ERR_MM_MINE: usize = 6;
+const ERR_MM_THEIRS: usize = ERR_MM_MINE + SIG_WORDS;
+/// First skip flag (one per team slot); the words before it are the record proper.
+const ERR_SKIP: usize = 32;
+const ERR_WORDS: usize = ERR_SKIP + MAX_TEAMS;
+const _: () = assert!(ERR_MM_THEIRS + SIG_WORDS <= ERR_SKIP);
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -69,8 +102,143 @@ struct Copies {
 
 #[repr(C)]
 struct A2avList {
-    count: [u64; A2AV_MAX],
-    displ: [u64; A2AV_MAX],
+    count: [u64; A2AV_CHUNK],
+    displ: [u64; A2AV_CHUNK],
+}
+
+/// The kinds a signature names: the plan collectives and the device-count all_to_all_v.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SigKind {
+    Coll(CollKind),
+    A2avDevice,
+}
+
+impl SigKind {
+    fn code(self) -> u64 {
+        match self {
+            SigKind::Coll(k) => k.code(),
+            SigKind::A2avDevice => CollKind::ALL.len() as u64 + 1,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            SigKind::Coll(k) => k.name(),
+            SigKind::A2avDevice => "all_to_all_v_device",
+        }
+    }
+    fn from_code(c: u64) -> Option<SigKind> {
+        CollKind::ALL
+            .iter()
+            .map(|&k| SigKind::Coll(k))
+            .chain([SigKind::A2avDevice])
+            .find(|k| k.code() == c)
+    }
+}
+
+/// Everything about one collective call that must agree across the team's members, as its
+/// first barrier carries it (see `kernels/coll.cu`): packed into [`SIG_WORDS`] words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CallSig {
+    kind: SigKind,
+    elem: ElemKind,
+    op: Option<ReduceOp>,
+    algo: Option<Algo>,
+    in_place: bool,
+    /// Barriers the call performs (every member pads to the largest on a mismatch).
+    syncs: usize,
+    count: u64,
+    /// The root (broadcast, reduce); the counts object's offset (all_to_all_v_device).
+    aux: u64,
+    /// Byte offsets of the symmetric source and destination.
+    src: u64,
+    dst: u64,
+    /// The team as every member sees it (size, first member, stride).
+    team: (i32, i32, i32),
+}
+
+const SIG_MARK: u64 = 1 << 63;
+
+fn fnv(words: &[u64]) -> u64 {
+    words.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &w| {
+        (h ^ w).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl CallSig {
+    fn pack(&self) -> Result<[u64; SIG_WORDS]> {
+        let syncs = u64::try_from(self.syncs)
+            .ok()
+            .filter(|&x| x <= 0xffff)
+            .ok_or_else(|| Error::invalid("collective plan with more than 65535 barriers"))?;
+        let w0 = SIG_MARK
+            | syncs << 32
+            | self.kind.code()
+            | (self.elem as u64 + 1) << 8
+            | self.op.map_or(0, ReduceOp::code) << 16
+            | u64::from(self.in_place) << 24
+            | self.algo.map_or(0, Algo::code) << 25;
+        let (size, start, stride) = self.team;
+        let team = fnv(&[size as u64, start as u64, stride as u64]);
+        Ok([w0, self.count, self.aux, self.src, self.dst, team])
+    }
+
+    /// Barriers the call of a packed signature performs (as the kernels read it).
+    fn syncs_of(w: &[u64; SIG_WORDS]) -> usize {
+        ((w[0] >> 32) & 0xffff) as usize
+    }
+
+    /// A packed signature in words, for error messages.
+    fn describe(w: &[u64; SIG_WORDS]) -> String {
+        if w[0] & SIG_MARK == 0 {
+            return "no collective signature (a different call: a barrier, a collective that \
+                    failed its own checks, or none)"
+                .to_string();
+        }
+        let kind = SigKind::from_code(w[0] & 0xff);
+        let elem = ELEMS.iter().find(|k| **k as u64 + 1 == (w[0] >> 8) & 0xff);
+        let op = ReduceOp::ALL
+            .iter()
+            .find(|o| o.code() == (w[0] >> 16) & 0xff);
+        let algo = [Algo::OneShot, Algo::TwoShot]
+            .into_iter()
+            .find(|a| a.code() == (w[0] >> 25) & 3);
+        let mut out = format!(
+            "{} {}",
+            kind.map_or("?", SigKind::name),
+            elem.map_or("?", |e| e.name())
+        );
+        if let Some(op) = op {
+            out += &format!(" {}", op.name());
+        }
+        out += &format!(" count {}", w[1]);
+        match kind {
+            Some(SigKind::Coll(CollKind::Broadcast | CollKind::Reduce)) => {
+                out += &format!(" root {}", w[2])
+            }
+            Some(SigKind::A2avDevice) => out += &format!(" counts @{:#x}", w[2]),
+            _ => {}
+        }
+        out += &format!(
+            " in_place {} algo {} barriers {} src @{:#x} dst @{:#x} team {:x}",
+            (w[0] >> 24) & 1 != 0,
+            algo.map_or("-", Algo::name),
+            Self::syncs_of(w),
+            w[3],
+            w[4],
+            w[5]
+        );
+        out
+    }
+}
+
+/// What a collective's first barrier needs (`rshmemi_check`): the signature, this PE's slot
+/// row of the team's slot, the error record.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Check {
+    sig: [u64; SIG_WORDS],
+    slots: u64,
+    err: u64,
 }
 
 const ELEMS: [ElemKind; 12] = [
@@ -99,6 +267,7 @@ pub fn coll_kernel_names() -> Vec<String> {
         "rshmemi_coll_a2av_dev".to_string(),
         "rshmemi_coll_a2av_meta".to_string(),
         "rshmemi_coll_a2av_host".to_string(),
+        "rshmemi_coll_sync_sig".to_string(),
     ];
     for k in ELEMS {
         for op in ReduceOp::ALL {
@@ -133,14 +302,25 @@ pub struct GpuColl<'a> {
     f_a2av_dev: Func,
     f_a2av_meta: Func,
     f_a2av_host: Func,
+    f_sync_sig: Func,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
     temp: Mutex<Vec<(DevBuf, usize)>>,
-    /// Device error record: flags (bit 1: device counts beyond capacity; bit 2: a2av
-    /// mismatch), then sender, receiver, needed, capacity of the first capacity violation.
+    /// Device error record (u64[ERR_WORDS]): flags (bit 1: device counts beyond capacity;
+    /// bit 2: a2av pairs that do not match; bit 4: signatures that differ), sender, receiver,
+    /// needed, capacity of the first capacity violation, the first signature mismatch (member,
+    /// both signatures), then one skip flag per team slot.
     err: DevBuf,
-    /// Symmetric u64[2·64]: this PE's all_to_all_v send counts and displacements (released
+    /// Symmetric u64[2·n_pes]: this PE's all_to_all_v send counts and displacements (released
     /// with the world: freeing is collective).
     meta: Sym<u64>,
+    /// Symmetric u64[MAX_TEAMS][n_pes][SIG_WORDS]: the signature slots, per team slot and
+    /// world PE (zero when consumed).
+    sigs: Sym<u64>,
+    n_pes: usize,
+    /// Largest team of [`GpuColl::all_to_all_v_device`] (its count matrix is in shared memory).
+    a2av_dev_max: usize,
+    /// Members per all_to_all_v list launch (at most [`A2AV_CHUNK`]).
+    a2av_chunk: usize,
     sms: u32,
     /// Bytes read per PE up to which a one-phase plan runs as one fused kernel.
     fused_bytes: usize,
@@ -184,14 +364,31 @@ impl<'a> GpuColl<'a> {
         }
         let b = g.backend();
         let own = RawStream::new(&b.gpu)?;
-        let err = DevBuf::zeroed_on(&own, 40)?;
-        let meta = g.pe_ref().alloc::<u64>(2 * A2AV_MAX)?;
-        g.pe_ref().barrier_all()?;
+        let err = DevBuf::zeroed_on(&own, ERR_WORDS * 8)?;
+        let pe = g.pe_ref();
+        let n_pes = pe.n_pes();
+        let meta = pe.alloc::<u64>(2 * n_pes)?;
+        let sigs = pe.alloc::<u64>(MAX_TEAMS * n_pes * SIG_WORDS)?;
+        let sp = g.ptr(&sigs)?;
+        {
+            let _g = b.gpu.bind()?;
+            // SAFETY: our own symmetric object's bytes, on our own stream, then synchronised;
+            // no peer writes it before the barrier below.
+            ffi::check(
+                unsafe { ffi::cu::cuMemsetD8Async(sp, 0, sigs.len() * 8, own.raw) },
+                "cuMemsetD8Async",
+            )?;
+            own.sync()?;
+        }
+        let f_a2av_dev = funcs["rshmemi_coll_a2av_dev"];
+        let a2av_dev_max = a2av_dev_shared(&b.gpu, f_a2av_dev, n_pes)?;
+        pe.barrier_all()?;
         Ok(GpuColl {
             f_copy: funcs["rshmemi_coll_copy"],
-            f_a2av_dev: funcs["rshmemi_coll_a2av_dev"],
+            f_a2av_dev,
             f_a2av_meta: funcs["rshmemi_coll_a2av_meta"],
             f_a2av_host: funcs["rshmemi_coll_a2av_host"],
+            f_sync_sig: funcs["rshmemi_coll_sync_sig"],
             funcs,
             _module: module,
             g,
@@ -199,6 +396,10 @@ impl<'a> GpuColl<'a> {
             temp: Mutex::new(Vec::new()),
             err,
             meta,
+            sigs,
+            n_pes,
+            a2av_dev_max,
+            a2av_chunk: A2AV_CHUNK,
             sms: b.gpu.sms().max(1) as u32,
             fused_bytes: fused_bytes_from_env()?,
             own,
@@ -239,7 +440,10 @@ impl<'a> GpuColl<'a> {
     }
 
     /// Reads and clears the device error flags; call after the stream is synchronised, outside
-    /// capture. Device-side count violations become [`Error::Capacity`] (device counts beyond
+    /// capture. Members whose calls differ (the signatures their first barriers carried)
+    /// become [`Error::CollectiveMismatch`] naming the first differing member and both calls
+    /// (reported in preference to the others; those calls moved no data on any member).
+    /// Device-side count violations become [`Error::Capacity`] (device counts beyond
     /// the objects) or [`Error::InvalidArgument`] (counts that do not pair up); device wait
     /// timeouts become [`Error::Timeout`]. After a device wait of this PE timed out, its
     /// collectives move no data (barriers still run) until this check or [`Pe::quiet`](crate::Pe::quiet) clears
@@ -247,31 +451,35 @@ impl<'a> GpuColl<'a> {
     pub fn check_errors(&self) -> Result<()> {
         self.g.check_device_errors()?;
         let b = self.g.backend();
-        let mut v = [0u64; 5];
+        let mut w = [0u64; ERR_SKIP];
+        let bytes = ERR_SKIP * 8;
         let _g = b.gpu.bind()?;
-        // SAFETY: 40 bytes of our own error record into a local, on our own stream (then
-        // synchronised); cleared the same way.
+        // SAFETY: the record proper (the skip flags stay) of our own error record into a
+        // local, on our own stream (then synchronised); cleared the same way.
         unsafe {
             ffi::check(
                 ffi::cu::cuMemcpyDtoHAsync_v2(
-                    v.as_mut_ptr() as *mut _,
+                    w.as_mut_ptr() as *mut _,
                     self.err.ptr,
-                    40,
+                    bytes,
                     self.own.raw,
                 ),
                 "cuMemcpyDtoHAsync",
             )?;
             self.own.sync()?;
-            if v[0] != 0 {
+            if w[0] != 0 {
                 ffi::check(
-                    ffi::cu::cuMemsetD8Async(self.err.ptr, 0, 40, self.own.raw),
+                    ffi::cu::cuMemsetD8Async(self.err.ptr, 0, bytes, self.own.raw),
                     "cuMemsetD8Async",
                 )?;
                 self.own.sync()?;
             }
         }
-        let v = v.map(|x| x as usize);
-        if v[0] & 1 != 0 {
+        if let Some(e) = mismatch_error(&w) {
+            return Err(e);
+        }
+        let v = [w[0], w[1], w[2], w[3], w[4]].map(|x| x as usize);
+        if w[0] & ERR_CAPACITY != 0 {
             return Err(Error::Capacity {
                 op: "cuda all_to_all_v (device counts)",
                 src_pe: v[1],
@@ -280,7 +488,7 @@ impl<'a> GpuColl<'a> {
                 capacity: v[4],
             });
         }
-        if v[0] & 2 != 0 {
+        if w[0] & ERR_A2AV != 0 {
             return Err(Error::invalid(
                 "cuda all_to_all_v: counts or displacements did not pair up between members \
                  or exceeded the objects; nothing was copied for those pairs",
@@ -354,9 +562,32 @@ impl<'a> GpuColl<'a> {
     fn sync(&self, s: &Stream, dt: DeviceTeam) -> Result<()> {
         let mut t = dt;
         let mut p = [&mut t as *mut DeviceTeam as *mut std::ffi::c_void];
-        let threads = (dt.size as u32).div_ceil(32) * 32;
+        let threads = sync_threads(dt);
         // SAFETY: matches rshmemi_team_sync(rshmem_team) (five ints, repr(C)).
         unsafe { gpu::launch(&s.raw, self.g.backend().f_team_sync, 1, threads, 0, &mut p) }
+    }
+
+    /// The check argument of a call on `dt` with signature `sig` (default: data kernels that
+    /// only read the skip flag).
+    fn check(&self, dt: DeviceTeam, sig: [u64; SIG_WORDS]) -> Result<Check> {
+        let row = (dt.slot as usize) * self.n_pes * SIG_WORDS * 8;
+        Ok(Check {
+            sig,
+            slots: self.g.ptr(&self.sigs)? + row as u64,
+            err: self.err.ptr,
+        })
+    }
+
+    /// The first barrier of a call: carries and checks the signature (`rshmemi_coll_sync_sig`).
+    fn sig_sync(&self, s: &Stream, dt: DeviceTeam, ck: Check) -> Result<()> {
+        let (mut t, mut c) = (dt, ck);
+        let mut p = [
+            &mut t as *mut DeviceTeam as *mut std::ffi::c_void,
+            &mut c as *mut Check as *mut _,
+        ];
+        // SAFETY: matches rshmemi_coll_sync_sig(rshmem_team, rshmemi_check) (repr(C)); the
+        // slot row is ours (symmetric, n_pes × SIG_WORDS words), err our record.
+        unsafe { gpu::launch(&s.raw, self.f_sync_sig, 1, sync_threads(dt), 0, &mut p) }
     }
 
     fn flush(
@@ -365,6 +596,7 @@ impl<'a> GpuColl<'a> {
         copies: &mut Vec<CopyDesc>,
         dt: DeviceTeam,
         fused: bool,
+        ck: Check,
     ) -> Result<()> {
         if copies.is_empty() {
             return Ok(());
@@ -375,7 +607,7 @@ impl<'a> GpuColl<'a> {
         let limit = ((4 * self.sms) as usize / n).max(1) as u64;
         let per = max.div_ceil(per_block).clamp(1, limit) as u32;
         let grid = if fused { 1 } else { n as u32 * per };
-        let (mut t, mut fu) = (dt, fused as i32);
+        let (mut t, mut fu, mut k) = (dt, fused as i32, ck);
         let mut c = Copies {
             d: [CopyDesc::default(); MAX_COPIES],
         };
@@ -386,9 +618,11 @@ impl<'a> GpuColl<'a> {
             &mut ni as *mut i32 as *mut _,
             &mut t as *mut DeviceTeam as *mut _,
             &mut fu as *mut i32 as *mut _,
+            &mut k as *mut Check as *mut _,
         ];
         copies.clear();
-        // SAFETY: matches rshmemi_coll_copy(rshmemi_copies, int, rshmem_team, int): every
+        // SAFETY: matches rshmemi_coll_copy(rshmemi_copies, int, rshmem_team, int,
+        // rshmemi_check): every
         // descriptor's source is a checked range of a symmetric object (translated on the
         // device) or our staging buffer, its destination a checked range of this PE's memory.
         unsafe { gpu::launch(&s.raw, self.f_copy, grid, THREADS, 0, &mut p) }
@@ -405,25 +639,28 @@ impl<'a> GpuColl<'a> {
         es: usize,
         dt: DeviceTeam,
         fused: bool,
+        ck: Check,
     ) -> Result<()> {
         let vecs = (len * es / 16 + 1) as u64;
         let blocks = vecs.div_ceil(THREADS as u64).clamp(1, 4 * self.sms as u64) as u32;
         let blocks = if fused { 1 } else { blocks };
         let (mut d, mut sr, mut n, mut t) = (dst, src, len as u64, dt);
-        let mut fu = fused as i32;
+        let (mut fu, mut k) = (fused as i32, ck);
         let mut p = [
             &mut d as *mut u64 as *mut std::ffi::c_void,
             &mut sr as *mut u64 as *mut _,
             &mut n as *mut u64 as *mut _,
             &mut t as *mut DeviceTeam as *mut _,
             &mut fu as *mut i32 as *mut _,
+            &mut k as *mut Check as *mut _,
         ];
-        // SAFETY: matches rshmemi_coll_reduce_*(T*, const T*, u64, rshmem_team, int); ranges
-        // checked.
+        // SAFETY: matches rshmemi_coll_reduce_*(T*, const T*, u64, rshmem_team, int,
+        // rshmemi_check); ranges checked.
         unsafe { gpu::launch(&s.raw, f, blocks, THREADS, 0, &mut p) }
     }
 
-    /// Runs `plan` on the stream: barriers for syncs, one kernel per phase.
+    /// Runs `plan` on the stream: barriers for syncs (the first carries `sig`), one kernel per
+    /// phase.
     #[allow(clippy::too_many_arguments)]
     fn exec(
         &self,
@@ -434,7 +671,21 @@ impl<'a> GpuColl<'a> {
         dst: u64,
         es: usize,
         reduce: Option<Func>,
+        sig: CallSig,
     ) -> Result<()> {
+        if plan.steps.first() != Some(&Step::Sync) || plan.syncs() < 2 {
+            return Err(Error::invalid(
+                "internal: a collective plan must start with a barrier and have two",
+            ));
+        }
+        let ck = self.check(
+            dt,
+            CallSig {
+                syncs: plan.syncs(),
+                ..sig
+            }
+            .pack()?,
+        )?;
         let temp = if plan.temp_len > 0 {
             self.temp_addr(Some(s), plan.temp_len * es)?
         } else {
@@ -454,11 +705,16 @@ impl<'a> GpuColl<'a> {
             &plan.steps[..]
         };
         let mut copies = Vec::new();
+        let mut first = true;
         for step in steps {
             match *step {
                 Step::Sync => {
-                    self.flush(s, &mut copies, dt, false)?;
-                    self.sync(s, dt)?;
+                    self.flush(s, &mut copies, dt, false, ck)?;
+                    if std::mem::take(&mut first) {
+                        self.sig_sync(s, dt, ck)?;
+                    } else {
+                        self.sync(s, dt)?;
+                    }
                 }
                 Step::Copy {
                     peer,
@@ -483,7 +739,7 @@ impl<'a> GpuColl<'a> {
                         pe,
                     });
                     if copies.len() == MAX_COPIES {
-                        self.flush(s, &mut copies, dt, fused)?;
+                        self.flush(s, &mut copies, dt, fused, ck)?;
                     }
                 }
                 Step::Reduce {
@@ -493,7 +749,7 @@ impl<'a> GpuColl<'a> {
                     to_at,
                     len,
                 } => {
-                    self.flush(s, &mut copies, dt, fused)?;
+                    self.flush(s, &mut copies, dt, fused, ck)?;
                     if len > 0 {
                         let f = reduce.ok_or_else(|| Error::invalid("plan reduces without op"))?;
                         self.reduce_launch(
@@ -505,12 +761,13 @@ impl<'a> GpuColl<'a> {
                             es,
                             dt,
                             fused,
+                            ck,
                         )?;
                     }
                 }
             }
         }
-        self.flush(s, &mut copies, dt, fused)
+        self.flush(s, &mut copies, dt, fused, ck)
     }
 
     fn fusable(&self, plan: &Plan, es: usize) -> bool {
@@ -525,6 +782,25 @@ impl<'a> GpuColl<'a> {
     /// Sets [`GpuColl::fused_bytes`] (0: never fuse).
     pub fn set_fused_bytes(&mut self, bytes: usize) {
         self.fused_bytes = bytes;
+    }
+
+    /// Members per [`GpuColl::all_to_all_v`] list launch, 1 to 64 (the default, and the most
+    /// a launch's arguments hold): smaller values only add launches. For tests, which cover
+    /// several chunks with small teams this way.
+    #[doc(hidden)]
+    pub fn set_a2av_chunk(&mut self, members: usize) -> Result<()> {
+        if !(1..=A2AV_CHUNK).contains(&members) {
+            return Err(Error::invalid(format!(
+                "all_to_all_v chunk of {members} members: 1 to {A2AV_CHUNK}"
+            )));
+        }
+        self.a2av_chunk = members;
+        Ok(())
+    }
+
+    /// The largest team [`GpuColl::all_to_all_v_device`] serves on this GPU.
+    pub fn all_to_all_v_device_max_team(&self) -> usize {
+        self.a2av_dev_max
     }
 
     // ----- the collectives -----
@@ -552,7 +828,18 @@ impl<'a> GpuColl<'a> {
         let es = std::mem::size_of::<T>();
         let algo = self.config.choose(CollKind::Broadcast, count * es);
         let plan = plan::broadcast(Self::shape(&dt, ip), root, count, algo);
-        self.exec(s, dt, &plan, sr, d, es, None)
+        let sig = call_sig::<T>(
+            CollKind::Broadcast,
+            None,
+            Some(algo),
+            ip,
+            count,
+            root,
+            src,
+            dst,
+            dt,
+        );
+        self.exec(s, dt, &plan, sr, d, es, None, sig)
     }
 
     /// The fold of every member's `src[..count]` into member `root`'s `dst[..count]`.
@@ -573,7 +860,18 @@ impl<'a> GpuColl<'a> {
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
         let plan = plan::reduce(Self::shape(&dt, ip), root, count);
-        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f))
+        let sig = call_sig::<T>(
+            CollKind::Reduce,
+            Some(op),
+            None,
+            ip,
+            count,
+            root,
+            src,
+            dst,
+            dt,
+        );
+        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
     }
 
     /// The fold of every member's `src[..count]` into every member's `dst[..count]`.
@@ -608,7 +906,18 @@ impl<'a> GpuColl<'a> {
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
-        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f))
+        let sig = call_sig::<T>(
+            CollKind::AllReduce,
+            Some(op),
+            Some(algo),
+            ip,
+            count,
+            0,
+            src,
+            dst,
+            dt,
+        );
+        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
     }
 
     /// Member j's `src[..count]` into every member's `dst[j·count..]` (in place: the input is
@@ -627,7 +936,8 @@ impl<'a> GpuColl<'a> {
         let d = self.buf(dst, mul(n, count)?)?;
         let sr = self.buf(src, if ip { mul(n, count)? } else { count })?;
         let plan = plan::all_gather(Self::shape(&dt, ip), count);
-        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None)
+        let sig = call_sig::<T>(CollKind::AllGather, None, None, ip, count, 0, src, dst, dt);
+        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
     }
 
     /// The fold of every member's `src[k·count..]` into member k's `dst[..count]` (in place:
@@ -648,7 +958,18 @@ impl<'a> GpuColl<'a> {
         let sr = self.buf(src, mul(n, count)?)?;
         let d = self.buf(dst, if ip { mul(n, count)? } else { count })?;
         let plan = plan::reduce_scatter(Self::shape(&dt, ip), count);
-        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f))
+        let sig = call_sig::<T>(
+            CollKind::ReduceScatter,
+            Some(op),
+            None,
+            ip,
+            count,
+            0,
+            src,
+            dst,
+            dt,
+        );
+        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
     }
 
     /// Member j's `src[k·count..]` into member k's `dst[j·count..]`.
@@ -666,11 +987,13 @@ impl<'a> GpuColl<'a> {
         let d = self.buf(dst, mul(n, count)?)?;
         let sr = self.buf(src, mul(n, count)?)?;
         let plan = plan::all_to_all(Self::shape(&dt, ip), count);
-        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None)
+        let sig = call_sig::<T>(CollKind::AllToAll, None, None, ip, count, 0, src, dst, dt);
+        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
     }
 
     /// All-to-all with per-pair counts and displacements known on the host (see
-    /// [`AllToAllV`]; the arrays are baked into the launches, so a captured graph replays them).
+    /// [`AllToAllV`]; the arrays are baked into the launches in chunks of 64 members, one
+    /// launch each, so a captured graph replays them and any team size works).
     /// Own ranges are checked here; whether the members' counts pair up is checked on the GPU
     /// (a mismatch copies nothing for that pair; [`GpuColl::check_errors`] reports it).
     /// `src` and `dst` must be different objects.
@@ -684,7 +1007,6 @@ impl<'a> GpuColl<'a> {
     ) -> Result<()> {
         let dt = self.team(s, team)?;
         let n = dt.size as usize;
-        check_a2av_team(n)?;
         if Self::in_place(src, dst)? {
             return Err(Error::invalid(
                 "cuda all_to_all_v: src and dst must be different objects",
@@ -695,47 +1017,77 @@ impl<'a> GpuColl<'a> {
         let sr = self.g.ptr(src)?;
         let d = self.g.ptr(dst)?;
         let mp = self.g.ptr(&self.meta)?;
-        let list = |c: &[usize], d: &[usize]| {
+        let sig = call_sig::<T>(CollKind::AllToAllV, None, None, false, 0, 0, src, dst, dt);
+        let ck = self.check(dt, CallSig { syncs: 2, ..sig }.pack()?)?;
+        let chunk = self.a2av_chunk.clamp(1, A2AV_CHUNK);
+        let list = |c: &[usize], d: &[usize], base: usize| {
             let mut l = A2avList {
-                count: [0; A2AV_MAX],
-                displ: [0; A2AV_MAX],
+                count: [0; A2AV_CHUNK],
+                displ: [0; A2AV_CHUNK],
             };
-            for i in 0..n {
-                l.count[i] = c[i] as u64;
-                l.displ[i] = d[i] as u64;
+            let cn = (n - base).min(chunk);
+            for i in 0..cn {
+                l.count[i] = c[base + i] as u64;
+                l.displ[i] = d[base + i] as u64;
             }
-            l
+            (l, cn)
         };
-        let mut send = list(v.send_counts, v.send_displs);
-        let mut recv = list(v.recv_counts, v.recv_displs);
         // The previous all_to_all_v's readers of `meta` finished at its closing barrier.
-        let (mut m, mut ni) = (mp, n as i32);
-        let mut p = [
-            &mut m as *mut u64 as *mut std::ffi::c_void,
-            &mut send as *mut A2avList as *mut _,
-            &mut ni as *mut i32 as *mut _,
-        ];
-        // SAFETY: matches rshmemi_coll_a2av_meta(u64*, rshmemi_a2av_list, int); meta holds 128 words.
-        unsafe { gpu::launch(&s.raw, self.f_a2av_meta, 1, 64, 0, &mut p)? };
-        self.sync(s, dt)?;
+        for base in (0..n).step_by(chunk) {
+            let (mut send, cn) = list(v.send_counts, v.send_displs, base);
+            let (mut m, mut b, mut ni, mut st) = (mp, base as i32, cn as i32, self.n_pes as u64);
+            let mut p = [
+                &mut m as *mut u64 as *mut std::ffi::c_void,
+                &mut send as *mut A2avList as *mut _,
+                &mut b as *mut i32 as *mut _,
+                &mut ni as *mut i32 as *mut _,
+                &mut st as *mut u64 as *mut _,
+            ];
+            // SAFETY: matches rshmemi_coll_a2av_meta(u64*, rshmemi_a2av_list, int, int, u64);
+            // meta holds 2·n_pes words and base + cn <= n <= n_pes.
+            unsafe { gpu::launch(&s.raw, self.f_a2av_meta, 1, 64, 0, &mut p)? };
+        }
+        self.sig_sync(s, dt, ck)?;
         let es = std::mem::size_of::<T>() as u64;
-        let max = v.recv_counts.iter().max().copied().unwrap_or(0) as u64 * es;
-        let per = self.per(max, n);
-        let (mut dd, mut ss, mut mm, mut e) = (d, sr, mp, self.err.ptr);
-        let (mut el, mut sc, mut dc, mut t) = (es, sl as u64, dl as u64, dt);
-        let mut p = [
-            &mut dd as *mut u64 as *mut std::ffi::c_void,
-            &mut ss as *mut u64 as *mut _,
-            &mut mm as *mut u64 as *mut _,
-            &mut recv as *mut A2avList as *mut _,
-            &mut e as *mut u64 as *mut _,
-            &mut el as *mut u64 as *mut _,
-            &mut sc as *mut u64 as *mut _,
-            &mut dc as *mut u64 as *mut _,
-            &mut t as *mut DeviceTeam as *mut _,
-        ];
-        // SAFETY: matches rshmemi_coll_a2av_host; the kernel bounds every copy by src/dst lengths.
-        unsafe { gpu::launch(&s.raw, self.f_a2av_host, n as u32 * per, THREADS, 0, &mut p)? };
+        for base in (0..n).step_by(chunk) {
+            let (mut recv, cn) = list(v.recv_counts, v.recv_displs, base);
+            let max = v.recv_counts[base..base + cn]
+                .iter()
+                .max()
+                .copied()
+                .unwrap_or(0) as u64
+                * es;
+            let per = self.per(max, cn);
+            let (mut dd, mut ss, mut mm, mut e) = (d, sr, mp, self.err.ptr);
+            let (mut b, mut ni, mut st) = (base as i32, cn as i32, self.n_pes as u64);
+            let (mut el, mut sc, mut dc, mut t) = (es, sl as u64, dl as u64, dt);
+            let mut p = [
+                &mut dd as *mut u64 as *mut std::ffi::c_void,
+                &mut ss as *mut u64 as *mut _,
+                &mut mm as *mut u64 as *mut _,
+                &mut recv as *mut A2avList as *mut _,
+                &mut b as *mut i32 as *mut _,
+                &mut ni as *mut i32 as *mut _,
+                &mut st as *mut u64 as *mut _,
+                &mut e as *mut u64 as *mut _,
+                &mut el as *mut u64 as *mut _,
+                &mut sc as *mut u64 as *mut _,
+                &mut dc as *mut u64 as *mut _,
+                &mut t as *mut DeviceTeam as *mut _,
+            ];
+            // SAFETY: matches rshmemi_coll_a2av_host; the kernel bounds every copy by the
+            // src/dst lengths; senders base .. base + cn are team members.
+            unsafe {
+                gpu::launch(
+                    &s.raw,
+                    self.f_a2av_host,
+                    cn as u32 * per,
+                    THREADS,
+                    0,
+                    &mut p,
+                )?
+            };
+        }
         self.sync(s, dt)
     }
 
@@ -766,7 +1118,14 @@ impl<'a> GpuColl<'a> {
     ) -> Result<()> {
         let dt = self.team(s, team)?;
         let n = dt.size as usize;
-        check_a2av_team(n)?;
+        if n > self.a2av_dev_max {
+            return Err(Error::invalid(format!(
+                "cuda all_to_all_v_device: a team of {n} members; this GPU serves at most {} \
+                 (the {n}×{n} count matrix must fit in one block's shared memory); use \
+                 all_to_all_v with host counts",
+                self.a2av_dev_max
+            )));
+        }
         if Self::in_place(src, dst)? {
             return Err(Error::invalid(
                 "cuda all_to_all_v_device: src and dst must be different objects",
@@ -776,7 +1135,19 @@ impl<'a> GpuColl<'a> {
         let rc = self.buf(recv_counts, n)?;
         let (sl, dl) = (src.raw().len, dst.raw().len);
         let (sr, d) = (self.g.ptr(src)?, self.g.ptr(dst)?);
-        self.sync(s, dt)?;
+        let sig = raw_sig(
+            SigKind::A2avDevice,
+            T::KIND,
+            None,
+            None,
+            false,
+            0,
+            send_counts.raw().offset,
+            src.raw(),
+            dst.raw(),
+            dt,
+        );
+        self.sig_sync(s, dt, self.check(dt, CallSig { syncs: 2, ..sig }.pack()?)?)?;
         let es = std::mem::size_of::<T>() as u64;
         // Sizes are unknown on the host: spread the capacity's worth over the grid.
         let per = self.per(dl as u64 * es / n as u64, n);
@@ -793,9 +1164,19 @@ impl<'a> GpuColl<'a> {
             &mut dc as *mut u64 as *mut _,
             &mut t as *mut DeviceTeam as *mut _,
         ];
+        let shmem = (n * n * 8) as u32;
         // SAFETY: matches rshmemi_coll_a2av_dev; the kernel checks every count against the
-        // lengths passed before it copies.
-        unsafe { gpu::launch(&s.raw, self.f_a2av_dev, n as u32 * per, THREADS, 0, &mut p)? };
+        // lengths passed before it copies; n² words of shared memory fit (n <= a2av_dev_max).
+        unsafe {
+            gpu::launch(
+                &s.raw,
+                self.f_a2av_dev,
+                n as u32 * per,
+                THREADS,
+                shmem,
+                &mut p,
+            )?
+        };
         self.sync(s, dt)
     }
 }
@@ -845,6 +1226,126 @@ fn mul(n: usize, count: usize) -> Result<usize> {
         .ok_or_else(|| Error::invalid("count times team size overflows"))
 }
 
+/// The signature of a call (its barrier count is the plan's, filled in by `exec`).
+#[allow(clippy::too_many_arguments)]
+fn call_sig<T: Elem>(
+    kind: CollKind,
+    op: Option<ReduceOp>,
+    algo: Option<Algo>,
+    in_place: bool,
+    count: usize,
+    aux: usize,
+    src: &(impl AsSym<T> + ?Sized),
+    dst: &(impl AsSym<T> + ?Sized),
+    dt: DeviceTeam,
+) -> CallSig {
+    raw_sig(
+        SigKind::Coll(kind),
+        T::KIND,
+        op,
+        algo,
+        in_place,
+        count,
+        aux,
+        src.raw(),
+        dst.raw(),
+        dt,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn raw_sig(
+    kind: SigKind,
+    elem: ElemKind,
+    op: Option<ReduceOp>,
+    algo: Option<Algo>,
+    in_place: bool,
+    count: usize,
+    aux: usize,
+    src: RawSym,
+    dst: RawSym,
+    dt: DeviceTeam,
+) -> CallSig {
+    CallSig {
+        kind,
+        elem,
+        op,
+        algo,
+        in_place,
+        syncs: 0,
+        count: count as u64,
+        aux: aux as u64,
+        src: src.offset as u64,
+        dst: dst.offset as u64,
+        team: (dt.size, dt.start, dt.stride),
+    }
+}
+
+/// The mismatch recorded in an error record (`w[..ERR_SKIP]`), if any.
+fn mismatch_error(w: &[u64]) -> Option<Error> {
+    if w.first().copied().unwrap_or(0) & ERR_MISMATCH == 0 {
+        return None;
+    }
+    let sig = |at: usize| -> [u64; SIG_WORDS] {
+        let mut x = [0u64; SIG_WORDS];
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = w.get(at + i).copied().unwrap_or(0);
+        }
+        x
+    };
+    let (mine, theirs) = (sig(ERR_MM_MINE), sig(ERR_MM_THEIRS));
+    Some(Error::CollectiveMismatch {
+        op: SigKind::from_code(mine[0] & 0xff).map_or("cuda collective", SigKind::name),
+        pe: w.get(ERR_MM_PE).copied().unwrap_or(0) as usize,
+        mine: CallSig::describe(&mine),
+        theirs: CallSig::describe(&theirs),
+    })
+}
+
+fn sync_threads(dt: DeviceTeam) -> u32 {
+    (dt.size.max(1) as u32).div_ceil(32).min(32) * 32
+}
+
+/// Prepares `rshmemi_coll_a2av_dev`'s dynamic shared memory (the team's count matrix, n² words)
+/// for teams up to the world's size where the GPU allows; returns the largest team it serves.
+fn a2av_dev_shared(gpu: &gpu::Gpu, f: Func, n_pes: usize) -> Result<usize> {
+    let optin = gpu
+        .attr(ffi::cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+    let (want, max) = a2av_dev_limit(optin, n_pes);
+    if want > SHARED_DEFAULT {
+        let _g = gpu.bind()?;
+        // SAFETY: a loaded function of this GPU's context; raises its dynamic shared memory
+        // limit within what the device allows.
+        ffi::check(
+            unsafe {
+                ffi::cu::cuFuncSetAttribute(
+                    f.0,
+                    ffi::cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    want as i32,
+                )
+            },
+            "cuFuncSetAttribute",
+        )?;
+    }
+    Ok(max)
+}
+
+/// Dynamic shared memory a block may use without opting in (48 KiB less 1 KiB kept for the
+/// kernel's static shared memory).
+const SHARED_DEFAULT: usize = (48 << 10) - 1024;
+
+/// For a device opt-in limit (`optin` bytes, −1 unknown) and a world of `n_pes`: the dynamic
+/// shared memory to allow `rshmemi_coll_a2av_dev` (bytes) and the largest team it then serves.
+fn a2av_dev_limit(optin: i32, n_pes: usize) -> (usize, usize) {
+    let avail = usize::try_from(optin)
+        .map_or(0, |x| x.saturating_sub(1024))
+        .max(SHARED_DEFAULT);
+    let want = n_pes.saturating_mul(n_pes).saturating_mul(8).min(avail);
+    let words = want.max(SHARED_DEFAULT) / 8;
+    let max = (1..).take_while(|k| k * k <= words).last().unwrap_or(1);
+    (want, max)
+}
+
 fn check_root(root: usize, dt: DeviceTeam) -> Result<()> {
     if root >= dt.size as usize {
         return Err(Error::PeOutOfRange {
@@ -852,15 +1353,6 @@ fn check_root(root: usize, dt: DeviceTeam) -> Result<()> {
             n_pes: dt.size as usize,
             what: "team",
         });
-    }
-    Ok(())
-}
-
-fn check_a2av_team(n: usize) -> Result<()> {
-    if n > A2AV_MAX {
-        return Err(Error::invalid(format!(
-            "cuda all_to_all_v supports teams of at most {A2AV_MAX} members"
-        )));
     }
     Ok(())
 }
@@ -915,10 +1407,293 @@ mod tests {
         }
     }
 
+    fn sig(kind: CollKind, count: usize) -> CallSig {
+        let dt = DeviceTeam {
+            slot: 3,
+            my_index: 1,
+            size: 4,
+            start: 0,
+            stride: 1,
+        };
+        CallSig {
+            syncs: 2,
+            ..raw_sig(
+                SigKind::Coll(kind),
+                ElemKind::F32,
+                Some(ReduceOp::Sum),
+                Some(Algo::OneShot),
+                false,
+                count,
+                0,
+                RawSym {
+                    offset: 4096,
+                    len: 100,
+                    job: 1,
+                    owner: 1,
+                },
+                RawSym {
+                    offset: 8192,
+                    len: 100,
+                    job: 1,
+                    owner: 1,
+                },
+                dt,
+            )
+        }
+    }
+
+    #[test]
+    fn signature_packs_every_field() {
+        let base = sig(CollKind::AllReduce, 100);
+        let w = base.pack().unwrap();
+        assert_ne!(w[0] & SIG_MARK, 0, "a written slot is never 0");
+        assert_eq!(CallSig::syncs_of(&w), 2);
+        assert_eq!(w[1], 100);
+        assert_eq!((w[3], w[4]), (4096, 8192));
+        // every field that must agree changes the packed words
+        let variants = [
+            CallSig {
+                kind: SigKind::Coll(CollKind::Reduce),
+                ..base
+            },
+            CallSig {
+                kind: SigKind::A2avDevice,
+                ..base
+            },
+            CallSig {
+                elem: ElemKind::I32,
+                ..base
+            },
+            CallSig {
+                op: Some(ReduceOp::Max),
+                ..base
+            },
+            CallSig { op: None, ..base },
+            CallSig {
+                algo: Some(Algo::TwoShot),
+                ..base
+            },
+            CallSig {
+                in_place: true,
+                ..base
+            },
+            CallSig { syncs: 3, ..base },
+            CallSig { count: 101, ..base },
+            CallSig { aux: 1, ..base },
+            CallSig { src: 0, ..base },
+            CallSig { dst: 0, ..base },
+            CallSig {
+                team: (4, 0, 2),
+                ..base
+            },
+            CallSig {
+                team: (3, 0, 1),
+                ..base
+            },
+        ];
+        let mut seen = vec![w];
+        for v in variants {
+            let p = v.pack().unwrap();
+            assert!(!seen.contains(&p), "{v:?} packs like an earlier variant");
+            seen.push(p);
+        }
+        // my_index and slot are not part of it: every member computes the same words
+        let other = DeviceTeam {
+            slot: 3,
+            my_index: 2,
+            size: 4,
+            start: 0,
+            stride: 1,
+        };
+        let r = RawSym {
+            offset: 4096,
+            len: 7,
+            job: 1,
+            owner: 2,
+        };
+        let d = RawSym { offset: 8192, ..r };
+        let theirs = CallSig {
+            syncs: 2,
+            ..raw_sig(
+                SigKind::Coll(CollKind::AllReduce),
+                ElemKind::F32,
+                Some(ReduceOp::Sum),
+                Some(Algo::OneShot),
+                false,
+                100,
+                0,
+                r,
+                d,
+                other,
+            )
+        };
+        assert_eq!(
+            theirs.pack().unwrap(),
+            w,
+            "lengths and my_index do not count"
+        );
+        assert!(CallSig {
+            syncs: 0x1_0000,
+            ..base
+        }
+        .pack()
+        .is_err());
+    }
+
+    #[test]
+    fn signature_syncs_follow_the_plan() {
+        let sh = shape(4, 1, false);
+        let one = plan::all_reduce(sh, 1000, Algo::OneShot).syncs();
+        let two = plan::all_reduce(sh, 1000, Algo::TwoShot).syncs();
+        assert_eq!((one, two), (2, 3));
+        let a = CallSig {
+            syncs: one,
+            ..sig(CollKind::AllReduce, 1000)
+        };
+        let b = CallSig {
+            syncs: two,
+            algo: Some(Algo::TwoShot),
+            ..a
+        };
+        assert_eq!(CallSig::syncs_of(&a.pack().unwrap()), 2);
+        assert_eq!(CallSig::syncs_of(&b.pack().unwrap()), 3);
+        for k in CollKind::ALL
+            .iter()
+            .map(|&k| SigKind::Coll(k))
+            .chain([SigKind::A2avDevice])
+        {
+            assert_eq!(SigKind::from_code(k.code()), Some(k));
+            assert!(k.code() < 256);
+        }
+        assert_eq!(SigKind::from_code(0), None);
+    }
+
+    #[test]
+    fn signature_descriptions_name_the_fields() {
+        let w = sig(CollKind::AllReduce, 100).pack().unwrap();
+        let d = CallSig::describe(&w);
+        assert!(
+            d.starts_with("all_reduce float sum count 100 in_place false algo one_shot barriers 2 src @0x1000 dst @0x2000"),
+            "{d}"
+        );
+        let b = CallSig {
+            kind: SigKind::Coll(CollKind::Broadcast),
+            op: None,
+            aux: 3,
+            ..sig(CollKind::AllReduce, 5)
+        };
+        let d = CallSig::describe(&b.pack().unwrap());
+        assert!(d.starts_with("broadcast float count 5 root 3 "), "{d}");
+        assert!(CallSig::describe(&[0; SIG_WORDS]).starts_with("no collective signature"));
+    }
+
+    #[test]
+    fn mismatch_records_become_errors() {
+        let mine = sig(CollKind::AllReduce, 100).pack().unwrap();
+        let theirs = sig(CollKind::AllReduce, 200).pack().unwrap();
+        let mut w = [0u64; ERR_SKIP];
+        assert!(mismatch_error(&w).is_none());
+        w[0] = ERR_CAPACITY;
+        assert!(mismatch_error(&w).is_none());
+        w[0] |= ERR_MISMATCH;
+        w[ERR_MM_PE] = 3;
+        w[ERR_MM_MINE..ERR_MM_MINE + SIG_WORDS].copy_from_slice(&mine);
+        w[ERR_MM_THEIRS..ERR_MM_THEIRS + SIG_WORDS].copy_from_slice(&theirs);
+        match mismatch_error(&w) {
+            Some(Error::CollectiveMismatch {
+                op,
+                pe,
+                mine: m,
+                theirs: t,
+            }) => {
+                assert_eq!((op, pe), ("all_reduce", 3));
+                assert!(m.contains("count 100 "), "{m}");
+                assert!(t.contains("count 200 "), "{t}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // a member that wrote nothing
+        w[ERR_MM_THEIRS..ERR_MM_THEIRS + SIG_WORDS].fill(0);
+        let e = mismatch_error(&w).unwrap().to_string();
+        assert!(e.contains("no collective signature"), "{e}");
+    }
+
+    #[test]
+    fn layouts_match_the_kernels() {
+        // rshmemi_check: six signature words, two pointers; the error record fits every slot.
+        assert_eq!(std::mem::size_of::<Check>(), 8 * (SIG_WORDS + 2));
+        assert_eq!(std::mem::size_of::<A2avList>(), 16 * A2AV_CHUNK);
+        assert_eq!(ERR_WORDS, ERR_SKIP + MAX_TEAMS);
+        let src = crate::backend::cuda::nvrtc::COLL_KERNELS;
+        for (name, v) in [
+            ("RSHMEMI_SIG_WORDS", SIG_WORDS),
+            ("RSHMEMI_ERR_MM_PE", ERR_MM_PE),
+            ("RSHMEMI_ERR_MM_MINE", ERR_MM_MINE),
+            ("RSHMEMI_ERR_SKIP", ERR_SKIP),
+            ("RSHMEMI_A2AV_CHUNK", A2AV_CHUNK),
+            ("RSHMEMI_COLL_MAX_COPIES", MAX_COPIES),
+        ] {
+            assert!(
+                src.contains(&format!("#define {name} {v}\n")),
+                "{name} must be {v} in coll.cu"
+            );
+        }
+        for (name, v) in [
+            ("RSHMEMI_ERR_CAPACITY", ERR_CAPACITY),
+            ("RSHMEMI_ERR_A2AV", ERR_A2AV),
+            ("RSHMEMI_ERR_MISMATCH", ERR_MISMATCH),
+        ] {
+            assert!(src.contains(&format!("#define {name} {v}ull\n")), "{name}");
+        }
+    }
+
+    #[test]
+    fn a2av_device_team_limit() {
+        // H100/H200: 227 KiB opt-in → 170 members; a small world needs no opt-in.
+        let (want, max) = a2av_dev_limit(227 << 10, 256);
+        assert_eq!(want, (227 << 10) - 1024);
+        assert_eq!(max, 170);
+        assert!(max * max * 8 <= want && (max + 1) * (max + 1) * 8 > want);
+        let (want, max) = a2av_dev_limit(227 << 10, 64);
+        assert_eq!(want, 64 * 64 * 8);
+        assert!(want <= SHARED_DEFAULT && max >= 64);
+        // unknown attribute: the default 47 KiB → 77 members
+        assert_eq!(a2av_dev_limit(-1, 1024).1, 77);
+    }
+
+    #[test]
+    fn every_gpu_plan_opens_with_a_barrier_and_has_two() {
+        // `exec` relies on it: the first barrier carries the signature, and a second one
+        // keeps the slots from being rewritten before every member has read them.
+        for n in 1..6 {
+            for me in 0..n {
+                for ip in [false, true] {
+                    for count in [0, 1, 7, 1000] {
+                        let sh = shape(n, me, ip);
+                        let mut plans = vec![
+                            plan::reduce(sh, n - 1, count),
+                            plan::all_gather(sh, count),
+                            plan::reduce_scatter(sh, count),
+                            plan::all_to_all(sh, count),
+                        ];
+                        for algo in [Algo::OneShot, Algo::TwoShot] {
+                            plans.push(plan::broadcast(sh, me, count, algo));
+                            plans.push(plan::all_reduce(sh, count, algo));
+                        }
+                        for p in plans {
+                            assert_eq!(p.steps.first(), Some(&Step::Sync), "{p:?}");
+                            assert!(p.syncs() >= 2 && p.syncs() <= 0xffff, "{p:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn kernel_names_cover_every_type_and_op() {
         let names = coll_kernel_names();
-        assert_eq!(names.len(), 4 + 8 * 7 + 4 * 4);
+        assert_eq!(names.len(), 5 + 8 * 7 + 4 * 4);
         assert!(names.contains(&"rshmemi_coll_reduce_bfloat16_max".to_string()));
         assert!(names.contains(&"rshmemi_coll_reduce_uint8_xor".to_string()));
         assert!(!names.contains(&"rshmemi_coll_reduce_float_xor".to_string()));

@@ -60,6 +60,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuModuleGetFunction",
     "cuModuleGetGlobal_v2",
     "cuLaunchKernel",
+    "cuFuncSetAttribute",
     "cuEventCreate",
     "cuEventRecord",
     "cuEventSynchronize",
