@@ -54,7 +54,7 @@
 
 use super::api::{CudaPe, DeviceTeam, Stream};
 use super::gpu::{self, DevBuf, Func, Module, RawStream};
-use super::{ffi, nvrtc, MAX_TEAMS};
+use super::{ffi, nvrtc};
 use crate::coll::plan::{self, Algo, Buf, CollKind, Plan, Shape, Step};
 use crate::coll::{AllToAllV, CollConfig, ReduceOp};
 use crate::elem::{Elem, ElemKind};
@@ -83,7 +83,6 @@ const ERR_MM_MINE: usize = 6;
 const ERR_MM_THEIRS: usize = ERR_MM_MINE + SIG_WORDS;
 /// First skip flag (one per team slot); the words before it are the record proper.
 const ERR_SKIP: usize = 32;
-const ERR_WORDS: usize = ERR_SKIP + MAX_TEAMS;
 const _: () = assert!(ERR_MM_THEIRS + SIG_WORDS <= ERR_SKIP);
 
 #[repr(C)]
@@ -305,7 +304,7 @@ pub struct GpuColl<'a> {
     f_sync_sig: Func,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
     temp: Mutex<Vec<(DevBuf, usize)>>,
-    /// Device error record (u64[ERR_WORDS]): flags (bit 1: device counts beyond capacity;
+    /// Device error record (u64[ERR_SKIP + team slots]): flags (bit 1: device counts beyond capacity;
     /// bit 2: a2av pairs that do not match; bit 4: signatures that differ), sender, receiver,
     /// needed, capacity of the first capacity violation, the first signature mismatch (member,
     /// both signatures), then one skip flag per team slot.
@@ -313,7 +312,7 @@ pub struct GpuColl<'a> {
     /// Symmetric u64[2·n_pes]: this PE's all_to_all_v send counts and displacements (released
     /// with the world: freeing is collective).
     meta: Sym<u64>,
-    /// Symmetric u64[MAX_TEAMS][n_pes][SIG_WORDS]: the signature slots, per team slot and
+    /// Symmetric u64[team slots][n_pes][SIG_WORDS]: the signature slots, per team slot and
     /// world PE (zero when consumed).
     sigs: Sym<u64>,
     n_pes: usize,
@@ -364,11 +363,13 @@ impl<'a> GpuColl<'a> {
         }
         let b = g.backend();
         let own = RawStream::new(&b.gpu)?;
-        let err = DevBuf::zeroed_on(&own, ERR_WORDS * 8)?;
+        // Every team slot of the job (the configured teams and the stream barrier's).
+        let slots = b.layout.slots;
+        let err = DevBuf::zeroed_on(&own, (ERR_SKIP + slots) * 8)?;
         let pe = g.pe_ref();
         let n_pes = pe.n_pes();
         let meta = pe.alloc::<u64>(2 * n_pes)?;
-        let sigs = pe.alloc::<u64>(MAX_TEAMS * n_pes * SIG_WORDS)?;
+        let sigs = pe.alloc::<u64>(slots * n_pes * SIG_WORDS)?;
         let sp = g.ptr(&sigs)?;
         {
             let _g = b.gpu.bind()?;
@@ -1623,7 +1624,6 @@ mod tests {
         // rshmemi_check: six signature words, two pointers; the error record fits every slot.
         assert_eq!(std::mem::size_of::<Check>(), 8 * (SIG_WORDS + 2));
         assert_eq!(std::mem::size_of::<A2avList>(), 16 * A2AV_CHUNK);
-        assert_eq!(ERR_WORDS, ERR_SKIP + MAX_TEAMS);
         let src = crate::backend::cuda::nvrtc::COLL_KERNELS;
         for (name, v) in [
             ("RSHMEMI_SIG_WORDS", SIG_WORDS),
