@@ -206,10 +206,48 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
     }
 }
 
-// Every token once to each destination PE: one warp per token, rows and row records by warp
-// puts into the destination's receive area at (this PE's slot) * cap + position. Every block
-// then adds 1 to each destination's data signal for this PE (also when nothing moves, so the
-// counters stay in step).
+// ----- vector machinery of the grid kernels -----
+// Rows move as 16-byte vectors when the hidden row size is a multiple of 16 bytes and the
+// pointers involved are 16-byte aligned (scalar fallback otherwise). A warp takes a chunk of
+// 32 * U vectors of a row: every lane first issues its U independent loads (U vectors in flight
+// per lane), then stores or accumulates them, so the memory system sees many requests per warp.
+#define EP_U 8   // copies: vectors per lane per chunk
+#define EP_UR 4  // reductions: vectors per lane per chunk (two rows' loads in flight: 8)
+__device__ __forceinline__ rshmemi_v4 ep_ldnc(const rshmemi_v4* p) {
+    rshmemi_v4 v;
+    asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "l"(p));
+    return v;
+}
+// Loads vectors v0 + 32*q (q < U, below nv) of `row` into r.
+template <int U>
+__device__ __forceinline__ void ep_load(rshmemi_v4 (&r)[U], const rshmemi_v4* row, int v0, int nv, bool nc) {
+#pragma unroll
+    for (int q = 0; q < U; q++) {
+        const int v = v0 + 32 * q;
+        if (v < nv) r[q] = nc ? ep_ldnc(row + v) : row[v];
+    }
+}
+template <int U>
+__device__ __forceinline__ void ep_store(rshmemi_v4* row, const rshmemi_v4 (&r)[U], int v0, int nv) {
+#pragma unroll
+    for (int q = 0; q < U; q++) {
+        const int v = v0 + 32 * q;
+        if (v < nv) row[v] = r[q];
+    }
+}
+__device__ __forceinline__ bool ep_al16(unsigned long long a) { return (a & 15) == 0; }
+// The scalar fallback (rows of a size or alignment the vector path does not take), kept out of
+// line so it does not add to the vector path's registers.
+__device__ __noinline__ void ep_copy_row(void* d, const void* s, long long bytes, unsigned lane) {
+    rshmemi_copy(d, s, (size_t_rshmem)bytes, lane, 32);
+}
+
+// Every token once to each destination PE, into the destination's receive area at (this PE's
+// slot) * cap + position, with its row record. Work units are (token, chunk of the row): the
+// chunk is loaded once into registers and stored to every destination of the token; the warp of
+// chunk 0 also writes the row records. Every block then adds 1 to each destination's data signal
+// for this PE (also when nothing moves, so the counters stay in step: the grid is the same on
+// every PE of the buffer).
 extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, const ep_t* x, const ep_id* ids, const float* w) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me;
@@ -218,16 +256,37 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
     if (ctl[EP_CTL_GO]) {
         const int T = (int)ctl[EP_CTL_TOKENS], topk = (int)ctl[EP_CTL_TOPK];
         const int* tok_pos = (const int*)P->tok_pos;
-        long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
-        for (long long t = gw; t < T; t += nw) {
+        const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)x | P->recv_x);
+        const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
+        const long long chunk = 32 * EP_U;
+        const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
+        const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
+        for (long long u = gw; u < (long long)T * nch; u += nw) {
+            const long long t = u / nch, c = u % nch;
+            if (vec) {
+                rshmemi_v4 r[EP_U];
+                const int v0 = (int)(c * chunk) + (int)lane;
+                ep_load<EP_U>(r, (const rshmemi_v4*)(x + t * H), v0, nv, true);
+                for (int d = 0; d < n; d++) {
+                    const int pos = tok_pos[t * n + d];
+                    if (pos < 0) continue;
+                    rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                    ep_store<EP_U>(dst, r, v0, nv);
+                }
+            } else {
+                for (int d = 0; d < n; d++) {
+                    const int pos = tok_pos[t * n + d];
+                    if (pos < 0) continue;
+                    ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                    ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
+                }
+            }
+            if (c != 0) continue;
             for (int d = 0; d < n; d++) {
-                int pos = tok_pos[t * n + d];
+                const int pos = tok_pos[t * n + d];
                 if (pos < 0) continue;
-                int pe = ep_pe(P, d);
-                long long row = me * C + pos;
-                ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + row * H, pe);
-                rshmemi_copy(dst, x + t * H, H * sizeof(ep_t), lane, 32);
-                unsigned* m = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, pe);
+                const long long row = me * C + pos;
+                unsigned* m = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
                 for (long long i = lane; i < RMW; i += 32) {
                     unsigned v;
                     if (i == 0) v = (unsigned)t;
@@ -263,6 +322,9 @@ extern "C" __global__ void ep_wait(const ep_params* P, int which) {
 
 // Received tokens into expert-major rows `out` (one row per (token, local slot)); fills the
 // handle: row_src[r] = received row * kmax + slot, tok_rows[received row * kmax + slot] = r.
+// One warp per received row: lane j takes slot j (its row placed by an atomic on the expert's
+// fill counter), then the warp reads the row once, chunk by chunk, and stores each chunk to every
+// local slot's row.
 extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P, ep_t* out) {
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
@@ -275,28 +337,48 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
     unsigned* row_src = (unsigned*)P->row_src;
     int* tok_rows = (int*)P->tok_rows;
     const long long lo = (long long)me * El;
-    long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
+    const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | P->recv_x);
+    const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
+    const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
     for (long long g = gw; g < n * C; g += nw) {
-        long long s = g / C, i = g % C;
+        const long long s = g / C, i = g % C;
         if (i >= recv_cnt[s]) continue;
         const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
-        for (long long j = 0; j < K; j++) {
-            long long id = (long long)(int)m[1 + j];
+        const ep_t* src = (const ep_t*)P->recv_x + g * H;
+        for (long long j0 = 0; j0 < K; j0 += 32) {
+            const long long j = j0 + lane;
             int r = -1;
-            if (id >= lo && id < lo + El) {
-                long long e = id - lo;
-                unsigned rr = 0;
-                if (lane == 0) rr = off[e] + atomicAdd(&fill[e], 1u);
-                rr = __shfl_sync(0xffffffffu, rr, 0);
-                if (rr < off[e + 1]) {
-                    r = (int)rr;
-                    rshmemi_copy((ep_t*)out + (long long)r * H, (const ep_t*)P->recv_x + g * H, H * sizeof(ep_t), lane, 32);
-                    if (lane == 0) row_src[r] = (unsigned)(g * K + j);
-                } else if (lane == 0) {
-                    atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
+            if (j < K) {
+                const long long id = (long long)(int)m[1 + j];
+                if (id >= lo && id < lo + El) {
+                    const long long e = id - lo;
+                    const unsigned rr = off[e] + atomicAdd(&fill[e], 1u);
+                    if (rr < off[e + 1]) {
+                        r = (int)rr;
+                        row_src[r] = (unsigned)(g * K + j);
+                    } else {
+                        atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
+                    }
+                }
+                tok_rows[g * K + j] = r;
+            }
+            const unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
+            if (!mask) continue;
+            if (vec) {
+                for (int v0 = (int)lane; v0 < nv; v0 += 32 * EP_U) {
+                    rshmemi_v4 a[EP_U];
+                    ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
+                    for (unsigned mm = mask; mm; mm &= mm - 1) {
+                        const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
+                        ep_store<EP_U>((rshmemi_v4*)(out + (long long)rb * H), a, v0, nv);
+                    }
+                }
+            } else {
+                for (unsigned mm = mask; mm; mm &= mm - 1) {
+                    const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
+                    ep_copy_row(out + (long long)rb * H, src, H * (long long)sizeof(ep_t), lane);
                 }
             }
-            if (lane == 0) tok_rows[g * K + j] = r;
         }
     }
 }
@@ -305,9 +387,40 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
 #define EP_VEC (16 / sizeof(ep_t))
 struct __align__(16) ep_vec { ep_t v[EP_VEC]; };
 
+// acc[q] += wt * a[q] (weighted) or acc[q] += a[q], element by element in f32 (the same
+// expressions as the scalar paths, so both round alike).
+template <int U>
+__device__ __forceinline__ void ep_accum(float (&acc)[U][EP_VEC], const rshmemi_v4 (&a)[U], float wt, bool weighted) {
+#pragma unroll
+    for (int q = 0; q < U; q++) {
+        const ep_vec b = *(const ep_vec*)&a[q];
+#pragma unroll
+        for (int e = 0; e < (int)EP_VEC; e++) {
+            if (weighted) acc[q][e] += wt * ep_f(b.v[e]);
+            else acc[q][e] += ep_f(b.v[e]);
+        }
+    }
+}
+// Rounds acc and stores the vectors v0 + 32*q (below nv) of `row`.
+template <int U>
+__device__ __forceinline__ void ep_round_store(ep_t* row, const float (&acc)[U][EP_VEC], int v0, int nv) {
+#pragma unroll
+    for (int q = 0; q < U; q++) {
+        const int v = v0 + 32 * q;
+        if (v >= nv) continue;
+        ep_vec o;
+#pragma unroll
+        for (int e = 0; e < (int)EP_VEC; e++) ep_from(acc[q][e], &o.v[e]);
+        ((ep_vec*)row)[v] = o;
+    }
+}
+
 // Expert side of combine: for each received token, the weighted sum (slot order, f32) of the
 // expert outputs of its local slots, rounded once, put as one row back to its source at
-// comb[parity][this PE][position]. Then every block adds 1 to each source's combine signal.
+// comb[parity][this PE][position]. Work units are (received token, chunk of the row); the
+// token's local slots are gathered by the lanes and walked two at a time (both rows' loads in
+// flight before accumulating, in slot order). Then every block adds 1 to each source's combine
+// signal.
 extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, const ep_t* y) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me;
@@ -317,27 +430,49 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
         const unsigned* recv_cnt = (const unsigned*)P->recv_cnt;
         const int* tok_rows = (const int*)P->tok_rows;
         const long long parity = (long long)(ctl[EP_CTL_CWAIT] & 1);
-        long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
-        for (long long g = gw; g < n * C; g += nw) {
-            long long s = g / C, i = g % C;
+        const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)y | P->comb);
+        const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
+        const long long chunk = 32 * EP_UR;
+        const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
+        const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
+        for (long long u = gw; u < n * C * nch; u += nw) {
+            const long long g = u / nch, c = u % nch;
+            const long long s = g / C, i = g % C;
             if (i >= recv_cnt[s]) continue;
             const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
             ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
-            if ((H * sizeof(ep_t)) % 16 == 0 && (((unsigned long long)y | P->comb) & 15) == 0) {
-                for (long long v = lane; v < H / (long long)EP_VEC; v += 32) {
-                    float acc[EP_VEC];
-                    for (int q = 0; q < (int)EP_VEC; q++) acc[q] = 0.f;
-                    for (long long j = 0; j < K; j++) {
-                        int r = tok_rows[g * K + j];
-                        if (r < 0) continue;
-                        float wj = __uint_as_float(m[1 + K + j]);
-                        ep_vec a = ((const ep_vec*)(y + (long long)r * H))[v];
-                        for (int q = 0; q < (int)EP_VEC; q++) acc[q] += wj * ep_f(a.v[q]);
+            if (vec) {
+                const int v0 = (int)(c * chunk) + (int)lane;
+                float acc[EP_UR][EP_VEC];
+#pragma unroll
+                for (int q = 0; q < EP_UR; q++)
+#pragma unroll
+                    for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
+                for (long long j0 = 0; j0 < K; j0 += 32) {
+                    int rj = -1;
+                    float wj = 0.f;
+                    if (j0 + lane < K) {
+                        rj = tok_rows[g * K + j0 + lane];
+                        wj = __uint_as_float(m[1 + K + j0 + lane]);
                     }
-                    ep_vec o;
-                    for (int q = 0; q < (int)EP_VEC; q++) ep_from(acc[q], &o.v[q]);
-                    ((ep_vec*)dst)[v] = o;
+                    unsigned mm = __ballot_sync(0xffffffffu, rj >= 0);
+                    while (mm) {
+                        const int b1 = __ffs(mm) - 1;
+                        mm &= mm - 1;
+                        const int b2 = mm ? __ffs(mm) - 1 : -1;
+                        if (mm) mm &= mm - 1;
+                        const int r1 = __shfl_sync(0xffffffffu, rj, b1);
+                        const float w1 = __shfl_sync(0xffffffffu, wj, b1);
+                        const int r2 = __shfl_sync(0xffffffffu, rj, b2 < 0 ? b1 : b2);
+                        const float w2 = __shfl_sync(0xffffffffu, wj, b2 < 0 ? b1 : b2);
+                        rshmemi_v4 a1[EP_UR], a2[EP_UR];
+                        ep_load<EP_UR>(a1, (const rshmemi_v4*)(y + (long long)r1 * H), v0, nv, true);
+                        if (b2 >= 0) ep_load<EP_UR>(a2, (const rshmemi_v4*)(y + (long long)r2 * H), v0, nv, true);
+                        ep_accum<EP_UR>(acc, a1, w1, true);
+                        if (b2 >= 0) ep_accum<EP_UR>(acc, a2, w2, true);
+                    }
                 }
+                ep_round_store<EP_UR>(dst, acc, v0, nv);
             } else {
                 for (long long h = lane; h < H; h += 32) {
                     float acc = 0.f;
@@ -358,7 +493,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
 }
 
 // Source side of combine: out[t] = sum over destination PEs (ascending) of the rows they sent
-// back for token t, in f32, rounded once; tokens without experts get zeros.
+// back for token t, in f32, rounded once; tokens without experts get zeros. Work units are
+// (token, chunk of the row), two PEs' rows loaded before accumulating.
 extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, ep_t* out) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
@@ -369,23 +505,34 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     const int* tok_pos = (const int*)P->tok_pos;
     const ep_t* comb = (const ep_t*)P->comb + parity * n * C * H;
     const unsigned lane = threadIdx.x & 31;
-    long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
-    const bool vec = (H * sizeof(ep_t)) % 16 == 0 && (((unsigned long long)out | P->comb) & 15) == 0;
-    for (long long t = gw; t < T; t += nw) {
+    const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | P->comb);
+    const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
+    const long long chunk = 32 * EP_UR;
+    const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
+    const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
+    for (long long u = gw; u < (long long)T * nch; u += nw) {
+        const long long t = u / nch, c = u % nch;
         if (vec) {
-            for (long long v = lane; v < H / (long long)EP_VEC; v += 32) {
-                float acc[EP_VEC];
-                for (int q = 0; q < (int)EP_VEC; q++) acc[q] = 0.f;
-                for (int d = 0; d < n; d++) {
-                    int pos = tok_pos[t * n + d];
-                    if (pos < 0) continue;
-                    ep_vec a = ((const ep_vec*)(comb + (d * C + pos) * H))[v];
-                    for (int q = 0; q < (int)EP_VEC; q++) acc[q] += ep_f(a.v[q]);
-                }
-                ep_vec o;
-                for (int q = 0; q < (int)EP_VEC; q++) ep_from(acc[q], &o.v[q]);
-                ((ep_vec*)(out + t * H))[v] = o;
+            const int v0 = (int)(c * chunk) + (int)lane;
+            float acc[EP_UR][EP_VEC];
+#pragma unroll
+            for (int q = 0; q < EP_UR; q++)
+#pragma unroll
+                for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
+            int d = 0;
+            while (true) {
+                int p1 = -1, p2 = -1;
+                for (; d < n && p1 < 0; d++) p1 = tok_pos[t * n + d] < 0 ? -1 : d;
+                for (; d < n && p2 < 0; d++) p2 = tok_pos[t * n + d] < 0 ? -1 : d;
+                if (p1 < 0) break;
+                rshmemi_v4 a1[EP_UR], a2[EP_UR];
+                ep_load<EP_UR>(a1, (const rshmemi_v4*)(comb + (p1 * C + tok_pos[t * n + p1]) * H), v0, nv, false);
+                if (p2 >= 0) ep_load<EP_UR>(a2, (const rshmemi_v4*)(comb + (p2 * C + tok_pos[t * n + p2]) * H), v0, nv, false);
+                ep_accum<EP_UR>(acc, a1, 1.f, false);
+                if (p2 >= 0) ep_accum<EP_UR>(acc, a2, 1.f, false);
+                if (p2 < 0) break;
             }
+            ep_round_store<EP_UR>(out + t * H, acc, v0, nv);
         } else {
             for (long long h = lane; h < H; h += 32) {
                 float acc = 0.f;

@@ -28,15 +28,20 @@
 //!    anywhere, or a count above the capacity (capturable mode), and **no** PE moves a row; the
 //!    error is latched in a device flag that [`Buffer::check`] turns into [`Error::Capacity`] /
 //!    [`Error::InvalidArgument`].
-//! 2. `ep_send` (grid): one warp per token writes its row and row record (token index, k ids,
-//!    k weights) once into each destination's receive area at `source * C + position` (`C` =
-//!    `max_tokens` normal, `capacity` capturable), then each block adds 1 to each destination's
-//!    data signal. `ep_wait` (one block) waits for every source's blocks.
-//! 3. `ep_permute` (grid): received rows into expert-major rows, filling the handle arrays.
+//! 2. `ep_send` (grid): every token's row and row record (token index, k ids, k weights) once
+//!    into each destination's receive area at `source * C + position` (`C` = `max_tokens`
+//!    normal, `capacity` capturable); a warp takes a (token, 256 × 16-byte chunk) unit, loads
+//!    it into registers (8 vectors in flight per lane) and stores it to every destination; then
+//!    each block adds 1 to each destination's data signal. `ep_wait` (one block) waits for
+//!    every source's blocks (the grid, one block per SM, is agreed by the team at creation).
+//! 3. `ep_permute` (grid, one warp per received row): the row's local slots take their
+//!    expert-major rows (atomics), the row is read once and stored to each, filling the handle
+//!    arrays.
 //! 4. Combine, **pre-reduced on the expert side**: `ep_csend` sums, for each received token,
 //!    weight × expert output over the slots served here (slot order, `f32`), rounds once to
 //!    `T` and puts **one row per (token, PE)** back into the source's combine area; `ep_crecv`
-//!    sums the rows of a token over PEs (ascending PE, `f32`) and rounds. Semantics differ from
+//!    sums the rows of a token over PEs (ascending PE, `f32`) and rounds. Both work on (token,
+//!    chunk) units with two rows' loads in flight before accumulating (same order of sums). Semantics differ from
 //!    the CPU (per-slot rows, one rounding) only by that intermediate rounding of each PE's
 //!    partial sum: exact for `f32` partial sums that are exact, within bf16/f16 tolerance
 //!    otherwise. The combine area is `2 * n * C` rows (double-buffered by call parity) instead of
@@ -100,8 +105,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The kernels' source (after the device header).
 pub const EP_KERNELS: &str = include_str!("../../kernels/ep.cu");
 
-/// Blocks of the grid kernels (a constant: every PE counts its peers' block signals).
-const GRID: u32 = 128;
+/// Most blocks of the grid kernels. Their grid is one block per SM (512 threads, up to 128
+/// registers each: one resident block per SM), the smallest SM count of the team's GPUs, agreed
+/// when the buffer is created: every PE counts its peers' block signals, so all use one grid.
+const MAX_GRID: u32 = 1024;
 const BLOCK: u32 = 512;
 /// Most experts (the layout kernel counts pairs per expert in shared memory).
 pub const MAX_GPU_EXPERTS: usize = 8192;
@@ -396,6 +403,22 @@ impl<T: Elem> Buffer<T> {
             }
         };
         let area = pe.alloc_aligned::<u8>(plan.total, 256)?;
+        // The grid, agreed: every PE puts its SM count into slot (its team index) of each
+        // member's record area, all meet, each takes the smallest (the records are rewritten by
+        // every dispatch, which no PE starts before the barrier at the end of this function).
+        let slots = area.view::<u64>(plan.rec, n)?;
+        let sms = (g.sm_count() as u64).clamp(1, MAX_GRID as u64);
+        for i in 0..n {
+            pe.put(&slots, dt.my_index as usize, &[sms], team.world_pe(i)?)?;
+        }
+        pe.team_barrier(team)?;
+        let grid = pe
+            .local_vec(&slots)?
+            .into_iter()
+            .min()
+            .unwrap_or(1)
+            .clamp(1, MAX_GRID as u64) as u32;
+        pe.local_fill(&slots, 0)?;
         let buf = Buffer {
             cfg,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -411,7 +434,7 @@ impl<T: Elem> Buffer<T> {
             crecv,
             scale,
             dispatches: std::cell::Cell::new(0),
-            grid: GRID,
+            grid,
             _t: std::marker::PhantomData,
         };
         let base = g.ptr(&buf.area)?;
