@@ -1018,20 +1018,41 @@ fn stage_times(
     Ok(sums.iter().map(|v| v / iters.max(1) as f64).collect())
 }
 
-/// Why the NCCL all-to-all-v baseline is not measured here.
-fn nccl_missing(g: &CudaPe, n: usize) -> String {
-    let same = (0..n).any(|p| (0..p).any(|q| g.device_of(p).ok() == g.device_of(q).ok()));
-    if same {
-        "nccl-a2av (missing: PEs share a GPU; NCCL needs one GPU per rank)".into()
-    } else {
-        "nccl-a2av (missing: not wired in this branch)".into()
+/// The baseline's name in the records.
+pub const EP_BASELINE: &str = "nccl-a2av";
+
+/// Symmetric heap bytes per PE [`ep_bench`] needs for `args` on `n` PEs (upper bound).
+pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
+    let mut most = 0usize;
+    for &t in &args.tokens {
+        let cfg = EpConfig {
+            num_experts: args.experts,
+            max_tokens: t.max(1),
+            hidden: args.hidden,
+            max_topk: args.top_k,
+            mode: EpMode::Normal,
+        };
+        let es = std::mem::size_of::<crate::bf16>();
+        let buf = Buffer::<crate::bf16>::bytes_for(&cfg, n)?;
+        let rows_cap = n * t * args.top_k;
+        let io = 2 * t * args.hidden * es + 2 * t * args.top_k * 4 + (rows_cap.max(t) + 1) * 8;
+        let base =
+            super::ep_base::base_bytes(n, t, args.hidden, args.top_k, args.experts, rows_cap);
+        most = most.max(buf + io + base);
     }
+    Ok(most + (64 << 20))
 }
 
-/// Benchmarks dispatch and combine (bf16, random routing, both modes) on the world team.
-/// Collective; the heap must hold the buffers (about 2.2 GB per PE at T=4096, H=7168, k=8).
-/// Returns PE 0's records (others an empty list).
+/// Benchmarks dispatch and combine (bf16, random routing, both modes) on the world team beside
+/// the same-run NCCL all-to-all-v baseline (`ep_base.rs` says exactly what it includes), and
+/// checks the data of both: the expert-major rows per local expert and the combine output per
+/// token against a reference computed from the known inputs (checksums; identity experts).
+/// Collective; the heap must hold [`ep_bench_heap_bytes`]. The baseline is reported missing
+/// (with the reason in `baseline`, time and ratio 0) when NCCL cannot be loaded on some PE or the
+/// PEs share a GPU (NCCL needs one GPU per rank). Returns PE 0's records (others an empty list);
+/// a failed data check on any PE is an error on that PE.
 pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
+    use super::ep_base::{self as eb, NcclBase};
     use crate::bf16 as Bf16;
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
@@ -1041,19 +1062,50 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
     let k = args.top_k;
     let e = args.experts;
     let es = std::mem::size_of::<Bf16>();
-    let baseline = nccl_missing(&g, n);
+    let cfg_of = |t: usize, mode| EpConfig {
+        num_experts: e,
+        max_tokens: t.max(1),
+        hidden: h,
+        max_topk: k,
+        mode,
+    };
+    for &t in &args.tokens {
+        cfg_of(t, EpMode::Normal).validate(n)?;
+    }
+    let kernels = eb::Kernels::load(&g)?;
+    let lib = super::nccl::Nccl::load();
+    let (comm, why) = super::nccl::world_comm(pe, &g, &lib)?;
+    let baseline = match &why {
+        None => EP_BASELINE.to_string(),
+        Some(w) => format!("{EP_BASELINE} (missing: {w})"),
+    };
+    let grid = (g.sm_count() as u32).clamp(1, MAX_GRID);
+    // Data check failures, reported after the collective steps (so no PE is left waiting).
+    let mut bad: Vec<String> = Vec::new();
     let mut out = Vec::new();
     for &t in &args.tokens {
         let routes: Vec<(Vec<i32>, Vec<f32>)> = (0..n).map(|p| bench_routing(p, t, k, e)).collect();
+        let epp = e / n;
         // Tokens PE p sends to PE d.
         let cnt = |p: usize, d: usize| -> usize {
-            let epp = e / n;
             routes[p]
                 .0
                 .chunks(k)
                 .filter(|row| row.iter().any(|&id| id >= 0 && id as usize / epp == d))
                 .count()
         };
+        // Expert-major rows on PE d.
+        let rows_on = |d: usize| -> usize {
+            routes
+                .iter()
+                .map(|(ids, _)| {
+                    ids.iter()
+                        .filter(|&&id| id >= 0 && id as usize / epp == d)
+                        .count()
+                })
+                .sum()
+        };
+        let rows_cap = (0..n).map(rows_on).max().unwrap_or(0).max(1);
         let dbytes: usize = (0..n)
             .filter(|&d| d != me)
             .map(|d| cnt(me, d))
@@ -1072,30 +1124,52 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             .max()
             .unwrap_or(1)
             .max(1);
-        let x = pe.alloc_aligned::<Bf16>(t * h, 256)?;
-        let ids = pe.alloc::<i32>(t * k)?;
-        let w = pe.alloc::<f32>(t * k)?;
-        let xs: Vec<Bf16> = (0..t * h)
-            .map(|i| Bf16::from_f64(((i * 7 + me) % 17) as f64 - 8.0))
-            .collect();
+        let reference = eb::reference(&routes, me, t, h, k, e);
+        let x = pe.alloc_aligned::<Bf16>((t * h).max(1), 256)?;
+        let ids = pe.alloc::<i32>((t * k).max(1))?;
+        let w = pe.alloc::<f32>((t * k).max(1))?;
+        let hashes = pe.alloc::<u64>(rows_cap.max(t).max(1))?;
+        let xs: Vec<Bf16> = (0..t * h).map(|i| eb::x_val(me, i)).collect();
         pe.local_write(&x, 0, &xs)?;
         pe.local_write(&ids, 0, &routes[me].0)?;
         pe.local_write(&w, 0, &routes[me].1)?;
-        let y = pe.alloc_aligned::<Bf16>(t * h, 256)?;
+        let y = pe.alloc_aligned::<Bf16>((t * h).max(1), 256)?;
+
+        // The baseline (same inputs), timed and checked.
+        let (mut base_d, mut base_c) = (0.0, 0.0);
+        if let Some(c) = &comm {
+            let mut b = NcclBase::new(pe, c, &kernels, t, h, k, e, rows_cap, grid)?;
+            pe.barrier_all()?;
+            let r = (|| -> Result<()> {
+                base_d = time_stream(&g, &s, args.iters, || b.dispatch(pe, &g, &s, &x, &ids, &w))?;
+                s.synchronize()?;
+                let off = b.offsets(pe)?;
+                let rows = off.last().copied().unwrap_or(0).min(rows_cap);
+                let hs = eb::row_hashes(pe, &g, &s, &kernels, &b.ex, rows, h, &hashes, grid)?;
+                if let Err(m) = eb::check_dispatch("nccl baseline dispatch", &off, &hs, &reference)
+                {
+                    bad.push(format!("T={t}: {m}"));
+                }
+                base_c = time_stream(&g, &s, args.iters, || b.combine(&g, &s))?;
+                let hs = eb::row_hashes(pe, &g, &s, &kernels, &b.out, t, h, &hashes, grid)?;
+                if let Err(m) = eb::check_combine("nccl baseline combine", &hs, &reference) {
+                    bad.push(format!("T={t}: {m}"));
+                }
+                Ok(())
+            })();
+            s.synchronize()?;
+            pe.barrier_all()?;
+            b.free(pe)?;
+            r?;
+        }
+
         for mode in [
             EpMode::Normal,
             EpMode::Capturable {
-                capacity: max_pair.min(t),
+                capacity: max_pair.min(t.max(1)),
             },
         ] {
-            let cfg = EpConfig {
-                num_experts: e,
-                max_tokens: t,
-                hidden: h,
-                max_topk: k,
-                mode,
-            };
-            let buf = Buffer::<Bf16>::new(pe, pe.world_team(), cfg)?;
+            let buf = Buffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode))?;
             let name = if mode == EpMode::Normal {
                 "normal"
             } else {
@@ -1131,6 +1205,24 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             }
             s.synchronize()?;
             buf.check(pe)?;
+            // The data of the last calls: expert-major rows and combine output.
+            let hh = buf.host_handle(pe)?;
+            let rows = hh.expert_offsets.last().copied().unwrap_or(0).min(rows_cap);
+            let ex = buf.expert_x()?;
+            let hs = eb::row_hashes(pe, &g, &s, &kernels, &ex, rows, h, &hashes, grid)?;
+            if let Err(m) = eb::check_dispatch(
+                &format!("rshmem dispatch ({name})"),
+                &hh.expert_offsets,
+                &hs,
+                &reference,
+            ) {
+                bad.push(format!("T={t}: {m}"));
+            }
+            let hs = eb::row_hashes(pe, &g, &s, &kernels, &y, t, h, &hashes, grid)?;
+            if let Err(m) = eb::check_combine(&format!("rshmem combine ({name})"), &hs, &reference)
+            {
+                bad.push(format!("T={t}: {m}"));
+            }
             pe.barrier_all()?;
             if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
                 let mut last = None;
@@ -1153,7 +1245,10 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 buf.check(pe)?;
                 pe.barrier_all()?;
             }
-            for (op, tu, bytes) in [("ep_dispatch", td, dbytes), ("ep_combine", tc, cbytes)] {
+            for (op, tu, bytes, base) in [
+                ("ep_dispatch", td, dbytes, base_d),
+                ("ep_combine", tc, cbytes, base_c),
+            ] {
                 out.push(EpBenchRecord {
                     op,
                     api: "device",
@@ -1164,18 +1259,36 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                     bytes,
                     iters: args.iters,
                     time_us: tu,
-                    gbps: bytes as f64 / (tu * 1e3),
+                    gbps: if tu > 0.0 {
+                        bytes as f64 / (tu * 1e3)
+                    } else {
+                        0.0
+                    },
                     baseline: baseline.clone(),
-                    baseline_time_us: 0.0,
-                    ratio: 0.0,
+                    baseline_time_us: base,
+                    ratio: if tu > 0.0 && base > 0.0 {
+                        base / tu
+                    } else {
+                        0.0
+                    },
                 });
             }
             buf.free(pe)?;
         }
         pe.free(y)?;
+        pe.free(hashes)?;
         pe.free(w)?;
         pe.free(ids)?;
         pe.free(x)?;
+    }
+    s.synchronize()?;
+    drop(comm);
+    pe.barrier_all()?;
+    if !bad.is_empty() {
+        return Err(ffi::err(format!(
+            "ep bench: data check failed on PE {me}: {}",
+            bad.join("; ")
+        )));
     }
     Ok(if me == 0 { out } else { Vec::new() })
 }
