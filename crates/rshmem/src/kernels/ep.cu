@@ -82,6 +82,40 @@ __device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_
 __device__ __forceinline__ int ep_pe(const ep_params* P, int d) { return (int)(P->start + d * P->stride); }
 __device__ __forceinline__ unsigned ep_lanemask_lt() { unsigned m; asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m)); return m; }
 
+// Warp 0 of a block (all 32 lanes): s_wbase[q] = *cnt + the sum of s_wt[0..q) over the block's
+// `nwarps` warps, then *cnt += the total (a shuffle scan instead of a serial loop).
+__device__ __forceinline__ void ep_scan_warps(const unsigned* s_wt, unsigned* s_wbase, unsigned* cnt, unsigned nwarps,
+                                              unsigned lane) {
+    const unsigned v = lane < nwarps ? s_wt[lane] : 0;
+    unsigned incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= (unsigned)o) incl += u;
+    }
+    const unsigned base = *cnt;
+    s_wbase[lane] = base + incl - v;
+    __syncwarp();
+    if (lane == 31) *cnt = base + incl;
+}
+
+// Block-wide exclusive scan (blockDim.x <= 1024 threads, all calling): each thread passes the
+// sum of its segment, gets the sum of the segments before it; *total (shared) gets the sum of all.
+__device__ __forceinline__ unsigned ep_block_excl_scan(unsigned v, unsigned* s_part, unsigned* total) {
+    const unsigned tid = threadIdx.x, nth = blockDim.x;
+    s_part[tid] = v;
+    __syncthreads();
+    for (unsigned o = 1; o < nth; o <<= 1) {
+        const unsigned u = tid >= o ? s_part[tid - o] : 0;
+        __syncthreads();
+        s_part[tid] += u;
+        __syncthreads();
+    }
+    const unsigned r = s_part[tid] - v;
+    if (tid == nth - 1) *total = s_part[tid];
+    __syncthreads();
+    return r;
+}
+
 // Validates the routing, computes the layout (per-token positions per destination, counts per
 // destination and per expert), exchanges one record with every PE and takes the common
 // decision. One block; dynamic shared memory: `experts` unsigned.
@@ -122,11 +156,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
             unsigned bal = __ballot_sync(0xffffffffu, f);
             if (lane == 0) s_wt[warp] = __popc(bal);
             __syncthreads();
-            if (tid == 0) {
-                unsigned acc = s_cnt[d];
-                for (unsigned q = 0; q < (nth + 31) / 32; q++) { s_wbase[q] = acc; acc += s_wt[q]; }
-                s_cnt[d] = acc;
-            }
+            if (warp == 0) ep_scan_warps(s_wt, s_wbase, &s_cnt[d], (nth + 31) / 32, lane);
             __syncthreads();
             if (t < T) tok_pos[(long long)t * n + d] = f ? (int)(s_wbase[warp] + __popc(bal & ep_lanemask_lt())) : -1;
             __syncthreads();
@@ -193,15 +223,24 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
         unsigned* fill = (unsigned*)P->fill;
         for (int s = tid; s < n; s += nth) recv_cnt[s] = (unsigned)((volatile rshmem_u64*)rec)[s * RW + 1];
         for (int e = tid; e < El; e += nth) fill[e] = 0;
+        // Expert offsets: an exclusive scan over local experts of the pairs summed over sources
+        // (each thread a segment of experts, not El * n dependent volatile loads by one thread).
+        __shared__ unsigned s_part[1024];
+        __shared__ unsigned s_total;
+        const int seg = (El + (int)nth - 1) / (int)nth, e0 = (int)tid * seg, e1 = min(e0 + seg, El);
+        unsigned mine = 0;
+        for (int e = e0; e < e1; e++)
+            for (int s = 0; s < n; s++) mine += (unsigned)((volatile rshmem_u64*)rec)[s * RW + EP_REC_FIXED + e];
+        unsigned acc = ep_block_excl_scan(mine, s_part, &s_total);
+        for (int e = e0; e < e1; e++) {
+            off[e] = acc;
+            for (int s = 0; s < n; s++) acc += (unsigned)((volatile rshmem_u64*)rec)[s * RW + EP_REC_FIXED + e];
+        }
         if (tid == 0) {
-            unsigned acc = 0;
-            for (int e = 0; e < El; e++) {
-                off[e] = acc;
-                for (int s = 0; s < n; s++) acc += (unsigned)((volatile rshmem_u64*)rec)[s * RW + EP_REC_FIXED + e];
-            }
-            off[El] = acc;
-            if (acc > (unsigned)P->rmax) { ctl[EP_CTL_GO] = 0; atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT); }
-            ctl[EP_CTL_ROWS] = acc;
+            const unsigned total = s_total;
+            off[El] = total;
+            if (total > (unsigned)P->rmax) { ctl[EP_CTL_GO] = 0; atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT); }
+            ctl[EP_CTL_ROWS] = total;
         }
     }
 }
@@ -617,11 +656,7 @@ extern "C" __global__ void __launch_bounds__(1024) epb_layout(const ep_id* ids, 
             const unsigned bal = __ballot_sync(0xffffffffu, f);
             if (lane == 0) s_wt[warp] = __popc(bal);
             __syncthreads();
-            if (tid == 0) {
-                unsigned acc = s_cnt[d];
-                for (unsigned q = 0; q < (nth + 31) / 32; q++) { s_wbase[q] = acc; acc += s_wt[q]; }
-                s_cnt[d] = acc;
-            }
+            if (warp == 0) ep_scan_warps(s_wt, s_wbase, &s_cnt[d], (nth + 31) / 32, lane);
             __syncthreads();
             if (t < T) tok_pos[(long long)t * n + d] = f ? (int)(s_wbase[warp] + __popc(bal & ep_lanemask_lt())) : -1;
             __syncthreads();
@@ -679,32 +714,23 @@ extern "C" __global__ void __launch_bounds__(512) epb_pack(const ep_t* x, const 
 
 // Received rows (rx, rmeta: source s's at s * T) into expert-major rows ex, like ep_permute;
 // every block first computes the expert offsets from the received counts (shared memory, El + 1
-// unsigned, dynamic); block 0 also writes them to off_out. 512 threads per block.
+// unsigned, dynamic); block 0 also writes them to off_out.
 extern "C" __global__ void __launch_bounds__(512) epb_permute(const int* rcnt, int n, int El, int T, int topk, int me,
                                                               long long H, const ep_t* rx, const unsigned* rmeta, ep_t* ex,
                                                               unsigned* off_out, unsigned* fill, unsigned* row_src,
                                                               int* tok_rows) {
     extern __shared__ unsigned s_off[];
-    __shared__ unsigned s_part[512];
+    __shared__ unsigned s_part[1024];
     const unsigned tid = threadIdx.x, nth = blockDim.x, lane = tid & 31;
     const int seg = (El + (int)nth - 1) / (int)nth, e0 = (int)tid * seg, e1 = min(e0 + seg, El);
     unsigned sum = 0;
     for (int e = e0; e < e1; e++)
         for (int s = 0; s < n; s++) sum += (unsigned)rcnt[s * (1 + El) + 1 + e];
-    s_part[tid] = sum;
-    __syncthreads();
-    for (unsigned o = 1; o < nth; o <<= 1) {
-        const unsigned v = tid >= o ? s_part[tid - o] : 0;
-        __syncthreads();
-        s_part[tid] += v;
-        __syncthreads();
-    }
-    unsigned acc = tid ? s_part[tid - 1] : 0;
+    unsigned acc = ep_block_excl_scan(sum, s_part, &s_off[El]);
     for (int e = e0; e < e1; e++) {
         s_off[e] = acc;
         for (int s = 0; s < n; s++) acc += (unsigned)rcnt[s * (1 + El) + 1 + e];
     }
-    if (tid == nth - 1) s_off[El] = s_part[nth - 1];
     __syncthreads();
     if (blockIdx.x == 0)
         for (int e = tid; e <= El; e += nth) off_out[e] = s_off[e];

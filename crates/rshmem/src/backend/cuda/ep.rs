@@ -639,13 +639,13 @@ impl<T: Elem> Buffer<T> {
         let mut counts = None;
         if !capturable {
             s.synchronize()?;
+            let (ctl, off) = self.read_ctl_offsets(pe)?;
             if let Some(e) = mine {
-                self.take_error(pe)?;
+                self.clear_error(pe, &ctl)?;
                 return Err(e);
             }
-            self.check(pe)?;
+            self.check_words(pe, &ctl)?;
             let el = self.cfg.num_experts / self.n;
-            let off = words_u32(&pe.local_vec(&self.view::<u32>(self.plan.expert_off, el + 1)?)?);
             rows = Some(off[el]);
             counts = Some(off.windows(2).map(|w| w[1] - w[0]).collect());
         }
@@ -805,12 +805,41 @@ impl<T: Elem> Buffer<T> {
     }
 
     fn take_error(&self, pe: &Pe) -> Result<(u64, u64)> {
-        let ctl = self.view::<u64>(self.plan.ctl, 16)?;
-        let v = pe.local_vec(&ctl)?;
+        let v = pe.local_vec(&self.view::<u64>(self.plan.ctl, 16)?)?;
+        self.clear_error(pe, &v)
+    }
+
+    /// Clears the latched error of control words `v` (as read from the device); returns (error
+    /// bits, info).
+    fn clear_error(&self, pe: &Pe, v: &[u64]) -> Result<(u64, u64)> {
         if v[CTL_ERR] != 0 {
+            let ctl = self.view::<u64>(self.plan.ctl, 16)?;
             pe.local_write(&ctl, CTL_ERR, &[0u64, 0u64])?;
         }
         Ok((v[CTL_ERR], v[CTL_INFO]))
+    }
+
+    /// The 16 control words and the `E/n + 1` expert offsets in one copy (the areas are
+    /// adjacent: control, receive counts, offsets).
+    fn read_ctl_offsets(&self, pe: &Pe) -> Result<(Vec<u64>, Vec<usize>)> {
+        let p = &self.plan;
+        let el = self.cfg.num_experts / self.n;
+        let end = p.expert_off + (el + 1) * 4;
+        let b = pe.local_vec(&self.view::<u8>(p.ctl, end - p.ctl)?)?;
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[8 * i..8 * i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let at = p.expert_off - p.ctl;
+        let off = (0..=el)
+            .map(|e| {
+                let mut w = [0u8; 4];
+                w.copy_from_slice(&b[at + 4 * e..at + 4 * e + 4]);
+                u32::from_le_bytes(w) as usize
+            })
+            .collect();
+        Ok(((0..16).map(word).collect(), off))
     }
 
     /// Reports errors latched on the device by earlier calls (call after synchronising the
@@ -821,6 +850,20 @@ impl<T: Elem> Buffer<T> {
         let own = g.check_device_errors();
         let (err, info) = self.take_error(pe)?;
         own?;
+        self.error_of(&g, err, info)
+    }
+
+    /// [`check`](Self::check) with control words already read (`ctl`).
+    fn check_words(&self, pe: &Pe, ctl: &[u64]) -> Result<()> {
+        let g = CudaPe::new(pe)?;
+        let own = g.check_device_errors();
+        let (err, info) = self.clear_error(pe, ctl)?;
+        own?;
+        self.error_of(&g, err, info)
+    }
+
+    /// The error of latched error bits `err` and info word `info`.
+    fn error_of(&self, g: &CudaPe, err: u64, info: u64) -> Result<()> {
         if err & ERR_ABORT != 0 {
             // A peer gave up waiting (its own check reports that timeout): this PE used
             // nothing that followed; its outputs of that step are left as they were.

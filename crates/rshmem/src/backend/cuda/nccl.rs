@@ -338,7 +338,8 @@ pub struct P2p {
 impl NcclComm<'_> {
     /// `ncclSend` of every entry of `sends` and `ncclRecv` of every entry of `recvs`, in one
     /// group (an all-to-all-v when every rank posts one send and one receive per peer with
-    /// matching sizes).
+    /// matching sizes). Entries of 0 bytes are left out (their peers leave out the matching
+    /// ones).
     ///
     /// # Safety
     /// See the impl block above (every `ptr` holds `bytes` bytes of this GPU's memory).
@@ -353,7 +354,7 @@ impl NcclComm<'_> {
         // SAFETY: group calls have no preconditions.
         nc.check(unsafe { (nc.group_start)() }, "ncclGroupStart")?;
         let mut r = Ok(());
-        for p in sends {
+        for p in sends.iter().filter(|p| p.bytes > 0) {
             // SAFETY: upheld by the caller.
             let e =
                 unsafe { (nc.send)(p.ptr as _, p.bytes, i8, p.peer as c_int, self.comm, stream) };
@@ -361,7 +362,7 @@ impl NcclComm<'_> {
                 r = nc.check(e, "ncclSend");
             }
         }
-        for p in recvs {
+        for p in recvs.iter().filter(|p| p.bytes > 0) {
             // SAFETY: upheld by the caller.
             let e =
                 unsafe { (nc.recv)(p.ptr as _, p.bytes, i8, p.peer as c_int, self.comm, stream) };
