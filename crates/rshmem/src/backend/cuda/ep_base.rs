@@ -22,7 +22,7 @@
 //!
 //! # Data checks
 //! Expert-major rows (rshmem's and the baseline's) are checked per local expert: row count and
-//! the sum of row checksums (`epb_rowhash` on the GPU, [`row_hash`] on the host) against the
+//! the sum of row checksums (`epb_rowhash` on the GPU, `mix` on the host) against the
 //! host's reference from the known inputs; combine outputs per token against the reference's
 //! checksums (exact: inputs and weights are small dyadic numbers, every f32 sum is exact, and
 //! the reference rounds where the kernels do).
@@ -75,13 +75,15 @@ fn mix(b: u64, i: u64) -> u64 {
 }
 
 /// The checksum `epb_rowhash` computes for one row.
-pub(super) fn row_hash(row: impl Iterator<Item = bf16>) -> u64 {
+#[cfg(test)]
+fn row_hash(row: impl Iterator<Item = bf16>) -> u64 {
     row.enumerate().fold(0u64, |acc, (i, v)| {
         acc.wrapping_add(mix(v.to_bits() as u64, i as u64))
     })
 }
 
-/// Hidden state `i` (flat index `t * H + h`) of PE `p`'s benchmark input.
+/// Hidden state `i` (flat index `t * H + h`) of PE `p`'s benchmark input (`reference` relies
+/// on its form: an integer in -8..=8 depending on `(7 i + p) mod 17`).
 pub(super) fn x_val(p: usize, i: usize) -> bf16 {
     bf16::from_f64(((i * 7 + p) % 17) as f64 - 8.0)
 }
@@ -99,6 +101,12 @@ pub(super) struct Reference {
 
 /// The reference of PE `me` for routings `routes[p] = (ids, weights)`, `t` tokens, hidden `h`,
 /// top-k `k`, `e` experts over `n` PEs.
+///
+/// Combine: PE `d`'s partial sum of a token is `sum_j w_j * x` over its slots (f32, slot order),
+/// rounded to bf16; the output is the f32 sum of the partials over PEs, rounded. With the
+/// benchmark's inputs (integers in -8..=8, weights m/8, m in 1..=8) every product and sum is
+/// exact in f32, so the partial equals `(sum_j w_j) * x`: one value per distinct `x` (17) and
+/// PE, computed once per token.
 pub(super) fn reference(
     routes: &[(Vec<i32>, Vec<f32>)],
     me: usize,
@@ -110,47 +118,56 @@ pub(super) fn reference(
     let n = routes.len();
     let epp = e / n;
     let lo = me * epp;
+    // x_val(p, i) depends on (7 i + p) mod 17 only.
+    let vals: Vec<bf16> = (0..17).map(|r| bf16::from_f64(r as f64 - 8.0)).collect();
+    let class = |p: usize, i: usize| (i * 7 + p) % 17;
     let mut counts = vec![0usize; epp];
     let mut expert_hash = vec![0u64; epp];
     for (p, (ids, _)) in routes.iter().enumerate() {
         for tok in 0..t {
             let slots = &ids[tok * k..(tok + 1) * k];
-            if !slots.iter().any(|&id| id >= 0 && (id as usize) / epp == me) {
+            let mine = |id: i32| id >= 0 && (id as usize) / epp == me;
+            if !slots.iter().any(|&id| mine(id)) {
                 continue;
             }
-            let hx = row_hash((0..h).map(|c| x_val(p, tok * h + c)));
-            for &id in slots {
-                if id >= 0 && (id as usize) / epp == me {
-                    counts[id as usize - lo] += 1;
-                    expert_hash[id as usize - lo] = expert_hash[id as usize - lo].wrapping_add(hx);
-                }
+            let hx = (0..h).fold(0u64, |acc, c| {
+                let b = vals[class(p, tok * h + c)].to_bits() as u64;
+                acc.wrapping_add(mix(b, c as u64))
+            });
+            for &id in slots.iter().filter(|&&id| mine(id)) {
+                let at = id as usize - lo;
+                counts[at] += 1;
+                expert_hash[at] = expert_hash[at].wrapping_add(hx);
             }
         }
     }
     let (ids, w) = &routes[me];
     let mut out_hash = Vec::with_capacity(t);
-    let mut row = vec![bf16::ZERO; h];
     for tok in 0..t {
-        for (c, o) in row.iter_mut().enumerate() {
-            let xv = x_val(me, tok * h + c).to_f32();
-            let mut acc = 0f32;
-            for d in 0..n {
-                let mut part = 0f32;
-                let mut any = false;
-                for j in 0..k {
-                    let id = ids[tok * k + j];
-                    if id >= 0 && (id as usize) / epp == d {
-                        part += w[tok * k + j] * xv;
-                        any = true;
-                    }
-                }
-                if any {
-                    acc += bf16::from_f32(part).to_f32();
-                }
+        // Per PE: whether the token goes there and its weight sum there.
+        let mut wsum = vec![(false, 0f32); n];
+        for j in 0..k {
+            let id = ids[tok * k + j];
+            if id >= 0 {
+                let d = (id as usize) / epp;
+                wsum[d].0 = true;
+                wsum[d].1 += w[tok * k + j];
             }
-            *o = bf16::from_f32(acc);
         }
-        out_hash.push(row_hash(row.iter().copied()));
+        let outs: Vec<u64> = vals
+            .iter()
+            .map(|xv| {
+                let x = xv.to_f32();
+                let acc = wsum
+                    .iter()
+                    .filter(|(on, _)| *on)
+                    .fold(0f32, |acc, &(_, ws)| acc + bf16::from_f32(ws * x).to_f32());
+                bf16::from_f32(acc).to_bits() as u64
+            })
+            .collect();
+        out_hash.push((0..h).fold(0u64, |acc, c| {
+            acc.wrapping_add(mix(outs[class(me, tok * h + c)], c as u64))
+        }));
     }
     Reference {
         counts,
@@ -647,5 +664,56 @@ mod tests {
         o[1] ^= 1;
         assert!(check_combine("t", &o, &r0).is_err());
         assert!(check_combine("t", &o[..1], &r0).is_err());
+    }
+
+    /// The reference against the kernels' arithmetic spelled out (per-slot products summed in
+    /// slot order per PE, rounded, summed over PEs ascending, rounded).
+    #[test]
+    fn reference_matches_the_direct_sums() {
+        let (n, t, h, k, e) = (2, 23, 37, 8, 16);
+        let routes: Vec<_> = (0..n)
+            .map(|p| super::super::ep::bench_routing(p, t, k, e))
+            .collect();
+        let epp = e / n;
+        for me in 0..n {
+            let r = reference(&routes, me, t, h, k, e);
+            let mut counts = vec![0usize; epp];
+            let mut eh = vec![0u64; epp];
+            for (p, (ids, _)) in routes.iter().enumerate() {
+                for tok in 0..t {
+                    for &id in &ids[tok * k..(tok + 1) * k] {
+                        if id >= 0 && id as usize / epp == me {
+                            let hx = row_hash((0..h).map(|c| x_val(p, tok * h + c)));
+                            counts[id as usize % epp] += 1;
+                            eh[id as usize % epp] = eh[id as usize % epp].wrapping_add(hx);
+                        }
+                    }
+                }
+            }
+            assert_eq!((&r.counts, &r.expert_hash), (&counts, &eh));
+            let (ids, w) = &routes[me];
+            for tok in 0..t {
+                let row = (0..h).map(|c| {
+                    let x = x_val(me, tok * h + c).to_f32();
+                    let mut acc = 0f32;
+                    for d in 0..n {
+                        let mut part = 0f32;
+                        let mut any = false;
+                        for j in 0..k {
+                            let id = ids[tok * k + j];
+                            if id >= 0 && id as usize / epp == d {
+                                part += w[tok * k + j] * x;
+                                any = true;
+                            }
+                        }
+                        if any {
+                            acc += bf16::from_f32(part).to_f32();
+                        }
+                    }
+                    bf16::from_f32(acc)
+                });
+                assert_eq!(r.out_hash[tok], row_hash(row), "PE {me} token {tok}");
+            }
+        }
     }
 }
