@@ -342,7 +342,8 @@ fn cuda_usable() -> Result<rshmem::cuda::Info, String> {
     }
 }
 
-/// The CUDA suite (`rshmem::cuda::bench`, 2 thread-PEs), as perf records.
+/// The CUDA suites (`rshmem::cuda::bench`, `coll_bench`, `ep::ep_bench`; 2 thread-PEs), as perf
+/// records.
 fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
     let full = args.full;
     let max = args
@@ -358,14 +359,16 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
     let config = Config::from_env()?
         .backend(BackendKind::Cuda)
         .heap_size(2 * big + (64 << 20));
-    eprintln!(
-        "rshmem perf: {} CUDA suite, 2 PEs, sizes {}..{}",
-        if full { "full" } else { "quick" },
-        report::human_bytes(sizes[0]),
-        report::human_bytes(big)
-    );
-    let iters = if full { 20000 } else { 2000 };
     let groups = groups(args);
+    if groups.contains(&SuiteArg::P2p) || groups.contains(&SuiteArg::Coll) {
+        eprintln!(
+            "rshmem perf: {} CUDA suite, 2 PEs, sizes {}..{}",
+            if full { "full" } else { "quick" },
+            report::human_bytes(sizes[0]),
+            report::human_bytes(big)
+        );
+    }
+    let iters = if full { 20000 } else { 2000 };
     let mut out = Vec::new();
     if groups.contains(&SuiteArg::P2p) {
         let per_pe = rshmem::threads_with(config.clone(), 2, |pe| {
