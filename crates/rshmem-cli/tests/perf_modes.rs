@@ -257,6 +257,46 @@ fn cuda_backend_absent_is_a_clear_error() {
 }
 
 #[test]
+fn cuda_ep_flags_and_absent_gpu_are_clear_errors() {
+    // Bad MoE flags are reported before looking for a GPU.
+    let out = rshmem()
+        .args(["perf", "--backend", "cuda", "--ep", "--ep-experts", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ep-experts 3"));
+    let out = rshmem()
+        .args(["perf", "--backend", "cuda", "--ep", "--ep-tokens", "128,0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ep-tokens"));
+    // The shm backend takes one token count.
+    let out = rshmem()
+        .args(["perf", "--backend", "shm", "--mode", "threads", "--ep"])
+        .args(["--ep-tokens", "32,64"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("one token count"));
+    if rshmem::cuda::info().is_ok_and(|i| !i.gpus.is_empty()) {
+        eprintln!("a GPU is present: the no-GPU error is not checked here");
+        return;
+    }
+    for quick in [&["--quick"][..], &["--full", "--ep-iters", "1"][..]] {
+        let out = rshmem()
+            .args(["perf", "--backend", "cuda", "--ep"])
+            .args(quick)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("CUDA backend not available: "), "{err}");
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[test]
 fn worker_refuses_to_run_by_hand() {
     for spec in ["{}", "not json"] {
         let out = rshmem().args(["perf-worker", spec]).output().unwrap();

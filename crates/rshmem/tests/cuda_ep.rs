@@ -939,3 +939,36 @@ fn gpu_ep_bench_full() {
         );
     }
 }
+
+/// The benchmark at a hidden size the vector paths do not take (196 bf16 = 392 bytes), so the
+/// scalar fallbacks of the kernels and of the baseline run too; `ep_bench` checks the data of
+/// rshmem and of the baseline itself (an error otherwise). The NCCL baseline is measured or
+/// missing with its reason.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_bench_scalar_rows_and_baseline() {
+    let _gpu = harness::gpu_world();
+    let args = ep::EpBenchArgs {
+        tokens: vec![96, 5],
+        hidden: 196,
+        top_k: 3,
+        experts: 8,
+        iters: 2,
+    };
+    let cfg = gpu_config(2).heap_size(ep::ep_bench_heap_bytes(&args, 2).unwrap());
+    let r = rshmem::threads_with(cfg, 2, |pe| ep::ep_bench(pe, &args)).expect("world");
+    let mut per_pe = r.into_iter();
+    let recs = per_pe.next().unwrap().expect("bench on PE 0");
+    assert!(per_pe.next().unwrap().expect("bench on PE 1").is_empty());
+    assert_eq!(recs.len(), 8);
+    for rec in &recs {
+        assert_eq!(rec.baseline, ep::EP_BASELINE);
+        match &rec.baseline_note {
+            None => assert!(rec.baseline_time_us > 0.0 && rec.ratio > 0.0, "{rec:?}"),
+            Some(why) => assert!(
+                !why.is_empty() && rec.baseline_time_us == 0.0 && rec.ratio == 0.0,
+                "{rec:?}"
+            ),
+        }
+    }
+}

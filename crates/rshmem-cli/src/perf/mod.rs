@@ -2,7 +2,8 @@
 //!
 //! Every figure is printed beside a baseline measured in the same run (memcpy for bandwidth, a
 //! raw atomic-flag ping-pong between the same two PEs for latency: threads of this process, or
-//! processes over a shared mapping; all-to-all-v for MoE dispatch/combine) and the ratio
+//! processes over a shared mapping; all-to-all-v for MoE dispatch/combine, NCCL all-to-all-v on
+//! CUDA) and the ratio
 //! `baseline_time / time` (above 1: faster than the baseline). Process and mixed worlds are
 //! processes of this binary (`rshmem perf-worker`) started through [`rshmem::launcher`].
 
@@ -98,19 +99,20 @@ pub struct PerfArgs {
     /// Only MoE dispatch/combine (with `--coll`: both).
     #[arg(long)]
     pub ep: bool,
-    /// MoE: tokens per PE T.
-    #[arg(long, default_value_t = 256)]
-    pub ep_tokens: usize,
-    /// MoE: hidden size H (bf16 elements).
-    #[arg(long, default_value_t = 1024)]
-    pub ep_hidden: usize,
-    /// MoE: experts per token k.
-    #[arg(long, default_value_t = 4)]
-    pub ep_topk: usize,
-    /// MoE: experts E (a multiple of the number of PEs).
-    #[arg(long, default_value_t = 16)]
-    pub ep_experts: usize,
-    /// MoE: timed calls (medians reported; default 5, full 20).
+    /// MoE: tokens per PE T (shm: one value, default 256; CUDA: comma separated, default
+    /// 4096,128 full, 1024,128 quick).
+    #[arg(long, value_delimiter = ',')]
+    pub ep_tokens: Vec<usize>,
+    /// MoE: hidden size H (bf16 elements; default shm 1024, CUDA 7168).
+    #[arg(long)]
+    pub ep_hidden: Option<usize>,
+    /// MoE: experts per token k (default shm 4, CUDA 8).
+    #[arg(long)]
+    pub ep_topk: Option<usize>,
+    /// MoE: experts E, a multiple of the number of PEs (default shm 16, CUDA 256).
+    #[arg(long)]
+    pub ep_experts: Option<usize>,
+    /// MoE: timed calls (shm: medians, default 5, full 20; CUDA: mean, default 10, full 50).
     #[arg(long)]
     pub ep_iters: Option<usize>,
     /// Operations of the p2p group, comma separated (default: all).
@@ -340,7 +342,8 @@ fn cuda_usable() -> Result<rshmem::cuda::Info, String> {
     }
 }
 
-/// The CUDA suite (`rshmem::cuda::bench`, 2 thread-PEs), as perf records.
+/// The CUDA suites (`rshmem::cuda::bench`, `coll_bench`, `ep::ep_bench`; 2 thread-PEs), as perf
+/// records.
 fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
     let full = args.full;
     let max = args
@@ -356,14 +359,16 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
     let config = Config::from_env()?
         .backend(BackendKind::Cuda)
         .heap_size(2 * big + (64 << 20));
-    eprintln!(
-        "rshmem perf: {} CUDA suite, 2 PEs, sizes {}..{}",
-        if full { "full" } else { "quick" },
-        report::human_bytes(sizes[0]),
-        report::human_bytes(big)
-    );
-    let iters = if full { 20000 } else { 2000 };
     let groups = groups(args);
+    if groups.contains(&SuiteArg::P2p) || groups.contains(&SuiteArg::Coll) {
+        eprintln!(
+            "rshmem perf: {} CUDA suite, 2 PEs, sizes {}..{}",
+            if full { "full" } else { "quick" },
+            report::human_bytes(sizes[0]),
+            report::human_bytes(big)
+        );
+    }
+    let iters = if full { 20000 } else { 2000 };
     let mut out = Vec::new();
     if groups.contains(&SuiteArg::P2p) {
         let per_pe = rshmem::threads_with(config.clone(), 2, |pe| {
@@ -371,6 +376,25 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
         })?;
         for r in per_pe {
             out.extend(r?.iter().map(from_cuda));
+        }
+    }
+    if groups.contains(&SuiteArg::Ep) {
+        let ep_args = cuda_ep_args(args)?;
+        let heap = rshmem::cuda::ep::ep_bench_heap_bytes(&ep_args, 2)?;
+        eprintln!(
+            "rshmem perf: CUDA MoE dispatch/combine, 2 PEs, T={:?} H={} k={} E={}, {} calls each, heap {} per PE",
+            ep_args.tokens,
+            ep_args.hidden,
+            ep_args.top_k,
+            ep_args.experts,
+            ep_args.iters,
+            report::human_bytes(heap)
+        );
+        let per_pe = rshmem::threads_with(config.clone().heap_size(heap), 2, |pe| {
+            rshmem::cuda::ep::ep_bench(pe, &ep_args)
+        })?;
+        for r in per_pe {
+            out.extend(r?.iter().map(|b| from_cuda_ep(b, &ep_args)));
         }
     }
     if groups.contains(&SuiteArg::Coll) {
@@ -387,6 +411,84 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
         }
     }
     Ok(out)
+}
+
+/// What `--ep` measures on CUDA: the flags, else issue 7's sizes (T = 4096 and 128 with
+/// `--full`, 1024 and 128 quick; H = 7168, k = 8, E = 256).
+fn cuda_ep_args(args: &PerfArgs) -> CliResult<rshmem::cuda::ep::EpBenchArgs> {
+    let full = args.full;
+    let a = rshmem::cuda::ep::EpBenchArgs {
+        tokens: if args.ep_tokens.is_empty() {
+            if full {
+                vec![4096, 128]
+            } else {
+                vec![1024, 128]
+            }
+        } else {
+            args.ep_tokens.clone()
+        },
+        hidden: args.ep_hidden.unwrap_or(7168),
+        top_k: args.ep_topk.unwrap_or(8),
+        experts: args.ep_experts.unwrap_or(256),
+        iters: args.ep_iters.unwrap_or(if full { 50 } else { 10 }).max(1),
+    };
+    let opts = |t: usize| ep::EpOpts {
+        tokens: t,
+        hidden: a.hidden,
+        top_k: a.top_k,
+        experts: a.experts,
+        iters: a.iters,
+    };
+    for &t in &a.tokens {
+        if t == 0 {
+            return Err("--ep-tokens: every token count must be at least 1".into());
+        }
+        opts(t).check(2)?;
+    }
+    Ok(a)
+}
+
+/// A CUDA MoE record: `mode` is the EP mode (normal, capturable; the PEs are threads), the
+/// baseline NCCL all-to-all-v (missing: ratio 0 and a note).
+fn from_cuda_ep(b: &rshmem::cuda::ep::EpBenchRecord, a: &rshmem::cuda::ep::EpBenchArgs) -> Record {
+    let mut r = Record {
+        op: b.op.into(),
+        api: b.api.into(),
+        backend: b.backend.into(),
+        mode: b.mode.into(),
+        pes: b.pes,
+        bytes: b.bytes,
+        iters: b.iters as u64,
+        time_us: b.time_us,
+        gbps: 0.0,
+        baseline: b.baseline.clone(),
+        baseline_time_us: b.baseline_time_us,
+        ratio: 0.0,
+        busbw_gbps: None,
+        note: format!(
+            "T={} H={} k={} E={} bf16, random routing, identity experts, {} thread-PEs; bytes = hidden-state bytes PE 0 sends to other PEs (DeepEP), time = PE 0's stream, mean of {} calls ({}); baseline: NCCL counts all-to-all + host read + grouped send/recv, with its layout/pack/permute/combine kernels; data of both checked{}",
+            b.tokens,
+            a.hidden,
+            a.top_k,
+            a.experts,
+            b.pes,
+            b.iters,
+            if b.mode == "normal" {
+                "eager calls, one host sync after the count exchange"
+            } else {
+                "CUDA graph replays"
+            },
+            b.baseline_note
+                .as_deref()
+                .map(|n| format!("; baseline missing: {n}"))
+                .unwrap_or_default()
+        ),
+    }
+    .finish();
+    if b.baseline_time_us <= 0.0 {
+        r.ratio = 0.0;
+    }
+    r
 }
 
 /// A record of the CUDA collectives (NCCL baseline; missing baseline: ratio 0 and a note).
@@ -444,10 +546,16 @@ fn from_cuda(b: &rshmem::cuda::BenchRecord) -> Record {
 /// `rshmem perf`.
 pub fn run(args: PerfArgs) -> CliResult<()> {
     let records = match args.backend {
-        BackendArg::Cuda => match cuda_usable() {
-            Ok(_) => run_cuda(&args)?,
-            Err(why) => return Err(format!("CUDA backend not available: {why}").into()),
-        },
+        BackendArg::Cuda => {
+            // Bad MoE flags are reported as such, GPU or not.
+            if groups(&args).contains(&SuiteArg::Ep) {
+                cuda_ep_args(&args)?;
+            }
+            match cuda_usable() {
+                Ok(_) => run_cuda(&args)?,
+                Err(why) => return Err(format!("CUDA backend not available: {why}").into()),
+            }
+        }
         BackendArg::Auto => match cuda_usable().and_then(|i| {
             if i.gpus.len() >= 2 {
                 Ok(i)
@@ -515,13 +623,26 @@ fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
                 .unwrap_or(if full { 64 << 20 } else { 1 << 20 }),
         )
     });
-    let ep_opts = groups.contains(&SuiteArg::Ep).then_some(ep::EpOpts {
-        tokens: args.ep_tokens,
-        hidden: args.ep_hidden,
-        top_k: args.ep_topk,
-        experts: args.ep_experts,
-        iters: args.ep_iters.unwrap_or(if full { 20 } else { 5 }),
-    });
+    let ep_opts = if groups.contains(&SuiteArg::Ep) {
+        let tokens = match args.ep_tokens.as_slice() {
+            [] => 256,
+            [t] => *t,
+            more => {
+                return Err(
+                    format!("--ep-tokens {more:?}: the shm backend takes one token count").into(),
+                )
+            }
+        };
+        Some(ep::EpOpts {
+            tokens,
+            hidden: args.ep_hidden.unwrap_or(1024),
+            top_k: args.ep_topk.unwrap_or(4),
+            experts: args.ep_experts.unwrap_or(16),
+            iters: args.ep_iters.unwrap_or(if full { 20 } else { 5 }),
+        })
+    } else {
+        None
+    };
     let p2p = groups.contains(&SuiteArg::P2p);
     let config = Config::from_env()?.backend(BackendKind::Shm);
     let mut barrier_pes: Vec<usize> = args
@@ -691,6 +812,68 @@ mod tests {
             (r.kind(), r.ratio, r.gbps),
             (record::Kind::Latency, 0.0, 0.0)
         );
+    }
+
+    #[test]
+    fn cuda_ep_records_convert() {
+        let a = rshmem::cuda::ep::EpBenchArgs::default();
+        let b = rshmem::cuda::ep::EpBenchRecord {
+            op: "ep_dispatch",
+            api: "device",
+            backend: "cuda",
+            mode: "capturable",
+            pes: 2,
+            tokens: 4096,
+            bytes: 58_000_000,
+            iters: 20,
+            time_us: 200.0,
+            gbps: 290.0,
+            baseline: rshmem::cuda::ep::EP_BASELINE.into(),
+            baseline_note: None,
+            baseline_time_us: 500.0,
+            ratio: 2.5,
+        };
+        let r = from_cuda_ep(&b, &a);
+        assert_eq!(
+            (r.op.as_str(), r.mode.as_str(), r.baseline.as_str()),
+            ("ep_dispatch", "capturable", "nccl-a2av")
+        );
+        assert!((r.gbps - 290.0).abs() < 1e-9 && (r.ratio - 2.5).abs() < 1e-12);
+        assert!(r.note.contains("T=4096 H=7168 k=8 E=256") && r.note.contains("graph"));
+        let missing = rshmem::cuda::ep::EpBenchRecord {
+            baseline_note: Some("PEs share a GPU".into()),
+            baseline_time_us: 0.0,
+            ratio: 0.0,
+            ..b
+        };
+        let r = from_cuda_ep(&missing, &a);
+        assert_eq!((r.ratio, r.baseline_time_us), (0.0, 0.0));
+        assert!(r.note.contains("baseline missing: PEs share a GPU"));
+    }
+
+    #[test]
+    fn cuda_ep_sizes() {
+        let p = |v: &[&str]| {
+            #[derive(clap::Parser)]
+            struct W {
+                #[command(flatten)]
+                a: PerfArgs,
+            }
+            <W as clap::Parser>::try_parse_from(std::iter::once("perf").chain(v.iter().copied()))
+                .map(|w| w.a)
+                .unwrap()
+        };
+        let q = cuda_ep_args(&p(&["--ep"])).unwrap();
+        assert_eq!(
+            (q.tokens, q.hidden, q.top_k, q.experts, q.iters),
+            (vec![1024, 128], 7168, 8, 256, 10)
+        );
+        let f = cuda_ep_args(&p(&["--ep", "--full"])).unwrap();
+        assert_eq!((f.tokens, f.iters), (vec![4096, 128], 50));
+        let c = cuda_ep_args(&p(&["--ep", "--ep-tokens", "64,8", "--ep-hidden", "256"])).unwrap();
+        assert_eq!((c.tokens, c.hidden), (vec![64, 8], 256));
+        assert!(cuda_ep_args(&p(&["--ep", "--ep-experts", "255"])).is_err());
+        assert!(cuda_ep_args(&p(&["--ep", "--ep-topk", "300"])).is_err());
     }
 
     #[test]

@@ -11,7 +11,8 @@ pub struct Record {
     pub api: String,
     /// Backend name: shm, cuda.
     pub backend: String,
-    /// PE placement: threads, processes, mixed.
+    /// PE placement: threads, processes, mixed (CUDA MoE records: the EP mode, normal or
+    /// capturable, of thread-PEs).
     pub mode: String,
     /// PEs in the world that ran it.
     pub pes: usize,

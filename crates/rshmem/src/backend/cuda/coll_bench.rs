@@ -77,55 +77,9 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
     let me = pe.my_pe();
     let w = pe.world_team();
 
-    // NCCL: loaded everywhere or used nowhere (agreed through a symmetric flag word per PE).
-    let mut devs = Vec::new();
-    for p in 0..n {
-        devs.push(g.device_of(p)?);
-    }
-    // (By ordinal: in process mode with per-process CUDA_VISIBLE_DEVICES this is conservative.)
-    let distinct = {
-        let mut d = devs.clone();
-        d.sort_unstable();
-        d.dedup();
-        d.len() == n
-    };
+    // NCCL: loaded everywhere or used nowhere.
     let lib = Nccl::load();
-    let flags = pe.alloc::<u64>(n)?;
-    let ok = (lib.is_ok() && distinct) as u64;
-    for p in 0..n {
-        pe.put(&flags, me, &[ok], p)?;
-    }
-    pe.barrier_all()?;
-    let all_ok = pe.local_vec(&flags)?.iter().all(|&x| x == 1);
-    let mut note = None;
-    if !all_ok {
-        note = Some(match (&lib, distinct) {
-            (Err(e), _) => format!("NCCL missing: {e}"),
-            (Ok(_), false) => {
-                format!("NCCL needs one distinct GPU per rank; the PEs use GPUs {devs:?}")
-            }
-            _ => "NCCL unavailable on another PE".to_string(),
-        });
-    }
-    let idsym = pe.alloc::<u8>(128)?;
-    let comm = match (&lib, all_ok) {
-        (Ok(nc), true) => {
-            if me == 0 {
-                let id = nc.unique_id()?;
-                pe.local_write(&idsym, 0, &id.0)?;
-            }
-            pe.barrier_all()?;
-            let mut id = [0u8; 128];
-            pe.get(&idsym, 0, &mut id, 0)?;
-            let gpu = super::gpu::gpu(g.device())?;
-            let _b = gpu.bind()?;
-            Some(nc.comm(n, super::nccl::UniqueId(id), me)?)
-        }
-        _ => {
-            pe.barrier_all()?;
-            None
-        }
-    };
+    let (comm, note) = super::nccl::world_comm(pe, &g, &lib)?;
 
     let mut out = Vec::new();
     for kind in OPS {

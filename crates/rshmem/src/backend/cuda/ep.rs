@@ -28,15 +28,20 @@
 //!    anywhere, or a count above the capacity (capturable mode), and **no** PE moves a row; the
 //!    error is latched in a device flag that [`Buffer::check`] turns into [`Error::Capacity`] /
 //!    [`Error::InvalidArgument`].
-//! 2. `ep_send` (grid): one warp per token writes its row and row record (token index, k ids,
-//!    k weights) once into each destination's receive area at `source * C + position` (`C` =
-//!    `max_tokens` normal, `capacity` capturable), then each block adds 1 to each destination's
-//!    data signal. `ep_wait` (one block) waits for every source's blocks.
-//! 3. `ep_permute` (grid): received rows into expert-major rows, filling the handle arrays.
+//! 2. `ep_send` (grid): every token's row and row record (token index, k ids, k weights) once
+//!    into each destination's receive area at `source * C + position` (`C` = `max_tokens`
+//!    normal, `capacity` capturable); a warp takes a (token, 256 × 16-byte chunk) unit, loads
+//!    it into registers (8 vectors in flight per lane) and stores it to every destination; then
+//!    each block adds 1 to each destination's data signal. `ep_wait` (one block) waits for
+//!    every source's blocks (the grid, one block per SM, is agreed by the team at creation).
+//! 3. `ep_permute` (grid, one warp per received row): the row's local slots take their
+//!    expert-major rows (atomics), the row is read once and stored to each, filling the handle
+//!    arrays.
 //! 4. Combine, **pre-reduced on the expert side**: `ep_csend` sums, for each received token,
 //!    weight × expert output over the slots served here (slot order, `f32`), rounds once to
 //!    `T` and puts **one row per (token, PE)** back into the source's combine area; `ep_crecv`
-//!    sums the rows of a token over PEs (ascending PE, `f32`) and rounds. Semantics differ from
+//!    sums the rows of a token over PEs (ascending PE, `f32`) and rounds. Both work on (token,
+//!    chunk) units with two rows' loads in flight before accumulating (same order of sums). Semantics differ from
 //!    the CPU (per-slot rows, one rounding) only by that intermediate rounding of each PE's
 //!    partial sum: exact for `f32` partial sums that are exact, within bf16/f16 tolerance
 //!    otherwise. The combine area is `2 * n * C` rows (double-buffered by call parity) instead of
@@ -79,9 +84,10 @@
 //!
 //! # Status
 //! Run on one H200 with 2 and 4 PEs as threads sharing the GPU (`tests/cuda_ep.rs`); not yet
-//! on two GPUs nor in process mode. The benchmark's NCCL all-to-all-v baseline is not wired
-//! here (reported as missing). `RSHMEM_EP_BREAKDOWN=1` makes [`ep_bench`] print per-kernel
-//! times (stream events between launches).
+//! on two GPUs nor in process mode. [`ep_bench`] measures beside the same-run NCCL
+//! all-to-all-v baseline (`ep_base.rs`; missing where PEs share a GPU or NCCL is absent) and
+//! checks both paths' data; `RSHMEM_EP_BREAKDOWN=1` makes it print per-kernel times (stream
+//! events between launches).
 //!
 //! # Buffer sizing (bytes per PE, [`Buffer::bytes_for`])
 //! `n*C*H*s` receive rows + `n*C*(1+2k)*4` row records + `2*n*C*H*s` combine rows +
@@ -100,8 +106,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The kernels' source (after the device header).
 pub const EP_KERNELS: &str = include_str!("../../kernels/ep.cu");
 
-/// Blocks of the grid kernels (a constant: every PE counts its peers' block signals).
-const GRID: u32 = 128;
+/// Most blocks of the grid kernels. Their grid is one block per SM (512 threads, up to 128
+/// registers each: one resident block per SM), the smallest SM count of the team's GPUs, agreed
+/// when the buffer is created: every PE counts its peers' block signals, so all use one grid.
+const MAX_GRID: u32 = 1024;
 const BLOCK: u32 = 512;
 /// Most experts (the layout kernel counts pairs per expert in shared memory).
 pub const MAX_GPU_EXPERTS: usize = 8192;
@@ -397,6 +405,22 @@ impl<T: Elem> Buffer<T> {
             }
         };
         let area = pe.alloc_aligned::<u8>(plan.total, 256)?;
+        // The grid, agreed: every PE puts its SM count into slot (its team index) of each
+        // member's record area, all meet, each takes the smallest (the records are rewritten by
+        // every dispatch, which no PE starts before the barrier at the end of this function).
+        let slots = area.view::<u64>(plan.rec, n)?;
+        let sms = (g.sm_count() as u64).clamp(1, MAX_GRID as u64);
+        for i in 0..n {
+            pe.put(&slots, dt.my_index as usize, &[sms], team.world_pe(i)?)?;
+        }
+        pe.team_barrier(team)?;
+        let grid = pe
+            .local_vec(&slots)?
+            .into_iter()
+            .min()
+            .unwrap_or(1)
+            .clamp(1, MAX_GRID as u64) as u32;
+        pe.local_fill(&slots, 0)?;
         let buf = Buffer {
             cfg,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -412,7 +436,7 @@ impl<T: Elem> Buffer<T> {
             crecv,
             scale,
             dispatches: std::cell::Cell::new(0),
-            grid: GRID,
+            grid,
             _t: std::marker::PhantomData,
         };
         let base = g.ptr(&buf.area)?;
@@ -616,13 +640,13 @@ impl<T: Elem> Buffer<T> {
         let mut counts = None;
         if !capturable {
             s.synchronize()?;
+            let (ctl, off) = self.read_ctl_offsets(pe)?;
             if let Some(e) = mine {
-                self.take_error(pe)?;
+                self.clear_error(pe, &ctl)?;
                 return Err(e);
             }
-            self.check(pe)?;
+            self.check_words(pe, &ctl)?;
             let el = self.cfg.num_experts / self.n;
-            let off = words_u32(&pe.local_vec(&self.view::<u32>(self.plan.expert_off, el + 1)?)?);
             rows = Some(off[el]);
             counts = Some(off.windows(2).map(|w| w[1] - w[0]).collect());
         }
@@ -782,12 +806,41 @@ impl<T: Elem> Buffer<T> {
     }
 
     fn take_error(&self, pe: &Pe) -> Result<(u64, u64)> {
-        let ctl = self.view::<u64>(self.plan.ctl, 16)?;
-        let v = pe.local_vec(&ctl)?;
+        let v = pe.local_vec(&self.view::<u64>(self.plan.ctl, 16)?)?;
+        self.clear_error(pe, &v)
+    }
+
+    /// Clears the latched error of control words `v` (as read from the device); returns (error
+    /// bits, info).
+    fn clear_error(&self, pe: &Pe, v: &[u64]) -> Result<(u64, u64)> {
         if v[CTL_ERR] != 0 {
+            let ctl = self.view::<u64>(self.plan.ctl, 16)?;
             pe.local_write(&ctl, CTL_ERR, &[0u64, 0u64])?;
         }
         Ok((v[CTL_ERR], v[CTL_INFO]))
+    }
+
+    /// The 16 control words and the `E/n + 1` expert offsets in one copy (the areas are
+    /// adjacent: control, receive counts, offsets).
+    fn read_ctl_offsets(&self, pe: &Pe) -> Result<(Vec<u64>, Vec<usize>)> {
+        let p = &self.plan;
+        let el = self.cfg.num_experts / self.n;
+        let end = p.expert_off + (el + 1) * 4;
+        let b = pe.local_vec(&self.view::<u8>(p.ctl, end - p.ctl)?)?;
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[8 * i..8 * i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let at = p.expert_off - p.ctl;
+        let off = (0..=el)
+            .map(|e| {
+                let mut w = [0u8; 4];
+                w.copy_from_slice(&b[at + 4 * e..at + 4 * e + 4]);
+                u32::from_le_bytes(w) as usize
+            })
+            .collect();
+        Ok(((0..16).map(word).collect(), off))
     }
 
     /// Reports errors latched on the device by earlier calls (call after synchronising the
@@ -798,6 +851,20 @@ impl<T: Elem> Buffer<T> {
         let own = g.check_device_errors();
         let (err, info) = self.take_error(pe)?;
         own?;
+        self.error_of(&g, err, info)
+    }
+
+    /// [`check`](Self::check) with control words already read (`ctl`).
+    fn check_words(&self, pe: &Pe, ctl: &[u64]) -> Result<()> {
+        let g = CudaPe::new(pe)?;
+        let own = g.check_device_errors();
+        let (err, info) = self.clear_error(pe, ctl)?;
+        own?;
+        self.error_of(&g, err, info)
+    }
+
+    /// The error of latched error bits `err` and info word `info`.
+    fn error_of(&self, g: &CudaPe, err: u64, info: u64) -> Result<()> {
         if err & ERR_ABORT != 0 {
             // A peer gave up waiting (its own check reports that timeout): this PE used
             // nothing that followed; its outputs of that step are left as they were.
@@ -892,8 +959,10 @@ pub struct EpBenchRecord {
     pub time_us: f64,
     /// bytes / time in GB/s.
     pub gbps: f64,
-    /// The baseline's name, with why it is missing when it is.
+    /// The baseline's name ([`EP_BASELINE`]).
     pub baseline: String,
+    /// Why the baseline is missing, when it is.
+    pub baseline_note: Option<String>,
     /// Baseline microseconds per call (0 when missing).
     pub baseline_time_us: f64,
     /// baseline_time_us / time_us (0 when missing).
@@ -996,20 +1065,41 @@ fn stage_times(
     Ok(sums.iter().map(|v| v / iters.max(1) as f64).collect())
 }
 
-/// Why the NCCL all-to-all-v baseline is not measured here.
-fn nccl_missing(g: &CudaPe, n: usize) -> String {
-    let same = (0..n).any(|p| (0..p).any(|q| g.device_of(p).ok() == g.device_of(q).ok()));
-    if same {
-        "nccl-a2av (missing: PEs share a GPU; NCCL needs one GPU per rank)".into()
-    } else {
-        "nccl-a2av (missing: not wired in this branch)".into()
+/// The baseline's name in the records.
+pub const EP_BASELINE: &str = "nccl-a2av";
+
+/// Symmetric heap bytes per PE [`ep_bench`] needs for `args` on `n` PEs (upper bound).
+pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
+    let mut most = 0usize;
+    for &t in &args.tokens {
+        let cfg = EpConfig {
+            num_experts: args.experts,
+            max_tokens: t.max(1),
+            hidden: args.hidden,
+            max_topk: args.top_k,
+            mode: EpMode::Normal,
+        };
+        let es = std::mem::size_of::<crate::bf16>();
+        let buf = Buffer::<crate::bf16>::bytes_for(&cfg, n)?;
+        let rows_cap = n * t * args.top_k;
+        let io = 2 * t * args.hidden * es + 2 * t * args.top_k * 4 + (rows_cap.max(t) + 1) * 8;
+        let base =
+            super::ep_base::base_bytes(n, t, args.hidden, args.top_k, args.experts, rows_cap);
+        most = most.max(buf + io + base);
     }
+    Ok(most + (64 << 20))
 }
 
-/// Benchmarks dispatch and combine (bf16, random routing, both modes) on the world team.
-/// Collective; the heap must hold the buffers (about 2.2 GB per PE at T=4096, H=7168, k=8).
-/// Returns PE 0's records (others an empty list).
+/// Benchmarks dispatch and combine (bf16, random routing, both modes) on the world team beside
+/// the same-run NCCL all-to-all-v baseline (`ep_base.rs` says exactly what it includes), and
+/// checks the data of both: the expert-major rows per local expert and the combine output per
+/// token against a reference computed from the known inputs (checksums; identity experts).
+/// Collective; the heap must hold [`ep_bench_heap_bytes`]. The baseline is reported missing
+/// (with the reason in `baseline`, time and ratio 0) when NCCL cannot be loaded on some PE or the
+/// PEs share a GPU (NCCL needs one GPU per rank). Returns PE 0's records (others an empty list);
+/// a failed data check on any PE is an error on that PE.
 pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
+    use super::ep_base::{self as eb, NcclBase};
     use crate::bf16 as Bf16;
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
@@ -1019,19 +1109,46 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
     let k = args.top_k;
     let e = args.experts;
     let es = std::mem::size_of::<Bf16>();
-    let baseline = nccl_missing(&g, n);
+    let cfg_of = |t: usize, mode| EpConfig {
+        num_experts: e,
+        max_tokens: t.max(1),
+        hidden: h,
+        max_topk: k,
+        mode,
+    };
+    for &t in &args.tokens {
+        cfg_of(t, EpMode::Normal).validate(n)?;
+    }
+    let kernels = eb::Kernels::load(&g)?;
+    let lib = super::nccl::Nccl::load();
+    let (comm, why) = super::nccl::world_comm(pe, &g, &lib)?;
+    let grid = (g.sm_count() as u32).clamp(1, MAX_GRID);
+    // Data check failures, reported after the collective steps (so no PE is left waiting).
+    let mut bad: Vec<String> = Vec::new();
     let mut out = Vec::new();
     for &t in &args.tokens {
         let routes: Vec<(Vec<i32>, Vec<f32>)> = (0..n).map(|p| bench_routing(p, t, k, e)).collect();
+        let epp = e / n;
         // Tokens PE p sends to PE d.
         let cnt = |p: usize, d: usize| -> usize {
-            let epp = e / n;
             routes[p]
                 .0
                 .chunks(k)
                 .filter(|row| row.iter().any(|&id| id >= 0 && id as usize / epp == d))
                 .count()
         };
+        // Expert-major rows on PE d.
+        let rows_on = |d: usize| -> usize {
+            routes
+                .iter()
+                .map(|(ids, _)| {
+                    ids.iter()
+                        .filter(|&&id| id >= 0 && id as usize / epp == d)
+                        .count()
+                })
+                .sum()
+        };
+        let rows_cap = (0..n).map(rows_on).max().unwrap_or(0).max(1);
         let dbytes: usize = (0..n)
             .filter(|&d| d != me)
             .map(|d| cnt(me, d))
@@ -1050,30 +1167,52 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             .max()
             .unwrap_or(1)
             .max(1);
-        let x = pe.alloc_aligned::<Bf16>(t * h, 256)?;
-        let ids = pe.alloc::<i32>(t * k)?;
-        let w = pe.alloc::<f32>(t * k)?;
-        let xs: Vec<Bf16> = (0..t * h)
-            .map(|i| Bf16::from_f64(((i * 7 + me) % 17) as f64 - 8.0))
-            .collect();
+        let reference = eb::reference(&routes, me, t, h, k, e);
+        let x = pe.alloc_aligned::<Bf16>((t * h).max(1), 256)?;
+        let ids = pe.alloc::<i32>((t * k).max(1))?;
+        let w = pe.alloc::<f32>((t * k).max(1))?;
+        let hashes = pe.alloc::<u64>(rows_cap.max(t).max(1))?;
+        let xs: Vec<Bf16> = (0..t * h).map(|i| eb::x_val(me, i)).collect();
         pe.local_write(&x, 0, &xs)?;
         pe.local_write(&ids, 0, &routes[me].0)?;
         pe.local_write(&w, 0, &routes[me].1)?;
-        let y = pe.alloc_aligned::<Bf16>(t * h, 256)?;
+        let y = pe.alloc_aligned::<Bf16>((t * h).max(1), 256)?;
+
+        // The baseline (same inputs), timed and checked.
+        let (mut base_d, mut base_c) = (0.0, 0.0);
+        if let Some(c) = &comm {
+            let mut b = NcclBase::new(pe, c, &kernels, t, h, k, e, rows_cap, grid)?;
+            pe.barrier_all()?;
+            let r = (|| -> Result<()> {
+                base_d = time_stream(&g, &s, args.iters, || b.dispatch(pe, &g, &s, &x, &ids, &w))?;
+                s.synchronize()?;
+                let off = b.offsets(pe)?;
+                let rows = off.last().copied().unwrap_or(0).min(rows_cap);
+                let hs = eb::row_hashes(pe, &g, &s, &kernels, &b.ex, rows, h, &hashes, grid)?;
+                if let Err(m) = eb::check_dispatch("nccl baseline dispatch", &off, &hs, &reference)
+                {
+                    bad.push(format!("T={t}: {m}"));
+                }
+                base_c = time_stream(&g, &s, args.iters, || b.combine(&g, &s))?;
+                let hs = eb::row_hashes(pe, &g, &s, &kernels, &b.out, t, h, &hashes, grid)?;
+                if let Err(m) = eb::check_combine("nccl baseline combine", &hs, &reference) {
+                    bad.push(format!("T={t}: {m}"));
+                }
+                Ok(())
+            })();
+            s.synchronize()?;
+            pe.barrier_all()?;
+            b.free(pe)?;
+            r?;
+        }
+
         for mode in [
             EpMode::Normal,
             EpMode::Capturable {
-                capacity: max_pair.min(t),
+                capacity: max_pair.min(t.max(1)),
             },
         ] {
-            let cfg = EpConfig {
-                num_experts: e,
-                max_tokens: t,
-                hidden: h,
-                max_topk: k,
-                mode,
-            };
-            let buf = Buffer::<Bf16>::new(pe, pe.world_team(), cfg)?;
+            let buf = Buffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode))?;
             let name = if mode == EpMode::Normal {
                 "normal"
             } else {
@@ -1109,6 +1248,24 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             }
             s.synchronize()?;
             buf.check(pe)?;
+            // The data of the last calls: expert-major rows and combine output.
+            let hh = buf.host_handle(pe)?;
+            let rows = hh.expert_offsets.last().copied().unwrap_or(0).min(rows_cap);
+            let ex = buf.expert_x()?;
+            let hs = eb::row_hashes(pe, &g, &s, &kernels, &ex, rows, h, &hashes, grid)?;
+            if let Err(m) = eb::check_dispatch(
+                &format!("rshmem dispatch ({name})"),
+                &hh.expert_offsets,
+                &hs,
+                &reference,
+            ) {
+                bad.push(format!("T={t}: {m}"));
+            }
+            let hs = eb::row_hashes(pe, &g, &s, &kernels, &y, t, h, &hashes, grid)?;
+            if let Err(m) = eb::check_combine(&format!("rshmem combine ({name})"), &hs, &reference)
+            {
+                bad.push(format!("T={t}: {m}"));
+            }
             pe.barrier_all()?;
             if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
                 let mut last = None;
@@ -1131,7 +1288,10 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 buf.check(pe)?;
                 pe.barrier_all()?;
             }
-            for (op, tu, bytes) in [("ep_dispatch", td, dbytes), ("ep_combine", tc, cbytes)] {
+            for (op, tu, bytes, base) in [
+                ("ep_dispatch", td, dbytes, base_d),
+                ("ep_combine", tc, cbytes, base_c),
+            ] {
                 out.push(EpBenchRecord {
                     op,
                     api: "device",
@@ -1142,18 +1302,37 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                     bytes,
                     iters: args.iters,
                     time_us: tu,
-                    gbps: bytes as f64 / (tu * 1e3),
-                    baseline: baseline.clone(),
-                    baseline_time_us: 0.0,
-                    ratio: 0.0,
+                    gbps: if tu > 0.0 {
+                        bytes as f64 / (tu * 1e3)
+                    } else {
+                        0.0
+                    },
+                    baseline: EP_BASELINE.to_string(),
+                    baseline_note: why.clone(),
+                    baseline_time_us: base,
+                    ratio: if tu > 0.0 && base > 0.0 {
+                        base / tu
+                    } else {
+                        0.0
+                    },
                 });
             }
             buf.free(pe)?;
         }
         pe.free(y)?;
+        pe.free(hashes)?;
         pe.free(w)?;
         pe.free(ids)?;
         pe.free(x)?;
+    }
+    s.synchronize()?;
+    drop(comm);
+    pe.barrier_all()?;
+    if !bad.is_empty() {
+        return Err(ffi::err(format!(
+            "ep bench: data check failed on PE {me}: {}",
+            bad.join("; ")
+        )));
     }
     Ok(if me == 0 { out } else { Vec::new() })
 }

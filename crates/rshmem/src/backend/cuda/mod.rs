@@ -43,6 +43,7 @@ pub mod bench;
 mod coll;
 mod coll_bench;
 pub mod ep;
+mod ep_base;
 pub(crate) mod ffi;
 pub(crate) mod gpu;
 mod heap;

@@ -322,3 +322,115 @@ impl NcclComm<'_> {
         r.and(e)
     }
 }
+
+/// One point-to-point transfer of a group ([`NcclComm::group_send_recv`]): `bytes` at device
+/// address `ptr`, to or from rank `peer`.
+#[derive(Debug, Clone, Copy)]
+pub struct P2p {
+    /// Device address.
+    pub ptr: u64,
+    /// Bytes (sent as `ncclInt8`).
+    pub bytes: usize,
+    /// The other rank.
+    pub peer: usize,
+}
+
+impl NcclComm<'_> {
+    /// `ncclSend` of every entry of `sends` and `ncclRecv` of every entry of `recvs`, in one
+    /// group (an all-to-all-v when every rank posts one send and one receive per peer with
+    /// matching sizes). Entries of 0 bytes are left out (their peers leave out the matching
+    /// ones).
+    ///
+    /// # Safety
+    /// See the impl block above (every `ptr` holds `bytes` bytes of this GPU's memory).
+    pub unsafe fn group_send_recv(
+        &self,
+        sends: &[P2p],
+        recvs: &[P2p],
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let nc = self.nccl;
+        let i8 = DataType::I8 as c_int;
+        // SAFETY: group calls have no preconditions.
+        nc.check(unsafe { (nc.group_start)() }, "ncclGroupStart")?;
+        let mut r = Ok(());
+        for p in sends.iter().filter(|p| p.bytes > 0) {
+            // SAFETY: upheld by the caller.
+            let e =
+                unsafe { (nc.send)(p.ptr as _, p.bytes, i8, p.peer as c_int, self.comm, stream) };
+            if r.is_ok() {
+                r = nc.check(e, "ncclSend");
+            }
+        }
+        for p in recvs.iter().filter(|p| p.bytes > 0) {
+            // SAFETY: upheld by the caller.
+            let e =
+                unsafe { (nc.recv)(p.ptr as _, p.bytes, i8, p.peer as c_int, self.comm, stream) };
+            if r.is_ok() {
+                r = nc.check(e, "ncclRecv");
+            }
+        }
+        // SAFETY: closes the group opened above.
+        let e = nc.check(unsafe { (nc.group_end)() }, "ncclGroupEnd");
+        r.and(e)
+    }
+}
+
+/// An NCCL communicator over the world (rank = PE), made where every PE has NCCL and its own
+/// GPU (agreed through a symmetric flag word per PE, so all make one or none). Collective.
+/// `Ok((None, why))` when the baseline cannot run (NCCL missing somewhere, or PEs sharing a
+/// GPU: NCCL needs one GPU per rank).
+pub fn world_comm<'a>(
+    pe: &crate::Pe,
+    g: &super::api::CudaPe<'_>,
+    lib: &'a Result<Nccl>,
+) -> Result<(Option<NcclComm<'a>>, Option<String>)> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let mut devs = Vec::new();
+    for p in 0..n {
+        devs.push(g.device_of(p)?);
+    }
+    // (By ordinal: in process mode with per-process CUDA_VISIBLE_DEVICES this is conservative.)
+    let distinct = {
+        let mut d = devs.clone();
+        d.sort_unstable();
+        d.dedup();
+        d.len() == n
+    };
+    let flags = pe.alloc::<u64>(n)?;
+    let ok = (lib.is_ok() && distinct) as u64;
+    for p in 0..n {
+        pe.put(&flags, me, &[ok], p)?;
+    }
+    pe.barrier_all()?;
+    let all_ok = pe.local_vec(&flags)?.iter().all(|&x| x == 1);
+    pe.barrier_all()?;
+    pe.free(flags)?;
+    let note = (!all_ok).then(|| match (lib, distinct) {
+        (Err(e), _) => format!("NCCL missing: {e}"),
+        (Ok(_), false) => {
+            format!("NCCL needs one distinct GPU per rank; the PEs use GPUs {devs:?}")
+        }
+        _ => "NCCL unavailable on another PE".to_string(),
+    });
+    let idsym = pe.alloc::<u8>(128)?;
+    let comm = match (lib, all_ok) {
+        (Ok(nc), true) => (|| {
+            if me == 0 {
+                let id = nc.unique_id()?;
+                pe.local_write(&idsym, 0, &id.0)?;
+            }
+            pe.barrier_all()?;
+            let mut id = [0u8; 128];
+            pe.get(&idsym, 0, &mut id, 0)?;
+            let gpu = super::gpu::gpu(g.device())?;
+            let _b = gpu.bind()?;
+            nc.comm(n, UniqueId(id), me).map(Some)
+        })(),
+        _ => pe.barrier_all().map(|_| None),
+    };
+    pe.barrier_all()?;
+    pe.free(idsym)?;
+    Ok((comm?, note))
+}
