@@ -1690,6 +1690,61 @@ mod tests {
         }
     }
 
+    /// The signature carries the plan's barrier count (`exec`), so every member of one call
+    /// must plan as many barriers whatever its index, or identical calls would read as a
+    /// mismatch (and pad). Roots are the same on every member here, as the call requires.
+    #[test]
+    fn every_member_of_a_call_plans_as_many_barriers() {
+        for n in 1..8 {
+            for ip in [false, true] {
+                for count in [0, 1, 2, 3, 7, 64, 1000] {
+                    let syncs = |mk: &dyn Fn(Shape) -> Plan| -> Vec<usize> {
+                        (0..n).map(|me| mk(shape(n, me, ip)).syncs()).collect()
+                    };
+                    let mut all: Vec<(String, Vec<usize>)> = vec![
+                        (
+                            "all_gather".into(),
+                            syncs(&|sh| plan::all_gather(sh, count)),
+                        ),
+                        (
+                            "reduce_scatter".into(),
+                            syncs(&|sh| plan::reduce_scatter(sh, count)),
+                        ),
+                        (
+                            "all_to_all".into(),
+                            syncs(&|sh| plan::all_to_all(sh, count)),
+                        ),
+                    ];
+                    for root in 0..n {
+                        all.push((
+                            format!("reduce root {root}"),
+                            syncs(&|sh| plan::reduce(sh, root, count)),
+                        ));
+                        for algo in [Algo::OneShot, Algo::TwoShot] {
+                            all.push((
+                                format!("broadcast root {root} {algo:?}"),
+                                syncs(&|sh| plan::broadcast(sh, root, count, algo)),
+                            ));
+                        }
+                    }
+                    for algo in [Algo::OneShot, Algo::TwoShot] {
+                        all.push((
+                            format!("all_reduce {algo:?}"),
+                            syncs(&|sh| plan::all_reduce(sh, count, algo)),
+                        ));
+                    }
+                    for (what, s) in all {
+                        assert!(
+                            s.iter().all(|&x| x == s[0] && x >= 2),
+                            "{what}, {n} members, in place {ip}, count {count}: barriers per \
+                             member {s:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn kernel_names_cover_every_type_and_op() {
         let names = coll_kernel_names();
