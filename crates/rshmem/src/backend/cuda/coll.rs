@@ -563,7 +563,7 @@ impl<'a> GpuColl<'a> {
     fn sync(&self, s: &Stream, dt: DeviceTeam) -> Result<()> {
         let mut t = dt;
         let mut p = [&mut t as *mut DeviceTeam as *mut std::ffi::c_void];
-        let threads = sync_threads(dt);
+        let threads = dt.sync_threads();
         // SAFETY: matches rshmemi_team_sync(rshmem_team) (five ints, repr(C)).
         unsafe { gpu::launch(&s.raw, self.g.backend().f_team_sync, 1, threads, 0, &mut p) }
     }
@@ -588,7 +588,7 @@ impl<'a> GpuColl<'a> {
         ];
         // SAFETY: matches rshmemi_coll_sync_sig(rshmem_team, rshmemi_check) (repr(C)); the
         // slot row is ours (symmetric, n_pes × SIG_WORDS words), err our record.
-        unsafe { gpu::launch(&s.raw, self.f_sync_sig, 1, sync_threads(dt), 0, &mut p) }
+        unsafe { gpu::launch(&s.raw, self.f_sync_sig, 1, dt.sync_threads(), 0, &mut p) }
     }
 
     fn flush(
@@ -1301,10 +1301,6 @@ fn mismatch_error(w: &[u64]) -> Option<Error> {
         mine: CallSig::describe(&mine),
         theirs: CallSig::describe(&theirs),
     })
-}
-
-fn sync_threads(dt: DeviceTeam) -> u32 {
-    (dt.size.max(1) as u32).div_ceil(32).min(32) * 32
 }
 
 /// Prepares `rshmemi_coll_a2av_dev`'s dynamic shared memory (the team's count matrix, n² words)
