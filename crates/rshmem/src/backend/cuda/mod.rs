@@ -556,7 +556,7 @@ impl CudaBackend {
     }
 
     /// Reads and clears the device error word (set by device waits that timed out and device
-    /// barriers given a team outside the job).
+    /// barriers given a team outside the job or one this PE is not a member of).
     pub(crate) fn take_device_error(&self) -> Result<()> {
         let mut v = 0u64;
         let a = self.sync_addr(self.me, self.layout.err());
@@ -597,7 +597,8 @@ impl CudaBackend {
             if v & ERR_BAD_TEAM != 0 {
                 return Err(Error::Team(
                     "a device barrier was given a team whose slot or members lie outside this \
-                     job (a DeviceTeam not made by CudaPe::device_team?); it synchronised nothing"
+                     job, or that this PE is not a member of (a DeviceTeam not made by \
+                     CudaPe::device_team on this PE?); it synchronised nothing"
                         .into(),
                 ));
             }
