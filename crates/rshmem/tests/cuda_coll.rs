@@ -855,6 +855,10 @@ fn mismatch_body(pe: &Pe, fused: bool) -> Result<()> {
     let me = pe.my_pe();
     let s = &c.s;
     const N: usize = 20_000; // 80 KB of f32: two-shot all_reduce at the context's 64 KiB
+                             // Staging for the in-place case below, allocated now: a cuMemAlloc while the peers'
+                             // kernels already wait in a collective may wait for them (PEs sharing one GPU).
+    c.coll.reserve(100 * 4)?;
+    pe.barrier_all()?;
     let src = pe.alloc::<f32>(N)?;
     let dst = pe.alloc::<f32>(N)?;
     let other = pe.alloc::<f32>(N)?;
@@ -952,7 +956,6 @@ fn mismatch_body(pe: &Pe, fused: bool) -> Result<()> {
     // In place on one member only.
     let ctx = format!("in-place mismatch (fused {fused})");
     let v = arm(pe, &src, &dst, seed.get())?;
-    c.coll.reserve(100 * 4)?;
     if me == 0 {
         c.coll.all_reduce(s, w, &src, &src, 100, ReduceOp::Sum)?;
     } else {
