@@ -1643,6 +1643,137 @@ mod tests {
         }
     }
 
+    /// Parameter types of kernel `name` as declared in `src` (pointers as `ptr`, `const`
+    /// dropped), the declaration possibly inside a macro.
+    fn kernel_params(src: &str, name: &str) -> Vec<String> {
+        let at = src
+            .find(&format!("void {name}("))
+            .unwrap_or_else(|| panic!("kernel {name} not declared"));
+        let rest = &src[at + name.len() + 6..];
+        let list = &rest[..rest.find(')').expect("parameter list")];
+        list.replace('\\', " ")
+            .split(',')
+            .map(|p| {
+                let p = p.split_whitespace().collect::<Vec<_>>().join(" ");
+                let ty = p.rsplit_once(' ').map_or(p.as_str(), |(t, _)| t);
+                if p.contains('*') {
+                    "ptr".to_string()
+                } else {
+                    ty.trim_start_matches("const ").to_string()
+                }
+            })
+            .collect()
+    }
+
+    /// Field types of `struct name { ... };` in `src`, in order.
+    fn struct_fields(src: &str, name: &str) -> Vec<String> {
+        let body = src
+            .split(&format!("struct {name} {{"))
+            .nth(1)
+            .and_then(|b| b.split("};").next())
+            .unwrap_or_else(|| panic!("struct {name}"));
+        body.lines()
+            .filter_map(|l| l.split("//").next())
+            .flat_map(|l| l.split(';'))
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| {
+                if d.contains('*') {
+                    "ptr".to_string()
+                } else {
+                    d.rsplit_once(' ').expect("type and name").0.to_string()
+                }
+            })
+            .collect()
+    }
+
+    /// Every kernel this file launches takes the parameters its launch site passes, in order
+    /// (the driver reads as many bytes per parameter as the kernel declares), and every struct
+    /// passed by value has the layout of its Rust mirror.
+    #[test]
+    fn launches_match_the_kernel_signatures() {
+        use std::mem::{offset_of, size_of};
+        let coll = crate::backend::cuda::nvrtc::COLL_KERNELS;
+        let internal = crate::backend::cuda::nvrtc::INTERNAL_KERNELS;
+        let header = crate::backend::cuda::nvrtc::DEVICE_HEADER;
+        let (p, u, i, team, ck) = ("ptr", "rshmem_u64", "int", "rshmem_team", "rshmemi_check");
+        // What `sync`, `sig_sync`, `reduce_launch`, `flush`, `all_to_all_v` and
+        // `all_to_all_v_device` pass (u64 addresses go to pointer or rshmem_u64 parameters).
+        let launches: [(&str, &str, Vec<&str>); 7] = [
+            (internal, "rshmemi_team_sync", vec![team]),
+            (coll, "rshmemi_coll_sync_sig", vec![team, ck]),
+            (
+                coll,
+                "rshmemi_coll_reduce_##NAME##_##OPN",
+                vec![p, p, u, team, i, ck],
+            ),
+            (
+                coll,
+                "rshmemi_coll_copy",
+                vec!["rshmemi_copies", i, team, i, ck],
+            ),
+            (
+                coll,
+                "rshmemi_coll_a2av_dev",
+                vec![p, p, p, p, p, u, u, u, team],
+            ),
+            (
+                coll,
+                "rshmemi_coll_a2av_meta",
+                vec![p, "rshmemi_a2av_list", i, i, u],
+            ),
+            (
+                coll,
+                "rshmemi_coll_a2av_host",
+                vec![p, p, p, "rshmemi_a2av_list", i, i, u, p, u, u, u, team],
+            ),
+        ];
+        for (src, name, want) in launches {
+            assert_eq!(kernel_params(src, name), want, "{name}");
+        }
+        // Structs by value: field types, sizes, offsets.
+        assert_eq!(struct_fields(header, "rshmem_team"), vec![i; 5]);
+        assert_eq!(size_of::<DeviceTeam>(), 5 * 4);
+        assert_eq!(
+            [
+                offset_of!(DeviceTeam, slot),
+                offset_of!(DeviceTeam, my_index),
+                offset_of!(DeviceTeam, size),
+                offset_of!(DeviceTeam, start),
+                offset_of!(DeviceTeam, stride),
+            ],
+            [0, 4, 8, 12, 16]
+        );
+        assert!(header.contains(
+            "struct rshmem_team {\n    int slot;\n    int my_index;\n    int size;\n    int start;\n    int stride;\n};"
+        ));
+        assert_eq!(struct_fields(coll, "rshmemi_sig"), vec![u]);
+        assert!(coll.contains("rshmem_u64 w[RSHMEMI_SIG_WORDS];"));
+        assert_eq!(
+            struct_fields(coll, "rshmemi_check"),
+            vec!["rshmemi_sig", p, p]
+        );
+        assert_eq!(
+            (offset_of!(Check, slots), offset_of!(Check, err)),
+            (8 * SIG_WORDS, 8 * SIG_WORDS + 8)
+        );
+        assert_eq!(
+            struct_fields(coll, "rshmemi_copy_desc"),
+            vec![u, u, u, "long long"]
+        );
+        assert_eq!(size_of::<CopyDesc>(), 32);
+        assert_eq!(size_of::<Copies>(), 32 * MAX_COPIES);
+        assert!(coll.contains("rshmemi_copy_desc d[RSHMEMI_COLL_MAX_COPIES];"));
+        assert_eq!(struct_fields(coll, "rshmemi_a2av_list"), vec![u, u]);
+        assert!(coll.contains("rshmem_u64 count[RSHMEMI_A2AV_CHUNK];"));
+        assert!(coll.contains("rshmem_u64 displ[RSHMEMI_A2AV_CHUNK];"));
+        assert_eq!(offset_of!(A2avList, displ), 8 * A2AV_CHUNK);
+        // The largest parameter list stays far below the 4 KiB every architecture takes.
+        let copy_params =
+            size_of::<Copies>() + 4 + size_of::<DeviceTeam>() + 4 + size_of::<Check>();
+        assert!(copy_params + 16 < 4096, "{copy_params}");
+    }
+
     #[test]
     fn a2av_device_team_limit() {
         // H100/H200: 227 KiB opt-in → 170 members; a small world needs no opt-in.
