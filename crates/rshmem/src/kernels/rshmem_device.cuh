@@ -522,7 +522,7 @@ __device__ __forceinline__ bool rshmemi_team_ok(const rshmem_team& team, int me,
     if (team.slot < 0 || team.slot >= rshmem_dstate.team_slots || team.size < 1 || team.start < 0 ||
         (team.size > 1 && team.stride < 1))
         return false;
-    const long long d = (long long)me - team.start;
+    const int d = me - team.start;  // no overflow: both lie in 0..INT_MAX
     if (team.size == 1) return d == 0 && team.start < n;
     const long long last = (long long)team.start + ((long long)team.size - 1) * team.stride;
     return last < n && d >= 0 && d % team.stride == 0 && d / team.stride < team.size;
