@@ -19,8 +19,11 @@
 //!   one kernel of one block with both barriers inside: one launch instead of three.
 //! * **No host synchronisation** inside a collective: launches only, so every collective can
 //!   be captured in a CUDA graph ([`Stream::begin_capture`]) and replayed. Staging memory (in-place
-//!   one-shot all_reduce, in-place all_to_all) is allocated outside capture; a capture that
-//!   would need more than [`GpuColl::reserve`]d is an error.
+//!   one-shot all_reduce, in-place all_to_all): 64 KiB from [`GpuColl::new`], more allocated on
+//!   demand outside capture; a capture that would need more than [`GpuColl::reserve`]d is an
+//!   error. Reserve the most a run needs before its first collective: allocating device
+//!   memory while peers' kernels already wait in a collective may wait for them (PEs sharing a
+//!   GPU).
 //!   Capture and instantiate on every PE before any PE launches its graph (as with kernel
 //!   loading, the driver may make graph instantiation wait for kernels running on the GPU,
 //!   and a launched collective waits for its peers).
@@ -69,6 +72,8 @@ const MAX_COPIES: usize = 64;
 /// Members per all_to_all_v (host counts) list chunk, one launch each (`RSHMEMI_A2AV_CHUNK`).
 const A2AV_CHUNK: usize = 64;
 const THREADS: u32 = 512;
+/// Staging memory allocated up front (and the least any growth allocates).
+const MIN_STAGING: usize = 1 << 16;
 
 // Signatures and the error record: mirrors `kernels/coll.cu`.
 /// Words of a call signature (`RSHMEMI_SIG_WORDS`).
@@ -350,9 +355,10 @@ fn is_capturing(s: &Stream) -> Result<bool> {
 
 impl<'a> GpuColl<'a> {
     /// Compiles (NVRTC, cached per GPU architecture on disk and per PE in memory) and loads
-    /// every collective kernel, allocates a small symmetric object (all_to_all_v metadata,
-    /// 1 KiB) and meets the other PEs. Collective over the world: every PE calls it before any
-    /// PE launches a collective (loading a module waits for kernels running on the GPU).
+    /// every collective kernel, allocates its symmetric objects (all_to_all_v metadata,
+    /// 16 bytes per PE; signature slots, `48 × n_pes × (max_teams + 1)` bytes) and 64 KiB of
+    /// staging, and meets the other PEs. Collective over the world: every PE calls it before
+    /// any PE launches a collective (loading a module waits for kernels running on the GPU).
     pub fn new(g: CudaPe<'a>, config: CollConfig) -> Result<GpuColl<'a>> {
         let names = coll_kernel_names();
         let k = g.kernel(nvrtc::COLL_KERNELS, &names[0], &[])?;
@@ -381,6 +387,8 @@ impl<'a> GpuColl<'a> {
             )?;
             own.sync()?;
         }
+        // Staging for small in-place collectives now, not in the middle of one.
+        let temp = DevBuf::zeroed_on(&own, MIN_STAGING)?;
         let f_a2av_dev = funcs["rshmemi_coll_a2av_dev"];
         let a2av_dev_max = a2av_dev_shared(&b.gpu, f_a2av_dev, n_pes)?;
         pe.barrier_all()?;
@@ -394,7 +402,7 @@ impl<'a> GpuColl<'a> {
             _module: module,
             g,
             config,
-            temp: Mutex::new(Vec::new()),
+            temp: Mutex::new(vec![(temp, MIN_STAGING)]),
             err,
             meta,
             sigs,
@@ -413,7 +421,9 @@ impl<'a> GpuColl<'a> {
     }
 
     /// Makes sure `bytes` of staging memory exist (call before capturing an in-place one-shot
-    /// all_reduce or in-place all_to_all of that size; calls outside capture grow it on demand).
+    /// all_reduce or in-place all_to_all of that size; calls outside capture grow it on demand,
+    /// but best before the first collective: see the [module docs](self)). 64 KiB exist from
+    /// [`GpuColl::new`].
     pub fn reserve(&self, bytes: usize) -> Result<()> {
         self.temp_addr(None, bytes).map(|_| ())
     }
@@ -433,7 +443,7 @@ impl<'a> GpuColl<'a> {
                 )));
             }
         }
-        let cap = bytes.next_power_of_two().max(1 << 16);
+        let cap = bytes.next_power_of_two().max(MIN_STAGING);
         let b = DevBuf::zeroed_on(&self.own, cap)?;
         let p = b.ptr;
         t.push((b, cap));
