@@ -46,7 +46,10 @@
 //!   for the slots to be reused safely), and a call refused on the host launches nothing, so
 //!   its peers wait for it (device timeout) as before.
 //! * **Contract** as for [`crate::coll::Coll`]: every member calls the same collectives in the
-//!   same order with the same arguments; one stream at a time per [`GpuColl`] and team.
+//!   same order with the same arguments; one stream at a time per [`GpuColl`], whatever the
+//!   team (its staging memory and all_to_all_v metadata serve every team: in-place calls or
+//!   all_to_all_v of two teams running at once on two streams would overwrite each other's).
+//!   Collectives of different teams that run concurrently need a [`GpuColl`] per stream.
 //! * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
 //!   matrix lives in one block's shared memory: about 170 members on H100/H200; an explicit
 //!   error beyond). Host-count all_to_all_v lists travel in 64-member chunks of kernel
