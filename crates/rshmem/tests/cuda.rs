@@ -1112,7 +1112,9 @@ fn many_pes(pe: &Pe) -> Result<()> {
     );
     pe.barrier_all()?;
 
-    // 4. Hand-made teams outside the job: an error, nothing touched, barriers stay in step.
+    // 4. Hand-made teams outside the job, or without this PE: an error, nothing touched,
+    // barriers stay in step (a non-member's arrival would have let the world barrier below pass
+    // early on the others and left PE 0 waiting for one more).
     if me == 0 {
         let w = g.device_team(pe.world_team())?;
         for bad in [
@@ -1127,6 +1129,23 @@ fn many_pes(pe: &Pe) -> Result<()> {
                 ..w
             },
             cuda::DeviceTeam { stride: 0, ..w },
+            // Inside the job, but PE 0 is no member.
+            cuda::DeviceTeam {
+                start: 1,
+                size: n as i32 - 1,
+                ..w
+            },
+            cuda::DeviceTeam {
+                start: 1,
+                size: 1,
+                ..w
+            },
+            cuda::DeviceTeam {
+                start: 2,
+                stride: 2,
+                size: ((n as i32 - 1) / 2).max(1),
+                ..w
+            },
         ] {
             // SAFETY: t_many_sync(rshmem_team).
             unsafe { g.launch(&k_sync, &s, 1, 128, 0, &[KernelArg::Team(bad)])? };

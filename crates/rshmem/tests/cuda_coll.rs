@@ -855,6 +855,10 @@ fn mismatch_body(pe: &Pe, fused: bool) -> Result<()> {
     let me = pe.my_pe();
     let s = &c.s;
     const N: usize = 20_000; // 80 KB of f32: two-shot all_reduce at the context's 64 KiB
+                             // Staging for the in-place case below, allocated now: a cuMemAlloc while the peers'
+                             // kernels already wait in a collective may wait for them (PEs sharing one GPU).
+    c.coll.reserve(100 * 4)?;
+    pe.barrier_all()?;
     let src = pe.alloc::<f32>(N)?;
     let dst = pe.alloc::<f32>(N)?;
     let other = pe.alloc::<f32>(N)?;
@@ -952,7 +956,6 @@ fn mismatch_body(pe: &Pe, fused: bool) -> Result<()> {
     // In place on one member only.
     let ctx = format!("in-place mismatch (fused {fused})");
     let v = arm(pe, &src, &dst, seed.get())?;
-    c.coll.reserve(100 * 4)?;
     if me == 0 {
         c.coll.all_reduce(s, w, &src, &src, 100, ReduceOp::Sum)?;
     } else {
@@ -1145,16 +1148,16 @@ fn gpu_coll_all_to_all_v_chunks_and_mismatch() {
 
 /// A world of 72 PEs (more than the 64 members a launch's all_to_all_v list holds, more
 /// copies than one copy launch takes): all_to_all_v with host counts, all_gather, all_reduce,
-/// all_to_all_v with device counts, a mismatch. Needs the device header's 64-PE limit lifted
-/// (rshmem_device.cuh / backend::cuda::MAX_PES) and, with so many PEs, several GPUs (each GPU's
-/// PEs share 32 hardware queues, about 3 streams per PE): e.g. an 8-GPU machine.
+/// all_to_all_v with device counts, a mismatch. With so many PEs it wants several GPUs (each
+/// GPU's PEs share 32 hardware queues, about 3 streams per PE): e.g. an 8-GPU machine;
+/// `RSHMEM_TEST_PES` sets another world size (at least 4), e.g. a few PEs on one GPU.
 fn big_world_body(pe: &Pe) -> Result<()> {
     let c = Ctx::new(pe)?;
     let w = pe.world_team();
     let (me, n) = (pe.my_pe(), pe.n_pes());
     let src = pe.alloc::<f32>(64 * n)?;
     let dst = pe.alloc::<f32>(64 * n)?;
-    a2av_host_t::<f32>(&c, w, &src, &dst, 6000, &format!("72 PEs a2av (PE {me})"))?;
+    a2av_host_t::<f32>(&c, w, &src, &dst, 6000, &format!("{n} PEs a2av (PE {me})"))?;
     // all_gather: n copies per PE, two copy launches.
     let v = arm(pe, &src, &dst, 6001)?;
     c.coll.all_gather(&c.s, w, &dst, &src, 10)?;
@@ -1166,10 +1169,10 @@ fn big_world_body(pe: &Pe) -> Result<()> {
     check(
         &pe.local_vec(&dst)?,
         &want,
-        &format!("72 PEs all_gather (PE {me})"),
+        &format!("{n} PEs all_gather (PE {me})"),
     );
-    check(&pe.local_vec(&src)?, &v, "72 PEs all_gather src");
-    good_all_reduce(&c, &src, &dst, 6002, 1003, "72 PEs")?;
+    check(&pe.local_vec(&src)?, &v, "big world all_gather src");
+    good_all_reduce(&c, &src, &dst, 6002, 1003.min(64 * n), &format!("{n} PEs"))?;
     // Device counts: member j sends (j + k) % 3 elements to member k.
     let cnt = |j: usize, k: usize| ((j + k) % 3) as u64;
     let counts = pe.alloc::<u64>(n)?;
@@ -1190,33 +1193,46 @@ fn big_world_body(pe: &Pe) -> Result<()> {
         check(
             &pe.local_vec(&dst)?,
             &want,
-            &format!("72 PEs a2av device (PE {me})"),
+            &format!("{n} PEs a2av device (PE {me})"),
         );
         let rc: Vec<u64> = (0..n).map(|j| cnt(j, me)).collect();
         assert_eq!(pe.local_vec(&recv)?, rc, "PE {me}: recv counts");
     }
-    // A mismatch reaches all 72.
+    // A mismatch reaches every PE.
     let v = arm(pe, &src, &dst, 6004)?;
-    let k = if me == 70 { 9 } else { 10 };
+    let odd = n - 2;
+    let k = if me == odd { 9 } else { 10 };
     c.coll.all_reduce(&c.s, w, &dst, &src, k, ReduceOp::Sum)?;
-    expect_mismatch(&c, 70, "count 9 ", "count 10 ", "72 PEs");
-    check(&pe.local_vec(&src)?, &v, "72 PEs mismatch src");
+    expect_mismatch(&c, odd, "count 9 ", "count 10 ", &format!("{n} PEs"));
+    check(&pe.local_vec(&src)?, &v, "big world mismatch src");
     check(
         &pe.local_vec(&dst)?,
         &vec![f32::poison(); 64 * n],
-        "72 PEs mismatch dst",
+        "big world mismatch dst",
     );
-    good_all_reduce(&c, &src, &dst, 6005, 64 * n, "72 PEs after the mismatch")
+    good_all_reduce(
+        &c,
+        &src,
+        &dst,
+        6005,
+        64 * n,
+        &format!("{n} PEs after the mismatch"),
+    )
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_coll_world_of_72() {
+    let n = std::env::var("RSHMEM_TEST_PES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n >= 4)
+        .unwrap_or(72);
     on_gpus_cfg(
         gpu_config()
             .heap_size(16 << 20)
             .timeout(Duration::from_secs(20)),
-        72,
+        n,
         big_world_body,
     );
 }

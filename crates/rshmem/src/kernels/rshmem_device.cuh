@@ -17,7 +17,8 @@
 #ifndef RSHMEM_DEVICE_CUH
 #define RSHMEM_DEVICE_CUH
 
-// Bits of the error word: a device wait timed out; a device barrier got a team outside the job.
+// Bits of the error word: a device wait timed out; a device barrier got a team outside the job
+// or one this PE is not a member of.
 #define RSHMEM_ERR_TIMEOUT 1ull
 #define RSHMEM_ERR_BAD_TEAM 2ull
 
@@ -512,14 +513,24 @@ RSHMEM_FOR_EACH_AMO_TYPE(RSHMEMI_AMO)
 
 // Synchronises the members of `team`: each member adds one to every member's counter for it,
 // then waits until its own counters reach the number of barriers it did with each member.
-// A team whose slot or members lie outside the job (a hand-made `rshmem_team`) touches nothing:
-// it flags RSHMEM_ERR_BAD_TEAM, which the host reports.
+// A team whose slot or members lie outside the job, or that this PE is not a member of (a
+// hand-made `rshmem_team`), touches nothing: it flags RSHMEM_ERR_BAD_TEAM, which the host
+// reports. (A non-member's arrival would count in the members' counters for it and let a later
+// barrier of a team in that slot pass early, without an error.)
+// rshmemi_team_ok: the team's slot and members lie inside the job and `me` is a member.
+__device__ __forceinline__ bool rshmemi_team_ok(const rshmem_team& team, int me, int n) {
+    if (team.slot < 0 || team.slot >= rshmem_dstate.team_slots || team.size < 1 || team.start < 0 ||
+        (team.size > 1 && team.stride < 1))
+        return false;
+    const int d = me - team.start;  // no overflow: both lie in 0..INT_MAX
+    if (team.size == 1) return d == 0 && team.start < n;
+    const long long last = (long long)team.start + ((long long)team.size - 1) * team.stride;
+    return last < n && d >= 0 && d % team.stride == 0 && d / team.stride < team.size;
+}
 __device__ __forceinline__ void rshmem_team_sync_block(rshmem_team team) {
     __syncthreads();
     const int me = rshmem_dstate.my_pe, n = rshmem_dstate.n_pes;
-    const long long last = (long long)team.start + (long long)(team.size - 1) * team.stride;
-    if (team.slot < 0 || team.slot >= rshmem_dstate.team_slots || team.size < 1 || team.start < 0 ||
-        (team.size > 1 && team.stride < 1) || last >= n) {
+    if (!rshmemi_team_ok(team, me, n)) {
         if (rshmemi_tid() == 0) atomicOr((unsigned long long*)rshmemi_err_word(), RSHMEM_ERR_BAD_TEAM);
         __syncthreads();
         return;

@@ -85,6 +85,20 @@ pub struct DeviceTeam {
     pub stride: i32,
 }
 
+impl DeviceTeam {
+    /// Threads of a one-block barrier kernel for this team: a thread per member (whole warps)
+    /// up to the 1024 a block may have (the barrier loops over the members beyond that).
+    pub(crate) fn sync_threads(&self) -> u32 {
+        sync_block_threads(self.size.max(1) as usize)
+    }
+}
+
+/// Threads of a one-block barrier of `members` PEs: whole warps, at most 1024 (a launch of
+/// more fails; the device barrier strides over the members).
+pub(crate) fn sync_block_threads(members: usize) -> u32 {
+    (members.clamp(1, 1024) as u32).div_ceil(32) * 32
+}
+
 /// One kernel argument.
 #[derive(Debug, Clone, Copy)]
 pub enum KernelArg {
@@ -517,7 +531,8 @@ impl<'a> CudaPe<'a> {
             stride: 1,
         };
         let mut p = [&mut t as *mut DeviceTeam as *mut std::ffi::c_void];
-        let threads = (self.b.n as u32).div_ceil(32) * 32;
+        // At most 1024 threads however many PEs (the device barrier loops over the rest).
+        let threads = t.sync_threads();
         // SAFETY: matches rshmemi_team_sync(rshmem_team) (five ints, repr(C)).
         unsafe { gpu::launch(&s.raw, self.b.f_team_sync, 1, threads, 0, &mut p) }
     }

@@ -19,8 +19,11 @@
 //!   one kernel of one block with both barriers inside: one launch instead of three.
 //! * **No host synchronisation** inside a collective: launches only, so every collective can
 //!   be captured in a CUDA graph ([`Stream::begin_capture`]) and replayed. Staging memory (in-place
-//!   one-shot all_reduce, in-place all_to_all) is allocated outside capture; a capture that
-//!   would need more than [`GpuColl::reserve`]d is an error.
+//!   one-shot all_reduce, in-place all_to_all): 64 KiB from [`GpuColl::new`], more allocated on
+//!   demand outside capture; a capture that would need more than [`GpuColl::reserve`]d is an
+//!   error. Reserve the most a run needs before its first collective: allocating device
+//!   memory while peers' kernels already wait in a collective may wait for them (PEs sharing a
+//!   GPU).
 //!   Capture and instantiate on every PE before any PE launches its graph (as with kernel
 //!   loading, the driver may make graph instantiation wait for kernels running on the GPU,
 //!   and a launched collective waits for its peers).
@@ -43,7 +46,10 @@
 //!   for the slots to be reused safely), and a call refused on the host launches nothing, so
 //!   its peers wait for it (device timeout) as before.
 //! * **Contract** as for [`crate::coll::Coll`]: every member calls the same collectives in the
-//!   same order with the same arguments; one stream at a time per [`GpuColl`] and team.
+//!   same order with the same arguments; one stream at a time per [`GpuColl`], whatever the
+//!   team (its staging memory and all_to_all_v metadata serve every team: in-place calls or
+//!   all_to_all_v of two teams running at once on two streams would overwrite each other's).
+//!   Collectives of different teams that run concurrently need a [`GpuColl`] per stream.
 //! * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
 //!   matrix lives in one block's shared memory: about 170 members on H100/H200; an explicit
 //!   error beyond). Host-count all_to_all_v lists travel in 64-member chunks of kernel
@@ -69,6 +75,8 @@ const MAX_COPIES: usize = 64;
 /// Members per all_to_all_v (host counts) list chunk, one launch each (`RSHMEMI_A2AV_CHUNK`).
 const A2AV_CHUNK: usize = 64;
 const THREADS: u32 = 512;
+/// Staging memory allocated up front (and the least any growth allocates).
+const MIN_STAGING: usize = 1 << 16;
 
 // Signatures and the error record: mirrors `kernels/coll.cu`.
 /// Words of a call signature (`RSHMEMI_SIG_WORDS`).
@@ -350,9 +358,10 @@ fn is_capturing(s: &Stream) -> Result<bool> {
 
 impl<'a> GpuColl<'a> {
     /// Compiles (NVRTC, cached per GPU architecture on disk and per PE in memory) and loads
-    /// every collective kernel, allocates a small symmetric object (all_to_all_v metadata,
-    /// 1 KiB) and meets the other PEs. Collective over the world: every PE calls it before any
-    /// PE launches a collective (loading a module waits for kernels running on the GPU).
+    /// every collective kernel, allocates its symmetric objects (all_to_all_v metadata,
+    /// 16 bytes per PE; signature slots, `48 × n_pes × (max_teams + 1)` bytes) and 64 KiB of
+    /// staging, and meets the other PEs. Collective over the world: every PE calls it before
+    /// any PE launches a collective (loading a module waits for kernels running on the GPU).
     pub fn new(g: CudaPe<'a>, config: CollConfig) -> Result<GpuColl<'a>> {
         let names = coll_kernel_names();
         let k = g.kernel(nvrtc::COLL_KERNELS, &names[0], &[])?;
@@ -381,6 +390,8 @@ impl<'a> GpuColl<'a> {
             )?;
             own.sync()?;
         }
+        // Staging for small in-place collectives now, not in the middle of one.
+        let temp = DevBuf::zeroed_on(&own, MIN_STAGING)?;
         let f_a2av_dev = funcs["rshmemi_coll_a2av_dev"];
         let a2av_dev_max = a2av_dev_shared(&b.gpu, f_a2av_dev, n_pes)?;
         pe.barrier_all()?;
@@ -394,7 +405,7 @@ impl<'a> GpuColl<'a> {
             _module: module,
             g,
             config,
-            temp: Mutex::new(Vec::new()),
+            temp: Mutex::new(vec![(temp, MIN_STAGING)]),
             err,
             meta,
             sigs,
@@ -413,7 +424,9 @@ impl<'a> GpuColl<'a> {
     }
 
     /// Makes sure `bytes` of staging memory exist (call before capturing an in-place one-shot
-    /// all_reduce or in-place all_to_all of that size; calls outside capture grow it on demand).
+    /// all_reduce or in-place all_to_all of that size; calls outside capture grow it on demand,
+    /// but best before the first collective: see the [module docs](self)). 64 KiB exist from
+    /// [`GpuColl::new`].
     pub fn reserve(&self, bytes: usize) -> Result<()> {
         self.temp_addr(None, bytes).map(|_| ())
     }
@@ -433,7 +446,7 @@ impl<'a> GpuColl<'a> {
                 )));
             }
         }
-        let cap = bytes.next_power_of_two().max(1 << 16);
+        let cap = bytes.next_power_of_two().max(MIN_STAGING);
         let b = DevBuf::zeroed_on(&self.own, cap)?;
         let p = b.ptr;
         t.push((b, cap));
@@ -563,7 +576,7 @@ impl<'a> GpuColl<'a> {
     fn sync(&self, s: &Stream, dt: DeviceTeam) -> Result<()> {
         let mut t = dt;
         let mut p = [&mut t as *mut DeviceTeam as *mut std::ffi::c_void];
-        let threads = sync_threads(dt);
+        let threads = dt.sync_threads();
         // SAFETY: matches rshmemi_team_sync(rshmem_team) (five ints, repr(C)).
         unsafe { gpu::launch(&s.raw, self.g.backend().f_team_sync, 1, threads, 0, &mut p) }
     }
@@ -588,7 +601,7 @@ impl<'a> GpuColl<'a> {
         ];
         // SAFETY: matches rshmemi_coll_sync_sig(rshmem_team, rshmemi_check) (repr(C)); the
         // slot row is ours (symmetric, n_pes × SIG_WORDS words), err our record.
-        unsafe { gpu::launch(&s.raw, self.f_sync_sig, 1, sync_threads(dt), 0, &mut p) }
+        unsafe { gpu::launch(&s.raw, self.f_sync_sig, 1, dt.sync_threads(), 0, &mut p) }
     }
 
     fn flush(
@@ -1303,10 +1316,6 @@ fn mismatch_error(w: &[u64]) -> Option<Error> {
     })
 }
 
-fn sync_threads(dt: DeviceTeam) -> u32 {
-    (dt.size.max(1) as u32).div_ceil(32).min(32) * 32
-}
-
 /// Prepares `rshmemi_coll_a2av_dev`'s dynamic shared memory (the team's count matrix, n² words)
 /// for teams up to the world's size where the GPU allows; returns the largest team it serves.
 fn a2av_dev_shared(gpu: &gpu::Gpu, f: Func, n_pes: usize) -> Result<usize> {
@@ -1647,6 +1656,137 @@ mod tests {
         }
     }
 
+    /// Parameter types of kernel `name` as declared in `src` (pointers as `ptr`, `const`
+    /// dropped), the declaration possibly inside a macro.
+    fn kernel_params(src: &str, name: &str) -> Vec<String> {
+        let at = src
+            .find(&format!("void {name}("))
+            .unwrap_or_else(|| panic!("kernel {name} not declared"));
+        let rest = &src[at + name.len() + 6..];
+        let list = &rest[..rest.find(')').expect("parameter list")];
+        list.replace('\\', " ")
+            .split(',')
+            .map(|p| {
+                let p = p.split_whitespace().collect::<Vec<_>>().join(" ");
+                let ty = p.rsplit_once(' ').map_or(p.as_str(), |(t, _)| t);
+                if p.contains('*') {
+                    "ptr".to_string()
+                } else {
+                    ty.trim_start_matches("const ").to_string()
+                }
+            })
+            .collect()
+    }
+
+    /// Field types of `struct name { ... };` in `src`, in order.
+    fn struct_fields(src: &str, name: &str) -> Vec<String> {
+        let body = src
+            .split(&format!("struct {name} {{"))
+            .nth(1)
+            .and_then(|b| b.split("};").next())
+            .unwrap_or_else(|| panic!("struct {name}"));
+        body.lines()
+            .filter_map(|l| l.split("//").next())
+            .flat_map(|l| l.split(';'))
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| {
+                if d.contains('*') {
+                    "ptr".to_string()
+                } else {
+                    d.rsplit_once(' ').expect("type and name").0.to_string()
+                }
+            })
+            .collect()
+    }
+
+    /// Every kernel this file launches takes the parameters its launch site passes, in order
+    /// (the driver reads as many bytes per parameter as the kernel declares), and every struct
+    /// passed by value has the layout of its Rust mirror.
+    #[test]
+    fn launches_match_the_kernel_signatures() {
+        use std::mem::{offset_of, size_of};
+        let coll = crate::backend::cuda::nvrtc::COLL_KERNELS;
+        let internal = crate::backend::cuda::nvrtc::INTERNAL_KERNELS;
+        let header = crate::backend::cuda::nvrtc::DEVICE_HEADER;
+        let (p, u, i, team, ck) = ("ptr", "rshmem_u64", "int", "rshmem_team", "rshmemi_check");
+        // What `sync`, `sig_sync`, `reduce_launch`, `flush`, `all_to_all_v` and
+        // `all_to_all_v_device` pass (u64 addresses go to pointer or rshmem_u64 parameters).
+        let launches: [(&str, &str, Vec<&str>); 7] = [
+            (internal, "rshmemi_team_sync", vec![team]),
+            (coll, "rshmemi_coll_sync_sig", vec![team, ck]),
+            (
+                coll,
+                "rshmemi_coll_reduce_##NAME##_##OPN",
+                vec![p, p, u, team, i, ck],
+            ),
+            (
+                coll,
+                "rshmemi_coll_copy",
+                vec!["rshmemi_copies", i, team, i, ck],
+            ),
+            (
+                coll,
+                "rshmemi_coll_a2av_dev",
+                vec![p, p, p, p, p, u, u, u, team],
+            ),
+            (
+                coll,
+                "rshmemi_coll_a2av_meta",
+                vec![p, "rshmemi_a2av_list", i, i, u],
+            ),
+            (
+                coll,
+                "rshmemi_coll_a2av_host",
+                vec![p, p, p, "rshmemi_a2av_list", i, i, u, p, u, u, u, team],
+            ),
+        ];
+        for (src, name, want) in launches {
+            assert_eq!(kernel_params(src, name), want, "{name}");
+        }
+        // Structs by value: field types, sizes, offsets.
+        assert_eq!(struct_fields(header, "rshmem_team"), vec![i; 5]);
+        assert_eq!(size_of::<DeviceTeam>(), 5 * 4);
+        assert_eq!(
+            [
+                offset_of!(DeviceTeam, slot),
+                offset_of!(DeviceTeam, my_index),
+                offset_of!(DeviceTeam, size),
+                offset_of!(DeviceTeam, start),
+                offset_of!(DeviceTeam, stride),
+            ],
+            [0, 4, 8, 12, 16]
+        );
+        assert!(header.contains(
+            "struct rshmem_team {\n    int slot;\n    int my_index;\n    int size;\n    int start;\n    int stride;\n};"
+        ));
+        assert_eq!(struct_fields(coll, "rshmemi_sig"), vec![u]);
+        assert!(coll.contains("rshmem_u64 w[RSHMEMI_SIG_WORDS];"));
+        assert_eq!(
+            struct_fields(coll, "rshmemi_check"),
+            vec!["rshmemi_sig", p, p]
+        );
+        assert_eq!(
+            (offset_of!(Check, slots), offset_of!(Check, err)),
+            (8 * SIG_WORDS, 8 * SIG_WORDS + 8)
+        );
+        assert_eq!(
+            struct_fields(coll, "rshmemi_copy_desc"),
+            vec![u, u, u, "long long"]
+        );
+        assert_eq!(size_of::<CopyDesc>(), 32);
+        assert_eq!(size_of::<Copies>(), 32 * MAX_COPIES);
+        assert!(coll.contains("rshmemi_copy_desc d[RSHMEMI_COLL_MAX_COPIES];"));
+        assert_eq!(struct_fields(coll, "rshmemi_a2av_list"), vec![u, u]);
+        assert!(coll.contains("rshmem_u64 count[RSHMEMI_A2AV_CHUNK];"));
+        assert!(coll.contains("rshmem_u64 displ[RSHMEMI_A2AV_CHUNK];"));
+        assert_eq!(offset_of!(A2avList, displ), 8 * A2AV_CHUNK);
+        // The largest parameter list stays far below the 4 KiB every architecture takes.
+        let copy_params =
+            size_of::<Copies>() + 4 + size_of::<DeviceTeam>() + 4 + size_of::<Check>();
+        assert!(copy_params + 16 < 4096, "{copy_params}");
+    }
+
     #[test]
     fn a2av_device_team_limit() {
         // H100/H200: 227 KiB opt-in → 170 members; a small world needs no opt-in.
@@ -1684,6 +1824,61 @@ mod tests {
                             assert_eq!(p.steps.first(), Some(&Step::Sync), "{p:?}");
                             assert!(p.syncs() >= 2 && p.syncs() <= 0xffff, "{p:?}");
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The signature carries the plan's barrier count (`exec`), so every member of one call
+    /// must plan as many barriers whatever its index, or identical calls would read as a
+    /// mismatch (and pad). Roots are the same on every member here, as the call requires.
+    #[test]
+    fn every_member_of_a_call_plans_as_many_barriers() {
+        for n in 1..8 {
+            for ip in [false, true] {
+                for count in [0, 1, 2, 3, 7, 64, 1000] {
+                    let syncs = |mk: &dyn Fn(Shape) -> Plan| -> Vec<usize> {
+                        (0..n).map(|me| mk(shape(n, me, ip)).syncs()).collect()
+                    };
+                    let mut all: Vec<(String, Vec<usize>)> = vec![
+                        (
+                            "all_gather".into(),
+                            syncs(&|sh| plan::all_gather(sh, count)),
+                        ),
+                        (
+                            "reduce_scatter".into(),
+                            syncs(&|sh| plan::reduce_scatter(sh, count)),
+                        ),
+                        (
+                            "all_to_all".into(),
+                            syncs(&|sh| plan::all_to_all(sh, count)),
+                        ),
+                    ];
+                    for root in 0..n {
+                        all.push((
+                            format!("reduce root {root}"),
+                            syncs(&|sh| plan::reduce(sh, root, count)),
+                        ));
+                        for algo in [Algo::OneShot, Algo::TwoShot] {
+                            all.push((
+                                format!("broadcast root {root} {algo:?}"),
+                                syncs(&|sh| plan::broadcast(sh, root, count, algo)),
+                            ));
+                        }
+                    }
+                    for algo in [Algo::OneShot, Algo::TwoShot] {
+                        all.push((
+                            format!("all_reduce {algo:?}"),
+                            syncs(&|sh| plan::all_reduce(sh, count, algo)),
+                        ));
+                    }
+                    for (what, s) in all {
+                        assert!(
+                            s.iter().all(|&x| x == s[0] && x >= 2),
+                            "{what}, {n} members, in place {ip}, count {count}: barriers per \
+                             member {s:?}"
+                        );
                     }
                 }
             }

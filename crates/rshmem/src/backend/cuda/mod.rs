@@ -557,7 +557,7 @@ impl CudaBackend {
     }
 
     /// Reads and clears the device error word (set by device waits that timed out and device
-    /// barriers given a team outside the job).
+    /// barriers given a team outside the job or one this PE is not a member of).
     pub(crate) fn take_device_error(&self) -> Result<()> {
         let mut v = 0u64;
         let a = self.sync_addr(self.me, self.layout.err());
@@ -598,7 +598,8 @@ impl CudaBackend {
             if v & ERR_BAD_TEAM != 0 {
                 return Err(Error::Team(
                     "a device barrier was given a team whose slot or members lie outside this \
-                     job (a DeviceTeam not made by CudaPe::device_team?); it synchronised nothing"
+                     job, or that this PE is not a member of (a DeviceTeam not made by \
+                     CudaPe::device_team on this PE?); it synchronised nothing"
                         .into(),
                 ));
             }
@@ -717,6 +718,39 @@ impl Backend for CudaBackend {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Barrier kernels (the stream barrier over the world, collective barriers over teams)
+    /// launch whole warps, never more than the 1024 threads a block may have: no limit on PEs
+    /// means worlds beyond 1024 PEs too.
+    #[test]
+    fn barrier_blocks_stay_launchable() {
+        use api::{sync_block_threads, DeviceTeam};
+        for (members, threads) in [
+            (0, 32),
+            (1, 32),
+            (32, 32),
+            (33, 64),
+            (72, 96),
+            (1000, 1024),
+            (1024, 1024),
+            (1025, 1024),
+            (5000, 1024),
+            (i32::MAX as usize, 1024),
+        ] {
+            assert_eq!(sync_block_threads(members), threads, "{members} members");
+        }
+        let t = |size| DeviceTeam {
+            slot: 0,
+            my_index: 0,
+            size,
+            start: 0,
+            stride: 1,
+        };
+        assert_eq!(t(2000).sync_threads(), 1024);
+        assert_eq!(t(72).sync_threads(), 96);
+        assert_eq!(t(0).sync_threads(), 32);
+        assert_eq!(t(-5).sync_threads(), 32);
+    }
 
     /// Every region in its place, no overlap, the documented size, the stream slot after
     /// every host team slot.
