@@ -348,7 +348,7 @@ fn a2av_host_t<T: TElem>(
     };
     c.coll.all_to_all_v(&c.s, team, dst, src, &v)?;
     c.done()?;
-    let mut want = vec![T::poison(); MAXC];
+    let mut want = vec![T::poison(); dst.len()];
     for (i, &w) in m.iter().enumerate() {
         let theirs = T::gen(w, s, 64 * n, ReduceOp::Sum);
         let a = sd(i)[me];

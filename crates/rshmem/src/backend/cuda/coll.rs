@@ -463,7 +463,9 @@ impl<'a> GpuColl<'a> {
     /// collectives move no data (barriers still run) until this check or [`Pe::quiet`](crate::Pe::quiet) clears
     /// the flag: a PE that gave up on a barrier never overwrites what its peers may still read.
     pub fn check_errors(&self) -> Result<()> {
-        self.g.check_device_errors()?;
+        // The device timeout flag is read (and cleared) after the record: a mismatch, which
+        // makes members pad their barriers, is the cause to report before any timeout.
+        let timeout = self.g.check_device_errors();
         let b = self.g.backend();
         let mut w = [0u64; ERR_SKIP];
         let bytes = ERR_SKIP * 8;
@@ -492,6 +494,7 @@ impl<'a> GpuColl<'a> {
         if let Some(e) = mismatch_error(&w) {
             return Err(e);
         }
+        timeout?;
         let v = [w[0], w[1], w[2], w[3], w[4]].map(|x| x as usize);
         if w[0] & ERR_CAPACITY != 0 {
             return Err(Error::Capacity {

@@ -210,6 +210,54 @@ pub(crate) struct PeerMap {
     pub ptr: u64,
     bytes: usize,
     vmm: Option<cu::CUmemGenericAllocationHandle>,
+    /// Static heaps: the key of the shared opening in [`IPC_OPEN`].
+    ipc: Option<IpcKey>,
+}
+
+/// A CUDA IPC handle opened on one GPU (primary context) of this process.
+type IpcKey = (usize, [u8; 64]);
+
+/// The IPC handles this process has open, with how many `PeerMap`s use each: a context can
+/// open a handle once (a second `cuIpcOpenMemHandle` fails with `CUDA_ERROR_ALREADY_MAPPED`),
+/// and in mixed mode every thread-PE of a process maps the same peer heaps on a shared GPU.
+static IPC_OPEN: std::sync::Mutex<Vec<(IpcKey, u64, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// Opens (or shares the opening of) `ipc` on `gpu`; returns the mapped address.
+fn ipc_open(key: &IpcKey, ipc: cu::CUipcMemHandle) -> Result<u64> {
+    let mut open = IPC_OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(e) = open.iter_mut().find(|e| e.0 == *key) {
+        e.2 += 1;
+        return Ok(e.1);
+    }
+    let mut p = 0;
+    // SAFETY: a handle made by cuIpcGetMemHandle in the peer process, not open in this
+    // context (checked under the lock above); the caller made the GPU's context current.
+    check(
+        unsafe {
+            cu::cuIpcOpenMemHandle_v2(
+                &mut p,
+                ipc,
+                cu::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        },
+        "cuIpcOpenMemHandle",
+    )?;
+    open.push((*key, p, 1));
+    Ok(p)
+}
+
+/// Drops one use of the opening `key`; closes it after the last (context current).
+fn ipc_close(key: &IpcKey) {
+    let mut open = IPC_OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(i) = open.iter().position(|e| e.0 == *key) else {
+        return;
+    };
+    open[i].2 -= 1;
+    if open[i].2 == 0 {
+        let (_, p, _) = open.swap_remove(i);
+        // SAFETY: opened by `ipc_open`, no user left.
+        unsafe { cu::cuIpcCloseMemHandle(p) };
+    }
 }
 
 /// Takes a copy of file descriptor `fd` of process `pid` (pidfd_getfd; needs ptrace rights over
@@ -262,23 +310,17 @@ impl PeerMap {
                 for (d, s) in ipc.reserved.iter_mut().zip(handle.iter()) {
                     *d = *s as std::ffi::c_char;
                 }
-                let mut p = 0;
-                // SAFETY: a handle made by cuIpcGetMemHandle in the peer process.
-                check(
-                    unsafe {
-                        cu::cuIpcOpenMemHandle_v2(
-                            &mut p,
-                            ipc,
-                            cu::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-                        )
-                    },
-                    "cuIpcOpenMemHandle",
-                )?;
+                let mut key: IpcKey = (gpu.ordinal, [0; 64]);
+                for (d, s) in key.1.iter_mut().zip(handle.iter()) {
+                    *d = *s;
+                }
+                let p = ipc_open(&key, ipc)?;
                 Ok(PeerMap {
                     gpu: gpu.clone(),
                     ptr: p,
                     bytes,
                     vmm: None,
+                    ipc: Some(key),
                 })
             }
             HeapKind::Vmm => {
@@ -304,6 +346,7 @@ impl PeerMap {
                     ptr: 0,
                     bytes,
                     vmm: Some(h),
+                    ipc: None,
                 };
                 // SAFETY: reserve, then map the imported allocation there.
                 check(
@@ -332,7 +375,9 @@ impl Drop for PeerMap {
             cu::cuCtxSynchronize();
             match self.vmm {
                 None => {
-                    cu::cuIpcCloseMemHandle(self.ptr);
+                    if let Some(key) = &self.ipc {
+                        ipc_close(key);
+                    }
                 }
                 Some(h) => {
                     if self.ptr != 0 {
