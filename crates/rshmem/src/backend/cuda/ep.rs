@@ -1133,7 +1133,9 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
         mode,
     };
     for &t in &args.tokens {
-        cfg_of(t, EpMode::Normal).validate(n)?;
+        // The configuration and the GPU limits (PEs, experts) that the baseline's kernels share
+        // with rshmem's, checked before anything collective.
+        Buffer::<Bf16>::bytes_for(&cfg_of(t, EpMode::Normal), n)?;
     }
     let kernels = eb::Kernels::load(&g)?;
     let lib = super::nccl::Nccl::load();
