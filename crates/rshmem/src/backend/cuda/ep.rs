@@ -233,7 +233,12 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
             .and_then(|v| v.checked_next_multiple_of(256))
             .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
     }
-    if rmax.saturating_mul(k) > u32::MAX as usize {
+    // Row indices are u32 (row_src: row * kmax + slot) and int (tok_rows, expert-major rows);
+    // token counts and positions are int, ep_prep steps over tokens 1024 at a time in int.
+    if rmax.saturating_mul(k) > u32::MAX as usize
+        || rmax > i32::MAX as usize
+        || cfg.max_tokens > i32::MAX as usize - 1024
+    {
         return Err(Error::invalid(
             "ep: buffer too large for 32-bit row indices",
         ));
@@ -1497,6 +1502,28 @@ mod tests {
         assert_eq!((get("rmax"), get("grid")), (3 * 30 * 8, 132));
         // The block fits its area.
         assert!(p.params + 24 * 8 <= p.total);
+    }
+
+    /// Sizes the kernels' 32-bit indices cannot address are refused before anything is
+    /// allocated.
+    #[test]
+    fn plan_refuses_what_32_bit_indices_cannot_address() {
+        let c = |max_tokens: usize, k: usize, mode| EpConfig {
+            num_experts: 2,
+            max_tokens,
+            hidden: 1,
+            max_topk: k,
+            mode,
+        };
+        assert!(plan(&c(1 << 20, 8, EpMode::Normal), 2, 2).is_ok());
+        // int tokens: 2^31 - 1 tokens pass the CPU validation but not the GPU plan.
+        let big = i32::MAX as usize;
+        assert!(plan(&c(big, 1, EpMode::Capturable { capacity: 1 }), 1, 2).is_err());
+        // int expert-major rows: n * cap * k > 2^31 - 1 with (n*cap*k) * k < 2^32.
+        assert!(plan(&c(1 << 30, 1, EpMode::Normal), 2, 2).is_err());
+        // u32 row_src: rows * k >= 2^32.
+        assert!(plan(&c(1 << 26, 8, EpMode::Normal), 2, 2).is_err());
+        assert!(plan(&c(1 << 24, 8, EpMode::Normal), 2, 2).is_ok());
     }
 
     /// Constants shared with `ep.cu`.
