@@ -141,18 +141,32 @@ struct Inputs<T: Elem> {
     out: Sym<T>,
     y: Sym<T>,
     factors: Sym<f32>,
+    /// Elements by which x, y and out start after their objects' starts (views: 1 makes every
+    /// row address miss 16-byte alignment, so the kernels take their scalar paths).
+    shift: usize,
+}
+
+impl<T: Elem> Inputs<T> {
+    fn view<'a>(&self, s: &'a Sym<T>) -> Result<rshmem::SymView<'a, T>> {
+        s.view(self.shift * std::mem::size_of::<T>(), s.len() - self.shift)
+    }
 }
 
 fn inputs<T: Elem>(pe: &Pe, cfg: &EpConfig, n: usize) -> Result<Inputs<T>> {
+    inputs_shifted(pe, cfg, n, 0)
+}
+
+fn inputs_shifted<T: Elem>(pe: &Pe, cfg: &EpConfig, n: usize, shift: usize) -> Result<Inputs<T>> {
     let rows = n * cfg.max_tokens * cfg.max_topk;
     Ok(Inputs {
-        x: pe.alloc(cfg.max_tokens * cfg.hidden)?,
+        x: pe.alloc(cfg.max_tokens * cfg.hidden + shift)?,
         ids32: pe.alloc(cfg.max_tokens * cfg.max_topk)?,
         ids64: pe.alloc(cfg.max_tokens * cfg.max_topk)?,
         w: pe.alloc(cfg.max_tokens * cfg.max_topk)?,
-        out: pe.alloc(cfg.max_tokens * cfg.hidden)?,
-        y: pe.alloc(rows * cfg.hidden)?,
+        out: pe.alloc(cfg.max_tokens * cfg.hidden + shift)?,
+        y: pe.alloc(rows * cfg.hidden + shift)?,
         factors: pe.alloc(cfg.num_experts / n)?,
+        shift,
     })
 }
 
@@ -182,7 +196,7 @@ fn write_inputs<T: Elem>(pe: &Pe, cfg: &EpConfig, inp: &Inputs<T>, st: &Step) ->
     let (ids, w) = routing(me, n, st.case, st.t, st.k, cfg.num_experts, st.seed);
     let h = cfg.hidden;
     let xs: Vec<T> = (0..st.t * h).map(|i| xval(me, i / h, i % h)).collect();
-    pe.local_write(&inp.x, 0, &xs)?;
+    pe.local_write(&inp.x, inp.shift, &xs)?;
     let i32s: Vec<i32> = ids.iter().map(|&v| v as i32).collect();
     pe.local_write(&inp.ids32, 0, &i32s)?;
     pe.local_write(&inp.ids64, 0, &ids)?;
@@ -200,10 +214,11 @@ fn dispatch<T: Elem>(
     inp: &Inputs<T>,
     st: &Step,
 ) -> Result<Dispatch> {
+    let x = inp.view(&inp.x)?;
     if st.i64_ids {
-        buf.dispatch(pe, s, &inp.x, &inp.ids64, &inp.w, st.t, st.k)
+        buf.dispatch(pe, s, &x, &inp.ids64, &inp.w, st.t, st.k)
     } else {
-        buf.dispatch(pe, s, &inp.x, &inp.ids32, &inp.w, st.t, st.k)
+        buf.dispatch(pe, s, &x, &inp.ids32, &inp.w, st.t, st.k)
     }
 }
 
@@ -216,11 +231,12 @@ fn expert_and_combine<T: Elem>(
     d: &Dispatch,
     scale: bool,
 ) -> Result<()> {
+    let (y, out) = (inp.view(&inp.y)?, inp.view(&inp.out)?);
     if scale {
-        buf.scale_experts(pe, s, &buf.expert_x()?, &inp.y, &inp.factors)?;
-        buf.combine(pe, s, d, &inp.y, &inp.out)
+        buf.scale_experts(pe, s, &buf.expert_x()?, &y, &inp.factors)?;
+        buf.combine(pe, s, d, &y, &out)
     } else {
-        buf.combine(pe, s, d, &buf.expert_x()?, &inp.out)
+        buf.combine(pe, s, d, &buf.expert_x()?, &out)
     }
 }
 
@@ -304,7 +320,14 @@ fn verify<T: Elem>(
     }
     // Combine: per destination PE a partial sum (slot order, f32) rounded to T, then the sum
     // over PEs (ascending, f32) rounded to T.
-    let out = pe.local_vec(&inp.out)?;
+    let out_all = pe.local_vec(&inp.out)?;
+    assert!(
+        out_all[..inp.shift]
+            .iter()
+            .all(|v| *v == T::from_f64(-77.0)),
+        "PE {me}: combine wrote before its output view"
+    );
+    let out = &out_all[inp.shift..];
     let (ids, w) = &all[me];
     for tok in 0..t {
         for c in 0..h {
@@ -377,15 +400,30 @@ fn cfg(n: usize, mode: EpMode) -> EpConfig {
 }
 
 fn routings_body<T: Elem>(pe: &Pe, mode: EpMode) -> Result<()> {
+    routings_body_with::<T>(pe, mode, 72, 0, 1..=8)
+}
+
+/// The routing steps at hidden size `hidden`, with x, y and out `shift` elements into their
+/// objects, random routings for each top-k in `ks`, then the special cases.
+fn routings_body_with<T: Elem>(
+    pe: &Pe,
+    mode: EpMode,
+    hidden: usize,
+    shift: usize,
+    ks: std::ops::RangeInclusive<usize>,
+) -> Result<()> {
     let n = pe.n_pes();
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
-    let c = cfg(n, mode);
+    let c = EpConfig {
+        hidden,
+        ..cfg(n, mode)
+    };
     let buf = Buffer::<T>::new(pe, pe.world_team(), c)?;
-    let inp = inputs::<T>(pe, &c, n)?;
+    let inp = inputs_shifted::<T>(pe, &c, n, shift)?;
     let mut seed = 1;
     let mut steps = Vec::new();
-    for k in 1..=8 {
+    for k in ks {
         steps.push((Case::Random, 40, k));
     }
     for case in [
@@ -462,6 +500,40 @@ gpu_mode_test!(
 #[ignore = "needs a GPU"]
 fn gpu_ep_routings_4pes_f32() {
     on_gpus(4, |pe| routings_body::<f32>(pe, EpMode::Normal));
+}
+
+/// Rows of several vector chunks with a partial last one: 2056 bf16 = 257 16-byte vectors
+/// (ep_send's 256-vector chunks: 2, the last of 1 vector; the reductions' 128-vector chunks: 3),
+/// where the permute's vector loop once diverged (vectors mod 256 in 1..=31).
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_routings_wide_rows_bf16() {
+    on_gpus(2, |pe| {
+        routings_body_with::<bf16>(pe, EpMode::Normal, 2056, 0, 7..=8)?;
+        routings_body_with::<bf16>(pe, EpMode::Capturable { capacity: 40 }, 2056, 0, 3..=3)
+    });
+}
+
+/// As above for f32 (1028 = 257 vectors) and f16 at 9 vectors (one partial chunk).
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_routings_wide_rows_f32_f16() {
+    on_gpus(2, |pe| {
+        routings_body_with::<f32>(pe, EpMode::Normal, 1028, 0, 8..=8)?;
+        routings_body_with::<rshmem::f16>(pe, EpMode::Normal, 72, 0, 8..=8)
+    });
+}
+
+/// x, expert outputs and out as views one element into their objects: no row address is
+/// 16-byte aligned, so send, csend and crecv take their scalar paths (the results must not
+/// change), with a row size the vector paths would otherwise take.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_routings_unaligned_views() {
+    on_gpus(2, |pe| {
+        routings_body_with::<bf16>(pe, EpMode::Normal, 72, 1, 8..=8)?;
+        routings_body_with::<f32>(pe, EpMode::Capturable { capacity: 40 }, 1028, 1, 4..=4)
+    });
 }
 
 fn overflow_body(pe: &Pe) -> Result<()> {

@@ -409,7 +409,10 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
             const unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
             if (!mask) continue;
             if (vec) {
-                for (int v0 = (int)lane; v0 < nv; v0 += 32 * EP_U) {
+                // The chunk loop runs as many times on every lane (its bound does not depend on
+                // the lane): the shuffles below need the whole warp.
+                for (int c0 = 0; c0 < nv; c0 += 32 * EP_U) {
+                    const int v0 = c0 + (int)lane;
                     rshmemi_v4 a[EP_U];
                     ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
                     for (unsigned mm = mask; mm; mm &= mm - 1) {
@@ -765,7 +768,8 @@ extern "C" __global__ void __launch_bounds__(512) epb_permute(const int* rcnt, i
             const unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
             if (!mask) continue;
             if (vec) {
-                for (int v0 = (int)lane; v0 < nv; v0 += 32 * EP_U) {
+                for (int c0 = 0; c0 < nv; c0 += 32 * EP_U) {  // same trip count on every lane
+                    const int v0 = c0 + (int)lane;
                     rshmemi_v4 a[EP_U];
                     ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
                     for (unsigned mm = mask; mm; mm &= mm - 1) {

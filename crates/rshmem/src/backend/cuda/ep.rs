@@ -233,7 +233,12 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
             .and_then(|v| v.checked_next_multiple_of(256))
             .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
     }
-    if rmax.saturating_mul(k) > u32::MAX as usize {
+    // Row indices are u32 (row_src: row * kmax + slot) and int (tok_rows, expert-major rows);
+    // token counts and positions are int, ep_prep steps over tokens 1024 at a time in int.
+    if rmax.saturating_mul(k) > u32::MAX as usize
+        || rmax > i32::MAX as usize
+        || cfg.max_tokens > i32::MAX as usize - 1024
+    {
         return Err(Error::invalid(
             "ep: buffer too large for 32-bit row indices",
         ));
@@ -258,6 +263,45 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
         params: offs[13],
         total: at,
     })
+}
+
+/// The words of the kernels' `ep_params` block, in declaration order and named as in `ep.cu`
+/// (`base`: the device address of the buffer's area).
+fn param_words(
+    base: u64,
+    p: &Plan,
+    cfg: &EpConfig,
+    n: usize,
+    dt: &super::api::DeviceTeam,
+    grid: u32,
+) -> [(&'static str, u64); 24] {
+    let a = |off: usize| base + off as u64;
+    [
+        ("recv_x", a(p.recv_x)),
+        ("recv_meta", a(p.recv_meta)),
+        ("comb", a(p.comb)),
+        ("rec", a(p.rec)),
+        ("sig", a(p.sig)),
+        ("ctl", a(p.ctl)),
+        ("recv_cnt", a(p.recv_cnt)),
+        ("expert_off", a(p.expert_off)),
+        ("fill", a(p.fill)),
+        ("tok_pos", a(p.tok_pos)),
+        ("row_src", a(p.row_src)),
+        ("tok_rows", a(p.tok_rows)),
+        ("n", n as u64),
+        ("me", dt.my_index as u64),
+        ("start", dt.start as u64),
+        ("stride", dt.stride as u64),
+        ("cap", p.cap as u64),
+        ("hidden", cfg.hidden as u64),
+        ("kmax", cfg.max_topk as u64),
+        ("el", (cfg.num_experts / n) as u64),
+        ("experts", cfg.num_experts as u64),
+        ("max_tokens", cfg.max_tokens as u64),
+        ("rmax", p.rmax as u64),
+        ("grid", grid as u64),
+    ]
 }
 
 #[derive(Debug, Clone)]
@@ -440,34 +484,11 @@ impl<T: Elem> Buffer<T> {
             _t: std::marker::PhantomData,
         };
         let base = g.ptr(&buf.area)?;
-        let a = |off: usize| base + off as u64;
         let p = &buf.plan;
-        let params: Vec<u64> = vec![
-            a(p.recv_x),
-            a(p.recv_meta),
-            a(p.comb),
-            a(p.rec),
-            a(p.sig),
-            a(p.ctl),
-            a(p.recv_cnt),
-            a(p.expert_off),
-            a(p.fill),
-            a(p.tok_pos),
-            a(p.row_src),
-            a(p.tok_rows),
-            n as u64,
-            dt.my_index as u64,
-            dt.start as u64,
-            dt.stride as u64,
-            p.cap as u64,
-            cfg.hidden as u64,
-            cfg.max_topk as u64,
-            (cfg.num_experts / n) as u64,
-            cfg.num_experts as u64,
-            cfg.max_tokens as u64,
-            p.rmax as u64,
-            buf.grid as u64,
-        ];
+        let params: Vec<u64> = param_words(base, p, &cfg, n, &dt, buf.grid)
+            .iter()
+            .map(|w| w.1)
+            .collect();
         pe.local_write(&buf.view::<u64>(p.params, 24)?, 0, &params)?;
         pe.local_fill(&buf.view::<u64>(p.sig, 3 * n)?, 0)?;
         pe.local_fill(&buf.view::<u64>(p.ctl, 16)?, 0)?;
@@ -1117,7 +1138,9 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
         mode,
     };
     for &t in &args.tokens {
-        cfg_of(t, EpMode::Normal).validate(n)?;
+        // The configuration and the GPU limits (PEs, experts) that the baseline's kernels share
+        // with rshmem's, checked before anything collective.
+        Buffer::<Bf16>::bytes_for(&cfg_of(t, EpMode::Normal), n)?;
     }
     let kernels = eb::Kernels::load(&g)?;
     let lib = super::nccl::Nccl::load();
@@ -1335,4 +1358,313 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
         )));
     }
     Ok(if me == 0 { out } else { Vec::new() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(name, parameter list)` of every `extern "C" __global__` kernel of `src`.
+    fn kernels(src: &str) -> Vec<(&str, &str)> {
+        src.split("extern \"C\" __global__")
+            .skip(1)
+            .map(|d| {
+                let d = d.trim_start().trim_start_matches("void").trim_start();
+                // Launch bounds: `__launch_bounds__(N) name(`.
+                let d = match d.strip_prefix("__launch_bounds__(") {
+                    Some(r) => &r[r.find(')').expect("launch bounds") + 1..],
+                    None => d,
+                };
+                let open = d.find('(').expect("parameter list");
+                let close = d.find(')').expect("parameter list");
+                (d[..open].trim(), &d[open + 1..close])
+            })
+            .collect()
+    }
+
+    /// Parameter types of kernel `name` as declared in `src` (pointers as `ptr`, `const`
+    /// dropped).
+    fn kernel_params(src: &str, name: &str) -> Vec<String> {
+        let (_, list) = kernels(src)
+            .into_iter()
+            .find(|k| k.0 == name)
+            .unwrap_or_else(|| panic!("kernel {name} not declared"));
+        list.split(',')
+            .map(|p| {
+                let p = p.split_whitespace().collect::<Vec<_>>().join(" ");
+                let ty = p.rsplit_once(' ').map_or(p.as_str(), |(t, _)| t);
+                if p.contains('*') {
+                    "ptr".to_string()
+                } else {
+                    ty.trim_start_matches("const ").to_string()
+                }
+            })
+            .collect()
+    }
+
+    /// Every kernel of `ep.cu` takes the parameters its launch site passes, in order (the
+    /// driver reads as many bytes per parameter as the kernel declares): `KernelArg::Ptr` ↔
+    /// pointer, `I32` ↔ `int`, `I64` ↔ `long long` (ep.rs and ep_base.rs).
+    #[test]
+    fn launches_match_the_kernel_signatures() {
+        let (p, i, l) = ("ptr", "int", "long long");
+        let launches: [(&str, Vec<&str>); 13] = [
+            // ep.rs
+            ("ep_prep", vec![p, p, p, i, i, i, i]),
+            ("ep_send", vec![p, p, p, p]),
+            ("ep_wait", vec![p, i]),
+            ("ep_permute", vec![p, p]),
+            ("ep_csend", vec![p, p]),
+            ("ep_crecv", vec![p, p]),
+            ("ep_scale_experts", vec![p, p, p, p]),
+            // ep_base.rs
+            ("epb_layout", vec![p, i, i, i, i, p, p, p]),
+            ("epb_pack", vec![p, p, p, p, i, i, i, l, p, p]),
+            (
+                "epb_permute",
+                vec![p, i, i, i, i, i, l, p, p, p, p, p, p, p],
+            ),
+            ("epb_csum", vec![p, i, i, i, i, l, p, p, p, p]),
+            ("epb_crecv", vec![p, i, i, l, p, p]),
+            ("epb_rowhash", vec![p, l, l, p]),
+        ];
+        for (name, want) in &launches {
+            assert_eq!(&kernel_params(EP_KERNELS, name), want, "{name}");
+        }
+        // Every extern "C" kernel of the file is in the list above.
+        let all = kernels(EP_KERNELS);
+        assert_eq!(all.len(), launches.len());
+        for (name, _) in all {
+            assert!(
+                launches.iter().any(|l| l.0 == name),
+                "kernel {name} has no checked launch"
+            );
+        }
+    }
+
+    /// `(type, name)` of every field of `struct name { ... };` in `src` (comma lists split).
+    fn struct_fields(src: &str, name: &str) -> Vec<(String, String)> {
+        let body = src
+            .split(&format!("struct {name} {{"))
+            .nth(1)
+            .and_then(|b| b.split("};").next())
+            .unwrap_or_else(|| panic!("struct {name}"));
+        let mut out = Vec::new();
+        for decl in body.split(';').map(str::trim).filter(|d| !d.is_empty()) {
+            let decl = decl.split_whitespace().collect::<Vec<_>>().join(" ");
+            let mut names = decl.split(',').map(str::trim);
+            let first = names.next().expect("declaration");
+            let (ty, n0) = first.rsplit_once(' ').expect("type and name");
+            out.push((ty.to_string(), n0.to_string()));
+            out.extend(names.map(|n| (ty.to_string(), n.to_string())));
+        }
+        out
+    }
+
+    /// The parameter block the host writes has the fields of `ep_params`, in order, all 8 bytes.
+    #[test]
+    fn params_block_matches_ep_params() {
+        let fields = struct_fields(EP_KERNELS, "ep_params");
+        let cfg = EpConfig {
+            num_experts: 12,
+            max_tokens: 40,
+            hidden: 72,
+            max_topk: 8,
+            mode: EpMode::Capturable { capacity: 30 },
+        };
+        let (n, base) = (3, 1u64 << 40);
+        let p = plan(&cfg, n, 2).unwrap();
+        let dt = super::super::api::DeviceTeam {
+            slot: 0,
+            my_index: 2,
+            size: 3,
+            start: 1,
+            stride: 2,
+        };
+        let words = param_words(base, &p, &cfg, n, &dt, 132);
+        let names: Vec<&str> = words.iter().map(|w| w.0).collect();
+        let want: Vec<&str> = fields.iter().map(|f| f.1.as_str()).collect();
+        assert_eq!(names, want);
+        for (ty, name) in &fields {
+            assert!(
+                ty == "unsigned long long" || ty == "long long",
+                "{name}: {ty} is not 8 bytes"
+            );
+        }
+        let get = |k: &str| words.iter().find(|w| w.0 == k).unwrap().1;
+        assert_eq!(get("recv_x"), base + p.recv_x as u64);
+        assert_eq!(get("tok_rows"), base + p.tok_rows as u64);
+        assert_eq!(
+            (get("n"), get("me"), get("start"), get("stride")),
+            (3, 2, 1, 2)
+        );
+        assert_eq!((get("cap"), get("el"), get("experts")), (30, 4, 12));
+        assert_eq!((get("rmax"), get("grid")), (3 * 30 * 8, 132));
+        // The block fits its area.
+        assert!(p.params + 24 * 8 <= p.total);
+    }
+
+    /// Sizes the kernels' 32-bit indices cannot address are refused before anything is
+    /// allocated.
+    #[test]
+    fn plan_refuses_what_32_bit_indices_cannot_address() {
+        let c = |max_tokens: usize, k: usize, mode| EpConfig {
+            num_experts: 2,
+            max_tokens,
+            hidden: 1,
+            max_topk: k,
+            mode,
+        };
+        assert!(plan(&c(1 << 20, 8, EpMode::Normal), 2, 2).is_ok());
+        // int tokens: 2^31 - 1 tokens pass the CPU validation but not the GPU plan.
+        let big = i32::MAX as usize;
+        assert!(plan(&c(big, 1, EpMode::Capturable { capacity: 1 }), 1, 2).is_err());
+        // int expert-major rows: n * cap * k > 2^31 - 1 with (n*cap*k) * k < 2^32.
+        assert!(plan(&c(1 << 30, 1, EpMode::Normal), 2, 2).is_err());
+        // u32 row_src: rows * k >= 2^32.
+        assert!(plan(&c(1 << 26, 8, EpMode::Normal), 2, 2).is_err());
+        assert!(plan(&c(1 << 24, 8, EpMode::Normal), 2, 2).is_ok());
+    }
+
+    /// Constants shared with `ep.cu`.
+    #[test]
+    fn constants_match_the_kernels() {
+        let src = EP_KERNELS;
+        for (name, v) in [
+            ("EP_CTL_GO", CTL_GO),
+            ("EP_CTL_ERR", CTL_ERR),
+            ("EP_CTL_INFO", CTL_INFO),
+            ("EP_CTL_ROWS", CTL_ROWS),
+            ("EP_REC_FIXED", REC_FIXED),
+            ("EP_MAX_PES", MAX_GPU_EP_PES),
+        ] {
+            assert!(src.contains(&format!("#define {name} {v}\n")), "{name}");
+        }
+        for (name, v) in [
+            ("EP_ERR_MINE", ERR_MINE),
+            ("EP_ERR_PEER", ERR_PEER),
+            ("EP_ERR_CAPACITY", ERR_CAPACITY),
+            ("EP_ERR_CORRUPT", ERR_CORRUPT),
+            ("EP_ERR_ABORT", ERR_ABORT),
+        ] {
+            assert!(src.contains(&format!("#define {name} {v}ull\n")), "{name}");
+        }
+        // ep_prep: dynamic shared memory of MAX_GPU_EXPERTS words beside about 5 KiB of static
+        // shared memory stays within the 48 KiB a launch gets without opting in.
+        const _: () = assert!(MAX_GPU_EXPERTS * 4 + (8 << 10) <= 48 << 10);
+    }
+
+    /// Byte ranges `{ ... }` (or the single statement) of the body that starts after `at`.
+    fn body_after(src: &str, at: usize) -> &str {
+        let b = src.as_bytes();
+        let mut i = at;
+        while b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if b[i] != b'{' {
+            let end = src[i..].find(';').expect("statement") + i;
+            return &src[i..=end];
+        }
+        let mut depth = 0;
+        for (j, &c) in b.iter().enumerate().skip(i) {
+            match c {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return &src[i..=j];
+                    }
+                }
+                _ => {}
+            }
+        }
+        panic!("unbalanced braces")
+    }
+
+    /// The end of the parenthesised list that opens at `open` (index of `(`).
+    fn close_paren(src: &str, open: usize) -> usize {
+        let mut depth = 0;
+        for (j, c) in src.bytes().enumerate().skip(open) {
+            match c {
+                b'(' => depth += 1,
+                b')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return j;
+                    }
+                }
+                _ => {}
+            }
+        }
+        panic!("unbalanced parentheses")
+    }
+
+    /// No warp or block collective (`__shfl*_sync`, `__ballot_sync`, `__syncwarp`,
+    /// `__syncthreads`, or a function of the file that uses one) runs inside a loop that starts
+    /// at the lane or thread index: such a loop runs a different number of times on different
+    /// lanes, and a collective with a full mask on some lanes only is undefined (a hang or wrong
+    /// values). A lint over the source (loops whose first clause names `lane`, `tid` or
+    /// `threadIdx.x` other than as `>> 5`).
+    #[test]
+    fn no_collective_under_lane_dependent_loops() {
+        let src = EP_KERNELS;
+        let mut collective: Vec<String> =
+            ["__shfl", "__ballot_sync", "__syncwarp", "__syncthreads"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        // Device functions of the file that use a collective, to a fixpoint.
+        let defs: Vec<(String, &str)> = src
+            .match_indices("__device__ ")
+            .filter_map(|(at, _)| {
+                let open = at + src[at..].find('(')?;
+                let name = src[..open].split_whitespace().last()?.to_string();
+                let close = close_paren(src, open);
+                let rest = src[close + 1..].trim_start();
+                rest.starts_with('{')
+                    .then(|| (name, body_after(src, close + 1)))
+            })
+            .collect();
+        loop {
+            let before = collective.len();
+            for (name, body) in &defs {
+                if !collective.contains(name)
+                    && collective.iter().any(|c| body.contains(c.as_str()))
+                {
+                    collective.push(name.clone());
+                }
+            }
+            if collective.len() == before {
+                break;
+            }
+        }
+        assert!(collective.iter().any(|c| c == "ep_sum_slots"));
+        let lane_level = |init: &str| {
+            let init = init.replace("threadIdx.x >> 5", "").replace("tid >> 5", "");
+            init.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.'))
+                .any(|w| w == "lane" || w == "tid" || w == "threadIdx.x")
+        };
+        let mut checked = 0;
+        for (at, _) in src.match_indices("for (") {
+            let open = at + 4;
+            let close = close_paren(src, open);
+            let init = src[open + 1..close].split(';').next().unwrap_or("");
+            if !lane_level(init) {
+                continue;
+            }
+            checked += 1;
+            let body = body_after(src, close + 1);
+            for c in &collective {
+                let called = body.match_indices(c.as_str()).any(|(i, _)| {
+                    let after = &body[i + c.len()..];
+                    c.starts_with("__") || after.starts_with('(') || after.starts_with('<')
+                });
+                assert!(
+                    !called,
+                    "a loop starting at the lane (`for ({init};...`) uses {c}: {body}"
+                );
+            }
+        }
+        assert!(checked > 10, "the lint found only {checked} lane loops");
+    }
 }

@@ -340,6 +340,14 @@ impl<'c> NcclBase<'c> {
         grid: u32,
     ) -> Result<NcclBase<'c>> {
         let n = pe.n_pes();
+        // epb_layout: destinations are bits of a 64-bit mask, pairs per expert in shared memory.
+        if n > super::ep::MAX_GPU_EP_PES || e > super::ep::MAX_GPU_EXPERTS || !e.is_multiple_of(n) {
+            return Err(Error::invalid(format!(
+                "ep baseline: {e} experts on {n} PEs (at most {} PEs, {} experts, split evenly)",
+                super::ep::MAX_GPU_EP_PES,
+                super::ep::MAX_GPU_EXPERTS
+            )));
+        }
         let el = e / n;
         let rmw = 1 + 2 * topk;
         let rows = n * t;
