@@ -48,6 +48,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuStreamQuery",
     "cuStreamWriteValue64_v2",
     "cuStreamWaitValue64_v2",
     "cuStreamBeginCapture_v2",

@@ -18,7 +18,14 @@ pub(crate) struct Gpu {
     pub ordinal: usize,
     pub dev: cu::CUdevice,
     pub ctx: cu::CUcontext,
+    /// Idle streams rshmem created on this GPU, reused before creating more (see
+    /// [`RawStream::new`]).
+    idle: Mutex<Vec<StreamHandle>>,
 }
+
+/// A stream handle kept in [`Gpu`]'s pool.
+#[derive(Debug)]
+struct StreamHandle(cu::CUstream);
 
 // SAFETY: a CUcontext and CUdevice are process-wide handles usable from any thread.
 unsafe impl Send for Gpu {}
@@ -62,7 +69,12 @@ pub(crate) fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
         "cuDevicePrimaryCtxRetain",
     )?;
-    let g = Arc::new(Gpu { ordinal, dev, ctx });
+    let g = Arc::new(Gpu {
+        ordinal,
+        dev,
+        ctx,
+        idle: Mutex::new(Vec::new()),
+    });
     map.insert(ordinal, g.clone());
     Ok(g)
 }
@@ -181,7 +193,23 @@ unsafe impl Send for RawStream {}
 unsafe impl Sync for RawStream {}
 
 impl RawStream {
+    /// A non-blocking stream of `gpu`: an idle one of rshmem's earlier streams when there is
+    /// one, else a new one.
+    ///
+    /// Reuse keeps the number of streams rshmem ever creates on a GPU at the most it has live
+    /// at once. The driver spreads streams over the context's hardware queues
+    /// (`CUDA_DEVICE_MAX_CONNECTIONS`) as they are created; streams created and destroyed
+    /// over a long run (tests, successive worlds) come round to share a queue with a live
+    /// stream of another PE on the same GPU, and a queue runs its work in order: work queued
+    /// behind a kernel that waits for a peer then holds back that peer's kernel.
     pub fn new(gpu: &Arc<Gpu>) -> Result<RawStream> {
+        if let Some(StreamHandle(s)) = gpu.idle.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(RawStream {
+                gpu: gpu.clone(),
+                raw: s,
+                owned: true,
+            });
+        }
         let _g = gpu.bind()?;
         let mut s = std::ptr::null_mut();
         // SAFETY: the GPU's context is current; writes one handle.
@@ -209,11 +237,23 @@ impl RawStream {
 
 impl Drop for RawStream {
     fn drop(&mut self) {
-        if self.owned {
-            if let Ok(_g) = self.gpu.bind() {
-                // SAFETY: a stream this object created; nothing uses it after drop.
-                let _ = unsafe { cu::cuStreamDestroy_v2(self.raw) };
-            }
+        if !self.owned {
+            return;
+        }
+        let Ok(_g) = self.gpu.bind() else { return };
+        // SAFETY: a stream this object owns; nothing else uses it after drop.
+        let idle = unsafe { cu::cuStreamQuery(self.raw) } == cu::CUresult::CUDA_SUCCESS;
+        if idle {
+            // Finished: the next RawStream::new reuses it.
+            self.gpu
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(StreamHandle(self.raw));
+        } else {
+            // Still has work (e.g. a wait abandoned after an error): never handed out again.
+            // SAFETY: as above; the driver destroys it once its work completes.
+            let _ = unsafe { cu::cuStreamDestroy_v2(self.raw) };
         }
     }
 }
