@@ -1667,18 +1667,7 @@ mod tests {
             .unwrap_or_else(|| panic!("kernel {name} not declared"));
         let rest = &src[at + name.len() + 6..];
         let list = &rest[..rest.find(')').expect("parameter list")];
-        list.replace('\\', " ")
-            .split(',')
-            .map(|p| {
-                let p = p.split_whitespace().collect::<Vec<_>>().join(" ");
-                let ty = p.rsplit_once(' ').map_or(p.as_str(), |(t, _)| t);
-                if p.contains('*') {
-                    "ptr".to_string()
-                } else {
-                    ty.trim_start_matches("const ").to_string()
-                }
-            })
-            .collect()
+        super::super::srcparse::param_types(list)
     }
 
     /// Field types of `struct name { ... };` in `src`, in order.

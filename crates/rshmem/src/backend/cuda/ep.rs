@@ -1390,17 +1390,7 @@ mod tests {
             .into_iter()
             .find(|k| k.0 == name)
             .unwrap_or_else(|| panic!("kernel {name} not declared"));
-        list.split(',')
-            .map(|p| {
-                let p = p.split_whitespace().collect::<Vec<_>>().join(" ");
-                let ty = p.rsplit_once(' ').map_or(p.as_str(), |(t, _)| t);
-                if p.contains('*') {
-                    "ptr".to_string()
-                } else {
-                    ty.trim_start_matches("const ").to_string()
-                }
-            })
-            .collect()
+        super::super::srcparse::param_types(list)
     }
 
     /// Every kernel of `ep.cu` takes the parameters its launch site passes, in order (the

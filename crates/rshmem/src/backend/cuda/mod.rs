@@ -50,6 +50,8 @@ mod heap;
 mod info;
 pub mod nccl;
 pub mod nvrtc;
+#[cfg(test)]
+mod srcparse;
 
 pub use api::{CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 pub use bench::{bench, BenchRecord};
