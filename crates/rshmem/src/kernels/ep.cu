@@ -567,20 +567,13 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
         ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
 }
 
-// Source side of combine: out[t] = sum over destination PEs (ascending) of the rows they sent
-// back for token t, in f32, rounded once; tokens without experts get zeros. Work units are
-// (token, chunk of the row), two PEs' rows loaded before accumulating.
-extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, ep_t* out) {
-    const unsigned long long* ctl = (const unsigned long long*)P->ctl;
-    if (!ctl[EP_CTL_GO]) return;
-    const int n = (int)P->n;
-    const long long H = P->hidden, C = P->cap;
-    const int T = (int)ctl[EP_CTL_TOKENS];
-    const long long parity = (long long)((ctl[EP_CTL_CWAIT] - 1) & 1);
-    const int* tok_pos = (const int*)P->tok_pos;
-    const ep_t* comb = (const ep_t*)P->comb + parity * n * C * H;
+// out[t] = sum over d ascending of rows[(d * stride + tok_pos[t * n + d]) * H] (rows of
+// negative positions skipped), in f32, rounded once; work units (token, chunk of the row), two
+// PEs' rows loaded before accumulating. The source side of rshmem's combine and of the baseline's.
+__device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, long long stride, long long H,
+                                            const ep_t* rows, ep_t* out) {
     const unsigned lane = threadIdx.x & 31;
-    const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | P->comb);
+    const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | (unsigned long long)rows);
     const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
     const long long chunk = 32 * EP_UR;
     const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
@@ -594,19 +587,34 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
             for (int q = 0; q < EP_UR; q++)
 #pragma unroll
                 for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
-            ep_sum_pes<EP_UR>(acc, tok_pos + t * n, n, comb, C, H, v0, nv);
+            ep_sum_pes<EP_UR>(acc, tok_pos + t * n, n, rows, stride, H, v0, nv);
             ep_round_store<EP_UR>(out + t * H, acc, v0, nv);
         } else {
             for (long long h = lane; h < H; h += 32) {
                 float acc = 0.f;
                 for (int d = 0; d < n; d++) {
-                    int pos = tok_pos[t * n + d];
-                    if (pos >= 0) acc += ep_f(comb[(d * C + pos) * H + h]);
+                    const int pos = tok_pos[t * n + d];
+                    if (pos >= 0) acc += ep_f(rows[((long long)d * stride + pos) * H + h]);
                 }
                 ep_from(acc, &out[t * H + h]);
             }
         }
     }
+}
+
+// Source side of combine: out[t] = sum over destination PEs (ascending) of the rows they sent
+// back for token t, in f32, rounded once; tokens without experts get zeros. Work units are
+// (token, chunk of the row), two PEs' rows loaded before accumulating.
+extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, ep_t* out) {
+    const unsigned long long* ctl = (const unsigned long long*)P->ctl;
+    if (!ctl[EP_CTL_GO]) return;
+    const int n = (int)P->n;
+    const long long H = P->hidden, C = P->cap;
+    const int T = (int)ctl[EP_CTL_TOKENS];
+    const long long parity = (long long)((ctl[EP_CTL_CWAIT] - 1) & 1);
+    const int* tok_pos = (const int*)P->tok_pos;
+    const ep_t* comb = (const ep_t*)P->comb + parity * n * C * H;
+    ep_sum_rows(tok_pos, T, n, C, H, comb, out);
 }
 
 // A stand-in expert computation: y[r] = x[r] * factor[local expert of row r], for the rows of
@@ -830,34 +838,7 @@ extern "C" __global__ void __launch_bounds__(512) epb_csum(const int* rcnt, int 
 // received from d at cr[(d * T + tok_pos[t * n + d]) * H], rounded once.
 extern "C" __global__ void __launch_bounds__(512) epb_crecv(const int* tok_pos, int T, int n, long long H, const ep_t* cr,
                                                             ep_t* out) {
-    const unsigned lane = threadIdx.x & 31;
-    const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | (unsigned long long)cr);
-    const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
-    const long long chunk = 32 * EP_UR;
-    const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
-    const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
-    for (long long u = gw; u < (long long)T * nch; u += nw) {
-        const long long t = u / nch, c = u % nch;
-        if (vec) {
-            const int v0 = (int)(c * chunk) + (int)lane;
-            float acc[EP_UR][EP_VEC];
-#pragma unroll
-            for (int q = 0; q < EP_UR; q++)
-#pragma unroll
-                for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
-            ep_sum_pes<EP_UR>(acc, tok_pos + t * n, n, cr, T, H, v0, nv);
-            ep_round_store<EP_UR>(out + t * H, acc, v0, nv);
-        } else {
-            for (long long h = lane; h < H; h += 32) {
-                float acc = 0.f;
-                for (int d = 0; d < n; d++) {
-                    const int pos = tok_pos[t * n + d];
-                    if (pos >= 0) acc += ep_f(cr[((long long)d * T + pos) * H + h]);
-                }
-                ep_from(acc, &out[t * H + h]);
-            }
-        }
-    }
+    ep_sum_rows(tok_pos, T, n, T, H, cr, out);
 }
 
 // Row checksums (the benchmark's data checks): h[r] = sum over i of mix(bits of element i, i)
