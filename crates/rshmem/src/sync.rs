@@ -115,7 +115,7 @@ mod tests {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 mod loom_models {
     //! `RUSTFLAGS="--cfg loom" cargo test -p rshmem --release --lib loom_`
     use super::*;

@@ -170,7 +170,12 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
     __syncthreads();
     // This PE's status, the same in every record it sends.
     __shared__ rshmem_u64 s_status;
+    // Gave up already (a wait of an earlier step timed out here, or a peer's abort arrived):
+    // a peer may still be reading this PE's records of the step given up on, so none are
+    // written; the record signal carries the abort instead and every peer stops this step.
+    __shared__ int s_gone;
     if (tid == 0) {
+        s_gone = ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
         rshmem_u64 st = 0;
         if (s_err) st = EP_ST_INVALID;
         else if (capturable)
@@ -181,12 +186,12 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
     __syncthreads();
     const long long RW = EP_REC_FIXED + El;
     rshmem_u64* rec = (rshmem_u64*)P->rec;
-    for (int i = tid; i < n * El; i += nth) {
+    for (int i = tid; i < n * El && !s_gone; i += nth) {
         int d = i / El, e = i % El;
         rshmem_u64* r = (rshmem_u64*)rshmem_ptr(rec + me * RW + EP_REC_FIXED + e, ep_pe(P, d));
         *(volatile rshmem_u64*)r = s_pairs[i];
     }
-    for (int d = tid; d < n; d += nth) {
+    for (int d = tid; d < n && !s_gone; d += nth) {
         rshmem_u64* r = (rshmem_u64*)rshmem_ptr(rec + me * RW, ep_pe(P, d));
         ((volatile rshmem_u64*)r)[0] = s_status;
         ((volatile rshmem_u64*)r)[1] = s_cnt[d];
@@ -195,7 +200,11 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
     }
     __syncthreads();
     rshmem_u64* sig = (rshmem_u64*)P->sig;
-    for (int d = tid; d < n; d += nth) rshmemi_signal_op_collective(sig + me, s_epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
+    for (int d = tid; d < n; d += nth) {
+        // The abort bit first (ordered before the signal by its fence and release).
+        if (s_gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
+        rshmemi_signal_op_collective(sig + me, s_epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
+    }
     for (int s = tid; s < n; s += nth) rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_epoch);
     __syncthreads();
     if (tid == 0) asm volatile("fence.acq_rel.sys;" ::: "memory");

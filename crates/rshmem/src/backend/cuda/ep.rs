@@ -67,13 +67,17 @@
 //! # Device wait timeouts
 //! A device wait that times out (a peer never signalled, or signalled too late) latches an
 //! abort flag on that PE: it stops the step (nothing permuted or combined) and every later
-//! signal it sends carries the flag to the receiving PE, which stops too. So no PE uses rows of
-//! a step that some PE gave up on: the PE that timed out gets [`Error::Timeout`] from
-//! [`Buffer::check`], its peers get [`Error::Timeout`] too (naming a team member's wait). The
-//! flag is sticky until [`Buffer::check`] clears it; a PE that gave up may still receive a
-//! peer's flag after its own check, so before reusing the buffer after a timeout, let every
-//! PE synchronise its stream, meet (e.g. [`Pe::barrier_all`]) and call [`Buffer::check`] once
-//! more (`tests/cuda_ep.rs`, `gpu_ep_peer_timeout_stops_every_pe`).
+//! signal it sends carries the flag to the receiving PE, which stops too; its later `ep_prep`s
+//! write no records (a peer may still be reading those of the step given up on) and their
+//! record signals carry the flag as well. So no PE uses rows it gave up waiting for, nor rows
+//! or records of another call (a peer may still finish that step with the rows it did
+//! receive; it stops at its next wait for that PE; loom model in `models.rs`): the PE that
+//! timed out gets [`Error::Timeout`] from [`Buffer::check`], its peers get [`Error::Timeout`]
+//! too (naming a team member's wait). The flag is sticky until [`Buffer::check`] clears it; a
+//! PE that gave up may still receive a peer's flag after its own check, so before reusing the
+//! buffer after a timeout, let every PE synchronise its stream, meet (e.g.
+//! [`Pe::barrier_all`]) and call [`Buffer::check`] once more (`tests/cuda_ep.rs`,
+//! `gpu_ep_peer_timeout_stops_every_pe`).
 //!
 //! # Errors that are not agreed on the device
 //! A PE whose inputs fail the host checks still launches `ep_prep` (marked invalid, no pointer

@@ -48,6 +48,8 @@ pub(crate) mod ffi;
 pub(crate) mod gpu;
 mod heap;
 mod info;
+#[cfg(all(test, loom))]
+mod models;
 pub mod nccl;
 pub mod nvrtc;
 #[cfg(test)]

@@ -1,0 +1,729 @@
+//! Loom models of the CUDA kernels' cross-PE protocols (no GPU needed):
+//! `RUSTFLAGS="--cfg loom" cargo test -p rshmem --release --lib loom_ -- --test-threads 1`.
+//!
+//! Each PE's kernel sequence on its stream is one loom thread, step by step as the kernels do
+//! it; device memory words are loom atomics with the orderings of the PTX (`red.add.release`
+//! → `fetch_add(Release)`, `st.release` → `store(Release)`, `ld.acquire` → `load(Acquire)`,
+//! volatile and `atomicOr_system` → `Relaxed`, `fence.sc.sys` → `fence(SeqCst)`,
+//! `fence.acq_rel.sys` → `fence(AcqRel)`); data written with plain stores (rows, signature
+//! slots) are loom `UnsafeCell`s, so loom flags every read or overwrite not ordered after the
+//! write by the protocol (besides the value checks, which name the call a word came from).
+//!
+//! Abstractions, common to the models: a block is one thread (the kernels' block-wide loops
+//! run in sequence; `__syncthreads` and the tid-0 fences become program order); the kernel
+//! boundaries of one stream are program order (nothing stronger is assumed); a PE's memory
+//! that only it touches (barrier expectations, `ctl` words other than the error word, skip
+//! flags, the device failure flag) is thread-local state; a 6-word signature or a multi-word
+//! record is one word (the words are written together before one release and read after one
+//! acquire, so they behave as one). Each model's own abstractions are in its doc comment.
+//! Device waits spin with `yield_now` (a hang shows up as loom's branch limit). The signature
+//! slots and the rows are volatile or plain stores in the kernels; as `UnsafeCell`s the model
+//! is stricter (any unordered access fails, not only one that reads a wrong value).
+//!
+//! Exploration is bounded by loom's preemption bound, set per model so that all of them run in
+//! well under a minute on two cores (switches where a thread waits are never bounded); a
+//! deeper run: `LOOM_MAX_PREEMPTIONS=2` (every model; the 3-PE ones then take hours).
+
+use loom::cell::UnsafeCell;
+use loom::sync::atomic::{fence, AtomicU64, Ordering};
+use loom::sync::Arc;
+
+/// Words written with plain (weak) stores: loom checks that every access is ordered.
+struct Cells(Vec<UnsafeCell<u64>>);
+// SAFETY: every access goes through loom's UnsafeCell checks; the protocols under test are
+// what orders them, and loom fails the model when they do not.
+unsafe impl Sync for Cells {}
+// SAFETY: as above.
+unsafe impl Send for Cells {}
+
+impl Cells {
+    fn new(n: usize) -> Cells {
+        Cells((0..n).map(|_| UnsafeCell::new(0)).collect())
+    }
+    fn put(&self, i: usize, v: u64) {
+        // SAFETY: loom checks this write against every other access of the word.
+        self.0[i].with_mut(|p| unsafe { *p = v });
+    }
+    fn get(&self, i: usize) -> u64 {
+        // SAFETY: loom checks this read against every write of the word.
+        self.0[i].with(|p| unsafe { *p })
+    }
+}
+
+fn words(n: usize) -> Vec<AtomicU64> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+/// A device wait (`rshmemi_wait64` without timeout): polls until `ready`.
+fn spin(ready: impl Fn() -> bool) {
+    while !ready() {
+        loom::thread::yield_now();
+    }
+}
+
+fn builder(preemptions: usize) -> loom::model::Builder {
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = Some(preemptions);
+    }
+    b.max_branches = 100_000;
+    b
+}
+
+// ----- 1. the device team barrier -----
+
+/// A team as kernels see it (`rshmem_team`): strided world PEs and a barrier slot.
+#[derive(Clone, Copy)]
+struct Team {
+    slot: usize,
+    start: usize,
+    stride: usize,
+    size: usize,
+}
+
+impl Team {
+    fn member(&self, i: usize) -> usize {
+        self.start + i * self.stride
+    }
+    fn has(&self, pe: usize) -> bool {
+        (0..self.size).any(|i| self.member(i) == pe)
+    }
+}
+
+/// Every PE's barrier counters (`sync_bar`): PE `p`, slot `s`, member `q` at `(p*slots+s)*n+q`.
+struct BarMem {
+    n: usize,
+    slots: usize,
+    ctr: Vec<AtomicU64>,
+}
+
+impl BarMem {
+    fn new(n: usize, slots: usize) -> BarMem {
+        BarMem {
+            n,
+            slots,
+            ctr: words(n * slots * n),
+        }
+    }
+    fn at(&self, pe: usize, slot: usize, member: usize) -> &AtomicU64 {
+        &self.ctr[(pe * self.slots + slot) * self.n + member]
+    }
+}
+
+/// One PE's side of `rshmem_team_sync_block`: its expectations (`sync_exp`, its own memory).
+struct BarPe {
+    me: usize,
+    exp: Vec<u64>,
+}
+
+impl BarPe {
+    fn new(me: usize, mem: &BarMem) -> BarPe {
+        BarPe {
+            me,
+            exp: vec![0; mem.slots * mem.n],
+        }
+    }
+
+    /// `rshmem_team_sync_block(team)`, validity checks passed: `fence.sc.sys` (tid 0), then
+    /// `red.add.release` of 1 into every member's counter for this PE, then for every member
+    /// the expectation `+1` (own memory) and an acquire-polling wait on this PE's counter for
+    /// that member. This PE's own counter (its add and its wait, always satisfied at once) is
+    /// left out: it only orders the thread with itself.
+    fn sync(&mut self, mem: &BarMem, t: &Team) {
+        fence(Ordering::SeqCst);
+        for i in 0..t.size {
+            let pe = t.member(i);
+            if pe != self.me {
+                mem.at(pe, t.slot, self.me).fetch_add(1, Ordering::Release);
+            }
+        }
+        for i in 0..t.size {
+            let pe = t.member(i);
+            let x = &mut self.exp[t.slot * mem.n + pe];
+            *x += 1;
+            let e = *x;
+            if pe != self.me {
+                let c = mem.at(self.me, t.slot, pe);
+                spin(|| c.load(Ordering::Acquire) >= e);
+            }
+        }
+    }
+}
+
+/// Barrier model, 2 PEs on the world slot: data written before a barrier is read after it
+/// (loom flags the read if the barrier let the reader pass before the writer arrived), and
+/// overwritten after the next barrier (flags a PE passing barrier 2 while its peer still reads
+/// before it); then once more, so a fast PE's arrivals for barrier `k+1` meet a slow one
+/// still waiting in `k`.
+#[test]
+fn loom_device_barrier_two_pes() {
+    builder(3).check(|| {
+        let mem = Arc::new(BarMem::new(2, 1));
+        let a = Arc::new(Cells::new(2));
+        let world = Team {
+            slot: 0,
+            start: 0,
+            stride: 1,
+            size: 2,
+        };
+        let hs: Vec<_> = (0..2)
+            .map(|me| {
+                let (mem, a) = (mem.clone(), a.clone());
+                loom::thread::spawn(move || {
+                    let mut b = BarPe::new(me, &mem);
+                    let other = 1 - me;
+                    a.put(me, 1);
+                    b.sync(&mem, &world);
+                    assert_eq!(a.get(other), 1);
+                    b.sync(&mem, &world);
+                    a.put(me, 2);
+                    b.sync(&mem, &world);
+                    assert_eq!(a.get(other), 2);
+                    b.exp
+                })
+            })
+            .collect();
+        for h in hs {
+            assert_eq!(h.join().unwrap(), vec![3, 3]);
+        }
+    });
+}
+
+/// Barrier model, 3 PEs: the world (slot 0) and a strided team {0, 2} (slot 1) whose barriers
+/// fall between the world's on its members while PE 1 runs ahead into the next world barrier.
+/// The same read-after / overwrite-after checks for both teams, and every counter ends at the
+/// number of barriers done. Without preemptions (threads switch where they wait): 3 spinning
+/// threads with one preemption take minutes.
+#[test]
+fn loom_device_barrier_three_pes_two_slots() {
+    builder(0).check(|| {
+        let mem = Arc::new(BarMem::new(3, 2));
+        let a = Arc::new(Cells::new(3));
+        let b = Arc::new(Cells::new(3));
+        let world = Team {
+            slot: 0,
+            start: 0,
+            stride: 1,
+            size: 3,
+        };
+        let sub = Team {
+            slot: 1,
+            start: 0,
+            stride: 2,
+            size: 2,
+        };
+        let hs: Vec<_> = (0..3)
+            .map(|me| {
+                let (mem, a, b) = (mem.clone(), a.clone(), b.clone());
+                loom::thread::spawn(move || {
+                    let mut bar = BarPe::new(me, &mem);
+                    a.put(me, 1);
+                    bar.sync(&mem, &world);
+                    for p in (0..3).filter(|&p| p != me) {
+                        assert_eq!(a.get(p), 1);
+                    }
+                    if sub.has(me) {
+                        b.put(me, 1);
+                        bar.sync(&mem, &sub);
+                        assert_eq!(b.get(2 - me), 1);
+                    }
+                    bar.sync(&mem, &world);
+                    a.put(me, 2);
+                    if sub.has(me) {
+                        bar.sync(&mem, &sub);
+                        b.put(me, 2);
+                    }
+                    bar.exp
+                })
+            })
+            .collect();
+        let exps: Vec<Vec<u64>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        for (p, e) in exps.iter().enumerate() {
+            for q in 0..3 {
+                assert_eq!(e[q], 2, "world expectations");
+                let own = |v: u64| if p == q { 0 } else { v };
+                assert_eq!(mem.at(p, 0, q).load(Ordering::Relaxed), own(2));
+                let s = if sub.has(p) && sub.has(q) { 2 } else { 0 };
+                assert_eq!(e[3 + q], s, "team expectations");
+                assert_eq!(mem.at(p, 1, q).load(Ordering::Relaxed), own(s));
+            }
+        }
+    });
+}
+
+// ----- 2. the collectives' cross-PE signature check -----
+
+/// A packed signature word as `rshmemi_sig` word 0 is: bit 63 set, the barrier count in bits
+/// 32..47, and (standing for the other five words) a kind in the low bits.
+fn sig(kind: u64, syncs: u64) -> u64 {
+    1 << 63 | syncs << 32 | kind
+}
+fn sig_syncs(w: u64) -> u64 {
+    (w >> 32) & 0xffff
+}
+
+/// One PE's part of a sequence of collectives on one team, mirroring `rshmemi_sig_sync` and
+/// `GpuColl::exec`: per call, the user writes its input (`src`, before the call on its
+/// stream); the signature goes into every member's slot for this PE, barrier, every slot of
+/// this PE is compared with its own signature (max of the barrier counts), the slots are
+/// cleared, a mismatch pads the barrier count to the maximum; then the plan's data phases (a
+/// one-shot gather: every member's input of this call, read unless the call is skipped) each
+/// followed by one of the plan's remaining barriers. `calls[c][pe]` is PE `pe`'s signature of
+/// call `c`. Returns the expectations at the end.
+fn sig_pe(
+    me: usize,
+    mem: &BarMem,
+    slots: &Cells,
+    src: &Cells,
+    calls: &[Vec<u64>],
+    team: &Team,
+) -> Vec<u64> {
+    let n = team.size;
+    let mut bar = BarPe::new(me, mem);
+    for (c, sigs) in calls.iter().enumerate() {
+        let tag = |p: usize| (c * 8 + p) as u64 + 1;
+        let mine = sigs[me];
+        let agreed = sigs.iter().all(|&s| s == mine);
+        src.put(me, tag(me));
+        // rshmemi_sig_sync: slot row of member i in PE i's memory, word me.
+        for i in 0..n {
+            slots.put(team.member(i) * n + me, mine);
+        }
+        bar.sync(mem, team);
+        let mut ok = true;
+        let mut max_syncs = 0;
+        for i in 0..n {
+            let s = slots.get(me * n + team.member(i));
+            assert_eq!(s, sigs[team.member(i)], "call {c}: slot of member {i}");
+            ok &= s == mine;
+            max_syncs = max_syncs.max(sig_syncs(s));
+        }
+        let skip = !ok;
+        assert_eq!(ok, agreed, "call {c}: verdict");
+        for i in 0..n {
+            slots.put(me * n + team.member(i), 0);
+        }
+        if !ok {
+            for _ in sig_syncs(mine)..max_syncs {
+                bar.sync(mem, team);
+            }
+        }
+        // The plan's remaining barriers, a data phase (skipped on a mismatch) before each.
+        for _ in 1..sig_syncs(mine) {
+            if !skip {
+                for i in 0..n {
+                    let p = team.member(i);
+                    assert_eq!(src.get(p), tag(p), "call {c}: input of member {i}");
+                }
+            }
+            bar.sync(mem, team);
+        }
+    }
+    bar.exp
+}
+
+/// Runs the signature model for `calls` over the world of `n` PEs and checks that every
+/// counter and expectation ends at the same count (nobody hangs in a later barrier).
+fn sig_model(n: usize, calls: Vec<Vec<u64>>, preemptions: usize) {
+    let calls = std::sync::Arc::new(calls);
+    builder(preemptions).check(move || {
+        let mem = Arc::new(BarMem::new(n, 1));
+        let slots = Arc::new(Cells::new(n * n));
+        let src = Arc::new(Cells::new(n));
+        let world = Team {
+            slot: 0,
+            start: 0,
+            stride: 1,
+            size: n,
+        };
+        let hs: Vec<_> = (0..n)
+            .map(|me| {
+                let (mem, slots, src, calls) =
+                    (mem.clone(), slots.clone(), src.clone(), calls.clone());
+                loom::thread::spawn(move || sig_pe(me, &mem, &slots, &src, &calls, &world))
+            })
+            .collect();
+        let exps: Vec<Vec<u64>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let total: u64 = calls
+            .iter()
+            .map(|sigs| sigs.iter().map(|&s| sig_syncs(s)).max().unwrap_or(0))
+            .sum();
+        for (p, e) in exps.iter().enumerate() {
+            for (q, &x) in e.iter().enumerate() {
+                assert_eq!(x, total, "PE {p}'s expectation for {q}");
+                let want = if p == q { 0 } else { total };
+                assert_eq!(mem.at(p, 0, q).load(Ordering::Relaxed), want);
+            }
+        }
+    });
+}
+
+/// Signature model, 2 PEs, 3 calls: a matching one-shot call (2 barriers), a mismatch in both
+/// kind and barrier count (2 against 3: PE 0 pads one barrier), a matching two-shot call (3).
+/// Checks: both PEs take the verdict the signatures call for, every slot read holds the
+/// signature of the same call (loom flags a next call's write racing with a read or clear),
+/// a mismatch reads no input, and both PEs end with the same barrier counts. Without
+/// preemptions (switches at waits only) for the three calls; with one for each pair of
+/// consecutive calls.
+#[test]
+fn loom_coll_signature_two_pes() {
+    let (m2, mm, m3) = (
+        vec![sig(1, 2), sig(1, 2)],
+        vec![sig(1, 2), sig(2, 3)],
+        vec![sig(3, 3), sig(3, 3)],
+    );
+    sig_model(2, vec![m2.clone(), mm.clone(), m3.clone()], 0);
+    sig_model(2, vec![m2, mm.clone()], 1);
+    sig_model(2, vec![mm, m3], 1);
+}
+
+/// Signature model, 3 PEs, without preemptions (3 spinning threads are expensive to explore):
+/// PE 2 alone passes a different call with more barriers (PEs 0 and 1 pad); PE 1 alone passes
+/// a different call with as many barriers, then a matching call reuses the slots.
+#[test]
+fn loom_coll_signature_three_pes() {
+    sig_model(3, vec![vec![sig(1, 2), sig(1, 2), sig(2, 3)]], 0);
+    sig_model(
+        3,
+        vec![vec![sig(1, 2), sig(2, 2), sig(1, 2)], vec![sig(1, 2); 3]],
+        0,
+    );
+}
+
+// ----- 3. EP dispatch/combine: reusing the areas, and aborts -----
+
+/// One step of an EP sequence (every PE runs the same list, as the contract asks).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum EpOp {
+    /// `ep_prep` → `ep_send` → `ep_wait(0)` → `ep_permute`.
+    Dispatch,
+    /// `ep_csend` → `ep_wait(1)` → `ep_crecv` (on the latest dispatch's layout).
+    Combine,
+}
+
+const EP_ABORT: u64 = 16;
+/// Receive capacity per source (`cap`), rows.
+const EP_C: usize = 2;
+
+/// Rows PE `s` sends PE `d` in dispatch `k` (1 or 2, varying with the call).
+fn ep_rows(k: usize, s: usize, d: usize) -> usize {
+    1 + (k + s + d) % 2
+}
+
+/// Two PEs' EP buffers. Only words another PE writes are shared; the rest of `ctl` (epoch,
+/// wait counts, go, tokens) is thread-local.
+struct EpMem {
+    /// Records, `rec[pe][src]`: `dispatch << 8 | rows` (volatile words: relaxed atomics).
+    rec: Vec<AtomicU64>,
+    /// Signals `sig[pe][src]` for records (set to the epoch), data and combine (block adds).
+    sig_rec: Vec<AtomicU64>,
+    sig_data: Vec<AtomicU64>,
+    sig_comb: Vec<AtomicU64>,
+    /// `ctl[EP_CTL_ERR]` of each PE (peers `atomicOr_system` the abort bit into it).
+    err: Vec<AtomicU64>,
+    /// Receive rows and row records `recv[pe][src][pos]` (plain stores): the dispatch number.
+    recv: Cells,
+    /// Combine rows `comb[pe][parity][src][pos]`: the combine number.
+    comb: Cells,
+}
+
+const EP_N: usize = 2;
+
+impl EpMem {
+    fn new() -> EpMem {
+        EpMem {
+            rec: words(EP_N * EP_N),
+            sig_rec: words(EP_N * EP_N),
+            sig_data: words(EP_N * EP_N),
+            sig_comb: words(EP_N * EP_N),
+            err: words(EP_N),
+            recv: Cells::new(EP_N * EP_N * EP_C),
+            comb: Cells::new(EP_N * 2 * EP_N * EP_C),
+        }
+    }
+    fn recv_at(pe: usize, src: usize, pos: usize) -> usize {
+        (pe * EP_N + src) * EP_C + pos
+    }
+    fn comb_at(pe: usize, parity: usize, src: usize, pos: usize) -> usize {
+        ((pe * 2 + parity) * EP_N + src) * EP_C + pos
+    }
+}
+
+/// What one PE saw: per op, whether it used the step (go after its waits) and whether one of
+/// its waits gave up there.
+#[derive(Debug, Default, Clone)]
+struct EpTrace {
+    used: Vec<bool>,
+    gave_up: Vec<bool>,
+    aborted_at_end: bool,
+}
+
+/// One PE running `ops` as `ep.cu` does (self-sends left out: a PE's own rows and signals are
+/// program order). `timeout`: the index (counting this PE's waits from 0) of a wait that times
+/// out if its condition does not hold at its first poll (a wait can only time out while its
+/// condition is false; loom explores every point at which the poll happens). `old_prep`:
+/// `ep_prep` as it was before it stopped writing records once its PE gave up.
+fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep: bool) -> EpTrace {
+    let peers = || (0..EP_N).filter(move |&p| p != me);
+    let (mut epoch, mut dwait, mut cwait) = (0u64, 0u64, 0u64);
+    let mut go = false;
+    let mut failed = false; // the device error word (RSHMEM_ERR_TIMEOUT), sticky
+    let mut recv_cnt = [0usize; EP_N];
+    let mut waits = 0usize;
+    let mut tr = EpTrace::default();
+    // rshmemi_wait64: acquire polls; gives up at once after an earlier timeout.
+    let mut wait = |w: &AtomicU64, v: u64, failed: &mut bool, gave: &mut bool| {
+        let i = waits;
+        waits += 1;
+        if w.load(Ordering::Acquire) >= v {
+            return;
+        }
+        if *failed || timeout == Some(i) {
+            *failed = true;
+            *gave = true;
+            return;
+        }
+        spin(|| w.load(Ordering::Acquire) >= v);
+    };
+    // ep_abort_if_failed (after a wait kernel's waits and fence).
+    let abort_if_failed = |failed: bool, go: &mut bool| {
+        if failed || mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0 {
+            mem.err[me].fetch_or(EP_ABORT, Ordering::Relaxed);
+            *go = false;
+        }
+    };
+    // ep_signal: fence.sc, the abort bit first when aborted, then red.add.release.
+    let signal = |sig: &Vec<AtomicU64>, d: usize| {
+        fence(Ordering::SeqCst);
+        if mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0 {
+            mem.err[d].fetch_or(EP_ABORT, Ordering::Relaxed);
+        }
+        sig[d * EP_N + me].fetch_add(1, Ordering::Release);
+    };
+    let mut k = 0usize; // dispatches so far (the latest one's number)
+    for &op in ops {
+        let mut gave = false;
+        match op {
+            EpOp::Dispatch => {
+                k += 1;
+                // ep_prep: records to every PE (none once this PE gave up: the abort bit goes
+                // first instead), fence.sc + st.release of the epoch, waits.
+                epoch += 1;
+                let gone =
+                    !old_prep && (failed || mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0);
+                if !gone {
+                    for d in peers() {
+                        let r = (k as u64) << 8 | ep_rows(k, me, d) as u64;
+                        mem.rec[d * EP_N + me].store(r, Ordering::Relaxed);
+                    }
+                }
+                for d in peers() {
+                    if gone {
+                        mem.err[d].fetch_or(EP_ABORT, Ordering::Relaxed);
+                    }
+                    fence(Ordering::SeqCst);
+                    mem.sig_rec[d * EP_N + me].store(epoch, Ordering::Release);
+                }
+                for s in peers() {
+                    wait(&mem.sig_rec[me * EP_N + s], epoch, &mut failed, &mut gave);
+                }
+                fence(Ordering::AcqRel);
+                let mut recs = [0u64; EP_N];
+                for s in peers() {
+                    recs[s] = mem.rec[me * EP_N + s].load(Ordering::Relaxed);
+                }
+                let abort = failed || mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0;
+                if abort {
+                    go = false;
+                    mem.err[me].fetch_or(EP_ABORT, Ordering::Relaxed);
+                } else {
+                    // The layout (counts the host reads in normal mode) from every record.
+                    go = true;
+                    for s in peers() {
+                        recv_cnt[s] = (recs[s] & 0xff) as usize;
+                        assert_eq!(
+                            recs[s] >> 8,
+                            k as u64,
+                            "PE {me} dispatch {k}: decided from a record of another dispatch of {s}"
+                        );
+                    }
+                }
+                // ep_send: rows to every destination, then each block signals.
+                if go {
+                    for d in peers() {
+                        for pos in 0..ep_rows(k, me, d) {
+                            mem.recv.put(EpMem::recv_at(d, me, pos), k as u64);
+                        }
+                    }
+                }
+                for d in peers() {
+                    signal(&mem.sig_data, d);
+                }
+                // ep_wait(0)
+                dwait += 1;
+                for s in peers() {
+                    wait(&mem.sig_data[me * EP_N + s], dwait, &mut failed, &mut gave);
+                }
+                fence(Ordering::AcqRel);
+                abort_if_failed(failed, &mut go);
+                // ep_permute: the received rows.
+                if go {
+                    for s in peers() {
+                        assert_eq!(recv_cnt[s], ep_rows(k, s, me), "PE {me} dispatch {k}");
+                        for pos in 0..recv_cnt[s] {
+                            let v = mem.recv.get(EpMem::recv_at(me, s, pos));
+                            assert_eq!(v, k as u64, "PE {me} dispatch {k}: row of {s} at {pos}");
+                        }
+                    }
+                }
+            }
+            EpOp::Combine => {
+                // ep_csend: one row per received token back into the source's combine area of
+                // this combine's parity (it reads the row records of the dispatch again).
+                let c = cwait + 1;
+                if go {
+                    let parity = (cwait & 1) as usize;
+                    for s in peers() {
+                        for i in 0..recv_cnt[s] {
+                            let v = mem.recv.get(EpMem::recv_at(me, s, i));
+                            assert_eq!(v, k as u64, "PE {me} combine {c}: row record of {s}");
+                            mem.comb.put(EpMem::comb_at(s, parity, me, i), c);
+                        }
+                    }
+                }
+                for d in peers() {
+                    signal(&mem.sig_comb, d);
+                }
+                // ep_wait(1)
+                cwait += 1;
+                for s in peers() {
+                    wait(&mem.sig_comb[me * EP_N + s], cwait, &mut failed, &mut gave);
+                }
+                fence(Ordering::AcqRel);
+                abort_if_failed(failed, &mut go);
+                // ep_crecv: the rows every destination sent back for this PE's tokens.
+                if go {
+                    let parity = ((cwait - 1) & 1) as usize;
+                    for d in peers() {
+                        for pos in 0..ep_rows(k, me, d) {
+                            let v = mem.comb.get(EpMem::comb_at(me, parity, d, pos));
+                            assert_eq!(v, c, "PE {me} combine {c}: row of {d} at {pos}");
+                        }
+                    }
+                }
+            }
+        }
+        tr.used.push(go);
+        tr.gave_up.push(gave);
+    }
+    tr.aborted_at_end = mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0;
+    tr
+}
+
+/// Runs the EP model: both PEs run `ops`; `timeout` makes wait `.1` of PE `.0` time out.
+fn ep_model(ops: Vec<EpOp>, timeout: Option<(usize, usize)>, old_prep: bool, preemptions: usize) {
+    let ops = std::sync::Arc::new(ops);
+    builder(preemptions).check(move || {
+        let mem = Arc::new(EpMem::new());
+        let hs: Vec<_> = (0..EP_N)
+            .map(|me| {
+                let (mem, ops) = (mem.clone(), ops.clone());
+                let t = timeout.and_then(|(p, w)| (p == me).then_some(w));
+                loom::thread::spawn(move || ep_pe(me, &mem, &ops, t, old_prep))
+            })
+            .collect();
+        let trs: Vec<EpTrace> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        match timeout {
+            None => {
+                for t in &trs {
+                    assert!(
+                        t.used.iter().all(|&u| u),
+                        "no timeout: every step moves data"
+                    );
+                }
+            }
+            Some((p, _)) => {
+                for (q, t) in trs.iter().enumerate() {
+                    // After a PE's first give-up, it uses nothing.
+                    if let Some(first) = t.gave_up.iter().position(|&g| g) {
+                        assert!(
+                            t.used[first..].iter().all(|&u| !u),
+                            "PE {q} used a step after giving up: {t:?}"
+                        );
+                    }
+                    // The abort reaches every PE when a step follows the one given up on.
+                    if let Some(first) = trs[p].gave_up.iter().position(|&g| g) {
+                        if first + 2 < ops.len() {
+                            assert!(t.aborted_at_end, "PE {q} never aborted: {trs:?}");
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// EP model without timeouts, 2 PEs, 3 dispatch+combine pairs with 1-2 rows per pair and
+/// call: every row, row record and record a PE reads is of its current dispatch (combine
+/// rows: of its current combine), and nothing is overwritten while a peer may still read it
+/// (loom flags the write). Abstracted: one block per grid kernel (the data signals count one
+/// add per block), a record is one word, statuses are all valid.
+#[test]
+fn loom_ep_reuse_three_calls() {
+    use EpOp::*;
+    ep_model(
+        vec![Dispatch, Combine, Dispatch, Combine, Dispatch, Combine],
+        None,
+        false,
+        2,
+    );
+}
+
+/// EP model, 2 PEs: two combines of one dispatch (allowed: the handle stays the latest
+/// dispatch), then a dispatch and a combine. The second combine writes the other half of the
+/// combine area while a peer may still read the first combine's rows (the parity double
+/// buffer is what makes this safe; with one half loom flags the overwrite).
+#[test]
+fn loom_ep_reuse_repeated_combine() {
+    use EpOp::*;
+    ep_model(
+        vec![Dispatch, Combine, Combine, Dispatch, Combine],
+        None,
+        false,
+        1,
+    );
+}
+
+/// EP model with timeouts, 2 PEs, 2 dispatch+combine pairs: for every wait of either PE in the
+/// first pair, a run where that wait times out (when its condition does not hold at its first
+/// poll). Checks: a PE that gave up uses nothing after it; every row, record or combine row
+/// that any PE still uses is complete and of its own call (value checks) and never
+/// overwritten while it may be read (loom); the abort reaches the other PE by the end.
+#[test]
+fn loom_ep_abort_propagation() {
+    use EpOp::*;
+    let ops = vec![Dispatch, Combine, Dispatch, Combine];
+    // Waits per PE and pair with 2 PEs: ep_prep 1, ep_wait(0) 1, ep_wait(1) 1.
+    for pe in 0..EP_N {
+        for w in 0..3 {
+            ep_model(ops.clone(), Some((pe, w)), false, 1);
+        }
+    }
+}
+
+/// The abort model on `ep_prep` as it was: a PE that gave up in dispatch 1's data wait goes
+/// on into dispatch 2 and overwrites its record in the peer, which may still be reading the
+/// records of dispatch 1 and take its layout (and, in normal mode, the counts its host
+/// returns) from the record of dispatch 2. The fixed `ep_prep` writes no records once it gave
+/// up and carries the abort with the record signal.
+#[test]
+#[should_panic(expected = "decided from a record of another dispatch")]
+fn loom_ep_abort_old_prep_reads_next_record() {
+    use EpOp::*;
+    ep_model(
+        vec![Dispatch, Combine, Dispatch, Combine],
+        Some((0, 1)),
+        true,
+        1,
+    );
+}
