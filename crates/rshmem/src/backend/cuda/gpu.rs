@@ -20,12 +20,8 @@ pub(crate) struct Gpu {
     pub ctx: cu::CUcontext,
     /// Idle streams rshmem created on this GPU, reused before creating more (see
     /// [`RawStream::new`]).
-    idle: Mutex<Vec<StreamHandle>>,
+    idle: Mutex<Vec<cu::CUstream>>,
 }
-
-/// A stream handle kept in [`Gpu`]'s pool.
-#[derive(Debug)]
-struct StreamHandle(cu::CUstream);
 
 // SAFETY: a CUcontext and CUdevice are process-wide handles usable from any thread.
 unsafe impl Send for Gpu {}
@@ -203,7 +199,7 @@ impl RawStream {
     /// stream of another PE on the same GPU, and a queue runs its work in order: work queued
     /// behind a kernel that waits for a peer then holds back that peer's kernel.
     pub fn new(gpu: &Arc<Gpu>) -> Result<RawStream> {
-        if let Some(StreamHandle(s)) = gpu.idle.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+        if let Some(s) = gpu.idle.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             return Ok(RawStream {
                 gpu: gpu.clone(),
                 raw: s,
@@ -249,7 +245,7 @@ impl Drop for RawStream {
                 .idle
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(StreamHandle(self.raw));
+                .push(self.raw);
         } else {
             // Still has work (e.g. a wait abandoned after an error): never handed out again.
             // SAFETY: as above; the driver destroys it once its work completes.
