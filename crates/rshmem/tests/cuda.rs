@@ -220,9 +220,7 @@ fn gpu_config(heap: HeapKind) -> Config {
 }
 
 fn on_gpus(heap: HeapKind, n: usize, body: fn(&Pe) -> Result<()>) {
-    let _gpu = harness::gpu_world();
-    let r = rshmem::threads_with(gpu_config(heap), n, body).expect("world");
-    harness::expect_all_ok(&format!("{n} PEs ({heap:?})"), r);
+    harness::gpu_threads(n, gpu_config(heap), body);
 }
 
 /// This PE, the next and the previous one in the world (the bodies send around the ring, so

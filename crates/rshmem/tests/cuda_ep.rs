@@ -57,9 +57,7 @@ fn gpu_config(n: usize) -> Config {
 }
 
 fn on_gpus(n: usize, body: fn(&Pe) -> Result<()>) {
-    let _gpu = harness::gpu_world();
-    let r = rshmem::threads_with(gpu_config(n), n, body).expect("world");
-    harness::expect_all_ok(&format!("{n} PEs"), r);
+    harness::gpu_threads(n, gpu_config(n), body);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

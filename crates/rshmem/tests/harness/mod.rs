@@ -226,7 +226,10 @@ pub fn rand_vec<T: rshmem::Elem>(pe: usize, stream: u64, len: usize) -> Vec<T> {
 /// How [`gpu_run`] runs a body's PEs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuMode {
-    /// Thread-PEs of this test process ([`rshmem::threads_with`]).
+    /// `n` thread-PEs of one launched process (this test binary re-executed once, so each
+    /// thread-mode world starts with a fresh CUDA context: PEs sharing a GPU share its context's
+    /// hardware queues, and the streams a long test process accumulates came to share queues
+    /// between PEs, stalling device waits until their timeout; see the CUDA backend's docs).
     Threads,
     /// One PE per process: this test binary re-executed `n` times through the launcher (TCP
     /// bootstrap, `RSHMEM_*` environment).
@@ -263,15 +266,18 @@ pub const GPU_JOB_LIMIT: Duration = Duration::from_secs(180);
 /// Runs `body` on `n` PEs in `mode` with `config` (a CUDA configuration), holding
 /// [`gpu_world`] in this process; panics (failing the test) on any error.
 ///
-/// Processes and mixed mode re-execute this test binary (`--exact test --include-ignored`)
-/// through the launcher; the child re-runs the same test function, which reaches the same call
+/// Every mode re-executes this test binary (`--exact test --include-ignored`) through the
+/// launcher (thread mode as one process of `n` thread-PEs); the child re-runs the same test function, which reaches the same call
 /// with the same `config` (so `config` must not depend on the process: build it from
 /// constants and the inherited environment) and runs `body` on its PEs. One GPU is enough:
 /// PEs beyond the GPU count share GPUs (round robin), and `RSHMEM_DEVICES` (inherited) still
 /// maps PEs to GPUs. A child that cannot use a GPU fails with the backend's error; the parent
 /// then reports which job failed (the children's output precedes it, prefixed `[pe k]`).
 pub fn gpu_run(test: &str, mode: GpuMode, n: usize, config: Config, body: fn(&Pe) -> Result<()>) {
-    let t = mode.threads_per_proc();
+    let t = match mode {
+        GpuMode::Threads => n.max(1),
+        _ => mode.threads_per_proc(),
+    };
     assert!(
         n >= 1 && n.is_multiple_of(t),
         "{test}: {n} PEs in {mode:?} mode"
@@ -310,13 +316,6 @@ pub fn gpu_run(test: &str, mode: GpuMode, n: usize, config: Config, body: fn(&Pe
         return;
     }
     let _gpu = gpu_world();
-    if mode == GpuMode::Threads {
-        let r = rshmem::threads_with(config, n, body).unwrap_or_else(|e| {
-            panic!("{test} (threads, {n} PEs): the world could not start: {e}")
-        });
-        expect_all_ok(&format!("{test} (threads, {n} PEs)"), r);
-        return;
-    }
     // Each PE marks its success here: a child that never reached the body (a test name not
     // found, a call skipped) exits 0 too.
     let done = std::env::temp_dir().join(format!(
@@ -361,6 +360,19 @@ pub fn gpu_run(test: &str, mode: GpuMode, n: usize, config: Config, body: fn(&Pe
         out.leftover_segments, 0,
         "the library left segments of the job for the launcher to remove"
     );
+}
+
+/// The running test's name (libtest names each test's thread after it), for [`gpu_run`].
+pub fn test_name() -> String {
+    std::thread::current()
+        .name()
+        .expect("a test thread has the test's name")
+        .to_string()
+}
+
+/// Runs `body` on `n` thread-PEs of one fresh process ([`GpuMode::Threads`]) with `config`.
+pub fn gpu_threads(n: usize, config: Config, body: fn(&Pe) -> Result<()>) {
+    gpu_run(&test_name(), GpuMode::Threads, n, config, body);
 }
 
 /// Runs `body` on `n` PEs in every mode: threads, `n` processes, and `n / 2` processes × 2

@@ -37,6 +37,18 @@
 //! in the process (many PEs or streams per GPU, several worlds at once), or a smaller value
 //! chosen by the user, waits can still stall until the timeout. Run one GPU world at a time per
 //! process (the GPU tests serialise theirs).
+//!
+//! Measured on one H100 (2026-11-23): with `CUDA_DEVICE_MAX_CONNECTIONS=1` a 4-PE device-count
+//! all_to_all_v stalled every time (one PE's barrier kernel held back the other PEs' error-record
+//! copies); with 32 it passed alone, and failed in long test processes that had created and
+//! freed many streams. Even in a fresh process with 12 streams, a fused all_reduce of 4
+//! thread-PEs stalled in about 1 run of 10: the two PEs that launched first waited for the
+//! device timeout while the other two PEs' kernels did not start until then. Creating one
+//! stream per queue in a batch and handing those out did not help (it failed as often), so
+//! the driver's placement of streams on queues is not something rshmem can arrange. Treat
+//! several thread-PEs on one GPU as a development setup (a stall ends in [`Error::Timeout`],
+//! never a hang); one PE per GPU, or one process per PE sharing a GPU (each process has its own
+//! context and queues, time-sliced by the GPU), has not shown it.
 
 mod api;
 pub mod bench;
