@@ -266,6 +266,14 @@ impl std::fmt::Debug for CudaBackend {
     }
 }
 
+/// The PEs of `me`'s process on `me`'s GPU (`me` included; ascending): thread-PEs that share
+/// one CUDA context (see the module docs, "PEs sharing a GPU").
+fn same_context_pes(pids: &[u32], ords: &[usize], me: usize) -> Vec<usize> {
+    (0..pids.len().min(ords.len()))
+        .filter(|&p| pids[p] == pids[me] && ords[p] == ords[me])
+        .collect()
+}
+
 /// Parses `RSHMEM_DEVICES` style maps: `0,1,2,3` (rank i → ordinal).
 pub(crate) fn parse_devices(s: &str) -> Option<Vec<usize>> {
     s.split(',').map(|x| x.trim().parse().ok()).collect()
@@ -390,6 +398,16 @@ impl CudaBackend {
             .map(|b| word(b, 0) as usize)
             .collect();
         let my_pid = pids[me];
+        let sharing = same_context_pes(pids, &ords, me);
+        if sharing.len() > 1 && sharing[0] == me {
+            tracing::warn!(
+                "PEs {sharing:?} are threads of one process on GPU {}: they share its CUDA \
+                 context and hardware queues, where a device wait can stall until the timeout \
+                 (Error::Timeout) in a small share of runs; use one GPU per thread-PE, or one \
+                 process per PE, outside development",
+                gpu.ordinal
+            );
+        }
         let local_ords: Vec<usize> = (0..n)
             .filter(|&p| pids[p] == my_pid)
             .map(|p| ords[p])
@@ -901,6 +919,17 @@ mod tests {
         for gone in ["RSHMEM_MAX_PES", "RSHMEM_MAX_TEAMS", "RSHMEM_SYNC_"] {
             assert!(!h.contains(gone), "{gone} is back in the header");
         }
+    }
+
+    #[test]
+    fn pes_sharing_a_context_are_same_process_same_gpu() {
+        // PEs 0..4 in process 7 (GPUs 0,1,0,1), PEs 4..6 in process 9 (GPU 0).
+        let pids = [7, 7, 7, 7, 9, 9];
+        let ords = [0, 1, 0, 1, 0, 0];
+        assert_eq!(same_context_pes(&pids, &ords, 0), vec![0, 2]);
+        assert_eq!(same_context_pes(&pids, &ords, 3), vec![1, 3]);
+        assert_eq!(same_context_pes(&pids, &ords, 5), vec![4, 5]);
+        assert_eq!(same_context_pes(&[7, 8], &[0, 0], 1), vec![1]);
     }
 
     #[test]
