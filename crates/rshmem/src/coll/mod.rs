@@ -29,10 +29,10 @@
 //! * **Errors.** Before any data moves, the members exchange their arguments through a small
 //!   symmetric scratch object: a bad argument on any member (count beyond an object, root
 //!   outside the team, a bitwise operation on floats, different arguments on different members,
-//!   all_to_all_v counts that do not pair up) is an [`Error`](crate::Error) on *every* member,
+//!   all_to_all_v counts that do not pair up) is an [`Error`] on *every* member,
 //!   with no data moved, never a hang. The member that passed the bad argument gets the precise
-//!   error; the others get [`Error::InvalidArgument`](crate::Error::InvalidArgument) or
-//!   [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch) naming it. The CUDA
+//!   error; the others get [`Error::InvalidArgument`] or
+//!   [`Error::CollectiveMismatch`] naming it. The CUDA
 //!   executor (`cuda::GpuColl`) checks its arguments locally before launching and compares a
 //!   signature of every call across members inside its first barrier on the GPU: differing
 //!   calls move no data on any member and `GpuColl::check_errors` reports the mismatch.

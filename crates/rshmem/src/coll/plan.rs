@@ -1,7 +1,7 @@
 //! Algorithms as data: a [`Plan`] is the list of steps one member of a team performs for one
 //! collective call. Planning is pure (no PE, no memory), so plans are unit-tested on a model
 //! that checks data and cross-member hazards, and any executor — the host executor in
-//! [`super::exec`], later a stream-ordered GPU one — can run the same plan.
+//! `coll::exec`, later a stream-ordered GPU one — can run the same plan.
 //!
 //! Conventions every plan follows:
 //! * members are team indices `0..n`; offsets and lengths are in elements;

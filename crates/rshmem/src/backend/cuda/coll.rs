@@ -1,62 +1,4 @@
-//! Stream-ordered collectives on the CUDA backend ([`GpuColl`]).
-//!
-//! The algorithms are the host collectives' plans ([`crate::coll::plan`]), run by a GPU
-//! executor: every [`Step::Sync`] becomes a one-block team barrier kernel (monotonically
-//! increasing counters in device memory, so a captured graph replays correctly), and the
-//! copy or reduce steps between two syncs become one kernel (`kernels/coll.cu`) that reads the
-//! peers' symmetric buffers directly through the peer mappings, spread over the GPU's SMs.
-//! Data kernels never wait for peers, so PEs that share a GPU cannot deadlock.
-//!
-//! * **Algorithms.** all_reduce and broadcast: one-shot (every member reads every input;
-//!   2 barriers) below [`CollConfig::two_shot_bytes`], two-shot (reduce-scatter then
-//!   all-gather, resp. scatter then all-gather; 3 barriers) from there up; overridable with
-//!   [`CollConfig`] or `RSHMEM_COLL_ALGO` / `RSHMEM_COLL_TWO_SHOT_BYTES` (see
-//!   [`crate::coll`]). Large messages are split over every SM by the kernels (grid-stride, 16-byte
-//!   vectors); the plan's host chunking is not used on the GPU.
-//! * **Small messages** ([`GpuColl::fused_bytes`], default 64 KiB read per PE, environment
-//!   `RSHMEM_CUDA_COLL_FUSED_BYTES`): a plan with a single data phase (one-shot all_reduce,
-//!   reduce, reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as
-//!   one kernel of one block with both barriers inside: one launch instead of three.
-//! * **No host synchronisation** inside a collective: launches only, so every collective can
-//!   be captured in a CUDA graph ([`Stream::begin_capture`]) and replayed. Staging memory (in-place
-//!   one-shot all_reduce, in-place all_to_all): 64 KiB from [`GpuColl::new`], more allocated on
-//!   demand outside capture; a capture that would need more than [`GpuColl::reserve`]d is an
-//!   error. Reserve the most a run needs before its first collective: allocating device
-//!   memory while peers' kernels already wait in a collective may wait for them (PEs sharing a
-//!   GPU).
-//!   Capture and instantiate on every PE before any PE launches its graph (as with kernel
-//!   loading, the driver may make graph instantiation wait for kernels running on the GPU,
-//!   and a launched collective waits for its peers).
-//! * **Validation before launch**: lengths against the objects, root inside the team, the
-//!   operation against the element type, strided team, stream of this GPU → [`Error`]. What
-//!   only the GPU knows (device-side counts of [`GpuColl::all_to_all_v_device`], peers' counts
-//!   of [`GpuColl::all_to_all_v`]) is checked on the GPU: a violation copies nothing for the
-//!   offending pairs and raises a flag that [`GpuColl::check_errors`] turns into an error.
-//! * **Cross-PE argument check, on the GPU** (no host synchronisation, no extra launch): the
-//!   first barrier of every collective (the barrier kernel, or the first barrier inside a fused
-//!   kernel) carries the call's signature, a kernel argument computed on the host: kind,
-//!   element type, operation, count, root, in place, algorithm, barrier count, the source and
-//!   destination objects, the team. Each member stores it into every member's slot before the
-//!   barrier and compares every member's after it. If any differ, no member moves data in that
-//!   call (its later kernels read a per-team-slot skip flag), every member still performs as
-//!   many barriers as the longest of the members' calls (nobody hangs, counters stay in step),
-//!   and [`GpuColl::check_errors`] returns [`Error::CollectiveMismatch`] naming the first
-//!   differing member and both calls. Graph replays carry the captured signature.
-//!   [`GpuColl::barrier`] carries none (it has one barrier; a collective needs at least two
-//!   for the slots to be reused safely), and a call refused on the host launches nothing, so
-//!   its peers wait for it (device timeout) as before.
-//! * **Contract** as for [`crate::coll::Coll`]: every member calls the same collectives in the
-//!   same order with the same arguments; one stream at a time per [`GpuColl`], whatever the
-//!   team (its staging memory and all_to_all_v metadata serve every team: in-place calls or
-//!   all_to_all_v of two teams running at once on two streams would overwrite each other's).
-//!   Collectives of different teams that run concurrently need a [`GpuColl`] per stream.
-//! * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
-//!   matrix lives in one block's shared memory: about 170 members on H100/H200; an explicit
-//!   error beyond). Host-count all_to_all_v lists travel in 64-member chunks of kernel
-//!   arguments (one launch per chunk), copies in launches of 64 descriptors.
-//!
-//! Reductions fold in team order; integers wrap; f16/bf16 accumulate in f32 and round once;
-//! min/max ignore a NaN operand (minNum/maxNum) — the same bits as the host collectives.
+//! Stream-ordered collectives on the CUDA backend: [`GpuColl`] (its docs describe the design).
 
 use super::api::{CudaPe, DeviceTeam, Stream};
 use super::gpu::{self, DevBuf, Func, Module, RawStream};
@@ -286,7 +228,65 @@ pub fn coll_kernel_names() -> Vec<String> {
     v
 }
 
-/// Stream-ordered collectives of one PE on the CUDA backend (see the [module docs](self)).
+/// Stream-ordered collectives of one PE on the CUDA backend.
+///
+/// The algorithms are the host collectives' plans ([`crate::coll::plan`]), run by a GPU
+/// executor: every [`Step::Sync`] becomes a one-block team barrier kernel (monotonically
+/// increasing counters in device memory, so a captured graph replays correctly), and the
+/// copy or reduce steps between two syncs become one kernel (`kernels/coll.cu`) that reads the
+/// peers' symmetric buffers directly through the peer mappings, spread over the GPU's SMs.
+/// Data kernels never wait for peers, so PEs that share a GPU cannot deadlock.
+///
+/// * **Algorithms.** all_reduce and broadcast: one-shot (every member reads every input;
+///   2 barriers) below [`CollConfig::two_shot_bytes`], two-shot (reduce-scatter then
+///   all-gather, resp. scatter then all-gather; 3 barriers) from there up; overridable with
+///   [`CollConfig`] or `RSHMEM_COLL_ALGO` / `RSHMEM_COLL_TWO_SHOT_BYTES` (see
+///   [`crate::coll`]). Large messages are split over every SM by the kernels (grid-stride, 16-byte
+///   vectors); the plan's host chunking is not used on the GPU.
+/// * **Small messages** ([`GpuColl::fused_bytes`], default 64 KiB read per PE, environment
+///   `RSHMEM_CUDA_COLL_FUSED_BYTES`): a plan with a single data phase (one-shot all_reduce,
+///   reduce, reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as
+///   one kernel of one block with both barriers inside: one launch instead of three.
+/// * **No host synchronisation** inside a collective: launches only, so every collective can
+///   be captured in a CUDA graph ([`Stream::begin_capture`]) and replayed. Staging memory (in-place
+///   one-shot all_reduce, in-place all_to_all): 64 KiB from [`GpuColl::new`], more allocated on
+///   demand outside capture; a capture that would need more than [`GpuColl::reserve`]d is an
+///   error. Reserve the most a run needs before its first collective: allocating device
+///   memory while peers' kernels already wait in a collective may wait for them (PEs sharing a
+///   GPU).
+///   Capture and instantiate on every PE before any PE launches its graph (as with kernel
+///   loading, the driver may make graph instantiation wait for kernels running on the GPU,
+///   and a launched collective waits for its peers).
+/// * **Validation before launch**: lengths against the objects, root inside the team, the
+///   operation against the element type, strided team, stream of this GPU → [`Error`]. What
+///   only the GPU knows (device-side counts of [`GpuColl::all_to_all_v_device`], peers' counts
+///   of [`GpuColl::all_to_all_v`]) is checked on the GPU: a violation copies nothing for the
+///   offending pairs and raises a flag that [`GpuColl::check_errors`] turns into an error.
+/// * **Cross-PE argument check, on the GPU** (no host synchronisation, no extra launch): the
+///   first barrier of every collective (the barrier kernel, or the first barrier inside a fused
+///   kernel) carries the call's signature, a kernel argument computed on the host: kind,
+///   element type, operation, count, root, in place, algorithm, barrier count, the source and
+///   destination objects, the team. Each member stores it into every member's slot before the
+///   barrier and compares every member's after it. If any differ, no member moves data in that
+///   call (its later kernels read a per-team-slot skip flag), every member still performs as
+///   many barriers as the longest of the members' calls (nobody hangs, counters stay in step),
+///   and [`GpuColl::check_errors`] returns [`Error::CollectiveMismatch`] naming the first
+///   differing member and both calls. Graph replays carry the captured signature.
+///   [`GpuColl::barrier`] carries none (it has one barrier; a collective needs at least two
+///   for the slots to be reused safely), and a call refused on the host launches nothing, so
+///   its peers wait for it (device timeout) as before.
+/// * **Contract** as for [`crate::coll::Coll`]: every member calls the same collectives in the
+///   same order with the same arguments; one stream at a time per [`GpuColl`], whatever the
+///   team (its staging memory and all_to_all_v metadata serve every team: in-place calls or
+///   all_to_all_v of two teams running at once on two streams would overwrite each other's).
+///   Collectives of different teams that run concurrently need a [`GpuColl`] per stream.
+/// * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
+///   matrix lives in one block's shared memory: about 170 members on H100/H200; an explicit
+///   error beyond). Host-count all_to_all_v lists travel in 64-member chunks of kernel
+///   arguments (one launch per chunk), copies in launches of 64 descriptors.
+///
+/// Reductions fold in team order; integers wrap; f16/bf16 accumulate in f32 and round once;
+/// min/max ignore a NaN operand (minNum/maxNum) — the same bits as the host collectives.
 ///
 /// ```no_run
 /// # fn f(pe: &rshmem::Pe) -> rshmem::Result<()> {
@@ -425,7 +425,7 @@ impl<'a> GpuColl<'a> {
 
     /// Makes sure `bytes` of staging memory exist (call before capturing an in-place one-shot
     /// all_reduce or in-place all_to_all of that size; calls outside capture grow it on demand,
-    /// but best before the first collective: see the [module docs](self)). 64 KiB exist from
+    /// but best before the first collective: see the [`GpuColl`] docs). 64 KiB exist from
     /// [`GpuColl::new`].
     pub fn reserve(&self, bytes: usize) -> Result<()> {
         self.temp_addr(None, bytes).map(|_| ())

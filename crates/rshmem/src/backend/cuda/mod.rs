@@ -1,9 +1,9 @@
 //! CUDA backend: the symmetric heap in GPU memory, one GPU per PE.
 //!
-//! Layered as cudarc is: [`ffi`] makes every raw driver/NVRTC call (and probes the libraries
+//! Layered as cudarc is: `ffi` makes every raw driver/NVRTC call (and probes the libraries
 //! first, so a machine without CUDA gets [`Error::Backend`], never a panic); `gpu` holds the
 //! safe per-device types (contexts made current per call, streams, modules); `heap` the static
-//! and VMM heaps; this file the [`Backend`] implementation for the host API; the public modules
+//! and VMM heaps; this file the `Backend` implementation for the host API; the public modules
 //! the stream-ordered API, the device API (kernels compiled by NVRTC), `info` and benchmarks.
 //!
 //! Device choice: `Config::devices` / `RSHMEM_DEVICES` (world rank → GPU ordinal), else the
