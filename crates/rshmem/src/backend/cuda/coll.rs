@@ -235,7 +235,8 @@ pub fn coll_kernel_names() -> Vec<String> {
 /// increasing counters in device memory, so a captured graph replays correctly), and the
 /// copy or reduce steps between two syncs become one kernel (`kernels/coll.cu`) that reads the
 /// peers' symmetric buffers directly through the peer mappings, spread over the GPU's SMs.
-/// Data kernels never wait for peers, so PEs that share a GPU cannot deadlock.
+/// Data kernels never wait for peers, so waiting kernels never take the SMs their peers need
+/// (PEs that share a GPU can still stall on its hardware queues: see the [`crate::cuda`] docs).
 ///
 /// * **Algorithms.** all_reduce and broadcast: one-shot (every member reads every input;
 ///   2 barriers) below [`CollConfig::two_shot_bytes`], two-shot (reduce-scatter then
