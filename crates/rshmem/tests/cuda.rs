@@ -772,6 +772,33 @@ fn gpu_device_api_vmm() {
 
 #[test]
 #[ignore = "needs a GPU"]
+fn gpu_device_barrier_timeout_names_the_missing_pe() {
+    let cfg = gpu_config(HeapKind::Static).timeout(Duration::from_secs(2));
+    let _gpu = harness::gpu_world();
+    let r = rshmem::threads_with(cfg, 2, |pe| -> Result<()> {
+        let g = CudaPe::new(pe)?;
+        let s = g.stream()?;
+        pe.barrier_all()?;
+        if pe.my_pe() == 0 {
+            // PE 1 never joins: the stream barrier gives up, naming it.
+            g.barrier_on_stream(&s)?;
+            s.synchronize()?;
+            match pe.quiet() {
+                Err(Error::Timeout { pe: Some(1), .. }) => {}
+                other => panic!("PE 0: expected a timeout naming PE 1, got {other:?}"),
+            }
+            pe.quiet()?; // cleared, the name too
+        }
+        pe.barrier_all()
+    })
+    .expect("world");
+    for x in r {
+        x.unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
 fn gpu_device_timeout_is_an_error() {
     let cfg = gpu_config(HeapKind::Static).timeout(Duration::from_secs(2));
     let _gpu = harness::gpu_world();
@@ -785,7 +812,8 @@ fn gpu_device_timeout_is_an_error() {
             // Nobody ever sets it: the device wait gives up after the timeout.
             g.wait_until_on_stream(&s, &sig, 0, Cmp::Gt, 0)?;
             s.synchronize()?;
-            assert!(matches!(pe.quiet(), Err(Error::Timeout { .. })));
+            // A wait on a signal names no PE (anyone may set it).
+            assert!(matches!(pe.quiet(), Err(Error::Timeout { pe: None, .. })));
             pe.quiet()?; // cleared
         }
         pe.barrier_all()

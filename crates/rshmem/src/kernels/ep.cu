@@ -205,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
         if (s_gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
         rshmemi_signal_op_collective(sig + me, s_epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
     }
-    for (int s = tid; s < n; s += nth) rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_epoch);
+    for (int s = tid; s < n; s += nth) rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_epoch, ep_pe(P, s));
     __syncthreads();
     if (tid == 0) asm volatile("fence.acq_rel.sys;" ::: "memory");
     __syncthreads();
@@ -365,7 +365,7 @@ extern "C" __global__ void ep_wait(const ep_params* P, int which) {
     __syncthreads();
     rshmem_u64* sig = (rshmem_u64*)P->sig + (1 + which) * n;
     for (int s = threadIdx.x; s < n; s += blockDim.x)
-        rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_c * (rshmem_u64)P->grid);
+        rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_c * (rshmem_u64)P->grid, ep_pe(P, s));
     __syncthreads();
     if (threadIdx.x == 0) {
         asm volatile("fence.acq_rel.sys;" ::: "memory");

@@ -11,7 +11,8 @@
 // (`SyncLayout` in backend/cuda/mod.rs) in 64-bit words at the offsets `rshmem_dstate` gives:
 //   sync_bar: team_slots x n_pes barrier counters (slot s, member p: s * n_pes + p)
 //   sync_exp: team_slots x n_pes barrier expectations (same indexing)
-//   sync_err: the error word (RSHMEM_ERR_* bits), then 7 reserved words
+//   sync_err: the error word (RSHMEM_ERR_* bits); then the PE that the first timed-out wait
+//   naming one waited for, plus 1 (0: none named); then 6 reserved words
 //   then n_pes words: the table of heap bases `base` points to (this PE's area only)
 // Slot 0 is the world's, the last (stream_slot) rshmem's stream barrier's.
 #ifndef RSHMEM_DEVICE_CUH
@@ -143,7 +144,9 @@ __device__ __forceinline__ bool rshmemi_cmp(rshmem_u64 a, int cmp, rshmem_u64 b)
     }
 }
 
-__device__ __forceinline__ void rshmemi_flag_timeout() {
+// Flags a timed-out wait; `pe` >= 0 names the PE it waited for (the first named one is kept).
+__device__ __forceinline__ void rshmemi_flag_timeout(int pe = -1) {
+    if (pe >= 0) atomicCAS((unsigned long long*)(rshmemi_err_word() + 1), 0ull, (unsigned long long)pe + 1);
     atomicOr((unsigned long long*)rshmemi_err_word(), RSHMEM_ERR_TIMEOUT);
 }
 
@@ -159,8 +162,9 @@ __device__ __forceinline__ rshmem_u64 rshmemi_ld_relaxed(const rshmem_u64* p) {
 
 // Waits until the 64-bit word at `p` (this PE's memory) compares true; gives up after the
 // configured timeout (flagging an error the host reports). What the signaller wrote before its
-// release is visible after the wait. Returns the value last seen.
-__device__ __forceinline__ rshmem_u64 rshmemi_wait64(const rshmem_u64* p, int cmp, rshmem_u64 v) {
+// release is visible after the wait. Returns the value last seen. `pe` >= 0: the PE whose
+// signal this waits for, named in the timeout the host reports.
+__device__ __forceinline__ rshmem_u64 rshmemi_wait64(const rshmem_u64* p, int cmp, rshmem_u64 v, int pe = -1) {
 #if RSHMEMI_WAIT_FENCE
 #define RSHMEMI_POLL rshmemi_ld_relaxed
 #else
@@ -175,7 +179,7 @@ __device__ __forceinline__ rshmem_u64 rshmemi_wait64(const rshmem_u64* p, int cm
         unsigned spins = 0;
         while (!rshmemi_cmp(x = RSHMEMI_POLL(p), cmp, v)) {
             if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-                rshmemi_flag_timeout();
+                rshmemi_flag_timeout(pe);
                 break;
             }
         }
@@ -549,7 +553,7 @@ __device__ __forceinline__ void rshmem_team_sync_block(rshmem_team team) {
         rshmem_u64* exp = mine + exp_at + pe;
         rshmem_u64 e = *exp + 1;
         *exp = e;
-        rshmemi_wait64(mine + bar + pe, RSHMEM_CMP_GE, e);
+        rshmemi_wait64(mine + bar + pe, RSHMEM_CMP_GE, e, pe);
     }
     __syncthreads();
 }

@@ -593,57 +593,58 @@ impl CudaBackend {
     /// Reads and clears the device error word (set by device waits that timed out and device
     /// barriers given a team outside the job or one this PE is not a member of).
     pub(crate) fn take_device_error(&self) -> Result<()> {
-        let mut v = 0u64;
+        // The error word and the word naming the PE a timed-out wait waited for (+1).
+        let mut v = [0u64; 2];
         let a = self.sync_addr(self.me, self.layout.err());
         {
             let _l = self.guard();
             let _g = self.gpu.bind()?;
-            // SAFETY: 8 bytes from this PE's sync area into a local.
+            // SAFETY: 16 bytes from this PE's sync area (error word and the next) into a local.
             ffi::check(
                 unsafe {
-                    ffi::cu::cuMemcpyDtoHAsync_v2(
-                        &mut v as *mut u64 as *mut _,
-                        a,
-                        8,
-                        self.stream.raw,
-                    )
+                    ffi::cu::cuMemcpyDtoHAsync_v2(v.as_mut_ptr() as *mut _, a, 16, self.stream.raw)
                 },
                 "cuMemcpyDtoHAsync",
             )?;
             self.stream.sync()?;
         }
-        if v != 0 {
-            let z = 0u64;
+        if v[0] != 0 {
+            let z = [0u64; 2];
             let _l = self.guard();
             let _g = self.gpu.bind()?;
-            // SAFETY: 8 bytes from a local into this PE's sync area.
+            // SAFETY: 16 bytes from a local into this PE's sync area (the same two words).
             ffi::check(
                 unsafe {
-                    ffi::cu::cuMemcpyHtoDAsync_v2(
-                        a,
-                        &z as *const u64 as *const _,
-                        8,
-                        self.stream.raw,
-                    )
+                    ffi::cu::cuMemcpyHtoDAsync_v2(a, z.as_ptr() as *const _, 16, self.stream.raw)
                 },
                 "cuMemcpyHtoDAsync",
             )?;
             self.stream.sync()?;
-            if v & ERR_BAD_TEAM != 0 {
-                return Err(Error::Team(
-                    "a device barrier was given a team whose slot or members lie outside this \
-                     job, or that this PE is not a member of (a DeviceTeam not made by \
-                     CudaPe::device_team on this PE?); it synchronised nothing"
-                        .into(),
-                ));
-            }
-            return Err(Error::Timeout {
-                op: "device-side wait (kernel or stream)",
-                pe: None,
-                after: self.timeout,
-            });
+            return Err(device_error(v[0], v[1], self.layout.n_pes, self.timeout));
         }
         Ok(())
+    }
+}
+
+/// The error of a device error word `word` and its info word `named` (the PE a timed-out
+/// wait waited for, plus 1; 0 or out of range: not named).
+fn device_error(word: u64, named: u64, n_pes: usize, after: std::time::Duration) -> Error {
+    if word & ERR_BAD_TEAM != 0 {
+        return Error::Team(
+            "a device barrier was given a team whose slot or members lie outside this \
+             job, or that this PE is not a member of (a DeviceTeam not made by \
+             CudaPe::device_team on this PE?); it synchronised nothing"
+                .into(),
+        );
+    }
+    let pe = named
+        .checked_sub(1)
+        .map(|p| p as usize)
+        .filter(|&p| p < n_pes);
+    Error::Timeout {
+        op: "device-side wait (kernel or stream)",
+        pe,
+        after,
     }
 }
 
@@ -919,6 +920,27 @@ mod tests {
         for gone in ["RSHMEM_MAX_PES", "RSHMEM_MAX_TEAMS", "RSHMEM_SYNC_"] {
             assert!(!h.contains(gone), "{gone} is back in the header");
         }
+    }
+
+    #[test]
+    fn device_errors_name_the_pe_waited_for() {
+        const ERR_TIMEOUT: u64 = 1; // RSHMEM_ERR_TIMEOUT
+        let t = Duration::from_secs(3);
+        let pe_of = |e: Error| match e {
+            Error::Timeout { pe, after, .. } => {
+                assert_eq!(after, t);
+                pe
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        };
+        assert_eq!(pe_of(device_error(ERR_TIMEOUT, 0, 4, t)), None);
+        assert_eq!(pe_of(device_error(ERR_TIMEOUT, 1, 4, t)), Some(0));
+        assert_eq!(pe_of(device_error(ERR_TIMEOUT, 4, 4, t)), Some(3));
+        assert_eq!(pe_of(device_error(ERR_TIMEOUT, 5, 4, t)), None);
+        assert!(matches!(
+            device_error(ERR_BAD_TEAM | ERR_TIMEOUT, 2, 4, t),
+            Error::Team(_)
+        ));
     }
 
     #[test]
