@@ -620,12 +620,19 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
             Ok(()) => panic!("{bad:?}: PE {me} of {n} returned Ok"),
             Err(e) => e,
         };
+        // The buffer that is one element too long, named, with both lengths; a mismatch names
+        // the first PE that disagrees (PE 0 for the culprit, the culprit for the others).
+        let long = |name: &str| {
+            matches!(&e, Error::LengthMismatch { what, got, expected }
+                if what.starts_with(name) && *got == *expected + 1)
+        };
+        let first_other = if culprit { 0 } else { n - 1 };
         let specific = match bad {
-            Bad::XLen | Bad::WeightsLen | Bad::CombineLen => {
-                matches!(e, Error::LengthMismatch { .. })
-            }
+            Bad::XLen => long("x "),
+            Bad::WeightsLen => long("topk_weights"),
+            Bad::CombineLen => long("expert outputs"),
             Bad::TopkDiffers | Bad::CombineWhileOthersDispatch | Bad::CombineStaleHandle => {
-                matches!(e, Error::CollectiveMismatch { .. })
+                matches!(e, Error::CollectiveMismatch { pe, .. } if pe == first_other)
             }
             _ => matches!(e, Error::InvalidArgument(_)),
         };
@@ -636,7 +643,8 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
             Bad::TopkDiffers | Bad::CombineWhileOthersDispatch | Bad::CombineStaleHandle
         ) {
             assert!(
-                matches!(&e, Error::InvalidArgument(m) if m.contains("rejected its input")),
+                matches!(&e, Error::InvalidArgument(m)
+                    if m.contains("rejected its input") && m.contains(&format!("PE {} ", n - 1))),
                 "{bad:?}: peer got {e:?}"
             );
         } else {
