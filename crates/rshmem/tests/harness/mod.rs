@@ -135,7 +135,8 @@ pub fn processes(test: &str, n: usize, threads: usize, body: fn(&Pe) -> Result<(
         "the library left segments of the job for the launcher to remove"
     );
     assert_eq!(
-        ran, n,
+        ran,
+        n,
         "{test}: only {ran} of {n} PEs as {} process(es) x {threads} thread(s) ran the body \
          to the end",
         n / threads
