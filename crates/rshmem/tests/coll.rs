@@ -479,6 +479,14 @@ mode_test!(coll_auto_large, [2, 3], auto_body);
 // ----- bad inputs: an error on every member, nothing moved, and the next call works -----
 
 fn bad_body(pe: &Pe) -> Result<()> {
+    // a zero chunk is refused before anything is allocated
+    let used = pe.heap_usage().1;
+    let r = Coll::new(pe, CollConfig::default().chunk_bytes(0)).map(|_| ());
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("chunk")),
+        "{r:?}"
+    );
+    assert_eq!(pe.heap_usage().1, used);
     let coll = Coll::new(pe, CollConfig::default())?;
     let w = pe.world_team();
     let (n, me) = (pe.n_pes(), pe.my_pe());
