@@ -11,6 +11,7 @@ mod common;
 
 use common::{check_eq, expect_err, poison};
 use rshmem::coll::{Coll, CollConfig, ReduceOp};
+use rshmem::ep::{Buffer, EpConfig, EpMode};
 use rshmem::{Cmp, Config, Error, InProcBootstrap, Pe, Result, SignalOp, Sym, Team};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -642,6 +643,21 @@ fn handles_of_an_ended_world() {
             ended,
         );
         coll.free()?;
+        // an expert-parallel buffer for the old team: an error, and no symmetric memory kept
+        let used = pe.heap_usage().1;
+        let ep = EpConfig {
+            num_experts: 4,
+            max_tokens: 4,
+            hidden: 8,
+            max_topk: 2,
+            mode: EpMode::Normal,
+        };
+        expect_err("ep buffer old team", Buffer::<f32>::new(pe, &t, ep), ended);
+        assert_eq!(
+            pe.heap_usage().1,
+            used,
+            "a failed ep::Buffer::new kept memory"
+        );
         expect_err("team barrier", pe.team_barrier(&t), ended);
         expect_err("team split", pe.team_split_strided(&t, 0, 1, 1), ended);
         expect_err("team destroy", pe.team_destroy(t), ended);
