@@ -635,3 +635,75 @@ fn bootstrap_failures_across_processes() {
     run(&[3, 3, 4], "world size mismatch");
     run(&[3, 3], "never connected");
 }
+
+#[test]
+fn bad_launcher_environment() {
+    if harness::is_child() {
+        // init must refuse the environment before any bootstrap, naming what is wrong
+        let want = std::env::var("EXPECT").unwrap();
+        match rshmem::init() {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains(&want), "{msg}"),
+            other => panic!("expected an invalid-argument error ({want}), got {other:?}"),
+        }
+        return;
+    }
+    let s = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let cases = [
+        (
+            s(&[("RSHMEM_RANK", "3"), ("RSHMEM_WORLD_SIZE", "3")]),
+            "process 3 is out of range",
+        ),
+        (
+            s(&[("RSHMEM_RANK", "0")]),
+            "RSHMEM_RANK is set but RSHMEM_WORLD_SIZE is not",
+        ),
+        (
+            s(&[("RSHMEM_RANK", "-1"), ("RSHMEM_WORLD_SIZE", "2")]),
+            "RSHMEM_RANK=\"-1\"",
+        ),
+        (
+            s(&[
+                ("RSHMEM_RANK", "1"),
+                ("RSHMEM_WORLD_SIZE", "4"),
+                ("RSHMEM_THREADS", "2"),
+            ]),
+            "multiples of RSHMEM_THREADS=2",
+        ),
+        (
+            s(&[("RSHMEM_THREADS", "0")]),
+            "RSHMEM_THREADS must be at least 1",
+        ),
+        (s(&[("RSHMEM_JOB", "not-hex")]), "RSHMEM_JOB"),
+        (
+            s(&[("RANK", "2"), ("WORLD_SIZE", "2")]),
+            "torchrun environment: process 2",
+        ),
+        (s(&[("OMPI_COMM_WORLD_RANK", "0")]), "OMPI_COMM_WORLD_SIZE"),
+    ];
+    let test = "bad_launcher_environment";
+    for (mut env, expect) in cases {
+        env.push(("EXPECT".into(), expect.into()));
+        let st = spawn_plain(test, &env).wait().unwrap();
+        assert!(st.success(), "{env:?}: {st:?}");
+    }
+}
+
+#[test]
+fn bootstrap_bad_rank_or_size() {
+    let id = unique_id().unwrap();
+    for (rank, size) in [(3, 3), (0, 0), (usize::MAX, 2)] {
+        let r = TcpBootstrap::with_config(tcp(&id, rank, size, 500)).map(|_| ());
+        assert_boot_err(&r, Some(rank), "out of range");
+    }
+    let mut c = tcp(&id, 0, 2, 500);
+    c.pes_per_rank = 0;
+    let r = TcpBootstrap::with_config(c).map(|_| ());
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("pes_per_rank")),
+        "{r:?}"
+    );
+}
