@@ -27,16 +27,18 @@ fn pe_out_of_range(pe: &Pe) -> Result<()> {
         let is = |e: &Error| matches!(e, Error::PeOutOfRange { pe, n_pes, what: "world" } if *pe == bad && *n_pes == n);
         expect_err("put", pe.put(&x, 0, &[1, 2], bad), is);
         expect_err("put empty", pe.put(&x, 0, &[], bad), is);
-        let mut buf = [0u64; 2];
+        let mut buf = [0xdead_u64; 2];
         expect_err("get", pe.get(&x, 0, &mut buf, bad), is);
-        assert_eq!(buf, [0, 0], "get into out-of-range PE wrote the buffer");
+        assert_eq!(
+            buf, [0xdead; 2],
+            "get into out-of-range PE wrote the buffer"
+        );
         expect_err("p", pe.p(&x, 0, 1, bad), is);
         expect_err("g", pe.g(&x, 0, bad), is);
         expect_err("put_nbi", pe.put_nbi(&x, 0, &[1], bad, 0), is);
         expect_err("get_nbi", pe.get_nbi(&x, 0, &mut buf, bad, 0), is);
         assert_eq!(
-            buf,
-            [0, 0],
+            buf, [0xdead; 2],
             "get_nbi from an out-of-range PE wrote the buffer"
         );
         expect_err(
