@@ -222,7 +222,26 @@ fn out_of_bounds(pe: &Pe) -> Result<()> {
         msg.contains("8..11") && msg.contains("10 elements"),
         "{msg}"
     );
+    // a zero-length object: every element access is out of bounds, empty ranges are fine
+    let z = pe.alloc::<u32>(0)?;
+    let empty = |e: &Error| {
+        matches!(
+            e,
+            Error::OutOfBounds {
+                start: 0,
+                end: 1,
+                len: 0
+            }
+        )
+    };
+    expect_err("put into empty", pe.put(&z, 0, &[1], me), empty);
+    expect_err("g of empty", pe.g(&z, 0, me), empty);
+    expect_err("atomic on empty", pe.atomic_fetch(&z, 0, me), empty);
+    pe.put(&z, 0, &[], me)?;
+    assert!(pe.local_vec(&z)?.is_empty());
+    check_eq("neighbour of the empty object", &pe.local_vec(&x)?, &want);
     pe.barrier_all()?;
+    pe.free(z)?;
     pe.free(sig)?;
     pe.free(x)
 }
