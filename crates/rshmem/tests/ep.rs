@@ -694,13 +694,29 @@ fn bad_configs(pe: &Pe) -> Result<()> {
             },
             ..good
         },
+        // sizes whose byte count overflows
+        EpConfig {
+            max_tokens: usize::MAX / 2,
+            hidden: 1 << 40,
+            ..good
+        },
+        EpConfig {
+            hidden: usize::MAX,
+            ..good
+        },
     ];
+    let used_before = pe.heap_usage().1;
     for c in bads {
         if n == 1 && c.num_experts == EPP + 1 {
             continue; // every count of experts splits over one PE
         }
         let r = Buffer::<f32>::new(pe, w, c);
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{c:?}: {r:?}");
+        assert_eq!(
+            pe.heap_usage().1,
+            used_before,
+            "{c:?}: a refused buffer kept memory"
+        );
     }
     if n > 1 {
         // One PE with an invalid configuration, the others valid: every PE errs, nobody waits.
@@ -712,9 +728,10 @@ fn bad_configs(pe: &Pe) -> Result<()> {
         };
         match Buffer::<f32>::new(pe, w, c) {
             Err(Error::InvalidArgument(_)) if culprit => {}
-            Err(Error::CollectiveMismatch { .. }) if !culprit => {}
+            Err(Error::CollectiveMismatch { pe: p, .. }) if !culprit && p == n - 1 => {}
             r => panic!("mixed configs on PE {}: {r:?}", pe.my_pe()),
         }
+        assert_eq!(pe.heap_usage().1, used_before, "mixed configs kept memory");
         // Same sizes, different modes: the first call finds out, on every PE.
         let c = if culprit {
             EpConfig {
@@ -742,6 +759,11 @@ fn bad_configs(pe: &Pe) -> Result<()> {
     let (_, used0) = pe.heap_usage();
     let r = Buffer::<f32>::new(pe, w, huge);
     assert!(matches!(r, Err(Error::HeapExhausted { .. })), "{r:?}");
+    assert_eq!(
+        pe.heap_usage().1,
+        used0,
+        "a buffer too big for the heap kept memory"
+    );
     // Sizes are reported and match what the heap gave out.
     let b = Buffer::<bf16>::new(pe, w, good)?;
     let (_, used1) = pe.heap_usage();
