@@ -891,11 +891,26 @@ fn peer_lost_during_dispatch_is_an_error() {
             Ok(())
         })
     });
-    assert!(r.is_err(), "the dying PE's panic is resumed");
+    let payload = match r {
+        Err(p) => p,
+        Ok(v) => panic!("threads_with returned {v:?} instead of resuming the panic"),
+    };
+    let msg = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(msg.contains("dies on purpose"), "resumed panic: {msg:?}");
     let mut seen = SEEN.lock().unwrap().clone();
     seen.sort();
-    assert_eq!(seen.len(), n - 1, "{seen:?}");
+    assert_eq!(
+        seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        (0..n - 1).collect::<Vec<_>>(),
+        "{seen:?}"
+    );
     for (p, e) in seen {
-        assert!(e.contains("PeerLost"), "PE {p}: {e}");
+        assert!(
+            e.contains(&format!("PeerLost {{ pe: {}", n - 1)),
+            "PE {p}: {e}"
+        );
     }
 }
