@@ -784,14 +784,20 @@ mode_test!(bad_configs_rejected, [1, 2, 3], bad_configs);
 
 // ----- capacity -----
 
-/// PE `s` sends `count` tokens, each to one expert of PE `(s + 1) % n`.
+/// PE `s` sends `count` tokens, each to one expert of PE `(s + 1) % n`; its hidden states
+/// name it (so rows from the wrong PE, or another PE's combine result, cannot pass).
 fn shifted(pe: &Pe, count: usize) -> (Vec<i64>, Vec<f32>, Vec<f32>) {
     let n = pe.n_pes();
     let dest = (pe.my_pe() + 1) % n;
     let ids = (0..count).map(|t| (dest * EPP + t % EPP) as i64).collect();
     let w = vec![0.5; count];
-    let x = (0..count * H).map(|i| i as f32).collect();
-    (ids, w, x)
+    (ids, w, shifted_x(pe.my_pe(), count))
+}
+
+fn shifted_x(s: usize, count: usize) -> Vec<f32> {
+    (0..count * H)
+        .map(|i| (i + 1000 * (s + 1)) as f32)
+        .collect()
 }
 
 fn capacity(pe: &Pe) -> Result<()> {
@@ -810,6 +816,9 @@ fn capacity(pe: &Pe) -> Result<()> {
         assert_eq!(d.handle.num_recv_tokens(), cap);
         let src = (pe.my_pe() + n - 1) % n;
         assert!(d.handle.recv_src_pe().iter().all(|&s| s as usize == src));
+        // cap <= EPP tokens, one per expert: expert-major order is the sender's token order
+        assert!(cap <= EPP);
+        assert_eq!(d.x, shifted_x(src, cap), "rows received from PE {src}");
         let out = buf.combine(pe, &d.handle, &d.x)?;
         assert_eq!(out, x.iter().map(|v| v * 0.5).collect::<Vec<_>>());
         // Over capacity on PE 0 only: an error on every PE naming the pair, no data moved.
