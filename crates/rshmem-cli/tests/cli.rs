@@ -101,16 +101,23 @@ fn perf_writes_json_records_and_svg() {
 
 #[test]
 fn bad_arguments_fail_cleanly() {
-    for args in [
-        &["perf", "--max-size", "3"][..],
-        &["perf", "--ops", "nonsense"],
-        &["perf", "--quick", "--full"],
-        &["perf", "--mode", "sideways"],
-        &["perf", "--coll", "--suites", "p2p"],
-        &["frobnicate"],
+    // (arguments, what the error must name); nothing is measured, nothing printed on stdout
+    for (args, names) in [
+        (&["perf", "--max-size", "3"][..], "--max-size"),
+        (&["perf", "--ops", "nonsense"], "'nonsense'"),
+        (&["perf", "--quick", "--full"], "--full"),
+        (&["perf", "--mode", "sideways"], "'sideways'"),
+        (&["perf", "--coll", "--suites", "p2p"], "--suites"),
+        (&["frobnicate"], "'frobnicate'"),
     ] {
         let out = rshmem().args(args).output().unwrap();
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(names),
+            "{args:?}: stderr lacks {names:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?} printed results");
     }
     let out = rshmem()
         .args(["perf", "--ops", "barrier"])

@@ -44,15 +44,46 @@ fn mixed_mode_environment() {
         .collect();
     lines.sort();
     assert_eq!(lines, vec!["0/2/0", "2/2/1"]);
-    let bad = rshmem()
-        .args(["run", "-n", "3", "-t", "2", "--", "true"])
-        .status()
+}
+
+/// Bad `run` arguments: exit code 2, a message naming the problem, and nothing started.
+#[test]
+fn bad_run_arguments() {
+    for (args, names) in [
+        (&["-n", "3", "-t", "2"][..], "3 PEs cannot be split"),
+        (&["-n", "0"], "0 PEs"),
+        (&["-n", "x"], "'x'"),
+        (&["-n", "2", "--timeout", "-1"], "--timeout -1"),
+        (&["-n", "2", "--grace", "abc"], "'abc'"),
+    ] {
+        let out = rshmem()
+            .arg("run")
+            .args(args)
+            .args(["--", "sh", "-c", "echo started"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(names),
+            "{args:?}: stderr lacks {names:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: a process was started");
+    }
+    let out = rshmem().args(["run", "-n", "2"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "no command");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("<COMMAND>"));
+    let out = rshmem()
+        .args(["run", "-n", "2", "--", "/nonexistent/rshmem-test-cmd"])
+        .output()
         .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
     assert_ne!(
-        bad.code(),
+        out.status.code(),
         Some(0),
-        "3 PEs cannot be split in processes of 2"
+        "a command that does not exist: {err}"
     );
+    assert!(err.contains("/nonexistent/rshmem-test-cmd"), "{err}");
 }
 
 #[test]

@@ -282,4 +282,51 @@ mod tests {
             Some(Duration::from_millis(2500))
         );
     }
+
+    #[test]
+    fn malformed_environment_is_an_error_naming_the_variable() {
+        // The only test of the crate that touches these variables (one at a time).
+        let bad = [
+            ("RSHMEM_HEAP_SIZE", "lots"),
+            ("RSHMEM_HEAP_SIZE", "-1M"),
+            ("RSHMEM_HEAP_SIZE", "0"),
+            ("RSHMEM_BACKEND", "fpga"),
+            ("RSHMEM_HEAP", "dynamic"),
+            ("RSHMEM_MAX_TEAMS", "many"),
+            ("RSHMEM_MAX_TEAMS", "0"),
+            ("RSHMEM_COMPLETION_QUEUE", "-3"),
+            ("RSHMEM_DEVICES", "0,x"),
+        ];
+        for (var, v) in bad {
+            std::env::set_var(var, v);
+            let r = Config::from_env();
+            std::env::remove_var(var);
+            match r {
+                Err(Error::InvalidArgument(m)) => {
+                    assert!(
+                        m.contains(var) || v == "0",
+                        "{var}={v}: message lacks the name: {m}"
+                    )
+                }
+                other => panic!("{var}={v}: {other:?}"),
+            }
+        }
+        // good values are taken
+        std::env::set_var("RSHMEM_HEAP_SIZE", "3M");
+        std::env::set_var("RSHMEM_MAX_TEAMS", "5");
+        std::env::set_var("RSHMEM_COMPLETION_QUEUE", "0");
+        let c = Config::from_env();
+        for var in [
+            "RSHMEM_HEAP_SIZE",
+            "RSHMEM_MAX_TEAMS",
+            "RSHMEM_COMPLETION_QUEUE",
+        ] {
+            std::env::remove_var(var);
+        }
+        let c = c.unwrap();
+        assert_eq!(
+            (c.heap_size, c.max_teams, c.completion_queue),
+            (3 << 20, 5, 0)
+        );
+    }
 }

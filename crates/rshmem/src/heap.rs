@@ -163,17 +163,52 @@ mod tests {
     #[test]
     fn errors() {
         let mut a = HeapAllocator::new(4096);
-        assert!(matches!(a.alloc(8, 3), Err(Error::Misaligned { .. })));
-        assert!(matches!(a.alloc(8, 0), Err(Error::Misaligned { .. })));
+        assert!(matches!(
+            a.alloc(8, 3),
+            Err(Error::Misaligned {
+                offset: 3,
+                align: 0
+            })
+        ));
+        assert!(matches!(
+            a.alloc(8, 0),
+            Err(Error::Misaligned {
+                offset: 0,
+                align: 0
+            })
+        ));
         assert!(matches!(
             a.alloc(usize::MAX, 8),
             Err(Error::HeapExhausted { .. })
         ));
-        assert!(matches!(a.alloc(8192, 8), Err(Error::HeapExhausted { .. })));
-        assert!(a.free(64).is_err());
+        assert!(matches!(
+            a.alloc(8192, 8),
+            Err(Error::HeapExhausted {
+                requested: 8192,
+                largest_free: 4096,
+                heap_size: 4096
+            })
+        ));
+        let not_live = |r: Result<()>, off: usize| match r {
+            Err(Error::InvalidArgument(m)) => {
+                assert!(m.contains(&format!("offset {off},")), "{m}")
+            }
+            other => panic!("free({off}): {other:?}"),
+        };
+        not_live(a.free(64), 64);
         let o = a.alloc(8, 8).unwrap();
+        let p = a.alloc(100, 8).unwrap();
+        // an offset inside a live block, or past the heap, is not an allocation
+        not_live(a.free(p + 8), p + 8);
+        not_live(a.free(usize::MAX), usize::MAX);
         a.free(o).unwrap();
-        assert!(a.free(o).is_err(), "double free must be an error");
+        not_live(a.free(o), o); // double free
+        assert_eq!(
+            a.used_bytes(),
+            round_up(100, MIN_ALIGN).unwrap(),
+            "failed frees freed nothing"
+        );
+        a.free(p).unwrap();
     }
 
     #[test]

@@ -335,19 +335,30 @@ mod tests {
         let job = 0xfeed_0000_0000_0001u64 ^ std::process::id() as u64;
         let name = segment_name(job, 3);
         let a = Region::create_shm(&name, 8192).unwrap();
-        assert!(Region::create_shm(&name, 8192).is_err(), "exclusive create");
+        let os = |r: Result<Region>, want: &str| match r {
+            Err(Error::Os { op, msg }) => {
+                assert_eq!(op, want, "{msg}");
+                assert!(msg.contains(&name), "{msg} lacks the segment name");
+            }
+            other => panic!("expected an {want} error, got {:?}", other.map(|_| ())),
+        };
+        os(Region::create_shm(&name, 8192), "shm_open (create)"); // exclusive
         let b = Region::open_shm(&name, 8192).unwrap();
         // SAFETY: both map the same 8192 bytes.
         unsafe {
             a.ptr().add(100).write(42);
             assert_eq!(b.ptr().add(100).read(), 42);
         }
-        assert!(
-            Region::open_shm(&name, 1 << 20).is_err(),
-            "short segment is an error"
-        );
+        // the failed exclusive create left the first segment alone
+        // SAFETY: a maps 8192 bytes.
+        unsafe { assert_eq!(a.ptr().add(100).read(), 42) };
+        os(Region::open_shm(&name, 1 << 20), "fstat (peer segment)"); // too short
+        assert!(matches!(
+            Region::create_shm("/rshmem-bad\0name", 4096).map(|_| ()),
+            Err(Error::InvalidArgument(_))
+        ));
         a.unlink();
-        assert!(Region::open_shm(&name, 8192).is_err());
+        os(Region::open_shm(&name, 8192), "shm_open (peer)");
         drop(a);
         // SAFETY: b still maps the memory.
         unsafe { assert_eq!(b.ptr().add(100).read(), 42) };

@@ -103,14 +103,34 @@ mod tests {
     #[test]
     fn strided() {
         assert_eq!(strided_members(8, 1, 2, 4).unwrap(), vec![1, 3, 5, 7]);
-        assert!(strided_members(8, 1, 2, 5).is_err());
-        assert!(strided_members(8, 0, 0, 2).is_err());
+        assert_eq!(strided_members(8, 7, 1, 1).unwrap(), vec![7]);
+        assert_eq!(strided_members(3, 0, 1, 3).unwrap(), vec![0, 1, 2]);
         assert_eq!(strided_members(8, 5, 0, 1).unwrap(), vec![5]);
-        assert!(strided_members(8, 0, usize::MAX, 3).is_err());
+        for (start, stride, size) in [
+            (1, 2, 5),          // last member 9 of 8
+            (0, 0, 2),          // stride 0 with two members
+            (0, usize::MAX, 3), // overflow
+            (8, 1, 1),          // start outside
+            (0, 1, 0),          // empty
+        ] {
+            let r = strided_members(8, start, stride, size);
+            assert!(
+                matches!(r, Err(Error::InvalidArgument(_))),
+                "({start}, {stride}, {size}): {r:?}"
+            );
+        }
     }
     #[test]
     fn colors() {
         let g = color_groups(&[Some(1), None, Some(0), Some(1)], &[5, 0, 0, -1]);
         assert_eq!(g, vec![(0, vec![2]), (1, vec![3, 0])]);
+        // equal keys keep the parent order; colors ascend whatever order they come in
+        let g = color_groups(
+            &[Some(9), Some(2), Some(9), Some(2), Some(9)],
+            &[1, 0, 1, 0, 0],
+        );
+        assert_eq!(g, vec![(2, vec![1, 3]), (9, vec![4, 0, 2])]);
+        assert!(color_groups(&[None, None], &[0, 0]).is_empty());
+        assert!(color_groups(&[], &[]).is_empty());
     }
 }

@@ -190,6 +190,9 @@ fn contention<T: AtomicElem>(pe: &Pe) -> Result<()> {
     let tickets = pe.alloc::<T>(n * k)?;
     let won = pe.alloc::<T>(n)?;
     pe.local_fill(&c, T::from_bits(0))?;
+    // poison: not a ticket, not a win flag
+    pe.local_fill(&tickets, T::from_bits(0x7777))?;
+    pe.local_fill(&won, T::from_bits(0x7777))?;
     pe.barrier_all()?;
     let mut mine = Vec::with_capacity(k);
     for i in 0..k {
@@ -217,20 +220,22 @@ fn contention<T: AtomicElem>(pe: &Pe) -> Result<()> {
     pe.put(&tickets, me * k, &mine, 0)?;
     pe.p(&won, me, T::from_bits(winner as u64), 0)?;
     pe.barrier_all()?;
-    if me == 0 {
+    // every PE checks PE 0's words (read remotely), and that its own copy was not a target
+    let remote = |s: &rshmem::Sym<T>| -> Result<Vec<T>> {
+        let mut v = vec![T::from_bits(0x5a5a); s.len()];
+        pe.get(s, 0, &mut v, 0)?;
+        Ok(v)
+    };
+    {
         let total = (n * k) as u64;
-        let mut t: Vec<u64> = pe
-            .local_vec(&tickets)?
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
+        let mut t: Vec<u64> = remote(&tickets)?.iter().map(|v| v.to_bits()).collect();
         t.sort_unstable();
         assert_eq!(
             t,
             (0..total).collect::<Vec<_>>(),
             "tickets 0..n*k each once"
         );
-        let v = pe.local_vec(&c)?;
+        let v = remote(&c)?;
         let bits = |x: T| x.to_bits();
         assert_eq!(bits(v[0]), total);
         let sum: u64 = (0..n)
@@ -240,12 +245,22 @@ fn contention<T: AtomicElem>(pe: &Pe) -> Result<()> {
         assert_eq!(bits(v[2]), total);
         assert_eq!(bits(v[3]), (1 << n) - 1, "one bit per PE");
         assert_eq!(bits(v[4]), 0, "every bit toggled twice");
-        let wins = pe.local_vec(&won)?;
+        let wins = remote(&won)?;
+        assert!(
+            wins.iter().all(|&x| bits(x) <= 1),
+            "every PE wrote its flag: {wins:?}"
+        );
         let winners: Vec<usize> = (0..n).filter(|&p| bits(wins[p]) == 1).collect();
         assert_eq!(winners.len(), 1, "exactly one compare_swap winner");
         assert_eq!(bits(v[5]), winners[0] as u64 + 1);
         assert_eq!(bits(v[6]), total, "CAS loop count");
         assert_eq!(bits(v[7]), 0);
+        if me != 0 {
+            assert!(
+                pe.local_vec(&c)?.iter().all(|&x| bits(x) == 0),
+                "PE {me}'s counters were written"
+            );
+        }
     }
     pe.barrier_all()?;
     pe.free(won)?;
@@ -305,13 +320,23 @@ fn views<T: AtomicElem>(pe: &Pe) -> Result<()> {
     assert_eq!(w.len(), 2);
     pe.atomic_add(&w, 1, T::from_bits(me as u64 + 1), 0)?;
     pe.barrier_all()?;
+    let total = (n * (n + 1) / 2) as u64;
     if me == 0 {
-        let total = (n * (n + 1) / 2) as u64;
         assert!(pe.wait_until(&w, 1, Cmp::Eq, T::from_bits(total))? == T::from_bits(total));
-        let raw = pe.local_vec(&bytes)?;
-        let mut want = vec![0u8; 4 * sz];
-        want[3 * sz..].copy_from_slice(&total.to_le_bytes()[..sz]);
-        assert_eq!(raw, want, "only the viewed word changed");
+    }
+    // every PE reads PE 0's bytes; its own stay zero unless it is PE 0
+    let mut raw = vec![0xa5u8; 4 * sz];
+    pe.get(&bytes, 0, &mut raw, 0)?;
+    let mut want = vec![0u8; 4 * sz];
+    want[3 * sz..].copy_from_slice(&total.to_le_bytes()[..sz]);
+    assert_eq!(raw, want, "only the viewed word changed");
+    assert!(pe.atomic_fetch(&w, 1, 0)? == T::from_bits(total));
+    if me != 0 {
+        assert_eq!(
+            pe.local_vec(&bytes)?,
+            vec![0u8; 4 * sz],
+            "PE {me} was written"
+        );
     }
     pe.barrier_all()?;
     pe.free(bytes)

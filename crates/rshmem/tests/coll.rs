@@ -102,7 +102,9 @@ fn cases<'a>(
             for in_place in [false, true] {
                 stream += 1;
                 let Some(team) = team else { continue };
-                let count = COUNTS[stream as usize % COUNTS.len()];
+                // Shifted by the coll so that every (coll, team, in place) of the world team
+                // moves data: unshifted, two-shot on the world out of place only ever got 0.
+                let count = COUNTS[(stream as usize + ci) % COUNTS.len()];
                 let ctx = format!(
                     "{what} coll {ci} team {tname} {:?} in_place {in_place} count {count} (PE {} of {})",
                     team.members(),
@@ -476,11 +478,15 @@ mode_test!(coll_auto_large, [2, 3], auto_body);
 
 // ----- bad inputs: an error on every member, nothing moved, and the next call works -----
 
-fn is_err(r: &Result<()>) -> bool {
-    r.is_err()
-}
-
 fn bad_body(pe: &Pe) -> Result<()> {
+    // a zero chunk is refused before anything is allocated
+    let used = pe.heap_usage().1;
+    let r = Coll::new(pe, CollConfig::default().chunk_bytes(0)).map(|_| ());
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("chunk")),
+        "{r:?}"
+    );
+    assert_eq!(pe.heap_usage().1, used);
     let coll = Coll::new(pe, CollConfig::default())?;
     let w = pe.world_team();
     let (n, me) = (pe.n_pes(), pe.my_pe());
@@ -492,8 +498,16 @@ fn bad_body(pe: &Pe) -> Result<()> {
     let reset = |s: &Sym<i32>| pe.local_fill(s, poison);
     pe.local_write(&a, 0, &vec![me as i32 + 1; 8 * n])?;
     reset(&b)?;
+    pe.local_fill(&f, 0.5)?;
+    // neither the destination nor the sources changed (`a` is also a destination below)
     let untouched = || -> Result<()> {
         assert!(pe.local_vec(&b)?.iter().all(|&x| x == poison), "data moved");
+        assert_eq!(
+            pe.local_vec(&a)?,
+            vec![me as i32 + 1; 8 * n],
+            "source changed"
+        );
+        assert_eq!(pe.local_vec(&f)?, vec![0.5f32; 8], "float object changed");
         Ok(())
     };
 
@@ -506,7 +520,10 @@ fn bad_body(pe: &Pe) -> Result<()> {
         ReduceOp::Sum,
     );
     if me == last {
-        assert!(matches!(r, Err(Error::OutOfBounds { .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(Error::OutOfBounds { start: 0, end, len }) if end == 8 * n + 1 && len == 8 * n),
+            "{r:?}"
+        );
     } else {
         assert!(
             matches!(&r, Err(Error::InvalidArgument(m)) if m.contains(&format!("PE {last}"))),
@@ -518,9 +535,17 @@ fn bad_body(pe: &Pe) -> Result<()> {
     // different counts (each valid on its own)
     let r = coll.all_reduce(w, &b, &a, if me == last { 3 } else { 4 }, ReduceOp::Sum);
     if n > 1 {
-        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+        let other = if me == last { 0 } else { last };
+        assert!(
+            matches!(&r, Err(Error::CollectiveMismatch { pe, .. }) if *pe == other),
+            "{r:?}"
+        );
     } else {
-        assert!(r.is_ok());
+        // one PE: a valid call, which moves exactly `count` elements
+        r?;
+        let mut want = vec![poison; 8 * n];
+        want[..3].fill(1);
+        assert_eq!(pe.local_vec(&b)?, want, "single-PE all_reduce of 3");
         reset(&b)?;
     }
     untouched()?;
@@ -533,9 +558,17 @@ fn bad_body(pe: &Pe) -> Result<()> {
     };
     let r = coll.all_gather(w, d, s, 4);
     if n > 1 {
-        assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
+        let other = if me == last { 0 } else { last };
+        assert!(
+            matches!(&r, Err(Error::CollectiveMismatch { pe, .. }) if *pe == other),
+            "{r:?}"
+        );
         untouched()?;
     } else {
+        r?;
+        let mut want = vec![poison; 8];
+        want[..4].fill(1);
+        assert_eq!(pe.local_vec(&b)?, want, "single-PE all_gather of 4");
         reset(&b)?;
     }
 
@@ -574,7 +607,10 @@ fn bad_body(pe: &Pe) -> Result<()> {
         "{r:?}"
     );
     let r = coll.reduce(w, &b, &a, 4, ReduceOp::Max, n + 5);
-    assert!(matches!(r, Err(Error::PeOutOfRange { .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::PeOutOfRange { pe, n_pes, what: "team" }) if pe == n + 5 && n_pes == n),
+        "{r:?}"
+    );
     untouched()?;
 
     // bitwise operation on floats
@@ -582,17 +618,23 @@ fn bad_body(pe: &Pe) -> Result<()> {
         let r = coll.all_reduce(w, &f, &f, 8, op);
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
         let r = coll.reduce_scatter(w, &f, &f, 1, op);
-        assert!(is_err(&r), "{r:?}");
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
     }
 
     // partially overlapping source and destination
     let v1 = a.view::<i32>(0, 4 * n)?;
     let v2 = a.view::<i32>(8, 4 * n)?; // two elements further
     let r = coll.all_to_all(w, &v2, &v1, 1);
-    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("overlap")),
+        "{r:?}"
+    );
     // all_to_all needs n·count elements
     let r = coll.all_to_all(w, &b, &a, 9);
-    assert!(matches!(r, Err(Error::OutOfBounds { .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { start: 0, end, len }) if end == 9 * n && len == 8 * n),
+        "{r:?}"
+    );
     untouched()?;
 
     // all_to_all_v: member 0 expects one element more from the last member than it sends
@@ -629,7 +671,10 @@ fn bad_body(pe: &Pe) -> Result<()> {
             ..v
         },
     );
-    assert!(matches!(r, Err(Error::LengthMismatch { .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::LengthMismatch { what: "send_counts", got, expected }) if got == n + 1 && expected == n),
+        "{r:?}"
+    );
     if n > 1 {
         let zero = vec![0usize; n];
         let r = coll.all_to_all_v(
@@ -642,7 +687,10 @@ fn bad_body(pe: &Pe) -> Result<()> {
                 ..v
             },
         );
-        assert!(is_err(&r), "{r:?}");
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("receive ranges")),
+            "{r:?}"
+        );
     }
     let far = vec![8 * n; n];
     let r = coll.all_to_all_v(
@@ -656,7 +704,10 @@ fn bad_body(pe: &Pe) -> Result<()> {
             ..v
         },
     );
-    assert!(matches!(r, Err(Error::OutOfBounds { .. })), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { start, end, len }) if start == 8 * n && end == 8 * n + 1 && len == 8 * n),
+        "{r:?}"
+    );
     untouched()?;
 
     // after all that, a correct call works

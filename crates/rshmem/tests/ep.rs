@@ -620,12 +620,19 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
             Ok(()) => panic!("{bad:?}: PE {me} of {n} returned Ok"),
             Err(e) => e,
         };
+        // The buffer that is one element too long, named, with both lengths; a mismatch names
+        // the first PE that disagrees (PE 0 for the culprit, the culprit for the others).
+        let long = |name: &str| {
+            matches!(&e, Error::LengthMismatch { what, got, expected }
+                if what.starts_with(name) && *got == *expected + 1)
+        };
+        let first_other = if culprit { 0 } else { n - 1 };
         let specific = match bad {
-            Bad::XLen | Bad::WeightsLen | Bad::CombineLen => {
-                matches!(e, Error::LengthMismatch { .. })
-            }
+            Bad::XLen => long("x "),
+            Bad::WeightsLen => long("topk_weights"),
+            Bad::CombineLen => long("expert outputs"),
             Bad::TopkDiffers | Bad::CombineWhileOthersDispatch | Bad::CombineStaleHandle => {
-                matches!(e, Error::CollectiveMismatch { .. })
+                matches!(e, Error::CollectiveMismatch { pe, .. } if pe == first_other)
             }
             _ => matches!(e, Error::InvalidArgument(_)),
         };
@@ -636,7 +643,8 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
             Bad::TopkDiffers | Bad::CombineWhileOthersDispatch | Bad::CombineStaleHandle
         ) {
             assert!(
-                matches!(&e, Error::InvalidArgument(m) if m.contains("rejected its input")),
+                matches!(&e, Error::InvalidArgument(m)
+                    if m.contains("rejected its input") && m.contains(&format!("PE {} ", n - 1))),
                 "{bad:?}: peer got {e:?}"
             );
         } else {
@@ -686,13 +694,29 @@ fn bad_configs(pe: &Pe) -> Result<()> {
             },
             ..good
         },
+        // sizes whose byte count overflows
+        EpConfig {
+            max_tokens: usize::MAX / 2,
+            hidden: 1 << 40,
+            ..good
+        },
+        EpConfig {
+            hidden: usize::MAX,
+            ..good
+        },
     ];
+    let used_before = pe.heap_usage().1;
     for c in bads {
         if n == 1 && c.num_experts == EPP + 1 {
             continue; // every count of experts splits over one PE
         }
         let r = Buffer::<f32>::new(pe, w, c);
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{c:?}: {r:?}");
+        assert_eq!(
+            pe.heap_usage().1,
+            used_before,
+            "{c:?}: a refused buffer kept memory"
+        );
     }
     if n > 1 {
         // One PE with an invalid configuration, the others valid: every PE errs, nobody waits.
@@ -704,9 +728,10 @@ fn bad_configs(pe: &Pe) -> Result<()> {
         };
         match Buffer::<f32>::new(pe, w, c) {
             Err(Error::InvalidArgument(_)) if culprit => {}
-            Err(Error::CollectiveMismatch { .. }) if !culprit => {}
+            Err(Error::CollectiveMismatch { pe: p, .. }) if !culprit && p == n - 1 => {}
             r => panic!("mixed configs on PE {}: {r:?}", pe.my_pe()),
         }
+        assert_eq!(pe.heap_usage().1, used_before, "mixed configs kept memory");
         // Same sizes, different modes: the first call finds out, on every PE.
         let c = if culprit {
             EpConfig {
@@ -734,6 +759,11 @@ fn bad_configs(pe: &Pe) -> Result<()> {
     let (_, used0) = pe.heap_usage();
     let r = Buffer::<f32>::new(pe, w, huge);
     assert!(matches!(r, Err(Error::HeapExhausted { .. })), "{r:?}");
+    assert_eq!(
+        pe.heap_usage().1,
+        used0,
+        "a buffer too big for the heap kept memory"
+    );
     // Sizes are reported and match what the heap gave out.
     let b = Buffer::<bf16>::new(pe, w, good)?;
     let (_, used1) = pe.heap_usage();
@@ -754,14 +784,20 @@ mode_test!(bad_configs_rejected, [1, 2, 3], bad_configs);
 
 // ----- capacity -----
 
-/// PE `s` sends `count` tokens, each to one expert of PE `(s + 1) % n`.
+/// PE `s` sends `count` tokens, each to one expert of PE `(s + 1) % n`; its hidden states
+/// name it (so rows from the wrong PE, or another PE's combine result, cannot pass).
 fn shifted(pe: &Pe, count: usize) -> (Vec<i64>, Vec<f32>, Vec<f32>) {
     let n = pe.n_pes();
     let dest = (pe.my_pe() + 1) % n;
     let ids = (0..count).map(|t| (dest * EPP + t % EPP) as i64).collect();
     let w = vec![0.5; count];
-    let x = (0..count * H).map(|i| i as f32).collect();
-    (ids, w, x)
+    (ids, w, shifted_x(pe.my_pe(), count))
+}
+
+fn shifted_x(s: usize, count: usize) -> Vec<f32> {
+    (0..count * H)
+        .map(|i| (i + 1000 * (s + 1)) as f32)
+        .collect()
 }
 
 fn capacity(pe: &Pe) -> Result<()> {
@@ -780,6 +816,9 @@ fn capacity(pe: &Pe) -> Result<()> {
         assert_eq!(d.handle.num_recv_tokens(), cap);
         let src = (pe.my_pe() + n - 1) % n;
         assert!(d.handle.recv_src_pe().iter().all(|&s| s as usize == src));
+        // cap <= EPP tokens, one per expert: expert-major order is the sender's token order
+        assert!(cap <= EPP);
+        assert_eq!(d.x, shifted_x(src, cap), "rows received from PE {src}");
         let out = buf.combine(pe, &d.handle, &d.x)?;
         assert_eq!(out, x.iter().map(|v| v * 0.5).collect::<Vec<_>>());
         // Over capacity on PE 0 only: an error on every PE naming the pair, no data moved.
@@ -861,11 +900,26 @@ fn peer_lost_during_dispatch_is_an_error() {
             Ok(())
         })
     });
-    assert!(r.is_err(), "the dying PE's panic is resumed");
+    let payload = match r {
+        Err(p) => p,
+        Ok(v) => panic!("threads_with returned {v:?} instead of resuming the panic"),
+    };
+    let msg = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(msg.contains("dies on purpose"), "resumed panic: {msg:?}");
     let mut seen = SEEN.lock().unwrap().clone();
     seen.sort();
-    assert_eq!(seen.len(), n - 1, "{seen:?}");
+    assert_eq!(
+        seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        (0..n - 1).collect::<Vec<_>>(),
+        "{seen:?}"
+    );
     for (p, e) in seen {
-        assert!(e.contains("PeerLost"), "PE {p}: {e}");
+        assert!(
+            e.contains(&format!("PeerLost {{ pe: {}", n - 1)),
+            "PE {p}: {e}"
+        );
     }
 }

@@ -10,6 +10,8 @@ mod harness;
 mod common;
 
 use common::{check_eq, expect_err, poison};
+use rshmem::coll::{Coll, CollConfig, ReduceOp};
+use rshmem::ep::{Buffer, EpConfig, EpMode};
 use rshmem::{Cmp, Config, Error, InProcBootstrap, Pe, Result, SignalOp, Sym, Team};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -25,13 +27,20 @@ fn pe_out_of_range(pe: &Pe) -> Result<()> {
         let is = |e: &Error| matches!(e, Error::PeOutOfRange { pe, n_pes, what: "world" } if *pe == bad && *n_pes == n);
         expect_err("put", pe.put(&x, 0, &[1, 2], bad), is);
         expect_err("put empty", pe.put(&x, 0, &[], bad), is);
-        let mut buf = [0u64; 2];
+        let mut buf = [0xdead_u64; 2];
         expect_err("get", pe.get(&x, 0, &mut buf, bad), is);
-        assert_eq!(buf, [0, 0], "get into out-of-range PE wrote the buffer");
+        assert_eq!(
+            buf, [0xdead; 2],
+            "get into out-of-range PE wrote the buffer"
+        );
         expect_err("p", pe.p(&x, 0, 1, bad), is);
         expect_err("g", pe.g(&x, 0, bad), is);
         expect_err("put_nbi", pe.put_nbi(&x, 0, &[1], bad, 0), is);
         expect_err("get_nbi", pe.get_nbi(&x, 0, &mut buf, bad, 0), is);
+        assert_eq!(
+            buf, [0xdead; 2],
+            "get_nbi from an out-of-range PE wrote the buffer"
+        );
         expect_err(
             "put_signal",
             pe.put_signal(&x, 0, &[1], &sig, 0, 1, SignalOp::Set, bad),
@@ -57,6 +66,7 @@ fn pe_out_of_range(pe: &Pe) -> Result<()> {
         expect_err("or", pe.atomic_or(&x, 0, 1, bad), is);
         expect_err("xor", pe.atomic_xor(&x, 0, 1, bad), is);
         expect_err("is_same_process", pe.is_same_process(bad), is);
+        expect_err("placement", pe.placement(bad), is);
     }
     let mut cq = Vec::new();
     assert_eq!(
@@ -155,9 +165,50 @@ fn out_of_bounds(pe: &Pe) -> Result<()> {
             )
         },
     );
+    expect_err(
+        "put_signal_nbi data",
+        pe.put_signal_nbi(&x, 9, &data[..2], &sig, 0, 1, SignalOp::Set, me, 0),
+        oob(9, 11),
+    );
+    expect_err(
+        "put_signal_nbi signal",
+        pe.put_signal_nbi(&x, 0, &data, &sig, usize::MAX, 1, SignalOp::Add, me, 0),
+        |e| {
+            matches!(
+                e,
+                Error::OutOfBounds {
+                    start: usize::MAX,
+                    end: usize::MAX,
+                    len: 2
+                }
+            )
+        },
+    );
     expect_err("signal_fetch", pe.signal_fetch(&sig, 2), |e| {
-        matches!(e, Error::OutOfBounds { .. })
+        matches!(
+            e,
+            Error::OutOfBounds {
+                start: 2,
+                end: 3,
+                len: 2
+            }
+        )
     });
+    // local access is checked like remote access
+    expect_err("local_write", pe.local_write(&x, 8, &data), oob(8, 11));
+    expect_err(
+        "local_write overflow",
+        pe.local_write(&x, usize::MAX, &data[..1]),
+        oob(usize::MAX, usize::MAX),
+    );
+    // nothing failed was queued, and the nbi get wrote nothing
+    assert!(big.iter().all(|&v| v == 0), "failed get_nbi wrote");
+    let mut cq = Vec::new();
+    assert_eq!(
+        pe.completions(&mut cq),
+        0,
+        "failed nbi calls queued completions"
+    );
     // the edges that are fine
     pe.put(&x, 10, &[], me)?;
     pe.get(&x, 10, &mut [], me)?;
@@ -171,7 +222,26 @@ fn out_of_bounds(pe: &Pe) -> Result<()> {
         msg.contains("8..11") && msg.contains("10 elements"),
         "{msg}"
     );
+    // a zero-length object: every element access is out of bounds, empty ranges are fine
+    let z = pe.alloc::<u32>(0)?;
+    let empty = |e: &Error| {
+        matches!(
+            e,
+            Error::OutOfBounds {
+                start: 0,
+                end: 1,
+                len: 0
+            }
+        )
+    };
+    expect_err("put into empty", pe.put(&z, 0, &[1], me), empty);
+    expect_err("g of empty", pe.g(&z, 0, me), empty);
+    expect_err("atomic on empty", pe.atomic_fetch(&z, 0, me), empty);
+    pe.put(&z, 0, &[], me)?;
+    assert!(pe.local_vec(&z)?.is_empty());
+    check_eq("neighbour of the empty object", &pe.local_vec(&x)?, &want);
     pe.barrier_all()?;
+    pe.free(z)?;
     pe.free(sig)?;
     pe.free(x)
 }
@@ -316,8 +386,17 @@ fn wait_timeout(pe: &Pe) -> Result<()> {
     pe.local_fill(&x, -1)?;
     pe.barrier_all()?;
     let t = Duration::from_millis(30);
-    for cmp in [Cmp::Eq, Cmp::Gt, Cmp::Ge] {
-        match pe.wait_until_timeout(&x, 0, cmp, 0i64, t) {
+    // every comparison, each with a value that makes it false for -1
+    let false_for_minus_one = [
+        (Cmp::Eq, 0i64),
+        (Cmp::Ne, -1),
+        (Cmp::Gt, -1),
+        (Cmp::Ge, 0),
+        (Cmp::Lt, -1),
+        (Cmp::Le, -2),
+    ];
+    for (cmp, v) in false_for_minus_one {
+        match pe.wait_until_timeout(&x, 0, cmp, v, t) {
             Err(Error::Timeout {
                 op: "wait_until",
                 pe: None,
@@ -336,8 +415,26 @@ fn wait_timeout(pe: &Pe) -> Result<()> {
         msg.contains("timeout") && msg.contains("wait_until"),
         "{msg}"
     );
-    // a condition that holds needs no time at all
+    // a condition that holds needs no time at all, even with a zero timeout
     assert_eq!(pe.wait_until_timeout(&x, 0, Cmp::Lt, 0i64, t)?, -1);
+    assert_eq!(
+        pe.wait_until_timeout(&x, 0, Cmp::Ne, 0i64, Duration::ZERO)?,
+        -1
+    );
+    expect_err(
+        "zero timeout",
+        pe.wait_until_timeout(&x, 0, Cmp::Eq, 0i64, Duration::ZERO),
+        |e| {
+            matches!(
+                e,
+                Error::Timeout {
+                    op: "wait_until",
+                    pe: None,
+                    ..
+                }
+            )
+        },
+    );
     pe.barrier_all()?;
     pe.free(x)
 }
@@ -465,6 +562,30 @@ fn handle_of_another_pe() {
         expect_err("wait", pe.wait_until(&theirs, 0, Cmp::Eq, 0), foreign);
         let v = theirs.view::<u32>(0, 1)?;
         expect_err("view", pe.atomic_fetch(&v, 0, me), foreign);
+        expect_err("local_vec", pe.local_vec(&theirs), foreign);
+        expect_err("local_write", pe.local_write(&theirs, 0, &[1]), foreign);
+        expect_err("local_fill", pe.local_fill(&theirs, 1), foreign);
+        // collectives with the other PE's object or team: an error on both, nobody waits
+        let coll = Coll::new(pe, CollConfig::default())?;
+        let z = pe.alloc::<u64>(2)?;
+        pe.local_fill(&z, 9)?;
+        expect_err(
+            "coll foreign object",
+            coll.all_reduce(pe.world_team(), &z, &theirs, 2, ReduceOp::Sum),
+            foreign,
+        );
+        let not_member_coll = |e: &Error| matches!(e, Error::Team(m) if m.contains("not a member"));
+        expect_err("coll barrier", coll.barrier(&their_team), not_member_coll);
+        expect_err(
+            "coll foreign team",
+            coll.all_reduce(&their_team, &z, &z, 2, ReduceOp::Sum),
+            not_member_coll,
+        );
+        assert_eq!(pe.local_vec(&z)?, [9, 9], "a failed collective wrote");
+        coll.all_reduce(pe.world_team(), &z, &z, 2, ReduceOp::Sum)?;
+        assert_eq!(pe.local_vec(&z)?, [18, 18], "collectives work afterwards");
+        pe.free(z)?;
+        coll.free()?;
         let not_member = |e: &Error| matches!(e, Error::Team(m) if m.contains("not a member"));
         expect_err("team barrier", pe.team_barrier(&their_team), not_member);
         expect_err("team sync", pe.team_sync(&their_team), not_member);
@@ -526,6 +647,38 @@ fn handles_of_an_ended_world() {
         );
         expect_err("wait", pe.wait_until(&x, 0, Cmp::Eq, 0), ended);
         expect_err("view", pe.atomic_fetch(&x.view::<u64>(8, 1)?, 0, me), ended);
+        expect_err("local_vec", pe.local_vec(&x), ended);
+        expect_err("local_write", pe.local_write(&x, 0, &[1]), ended);
+        expect_err("local_fill", pe.local_fill(&x, 1), ended);
+        // collectives with the old world's object or team
+        let coll = Coll::new(pe, CollConfig::default())?;
+        expect_err(
+            "coll old object",
+            coll.all_reduce(pe.world_team(), &y, &x, 4, ReduceOp::Sum),
+            ended,
+        );
+        expect_err("coll old team", coll.barrier(&t), ended);
+        expect_err(
+            "coll old team all_reduce",
+            coll.all_reduce(&t, &y, &y, 4, ReduceOp::Sum),
+            ended,
+        );
+        coll.free()?;
+        // an expert-parallel buffer for the old team: an error, and no symmetric memory kept
+        let used = pe.heap_usage().1;
+        let ep = EpConfig {
+            num_experts: 4,
+            max_tokens: 4,
+            hidden: 8,
+            max_topk: 2,
+            mode: EpMode::Normal,
+        };
+        expect_err("ep buffer old team", Buffer::<f32>::new(pe, &t, ep), ended);
+        assert_eq!(
+            pe.heap_usage().1,
+            used,
+            "a failed ep::Buffer::new kept memory"
+        );
         expect_err("team barrier", pe.team_barrier(&t), ended);
         expect_err("team split", pe.team_split_strided(&t, 0, 1, 1), ended);
         expect_err("team destroy", pe.team_destroy(t), ended);

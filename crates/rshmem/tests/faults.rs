@@ -11,11 +11,22 @@ use rshmem::launcher::{self, Exit, Job, Signaller};
 use rshmem::*;
 use std::time::{Duration, Instant};
 
-/// Timeout of the fault jobs (RSHMEM_TIMEOUT), seconds.
+/// Timeout of the silent-peer job (RSHMEM_TIMEOUT), seconds.
 const T: f64 = 2.0;
 const FAULT_ENV: &[(&str, &str)] = &[
     (harness::CHILD_VAR, "fault"),
     ("RSHMEM_TIMEOUT", "2"),
+    ("RSHMEM_HEAP_SIZE", "1M"),
+];
+/// Timeout of the kill jobs, seconds: long, so that a loss noticed only through the timeout
+/// shows as `Error::Timeout` (failing the test), and a loss reported no sooner than the timeout
+/// would take more than [`NOT_THE_TIMEOUT`] — a bound far from both the detection latency
+/// (milliseconds) and the timeout, so a loaded machine cannot make the test fail.
+const KILL_T: f64 = 30.0;
+const NOT_THE_TIMEOUT: Duration = Duration::from_secs(15);
+const KILL_ENV: &[(&str, &str)] = &[
+    (harness::CHILD_VAR, "fault"),
+    ("RSHMEM_TIMEOUT", "30"),
     ("RSHMEM_HEAP_SIZE", "1M"),
 ];
 
@@ -28,7 +39,7 @@ fn die() -> ! {
 /// Runs `test` as `n` processes (`threads` each); `victim_proc` must die by SIGKILL and every
 /// other process must exit 0 (it verified its own error); the launcher reports failure.
 fn expect_one_killed(test: &str, n: usize, threads: usize, victim_proc: usize) {
-    let out = harness::spawn_self(test, n, threads, FAULT_ENV, Duration::from_secs(15));
+    let out = harness::spawn_self(test, n, threads, KILL_ENV, Duration::from_secs(15));
     assert_ne!(out.code, 0, "the launcher must exit non-zero");
     assert_eq!(
         out.code,
@@ -49,7 +60,8 @@ fn expect_one_killed(test: &str, n: usize, threads: usize, victim_proc: usize) {
     }
 }
 
-/// A survivor's check: the error is `PeerLost` naming the victim, within timeout + 1 s.
+/// A survivor's check: the error is `PeerLost` naming the victim, not found by waiting for
+/// the (long) timeout.
 fn assert_lost(r: Result<impl std::fmt::Debug>, t0: Instant, victim: usize, op: &str) {
     let el = t0.elapsed();
     match r {
@@ -57,8 +69,8 @@ fn assert_lost(r: Result<impl std::fmt::Debug>, t0: Instant, victim: usize, op: 
         other => panic!("{op}: expected PeerLost of PE {victim}, got {other:?} after {el:?}"),
     }
     assert!(
-        el <= Duration::from_secs_f64(T + 1.0),
-        "{op}: loss noticed after {el:?}"
+        el < NOT_THE_TIMEOUT,
+        "{op}: loss noticed after {el:?} (timeout {KILL_T} s)"
     );
     println!("survivor saw the loss of PE {victim} in {op} after {el:?}");
 }
@@ -84,7 +96,7 @@ fn kill_during_barrier() {
         matches!(r, Err(Error::PeerLost { pe: p, .. }) if p != pe.my_pe()),
         "alloc: {r:?}"
     );
-    assert!(t0.elapsed() <= Duration::from_secs_f64(T + 1.0));
+    assert!(t0.elapsed() < NOT_THE_TIMEOUT, "{:?}", t0.elapsed());
     assert!(matches!(pe.quiet(), Err(Error::PeerLost { .. })), "quiet");
 }
 
@@ -110,7 +122,7 @@ fn kill_during_barrier_mixed() {
             Err(Error::PeerLost { pe: lost, .. }) => assert!(lost == 2 || lost == 3, "{lost}"),
             other => panic!("expected PeerLost of PE 2 or 3, got {other:?}"),
         }
-        assert!(el <= Duration::from_secs_f64(T + 1.0), "{el:?}");
+        assert!(el < NOT_THE_TIMEOUT, "{el:?}");
     });
     assert!(
         matches!(r, Err(Error::PeerLost { .. })),
@@ -160,7 +172,7 @@ fn kill_during_blocking_get() {
             Err(e) => break Err::<(), _>(e),
         }
         assert!(
-            t0.elapsed() < Duration::from_secs_f64(T + 1.0),
+            t0.elapsed() < NOT_THE_TIMEOUT,
             "blocking get kept succeeding after the peer died ({gets} gets)"
         );
     };
@@ -193,10 +205,15 @@ fn silent_peer_times_out() {
     let r = pe.barrier_all();
     let el = t0.elapsed();
     assert!(
-        matches!(r, Err(Error::Timeout { pe: Some(1), .. })),
+        matches!(r, Err(Error::Timeout { op: "barrier_all", pe: Some(1), after }) if after >= Duration::from_secs_f64(T)),
         "alive but silent: {r:?}"
     );
-    assert!(el >= Duration::from_secs_f64(T) && el <= Duration::from_secs_f64(T + 1.0));
+    // Not before the timeout (exact: the clock is monotonic), and not much after it: twice the
+    // timeout is far beyond any polling delay, and catches a wait that restarts its deadline.
+    assert!(
+        el >= Duration::from_secs_f64(T) && el < Duration::from_secs_f64(2.0 * T),
+        "{el:?}"
+    );
 }
 
 // ----- bootstrap -----
@@ -437,13 +454,20 @@ fn launcher_forwards_exit_code() {
                 })
                 .count()
         };
+        // the monitor names itself when it starts and ends some time after finalize: poll
+        // (a fixed sleep made the test depend on the machine's load)
+        let settle = |want: usize| {
+            let t0 = Instant::now();
+            while monitors() != want && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            monitors()
+        };
         let pe = rshmem::init().unwrap();
-        std::thread::sleep(Duration::from_millis(30)); // the thread names itself when it starts
-        assert_eq!(monitors(), 1, "one peer monitor while the world lives");
+        assert_eq!(settle(1), 1, "one peer monitor while the world lives");
         let me = pe.my_pe();
         pe.finalize().unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(monitors(), 0, "the monitor ends with the world");
+        assert_eq!(settle(0), 0, "the monitor ends with the world");
         if me == 1 {
             std::process::exit(3);
         }
@@ -494,7 +518,20 @@ fn launcher_time_limit_and_bad_split() {
         Err(Error::InvalidArgument(_))
     ));
     let missing = Job::new(1, "/nonexistent/rshmem-test-program");
-    assert!(launcher::run(&missing).is_err());
+    let r = launcher::run(&missing);
+    assert!(
+        matches!(&r, Err(Error::Os { op: "spawn", msg }) if msg.contains("/nonexistent/rshmem-test-program")),
+        "{r:?}"
+    );
+    for (n, t) in [(0, 1), (2, 0)] {
+        let mut bad = Job::new(n, "true");
+        bad.threads_per_proc = t;
+        let r = launcher::run(&bad);
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument(m)) if m.contains(&format!("{n} PEs"))),
+            "{n} PEs, {t} threads: {r:?}"
+        );
+    }
 }
 
 #[test]
@@ -597,4 +634,76 @@ fn bootstrap_failures_across_processes() {
     };
     run(&[3, 3, 4], "world size mismatch");
     run(&[3, 3], "never connected");
+}
+
+#[test]
+fn bad_launcher_environment() {
+    if harness::is_child() {
+        // init must refuse the environment before any bootstrap, naming what is wrong
+        let want = std::env::var("EXPECT").unwrap();
+        match rshmem::init() {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains(&want), "{msg}"),
+            other => panic!("expected an invalid-argument error ({want}), got {other:?}"),
+        }
+        return;
+    }
+    let s = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let cases = [
+        (
+            s(&[("RSHMEM_RANK", "3"), ("RSHMEM_WORLD_SIZE", "3")]),
+            "process 3 is out of range",
+        ),
+        (
+            s(&[("RSHMEM_RANK", "0")]),
+            "RSHMEM_RANK is set but RSHMEM_WORLD_SIZE is not",
+        ),
+        (
+            s(&[("RSHMEM_RANK", "-1"), ("RSHMEM_WORLD_SIZE", "2")]),
+            "RSHMEM_RANK=\"-1\"",
+        ),
+        (
+            s(&[
+                ("RSHMEM_RANK", "1"),
+                ("RSHMEM_WORLD_SIZE", "4"),
+                ("RSHMEM_THREADS", "2"),
+            ]),
+            "multiples of RSHMEM_THREADS=2",
+        ),
+        (
+            s(&[("RSHMEM_THREADS", "0")]),
+            "RSHMEM_THREADS must be at least 1",
+        ),
+        (s(&[("RSHMEM_JOB", "not-hex")]), "RSHMEM_JOB"),
+        (
+            s(&[("RANK", "2"), ("WORLD_SIZE", "2")]),
+            "torchrun environment: process 2",
+        ),
+        (s(&[("OMPI_COMM_WORLD_RANK", "0")]), "OMPI_COMM_WORLD_SIZE"),
+    ];
+    let test = "bad_launcher_environment";
+    for (mut env, expect) in cases {
+        env.push(("EXPECT".into(), expect.into()));
+        let st = spawn_plain(test, &env).wait().unwrap();
+        assert!(st.success(), "{env:?}: {st:?}");
+    }
+}
+
+#[test]
+fn bootstrap_bad_rank_or_size() {
+    let id = unique_id().unwrap();
+    for (rank, size) in [(3, 3), (0, 0), (usize::MAX, 2)] {
+        let r = TcpBootstrap::with_config(tcp(&id, rank, size, 500)).map(|_| ());
+        assert_boot_err(&r, Some(rank), "out of range");
+    }
+    let mut c = tcp(&id, 0, 2, 500);
+    c.pes_per_rank = 0;
+    let r = TcpBootstrap::with_config(c).map(|_| ());
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("pes_per_rank")),
+        "{r:?}"
+    );
 }

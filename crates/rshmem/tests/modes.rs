@@ -32,7 +32,13 @@ fn placement_body(pe: &Pe) -> Result<()> {
         _ => Mode::Mixed,
     };
     assert_eq!(pe.mode(), want);
-    assert!(pe.placement(n).is_err());
+    for bad in [n, n + 1, usize::MAX] {
+        let r = pe.placement(bad);
+        assert!(
+            matches!(r, Err(Error::PeOutOfRange { pe, n_pes, what: "world" }) if pe == bad && n_pes == n),
+            "placement({bad}): {r:?}"
+        );
+    }
     Ok(())
 }
 mode_test!(placement_map, [1, 2, 4], placement_body);
@@ -77,10 +83,17 @@ fn atomics_signal_body(pe: &Pe) -> Result<()> {
     pe.local_fill(&data, 0xffff_ffff)?;
     pe.local_fill(&sig, 0)?;
     pe.barrier_all()?;
+    let mut tickets = Vec::new();
     for _ in 0..10 {
         pe.atomic_add(&acc, 0, me as u64 + 1, 0)?;
-        pe.atomic_fetch_inc(&acc, 1, 0)?;
+        tickets.push(pe.atomic_fetch_inc(&acc, 1, 0)?);
     }
+    // every ticket is unique across PEs (checked below through PE 0's copy): here, each PE's
+    // are increasing and below the total
+    assert!(
+        tickets.windows(2).all(|w| w[0] < w[1]) && tickets[9] < 10 * n as u64,
+        "tickets of PE {me}: {tickets:?}"
+    );
     let payload: Vec<u32> = harness::rand_vec(me, 3, 64);
     let next = (me + 1) % n;
     pe.put_signal(&data, 0, &payload, &sig, 0, 1, SignalOp::Add, next)?;
@@ -88,11 +101,24 @@ fn atomics_signal_body(pe: &Pe) -> Result<()> {
     let prev = (me + n - 1) % n;
     assert_eq!(pe.local_vec(&data)?, harness::rand_vec::<u32>(prev, 3, 64));
     pe.barrier_all()?;
-    if me == 0 {
-        let total = (1..=n as u64).sum::<u64>() * 10;
-        assert_eq!(pe.local_vec(&acc)?, vec![total, 10 * n as u64]);
+    // every PE checks PE 0's counters, and that nobody else's copy was touched
+    let total = (1..=n as u64).sum::<u64>() * 10;
+    for p in 0..n {
+        let mut got = [u64::MAX; 2];
+        pe.get(&acc, 0, &mut got, p)?;
+        let want = if p == 0 {
+            [total, 10 * n as u64]
+        } else {
+            [0, 0]
+        };
+        assert_eq!(got, want, "counters of PE {p} seen by PE {me}");
     }
-    Ok(())
+    // the signal was added exactly once
+    assert_eq!(pe.signal_fetch(&sig, 0)?, 1);
+    pe.barrier_all()?;
+    pe.free(sig)?;
+    pe.free(data)?;
+    pe.free(acc)
 }
 mode_test!(atomics_and_signals, [2, 3, 4], atomics_signal_body);
 
@@ -121,7 +147,7 @@ fn nbi_cq_body(pe: &Pe) -> Result<()> {
     }
     pe.barrier_all()?;
     let from = (me + 1) % n;
-    let mut dst = vec![0.0f64; L * n];
+    let mut dst = vec![f64::NAN; L * n];
     let h = pe.get_nbi(&x, 0, &mut dst, from, 7)?;
     let id = h.id();
     h.wait()?;
@@ -146,10 +172,26 @@ mode_test!(nbi_and_completion_queue, [2, 4], nbi_cq_body);
 
 /// Collective mismatch is reported on every PE across processes too.
 fn mismatch_body(pe: &Pe) -> Result<()> {
-    let r = pe.alloc::<u8>(if pe.my_pe() == 1 { 10 } else { 20 });
-    assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
-    // the world is still usable afterwards
+    let me = pe.my_pe();
+    let r = pe.alloc::<u8>(if me == 1 { 10 } else { 20 });
+    // PE 1 names the first PE that disagrees with it (PE 0); the others name PE 1
+    let other = if me == 1 { 0 } else { 1 };
+    assert!(
+        matches!(&r, Err(Error::CollectiveMismatch { op: "alloc", pe, .. }) if *pe == other),
+        "PE {me}: {r:?}"
+    );
+    // the world is still usable afterwards: an object at the same offset, data through it
     let x = pe.alloc::<u16>(4)?;
+    pe.local_fill(&x, u16::MAX)?;
+    pe.barrier_all()?;
+    let next = (me + 1) % pe.n_pes();
+    pe.p(&x, 1, me as u16 + 1, next)?;
+    pe.barrier_all()?;
+    let prev = (me + pe.n_pes() - 1) % pe.n_pes();
+    assert_eq!(
+        pe.local_vec(&x)?,
+        [u16::MAX, prev as u16 + 1, u16::MAX, u16::MAX]
+    );
     pe.barrier_all()?;
     pe.free(x)
 }

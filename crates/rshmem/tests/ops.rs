@@ -183,6 +183,7 @@ fn nbi<T: Elem>(pe: &Pe) -> Result<()> {
         pe.free(x)?;
     }
     let mut ids: Vec<u64> = drained.iter().map(|c| c.id).collect();
+    ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), 3 * CASES.len(), "ids are unique");
     Ok(())
@@ -246,6 +247,21 @@ fn put_signal<T: Elem>(pe: &Pe) -> Result<()> {
                 assert!(got[gap] == pz, "gap after writer {w} overwritten");
             }
             assert!(got[..at].iter().all(|v| *v == pz), "head overwritten");
+        }
+        pe.barrier_all()?;
+        // every PE reads back its own slice and the signal from PE 0, and checks that its
+        // own copy (not a target) was left alone
+        let mut back = vec![pz; len + 2];
+        pe.get(&y, at + me * stride, &mut back[1..=len], 0)?;
+        check_range("put_signal add read back", &back, 1, &data, pz);
+        let total = (n * (n + 1) / 2) as u64;
+        assert_eq!(pe.atomic_fetch(&sig, 0, 0)?, total, "signal of PE 0");
+        if me != 0 {
+            assert!(
+                pe.local_vec(&y)?.iter().all(|v| *v == pz),
+                "PE {me} was written"
+            );
+            assert_eq!(pe.signal_fetch(&sig, 0)?, 0, "PE {me}'s signal was updated");
         }
         pe.barrier_all()?;
         pe.free(sig)?;

@@ -165,7 +165,11 @@ fn finalized_pe_leaves_barriers() {
                         other => panic!("barrier with a finalized peer: {other:?}"),
                     }
                     match pe.wait_until_timeout(&x, 0, Cmp::Eq, 1, Duration::from_millis(20)) {
-                        Err(Error::Timeout { .. }) => {}
+                        Err(Error::Timeout {
+                            op: "wait_until",
+                            pe: None,
+                            ..
+                        }) => {}
                         other => panic!("wait with a finalized peer: {other:?}"),
                     }
                     Ok(())

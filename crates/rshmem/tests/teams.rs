@@ -46,9 +46,20 @@ fn world_team(pe: &Pe) -> Result<()> {
         assert_eq!(w.translate(i, w)?, Some(i));
     }
     assert_eq!(w.team_pe(pe.n_pes()), None);
-    expect_err("world_pe out of range", w.world_pe(pe.n_pes()), |e| {
-        matches!(e, Error::PeOutOfRange { what: "team", .. })
-    });
+    let n = pe.n_pes();
+    for bad in [n, usize::MAX] {
+        expect_err(
+            "world_pe out of range",
+            w.world_pe(bad),
+            |e| matches!(e, Error::PeOutOfRange { pe, n_pes, what: "team" } if *pe == bad && *n_pes == n),
+        );
+        expect_err(
+            "translate out of range",
+            w.translate(bad, w),
+            |e| matches!(e, Error::PeOutOfRange { pe, .. } if *pe == bad),
+        );
+    }
+    assert_eq!(w.team_pe(usize::MAX), None);
     let x = pe.alloc::<u32>(33)?;
     team_ring(pe, w, &x, 1, 6)?;
     pe.free(x)
@@ -94,9 +105,16 @@ fn strided(pe: &Pe) -> Result<()> {
         }
     }
     assert_eq!(t.team_pe(me ^ 1), None);
-    expect_err("translate out of range", t.translate(want.len(), w), |e| {
-        matches!(e, Error::PeOutOfRange { .. })
-    });
+    expect_err(
+        "translate out of range",
+        t.translate(want.len(), w),
+        |e| matches!(e, Error::PeOutOfRange { pe, n_pes, what: "team" } if *pe == want.len() && *n_pes == want.len()),
+    );
+    expect_err(
+        "world_pe out of range",
+        t.world_pe(want.len()),
+        |e| matches!(e, Error::PeOutOfRange { pe, n_pes, what: "team" } if *pe == want.len() && *n_pes == want.len()),
+    );
     if let Some(l) = &last {
         assert_eq!(l.members(), [n - 1]);
         pe.team_barrier(l)?;
@@ -302,6 +320,8 @@ fn split_errors(pe: &Pe) -> Result<()> {
     // different arguments on different PEs
     if n > 1 {
         let start = if me == n - 1 { 1 } else { 0 };
+        // the last PE names PE 0, every other PE names the last
+        let other = if me == n - 1 { 0 } else { n - 1 };
         expect_err(
             "mismatched strided split",
             pe.team_split_strided(w, start, 1, n - 1),
@@ -310,8 +330,9 @@ fn split_errors(pe: &Pe) -> Result<()> {
                     e,
                     Error::CollectiveMismatch {
                         op: "team_split_strided",
+                        pe,
                         ..
-                    }
+                    } if *pe == other
                 )
             },
         );

@@ -165,11 +165,35 @@ mod tests {
                         }
                     }
                     assert_eq!(ep.broadcast(&[r as u8 + 10], 2).unwrap(), vec![12]);
+                    // a root outside the world: an error on every rank (all took part)
+                    match ep.broadcast(&[1], 4) {
+                        Err(Error::PeOutOfRange {
+                            pe: 4,
+                            n_pes: 4,
+                            what: "world",
+                        }) => {}
+                        other => panic!("rank {r}: broadcast from root 4: {other:?}"),
+                    }
+                    // and the hub still works
+                    assert_eq!(ep.broadcast(&[r as u8 + 20], 3).unwrap(), vec![23]);
                 });
             }
         });
-        assert!(hub.join(1).is_err(), "double join");
-        assert!(hub.join(4).is_err(), "out of range");
+        assert!(
+            matches!(hub.join(1), Err(Error::Bootstrap { pe: Some(1), .. })),
+            "double join"
+        );
+        assert!(
+            matches!(
+                hub.join(4),
+                Err(Error::PeOutOfRange {
+                    pe: 4,
+                    n_pes: 4,
+                    ..
+                })
+            ),
+            "out of range"
+        );
     }
     #[test]
     fn missing_rank_times_out_with_name() {

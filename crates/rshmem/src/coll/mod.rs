@@ -206,4 +206,37 @@ mod tests {
         assert_eq!(c.chunk_bytes(3).chunk_elems(8), 1);
         assert_eq!(c.chunk_elems(4), 64 << 10);
     }
+
+    #[test]
+    fn environment() {
+        // The only test of the crate that touches RSHMEM_COLL_* (one variable at a time).
+        for (var, v) in [
+            ("RSHMEM_COLL_ALGO", "three_shot"),
+            ("RSHMEM_COLL_TWO_SHOT_BYTES", "big"),
+            ("RSHMEM_COLL_CHUNK", "1.5K"),
+            ("RSHMEM_COLL_CHUNK", "0"),
+        ] {
+            std::env::set_var(var, v);
+            let r = CollConfig::from_env();
+            std::env::remove_var(var);
+            match r {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains(var), "{var}={v}: {m}"),
+                other => panic!("{var}={v}: {other:?}"),
+            }
+        }
+        std::env::set_var("RSHMEM_COLL_ALGO", "two_shot");
+        std::env::set_var("RSHMEM_COLL_CHUNK", "2K");
+        std::env::set_var("RSHMEM_COLL_TWO_SHOT_BYTES", "0");
+        let c = CollConfig::from_env();
+        for var in [
+            "RSHMEM_COLL_ALGO",
+            "RSHMEM_COLL_CHUNK",
+            "RSHMEM_COLL_TWO_SHOT_BYTES",
+        ] {
+            std::env::remove_var(var);
+        }
+        let c = c.unwrap();
+        assert_eq!(c.choose(CollKind::AllReduce, 1), Algo::TwoShot);
+        assert_eq!(c.chunk_elems(4), 512);
+    }
 }

@@ -161,13 +161,19 @@ impl<T: Elem> Buffer<T> {
     /// allocation is: every PE calls it, with a team it belongs to — usually the world team —
     /// and the same configuration).
     ///
-    /// Errors: a dtype other than `f32`/`bf16`/`f16`, a configuration that does not fit the team
-    /// (`E % n != 0`, zero sizes, capacity out of range), a heap too small
+    /// Errors: a dtype other than `f32`/`bf16`/`f16`, a team of an ended world
+    /// ([`Error::WorldEnded`]) or one this PE is not a member of, a configuration that does not
+    /// fit the team (`E % n != 0`, zero sizes, capacity out of range), a heap too small
     /// ([`Error::HeapExhausted`]; [`Buffer::bytes_for`] says how much is needed).
     pub fn new(pe: &Pe, team: &Team, cfg: EpConfig) -> Result<Buffer<T>> {
         let n = team.n_pes();
         let me = team.my_pe();
         let prepared = check_dtype::<T>().and_then(|_| {
+            // A team of an ended world would pass the membership check below and fail only
+            // in the barrier, after the area was allocated (and then never freed).
+            if team.job != pe.inner.job {
+                return Err(Error::WorldEnded);
+            }
             if team.members().get(me) != Some(&pe.my_pe()) {
                 return Err(Error::Team(format!(
                     "PE {} is not a member of the team passed to ep::Buffer::new",

@@ -152,11 +152,35 @@ mod tests {
 
     #[test]
     fn bad_ids() {
-        assert!(Layout::compute(&[6i32], 1, 6, 3).is_err());
-        assert!(Layout::compute(&[-2i32], 1, 6, 3).is_err());
-        assert!(Layout::compute(&[0i32, 1, 2], 2, 6, 3).is_err());
-        assert!(Layout::compute(&[0i32], 0, 6, 3).is_err());
-        assert!(Layout::compute(&[0i32], 1, 7, 3).is_err());
-        assert!(Layout::compute::<i32>(&[], 1, 6, 3).unwrap().num_tokens() == 0);
+        // each error names what is wrong (and where)
+        let err = |r: Result<Layout>, words: &[&str]| match r {
+            Err(Error::InvalidArgument(m)) => {
+                for w in words {
+                    assert!(m.contains(w), "{m:?} lacks {w:?}");
+                }
+            }
+            other => panic!("expected InvalidArgument with {words:?}, got {other:?}"),
+        };
+        err(
+            Layout::compute(&[0i32, 1, 6], 3, 6, 3),
+            &["expert id 6", "token 0 slot 2"],
+        );
+        err(
+            Layout::compute(&[0i32, -1, 1, -2], 2, 6, 3),
+            &["expert id -2", "token 1 slot 1"],
+        );
+        err(
+            Layout::compute(&[0i64, 1, 2], 2, 6, 3),
+            &["3 top-k ids", "top_k 2"],
+        );
+        err(Layout::compute(&[0i32], 0, 6, 3), &["top_k"]);
+        err(Layout::compute(&[0i32], 1, 7, 3), &["7 experts", "3 PEs"]);
+        err(Layout::compute(&[0i32], 1, 0, 3), &["0 experts"]);
+        err(Layout::compute(&[0i32], 1, 6, 0), &["0 PEs"]);
+        // no tokens at all is fine: nothing to send
+        let l = Layout::compute::<i32>(&[], 1, 6, 3).unwrap();
+        assert_eq!(l.num_tokens(), 0);
+        assert_eq!(l.tokens_per_pe(), &[0, 0, 0]);
+        assert_eq!(l.pairs_per_expert(), &[0; 6]);
     }
 }

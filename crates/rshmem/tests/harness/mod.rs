@@ -98,17 +98,31 @@ fn spawn_job(
 }
 
 /// Runs `body` on `n` PEs as `n / threads` processes of `threads` thread-PEs each.
+///
+/// Each PE of the job that ran `body` to the end leaves a marker file: a child that never
+/// reached the body (a test name not found, a call skipped) exits 0 too, and must not pass.
 pub fn processes(test: &str, n: usize, threads: usize, body: fn(&Pe) -> Result<()>) {
     let _ = body;
     let call = CALLS.with(|c| c.get());
-    let tag = format!("{call}:{n}");
+    let tag = format!("{call}:{n}:{threads}");
+    let done = std::env::temp_dir().join(format!(
+        "rshmem-harness-{}-{}-{}",
+        std::process::id(),
+        test.replace(':', "-"),
+        tag.replace(':', "-")
+    ));
+    let _ = std::fs::remove_dir_all(&done);
+    std::fs::create_dir_all(&done).expect("marker folder");
+    let done_s = done.to_string_lossy().into_owned();
     let out = spawn_self(
         test,
         n,
         threads,
-        &[(CHILD_VAR, &tag)],
+        &[(CHILD_VAR, &tag), (DONE_VAR, &done_s)],
         Duration::from_secs(5),
     );
+    let ran = std::fs::read_dir(&done).map_or(0, |d| d.count());
+    let _ = std::fs::remove_dir_all(&done);
     assert_eq!(
         out.code,
         0,
@@ -119,6 +133,13 @@ pub fn processes(test: &str, n: usize, threads: usize, body: fn(&Pe) -> Result<(
     assert_eq!(
         out.leftover_segments, 0,
         "the library left segments of the job for the launcher to remove"
+    );
+    assert_eq!(
+        ran,
+        n,
+        "{test}: only {ran} of {n} PEs as {} process(es) x {threads} thread(s) ran the body \
+         to the end",
+        n / threads
     );
 }
 
@@ -175,10 +196,27 @@ pub fn all_modes(test: &str, n: usize, body: fn(&Pe) -> Result<()>) {
         v
     });
     if let Ok(tag) = std::env::var(CHILD_VAR) {
-        if tag != format!("{call}:{n}") {
+        let Some(threads) = tag
+            .strip_prefix(&format!("{call}:{n}:"))
+            .and_then(|t| t.parse::<usize>().ok())
+        else {
             return;
-        }
-        let r = rshmem::launch_with(config(), n, body).expect("world");
+        };
+        let want_mode = match (threads, n / threads) {
+            (_, 1) => rshmem::Mode::Threads,
+            (1, _) => rshmem::Mode::Processes,
+            _ => rshmem::Mode::Mixed,
+        };
+        let done = std::env::var_os(DONE_VAR).map(std::path::PathBuf::from);
+        let run = |pe: &Pe| -> Result<()> {
+            assert_eq!(pe.mode(), want_mode, "{test}: PE {} of {n}", pe.my_pe());
+            body(pe)?;
+            if let Some(d) = &done {
+                std::fs::write(d.join(pe.my_pe().to_string()), b"").expect("done marker");
+            }
+            Ok(())
+        };
+        let r = rshmem::launch_with(config(), n, run).expect("world");
         expect_all_ok(&format!("{test}: threads of this process (of {n} PEs)"), r);
         return;
     }
