@@ -360,8 +360,20 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
     if timed_out {
         code = 124;
     }
+    // The forwarders end when every writer of their pipe is gone; a process the job left
+    // behind (a background child) may hold it open forever: after what the job's own
+    // processes wrote has been read (a short while), stop waiting and leave them detached.
+    let drain_by = Instant::now()
+        + job
+            .grace
+            .clamp(Duration::from_secs(1), Duration::from_secs(5));
+    while io.iter().any(|h| !h.is_finished()) && Instant::now() < drain_by {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     for h in io {
-        let _ = h.join();
+        if h.is_finished() {
+            let _ = h.join();
+        }
     }
     let leftover = crate::segment::remove_job_segments(job_id);
     if let Some(e) = spawn_err {
