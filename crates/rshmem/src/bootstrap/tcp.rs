@@ -317,6 +317,11 @@ fn resolve(addr: &str) -> Result<SocketAddr> {
 }
 
 impl TcpBootstrap {
+    /// The bound of each connect, accept and exchange.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Joins the job as `rank` of `size` with rank 0 at `address` (`host:port` or unique id).
     pub fn connect(address: &str, rank: usize, size: usize, timeout: Duration) -> Result<Self> {
         Self::with_config(TcpConfig::new(address, rank, size, timeout))
