@@ -121,6 +121,22 @@ fn detect_in(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> 
             "{source} environment: process {process} is out of range for {n_processes} processes"
         )));
     }
+    let local_rank = local.unwrap_or(process);
+    // Device ordinals are local_rank * threads + thread.
+    if local_rank
+        .checked_mul(threads)
+        .and_then(|d| d.checked_add(threads))
+        .is_none()
+    {
+        let var = match source {
+            "rshmem" => "RSHMEM_LOCAL_RANK",
+            "torchrun" => "LOCAL_RANK",
+            _ => "OMPI_COMM_WORLD_LOCAL_RANK",
+        };
+        return Err(Error::invalid(format!(
+            "{var}={local_rank} with RSHMEM_THREADS={threads}: device ordinals overflow"
+        )));
+    }
     if n_processes.checked_mul(threads).is_none() {
         return Err(Error::invalid(format!(
             "{source} environment: {n_processes} processes of RSHMEM_THREADS={threads} PEs overflow"
@@ -147,7 +163,7 @@ fn detect_in(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> 
         process,
         n_processes,
         threads,
-        local_rank: local.unwrap_or(process),
+        local_rank,
         bootstrap,
         job,
     }))
@@ -225,6 +241,16 @@ mod tests {
         invalid_naming(
             detect_with(&[("OMPI_COMM_WORLD_RANK", "0")]),
             "OMPI_COMM_WORLD_SIZE",
+        );
+        // local_rank x threads beyond usize: the device ordinal would overflow.
+        invalid_naming(
+            detect_with(&[
+                ("RSHMEM_RANK", "0"),
+                ("RSHMEM_WORLD_SIZE", "2"),
+                ("RSHMEM_THREADS", "2"),
+                ("RSHMEM_LOCAL_RANK", "18446744073709551615"),
+            ]),
+            "RSHMEM_LOCAL_RANK",
         );
         // processes x threads beyond usize: world_size() would overflow.
         invalid_naming(
