@@ -636,6 +636,61 @@ fn sigterm_during_init_window_unlinks_segments() {
     assert_eq!(left, 0, "segment left after SIGTERM");
 }
 
+/// A process that ignores SIGINT (started in the background by a shell, or under nohup) keeps
+/// ignoring it during the start-up window: the segment handler once replaced SIG_IGN, so a
+/// SIGINT meant for nobody unlinked this PE's segment name before its peers had mapped it
+/// (their start-up failed) and then re-raised into SIG_IGN: the process went on.
+#[test]
+fn ignored_sigint_stays_ignored_in_init_window() {
+    use rshmem::segment::{segment_name, Region};
+    if harness::is_child() {
+        let job = u64::from_str_radix(&std::env::var("RSHMEM_TEST_JOB").unwrap(), 16).unwrap();
+        let current = |sig| {
+            // SAFETY: queries the current action only.
+            unsafe {
+                let mut a: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(sig, std::ptr::null(), &mut a);
+                a.sa_sigaction
+            }
+        };
+        // SAFETY: sets this process's SIGINT action to ignore.
+        unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+        let name = segment_name(job, 0);
+        let a = Region::create_shm(&name, 4096).unwrap();
+        assert_eq!(current(libc::SIGINT), libc::SIG_IGN, "SIGINT still ignored");
+        assert_ne!(
+            current(libc::SIGTERM),
+            libc::SIG_DFL,
+            "SIGTERM still handled"
+        );
+        // SAFETY: signals this process (ignored).
+        unsafe { libc::raise(libc::SIGINT) };
+        assert!(
+            Region::open_shm(&name, 4096).is_ok(),
+            "the name must survive an ignored SIGINT"
+        );
+        drop(a);
+        return;
+    }
+    let job = 0x5158_0000_0000_0000u64 | std::process::id() as u64;
+    let st = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("RSHMEM_TEST_JOB", format!("{job:x}"))
+        .args([
+            "--exact",
+            "ignored_sigint_stays_ignored_in_init_window",
+            "--nocapture",
+            "--test-threads",
+            "1",
+            "--quiet",
+        ])
+        .env(harness::CHILD_VAR, "signal")
+        .status()
+        .unwrap();
+    let left = rshmem::segment::remove_job_segments(job);
+    assert!(st.success(), "{st:?}");
+    assert_eq!(left, 0, "segment left");
+}
+
 #[test]
 fn bootstrap_failures_across_processes() {
     if harness::is_child() {
