@@ -29,12 +29,12 @@ pub struct RunArgs {
 }
 
 fn secs(what: &str, s: f64) -> Result<Duration, String> {
-    if s.is_finite() && s >= 0.0 {
-        Ok(Duration::from_secs_f64(s))
-    } else {
-        Err(format!(
-            "--{what} {s}: expected a non-negative number of seconds"
-        ))
+    // try_: from_secs_f64 panics on values above u64::MAX seconds.
+    match Duration::try_from_secs_f64(s) {
+        Ok(d) if s.is_finite() => Ok(d),
+        _ => Err(format!(
+            "--{what} {s}: expected a non-negative, representable number of seconds"
+        )),
     }
 }
 

@@ -170,3 +170,44 @@ fn libc_sigterm() -> i32 {
 fn libc_sigint() -> i32 {
     2
 }
+
+#[test]
+fn huge_durations_are_errors_not_panics() {
+    // Duration::from_secs_f64 panics above u64::MAX seconds: the flags were only checked for
+    // being finite and non-negative.
+    for flag in ["--timeout", "--grace"] {
+        let out = rshmem()
+            .args(["run", "-n", "1", flag, "1e30", "--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains(flag) && !err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn output_held_open_by_a_leftover_process_does_not_hang_the_launcher() {
+    // With --prefix the launcher forwards each process's output through a pipe; a process the
+    // job left behind (here a background sleep) holds that pipe open after the job's processes
+    // ended, and the launcher once waited for it forever. The test kills it afterwards.
+    let dir = std::env::temp_dir().join(format!("rshmem-run-orphan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pidfile = dir.join("pid");
+    let script = format!("sleep 1000 & echo $! > {}; echo done", pidfile.display());
+    let out = rshmem()
+        .args(["run", "-n", "1", "--prefix", "--grace", "0.2", "--"])
+        .args(["sh", "-c", &script])
+        .output()
+        .unwrap();
+    if let Ok(pid) = std::fs::read_to_string(&pidfile) {
+        let _ = Command::new("kill").arg(pid.trim()).status();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("[pe 0] done"),
+        "{out:?}"
+    );
+}

@@ -36,7 +36,8 @@ pub struct Job {
     /// How long the others may still run after one process failed, before SIGTERM (then SIGKILL
     /// after the same grace again).
     pub grace: Duration,
-    /// Install SIGINT/SIGTERM handlers in this process and forward those signals to the job.
+    /// Install SIGINT/SIGTERM handlers in this process and forward those signals to the job
+    /// (the previous actions are put back when [`run`] returns; one such job at a time).
     pub forward_signals: bool,
 }
 
@@ -123,15 +124,36 @@ extern "C" fn on_signal(sig: libc::c_int) {
     PENDING_SIGNAL.store(sig, Ordering::SeqCst);
 }
 
-fn install_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores into an atomic, which is async-signal-safe.
-        unsafe {
-            libc::signal(
-                sig,
-                on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            )
-        };
+const FORWARDED: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+/// The forwarding handlers while a job runs; dropping it puts back the actions it replaced, so
+/// that after [`run`] the host process reacts to Ctrl-C as before (and a signal that arrives
+/// between two jobs is not forwarded to the next).
+struct Handlers([libc::sigaction; 2]);
+
+fn install_handlers() -> Handlers {
+    PENDING_SIGNAL.store(0, Ordering::SeqCst);
+    // SAFETY: zeroed sigaction structs are valid; the old actions are saved before ours goes
+    // in; the handler only stores into an atomic, which is async-signal-safe.
+    unsafe {
+        let mut olds: [libc::sigaction; 2] = std::mem::zeroed();
+        for (k, &sig) in FORWARDED.iter().enumerate() {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut act.sa_mask);
+            act.sa_flags = libc::SA_RESTART;
+            libc::sigaction(sig, &act, &mut olds[k]);
+        }
+        Handlers(olds)
+    }
+}
+
+impl Drop for Handlers {
+    fn drop(&mut self) {
+        for (k, &sig) in FORWARDED.iter().enumerate() {
+            // SAFETY: puts back an action that sigaction itself returned.
+            unsafe { libc::sigaction(sig, &self.0[k], std::ptr::null_mut()) };
+        }
     }
 }
 
@@ -210,9 +232,7 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
     let job_id = crate::world::random_u64() | 1;
     let (listener, port) = bootstrap_listener()?;
     let listen_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
-    if job.forward_signals {
-        install_handlers();
-    }
+    let _handlers = job.forward_signals.then(install_handlers);
     let mut children: Vec<Option<Child>> = Vec::with_capacity(procs);
     let mut spawn_err = None;
     let mut io = Vec::new();
@@ -360,8 +380,20 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
     if timed_out {
         code = 124;
     }
+    // The forwarders end when every writer of their pipe is gone; a process the job left
+    // behind (a background child) may hold it open forever: after what the job's own
+    // processes wrote has been read (a short while), stop waiting and leave them detached.
+    let drain_by = Instant::now()
+        + job
+            .grace
+            .clamp(Duration::from_secs(1), Duration::from_secs(5));
+    while io.iter().any(|h| !h.is_finished()) && Instant::now() < drain_by {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     for h in io {
-        let _ = h.join();
+        if h.is_finished() {
+            let _ = h.join();
+        }
     }
     let leftover = crate::segment::remove_job_segments(job_id);
     if let Some(e) = spawn_err {

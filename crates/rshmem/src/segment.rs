@@ -4,8 +4,9 @@
 //! Segments are named `/rshmem-<job>-<pe>`, created with mode 0600, and unlinked by their owner
 //! as soon as every peer has mapped them (a mapping outlives its name), so after start-up nothing
 //! is left in `/dev/shm` whatever way the job ends. Before that point `Drop` unlinks them, a
-//! SIGINT/SIGTERM handler (installed only while some name exists, then restored) unlinks them
-//! and re-raises the signal, and the launcher removes `rshmem-<job>-*` after the job.
+//! SIGINT/SIGTERM handler (installed only while some name exists, then restored; never over an
+//! ignored signal) unlinks them and re-raises the signal, and the launcher removes
+//! `rshmem-<job>-*` after the job.
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
@@ -114,7 +115,12 @@ mod pending {
                     libc::sigaction(sig, std::ptr::null(), &mut olds[k]);
                 }
                 (*SAVED.0.get()).write(olds);
-                for &sig in &SIGNALS {
+                for (k, &sig) in SIGNALS.iter().enumerate() {
+                    // An ignored signal stays ignored: it ends nothing, so there is nothing
+                    // to clean up (and unlinking would break a start-up that goes on).
+                    if olds[k].sa_sigaction == libc::SIG_IGN {
+                        continue;
+                    }
                     let mut act: libc::sigaction = std::mem::zeroed();
                     act.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
                     libc::sigemptyset(&mut act.sa_mask);

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// Protocol version checked at start-up; PEs of different versions refuse to form a world.
-pub const PROTOCOL_VERSION: u64 = 2;
+pub const PROTOCOL_VERSION: u64 = 3;
 
 /// How the PEs of a world are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +44,66 @@ impl Mode {
 pub(crate) struct PeerInfo {
     pub pid: u32,
     pub same_process: bool,
+    /// The peer's pid names it in this PE's PID namespace, so that its liveness can be read
+    /// from it (a peer in another container's namespace: only its state word and timeouts).
+    pub pid_visible: bool,
+}
+
+/// This process's identity in the start-up records: a random number drawn once. Pids are no
+/// identity: processes in different PID namespaces (containers sharing /dev/shm) can have the
+/// same one, both pid 1 say.
+fn process_nonce() -> u64 {
+    static N: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *N.get_or_init(|| random_u64() | 1)
+}
+
+/// Identity of this process's PID namespace (0 when unknown, and under Miri: thread-PEs only).
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    if cfg!(miri) {
+        return 0;
+    }
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// Each PE's process as seen from PE `me`, and the world's mode, from every PE's pid, process
+/// nonce and PID namespace (by world index).
+pub(crate) fn process_map(
+    me: usize,
+    pids: &[u32],
+    nonces: &[u64],
+    namespaces: &[u64],
+) -> (Vec<PeerInfo>, Mode) {
+    let peers = (0..pids.len())
+        .map(|p| PeerInfo {
+            pid: pids[p],
+            same_process: nonces[p] == nonces[me],
+            pid_visible: namespaces[p] == namespaces[me]
+                || namespaces[p] == 0
+                || namespaces[me] == 0,
+        })
+        .collect();
+    let mut distinct = nonces.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let mode = if distinct.len() == 1 {
+        Mode::Threads
+    } else if distinct.len() == pids.len() {
+        Mode::Processes
+    } else {
+        Mode::Mixed
+    };
+    (peers, mode)
+}
+
+/// Two PEs of different processes with the same pid (different PID namespaces), if any: the
+/// CUDA backend tells its same-process peers by pid.
+fn pid_collision(pids: &[u32], nonces: &[u64]) -> Option<(usize, usize)> {
+    (0..pids.len()).find_map(|b| {
+        (0..b)
+            .find(|&a| pids[a] == pids[b] && nonces[a] != nonces[b])
+            .map(|a| (a, b))
+    })
 }
 
 /// Where a PE of the world runs: an entry of the world's placement map
@@ -178,6 +238,7 @@ impl PeInner {
             let info = self.peers[p];
             p != self.me
                 && !info.same_process
+                && info.pid_visible
                 && self.ctrls[p].word(control::W_STATE).load(Ordering::Acquire)
                     == control::STATE_ALIVE
                 && !process_alive(info.pid)
@@ -364,6 +425,8 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         loc.thread as u64,
         loc.device as u64,
         loc.job.unwrap_or(0),
+        process_nonce(),
+        pid_namespace(),
     ];
     let all: Vec<Vec<u64>> = boot.allgather(&enc(&rec))?.iter().map(|b| dec(b)).collect();
     let names = ["protocol version", "heap size", "max teams", "backend"];
@@ -405,16 +468,20 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
             pid: r[4] as u32,
         })
         .collect();
-    let mut distinct = pids.clone();
-    distinct.sort_unstable();
-    distinct.dedup();
-    let mode = if distinct.len() == 1 {
-        Mode::Threads
-    } else if distinct.len() == n {
-        Mode::Processes
-    } else {
-        Mode::Mixed
-    };
+    let nonces: Vec<u64> = all.iter().map(|r| r[10]).collect();
+    let namespaces: Vec<u64> = all.iter().map(|r| r[11]).collect();
+    let (peers, mode) = process_map(me, &pids, &nonces, &namespaces);
+    if config.backend == BackendKind::Cuda {
+        if let Some((a, b)) = pid_collision(&pids, &nonces) {
+            return Err(Error::Bootstrap {
+                pe: Some(b),
+                msg: format!(
+                    "PEs {a} and {b} run in different processes with the same pid {} (different PID namespaces): the CUDA backend needs the processes of a job in one PID namespace (e.g. docker --pid=host)",
+                    pids[b]
+                ),
+            });
+        }
+    }
     let layout = CtrlLayout::new(n, config.max_teams);
     let ctrl_bytes = layout.bytes();
     let heap_in_segment = config.backend == BackendKind::Shm;
@@ -456,10 +523,10 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
     // Map peers: same process → the region itself; other process → its shm segment.
     let mut regions = Vec::with_capacity(n);
     let mut err = Ok(());
-    for (pe, &ppid) in pids.iter().enumerate() {
+    for (pe, info) in peers.iter().enumerate() {
         let r = if pe == me {
             Ok(mine.clone())
-        } else if ppid == pid {
+        } else if info.same_process {
             registry()
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -514,13 +581,6 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
             boot.as_ref(),
         )?),
     };
-    let peers = pids
-        .iter()
-        .map(|&p| PeerInfo {
-            pid: p,
-            same_process: p == pid,
-        })
-        .collect();
     let mut team_used = vec![false; config.max_teams];
     team_used[0] = true;
     let inner = PeInner {
@@ -568,7 +628,8 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
 /// processes comes up and ending (within 10 ms) when no such world is left. It waits on a pidfd
 /// per peer process (readable the moment the process ends, zombie or reaped; /proc polling
 /// where pidfds are missing), checks the peers' state words every 10 ms, and sets the `lost`
-/// flags that every wait, barrier, quiet and blocking operation reads.
+/// flags that every wait, barrier, quiet and blocking operation reads. A peer in another PID
+/// namespace (its pid means nothing here) is watched through its state word only.
 mod monitor {
     use super::{process_alive, PeInner};
     use crate::control;
@@ -646,7 +707,10 @@ mod monitor {
                 let lost = match w.ctrls[pe].word(control::W_STATE).load(Ordering::Acquire) {
                     control::STATE_FINALIZED => false,
                     control::STATE_FAILED => true,
-                    _ => !w.peers[pe].same_process && dead.contains(&w.peers[pe].pid),
+                    _ => {
+                        let p = w.peers[pe];
+                        !p.same_process && p.pid_visible && dead.contains(&p.pid)
+                    }
                 };
                 if lost {
                     w.mark_lost(pe);
@@ -676,6 +740,7 @@ mod monitor {
                         let finalized = w.ctrls[pe].word(control::W_STATE).load(Ordering::Acquire)
                             == control::STATE_FINALIZED;
                         if !p.same_process
+                            && p.pid_visible
                             && !finalized
                             && !w.lost[pe].load(Ordering::Relaxed)
                             && !gone.contains(&p.pid)
@@ -766,4 +831,33 @@ pub fn threads_with<R: Send>(
     config.validate()?;
     let hub = InProcBootstrap::new(n, config.timeout)?;
     crate::launch::run_threads(&config, n, f, |rank| Ok(Box::new(hub.join(rank)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn processes_are_told_apart_by_nonce_not_pid() {
+        // Two containers, each PE pid 1 of its own PID namespace: two processes.
+        let (peers, mode) = process_map(0, &[1, 1], &[11, 23], &[7, 8]);
+        assert_eq!(mode, Mode::Processes);
+        assert!(peers[0].same_process && !peers[1].same_process);
+        assert!(
+            !peers[1].pid_visible,
+            "a pid of another namespace says nothing here"
+        );
+        assert_eq!(pid_collision(&[1, 1], &[11, 23]), Some((0, 1)));
+        // Mixed mode in one namespace: 2 processes of 2 threads.
+        let (peers, mode) = process_map(3, &[5, 5, 9, 9], &[1, 1, 3, 3], &[7; 4]);
+        assert_eq!(mode, Mode::Mixed);
+        let same: Vec<bool> = peers.iter().map(|p| p.same_process).collect();
+        assert_eq!(same, [false, false, true, true]);
+        assert!(peers.iter().all(|p| p.pid_visible));
+        assert_eq!(pid_collision(&[5, 5, 9, 9], &[1, 1, 3, 3]), None);
+        // Threads of one process; an unknown namespace (0) is trusted.
+        let (peers, mode) = process_map(1, &[4, 4], &[2, 2], &[0, 7]);
+        assert_eq!(mode, Mode::Threads);
+        assert!(peers.iter().all(|p| p.same_process && p.pid_visible));
+    }
 }

@@ -329,7 +329,20 @@ fn bootstrap_errors_reach_every_pe_of_a_world() {
 // ----- other launchers' variables -----
 
 fn spawn_plain(test: &str, env: &[(String, String)]) -> std::process::Child {
-    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    spawn_wrapped(&[], test, env)
+}
+
+/// As [`spawn_plain`], run through `wrapper` (a command that runs its arguments).
+fn spawn_wrapped(wrapper: &[&str], test: &str, env: &[(String, String)]) -> std::process::Child {
+    let exe = std::env::current_exe().unwrap();
+    let mut c = match wrapper.split_first() {
+        None => std::process::Command::new(&exe),
+        Some((w, rest)) => {
+            let mut c = std::process::Command::new(w);
+            c.args(rest).arg(&exe);
+            c
+        }
+    };
     c.args([
         "--exact",
         test,
@@ -403,6 +416,72 @@ fn run_plain(test: &str, envs: impl Fn(usize) -> Vec<(String, String)>) {
     let left = rshmem::segment::remove_job_segments(u64::from_str_radix(&job, 16).unwrap());
     assert_eq!(ok, vec![true; 3], "ranks that succeeded");
     assert_eq!(left, 0, "segments left in /dev/shm");
+}
+
+/// Processes of a job in different PID namespaces (containers sharing /dev/shm and the
+/// network, each with its own PIDs): a peer's pid means nothing here, or is even this
+/// process's own pid (both pid 1). Once, the first made the monitor declare the peer dead at
+/// once (PeerLost in the next barrier), the second made both PEs "the same process" (thread
+/// mode, and start-up failed). Needs `unshare` (root or user namespaces): skipped without.
+#[test]
+fn processes_in_other_pid_namespaces() {
+    if harness::is_child() {
+        let pe = rshmem::init().unwrap();
+        assert_eq!(pe.mode(), Mode::Processes);
+        let me = pe.my_pe();
+        assert!(!pe.is_same_process(1 - me).unwrap());
+        let x = pe.alloc::<u64>(1).unwrap();
+        pe.local_fill(&x, 0).unwrap();
+        pe.barrier_all().unwrap();
+        // The monitor looks at the peers every 10 ms: give it many looks.
+        std::thread::sleep(Duration::from_millis(300));
+        pe.p(&x, 0, me as u64 + 1, 1 - me).unwrap();
+        pe.barrier_all().unwrap();
+        assert_eq!(pe.g(&x, 0, me).unwrap(), (1 - me) as u64 + 1);
+        pe.finalize().unwrap();
+        return;
+    }
+    let unshare = ["unshare", "--pid", "--fork", "--mount-proc"];
+    let usable = std::process::Command::new(unshare[0])
+        .args(&unshare[1..])
+        .arg("true")
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !usable {
+        println!("skipped: unshare --pid is not available here");
+        return;
+    }
+    // Rank 1 alone in a new namespace, then both (each is pid 1 in its own).
+    for wrapped in [[false, true], [true, true]] {
+        let port = free_port();
+        let job = format!(
+            "{:016x}",
+            std::process::id() as u64 * 7907 + 0xabd0_0000_0000_0001
+        );
+        let mut kids: Vec<_> = (0..2)
+            .map(|r| {
+                let env = vec![
+                    ("RSHMEM_RANK".to_string(), r.to_string()),
+                    ("RSHMEM_WORLD_SIZE".into(), "2".into()),
+                    ("RSHMEM_BOOTSTRAP".into(), format!("127.0.0.1:{port}")),
+                    ("RSHMEM_JOB".into(), job.clone()),
+                ];
+                let w: &[&str] = if wrapped[r] { &unshare } else { &[] };
+                spawn_wrapped(w, "processes_in_other_pid_namespaces", &env)
+            })
+            .collect();
+        let ok: Vec<bool> = kids
+            .iter_mut()
+            .map(|k| k.wait().unwrap().success())
+            .collect();
+        rshmem::segment::remove_job_segments(u64::from_str_radix(&job, 16).unwrap());
+        assert_eq!(
+            ok,
+            vec![true; 2],
+            "ranks that succeeded ({wrapped:?} in new namespaces)"
+        );
+    }
 }
 
 #[test]
@@ -592,6 +671,61 @@ fn sigterm_during_init_window_unlinks_segments() {
     assert_eq!(st.signal(), Some(libc::SIGTERM), "{st:?}");
     let left = rshmem::segment::remove_job_segments(job);
     assert_eq!(left, 0, "segment left after SIGTERM");
+}
+
+/// A process that ignores SIGINT (started in the background by a shell, or under nohup) keeps
+/// ignoring it during the start-up window: the segment handler once replaced SIG_IGN, so a
+/// SIGINT meant for nobody unlinked this PE's segment name before its peers had mapped it
+/// (their start-up failed) and then re-raised into SIG_IGN: the process went on.
+#[test]
+fn ignored_sigint_stays_ignored_in_init_window() {
+    use rshmem::segment::{segment_name, Region};
+    if harness::is_child() {
+        let job = u64::from_str_radix(&std::env::var("RSHMEM_TEST_JOB").unwrap(), 16).unwrap();
+        let current = |sig| {
+            // SAFETY: queries the current action only.
+            unsafe {
+                let mut a: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(sig, std::ptr::null(), &mut a);
+                a.sa_sigaction
+            }
+        };
+        // SAFETY: sets this process's SIGINT action to ignore.
+        unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+        let name = segment_name(job, 0);
+        let a = Region::create_shm(&name, 4096).unwrap();
+        assert_eq!(current(libc::SIGINT), libc::SIG_IGN, "SIGINT still ignored");
+        assert_ne!(
+            current(libc::SIGTERM),
+            libc::SIG_DFL,
+            "SIGTERM still handled"
+        );
+        // SAFETY: signals this process (ignored).
+        unsafe { libc::raise(libc::SIGINT) };
+        assert!(
+            Region::open_shm(&name, 4096).is_ok(),
+            "the name must survive an ignored SIGINT"
+        );
+        drop(a);
+        return;
+    }
+    let job = 0x5158_0000_0000_0000u64 | std::process::id() as u64;
+    let st = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("RSHMEM_TEST_JOB", format!("{job:x}"))
+        .args([
+            "--exact",
+            "ignored_sigint_stays_ignored_in_init_window",
+            "--nocapture",
+            "--test-threads",
+            "1",
+            "--quiet",
+        ])
+        .env(harness::CHILD_VAR, "signal")
+        .status()
+        .unwrap();
+    let left = rshmem::segment::remove_job_segments(job);
+    assert!(st.success(), "{st:?}");
+    assert_eq!(left, 0, "segment left");
 }
 
 #[test]

@@ -62,27 +62,26 @@ impl LaunchEnv {
     }
 }
 
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-fn num(name: &str) -> Result<Option<usize>> {
-    match var(name) {
-        None => Ok(None),
-        Some(v) => {
-            v.trim().parse().map(Some).map_err(|_| {
-                Error::invalid(format!("{name}={v:?}: expected a non-negative integer"))
-            })
-        }
-    }
-}
-
-fn need(name: &str, with: &str) -> Result<usize> {
-    num(name)?.ok_or_else(|| Error::invalid(format!("{with} is set but {name} is not")))
-}
-
 /// Reads the environment; `None` when no launcher convention is present (thread mode).
 pub fn detect() -> Result<Option<LaunchEnv>> {
+    detect_in(&|name| std::env::var(name).ok())
+}
+
+/// [`detect`] over any source of variables (tests pass a map: the process environment is
+/// shared by every test thread).
+fn detect_in(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> {
+    let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+    let num = |name: &str| -> Result<Option<usize>> {
+        match var(name) {
+            None => Ok(None),
+            Some(v) => v.trim().parse().map(Some).map_err(|_| {
+                Error::invalid(format!("{name}={v:?}: expected a non-negative integer"))
+            }),
+        }
+    };
+    let need = |name: &str, with: &str| -> Result<usize> {
+        num(name)?.ok_or_else(|| Error::invalid(format!("{with} is set but {name} is not")))
+    };
     let threads = num("RSHMEM_THREADS")?.unwrap_or(1);
     if threads == 0 {
         return Err(Error::invalid("RSHMEM_THREADS must be at least 1"));
@@ -122,17 +121,145 @@ pub fn detect() -> Result<Option<LaunchEnv>> {
             "{source} environment: process {process} is out of range for {n_processes} processes"
         )));
     }
-    let bootstrap = explicit_boot.or_else(|| match (var("MASTER_ADDR"), num("MASTER_PORT")) {
-        (Some(a), Ok(Some(p))) => Some(format!("{}:{}", a.trim(), p + 1)),
-        _ => None,
-    });
+    let local_rank = local.unwrap_or(process);
+    // Device ordinals are local_rank * threads + thread.
+    if local_rank
+        .checked_mul(threads)
+        .and_then(|d| d.checked_add(threads))
+        .is_none()
+    {
+        let var = match source {
+            "rshmem" => "RSHMEM_LOCAL_RANK",
+            "torchrun" => "LOCAL_RANK",
+            _ => "OMPI_COMM_WORLD_LOCAL_RANK",
+        };
+        return Err(Error::invalid(format!(
+            "{var}={local_rank} with RSHMEM_THREADS={threads}: device ordinals overflow"
+        )));
+    }
+    if n_processes.checked_mul(threads).is_none() {
+        return Err(Error::invalid(format!(
+            "{source} environment: {n_processes} processes of RSHMEM_THREADS={threads} PEs overflow"
+        )));
+    }
+    // MASTER_PORT is torch's store; ours is the next port, so it must be below 65535. A
+    // malformed value is named here (it was once ignored, and the error then said to set it).
+    let bootstrap = match explicit_boot {
+        Some(b) => Some(b),
+        None => match (var("MASTER_ADDR"), var("MASTER_PORT")) {
+            (Some(a), Some(p)) => match p.trim().parse::<u16>() {
+                Ok(port) if port < u16::MAX => Some(format!("{}:{}", a.trim(), port + 1)),
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "MASTER_PORT={p:?}: expected a TCP port below 65535 (the bootstrap listens on MASTER_PORT + 1)"
+                    )))
+                }
+            },
+            _ => None,
+        },
+    };
     Ok(Some(LaunchEnv {
         source,
         process,
         n_processes,
         threads,
-        local_rank: local.unwrap_or(process),
+        local_rank,
         bootstrap,
         job,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn detect_with(vars: &[(&str, &str)]) -> Result<Option<LaunchEnv>> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        detect_in(&move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    fn invalid_naming(r: Result<Option<LaunchEnv>>, var: &str) {
+        match r {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(var), "{m:?} lacks {var}"),
+            other => panic!("expected an error naming {var}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn torchrun_bootstrap_is_master_port_plus_one() {
+        let r = detect_with(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", " node0 "),
+            ("MASTER_PORT", "29500"),
+        ]);
+        let le = r.unwrap().unwrap();
+        assert_eq!(le.bootstrap.as_deref(), Some("node0:29501"));
+        assert_eq!((le.source, le.process, le.n_processes), ("torchrun", 1, 2));
+        assert_eq!(detect_with(&[]).unwrap(), None);
+    }
+
+    #[test]
+    fn garbage_values_are_errors_naming_the_variable() {
+        let torch = |port: &'static str| {
+            detect_with(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", port),
+            ])
+        };
+        // Once silently ignored (then "set MASTER_ADDR and MASTER_PORT"), or p + 1 overflowed
+        // (a panic in debug builds, port 0 in release).
+        for port in ["abc", "-1", "65535", "70000", "18446744073709551615"] {
+            invalid_naming(torch(port), "MASTER_PORT");
+        }
+        // RSHMEM_BOOTSTRAP wins: MASTER_PORT is then not ours to judge.
+        let r = detect_with(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("RSHMEM_BOOTSTRAP", "127.0.0.1:5000"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "abc"),
+        ]);
+        assert_eq!(
+            r.unwrap().unwrap().bootstrap.as_deref(),
+            Some("127.0.0.1:5000")
+        );
+        invalid_naming(
+            detect_with(&[("RSHMEM_RANK", "0"), ("RSHMEM_WORLD_SIZE", "x")]),
+            "RSHMEM_WORLD_SIZE",
+        );
+        invalid_naming(
+            detect_with(&[("RSHMEM_RANK", "0"), ("RSHMEM_THREADS", "0")]),
+            "RSHMEM_THREADS",
+        );
+        invalid_naming(detect_with(&[("RSHMEM_JOB", "zz")]), "RSHMEM_JOB");
+        invalid_naming(
+            detect_with(&[("OMPI_COMM_WORLD_RANK", "0")]),
+            "OMPI_COMM_WORLD_SIZE",
+        );
+        // local_rank x threads beyond usize: the device ordinal would overflow.
+        invalid_naming(
+            detect_with(&[
+                ("RSHMEM_RANK", "0"),
+                ("RSHMEM_WORLD_SIZE", "2"),
+                ("RSHMEM_THREADS", "2"),
+                ("RSHMEM_LOCAL_RANK", "18446744073709551615"),
+            ]),
+            "RSHMEM_LOCAL_RANK",
+        );
+        // processes x threads beyond usize: world_size() would overflow.
+        invalid_naming(
+            detect_with(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "18446744073709551615"),
+                ("RSHMEM_THREADS", "2"),
+            ]),
+            "RSHMEM_THREADS",
+        );
+    }
 }

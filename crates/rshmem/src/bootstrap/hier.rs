@@ -10,6 +10,7 @@ use super::tcp::{decode_list, encode_list};
 use super::{Bootstrap, InProcEndpoint, Locality, TcpBootstrap};
 use crate::error::{Error, Result};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// One thread-PE's endpoint of the hierarchical bootstrap.
 #[derive(Debug)]
@@ -40,6 +41,19 @@ impl HierEndpoint {
             threads,
             locality,
         })
+    }
+}
+
+impl HierEndpoint {
+    /// An error of this process's hub names a thread by its local index: the global PE.
+    fn global(&self, e: Error) -> Error {
+        match e {
+            Error::Bootstrap { pe: Some(t), msg } => Error::Bootstrap {
+                pe: Some(self.tcp.rank() * self.threads + t),
+                msg: format!("process {}: {msg}", self.tcp.rank()),
+            },
+            other => other,
+        }
     }
 }
 
@@ -91,10 +105,23 @@ impl Bootstrap for HierEndpoint {
         self.locality
     }
     fn allgather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let mine = self.local.allgather(data);
+        let mine = self.local.allgather(data).map_err(|e| self.global(e));
+        // The global result comes from thread 0, which has arrived (the gather above) and is
+        // in the TCP exchange: bounded by the timeout, but started later at other processes,
+        // and their errors (naming the PE at fault) reach it up to a timeout and a slack
+        // later. Waiting for it with the hub's own timeout would end first, naming thread 0.
+        let wait = self
+            .tcp
+            .timeout()
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(2));
         if self.local.rank() != 0 {
             mine?;
-            let global = self.local.broadcast(&[], 0)?;
+            let all = self
+                .local
+                .allgather_within(&[], wait)
+                .map_err(|e| self.global(e))?;
+            let global = all.into_iter().next().unwrap_or_default();
             return open_bundle(&global, "global bundle");
         }
         // Thread 0: my process's bundle (or its failure) goes to every process.
@@ -125,7 +152,9 @@ impl Bootstrap for HierEndpoint {
             Ok(all) => ok_bundle(all),
             Err(e) => err_bundle(e),
         };
-        self.local.broadcast(&out, 0)?;
+        self.local
+            .allgather_within(&out, wait)
+            .map_err(|e| self.global(e))?;
         global
     }
 }
@@ -191,6 +220,95 @@ mod tests {
         for r in out {
             let all = r.unwrap();
             assert_eq!(all, (0..6u8).map(|pe| vec![pe, 4]).collect::<Vec<_>>());
+        }
+    }
+
+    /// Process 2 joins the job and then never takes part; rank 0's process starts the exchange
+    /// late. Every PE must name PE 4 (process 2's first PE). Once, the threads waiting in the
+    /// process's hub for thread 0 (which waited on TCP, bounded by the same timeout but
+    /// started later at rank 0) timed out first and named "PE 0", the local index of their own
+    /// thread 0, on every PE of the process, thread 0 included.
+    #[test]
+    fn silent_process_is_named_by_every_thread() {
+        let id = unique_id().unwrap();
+        let t = Duration::from_millis(1000);
+        let threads = 2;
+        let cfg = |p: usize| {
+            let mut c = TcpConfig::new(&id, p, 3, t);
+            c.pes_per_rank = threads;
+            c
+        };
+        let (done, wait_done) = std::sync::mpsc::channel::<()>();
+        let results: Vec<Result<Vec<Vec<u8>>>> = std::thread::scope(|s| {
+            let c2 = cfg(2);
+            s.spawn(move || {
+                let b = TcpBootstrap::with_config(c2).unwrap();
+                let _ = wait_done.recv();
+                drop(b);
+            });
+            let hs: Vec<_> = (0..2)
+                .map(|p| {
+                    let c = cfg(p);
+                    s.spawn(move || {
+                        let tcp = Arc::new(TcpBootstrap::with_config(c).unwrap());
+                        let hub = InProcBootstrap::new(threads, t).unwrap();
+                        std::thread::scope(|s2| {
+                            let hs: Vec<_> = (0..threads)
+                                .map(|th| {
+                                    let ep =
+                                        HierEndpoint::new(hub.join(th).unwrap(), tcp.clone(), p)
+                                            .unwrap();
+                                    s2.spawn(move || {
+                                        if p == 0 {
+                                            std::thread::sleep(Duration::from_millis(300));
+                                        }
+                                        ep.allgather(b"x")
+                                    })
+                                })
+                                .collect();
+                            hs.into_iter()
+                                .map(|h| h.join().unwrap())
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                })
+                .collect();
+            let r = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+            done.send(()).unwrap();
+            r
+        });
+        for (pe, r) in results.iter().enumerate() {
+            match r {
+                Err(Error::Bootstrap { pe: Some(4), .. }) => {}
+                other => panic!("PE {pe}: expected an error naming PE 4, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn local_timeouts_name_global_pes() {
+        // Thread 1 of process 1 never comes: thread 0 names PE 3 (1 * 2 + 1), not "PE 1".
+        let id = unique_id().unwrap();
+        let t = Duration::from_millis(300);
+        let r = std::thread::scope(|s| {
+            let id2 = id.clone();
+            let other = s.spawn(move || {
+                let mut c = TcpConfig::new(&id2, 0, 2, t);
+                c.pes_per_rank = 2;
+                TcpBootstrap::with_config(c)
+            });
+            let mut c = TcpConfig::new(&id, 1, 2, t);
+            c.pes_per_rank = 2;
+            let tcp = Arc::new(TcpBootstrap::with_config(c).unwrap());
+            let hub = InProcBootstrap::new(2, t).unwrap();
+            let ep = HierEndpoint::new(hub.join(0).unwrap(), tcp, 1).unwrap();
+            let r = ep.allgather(b"x");
+            drop(other.join().unwrap());
+            r
+        });
+        match r {
+            Err(Error::Bootstrap { pe: Some(3), .. }) => {}
+            other => panic!("expected an error naming PE 3, got {other:?}"),
         }
     }
 

@@ -97,6 +97,14 @@ impl Bootstrap for InProcEndpoint {
         self.hub.size
     }
     fn allgather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.allgather_within(data, self.hub.timeout)
+    }
+}
+
+impl InProcEndpoint {
+    /// [`Bootstrap::allgather`] waiting at most `timeout` for the slowest thread (the
+    /// hierarchical bootstrap's threads wait longer for their thread 0, itself bounded by TCP).
+    pub(crate) fn allgather_within(&self, data: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>> {
         let hub = &self.hub;
         let mut st = hub.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = &st.failed {
@@ -118,7 +126,7 @@ impl Bootstrap for InProcEndpoint {
             return Ok(st.result.as_ref().clone());
         }
         // A timeout too large for an Instant (Duration::MAX) means no deadline.
-        let deadline = Instant::now().checked_add(hub.timeout);
+        let deadline = Instant::now().checked_add(timeout);
         while st.generation == gen {
             if let Some(e) = &st.failed {
                 return Err(e.clone());
@@ -129,7 +137,7 @@ impl Bootstrap for InProcEndpoint {
                     (0..hub.size).filter(|&r| st.slots[r].is_none()).collect();
                 let e = Error::Bootstrap {
                     pe: missing.first().copied(),
-                    msg: format!("in-process bootstrap timed out after {:?}; ranks {missing:?} never arrived", hub.timeout),
+                    msg: format!("in-process bootstrap timed out after {timeout:?}; ranks {missing:?} never arrived"),
                 };
                 st.failed = Some(e.clone());
                 hub.cv.notify_all();

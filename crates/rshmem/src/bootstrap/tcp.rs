@@ -6,7 +6,8 @@
 //! with the protocol version, the world size, its rank, a job token and the PEs per rank; rank 0
 //! checks them all and answers with a welcome or with an error that names the PE at fault, and
 //! forwards any error to every connected rank, so that every rank fails with the same message.
-//! Every read, accept and connect is bounded by the timeout: nothing waits forever.
+//! Every read, write, accept and connect is bounded by the timeout: nothing waits forever (a
+//! timeout too large for an `Instant`, such as `Duration::MAX`, means no deadline).
 //!
 //! Frames: one kind byte, a little-endian u32 length, the payload.
 
@@ -176,7 +177,27 @@ fn be(pe: Option<usize>, msg: impl Into<String>) -> Error {
     }
 }
 
-fn write_frame(s: &mut TcpStream, kind: u8, payload: &[u8]) -> std::io::Result<()> {
+/// `now + d`, or a point so far ahead that it is never reached when that is not representable
+/// (a timeout of `Duration::MAX` means no deadline; `Instant + Duration` would panic).
+fn after(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(u32::MAX as u64)))
+        .unwrap_or(now)
+}
+
+/// Writes one frame, bounded by `deadline` like every read: a peer that stops reading (its
+/// socket buffer full) ends the write with a timeout instead of blocking forever.
+fn write_frame(
+    s: &mut TcpStream,
+    kind: u8,
+    payload: &[u8],
+    deadline: Instant,
+) -> std::io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(ErrorKind::TimedOut.into());
+    }
+    s.set_write_timeout(Some(left))?;
     let mut b = Vec::with_capacity(5 + payload.len());
     b.push(kind);
     b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -296,6 +317,11 @@ fn resolve(addr: &str) -> Result<SocketAddr> {
 }
 
 impl TcpBootstrap {
+    /// The bound of each connect, accept and exchange.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Joins the job as `rank` of `size` with rank 0 at `address` (`host:port` or unique id).
     pub fn connect(address: &str, rank: usize, size: usize, timeout: Duration) -> Result<Self> {
         Self::with_config(TcpConfig::new(address, rank, size, timeout))
@@ -314,7 +340,7 @@ impl TcpBootstrap {
         }
         let (addr, uid_token) = parse_address(&c.address)?;
         let token = if uid_token != 0 { uid_token } else { c.token };
-        let deadline = Instant::now() + c.timeout;
+        let deadline = after(Instant::now(), c.timeout);
         let links = if c.rank == 0 {
             Links::Root(Self::serve(&c, &addr, token, deadline)?)
         } else {
@@ -369,7 +395,7 @@ impl TcpBootstrap {
             // Ranks that connect after the failure get the error too (not a timeout later):
             // the listener answers their hellos until the deadline (+ slack) has passed.
             let payload = error_payload(e);
-            let until = deadline.max(Instant::now()) + LEAF_SLACK;
+            let until = after(deadline.max(Instant::now()), LEAF_SLACK);
             let _ = std::thread::Builder::new()
                 .name("rshmem-boot-linger".into())
                 .spawn(move || {
@@ -377,11 +403,10 @@ impl TcpBootstrap {
                         match listener.accept() {
                             Ok((mut s, _)) => {
                                 let _ = s.set_nonblocking(false);
-                                let _ = read_frame(
-                                    &mut s,
-                                    until.min(Instant::now() + Duration::from_millis(200)),
-                                );
-                                let _ = write_frame(&mut s, K_ERROR, &payload);
+                                let by =
+                                    until.min(after(Instant::now(), Duration::from_millis(200)));
+                                let _ = read_frame(&mut s, by);
+                                let _ = write_frame(&mut s, K_ERROR, &payload, by);
                             }
                             Err(_) => std::thread::sleep(Duration::from_millis(5)),
                         }
@@ -400,10 +425,12 @@ impl TcpBootstrap {
     ) -> Result<Vec<Option<TcpStream>>> {
         let mut links: Vec<Option<TcpStream>> = (0..c.size).map(|_| None).collect();
         let mut joined = 1;
+        // Error frames are small, but a write is bounded all the same.
+        let soon = || after(Instant::now(), Duration::from_millis(200));
         let fail = |links: &mut Vec<Option<TcpStream>>, e: Error| -> Error {
             let p = error_payload(&e);
             for s in links.iter_mut().flatten() {
-                let _ = write_frame(s, K_ERROR, &p);
+                let _ = write_frame(s, K_ERROR, &p, soon());
             }
             tracing::debug!(error = %e, "tcp bootstrap: rank 0 fails the job");
             e
@@ -434,7 +461,7 @@ impl TcpBootstrap {
             let _ = s.set_nonblocking(false);
             let _ = s.set_nodelay(true);
             // A connection that does not say hello within a second (or the deadline) is a stray.
-            let hello_by = deadline.min(Instant::now() + Duration::from_secs(1));
+            let hello_by = deadline.min(after(Instant::now(), Duration::from_secs(1)));
             let h = match read_frame_max(&mut s, hello_by, 64) {
                 Ok((K_HELLO, p)) if p.len() == 48 => p,
                 _ => {
@@ -447,10 +474,22 @@ impl TcpBootstrap {
             if magic != MAGIC {
                 continue;
             }
-            let rank_u = rank as usize;
-            let who = Some(Self::pe(c, rank_u.min(c.size)));
+            // The rank comes from the wire: only a rank in range names a PE (no overflow).
+            let rank_u = usize::try_from(rank).unwrap_or(usize::MAX);
+            let in_range = rank != 0 && rank_u < c.size;
+            let who = in_range.then(|| Self::pe(c, rank_u));
+            let which = match who {
+                Some(pe) => format!("PE {pe} (process {rank})"),
+                None => format!("a process claiming rank {rank}"),
+            };
             let problem = if version != c.protocol_version {
-                Some(be(who, format!("PE {} (process {rank}) speaks bootstrap protocol version {version}, PE 0 speaks {}", Self::pe(c, rank_u), c.protocol_version)))
+                Some(be(
+                    who,
+                    format!(
+                        "{which} speaks bootstrap protocol version {version}, PE 0 speaks {}",
+                        c.protocol_version
+                    ),
+                ))
             } else if size != c.size as u64 {
                 Some(be(who, format!("world size mismatch: process {rank} expects {size} processes, PE 0 expects {}", c.size)))
             } else if ppr != c.pes_per_rank as u64 {
@@ -463,7 +502,7 @@ impl TcpBootstrap {
                 ))
             } else if tok != token {
                 Some(be(who, format!("process {rank} belongs to another job (token {tok:016x}, expected {token:016x})")))
-            } else if rank == 0 || rank_u >= c.size {
+            } else if !in_range {
                 Some(be(
                     None,
                     format!("a process claims rank {rank}, out of range 1..{}", c.size),
@@ -477,7 +516,7 @@ impl TcpBootstrap {
                 None
             };
             if let Some(e) = problem {
-                let _ = write_frame(&mut s, K_ERROR, &error_payload(&e));
+                let _ = write_frame(&mut s, K_ERROR, &error_payload(&e), soon());
                 return Err(fail(&mut links, e));
             }
             links[rank_u] = Some(s);
@@ -485,7 +524,7 @@ impl TcpBootstrap {
         }
         for r in 1..c.size {
             if let Some(s) = links[r].as_mut() {
-                if let Err(e) = write_frame(s, K_WELCOME, &[]) {
+                if let Err(e) = write_frame(s, K_WELCOME, &[], after(deadline, LEAF_SLACK)) {
                     let e = be(
                         Some(Self::pe(c, r)),
                         format!("process {r} dropped during the bootstrap handshake: {e}"),
@@ -528,9 +567,9 @@ impl TcpBootstrap {
         ] {
             h.extend_from_slice(&w.to_le_bytes());
         }
-        write_frame(&mut s, K_HELLO, &h)
+        write_frame(&mut s, K_HELLO, &h, deadline)
             .map_err(|e| be(Some(0), format!("PE {me}: sending hello to {sa}: {e}")))?;
-        match read_frame(&mut s, deadline + LEAF_SLACK) {
+        match read_frame(&mut s, after(deadline, LEAF_SLACK)) {
             Ok((K_WELCOME, _)) => Ok(s),
             Ok((K_ERROR, p)) => Err(error_from_payload(&p)),
             Ok((k, _)) => Err(be(Some(0), format!("unexpected frame kind {k} from PE 0"))),
@@ -573,7 +612,7 @@ impl Bootstrap for TcpBootstrap {
     }
     fn allgather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.check_failed()?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = after(Instant::now(), self.timeout);
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         let ppr = self.pes_per_rank;
         match &mut *links {
@@ -614,11 +653,22 @@ impl Bootstrap for TcpBootstrap {
                 };
                 for (r, s) in peers.iter_mut().enumerate().skip(1) {
                     if let Some(s) = s.as_mut() {
-                        if let Err(e) = write_frame(s, kind, &payload) {
+                        // An error frame gets a short bound of its own: the deadline may have
+                        // passed already (the error may be that timeout).
+                        let by = if err.is_none() {
+                            deadline
+                        } else {
+                            after(Instant::now(), Duration::from_millis(200))
+                        };
+                        if let Err(e) = write_frame(s, kind, &payload, by) {
                             if err.is_none() {
                                 err = Some(be(
                                     Some(r * ppr),
-                                    format!("PE {} (process {r}) was lost: {e}", r * ppr),
+                                    if is_timeout(&e) {
+                                        format!("PE {} (process {r}) did not take the result of a bootstrap exchange within {:?}", r * ppr, self.timeout)
+                                    } else {
+                                        format!("PE {} (process {r}) was lost: {e}", r * ppr)
+                                    },
                                 ));
                             }
                         }
@@ -631,13 +681,17 @@ impl Bootstrap for TcpBootstrap {
             }
             Links::Leaf(s) => {
                 let me = self.rank * ppr;
-                if let Err(e) = write_frame(s, K_DATA, data) {
+                if let Err(e) = write_frame(s, K_DATA, data, after(deadline, LEAF_SLACK)) {
                     return Err(self.set_failed(be(
                         Some(0),
-                        format!("PE {me}: PE 0 was lost during a bootstrap exchange: {e}"),
+                        if is_timeout(&e) {
+                            format!("PE {me}: PE 0 did not take this PE's part of a bootstrap exchange within {:?}", self.timeout)
+                        } else {
+                            format!("PE {me}: PE 0 was lost during a bootstrap exchange: {e}")
+                        },
                     )));
                 }
-                let r = match read_frame(s, deadline + LEAF_SLACK) {
+                let r = match read_frame(s, after(deadline, LEAF_SLACK)) {
                     Ok((K_DATA, p)) => decode_list(&p)
                         .filter(|l| l.len() == self.size)
                         .ok_or_else(|| be(Some(0), "malformed bootstrap exchange from PE 0")),
@@ -688,5 +742,112 @@ mod tests {
                 });
             }
         });
+    }
+
+    /// A hand-made rank: connects to the job of unique id `id` and says hello with `words`
+    /// (magic, version, size, rank, token, PEs per rank).
+    fn raw_rank(id: &str, words: [u64; 6]) -> TcpStream {
+        let (addr, _) = parse_address(id).unwrap();
+        let mut s = TcpStream::connect(addr).unwrap();
+        let h: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        send(&mut s, K_HELLO, &h);
+        s
+    }
+
+    fn send(s: &mut TcpStream, kind: u8, payload: &[u8]) {
+        write_frame(s, kind, payload, Instant::now() + Duration::from_secs(5)).unwrap();
+    }
+
+    fn token_of(id: &str) -> u64 {
+        parse_address(id).unwrap().1
+    }
+
+    #[test]
+    fn huge_timeout_is_no_deadline() {
+        // Duration::MAX (or RSHMEM_TIMEOUT=1e19) once overflowed `Instant + timeout` and panicked.
+        let id = unique_id().unwrap();
+        std::thread::scope(|s| {
+            for r in 0..2 {
+                let id = id.clone();
+                s.spawn(move || {
+                    let b = TcpBootstrap::connect(&id, r, 2, Duration::MAX).unwrap();
+                    assert_eq!(b.broadcast(&[r as u8 + 1], 0).unwrap(), vec![1]);
+                    b.barrier().unwrap();
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn rank_that_never_reads_cannot_block_rank_0() {
+        // Rank 1 contributes to an exchange and then never reads: rank 0's answer does not fit
+        // the socket buffers, and its write must end at the timeout naming PE 1 (it once
+        // blocked forever: only reads were bounded).
+        let id = unique_id().unwrap();
+        let t = Duration::from_millis(1500);
+        let r = std::thread::scope(|s| {
+            let root = s.spawn(|| {
+                let b = TcpBootstrap::connect(&id, 0, 2, t)?;
+                b.allgather(&vec![7u8; 32 << 20])
+            });
+            let mut c = raw_rank(&id, [MAGIC, TCP_PROTOCOL_VERSION, 2, 1, token_of(&id), 1]);
+            let small: libc::c_int = 4096;
+            // SAFETY: setsockopt on our own socket with a valid int option value.
+            unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&c),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUF,
+                    &small as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            assert_eq!(read_frame(&mut c, deadline).unwrap().0, K_WELCOME);
+            send(&mut c, K_DATA, &[1]);
+            let r = root.join().unwrap();
+            drop(c);
+            r
+        });
+        match r {
+            Err(Error::Bootstrap { pe: Some(1), msg }) => {
+                assert!(msg.contains("within"), "{msg}")
+            }
+            other => panic!(
+                "expected an error naming PE 1, got {:?}",
+                other.map(|v| v.len())
+            ),
+        }
+    }
+
+    #[test]
+    fn hello_with_absurd_rank_is_an_error_not_a_panic() {
+        // A version mismatch from a peer claiming rank u64::MAX: the message named PE
+        // rank * pes_per_rank, an overflow (a panic in debug builds). No such PE: none named.
+        let id = unique_id().unwrap();
+        let r = std::thread::scope(|s| {
+            let root = s.spawn(|| {
+                let mut c = TcpConfig::new(&id, 0, 2, Duration::from_secs(5));
+                c.pes_per_rank = 2;
+                TcpBootstrap::with_config(c).map(drop)
+            });
+            let words = [
+                MAGIC,
+                TCP_PROTOCOL_VERSION + 1,
+                2,
+                u64::MAX,
+                token_of(&id),
+                2,
+            ];
+            let _c = raw_rank(&id, words);
+            root.join()
+        });
+        match r {
+            Ok(Err(Error::Bootstrap { pe: None, msg })) => {
+                assert!(msg.contains("protocol version"), "{msg}")
+            }
+            Ok(other) => panic!("expected a version error, got {other:?}"),
+            Err(_) => panic!("rank 0 panicked on a peer's hello"),
+        }
     }
 }
