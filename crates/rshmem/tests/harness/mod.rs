@@ -143,6 +143,34 @@ pub fn processes(test: &str, n: usize, threads: usize, body: fn(&Pe) -> Result<(
     );
 }
 
+/// In a launched child: runs `body` on this process's PEs of an `n`-PE world, checking each
+/// runs in `want_mode` and leaving a marker per PE that finished ([`DONE_VAR`]); panics on any
+/// error (the parent reports the job's failure).
+fn run_child(
+    test: &str,
+    n: usize,
+    want_mode: rshmem::Mode,
+    config: Config,
+    body: fn(&Pe) -> Result<()>,
+) {
+    let done = std::env::var_os(DONE_VAR).map(std::path::PathBuf::from);
+    let run = |pe: &Pe| -> Result<()> {
+        assert_eq!(pe.mode(), want_mode, "{test}: PE {} of {n}", pe.my_pe());
+        body(pe)?;
+        if let Some(d) = &done {
+            std::fs::write(d.join(pe.my_pe().to_string()), b"").expect("done marker");
+        }
+        Ok(())
+    };
+    let r = rshmem::launch_with(config, n, run).unwrap_or_else(|e| {
+        panic!("{test} ({want_mode:?}, {n} PEs): this process's PEs could not start: {e}")
+    });
+    expect_all_ok(
+        &format!("{test} ({want_mode:?}, {n} PEs): threads of this process"),
+        r,
+    );
+}
+
 /// The configuration tests use: a small heap, a short timeout.
 pub fn config() -> Config {
     Config::default()
@@ -207,17 +235,7 @@ pub fn all_modes(test: &str, n: usize, body: fn(&Pe) -> Result<()>) {
             (1, _) => rshmem::Mode::Processes,
             _ => rshmem::Mode::Mixed,
         };
-        let done = std::env::var_os(DONE_VAR).map(std::path::PathBuf::from);
-        let run = |pe: &Pe| -> Result<()> {
-            assert_eq!(pe.mode(), want_mode, "{test}: PE {} of {n}", pe.my_pe());
-            body(pe)?;
-            if let Some(d) = &done {
-                std::fs::write(d.join(pe.my_pe().to_string()), b"").expect("done marker");
-            }
-            Ok(())
-        };
-        let r = rshmem::launch_with(config(), n, run).expect("world");
-        expect_all_ok(&format!("{test}: threads of this process (of {n} PEs)"), r);
+        run_child(test, n, want_mode, config(), body);
         return;
     }
     threads(n, body);
@@ -335,22 +353,7 @@ pub fn gpu_run(test: &str, mode: GpuMode, n: usize, config: Config, body: fn(&Pe
             (GpuMode::Mixed, _) => rshmem::Mode::Mixed,
             _ => rshmem::Mode::Processes,
         };
-        let done = std::env::var_os(DONE_VAR).map(std::path::PathBuf::from);
-        let run = |pe: &Pe| -> Result<()> {
-            assert_eq!(pe.mode(), want_mode, "{test}: PE {} of {n}", pe.my_pe());
-            body(pe)?;
-            if let Some(d) = &done {
-                std::fs::write(d.join(pe.my_pe().to_string()), b"").expect("done marker");
-            }
-            Ok(())
-        };
-        let r = rshmem::launch_with(config, n, run).unwrap_or_else(|e| {
-            panic!("{test} ({mode:?}, {n} PEs): this process's PEs could not start: {e}")
-        });
-        expect_all_ok(
-            &format!("{test} ({mode:?}, {n} PEs): threads of this process"),
-            r,
-        );
+        run_child(test, n, want_mode, config, body);
         return;
     }
     let _gpu = gpu_world();
