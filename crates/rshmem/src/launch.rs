@@ -36,10 +36,14 @@ pub fn launch_with<R: Send>(
 ) -> Result<Vec<R>> {
     let Some(le) = env::detect()? else {
         let n = match std::env::var("RSHMEM_PES") {
-            Ok(v) => v
-                .trim()
-                .parse()
-                .map_err(|_| Error::invalid(format!("RSHMEM_PES={v:?}: expected a count")))?,
+            Ok(v) => match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => n,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "RSHMEM_PES={v:?}: expected a count of at least 1"
+                    )))
+                }
+            },
             Err(_) => default_pes,
         };
         return crate::threads_with(config, n, f);

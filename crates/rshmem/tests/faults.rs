@@ -827,6 +827,33 @@ fn bad_launcher_environment() {
 }
 
 #[test]
+fn bad_pes_count_is_refused() {
+    if harness::is_child() {
+        // launch without a launcher environment takes its PE count from RSHMEM_PES
+        let want = std::env::var("EXPECT").unwrap();
+        match rshmem::launch(2, |pe| pe.my_pe()) {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains(&want), "{msg}"),
+            other => panic!("expected an invalid-argument error ({want}), got {other:?}"),
+        }
+        return;
+    }
+    for (v, expect) in [
+        ("0", "RSHMEM_PES=\"0\""),
+        ("x", "RSHMEM_PES=\"x\""),
+        ("-2", "at least 1"),
+    ] {
+        let env = vec![
+            ("RSHMEM_PES".to_string(), v.to_string()),
+            ("EXPECT".to_string(), expect.to_string()),
+        ];
+        let st = spawn_plain("bad_pes_count_is_refused", &env)
+            .wait()
+            .unwrap();
+        assert!(st.success(), "RSHMEM_PES={v}: {st:?}");
+    }
+}
+
+#[test]
 fn bootstrap_bad_rank_or_size() {
     let id = unique_id().unwrap();
     for (rank, size) in [(3, 3), (0, 0), (usize::MAX, 2)] {
