@@ -799,6 +799,38 @@ fn gpu_device_barrier_timeout_names_the_missing_pe() {
 
 #[test]
 #[ignore = "needs a GPU"]
+fn gpu_device_team_of_an_ended_world_is_refused() {
+    let cfg = gpu_config(HeapKind::Static);
+    let _gpu = harness::gpu_world();
+    // A team split in a world that then ended...
+    let old = rshmem::threads_with(cfg.clone(), 1, |pe| {
+        pe.team_split_strided(pe.world_team(), 0, 1, 1)
+    })
+    .expect("world")
+    .pop()
+    .expect("one PE")
+    .expect("split")
+    .expect("member");
+    // ...names a slot whose device counters belong to the next world's teams.
+    let r = rshmem::threads_with(cfg, 1, |pe| -> Result<()> {
+        let g = CudaPe::new(pe)?;
+        match g.device_team(&old) {
+            Err(Error::WorldEnded) => {}
+            other => panic!("expected WorldEnded, got {other:?}"),
+        }
+        // The world's own teams still map.
+        let t = g.device_team(pe.world_team())?;
+        assert_eq!((t.size, t.my_index), (1, 0));
+        Ok(())
+    })
+    .expect("world");
+    for x in r {
+        x.unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
 fn gpu_device_timeout_is_an_error() {
     let cfg = gpu_config(HeapKind::Static).timeout(Duration::from_secs(2));
     let _gpu = harness::gpu_world();
