@@ -48,7 +48,8 @@
 //! the driver's placement of streams on queues is not something rshmem can arrange. Treat
 //! several thread-PEs on one GPU as a development setup (a stall ends in [`Error::Timeout`],
 //! never a hang); one PE per GPU, or one process per PE sharing a GPU (each process has its own
-//! context and queues, time-sliced by the GPU), has not shown it.
+//! context and queues, time-sliced by the GPU), has not shown it. (NVSHMEM, for comparison,
+//! runs several PEs on one GPU only as processes, with limited support unless CUDA MPS runs.)
 
 mod api;
 pub mod bench;
