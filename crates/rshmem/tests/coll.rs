@@ -730,3 +730,26 @@ fn scratch_body(pe: &Pe) -> Result<()> {
 }
 
 mode_test!(coll_scratch_size, [1, 4], scratch_body);
+
+// ----- edge cases -----
+
+fn empty_views_body(pe: &Pe) -> Result<()> {
+    let coll = Coll::new(pe, CollConfig::default())?;
+    let (w, n) = (pe.world_team(), pe.n_pes());
+    let x = pe.alloc::<i32>(8 * n)?;
+    pe.local_fill(&x, 7)?;
+    pe.barrier_all()?;
+    // An empty view lying inside the other buffer overlaps nothing: count 0 moves nothing.
+    let e = x.view::<i32>(4 * 4, 0)?;
+    coll.all_reduce(w, &x, &e, 0, ReduceOp::Sum)?;
+    coll.all_reduce(w, &e, &x, 0, ReduceOp::Sum)?;
+    coll.broadcast(w, &e, &x, 0, 0)?;
+    coll.all_gather(w, &x, &e, 0)?;
+    coll.reduce_scatter(w, &e, &x, 0, ReduceOp::Max)?;
+    coll.all_to_all(w, &e, &x, 0)?;
+    assert_eq!(pe.local_vec(&x)?, vec![7; 8 * n]);
+    pe.free(x)?;
+    coll.free()
+}
+
+mode_test!(coll_empty_views, [1, 3], empty_views_body);
