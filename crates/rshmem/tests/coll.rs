@@ -753,3 +753,49 @@ fn empty_views_body(pe: &Pe) -> Result<()> {
 }
 
 mode_test!(coll_empty_views, [1, 3], empty_views_body);
+
+fn joined<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
+    h.join()
+        .map_err(|_| Error::InvalidArgument("collective thread panicked".into()))?
+}
+
+/// Two threads of every PE run all_reduce at the same time on two teams (the world and a
+/// copy of it), each thread with its own `Coll`.
+fn concurrent_teams_body(pe: &Pe) -> Result<()> {
+    let w = pe.world_team();
+    let copy = pe
+        .team_split(w, Some(0), 0)?
+        .ok_or_else(|| Error::InvalidArgument("every PE is in the copy".into()))?;
+    let (c1, c2) = (
+        Coll::new(pe, CollConfig::default())?,
+        Coll::new(pe, CollConfig::default())?,
+    );
+    let (x, y) = (pe.alloc::<u64>(64)?, pe.alloc::<u64>(64)?);
+    let (n, me) = (pe.n_pes() as u64, pe.my_pe() as u64);
+    let run = |c: &Coll<'_>, t: &Team, s: &Sym<u64>, scale: u64| -> Result<()> {
+        for i in 0..100u64 {
+            pe.local_write(s, 0, &[scale * i + me; 64])?;
+            c.all_reduce(t, s, s, 64, ReduceOp::Sum)?;
+            assert_eq!(
+                pe.local_vec(s)?,
+                vec![n * scale * i + n * (n - 1) / 2; 64],
+                "call {i}"
+            );
+            c.barrier(t)?; // nobody reads s any more: the next call may write it
+        }
+        Ok(())
+    };
+    // A Coll is not Sync: each thread takes its own and hands it back.
+    let (c1, c2) = std::thread::scope(|sc| {
+        let a = sc.spawn(|| run(&c1, w, &x, 1).map(|_| c1));
+        let b = sc.spawn(|| run(&c2, &copy, &y, 3).map(|_| c2));
+        Ok::<_, Error>((joined(a)?, joined(b)?))
+    })?;
+    pe.free(y)?;
+    pe.free(x)?;
+    c2.free()?;
+    c1.free()?;
+    pe.team_destroy(copy)
+}
+
+mode_test!(coll_concurrent_teams, [1, 3], concurrent_teams_body);
