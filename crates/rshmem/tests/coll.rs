@@ -754,6 +754,32 @@ fn empty_views_body(pe: &Pe) -> Result<()> {
 
 mode_test!(coll_empty_views, [1, 3], empty_views_body);
 
+/// A team of one, in place: the receive range overlaps the send range two elements further,
+/// copied in one-element chunks.
+fn a2av_alone_body(pe: &Pe) -> Result<()> {
+    let coll = Coll::new(pe, CollConfig::default().chunk_bytes(4))?;
+    let me = pe.team_split(pe.world_team(), Some(pe.my_pe() as u32), 0)?;
+    let me = me.ok_or_else(|| Error::InvalidArgument("a team of one".into()))?;
+    let x = pe.alloc::<i32>(8)?;
+    let orig: Vec<i32> = (0..8).map(|i| 100 * pe.my_pe() as i32 + i).collect();
+    pe.local_write(&x, 0, &orig)?;
+    let v = AllToAllV {
+        send_counts: &[5],
+        send_displs: &[0],
+        recv_counts: &[5],
+        recv_displs: &[2],
+    };
+    coll.all_to_all_v(&me, &x, &x, &v)?;
+    let mut want = orig.clone();
+    want[2..7].copy_from_slice(&orig[0..5]);
+    assert_eq!(pe.local_vec(&x)?, want);
+    pe.free(x)?;
+    pe.team_destroy(me)?;
+    coll.free()
+}
+
+mode_test!(coll_all_to_all_v_alone_in_place, [1, 2], a2av_alone_body);
+
 fn joined<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
     h.join()
         .map_err(|_| Error::InvalidArgument("collective thread panicked".into()))?
