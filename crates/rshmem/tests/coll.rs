@@ -532,6 +532,25 @@ fn bad_body(pe: &Pe) -> Result<()> {
     }
     untouched()?;
 
+    // counts whose n·count (or byte size) overflows usize: an error on every PE, nothing moved
+    for count in [usize::MAX / 2 + 1, usize::MAX] {
+        for r in [
+            coll.all_reduce(w, &b, &a, count, ReduceOp::Sum),
+            coll.all_gather(w, &b, &a, count),
+            coll.reduce_scatter(w, &b, &a, count, ReduceOp::Sum),
+            coll.all_to_all(w, &b, &a, count),
+        ] {
+            assert!(
+                matches!(
+                    r,
+                    Err(Error::OutOfBounds { .. }) | Err(Error::InvalidArgument(_))
+                ),
+                "count {count}: {r:?}"
+            );
+        }
+    }
+    untouched()?;
+
     // different counts (each valid on its own)
     let r = coll.all_reduce(w, &b, &a, if me == last { 3 } else { 4 }, ReduceOp::Sum);
     if n > 1 {
