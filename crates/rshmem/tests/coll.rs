@@ -773,6 +773,91 @@ fn empty_views_body(pe: &Pe) -> Result<()> {
 
 mode_test!(coll_empty_views, [1, 3], empty_views_body);
 
+/// In place through views that start 3 elements into the object (guard cells on both sides
+/// stay poisoned): all_gather, reduce_scatter, all_reduce, and all_to_all_v whose send and
+/// receive displacements run in reverse member order.
+fn in_place_views_body(pe: &Pe) -> Result<()> {
+    let (n, me) = (pe.n_pes(), pe.my_pe());
+    let w = pe.world_team();
+    let sum = |v: i64| n as i64 * v + (n * (n - 1) / 2) as i64;
+    for cfg in [
+        CollConfig::default(),
+        CollConfig::default()
+            .algo(Some(Algo::TwoShot))
+            .chunk_bytes(8),
+    ] {
+        let c = Coll::new(pe, cfg)?;
+        let x = pe.alloc::<i64>(8 + 4 * n * n)?;
+        let guards = |len: usize| -> Result<()> {
+            let got = pe.local_vec(&x)?;
+            assert_eq!(got[..3], [-7; 3], "guard before the view");
+            assert!(
+                got[3 + len..].iter().all(|&a| a == -7),
+                "guard after the view"
+            );
+            Ok(())
+        };
+        let v = x.view::<i64>(3 * 8, 5 * n)?;
+        pe.local_fill(&x, -7)?;
+        pe.local_write(&v, me * 5, &[(me as i64 + 1) * 10; 5])?;
+        pe.barrier_all()?;
+        c.all_gather(w, &v, &v, 5)?;
+        let want: Vec<i64> = (0..5 * n).map(|i| (i / 5 + 1) as i64 * 10).collect();
+        assert_eq!(pe.local_vec(&v)?, want, "all_gather");
+        guards(5 * n)?;
+
+        let input: Vec<i64> = (0..5 * n as i64).map(|i| i + me as i64).collect();
+        pe.local_write(&v, 0, &input)?;
+        pe.barrier_all()?;
+        c.reduce_scatter(w, &v, &v, 5, ReduceOp::Sum)?;
+        let got = pe.local_vec(&v)?;
+        let want: Vec<i64> = (me * 5..me * 5 + 5).map(|i| sum(i as i64)).collect();
+        assert_eq!(got[me * 5..me * 5 + 5], want[..], "reduce_scatter");
+        guards(5 * n)?;
+
+        pe.local_write(&v, 0, &input)?;
+        pe.barrier_all()?;
+        c.all_reduce(w, &v, &v, 5 * n, ReduceOp::Sum)?;
+        let want: Vec<i64> = (0..5 * n as i64).map(sum).collect();
+        assert_eq!(pe.local_vec(&v)?, want, "all_reduce");
+        guards(5 * n)?;
+
+        // member i sends i+1 elements to each member j from (n-1-j)·(n+1); they land at
+        // len - (i+1)·(n+1) on the receiver
+        let len = 4 * n * n;
+        let y = x.view::<i64>(3 * 8, len)?;
+        pe.local_fill(&x, -7)?;
+        let send_counts = vec![me + 1; n];
+        let send_displs: Vec<usize> = (0..n).map(|j| (n - 1 - j) * (n + 1)).collect();
+        let recv_counts: Vec<usize> = (0..n).map(|i| i + 1).collect();
+        let recv_displs: Vec<usize> = (0..n).map(|i| len - (i + 1) * (n + 1)).collect();
+        let src = |m: usize| -> Vec<i64> { (0..len as i64).map(|k| 1000 * m as i64 + k).collect() };
+        pe.local_write(&y, 0, &src(me))?;
+        pe.barrier_all()?;
+        let a = AllToAllV {
+            send_counts: &send_counts,
+            send_displs: &send_displs,
+            recv_counts: &recv_counts,
+            recv_displs: &recv_displs,
+        };
+        c.all_to_all_v(w, &y, &y, &a)?;
+        let mut want = src(me);
+        let from = (n - 1 - me) * (n + 1);
+        for i in 0..n {
+            let at = recv_displs[i];
+            want[at..at + i + 1].copy_from_slice(&src(i)[from..from + i + 1]);
+        }
+        assert_eq!(pe.local_vec(&y)?, want, "all_to_all_v");
+        guards(len)?;
+        pe.barrier_all()?;
+        pe.free(x)?;
+        c.free()?;
+    }
+    Ok(())
+}
+
+mode_test!(coll_in_place_views, [1, 2, 3, 4], in_place_views_body);
+
 /// A team of one, in place: the receive range overlaps the send range two elements further,
 /// copied in one-element chunks.
 fn a2av_alone_body(pe: &Pe) -> Result<()> {
