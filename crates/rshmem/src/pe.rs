@@ -31,6 +31,17 @@ use std::time::Duration;
 /// }).unwrap();
 /// assert_eq!(out.into_iter().collect::<rshmem::Result<Vec<_>>>().unwrap(), vec![101, 100]);
 /// ```
+///
+/// # Threads
+/// A `Pe` is `Sync`: several threads of one PE may issue one-sided operations (put, get,
+/// atomics, signals, waits) at the same time, and barriers and syncs of *different* teams.
+/// The operations that exchange records through the PE's one exchange area — [`alloc`](Self::alloc),
+/// [`alloc_aligned`](Self::alloc_aligned), [`free`](Self::free),
+/// [`team_split`](Self::team_split), [`team_split_strided`](Self::team_split_strided),
+/// [`team_destroy`](Self::team_destroy) — must not overlap with one another on one PE, even on
+/// different teams (their records would mix: errors on every member, or worse), and a team's
+/// barriers are issued by one thread at a time. Collectives use one
+/// [`Coll`](crate::coll::Coll) per thread.
 #[derive(Debug)]
 pub struct Pe {
     pub(crate) inner: Arc<PeInner>,

@@ -532,6 +532,25 @@ fn bad_body(pe: &Pe) -> Result<()> {
     }
     untouched()?;
 
+    // counts whose n·count (or byte size) overflows usize: an error on every PE, nothing moved
+    for count in [usize::MAX / 2 + 1, usize::MAX] {
+        for r in [
+            coll.all_reduce(w, &b, &a, count, ReduceOp::Sum),
+            coll.all_gather(w, &b, &a, count),
+            coll.reduce_scatter(w, &b, &a, count, ReduceOp::Sum),
+            coll.all_to_all(w, &b, &a, count),
+        ] {
+            assert!(
+                matches!(
+                    r,
+                    Err(Error::OutOfBounds { .. }) | Err(Error::InvalidArgument(_))
+                ),
+                "count {count}: {r:?}"
+            );
+        }
+    }
+    untouched()?;
+
     // different counts (each valid on its own)
     let r = coll.all_reduce(w, &b, &a, if me == last { 3 } else { 4 }, ReduceOp::Sum);
     if n > 1 {
@@ -730,3 +749,183 @@ fn scratch_body(pe: &Pe) -> Result<()> {
 }
 
 mode_test!(coll_scratch_size, [1, 4], scratch_body);
+
+// ----- edge cases -----
+
+fn empty_views_body(pe: &Pe) -> Result<()> {
+    let coll = Coll::new(pe, CollConfig::default())?;
+    let (w, n) = (pe.world_team(), pe.n_pes());
+    let x = pe.alloc::<i32>(8 * n)?;
+    pe.local_fill(&x, 7)?;
+    pe.barrier_all()?;
+    // An empty view lying inside the other buffer overlaps nothing: count 0 moves nothing.
+    let e = x.view::<i32>(4 * 4, 0)?;
+    coll.all_reduce(w, &x, &e, 0, ReduceOp::Sum)?;
+    coll.all_reduce(w, &e, &x, 0, ReduceOp::Sum)?;
+    coll.broadcast(w, &e, &x, 0, 0)?;
+    coll.all_gather(w, &x, &e, 0)?;
+    coll.reduce_scatter(w, &e, &x, 0, ReduceOp::Max)?;
+    coll.all_to_all(w, &e, &x, 0)?;
+    assert_eq!(pe.local_vec(&x)?, vec![7; 8 * n]);
+    pe.free(x)?;
+    coll.free()
+}
+
+mode_test!(coll_empty_views, [1, 3], empty_views_body);
+
+/// In place through views that start 3 elements into the object (guard cells on both sides
+/// stay poisoned): all_gather, reduce_scatter, all_reduce, and all_to_all_v whose send and
+/// receive displacements run in reverse member order.
+fn in_place_views_body(pe: &Pe) -> Result<()> {
+    let (n, me) = (pe.n_pes(), pe.my_pe());
+    let w = pe.world_team();
+    let sum = |v: i64| n as i64 * v + (n * (n - 1) / 2) as i64;
+    for cfg in [
+        CollConfig::default(),
+        CollConfig::default()
+            .algo(Some(Algo::TwoShot))
+            .chunk_bytes(8),
+    ] {
+        let c = Coll::new(pe, cfg)?;
+        let x = pe.alloc::<i64>(8 + 4 * n * n)?;
+        let guards = |len: usize| -> Result<()> {
+            let got = pe.local_vec(&x)?;
+            assert_eq!(got[..3], [-7; 3], "guard before the view");
+            assert!(
+                got[3 + len..].iter().all(|&a| a == -7),
+                "guard after the view"
+            );
+            Ok(())
+        };
+        let v = x.view::<i64>(3 * 8, 5 * n)?;
+        pe.local_fill(&x, -7)?;
+        pe.local_write(&v, me * 5, &[(me as i64 + 1) * 10; 5])?;
+        pe.barrier_all()?;
+        c.all_gather(w, &v, &v, 5)?;
+        let want: Vec<i64> = (0..5 * n).map(|i| (i / 5 + 1) as i64 * 10).collect();
+        assert_eq!(pe.local_vec(&v)?, want, "all_gather");
+        guards(5 * n)?;
+
+        let input: Vec<i64> = (0..5 * n as i64).map(|i| i + me as i64).collect();
+        pe.local_write(&v, 0, &input)?;
+        pe.barrier_all()?;
+        c.reduce_scatter(w, &v, &v, 5, ReduceOp::Sum)?;
+        let got = pe.local_vec(&v)?;
+        let want: Vec<i64> = (me * 5..me * 5 + 5).map(|i| sum(i as i64)).collect();
+        assert_eq!(got[me * 5..me * 5 + 5], want[..], "reduce_scatter");
+        guards(5 * n)?;
+
+        pe.local_write(&v, 0, &input)?;
+        pe.barrier_all()?;
+        c.all_reduce(w, &v, &v, 5 * n, ReduceOp::Sum)?;
+        let want: Vec<i64> = (0..5 * n as i64).map(sum).collect();
+        assert_eq!(pe.local_vec(&v)?, want, "all_reduce");
+        guards(5 * n)?;
+
+        // member i sends i+1 elements to each member j from (n-1-j)·(n+1); they land at
+        // len - (i+1)·(n+1) on the receiver
+        let len = 4 * n * n;
+        let y = x.view::<i64>(3 * 8, len)?;
+        pe.local_fill(&x, -7)?;
+        let send_counts = vec![me + 1; n];
+        let send_displs: Vec<usize> = (0..n).map(|j| (n - 1 - j) * (n + 1)).collect();
+        let recv_counts: Vec<usize> = (0..n).map(|i| i + 1).collect();
+        let recv_displs: Vec<usize> = (0..n).map(|i| len - (i + 1) * (n + 1)).collect();
+        let src = |m: usize| -> Vec<i64> { (0..len as i64).map(|k| 1000 * m as i64 + k).collect() };
+        pe.local_write(&y, 0, &src(me))?;
+        pe.barrier_all()?;
+        let a = AllToAllV {
+            send_counts: &send_counts,
+            send_displs: &send_displs,
+            recv_counts: &recv_counts,
+            recv_displs: &recv_displs,
+        };
+        c.all_to_all_v(w, &y, &y, &a)?;
+        let mut want = src(me);
+        let from = (n - 1 - me) * (n + 1);
+        for i in 0..n {
+            let at = recv_displs[i];
+            want[at..at + i + 1].copy_from_slice(&src(i)[from..from + i + 1]);
+        }
+        assert_eq!(pe.local_vec(&y)?, want, "all_to_all_v");
+        guards(len)?;
+        pe.barrier_all()?;
+        pe.free(x)?;
+        c.free()?;
+    }
+    Ok(())
+}
+
+mode_test!(coll_in_place_views, [1, 2, 3, 4], in_place_views_body);
+
+/// A team of one, in place: the receive range overlaps the send range two elements further,
+/// copied in one-element chunks.
+fn a2av_alone_body(pe: &Pe) -> Result<()> {
+    let coll = Coll::new(pe, CollConfig::default().chunk_bytes(4))?;
+    let me = pe.team_split(pe.world_team(), Some(pe.my_pe() as u32), 0)?;
+    let me = me.ok_or_else(|| Error::InvalidArgument("a team of one".into()))?;
+    let x = pe.alloc::<i32>(8)?;
+    let orig: Vec<i32> = (0..8).map(|i| 100 * pe.my_pe() as i32 + i).collect();
+    pe.local_write(&x, 0, &orig)?;
+    let v = AllToAllV {
+        send_counts: &[5],
+        send_displs: &[0],
+        recv_counts: &[5],
+        recv_displs: &[2],
+    };
+    coll.all_to_all_v(&me, &x, &x, &v)?;
+    let mut want = orig.clone();
+    want[2..7].copy_from_slice(&orig[0..5]);
+    assert_eq!(pe.local_vec(&x)?, want);
+    pe.free(x)?;
+    pe.team_destroy(me)?;
+    coll.free()
+}
+
+mode_test!(coll_all_to_all_v_alone_in_place, [1, 2], a2av_alone_body);
+
+fn joined<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
+    h.join()
+        .map_err(|_| Error::InvalidArgument("collective thread panicked".into()))?
+}
+
+/// Two threads of every PE run all_reduce at the same time on two teams (the world and a
+/// copy of it), each thread with its own `Coll`.
+fn concurrent_teams_body(pe: &Pe) -> Result<()> {
+    let w = pe.world_team();
+    let copy = pe
+        .team_split(w, Some(0), 0)?
+        .ok_or_else(|| Error::InvalidArgument("every PE is in the copy".into()))?;
+    let (c1, c2) = (
+        Coll::new(pe, CollConfig::default())?,
+        Coll::new(pe, CollConfig::default())?,
+    );
+    let (x, y) = (pe.alloc::<u64>(64)?, pe.alloc::<u64>(64)?);
+    let (n, me) = (pe.n_pes() as u64, pe.my_pe() as u64);
+    let run = |c: &Coll<'_>, t: &Team, s: &Sym<u64>, scale: u64| -> Result<()> {
+        for i in 0..100u64 {
+            pe.local_write(s, 0, &[scale * i + me; 64])?;
+            c.all_reduce(t, s, s, 64, ReduceOp::Sum)?;
+            assert_eq!(
+                pe.local_vec(s)?,
+                vec![n * scale * i + n * (n - 1) / 2; 64],
+                "call {i}"
+            );
+            c.barrier(t)?; // nobody reads s any more: the next call may write it
+        }
+        Ok(())
+    };
+    // A Coll is not Sync: each thread takes its own and hands it back.
+    let (c1, c2) = std::thread::scope(|sc| {
+        let a = sc.spawn(|| run(&c1, w, &x, 1).map(|_| c1));
+        let b = sc.spawn(|| run(&c2, &copy, &y, 3).map(|_| c2));
+        Ok::<_, Error>((joined(a)?, joined(b)?))
+    })?;
+    pe.free(y)?;
+    pe.free(x)?;
+    c2.free()?;
+    c1.free()?;
+    pe.team_destroy(copy)
+}
+
+mode_test!(coll_concurrent_teams, [1, 3], concurrent_teams_body);

@@ -782,6 +782,37 @@ fn bad_configs(pe: &Pe) -> Result<()> {
 }
 mode_test!(bad_configs_rejected, [1, 2, 3], bad_configs);
 
+// ----- weights of empty slots -----
+
+/// The weight of a `-1` slot is never used: NaN or infinite there is accepted and ignored.
+/// Each token has expert `(t % n) * EPP` in slot 0 (weight 0.5) and -1 in slot 1 (NaN or inf).
+fn empty_slot_weights(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let mut buf = Buffer::<f32>::new(pe, pe.world_team(), cfg(n, EpMode::Normal))?;
+    let t_n = 5;
+    let x: Vec<f32> = (0..t_n * H)
+        .map(|i| (i + 100 * pe.my_pe()) as f32)
+        .collect();
+    let ids: Vec<i64> = (0..t_n)
+        .flat_map(|t| [((t % n) * EPP) as i64, -1])
+        .collect();
+    let w: Vec<f32> = (0..t_n)
+        .flat_map(|t| [0.5, if t % 2 == 0 { f32::NAN } else { f32::INFINITY }])
+        .collect();
+    let d = buf.dispatch(pe, &x, &ids, &w, 2)?;
+    assert!(d.handle.recv_topk_weights().iter().all(|w| w.is_finite()));
+    let y = buf.combine(pe, &d.handle, &d.x)?;
+    let want: Vec<f32> = x.iter().map(|v| 0.5 * v).collect();
+    assert_eq!(y, want);
+    buf.free(pe)
+}
+
+mode_test!(
+    nan_weights_of_empty_slots_are_ignored,
+    [1, 3],
+    empty_slot_weights
+);
+
 // ----- capacity -----
 
 /// PE `s` sends `count` tokens, each to one expert of PE `(s + 1) % n`; its hidden states

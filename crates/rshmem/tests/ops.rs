@@ -356,3 +356,21 @@ fn fence_quiet(pe: &Pe) -> Result<()> {
     pe.free(x)
 }
 mode_test!(fence_quiet_ordering, [1, 2, 3, 8], fence_quiet);
+
+/// Signal adds wrap: PE 0's signal starts at u64::MAX and every PE adds 1 with a zero-length
+/// put; the result is n - 1.
+fn signal_add_wraps(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes() as u64;
+    let x = pe.alloc::<u8>(1)?;
+    let sig = pe.alloc::<u64>(1)?;
+    pe.local_fill(&sig, u64::MAX)?;
+    pe.barrier_all()?;
+    pe.put_signal(&x, 1, &[], &sig, 0, 1, SignalOp::Add, 0)?;
+    if pe.my_pe() == 0 {
+        assert_eq!(pe.wait_until(&sig, 0, Cmp::Eq, n - 1)?, n - 1);
+    }
+    pe.barrier_all()?;
+    pe.free(sig)?;
+    pe.free(x)
+}
+mode_test!(signal_add_wrapping, [1, 3], signal_add_wraps);

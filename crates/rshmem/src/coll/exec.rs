@@ -82,11 +82,22 @@ impl AllToAllV<'_> {
 
 /// Collectives of one PE: the configuration and the symmetric scratch for argument exchange.
 /// See the [module documentation](super) for the contract.
+///
+/// Every call goes through the one scratch object, so a `Coll` serves one thread at a time: it
+/// is `Send` but not `Sync`. Threads of a PE that run collectives concurrently (on different
+/// teams) use one `Coll` each.
+///
+/// ```compile_fail
+/// fn shared_between_threads<T: Sync>() {}
+/// shared_between_threads::<rshmem::coll::Coll<'static>>();
+/// ```
 #[derive(Debug)]
 pub struct Coll<'pe> {
     pe: &'pe Pe,
     scratch: Sym<u64>,
     config: CollConfig,
+    /// Not `Sync`: concurrent calls would overwrite each other's argument records.
+    _one_thread: PhantomData<std::cell::Cell<()>>,
 }
 
 /// A symmetric range named by its raw identity (the executor's view of `src` and `dst`).
@@ -152,6 +163,7 @@ impl<'pe> Coll<'pe> {
             pe,
             scratch,
             config,
+            _one_thread: PhantomData,
         })
     }
 
@@ -325,7 +337,8 @@ impl<'pe> Coll<'pe> {
         let (s0, s1) = (c.src.offset, c.src.offset + c.src.len * sz);
         let (d0, d1) = (c.dst.offset, c.dst.offset + c.dst.len * sz);
         let in_place = c.src.offset == c.dst.offset && c.src.len == c.dst.len;
-        if !in_place && s0 < d1 && d0 < s1 {
+        // An empty range overlaps nothing (even when it lies inside the other one).
+        if !in_place && s0 < s1 && d0 < d1 && s0 < d1 && d0 < s1 {
             return Err(Error::invalid(format!(
                 "{}: source and destination partially overlap (in place needs the same object)",
                 c.kind.name()

@@ -15,7 +15,8 @@
 //! # Contract
 //! * **Who calls.** Every member of the team calls the same collective with the same arguments
 //!   (except the all_to_all_v counts, see there), in the same order as its other collectives on
-//!   that team. Collectives on different teams may interleave freely on a PE.
+//!   that team. Collectives on different teams may interleave freely on a PE; threads of a PE
+//!   that run collectives at the same time use one [`Coll`] each (a `Coll` is not `Sync`).
 //! * **Buffers.** `src` and `dst` are symmetric objects ([`Sym`](crate::Sym) or a
 //!   [`SymView`](crate::SymView)), the *same* object (same offset and length) on every member,
 //!   as in NVSHMEM. They are read and written on peers while the call runs. Counts and

@@ -393,7 +393,10 @@ pub fn all_to_all(s: Shape, count: usize) -> Plan {
 pub fn all_to_all_v(s: Shape, recv: &[VRecv]) -> Plan {
     let mut b = Builder::new(s);
     let order: Vec<usize> = std::iter::once(s.me).chain(b.others()).collect();
-    if s.in_place && s.n > 1 {
+    // Alone, in place, the one receive range may overlap the send range elsewhere: copied in
+    // chunks, a later chunk would read what an earlier one wrote. Staging avoids that too.
+    let alone_shifted = s.n == 1 && recv.first().is_some_and(|r| r.src_at != r.dst_at);
+    if s.in_place && (s.n > 1 || alone_shifted) {
         // Peers read my Src until the middle sync: stage everything, then overwrite.
         let mut t = 0;
         let mut staged = Vec::new();
@@ -691,6 +694,41 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn all_to_all_v_in_place_alone_with_shifted_ranges() {
+        // A team of one, in place, receive range after (or before) the overlapping send range,
+        // copied in chunks: every chunk must read the original data.
+        for (src_at, dst_at) in [(0, 2), (2, 0), (1, 1)] {
+            for chunk in [1, 3, 1 << 20] {
+                let s = Shape {
+                    n: 1,
+                    me: 0,
+                    in_place: true,
+                    chunk,
+                };
+                let recv = [VRecv {
+                    count: 5,
+                    src_at,
+                    dst_at,
+                }];
+                let orig: Vec<i64> = (0..8).map(|i| input(0, i)).collect();
+                let mut md = Model {
+                    n: 1,
+                    in_place: true,
+                    src: vec![orig.clone()],
+                    dst: vec![vec![-1; 8]],
+                };
+                md.run(&[all_to_all_v(s, &recv)]);
+                let mut want = orig.clone();
+                want[dst_at..dst_at + 5].copy_from_slice(&orig[src_at..src_at + 5]);
+                assert_eq!(
+                    md.src[0], want,
+                    "src_at {src_at} dst_at {dst_at} chunk {chunk}"
+                );
             }
         }
     }

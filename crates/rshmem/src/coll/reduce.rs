@@ -249,6 +249,32 @@ mod tests {
     }
 
     #[test]
+    fn min_max_ignore_nan_unless_all_are() {
+        // IEEE minNum/maxNum as documented, the same for every float type: [NaN, 2, 1] folds to
+        // 1 (min) and 2 (max); a column of NaNs stays NaN.
+        fn check<T: Elem + Fold>(f: impl Fn(f32) -> T, back: impl Fn(T) -> f32) {
+            let rows: Vec<T> = [f32::NAN, f32::NAN, 2.0, f32::NAN, 1.0, f32::NAN]
+                .into_iter()
+                .map(&f)
+                .collect();
+            let mut out = vec![f(0.0); 2];
+            combine(ReduceOp::Min, 3, &rows, &mut out).unwrap();
+            assert_eq!(back(out[0]), 1.0);
+            assert!(back(out[1]).is_nan());
+            combine(ReduceOp::Max, 3, &rows, &mut out).unwrap();
+            assert_eq!(back(out[0]), 2.0);
+            assert!(back(out[1]).is_nan());
+            // Sum and Prod propagate NaN
+            combine(ReduceOp::Sum, 3, &rows, &mut out).unwrap();
+            assert!(back(out[0]).is_nan());
+        }
+        check(|x| x, |x| x);
+        check(|x| x as f64, |x| x as f32);
+        check(f16::from_f32, f16::to_f32);
+        check(bf16::from_f32, bf16::to_f32);
+    }
+
+    #[test]
     fn bitwise_on_floats_is_an_error() {
         let rows = vec![1.0f32, 2.0];
         let mut out = vec![0f32; 1];

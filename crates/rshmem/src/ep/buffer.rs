@@ -536,7 +536,8 @@ impl<T: Elem> Buffer<T> {
     ///
     /// `x` is `[T, H]`, `topk_ids` and `topk_weights` are `[T, top_k]` (row-major; ids `-1` or
     /// `0..E`); `T = topk_ids.len() / top_k`, at most `max_tokens`, and may differ between PEs;
-    /// `top_k` (at most `max_topk`) must be the same on every PE.
+    /// `top_k` (at most `max_topk`) must be the same on every PE. Weights must be finite in the
+    /// slots that have an expert; those of `-1` slots are never used (any value is accepted).
     ///
     /// Returns the expert-major rows received here and the [`Handle`] for
     /// [`combine`](Self::combine). Any invalid input on any PE, or a capacity overflow in

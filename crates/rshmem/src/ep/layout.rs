@@ -99,13 +99,21 @@ impl Layout {
     pub fn experts_per_pe(&self) -> usize {
         self.experts_per_pe
     }
-    /// True when token `t` goes to PE `pe`.
-    pub fn is_token_in_pe(&self, t: usize, pe: usize) -> bool {
-        self.in_pe[t * self.n_pes + pe]
+    /// Token `t`'s row of `in_pe` (empty when there is no token `t`).
+    fn row(&self, t: usize) -> &[bool] {
+        let n = self.n_pes;
+        if t >= self.num_tokens {
+            return &[];
+        }
+        &self.in_pe[t * n..(t + 1) * n]
     }
-    /// The PEs token `t` goes to, ascending, each once.
+    /// True when token `t` goes to PE `pe` (false when there is no such token or PE).
+    pub fn is_token_in_pe(&self, t: usize, pe: usize) -> bool {
+        self.row(t).get(pe).copied().unwrap_or(false)
+    }
+    /// The PEs token `t` goes to, ascending, each once (none when there is no token `t`).
     pub fn token_pes(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
-        let row = &self.in_pe[t * self.n_pes..(t + 1) * self.n_pes];
+        let row = self.row(t);
         row.iter().enumerate().filter_map(|(p, &b)| b.then_some(p))
     }
     /// `[T, k]`: the PE serving each slot, -1 where the id is -1.
@@ -120,8 +128,12 @@ impl Layout {
     pub fn pairs_per_expert(&self) -> &[usize] {
         &self.pairs_per_expert
     }
-    /// (token, slot) pairs routed to each local expert of PE `pe` (`[E/n]`).
+    /// (token, slot) pairs routed to each local expert of PE `pe` (`[E/n]`; empty when `pe`
+    /// is not in the team).
     pub fn pairs_per_local_expert(&self, pe: usize) -> &[usize] {
+        if pe >= self.n_pes {
+            return &[];
+        }
         &self.pairs_per_expert[pe * self.experts_per_pe..(pe + 1) * self.experts_per_pe]
     }
     /// (token, slot) pairs served by PE `pe`: the expert rows it computes for this PE.
@@ -148,6 +160,35 @@ mod tests {
         assert_eq!(l.slot_pes(), &[0, 0, 2, -1, -1, -1, 2, 2, 1]);
         assert_eq!(l.pairs_to_pe(2), 3);
         assert_eq!(l.pairs_per_local_expert(1), &[1, 0]);
+    }
+
+    #[test]
+    fn out_of_range_queries() {
+        // 2 tokens, k = 1, 4 experts on 2 PEs: token 0 -> PE 1, token 1 -> PE 0.
+        let l = Layout::compute(&[3i64, 0], 1, 4, 2).unwrap();
+        assert!(l.is_token_in_pe(0, 1) && l.is_token_in_pe(1, 0));
+        // PE 2 is not in the team (the cell after token 0's row belongs to token 1)
+        assert!(!l.is_token_in_pe(0, 2));
+        assert!(!l.is_token_in_pe(2, 0));
+        assert!(!l.is_token_in_pe(usize::MAX, usize::MAX));
+        assert_eq!(l.token_pes(2).count(), 0);
+        assert_eq!(l.token_pes(usize::MAX).count(), 0);
+        assert!(l.pairs_per_local_expert(2).is_empty());
+        assert_eq!(l.pairs_to_pe(usize::MAX), 0);
+    }
+
+    #[test]
+    fn ids_beyond_i32_are_out_of_range() {
+        // never truncated to a small (valid) id
+        for id in [1i64 << 32, (1i64 << 32) + 1, i64::MAX, i64::MIN] {
+            assert!(
+                matches!(
+                    Layout::compute(&[id, 0], 2, 4, 2),
+                    Err(Error::InvalidArgument(_))
+                ),
+                "{id}"
+            );
+        }
     }
 
     #[test]
