@@ -105,14 +105,7 @@ pub fn processes(test: &str, n: usize, threads: usize, body: fn(&Pe) -> Result<(
     let _ = body;
     let call = CALLS.with(|c| c.get());
     let tag = format!("{call}:{n}:{threads}");
-    let done = std::env::temp_dir().join(format!(
-        "rshmem-harness-{}-{}-{}",
-        std::process::id(),
-        test.replace(':', "-"),
-        tag.replace(':', "-")
-    ));
-    let _ = std::fs::remove_dir_all(&done);
-    std::fs::create_dir_all(&done).expect("marker folder");
+    let done = marker_dir(test, &tag);
     let done_s = done.to_string_lossy().into_owned();
     let out = spawn_self(
         test,
@@ -141,6 +134,19 @@ pub fn processes(test: &str, n: usize, threads: usize, body: fn(&Pe) -> Result<(
          to the end",
         n / threads
     );
+}
+
+/// A fresh, empty folder for the done markers ([`DONE_VAR`]) of one job of `test`.
+fn marker_dir(test: &str, tag: &str) -> std::path::PathBuf {
+    let done = std::env::temp_dir().join(format!(
+        "rshmem-harness-{}-{}-{}",
+        std::process::id(),
+        test.replace(':', "-"),
+        tag.replace(':', "-")
+    ));
+    let _ = std::fs::remove_dir_all(&done);
+    std::fs::create_dir_all(&done).expect("marker folder");
+    done
 }
 
 /// In a launched child: runs `body` on this process's PEs of an `n`-PE world, checking each
@@ -359,14 +365,7 @@ pub fn gpu_run(test: &str, mode: GpuMode, n: usize, config: Config, body: fn(&Pe
     let _gpu = gpu_world();
     // Each PE marks its success here: a child that never reached the body (a test name not
     // found, a call skipped) exits 0 too.
-    let done = std::env::temp_dir().join(format!(
-        "rshmem-harness-{}-{}-{}",
-        std::process::id(),
-        test.replace(':', "-"),
-        tag.replace(':', "-")
-    ));
-    let _ = std::fs::remove_dir_all(&done);
-    std::fs::create_dir_all(&done).expect("marker folder");
+    let done = marker_dir(test, &tag);
     let done_s = done.to_string_lossy().into_owned();
     let out = spawn_job(
         test,
