@@ -770,12 +770,19 @@ fn gpu_device_api_vmm() {
     on_gpus(HeapKind::Vmm, 2, device_api);
 }
 
+/// Runs `body` on `n` thread-PEs of this test process (bodies that keep handles across worlds,
+/// or check one PE's device error state), failing the test on any PE's error.
+fn in_this_process(cfg: Config, n: usize, body: impl Fn(&Pe) -> Result<()> + Sync) {
+    let _gpu = harness::gpu_world();
+    let r = rshmem::threads_with(cfg, n, body).expect("world");
+    harness::expect_all_ok(&format!("{n} PEs"), r);
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_device_barrier_timeout_names_the_missing_pe() {
     let cfg = gpu_config(HeapKind::Static).timeout(Duration::from_secs(2));
-    let _gpu = harness::gpu_world();
-    let r = rshmem::threads_with(cfg, 2, |pe| -> Result<()> {
+    in_this_process(cfg, 2, |pe| {
         let g = CudaPe::new(pe)?;
         let s = g.stream()?;
         pe.barrier_all()?;
@@ -790,29 +797,27 @@ fn gpu_device_barrier_timeout_names_the_missing_pe() {
             pe.quiet()?; // cleared, the name too
         }
         pe.barrier_all()
-    })
-    .expect("world");
-    for x in r {
-        x.unwrap();
-    }
+    });
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_device_team_of_an_ended_world_is_refused() {
     let cfg = gpu_config(HeapKind::Static);
-    let _gpu = harness::gpu_world();
     // A team split in a world that then ended...
-    let old = rshmem::threads_with(cfg.clone(), 1, |pe| {
-        pe.team_split_strided(pe.world_team(), 0, 1, 1)
-    })
-    .expect("world")
-    .pop()
-    .expect("one PE")
-    .expect("split")
-    .expect("member");
+    let old = {
+        let _gpu = harness::gpu_world();
+        rshmem::threads_with(cfg.clone(), 1, |pe| {
+            pe.team_split_strided(pe.world_team(), 0, 1, 1)
+        })
+        .expect("world")
+        .pop()
+        .expect("one PE")
+        .expect("split")
+        .expect("member")
+    };
     // ...names a slot whose device counters belong to the next world's teams.
-    let r = rshmem::threads_with(cfg, 1, |pe| -> Result<()> {
+    in_this_process(cfg, 1, |pe| {
         let g = CudaPe::new(pe)?;
         match g.device_team(&old) {
             Err(Error::WorldEnded) => {}
@@ -822,19 +827,14 @@ fn gpu_device_team_of_an_ended_world_is_refused() {
         let t = g.device_team(pe.world_team())?;
         assert_eq!((t.size, t.my_index), (1, 0));
         Ok(())
-    })
-    .expect("world");
-    for x in r {
-        x.unwrap();
-    }
+    });
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_device_timeout_is_an_error() {
     let cfg = gpu_config(HeapKind::Static).timeout(Duration::from_secs(2));
-    let _gpu = harness::gpu_world();
-    let r = rshmem::threads_with(cfg, 2, |pe| -> Result<()> {
+    in_this_process(cfg, 2, |pe| {
         let g = CudaPe::new(pe)?;
         let s = g.stream()?;
         let sig = pe.alloc::<u64>(1)?;
@@ -849,11 +849,7 @@ fn gpu_device_timeout_is_an_error() {
             pe.quiet()?; // cleared
         }
         pe.barrier_all()
-    })
-    .expect("world");
-    for x in r {
-        x.unwrap();
-    }
+    });
 }
 
 #[test]

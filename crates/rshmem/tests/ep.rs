@@ -931,14 +931,7 @@ fn peer_lost_during_dispatch_is_an_error() {
             Ok(())
         })
     });
-    let payload = match r {
-        Err(p) => p,
-        Ok(v) => panic!("threads_with returned {v:?} instead of resuming the panic"),
-    };
-    let msg = payload
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let msg = harness::resumed_panic(r);
     assert!(msg.contains("dies on purpose"), "resumed panic: {msg:?}");
     let mut seen = SEEN.lock().unwrap().clone();
     seen.sort();

@@ -5,6 +5,8 @@
 //! The configured timeout is long (20 s), so a detection that fell back to the timeout would
 //! show as `Error::Timeout` and fail the test; nothing here measures time.
 
+mod harness;
+
 use rshmem::{Cmp, Config, Error, InProcBootstrap, Pe, Result, Sym};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
@@ -22,6 +24,9 @@ type Op = fn(&Pe, &Sym<u64>) -> Result<()>;
 /// survivor and checks that `threads_with` resumed the victim's panic.
 fn with_panicking_pe(n: usize, victim: usize, op: Op) -> Vec<Option<Result<()>>> {
     let seen: Mutex<Vec<Option<Result<()>>>> = Mutex::new(vec![None; n]);
+    // Survivors that have left the first barrier: the victim dies only after all have (a PE
+    // still inside that barrier when the victim is lost would end it with PeerLost too).
+    let left = std::sync::atomic::AtomicUsize::new(0);
     let r = catch_unwind(AssertUnwindSafe(|| {
         rshmem::threads_with(cfg(), n, |pe| {
             // a healthy start: one collective and a barrier with everyone
@@ -29,20 +34,20 @@ fn with_panicking_pe(n: usize, victim: usize, op: Op) -> Vec<Option<Result<()>>>
             pe.local_fill(&x, 0).expect("fill");
             pe.barrier_all().expect("first barrier");
             if pe.my_pe() == victim {
+                let t0 = std::time::Instant::now();
+                while left.load(std::sync::atomic::Ordering::Acquire) < n - 1
+                    && t0.elapsed() < Duration::from_secs(10)
+                {
+                    std::thread::yield_now();
+                }
                 panic!("PE {victim} gives up on purpose");
             }
+            left.fetch_add(1, std::sync::atomic::Ordering::Release);
             let r = op(pe, &x);
             seen.lock().unwrap()[pe.my_pe()] = Some(r);
         })
     }));
-    let payload = match r {
-        Err(p) => p,
-        Ok(v) => panic!("threads_with returned {v:?} instead of resuming the panic"),
-    };
-    let msg = payload
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let msg = harness::resumed_panic(r);
     assert!(
         msg.contains("gives up on purpose"),
         "resumed panic: {msg:?}"

@@ -136,6 +136,19 @@ pub fn processes(test: &str, n: usize, threads: usize, body: fn(&Pe) -> Result<(
     );
 }
 
+/// The message of the panic a world resumed (`r`: `catch_unwind` around the world); fails the
+/// test when the world returned instead.
+pub fn resumed_panic<T: std::fmt::Debug>(r: std::thread::Result<T>) -> String {
+    let payload = match r {
+        Err(p) => p,
+        Ok(v) => panic!("threads_with returned {v:?} instead of resuming the panic"),
+    };
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// A fresh, empty folder for the done markers ([`DONE_VAR`]) of one job of `test`.
 fn marker_dir(test: &str, tag: &str) -> std::path::PathBuf {
     let done = std::env::temp_dir().join(format!(
