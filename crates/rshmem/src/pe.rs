@@ -839,7 +839,9 @@ impl Pe {
         }
     }
 
-    fn check_team(&self, team: &Team) -> Result<()> {
+    /// A team of an ended world is [`Error::WorldEnded`]; another PE's team handle an
+    /// [`Error::Team`].
+    pub(crate) fn check_team(&self, team: &Team) -> Result<()> {
         if team.job != self.inner.job {
             return Err(Error::WorldEnded);
         }

@@ -547,18 +547,10 @@ impl<'a> CudaPe<'a> {
     /// ended world ([`Error::WorldEnded`]), another PE's team handle, a team with non-strided
     /// members or a slot beyond the device's ([`Error::Team`]).
     pub fn device_team(&self, team: &Team) -> Result<DeviceTeam> {
-        let m = &team.members;
         // A team of an earlier world would name a slot whose counters now belong to another
         // team; a team handed over from another PE would name that PE's index.
-        if team.job != self.pe.inner.job {
-            return Err(Error::WorldEnded);
-        }
-        if m.get(team.my_index) != Some(&self.pe.my_pe()) {
-            return Err(Error::Team(format!(
-                "PE {} is not the member this team handle belongs to (a team of another PE?)",
-                self.pe.my_pe()
-            )));
-        }
+        self.pe.check_team(team)?;
+        let m = &team.members;
         // Every host team slot has device counters (the stream barrier's slot comes after).
         if team.slot >= self.b.layout.stream_slot() {
             return Err(Error::Team(format!(
