@@ -8,7 +8,7 @@ mod harness;
 
 use rshmem::cuda::ep::{self, Buffer, Dispatch};
 use rshmem::cuda::{self, CudaPe, Stream};
-use rshmem::ep::{EpConfig, EpMode};
+use rshmem::ep::{EpConfig, EpMode, RecvLayout};
 use rshmem::{bf16, BackendKind, Cmp, Config, Elem, ElemKind, Error, HeapKind, Pe, Result, Sym};
 use std::time::Duration;
 
@@ -394,6 +394,7 @@ fn cfg(n: usize, mode: EpMode) -> EpConfig {
         hidden: 72,
         max_topk: 8,
         mode,
+        layout: RecvLayout::ExpertMajor,
     }
 }
 

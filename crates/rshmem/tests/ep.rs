@@ -4,7 +4,9 @@
 #[path = "harness/mod.rs"]
 mod harness;
 
-use rshmem::ep::{bench, BenchArgs, Buffer, Dispatched, EpConfig, EpMode, Layout, TopkId};
+use rshmem::ep::{
+    bench, BenchArgs, Buffer, Dispatched, EpConfig, EpMode, Layout, RecvLayout, TopkId,
+};
 use rshmem::{bf16, Elem, Error, Pe, Result};
 
 const MAX_T: usize = 24;
@@ -152,11 +154,17 @@ fn cfg(n: usize, mode: EpMode) -> EpConfig {
         hidden: H,
         max_topk: MAX_K,
         mode,
+        layout: RecvLayout::ExpertMajor,
     }
 }
 
 /// Checks a dispatch result against the naive reference computed from every PE's seeds.
-fn check_dispatch<T: Elem>((me, n): (usize, usize), case: &Case, d: &Dispatched<T>) {
+fn check_dispatch<T: Elem>(
+    (me, n): (usize, usize),
+    case: &Case,
+    d: &Dispatched<T>,
+    layout: RecvLayout,
+) {
     let k = case.k;
     let lo = (me * EPP) as i64;
     let mut src_pe = Vec::new();
@@ -225,13 +233,30 @@ fn check_dispatch<T: Elem>((me, n): (usize, usize), case: &Case, d: &Dispatched<
     assert_eq!(hd.row_token(), &want_tok[..], "{case:?} row tokens");
     assert_eq!(hd.row_slot(), &want_slot[..], "{case:?} row slots");
     assert_eq!(hd.num_rows(), want_tok.len());
-    assert!(d.x == want_x, "{case:?}: dispatched rows differ on PE {me}");
+    match layout {
+        RecvLayout::ExpertMajor => {
+            assert!(d.x == want_x, "{case:?}: dispatched rows differ on PE {me}")
+        }
+        RecvLayout::TokenMajor => {
+            let tokens: Vec<T> = rows_x.concat();
+            assert!(d.x == tokens, "{case:?}: received tokens differ on PE {me}")
+        }
+    }
 }
 
-/// Expert outputs: each row scaled by its global expert's scale (identity when `identity`).
-fn experts<T: Elem>(me: usize, d: &Dispatched<T>, identity: bool) -> Vec<T> {
+/// Expert outputs (expert-major rows): each row scaled by its global expert's scale (identity
+/// when `identity`); a token-major dispatch's rows are gathered through `row_token`.
+fn experts<T: Elem>(me: usize, d: &Dispatched<T>, identity: bool, layout: RecvLayout) -> Vec<T> {
     let off = d.handle.expert_offsets();
-    let mut y = d.x.clone();
+    let mut y = match layout {
+        RecvLayout::ExpertMajor => d.x.clone(),
+        RecvLayout::TokenMajor => d
+            .handle
+            .row_token()
+            .iter()
+            .flat_map(|&i| d.x[i as usize * H..(i as usize + 1) * H].iter().copied())
+            .collect(),
+    };
     for e in 0..EPP {
         let s = if identity {
             1.0
@@ -292,8 +317,9 @@ fn run_case_in<T: Elem, I: TopkId + FromI64>(
     let ids: Vec<I> = cast_ids(&ids);
     let x: Vec<T> = hidden(case, me);
     let d = buf.dispatch(pe, &x, &ids, &w, case.k)?;
-    check_dispatch((me, n), case, &d);
-    let y = experts(me, &d, identity);
+    let layout = buf.config().layout;
+    check_dispatch((me, n), case, &d, layout);
+    let y = experts(me, &d, identity, layout);
     let out = buf.combine(pe, &d.handle, &y)?;
     let want: Vec<T> = expected_combine((me, n), case, identity);
     assert!(out == want, "{case:?}: combine differs on PE {me}");
@@ -331,7 +357,11 @@ fn all_cases() -> Vec<Case> {
 }
 
 fn body_all_cases<T: Elem, I: TopkId + FromI64>(pe: &Pe, mode: EpMode) -> Result<()> {
-    let mut buf = Buffer::<T>::new(pe, pe.world_team(), cfg(pe.n_pes(), mode))?;
+    body_all_cases_in::<T, I>(pe, cfg(pe.n_pes(), mode))
+}
+
+fn body_all_cases_in<T: Elem, I: TopkId + FromI64>(pe: &Pe, cfg: EpConfig) -> Result<()> {
+    let mut buf = Buffer::<T>::new(pe, pe.world_team(), cfg)?;
     // One buffer for every case: stale rows of earlier calls must never show.
     for (i, case) in all_cases().iter().enumerate() {
         run_case::<T, I>(pe, &mut buf, case, i % 2 == 0)?;
@@ -371,6 +401,32 @@ mode_test!(
     dispatch_combine_bf16_i64_capturable,
     [1, 2, 3, 4],
     bf16_i64_capturable
+);
+
+fn token_major(n: usize, mode: EpMode) -> EpConfig {
+    EpConfig {
+        layout: RecvLayout::TokenMajor,
+        ..cfg(n, mode)
+    }
+}
+fn f32_i64_normal_tokens(pe: &Pe) -> Result<()> {
+    body_all_cases_in::<f32, i64>(pe, token_major(pe.n_pes(), EpMode::Normal))
+}
+fn bf16_i32_capturable_tokens(pe: &Pe) -> Result<()> {
+    body_all_cases_in::<bf16, i32>(
+        pe,
+        token_major(pe.n_pes(), EpMode::Capturable { capacity: MAX_T }),
+    )
+}
+mode_test!(
+    dispatch_combine_token_major_f32_i64_normal,
+    [1, 2, 3],
+    f32_i64_normal_tokens
+);
+mode_test!(
+    dispatch_combine_token_major_bf16_i32_capturable,
+    [1, 2, 3],
+    bf16_i32_capturable_tokens
 );
 
 /// Identity experts: combine(dispatch(x)) == x * (sum of the token's weights), spelled out.

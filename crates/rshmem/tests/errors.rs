@@ -11,7 +11,7 @@ mod common;
 
 use common::{check_eq, expect_err, poison};
 use rshmem::coll::{Coll, CollConfig, ReduceOp};
-use rshmem::ep::{Buffer, EpConfig, EpMode};
+use rshmem::ep::{Buffer, EpConfig, EpMode, RecvLayout};
 use rshmem::{Cmp, Config, Error, InProcBootstrap, Pe, Result, SignalOp, Sym, Team};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -672,6 +672,7 @@ fn handles_of_an_ended_world() {
             hidden: 8,
             max_topk: 2,
             mode: EpMode::Normal,
+            layout: RecvLayout::ExpertMajor,
         };
         expect_err("ep buffer old team", Buffer::<f32>::new(pe, &t, ep), ended);
         assert_eq!(

@@ -3,7 +3,7 @@
 
 use super::record::Record;
 use super::suite::CliResult;
-use rshmem::ep::{bench, BenchArgs, Buffer, EpConfig, EpMode};
+use rshmem::ep::{bench, BenchArgs, Buffer, EpConfig, EpMode, RecvLayout};
 use rshmem::{bf16, Pe};
 
 /// What to measure (bf16 hidden states, identity experts, random routing).
@@ -43,6 +43,7 @@ impl EpOpts {
             hidden: self.hidden,
             max_topk: self.top_k,
             mode: EpMode::Normal,
+            layout: RecvLayout::ExpertMajor,
         };
         Ok(Buffer::<bf16>::bytes_for(&cfg, n)?.next_multiple_of(4096) + (1 << 20))
     }

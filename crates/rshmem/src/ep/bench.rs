@@ -1,6 +1,6 @@
 //! Benchmark entry point: dispatch and combine against an all-to-all-v baseline, same run.
 
-use super::{Buffer, EpConfig, EpMode};
+use super::{Buffer, EpConfig, EpMode, RecvLayout};
 use crate::elem::Elem;
 use crate::error::{Error, Result};
 use crate::pe::Pe;
@@ -147,6 +147,7 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
         hidden: args.hidden,
         max_topk: args.top_k,
         mode: args.mode,
+        layout: RecvLayout::ExpertMajor,
     };
     let h = args.hidden;
     let (ids, w) = random_routing(

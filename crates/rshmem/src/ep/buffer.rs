@@ -3,7 +3,7 @@
 
 use super::handle::{Dispatched, Handle};
 use super::layout::Layout;
-use super::{check_dtype, EpConfig, EpMode, TopkId};
+use super::{check_dtype, EpConfig, EpMode, RecvLayout, TopkId};
 use crate::elem::{Cmp, Elem, ElemKind, SignalOp};
 use crate::error::{Error, Result};
 use crate::pe::Pe;
@@ -539,8 +539,8 @@ impl<T: Elem> Buffer<T> {
     /// `top_k` (at most `max_topk`) must be the same on every PE. Weights must be finite in the
     /// slots that have an expert; those of `-1` slots are never used (any value is accepted).
     ///
-    /// Returns the expert-major rows received here and the [`Handle`] for
-    /// [`combine`](Self::combine). Any invalid input on any PE, or a capacity overflow in
+    /// Returns the rows received here (expert-major, or the received tokens once each: the
+    /// buffer's [`RecvLayout`]) and the [`Handle`] for [`combine`](Self::combine). Any invalid input on any PE, or a capacity overflow in
     /// capturable mode, is an error on every PE and moves no payload.
     pub fn dispatch<I: TopkId>(
         &mut self,
@@ -623,18 +623,37 @@ impl<T: Elem> Buffer<T> {
         handle.src_weights = topk_weights.to_vec();
         handle.src_slot_pe = layout.slot_pes().to_vec();
         handle.num_tokens = tokens;
-        let mut out = vec![T::ZERO; handle.num_rows() * h];
         let mut first_of = Vec::with_capacity(n + 1);
         first_of.push(0usize);
         for s in 0..n {
             first_of.push(first_of[s] + rec.cnt(s, self.me));
         }
-        for (r, row) in out.chunks_mut(h).enumerate() {
-            let i = handle.row_token[r] as usize;
+        // Receive-buffer row of received token i.
+        let buf_row = |i: usize| {
             let s = handle.recv_src_pe[i] as usize;
-            let buf_row = srcs[s].0 + (i - first_of[s]);
-            pe.get(&self.recv_x()?, buf_row * h, row, pe.my_pe())?;
-        }
+            srcs[s].0 + (i - first_of[s])
+        };
+        let out = match self.cfg.layout {
+            RecvLayout::ExpertMajor => {
+                let mut out = vec![T::ZERO; handle.num_rows() * h];
+                for (r, row) in out.chunks_mut(h).enumerate() {
+                    let i = handle.row_token[r] as usize;
+                    pe.get(&self.recv_x()?, buf_row(i) * h, row, pe.my_pe())?;
+                }
+                out
+            }
+            RecvLayout::TokenMajor => {
+                // Each source's tokens are contiguous in the receive area, in receive order.
+                let mut out = vec![T::ZERO; handle.num_recv_tokens() * h];
+                for s in 0..n {
+                    let rows = &mut out[first_of[s] * h..first_of[s + 1] * h];
+                    if !rows.is_empty() {
+                        pe.get(&self.recv_x()?, srcs[s].0 * h, rows, pe.my_pe())?;
+                    }
+                }
+                out
+            }
+        };
         tracing::trace!(
             pe = pe.my_pe(),
             epoch = self.epoch,
@@ -939,11 +958,17 @@ impl<T: Elem> Buffer<T> {
         handle.src_weights = topk_weights.to_vec();
         handle.src_slot_pe = layout.slot_pes().to_vec();
         handle.num_tokens = tokens;
-        let mut out = vec![T::ZERO; handle.num_rows() * h];
-        for (r, row) in out.chunks_mut(h).enumerate() {
-            let i = handle.row_token[r] as usize;
-            row.copy_from_slice(&all_x[i * h..(i + 1) * h]);
-        }
+        let out = match self.cfg.layout {
+            RecvLayout::ExpertMajor => {
+                let mut out = vec![T::ZERO; handle.num_rows() * h];
+                for (r, row) in out.chunks_mut(h).enumerate() {
+                    let i = handle.row_token[r] as usize;
+                    row.copy_from_slice(&all_x[i * h..(i + 1) * h]);
+                }
+                out
+            }
+            RecvLayout::TokenMajor => all_x,
+        };
         Ok(Dispatched { x: out, handle })
     }
 

@@ -3,8 +3,12 @@
 /// The result of [`Buffer::dispatch`](super::Buffer::dispatch) on one PE.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dispatched<T> {
-    /// Expert-major rows `[handle.num_rows(), H]`: for local expert 0, 1, …, every (received
-    /// token, slot) it serves, in (source PE, source token, slot) order.
+    /// With [`RecvLayout::ExpertMajor`](super::RecvLayout::ExpertMajor): expert-major rows
+    /// `[handle.num_rows(), H]`, for local expert 0, 1, …, every (received token, slot) it
+    /// serves, in (source PE, source token, slot) order. With
+    /// [`RecvLayout::TokenMajor`](super::RecvLayout::TokenMajor): the received tokens
+    /// `[handle.num_recv_tokens(), H]` in receive order (by source PE, then source token);
+    /// expert-major row `r` is token [`Handle::row_token`]`[r]`.
     pub x: Vec<T>,
     /// The bookkeeping for [`Buffer::combine`](super::Buffer::combine).
     pub handle: Handle,

@@ -69,9 +69,10 @@
 //! host reads at its next synchronisation, so a captured graph never needs the host mid-step.
 //!
 //! ```
-//! use rshmem::ep::{Buffer, EpConfig, EpMode};
+//! use rshmem::ep::{Buffer, EpConfig, EpMode, RecvLayout};
 //! let r = rshmem::threads(2, |pe| -> rshmem::Result<Vec<f32>> {
-//!     let cfg = EpConfig { num_experts: 4, max_tokens: 2, hidden: 3, max_topk: 2, mode: EpMode::Normal };
+//!     let cfg = EpConfig { num_experts: 4, max_tokens: 2, hidden: 3, max_topk: 2, mode: EpMode::Normal,
+//!                          layout: RecvLayout::ExpertMajor };
 //!     let mut buf = Buffer::<f32>::new(pe, pe.world_team(), cfg)?;
 //!     let x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];     // 2 tokens, H = 3
 //!     let ids: [i32; 4] = [0, 3, 2, -1];          // token 0 -> experts 0 and 3, token 1 -> 2
@@ -125,6 +126,28 @@ pub struct EpConfig {
     pub max_topk: usize,
     /// Normal or capturable.
     pub mode: EpMode,
+    /// What dispatch leaves on the receiving PE: expert-major rows (one per token and local
+    /// slot) or the received tokens once each, with the expert-major index.
+    pub layout: RecvLayout,
+}
+
+/// What [`Buffer::dispatch`] (and the GPU buffer's) leaves on the receiving PE.
+///
+/// Both layouts carry the same [`Handle`] (on a GPU the same device index arrays) and take the
+/// same combine input: expert outputs in expert-major row order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecvLayout {
+    /// One row per (received token, local top-k slot), grouped by local expert: a grouped
+    /// GEMM's input as is. A token using `j` experts of a PE is copied `j` times there (with
+    /// `k = 8` and 2 PEs, about 4 rows per received token).
+    #[default]
+    ExpertMajor,
+    /// The received tokens, each once (as DeepEP's normal dispatch returns them), plus the
+    /// expert-major index: expert-major row `r` is received token
+    /// [`Handle::row_token`]`[r]` (on a GPU: receive row `expert_src[r] / max_topk`). For expert
+    /// kernels that gather their input rows: no expanded copy is written (a fraction of the
+    /// memory traffic and, on a GPU, no expert-major area in the buffer).
+    TokenMajor,
 }
 
 /// Most top-k slots supported (the row records are sized from `max_topk`; this bounds them).

@@ -101,7 +101,7 @@
 use super::api::{CudaPe, Kernel, KernelArg, Stream};
 use super::ffi::{self, cu};
 use crate::elem::{Elem, ElemKind};
-use crate::ep::{EpConfig, EpMode, TopkId};
+use crate::ep::{EpConfig, EpMode, RecvLayout, TopkId};
 use crate::error::{Error, Result};
 use crate::sym::{AsSym, Sym, SymView};
 use crate::team::Team;
@@ -1104,6 +1104,7 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
             hidden: args.hidden,
             max_topk: args.top_k,
             mode: EpMode::Normal,
+            layout: RecvLayout::ExpertMajor,
         };
         let es = std::mem::size_of::<crate::bf16>();
         let buf = Buffer::<crate::bf16>::bytes_for(&cfg, n)?;
@@ -1141,6 +1142,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
         hidden: h,
         max_topk: k,
         mode,
+        layout: RecvLayout::ExpertMajor,
     };
     for &t in &args.tokens {
         // The configuration and the GPU limits (PEs, experts) that the baseline's kernels share
@@ -1466,6 +1468,7 @@ mod tests {
             hidden: 72,
             max_topk: 8,
             mode: EpMode::Capturable { capacity: 30 },
+            layout: RecvLayout::ExpertMajor,
         };
         let (n, base) = (3, 1u64 << 40);
         let p = plan(&cfg, n, 2).unwrap();
@@ -1509,6 +1512,7 @@ mod tests {
             hidden: 1,
             max_topk: k,
             mode,
+            layout: RecvLayout::ExpertMajor,
         };
         assert!(plan(&c(1 << 20, 8, EpMode::Normal), 2, 2).is_ok());
         // int tokens: 2^31 - 1 tokens pass the CPU validation but not the GPU plan.
