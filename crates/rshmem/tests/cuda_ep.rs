@@ -139,6 +139,8 @@ struct Inputs<T: Elem> {
     out: Sym<T>,
     y: Sym<T>,
     factors: Sym<f32>,
+    /// `E/n` ones: identity experts of a token-major buffer (which gather into `y`).
+    ones: Sym<f32>,
     /// Elements by which x, y and out start after their objects' starts (views: 1 makes every
     /// row address miss 16-byte alignment, so the kernels take their scalar paths).
     shift: usize,
@@ -164,11 +166,13 @@ fn inputs_shifted<T: Elem>(pe: &Pe, cfg: &EpConfig, n: usize, shift: usize) -> R
         out: pe.alloc(cfg.max_tokens * cfg.hidden + shift)?,
         y: pe.alloc(rows * cfg.hidden + shift)?,
         factors: pe.alloc(cfg.num_experts / n)?,
+        ones: pe.alloc(cfg.num_experts / n)?,
         shift,
     })
 }
 
 fn free_inputs<T: Elem>(pe: &Pe, i: Inputs<T>) -> Result<()> {
+    pe.free(i.ones)?;
     pe.free(i.factors)?;
     pe.free(i.y)?;
     pe.free(i.out)?;
@@ -201,6 +205,7 @@ fn write_inputs<T: Elem>(pe: &Pe, cfg: &EpConfig, inp: &Inputs<T>, st: &Step) ->
     pe.local_write(&inp.w, 0, &w)?;
     let f: Vec<f32> = (0..cfg.num_experts / n).map(factor).collect();
     pe.local_write(&inp.factors, 0, &f)?;
+    pe.local_fill(&inp.ones, 1.0)?;
     pe.local_fill(&inp.out, T::from_f64(-77.0))?;
     Ok(())
 }
@@ -230,11 +235,26 @@ fn expert_and_combine<T: Elem>(
     scale: bool,
 ) -> Result<()> {
     let (y, out) = (inp.view(&inp.y)?, inp.view(&inp.out)?);
+    if buf.config().layout == RecvLayout::TokenMajor {
+        // The experts gather their rows from the receive area into expert-major outputs.
+        let f = if scale { &inp.factors } else { &inp.ones };
+        buf.scale_experts(pe, s, &buf.recv_x()?, &y, f)?;
+        return buf.combine(pe, s, d, &y, &out);
+    }
     if scale {
         buf.scale_experts(pe, s, &buf.expert_x()?, &y, &inp.factors)?;
         buf.combine(pe, s, d, &y, &out)
     } else {
         buf.combine(pe, s, d, &buf.expert_x()?, &out)
+    }
+}
+
+/// Poisons the dispatch output area of `buf` (expert-major rows, or the receive area of a
+/// token-major buffer) with -55.
+fn poison_output<T: Elem>(pe: &Pe, buf: &Buffer<T>) -> Result<()> {
+    match buf.config().layout {
+        RecvLayout::ExpertMajor => pe.local_fill(&buf.expert_x()?, T::from_f64(-55.0)),
+        RecvLayout::TokenMajor => pe.local_fill(&buf.recv_x()?, T::from_f64(-55.0)),
     }
 }
 
@@ -284,37 +304,41 @@ fn verify<T: Elem>(
     if let Some(r) = rows {
         assert_eq!(r, total, "PE {me}: rows reported by normal mode");
     }
-    let xs = pe.local_vec(&buf.expert_x()?)?;
-    #[allow(clippy::needless_range_loop)]
-    for e in 0..el {
-        let (a, b) = (hh.expert_offsets[e], hh.expert_offsets[e + 1]);
-        let mut got: Vec<(usize, usize, usize)> = hh.rows[a..b].to_vec();
-        for (r, &(p, tok, _)) in hh.rows[a..b].iter().enumerate() {
-            for c in 0..h {
-                let v = xs[(a + r) * h + c];
-                assert!(
-                    v == xval::<T>(p, tok, c),
-                    "PE {me}: expert {e} row {} (from PE {p} token {tok}) element {c}: {v:?}",
-                    a + r
-                );
+    if cfg.layout == RecvLayout::TokenMajor {
+        verify_token_major(pe, cfg, buf, &all, st, &hh, &want_rows)?;
+    } else {
+        let xs = pe.local_vec(&buf.expert_x()?)?;
+        #[allow(clippy::needless_range_loop)]
+        for e in 0..el {
+            let (a, b) = (hh.expert_offsets[e], hh.expert_offsets[e + 1]);
+            let mut got: Vec<(usize, usize, usize)> = hh.rows[a..b].to_vec();
+            for (r, &(p, tok, _)) in hh.rows[a..b].iter().enumerate() {
+                for c in 0..h {
+                    let v = xs[(a + r) * h + c];
+                    assert!(
+                        v == xval::<T>(p, tok, c),
+                        "PE {me}: expert {e} row {} (from PE {p} token {tok}) element {c}: {v:?}",
+                        a + r
+                    );
+                }
             }
+            got.sort();
+            let mut want = want_rows[e].clone();
+            want.sort();
+            assert_eq!(
+                got, want,
+                "PE {me}: rows of local expert {e} ({:?})",
+                st.case
+            );
         }
-        got.sort();
-        let mut want = want_rows[e].clone();
-        want.sort();
-        assert_eq!(
-            got, want,
-            "PE {me}: rows of local expert {e} ({:?})",
-            st.case
-        );
-    }
-    // Nothing beyond the rows (poisoned before the dispatch).
-    for (i, v) in xs[total * h..].iter().enumerate() {
-        assert!(
-            *v == T::from_f64(-55.0),
-            "PE {me}: expert-major area written beyond the rows at {}",
-            total * h + i
-        );
+        // Nothing beyond the rows (poisoned before the dispatch).
+        for (i, v) in xs[total * h..].iter().enumerate() {
+            assert!(
+                *v == T::from_f64(-55.0),
+                "PE {me}: expert-major area written beyond the rows at {}",
+                total * h + i
+            );
+        }
     }
     // Combine: per destination PE a partial sum (slot order, f32) rounded to T, then the sum
     // over PEs (ascending, f32) rounded to T.
@@ -368,6 +392,84 @@ fn verify<T: Elem>(
     Ok(())
 }
 
+/// The token-major dispatch output: the receive area holds each source's tokens once, in its
+/// token order, rows beyond them untouched (poisoned), and the expert-major index points every
+/// row of every local expert at the receive row of its (source, token).
+fn verify_token_major<T: Elem>(
+    pe: &Pe,
+    cfg: &EpConfig,
+    buf: &Buffer<T>,
+    all: &[(Vec<i64>, Vec<f32>)],
+    st: &Step,
+    hh: &ep::HostHandle,
+    want_rows: &[Vec<(usize, usize, usize)>],
+) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let el = cfg.num_experts / n;
+    let (h, t, k) = (cfg.hidden, st.t, st.k);
+    let cap = buf.pair_capacity();
+    assert!(
+        buf.expert_x().is_err(),
+        "a token-major buffer has no expert-major area"
+    );
+    let rx = pe.local_vec(&buf.recv_x()?)?;
+    assert_eq!(rx.len(), n * cap * h);
+    // Receive row of (source p, token tok).
+    let mut row_of = std::collections::HashMap::new();
+    for (p, (ids, _)) in all.iter().enumerate() {
+        let toks: Vec<usize> = (0..t)
+            .filter(|&tok| {
+                (0..k).any(|j| {
+                    let id = ids[tok * k + j];
+                    id >= 0 && id as usize / el == me
+                })
+            })
+            .collect();
+        for row in 0..cap {
+            let at = (p * cap + row) * h;
+            for c in 0..h {
+                let want = match toks.get(row) {
+                    Some(&tok) => xval::<T>(p, tok, c),
+                    None => T::from_f64(-55.0),
+                };
+                assert!(
+                    rx[at + c] == want,
+                    "PE {me}: receive row {row} from PE {p} element {c}: {:?} != {want:?} ({:?})",
+                    rx[at + c],
+                    st.case
+                );
+            }
+        }
+        for (i, &tok) in toks.iter().enumerate() {
+            row_of.insert((p, tok), p * cap + i);
+        }
+    }
+    let src = pe.local_vec(&buf.expert_src()?)?;
+    let km = cfg.max_topk;
+    for (e, want) in want_rows.iter().enumerate() {
+        let (a, b) = (hh.expert_offsets[e], hh.expert_offsets[e + 1]);
+        let mut got = hh.rows[a..b].to_vec();
+        got.sort();
+        let mut want = want.clone();
+        want.sort();
+        assert_eq!(
+            got, want,
+            "PE {me}: rows of local expert {e} ({:?})",
+            st.case
+        );
+        for (r, (&(p, tok, j), &v)) in hh.rows[a..b].iter().zip(&src[a..b]).enumerate() {
+            let r = a + r;
+            assert_eq!(
+                (v as usize / km, v as usize % km),
+                (row_of[&(p, tok)], j),
+                "PE {me}: expert-major row {r} (expert {e})"
+            );
+        }
+    }
+    Ok(())
+}
+
 fn run_step<T: Elem>(
     pe: &Pe,
     s: &Stream,
@@ -377,7 +479,7 @@ fn run_step<T: Elem>(
     st: &Step,
 ) -> Result<()> {
     write_inputs(pe, cfg, inp, st)?;
-    pe.local_fill(&buf.expert_x()?, T::from_f64(-55.0))?;
+    poison_output(pe, buf)?;
     pe.barrier_all()?;
     let d = dispatch(pe, s, buf, inp, st)?;
     expert_and_combine(pe, s, buf, inp, &d, st.scale)?;
@@ -399,7 +501,7 @@ fn cfg(n: usize, mode: EpMode) -> EpConfig {
 }
 
 fn routings_body<T: Elem>(pe: &Pe, mode: EpMode) -> Result<()> {
-    routings_body_with::<T>(pe, mode, 72, 0, 1..=8)
+    routings_body_with::<T>(pe, mode, 72, 0, 1..=8, RecvLayout::ExpertMajor)
 }
 
 /// The routing steps at hidden size `hidden`, with x, y and out `shift` elements into their
@@ -410,12 +512,14 @@ fn routings_body_with<T: Elem>(
     hidden: usize,
     shift: usize,
     ks: std::ops::RangeInclusive<usize>,
+    layout: RecvLayout,
 ) -> Result<()> {
     let n = pe.n_pes();
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
     let c = EpConfig {
         hidden,
+        layout,
         ..cfg(n, mode)
     };
     let buf = Buffer::<T>::new(pe, pe.world_team(), c)?;
@@ -508,8 +612,15 @@ fn gpu_ep_routings_4pes_f32() {
 #[ignore = "needs a GPU"]
 fn gpu_ep_routings_wide_rows_bf16() {
     on_gpus(2, |pe| {
-        routings_body_with::<bf16>(pe, EpMode::Normal, 2056, 0, 7..=8)?;
-        routings_body_with::<bf16>(pe, EpMode::Capturable { capacity: 40 }, 2056, 0, 3..=3)
+        routings_body_with::<bf16>(pe, EpMode::Normal, 2056, 0, 7..=8, RecvLayout::ExpertMajor)?;
+        routings_body_with::<bf16>(
+            pe,
+            EpMode::Capturable { capacity: 40 },
+            2056,
+            0,
+            3..=3,
+            RecvLayout::ExpertMajor,
+        )
     });
 }
 
@@ -518,8 +629,8 @@ fn gpu_ep_routings_wide_rows_bf16() {
 #[ignore = "needs a GPU"]
 fn gpu_ep_routings_wide_rows_f32_f16() {
     on_gpus(2, |pe| {
-        routings_body_with::<f32>(pe, EpMode::Normal, 1028, 0, 8..=8)?;
-        routings_body_with::<rshmem::f16>(pe, EpMode::Normal, 72, 0, 8..=8)
+        routings_body_with::<f32>(pe, EpMode::Normal, 1028, 0, 8..=8, RecvLayout::ExpertMajor)?;
+        routings_body_with::<rshmem::f16>(pe, EpMode::Normal, 72, 0, 8..=8, RecvLayout::ExpertMajor)
     });
 }
 
@@ -530,8 +641,15 @@ fn gpu_ep_routings_wide_rows_f32_f16() {
 #[ignore = "needs a GPU"]
 fn gpu_ep_routings_unaligned_views() {
     on_gpus(2, |pe| {
-        routings_body_with::<bf16>(pe, EpMode::Normal, 72, 1, 8..=8)?;
-        routings_body_with::<f32>(pe, EpMode::Capturable { capacity: 40 }, 1028, 1, 4..=4)
+        routings_body_with::<bf16>(pe, EpMode::Normal, 72, 1, 8..=8, RecvLayout::ExpertMajor)?;
+        routings_body_with::<f32>(
+            pe,
+            EpMode::Capturable { capacity: 40 },
+            1028,
+            1,
+            4..=4,
+            RecvLayout::ExpertMajor,
+        )
     });
 }
 
@@ -554,7 +672,7 @@ fn overflow_body(pe: &Pe) -> Result<()> {
             scale: false,
         };
         write_inputs(pe, &c, &inp, &st)?;
-        pe.local_fill(&buf.expert_x()?, bf16::from_f64(-55.0))?;
+        poison_output(pe, &buf)?;
         pe.barrier_all()?;
         let d = dispatch(pe, &s, &buf, &inp, &st)?;
         expert_and_combine(pe, &s, &buf, &inp, &d, false)?;
@@ -687,10 +805,17 @@ fn gpu_ep_peer_timeout_stops_every_pe() {
 }
 
 fn graph_body(pe: &Pe) -> Result<()> {
+    graph_body_with(pe, RecvLayout::ExpertMajor)
+}
+
+fn graph_body_with(pe: &Pe, layout: RecvLayout) -> Result<()> {
     let n = pe.n_pes();
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
-    let c = cfg(n, EpMode::Capturable { capacity: 40 });
+    let c = EpConfig {
+        layout,
+        ..cfg(n, EpMode::Capturable { capacity: 40 })
+    };
     let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
     let inp = inputs::<bf16>(pe, &c, n)?;
     let t = 37;
@@ -726,7 +851,7 @@ fn graph_body(pe: &Pe) -> Result<()> {
             scale: true,
         };
         write_inputs(pe, &c, &inp, &st)?;
-        pe.local_fill(&buf.expert_x()?, bf16::from_f64(-55.0))?;
+        poison_output(pe, &buf)?;
         pe.barrier_all()?;
         graph.launch(&s)?;
         s.synchronize()?;
@@ -744,7 +869,7 @@ fn graph_body(pe: &Pe) -> Result<()> {
         scale: true,
     };
     write_inputs(pe, &c, &inp, &one)?;
-    pe.local_fill(&buf.expert_x()?, bf16::from_f64(-55.0))?;
+    poison_output(pe, &buf)?;
     pe.barrier_all()?;
     graph.launch(&s)?;
     s.synchronize()?;
@@ -768,6 +893,33 @@ gpu_mode_test!(
     graph_body,
     [processes(2), mixed(4)]
 );
+
+/// Token-major buffers (each token once per PE, experts gather through the expert-major
+/// index): every routing, both modes and id types, identity and scaling experts, wide rows.
+fn token_major_body(pe: &Pe) -> Result<()> {
+    let tm = RecvLayout::TokenMajor;
+    routings_body_with::<bf16>(pe, EpMode::Normal, 72, 0, 1..=8, tm)?;
+    routings_body_with::<f32>(pe, EpMode::Capturable { capacity: 40 }, 1028, 1, 3..=4, tm)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_token_major_routings() {
+    on_gpus(2, token_major_body);
+}
+
+gpu_mode_test!(
+    gpu_ep_token_major_routings,
+    gpu_config(4),
+    token_major_body,
+    [processes(2)]
+);
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_token_major_graph_replay() {
+    on_gpus(2, |pe| graph_body_with(pe, RecvLayout::TokenMajor));
+}
 
 fn graph_overflow_body(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
@@ -968,6 +1120,30 @@ fn gpu_ep_bad_inputs() {
     on_gpus(2, bad_inputs_body);
 }
 
+/// (tokens, op, mode) of each benchmark record.
+fn bench_rows(recs: &[ep::EpBenchRecord]) -> Vec<(usize, &'static str, &'static str)> {
+    recs.iter().map(|r| (r.tokens, r.op, r.mode)).collect()
+}
+
+/// The records `ep_bench` returns for token counts `ts`: per count, both modes' dispatch and
+/// combine, then each mode's token-major dispatch.
+fn bench_rows_wanted(ts: &[usize]) -> Vec<(usize, &'static str, &'static str)> {
+    let mut v = Vec::new();
+    for &t in ts {
+        for m in ["normal", "capturable"] {
+            v.push((t, "ep_dispatch", m));
+            v.push((t, "ep_combine", m));
+            let tm = if m == "normal" {
+                "normal+tokens"
+            } else {
+                "capturable+tokens"
+            };
+            v.push((t, "ep_dispatch", tm));
+        }
+    }
+    v
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_ep_bench_report() {
@@ -985,7 +1161,7 @@ fn gpu_ep_bench_report() {
     })
     .expect("world");
     let recs = r.into_iter().next().unwrap().expect("bench");
-    assert_eq!(recs.len(), 8);
+    assert_eq!(bench_rows(&recs), bench_rows_wanted(&[64, 8]));
     for rec in &recs {
         assert!(rec.time_us > 0.0 && rec.bytes > 0, "{rec:?}");
     }
@@ -1031,7 +1207,7 @@ fn gpu_ep_bench_scalar_rows_and_baseline() {
     let mut per_pe = r.into_iter();
     let recs = per_pe.next().unwrap().expect("bench on PE 0");
     assert!(per_pe.next().unwrap().expect("bench on PE 1").is_empty());
-    assert_eq!(recs.len(), 8);
+    assert_eq!(bench_rows(&recs), bench_rows_wanted(&[96, 5]));
     for rec in &recs {
         assert_eq!(rec.baseline, ep::EP_BASELINE);
         match &rec.baseline_note {

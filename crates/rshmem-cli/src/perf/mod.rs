@@ -448,7 +448,8 @@ fn cuda_ep_args(args: &PerfArgs) -> CliResult<rshmem::cuda::ep::EpBenchArgs> {
     Ok(a)
 }
 
-/// A CUDA MoE record: `mode` is the EP mode (normal, capturable; the PEs are threads), the
+/// A CUDA MoE record: `mode` is the EP mode (normal, capturable; `+tokens`: a token-major
+/// buffer, dispatch only; the PEs are threads), the
 /// baseline NCCL all-to-all-v (missing: ratio 0 and a note).
 fn from_cuda_ep(b: &rshmem::cuda::ep::EpBenchRecord, a: &rshmem::cuda::ep::EpBenchArgs) -> Record {
     let mut r = Record {
@@ -466,17 +467,22 @@ fn from_cuda_ep(b: &rshmem::cuda::ep::EpBenchRecord, a: &rshmem::cuda::ep::EpBen
         ratio: 0.0,
         busbw_gbps: None,
         note: format!(
-            "T={} H={} k={} E={} bf16, random routing, identity experts, {} thread-PEs; bytes = hidden-state bytes PE 0 sends to other PEs (DeepEP), time = PE 0's stream, mean of {} calls ({}); baseline: NCCL counts all-to-all + host read + grouped send/recv, with its layout/pack/permute/combine kernels; data of both checked{}",
+            "T={} H={} k={} E={} bf16, random routing, identity experts, {} thread-PEs; bytes = hidden-state bytes PE 0 sends to other PEs (DeepEP), time = PE 0's stream, mean of {} calls ({}{}); baseline: NCCL counts all-to-all + host read + grouped send/recv, with its layout/pack/permute/combine kernels; data of both checked{}",
             b.tokens,
             a.hidden,
             a.top_k,
             a.experts,
             b.pes,
             b.iters,
-            if b.mode == "normal" {
+            if b.mode.starts_with("normal") {
                 "eager calls, one host sync after the count exchange"
             } else {
                 "CUDA graph replays"
+            },
+            if b.mode.ends_with("+tokens") {
+                "; token-major layout: each token once per PE plus the expert-major index, no expanded copy"
+            } else {
+                ""
             },
             b.baseline_note
                 .as_deref()

@@ -375,6 +375,7 @@ extern "C" __global__ void ep_wait(const ep_params* P, int which) {
 
 // Received tokens into expert-major rows `out` (one row per (token, local slot)); fills the
 // handle: row_src[r] = received row * kmax + slot, tok_rows[received row * kmax + slot] = r.
+// With out == 0 (token-major layout) only the handle is filled.
 // One warp per received row: lane j takes slot j (its row placed by an atomic on the expert's
 // fill counter), then the warp reads the row once, chunk by chunk, and stores each chunk to every
 // local slot's row.
@@ -416,7 +417,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
                 tok_rows[g * K + j] = r;
             }
             const unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
-            if (!mask) continue;
+            // Token-major buffers (no expert-major area, out == 0): the index only.
+            if (!mask || out == nullptr) continue;
             if (vec) {
                 // The chunk loop runs as many times on every lane (its bound does not depend on
                 // the lane): the shuffles below need the whole warp.
@@ -627,8 +629,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
 }
 
 // A stand-in expert computation: y[r] = x[r] * factor[local expert of row r], for the rows of
-// the last dispatch (count read on the device, so it can be captured in a graph).
-extern "C" __global__ void __launch_bounds__(512) ep_scale_experts(const ep_params* P, const ep_t* x, ep_t* y, const float* factor) {
+// the last dispatch (count read on the device, so it can be captured in a graph). With
+// `gather` (token-major layout), x is the receive area and row r reads receive row
+// row_src[r] / kmax.
+extern "C" __global__ void __launch_bounds__(512) ep_scale_experts(const ep_params* P, const ep_t* x, ep_t* y, const float* factor,
+                                                                   int gather) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
     const long long H = P->hidden, El = P->el;
@@ -640,7 +645,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_scale_experts(const ep_para
         long long lo = 0, hi = El;  // expert e with off[e] <= r < off[e+1]
         while (hi - lo > 1) { long long mid = (lo + hi) / 2; if ((long long)off[mid] <= r) lo = mid; else hi = mid; }
         float f = factor[lo];
-        for (long long h = lane; h < H; h += 32) ep_from(ep_f(x[r * H + h]) * f, &y[r * H + h]);
+        const long long src = gather ? (long long)(((const unsigned*)P->row_src)[r] / (unsigned)P->kmax) : r;
+        for (long long h = lane; h < H; h += 32) ep_from(ep_f(x[src * H + h]) * f, &y[r * H + h]);
     }
 }
 

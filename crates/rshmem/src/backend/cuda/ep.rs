@@ -18,6 +18,14 @@
 //!   ([`Buffer::host_handle`]).
 //! * combine input: expert outputs `y` in the same row order (any symmetric object with at least
 //!   `rows * H` elements; `expert_x` itself for identity experts); output `out [T, H]`.
+//! * [`RecvLayout::TokenMajor`] buffers (`EpConfig::layout`) skip the expanded copy: the
+//!   dispatch output is the receive area [`Buffer::recv_x`] (each received token once, per
+//!   source PE in its token order, DeepEP's normal-dispatch output) plus the expert-major index
+//!   [`Buffer::expert_src`] (expert-major row `r` is receive row `expert_src[r] / max_topk`),
+//!   which expert kernels gather their input rows by ([`Buffer::scale_experts`] does); combine
+//!   takes the same expert-major outputs. The buffer has no expert-major area (`n*C*k*H*s`
+//!   bytes less: 940 MB per PE at T=4096, H=7168 bf16, k=8, 2 PEs), and dispatch writes a
+//!   fraction of the bytes (the permute kernel fills only the index).
 //!
 //! # Layout, dispatch, combine (kernels on one stream)
 //! 1. `ep_prep` (one block): checks every id (`-1` or `0..E`) and every weight of a used slot
@@ -36,7 +44,7 @@
 //!    every source's blocks (the grid, one block per SM, is agreed by the team at creation).
 //! 3. `ep_permute` (grid, one warp per received row): the row's local slots take their
 //!    expert-major rows (atomics), the row is read once and stored to each, filling the handle
-//!    arrays.
+//!    arrays (token-major buffers: the handle arrays only).
 //! 4. Combine, **pre-reduced on the expert side**: `ep_csend` sums, for each received token,
 //!    weight × expert output over the slots served here (slot order, `f32`), rounds once to
 //!    `T` and puts **one row per (token, PE)** back into the source's combine area; `ep_crecv`
@@ -96,7 +104,8 @@
 //!
 //! # Buffer sizing (bytes per PE, [`Buffer::bytes_for`])
 //! `n*C*H*s` receive rows + `n*C*(1+2k)*4` row records + `2*n*C*H*s` combine rows +
-//! `n*C*k*H*s` expert-major rows + small bookkeeping (`s` = element size).
+//! `n*C*k*H*s` expert-major rows (none for [`RecvLayout::TokenMajor`]) + small bookkeeping
+//! (`s` = element size).
 
 use super::api::{CudaPe, Kernel, KernelArg, Stream};
 use super::ffi::{self, cu};
@@ -217,7 +226,11 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
         mul(mul(rows, h)?, es)?,
         mul(mul(rows, rmw)?, 4)?,
         mul(mul(mul(rows, h)?, es)?, 2)?,
-        mul(mul(rmax, h)?, es)?,
+        // The expert-major area only where dispatch writes expanded rows.
+        match cfg.layout {
+            RecvLayout::ExpertMajor => mul(mul(rmax, h)?, es)?,
+            RecvLayout::TokenMajor => 0,
+        },
         mul(mul(n, rw)?, 8)?,
         3 * n * 8,
         16 * 8,
@@ -513,8 +526,33 @@ impl<T: Elem> Buffer<T> {
     }
 
     /// The expert-major dispatch output area (`[max_rows, H]`; the first `rows` are valid).
+    /// A [`RecvLayout::TokenMajor`] buffer has none (an error): its experts read
+    /// [`recv_x`](Self::recv_x) through [`expert_src`](Self::expert_src).
     pub fn expert_x(&self) -> Result<SymView<'_, T>> {
+        if self.cfg.layout == RecvLayout::TokenMajor {
+            return Err(Error::invalid(
+                "ep: a token-major buffer has no expert-major area (gather recv_x rows through \
+                 expert_src)",
+            ));
+        }
         self.view(self.plan.expert_x, self.plan.rmax * self.cfg.hidden)
+    }
+
+    /// The receive area `[n * C, H]` (`C` = [`pair_capacity`](Self::pair_capacity)): the
+    /// tokens from team PE `s` are rows `s*C .. s*C + recv_tokens_per_pe[s]`, in the source's
+    /// token order. It is the dispatch output of a [`RecvLayout::TokenMajor`] buffer (each
+    /// received token once); valid until the next dispatch.
+    pub fn recv_x(&self) -> Result<SymView<'_, T>> {
+        self.view(self.plan.recv_x, self.n * self.plan.cap * self.cfg.hidden)
+    }
+
+    /// The expert-major index on the device, `[max_rows]` `u32`: expert-major row `r` (of the
+    /// last dispatch, `r < rows`) is receive row `expert_src[r] / max_topk` of
+    /// [`recv_x`](Self::recv_x), serving that token's top-k slot `expert_src[r] % max_topk`.
+    /// What an expert kernel of a token-major buffer gathers its input rows by (both layouts
+    /// fill it).
+    pub fn expert_src(&self) -> Result<SymView<'_, u32>> {
+        self.view(self.plan.row_src, self.plan.rmax)
     }
 
     /// Releases the symmetric area (collective over the world, like [`Pe::free`]).
@@ -695,13 +733,18 @@ impl<T: Elem> Buffer<T> {
             mark()?;
             g.launch(&self.wait, s, 1, 64, 0, &[prm, KernelArg::I32(0)])?;
             mark()?;
+            // Token-major: a null output, the kernel fills only the index.
+            let out = match self.cfg.layout {
+                RecvLayout::ExpertMajor => g.ptr(&self.expert_x()?)?,
+                RecvLayout::TokenMajor => 0,
+            };
             g.launch(
                 &self.permute,
                 s,
                 self.grid,
                 BLOCK,
                 0,
-                &[prm, KernelArg::Ptr(g.ptr(&self.expert_x()?)?)],
+                &[prm, KernelArg::Ptr(out)],
             )?;
         }
         mark()?;
@@ -788,7 +831,10 @@ impl<T: Elem> Buffer<T> {
     }
 
     /// A stand-in expert computation on stream `s`: `y[r] = x[r] * factors[local expert of r]`
-    /// for the rows of the last dispatch (row count read on the device: capturable).
+    /// for the rows of the last dispatch (row count read on the device: capturable). On a
+    /// [`RecvLayout::TokenMajor`] buffer `x` is the receive area ([`recv_x`](Self::recv_x)) and
+    /// row `r` reads the receive row [`expert_src`](Self::expert_src) names, as a gathering
+    /// expert kernel would; `y` is expert-major in both layouts (combine's input).
     pub fn scale_experts(
         &self,
         pe: &Pe,
@@ -800,17 +846,25 @@ impl<T: Elem> Buffer<T> {
         self.check_pe(pe)?;
         let g = CudaPe::new(pe)?;
         let want = self.plan.rmax * self.cfg.hidden;
-        for (what, len) in [
-            ("expert input", x.raw().len),
-            ("expert output", y.raw().len),
-        ] {
-            if len < want {
-                return Err(Error::LengthMismatch {
-                    what,
-                    got: len,
-                    expected: want,
-                });
-            }
+        let gather = self.cfg.layout == RecvLayout::TokenMajor;
+        let want_x = if gather {
+            self.n * self.plan.cap * self.cfg.hidden
+        } else {
+            want
+        };
+        if x.raw().len < want_x {
+            return Err(Error::LengthMismatch {
+                what: "expert input",
+                got: x.raw().len,
+                expected: want_x,
+            });
+        }
+        if y.raw().len < want {
+            return Err(Error::LengthMismatch {
+                what: "expert output",
+                got: y.raw().len,
+                expected: want,
+            });
         }
         let el = self.cfg.num_experts / self.n;
         if factors.raw().len < el {
@@ -825,9 +879,11 @@ impl<T: Elem> Buffer<T> {
             KernelArg::Ptr(g.ptr(x)?),
             KernelArg::Ptr(g.ptr(y)?),
             KernelArg::Ptr(g.ptr(factors)?),
+            KernelArg::I32(gather as i32),
         ];
-        // SAFETY: ep_scale_experts(const ep_params*, const ep_t*, ep_t*, const float*) with
-        // buffers of max_rows rows and E/n factors.
+        // SAFETY: ep_scale_experts(const ep_params*, const ep_t*, ep_t*, const float*, int)
+        // with an output of max_rows rows, an input of max_rows rows (n*C receive rows when
+        // gathering: every index the permute wrote is below n*C) and E/n factors.
         unsafe { g.launch(&self.scale, s, self.grid, BLOCK, 0, &args) }
     }
 
@@ -1109,7 +1165,9 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
         let es = std::mem::size_of::<crate::bf16>();
         let buf = Buffer::<crate::bf16>::bytes_for(&cfg, n)?;
         let rows_cap = n * t * args.top_k;
-        let io = 2 * t * args.hidden * es + 2 * t * args.top_k * 4 + (rows_cap.max(t) + 1) * 8;
+        let io = 2 * t * args.hidden * es
+            + 2 * t * args.top_k * 4
+            + (rows_cap.max(n * t).max(t) + 1) * 8;
         let base =
             super::ep_base::base_bytes(n, t, args.hidden, args.top_k, args.experts, rows_cap);
         most = most.max(buf + io + base);
@@ -1136,18 +1194,18 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
     let k = args.top_k;
     let e = args.experts;
     let es = std::mem::size_of::<Bf16>();
-    let cfg_of = |t: usize, mode| EpConfig {
+    let cfg_of = |t: usize, mode, layout| EpConfig {
         num_experts: e,
         max_tokens: t.max(1),
         hidden: h,
         max_topk: k,
         mode,
-        layout: RecvLayout::ExpertMajor,
+        layout,
     };
     for &t in &args.tokens {
         // The configuration and the GPU limits (PEs, experts) that the baseline's kernels share
         // with rshmem's, checked before anything collective.
-        Buffer::<Bf16>::bytes_for(&cfg_of(t, EpMode::Normal), n)?;
+        Buffer::<Bf16>::bytes_for(&cfg_of(t, EpMode::Normal, RecvLayout::ExpertMajor), n)?;
     }
     let kernels = eb::Kernels::load(&g)?;
     let lib = super::nccl::Nccl::load();
@@ -1201,7 +1259,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
         let x = pe.alloc_aligned::<Bf16>((t * h).max(1), 256)?;
         let ids = pe.alloc::<i32>((t * k).max(1))?;
         let w = pe.alloc::<f32>((t * k).max(1))?;
-        let hashes = pe.alloc::<u64>(rows_cap.max(t).max(1))?;
+        let hashes = pe.alloc::<u64>(rows_cap.max(n * t).max(t).max(1))?;
         let xs: Vec<Bf16> = (0..t * h).map(|i| eb::x_val(me, i)).collect();
         pe.local_write(&x, 0, &xs)?;
         pe.local_write(&ids, 0, &routes[me].0)?;
@@ -1242,7 +1300,11 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 capacity: max_pair.min(t.max(1)),
             },
         ] {
-            let buf = Buffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode))?;
+            let buf = Buffer::<Bf16>::new(
+                pe,
+                pe.world_team(),
+                cfg_of(t, mode, RecvLayout::ExpertMajor),
+            )?;
             let name = if mode == EpMode::Normal {
                 "normal"
             } else {
@@ -1348,6 +1410,100 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 });
             }
             buf.free(pe)?;
+
+            // Token-major: the same dispatch without the expanded copy (combine is the same
+            // kernel for both layouts and is not repeated).
+            let buf =
+                Buffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode, RecvLayout::TokenMajor))?;
+            let name = if mode == EpMode::Normal {
+                "normal+tokens"
+            } else {
+                "capturable+tokens"
+            };
+            let td = if mode == EpMode::Normal {
+                time_stream(&g, &s, args.iters, || {
+                    buf.dispatch(pe, &s, &x, &ids, &w, t, k).map(|_| ())
+                })?
+            } else {
+                buf.dispatch(pe, &s, &x, &ids, &w, t, k)?;
+                s.synchronize()?;
+                buf.check(pe)?;
+                pe.barrier_all()?;
+                s.begin_capture()?;
+                let d = buf.dispatch(pe, &s, &x, &ids, &w, t, k);
+                let gd = s.end_capture()?;
+                d?;
+                time_stream(&g, &s, args.iters, || gd.launch(&s))?
+            };
+            s.synchronize()?;
+            buf.check(pe)?;
+            // Each expert's rows, gathered through the index, against the reference.
+            let hh = buf.host_handle(pe)?;
+            let recv_rows = n * buf.pair_capacity();
+            let rx = buf.recv_x()?;
+            let hs = eb::row_hashes(pe, &g, &s, &kernels, &rx, recv_rows, h, &hashes, grid)?;
+            let rows = hh.expert_offsets.last().copied().unwrap_or(0);
+            let src = pe.local_vec(&buf.view::<u32>(buf.plan.row_src, rows.min(buf.plan.rmax))?)?;
+            let gathered: Option<Vec<u64>> = src
+                .iter()
+                .map(|&v| hs.get(v as usize / k).copied())
+                .collect();
+            match gathered {
+                None => bad.push(format!(
+                    "T={t}: rshmem dispatch ({name}): an expert row points outside the receive area"
+                )),
+                Some(gh) => {
+                    if let Err(m) = eb::check_dispatch(
+                        &format!("rshmem dispatch ({name})"),
+                        &hh.expert_offsets,
+                        &gh,
+                        &reference,
+                    ) {
+                        bad.push(format!("T={t}: {m}"));
+                    }
+                }
+            }
+            pe.barrier_all()?;
+            if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
+                let dt = stage_times(&g, &s, args.iters, |m| {
+                    buf.dispatch_marked(pe, &s, &x, &ids, &w, t, k, m)
+                        .map(|_| ())
+                })?;
+                if me == 0 {
+                    eprintln!(
+                        "ep breakdown T={t} {name} grid={}: dispatch prep/send/wait/index {dt:.1?} us",
+                        buf.grid
+                    );
+                }
+                s.synchronize()?;
+                buf.check(pe)?;
+                pe.barrier_all()?;
+            }
+            out.push(EpBenchRecord {
+                op: "ep_dispatch",
+                api: "device",
+                backend: "cuda",
+                mode: name,
+                pes: n,
+                tokens: t,
+                bytes: dbytes,
+                iters: args.iters,
+                time_us: td,
+                gbps: if td > 0.0 {
+                    dbytes as f64 / (td * 1e3)
+                } else {
+                    0.0
+                },
+                baseline: EP_BASELINE.to_string(),
+                baseline_note: why.clone(),
+                baseline_time_us: base_d,
+                ratio: if td > 0.0 && base_d > 0.0 {
+                    base_d / td
+                } else {
+                    0.0
+                },
+            });
+            buf.free(pe)?;
         }
         pe.free(y)?;
         pe.free(hashes)?;
@@ -1413,7 +1569,7 @@ mod tests {
             ("ep_permute", vec![p, p]),
             ("ep_csend", vec![p, p]),
             ("ep_crecv", vec![p, p]),
-            ("ep_scale_experts", vec![p, p, p, p]),
+            ("ep_scale_experts", vec![p, p, p, p, i]),
             // ep_base.rs
             ("epb_layout", vec![p, i, i, i, i, p, p, p]),
             ("epb_pack", vec![p, p, p, p, i, i, i, l, p, p]),
@@ -1500,6 +1656,37 @@ mod tests {
         assert_eq!((get("rmax"), get("grid")), (3 * 30 * 8, 132));
         // The block fits its area.
         assert!(p.params + 24 * 8 <= p.total);
+    }
+
+    /// A token-major buffer has no expert-major area: issue 7's size (T = 4096, H = 7168 bf16,
+    /// k = 8, 2 PEs) takes 940 MB less per PE; every other area is where it was.
+    #[test]
+    fn token_major_plan_drops_the_expert_major_area() {
+        let em = EpConfig {
+            num_experts: 256,
+            max_tokens: 4096,
+            hidden: 7168,
+            max_topk: 8,
+            mode: EpMode::Normal,
+            layout: RecvLayout::ExpertMajor,
+        };
+        let tm = EpConfig {
+            layout: RecvLayout::TokenMajor,
+            ..em
+        };
+        let (a, b) = (plan(&em, 2, 2).unwrap(), plan(&tm, 2, 2).unwrap());
+        let expanded = 2 * 4096 * 8 * 7168 * 2;
+        assert_eq!(a.total - b.total, expanded);
+        assert_eq!(
+            (a.recv_x, a.recv_meta, a.comb),
+            (b.recv_x, b.recv_meta, b.comb)
+        );
+        assert_eq!(a.expert_x, b.expert_x);
+        assert_eq!(b.rec, b.expert_x, "no bytes between expert_x and rec");
+        assert_eq!(
+            a.rmax, b.rmax,
+            "the index still holds every expert-major row"
+        );
     }
 
     /// Sizes the kernels' 32-bit indices cannot address are refused before anything is
