@@ -323,7 +323,76 @@ fn run_case_in<T: Elem, I: TopkId + FromI64>(
     let out = buf.combine(pe, &d.handle, &y)?;
     let want: Vec<T> = expected_combine((me, n), case, identity);
     assert!(out == want, "{case:?}: combine differs on PE {me}");
+    // The same step through combine_tokens: this PE reduces its local slots per received
+    // token, the sources sum over PEs.
+    let yt = token_outputs::<T>((me, n), case, &d.handle, identity);
+    let out = buf.combine_tokens(pe, &d.handle, &yt)?;
+    let want: Vec<T> = expected_combine_tokens((me, n), case, identity);
+    assert!(out == want, "{case:?}: combine_tokens differs on PE {me}");
     Ok(())
+}
+
+/// Weight × scale summed over the slots `js` of a token (exact: multiples of 1/8, small).
+fn slot_factor(ids: &[i64], w: &[f32], js: impl Iterator<Item = usize>, identity: bool) -> f32 {
+    js.map(|j| {
+        let s = if identity {
+            1.0
+        } else {
+            expert_scale(ids[j] as usize) as f32
+        };
+        w[j] * s
+    })
+    .sum()
+}
+
+/// What a caller of combine_tokens computes on PE `me`: per received token, the weighted sum of
+/// its local experts' outputs (rounded to `T`), in receive order.
+fn token_outputs<T: Elem>(
+    (me, n): (usize, usize),
+    case: &Case,
+    hd: &rshmem::ep::Handle,
+    identity: bool,
+) -> Vec<T> {
+    let k = case.k;
+    let mut y = Vec::new();
+    for (&s, &t) in hd.recv_src_pe().iter().zip(hd.recv_src_token()) {
+        let (s, t) = (s as usize, t as usize);
+        let (ids, w) = routing(case, s, n);
+        let x: Vec<T> = hidden(case, s);
+        let local = (0..k).filter(|&j| ids[t * k + j] >= 0 && ids[t * k + j] as usize / EPP == me);
+        let f = slot_factor(&ids[t * k..], &w[t * k..], local, identity);
+        y.extend((0..H).map(|c| T::from_f64((f * x[t * H + c].to_f64() as f32) as f64)));
+    }
+    y
+}
+
+/// combine_tokens' exact output on PE `me`: per token, the sum over the PEs it went to
+/// (ascending, f32) of each PE's rounded partial, rounded once.
+fn expected_combine_tokens<T: Elem>(
+    (me, n): (usize, usize),
+    case: &Case,
+    identity: bool,
+) -> Vec<T> {
+    let (ids, w) = routing(case, me, n);
+    let x: Vec<T> = hidden(case, me);
+    let k = case.k;
+    let mut out = Vec::new();
+    for t in 0..tokens(case, me) {
+        let row = &ids[t * k..(t + 1) * k];
+        for c in 0..H {
+            let mut acc = 0f32;
+            for d in 0..n {
+                let js = (0..k).filter(|&j| row[j] >= 0 && row[j] as usize / EPP == d);
+                if js.clone().next().is_none() {
+                    continue;
+                }
+                let f = slot_factor(row, &w[t * k..], js, identity);
+                acc += T::from_f64((f * x[t * H + c].to_f64() as f32) as f64).to_f64() as f32;
+            }
+            out.push(T::from_f64(acc as f64));
+        }
+    }
+    out
 }
 
 fn all_cases() -> Vec<Case> {
@@ -528,9 +597,11 @@ enum Bad {
     CombineForeignHandle,
     CombineWhileOthersDispatch,
     CombineStaleHandle,
+    CombineTokensLen,
+    CombineTokensWhileOthersCombine,
 }
 
-const BADS: [Bad; 14] = [
+const BADS: [Bad; 16] = [
     Bad::XLen,
     Bad::WeightsLen,
     Bad::IdsNotMultiple,
@@ -544,6 +615,8 @@ const BADS: [Bad; 14] = [
     Bad::CombineLen,
     Bad::CombineForeignHandle,
     Bad::CombineWhileOthersDispatch,
+    Bad::CombineTokensLen,
+    Bad::CombineTokensWhileOthersCombine,
     Bad::CombineStaleHandle,
 ];
 
@@ -572,6 +645,8 @@ fn bad_call(pe: &Pe, buf: &mut Buffer<f32>, bad: Bad) -> Result<()> {
             | Bad::CombineForeignHandle
             | Bad::CombineWhileOthersDispatch
             | Bad::CombineStaleHandle
+            | Bad::CombineTokensLen
+            | Bad::CombineTokensWhileOthersCombine
     );
     if dispatch_bad {
         if culprit {
@@ -641,6 +716,21 @@ fn bad_call(pe: &Pe, buf: &mut Buffer<f32>, bad: Bad) -> Result<()> {
             let h = if culprit { &d.handle } else { &d2.handle };
             buf.combine(pe, h, &d2.x).map(|_| ())
         }
+        Bad::CombineTokensLen => {
+            let mut y = vec![0.0; d.handle.num_recv_tokens() * H];
+            if culprit {
+                y.push(0.0);
+            }
+            buf.combine_tokens(pe, &d.handle, &y).map(|_| ())
+        }
+        Bad::CombineTokensWhileOthersCombine => {
+            if culprit {
+                let y = vec![0.0; d.handle.num_recv_tokens() * H];
+                buf.combine_tokens(pe, &d.handle, &y).map(|_| ())
+            } else {
+                buf.combine(pe, &d.handle, &d.x).map(|_| ())
+            }
+        }
         _ => unreachable!(),
     }
 }
@@ -655,7 +745,10 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
         if n == 1
             && matches!(
                 bad,
-                Bad::TopkDiffers | Bad::CombineWhileOthersDispatch | Bad::CombineStaleHandle
+                Bad::TopkDiffers
+                    | Bad::CombineWhileOthersDispatch
+                    | Bad::CombineStaleHandle
+                    | Bad::CombineTokensWhileOthersCombine
             )
         {
             continue; // these need a peer that behaves differently
@@ -687,7 +780,11 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
             Bad::XLen => long("x "),
             Bad::WeightsLen => long("topk_weights"),
             Bad::CombineLen => long("expert outputs"),
-            Bad::TopkDiffers | Bad::CombineWhileOthersDispatch | Bad::CombineStaleHandle => {
+            Bad::CombineTokensLen => long("token outputs"),
+            Bad::TopkDiffers
+            | Bad::CombineWhileOthersDispatch
+            | Bad::CombineStaleHandle
+            | Bad::CombineTokensWhileOthersCombine => {
                 matches!(e, Error::CollectiveMismatch { pe, .. } if pe == first_other)
             }
             _ => matches!(e, Error::InvalidArgument(_)),
@@ -696,7 +793,10 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
             assert!(specific, "{bad:?}: culprit got {e:?}");
         } else if !matches!(
             bad,
-            Bad::TopkDiffers | Bad::CombineWhileOthersDispatch | Bad::CombineStaleHandle
+            Bad::TopkDiffers
+                | Bad::CombineWhileOthersDispatch
+                | Bad::CombineStaleHandle
+                | Bad::CombineTokensWhileOthersCombine
         ) {
             assert!(
                 matches!(&e, Error::InvalidArgument(m)

@@ -15,6 +15,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 const OP_DISPATCH: u64 = 1;
 const OP_COMBINE: u64 = 2;
+const OP_COMBINE_TOKENS: u64 = 3;
 
 // Record words (u64), then cnt[n], expect[n], local expert pairs[El].
 const R_EPOCH: usize = 0;
@@ -34,6 +35,7 @@ fn op_name(op: u64) -> &'static str {
     match op {
         OP_DISPATCH => "ep dispatch",
         OP_COMBINE => "ep combine",
+        OP_COMBINE_TOKENS => "ep combine_tokens",
         _ => "ep",
     }
 }
@@ -761,7 +763,13 @@ impl<T: Elem> Buffer<T> {
 
     // ----- combine -----
 
-    fn validate_combine(&self, pe: &Pe, handle: &Handle, expert_out: &[T]) -> Result<()> {
+    fn validate_combine(
+        &self,
+        pe: &Pe,
+        handle: &Handle,
+        expert_out: &[T],
+        tokens: bool,
+    ) -> Result<()> {
         if pe.my_pe() != self.members[self.me] {
             return Err(Error::invalid(format!(
                 "ep: buffer of PE {} used by PE {}",
@@ -774,10 +782,18 @@ impl<T: Elem> Buffer<T> {
                 "ep combine: the handle comes from another buffer",
             ));
         }
-        let want = handle.num_rows() * self.cfg.hidden;
+        let (what, rows) = if tokens {
+            (
+                "token outputs (received tokens * hidden)",
+                handle.num_recv_tokens(),
+            )
+        } else {
+            ("expert outputs (rows * hidden)", handle.num_rows())
+        };
+        let want = rows * self.cfg.hidden;
         if expert_out.len() != want {
             return Err(Error::LengthMismatch {
-                what: "expert outputs (rows * hidden)",
+                what,
                 got: expert_out.len(),
                 expected: want,
             });
@@ -786,6 +802,21 @@ impl<T: Elem> Buffer<T> {
     }
 
     /// Rows this PE sends to each source in combine, and expects back from each PE.
+    /// Rows combine_tokens sends to each PE (one per token received from it) and expects from
+    /// each (one per token of this PE that went there).
+    fn combine_token_counts(&self, handle: &Handle) -> (Vec<usize>, Vec<usize>) {
+        let k = handle.top_k;
+        let mut expect = vec![0usize; self.n];
+        for t in 0..handle.num_tokens {
+            for (d, e) in expect.iter_mut().enumerate() {
+                if handle.src_slot_pe[t * k..(t + 1) * k].contains(&(d as i32)) {
+                    *e += 1;
+                }
+            }
+        }
+        (handle.recv_tokens_per_pe.clone(), expect)
+    }
+
     fn combine_counts(&self, handle: &Handle) -> (Vec<usize>, Vec<usize>) {
         let mut send = vec![0usize; self.n];
         for &i in &handle.row_token {
@@ -806,22 +837,50 @@ impl<T: Elem> Buffer<T> {
     /// once; tokens without experts give zeros. Collective over the team; `handle` is the one
     /// this PE's `dispatch` on this buffer returned (the same dispatch on every PE).
     pub fn combine(&mut self, pe: &Pe, handle: &Handle, expert_out: &[T]) -> Result<Vec<T>> {
+        self.combine_with(pe, handle, expert_out, false)
+    }
+
+    /// Combine for callers that reduce over their local experts themselves (DeepEP's combine):
+    /// `token_out` is `[handle.num_recv_tokens(), H]` in receive order (the order of a
+    /// [`RecvLayout::TokenMajor`] dispatch's rows), each row already the token's result on
+    /// this PE (weights applied by the caller). Each row goes back to its source, which sums a
+    /// token's rows over the PEs it went to (ascending PE, `f32`, rounded once) into `[T, H]`;
+    /// tokens without experts give zeros. Works after a dispatch of either layout; collective
+    /// over the team (every PE calls `combine_tokens` for the same dispatch).
+    pub fn combine_tokens(&mut self, pe: &Pe, handle: &Handle, token_out: &[T]) -> Result<Vec<T>> {
+        self.combine_with(pe, handle, token_out, true)
+    }
+
+    fn combine_with(
+        &mut self,
+        pe: &Pe,
+        handle: &Handle,
+        expert_out: &[T],
+        tokens: bool,
+    ) -> Result<Vec<T>> {
         self.epoch += 1;
         let n = self.n;
-        let mine = self.validate_combine(pe, handle, expert_out).err();
+        let op = if tokens {
+            OP_COMBINE_TOKENS
+        } else {
+            OP_COMBINE
+        };
+        let mine = self.validate_combine(pe, handle, expert_out, tokens).err();
         let status = if mine.is_some() {
             STATUS_INVALID
         } else {
             STATUS_OK
         };
-        let (send, expect) = if mine.is_none() {
+        let (send, expect) = if mine.is_none() && tokens {
+            self.combine_token_counts(handle)
+        } else if mine.is_none() {
             self.combine_counts(handle)
         } else {
             (vec![0; n], vec![0; n])
         };
         let rec = self.exchange(pe, |d| {
             self.record(
-                OP_COMBINE,
+                op,
                 status,
                 handle.top_k,
                 handle.num_tokens,
@@ -832,12 +891,12 @@ impl<T: Elem> Buffer<T> {
                 d,
             )
         })?;
-        self.decide(OP_COMBINE, &rec, mine)?;
+        self.decide(op, &rec, mine)?;
         for s in 0..n {
             for d in 0..n {
                 if rec.cnt(s, d) != rec.expect(d, s) {
                     return Err(Error::CollectiveMismatch {
-                        op: "ep combine",
+                        op: op_name(op),
                         pe: self.members[s],
                         mine: format!(
                             "PE {} expects {} rows from it",
@@ -854,12 +913,26 @@ impl<T: Elem> Buffer<T> {
         }
         let h = self.cfg.hidden;
         let k = handle.top_k;
-        for (r, y) in expert_out.chunks(h).enumerate() {
-            let i = handle.row_token[r] as usize;
-            let s = handle.recv_src_pe[i] as usize;
-            let t = handle.recv_src_token[i] as usize;
-            let j = handle.row_slot[r] as usize;
-            pe.put(&self.comb()?, (t * k + j) * h, y, self.members[s])?;
+        if tokens {
+            // One row per received token, at the source's row of the token's first slot
+            // served here (slots are split between PEs, so it is this PE's alone).
+            for (i, y) in expert_out.chunks(h).enumerate() {
+                let s = handle.recv_src_pe[i] as usize;
+                let t = handle.recv_src_token[i] as usize;
+                let j = handle.recv_topk_local[i * k..(i + 1) * k]
+                    .iter()
+                    .position(|&l| l >= 0)
+                    .ok_or_else(|| Error::invalid("ep: internal: received token without slots"))?;
+                pe.put(&self.comb()?, (t * k + j) * h, y, self.members[s])?;
+            }
+        } else {
+            for (r, y) in expert_out.chunks(h).enumerate() {
+                let i = handle.row_token[r] as usize;
+                let s = handle.recv_src_pe[i] as usize;
+                let t = handle.recv_src_token[i] as usize;
+                let j = handle.row_slot[r] as usize;
+                pe.put(&self.comb()?, (t * k + j) * h, y, self.members[s])?;
+            }
         }
         for kk in 0..n {
             let d = (self.me + 1 + kk) % n;
@@ -868,6 +941,16 @@ impl<T: Elem> Buffer<T> {
         self.wait_data(pe, &rec, "ep combine")?;
         let mut got = vec![T::ZERO; handle.num_tokens * k * h];
         pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;
+        if tokens {
+            return Ok(reduce_tokens(
+                &got,
+                &handle.src_slot_pe,
+                n,
+                handle.num_tokens,
+                k,
+                h,
+            ));
+        }
         Ok(reduce(
             &got,
             &handle.src_slot_pe,
@@ -1027,7 +1110,7 @@ impl<T: Elem> Buffer<T> {
         handle: &Handle,
         expert_out: &[T],
     ) -> Result<Vec<T>> {
-        self.validate_combine(pe, handle, expert_out)?;
+        self.validate_combine(pe, handle, expert_out, false)?;
         let n = self.n;
         let h = self.cfg.hidden;
         let k = handle.top_k;
@@ -1109,6 +1192,38 @@ fn widen<T: Elem>(row: &[T], out: &mut [f32]) {
 
 /// `out[t] = Σ_j w[t,j] * y[t*k+j]` over the slots with an expert, in slot order, in `f32`,
 /// rounded once.
+/// combine_tokens' source side: for each token, the sum over the PEs it went to (ascending) of
+/// the row that PE put at the token's first slot served there, in `f32`, rounded once.
+fn reduce_tokens<T: Elem>(
+    y: &[T],
+    slot_pe: &[i32],
+    n: usize,
+    t_n: usize,
+    k: usize,
+    h: usize,
+) -> Vec<T> {
+    let mut out = vec![T::ZERO; t_n * h];
+    let mut acc = vec![0f32; h];
+    let mut wide = vec![0f32; h];
+    for t in 0..t_n {
+        acc.fill(0.0);
+        let slots = &slot_pe[t * k..(t + 1) * k];
+        for d in 0..n as i32 {
+            let Some(j) = slots.iter().position(|&p| p == d) else {
+                continue;
+            };
+            widen(&y[(t * k + j) * h..(t * k + j + 1) * h], &mut wide);
+            for (a, v) in acc.iter_mut().zip(&wide) {
+                *a += v;
+            }
+        }
+        for (o, a) in out[t * h..(t + 1) * h].iter_mut().zip(&acc) {
+            *o = T::from_f64(*a as f64);
+        }
+    }
+    out
+}
+
 fn reduce<T: Elem>(y: &[T], slot_pe: &[i32], w: &[f32], t_n: usize, k: usize, h: usize) -> Vec<T> {
     let mut out = vec![T::ZERO; t_n * h];
     let mut acc = vec![0f32; h];

@@ -529,8 +529,9 @@ __device__ __forceinline__ void ep_sum_pes(float (&acc)[U][EP_VEC], const int* p
 // comb[parity][this PE][position]. Work units are (received token, chunk of the row); the
 // token's local slots are gathered by the lanes and walked two at a time (both rows' loads in
 // flight before accumulating, in slot order). Then every block adds 1 to each source's combine
-// signal.
-extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, const ep_t* y) {
+// signal. With `tokens` (combine_tokens), y holds one row per receive row (the caller's own
+// per-token result, weights applied by it) and that row is put back as is.
+extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, const ep_t* y, int tokens) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
@@ -550,7 +551,16 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
             if (i >= recv_cnt[s]) continue;
             const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
             ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
-            if (vec) {
+            if (tokens) {
+                if (vec) {
+                    const int v0 = (int)(c * chunk) + (int)lane;
+                    rshmemi_v4 a[EP_UR];
+                    ep_load<EP_UR>(a, (const rshmemi_v4*)(y + g * H), v0, nv, true);
+                    ep_store<EP_UR>((rshmemi_v4*)dst, a, v0, nv);
+                } else {
+                    ep_copy_row(dst, y + g * H, H * (long long)sizeof(ep_t), lane);
+                }
+            } else if (vec) {
                 const int v0 = (int)(c * chunk) + (int)lane;
                 float acc[EP_UR][EP_VEC];
 #pragma unroll

@@ -773,9 +773,28 @@ impl<T: Elem> Buffer<T> {
         y: &(impl AsSym<T> + ?Sized),
         out: &(impl AsSym<T> + ?Sized),
     ) -> Result<()> {
-        self.combine_marked(pe, s, handle, y, out, &mut || Ok(()))
+        self.combine_marked(pe, s, handle, y, out, false, &mut || Ok(()))
     }
 
+    /// Combine for callers that reduce over their local experts themselves (DeepEP's combine):
+    /// `y` holds one row per receive row, indexed like [`recv_x`](Self::recv_x) (`[n * C, H]`,
+    /// at least that many elements; only the rows of received tokens are read), each already
+    /// the token's result on this PE (weights applied by the caller). Every row goes back to
+    /// its source, which sums a token's rows over the PEs it went to (ascending, `f32`, rounded
+    /// once) into `out [T, H]`; tokens without experts give zeros. Works with either layout;
+    /// collective over the team (every PE calls `combine_tokens` for the same dispatch).
+    pub fn combine_tokens(
+        &self,
+        pe: &Pe,
+        s: &Stream,
+        handle: &Dispatch,
+        y: &(impl AsSym<T> + ?Sized),
+        out: &(impl AsSym<T> + ?Sized),
+    ) -> Result<()> {
+        self.combine_marked(pe, s, handle, y, out, true, &mut || Ok(()))
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn combine_marked(
         &self,
         pe: &Pe,
@@ -783,6 +802,7 @@ impl<T: Elem> Buffer<T> {
         handle: &Dispatch,
         y: &(impl AsSym<T> + ?Sized),
         out: &(impl AsSym<T> + ?Sized),
+        tokens: bool,
         mark: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         self.check_pe(pe)?;
@@ -798,10 +818,20 @@ impl<T: Elem> Buffer<T> {
             ));
         }
         let h = self.cfg.hidden;
-        let rows = handle.rows.unwrap_or(self.plan.rmax);
+        let (what, rows) = if tokens {
+            (
+                "token outputs (n * C receive rows * hidden)",
+                self.n * self.plan.cap,
+            )
+        } else {
+            (
+                "expert outputs (rows * hidden)",
+                handle.rows.unwrap_or(self.plan.rmax),
+            )
+        };
         if y.raw().len < rows * h {
             return Err(Error::LengthMismatch {
-                what: "expert outputs (rows * hidden)",
+                what,
                 got: y.raw().len,
                 expected: rows * h,
             });
@@ -816,11 +846,18 @@ impl<T: Elem> Buffer<T> {
         let prm = KernelArg::Ptr(self.params_ptr(&g)?);
         let yp = KernelArg::Ptr(g.ptr(y)?);
         let op = KernelArg::Ptr(g.ptr(out)?);
-        // SAFETY: ep_csend(const ep_params*, const ep_t*), ep_wait(const ep_params*, int),
-        // ep_crecv(const ep_params*, ep_t*): y holds the rows the device reads (checked above),
-        // out holds T rows.
+        // SAFETY: ep_csend(const ep_params*, const ep_t*, int), ep_wait(const ep_params*, int),
+        // ep_crecv(const ep_params*, ep_t*): y holds the rows the device reads (checked above:
+        // expert-major rows, or n*C receive rows with `tokens`), out holds T rows.
         unsafe {
-            g.launch(&self.csend, s, self.grid, BLOCK, 0, &[prm, yp])?;
+            g.launch(
+                &self.csend,
+                s,
+                self.grid,
+                BLOCK,
+                0,
+                &[prm, yp, KernelArg::I32(tokens as i32)],
+            )?;
             mark()?;
             g.launch(&self.wait, s, 1, 64, 0, &[prm, KernelArg::I32(1)])?;
             mark()?;
@@ -1368,7 +1405,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
                 let ex = buf.expert_x()?;
                 let ct = stage_times(&g, &s, args.iters, |m| {
-                    buf.combine_marked(pe, &s, &d, &ex, &y, m)
+                    buf.combine_marked(pe, &s, &d, &ex, &y, false, m)
                 })?;
                 if me == 0 {
                     eprintln!(
@@ -1567,7 +1604,7 @@ mod tests {
             ("ep_send", vec![p, p, p, p]),
             ("ep_wait", vec![p, i]),
             ("ep_permute", vec![p, p]),
-            ("ep_csend", vec![p, p]),
+            ("ep_csend", vec![p, p, i]),
             ("ep_crecv", vec![p, p]),
             ("ep_scale_experts", vec![p, p, p, p, i]),
             // ep_base.rs
