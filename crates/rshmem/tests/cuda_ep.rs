@@ -1219,3 +1219,130 @@ fn gpu_ep_bench_scalar_rows_and_baseline() {
         }
     }
 }
+
+/// `combine_tokens` on both layouts: each PE computes on the host, for every receive row, the
+/// weighted sum over its local slots (what a caller reducing its own experts does), puts it in
+/// `y` at the receive row; the sources' outputs must be the f32 sum over PEs (ascending) of
+/// those rows, rounded once, exactly.
+fn combine_tokens_body(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    for layout in [RecvLayout::ExpertMajor, RecvLayout::TokenMajor] {
+        let c = EpConfig {
+            layout,
+            ..cfg(n, EpMode::Normal)
+        };
+        let el = c.num_experts / n;
+        let h = c.hidden;
+        let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+        let inp = inputs::<bf16>(pe, &c, n)?;
+        let cap = buf.pair_capacity();
+        let yt = pe.alloc::<bf16>(n * cap * h)?;
+        let steps = [
+            (Case::Random, 40, 8),
+            (Case::Random, 17, 3),
+            (Case::OnePe, 33, 4),
+            (Case::NoneToLast, 33, 4),
+            (Case::OneExpert, 21, 5),
+            (Case::Random, 0, 2),
+        ];
+        for (seed, (case, t, k)) in (901..).zip(steps) {
+            let st = Step {
+                case,
+                t,
+                k,
+                seed,
+                i64_ids: false,
+                scale: false,
+            };
+            write_inputs(pe, &c, &inp, &st)?;
+            let all: Vec<(Vec<i64>, Vec<f32>)> = (0..n)
+                .map(|p| routing(p, n, case, t, k, c.num_experts, seed))
+                .collect();
+            // Partial of token `tok` of PE `p` on PE `d` (None: not sent there).
+            let partial = |p: usize, tok: usize, d: usize, col: usize| -> Option<bf16> {
+                let (ids, w) = &all[p];
+                let mut f = 0f32;
+                let mut any = false;
+                for j in 0..k {
+                    let id = ids[tok * k + j];
+                    if id >= 0 && id as usize / el == d {
+                        any = true;
+                        f += w[tok * k + j] * factor(id as usize % el);
+                    }
+                }
+                let x = xval::<bf16>(p, tok, col).to_f64() as f32;
+                any.then(|| bf16::from_f64((f * x) as f64))
+            };
+            let mut y = vec![bf16::from_f64(-9.0); n * cap * h];
+            for p in 0..n {
+                let mut i = 0;
+                for tok in 0..t {
+                    if partial(p, tok, me, 0).is_none() {
+                        continue;
+                    }
+                    for col in 0..h {
+                        y[(p * cap + i) * h + col] = partial(p, tok, me, col).unwrap_or_default();
+                    }
+                    i += 1;
+                }
+            }
+            pe.local_write(&yt, 0, &y)?;
+            pe.barrier_all()?;
+            let d = dispatch(pe, &s, &buf, &inp, &st)?;
+            buf.combine_tokens(pe, &s, &d, &yt, &inp.out)?;
+            s.synchronize()?;
+            buf.check(pe)?;
+            let out = pe.local_vec(&inp.out)?;
+            for tok in 0..t {
+                for col in 0..h {
+                    let mut acc = 0f32;
+                    for dd in 0..n {
+                        if let Some(v) = partial(me, tok, dd, col) {
+                            acc += v.to_f64() as f32;
+                        }
+                    }
+                    let want = bf16::from_f64(acc as f64);
+                    assert!(
+                        out[tok * h + col] == want,
+                        "PE {me} {layout:?} {case:?} t={t} k={k}: token {tok} element {col}: {:?} != {want:?}",
+                        out[tok * h + col]
+                    );
+                }
+            }
+            assert!(
+                out[t * h..].iter().all(|v| *v == bf16::from_f64(-77.0)),
+                "PE {me}: combine_tokens wrote beyond T rows"
+            );
+            // A y shorter than the receive area is refused before any kernel runs.
+            if me == 0 && t == 40 {
+                let short = yt.view::<bf16>(0, n * cap * h - 1)?;
+                let e = buf.combine_tokens(pe, &s, &d, &short, &inp.out);
+                assert!(
+                    matches!(e, Err(Error::LengthMismatch { what, .. }) if what.starts_with("token outputs")),
+                    "{e:?}"
+                );
+            }
+            pe.barrier_all()?;
+        }
+        pe.free(yt)?;
+        free_inputs(pe, inp)?;
+        buf.free(pe)?;
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_combine_tokens() {
+    on_gpus(2, combine_tokens_body);
+}
+
+gpu_mode_test!(
+    gpu_ep_combine_tokens,
+    gpu_config(4),
+    combine_tokens_body,
+    [processes(2)]
+);
