@@ -108,6 +108,19 @@ pub enum Error {
     /// An argument that is invalid for another reason (the message says which).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A call that must not overlap with another one on the same PE, made while another thread
+    /// of this PE was inside that one: two of alloc, free, team split and team destroy (they
+    /// share the PE's exchange area, even on different teams), or two barriers or syncs of one
+    /// team. The call returned at once and did nothing — it wrote no record and signalled no
+    /// peer, so the other PEs did not see it ([`Pe::free`](crate::Pe::free) and
+    /// [`Pe::team_destroy`](crate::Pe::team_destroy) still consumed their handle).
+    #[error("{op} called while another thread of this PE is inside {running}: they must not overlap on one PE (nothing was done)")]
+    Busy {
+        /// The call refused.
+        op: &'static str,
+        /// The operation the other thread was inside.
+        running: &'static str,
+    },
     /// Bootstrap failed: a peer never came, a wrong world size, a version mismatch, an address in use.
     #[error("bootstrap failed{}: {msg}", pe.map(|p| format!(" (PE {p})")).unwrap_or_default())]
     Bootstrap {

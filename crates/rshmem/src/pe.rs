@@ -12,7 +12,7 @@ use crate::sync::{dissemination_barrier, SyncMem};
 use crate::team::{color_groups, strided_members, Team};
 use crate::world::{self, Mode, PeInner};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,10 +38,16 @@ use std::time::Duration;
 /// The operations that exchange records through the PE's one exchange area — [`alloc`](Self::alloc),
 /// [`alloc_aligned`](Self::alloc_aligned), [`free`](Self::free),
 /// [`team_split`](Self::team_split), [`team_split_strided`](Self::team_split_strided),
-/// [`team_destroy`](Self::team_destroy) — must not overlap with one another on one PE, even on
-/// different teams (their records would mix: errors on every member, or worse), and a team's
-/// barriers are issued by one thread at a time. Collectives use one
-/// [`Coll`](crate::coll::Coll) per thread.
+/// [`team_destroy`](Self::team_destroy) — do not overlap with one another on one PE, even on
+/// different teams, and a team's barriers and syncs ([`barrier_all`](Self::barrier_all),
+/// [`sync_all`](Self::sync_all), [`team_barrier`](Self::team_barrier),
+/// [`team_sync`](Self::team_sync), and the exchanges above on that team) are issued by one
+/// thread at a time. A call made while another thread of the PE is inside one it must not
+/// overlap with returns [`Error::Busy`] at once (naming the operation running), having done
+/// nothing: it wrote no record and signalled no peer, so the other PEs never see it and the
+/// running one completes normally. Program the threads so this does not happen — which of two
+/// overlapping calls wins is a race — the error only keeps such a mistake from mixing records
+/// or barrier counts. Collectives use one [`Coll`](crate::coll::Coll) per thread.
 #[derive(Debug)]
 pub struct Pe {
     pub(crate) inner: Arc<PeInner>,
@@ -52,6 +58,16 @@ const TAG_FREE: u64 = 2;
 const TAG_SPLIT_STRIDED: u64 = 3;
 const TAG_SPLIT_COLOR: u64 = 4;
 const TAG_DESTROY: u64 = 5;
+// Codes of the barriers in a team slot's busy bits (beside the exchange tags above).
+const OP_BARRIER_ALL: u64 = 6;
+const OP_SYNC_ALL: u64 = 7;
+const OP_TEAM_BARRIER: u64 = 8;
+const OP_TEAM_SYNC: u64 = 9;
+
+/// Low bits of a team slot's word ([`PeInner::team_epochs`]) holding the code of the operation
+/// a thread of this PE is inside (0: none); the slot's barrier epoch is above them.
+pub(crate) const OP_BITS: u32 = 4;
+const OP_MASK: u64 = (1 << OP_BITS) - 1;
 
 fn tag_name(t: u64) -> &'static str {
     match t {
@@ -60,7 +76,42 @@ fn tag_name(t: u64) -> &'static str {
         TAG_SPLIT_STRIDED => "team_split_strided",
         TAG_SPLIT_COLOR => "team_split",
         TAG_DESTROY => "team_destroy",
+        OP_BARRIER_ALL => "barrier_all",
+        OP_SYNC_ALL => "sync_all",
+        OP_TEAM_BARRIER => "team_barrier",
+        OP_TEAM_SYNC => "team_sync",
         _ => "collective",
+    }
+}
+
+/// A busy word held by one thread of this PE: the exchange area's ([`PeInner::exch_busy`]) or a
+/// team slot's ([`PeInner::team_epochs`]). Taken with one atomic read-modify-write that fails
+/// when another thread holds it; dropping it, on every exit path, stores `idle` (the word
+/// without a code: 0, or the slot's latest epoch).
+struct Held<'a> {
+    word: &'a AtomicU64,
+    idle: u64,
+}
+
+impl<'a> Held<'a> {
+    /// Marks `word` as inside operation `code`, or reports the operation already inside.
+    fn take(word: &'a AtomicU64, code: u64) -> Result<Held<'a>> {
+        debug_assert!(code != 0 && code <= OP_MASK);
+        match word.fetch_update(Ordering::Acquire, Ordering::Relaxed, |w| {
+            (w & OP_MASK == 0).then_some(w | code)
+        }) {
+            Ok(idle) => Ok(Held { word, idle }),
+            Err(w) => Err(Error::Busy {
+                op: tag_name(code),
+                running: tag_name(w & OP_MASK),
+            }),
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.word.store(self.idle, Ordering::Release);
     }
 }
 
@@ -202,16 +253,28 @@ impl Pe {
 
     // ----- allocation -----
 
-    /// Exchanges a record with every member of `team` (collective); returns all records.
+    /// Takes the exchange area for operation `tag` until the returned guard drops; a thread of
+    /// this PE already inside such an operation is [`Error::Busy`]. Taken before the operation
+    /// reads the allocation sequence or the team slots, so no overlapping call can interleave.
+    fn take_exchange(&self, tag: u64) -> Result<Held<'_>> {
+        Held::take(&self.inner.exch_busy, tag)
+    }
+
+    /// Exchanges a record with every member of `team` (collective); returns all records. The
+    /// caller holds the exchange area ([`take_exchange`](Self::take_exchange)); the team's slot
+    /// is held here, before the record is written, for both barriers.
     fn exchange(&self, team: &Team, rec: &[u64]) -> Result<Vec<Vec<u64>>> {
+        self.check_team(team)?;
         let inner = &*self.inner;
+        let mut slot = Held::take(&inner.team_epochs[team.slot], rec[0])?;
         let base = inner.layout.exch;
         debug_assert!(rec.len() <= inner.layout.exch_words);
+        debug_assert!(inner.exch_busy.load(Ordering::Relaxed) == rec[0]);
         let my = &inner.ctrls[inner.me];
         for (i, w) in rec.iter().enumerate() {
             my.word(base + i).store(*w, Ordering::Relaxed);
         }
-        self.team_sync_op(team, "collective exchange")?;
+        self.barrier_held(team, &mut slot, "collective exchange")?;
         let out = team
             .members
             .iter()
@@ -221,7 +284,7 @@ impl Pe {
                     .collect()
             })
             .collect();
-        self.team_sync_op(team, "collective exchange")?;
+        self.barrier_held(team, &mut slot, "collective exchange")?;
         Ok(out)
     }
 
@@ -259,6 +322,7 @@ impl Pe {
     pub fn alloc_aligned<T: Elem>(&self, len: usize, align: usize) -> Result<Sym<T>> {
         // An overflowing size still takes part in the exchange (as u64::MAX), so that a PE
         // passing it alone is reported on every PE instead of leaving the others waiting.
+        let _exch = self.take_exchange(TAG_ALLOC)?;
         let bytes = len.checked_mul(std::mem::size_of::<T>());
         let seq = self.inner.world_seq.load(Ordering::Relaxed);
         let rec = [
@@ -302,6 +366,7 @@ impl Pe {
 
     /// Collectively frees an object (every PE frees the same one, checked).
     pub fn free<T: Elem>(&self, sym: Sym<T>) -> Result<()> {
+        let _exch = self.take_exchange(TAG_FREE)?;
         // A foreign handle still takes part in the exchange, so the others see a mismatch
         // instead of waiting for this PE.
         let local = self.check_raw(sym.raw);
@@ -749,11 +814,19 @@ impl Pe {
 
     // ----- barriers -----
 
-    fn team_sync_op(&self, team: &Team, op: &'static str) -> Result<()> {
+    /// One barrier of `team` as operation `code` (the slot is held for its duration).
+    fn team_sync_op(&self, team: &Team, code: u64) -> Result<()> {
         // A team handle of another PE would make this PE act as that member.
         self.check_team(team)?;
+        let mut slot = Held::take(&self.inner.team_epochs[team.slot], code)?;
+        self.barrier_held(team, &mut slot, tag_name(code))
+    }
+
+    /// One barrier of `team`, whose slot this thread holds (`slot`: it advances the epoch).
+    fn barrier_held(&self, team: &Team, slot: &mut Held<'_>, op: &'static str) -> Result<()> {
         let inner = &*self.inner;
-        let epoch = inner.team_epochs[team.slot].fetch_add(1, Ordering::Relaxed) + 1;
+        let epoch = (slot.idle >> OP_BITS) + 1;
+        slot.idle = epoch << OP_BITS;
         let mem = TeamMem { inner, team };
         let timeout = inner.config.timeout;
         dissemination_barrier(
@@ -771,20 +844,20 @@ impl Pe {
     /// Barrier of every PE, after completing this PE's outstanding operations.
     pub fn barrier_all(&self) -> Result<()> {
         self.quiet()?;
-        self.team_sync_op(&self.inner.world_team, "barrier_all")
+        self.team_sync_op(&self.inner.world_team, OP_BARRIER_ALL)
     }
     /// Synchronises every PE (no quiet).
     pub fn sync_all(&self) -> Result<()> {
-        self.team_sync_op(&self.inner.world_team, "sync_all")
+        self.team_sync_op(&self.inner.world_team, OP_SYNC_ALL)
     }
     /// Barrier of a team's PEs, after quiet.
     pub fn team_barrier(&self, team: &Team) -> Result<()> {
         self.quiet()?;
-        self.team_sync_op(team, "team_barrier")
+        self.team_sync_op(team, OP_TEAM_BARRIER)
     }
     /// Synchronises a team's PEs (no quiet).
     pub fn team_sync(&self, team: &Team) -> Result<()> {
-        self.team_sync_op(team, "team_sync")
+        self.team_sync_op(team, OP_TEAM_SYNC)
     }
 
     // ----- teams -----
@@ -873,6 +946,7 @@ impl Pe {
         size: usize,
     ) -> Result<Option<Team>> {
         self.check_team(parent)?;
+        let _exch = self.take_exchange(TAG_SPLIT_STRIDED)?;
         let shape = strided_members(parent.n_pes(), start, stride, size);
         let rec = self.split_record(
             TAG_SPLIT_STRIDED,
@@ -916,6 +990,7 @@ impl Pe {
     /// (then parent index); `None` joins no team and gets `None`.
     pub fn team_split(&self, parent: &Team, color: Option<u32>, key: i64) -> Result<Option<Team>> {
         self.check_team(parent)?;
+        let _exch = self.take_exchange(TAG_SPLIT_COLOR)?;
         let c = color.map_or(u64::MAX, u64::from);
         let rec = self.split_record(TAG_SPLIT_COLOR, [c, key as u64, 0, 0]);
         let all = self.exchange(parent, &rec)?;
@@ -959,6 +1034,7 @@ impl Pe {
         if team.is_world() {
             return Err(Error::Team("the world team cannot be destroyed".into()));
         }
+        let _exch = self.take_exchange(TAG_DESTROY)?;
         let rec = self.split_record(TAG_DESTROY, [0; 4]);
         let all = self.exchange(&team, &rec[..EXCH_FIXED])?;
         if let Some(i) = all.iter().position(|r| r[0] != TAG_DESTROY) {

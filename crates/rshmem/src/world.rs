@@ -135,7 +135,13 @@ pub(crate) struct PeInner {
     pub backend: Box<dyn Backend>,
     pub heap: Mutex<HeapAllocator>,
     pub world_seq: AtomicU64,
+    /// Per team slot: the slot's barrier epoch (above the low `pe::OP_BITS` bits) and, while a
+    /// thread of this PE is inside a barrier or exchange of the slot's team, that operation's
+    /// code (the low bits; 0: none). Taken and released by `pe::Held`.
     pub team_epochs: Vec<AtomicU64>,
+    /// The code of the operation (alloc, free, team split or destroy) a thread of this PE is
+    /// running through the exchange area (0: none). Taken and released by `pe::Held`.
+    pub exch_busy: AtomicU64,
     pub team_used: Mutex<Vec<bool>>,
     pub cq: CompletionQueue,
     pub next_op: AtomicU64,
@@ -595,6 +601,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         heap: Mutex::new(HeapAllocator::new(config.heap_size)),
         world_seq: AtomicU64::new(0),
         team_epochs: (0..config.max_teams).map(|_| AtomicU64::new(0)).collect(),
+        exch_busy: AtomicU64::new(0),
         team_used: Mutex::new(team_used),
         cq: CompletionQueue::new(config.completion_queue),
         next_op: AtomicU64::new(1),

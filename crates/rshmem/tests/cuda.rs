@@ -113,6 +113,16 @@ extern "C" __global__ void t_barrier(long long* slots, long long* out, int round
     }
 }
 
+// Flags device errors for the host to take: `which` bit 0, a barrier of `team` that a peer never
+// joins (a timeout naming it); bit 1, a barrier of the hand-made `bad` team (a team error,
+// nothing touched); bit 2, a wait for `sig` that nobody sets (a timeout naming no PE).
+extern "C" __global__ void t_flag_errors(rshmem_team team, rshmem_team bad,
+                                        unsigned long long* sig, int which) {
+    if (which & 1) rshmem_team_sync_block(team);
+    if (which & 2) rshmem_team_sync_block(bad);
+    if ((which & 4) && threadIdx.x == 0) rshmem_signal_wait_until(sig, RSHMEM_CMP_GT, 0);
+}
+
 // A kernel that uses every 16-bit conversion helper (compile check).
 extern "C" __global__ void t_conv(rshmem_half* h, rshmem_bfloat16* b, float* f) {
     f[0] = rshmem_half_to_float(h[0]) + rshmem_bfloat16_to_float(b[0]);
@@ -848,6 +858,88 @@ fn gpu_device_timeout_is_an_error() {
             assert!(matches!(pe.quiet(), Err(Error::Timeout { pe: None, .. })));
             pe.quiet()?; // cleared
         }
+        pe.barrier_all()
+    });
+}
+
+/// Errors a user kernel flags through the device API are reported exactly once, then cleared
+/// with their info word: a barrier timeout naming the PE that never came (checked by four host
+/// threads at once: one gets it, three get `Ok`), a hand-made bad team, both at once (one team
+/// error, both taken), then an unnamed wait timeout (the earlier name is gone).
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_device_error_is_taken_once() {
+    let cfg = gpu_config(HeapKind::Static).timeout(Duration::from_secs(2));
+    in_this_process(cfg, 2, |pe| {
+        let g = CudaPe::new(pe)?;
+        let k = g.kernel(TEST_KERNELS, "t_flag_errors", &[])?;
+        let s = g.stream()?;
+        let sig = pe.alloc::<u64>(1)?;
+        let done = pe.alloc::<u64>(1)?;
+        pe.local_fill(&sig, 0)?;
+        pe.local_fill(&done, 0)?;
+        pe.barrier_all()?;
+        if pe.my_pe() == 1 {
+            // Never joins PE 0's device barriers; waits (longer than PE 0's device timeouts)
+            // until PE 0 is done.
+            pe.wait_until_timeout(&done, 0, Cmp::Eq, 1u64, Duration::from_secs(120))?;
+            return pe.barrier_all();
+        }
+        let world = g.device_team(pe.world_team())?;
+        let bad = cuda::DeviceTeam { slot: -1, ..world };
+        let flag = |which: i32| -> Result<()> {
+            // SAFETY: t_flag_errors(rshmem_team, rshmem_team, unsigned long long*, int).
+            unsafe {
+                g.launch(
+                    &k,
+                    &s,
+                    1,
+                    32,
+                    0,
+                    &[
+                        KernelArg::Team(world),
+                        KernelArg::Team(bad),
+                        g.arg(&sig)?,
+                        KernelArg::I32(which),
+                    ],
+                )?
+            };
+            s.synchronize()
+        };
+        let is_timeout = |e: &Error, named: Option<usize>| matches!(e, Error::Timeout { op: "device-side wait (kernel or stream)", pe, .. } if *pe == named);
+        // 1. A barrier timeout, checked by four threads at once.
+        flag(1)?;
+        let got: Vec<Result<()>> = std::thread::scope(|sc| {
+            let t: Vec<_> = (0..4).map(|_| sc.spawn(|| pe.quiet())).collect();
+            t.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let errs: Vec<&Error> = got.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert_eq!(
+            errs.len(),
+            1,
+            "one of four checks reports the error: {got:?}"
+        );
+        assert!(is_timeout(errs[0], Some(1)), "{:?}", errs[0]);
+        pe.quiet()?;
+        g.check_device_errors()?;
+        // 2. A bad team.
+        flag(2)?;
+        assert!(matches!(g.check_device_errors(), Err(Error::Team(_))));
+        g.check_device_errors()?;
+        pe.quiet()?;
+        // 3. Both: the team error is reported, and both bits and the name are taken.
+        flag(3)?;
+        assert!(matches!(pe.quiet(), Err(Error::Team(_))));
+        pe.quiet()?;
+        // 4. A wait naming no PE: PE 1's name went with the take above.
+        flag(4)?;
+        match g.check_device_errors() {
+            Err(e) if is_timeout(&e, None) => {}
+            other => panic!("expected a timeout naming no PE, got {other:?}"),
+        }
+        g.check_device_errors()?;
+        pe.quiet()?;
+        pe.atomic_set(&done, 0, 1u64, 1)?;
         pe.barrier_all()
     });
 }

@@ -53,6 +53,18 @@ extern "C" __global__ void rshmemi_wait(rshmem_u64 addr, int cmp, rshmem_u64 v) 
 // Stream barrier: one block synchronises `team` (rshmem uses the reserved stream slot).
 extern "C" __global__ void rshmemi_team_sync(rshmem_team team) { rshmem_team_sync_block(team); }
 
+// Takes this PE's error word and the word after it (the PE a timed-out wait named, plus 1) into
+// out[0..2], leaving both 0: each with one atomic exchange, so a bit that a running kernel sets
+// is either taken here or left for the next take, never cleared unseen. The error word first:
+// a flagging wait writes the name before the bit, so at worst a bit set between the two
+// exchanges is left without its name (its timeout is reported naming no PE).
+extern "C" __global__ void rshmemi_take_error(rshmem_u64* out) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    unsigned long long* w = (unsigned long long*)rshmemi_err_word();
+    out[0] = atomicExch(w, 0ull);
+    out[1] = atomicExch(w + 1, 0ull);
+}
+
 // ----- benchmarks and their baselines -----
 
 // Block-scope put of `n` bytes split over the grid: block b moves its contiguous share.

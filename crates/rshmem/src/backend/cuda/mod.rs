@@ -251,6 +251,8 @@ pub(crate) struct CudaBackend {
     pub f_signal_add: Func,
     pub f_wait: Func,
     pub f_team_sync: Func,
+    /// `rshmemi_take_error`: takes the device error word and its info word atomically.
+    f_take_error: Func,
     lock: Mutex<()>,
     pub modules: Mutex<std::collections::HashMap<u64, Arc<Module>>>,
     _peers: Vec<PeerMap>,
@@ -510,6 +512,7 @@ impl CudaBackend {
                 internal.func("rshmemi_signal_add")?,
                 internal.func("rshmemi_wait")?,
                 internal.func("rshmemi_team_sync")?,
+                internal.func("rshmemi_take_error")?,
                 internal,
                 stream,
                 scratch,
@@ -520,7 +523,8 @@ impl CudaBackend {
             rest.as_ref().map(|_| ()).map_err(Clone::clone),
             "loading rshmem's kernels",
         )?;
-        let (f_amo, f_signal_add, f_wait, f_team_sync, internal, stream, scratch) = rest?;
+        let (f_amo, f_signal_add, f_wait, f_team_sync, f_take_error, internal, stream, scratch) =
+            rest?;
         tracing::debug!(
             pe = me,
             gpu = gpu.ordinal,
@@ -558,6 +562,7 @@ impl CudaBackend {
             f_signal_add,
             f_wait,
             f_team_sync,
+            f_take_error,
             lock: Mutex::new(()),
             modules: Mutex::new(Default::default()),
             _peers: peers,
@@ -591,39 +596,55 @@ impl CudaBackend {
         self.lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reads and clears the device error word (set by device waits that timed out and device
-    /// barriers given a team outside the job or one this PE is not a member of).
+    /// Takes the device error word (set by device waits that timed out and device barriers
+    /// given a team outside the job or one this PE is not a member of) and reports what it
+    /// held, once: a plain read first (no kernel while the word is 0), then, when it is set,
+    /// `rshmemi_take_error` exchanges it and its info word with 0 on the device and the taken
+    /// values are reported. A bit a running kernel sets meanwhile is either in what was taken
+    /// or left for the next call (a host copy of zeros, as before, could erase it unseen), and
+    /// of several threads of this PE checking at once exactly one gets the error.
     pub(crate) fn take_device_error(&self) -> Result<()> {
-        // The error word and the word naming the PE a timed-out wait waited for (+1).
-        let mut v = [0u64; 2];
         let a = self.sync_addr(self.me, self.layout.err());
-        {
-            let _l = self.guard();
-            let _g = self.gpu.bind()?;
-            // SAFETY: 16 bytes from this PE's sync area (error word and the next) into a local.
-            ffi::check(
-                unsafe {
-                    ffi::cu::cuMemcpyDtoHAsync_v2(v.as_mut_ptr() as *mut _, a, 16, self.stream.raw)
-                },
-                "cuMemcpyDtoHAsync",
-            )?;
-            self.stream.sync()?;
+        // Held throughout: the stream and the scratch buffer are shared with other host ops.
+        let _l = self.guard();
+        let _g = self.gpu.bind()?;
+        let mut v = 0u64;
+        // SAFETY: 8 bytes from this PE's sync area (the error word) into a local; the copy
+        // completes before it is read (stream synchronised).
+        ffi::check(
+            unsafe {
+                ffi::cu::cuMemcpyDtoHAsync_v2(&mut v as *mut u64 as *mut _, a, 8, self.stream.raw)
+            },
+            "cuMemcpyDtoHAsync (device error word)",
+        )?;
+        self.stream.sync()?;
+        if v == 0 {
+            return Ok(());
         }
-        if v[0] != 0 {
-            let z = [0u64; 2];
-            let _l = self.guard();
-            let _g = self.gpu.bind()?;
-            // SAFETY: 16 bytes from a local into this PE's sync area (the same two words).
-            ffi::check(
-                unsafe {
-                    ffi::cu::cuMemcpyHtoDAsync_v2(a, z.as_ptr() as *const _, 16, self.stream.raw)
-                },
-                "cuMemcpyHtoDAsync",
-            )?;
-            self.stream.sync()?;
-            return Err(device_error(v[0], v[1], self.layout.n_pes, self.timeout));
+        let mut out = self.scratch.ptr;
+        let mut params = [&mut out as *mut u64 as *mut std::ffi::c_void];
+        // SAFETY: the parameters match rshmemi_take_error(rshmem_u64*); out is our 64-byte
+        // scratch buffer (the kernel writes 16 bytes), used under `lock` only.
+        unsafe { gpu::launch(&self.stream, self.f_take_error, 1, 32, 0, &mut params)? };
+        // The error word and the word naming the PE a timed-out wait waited for (+1).
+        let mut t = [0u64; 2];
+        // SAFETY: 16 bytes of scratch into a local, synchronised below.
+        ffi::check(
+            unsafe {
+                ffi::cu::cuMemcpyDtoHAsync_v2(
+                    t.as_mut_ptr() as *mut _,
+                    self.scratch.ptr,
+                    16,
+                    self.stream.raw,
+                )
+            },
+            "cuMemcpyDtoHAsync (taken device error)",
+        )?;
+        self.stream.sync()?;
+        if t[0] == 0 {
+            return Ok(());
         }
-        Ok(())
+        Err(device_error(t[0], t[1], self.layout.n_pes, self.timeout))
     }
 }
 
@@ -921,6 +942,36 @@ mod tests {
         for gone in ["RSHMEM_MAX_PES", "RSHMEM_MAX_TEAMS", "RSHMEM_SYNC_"] {
             assert!(!h.contains(gone), "{gone} is back in the header");
         }
+    }
+
+    /// The internal kernels this file launches take the parameters their launch sites pass
+    /// (the driver reads as many bytes per parameter as the kernel declares).
+    #[test]
+    fn internal_launches_match_the_kernel_signatures() {
+        let src = nvrtc::INTERNAL_KERNELS;
+        let params = |name: &str| {
+            let head = format!("void {name}(");
+            let at = src.find(&head).expect("kernel") + head.len();
+            let len = src[at..].find(')').expect("parameter list");
+            srcparse::param_types(&src[at..at + len])
+        };
+        // `atomic`: addr, wide, op, a, b, out (the scratch buffer).
+        assert_eq!(
+            params("rshmemi_host_amo"),
+            [
+                "rshmem_u64",
+                "int",
+                "int",
+                "rshmem_u64",
+                "rshmem_u64",
+                "ptr"
+            ]
+        );
+        // `take_device_error`: out (the scratch buffer: 64 bytes, the kernel writes 16).
+        assert_eq!(params("rshmemi_take_error"), ["ptr"]);
+        assert!(
+            src.contains("out[0] = atomicExch(w, 0ull);\n    out[1] = atomicExch(w + 1, 0ull);")
+        );
     }
 
     #[test]
