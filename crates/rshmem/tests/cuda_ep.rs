@@ -1125,8 +1125,8 @@ fn bench_rows(recs: &[ep::EpBenchRecord]) -> Vec<(usize, &'static str, &'static 
     recs.iter().map(|r| (r.tokens, r.op, r.mode)).collect()
 }
 
-/// The records `ep_bench` returns for token counts `ts`: per count, both modes' dispatch and
-/// combine, then each mode's token-major dispatch.
+/// The records `ep_bench` returns for token counts `ts`: per count and mode, dispatch and
+/// combine, then token-major dispatch and combine_tokens.
 fn bench_rows_wanted(ts: &[usize]) -> Vec<(usize, &'static str, &'static str)> {
     let mut v = Vec::new();
     for &t in ts {
@@ -1139,6 +1139,7 @@ fn bench_rows_wanted(ts: &[usize]) -> Vec<(usize, &'static str, &'static str)> {
                 "capturable+tokens"
             };
             v.push((t, "ep_dispatch", tm));
+            v.push((t, "ep_combine", tm));
         }
     }
     v

@@ -449,7 +449,7 @@ fn cuda_ep_args(args: &PerfArgs) -> CliResult<rshmem::cuda::ep::EpBenchArgs> {
 }
 
 /// A CUDA MoE record: `mode` is the EP mode (normal, capturable; `+tokens`: a token-major
-/// buffer, dispatch only; the PEs are threads), the
+/// buffer, its combine through `combine_tokens`; the PEs are threads), the
 /// baseline NCCL all-to-all-v (missing: ratio 0 and a note).
 fn from_cuda_ep(b: &rshmem::cuda::ep::EpBenchRecord, a: &rshmem::cuda::ep::EpBenchArgs) -> Record {
     let mut r = Record {
@@ -480,7 +480,7 @@ fn from_cuda_ep(b: &rshmem::cuda::ep::EpBenchRecord, a: &rshmem::cuda::ep::EpBen
                 "CUDA graph replays"
             },
             if b.mode.ends_with("+tokens") {
-                "; token-major layout: each token once per PE plus the expert-major index, no expanded copy"
+                "; token-major layout: each token once per PE plus the expert-major index, no expanded copy; its combine is combine_tokens (per-token rows from each PE)"
             } else {
                 ""
             },

@@ -1216,7 +1216,9 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
 /// the same-run NCCL all-to-all-v baseline (`ep_base.rs` says exactly what it includes), and
 /// checks the data of both: the expert-major rows per local expert and the combine output per
 /// token against a reference computed from the known inputs (checksums; identity experts).
-/// Collective; the heap must hold [`ep_bench_heap_bytes`]. The baseline is reported missing
+/// Each mode runs twice: expert-major (`normal`, `capturable`) and token-major (`normal+tokens`,
+/// `capturable+tokens`: dispatch checked through the expert-major index, combine through
+/// [`Buffer::combine_tokens`] with the receive rows as per-token results). Collective; the heap must hold [`ep_bench_heap_bytes`]. The baseline is reported missing
 /// (with the reason in `baseline`, time and ratio 0) when NCCL cannot be loaded on some PE or the
 /// PEs share a GPU (NCCL needs one GPU per rank). Returns PE 0's records (others an empty list);
 /// a failed data check on any PE is an error on that PE.
@@ -1448,8 +1450,8 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             }
             buf.free(pe)?;
 
-            // Token-major: the same dispatch without the expanded copy (combine is the same
-            // kernel for both layouts and is not repeated).
+            // Token-major: the same dispatch without the expanded copy, and combine_tokens
+            // (DeepEP's combine: per-token rows, no local slot reduction).
             let buf =
                 Buffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode, RecvLayout::TokenMajor))?;
             let name = if mode == EpMode::Normal {
@@ -1457,10 +1459,20 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             } else {
                 "capturable+tokens"
             };
-            let td = if mode == EpMode::Normal {
-                time_stream(&g, &s, args.iters, || {
-                    buf.dispatch(pe, &s, &x, &ids, &w, t, k).map(|_| ())
-                })?
+            // combine_tokens sends back each PE's receive rows as its per-token results
+            // (out = x * the number of PEs the token went to).
+            let rx = buf.recv_x()?;
+            let (td, tc) = if mode == EpMode::Normal {
+                let mut last = None;
+                let td = time_stream(&g, &s, args.iters, || {
+                    last = Some(buf.dispatch(pe, &s, &x, &ids, &w, t, k)?);
+                    Ok(())
+                })?;
+                let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
+                let tc = time_stream(&g, &s, args.iters, || {
+                    buf.combine_tokens(pe, &s, &d, &rx, &y)
+                })?;
+                (td, tc)
             } else {
                 buf.dispatch(pe, &s, &x, &ids, &w, t, k)?;
                 s.synchronize()?;
@@ -1469,15 +1481,20 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 s.begin_capture()?;
                 let d = buf.dispatch(pe, &s, &x, &ids, &w, t, k);
                 let gd = s.end_capture()?;
-                d?;
-                time_stream(&g, &s, args.iters, || gd.launch(&s))?
+                let d = d?;
+                s.begin_capture()?;
+                let r = buf.combine_tokens(pe, &s, &d, &rx, &y);
+                let gc = s.end_capture()?;
+                r?;
+                let td = time_stream(&g, &s, args.iters, || gd.launch(&s))?;
+                let tc = time_stream(&g, &s, args.iters, || gc.launch(&s))?;
+                (td, tc)
             };
             s.synchronize()?;
             buf.check(pe)?;
             // Each expert's rows, gathered through the index, against the reference.
             let hh = buf.host_handle(pe)?;
             let recv_rows = n * buf.pair_capacity();
-            let rx = buf.recv_x()?;
             let hs = eb::row_hashes(pe, &g, &s, &kernels, &rx, recv_rows, h, &hashes, grid)?;
             let rows = hh.expert_offsets.last().copied().unwrap_or(0);
             let src = pe.local_vec(&buf.view::<u32>(buf.plan.row_src, rows.min(buf.plan.rmax))?)?;
@@ -1500,6 +1517,16 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                     }
                 }
             }
+            let want = eb::Reference {
+                out_hash: eb::reference_token_combine(&routes, me, t, h, k, e),
+                ..reference.clone()
+            };
+            let hs = eb::row_hashes(pe, &g, &s, &kernels, &y, t, h, &hashes, grid)?;
+            if let Err(m) =
+                eb::check_combine(&format!("rshmem combine_tokens ({name})"), &hs, &want)
+            {
+                bad.push(format!("T={t}: {m}"));
+            }
             pe.barrier_all()?;
             if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
                 let dt = stage_times(&g, &s, args.iters, |m| {
@@ -1516,30 +1543,35 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 buf.check(pe)?;
                 pe.barrier_all()?;
             }
-            out.push(EpBenchRecord {
-                op: "ep_dispatch",
-                api: "device",
-                backend: "cuda",
-                mode: name,
-                pes: n,
-                tokens: t,
-                bytes: dbytes,
-                iters: args.iters,
-                time_us: td,
-                gbps: if td > 0.0 {
-                    dbytes as f64 / (td * 1e3)
-                } else {
-                    0.0
-                },
-                baseline: EP_BASELINE.to_string(),
-                baseline_note: why.clone(),
-                baseline_time_us: base_d,
-                ratio: if td > 0.0 && base_d > 0.0 {
-                    base_d / td
-                } else {
-                    0.0
-                },
-            });
+            for (op, tu, bytes, base) in [
+                ("ep_dispatch", td, dbytes, base_d),
+                ("ep_combine", tc, cbytes, base_c),
+            ] {
+                out.push(EpBenchRecord {
+                    op,
+                    api: "device",
+                    backend: "cuda",
+                    mode: name,
+                    pes: n,
+                    tokens: t,
+                    bytes,
+                    iters: args.iters,
+                    time_us: tu,
+                    gbps: if tu > 0.0 {
+                        bytes as f64 / (tu * 1e3)
+                    } else {
+                        0.0
+                    },
+                    baseline: EP_BASELINE.to_string(),
+                    baseline_note: why.clone(),
+                    baseline_time_us: base,
+                    ratio: if tu > 0.0 && base > 0.0 {
+                        base / tu
+                    } else {
+                        0.0
+                    },
+                });
+            }
             buf.free(pe)?;
         }
         pe.free(y)?;

@@ -176,6 +176,38 @@ pub(super) fn reference(
     }
 }
 
+/// Combine-output checksums of PE `me`'s tokens when every PE the token went to sends back the
+/// token's own hidden state (`combine_tokens` with the receive rows as the per-token results):
+/// `x * (number of PEs the token went to)`, exact in bf16 for the benchmark's inputs.
+pub(super) fn reference_token_combine(
+    routes: &[(Vec<i32>, Vec<f32>)],
+    me: usize,
+    t: usize,
+    h: usize,
+    k: usize,
+    e: usize,
+) -> Vec<u64> {
+    let n = routes.len();
+    let epp = e / n;
+    let ids = &routes[me].0;
+    (0..t)
+        .map(|tok| {
+            let mut pes: Vec<usize> = ids[tok * k..(tok + 1) * k]
+                .iter()
+                .filter(|&&id| id >= 0)
+                .map(|&id| id as usize / epp)
+                .collect();
+            pes.sort_unstable();
+            pes.dedup();
+            let c = pes.len() as f32;
+            (0..h).fold(0u64, |acc, col| {
+                let v = bf16::from_f32(c * x_val(me, tok * h + col).to_f32());
+                acc.wrapping_add(mix(v.to_bits() as u64, col as u64))
+            })
+        })
+        .collect()
+}
+
 /// Checksums of the first `rows` rows (`h` elements each) of `src` into `hashes` (at least
 /// `rows` words), read back after synchronising `s`.
 #[allow(clippy::too_many_arguments)]
