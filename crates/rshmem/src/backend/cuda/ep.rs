@@ -1333,246 +1333,157 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             r?;
         }
 
-        for mode in [
+        let modes = [
             EpMode::Normal,
             EpMode::Capturable {
                 capacity: max_pair.min(t.max(1)),
             },
-        ] {
-            let buf = Buffer::<Bf16>::new(
-                pe,
-                pe.world_team(),
-                cfg_of(t, mode, RecvLayout::ExpertMajor),
-            )?;
-            let name = if mode == EpMode::Normal {
-                "normal"
-            } else {
-                "capturable"
-            };
-            let mut last = None;
-            let (td, tc);
-            if mode == EpMode::Normal {
-                td = time_stream(&g, &s, args.iters, || {
-                    last = Some(buf.dispatch(pe, &s, &x, &ids, &w, t, k)?);
-                    Ok(())
-                })?;
-                let d = last.clone().ok_or_else(|| Error::invalid("no dispatch"))?;
-                let ex = buf.expert_x()?;
-                tc = time_stream(&g, &s, args.iters, || buf.combine(pe, &s, &d, &ex, &y))?;
-            } else {
-                // Capture one dispatch and one combine, replay each.
-                buf.dispatch(pe, &s, &x, &ids, &w, t, k)?;
+        ];
+        for mode in modes {
+            // Expert-major (identity experts: combine reads expert_x), then token-major (the
+            // same dispatch without the expanded copy; combine_tokens sends each PE's receive
+            // rows back as its per-token results, so out = x * the PEs the token went to).
+            for layout in [RecvLayout::ExpertMajor, RecvLayout::TokenMajor] {
+                let tokens = layout == RecvLayout::TokenMajor;
+                let buf = Buffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode, layout))?;
+                let name = match (mode == EpMode::Normal, tokens) {
+                    (true, false) => "normal",
+                    (false, false) => "capturable",
+                    (true, true) => "normal+tokens",
+                    (false, true) => "capturable+tokens",
+                };
+                let yin = if tokens {
+                    buf.recv_x()?
+                } else {
+                    buf.expert_x()?
+                };
+                let combine = |d: &Dispatch, m: &mut dyn FnMut() -> Result<()>| {
+                    buf.combine_marked(pe, &s, d, &yin, &y, tokens, m)
+                };
+                let (td, tc) = if mode == EpMode::Normal {
+                    let mut last = None;
+                    let td = time_stream(&g, &s, args.iters, || {
+                        last = Some(buf.dispatch(pe, &s, &x, &ids, &w, t, k)?);
+                        Ok(())
+                    })?;
+                    let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
+                    let tc = time_stream(&g, &s, args.iters, || combine(&d, &mut || Ok(())))?;
+                    (td, tc)
+                } else {
+                    // Capture one dispatch and one combine, replay each.
+                    buf.dispatch(pe, &s, &x, &ids, &w, t, k)?;
+                    s.synchronize()?;
+                    buf.check(pe)?;
+                    pe.barrier_all()?;
+                    s.begin_capture()?;
+                    let d = buf.dispatch(pe, &s, &x, &ids, &w, t, k);
+                    let gd = s.end_capture()?;
+                    let d = d?;
+                    s.begin_capture()?;
+                    let r = combine(&d, &mut || Ok(()));
+                    let gc = s.end_capture()?;
+                    r?;
+                    let td = time_stream(&g, &s, args.iters, || gd.launch(&s))?;
+                    let tc = time_stream(&g, &s, args.iters, || gc.launch(&s))?;
+                    (td, tc)
+                };
                 s.synchronize()?;
                 buf.check(pe)?;
-                pe.barrier_all()?;
-                s.begin_capture()?;
-                let d = buf.dispatch(pe, &s, &x, &ids, &w, t, k);
-                let gd = s.end_capture()?;
-                let d = d?;
-                let ex = buf.expert_x()?;
-                s.begin_capture()?;
-                let r = buf.combine(pe, &s, &d, &ex, &y);
-                let gc = s.end_capture()?;
-                r?;
-                td = time_stream(&g, &s, args.iters, || gd.launch(&s))?;
-                tc = time_stream(&g, &s, args.iters, || gc.launch(&s))?;
-            }
-            s.synchronize()?;
-            buf.check(pe)?;
-            // The data of the last calls: expert-major rows and combine output.
-            let hh = buf.host_handle(pe)?;
-            let rows = hh.expert_offsets.last().copied().unwrap_or(0).min(rows_cap);
-            let ex = buf.expert_x()?;
-            let hs = eb::row_hashes(pe, &g, &s, &kernels, &ex, rows, h, &hashes, grid)?;
-            if let Err(m) = eb::check_dispatch(
-                &format!("rshmem dispatch ({name})"),
-                &hh.expert_offsets,
-                &hs,
-                &reference,
-            ) {
-                bad.push(format!("T={t}: {m}"));
-            }
-            let hs = eb::row_hashes(pe, &g, &s, &kernels, &y, t, h, &hashes, grid)?;
-            if let Err(m) = eb::check_combine(&format!("rshmem combine ({name})"), &hs, &reference)
-            {
-                bad.push(format!("T={t}: {m}"));
-            }
-            pe.barrier_all()?;
-            if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
-                let mut last = None;
-                let dt = stage_times(&g, &s, args.iters, |m| {
-                    last = Some(buf.dispatch_marked(pe, &s, &x, &ids, &w, t, k, m)?);
-                    Ok(())
-                })?;
-                let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
-                let ex = buf.expert_x()?;
-                let ct = stage_times(&g, &s, args.iters, |m| {
-                    buf.combine_marked(pe, &s, &d, &ex, &y, false, m)
-                })?;
-                if me == 0 {
-                    eprintln!(
-                        "ep breakdown T={t} {name} grid={}: dispatch prep/send/wait/permute {dt:.1?} us; combine csend/wait/crecv {ct:.1?} us",
-                        buf.grid
-                    );
-                }
-                s.synchronize()?;
-                buf.check(pe)?;
-                pe.barrier_all()?;
-            }
-            for (op, tu, bytes, base) in [
-                ("ep_dispatch", td, dbytes, base_d),
-                ("ep_combine", tc, cbytes, base_c),
-            ] {
-                out.push(EpBenchRecord {
-                    op,
-                    api: "device",
-                    backend: "cuda",
-                    mode: name,
-                    pes: n,
-                    tokens: t,
-                    bytes,
-                    iters: args.iters,
-                    time_us: tu,
-                    gbps: if tu > 0.0 {
-                        bytes as f64 / (tu * 1e3)
-                    } else {
-                        0.0
-                    },
-                    baseline: EP_BASELINE.to_string(),
-                    baseline_note: why.clone(),
-                    baseline_time_us: base,
-                    ratio: if tu > 0.0 && base > 0.0 {
-                        base / tu
-                    } else {
-                        0.0
-                    },
-                });
-            }
-            buf.free(pe)?;
-
-            // Token-major: the same dispatch without the expanded copy, and combine_tokens
-            // (DeepEP's combine: per-token rows, no local slot reduction).
-            let buf =
-                Buffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode, RecvLayout::TokenMajor))?;
-            let name = if mode == EpMode::Normal {
-                "normal+tokens"
-            } else {
-                "capturable+tokens"
-            };
-            // combine_tokens sends back each PE's receive rows as its per-token results
-            // (out = x * the number of PEs the token went to).
-            let rx = buf.recv_x()?;
-            let (td, tc) = if mode == EpMode::Normal {
-                let mut last = None;
-                let td = time_stream(&g, &s, args.iters, || {
-                    last = Some(buf.dispatch(pe, &s, &x, &ids, &w, t, k)?);
-                    Ok(())
-                })?;
-                let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
-                let tc = time_stream(&g, &s, args.iters, || {
-                    buf.combine_tokens(pe, &s, &d, &rx, &y)
-                })?;
-                (td, tc)
-            } else {
-                buf.dispatch(pe, &s, &x, &ids, &w, t, k)?;
-                s.synchronize()?;
-                buf.check(pe)?;
-                pe.barrier_all()?;
-                s.begin_capture()?;
-                let d = buf.dispatch(pe, &s, &x, &ids, &w, t, k);
-                let gd = s.end_capture()?;
-                let d = d?;
-                s.begin_capture()?;
-                let r = buf.combine_tokens(pe, &s, &d, &rx, &y);
-                let gc = s.end_capture()?;
-                r?;
-                let td = time_stream(&g, &s, args.iters, || gd.launch(&s))?;
-                let tc = time_stream(&g, &s, args.iters, || gc.launch(&s))?;
-                (td, tc)
-            };
-            s.synchronize()?;
-            buf.check(pe)?;
-            // Each expert's rows, gathered through the index, against the reference.
-            let hh = buf.host_handle(pe)?;
-            let recv_rows = n * buf.pair_capacity();
-            let hs = eb::row_hashes(pe, &g, &s, &kernels, &rx, recv_rows, h, &hashes, grid)?;
-            let rows = hh.expert_offsets.last().copied().unwrap_or(0);
-            let src = pe.local_vec(&buf.view::<u32>(buf.plan.row_src, rows.min(buf.plan.rmax))?)?;
-            let gathered: Option<Vec<u64>> = src
-                .iter()
-                .map(|&v| hs.get(v as usize / k).copied())
-                .collect();
-            match gathered {
-                None => bad.push(format!(
-                    "T={t}: rshmem dispatch ({name}): an expert row points outside the receive area"
-                )),
-                Some(gh) => {
-                    if let Err(m) = eb::check_dispatch(
-                        &format!("rshmem dispatch ({name})"),
-                        &hh.expert_offsets,
-                        &gh,
-                        &reference,
-                    ) {
-                        bad.push(format!("T={t}: {m}"));
+                // The data of the last calls: each expert's rows (gathered through the index
+                // when token-major) and the combine output.
+                let hh = buf.host_handle(pe)?;
+                let rows = hh.expert_offsets.last().copied().unwrap_or(0);
+                let dispatch_hashes = if tokens {
+                    let recv_rows = n * buf.pair_capacity();
+                    let hs =
+                        eb::row_hashes(pe, &g, &s, &kernels, &yin, recv_rows, h, &hashes, grid)?;
+                    let src =
+                        pe.local_vec(&buf.view::<u32>(buf.plan.row_src, rows.min(buf.plan.rmax))?)?;
+                    src.iter()
+                        .map(|&v| hs.get(v as usize / k).copied())
+                        .collect()
+                } else {
+                    let rows = rows.min(rows_cap);
+                    Some(eb::row_hashes(
+                        pe, &g, &s, &kernels, &yin, rows, h, &hashes, grid,
+                    )?)
+                };
+                let what = format!("rshmem dispatch ({name})");
+                match dispatch_hashes {
+                    None => bad.push(format!(
+                        "T={t}: {what}: an expert row points outside the receive area"
+                    )),
+                    Some(hs) => {
+                        if let Err(m) =
+                            eb::check_dispatch(&what, &hh.expert_offsets, &hs, &reference)
+                        {
+                            bad.push(format!("T={t}: {m}"));
+                        }
                     }
                 }
-            }
-            let want = eb::Reference {
-                out_hash: eb::reference_token_combine(&routes, me, t, h, k, e),
-                ..reference.clone()
-            };
-            let hs = eb::row_hashes(pe, &g, &s, &kernels, &y, t, h, &hashes, grid)?;
-            if let Err(m) =
-                eb::check_combine(&format!("rshmem combine_tokens ({name})"), &hs, &want)
-            {
-                bad.push(format!("T={t}: {m}"));
-            }
-            pe.barrier_all()?;
-            if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
-                let dt = stage_times(&g, &s, args.iters, |m| {
-                    buf.dispatch_marked(pe, &s, &x, &ids, &w, t, k, m)
-                        .map(|_| ())
-                })?;
-                if me == 0 {
-                    eprintln!(
-                        "ep breakdown T={t} {name} grid={}: dispatch prep/send/wait/index {dt:.1?} us",
-                        buf.grid
-                    );
+                let want = if tokens {
+                    eb::Reference {
+                        out_hash: eb::reference_token_combine(&routes, me, t, h, k, e),
+                        ..reference.clone()
+                    }
+                } else {
+                    reference.clone()
+                };
+                let hs = eb::row_hashes(pe, &g, &s, &kernels, &y, t, h, &hashes, grid)?;
+                if let Err(m) = eb::check_combine(&format!("rshmem combine ({name})"), &hs, &want) {
+                    bad.push(format!("T={t}: {m}"));
                 }
-                s.synchronize()?;
-                buf.check(pe)?;
                 pe.barrier_all()?;
+                if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
+                    let mut last = None;
+                    let dt = stage_times(&g, &s, args.iters, |m| {
+                        last = Some(buf.dispatch_marked(pe, &s, &x, &ids, &w, t, k, m)?);
+                        Ok(())
+                    })?;
+                    let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
+                    let ct = stage_times(&g, &s, args.iters, |m| combine(&d, m))?;
+                    if me == 0 {
+                        let last = if tokens { "index" } else { "permute" };
+                        eprintln!(
+                            "ep breakdown T={t} {name} grid={}: dispatch prep/send/wait/{last} {dt:.1?} us; combine csend/wait/crecv {ct:.1?} us",
+                            buf.grid
+                        );
+                    }
+                    s.synchronize()?;
+                    buf.check(pe)?;
+                    pe.barrier_all()?;
+                }
+                for (op, tu, bytes, base) in [
+                    ("ep_dispatch", td, dbytes, base_d),
+                    ("ep_combine", tc, cbytes, base_c),
+                ] {
+                    out.push(EpBenchRecord {
+                        op,
+                        api: "device",
+                        backend: "cuda",
+                        mode: name,
+                        pes: n,
+                        tokens: t,
+                        bytes,
+                        iters: args.iters,
+                        time_us: tu,
+                        gbps: if tu > 0.0 {
+                            bytes as f64 / (tu * 1e3)
+                        } else {
+                            0.0
+                        },
+                        baseline: EP_BASELINE.to_string(),
+                        baseline_note: why.clone(),
+                        baseline_time_us: base,
+                        ratio: if tu > 0.0 && base > 0.0 {
+                            base / tu
+                        } else {
+                            0.0
+                        },
+                    });
+                }
+                buf.free(pe)?;
             }
-            for (op, tu, bytes, base) in [
-                ("ep_dispatch", td, dbytes, base_d),
-                ("ep_combine", tc, cbytes, base_c),
-            ] {
-                out.push(EpBenchRecord {
-                    op,
-                    api: "device",
-                    backend: "cuda",
-                    mode: name,
-                    pes: n,
-                    tokens: t,
-                    bytes,
-                    iters: args.iters,
-                    time_us: tu,
-                    gbps: if tu > 0.0 {
-                        bytes as f64 / (tu * 1e3)
-                    } else {
-                        0.0
-                    },
-                    baseline: EP_BASELINE.to_string(),
-                    baseline_note: why.clone(),
-                    baseline_time_us: base,
-                    ratio: if tu > 0.0 && base > 0.0 {
-                        base / tu
-                    } else {
-                        0.0
-                    },
-                });
-            }
-            buf.free(pe)?;
         }
         pe.free(y)?;
         pe.free(hashes)?;
