@@ -45,7 +45,12 @@
 //! thread-PEs stalled in about 1 run of 10: the two PEs that launched first waited for the
 //! device timeout while the other two PEs' kernels did not start until then. Creating one
 //! stream per queue in a batch and handing those out did not help (it failed as often), so
-//! the driver's placement of streams on queues is not something rshmem can arrange. Treat
+//! the driver's placement of streams on queues is not something rshmem can arrange. Later the
+//! same day, three EP tests run in a loop in fresh processes (2 thread-PEs) stalled in 2 of 71
+//! runs, one of them the first run on a freshly started machine. No rshmem kernel uses local
+//! memory (`ptxas -v`: 0 bytes stack frame and spills for every kernel of `internal.cu`,
+//! `coll.cu` and `ep.cu`), so a driver resizing local memory, which waits for the GPU to idle,
+//! is not the cause. Treat
 //! several thread-PEs on one GPU as a development setup (a stall ends in [`Error::Timeout`],
 //! never a hang); one PE per GPU, or one process per PE sharing a GPU (each process has its own
 //! context and queues, time-sliced by the GPU), has not shown it. (NVSHMEM, for comparison,
