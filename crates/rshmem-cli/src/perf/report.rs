@@ -57,12 +57,25 @@ fn cols(r: &Record) -> (String, String, String) {
     }
 }
 
-/// The table: each figure beside its same-run baseline and their ratio.
+/// The table: each figure beside its same-run baseline and their ratio. The op and mode
+/// columns are as wide as their longest entry (e.g. `capturable+tokens`), so columns line up.
 pub fn table(records: &[Record]) -> String {
     let mut s = String::new();
+    let ow = records
+        .iter()
+        .map(|r| r.op.len())
+        .max()
+        .unwrap_or(0)
+        .max(17);
+    let mw = records
+        .iter()
+        .map(|r| r.mode.len())
+        .max()
+        .unwrap_or(0)
+        .max(9);
     let _ = writeln!(
         s,
-        "{:<17} {:<9} {:>4} {:>9} {:>10} {:>8} {:>7}   {:<13} {:>10} {:>9}  {:>6}",
+        "{:<ow$} {:<mw$} {:>4} {:>9} {:>10} {:>8} {:>7}   {:<13} {:>10} {:>9}  {:>6}",
         "op",
         "mode",
         "pes",
@@ -79,7 +92,7 @@ pub fn table(records: &[Record]) -> String {
         let (g, bg, bus) = cols(r);
         let _ = writeln!(
             s,
-            "{:<17} {:<9} {:>4} {:>9} {:>10} {:>8} {:>7}   {:<13} {:>10} {:>9}  {:>6}",
+            "{:<ow$} {:<mw$} {:>4} {:>9} {:>10} {:>8} {:>7}   {:<13} {:>10} {:>9}  {:>6}",
             r.op,
             r.mode,
             r.pes,
@@ -333,6 +346,15 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.contains("put_signal") && svg.contains("memcpy"));
         let t = table(&recs);
         assert_eq!(t.lines().count(), 5);
+        // Columns line up whatever the widths of op and mode.
+        let mut wide = recs.clone();
+        wide[0].mode = "capturable+tokens".into();
+        let t2 = table(&wide);
+        let cols: Vec<Option<usize>> = t2
+            .lines()
+            .map(|l| l.find("memcpy").or(l.find("baseline")))
+            .collect();
+        assert!(cols.iter().all(|c| c.is_some() && *c == cols[0]), "{t2}");
         assert!(t.contains("1 MiB") && t.contains("0.97"));
         assert_eq!(markdown(&recs).lines().count(), 6);
         std::fs::remove_dir_all(&dir).unwrap();

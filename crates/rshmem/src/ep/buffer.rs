@@ -847,6 +847,36 @@ impl<T: Elem> Buffer<T> {
     /// token's rows over the PEs it went to (ascending PE, `f32`, rounded once) into `[T, H]`;
     /// tokens without experts give zeros. Works after a dispatch of either layout; collective
     /// over the team (every PE calls `combine_tokens` for the same dispatch).
+    ///
+    /// ```
+    /// use rshmem::ep::{Buffer, EpConfig, EpMode, RecvLayout};
+    /// let r = rshmem::threads(2, |pe| -> rshmem::Result<Vec<f32>> {
+    ///     let cfg = EpConfig { num_experts: 4, max_tokens: 2, hidden: 2, max_topk: 2,
+    ///                          mode: EpMode::Normal, layout: RecvLayout::TokenMajor };
+    ///     let mut buf = Buffer::<f32>::new(pe, pe.world_team(), cfg)?;
+    ///     let x = [1.0, 2.0, 3.0, 4.0];          // 2 tokens, H = 2
+    ///     let ids: [i32; 4] = [0, 3, 1, -1];     // token 0 -> experts 0 (PE 0), 3 (PE 1)
+    ///     let w = [0.5, 0.25, 1.0, 0.0];
+    ///     let d = buf.dispatch(pe, &x, &ids, &w, 2)?;
+    ///     // Each received token once; its result here: the weighted sum over the slots this PE
+    ///     // serves (identity experts).
+    ///     let h = d.handle.clone();
+    ///     let k = h.top_k();
+    ///     let mut y = d.x.clone();
+    ///     for (i, row) in y.chunks_mut(2).enumerate() {
+    ///         let f: f32 = (0..k).filter(|&j| h.recv_topk_local()[i * k + j] >= 0)
+    ///             .map(|j| h.recv_topk_weights()[i * k + j]).sum();
+    ///         row.iter_mut().for_each(|v| *v *= f);
+    ///     }
+    ///     let out = buf.combine_tokens(pe, &h, &y)?;
+    ///     buf.free(pe)?;
+    ///     Ok(out)
+    /// }).unwrap();
+    /// for out in r {
+    ///     // token 0: x * (0.5 + 0.25) from two PEs; token 1: x * 1.0 from PE 0
+    ///     assert_eq!(out.unwrap(), vec![0.75, 1.5, 3.0, 4.0]);
+    /// }
+    /// ```
     pub fn combine_tokens(&mut self, pe: &Pe, handle: &Handle, token_out: &[T]) -> Result<Vec<T>> {
         self.combine_with(pe, handle, token_out, true)
     }
