@@ -1244,3 +1244,68 @@ fn gpu_coll_world_of_72() {
         big_world_body,
     );
 }
+
+/// The NCCL binding (`cuda::nccl`, the benchmarks' same-run baseline) with one rank: NCCL
+/// refuses two ranks on one GPU, so this is what a one-GPU machine can check of it before a
+/// multi-GPU run relies on it. With one rank every wrapped call copies `src` to `dst`: each is
+/// checked element by element, with the element past `count` left as poisoned. Fails when NCCL
+/// cannot be loaded (the GPU machines have it).
+fn nccl_one_rank_body(pe: &Pe) -> Result<()> {
+    use cuda::nccl::{world_comm, DataType, Nccl, P2p};
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let lib = Nccl::load();
+    let (comm, note) = world_comm(pe, &g, &lib)?;
+    let c = comm.unwrap_or_else(|| panic!("NCCL unavailable ({note:?}): this test needs libnccl"));
+    let len = 1000;
+    let count = len - 1;
+    let src = pe.alloc::<f32>(len)?;
+    let dst = pe.alloc::<f32>(len)?;
+    let want: Vec<f32> = (0..len).map(|i| (i as f32) * 0.5 - 77.0).collect();
+    pe.local_write(&src, 0, &want)?;
+    let (sp, dp) = (g.ptr(&src)?, g.ptr(&dst)?);
+    let raw = s.raw();
+    let f32t = DataType::F32;
+    for op in [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "all_to_all",
+        "group_send_recv",
+    ] {
+        pe.local_fill(&dst, -1.0)?;
+        // SAFETY: src and dst are this GPU's symmetric objects of `len` f32; every call moves
+        // `count` < len elements (or count * 4 bytes); the stream is this GPU's.
+        unsafe {
+            match op {
+                "all_reduce" => c.all_reduce(sp, dp, count, f32t, raw),
+                "all_gather" => c.all_gather(sp, dp, count, f32t, raw),
+                "reduce_scatter" => c.reduce_scatter(sp, dp, count, f32t, raw),
+                "broadcast" => c.broadcast(sp, dp, count, f32t, 0, raw),
+                "all_to_all" => c.all_to_all(sp, dp, count, 4, f32t, 1, raw),
+                _ => {
+                    let p = |ptr| P2p {
+                        ptr,
+                        bytes: count * 4,
+                        peer: 0,
+                    };
+                    c.group_send_recv(&[p(sp)], &[p(dp)], raw)
+                }
+            }?;
+        }
+        s.synchronize()?;
+        let got = pe.local_vec(&dst)?;
+        assert_eq!(&got[..count], &want[..count], "NCCL {op}: data");
+        assert_eq!(got[count], -1.0, "NCCL {op} wrote past count");
+    }
+    drop(c);
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_nccl_binding_one_rank_moves_data() {
+    on_gpus(1, nccl_one_rank_body);
+}

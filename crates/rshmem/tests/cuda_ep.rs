@@ -1347,3 +1347,41 @@ gpu_mode_test!(
     combine_tokens_body,
     [processes(2)]
 );
+
+/// The MoE benchmark on a world of one PE, where NCCL can run on a one-GPU machine (one rank):
+/// the NCCL all-to-all-v baseline (its layout, pack, permute, combine kernels and grouped
+/// send/recv) runs and `ep_bench` checks its data as it does rshmem's, at a vector-path and a
+/// scalar-path hidden size. Fails when NCCL cannot be loaded (the GPU machines have it).
+fn ep_bench_one_pe_body(pe: &Pe) -> Result<()> {
+    for hidden in [256, 196] {
+        let args = ep::EpBenchArgs {
+            tokens: vec![96, 5],
+            hidden,
+            top_k: 3,
+            experts: 8,
+            iters: 2,
+        };
+        let recs = ep::ep_bench(pe, &args)?;
+        assert_eq!(bench_rows(&recs), bench_rows_wanted(&[96, 5]));
+        for r in &recs {
+            assert_eq!(r.baseline_note, None, "NCCL baseline missing: {r:?}");
+            assert!(r.baseline_time_us > 0.0 && r.ratio > 0.0, "{r:?}");
+            assert!(r.time_us > 0.0, "{r:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_bench_nccl_baseline_one_pe() {
+    let args = ep::EpBenchArgs {
+        tokens: vec![96, 5],
+        hidden: 256,
+        top_k: 3,
+        experts: 8,
+        iters: 2,
+    };
+    let cfg = gpu_config(1).heap_size(ep::ep_bench_heap_bytes(&args, 1).unwrap());
+    harness::gpu_threads(1, cfg, ep_bench_one_pe_body);
+}
