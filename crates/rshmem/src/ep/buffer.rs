@@ -86,6 +86,11 @@ pub struct Buffer<T: Elem> {
     plan: Plan,
     /// All areas in one symmetric allocation (one collective, nothing half-allocated).
     area: Sym<u8>,
+    /// Host staging of the combine rows, kept between calls (its pages stay mapped) and used
+    /// alike by combine and the all-to-all-v baseline.
+    stage: Vec<T>,
+    /// The baseline's second staging copy (unpacked rows).
+    stage2: Vec<T>,
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -211,6 +216,8 @@ impl<T: Elem> Buffer<T> {
             epoch: 0,
             plan,
             area,
+            stage: Vec::new(),
+            stage2: Vec::new(),
             _t: std::marker::PhantomData,
         };
         // Recycled heap memory may hold old signal values: clear, then make sure nobody signals
@@ -969,26 +976,23 @@ impl<T: Elem> Buffer<T> {
             self.signal_done(pe, d, send[d])?;
         }
         self.wait_data(pe, &rec, "ep combine")?;
-        let mut got = vec![T::ZERO; handle.num_tokens * k * h];
-        pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;
-        if tokens {
-            return Ok(reduce_tokens(
-                &got,
-                &handle.src_slot_pe,
-                n,
-                handle.num_tokens,
-                k,
-                h,
-            ));
-        }
-        Ok(reduce(
-            &got,
-            &handle.src_slot_pe,
-            &handle.src_weights,
-            handle.num_tokens,
-            k,
-            h,
-        ))
+        let mut got = staged(&mut self.stage, handle.num_tokens * k * h);
+        let r = pe.get(&self.comb()?, 0, &mut got, pe.my_pe()).map(|_| {
+            if tokens {
+                reduce_tokens(&got, &handle.src_slot_pe, n, handle.num_tokens, k, h)
+            } else {
+                reduce(
+                    &got,
+                    &handle.src_slot_pe,
+                    &handle.src_weights,
+                    handle.num_tokens,
+                    k,
+                    h,
+                )
+            }
+        });
+        self.stage = got;
+        r
     }
 
     // ----- the all-to-all-v baseline (same results, barriers and staging) -----
@@ -1170,11 +1174,15 @@ impl<T: Elem> Buffer<T> {
         }
         pe.team_barrier(team)?;
         let total: usize = expect.iter().sum();
-        let mut got = vec![T::ZERO; total * h];
-        pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;
+        let mut got = staged(&mut self.stage, total * h);
+        let r = pe.get(&self.comb()?, 0, &mut got, pe.my_pe());
+        if let Err(e) = r {
+            self.stage = got;
+            return Err(e);
+        }
         // Unpack: from PE d, its rows in (token, slot) order.
         let t_n = handle.num_tokens;
-        let mut scattered = vec![T::ZERO; t_n * k * h];
+        let mut scattered = staged(&mut self.stage2, t_n * k * h);
         for d in 0..n {
             let mut r = off(d, self.me);
             for t in 0..t_n {
@@ -1187,14 +1195,17 @@ impl<T: Elem> Buffer<T> {
                 }
             }
         }
-        Ok(reduce(
+        let out = reduce(
             &scattered,
             &handle.src_slot_pe,
             &handle.src_weights,
             t_n,
             k,
             h,
-        ))
+        );
+        self.stage = got;
+        self.stage2 = scattered;
+        Ok(out)
     }
 }
 
@@ -1220,8 +1231,41 @@ fn widen<T: Elem>(row: &[T], out: &mut [f32]) {
     }
 }
 
-/// `out[t] = Σ_j w[t,j] * y[t*k+j]` over the slots with an expert, in slot order, in `f32`,
-/// rounded once.
+/// Takes the staging vector `v` with `len` elements (zeros; its capacity, and so its mapped
+/// pages, kept from earlier calls). Give it back after use.
+fn staged<T: Elem>(v: &mut Vec<T>, len: usize) -> Vec<T> {
+    let mut s = std::mem::take(v);
+    s.clear();
+    s.resize(len, T::ZERO);
+    s
+}
+
+/// Rounds `acc` to `T` into `out`, as `T::from_f64(a as f64)` would (widening an `f32` to
+/// `f64` is exact, so rounding from `f32` directly gives the same value) without the slower
+/// generic path for f32, bf16 and f16.
+fn narrow<T: Elem>(acc: &[f32], out: &mut [T]) {
+    match T::KIND {
+        ElemKind::F32 | ElemKind::Bf16 | ElemKind::F16 => {
+            let bytes = crate::sym::as_bytes_mut(out);
+            let w = std::mem::size_of::<T>();
+            for (b, a) in bytes.chunks_exact_mut(w).zip(acc) {
+                match T::KIND {
+                    ElemKind::F32 => b.copy_from_slice(&a.to_ne_bytes()),
+                    ElemKind::Bf16 => {
+                        b.copy_from_slice(&half::bf16::from_f32(*a).to_bits().to_ne_bytes())
+                    }
+                    _ => b.copy_from_slice(&half::f16::from_f32(*a).to_bits().to_ne_bytes()),
+                }
+            }
+        }
+        _ => {
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = T::from_f64(*a as f64);
+            }
+        }
+    }
+}
+
 /// combine_tokens' source side: for each token, the sum over the PEs it went to (ascending) of
 /// the row that PE put at the token's first slot served there, in `f32`, rounded once.
 fn reduce_tokens<T: Elem>(
@@ -1247,13 +1291,13 @@ fn reduce_tokens<T: Elem>(
                 *a += v;
             }
         }
-        for (o, a) in out[t * h..(t + 1) * h].iter_mut().zip(&acc) {
-            *o = T::from_f64(*a as f64);
-        }
+        narrow(&acc, &mut out[t * h..(t + 1) * h]);
     }
     out
 }
 
+/// `out[t] = Σ_j w[t,j] * y[t*k+j]` over the slots with an expert, in slot order, in `f32`,
+/// rounded once.
 fn reduce<T: Elem>(y: &[T], slot_pe: &[i32], w: &[f32], t_n: usize, k: usize, h: usize) -> Vec<T> {
     let mut out = vec![T::ZERO; t_n * h];
     let mut acc = vec![0f32; h];
@@ -1270,9 +1314,7 @@ fn reduce<T: Elem>(y: &[T], slot_pe: &[i32], w: &[f32], t_n: usize, k: usize, h:
                 *a += wj * v;
             }
         }
-        for (o, a) in out[t * h..(t + 1) * h].iter_mut().zip(&acc) {
-            *o = T::from_f64(*a as f64);
-        }
+        narrow(&acc, &mut out[t * h..(t + 1) * h]);
     }
     out
 }
