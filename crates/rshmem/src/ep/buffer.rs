@@ -86,11 +86,6 @@ pub struct Buffer<T: Elem> {
     plan: Plan,
     /// All areas in one symmetric allocation (one collective, nothing half-allocated).
     area: Sym<u8>,
-    /// Host staging of the combine rows, kept between calls (its pages stay mapped) and used
-    /// alike by combine and the all-to-all-v baseline.
-    stage: Vec<T>,
-    /// The baseline's second staging copy (unpacked rows).
-    stage2: Vec<T>,
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -216,8 +211,6 @@ impl<T: Elem> Buffer<T> {
             epoch: 0,
             plan,
             area,
-            stage: Vec::new(),
-            stage2: Vec::new(),
             _t: std::marker::PhantomData,
         };
         // Recycled heap memory may hold old signal values: clear, then make sure nobody signals
@@ -976,23 +969,26 @@ impl<T: Elem> Buffer<T> {
             self.signal_done(pe, d, send[d])?;
         }
         self.wait_data(pe, &rec, "ep combine")?;
-        let mut got = staged(&mut self.stage, handle.num_tokens * k * h);
-        let r = pe.get(&self.comb()?, 0, &mut got, pe.my_pe()).map(|_| {
-            if tokens {
-                reduce_tokens(&got, &handle.src_slot_pe, n, handle.num_tokens, k, h)
-            } else {
-                reduce(
-                    &got,
-                    &handle.src_slot_pe,
-                    &handle.src_weights,
-                    handle.num_tokens,
-                    k,
-                    h,
-                )
-            }
-        });
-        self.stage = got;
-        r
+        let mut got = vec![T::ZERO; handle.num_tokens * k * h];
+        pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;
+        if tokens {
+            return Ok(reduce_tokens(
+                &got,
+                &handle.src_slot_pe,
+                n,
+                handle.num_tokens,
+                k,
+                h,
+            ));
+        }
+        Ok(reduce(
+            &got,
+            &handle.src_slot_pe,
+            &handle.src_weights,
+            handle.num_tokens,
+            k,
+            h,
+        ))
     }
 
     // ----- the all-to-all-v baseline (same results, barriers and staging) -----
@@ -1174,15 +1170,11 @@ impl<T: Elem> Buffer<T> {
         }
         pe.team_barrier(team)?;
         let total: usize = expect.iter().sum();
-        let mut got = staged(&mut self.stage, total * h);
-        let r = pe.get(&self.comb()?, 0, &mut got, pe.my_pe());
-        if let Err(e) = r {
-            self.stage = got;
-            return Err(e);
-        }
+        let mut got = vec![T::ZERO; total * h];
+        pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;
         // Unpack: from PE d, its rows in (token, slot) order.
         let t_n = handle.num_tokens;
-        let mut scattered = staged(&mut self.stage2, t_n * k * h);
+        let mut scattered = vec![T::ZERO; t_n * k * h];
         for d in 0..n {
             let mut r = off(d, self.me);
             for t in 0..t_n {
@@ -1195,17 +1187,14 @@ impl<T: Elem> Buffer<T> {
                 }
             }
         }
-        let out = reduce(
+        Ok(reduce(
             &scattered,
             &handle.src_slot_pe,
             &handle.src_weights,
             t_n,
             k,
             h,
-        );
-        self.stage = got;
-        self.stage2 = scattered;
-        Ok(out)
+        ))
     }
 }
 
@@ -1229,15 +1218,6 @@ fn widen<T: Elem>(row: &[T], out: &mut [f32]) {
             }
         }
     }
-}
-
-/// Takes the staging vector `v` with `len` elements (zeros; its capacity, and so its mapped
-/// pages, kept from earlier calls). Give it back after use.
-fn staged<T: Elem>(v: &mut Vec<T>, len: usize) -> Vec<T> {
-    let mut s = std::mem::take(v);
-    s.clear();
-    s.resize(len, T::ZERO);
-    s
 }
 
 /// Rounds `acc` to `T` into `out`, as `T::from_f64(a as f64)` would (widening an `f32` to
