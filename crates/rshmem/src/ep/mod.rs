@@ -154,6 +154,39 @@ pub enum RecvLayout {
 pub const MAX_TOPK: usize = 64;
 
 impl EpConfig {
+    /// A normal-mode, expert-major configuration (the defaults); [`with_mode`](Self::with_mode)
+    /// and [`with_layout`](Self::with_layout) change those.
+    ///
+    /// ```
+    /// use rshmem::ep::{EpConfig, EpMode, RecvLayout};
+    /// let cfg = EpConfig::new(256, 4096, 7168, 8)
+    ///     .with_mode(EpMode::Capturable { capacity: 2048 })
+    ///     .with_layout(RecvLayout::TokenMajor);
+    /// assert_eq!(cfg.num_experts, 256);
+    /// assert_eq!(cfg.layout, RecvLayout::TokenMajor);
+    /// assert!(cfg.validate(8).is_ok());
+    /// ```
+    pub fn new(num_experts: usize, max_tokens: usize, hidden: usize, max_topk: usize) -> EpConfig {
+        EpConfig {
+            num_experts,
+            max_tokens,
+            hidden,
+            max_topk,
+            mode: EpMode::Normal,
+            layout: RecvLayout::ExpertMajor,
+        }
+    }
+
+    /// The same configuration in mode `mode`.
+    pub fn with_mode(self, mode: EpMode) -> EpConfig {
+        EpConfig { mode, ..self }
+    }
+
+    /// The same configuration with receive layout `layout`.
+    pub fn with_layout(self, layout: RecvLayout) -> EpConfig {
+        EpConfig { layout, ..self }
+    }
+
     /// Checks the configuration against a team of `n_pes`.
     pub fn validate(&self, n_pes: usize) -> Result<()> {
         if n_pes == 0 {
