@@ -25,6 +25,14 @@ const MORE_VARS: &[(&str, &str)] = &[
         "RSHMEM_BENCH_BULK_BLOCKS_PER_SM",
         "perf, CUDA: blocks per SM of the bulk copies, default 2",
     ),
+    (
+        "RSHMEM_CUDA_COLL_FUSED_BYTES",
+        "CUDA collectives: largest message of the fused single-kernel path, default 64K",
+    ),
+    (
+        "RSHMEM_EP_BREAKDOWN",
+        "perf, CUDA: set to also print per-kernel MoE dispatch/combine times",
+    ),
 ];
 
 fn yn(b: bool) -> &'static str {
@@ -219,6 +227,56 @@ mod tests {
         assert!(none.contains("not available: driver 12.4 present but no GPU found"));
         let err = super::format_cuda(Err("no driver".into()));
         assert_eq!(err, "  cuda  not available: no driver\n");
+    }
+
+    /// Every `RSHMEM_*` name the two crates' sources spell as a whole string literal (the
+    /// variables they read) is listed by `rshmem info` and documented in the README, so neither
+    /// falls behind the code.
+    #[test]
+    fn every_variable_read_is_listed_and_documented() {
+        fn sources(dir: &std::path::Path, out: &mut Vec<String>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    sources(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push(std::fs::read_to_string(&p).unwrap());
+                }
+            }
+        }
+        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut texts = Vec::new();
+        sources(&crates.join("rshmem/src"), &mut texts);
+        sources(&crates.join("rshmem-cli/src"), &mut texts);
+        // Named by a test as a variable that no longer exists.
+        let not_read = ["RSHMEM_MAX_PES"];
+        let mut names = std::collections::BTreeSet::new();
+        for t in &texts {
+            for (i, _) in t.match_indices("\"RSHMEM_") {
+                let rest = &t[i + 1..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                    .unwrap_or(rest.len());
+                let name = &rest[..end];
+                if rest[end..].starts_with('"') && !name.ends_with('_') && !not_read.contains(&name)
+                {
+                    names.insert(name.to_string());
+                }
+            }
+        }
+        assert!(names.len() >= 20, "found only {names:?}");
+        let readme = std::fs::read_to_string(crates.join("../README.md")).unwrap();
+        let report = super::report();
+        for n in &names {
+            assert!(
+                report.contains(n.as_str()),
+                "`rshmem info` does not list {n}"
+            );
+            assert!(
+                readme.contains(n.as_str()),
+                "README.md does not document {n}"
+            );
+        }
     }
 
     #[test]
