@@ -1293,6 +1293,19 @@ fn combine_tokens_body(pe: &Pe) -> Result<()> {
             pe.local_write(&yt, 0, &y)?;
             pe.barrier_all()?;
             let d = dispatch(pe, &s, &buf, &inp, &st)?;
+            // Normal mode reports the receive counts per source with the dispatch.
+            let want_recv: Vec<usize> = (0..n)
+                .map(|p| {
+                    (0..t)
+                        .filter(|&tok| partial(p, tok, me, 0).is_some())
+                        .count()
+                })
+                .collect();
+            assert_eq!(
+                d.recv_tokens_per_pe(),
+                Some(&want_recv[..]),
+                "PE {me} {case:?}"
+            );
             buf.combine_tokens(pe, &s, &d, &yt, &inp.out)?;
             s.synchronize()?;
             buf.check(pe)?;

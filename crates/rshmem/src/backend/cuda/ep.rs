@@ -337,6 +337,7 @@ pub struct Dispatch {
     top_k: usize,
     rows: Option<usize>,
     expert_counts: Option<Vec<usize>>,
+    recv_tokens: Option<Vec<usize>>,
 }
 
 impl Dispatch {
@@ -356,6 +357,46 @@ impl Dispatch {
     /// Rows per local expert (normal mode).
     pub fn expert_counts(&self) -> Option<&[usize]> {
         self.expert_counts.as_deref()
+    }
+    /// Tokens received from each source PE (team index; normal mode): the valid rows of
+    /// [`Buffer::recv_x`] are `s*C .. s*C + recv_tokens_per_pe[s]` (DeepEP's receive counts).
+    pub fn recv_tokens_per_pe(&self) -> Option<&[usize]> {
+        self.recv_tokens.as_deref()
+    }
+}
+
+/// What normal-mode dispatch reads back after the count exchange.
+struct CtlRead {
+    /// The 16 control words.
+    ctl: Vec<u64>,
+    /// Tokens received from each source.
+    recv: Vec<usize>,
+    /// The `E/n + 1` expert offsets.
+    off: Vec<usize>,
+}
+
+/// Parses the bytes from the control area to the end of the expert offsets (`b`, starting at
+/// `p.ctl`, little-endian): control words, `n` receive counts at `p.recv_cnt`, `el + 1` offsets
+/// at `p.expert_off`.
+fn parse_ctl(b: &[u8], p: &Plan, n: usize, el: usize) -> CtlRead {
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[8 * i..8 * i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let u32s = |at: usize, count: usize| -> Vec<usize> {
+        (0..count)
+            .map(|i| {
+                let mut w = [0u8; 4];
+                w.copy_from_slice(&b[at + 4 * i..at + 4 * i + 4]);
+                u32::from_le_bytes(w) as usize
+            })
+            .collect()
+    };
+    CtlRead {
+        ctl: (0..16).map(word).collect(),
+        recv: u32s(p.recv_cnt - p.ctl, n),
+        off: u32s(p.expert_off - p.ctl, el + 1),
     }
 }
 
@@ -702,9 +743,10 @@ impl<T: Elem> Buffer<T> {
         self.dispatches.set(self.dispatches.get() + 1);
         let mut rows = None;
         let mut counts = None;
+        let mut recv_tokens = None;
         if !capturable {
             s.synchronize()?;
-            let (ctl, off) = self.read_ctl_offsets(pe)?;
+            let CtlRead { ctl, recv, off } = self.read_ctl_offsets(pe)?;
             if let Some(e) = mine {
                 self.clear_error(pe, &ctl)?;
                 return Err(e);
@@ -713,6 +755,7 @@ impl<T: Elem> Buffer<T> {
             let el = self.cfg.num_experts / self.n;
             rows = Some(off[el]);
             counts = Some(off.windows(2).map(|w| w[1] - w[0]).collect());
+            recv_tokens = Some(recv);
         }
         // SAFETY: ep_send(const ep_params*, const ep_t*, const ep_id*, const float*): checked
         // pointers (read only when the device decision says go).
@@ -758,6 +801,7 @@ impl<T: Elem> Buffer<T> {
             top_k,
             rows,
             expert_counts: counts,
+            recv_tokens,
         })
     }
 
@@ -939,27 +983,14 @@ impl<T: Elem> Buffer<T> {
         Ok((v[CTL_ERR], v[CTL_INFO]))
     }
 
-    /// The 16 control words and the `E/n + 1` expert offsets in one copy (the areas are
-    /// adjacent: control, receive counts, offsets).
-    fn read_ctl_offsets(&self, pe: &Pe) -> Result<(Vec<u64>, Vec<usize>)> {
+    /// The 16 control words, the tokens received from each source and the `E/n + 1` expert
+    /// offsets, in one copy (the areas are adjacent: control, receive counts, offsets).
+    fn read_ctl_offsets(&self, pe: &Pe) -> Result<CtlRead> {
         let p = &self.plan;
         let el = self.cfg.num_experts / self.n;
         let end = p.expert_off + (el + 1) * 4;
         let b = pe.local_vec(&self.view::<u8>(p.ctl, end - p.ctl)?)?;
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[8 * i..8 * i + 8]);
-            u64::from_le_bytes(w)
-        };
-        let at = p.expert_off - p.ctl;
-        let off = (0..=el)
-            .map(|e| {
-                let mut w = [0u8; 4];
-                w.copy_from_slice(&b[at + 4 * e..at + 4 * e + 4]);
-                u32::from_le_bytes(w) as usize
-            })
-            .collect();
-        Ok(((0..16).map(word).collect(), off))
+        Ok(parse_ctl(&b, p, self.n, el))
     }
 
     /// Reports errors latched on the device by earlier calls (call after synchronising the
@@ -1667,6 +1698,32 @@ mod tests {
             a.rmax, b.rmax,
             "the index still holds every expert-major row"
         );
+    }
+
+    /// The control read-back of normal mode finds each area at its plan offset.
+    #[test]
+    fn control_read_back_parses_every_area() {
+        let cfg = EpConfig::new(12, 40, 72, 8);
+        let (n, el) = (3, 4);
+        let p = plan(&cfg, n, 2).unwrap();
+        let mut b = vec![0xAAu8; p.expert_off + (el + 1) * 4 - p.ctl];
+        for i in 0..16 {
+            b[8 * i..8 * i + 8].copy_from_slice(&(1000 + i as u64).to_le_bytes());
+        }
+        let rc = p.recv_cnt - p.ctl;
+        for s in 0..n {
+            b[rc + 4 * s..rc + 4 * s + 4].copy_from_slice(&(7 * s as u32 + 1).to_le_bytes());
+        }
+        let eo = p.expert_off - p.ctl;
+        for e in 0..=el {
+            b[eo + 4 * e..eo + 4 * e + 4].copy_from_slice(&(100 * e as u32).to_le_bytes());
+        }
+        let r = parse_ctl(&b, &p, n, el);
+        assert_eq!(r.ctl, (1000..1016).collect::<Vec<u64>>());
+        assert_eq!(r.recv, vec![1, 8, 15]);
+        assert_eq!(r.off, vec![0, 100, 200, 300, 400]);
+        // The areas are laid out control, receive counts, offsets (one copy reads all three).
+        assert!(p.ctl < p.recv_cnt && p.recv_cnt < p.expert_off);
     }
 
     /// Sizes the kernels' 32-bit indices cannot address are refused before anything is
