@@ -414,6 +414,35 @@ pub struct HostHandle {
 /// A GPU expert-parallel buffer for hidden states of type `T` (`f32`, `bf16`, `f16`), created
 /// collectively and reused by every dispatch and combine of its team (all calls collective over
 /// the team, in the same order on every PE, on one stream per PE).
+///
+/// A token-major step, experts gathering their rows through the index (identity experts by
+/// `scale_experts` with factors of 1 here), then the combine:
+///
+/// ```no_run
+/// # fn f(pe: &rshmem::Pe) -> rshmem::Result<()> {
+/// use rshmem::cuda::{ep::Buffer, CudaPe};
+/// use rshmem::ep::{EpConfig, RecvLayout};
+/// let (t, h, k, e) = (4096, 7168, 8, 256);
+/// let cfg = EpConfig::new(e, t, h, k).with_layout(RecvLayout::TokenMajor);
+/// let buf = Buffer::<rshmem::bf16>::new(pe, pe.world_team(), cfg)?; // collective (world)
+/// let x = pe.alloc::<rshmem::bf16>(t * h)?; // inputs live in the symmetric heap
+/// let ids = pe.alloc::<i32>(t * k)?;
+/// let w = pe.alloc::<f32>(t * k)?;
+/// let y = pe.alloc::<rshmem::bf16>(buf.max_rows() * h)?; // expert outputs, expert-major
+/// let out = pe.alloc::<rshmem::bf16>(t * h)?;
+/// let ones = pe.alloc::<f32>(e / pe.n_pes())?;
+/// pe.local_fill(&ones, 1.0)?;
+/// let g = CudaPe::new(pe)?;
+/// let s = g.stream()?;
+/// let d = buf.dispatch(pe, &s, &x, &ids, &w, t, k)?;
+/// // d.recv_tokens_per_pe(): tokens from each source in buf.recv_x();
+/// // buf.expert_src(): for each expert-major row, its receive row * k + slot.
+/// buf.scale_experts(pe, &s, &buf.recv_x()?, &y, &ones)?;
+/// buf.combine(pe, &s, &d, &y, &out)?;
+/// s.synchronize()?;
+/// buf.check(pe)?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Buffer<T: Elem> {
     cfg: EpConfig,
