@@ -13,9 +13,14 @@
 //!   expert) and a [`Handle`] recording, for each received token, its source PE, source token
 //!   index and top-k slots (local expert or -1, with weights). Receive order is deterministic:
 //!   by source PE, then source token index (then slot inside an expert).
-//! * [`Buffer::combine`]: the expert outputs `[rows, H]` (same order as dispatch returned) go back
-//!   to their source token and slot; the source sums them with the top-k weights in slot order,
-//!   accumulating in `f32` and rounding once, giving `[T, H]` in the source order.
+//!   With [`RecvLayout::TokenMajor`] (in [`EpConfig::layout`]) the receiver gets each token once
+//!   instead (DeepEP's normal-dispatch output) and the expert-major index in the handle
+//!   ([`Handle::row_token`]), so experts can gather their rows without an expanded copy.
+//! * [`Buffer::combine`]: the expert outputs `[rows, H]` (expert-major order, either layout) go
+//!   back to their source token and slot; the source sums them with the top-k weights in slot
+//!   order, accumulating in `f32` and rounding once, giving `[T, H]` in the source order.
+//! * [`Buffer::combine_tokens`] (DeepEP's combine): the caller reduces its local experts per
+//!   received token; one row per received token goes back and the source sums over PEs.
 //!
 //! # Protocol (both modes, every call)
 //! 1. *Validate locally* (shapes, dtype, expert ids, k, T, handle): nothing moves yet.
