@@ -7,7 +7,7 @@
 //! (hidden-state bytes sent to other PEs, mean over PEs / time) of dispatch and combine, and of
 //! the all-to-all-v baseline.
 
-use rshmem::ep::{bench, BenchArgs, BenchReport, EpMode};
+use rshmem::ep::{bench, BenchArgs, BenchReport, EpMode, RecvLayout};
 use rshmem::{bf16, Config, Pe};
 
 /// Gathers every PE's report on PE 0 (a collective); `Some(reports)` on PE 0.
@@ -71,6 +71,7 @@ fn main() -> rshmem::Result<()> {
         iters: get(5, 5),
         seed: 1,
         mode: EpMode::Normal,
+        layout: RecvLayout::ExpertMajor,
     };
     // Without a launcher: PES thread-PEs (RSHMEM_PES overrides); launched: this process's PEs.
     let cfg = Config::from_env()?.heap_size(4 << 30);

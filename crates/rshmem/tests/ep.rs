@@ -1038,7 +1038,9 @@ mode_test!(capturable_overflow_is_an_error, [1, 2, 3, 4], capacity);
 
 fn bench_small(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
-    for mode in [EpMode::Normal, EpMode::Capturable { capacity: 16 }] {
+    let modes = [EpMode::Normal, EpMode::Capturable { capacity: 16 }];
+    let layouts = [RecvLayout::ExpertMajor, RecvLayout::TokenMajor];
+    for (mode, layout) in modes.into_iter().flat_map(|m| layouts.map(|l| (m, l))) {
         let args = BenchArgs {
             tokens: 16,
             hidden: 8,
@@ -1048,6 +1050,7 @@ fn bench_small(pe: &Pe) -> Result<()> {
             iters: 2,
             seed: 3,
             mode,
+            layout,
         };
         let r = bench::<bf16>(pe, &args)?;
         assert!(r.dispatch_s > 0.0 && r.combine_s > 0.0);

@@ -22,7 +22,7 @@ pub struct EpOpts {
 }
 
 impl EpOpts {
-    fn args(&self) -> BenchArgs {
+    fn args(&self, layout: RecvLayout) -> BenchArgs {
         BenchArgs {
             tokens: self.tokens,
             hidden: self.hidden,
@@ -32,6 +32,7 @@ impl EpOpts {
             iters: self.iters.max(1),
             seed: 1,
             mode: EpMode::Normal,
+            layout,
         }
     }
 
@@ -71,12 +72,25 @@ impl EpOpts {
     }
 }
 
-/// Runs the benchmark on every PE; PE 0 returns an `ep_dispatch` and an `ep_combine` record
-/// (slowest PE's median time; bytes: hidden-state bytes sent to other PEs, mean over PEs).
+/// Runs the benchmark on every PE for both receive layouts; PE 0 returns `ep_dispatch` and
+/// `ep_combine` records for each (mode `mode`, then `mode+tokens`: token-major dispatch and
+/// `combine_tokens`), slowest PE's median time; bytes: hidden-state bytes sent to other PEs,
+/// mean over PEs.
 pub fn run(pe: &Pe, mode: &str, o: &EpOpts) -> CliResult<Vec<Record>> {
+    let mut out = run_layout(pe, mode, o, RecvLayout::ExpertMajor)?;
+    out.extend(run_layout(
+        pe,
+        &format!("{mode}+tokens"),
+        o,
+        RecvLayout::TokenMajor,
+    )?);
+    Ok(out)
+}
+
+fn run_layout(pe: &Pe, mode: &str, o: &EpOpts, layout: RecvLayout) -> CliResult<Vec<Record>> {
     let n = pe.n_pes();
     o.check(n)?;
-    let r = bench::<bf16>(pe, &o.args())?;
+    let r = bench::<bf16>(pe, &o.args(layout))?;
     let vals = [
         r.dispatch_s.to_bits(),
         r.combine_s.to_bits(),
@@ -125,8 +139,16 @@ pub fn run(pe: &Pe, mode: &str, o: &EpOpts) -> CliResult<Vec<Record>> {
             ratio: 0.0,
             busbw_gbps: None,
             note: format!(
-                "T={} H={} k={} E={} bf16, random routing, identity experts; bytes = hidden-state bytes sent to other PEs per PE (mean), time = slowest PE's median; baseline: the same done as counts exchange + packed all-to-all-v (same run, results compared)",
-                o.tokens, o.hidden, o.top_k, o.experts
+                "T={} H={} k={} E={} bf16, random routing, identity experts{}; bytes = hidden-state bytes sent to other PEs per PE (mean), time = slowest PE's median; baseline: the same done as counts exchange + packed all-to-all-v (same run, results compared)",
+                o.tokens,
+                o.hidden,
+                o.top_k,
+                o.experts,
+                if layout == RecvLayout::TokenMajor {
+                    "; token-major: each token once per PE, combine_tokens sends the received rows back"
+                } else {
+                    ""
+                }
             ),
         }
         .finish()

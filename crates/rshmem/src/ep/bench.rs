@@ -25,6 +25,9 @@ pub struct BenchArgs {
     pub seed: u64,
     /// Mode of the measured buffer (the baseline always uses a normal-mode buffer).
     pub mode: EpMode,
+    /// Receive layout of both buffers. Token-major measures `combine_tokens` (each PE sends back
+    /// its received rows as the tokens' results) against the same done the all-to-all-v way.
+    pub layout: RecvLayout,
 }
 
 impl Default for BenchArgs {
@@ -38,6 +41,7 @@ impl Default for BenchArgs {
             iters: 10,
             seed: 1,
             mode: EpMode::Normal,
+            layout: RecvLayout::ExpertMajor,
         }
     }
 }
@@ -147,7 +151,7 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
         hidden: args.hidden,
         max_topk: args.top_k,
         mode: args.mode,
-        layout: RecvLayout::ExpertMajor,
+        layout: args.layout,
     };
     let h = args.hidden;
     let (ids, w) = random_routing(
@@ -183,7 +187,12 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
             let t1 = t0.elapsed().as_secs_f64();
             pe.team_barrier(team)?;
             let t0 = Instant::now();
-            let y = buf.combine(pe, &d.handle, &d.x)?;
+            let tokens = args.layout == RecvLayout::TokenMajor;
+            let y = if tokens {
+                buf.combine_tokens(pe, &d.handle, &d.x)?
+            } else {
+                buf.combine(pe, &d.handle, &d.x)?
+            };
             let t2 = t0.elapsed().as_secs_f64();
 
             let bb = base.as_mut().unwrap_or(&mut buf);
@@ -193,7 +202,11 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
             let t3 = t0.elapsed().as_secs_f64();
             pe.team_barrier(team)?;
             let t0 = Instant::now();
-            let ya = bb.combine_a2av(pe, team, &da.handle, &da.x)?;
+            let ya = if tokens {
+                bb.combine_tokens_a2av(pe, team, &da.handle, &da.x)?
+            } else {
+                bb.combine_a2av(pe, team, &da.handle, &da.x)?
+            };
             let t4 = t0.elapsed().as_secs_f64();
 
             if it == 0 {
@@ -216,12 +229,20 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
                             .count()
                     })
                     .sum();
-                let rows_back: usize = d
-                    .handle
-                    .row_token()
-                    .iter()
-                    .filter(|&&i| d.handle.recv_src_pe()[i as usize] as usize != me)
-                    .count();
+                // Rows sent back: one per (token, slot) served, or one per received token.
+                let rows_back: usize = if tokens {
+                    d.handle
+                        .recv_src_pe()
+                        .iter()
+                        .filter(|&&s| s as usize != me)
+                        .count()
+                } else {
+                    d.handle
+                        .row_token()
+                        .iter()
+                        .filter(|&&i| d.handle.recv_src_pe()[i as usize] as usize != me)
+                        .count()
+                };
                 sent = (to_others * h * ts, rows_back * h * ts);
             }
             if it >= args.warmup {

@@ -1133,6 +1133,55 @@ impl<T: Elem> Buffer<T> {
     /// The same combine as [`combine`](Self::combine), the all-to-all-v way: counts exchanged,
     /// outputs packed per source (token, slot order) and put in one piece, a barrier, then the
     /// source scatters and reduces. Baseline for benchmarks.
+    /// The same combine as [`combine_tokens`](Self::combine_tokens), done the all-to-all-v way:
+    /// counts exchanged between barriers, the rows for each source (one per token received from
+    /// it, in its token order) put in one piece, a barrier, then the sum over PEs. Same
+    /// preconditions as [`combine_a2av`](Self::combine_a2av).
+    pub(crate) fn combine_tokens_a2av(
+        &mut self,
+        pe: &Pe,
+        team: &Team,
+        handle: &Handle,
+        token_out: &[T],
+    ) -> Result<Vec<T>> {
+        self.validate_combine(pe, handle, token_out, true)?;
+        let n = self.n;
+        let h = self.cfg.hidden;
+        let k = handle.top_k;
+        let (send, expect) = self.combine_token_counts(handle);
+        let m = self.a2av_counts(pe, team, &send)?;
+        let off = |s: usize, d: usize| -> usize { (0..s).map(|q| m[q][d]).sum() };
+        let mut first = 0usize;
+        for s in 0..n {
+            let cnt = handle.recv_tokens_per_pe[s];
+            if cnt > 0 {
+                let rows = &token_out[first * h..(first + cnt) * h];
+                pe.put(&self.comb()?, off(self.me, s) * h, rows, self.members[s])?;
+            }
+            first += cnt;
+        }
+        pe.team_barrier(team)?;
+        let total: usize = expect.iter().sum();
+        let mut got = vec![T::ZERO; total * h];
+        pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;
+        // Unpack: from PE d, one row per token of this PE that went there, in token order, to
+        // the token's first slot served by d (where combine_tokens' puts land).
+        let t_n = handle.num_tokens;
+        let mut scattered = vec![T::ZERO; t_n * k * h];
+        for d in 0..n {
+            let mut r = off(d, self.me);
+            for t in 0..t_n {
+                let slots = &handle.src_slot_pe[t * k..(t + 1) * k];
+                if let Some(j) = slots.iter().position(|&p| p == d as i32) {
+                    let dst = (t * k + j) * h;
+                    scattered[dst..dst + h].copy_from_slice(&got[r * h..(r + 1) * h]);
+                    r += 1;
+                }
+            }
+        }
+        Ok(reduce_tokens(&scattered, &handle.src_slot_pe, n, t_n, k, h))
+    }
+
     pub(crate) fn combine_a2av(
         &mut self,
         pe: &Pe,
