@@ -454,13 +454,16 @@ fn graph_replay(pe: &Pe) -> Result<()> {
     let sig = pe.alloc::<u64>(1)?;
     pe.local_fill(&sig, 0)?;
     pe.barrier_all()?;
+    assert!(!s.is_capturing()?);
     s.begin_capture()?;
+    assert!(s.is_capturing()?);
     g.barrier_on_stream(&s)?;
     g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, &sig, 0, 1, SignalOp::Set, next)?;
     g.wait_until_on_stream(&s, &sig, 0, Cmp::Eq, 1)?;
     g.signal_on_stream(&s, &sig, 0, 0, SignalOp::Set, me)?;
     g.barrier_on_stream(&s)?;
     let graph = s.end_capture()?;
+    assert!(!s.is_capturing()?);
     for rep in 0..100u64 {
         let data: Vec<u32> = harness::rand_vec(me, 1000 + rep, len);
         pe.local_write(&src, 0, &data)?;

@@ -809,12 +809,16 @@ fn graph_body(pe: &Pe) -> Result<()> {
 }
 
 fn graph_body_with(pe: &Pe, layout: RecvLayout) -> Result<()> {
+    graph_body_mode(pe, EpMode::Capturable { capacity: 40 }, layout)
+}
+
+fn graph_body_mode(pe: &Pe, mode: EpMode, layout: RecvLayout) -> Result<()> {
     let n = pe.n_pes();
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
     let c = EpConfig {
         layout,
-        ..cfg(n, EpMode::Capturable { capacity: 40 })
+        ..cfg(n, mode)
     };
     let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
     let inp = inputs::<bf16>(pe, &c, n)?;
@@ -831,8 +835,12 @@ fn graph_body_with(pe: &Pe, layout: RecvLayout) -> Result<()> {
     write_inputs(pe, &c, &inp, &first)?;
     pe.barrier_all()?;
     s.begin_capture()?;
-    let captured = dispatch(pe, &s, &buf, &inp, &first)
-        .and_then(|d| expert_and_combine(pe, &s, &buf, &inp, &d, true));
+    let captured = dispatch(pe, &s, &buf, &inp, &first).and_then(|d| {
+        // Counts stay on the device while capturing, in both modes.
+        assert_eq!(d.rows(), None);
+        assert!(s.is_capturing()?);
+        expert_and_combine(pe, &s, &buf, &inp, &d, true)
+    });
     let graph = s.end_capture()?;
     captured?;
     for rep in 0..14u64 {
@@ -914,6 +922,17 @@ gpu_mode_test!(
     token_major_body,
     [processes(2)]
 );
+
+/// Normal mode captured too: while the stream captures, dispatch does not synchronise (the
+/// counts stay on the device, `rows()` is `None`), and the graph replays with changing routing.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_graph_replay_normal_mode() {
+    on_gpus(2, |pe| {
+        graph_body_mode(pe, EpMode::Normal, RecvLayout::ExpertMajor)?;
+        graph_body_mode(pe, EpMode::Normal, RecvLayout::TokenMajor)
+    });
+}
 
 #[test]
 #[ignore = "needs a GPU"]

@@ -150,6 +150,19 @@ impl Stream {
     pub fn device(&self) -> usize {
         self.backend_gpu
     }
+    /// True while the stream's work is being captured into a graph (between
+    /// [`begin_capture`](Self::begin_capture) and [`end_capture`](Self::end_capture), or a
+    /// capture the application began on this stream).
+    pub fn is_capturing(&self) -> Result<bool> {
+        let _g = self.raw.gpu.bind()?;
+        let mut st = ffi::cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream; writes one status.
+        ffi::check(
+            unsafe { ffi::cu::cuStreamIsCapturing(self.raw.raw, &mut st) },
+            "cuStreamIsCapturing",
+        )?;
+        Ok(st != ffi::cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
     /// Starts capturing the stream's work into a graph (thread-local capture mode).
     pub fn begin_capture(&self) -> Result<()> {
         let _g = self.raw.gpu.bind()?;

@@ -58,8 +58,12 @@
 //!
 //! # Modes
 //! * Normal: after `ep_prep` the host synchronises the stream once and reads the counts
-//!   exchanged on the GPU ([`Dispatch::rows`], [`Dispatch::expert_counts`]) and any error,
-//!   then queues the rest.
+//!   exchanged on the GPU ([`Dispatch::rows`], [`Dispatch::expert_counts`],
+//!   [`Dispatch::recv_tokens_per_pe`]) and any error, then queues the rest. While the stream
+//!   is being captured into a CUDA graph it does not synchronise: the counts stay on the device
+//!   (those methods return `None`), errors are latched for [`Buffer::check`], and the step
+//!   replays like a capturable one (its receive area is sized for the worst case, so it cannot
+//!   overflow).
 //! * Capturable: nothing waits for the host; every kernel reads the counts and the decision
 //!   from device memory, so dispatch, an expert computation and combine can be captured once in
 //!   a CUDA graph and replayed with new routing written into the same input buffers. A capacity
@@ -690,8 +694,8 @@ impl<T: Elem> Buffer<T> {
     /// heap, on stream `s`. Collective over the team.
     ///
     /// Normal mode synchronises `s` once (after the layout and count exchange) and returns
-    /// errors found on the device at once; capturable mode never synchronises (call
-    /// [`check`](Self::check) after synchronising). The expert-major rows are in
+    /// errors found on the device at once, except while `s` is being captured into a graph;
+    /// capturable mode never synchronises (call [`check`](Self::check) after synchronising). The expert-major rows are in
     /// [`expert_x`](Self::expert_x) once `s` reaches the end of the queued work.
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch<I: TopkId + Elem>(
@@ -773,7 +777,11 @@ impl<T: Elem> Buffer<T> {
         let mut rows = None;
         let mut counts = None;
         let mut recv_tokens = None;
-        if !capturable {
+        // Normal mode reads the counts back once, except while `s` is being captured into a
+        // graph: then, as in capturable mode, they stay on the device (normal mode's receive
+        // area holds the worst case, so nothing can overflow) and errors are latched for
+        // `check`, so both modes can be captured.
+        if !capturable && !s.is_capturing()? {
             s.synchronize()?;
             let CtlRead { ctl, recv, off } = self.read_ctl_offsets(pe)?;
             if let Some(e) = mine {

@@ -52,6 +52,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuStreamWriteValue64_v2",
     "cuStreamWaitValue64_v2",
     "cuStreamBeginCapture_v2",
+    "cuStreamIsCapturing",
     "cuStreamEndCapture",
     "cuGraphInstantiateWithFlags",
     "cuGraphLaunch",
