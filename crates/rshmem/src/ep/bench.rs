@@ -202,11 +202,7 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
             let t3 = t0.elapsed().as_secs_f64();
             pe.team_barrier(team)?;
             let t0 = Instant::now();
-            let ya = if tokens {
-                bb.combine_tokens_a2av(pe, team, &da.handle, &da.x)?
-            } else {
-                bb.combine_a2av(pe, team, &da.handle, &da.x)?
-            };
+            let ya = bb.combine_a2av(pe, team, &da.handle, &da.x, tokens)?;
             let t4 = t0.elapsed().as_secs_f64();
 
             if it == 0 {

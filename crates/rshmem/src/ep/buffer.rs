@@ -1130,73 +1130,31 @@ impl<T: Elem> Buffer<T> {
         self.assemble(&rec2, rows, top_k)
     }
 
-    /// The same combine as [`combine`](Self::combine), the all-to-all-v way: counts exchanged,
-    /// outputs packed per source (token, slot order) and put in one piece, a barrier, then the
-    /// source scatters and reduces. Baseline for benchmarks.
-    /// The same combine as [`combine_tokens`](Self::combine_tokens), done the all-to-all-v way:
-    /// counts exchanged between barriers, the rows for each source (one per token received from
-    /// it, in its token order) put in one piece, a barrier, then the sum over PEs. Same
-    /// preconditions as [`combine_a2av`](Self::combine_a2av).
-    pub(crate) fn combine_tokens_a2av(
-        &mut self,
-        pe: &Pe,
-        team: &Team,
-        handle: &Handle,
-        token_out: &[T],
-    ) -> Result<Vec<T>> {
-        self.validate_combine(pe, handle, token_out, true)?;
-        let n = self.n;
-        let h = self.cfg.hidden;
-        let k = handle.top_k;
-        let (send, expect) = self.combine_token_counts(handle);
-        let m = self.a2av_counts(pe, team, &send)?;
-        let off = |s: usize, d: usize| -> usize { (0..s).map(|q| m[q][d]).sum() };
-        let mut first = 0usize;
-        for s in 0..n {
-            let cnt = handle.recv_tokens_per_pe[s];
-            if cnt > 0 {
-                let rows = &token_out[first * h..(first + cnt) * h];
-                pe.put(&self.comb()?, off(self.me, s) * h, rows, self.members[s])?;
-            }
-            first += cnt;
-        }
-        pe.team_barrier(team)?;
-        let total: usize = expect.iter().sum();
-        let mut got = vec![T::ZERO; total * h];
-        pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;
-        // Unpack: from PE d, one row per token of this PE that went there, in token order, to
-        // the token's first slot served by d (where combine_tokens' puts land).
-        let t_n = handle.num_tokens;
-        let mut scattered = vec![T::ZERO; t_n * k * h];
-        for d in 0..n {
-            let mut r = off(d, self.me);
-            for t in 0..t_n {
-                let slots = &handle.src_slot_pe[t * k..(t + 1) * k];
-                if let Some(j) = slots.iter().position(|&p| p == d as i32) {
-                    let dst = (t * k + j) * h;
-                    scattered[dst..dst + h].copy_from_slice(&got[r * h..(r + 1) * h]);
-                    r += 1;
-                }
-            }
-        }
-        Ok(reduce_tokens(&scattered, &handle.src_slot_pe, n, t_n, k, h))
-    }
-
+    /// The same combine as [`combine`](Self::combine) (or, with `tokens`,
+    /// [`combine_tokens`](Self::combine_tokens)), the all-to-all-v way: counts exchanged, the
+    /// rows for each source packed (token, slot order; one row per token with `tokens`) and put
+    /// in one piece, a barrier, then the source scatters them to their slots and reduces.
+    /// Baseline for benchmarks.
     pub(crate) fn combine_a2av(
         &mut self,
         pe: &Pe,
         team: &Team,
         handle: &Handle,
-        expert_out: &[T],
+        rows: &[T],
+        tokens: bool,
     ) -> Result<Vec<T>> {
-        self.validate_combine(pe, handle, expert_out, false)?;
+        self.validate_combine(pe, handle, rows, tokens)?;
         let n = self.n;
         let h = self.cfg.hidden;
         let k = handle.top_k;
-        let (send, expect) = self.combine_counts(handle);
+        let (send, expect) = if tokens {
+            self.combine_token_counts(handle)
+        } else {
+            self.combine_counts(handle)
+        };
         let m = self.a2av_counts(pe, team, &send)?;
         let off = |s: usize, d: usize| -> usize { (0..s).map(|q| m[q][d]).sum() };
-        // Row of each (received token, slot).
+        // Expert row of each (received token, slot).
         let mut row_of = vec![usize::MAX; handle.num_recv_tokens() * k];
         for (r, (&i, &j)) in handle.row_token.iter().zip(&handle.row_slot).enumerate() {
             row_of[i as usize * k + j as usize] = r;
@@ -1207,10 +1165,14 @@ impl<T: Elem> Buffer<T> {
             let cnt = handle.recv_tokens_per_pe[s];
             stage.clear();
             for i in first..first + cnt {
+                if tokens {
+                    stage.extend_from_slice(&rows[i * h..(i + 1) * h]);
+                    continue;
+                }
                 for j in 0..k {
                     let r = row_of[i * k + j];
                     if r != usize::MAX {
-                        stage.extend_from_slice(&expert_out[r * h..(r + 1) * h]);
+                        stage.extend_from_slice(&rows[r * h..(r + 1) * h]);
                     }
                 }
             }
@@ -1221,7 +1183,8 @@ impl<T: Elem> Buffer<T> {
         let total: usize = expect.iter().sum();
         let mut got = vec![T::ZERO; total * h];
         pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;
-        // Unpack: from PE d, its rows in (token, slot) order.
+        // Unpack: from PE d, its rows in (token, slot) order; with `tokens` one per token, to
+        // the token's first slot served by d (where combine_tokens' puts land).
         let t_n = handle.num_tokens;
         let mut scattered = vec![T::ZERO; t_n * k * h];
         for d in 0..n {
@@ -1232,18 +1195,25 @@ impl<T: Elem> Buffer<T> {
                         let dst = (t * k + j) * h;
                         scattered[dst..dst + h].copy_from_slice(&got[r * h..(r + 1) * h]);
                         r += 1;
+                        if tokens {
+                            break;
+                        }
                     }
                 }
             }
         }
-        Ok(reduce(
-            &scattered,
-            &handle.src_slot_pe,
-            &handle.src_weights,
-            t_n,
-            k,
-            h,
-        ))
+        Ok(if tokens {
+            reduce_tokens(&scattered, &handle.src_slot_pe, n, t_n, k, h)
+        } else {
+            reduce(
+                &scattered,
+                &handle.src_slot_pe,
+                &handle.src_weights,
+                t_n,
+                k,
+                h,
+            )
+        })
     }
 }
 
