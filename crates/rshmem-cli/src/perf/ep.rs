@@ -38,14 +38,7 @@ impl EpOpts {
 
     /// Symmetric heap bytes a PE needs in a world of `n` PEs.
     pub fn heap_bytes(&self, n: usize) -> CliResult<usize> {
-        let cfg = EpConfig {
-            num_experts: self.experts,
-            max_tokens: self.tokens.max(1),
-            hidden: self.hidden,
-            max_topk: self.top_k,
-            mode: EpMode::Normal,
-            layout: RecvLayout::ExpertMajor,
-        };
+        let cfg = EpConfig::new(self.experts, self.tokens.max(1), self.hidden, self.top_k);
         Ok(Buffer::<bf16>::bytes_for(&cfg, n)?.next_multiple_of(4096) + (1 << 20))
     }
 

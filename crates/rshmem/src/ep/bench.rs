@@ -145,14 +145,14 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
     if args.iters == 0 {
         return Err(Error::invalid("ep bench: iters must be at least 1"));
     }
-    let cfg = EpConfig {
-        num_experts: args.num_experts,
-        max_tokens: args.tokens.max(1),
-        hidden: args.hidden,
-        max_topk: args.top_k,
-        mode: args.mode,
-        layout: args.layout,
-    };
+    let cfg = EpConfig::new(
+        args.num_experts,
+        args.tokens.max(1),
+        args.hidden,
+        args.top_k,
+    )
+    .with_mode(args.mode)
+    .with_layout(args.layout);
     let h = args.hidden;
     let (ids, w) = random_routing(
         args.seed ^ (pe.my_pe() as u64).wrapping_mul(0x2545_f491_4f6c_dd1d),

@@ -542,8 +542,9 @@ impl<T: Elem> Buffer<T> {
     /// slots that have an expert; those of `-1` slots are never used (any value is accepted).
     ///
     /// Returns the rows received here (expert-major, or the received tokens once each: the
-    /// buffer's [`RecvLayout`]) and the [`Handle`] for [`combine`](Self::combine). Any invalid input on any PE, or a capacity overflow in
-    /// capturable mode, is an error on every PE and moves no payload.
+    /// buffer's [`RecvLayout`]) and the [`Handle`] for [`combine`](Self::combine). Any invalid
+    /// input on any PE, or a capacity overflow in capturable mode, is an error on every PE and
+    /// moves no payload.
     pub fn dispatch<I: TopkId>(
         &mut self,
         pe: &Pe,
@@ -801,7 +802,6 @@ impl<T: Elem> Buffer<T> {
         Ok(())
     }
 
-    /// Rows this PE sends to each source in combine, and expects back from each PE.
     /// Rows combine_tokens sends to each PE (one per token received from it) and expects from
     /// each (one per token of this PE that went there).
     fn combine_token_counts(&self, handle: &Handle) -> (Vec<usize>, Vec<usize>) {
@@ -817,6 +817,7 @@ impl<T: Elem> Buffer<T> {
         (handle.recv_tokens_per_pe.clone(), expect)
     }
 
+    /// Rows this PE sends to each source in combine, and expects back from each PE.
     fn combine_counts(&self, handle: &Handle) -> (Vec<usize>, Vec<usize>) {
         let mut send = vec![0usize; self.n];
         for &i in &handle.row_token {
@@ -881,11 +882,13 @@ impl<T: Elem> Buffer<T> {
         self.combine_with(pe, handle, token_out, true)
     }
 
+    /// combine (`tokens` false: expert-major `rows`) or combine_tokens (`tokens`: one row per
+    /// received token).
     fn combine_with(
         &mut self,
         pe: &Pe,
         handle: &Handle,
-        expert_out: &[T],
+        rows: &[T],
         tokens: bool,
     ) -> Result<Vec<T>> {
         self.epoch += 1;
@@ -895,18 +898,16 @@ impl<T: Elem> Buffer<T> {
         } else {
             OP_COMBINE
         };
-        let mine = self.validate_combine(pe, handle, expert_out, tokens).err();
+        let mine = self.validate_combine(pe, handle, rows, tokens).err();
         let status = if mine.is_some() {
             STATUS_INVALID
         } else {
             STATUS_OK
         };
-        let (send, expect) = if mine.is_none() && tokens {
-            self.combine_token_counts(handle)
-        } else if mine.is_none() {
-            self.combine_counts(handle)
-        } else {
-            (vec![0; n], vec![0; n])
+        let (send, expect) = match (&mine, tokens) {
+            (Some(_), _) => (vec![0; n], vec![0; n]),
+            (None, true) => self.combine_token_counts(handle),
+            (None, false) => self.combine_counts(handle),
         };
         let rec = self.exchange(pe, |d| {
             self.record(
@@ -946,7 +947,7 @@ impl<T: Elem> Buffer<T> {
         if tokens {
             // One row per received token, at the source's row of the token's first slot
             // served here (slots are split between PEs, so it is this PE's alone).
-            for (i, y) in expert_out.chunks(h).enumerate() {
+            for (i, y) in rows.chunks(h).enumerate() {
                 let s = handle.recv_src_pe[i] as usize;
                 let t = handle.recv_src_token[i] as usize;
                 let j = handle.recv_topk_local[i * k..(i + 1) * k]
@@ -956,7 +957,7 @@ impl<T: Elem> Buffer<T> {
                 pe.put(&self.comb()?, (t * k + j) * h, y, self.members[s])?;
             }
         } else {
-            for (r, y) in expert_out.chunks(h).enumerate() {
+            for (r, y) in rows.chunks(h).enumerate() {
                 let i = handle.row_token[r] as usize;
                 let s = handle.recv_src_pe[i] as usize;
                 let t = handle.recv_src_token[i] as usize;

@@ -492,6 +492,12 @@ impl<T: Elem> Buffer<T> {
         self.plan.cap
     }
 
+    /// Receive rows, `n * C` (`C` = [`pair_capacity`](Self::pair_capacity)): the rows of
+    /// [`recv_x`](Self::recv_x) and of `combine_tokens`' input.
+    pub fn recv_rows(&self) -> usize {
+        self.n * self.plan.cap
+    }
+
     /// Most expert-major rows one dispatch can produce here (`n * C * k`: duplicate ids give up to k rows per token).
     pub fn max_rows(&self) -> usize {
         self.plan.rmax
@@ -617,7 +623,7 @@ impl<T: Elem> Buffer<T> {
     /// token order. It is the dispatch output of a [`RecvLayout::TokenMajor`] buffer (each
     /// received token once); valid until the next dispatch.
     pub fn recv_x(&self) -> Result<SymView<'_, T>> {
-        self.view(self.plan.recv_x, self.n * self.plan.cap * self.cfg.hidden)
+        self.view(self.plan.recv_x, self.recv_rows() * self.cfg.hidden)
     }
 
     /// The expert-major index on the device, `[max_rows]` `u32`: expert-major row `r` (of the
@@ -695,8 +701,9 @@ impl<T: Elem> Buffer<T> {
     ///
     /// Normal mode synchronises `s` once (after the layout and count exchange) and returns
     /// errors found on the device at once, except while `s` is being captured into a graph;
-    /// capturable mode never synchronises (call [`check`](Self::check) after synchronising). The expert-major rows are in
-    /// [`expert_x`](Self::expert_x) once `s` reaches the end of the queued work.
+    /// capturable mode never synchronises (call [`check`](Self::check) after synchronising).
+    /// The expert-major rows are in [`expert_x`](Self::expert_x) once `s` reaches the end of
+    /// the queued work.
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch<I: TopkId + Elem>(
         &self,
@@ -902,7 +909,7 @@ impl<T: Elem> Buffer<T> {
         let (what, rows) = if tokens {
             (
                 "token outputs (n * C receive rows * hidden)",
-                self.n * self.plan.cap,
+                self.recv_rows(),
             )
         } else {
             (
@@ -963,26 +970,24 @@ impl<T: Elem> Buffer<T> {
     ) -> Result<()> {
         self.check_pe(pe)?;
         let g = CudaPe::new(pe)?;
-        let want = self.plan.rmax * self.cfg.hidden;
+        let h = self.cfg.hidden;
         let gather = self.cfg.layout == RecvLayout::TokenMajor;
-        let want_x = if gather {
-            self.n * self.plan.cap * self.cfg.hidden
+        let x_rows = if gather {
+            self.recv_rows()
         } else {
-            want
+            self.plan.rmax
         };
-        if x.raw().len < want_x {
-            return Err(Error::LengthMismatch {
-                what: "expert input",
-                got: x.raw().len,
-                expected: want_x,
-            });
-        }
-        if y.raw().len < want {
-            return Err(Error::LengthMismatch {
-                what: "expert output",
-                got: y.raw().len,
-                expected: want,
-            });
+        for (what, len, want) in [
+            ("expert input", x.raw().len, x_rows * h),
+            ("expert output", y.raw().len, self.plan.rmax * h),
+        ] {
+            if len < want {
+                return Err(Error::LengthMismatch {
+                    what,
+                    got: len,
+                    expected: want,
+                });
+            }
         }
         let el = self.cfg.num_experts / self.n;
         if factors.raw().len < el {
@@ -1259,14 +1264,7 @@ pub const EP_BASELINE: &str = "nccl-a2av";
 pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
     let mut most = 0usize;
     for &t in &args.tokens {
-        let cfg = EpConfig {
-            num_experts: args.experts,
-            max_tokens: t.max(1),
-            hidden: args.hidden,
-            max_topk: args.top_k,
-            mode: EpMode::Normal,
-            layout: RecvLayout::ExpertMajor,
-        };
+        let cfg = EpConfig::new(args.experts, t.max(1), args.hidden, args.top_k);
         let es = std::mem::size_of::<crate::bf16>();
         let buf = Buffer::<crate::bf16>::bytes_for(&cfg, n)?;
         let rows_cap = n * t * args.top_k;
@@ -1286,10 +1284,11 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
 /// token against a reference computed from the known inputs (checksums; identity experts).
 /// Each mode runs twice: expert-major (`normal`, `capturable`) and token-major (`normal+tokens`,
 /// `capturable+tokens`: dispatch checked through the expert-major index, combine through
-/// [`Buffer::combine_tokens`] with the receive rows as per-token results). Collective; the heap must hold [`ep_bench_heap_bytes`]. The baseline is reported missing
-/// (with the reason in `baseline`, time and ratio 0) when NCCL cannot be loaded on some PE or the
-/// PEs share a GPU (NCCL needs one GPU per rank). Returns PE 0's records (others an empty list);
-/// a failed data check on any PE is an error on that PE.
+/// [`Buffer::combine_tokens`] with the receive rows as per-token results). Collective; the heap
+/// must hold [`ep_bench_heap_bytes`]. The baseline is reported missing (with the reason in
+/// `baseline`, time and ratio 0) when NCCL cannot be loaded on some PE or the PEs share a GPU
+/// (NCCL needs one GPU per rank). Returns PE 0's records (others an empty list); a failed data
+/// check on any PE is an error on that PE.
 pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
     use super::ep_base::{self as eb, NcclBase};
     use crate::bf16 as Bf16;
@@ -1301,18 +1300,15 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
     let k = args.top_k;
     let e = args.experts;
     let es = std::mem::size_of::<Bf16>();
-    let cfg_of = |t: usize, mode, layout| EpConfig {
-        num_experts: e,
-        max_tokens: t.max(1),
-        hidden: h,
-        max_topk: k,
-        mode,
-        layout,
+    let cfg_of = |t: usize, mode, layout| {
+        EpConfig::new(e, t.max(1), h, k)
+            .with_mode(mode)
+            .with_layout(layout)
     };
     for &t in &args.tokens {
         // The configuration and the GPU limits (PEs, experts) that the baseline's kernels share
         // with rshmem's, checked before anything collective.
-        Buffer::<Bf16>::bytes_for(&cfg_of(t, EpMode::Normal, RecvLayout::ExpertMajor), n)?;
+        Buffer::<Bf16>::bytes_for(&EpConfig::new(e, t.max(1), h, k), n)?;
     }
     let kernels = eb::Kernels::load(&g)?;
     let lib = super::nccl::Nccl::load();
@@ -1462,7 +1458,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 let hh = buf.host_handle(pe)?;
                 let rows = hh.expert_offsets.last().copied().unwrap_or(0);
                 let dispatch_hashes = if tokens {
-                    let recv_rows = n * buf.pair_capacity();
+                    let recv_rows = buf.recv_rows();
                     let hs =
                         eb::row_hashes(pe, &g, &s, &kernels, &yin, recv_rows, h, &hashes, grid)?;
                     let src =
