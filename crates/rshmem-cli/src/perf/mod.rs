@@ -348,7 +348,7 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
     let full = args.full;
     let max = args
         .max_size
-        .unwrap_or(if full { 256 << 20 } else { 64 << 20 });
+        .unwrap_or(if full { 1 << 30 } else { 64 << 20 });
     let sizes: Vec<usize> = sizes(full, max)
         .into_iter()
         .filter(|&s| s >= 4096)
@@ -398,7 +398,7 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
         }
     }
     if groups.contains(&SuiteArg::Coll) {
-        let coll_sizes: Vec<usize> = [8usize, 4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+        let coll_sizes: Vec<usize> = [8usize, 4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
             .into_iter()
             .filter(|&s| s <= big.max(8))
             .collect();

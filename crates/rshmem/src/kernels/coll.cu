@@ -144,7 +144,7 @@ __device__ bool rshmemi_sig_sync(rshmem_team team, const rshmemi_check& ck) {
 #pragma unroll
         for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) d[w] = ck.sig.w[w];
     }
-    // Its fence and release arrivals publish the slots (and the shared initialisation above).
+    // Its release arrivals publish the slots (and the shared initialisation above).
     rshmem_team_sync_block(team);
     if (tid == 0) gave_up = rshmemi_coll_gave_up();
     __syncthreads();

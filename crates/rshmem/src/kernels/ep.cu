@@ -505,10 +505,11 @@ __device__ __forceinline__ void ep_sum_slots(float (&acc)[U][EP_VEC], const int*
     }
 }
 
-// acc += base[(d * C + pos[d]) * H] over d ascending with pos[d] >= 0, two rows' loads in flight.
+// acc += base[(d * C + pos[d]) * H] over d ascending with pos[d] >= 0, two rows' loads in flight
+// (row d = me read from `own` instead when `own` is not null: the same layout).
 template <int U>
 __device__ __forceinline__ void ep_sum_pes(float (&acc)[U][EP_VEC], const int* pos, int n, const ep_t* base, long long C,
-                                           long long H, int v0, int nv) {
+                                           long long H, int v0, int nv, const ep_t* own = nullptr, int me = -1) {
     int d = 0;
     while (true) {
         int p1 = -1, p2 = -1;
@@ -516,8 +517,8 @@ __device__ __forceinline__ void ep_sum_pes(float (&acc)[U][EP_VEC], const int* p
         for (; d < n && p2 < 0; d++) p2 = pos[d] < 0 ? -1 : d;
         if (p1 < 0) break;
         rshmemi_v4 a1[U], a2[U];
-        ep_load<U>(a1, (const rshmemi_v4*)(base + (p1 * C + pos[p1]) * H), v0, nv, false);
-        if (p2 >= 0) ep_load<U>(a2, (const rshmemi_v4*)(base + (p2 * C + pos[p2]) * H), v0, nv, false);
+        ep_load<U>(a1, (const rshmemi_v4*)((p1 == me ? own : base) + (p1 * C + pos[p1]) * H), v0, nv, false);
+        if (p2 >= 0) ep_load<U>(a2, (const rshmemi_v4*)((p2 == me ? own : base) + (p2 * C + pos[p2]) * H), v0, nv, false);
         ep_accum<U>(acc, a1, 1.f, false);
         if (p2 >= 0) ep_accum<U>(acc, a2, 1.f, false);
         if (p2 < 0) break;
@@ -530,7 +531,10 @@ __device__ __forceinline__ void ep_sum_pes(float (&acc)[U][EP_VEC], const int* p
 // token's local slots are gathered by the lanes and walked two at a time (both rows' loads in
 // flight before accumulating, in slot order). Then every block adds 1 to each source's combine
 // signal. With `tokens` (combine_tokens), y holds one row per receive row (the caller's own
-// per-token result, weights applied by it) and that row is put back as is.
+// per-token result, weights applied by it) and that row is put back as is; tokens == 2: rows
+// of this PE's own tokens stay in y (ep_crecv reads them there). Units run with the source
+// varying fastest, so the copies to every destination (this PE's HBM and each peer's link)
+// proceed together rather than one destination after another.
 extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, const ep_t* y, int tokens) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me;
@@ -546,9 +550,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
         const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
         const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
         for (long long u = gw; u < n * C * nch; u += nw) {
-            const long long g = u / nch, c = u % nch;
-            const long long s = g / C, i = g % C;
-            if (i >= recv_cnt[s]) continue;
+            const long long t = u / nch, c = u % nch;
+            const long long s = t % n, i = t / n, g = s * C + i;
+            if (i >= recv_cnt[s] || (tokens == 2 && s == me)) continue;
             const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
             ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
             if (tokens) {
@@ -592,9 +596,10 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
 // negative positions skipped), in f32, rounded once; work units (token, chunk of the row), two
 // PEs' rows loaded before accumulating. The source side of rshmem's combine and of the baseline's.
 __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, long long stride, long long H,
-                                            const ep_t* rows, ep_t* out) {
+                                            const ep_t* rows, ep_t* out, const ep_t* own = nullptr, int me = -1) {
     const unsigned lane = threadIdx.x & 31;
-    const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | (unsigned long long)rows);
+    const bool vec = (H * sizeof(ep_t)) % 16 == 0 &&
+                     ep_al16((unsigned long long)out | (unsigned long long)rows | (unsigned long long)own);
     const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
     const long long chunk = 32 * EP_UR;
     const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
@@ -608,14 +613,14 @@ __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, lo
             for (int q = 0; q < EP_UR; q++)
 #pragma unroll
                 for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
-            ep_sum_pes<EP_UR>(acc, tok_pos + t * n, n, rows, stride, H, v0, nv);
+            ep_sum_pes<EP_UR>(acc, tok_pos + t * n, n, rows, stride, H, v0, nv, own, me);
             ep_round_store<EP_UR>(out + t * H, acc, v0, nv);
         } else {
             for (long long h = lane; h < H; h += 32) {
                 float acc = 0.f;
                 for (int d = 0; d < n; d++) {
                     const int pos = tok_pos[t * n + d];
-                    if (pos >= 0) acc += ep_f(rows[((long long)d * stride + pos) * H + h]);
+                    if (pos >= 0) acc += ep_f((d == me ? own : rows)[((long long)d * stride + pos) * H + h]);
                 }
                 ep_from(acc, &out[t * H + h]);
             }
@@ -625,8 +630,9 @@ __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, lo
 
 // Source side of combine: out[t] = sum over destination PEs (ascending) of the rows they sent
 // back for token t, in f32, rounded once; tokens without experts get zeros. Work units are
-// (token, chunk of the row), two PEs' rows loaded before accumulating.
-extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, ep_t* out) {
+// (token, chunk of the row), two PEs' rows loaded before accumulating. `own` (not null: after
+// ep_csend with tokens == 2) holds this PE's rows for its own tokens (receive-row layout).
+extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, ep_t* out, const ep_t* own) {
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
     const int n = (int)P->n;
@@ -635,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     const long long parity = (long long)((ctl[EP_CTL_CWAIT] - 1) & 1);
     const int* tok_pos = (const int*)P->tok_pos;
     const ep_t* comb = (const ep_t*)P->comb + parity * n * C * H;
-    ep_sum_rows(tok_pos, T, n, C, H, comb, out);
+    ep_sum_rows(tok_pos, T, n, C, H, comb, out, own, own ? (int)P->me : -1);
 }
 
 // A stand-in expert computation: y[r] = x[r] * factor[local expert of row r], for the rows of

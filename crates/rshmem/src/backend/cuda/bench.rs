@@ -85,6 +85,33 @@ pub(super) fn time_stream(
     Ok(ms as f64 * 1e3 / iters as f64)
 }
 
+/// As [`time_stream`], but `iters` calls of `f` are captured once into a CUDA graph and the
+/// graph is replayed (what a graph-capturing user pays: no host work per call). One warm-up
+/// call and one warm-up replay come first.
+pub(super) fn time_graph(
+    g: &CudaPe<'_>,
+    s: &Stream,
+    iters: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    f()?;
+    s.synchronize()?;
+    s.begin_capture()?;
+    let mut r = Ok(());
+    for _ in 0..iters {
+        r = f();
+        if r.is_err() {
+            break;
+        }
+    }
+    let graph = s.end_capture()?;
+    r?;
+    graph.launch(s)?;
+    s.synchronize()?;
+    let t = time_stream(g, s, 1, || graph.launch(s))?;
+    Ok(t / iters as f64)
+}
+
 /// Runs the CUDA benchmarks (collective over every PE; PE 0 and PE 1 take part, the others
 /// only synchronise). The heap must hold two buffers of the largest size. Returns PE 0's
 /// records (other PEs return an empty list).

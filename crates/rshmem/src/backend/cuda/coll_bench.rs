@@ -2,7 +2,7 @@
 //! buffers in the same run (nccl-tests conventions).
 
 use super::api::CudaPe;
-use super::bench::time_stream;
+use super::bench::{time_graph, time_stream};
 use super::coll::GpuColl;
 use super::nccl::{DataType, Nccl};
 use crate::coll::bench::bus_factor;
@@ -81,6 +81,20 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
     let lib = Nccl::load();
     let (comm, note) = super::nccl::world_comm(pe, &g, &lib)?;
 
+    // RSHMEM_BENCH_GRAPH=1: both sides timed as replays of a captured graph of `iters` calls
+    // (no host work per call), else as calls issued back to back (nccl-tests' default).
+    let graph = std::env::var("RSHMEM_BENCH_GRAPH").is_ok_and(|v| v == "1");
+    let timer = |g: &CudaPe<'_>,
+                 s: &super::api::Stream,
+                 iters: usize,
+                 f: &mut dyn FnMut() -> Result<()>|
+     -> Result<f64> {
+        if graph {
+            time_graph(g, s, iters, f)
+        } else {
+            time_stream(g, s, iters, f)
+        }
+    };
     let mut out = Vec::new();
     for kind in OPS {
         for &size in sizes {
@@ -93,7 +107,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             let (s_, d_) = (g.ptr(&src)?, g.ptr(&dst)?);
             let algo = coll.config().choose(kind, bytes).name();
             pe.barrier_all()?;
-            let t = time_stream(&g, &s, iters, || match kind {
+            let t = timer(&g, &s, iters, &mut || match kind {
                 CollKind::AllReduce => coll.all_reduce(&s, w, &dst, &src, elems, ReduceOp::Sum),
                 CollKind::AllGather => coll.all_gather(&s, w, &dst, &src.view::<f32>(0, per)?, per),
                 CollKind::ReduceScatter => {
@@ -109,7 +123,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
                     let raw = s.raw();
                     // SAFETY: src and dst are this GPU's symmetric objects of `max` bytes, each
                     // call stays within `bytes` of them; the stream is this GPU's.
-                    Some(time_stream(&g, &s, iters, || unsafe {
+                    Some(timer(&g, &s, iters, &mut || unsafe {
                         match kind {
                             CollKind::AllReduce => c.all_reduce(s_, d_, elems, DataType::F32, raw),
                             CollKind::AllGather => c.all_gather(s_, d_, per, DataType::F32, raw),

@@ -467,6 +467,15 @@ pub struct Buffer<T: Elem> {
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
+/// Whether two symmetric objects share a byte (both live in the one symmetric heap).
+fn overlaps<T: Elem>(a: &(impl AsSym<T> + ?Sized), b: &(impl AsSym<T> + ?Sized)) -> bool {
+    let (a, b) = (a.raw(), b.raw());
+    let es = std::mem::size_of::<T>();
+    let (a0, b0) = (a.offset, b.offset);
+    let (a1, b1) = (a0 + a.len * es, b0 + b.len * es);
+    a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
+}
+
 fn words_u32(v: &[u32]) -> Vec<usize> {
     v.iter().map(|&x| x as usize).collect()
 }
@@ -934,9 +943,18 @@ impl<T: Elem> Buffer<T> {
         let prm = KernelArg::Ptr(self.params_ptr(&g)?);
         let yp = KernelArg::Ptr(g.ptr(y)?);
         let op = KernelArg::Ptr(g.ptr(out)?);
+        // combine_tokens: this PE's rows for its own tokens are read from y by ep_crecv instead
+        // of being copied to the combine area first, unless out overlaps y (then ep_crecv's
+        // writes could meet rows it has yet to read).
+        let own = tokens && !overlaps(y, out);
+        let (mode, own_p) = match (tokens, own) {
+            (true, true) => (2, yp),
+            (t, _) => (t as i32, KernelArg::Ptr(0)),
+        };
         // SAFETY: ep_csend(const ep_params*, const ep_t*, int), ep_wait(const ep_params*, int),
-        // ep_crecv(const ep_params*, ep_t*): y holds the rows the device reads (checked above:
-        // expert-major rows, or n*C receive rows with `tokens`), out holds T rows.
+        // ep_crecv(const ep_params*, ep_t*, const ep_t*): y holds the rows the device reads
+        // (checked above: expert-major rows, or n*C receive rows with `tokens`), out holds T
+        // rows; ep_crecv reads y only with mode 2, when out does not overlap it.
         unsafe {
             g.launch(
                 &self.csend,
@@ -944,12 +962,12 @@ impl<T: Elem> Buffer<T> {
                 self.grid,
                 BLOCK,
                 0,
-                &[prm, yp, KernelArg::I32(tokens as i32)],
+                &[prm, yp, KernelArg::I32(mode)],
             )?;
             mark()?;
             g.launch(&self.wait, s, 1, 64, 0, &[prm, KernelArg::I32(1)])?;
             mark()?;
-            g.launch(&self.crecv, s, self.grid, BLOCK, 0, &[prm, op])?;
+            g.launch(&self.crecv, s, self.grid, BLOCK, 0, &[prm, op, own_p])?;
         }
         mark()?;
         Ok(())
@@ -1612,7 +1630,7 @@ mod tests {
             ("ep_wait", vec![p, i]),
             ("ep_permute", vec![p, p]),
             ("ep_csend", vec![p, p, i]),
-            ("ep_crecv", vec![p, p]),
+            ("ep_crecv", vec![p, p, p]),
             ("ep_scale_experts", vec![p, p, p, p, i]),
             // ep_base.rs
             ("epb_layout", vec![p, i, i, i, i, p, p, p]),

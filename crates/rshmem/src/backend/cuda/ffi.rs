@@ -142,6 +142,25 @@ fn raise_connections() {
         std::env::set_var(VAR, MAX_CONNECTIONS);
         tracing::debug!("{VAR}={MAX_CONNECTIONS} (PEs sharing a GPU need queues of their own)");
     }
+    eager_loading();
+}
+
+/// Asks the driver to load every kernel of a module when the module is loaded
+/// (`CUDA_MODULE_LOADING=EAGER`) unless the user chose a loading mode.
+///
+/// With lazy loading (the driver's default since CUDA 12.2) a kernel, the driver's own
+/// included (memset, stream memory operations), may be loaded on first use, and loading one
+/// waits for the GPU's work to drain while holding the context's lock. PEs sharing a GPU in
+/// one process share its context: one PE's first launch of a kernel then waits for another
+/// PE's barrier kernel, which waits for that very launch, until the device wait times out.
+/// (Seen on 2x H200, 2026-11-23: a fused all_reduce of 4 thread PEs, two per GPU, timed out
+/// waiting for a PE whose kernel had not started.)
+fn eager_loading() {
+    const VAR: &str = "CUDA_MODULE_LOADING";
+    if std::env::var_os(VAR).is_none() {
+        std::env::set_var(VAR, "EAGER");
+        tracing::debug!("{VAR}=EAGER (a lazy kernel load waits for peers' waiting kernels)");
+    }
 }
 
 /// Loads NVRTC once (for run-time kernel compilation); the outcome is remembered.
