@@ -22,6 +22,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "perf, CUDA: threads per block of the device copies, default 512",
     ),
     (
+        "RSHMEM_BENCH_GRAPH",
+        "perf, CUDA collectives: 1 times both sides as replays of a captured graph",
+    ),
+    (
         "RSHMEM_BENCH_BULK_BLOCKS_PER_SM",
         "perf, CUDA: blocks per SM of the bulk copies, default 2",
     ),

@@ -398,10 +398,19 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
         }
     }
     if groups.contains(&SuiteArg::Coll) {
-        let coll_sizes: Vec<usize> = [8usize, 4096, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
-            .into_iter()
-            .filter(|&s| s <= big.max(8))
-            .collect();
+        let coll_sizes: Vec<usize> = [
+            8usize,
+            4096,
+            65536,
+            1 << 20,
+            16 << 20,
+            64 << 20,
+            256 << 20,
+            1 << 30,
+        ]
+        .into_iter()
+        .filter(|&s| s <= big.max(8))
+        .collect();
         let iters = if full { 200 } else { 50 };
         let per_pe = rshmem::threads_with(config, 2, |pe| {
             rshmem::cuda::coll_bench(pe, &coll_sizes, iters)

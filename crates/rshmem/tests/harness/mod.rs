@@ -175,7 +175,9 @@ fn run_child(
     let done = std::env::var_os(DONE_VAR).map(std::path::PathBuf::from);
     let run = |pe: &Pe| -> Result<()> {
         assert_eq!(pe.mode(), want_mode, "{test}: PE {} of {n}", pe.my_pe());
-        body(pe)?;
+        // Printed here too: a PE whose finalize then fails (a peer's sticky GPU fault, a
+        // finalize barrier timing out) makes the launch return that error instead.
+        body(pe).inspect_err(|e| eprintln!("{test}: PE {} failed: {e}", pe.my_pe()))?;
         if let Some(d) = &done {
             std::fs::write(d.join(pe.my_pe().to_string()), b"").expect("done marker");
         }

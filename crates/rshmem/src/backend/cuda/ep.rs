@@ -54,7 +54,11 @@
 //!    partial sum: exact for `f32` partial sums that are exact, within bf16/f16 tolerance
 //!    otherwise. The combine area is `2 * n * C` rows (double-buffered by call parity) instead of
 //!    `max_tokens * k`: 235 MB instead of 470 MB for T=4096, H=7168 bf16, k=8, 2 PEs, and
-//!    combine traffic is one row per (token, PE) instead of one per slot.
+//!    combine traffic is one row per (token, PE) instead of one per slot. `ep_csend` walks its
+//!    units with the source varying fastest (the copies to this PE's HBM and to each peer's
+//!    link run together) and `combine_tokens` leaves a PE's rows for its own tokens in `y`
+//!    (`ep_crecv` reads them there unless `out` overlaps `y`); `ep_crecv` takes the last tokens
+//!    first (the rows peers wrote last are the likeliest still in L2).
 //!
 //! # Modes
 //! * Normal: after `ep_prep` the host synchronises the stream once and reads the counts
