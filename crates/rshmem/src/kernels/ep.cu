@@ -596,8 +596,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
 // negative positions skipped), in f32, rounded once; work units (token, chunk of the row), two
 // PEs' rows loaded before accumulating. The source side of rshmem's combine and of the baseline's.
 __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, long long stride, long long H,
-                                            const ep_t* rows, ep_t* out, const ep_t* own = nullptr, int me = -1,
-                                            bool reverse = false) {
+                                            const ep_t* rows, ep_t* out, const ep_t* own = nullptr, int me = -1) {
     const unsigned lane = threadIdx.x & 31;
     const bool vec = (H * sizeof(ep_t)) % 16 == 0 &&
                      ep_al16((unsigned long long)out | (unsigned long long)rows | (unsigned long long)own);
@@ -605,9 +604,7 @@ __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, lo
     const long long chunk = 32 * EP_UR;
     const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
     const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
-    const long long units = (long long)T * nch;
-    for (long long w = gw; w < units; w += nw) {
-        const long long u = reverse ? units - 1 - w : w;
+    for (long long u = gw; u < (long long)T * nch; u += nw) {
         const long long t = u / nch, c = u % nch;
         if (vec) {
             const int v0 = (int)(c * chunk) + (int)lane;
@@ -644,9 +641,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     const long long parity = (long long)((ctl[EP_CTL_CWAIT] - 1) & 1);
     const int* tok_pos = (const int*)P->tok_pos;
     const ep_t* comb = (const ep_t*)P->comb + parity * n * C * H;
-    // Last tokens first: peers' ep_csend wrote their rows in ascending position, so the rows
-    // written last (the likeliest still in L2) are read first.
-    ep_sum_rows(tok_pos, T, n, C, H, comb, out, own, own ? (int)P->me : -1, true);
+    ep_sum_rows(tok_pos, T, n, C, H, comb, out, own, own ? (int)P->me : -1);
 }
 
 // A stand-in expert computation: y[r] = x[r] * factor[local expert of row r], for the rows of

@@ -57,8 +57,7 @@
 //!    combine traffic is one row per (token, PE) instead of one per slot. `ep_csend` walks its
 //!    units with the source varying fastest (the copies to this PE's HBM and to each peer's
 //!    link run together) and `combine_tokens` leaves a PE's rows for its own tokens in `y`
-//!    (`ep_crecv` reads them there unless `out` overlaps `y`); `ep_crecv` takes the last tokens
-//!    first (the rows peers wrote last are the likeliest still in L2).
+//!    (`ep_crecv` reads them there unless `out` overlaps `y`).
 //!
 //! # Modes
 //! * Normal: after `ep_prep` the host synchronises the stream once and reads the counts

@@ -153,8 +153,8 @@ fn raise_connections() {
 /// waits for the GPU's work to drain while holding the context's lock. PEs sharing a GPU in
 /// one process share its context: one PE's first launch of a kernel then waits for another
 /// PE's barrier kernel, which waits for that very launch, until the device wait times out.
-/// (Seen on 2x H200, 2026-11-23: a fused all_reduce of 4 thread PEs, two per GPU, timed out
-/// waiting for a PE whose kernel had not started.)
+/// This removes one cause of the stalls of PEs sharing a GPU, not all of them (see the `cuda`
+/// module docs, "PEs sharing a GPU").
 fn eager_loading() {
     const VAR: &str = "CUDA_MODULE_LOADING";
     if std::env::var_os(VAR).is_none() {

@@ -177,6 +177,16 @@ impl OwnHeap {
     }
 }
 
+impl OwnHeap {
+    /// Waits for every piece of work on this heap's GPU (all streams of its context).
+    pub fn quiesce(&self) {
+        if let Ok(_g) = self.gpu.bind() {
+            // SAFETY: a context-wide synchronisation; no memory is touched.
+            unsafe { cu::cuCtxSynchronize() };
+        }
+    }
+}
+
 impl Drop for OwnHeap {
     fn drop(&mut self) {
         self.close_export();

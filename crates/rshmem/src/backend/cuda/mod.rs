@@ -50,7 +50,22 @@
 //! runs, one of them the first run on a freshly started machine. No rshmem kernel uses local
 //! memory (`ptxas -v`: 0 bytes stack frame and spills for every kernel of `internal.cu`,
 //! `coll.cu` and `ep.cu`), so a driver resizing local memory, which waits for the GPU to idle,
-//! is not the cause. Treat
+//! is not the cause. rshmem also asks for eager module loading (`CUDA_MODULE_LOADING=EAGER`
+//! unless set): with lazy loading a kernel's first use loads it while waiting for the GPU's
+//! work to drain, a known way for one thread's launch to wait for another thread's spinning
+//! kernel.
+//!
+//! On 2x H200 (2026-11-23, 2 thread-PEs per GPU, the `cuda_coll` suite) the stall still
+//! showed after that, in 1 of 3 full-suite runs (0 of 6 runs of the test alone), in a test
+//! late in the long process: one PE's fused all_reduce did not start until the three others'
+//! kernels, waiting for it, timed out. The big-world test with 18 PEs (9 per GPU, about 3
+//! streams each against 32 queues) stalled in both full-suite runs, with 36 in a fresh process
+//! too; with 16 (8 per GPU) it passed in a fresh process. Before the heaps were kept
+//! (`grave.rs`), the PEs that kept running after such a timeout then hit
+//! `CUDA_ERROR_ILLEGAL_ADDRESS`: ended PEs had freed heaps that peers' kernels on the other GPU
+//! still reached. Now the heaps of a world's thread PEs are freed together, after every one of
+//! them has ended and each GPU has been synchronised (the run after that change showed
+//! timeouts only). Treat
 //! several thread-PEs on one GPU as a development setup (a stall ends in [`Error::Timeout`],
 //! never a hang); one PE per GPU, or one process per PE sharing a GPU (each process has its own
 //! context and queues, time-sliced by the GPU), has not shown it. (NVSHMEM, for comparison,
@@ -64,6 +79,7 @@ pub mod ep;
 mod ep_base;
 pub(crate) mod ffi;
 pub(crate) mod gpu;
+mod grave;
 mod heap;
 mod info;
 #[cfg(all(test, loom))]
@@ -261,7 +277,28 @@ pub(crate) struct CudaBackend {
     lock: Mutex<()>,
     pub modules: Mutex<std::collections::HashMap<u64, Arc<Module>>>,
     _peers: Vec<PeerMap>,
-    _own: OwnHeap,
+    /// This PE's heap (taken by `Drop`, see [`grave`]).
+    own: Option<OwnHeap>,
+    /// The world's key and its PEs in this process (see [`grave`]).
+    grave_key: u64,
+    local_pes: usize,
+}
+
+/// Heaps of ended thread PEs (see [`grave`]).
+static GRAVEYARD: grave::Graveyard<OwnHeap> = grave::Graveyard::new();
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let Some(own) = self.own.take() else { return };
+        if let Some(heaps) = GRAVEYARD.bury(self.grave_key, self.local_pes, own) {
+            // Every local PE of the world has ended: quiesce each GPU the heaps live on
+            // (peers' kernels that still reach them from other GPUs included), then free.
+            for h in &heaps {
+                h.quiesce();
+            }
+            drop(heaps);
+        }
+    }
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -453,6 +490,8 @@ impl CudaBackend {
         let mut rec = enc(&[own.ptr, own.bytes as u64]);
         rec.extend_from_slice(&exported);
         let all = boot.allgather(&rec)?;
+        let grave_key = grave::world_key(&all);
+        let local_pes = pids.iter().filter(|&&p| p == pids[me]).count();
 
         // Step 3: map peers.
         let mut peers = Vec::new();
@@ -571,7 +610,9 @@ impl CudaBackend {
             lock: Mutex::new(()),
             modules: Mutex::new(Default::default()),
             _peers: peers,
-            _own: own,
+            own: Some(own),
+            grave_key,
+            local_pes,
         })
     }
 
