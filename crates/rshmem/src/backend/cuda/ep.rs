@@ -1592,6 +1592,27 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn overlap_of_objects_and_views() {
+        let r = crate::threads_with(crate::Config::default(), 1, |pe| -> Result<()> {
+            let a = pe.alloc::<u16>(100)?;
+            let b = pe.alloc::<u16>(100)?;
+            assert!(overlaps::<u16>(&a, &a));
+            assert!(!overlaps::<u16>(&a, &b) && !overlaps::<u16>(&b, &a));
+            // Views in bytes: [20, 60) and [58, 100) share bytes 58..60, [60, 100) none.
+            let v = a.view::<u16>(20, 20)?;
+            assert!(overlaps::<u16>(&v, &a.view::<u16>(58, 21)?));
+            assert!(!overlaps::<u16>(&v, &a.view::<u16>(60, 20)?));
+            // An empty view overlaps nothing.
+            assert!(!overlaps::<u16>(&a.view::<u16>(30, 0)?, &a));
+            Ok(())
+        })
+        .expect("world");
+        for x in r {
+            x.expect("PE");
+        }
+    }
+
     /// `(name, parameter list)` of every `extern "C" __global__` kernel of `src`.
     fn kernels(src: &str) -> Vec<(&str, &str)> {
         src.split("extern \"C\" __global__")
