@@ -55,12 +55,13 @@
 //! work to drain, a known way for one thread's launch to wait for another thread's spinning
 //! kernel.
 //!
-//! On 2x H200 (2026-11-23, 2 thread-PEs per GPU, the `cuda_coll` suite) the stall still
-//! showed after that, in 1 of 3 full-suite runs (0 of 6 runs of the test alone), in a test
-//! late in the long process: one PE's fused all_reduce did not start until the three others'
-//! kernels, waiting for it, timed out. The big-world test with 18 PEs (9 per GPU, about 3
-//! streams each against 32 queues) stalled in both full-suite runs, with 36 in a fresh process
-//! too; with 16 (8 per GPU) it passed in a fresh process. Before the heaps were kept
+//! On 2x H200 (2026-11-23, 2 thread-PEs per GPU, the `cuda_coll` suite, each test's world in
+//! a fresh child process) the stall still showed after that, in 1 of 3 full-suite runs (0 of
+//! 6 runs of that test alone): one PE's fused all_reduce did not start until the three others'
+//! kernels, waiting for it, timed out. What differs when the test runs after others is not
+//! known (the process is new each time; the GPU has just served other processes). The
+//! big-world test with 18 PEs (9 per GPU, about 3 streams each against 32 queues) stalled in
+//! both full-suite runs, with 36 alone too; with 16 (8 per GPU) it passed alone. Before the heaps were kept
 //! (`grave.rs`), the PEs that kept running after such a timeout then hit
 //! `CUDA_ERROR_ILLEGAL_ADDRESS`: ended PEs had freed heaps that peers' kernels on the other GPU
 //! still reached. Now the heaps of a world's thread PEs are freed together, after every one of
