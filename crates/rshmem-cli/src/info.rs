@@ -30,6 +30,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "perf, CUDA: blocks per SM of the bulk copies, default 2",
     ),
     (
+        "RSHMEM_CUDA_COLL_LL_BYTES",
+        "CUDA collectives: largest all_reduce of the LL path (no barrier waits), default 0 (off)",
+    ),
+    (
         "RSHMEM_CUDA_COLL_FUSED_BYTES",
         "CUDA collectives: largest message of the fused single-kernel path, default 64K",
     ),

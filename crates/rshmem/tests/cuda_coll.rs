@@ -38,7 +38,9 @@ fn coll_kernels_compile_and_export_every_name() {
         Err(e) => panic!("{e}"),
     };
     let names = cuda::coll_kernel_names();
-    assert_eq!(names.len(), 5 + 8 * 7 + 4 * 4);
+    // The fixed kernels, then a reduce and an LL kernel per (type, op): 8 integer types × 7
+    // ops, 4 float types × 4.
+    assert_eq!(names.len(), 5 + 2 * (8 * 7 + 4 * 4));
     for n in names {
         let needle = format!("{n}\0");
         assert!(
@@ -116,11 +118,25 @@ struct Ctx<'a> {
     teams: Teams,
 }
 
+/// LL all_reduce size of the contexts this process makes (0: off; the `*_ll` bodies set it
+/// before running a shared body, in every PE of their process alike).
+static LL_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The LL size the `*_ll` tests use (the largest one-shot message of `Ctx`).
+const LL_TEST_BYTES: usize = 64 << 10;
+
+fn with_ll(body: fn(&Pe) -> Result<()>, pe: &Pe) -> Result<()> {
+    LL_BYTES.store(LL_TEST_BYTES, std::sync::atomic::Ordering::Relaxed);
+    body(pe)
+}
+
 impl<'a> Ctx<'a> {
     fn new(pe: &'a Pe) -> Result<Ctx<'a>> {
         let g = CudaPe::new(pe)?;
         // Two-shot from 64 KiB, so both algorithms run with the counts above.
-        let coll = GpuColl::new(g, CollConfig::default().two_shot_bytes(64 << 10))?;
+        let ll = LL_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+        let coll = GpuColl::with_ll_bytes(g, CollConfig::default().two_shot_bytes(64 << 10), ll)?;
+        assert_eq!(coll.ll_bytes(), ll);
         Ok(Ctx {
             pe,
             s: g.stream()?,
@@ -368,6 +384,32 @@ fn everything(pe: &Pe) -> Result<()> {
 fn gpu_coll_every_collective_type_op_team() {
     on_gpus(4, everything);
 }
+
+/// `everything` with the LL all_reduce on (one-shot all_reduce up to 64 KiB, teams of every
+/// shape in the first LL slots): every type, op, team, in and out of place against the same
+/// host references.
+fn everything_ll(pe: &Pe) -> Result<()> {
+    with_ll(everything, pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_ll_every_type_op_team() {
+    on_gpus(4, everything_ll);
+}
+
+/// `sample` and `graph_body` (capture once, replay with new data) with the LL all_reduce on.
+fn sample_and_graph_ll(pe: &Pe) -> Result<()> {
+    with_ll(sample, pe)?;
+    with_ll(graph_body, pe)
+}
+
+gpu_mode_test!(
+    gpu_coll_ll_sample_and_graph,
+    gpu_config(),
+    sample_and_graph_ll,
+    [threads(4), processes(4), mixed(4)]
+);
 
 /// A sample of `everything` for the launched modes: bf16 reductions (all_reduce both
 /// algorithms, reduce, reduce_scatter; every op) and f32 data movement (broadcast, all_gather,
@@ -989,6 +1031,110 @@ fn mismatch_body(pe: &Pe, fused: bool) -> Result<()> {
     }
     pe.barrier_all()?;
     good_all_reduce(&c, &src, &dst, seed.get() + 1, N, "everything")
+}
+
+/// As [`expect_mismatch`] with what each side's own and reported signatures hold given apart
+/// (a barrier-based member sees no signature of an LL member: "no collective signature").
+fn expect_ll_mismatch(c: &Ctx<'_>, odd: usize, odd_has: [&str; 2], rest_has: [&str; 2], ctx: &str) {
+    let me = c.pe.my_pe();
+    c.s.synchronize()
+        .unwrap_or_else(|e| panic!("{ctx} PE {me}: {e}"));
+    match c.coll.check_errors() {
+        Err(Error::CollectiveMismatch {
+            pe, mine, theirs, ..
+        }) => {
+            assert_eq!(pe, first_other(me, odd), "{ctx} PE {me}: differing member");
+            let [m, t] = if me == odd { odd_has } else { rest_has };
+            assert!(mine.contains(m), "{ctx} PE {me}: mine {mine:?} lacks {m:?}");
+            assert!(
+                theirs.contains(t),
+                "{ctx} PE {me}: theirs {theirs:?} lacks {t:?}"
+            );
+        }
+        other => panic!("{ctx} PE {me}: expected a collective mismatch, got {other:?}"),
+    }
+    assert!(
+        c.coll.check_errors().is_ok(),
+        "{ctx} PE {me}: flag not cleared"
+    );
+}
+
+/// The LL all_reduce's cross-member check: LL against LL with another count, LL against a
+/// barrier-based all_reduce (two-shot beyond the LL size: 3 barriers against the LL's 2) and
+/// against another collective. Each is a `CollectiveMismatch` on every member with nothing
+/// written, and the next LL and barrier-based calls are in step (exact results).
+fn ll_mismatch_body(pe: &Pe) -> Result<()> {
+    LL_BYTES.store(LL_TEST_BYTES, std::sync::atomic::Ordering::Relaxed);
+    let c = Ctx::new(pe)?;
+    let w = pe.world_team();
+    let me = pe.my_pe();
+    let s = &c.s;
+    const N: usize = 20_000; // 80 KB of f32: beyond the LL size, two-shot
+    pe.barrier_all()?;
+    let src = pe.alloc::<f32>(N)?;
+    let dst = pe.alloc::<f32>(N)?;
+    let seed = std::cell::Cell::new(900);
+    let after = |ctx: &str, mine_src: &[f32]| -> Result<()> {
+        check(
+            &pe.local_vec(&dst)?,
+            &vec![f32::poison(); N],
+            &format!("{ctx}: dst"),
+        );
+        check(&pe.local_vec(&src)?, mine_src, &format!("{ctx}: src"));
+        seed.set(seed.get() + 2);
+        good_all_reduce(&c, &src, &dst, seed.get(), 1000, ctx)?;
+        good_all_reduce(&c, &src, &dst, seed.get() + 1, N, ctx)
+    };
+    let ctx = "LL count mismatch";
+    let v = arm(pe, &src, &dst, seed.get())?;
+    let n = if me == 1 { 99 } else { 100 };
+    c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
+    expect_ll_mismatch(
+        &c,
+        1,
+        ["count 99 ", "count 100 "],
+        ["count 100 ", "count 99 "],
+        ctx,
+    );
+    after(ctx, &v)?;
+    let ctx = "LL against two-shot";
+    let v = arm(pe, &src, &dst, seed.get())?;
+    let n = if me == 0 { N } else { 100 };
+    c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
+    expect_ll_mismatch(
+        &c,
+        0,
+        ["algo two_shot barriers 3", "no collective signature"],
+        ["algo ll barriers 2", "algo two_shot barriers 3"],
+        ctx,
+    );
+    after(ctx, &v)?;
+    let ctx = "LL against all_gather";
+    let v = arm(pe, &src, &dst, seed.get())?;
+    if me == 3 {
+        c.coll
+            .all_gather(s, w, &dst, &src.view::<f32>(0, 25)?, 25)?;
+    } else {
+        c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
+    }
+    expect_ll_mismatch(
+        &c,
+        3,
+        ["all_gather", "no collective signature"],
+        ["all_reduce", "all_gather"],
+        ctx,
+    );
+    after(ctx, &v)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_ll_mismatch_is_an_error_on_every_pe() {
+    on_gpus_cfg(
+        gpu_config().timeout(Duration::from_secs(8)),
+        4,
+        ll_mismatch_body,
+    );
 }
 
 #[test]

@@ -256,6 +256,267 @@ __device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 
 RSHMEMI_COLL_INT_TYPES(RSHMEMI_COLL_INT_REDUCE)
 RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
 
+// ----- LL one-shot all_reduce (opt-in, small messages; rshmem::cuda::GpuColl::ll_bytes) -----
+// No barrier waits: every member pushes its input, 8 bytes per 16-byte line {lo, flag, hi, flag}
+// (each 8-byte half is written and read as one access, so a half carrying the current flag
+// carries its data), into every member's LL area; each member waits for the lines of every
+// other member and folds them in team order with its own input. The call's signature travels
+// as the first RSHMEMI_SIG_WORDS lines (the header).
+//
+// Flag and buffer of a pair (sender s, receiver r): the flag is the low 32 bits of the
+// barrier expectation each keeps for the other at the call's start, plus 1 (equal while the
+// team's barrier counters are in step, and new for every call). s writes its lines into one of
+// the two halves of its region (by world PE) in r's area, alternating per LL call to r (s's
+// private note), and r finds the half whose header carries the flag. s finishes an LL call
+// only after r started it (r's header or slot arrived), so r has finished its call before,
+// and with it the last read of the half s writes next. The call keeps the barrier counters in step with a call of two
+// barriers: one arrival at every member at the start, one (plus padding) at the end,
+// expectations +2 (or the padding's count).
+//
+// A member whose call is not an LL all_reduce (another collective, other arguments beyond the
+// LL size) writes its signature into this member's slot row before its first barrier (see
+// rshmemi_sig_sync); a waiting member that finds it there instead of a header records the
+// mismatch, pads its arrivals to that call's barrier count and clears its slots before the last
+// of them (that call's barriers wait for them), so both sides report CollectiveMismatch and the
+// counters stay in step. Mismatched or given-up calls write nothing to dst.
+#define RSHMEMI_LL_MAX_MEMBERS 16
+
+struct rshmemi_ll {
+    rshmem_u64 area;   // this PE's LL area of the team's slot (symmetric): [2 halves][source world PE][lines] x 16 B
+    rshmem_u64 lines;  // lines per (half, source member)
+    unsigned* done;    // private, per slot: [0] block counter (the last block resets it),
+                       // [1 + world PE] the half this PE writes next into that PE's area
+};
+
+__device__ __forceinline__ void rshmemi_ll_store(rshmem_u64* p, rshmem_u64 v, unsigned flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((unsigned)v), "r"(flag),
+                 "r"((unsigned)(v >> 32)), "r"(flag) : "memory");
+}
+// True (and the payload in *v) when both halves of the line at p carry `flag`.
+__device__ __forceinline__ bool rshmemi_ll_load(const rshmem_u64* p, unsigned flag, rshmem_u64* v) {
+    unsigned a, f1, b, f2;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(f1), "=r"(b), "=r"(f2) : "l"(p) : "memory");
+    *v = (rshmem_u64)a | ((rshmem_u64)b << 32);
+    return f1 == flag && f2 == flag;
+}
+
+// The 8 bytes of line l of src (elements of T, zeros past n).
+template <typename T> __device__ __forceinline__ rshmem_u64 rshmemi_ll_pack(const T* src, rshmem_u64 n, rshmem_u64 l) {
+    const int k = 8 / (int)sizeof(T);
+    union { rshmem_u64 u; T e[8 / sizeof(T)]; } w;
+    w.u = 0;
+#pragma unroll
+    for (int q = 0; q < k; q++) {
+        const rshmem_u64 i = l * k + q;
+        if (i < n) w.e[q] = src[i];
+    }
+    return w.u;
+}
+
+// Per member i of the team: the flag of this call's pair, the half this PE writes into i's
+// area, and (after the verdict) where i's lines for this call lie in this PE's area.
+struct rshmemi_ll_peer {
+    unsigned flag;
+    unsigned send_half;
+    const rshmem_u64* from;  // 16-byte lines: 2 words each
+};
+
+__device__ __forceinline__ const rshmem_u64* rshmemi_ll_lines(const rshmemi_ll& ll, unsigned half, int src, int n_pes) {
+    return (const rshmem_u64*)ll.area + (((rshmem_u64)(half & 1) * n_pes + src) * ll.lines) * 2;
+}
+
+// True when the header in `h` (RSHMEMI_SIG_WORDS lines) carries `flag`; *same: it equals sig.
+__device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned flag, const rshmemi_check& ck, bool* same) {
+    bool all = true;
+    *same = true;
+    for (int w = 0; w < RSHMEMI_SIG_WORDS && all; w++) {
+        rshmem_u64 v;
+        all = rshmemi_ll_load(h + 2 * w, flag, &v);
+        *same = *same && v == ck.sig.w[w];
+    }
+    return all;
+}
+
+// 0: member i's header has arrived and equals sig; 1: it differs; 2: member i is in a
+// barrier-based call (its signature is in this PE's slot row); -1: gave up (timeout flagged).
+// `p->from` is set to the half holding i's lines (kinds 0 and 1); *w0: the slot's word 0.
+__device__ int rshmemi_ll_verdict(rshmemi_ll_peer* p, const rshmemi_ll& ll, int src_pe, int n_pes, const rshmemi_check& ck,
+                                  int world_pe, rshmem_u64* w0) {
+    const rshmem_u64* h0 = rshmemi_ll_lines(ll, 0, src_pe, n_pes);
+    const rshmem_u64* h1 = rshmemi_ll_lines(ll, 1, src_pe, n_pes);
+    rshmem_u64 t0 = 0;
+    unsigned spins = 0;
+    bool same;
+    while (true) {
+        for (int look = 0; look < 2; look++) {
+            if (rshmemi_ll_header(h0, p->flag, ck, &same)) { p->from = h0; return same ? 0 : 1; }
+            if (rshmemi_ll_header(h1, p->flag, ck, &same)) { p->from = h1; return same ? 0 : 1; }
+            // A slot write of that member comes after its header of this call would have
+            // (that from an earlier kernel of it): seeing the slot, look at the headers once more.
+            if (look == 0 && (*w0 = rshmemi_ld_acquire(ck.slots + (rshmem_u64)world_pe * RSHMEMI_SIG_WORDS)) == 0) break;
+            if (look == 1) return 2;
+        }
+        if (rshmemi_failed()) return -1;
+        if (t0 == 0) t0 = rshmemi_now();
+        if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+            rshmemi_flag_timeout(world_pe);
+            return -1;
+        }
+    }
+}
+
+template <typename T, typename A, int OP>
+__device__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem_team team, const rshmemi_check& ck,
+                                      const rshmemi_ll& ll) {
+    __shared__ rshmemi_ll_peer s_peer[RSHMEMI_LL_MAX_MEMBERS];
+    __shared__ int s_kind[RSHMEMI_LL_MAX_MEMBERS];         // rshmemi_ll_verdict per member
+    __shared__ rshmem_u64 s_w0[RSHMEMI_LL_MAX_MEMBERS];    // its slot's word 0 (kind 2)
+    __shared__ int s_verdict;  // 0 ok, 1 mismatch, -1 gave up
+    __shared__ int s_last;
+    const unsigned tid = threadIdx.x, nth = blockDim.x;
+    const int me = team.my_index, N = team.size, n_pes = rshmem_dstate.n_pes;
+    const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)n_pes;
+    rshmem_u64* mine = rshmemi_my_sync();
+    rshmem_u64* exp = mine + rshmem_dstate.sync_exp + row;
+    if (tid == 0) s_verdict = 0;
+    for (int i = tid; i < N; i += nth) {
+        const int pe = rshmemi_member(team, i);
+        s_peer[i].flag = (unsigned)(*(volatile rshmem_u64*)(exp + pe) + 1);
+        s_peer[i].send_half = ((volatile unsigned*)ll.done)[1 + pe] & 1;
+        s_peer[i].from = nullptr;
+    }
+    __syncthreads();
+    // One arrival at every member (block 0): a barrier-based call of a member passes its first
+    // barrier with it and finds no signature of ours in its slot row: a mismatch it reports.
+    if (blockIdx.x == 0)
+        for (int i = tid; i < N; i += nth)
+            rshmemi_red_add_release(rshmemi_sync(rshmemi_member(team, i)) + rshmem_dstate.sync_bar + row + rshmem_dstate.my_pe, 1);
+    const rshmem_u64 dl = (n * sizeof(T) + 7) / 8;  // data lines
+    const rshmem_u64 gt = blockIdx.x * (rshmem_u64)nth + tid, gn = (rshmem_u64)gridDim.x * nth;
+    // Push: the header, then this thread's data lines, to every other member (rotated start).
+    for (rshmem_u64 l = gt; l < RSHMEMI_SIG_WORDS + dl; l += gn) {
+        const rshmem_u64 v = l < RSHMEMI_SIG_WORDS ? ck.sig.w[l] : rshmemi_ll_pack(src, n, l - RSHMEMI_SIG_WORDS);
+        for (int k = 1; k < N; k++) {
+            const int j = (me + k) % N;
+            // The pair's flag is the same on both sides.
+            const rshmem_u64* mine_there = rshmemi_ll_lines(ll, s_peer[j].send_half, rshmem_dstate.my_pe, n_pes);
+            rshmem_u64* to = (rshmem_u64*)rshmem_ptr((void*)mine_there, rshmemi_member(team, j));
+            rshmemi_ll_store(to + 2 * l, v, s_peer[j].flag);
+        }
+    }
+    // Verdict: every block checks every member's header (its own reads, no wait on other blocks).
+    for (int i = tid; i < N; i += nth) {
+        rshmem_u64 w0 = 0;
+        const int pe = rshmemi_member(team, i);
+        const int v = i == me ? 0 : rshmemi_ll_verdict(&s_peer[i], ll, pe, n_pes, ck, pe, &w0);
+        s_kind[i] = v;
+        s_w0[i] = w0;
+        if (v < 0) atomicMin(&s_verdict, -1);
+        else if (v > 0) atomicMax(&s_verdict, 1);
+    }
+    __syncthreads();
+    // (-1 wins over 1: atomicMax above may have raised a -1 written first.)
+    if (tid == 0)
+        for (int i = 0; i < N; i++)
+            if (s_kind[i] < 0) s_verdict = -1;
+    __syncthreads();
+    if (s_verdict == 0 && !rshmemi_coll_gave_up()) {
+        const int K = 8 / (int)sizeof(T);
+        for (rshmem_u64 l = gt; l < dl; l += gn) {
+            A acc[8 / sizeof(T)];
+            for (int i = 0; i < N; i++) {
+                union { rshmem_u64 u; T e[8 / sizeof(T)]; } w;
+                if (i == me) {
+                    w.u = rshmemi_ll_pack(src, n, l);
+                } else {
+                    const rshmem_u64* p = s_peer[i].from + 2 * (RSHMEMI_SIG_WORDS + l);
+                    rshmem_u64 t0 = 0;
+                    unsigned spins = 0;
+                    while (!rshmemi_ll_load(p, s_peer[i].flag, &w.u)) {
+                        if (rshmemi_failed()) break;
+                        if (t0 == 0) t0 = rshmemi_now();
+                        if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                            rshmemi_flag_timeout(rshmemi_member(team, i));
+                            break;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int q = 0; q < K; q++) {
+                    const A x = rshmemi_cvt<T, A>::in(w.e[q]);
+                    acc[q] = i == 0 ? x : rshmemi_apply<A, OP>(acc[q], x);
+                }
+            }
+            if (rshmemi_failed()) break;  // a line never came: write nothing more
+#pragma unroll
+            for (int q = 0; q < K; q++) {
+                const rshmem_u64 e = l * K + q;
+                if (e < n) dst[e] = rshmemi_cvt<T, A>::out(acc[q]);
+            }
+        }
+    }
+    // The last block to finish: the mismatch record, slot clearing, padding and the rest of
+    // the arrivals, the expectations.
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();
+        s_last = atomicAdd(ll.done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __shared__ unsigned s_syncs;
+    __shared__ int s_bad;
+    if (tid == 0) { s_syncs = 2; s_bad = 0x7fffffff; }
+    __syncthreads();
+    // What this block's verdict saw (a slot written later belongs to that member's next call).
+    for (int i = tid; i < N; i += nth) {
+        if (s_kind[i] > 0) atomicMin(&s_bad, i);
+        if (s_kind[i] == 2) atomicMax(&s_syncs, RSHMEMI_SIG_SYNCS(s_w0[i]));
+    }
+    __syncthreads();
+    if (tid == 0 && s_bad != 0x7fffffff && !rshmemi_failed()) {
+        unsigned long long old = atomicOr((unsigned long long*)ck.err, RSHMEMI_ERR_MISMATCH);
+        if (!(old & RSHMEMI_ERR_MISMATCH)) {
+            const int pe = rshmemi_member(team, s_bad);
+            const volatile rshmem_u64* slot = ck.slots + (rshmem_u64)pe * RSHMEMI_SIG_WORDS;
+            ck.err[RSHMEMI_ERR_MM_PE] = pe;
+            for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) {
+                rshmem_u64 v = 0;
+                if (s_kind[s_bad] == 2) v = slot[w];
+                else rshmemi_ll_load(s_peer[s_bad].from + 2 * w, s_peer[s_bad].flag, &v);
+                ck.err[RSHMEMI_ERR_MM_MINE + w] = ck.sig.w[w];
+                ck.err[RSHMEMI_ERR_MM_THEIRS + w] = v;
+            }
+        }
+    }
+    // Slots written by barrier-based members are consumed (their calls wait for the arrivals
+    // below, so none of them writes a slot of its next call before this clearing).
+    for (int i = tid; i < N; i += nth)
+        if (s_kind[i] == 2) {
+            volatile rshmem_u64* slot = ck.slots + (rshmem_u64)rshmemi_member(team, i) * RSHMEMI_SIG_WORDS;
+            for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) slot[w] = 0;
+        }
+    __syncthreads();
+    for (int i = tid; i < N; i += nth) {
+        const int pe = rshmemi_member(team, i);
+        exp[pe] = exp[pe] + s_syncs;
+        if (i != me) ll.done[1 + pe] = s_peer[i].send_half ^ 1u;
+        rshmemi_red_add_release(rshmemi_sync(pe) + rshmem_dstate.sync_bar + row + rshmem_dstate.my_pe, s_syncs - 1);
+    }
+    if (tid == 0) *ll.done = 0;
+}
+
+#define RSHMEMI_COLL_LL_KERNEL(NAME, T, A, OPN, OP)                                                 \
+    extern "C" __global__ void rshmemi_coll_ll_##NAME##_##OPN(T* dst, const T* src, rshmem_u64 n,     \
+                                                               rshmem_team team, rshmemi_check ck,   \
+                                                               rshmemi_ll ll) {                      \
+        rshmemi_ll_all_reduce<T, A, OP>(dst, src, n, team, ck, ll);                                  \
+    }
+#define RSHMEMI_COLL_INT_LL(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
+#define RSHMEMI_COLL_FLOAT_LL(NAME, T, A) RSHMEMI_COLL_FLOAT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
+RSHMEMI_COLL_INT_TYPES(RSHMEMI_COLL_INT_LL)
+RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_LL)
+
 // ----- copies: every Copy step of one phase in one launch -----
 
 // `bytes` from `src` (translated to world PE `pe`'s copy when pe >= 0, else a local address)

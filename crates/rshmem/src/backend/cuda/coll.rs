@@ -103,6 +103,8 @@ struct CallSig {
     dst: u64,
     /// The team as every member sees it (size, first member, stride).
     team: (i32, i32, i32),
+    /// Runs as the LL one-shot all_reduce (no barrier waits; see `kernels/coll.cu`).
+    ll: bool,
 }
 
 const SIG_MARK: u64 = 1 << 63;
@@ -125,7 +127,8 @@ impl CallSig {
             | (self.elem as u64 + 1) << 8
             | self.op.map_or(0, ReduceOp::code) << 16
             | u64::from(self.in_place) << 24
-            | self.algo.map_or(0, Algo::code) << 25;
+            | self.algo.map_or(0, Algo::code) << 25
+            | u64::from(self.ll) << 27;
         let (size, start, stride) = self.team;
         let team = fnv(&[size as u64, start as u64, stride as u64]);
         Ok([w0, self.count, self.aux, self.src, self.dst, team])
@@ -170,7 +173,11 @@ impl CallSig {
         out += &format!(
             " in_place {} algo {} barriers {} src @{:#x} dst @{:#x} team {:x}",
             (w[0] >> 24) & 1 != 0,
-            algo.map_or("-", Algo::name),
+            if (w[0] >> 27) & 1 != 0 {
+                "ll"
+            } else {
+                algo.map_or("-", Algo::name)
+            },
             Self::syncs_of(w),
             w[3],
             w[4],
@@ -222,10 +229,68 @@ pub fn coll_kernel_names() -> Vec<String> {
         for op in ReduceOp::ALL {
             if op.supports(k) {
                 v.push(reduce_name(k, op));
+                v.push(ll_name(k, op));
             }
         }
     }
     v
+}
+
+fn ll_name(k: ElemKind, op: ReduceOp) -> String {
+    format!("rshmemi_coll_ll_{}_{}", k.name(), op.name())
+}
+
+/// Most members of a team the LL all_reduce serves (`RSHMEMI_LL_MAX_MEMBERS` of `coll.cu`).
+pub const LL_MAX_MEMBERS: usize = 16;
+/// Team slots with an LL area (the world's and the first teams made after it).
+const LL_SLOTS: usize = 4;
+/// Most blocks of an LL all_reduce: its blocks wait for peers, so they must leave SMs to the
+/// peers' kernels when PEs share a GPU.
+const LL_MAX_BLOCKS: u32 = 8;
+const LL_THREADS: u32 = 256;
+
+/// The LL argument of `coll.cu` (`rshmemi_ll`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct LlArg {
+    area: u64,
+    lines: u64,
+    done: u64,
+}
+
+/// Default of the LL size (`RSHMEM_CUDA_COLL_LL_BYTES`): 0, off until measured on GPUs.
+pub const COLL_LL_BYTES: usize = 0;
+
+fn ll_bytes_from_env() -> Result<usize> {
+    match std::env::var("RSHMEM_CUDA_COLL_LL_BYTES") {
+        Ok(v) if !v.trim().is_empty() => crate::config::parse_size(v.trim()).ok_or_else(|| {
+            Error::invalid(format!(
+                "RSHMEM_CUDA_COLL_LL_BYTES={v:?}: expected a size like 64K (0: off)"
+            ))
+        }),
+        _ => Ok(COLL_LL_BYTES),
+    }
+}
+
+/// Private u32 words per LL slot: the block counter, then the half this PE writes next into
+/// each world PE's area.
+fn ll_notes(n_pes: usize) -> usize {
+    1 + n_pes
+}
+
+/// Lines of one (half, source) LL region for messages up to `bytes`: the signature, then 8
+/// bytes of data per line.
+fn ll_lines(bytes: usize) -> usize {
+    SIG_WORDS + bytes.div_ceil(8)
+}
+
+/// Bytes of a PE's LL area: per LL slot, two halves of `n_pes` sources' lines of 16 bytes.
+fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
+    ll_lines(ll_bytes)
+        .checked_mul(16)?
+        .checked_mul(n_pes)?
+        .checked_mul(2)?
+        .checked_mul(slots)
 }
 
 /// Stream-ordered collectives of one PE on the CUDA backend.
@@ -248,6 +313,13 @@ pub fn coll_kernel_names() -> Vec<String> {
 ///   `RSHMEM_CUDA_COLL_FUSED_BYTES`): a plan with a single data phase (one-shot all_reduce,
 ///   reduce, reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as
 ///   one kernel of one block with both barriers inside: one launch instead of three.
+/// * **LL all_reduce** (opt-in, [`GpuColl::with_ll_bytes`] or `RSHMEM_CUDA_COLL_LL_BYTES`,
+///   off by default: written 2026-11-23 and not yet run on a GPU): a one-shot all_reduce up to
+///   that size as one kernel without barrier waits, each member pushing its input with a flag
+///   in every 16-byte line into the others' LL areas (NCCL's LL protocol) and its signature as
+///   a header. A member running another call is still reported as
+///   [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch) on every member, and the
+///   barrier counters stay in step (see `kernels/coll.cu`).
 /// * **No host synchronisation** inside a collective: launches only, so every collective can
 ///   be captured in a CUDA graph ([`Stream::begin_capture`]) and replayed. Staging memory (in-place
 ///   one-shot all_reduce, in-place all_to_all): 64 KiB from [`GpuColl::new`], more allocated on
@@ -335,6 +407,11 @@ pub struct GpuColl<'a> {
     /// Private stream for the error record (never the legacy default stream: it must not
     /// interact with other PEs' graph captures on the same GPU).
     own: RawStream,
+    /// LL all_reduce: largest message (0: off), its team slots, the symmetric area
+    /// (`ll_area_bytes`) and the private notes (`ll_notes` u32 per LL slot).
+    ll_bytes: usize,
+    ll_slots: usize,
+    ll: Option<(Sym<u8>, DevBuf)>,
 }
 
 impl std::fmt::Debug for GpuColl<'_> {
@@ -364,6 +441,22 @@ impl<'a> GpuColl<'a> {
     /// staging, and meets the other PEs. Collective over the world: every PE calls it before
     /// any PE launches a collective (loading a module waits for kernels running on the GPU).
     pub fn new(g: CudaPe<'a>, config: CollConfig) -> Result<GpuColl<'a>> {
+        Self::with_ll_bytes(g, config, ll_bytes_from_env()?)
+    }
+
+    /// As [`GpuColl::new`], with the LL all_reduce for messages up to `ll_bytes` (0: off;
+    /// `new` reads `RSHMEM_CUDA_COLL_LL_BYTES`, default 0). Every PE must pass the same value
+    /// (a member that runs a call another way is reported as a mismatch). The LL path: one
+    /// kernel of up to 8 blocks, no barrier waits, each member pushing its input with a flag
+    /// in every 16-byte line into every other member's LL area, for teams of 2 to
+    /// [`LL_MAX_MEMBERS`] members in the first 4 team slots (the world's included). Its area
+    /// is `4 × 2 × n_pes × (48 + 2·ll_bytes)` bytes of the symmetric heap per PE (reported
+    /// in the log). Not yet run on a GPU (2026-11-23): off by default until measured.
+    pub fn with_ll_bytes(
+        g: CudaPe<'a>,
+        config: CollConfig,
+        ll_bytes: usize,
+    ) -> Result<GpuColl<'a>> {
         let names = coll_kernel_names();
         let k = g.kernel(nvrtc::COLL_KERNELS, &names[0], &[])?;
         let module = k.module.clone();
@@ -391,6 +484,36 @@ impl<'a> GpuColl<'a> {
             )?;
             own.sync()?;
         }
+        let ll_slots = if ll_bytes > 0 {
+            LL_SLOTS.min(b.layout.stream_slot())
+        } else {
+            0
+        };
+        let ll = if ll_slots > 0 {
+            let bytes = ll_area_bytes(ll_bytes, n_pes, ll_slots)
+                .ok_or_else(|| Error::invalid("LL area size overflows"))?;
+            let area = pe.alloc_aligned::<u8>(bytes, 256)?;
+            let ap = g.ptr(&area)?;
+            let _g = b.gpu.bind()?;
+            // SAFETY: our own symmetric object's bytes, on our own stream, then synchronised;
+            // no peer writes it before the barrier below.
+            ffi::check(
+                unsafe { ffi::cu::cuMemsetD8Async(ap, 0, bytes, own.raw) },
+                "cuMemsetD8Async",
+            )?;
+            own.sync()?;
+            drop(_g);
+            let done = DevBuf::zeroed_on(&own, ll_slots * ll_notes(n_pes) * 4)?;
+            tracing::info!(
+                ll_bytes,
+                area_bytes = bytes,
+                slots = ll_slots,
+                "CUDA collectives: LL all_reduce area"
+            );
+            Some((area, done))
+        } else {
+            None
+        };
         // Staging for small in-place collectives now, not in the middle of one.
         let temp = DevBuf::zeroed_on(&own, MIN_STAGING)?;
         let f_a2av_dev = funcs["rshmemi_coll_a2av_dev"];
@@ -416,6 +539,9 @@ impl<'a> GpuColl<'a> {
             sms: b.gpu.sms().max(1) as u32,
             fused_bytes: fused_bytes_from_env()?,
             own,
+            ll_bytes,
+            ll_slots,
+            ll,
         })
     }
 
@@ -674,6 +800,64 @@ impl<'a> GpuColl<'a> {
         unsafe { gpu::launch(&s.raw, f, blocks, THREADS, 0, &mut p) }
     }
 
+    /// The LL argument when an all_reduce of `bytes` on `dt` runs the LL way: LL on, the
+    /// message within it, not forced two-shot, a team of 2 to [`LL_MAX_MEMBERS`] in an LL slot.
+    fn ll_arg(&self, dt: DeviceTeam, bytes: usize, algo: Algo) -> Option<LlArg> {
+        let (area, done) = self.ll.as_ref()?;
+        let size = dt.size as usize;
+        let slot = dt.slot as usize;
+        let fits = bytes > 0
+            && bytes <= self.ll_bytes
+            && algo == Algo::OneShot
+            && (2..=LL_MAX_MEMBERS).contains(&size)
+            && slot < self.ll_slots;
+        if !fits {
+            return None;
+        }
+        let per_slot = ll_area_bytes(self.ll_bytes, self.n_pes, 1)?;
+        Some(LlArg {
+            area: self.g.ptr(area).ok()? + (slot * per_slot) as u64,
+            lines: ll_lines(self.ll_bytes) as u64,
+            done: done.ptr + (slot * ll_notes(self.n_pes) * 4) as u64,
+        })
+    }
+
+    /// Bytes up to which all_reduce runs the LL way (0: never; see [`GpuColl::with_ll_bytes`]).
+    pub fn ll_bytes(&self) -> usize {
+        self.ll_bytes
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ll_launch(
+        &self,
+        s: &Stream,
+        f: Func,
+        dst: u64,
+        src: u64,
+        count: usize,
+        lines: usize,
+        dt: DeviceTeam,
+        ck: Check,
+        ll: LlArg,
+    ) -> Result<()> {
+        let blocks = (lines as u64)
+            .div_ceil(LL_THREADS as u64)
+            .clamp(1, LL_MAX_BLOCKS as u64) as u32;
+        let (mut d, mut sr, mut n, mut t, mut k, mut l) = (dst, src, count as u64, dt, ck, ll);
+        let mut p = [
+            &mut d as *mut u64 as *mut std::ffi::c_void,
+            &mut sr as *mut u64 as *mut _,
+            &mut n as *mut u64 as *mut _,
+            &mut t as *mut DeviceTeam as *mut _,
+            &mut k as *mut Check as *mut _,
+            &mut l as *mut LlArg as *mut _,
+        ];
+        // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
+        // rshmemi_ll) (repr(C)); ranges checked by the caller, the message fits the area's
+        // regions (ll_arg), the counter is this slot's.
+        unsafe { gpu::launch(&s.raw, f, blocks, LL_THREADS, 0, &mut p) }
+    }
+
     /// Runs `plan` on the stream: barriers for syncs (the first carries `sig`), one kernel per
     /// phase.
     #[allow(clippy::too_many_arguments)]
@@ -920,6 +1104,31 @@ impl<'a> GpuColl<'a> {
         let f = self.reduce_func::<T>(op)?;
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
+        if let Some(ll) = self.ll_arg(dt, count * std::mem::size_of::<T>(), algo) {
+            let sig = CallSig {
+                syncs: 2,
+                ll: true,
+                ..call_sig::<T>(
+                    CollKind::AllReduce,
+                    Some(op),
+                    None,
+                    ip,
+                    count,
+                    0,
+                    src,
+                    dst,
+                    dt,
+                )
+            };
+            let ck = self.check(dt, sig.pack()?)?;
+            let lf = self
+                .funcs
+                .get(&ll_name(T::KIND, op))
+                .copied()
+                .ok_or_else(|| Error::invalid("no LL kernel for this type"))?;
+            let lines = ll_lines(count * std::mem::size_of::<T>());
+            return self.ll_launch(s, lf, d, sr, count, lines, dt, ck, ll);
+        }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         let sig = call_sig::<T>(
             CollKind::AllReduce,
@@ -1293,6 +1502,7 @@ fn raw_sig(
         src: src.offset as u64,
         dst: dst.offset as u64,
         team: (dt.size, dt.start, dt.stride),
+        ll: false,
     }
 }
 
@@ -1702,7 +1912,7 @@ mod tests {
         let (p, u, i, team, ck) = ("ptr", "rshmem_u64", "int", "rshmem_team", "rshmemi_check");
         // What `sync`, `sig_sync`, `reduce_launch`, `flush`, `all_to_all_v` and
         // `all_to_all_v_device` pass (u64 addresses go to pointer or rshmem_u64 parameters).
-        let launches: [(&str, &str, Vec<&str>); 7] = [
+        let launches: [(&str, &str, Vec<&str>); 8] = [
             (internal, "rshmemi_team_sync", vec![team]),
             (coll, "rshmemi_coll_sync_sig", vec![team, ck]),
             (
@@ -1714,6 +1924,11 @@ mod tests {
                 coll,
                 "rshmemi_coll_copy",
                 vec!["rshmemi_copies", i, team, i, ck],
+            ),
+            (
+                coll,
+                "rshmemi_coll_ll_##NAME##_##OPN",
+                vec![p, p, u, team, ck, "rshmemi_ll"],
             ),
             (
                 coll,
@@ -1760,6 +1975,18 @@ mod tests {
             (offset_of!(Check, slots), offset_of!(Check, err)),
             (8 * SIG_WORDS, 8 * SIG_WORDS + 8)
         );
+        assert_eq!(struct_fields(coll, "rshmemi_ll"), vec![u, u, p]);
+        assert_eq!(
+            (
+                offset_of!(LlArg, lines),
+                offset_of!(LlArg, done),
+                size_of::<LlArg>()
+            ),
+            (8, 16, 24)
+        );
+        assert!(coll.contains(&format!(
+            "#define RSHMEMI_LL_MAX_MEMBERS {LL_MAX_MEMBERS}\n"
+        )));
         assert_eq!(
             struct_fields(coll, "rshmemi_copy_desc"),
             vec![u, u, u, "long long"]
@@ -1876,10 +2103,25 @@ mod tests {
     }
 
     #[test]
+    fn ll_sizes() {
+        assert_eq!(
+            (ll_lines(0), ll_lines(1), ll_lines(8), ll_lines(9)),
+            (6, 7, 7, 8)
+        );
+        assert_eq!(ll_lines(64 << 10), 6 + 8192);
+        assert_eq!(ll_area_bytes(64 << 10, 2, 4), Some(4 * 2 * 2 * 8198 * 16));
+        assert_eq!(ll_area_bytes(usize::MAX / 4, 2, 4), None);
+        assert_eq!(ll_notes(72), 73);
+    }
+
+    #[test]
     fn kernel_names_cover_every_type_and_op() {
         let names = coll_kernel_names();
-        assert_eq!(names.len(), 5 + 8 * 7 + 4 * 4);
+        assert_eq!(names.len(), 5 + 2 * (8 * 7 + 4 * 4));
         assert!(names.contains(&"rshmemi_coll_reduce_bfloat16_max".to_string()));
+        assert!(names.contains(&"rshmemi_coll_ll_bfloat16_max".to_string()));
+        assert!(names.contains(&"rshmemi_coll_ll_int8_and".to_string()));
+        assert!(!names.contains(&"rshmemi_coll_ll_half_or".to_string()));
         assert!(names.contains(&"rshmemi_coll_reduce_uint8_xor".to_string()));
         assert!(!names.contains(&"rshmemi_coll_reduce_float_xor".to_string()));
     }

@@ -92,7 +92,7 @@ mod srcparse;
 
 pub use api::{CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 pub use bench::{bench, BenchRecord};
-pub use coll::{coll_kernel_names, GpuColl, COLL_FUSED_BYTES};
+pub use coll::{coll_kernel_names, GpuColl, COLL_FUSED_BYTES, COLL_LL_BYTES, LL_MAX_MEMBERS};
 pub use coll_bench::{coll_bench, CollBenchRecord};
 pub use info::{info, GpuInfo, Info};
 
