@@ -142,8 +142,8 @@ impl CallSig {
     /// A packed signature in words, for error messages.
     fn describe(w: &[u64; SIG_WORDS]) -> String {
         if w[0] & SIG_MARK == 0 {
-            return "no collective signature (a different call: a barrier, a collective that \
-                    failed its own checks, or none)"
+            return "no collective signature (a different call: a barrier, an LL all_reduce, a \
+                    collective that failed its own checks, or none)"
                 .to_string();
         }
         let kind = SigKind::from_code(w[0] & 0xff);
@@ -1806,6 +1806,16 @@ mod tests {
         let d = CallSig::describe(&b.pack().unwrap());
         assert!(d.starts_with("broadcast float count 5 root 3 "), "{d}");
         assert!(CallSig::describe(&[0; SIG_WORDS]).starts_with("no collective signature"));
+        // The LL all_reduce: its own signature (differs from the one-shot call's), named "ll".
+        let l = CallSig {
+            algo: None,
+            ll: true,
+            ..sig(CollKind::AllReduce, 100)
+        };
+        let lw = l.pack().unwrap();
+        assert_ne!(lw, w);
+        let d = CallSig::describe(&lw);
+        assert!(d.contains(" algo ll barriers 2 "), "{d}");
     }
 
     #[test]
