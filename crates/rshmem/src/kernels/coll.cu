@@ -340,8 +340,19 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
 // 0: member i's header has arrived and equals sig; 1: it differs; 2: member i is in a
 // barrier-based call (its signature is in this PE's slot row); -1: gave up (timeout flagged).
 // `p->from` is set to the half holding i's lines (kinds 0 and 1); *w0: the slot's word 0.
+__device__ int rshmemi_ll_verdict_poll(rshmemi_ll_peer* p, const rshmemi_ll& ll, int src_pe, int n_pes,
+                                       const rshmemi_check& ck, int world_pe, rshmem_u64* w0);
+// The verdict, then an acquire fence: what that member wrote before this call's header (the
+// slot clearing of its earlier calls) comes before this PE's later writes (its next calls'
+// slot writes into that member's row). Found by the loom model (`loom_ll_all_reduce_two_pes`).
 __device__ int rshmemi_ll_verdict(rshmemi_ll_peer* p, const rshmemi_ll& ll, int src_pe, int n_pes, const rshmemi_check& ck,
                                   int world_pe, rshmem_u64* w0) {
+    const int v = rshmemi_ll_verdict_poll(p, ll, src_pe, n_pes, ck, world_pe, w0);
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+    return v;
+}
+__device__ int rshmemi_ll_verdict_poll(rshmemi_ll_peer* p, const rshmemi_ll& ll, int src_pe, int n_pes,
+                                       const rshmemi_check& ck, int world_pe, rshmem_u64* w0) {
     const rshmem_u64* h0 = rshmemi_ll_lines(ll, 0, src_pe, n_pes);
     const rshmem_u64* h1 = rshmemi_ll_lines(ll, 1, src_pe, n_pes);
     rshmem_u64 t0 = 0;
@@ -459,7 +470,9 @@ __device__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem
     // the arrivals, the expectations.
     __syncthreads();
     if (tid == 0) {
-        __threadfence();
+        // The block's lines and reads before the last block's release arrivals (system scope:
+        // the arrivals go to peers).
+        __threadfence_system();
         s_last = atomicAdd(ll.done, 1u) == gridDim.x - 1;
     }
     __syncthreads();

@@ -390,6 +390,237 @@ fn loom_coll_signature_three_pes() {
     );
 }
 
+// ----- 2b. the LL all_reduce beside barrier-based calls -----
+
+/// The LL bit of a signature (`CallSig::ll`, word 0 bit 27).
+const LL_BIT: u64 = 1 << 27;
+
+/// A signature of an LL call (always 2 barriers' worth of arrivals).
+fn ll_sig(kind: u64) -> u64 {
+    sig(kind, 2) | LL_BIT
+}
+
+/// Device memory of the LL model: barrier counters, signature slots (volatile words: atomics
+/// here, the kernels poll them), and per receiver, half and source one header line and one
+/// data line (`flag << 32 | payload`, each 8-byte half of a 16-byte line being one access).
+struct LlMem {
+    n: usize,
+    bar: BarMem,
+    slots: Vec<AtomicU64>,
+    hdr: Vec<AtomicU64>,
+    data: Vec<AtomicU64>,
+    /// Inputs read by barrier-based calls' gathers (plain: loom checks the ordering).
+    src: Cells,
+}
+
+impl LlMem {
+    fn line(&self, r: usize, half: usize, s: usize) -> usize {
+        (r * 2 + half) * self.n + s
+    }
+}
+
+/// One PE's part of a sequence of calls on the world, some LL (`rshmemi_ll_all_reduce`),
+/// some barrier-based (`rshmemi_sig_sync` + the plan, as in [`sig_pe`]). LL: flags from the
+/// expectations (+1), one arrival at every member, header and data pushed into the half this
+/// PE writes next to each member, then per member its header (either half) or, failing that,
+/// its slot (a barrier-based call: looked at once more for the header, then taken as one);
+/// the data of every member when all agree; then the slots of barrier-based members
+/// cleared, expectations and arrivals padded to the largest barrier count. The end of every
+/// kernel sequence of a call is a release fence (a kernel's writes are visible before what
+/// the stream runs after it: CUDA's stream order, the one assumption beyond [`sig_pe`]'s).
+fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
+    let n = mem.n;
+    let world = Team {
+        slot: 0,
+        start: 0,
+        stride: 1,
+        size: n,
+    };
+    let mut bar = BarPe::new(me, &mem.bar);
+    let mut send_half = vec![0usize; n];
+    for (c, sigs) in calls.iter().enumerate() {
+        let tag = |p: usize| (c * 8 + p) as u64 + 1;
+        let mine = sigs[me];
+        let agreed = sigs.iter().all(|&s| s == mine);
+        mem.src.put(me, tag(me));
+        if mine & LL_BIT == 0 {
+            // Barrier-based: as sig_pe, the slots as polled words.
+            for p in 0..n {
+                mem.slots[p * n + me].store(mine, Ordering::Relaxed);
+            }
+            bar.sync(&mem.bar, &world);
+            let mut ok = true;
+            let mut max_syncs = 0;
+            for (p, &theirs) in sigs.iter().enumerate() {
+                let s = mem.slots[me * n + p].load(Ordering::Relaxed);
+                let want = if theirs & LL_BIT != 0 { 0 } else { theirs };
+                assert_eq!(s, want, "call {c}: PE {me}'s slot of {p}");
+                ok &= s == mine;
+                max_syncs = max_syncs.max(sig_syncs(s));
+            }
+            assert_eq!(ok, agreed, "call {c}: PE {me}'s verdict");
+            for p in 0..n {
+                mem.slots[me * n + p].store(0, Ordering::Relaxed);
+            }
+            if !ok {
+                for _ in sig_syncs(mine)..max_syncs {
+                    bar.sync(&mem.bar, &world);
+                }
+            }
+            for _ in 1..sig_syncs(mine) {
+                if ok {
+                    for p in 0..n {
+                        assert_eq!(mem.src.get(p), tag(p), "call {c}: input of {p}");
+                    }
+                }
+                bar.sync(&mem.bar, &world);
+            }
+        } else {
+            let flag: Vec<u64> = (0..n).map(|p| (bar.exp[p] + 1) & 0xffff_ffff).collect();
+            for p in (0..n).filter(|&p| p != me) {
+                mem.bar.at(p, 0, me).fetch_add(1, Ordering::Release);
+            }
+            for p in (0..n).filter(|&p| p != me) {
+                let h = send_half[p];
+                let lo = mine & 0xffff_ffff;
+                mem.hdr[mem.line(p, h, me)].store(flag[p] << 32 | lo, Ordering::Relaxed);
+                mem.data[mem.line(p, h, me)].store(flag[p] << 32 | tag(me), Ordering::Relaxed);
+            }
+            // Verdicts: 0 agrees, 1 differs, 2 barrier-based (with its slot's word).
+            let mut kind = vec![0u8; n];
+            let mut from = vec![0usize; n];
+            let mut w0 = vec![0u64; n];
+            for p in (0..n).filter(|&p| p != me) {
+                let header = |from: &mut usize| -> Option<u64> {
+                    (0..2).find_map(|h| {
+                        let x = mem.hdr[mem.line(me, h, p)].load(Ordering::Relaxed);
+                        (x >> 32 == flag[p]).then(|| {
+                            *from = h;
+                            x & 0xffff_ffff
+                        })
+                    })
+                };
+                let v = loop {
+                    if let Some(v) = header(&mut from[p]) {
+                        break Some(v);
+                    }
+                    let s = mem.slots[me * n + p].load(Ordering::Acquire);
+                    if s != 0 {
+                        w0[p] = s;
+                        break header(&mut from[p]);
+                    }
+                    loom::thread::yield_now();
+                };
+                // `fence.acq_rel.sys` after the verdict: what the member wrote before this
+                // call's header (its earlier calls' slot clearing) comes before this PE's
+                // later writes (its next calls' slot writes into that member's row).
+                fence(Ordering::Acquire);
+                kind[p] = match v {
+                    Some(v) if v == mine & 0xffff_ffff => 0,
+                    Some(_) => 1,
+                    None => 2,
+                };
+                let want = if sigs[p] & LL_BIT == 0 {
+                    2
+                } else {
+                    u8::from(sigs[p] != mine)
+                };
+                assert_eq!(kind[p], want, "call {c}: PE {me}'s verdict on {p}");
+            }
+            let ok = kind.iter().all(|&k| k == 0);
+            assert_eq!(ok, agreed, "call {c}: PE {me}'s verdict");
+            if ok {
+                for p in (0..n).filter(|&p| p != me) {
+                    let d = &mem.data[mem.line(me, from[p], p)];
+                    spin(|| d.load(Ordering::Relaxed) >> 32 == flag[p]);
+                    let v = d.load(Ordering::Relaxed) & 0xffff_ffff;
+                    assert_eq!(v, tag(p), "call {c}: PE {me}'s line from {p}");
+                }
+            }
+            let syncs = (0..n)
+                .filter(|&p| kind[p] == 2)
+                .map(|p| sig_syncs(w0[p]))
+                .fold(2, u64::max);
+            for p in (0..n).filter(|&p| kind[p] == 2) {
+                mem.slots[me * n + p].store(0, Ordering::Relaxed);
+            }
+            for (p, half) in send_half.iter_mut().enumerate() {
+                bar.exp[p] += syncs;
+                if p != me {
+                    *half ^= 1;
+                    mem.bar.at(p, 0, me).fetch_add(syncs - 1, Ordering::Release);
+                }
+            }
+        }
+        // Stream order: this call's writes come before the next call's.
+        fence(Ordering::Release);
+    }
+    bar.exp
+}
+
+/// Runs the LL model for `calls` on `n` PEs and checks that the counters and expectations
+/// end in step (the largest barrier count of every call, summed).
+fn ll_model(n: usize, calls: Vec<Vec<u64>>, preemptions: usize) {
+    let calls = std::sync::Arc::new(calls);
+    builder(preemptions).check(move || {
+        let mem = Arc::new(LlMem {
+            n,
+            bar: BarMem::new(n, 1),
+            slots: words(n * n),
+            hdr: words(n * 2 * n),
+            data: words(n * 2 * n),
+            src: Cells::new(n),
+        });
+        let hs: Vec<_> = (0..n)
+            .map(|me| {
+                let (mem, calls) = (mem.clone(), calls.clone());
+                loom::thread::spawn(move || ll_pe(me, &mem, &calls))
+            })
+            .collect();
+        let exps: Vec<Vec<u64>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let total: u64 = calls
+            .iter()
+            .map(|sigs| sigs.iter().map(|&s| sig_syncs(s)).max().unwrap_or(0))
+            .sum();
+        for (p, e) in exps.iter().enumerate() {
+            for (q, &x) in e.iter().enumerate() {
+                assert_eq!(x, total, "PE {p}'s expectation for {q}");
+                let want = if p == q { 0 } else { total };
+                assert_eq!(mem.bar.at(p, 0, q).load(Ordering::Relaxed), want);
+            }
+        }
+    });
+}
+
+/// LL model, 2 PEs: LL calls back to back (the halves alternate: a fast PE's next call must
+/// not overwrite lines its peer has yet to read), an LL call against a barrier-based one of
+/// 3 barriers (both report the mismatch, the LL side pads), an LL count mismatch, then LL
+/// and barrier-based calls in step again.
+#[test]
+fn loom_ll_all_reduce_two_pes() {
+    let (ll, ll_b, b2, b3) = (ll_sig(1), ll_sig(2), sig(5, 2), sig(3, 3));
+    ll_model(2, vec![vec![ll, ll]; 3], 1);
+    ll_model(2, vec![vec![ll, b3], vec![ll, ll], vec![b2, b2]], 1);
+    ll_model(2, vec![vec![b3, ll], vec![ll, ll], vec![ll, ll]], 1);
+    ll_model(
+        2,
+        vec![vec![ll, ll_b], vec![ll, ll], vec![b2, b2], vec![ll, ll]],
+        1,
+    );
+    ll_model(2, vec![vec![ll, ll], vec![b2, ll], vec![ll, ll]], 1);
+}
+
+/// LL model, 3 PEs without preemptions: PE 2 alone runs a barrier-based call of 3 barriers
+/// while the others run LL (both LL PEs pad to 3), then all LL.
+#[test]
+fn loom_ll_all_reduce_three_pes() {
+    ll_model(
+        3,
+        vec![vec![ll_sig(1), ll_sig(1), sig(3, 3)], vec![ll_sig(1); 3]],
+        0,
+    );
+}
+
 // ----- 3. EP dispatch/combine: reusing the areas, and aborts -----
 
 /// One step of an EP sequence (every PE runs the same list, as the contract asks).
