@@ -278,7 +278,8 @@ RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
 // rshmemi_sig_sync); a waiting member that finds it there instead of a header records the
 // mismatch, pads its arrivals to that call's barrier count and clears its slots before the last
 // of them (that call's barriers wait for them), so both sides report CollectiveMismatch and the
-// counters stay in step. Mismatched or given-up calls write nothing to dst.
+// counters stay in step. A mismatched call writes nothing to dst; a wait that times out stops
+// the writing (dst is then partly written; the host reports the timeout).
 #define RSHMEMI_LL_MAX_MEMBERS 16
 
 struct rshmemi_ll {
