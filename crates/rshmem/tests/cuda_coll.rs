@@ -833,6 +833,19 @@ fn first_other(me: usize, odd: usize) -> usize {
 /// `check_errors` is a mismatch naming the right member, and the descriptions show `odd_has`
 /// for the odd member's call and `rest_has` for the others'.
 fn expect_mismatch(c: &Ctx<'_>, odd: usize, odd_has: &str, rest_has: &str, ctx: &str) {
+    expect_mismatch_with(c, odd, [odd_has, rest_has], [rest_has, odd_has], ctx);
+}
+
+/// As [`expect_mismatch`] with what each side's own and reported signatures hold given apart
+/// (`[mine, theirs]` of member `odd`, then of the others; a barrier-based member sees no
+/// signature of an LL member: "no collective signature").
+fn expect_mismatch_with(
+    c: &Ctx<'_>,
+    odd: usize,
+    odd_has: [&str; 2],
+    rest_has: [&str; 2],
+    ctx: &str,
+) {
     let me = c.pe.my_pe();
     c.s.synchronize()
         .unwrap_or_else(|e| panic!("{ctx} PE {me}: {e}"));
@@ -841,11 +854,7 @@ fn expect_mismatch(c: &Ctx<'_>, odd: usize, odd_has: &str, rest_has: &str, ctx: 
             pe, mine, theirs, ..
         }) => {
             assert_eq!(pe, first_other(me, odd), "{ctx} PE {me}: differing member");
-            let (m, t) = if me == odd {
-                (odd_has, rest_has)
-            } else {
-                (rest_has, odd_has)
-            };
+            let [m, t] = if me == odd { odd_has } else { rest_has };
             assert!(mine.contains(m), "{ctx} PE {me}: mine {mine:?} lacks {m:?}");
             assert!(
                 theirs.contains(t),
@@ -1033,32 +1042,6 @@ fn mismatch_body(pe: &Pe, fused: bool) -> Result<()> {
     good_all_reduce(&c, &src, &dst, seed.get() + 1, N, "everything")
 }
 
-/// As [`expect_mismatch`] with what each side's own and reported signatures hold given apart
-/// (a barrier-based member sees no signature of an LL member: "no collective signature").
-fn expect_ll_mismatch(c: &Ctx<'_>, odd: usize, odd_has: [&str; 2], rest_has: [&str; 2], ctx: &str) {
-    let me = c.pe.my_pe();
-    c.s.synchronize()
-        .unwrap_or_else(|e| panic!("{ctx} PE {me}: {e}"));
-    match c.coll.check_errors() {
-        Err(Error::CollectiveMismatch {
-            pe, mine, theirs, ..
-        }) => {
-            assert_eq!(pe, first_other(me, odd), "{ctx} PE {me}: differing member");
-            let [m, t] = if me == odd { odd_has } else { rest_has };
-            assert!(mine.contains(m), "{ctx} PE {me}: mine {mine:?} lacks {m:?}");
-            assert!(
-                theirs.contains(t),
-                "{ctx} PE {me}: theirs {theirs:?} lacks {t:?}"
-            );
-        }
-        other => panic!("{ctx} PE {me}: expected a collective mismatch, got {other:?}"),
-    }
-    assert!(
-        c.coll.check_errors().is_ok(),
-        "{ctx} PE {me}: flag not cleared"
-    );
-}
-
 /// The LL all_reduce's cross-member check: LL against LL with another count, LL against a
 /// barrier-based all_reduce (two-shot beyond the LL size: 3 barriers against the LL's 2) and
 /// against another collective. Each is a `CollectiveMismatch` on every member with nothing
@@ -1089,7 +1072,7 @@ fn ll_mismatch_body(pe: &Pe) -> Result<()> {
     let v = arm(pe, &src, &dst, seed.get())?;
     let n = if me == 1 { 99 } else { 100 };
     c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
-    expect_ll_mismatch(
+    expect_mismatch_with(
         &c,
         1,
         ["count 99 ", "count 100 "],
@@ -1101,7 +1084,7 @@ fn ll_mismatch_body(pe: &Pe) -> Result<()> {
     let v = arm(pe, &src, &dst, seed.get())?;
     let n = if me == 0 { N } else { 100 };
     c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
-    expect_ll_mismatch(
+    expect_mismatch_with(
         &c,
         0,
         ["algo two_shot barriers 3", "no collective signature"],
@@ -1117,7 +1100,7 @@ fn ll_mismatch_body(pe: &Pe) -> Result<()> {
     } else {
         c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
     }
-    expect_ll_mismatch(
+    expect_mismatch_with(
         &c,
         3,
         ["all_gather", "no collective signature"],

@@ -344,18 +344,24 @@ fn sig_model(n: usize, calls: Vec<Vec<u64>>, preemptions: usize) {
             })
             .collect();
         let exps: Vec<Vec<u64>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        let total: u64 = calls
-            .iter()
-            .map(|sigs| sigs.iter().map(|&s| sig_syncs(s)).max().unwrap_or(0))
-            .sum();
-        for (p, e) in exps.iter().enumerate() {
-            for (q, &x) in e.iter().enumerate() {
-                assert_eq!(x, total, "PE {p}'s expectation for {q}");
-                let want = if p == q { 0 } else { total };
-                assert_eq!(mem.at(p, 0, q).load(Ordering::Relaxed), want);
-            }
-        }
+        assert_in_step(&exps, &mem, &calls);
     });
+}
+
+/// Every PE's expectations and counters for every other PE end at the sum over the calls of
+/// their largest barrier count (nobody hangs in a later barrier).
+fn assert_in_step(exps: &[Vec<u64>], mem: &BarMem, calls: &[Vec<u64>]) {
+    let total: u64 = calls
+        .iter()
+        .map(|sigs| sigs.iter().map(|&s| sig_syncs(s)).max().unwrap_or(0))
+        .sum();
+    for (p, e) in exps.iter().enumerate() {
+        for (q, &x) in e.iter().enumerate() {
+            assert_eq!(x, total, "PE {p}'s expectation for {q}");
+            let want = if p == q { 0 } else { total };
+            assert_eq!(mem.at(p, 0, q).load(Ordering::Relaxed), want);
+        }
+    }
 }
 
 /// Signature model, 2 PEs, 3 calls: a matching one-shot call (2 barriers), a mismatch in both
@@ -578,17 +584,7 @@ fn ll_model(n: usize, calls: Vec<Vec<u64>>, preemptions: usize) {
             })
             .collect();
         let exps: Vec<Vec<u64>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        let total: u64 = calls
-            .iter()
-            .map(|sigs| sigs.iter().map(|&s| sig_syncs(s)).max().unwrap_or(0))
-            .sum();
-        for (p, e) in exps.iter().enumerate() {
-            for (q, &x) in e.iter().enumerate() {
-                assert_eq!(x, total, "PE {p}'s expectation for {q}");
-                let want = if p == q { 0 } else { total };
-                assert_eq!(mem.bar.at(p, 0, q).load(Ordering::Relaxed), want);
-            }
-        }
+        assert_in_step(&exps, &mem.bar, &calls);
     });
 }
 
