@@ -15,6 +15,16 @@ pub struct RawSym {
     pub(crate) owner: usize,
 }
 
+impl RawSym {
+    /// Whether this range and `other` (elements of `elem_bytes` bytes) share a byte of the
+    /// heap; an empty range shares none, even inside the other.
+    pub(crate) fn overlaps(&self, other: &RawSym, elem_bytes: usize) -> bool {
+        let (a0, a1) = (self.offset, self.offset + self.len * elem_bytes);
+        let (b0, b1) = (other.offset, other.offset + other.len * elem_bytes);
+        a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
+    }
+}
+
 /// A symmetric array of `len` elements of `T`, allocated collectively by
 /// [`Pe::alloc`](crate::Pe::alloc) and released by [`Pe::free`](crate::Pe::free).
 ///

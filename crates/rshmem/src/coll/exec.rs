@@ -333,12 +333,8 @@ impl<'pe> Coll<'pe> {
                 )));
             }
         }
-        let sz = std::mem::size_of::<T>();
-        let (s0, s1) = (c.src.offset, c.src.offset + c.src.len * sz);
-        let (d0, d1) = (c.dst.offset, c.dst.offset + c.dst.len * sz);
         let in_place = c.src.offset == c.dst.offset && c.src.len == c.dst.len;
-        // An empty range overlaps nothing (even when it lies inside the other one).
-        if !in_place && s0 < s1 && d0 < d1 && s0 < d1 && d0 < s1 {
+        if !in_place && c.src.overlaps(&c.dst, std::mem::size_of::<T>()) {
             return Err(Error::invalid(format!(
                 "{}: source and destination partially overlap (in place needs the same object)",
                 c.kind.name()

@@ -117,7 +117,8 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-fn env_size(name: &str) -> Result<Option<usize>> {
+/// A size variable (`64K`, `1M`, bytes); unset or empty: `None`; malformed: an error.
+pub(crate) fn env_size(name: &str) -> Result<Option<usize>> {
     env(name)
         .map(|v| {
             parse_size(&v)

@@ -338,24 +338,13 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
     return all;
 }
 
-// 0: member i's header has arrived and equals sig; 1: it differs; 2: member i is in a
+// 0: world PE pe's header has arrived and equals sig; 1: it differs; 2: pe is in a
 // barrier-based call (its signature is in this PE's slot row); -1: gave up (timeout flagged).
-// `p->from` is set to the half holding i's lines (kinds 0 and 1); *w0: the slot's word 0.
-__device__ int rshmemi_ll_verdict_poll(rshmemi_ll_peer* p, const rshmemi_ll& ll, int src_pe, int n_pes,
-                                       const rshmemi_check& ck, int world_pe, rshmem_u64* w0);
-// The verdict, then an acquire fence: what that member wrote before this call's header (the
-// slot clearing of its earlier calls) comes before this PE's later writes (its next calls'
-// slot writes into that member's row). Found by the loom model (`loom_ll_all_reduce_two_pes`).
-__device__ int rshmemi_ll_verdict(rshmemi_ll_peer* p, const rshmemi_ll& ll, int src_pe, int n_pes, const rshmemi_check& ck,
-                                  int world_pe, rshmem_u64* w0) {
-    const int v = rshmemi_ll_verdict_poll(p, ll, src_pe, n_pes, ck, world_pe, w0);
-    asm volatile("fence.acq_rel.sys;" ::: "memory");
-    return v;
-}
-__device__ int rshmemi_ll_verdict_poll(rshmemi_ll_peer* p, const rshmemi_ll& ll, int src_pe, int n_pes,
-                                       const rshmemi_check& ck, int world_pe, rshmem_u64* w0) {
-    const rshmem_u64* h0 = rshmemi_ll_lines(ll, 0, src_pe, n_pes);
-    const rshmem_u64* h1 = rshmemi_ll_lines(ll, 1, src_pe, n_pes);
+// `p->from` is set to the half holding pe's lines (kinds 0 and 1); *w0: the slot's word 0.
+__device__ int rshmemi_ll_verdict(rshmemi_ll_peer* p, const rshmemi_ll& ll, int pe, int n_pes,
+                                  const rshmemi_check& ck, rshmem_u64* w0) {
+    const rshmem_u64* h0 = rshmemi_ll_lines(ll, 0, pe, n_pes);
+    const rshmem_u64* h1 = rshmemi_ll_lines(ll, 1, pe, n_pes);
     rshmem_u64 t0 = 0;
     unsigned spins = 0;
     bool same;
@@ -365,13 +354,13 @@ __device__ int rshmemi_ll_verdict_poll(rshmemi_ll_peer* p, const rshmemi_ll& ll,
             if (rshmemi_ll_header(h1, p->flag, ck, &same)) { p->from = h1; return same ? 0 : 1; }
             // A slot write of that member comes after its header of this call would have
             // (that from an earlier kernel of it): seeing the slot, look at the headers once more.
-            if (look == 0 && (*w0 = rshmemi_ld_acquire(ck.slots + (rshmem_u64)world_pe * RSHMEMI_SIG_WORDS)) == 0) break;
+            if (look == 0 && (*w0 = rshmemi_ld_acquire(ck.slots + (rshmem_u64)pe * RSHMEMI_SIG_WORDS)) == 0) break;
             if (look == 1) return 2;
         }
         if (rshmemi_failed()) return -1;
         if (t0 == 0) t0 = rshmemi_now();
         if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-            rshmemi_flag_timeout(world_pe);
+            rshmemi_flag_timeout(pe);
             return -1;
         }
     }
@@ -420,7 +409,11 @@ __device__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem
     for (int i = tid; i < N; i += nth) {
         rshmem_u64 w0 = 0;
         const int pe = rshmemi_member(team, i);
-        const int v = i == me ? 0 : rshmemi_ll_verdict(&s_peer[i], ll, pe, n_pes, ck, pe, &w0);
+        const int v = i == me ? 0 : rshmemi_ll_verdict(&s_peer[i], ll, pe, n_pes, ck, &w0);
+        // What that member wrote before this call's header (the slot clearing of its earlier
+        // calls) comes before this PE's later writes (its next calls' slot writes into that
+        // member's row). Found by the loom model (`loom_ll_all_reduce_two_pes`).
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
         s_kind[i] = v;
         s_w0[i] = w0;
         if (v < 0) atomicMin(&s_verdict, -1);

@@ -262,14 +262,7 @@ struct LlArg {
 pub const COLL_LL_BYTES: usize = 0;
 
 fn ll_bytes_from_env() -> Result<usize> {
-    match std::env::var("RSHMEM_CUDA_COLL_LL_BYTES") {
-        Ok(v) if !v.trim().is_empty() => crate::config::parse_size(v.trim()).ok_or_else(|| {
-            Error::invalid(format!(
-                "RSHMEM_CUDA_COLL_LL_BYTES={v:?}: expected a size like 64K (0: off)"
-            ))
-        }),
-        _ => Ok(COLL_LL_BYTES),
-    }
+    Ok(crate::coll::env_size("RSHMEM_CUDA_COLL_LL_BYTES")?.unwrap_or(COLL_LL_BYTES))
 }
 
 /// Private u32 words per LL slot: the block counter, then the half this PE writes next into
@@ -423,17 +416,6 @@ impl std::fmt::Debug for GpuColl<'_> {
     }
 }
 
-fn is_capturing(s: &Stream) -> Result<bool> {
-    let _g = s.raw.gpu.bind()?;
-    let mut st = ffi::cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: a live stream; writes one status.
-    ffi::check(
-        unsafe { ffi::cu::cuStreamIsCapturing(s.raw.raw, &mut st) },
-        "cuStreamIsCapturing",
-    )?;
-    Ok(st != ffi::cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-}
-
 impl<'a> GpuColl<'a> {
     /// Compiles (NVRTC, cached per GPU architecture on disk and per PE in memory) and loads
     /// every collective kernel, allocates its symmetric objects (all_to_all_v metadata,
@@ -566,7 +548,7 @@ impl<'a> GpuColl<'a> {
             }
         }
         if let Some(s) = s {
-            if is_capturing(s)? {
+            if s.is_capturing()? {
                 return Err(Error::invalid(format!(
                     "this collective needs {bytes} bytes of staging memory, more than reserved; \
                      call GpuColl::reserve({bytes}) (or run it once) before capturing"
@@ -666,14 +648,10 @@ impl<'a> GpuColl<'a> {
         dst: &(impl AsSym<T> + ?Sized),
     ) -> Result<bool> {
         let (a, b) = (src.raw(), dst.raw());
-        let es = std::mem::size_of::<T>();
         if a.offset == b.offset && a.len == b.len {
             return Ok(true);
         }
-        let (a0, a1) = (a.offset, a.offset + a.len * es);
-        let (b0, b1) = (b.offset, b.offset + b.len * es);
-        // An empty range overlaps nothing (as in the host executor).
-        if a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1 {
+        if a.overlaps(&b, std::mem::size_of::<T>()) {
             return Err(Error::invalid(
                 "src and dst partly overlap (in place means the same object)",
             ));
@@ -820,6 +798,14 @@ impl<'a> GpuColl<'a> {
             lines: ll_lines(self.ll_bytes) as u64,
             done: done.ptr + (slot * ll_notes(self.n_pes) * 4) as u64,
         })
+    }
+
+    /// Whether an all_reduce of `bytes` on `team` runs the LL way (what the benchmarks report).
+    pub(crate) fn all_reduce_uses_ll(&self, team: &Team, bytes: usize) -> bool {
+        let algo = self.config.choose(CollKind::AllReduce, bytes);
+        self.g
+            .device_team(team)
+            .is_ok_and(|dt| self.ll_arg(dt, bytes, algo).is_some())
     }
 
     /// Bytes up to which all_reduce runs the LL way (0: never; see [`GpuColl::with_ll_bytes`]).
@@ -1435,14 +1421,7 @@ fn fusable(plan: &Plan, es: usize, limit: usize) -> bool {
 pub const COLL_FUSED_BYTES: usize = 64 << 10;
 
 fn fused_bytes_from_env() -> Result<usize> {
-    match std::env::var("RSHMEM_CUDA_COLL_FUSED_BYTES") {
-        Ok(v) if !v.trim().is_empty() => crate::config::parse_size(v.trim()).ok_or_else(|| {
-            Error::invalid(format!(
-                "RSHMEM_CUDA_COLL_FUSED_BYTES={v:?}: expected a size like 64K"
-            ))
-        }),
-        _ => Ok(COLL_FUSED_BYTES),
-    }
+    Ok(crate::coll::env_size("RSHMEM_CUDA_COLL_FUSED_BYTES")?.unwrap_or(COLL_FUSED_BYTES))
 }
 
 fn mul(n: usize, count: usize) -> Result<usize> {

@@ -6,7 +6,7 @@ use super::bench::{time_graph, time_stream};
 use super::coll::GpuColl;
 use super::nccl::{DataType, Nccl};
 use crate::coll::bench::bus_factor;
-use crate::coll::{Algo, CollConfig, CollKind, ReduceOp};
+use crate::coll::{CollConfig, CollKind, ReduceOp};
 use crate::error::{Error, Result};
 use crate::Pe;
 
@@ -105,16 +105,10 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             let elems = bytes / 4;
             let per = elems / n;
             let (s_, d_) = (g.ptr(&src)?, g.ptr(&dst)?);
-            let algo = match coll.config().choose(kind, bytes) {
-                // The world's slot and 2 to 16 members: the LL path when on and small enough.
-                Algo::OneShot
-                    if kind == CollKind::AllReduce
-                        && bytes <= coll.ll_bytes()
-                        && n <= super::coll::LL_MAX_MEMBERS =>
-                {
-                    "ll"
-                }
-                a => a.name(),
+            let algo = if kind == CollKind::AllReduce && coll.all_reduce_uses_ll(w, bytes) {
+                "ll"
+            } else {
+                coll.config().choose(kind, bytes).name()
             };
             pe.barrier_all()?;
             let t = timer(&g, &s, iters, &mut || match kind {

@@ -472,11 +472,7 @@ pub struct Buffer<T: Elem> {
 
 /// Whether two symmetric objects share a byte (both live in the one symmetric heap).
 fn overlaps<T: Elem>(a: &(impl AsSym<T> + ?Sized), b: &(impl AsSym<T> + ?Sized)) -> bool {
-    let (a, b) = (a.raw(), b.raw());
-    let es = std::mem::size_of::<T>();
-    let (a0, b0) = (a.offset, b.offset);
-    let (a1, b1) = (a0 + a.len * es, b0 + b.len * es);
-    a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
+    a.raw().overlaps(&b.raw(), std::mem::size_of::<T>())
 }
 
 fn words_u32(v: &[u32]) -> Vec<usize> {
