@@ -31,7 +31,7 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_LL_BYTES",
-        "CUDA collectives: largest all_reduce of the LL path (no barrier waits), default 0 (off)",
+        "CUDA collectives: largest all_reduce of the LL path (no barrier waits), default 64K (less when its area would pass 1/16 of the heap; 0 = off)",
     ),
     (
         "RSHMEM_CUDA_COLL_FUSED_BYTES",

@@ -23,12 +23,26 @@ enum Command {
     Perf(perf::PerfArgs),
     /// Run a program as a job of N PEs (processes, or processes of threads).
     Run(run::RunArgs),
+    /// Compile rshmem's CUDA kernels into the kernel cache (`RSHMEM_CACHE_DIR`) ahead of a
+    /// first run; needs NVRTC, not a GPU.
+    Compile {
+        /// GPU architecture, e.g. sm_90 (H100/H200).
+        #[arg(long, default_value = "sm_90")]
+        arch: String,
+    },
     /// One process of a `perf` world (started by `rshmem perf`, not by hand).
     #[command(name = "perf-worker", hide = true)]
     PerfWorker {
         /// The world's specification (JSON).
         spec: String,
     },
+}
+
+fn compile(arch: &str) -> perf::CliResult<()> {
+    for (name, bytes) in rshmem::cuda::precompile(arch)? {
+        println!("{name}: {bytes} bytes ({arch})");
+    }
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +59,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Perf(args) => perf::run(args),
         Command::PerfWorker { spec } => perf::worker(&spec),
+        Command::Compile { arch } => compile(&arch),
         Command::Run(args) => {
             return std::process::ExitCode::from(run::run(args).clamp(0, 255) as u8)
         }

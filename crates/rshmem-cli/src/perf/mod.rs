@@ -21,7 +21,8 @@ use rshmem::launcher::{self, Job};
 use rshmem::{BackendKind, Config, Pe};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use suite::{CliResult, Op, SuiteOpts};
+pub use suite::CliResult;
+use suite::{Op, SuiteOpts};
 
 /// Which backend to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -141,6 +141,11 @@ __device__ bool rshmemi_sig_sync(rshmem_team team, const rshmemi_check& ck) {
     for (int i = tid; i < team.size; i += nth) {
         volatile rshmem_u64* d = (volatile rshmem_u64*)rshmem_ptr(ck.slots + (rshmem_u64)my_pe * RSHMEMI_SIG_WORDS,
                                                                   rshmemi_member(team, i));
+        // What a member wrote before the LL header an earlier call of this PE saw (that
+        // member's clearing of this PE's slot, released at the end of its kernel) comes before
+        // this write into its slot row. At a kernel's start no store of this thread is pending,
+        // so the fence costs no round trip (in the LL kernel, after its pushes, it did).
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
 #pragma unroll
         for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) d[w] = ck.sig.w[w];
     }
@@ -263,30 +268,32 @@ RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
 // other member and folds them in team order with its own input. The call's signature travels
 // as the first RSHMEMI_SIG_WORDS lines (the header).
 //
-// Flag and buffer of a pair (sender s, receiver r): the flag is the low 32 bits of the
-// barrier expectation each keeps for the other at the call's start, plus 1 (equal while the
-// team's barrier counters are in step, and new for every call). s writes its lines into one of
-// the two halves of its region (by world PE) in r's area, alternating per LL call to r (s's
-// private note), and r finds the half whose header carries the flag. s finishes an LL call
-// only after r started it (r's header or slot arrived), so r has finished its call before,
-// and with it the last read of the half s writes next. The call keeps the barrier counters in step with a call of two
-// barriers: one arrival at every member at the start, one (plus padding) at the end,
-// expectations +2 (or the padding's count).
+// Flag and buffer of a pair (sender s, receiver r): the flag (rshmemi_ll_flag) joins the
+// barrier expectation each keeps for the other and the pair's LL sequence, a private note of
+// each side (equal on both while the calls match, and new for every call). s writes its lines
+// into the half of its region (by world PE) in r's area that the sequence's parity names, and
+// r finds the half whose header carries the flag. s finishes an LL call only after r started
+// it (r's header or slot arrived), so r has finished its call before, and with it the last
+// read of the half s writes next. No fence, no barrier counter and no atomic (one block) on
+// the way of a matched call: system-scope fences cost a round trip over NVLink each, and a
+// first version with them took 12 us where this takes 5 (2x H100, graph replay).
 //
 // A member whose call is not an LL all_reduce (another collective, other arguments beyond the
 // LL size) writes its signature into this member's slot row before its first barrier (see
 // rshmemi_sig_sync); a waiting member that finds it there instead of a header records the
-// mismatch, pads its arrivals to that call's barrier count and clears its slots before the last
-// of them (that call's barriers wait for them), so both sides report CollectiveMismatch and the
-// counters stay in step. A mismatched call writes nothing to dst; a wait that times out stops
-// the writing (dst is then partly written; the host reports the timeout).
+// mismatch, clears its slots and then gives it the arrivals of every barrier that call runs
+// (it waits for them), with the expectation moved by as many, so both sides report
+// CollectiveMismatch, the counters stay in step, and the pair's next flag is new. A member
+// in a plain barrier (no collective) meets neither a header nor a slot: both sides time out.
+// A mismatched call writes nothing to dst; a wait that times out stops the writing (dst is
+// then partly written; the host reports the timeout).
 #define RSHMEMI_LL_MAX_MEMBERS 16
 
 struct rshmemi_ll {
     rshmem_u64 area;   // this PE's LL area of the team's slot (symmetric): [2 halves][source world PE][lines] x 16 B
     rshmem_u64 lines;  // lines per (half, source member)
     unsigned* done;    // private, per slot: [0] block counter (the last block resets it),
-                       // [1 + world PE] the half this PE writes next into that PE's area
+                       // [1 + world PE] the pair's LL sequence (its parity: the half written next)
 };
 
 __device__ __forceinline__ void rshmemi_ll_store(rshmem_u64* p, rshmem_u64 v, unsigned flag) {
@@ -314,12 +321,13 @@ template <typename T> __device__ __forceinline__ rshmem_u64 rshmemi_ll_pack(cons
     return w.u;
 }
 
-// Per member i of the team: the flag of this call's pair, the half this PE writes into i's
-// area, and (after the verdict) where i's lines for this call lie in this PE's area.
+// Per member i of the team: the flag of this call's pair, where this PE's lines go in i's
+// area (the half the pair's sequence names), and where i's lines for this call lie in this
+// PE's area (the same half: the sequences are equal on both sides).
 struct rshmemi_ll_peer {
     unsigned flag;
-    unsigned send_half;
-    const rshmem_u64* from;  // 16-byte lines: 2 words each
+    rshmem_u64* to;          // 16-byte lines: 2 words each
+    const rshmem_u64* from;
 };
 
 __device__ __forceinline__ const rshmem_u64* rshmemi_ll_lines(const rshmemi_ll& ll, unsigned half, int src, int n_pes) {
@@ -338,31 +346,111 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
     return all;
 }
 
-// 0: world PE pe's header has arrived and equals sig; 1: it differs; 2: pe is in a
-// barrier-based call (its signature is in this PE's slot row); -1: gave up (timeout flagged).
-// `p->from` is set to the half holding pe's lines (kinds 0 and 1); *w0: the slot's word 0.
-__device__ int rshmemi_ll_verdict(rshmemi_ll_peer* p, const rshmemi_ll& ll, int pe, int n_pes,
-                                  const rshmemi_check& ck, rshmem_u64* w0) {
-    const rshmem_u64* h0 = rshmemi_ll_lines(ll, 0, pe, n_pes);
-    const rshmem_u64* h1 = rshmemi_ll_lines(ll, 1, pe, n_pes);
+// RSHMEMI_LL_NOP 1 (a compile option for measurements, through RSHMEM_CUDA_COLL_NVRTC_OPTS):
+// the LL kernels return at once, what is left being the launch floor. Wrong results.
+#ifndef RSHMEMI_LL_NOP
+#define RSHMEMI_LL_NOP 0
+#endif
+
+// The flag of a pair's LL call: the low 16 bits of the barrier expectation each keeps for the
+// other (moved by barrier-based calls, and by the padding of a mismatch) and the low 15 bits
+// of the pair's LL sequence (moved by every LL call both ran); bit 15 set, so never 0 (the
+// area's initial contents).
+__device__ __forceinline__ unsigned rshmemi_ll_flag(rshmem_u64 exp, unsigned seq) {
+    return ((unsigned)(exp & 0xffff) << 16) | 0x8000u | (seq & 0x7fffu);
+}
+
+// One warp's verdict on world PE pe: 0 its header has arrived and equals sig; 1 it differs;
+// 2 pe is in a barrier-based call (its signature is in this PE's slot row); -1 gave up
+// (timeout flagged). Lanes 0..5 read the header's lines at once (one load's latency per spin,
+// not six); *w0: the slot's word 0 (kind 2). Every lane returns the same.
+__device__ int rshmemi_ll_verdict(const rshmemi_ll_peer& p, int pe, const rshmemi_check& ck, rshmem_u64* w0) {
+    const unsigned lane = threadIdx.x & 31;
+    const bool reads = lane < RSHMEMI_SIG_WORDS;
+    const rshmem_u64 want = reads ? ck.sig.w[lane] : 0;
+    const unsigned all = (1u << RSHMEMI_SIG_WORDS) - 1;
     rshmem_u64 t0 = 0;
-    unsigned spins = 0;
-    bool same;
-    while (true) {
+    // The header at every spin; the slot (a mismatch, rare) every 8th; the error word and the
+    // clock every 256th.
+    for (unsigned spins = 1;; spins++) {
+        bool slot_seen = false;
         for (int look = 0; look < 2; look++) {
-            if (rshmemi_ll_header(h0, p->flag, ck, &same)) { p->from = h0; return same ? 0 : 1; }
-            if (rshmemi_ll_header(h1, p->flag, ck, &same)) { p->from = h1; return same ? 0 : 1; }
+            rshmem_u64 v = 0;
+            const bool ok = reads && rshmemi_ll_load(p.from + 2 * lane, p.flag, &v);
+            const unsigned okb = __ballot_sync(~0u, ok), same = __ballot_sync(~0u, ok && v == want);
+            if ((okb & all) == all) return (same & all) == all ? 0 : 1;
             // A slot write of that member comes after its header of this call would have
-            // (that from an earlier kernel of it): seeing the slot, look at the headers once more.
-            if (look == 0 && (*w0 = rshmemi_ld_acquire(ck.slots + (rshmem_u64)pe * RSHMEMI_SIG_WORDS)) == 0) break;
-            if (look == 1) return 2;
+            // (that from an earlier kernel of it): seeing the slot, look at the header once more.
+            if (slot_seen) return 2;
+            if ((spins & 7) != 0) break;
+            rshmem_u64 s = 0;
+            if (lane == 0) s = rshmemi_ld_acquire(ck.slots + (rshmem_u64)pe * RSHMEMI_SIG_WORDS);
+            s = __shfl_sync(~0u, s, 0);
+            if (s == 0) break;
+            *w0 = s;
+            slot_seen = true;
         }
-        if (rshmemi_failed()) return -1;
+        if ((spins & 255) != 0) continue;
+        int stop = 0;
+        if (lane == 0) {
+            if (rshmemi_failed()) stop = 1;
+            else if (t0 == 0) t0 = rshmemi_now();
+            else if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout(pe);
+                stop = 1;
+            }
+        }
+        if (__shfl_sync(~0u, stop, 0)) return -1;
+    }
+}
+
+// Member i's line at p, waited for: false when `abort` rose first (a verdict against the
+// call), an earlier wait gave up, or this one timed out (flagged, naming the member).
+__device__ __forceinline__ bool rshmemi_ll_wait_line(const rshmem_u64* p, unsigned flag, rshmem_u64* v,
+                                                     const volatile int* abort, int pe) {
+    rshmem_u64 t0 = 0;
+    for (unsigned spins = 1; !rshmemi_ll_load(p, flag, v); spins++) {
+        if (*abort) return false;
+        // The error word and the clock only every 256 spins (a load fewer per spin).
+        if ((spins & 255) != 0) continue;
+        if (rshmemi_failed()) return false;
         if (t0 == 0) t0 = rshmemi_now();
-        if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+        else if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
             rshmemi_flag_timeout(pe);
-            return -1;
+            return false;
         }
+    }
+    return true;
+}
+
+// The fold, in team order, of line l of every member (this PE's from src); false when a line
+// did not come (see rshmemi_ll_wait_line).
+template <typename T, typename A, int OP>
+__device__ __forceinline__ bool rshmemi_ll_fold(A* acc, const T* src, rshmem_u64 n, rshmem_u64 l, int me, const rshmem_team& team,
+                                                const rshmemi_ll_peer* peers, const volatile int* abort) {
+    const int K = 8 / (int)sizeof(T);
+    for (int i = 0; i < team.size; i++) {
+        union { rshmem_u64 u; T e[8 / sizeof(T)]; } w;
+        if (i == me) w.u = rshmemi_ll_pack(src, n, l);
+        else if (!rshmemi_ll_wait_line(peers[i].from + 2 * (RSHMEMI_SIG_WORDS + l), peers[i].flag, &w.u, abort,
+                                       rshmemi_member(team, i)))
+            return false;
+#pragma unroll
+        for (int q = 0; q < K; q++) {
+            const A x = rshmemi_cvt<T, A>::in(w.e[q]);
+            acc[q] = i == 0 ? x : rshmemi_apply<A, OP>(acc[q], x);
+        }
+    }
+    return true;
+}
+
+template <typename T, typename A, int OP>
+__device__ __forceinline__ void rshmemi_ll_write(T* dst, const A* acc, rshmem_u64 n, rshmem_u64 l) {
+    const int K = 8 / (int)sizeof(T);
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+        const rshmem_u64 e = l * K + q;
+        if (e < n) dst[e] = rshmemi_cvt<T, A>::out(acc[q]);
     }
 }
 
@@ -373,107 +461,98 @@ __device__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem
     __shared__ int s_kind[RSHMEMI_LL_MAX_MEMBERS];         // rshmemi_ll_verdict per member
     __shared__ rshmem_u64 s_w0[RSHMEMI_LL_MAX_MEMBERS];    // its slot's word 0 (kind 2)
     __shared__ int s_verdict;  // 0 ok, 1 mismatch, -1 gave up
+    __shared__ int s_abort;    // a verdict against the call: line waits stop
     __shared__ int s_last;
+    if (RSHMEMI_LL_NOP) return;
     const unsigned tid = threadIdx.x, nth = blockDim.x;
-    const int me = team.my_index, N = team.size, n_pes = rshmem_dstate.n_pes;
+    const int me = team.my_index, N = team.size, n_pes = rshmem_dstate.n_pes, my_pe = rshmem_dstate.my_pe;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)n_pes;
-    rshmem_u64* mine = rshmemi_my_sync();
-    rshmem_u64* exp = mine + rshmem_dstate.sync_exp + row;
-    if (tid == 0) s_verdict = 0;
-    for (int i = tid; i < N; i += nth) {
-        const int pe = rshmemi_member(team, i);
-        s_peer[i].flag = (unsigned)(*(volatile rshmem_u64*)(exp + pe) + 1);
-        s_peer[i].send_half = ((volatile unsigned*)ll.done)[1 + pe] & 1;
-        s_peer[i].from = nullptr;
-    }
-    __syncthreads();
-    // One arrival at every member (block 0): a barrier-based call of a member passes its first
-    // barrier with it and finds no signature of ours in its slot row: a mismatch it reports.
-    if (blockIdx.x == 0)
-        for (int i = tid; i < N; i += nth)
-            rshmemi_red_add_release(rshmemi_sync(rshmemi_member(team, i)) + rshmem_dstate.sync_bar + row + rshmem_dstate.my_pe, 1);
+    rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     const rshmem_u64 dl = (n * sizeof(T) + 7) / 8;  // data lines
     const rshmem_u64 gt = blockIdx.x * (rshmem_u64)nth + tid, gn = (rshmem_u64)gridDim.x * nth;
-    // Push: the header, then this thread's data lines, to every other member (rotated start).
-    for (rshmem_u64 l = gt; l < RSHMEMI_SIG_WORDS + dl; l += gn) {
-        const rshmem_u64 v = l < RSHMEMI_SIG_WORDS ? ck.sig.w[l] : rshmemi_ll_pack(src, n, l - RSHMEMI_SIG_WORDS);
-        for (int k = 1; k < N; k++) {
-            const int j = (me + k) % N;
-            // The pair's flag is the same on both sides.
-            const rshmem_u64* mine_there = rshmemi_ll_lines(ll, s_peer[j].send_half, rshmem_dstate.my_pe, n_pes);
-            rshmem_u64* to = (rshmem_u64*)rshmem_ptr((void*)mine_there, rshmemi_member(team, j));
-            rshmemi_ll_store(to + 2 * l, v, s_peer[j].flag);
-        }
+    // Every load the push needs at once, none waiting for another: this thread's first line,
+    // the pair flags and the peers' heap bases; and an earlier wait that gave up (sticky until
+    // the host reads it).
+    const rshmem_u64 v0 = gt < RSHMEMI_SIG_WORDS ? ck.sig.w[gt]
+                          : gt < RSHMEMI_SIG_WORDS + dl ? rshmemi_ll_pack(src, n, gt - RSHMEMI_SIG_WORDS) : 0;
+    if (tid == 0) {
+        s_verdict = rshmemi_coll_gave_up() ? -1 : 0;
+        s_abort = 0;
     }
-    // Verdict: every block checks every member's header (its own reads, no wait on other blocks).
     for (int i = tid; i < N; i += nth) {
-        rshmem_u64 w0 = 0;
         const int pe = rshmemi_member(team, i);
-        const int v = i == me ? 0 : rshmemi_ll_verdict(&s_peer[i], ll, pe, n_pes, ck, &w0);
-        // What that member wrote before this call's header (the slot clearing of its earlier
-        // calls) comes before this PE's later writes (its next calls' slot writes into that
-        // member's row). Found by the loom model (`loom_ll_all_reduce_two_pes`).
-        asm volatile("fence.acq_rel.sys;" ::: "memory");
-        s_kind[i] = v;
-        s_w0[i] = w0;
-        if (v < 0) atomicMin(&s_verdict, -1);
-        else if (v > 0) atomicMax(&s_verdict, 1);
+        const unsigned seq = ((volatile unsigned*)ll.done)[1 + pe];
+        s_peer[i].flag = rshmemi_ll_flag(*(volatile rshmem_u64*)(exp + pe), seq);
+        s_peer[i].to = (rshmem_u64*)rshmem_ptr(rshmemi_ll_lines(ll, seq & 1, my_pe, n_pes), pe);
+        s_peer[i].from = rshmemi_ll_lines(ll, seq & 1, pe, n_pes);
     }
     __syncthreads();
-    // (-1 wins over 1: atomicMax above may have raised a -1 written first.)
+    // Push: the header, then this thread's data lines, to every other member (rotated start).
+    for (rshmem_u64 l = gt; l < RSHMEMI_SIG_WORDS + dl; l += gn) {
+        const rshmem_u64 v = l == gt ? v0 : rshmemi_ll_pack(src, n, l - RSHMEMI_SIG_WORDS);
+        for (int k = 1; k < N; k++) {
+            const int j = (me + k) % N;
+            rshmemi_ll_store(s_peer[j].to + 2 * l, v, s_peer[j].flag);  // the pair's flag is the same on both sides
+        }
+    }
+    // Verdict: every block checks every member's header (its own reads, no wait on other
+    // blocks), one warp per member from the last warp down, while the threads of the first
+    // data lines wait for them and fold (kept in registers until the verdict is in; a verdict
+    // against the call raises s_abort, which ends those waits).
+    const unsigned rwarp = (nth >> 5) - 1 - (tid >> 5), nwarps = nth >> 5;
+    for (int i = rwarp; i < N; i += nwarps) {
+        rshmem_u64 w0 = 0;
+        const int v = i == me ? 0 : rshmemi_ll_verdict(s_peer[i], rshmemi_member(team, i), ck, &w0);
+        // (The acquire that orders what the member wrote before this header before this PE's
+        // later slot writes into its row is the fence in rshmemi_sig_sync, before those writes.)
+        if ((tid & 31) == 0) {
+            s_kind[i] = v;
+            s_w0[i] = w0;
+            if (v != 0) *(volatile int*)&s_abort = 1;
+            if (v > 0) atomicMax(&s_verdict, 1);
+        }
+    }
+    A acc[8 / sizeof(T)];
+    const bool first = gt < dl && s_verdict == 0 &&
+                       rshmemi_ll_fold<T, A, OP>(acc, src, n, gt, me, team, s_peer, (const volatile int*)&s_abort);
+    __syncthreads();
+    // -1 (gave up, now or before) wins over 1.
     if (tid == 0)
         for (int i = 0; i < N; i++)
             if (s_kind[i] < 0) s_verdict = -1;
     __syncthreads();
-    if (s_verdict == 0 && !rshmemi_coll_gave_up()) {
-        const int K = 8 / (int)sizeof(T);
-        for (rshmem_u64 l = gt; l < dl; l += gn) {
-            A acc[8 / sizeof(T)];
-            for (int i = 0; i < N; i++) {
-                union { rshmem_u64 u; T e[8 / sizeof(T)]; } w;
-                if (i == me) {
-                    w.u = rshmemi_ll_pack(src, n, l);
-                } else {
-                    const rshmem_u64* p = s_peer[i].from + 2 * (RSHMEMI_SIG_WORDS + l);
-                    rshmem_u64 t0 = 0;
-                    unsigned spins = 0;
-                    while (!rshmemi_ll_load(p, s_peer[i].flag, &w.u)) {
-                        if (rshmemi_failed()) break;
-                        if (t0 == 0) t0 = rshmemi_now();
-                        if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-                            rshmemi_flag_timeout(rshmemi_member(team, i));
-                            break;
-                        }
-                    }
-                }
-#pragma unroll
-                for (int q = 0; q < K; q++) {
-                    const A x = rshmemi_cvt<T, A>::in(w.e[q]);
-                    acc[q] = i == 0 ? x : rshmemi_apply<A, OP>(acc[q], x);
-                }
-            }
-            if (rshmemi_failed()) break;  // a line never came: write nothing more
-#pragma unroll
-            for (int q = 0; q < K; q++) {
-                const rshmem_u64 e = l * K + q;
-                if (e < n) dst[e] = rshmemi_cvt<T, A>::out(acc[q]);
-            }
+    if (s_verdict == 0 && gt < dl && first) {
+        rshmemi_ll_write<T, A, OP>(dst, acc, n, gt);
+        for (rshmem_u64 l = gt + gn; l < dl; l += gn) {
+            if (!rshmemi_ll_fold<T, A, OP>(acc, src, n, l, me, team, s_peer, (const volatile int*)&s_abort))
+                break;  // a line never came: write nothing more
+            rshmemi_ll_write<T, A, OP>(dst, acc, n, l);
         }
     }
-    // The last block to finish: the mismatch record, slot clearing, padding and the rest of
-    // the arrivals, the expectations.
+    // The last block to finish (the only one when there is one: no counter): the pair
+    // sequences, and after a mismatch its record, the slot clearing and the padding.
     __syncthreads();
-    if (tid == 0) {
-        // The block's lines and reads before the last block's release arrivals (system scope:
-        // the arrivals go to peers).
-        __threadfence_system();
-        s_last = atomicAdd(ll.done, 1u) == gridDim.x - 1;
+    if (gridDim.x > 1) {
+        if (tid == 0) {
+            // After a mismatch: this block's verdict (its slot reads) before the last block's
+            // slot clearing. Nothing to order otherwise (each block uses its own verdict).
+            if (s_verdict != 0) __threadfence();
+            s_last = atomicAdd(ll.done, 1u) == gridDim.x - 1;
+            if (s_last && s_verdict != 0) __threadfence();
+        }
+        __syncthreads();
+        if (!s_last) return;
+        if (tid == 0) *ll.done = 0;
     }
-    __syncthreads();
-    if (!s_last) return;
+    if (s_verdict == 0) {
+        // The common case: every member ran this LL call; no barrier counter moves.
+        for (int i = tid; i < N; i += nth)
+            if (i != me) ll.done[1 + rshmemi_member(team, i)] += 1;
+        return;
+    }
     __shared__ unsigned s_syncs;
     __shared__ int s_bad;
-    if (tid == 0) { s_syncs = 2; s_bad = 0x7fffffff; }
+    if (tid == 0) { s_syncs = 0; s_bad = 0x7fffffff; }
     __syncthreads();
     // What this block's verdict saw (a slot written later belongs to that member's next call).
     for (int i = tid; i < N; i += nth) {
@@ -504,13 +583,21 @@ __device__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem
             for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) slot[w] = 0;
         }
     __syncthreads();
+    // Members that ran an LL call (kind 0 or 1) move on to the next pair sequence; a
+    // barrier-based member (kind 2) gets the arrivals of the barriers its call waits for (the
+    // most any barrier-based member of this call runs: they pad to it among themselves), and
+    // the expectation for it moves by as many (so the next flags differ from this call's).
+    // The release arrivals publish the clearing above.
     for (int i = tid; i < N; i += nth) {
+        if (i == me || s_kind[i] < 0) continue;
         const int pe = rshmemi_member(team, i);
-        exp[pe] = exp[pe] + s_syncs;
-        if (i != me) ll.done[1 + pe] = s_peer[i].send_half ^ 1u;
-        rshmemi_red_add_release(rshmemi_sync(pe) + rshmem_dstate.sync_bar + row + rshmem_dstate.my_pe, s_syncs - 1);
+        if (s_kind[i] == 2) {
+            exp[pe] = exp[pe] + s_syncs;
+            rshmemi_red_add_release(rshmemi_sync(pe) + rshmem_dstate.sync_bar + row + rshmem_dstate.my_pe, s_syncs);
+        } else {
+            ll.done[1 + pe] += 1;
+        }
     }
-    if (tid == 0) *ll.done = 0;
 }
 
 #define RSHMEMI_COLL_LL_KERNEL(NAME, T, A, OPN, OP)                                                 \

@@ -258,11 +258,39 @@ struct LlArg {
     done: u64,
 }
 
-/// Default of the LL size (`RSHMEM_CUDA_COLL_LL_BYTES`): 0, off until measured on GPUs.
-pub const COLL_LL_BYTES: usize = 0;
+/// Largest default LL size (`RSHMEM_CUDA_COLL_LL_BYTES` unset): 64 KiB, where the LL
+/// all_reduce met NCCL's time on 2 GPUs (below it, faster). The default halves, down to
+/// 1 KiB (then 0, off), until the LL area takes at most 1/16 of the symmetric heap
+/// ([`default_ll_bytes`]).
+pub const COLL_LL_BYTES: usize = 64 << 10;
 
-fn ll_bytes_from_env() -> Result<usize> {
-    Ok(crate::coll::env_size("RSHMEM_CUDA_COLL_LL_BYTES")?.unwrap_or(COLL_LL_BYTES))
+/// The default LL size for a heap of `heap` bytes per PE and `n_pes` PEs: the largest power of
+/// two from [`COLL_LL_BYTES`] down to 1 KiB whose LL area (every LL team slot) fits in 1/16
+/// of the heap, else 0 (off). With the default 128 MiB heap: 64 KiB up to 7 PEs, 4 KiB at 72.
+pub fn default_ll_bytes(heap: usize, n_pes: usize) -> usize {
+    let mut b = COLL_LL_BYTES;
+    while b >= 1024 {
+        if ll_area_bytes(b, n_pes, LL_SLOTS).is_some_and(|a| a <= heap / 16) {
+            return b;
+        }
+        b /= 2;
+    }
+    0
+}
+
+/// Extra NVRTC options of the collectives' module (`RSHMEM_CUDA_COLL_NVRTC_OPTS`, space
+/// separated): the compile-time switches `coll.cu` documents, for measurements.
+pub fn coll_nvrtc_options() -> Vec<String> {
+    std::env::var("RSHMEM_CUDA_COLL_NVRTC_OPTS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn ll_bytes_from_env(heap: usize, n_pes: usize) -> Result<usize> {
+    Ok(crate::coll::env_size("RSHMEM_CUDA_COLL_LL_BYTES")?
+        .unwrap_or_else(|| default_ll_bytes(heap, n_pes)))
 }
 
 /// Private u32 words per LL slot: the block counter, then the half this PE writes next into
@@ -306,8 +334,8 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 ///   `RSHMEM_CUDA_COLL_FUSED_BYTES`): a plan with a single data phase (one-shot all_reduce,
 ///   reduce, reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as
 ///   one kernel of one block with both barriers inside: one launch instead of three.
-/// * **LL all_reduce** (opt-in, [`GpuColl::with_ll_bytes`] or `RSHMEM_CUDA_COLL_LL_BYTES`,
-///   off by default: written 2026-11-23 and not yet run on a GPU): a one-shot all_reduce up to
+/// * **LL all_reduce** ([`GpuColl::with_ll_bytes`] or `RSHMEM_CUDA_COLL_LL_BYTES`, default
+///   [`default_ll_bytes`]: 64 KiB unless the heap is small for the job): a one-shot all_reduce up to
 ///   that size as one kernel without barrier waits, each member pushing its input with a flag
 ///   in every 16-byte line into the others' LL areas (NCCL's LL protocol) and its signature as
 ///   a header. A member running another call is still reported as
@@ -423,24 +451,28 @@ impl<'a> GpuColl<'a> {
     /// staging, and meets the other PEs. Collective over the world: every PE calls it before
     /// any PE launches a collective (loading a module waits for kernels running on the GPU).
     pub fn new(g: CudaPe<'a>, config: CollConfig) -> Result<GpuColl<'a>> {
-        Self::with_ll_bytes(g, config, ll_bytes_from_env()?)
+        let ll = ll_bytes_from_env(g.backend().heap_size, g.pe_ref().n_pes())?;
+        Self::with_ll_bytes(g, config, ll)
     }
 
     /// As [`GpuColl::new`], with the LL all_reduce for messages up to `ll_bytes` (0: off;
-    /// `new` reads `RSHMEM_CUDA_COLL_LL_BYTES`, default 0). Every PE must pass the same value
+    /// `new` reads `RSHMEM_CUDA_COLL_LL_BYTES`, default [`default_ll_bytes`]: 64 KiB on small
+    /// jobs). Every PE must pass the same value
     /// (a member that runs a call another way is reported as a mismatch). The LL path: one
     /// kernel of up to 8 blocks, no barrier waits, each member pushing its input with a flag
     /// in every 16-byte line into every other member's LL area, for teams of 2 to
     /// [`LL_MAX_MEMBERS`] members in the first 4 team slots (the world's included). Its area
     /// is `4 × 2 × n_pes × (48 + 2·ll_bytes)` bytes of the symmetric heap per PE (reported
-    /// in the log). Not yet run on a GPU (2026-11-23): off by default until measured.
+    /// in the log); a size whose area does not fit the heap is an allocation error here.
     pub fn with_ll_bytes(
         g: CudaPe<'a>,
         config: CollConfig,
         ll_bytes: usize,
     ) -> Result<GpuColl<'a>> {
         let names = coll_kernel_names();
-        let k = g.kernel(nvrtc::COLL_KERNELS, &names[0], &[])?;
+        let opts = coll_nvrtc_options();
+        let opts: Vec<&str> = opts.iter().map(|s| s.as_str()).collect();
+        let k = g.kernel(nvrtc::COLL_KERNELS, &names[0], &opts)?;
         let module = k.module.clone();
         let mut funcs = HashMap::new();
         for n in &names {
@@ -1568,6 +1600,28 @@ mod tests {
             in_place,
             chunk: usize::MAX,
         }
+    }
+
+    #[test]
+    fn default_ll_size_fits_a_sixteenth_of_the_heap() {
+        let heap = 128 << 20;
+        assert_eq!(default_ll_bytes(heap, 2), 64 << 10);
+        assert_eq!(default_ll_bytes(heap, 7), 64 << 10);
+        assert_eq!(default_ll_bytes(heap, 8), 32 << 10);
+        assert_eq!(default_ll_bytes(heap, 72), 4 << 10);
+        for n in [2, 3, 8, 16, 72, 1000] {
+            let b = default_ll_bytes(heap, n);
+            if b > 0 {
+                let area = ll_area_bytes(b, n, LL_SLOTS).unwrap();
+                assert!(area <= heap / 16, "{n} PEs: {b} B takes {area}");
+                assert!(
+                    ll_area_bytes(2 * b, n, LL_SLOTS).unwrap() > heap / 16 || b == COLL_LL_BYTES
+                );
+            }
+        }
+        // A heap too small for even 1 KiB: off, never an allocation failure.
+        assert_eq!(default_ll_bytes(1 << 20, 72), 0);
+        assert_eq!(default_ll_bytes(0, 2), 0);
     }
 
     #[test]

@@ -95,8 +95,18 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             time_stream(g, s, iters, f)
         }
     };
+    // RSHMEM_BENCH_COLL_OPS: the collectives to time (comma separated names), default all.
+    let only = std::env::var("RSHMEM_BENCH_COLL_OPS").unwrap_or_default();
+    let only: Vec<&str> = only
+        .split(',')
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .collect();
     let mut out = Vec::new();
     for kind in OPS {
+        if !only.is_empty() && !only.contains(&kind.name()) {
+            continue;
+        }
         for &size in sizes {
             let bytes = size / unit * unit;
             if bytes == 0 {

@@ -401,7 +401,7 @@ fn loom_coll_signature_three_pes() {
 /// The LL bit of a signature (`CallSig::ll`, word 0 bit 27).
 const LL_BIT: u64 = 1 << 27;
 
-/// A signature of an LL call (always 2 barriers' worth of arrivals).
+/// A signature of an LL call (its barrier count, 2, is only compared: an LL call runs none).
 fn ll_sig(kind: u64) -> u64 {
     sig(kind, 2) | LL_BIT
 }
@@ -427,13 +427,15 @@ impl LlMem {
 
 /// One PE's part of a sequence of calls on the world, some LL (`rshmemi_ll_all_reduce`),
 /// some barrier-based (`rshmemi_sig_sync` + the plan, as in [`sig_pe`]). LL: flags from the
-/// expectations (+1), one arrival at every member, header and data pushed into the half this
-/// PE writes next to each member, then per member its header (either half) or, failing that,
-/// its slot (a barrier-based call: looked at once more for the header, then taken as one);
-/// the data of every member when all agree; then the slots of barrier-based members
-/// cleared, expectations and arrivals padded to the largest barrier count. The end of every
-/// kernel sequence of a call is a release fence (a kernel's writes are visible before what
-/// the stream runs after it: CUDA's stream order, the one assumption beyond [`sig_pe`]'s).
+/// expectation and the pair's LL sequence (`rshmemi_ll_flag`), header and data pushed into
+/// the half the sequence's parity names at each member, then per member its header (in the
+/// half of the same parity: the sequences are equal on both sides) or, failing that, its slot (a barrier-based call: looked
+/// at once more for the header, then taken as one); the data of every member when all agree;
+/// then the sequences of LL members move on, and when some member is barrier-based its slot
+/// is cleared, then it gets the arrivals of the most barriers a barrier-based member of the
+/// call runs, the expectation for it moving by as many. The end of every kernel sequence of
+/// a call is a release fence (a kernel's writes are visible before what the stream runs after
+/// it: CUDA's stream order, the one assumption beyond [`sig_pe`]'s).
 fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
     let n = mem.n;
     let world = Team {
@@ -443,14 +445,17 @@ fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
         size: n,
     };
     let mut bar = BarPe::new(me, &mem.bar);
-    let mut send_half = vec![0usize; n];
+    let mut seq = vec![0u64; n];
     for (c, sigs) in calls.iter().enumerate() {
         let tag = |p: usize| (c * 8 + p) as u64 + 1;
         let mine = sigs[me];
         let agreed = sigs.iter().all(|&s| s == mine);
         mem.src.put(me, tag(me));
         if mine & LL_BIT == 0 {
-            // Barrier-based: as sig_pe, the slots as polled words.
+            // Barrier-based: as sig_pe, the slots as polled words, each write after the
+            // `fence.acq_rel.sys` of `rshmemi_sig_sync`: what a member wrote before an LL header
+            // this PE saw in an earlier call (its clearing of this PE's slot) comes first.
+            fence(Ordering::AcqRel);
             for p in 0..n {
                 mem.slots[p * n + me].store(mine, Ordering::Relaxed);
             }
@@ -482,12 +487,11 @@ fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
                 bar.sync(&mem.bar, &world);
             }
         } else {
-            let flag: Vec<u64> = (0..n).map(|p| (bar.exp[p] + 1) & 0xffff_ffff).collect();
+            let flag: Vec<u64> = (0..n)
+                .map(|p| (bar.exp[p] & 0xffff) << 16 | 0x8000 | (seq[p] & 0x7fff))
+                .collect();
             for p in (0..n).filter(|&p| p != me) {
-                mem.bar.at(p, 0, me).fetch_add(1, Ordering::Release);
-            }
-            for p in (0..n).filter(|&p| p != me) {
-                let h = send_half[p];
+                let h = (seq[p] & 1) as usize;
                 let lo = mine & 0xffff_ffff;
                 mem.hdr[mem.line(p, h, me)].store(flag[p] << 32 | lo, Ordering::Relaxed);
                 mem.data[mem.line(p, h, me)].store(flag[p] << 32 | tag(me), Ordering::Relaxed);
@@ -497,30 +501,23 @@ fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
             let mut from = vec![0usize; n];
             let mut w0 = vec![0u64; n];
             for p in (0..n).filter(|&p| p != me) {
-                let header = |from: &mut usize| -> Option<u64> {
-                    (0..2).find_map(|h| {
-                        let x = mem.hdr[mem.line(me, h, p)].load(Ordering::Relaxed);
-                        (x >> 32 == flag[p]).then(|| {
-                            *from = h;
-                            x & 0xffff_ffff
-                        })
-                    })
+                // The member's lines for this call are in the half this PE's sequence names.
+                from[p] = (seq[p] & 1) as usize;
+                let header = || -> Option<u64> {
+                    let x = mem.hdr[mem.line(me, from[p], p)].load(Ordering::Relaxed);
+                    (x >> 32 == flag[p]).then_some(x & 0xffff_ffff)
                 };
                 let v = loop {
-                    if let Some(v) = header(&mut from[p]) {
+                    if let Some(v) = header() {
                         break Some(v);
                     }
                     let s = mem.slots[me * n + p].load(Ordering::Acquire);
                     if s != 0 {
                         w0[p] = s;
-                        break header(&mut from[p]);
+                        break header();
                     }
                     loom::thread::yield_now();
                 };
-                // `fence.acq_rel.sys` after the verdict: what the member wrote before this
-                // call's header (its earlier calls' slot clearing) comes before this PE's
-                // later writes (its next calls' slot writes into that member's row).
-                fence(Ordering::Acquire);
                 kind[p] = match v {
                     Some(v) if v == mine & 0xffff_ffff => 0,
                     Some(_) => 1,
@@ -543,18 +540,20 @@ fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
                     assert_eq!(v, tag(p), "call {c}: PE {me}'s line from {p}");
                 }
             }
+            let barrier_based = |p: &usize| *p != me && kind[*p] == 2;
             let syncs = (0..n)
-                .filter(|&p| kind[p] == 2)
+                .filter(barrier_based)
                 .map(|p| sig_syncs(w0[p]))
-                .fold(2, u64::max);
-            for p in (0..n).filter(|&p| kind[p] == 2) {
+                .fold(0, u64::max);
+            for p in (0..n).filter(barrier_based) {
                 mem.slots[me * n + p].store(0, Ordering::Relaxed);
             }
-            for (p, half) in send_half.iter_mut().enumerate() {
-                bar.exp[p] += syncs;
-                if p != me {
-                    *half ^= 1;
-                    mem.bar.at(p, 0, me).fetch_add(syncs - 1, Ordering::Release);
+            for p in (0..n).filter(|&p| p != me) {
+                if kind[p] == 2 {
+                    bar.exp[p] += syncs;
+                    mem.bar.at(p, 0, me).fetch_add(syncs, Ordering::Release);
+                } else {
+                    seq[p] += 1;
                 }
             }
         }
@@ -565,7 +564,8 @@ fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
 }
 
 /// Runs the LL model for `calls` on `n` PEs and checks that the counters and expectations
-/// end in step (the largest barrier count of every call, summed).
+/// end in step: per pair, the sum over the calls of the most barriers a barrier-based member
+/// runs, except calls in which both ran LL (no barrier between them).
 fn ll_model(n: usize, calls: Vec<Vec<u64>>, preemptions: usize) {
     let calls = std::sync::Arc::new(calls);
     builder(preemptions).check(move || {
@@ -584,7 +584,23 @@ fn ll_model(n: usize, calls: Vec<Vec<u64>>, preemptions: usize) {
             })
             .collect();
         let exps: Vec<Vec<u64>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        assert_in_step(&exps, &mem.bar, &calls);
+        let is_ll = |s: u64| s & LL_BIT != 0;
+        for (p, e) in exps.iter().enumerate() {
+            for (q, &x) in e.iter().enumerate() {
+                let total: u64 = calls
+                    .iter()
+                    .filter(|sigs| !(is_ll(sigs[p]) && is_ll(sigs[q])))
+                    .map(|sigs| {
+                        let b = sigs.iter().filter(|&&s| !is_ll(s));
+                        b.map(|&s| sig_syncs(s)).max().unwrap_or(0)
+                    })
+                    .sum();
+                assert_eq!(x, total, "PE {p}'s expectation for {q}");
+                let want = if p == q { 0 } else { total };
+                let ctr = mem.bar.at(p, 0, q).load(Ordering::Relaxed);
+                assert_eq!(ctr, want, "PE {p}'s counter for {q}");
+            }
+        }
     });
 }
 
@@ -607,12 +623,18 @@ fn loom_ll_all_reduce_two_pes() {
 }
 
 /// LL model, 3 PEs without preemptions: PE 2 alone runs a barrier-based call of 3 barriers
-/// while the others run LL (both LL PEs pad to 3), then all LL.
+/// while the others run LL (both LL PEs pad to 3), then all LL; then PE 0 alone runs LL
+/// beside barrier-based calls of 3 and 2 barriers (PE 0 pads both to 3, as PE 2 does).
 #[test]
 fn loom_ll_all_reduce_three_pes() {
     ll_model(
         3,
         vec![vec![ll_sig(1), ll_sig(1), sig(3, 3)], vec![ll_sig(1); 3]],
+        0,
+    );
+    ll_model(
+        3,
+        vec![vec![ll_sig(1), sig(3, 3), sig(5, 2)], vec![ll_sig(1); 3]],
         0,
     );
 }
