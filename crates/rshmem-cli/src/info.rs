@@ -38,6 +38,18 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA collectives: largest message of the fused single-kernel path, default 64K",
     ),
     (
+        "RSHMEM_CUDA_COLL_LL_A2A_BYTES",
+        "CUDA collectives: largest all_to_all input of the LL path, default 1M (less when the LL area would pass 1/16 of the heap; 0 = off)",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_NVRTC_OPTS",
+        "CUDA collectives: extra NVRTC options of their module (measurement switches)",
+    ),
+    (
+        "RSHMEM_BENCH_COLL_OPS",
+        "perf, CUDA collectives: the ones to time, comma separated (default all)",
+    ),
+    (
         "RSHMEM_EP_BREAKDOWN",
         "perf, CUDA: set to also print per-kernel MoE dispatch/combine times",
     ),

@@ -808,6 +808,11 @@ fn gpu_device_barrier_timeout_names_the_missing_pe() {
                 other => panic!("PE 0: expected a timeout naming PE 1, got {other:?}"),
             }
             pe.quiet()?; // cleared, the name too
+        } else {
+            // PE 0 reaches the last barrier after its 2 s device timeout; this PE's host
+            // barrier would give up 2 s after entering it, so it enters later (a race the
+            // test had: it failed once on 2x H200, PE 1 timing out in barrier_all).
+            std::thread::sleep(Duration::from_millis(1500));
         }
         pe.barrier_all()
     });

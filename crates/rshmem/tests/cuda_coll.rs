@@ -40,7 +40,7 @@ fn coll_kernels_compile_and_export_every_name() {
     let names = cuda::coll_kernel_names();
     // The fixed kernels, then a reduce and an LL kernel per (type, op): 8 integer types × 7
     // ops, 4 float types × 4.
-    assert_eq!(names.len(), 5 + 2 * (8 * 7 + 4 * 4));
+    assert_eq!(names.len(), 6 + 2 * (8 * 7 + 4 * 4));
     for n in names {
         let needle = format!("{n}\0");
         assert!(
@@ -1107,7 +1107,61 @@ fn ll_mismatch_body(pe: &Pe) -> Result<()> {
         ["all_reduce", "all_gather"],
         ctx,
     );
-    after(ctx, &v)
+    after(ctx, &v)?;
+    // The LL all_to_all (26 f32 = 104 bytes per pair: whole words) shares the LL areas: an
+    // LL all_reduce beside it reads its header and reports the difference.
+    let ctx = "LL all_to_all against LL all_reduce";
+    let v = arm(pe, &src, &dst, seed.get())?;
+    if me == 2 {
+        c.coll.all_to_all(s, w, &dst, &src, 26)?;
+    } else {
+        c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
+    }
+    expect_mismatch_with(
+        &c,
+        2,
+        ["all_to_all", "all_reduce"],
+        ["all_reduce", "all_to_all"],
+        ctx,
+    );
+    after(ctx, &v)?;
+    // 27 f32 per pair (108 bytes) is not whole words: the barrier-based all_to_all.
+    let ctx = "LL all_to_all against a barrier-based one";
+    let v = arm(pe, &src, &dst, seed.get())?;
+    let n = if me == 1 { 26 } else { 27 };
+    c.coll.all_to_all(s, w, &dst, &src, n)?;
+    expect_mismatch_with(
+        &c,
+        1,
+        ["count 26 ", "count 27 "],
+        ["count 27 ", "no collective signature"],
+        ctx,
+    );
+    after(ctx, &v)?;
+    // And a correct LL all_to_all after them, out of place then in place: exact data.
+    let ctx = "LL all_to_all after the mismatches";
+    const K: usize = 26;
+    let n = pe.n_pes();
+    let mine: Vec<f32> = (0..n * K).map(|i| (me * 1000 + i) as f32).collect();
+    let want: Vec<f32> = (0..n * K)
+        .map(|i| ((i / K) * 1000 + me * K + i % K) as f32)
+        .collect();
+    pe.local_write(&src, 0, &mine)?;
+    pe.local_fill(&dst, f32::poison())?;
+    pe.barrier_all()?;
+    c.coll.all_to_all(s, w, &dst, &src, K)?;
+    c.done()?;
+    check(&pe.local_vec(&dst)?[..n * K], &want, ctx);
+    pe.local_write(&dst, 0, &mine)?;
+    pe.barrier_all()?;
+    c.coll.all_to_all(s, w, &dst, &dst, K)?;
+    c.done()?;
+    check(
+        &pe.local_vec(&dst)?[..n * K],
+        &want,
+        &format!("{ctx}, in place"),
+    );
+    pe.barrier_all()
 }
 
 #[test]

@@ -357,9 +357,16 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
         .collect();
     let sizes = if sizes.is_empty() { vec![4096] } else { sizes };
     let big = sizes.iter().copied().max().unwrap_or(4096);
+    // Two buffers of the largest size, 64 MiB for the rest, and room for the collectives'
+    // LL paths at their largest default sizes (they take at most 1/16 of the heap), so the
+    // same calls take the same paths whatever `--max-size` says.
+    let ll = rshmem::cuda::LlSizes {
+        all_reduce: rshmem::cuda::COLL_LL_BYTES,
+        all_to_all: rshmem::cuda::COLL_LL_A2A_BYTES,
+    };
     let config = Config::from_env()?
         .backend(BackendKind::Cuda)
-        .heap_size(2 * big + (64 << 20));
+        .heap_size(2 * big + (64 << 20) + 16 * ll.area(2).unwrap_or(0));
     let groups = groups(args);
     if groups.contains(&SuiteArg::P2p) || groups.contains(&SuiteArg::Coll) {
         eprintln!(

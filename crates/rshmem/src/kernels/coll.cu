@@ -454,122 +454,122 @@ __device__ __forceinline__ void rshmemi_ll_write(T* dst, const A* acc, rshmem_u6
     }
 }
 
-template <typename T, typename A, int OP>
-__device__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem_team team, const rshmemi_check& ck,
-                                      const rshmemi_ll& ll) {
-    __shared__ rshmemi_ll_peer s_peer[RSHMEMI_LL_MAX_MEMBERS];
-    __shared__ int s_kind[RSHMEMI_LL_MAX_MEMBERS];         // rshmemi_ll_verdict per member
-    __shared__ rshmem_u64 s_w0[RSHMEMI_LL_MAX_MEMBERS];    // its slot's word 0 (kind 2)
-    __shared__ int s_verdict;  // 0 ok, 1 mismatch, -1 gave up
-    __shared__ int s_abort;    // a verdict against the call: line waits stop
-    __shared__ int s_last;
-    if (RSHMEMI_LL_NOP) return;
-    const unsigned tid = threadIdx.x, nth = blockDim.x;
-    const int me = team.my_index, N = team.size, n_pes = rshmem_dstate.n_pes, my_pe = rshmem_dstate.my_pe;
-    const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)n_pes;
-    rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
-    const rshmem_u64 dl = (n * sizeof(T) + 7) / 8;  // data lines
-    const rshmem_u64 gt = blockIdx.x * (rshmem_u64)nth + tid, gn = (rshmem_u64)gridDim.x * nth;
-    // Every load the push needs at once, none waiting for another: this thread's first line,
-    // the pair flags and the peers' heap bases; and an earlier wait that gave up (sticky until
-    // the host reads it).
-    const rshmem_u64 v0 = gt < RSHMEMI_SIG_WORDS ? ck.sig.w[gt]
-                          : gt < RSHMEMI_SIG_WORDS + dl ? rshmemi_ll_pack(src, n, gt - RSHMEMI_SIG_WORDS) : 0;
-    if (tid == 0) {
-        s_verdict = rshmemi_coll_gave_up() ? -1 : 0;
-        s_abort = 0;
+// What the blocks of an LL call keep in shared memory.
+struct rshmemi_ll_shared {
+    rshmemi_ll_peer peer[RSHMEMI_LL_MAX_MEMBERS];
+    int kind[RSHMEMI_LL_MAX_MEMBERS];         // rshmemi_ll_verdict per member
+    rshmem_u64 w0[RSHMEMI_LL_MAX_MEMBERS];    // its slot's word 0 (kind 2)
+    int verdict;  // 0 ok, 1 mismatch, -1 gave up
+    int abort;    // a verdict against the call: line waits stop
+    int last;
+    unsigned syncs;
+    int bad;
+};
+
+// The pair flags and where lines go and come from, per member; an earlier wait that gave up
+// (sticky until the host reads it). Ends with __syncthreads.
+__device__ __forceinline__ void rshmemi_ll_begin(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_ll& ll,
+                                                 const rshmem_u64* exp) {
+    const int N = team.size, n_pes = rshmem_dstate.n_pes, my_pe = rshmem_dstate.my_pe;
+    if (threadIdx.x == 0) {
+        S.verdict = rshmemi_coll_gave_up() ? -1 : 0;
+        S.abort = 0;
     }
-    for (int i = tid; i < N; i += nth) {
+    for (int i = threadIdx.x; i < N; i += blockDim.x) {
         const int pe = rshmemi_member(team, i);
         const unsigned seq = ((volatile unsigned*)ll.done)[1 + pe];
-        s_peer[i].flag = rshmemi_ll_flag(*(volatile rshmem_u64*)(exp + pe), seq);
-        s_peer[i].to = (rshmem_u64*)rshmem_ptr(rshmemi_ll_lines(ll, seq & 1, my_pe, n_pes), pe);
-        s_peer[i].from = rshmemi_ll_lines(ll, seq & 1, pe, n_pes);
+        S.peer[i].flag = rshmemi_ll_flag(*(volatile const rshmem_u64*)(exp + pe), seq);
+        S.peer[i].to = (rshmem_u64*)rshmem_ptr(rshmemi_ll_lines(ll, seq & 1, my_pe, n_pes), pe);
+        S.peer[i].from = rshmemi_ll_lines(ll, seq & 1, pe, n_pes);
     }
     __syncthreads();
-    // Push: the header, then this thread's data lines, to every other member (rotated start).
-    for (rshmem_u64 l = gt; l < RSHMEMI_SIG_WORDS + dl; l += gn) {
-        const rshmem_u64 v = l == gt ? v0 : rshmemi_ll_pack(src, n, l - RSHMEMI_SIG_WORDS);
-        for (int k = 1; k < N; k++) {
-            const int j = (me + k) % N;
-            rshmemi_ll_store(s_peer[j].to + 2 * l, v, s_peer[j].flag);  // the pair's flag is the same on both sides
-        }
-    }
-    // Verdict: every block checks every member's header (its own reads, no wait on other
-    // blocks), one warp per member from the last warp down, while the threads of the first
-    // data lines wait for them and fold (kept in registers until the verdict is in; a verdict
-    // against the call raises s_abort, which ends those waits).
-    const unsigned rwarp = (nth >> 5) - 1 - (tid >> 5), nwarps = nth >> 5;
-    for (int i = rwarp; i < N; i += nwarps) {
+}
+
+// Line l to member j (the pair's flag is the same on both sides).
+__device__ __forceinline__ void rshmemi_ll_push(const rshmemi_ll_shared& S, int j, rshmem_u64 l, rshmem_u64 v) {
+    rshmemi_ll_store(S.peer[j].to + 2 * l, v, S.peer[j].flag);
+}
+
+// The header to every other member (threads 0..5 of block 0: one copy per pair, which the
+// receiver's blocks each check on their own).
+__device__ __forceinline__ void rshmemi_ll_push_header(const rshmemi_ll_shared& S, const rshmem_team& team,
+                                                       const rshmemi_check& ck) {
+    const unsigned t = threadIdx.x;
+    if (blockIdx.x != 0 || t >= RSHMEMI_SIG_WORDS) return;
+    for (int k = 1; k < team.size; k++) rshmemi_ll_push(S, (team.my_index + k) % team.size, t, ck.sig.w[t]);
+}
+
+// Every member's verdict, one warp per member from the last warp down (the first warps are
+// left to the threads that poll the first data lines meanwhile); a verdict against the call
+// raises S.abort.
+__device__ __forceinline__ void rshmemi_ll_verdicts(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck) {
+    const unsigned tid = threadIdx.x, nwarps = blockDim.x >> 5, rwarp = nwarps - 1 - (tid >> 5);
+    for (int i = rwarp; i < team.size; i += nwarps) {
         rshmem_u64 w0 = 0;
-        const int v = i == me ? 0 : rshmemi_ll_verdict(s_peer[i], rshmemi_member(team, i), ck, &w0);
+        const int v = i == team.my_index ? 0 : rshmemi_ll_verdict(S.peer[i], rshmemi_member(team, i), ck, &w0);
         // (The acquire that orders what the member wrote before this header before this PE's
         // later slot writes into its row is the fence in rshmemi_sig_sync, before those writes.)
         if ((tid & 31) == 0) {
-            s_kind[i] = v;
-            s_w0[i] = w0;
-            if (v != 0) *(volatile int*)&s_abort = 1;
-            if (v > 0) atomicMax(&s_verdict, 1);
+            S.kind[i] = v;
+            S.w0[i] = w0;
+            if (v != 0) *(volatile int*)&S.abort = 1;
+            if (v > 0) atomicMax(&S.verdict, 1);
         }
     }
-    A acc[8 / sizeof(T)];
-    const bool first = gt < dl && s_verdict == 0 &&
-                       rshmemi_ll_fold<T, A, OP>(acc, src, n, gt, me, team, s_peer, (const volatile int*)&s_abort);
+}
+
+// After every thread's verdict work: -1 (gave up, now or before) wins over 1.
+__device__ __forceinline__ void rshmemi_ll_resolve(rshmemi_ll_shared& S, int N) {
     __syncthreads();
-    // -1 (gave up, now or before) wins over 1.
-    if (tid == 0)
+    if (threadIdx.x == 0)
         for (int i = 0; i < N; i++)
-            if (s_kind[i] < 0) s_verdict = -1;
+            if (S.kind[i] < 0) S.verdict = -1;
     __syncthreads();
-    if (s_verdict == 0 && gt < dl && first) {
-        rshmemi_ll_write<T, A, OP>(dst, acc, n, gt);
-        for (rshmem_u64 l = gt + gn; l < dl; l += gn) {
-            if (!rshmemi_ll_fold<T, A, OP>(acc, src, n, l, me, team, s_peer, (const volatile int*)&s_abort))
-                break;  // a line never came: write nothing more
-            rshmemi_ll_write<T, A, OP>(dst, acc, n, l);
-        }
-    }
-    // The last block to finish (the only one when there is one: no counter): the pair
-    // sequences, and after a mismatch its record, the slot clearing and the padding.
+}
+
+// The last block to finish (the only one when there is one: no counter): the pair
+// sequences, and after a mismatch its record, the slot clearing and the padding.
+__device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck, const rshmemi_ll& ll,
+                               rshmem_u64* exp, rshmem_u64 row) {
+    const unsigned tid = threadIdx.x, nth = blockDim.x;
+    const int me = team.my_index, N = team.size;
     __syncthreads();
     if (gridDim.x > 1) {
         if (tid == 0) {
             // After a mismatch: this block's verdict (its slot reads) before the last block's
             // slot clearing. Nothing to order otherwise (each block uses its own verdict).
-            if (s_verdict != 0) __threadfence();
-            s_last = atomicAdd(ll.done, 1u) == gridDim.x - 1;
-            if (s_last && s_verdict != 0) __threadfence();
+            if (S.verdict != 0) __threadfence();
+            S.last = atomicAdd(ll.done, 1u) == gridDim.x - 1;
+            if (S.last && S.verdict != 0) __threadfence();
         }
         __syncthreads();
-        if (!s_last) return;
+        if (!S.last) return;
         if (tid == 0) *ll.done = 0;
     }
-    if (s_verdict == 0) {
+    if (S.verdict == 0) {
         // The common case: every member ran this LL call; no barrier counter moves.
         for (int i = tid; i < N; i += nth)
             if (i != me) ll.done[1 + rshmemi_member(team, i)] += 1;
         return;
     }
-    __shared__ unsigned s_syncs;
-    __shared__ int s_bad;
-    if (tid == 0) { s_syncs = 0; s_bad = 0x7fffffff; }
+    if (tid == 0) { S.syncs = 0; S.bad = 0x7fffffff; }
     __syncthreads();
     // What this block's verdict saw (a slot written later belongs to that member's next call).
     for (int i = tid; i < N; i += nth) {
-        if (s_kind[i] > 0) atomicMin(&s_bad, i);
-        if (s_kind[i] == 2) atomicMax(&s_syncs, RSHMEMI_SIG_SYNCS(s_w0[i]));
+        if (S.kind[i] > 0) atomicMin(&S.bad, i);
+        if (S.kind[i] == 2) atomicMax(&S.syncs, RSHMEMI_SIG_SYNCS(S.w0[i]));
     }
     __syncthreads();
-    if (tid == 0 && s_bad != 0x7fffffff && !rshmemi_failed()) {
+    if (tid == 0 && S.bad != 0x7fffffff && !rshmemi_failed()) {
         unsigned long long old = atomicOr((unsigned long long*)ck.err, RSHMEMI_ERR_MISMATCH);
         if (!(old & RSHMEMI_ERR_MISMATCH)) {
-            const int pe = rshmemi_member(team, s_bad);
+            const int pe = rshmemi_member(team, S.bad);
             const volatile rshmem_u64* slot = ck.slots + (rshmem_u64)pe * RSHMEMI_SIG_WORDS;
             ck.err[RSHMEMI_ERR_MM_PE] = pe;
             for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) {
                 rshmem_u64 v = 0;
-                if (s_kind[s_bad] == 2) v = slot[w];
-                else rshmemi_ll_load(s_peer[s_bad].from + 2 * w, s_peer[s_bad].flag, &v);
+                if (S.kind[S.bad] == 2) v = slot[w];
+                else rshmemi_ll_load(S.peer[S.bad].from + 2 * w, S.peer[S.bad].flag, &v);
                 ck.err[RSHMEMI_ERR_MM_MINE + w] = ck.sig.w[w];
                 ck.err[RSHMEMI_ERR_MM_THEIRS + w] = v;
             }
@@ -578,7 +578,7 @@ __device__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem
     // Slots written by barrier-based members are consumed (their calls wait for the arrivals
     // below, so none of them writes a slot of its next call before this clearing).
     for (int i = tid; i < N; i += nth)
-        if (s_kind[i] == 2) {
+        if (S.kind[i] == 2) {
             volatile rshmem_u64* slot = ck.slots + (rshmem_u64)rshmemi_member(team, i) * RSHMEMI_SIG_WORDS;
             for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) slot[w] = 0;
         }
@@ -589,15 +589,52 @@ __device__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem
     // the expectation for it moves by as many (so the next flags differ from this call's).
     // The release arrivals publish the clearing above.
     for (int i = tid; i < N; i += nth) {
-        if (i == me || s_kind[i] < 0) continue;
+        if (i == me || S.kind[i] < 0) continue;
         const int pe = rshmemi_member(team, i);
-        if (s_kind[i] == 2) {
-            exp[pe] = exp[pe] + s_syncs;
-            rshmemi_red_add_release(rshmemi_sync(pe) + rshmem_dstate.sync_bar + row + rshmem_dstate.my_pe, s_syncs);
+        if (S.kind[i] == 2) {
+            exp[pe] = exp[pe] + S.syncs;
+            rshmemi_red_add_release(rshmemi_sync(pe) + rshmem_dstate.sync_bar + row + rshmem_dstate.my_pe, S.syncs);
         } else {
             ll.done[1 + pe] += 1;
         }
     }
+}
+
+// Data line l (0-based) is pushed, folded and written by the same thread: in place (src ==
+// dst) no thread overwrites a line another thread has yet to push.
+template <typename T, typename A, int OP>
+__device__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem_team team, const rshmemi_check& ck,
+                                      const rshmemi_ll& ll) {
+    __shared__ rshmemi_ll_shared S;
+    if (RSHMEMI_LL_NOP) return;
+    const int me = team.my_index, N = team.size;
+    const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
+    rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
+    const rshmem_u64 dl = (n * sizeof(T) + 7) / 8;  // data lines
+    const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
+    // This thread's first line, loaded beside rshmemi_ll_begin's loads (none waits for another).
+    const rshmem_u64 v0 = gt < dl ? rshmemi_ll_pack(src, n, gt) : 0;
+    rshmemi_ll_begin(S, team, ll, exp);
+    rshmemi_ll_push_header(S, team, ck);
+    for (rshmem_u64 l = gt; l < dl; l += gn) {
+        const rshmem_u64 v = l == gt ? v0 : rshmemi_ll_pack(src, n, l);
+        for (int k = 1; k < N; k++) rshmemi_ll_push(S, (me + k) % N, RSHMEMI_SIG_WORDS + l, v);
+    }
+    rshmemi_ll_verdicts(S, team, ck);
+    // The first data line, folded beside the verdicts (kept in registers until they are in).
+    A acc[8 / sizeof(T)];
+    const bool first = gt < dl && S.verdict == 0 &&
+                       rshmemi_ll_fold<T, A, OP>(acc, src, n, gt, me, team, S.peer, (const volatile int*)&S.abort);
+    rshmemi_ll_resolve(S, N);
+    if (S.verdict == 0 && first) {
+        rshmemi_ll_write<T, A, OP>(dst, acc, n, gt);
+        for (rshmem_u64 l = gt + gn; l < dl; l += gn) {
+            if (!rshmemi_ll_fold<T, A, OP>(acc, src, n, l, me, team, S.peer, (const volatile int*)&S.abort))
+                break;  // a line never came: write nothing more
+            rshmemi_ll_write<T, A, OP>(dst, acc, n, l);
+        }
+    }
+    rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
 
 #define RSHMEMI_COLL_LL_KERNEL(NAME, T, A, OPN, OP)                                                 \
@@ -610,6 +647,50 @@ __device__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem
 #define RSHMEMI_COLL_FLOAT_LL(NAME, T, A) RSHMEMI_COLL_FLOAT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
 RSHMEMI_COLL_INT_TYPES(RSHMEMI_COLL_INT_LL)
 RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_LL)
+
+// LL all_to_all (rshmem::cuda::GpuColl::ll_a2a_bytes): member j's words src[i·w, (i+1)·w)
+// into member i's dst[j·w, (j+1)·w), w 8-byte words per pair, through the same areas, flags,
+// verdicts and end as the LL all_reduce (a member running the other LL call is a mismatch).
+// Line l of every pair is pushed, waited for and written by one thread (in place is safe:
+// that thread reads src[k·w + l] for every k before it writes any dst[k·w + l]).
+extern "C" __global__ void rshmemi_coll_ll_a2a(rshmem_u64* dst, const rshmem_u64* src, rshmem_u64 w, rshmem_team team,
+                                               rshmemi_check ck, rshmemi_ll ll) {
+    __shared__ rshmemi_ll_shared S;
+    if (RSHMEMI_LL_NOP) return;
+    const int me = team.my_index, N = team.size;
+    const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
+    rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
+    const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
+    rshmemi_ll_begin(S, team, ll, exp);
+    rshmemi_ll_push_header(S, team, ck);
+    for (rshmem_u64 l = gt; l < w; l += gn)
+        for (int k = 1; k < N; k++) {
+            const int j = (me + k) % N;
+            rshmemi_ll_push(S, j, RSHMEMI_SIG_WORDS + l, src[(rshmem_u64)j * w + l]);
+        }
+    rshmemi_ll_verdicts(S, team, ck);
+    rshmemi_ll_resolve(S, N);
+    if (S.verdict == 0) {
+        bool lost = false;
+        for (rshmem_u64 l = gt; l < w && !lost; l += gn) {
+            // Every member's line l first (in place, src[me·w + l] is dst's own), then the writes.
+            for (int i = 0; i < N && !lost; i++) {
+                if (i == me) {
+                    dst[(rshmem_u64)me * w + l] = src[(rshmem_u64)me * w + l];
+                    continue;
+                }
+                rshmem_u64 v;
+                if (!rshmemi_ll_wait_line(S.peer[i].from + 2 * (RSHMEMI_SIG_WORDS + l), S.peer[i].flag, &v,
+                                          (const volatile int*)&S.abort, rshmemi_member(team, i))) {
+                    lost = true;  // a line never came: write nothing more
+                    break;
+                }
+                dst[(rshmem_u64)i * w + l] = v;
+            }
+        }
+    }
+    rshmemi_ll_end(S, team, ck, ll, exp, row);
+}
 
 // ----- copies: every Copy step of one phase in one launch -----
 

@@ -224,6 +224,7 @@ pub fn coll_kernel_names() -> Vec<String> {
         "rshmemi_coll_a2av_meta".to_string(),
         "rshmemi_coll_a2av_host".to_string(),
         "rshmemi_coll_sync_sig".to_string(),
+        "rshmemi_coll_ll_a2a".to_string(),
     ];
     for k in ELEMS {
         for op in ReduceOp::ALL {
@@ -247,6 +248,8 @@ const LL_SLOTS: usize = 4;
 /// Most blocks of an LL all_reduce: its blocks wait for peers, so they must leave SMs to the
 /// peers' kernels when PEs share a GPU.
 const LL_MAX_BLOCKS: u32 = 8;
+/// Most blocks of an LL all_to_all (bandwidth-bound up to its larger size; the same care).
+const LL_A2A_MAX_BLOCKS: u32 = 32;
 const LL_THREADS: u32 = 256;
 
 /// The LL argument of `coll.cu` (`rshmemi_ll`).
@@ -258,24 +261,61 @@ struct LlArg {
     done: u64,
 }
 
-/// Largest default LL size (`RSHMEM_CUDA_COLL_LL_BYTES` unset): 64 KiB, where the LL
-/// all_reduce met NCCL's time on 2 GPUs (below it, faster). The default halves, down to
-/// 1 KiB (then 0, off), until the LL area takes at most 1/16 of the symmetric heap
-/// ([`default_ll_bytes`]).
+/// Largest default LL all_reduce size (`RSHMEM_CUDA_COLL_LL_BYTES` unset): 64 KiB, where the
+/// LL all_reduce met NCCL's time on 2 GPUs (below it, faster).
 pub const COLL_LL_BYTES: usize = 64 << 10;
+/// Largest default LL all_to_all size (`RSHMEM_CUDA_COLL_LL_A2A_BYTES` unset; all of a
+/// member's input, every pair's share together): 1 MiB.
+pub const COLL_LL_A2A_BYTES: usize = 1 << 20;
 
-/// The default LL size for a heap of `heap` bytes per PE and `n_pes` PEs: the largest power of
-/// two from [`COLL_LL_BYTES`] down to 1 KiB whose LL area (every LL team slot) fits in 1/16
-/// of the heap, else 0 (off). With the default 128 MiB heap: 64 KiB up to 7 PEs, 4 KiB at 72.
-pub fn default_ll_bytes(heap: usize, n_pes: usize) -> usize {
-    let mut b = COLL_LL_BYTES;
-    while b >= 1024 {
-        if ll_area_bytes(b, n_pes, LL_SLOTS).is_some_and(|a| a <= heap / 16) {
-            return b;
-        }
-        b /= 2;
+/// The sizes of the LL paths, and of the area they share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LlSizes {
+    /// Largest all_reduce message of the LL path (0: none).
+    pub all_reduce: usize,
+    /// Largest all_to_all input of the LL path, all pairs' shares together (0: none); a
+    /// pair's share must also be a multiple of 8 bytes.
+    pub all_to_all: usize,
+}
+
+impl LlSizes {
+    /// Payload bytes of one (half, source) region of the area: an all_reduce message, or one
+    /// pair's share of an all_to_all of a team of 2 (the largest share).
+    pub fn region(&self) -> usize {
+        self.all_reduce.max(self.all_to_all / 2)
     }
-    0
+    /// Bytes of a PE's LL area for `n_pes` PEs (every LL team slot).
+    pub fn area(&self, n_pes: usize) -> Option<usize> {
+        ll_area_bytes(self.region(), n_pes, LL_SLOTS)
+    }
+}
+
+/// The default LL sizes for a heap of `heap` bytes per PE and `n_pes` PEs: from
+/// [`COLL_LL_BYTES`] and [`COLL_LL_A2A_BYTES`], the all_to_all size halved first (down to
+/// twice the all_reduce size, where it needs no area of its own), then both, until the LL
+/// area takes at most 1/16 of the heap; both 0 (off) when the all_reduce size would fall
+/// below 1 KiB. With the default 128 MiB heap: 64 KiB / 256 KiB for 2 PEs, 32 KiB / 64 KiB
+/// for 8, 4 KiB / 8 KiB for 72; with 2.5 GiB (the benchmarks), 64 KiB / 1 MiB for 2.
+pub fn default_ll_sizes(heap: usize, n_pes: usize) -> LlSizes {
+    let mut z = LlSizes {
+        all_reduce: COLL_LL_BYTES,
+        all_to_all: COLL_LL_A2A_BYTES,
+    };
+    while z.all_reduce >= 1024 {
+        if z.area(n_pes).is_some_and(|a| a <= heap / 16) {
+            return z;
+        }
+        if z.all_to_all / 2 > z.all_reduce {
+            z.all_to_all /= 2;
+        } else {
+            z.all_reduce /= 2;
+            z.all_to_all = 2 * z.all_reduce;
+        }
+    }
+    LlSizes {
+        all_reduce: 0,
+        all_to_all: 0,
+    }
 }
 
 /// Extra NVRTC options of the collectives' module (`RSHMEM_CUDA_COLL_NVRTC_OPTS`, space
@@ -288,9 +328,24 @@ pub fn coll_nvrtc_options() -> Vec<String> {
         .collect()
 }
 
-fn ll_bytes_from_env(heap: usize, n_pes: usize) -> Result<usize> {
-    Ok(crate::coll::env_size("RSHMEM_CUDA_COLL_LL_BYTES")?
-        .unwrap_or_else(|| default_ll_bytes(heap, n_pes)))
+/// `RSHMEM_CUDA_COLL_LL_BYTES` and `RSHMEM_CUDA_COLL_LL_A2A_BYTES`, each defaulting as
+/// [`default_ll_sizes`] says, except that an all_reduce size given alone makes the all_to_all
+/// size twice it (no area beyond the all_reduce's).
+fn ll_sizes_from_env(heap: usize, n_pes: usize) -> Result<LlSizes> {
+    let ar = crate::coll::env_size("RSHMEM_CUDA_COLL_LL_BYTES")?;
+    let a2a = crate::coll::env_size("RSHMEM_CUDA_COLL_LL_A2A_BYTES")?;
+    let d = default_ll_sizes(heap, n_pes);
+    Ok(match (ar, a2a) {
+        (None, None) => d,
+        (Some(r), None) => LlSizes {
+            all_reduce: r,
+            all_to_all: 2 * r,
+        },
+        (r, Some(t)) => LlSizes {
+            all_reduce: r.unwrap_or(d.all_reduce),
+            all_to_all: t,
+        },
+    })
 }
 
 /// Private u32 words per LL slot: the block counter, then the half this PE writes next into
@@ -334,11 +389,13 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 ///   `RSHMEM_CUDA_COLL_FUSED_BYTES`): a plan with a single data phase (one-shot all_reduce,
 ///   reduce, reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as
 ///   one kernel of one block with both barriers inside: one launch instead of three.
-/// * **LL all_reduce** ([`GpuColl::with_ll_bytes`] or `RSHMEM_CUDA_COLL_LL_BYTES`, default
-///   [`default_ll_bytes`]: 64 KiB unless the heap is small for the job): a one-shot all_reduce up to
-///   that size as one kernel without barrier waits, each member pushing its input with a flag
-///   in every 16-byte line into the others' LL areas (NCCL's LL protocol) and its signature as
-///   a header. A member running another call is still reported as
+/// * **LL all_reduce and all_to_all** ([`GpuColl::with_ll_sizes`], or
+///   `RSHMEM_CUDA_COLL_LL_BYTES` and `RSHMEM_CUDA_COLL_LL_A2A_BYTES`; defaults
+///   [`default_ll_sizes`]: 64 KiB and 1 MiB unless the heap is small for the job): a one-shot
+///   all_reduce, or an all_to_all whose per-pair shares are whole 8-byte words, up to those
+///   sizes as one kernel without barrier waits or fences, each member pushing its data with a
+///   flag in every 16-byte line into the others' LL areas (NCCL's LL protocol) and its
+///   signature as a header. A member running another call is still reported as
 ///   [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch) on every member, and the
 ///   barrier counters stay in step (see `kernels/coll.cu`).
 /// * **No host synchronisation** inside a collective: launches only, so every collective can
@@ -430,7 +487,7 @@ pub struct GpuColl<'a> {
     own: RawStream,
     /// LL all_reduce: largest message (0: off), its team slots, the symmetric area
     /// (`ll_area_bytes`) and the private notes (`ll_notes` u32 per LL slot).
-    ll_bytes: usize,
+    ll_sizes: LlSizes,
     ll_slots: usize,
     ll: Option<(Sym<u8>, DevBuf)>,
 }
@@ -451,24 +508,36 @@ impl<'a> GpuColl<'a> {
     /// staging, and meets the other PEs. Collective over the world: every PE calls it before
     /// any PE launches a collective (loading a module waits for kernels running on the GPU).
     pub fn new(g: CudaPe<'a>, config: CollConfig) -> Result<GpuColl<'a>> {
-        let ll = ll_bytes_from_env(g.backend().heap_size, g.pe_ref().n_pes())?;
-        Self::with_ll_bytes(g, config, ll)
+        let ll = ll_sizes_from_env(g.backend().heap_size, g.pe_ref().n_pes())?;
+        Self::with_ll_sizes(g, config, ll)
     }
 
-    /// As [`GpuColl::new`], with the LL all_reduce for messages up to `ll_bytes` (0: off;
-    /// `new` reads `RSHMEM_CUDA_COLL_LL_BYTES`, default [`default_ll_bytes`]: 64 KiB on small
-    /// jobs). Every PE must pass the same value
-    /// (a member that runs a call another way is reported as a mismatch). The LL path: one
-    /// kernel of up to 8 blocks, no barrier waits, each member pushing its input with a flag
-    /// in every 16-byte line into every other member's LL area, for teams of 2 to
-    /// [`LL_MAX_MEMBERS`] members in the first 4 team slots (the world's included). Its area
-    /// is `4 × 2 × n_pes × (48 + 2·ll_bytes)` bytes of the symmetric heap per PE (reported
-    /// in the log); a size whose area does not fit the heap is an allocation error here.
+    /// As [`GpuColl::new`], with the LL all_reduce for messages up to `ll_bytes` (0: off)
+    /// and the LL all_to_all for inputs up to twice that ([`GpuColl::with_ll_sizes`]).
     pub fn with_ll_bytes(
         g: CudaPe<'a>,
         config: CollConfig,
         ll_bytes: usize,
     ) -> Result<GpuColl<'a>> {
+        let ll = LlSizes {
+            all_reduce: ll_bytes,
+            all_to_all: 2 * ll_bytes,
+        };
+        Self::with_ll_sizes(g, config, ll)
+    }
+
+    /// As [`GpuColl::new`], with the LL paths' sizes given (`new` reads
+    /// `RSHMEM_CUDA_COLL_LL_BYTES` and `RSHMEM_CUDA_COLL_LL_A2A_BYTES`, defaults
+    /// [`default_ll_sizes`]). Every PE must pass the same sizes (a member that runs a call
+    /// another way is reported as a mismatch). The LL paths: one kernel (all_reduce up to 8
+    /// blocks, all_to_all up to 32), no barrier waits, each member pushing its data with a flag
+    /// in every 16-byte line into every other member's LL area, for teams of 2 to
+    /// [`LL_MAX_MEMBERS`] members in the first 4 team slots (the world's included). Their
+    /// area is [`LlSizes::area`], `4 × 2 × n_pes × (48 + 2·region)` bytes of the symmetric
+    /// heap per PE (reported in the log); sizes whose area does not fit the heap are an
+    /// allocation error here.
+    pub fn with_ll_sizes(g: CudaPe<'a>, config: CollConfig, ll: LlSizes) -> Result<GpuColl<'a>> {
+        let ll_sizes = ll;
         let names = coll_kernel_names();
         let opts = coll_nvrtc_options();
         let opts: Vec<&str> = opts.iter().map(|s| s.as_str()).collect();
@@ -498,13 +567,14 @@ impl<'a> GpuColl<'a> {
             )?;
             own.sync()?;
         }
-        let ll_slots = if ll_bytes > 0 {
+        let region = ll_sizes.region();
+        let ll_slots = if region > 0 {
             LL_SLOTS.min(b.layout.stream_slot())
         } else {
             0
         };
         let ll = if ll_slots > 0 {
-            let bytes = ll_area_bytes(ll_bytes, n_pes, ll_slots)
+            let bytes = ll_area_bytes(region, n_pes, ll_slots)
                 .ok_or_else(|| Error::invalid("LL area size overflows"))?;
             let area = pe.alloc_aligned::<u8>(bytes, 256)?;
             let ap = g.ptr(&area)?;
@@ -519,10 +589,11 @@ impl<'a> GpuColl<'a> {
             drop(_g);
             let done = DevBuf::zeroed_on(&own, ll_slots * ll_notes(n_pes) * 4)?;
             tracing::info!(
-                ll_bytes,
+                all_reduce_bytes = ll_sizes.all_reduce,
+                all_to_all_bytes = ll_sizes.all_to_all,
                 area_bytes = bytes,
                 slots = ll_slots,
-                "CUDA collectives: LL all_reduce area"
+                "CUDA collectives: LL area"
             );
             Some((area, done))
         } else {
@@ -553,7 +624,7 @@ impl<'a> GpuColl<'a> {
             sms: b.gpu.sms().max(1) as u32,
             fused_bytes: fused_bytes_from_env()?,
             own,
-            ll_bytes,
+            ll_sizes,
             ll_slots,
             ll,
         })
@@ -810,26 +881,41 @@ impl<'a> GpuColl<'a> {
         unsafe { gpu::launch(&s.raw, f, blocks, THREADS, 0, &mut p) }
     }
 
-    /// The LL argument when an all_reduce of `bytes` on `dt` runs the LL way: LL on, the
-    /// message within it, not forced two-shot, a team of 2 to [`LL_MAX_MEMBERS`] in an LL slot.
-    fn ll_arg(&self, dt: DeviceTeam, bytes: usize, algo: Algo) -> Option<LlArg> {
+    /// The LL argument of team `dt`: LL on, a team of 2 to [`LL_MAX_MEMBERS`] in an LL slot.
+    fn ll_team_arg(&self, dt: DeviceTeam) -> Option<LlArg> {
         let (area, done) = self.ll.as_ref()?;
         let size = dt.size as usize;
         let slot = dt.slot as usize;
-        let fits = bytes > 0
-            && bytes <= self.ll_bytes
-            && algo == Algo::OneShot
-            && (2..=LL_MAX_MEMBERS).contains(&size)
-            && slot < self.ll_slots;
-        if !fits {
+        if !(2..=LL_MAX_MEMBERS).contains(&size) || slot >= self.ll_slots {
             return None;
         }
-        let per_slot = ll_area_bytes(self.ll_bytes, self.n_pes, 1)?;
+        let region = self.ll_sizes.region();
+        let per_slot = ll_area_bytes(region, self.n_pes, 1)?;
         Some(LlArg {
             area: self.g.ptr(area).ok()? + (slot * per_slot) as u64,
-            lines: ll_lines(self.ll_bytes) as u64,
+            lines: ll_lines(region) as u64,
             done: done.ptr + (slot * ll_notes(self.n_pes) * 4) as u64,
         })
+    }
+
+    /// The LL argument when an all_reduce of `bytes` on `dt` runs the LL way: the message
+    /// within the LL size, not forced two-shot, the team served ([`GpuColl::ll_team_arg`]).
+    fn ll_arg(&self, dt: DeviceTeam, bytes: usize, algo: Algo) -> Option<LlArg> {
+        let fits = bytes > 0 && bytes <= self.ll_sizes.all_reduce && algo == Algo::OneShot;
+        fits.then(|| self.ll_team_arg(dt)).flatten()
+    }
+
+    /// The LL argument when an all_to_all of `share` bytes per pair on `dt` runs the LL way:
+    /// the shares whole 8-byte words at 8-byte aligned addresses (`src`, `dst`), all of them
+    /// together within the LL all_to_all size, the team served.
+    fn ll_a2a_arg(&self, dt: DeviceTeam, share: usize, src: u64, dst: u64) -> Option<LlArg> {
+        let total = share.checked_mul(dt.size.max(0) as usize)?;
+        let fits = share > 0
+            && share.is_multiple_of(8)
+            && (src | dst).is_multiple_of(8)
+            && total <= self.ll_sizes.all_to_all
+            && share <= self.ll_sizes.region();
+        fits.then(|| self.ll_team_arg(dt)).flatten()
     }
 
     /// Whether an all_reduce of `bytes` on `team` runs the LL way (what the benchmarks report).
@@ -840,9 +926,23 @@ impl<'a> GpuColl<'a> {
             .is_ok_and(|dt| self.ll_arg(dt, bytes, algo).is_some())
     }
 
-    /// Bytes up to which all_reduce runs the LL way (0: never; see [`GpuColl::with_ll_bytes`]).
+    /// Whether an all_to_all of `bytes` (all shares) on `team` between 4096-aligned buffers
+    /// runs the LL way (what the benchmarks report).
+    pub(crate) fn all_to_all_uses_ll(&self, team: &Team, bytes: usize) -> bool {
+        self.g.device_team(team).is_ok_and(|dt| {
+            let share = bytes / (dt.size.max(1) as usize);
+            share * dt.size as usize == bytes && self.ll_a2a_arg(dt, share, 0, 0).is_some()
+        })
+    }
+
+    /// Bytes up to which all_reduce runs the LL way (0: never; see [`GpuColl::with_ll_sizes`]).
     pub fn ll_bytes(&self) -> usize {
-        self.ll_bytes
+        self.ll_sizes.all_reduce
+    }
+
+    /// The LL paths' sizes ([`GpuColl::with_ll_sizes`]).
+    pub fn ll_sizes(&self) -> LlSizes {
+        self.ll_sizes
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -853,14 +953,14 @@ impl<'a> GpuColl<'a> {
         dst: u64,
         src: u64,
         count: usize,
-        lines: usize,
+        (lines, max_blocks): (usize, u32),
         dt: DeviceTeam,
         ck: Check,
         ll: LlArg,
     ) -> Result<()> {
         let blocks = (lines as u64)
             .div_ceil(LL_THREADS as u64)
-            .clamp(1, LL_MAX_BLOCKS as u64) as u32;
+            .clamp(1, max_blocks as u64) as u32;
         let (mut d, mut sr, mut n, mut t, mut k, mut l) = (dst, src, count as u64, dt, ck, ll);
         let mut p = [
             &mut d as *mut u64 as *mut std::ffi::c_void,
@@ -871,8 +971,9 @@ impl<'a> GpuColl<'a> {
             &mut l as *mut LlArg as *mut _,
         ];
         // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
-        // rshmemi_ll) (repr(C)); ranges checked by the caller, the message fits the area's
-        // regions (ll_arg), the counter is this slot's.
+        // rshmemi_ll) and rshmemi_coll_ll_a2a (u64 words) (repr(C)); ranges checked by the
+        // caller, the message fits the area's regions (ll_arg, ll_a2a_arg), the counter is
+        // this slot's.
         unsafe { gpu::launch(&s.raw, f, blocks, LL_THREADS, 0, &mut p) }
     }
 
@@ -1144,8 +1245,8 @@ impl<'a> GpuColl<'a> {
                 .get(&ll_name(T::KIND, op))
                 .copied()
                 .ok_or_else(|| Error::invalid("no LL kernel for this type"))?;
-            let lines = ll_lines(count * std::mem::size_of::<T>());
-            return self.ll_launch(s, lf, d, sr, count, lines, dt, ck, ll);
+            let lines = (count * std::mem::size_of::<T>()).div_ceil(8);
+            return self.ll_launch(s, lf, d, sr, count, (lines, LL_MAX_BLOCKS), dt, ck, ll);
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         let sig = call_sig::<T>(
@@ -1228,8 +1329,20 @@ impl<'a> GpuColl<'a> {
         let ip = Self::in_place(src, dst)?;
         let d = self.buf(dst, mul(n, count)?)?;
         let sr = self.buf(src, mul(n, count)?)?;
-        let plan = plan::all_to_all(Self::shape(&dt, ip), count);
         let sig = call_sig::<T>(CollKind::AllToAll, None, None, ip, count, 0, src, dst, dt);
+        let share = mul(count, std::mem::size_of::<T>())?;
+        if let Some(ll) = self.ll_a2a_arg(dt, share, sr, d) {
+            let sig = CallSig {
+                syncs: 2,
+                ll: true,
+                ..sig
+            };
+            let ck = self.check(dt, sig.pack()?)?;
+            let f = self.funcs["rshmemi_coll_ll_a2a"];
+            let words = share / 8;
+            return self.ll_launch(s, f, d, sr, words, (words, LL_A2A_MAX_BLOCKS), dt, ck, ll);
+        }
+        let plan = plan::all_to_all(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
     }
 
@@ -1603,25 +1716,31 @@ mod tests {
     }
 
     #[test]
-    fn default_ll_size_fits_a_sixteenth_of_the_heap() {
+    fn default_ll_sizes_fit_a_sixteenth_of_the_heap() {
+        let z = |r: usize, t: usize| LlSizes {
+            all_reduce: r << 10,
+            all_to_all: t << 10,
+        };
         let heap = 128 << 20;
-        assert_eq!(default_ll_bytes(heap, 2), 64 << 10);
-        assert_eq!(default_ll_bytes(heap, 7), 64 << 10);
-        assert_eq!(default_ll_bytes(heap, 8), 32 << 10);
-        assert_eq!(default_ll_bytes(heap, 72), 4 << 10);
+        assert_eq!(default_ll_sizes(heap, 2), z(64, 256));
+        assert_eq!(default_ll_sizes(heap, 7), z(64, 128));
+        assert_eq!(default_ll_sizes(heap, 8), z(32, 64));
+        assert_eq!(default_ll_sizes(heap, 72), z(4, 8));
+        assert_eq!(default_ll_sizes(2560 << 20, 2), z(64, 1024));
         for n in [2, 3, 8, 16, 72, 1000] {
-            let b = default_ll_bytes(heap, n);
-            if b > 0 {
-                let area = ll_area_bytes(b, n, LL_SLOTS).unwrap();
-                assert!(area <= heap / 16, "{n} PEs: {b} B takes {area}");
-                assert!(
-                    ll_area_bytes(2 * b, n, LL_SLOTS).unwrap() > heap / 16 || b == COLL_LL_BYTES
-                );
+            let d = default_ll_sizes(heap, n);
+            if d.all_reduce > 0 {
+                let area = d.area(n).unwrap();
+                assert!(area <= heap / 16, "{n} PEs: {d:?} takes {area}");
+                assert!(d.all_to_all >= 2 * d.all_reduce, "{n} PEs: {d:?}");
             }
         }
         // A heap too small for even 1 KiB: off, never an allocation failure.
-        assert_eq!(default_ll_bytes(1 << 20, 72), 0);
-        assert_eq!(default_ll_bytes(0, 2), 0);
+        assert_eq!(default_ll_sizes(1 << 20, 72), z(0, 0));
+        assert_eq!(default_ll_sizes(0, 2), z(0, 0));
+        // The region: an all_reduce message or a team of 2's share of an all_to_all.
+        assert_eq!(z(64, 1024).region(), 512 << 10);
+        assert_eq!(z(64, 64).region(), 64 << 10);
     }
 
     #[test]
@@ -1955,7 +2074,7 @@ mod tests {
         let (p, u, i, team, ck) = ("ptr", "rshmem_u64", "int", "rshmem_team", "rshmemi_check");
         // What `sync`, `sig_sync`, `reduce_launch`, `flush`, `all_to_all_v` and
         // `all_to_all_v_device` pass (u64 addresses go to pointer or rshmem_u64 parameters).
-        let launches: [(&str, &str, Vec<&str>); 8] = [
+        let launches: [(&str, &str, Vec<&str>); 9] = [
             (internal, "rshmemi_team_sync", vec![team]),
             (coll, "rshmemi_coll_sync_sig", vec![team, ck]),
             (
@@ -1971,6 +2090,11 @@ mod tests {
             (
                 coll,
                 "rshmemi_coll_ll_##NAME##_##OPN",
+                vec![p, p, u, team, ck, "rshmemi_ll"],
+            ),
+            (
+                coll,
+                "rshmemi_coll_ll_a2a",
                 vec![p, p, u, team, ck, "rshmemi_ll"],
             ),
             (
@@ -2160,7 +2284,7 @@ mod tests {
     #[test]
     fn kernel_names_cover_every_type_and_op() {
         let names = coll_kernel_names();
-        assert_eq!(names.len(), 5 + 2 * (8 * 7 + 4 * 4));
+        assert_eq!(names.len(), 6 + 2 * (8 * 7 + 4 * 4));
         assert!(names.contains(&"rshmemi_coll_reduce_bfloat16_max".to_string()));
         assert!(names.contains(&"rshmemi_coll_ll_bfloat16_max".to_string()));
         assert!(names.contains(&"rshmemi_coll_ll_int8_and".to_string()));

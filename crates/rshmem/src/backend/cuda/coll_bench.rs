@@ -115,7 +115,12 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             let elems = bytes / 4;
             let per = elems / n;
             let (s_, d_) = (g.ptr(&src)?, g.ptr(&dst)?);
-            let algo = if kind == CollKind::AllReduce && coll.all_reduce_uses_ll(w, bytes) {
+            let ll = match kind {
+                CollKind::AllReduce => coll.all_reduce_uses_ll(w, bytes),
+                CollKind::AllToAll => coll.all_to_all_uses_ll(w, bytes),
+                _ => false,
+            };
+            let algo = if ll {
                 "ll"
             } else {
                 coll.config().choose(kind, bytes).name()
