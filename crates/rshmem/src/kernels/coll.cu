@@ -261,7 +261,7 @@ __device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 
 RSHMEMI_COLL_INT_TYPES(RSHMEMI_COLL_INT_REDUCE)
 RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
 
-// ----- LL one-shot all_reduce (opt-in, small messages; rshmem::cuda::GpuColl::ll_bytes) -----
+// ----- LL one-shot all_reduce and all_to_all (small messages; rshmem::cuda::GpuColl::ll_sizes) -----
 // No barrier waits: every member pushes its input, 8 bytes per 16-byte line {lo, flag, hi, flag}
 // (each 8-byte half is written and read as one access, so a half carrying the current flag
 // carries its data), into every member's LL area; each member waits for the lines of every

@@ -241,7 +241,7 @@ fn ll_name(k: ElemKind, op: ReduceOp) -> String {
     format!("rshmemi_coll_ll_{}_{}", k.name(), op.name())
 }
 
-/// Most members of a team the LL all_reduce serves (`RSHMEMI_LL_MAX_MEMBERS` of `coll.cu`).
+/// Most members of a team the LL paths serve (`RSHMEMI_LL_MAX_MEMBERS` of `coll.cu`).
 pub const LL_MAX_MEMBERS: usize = 16;
 /// Team slots with an LL area (the world's and the first teams made after it).
 const LL_SLOTS: usize = 4;
