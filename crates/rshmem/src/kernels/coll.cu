@@ -272,7 +272,7 @@ RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
 // barrier expectation each keeps for the other and the pair's LL sequence, a private note of
 // each side (equal on both while the calls match, and new for every call). s writes its lines
 // into the half of its region (by world PE) in r's area that the sequence's parity names, and
-// r finds the half whose header carries the flag. s finishes an LL call only after r started
+// r reads the half of the same parity (the sequences are equal). s finishes an LL call only after r started
 // it (r's header or slot arrived), so r has finished its call before, and with it the last
 // read of the half s writes next. No fence, no barrier counter and no atomic (one block) on
 // the way of a matched call: system-scope fences cost a round trip over NVLink each, and a
@@ -360,6 +360,20 @@ __device__ __forceinline__ unsigned rshmemi_ll_flag(rshmem_u64 exp, unsigned seq
     return ((unsigned)(exp & 0xffff) << 16) | 0x8000u | (seq & 0x7fffu);
 }
 
+// A wait's check every 256th spin: true when an earlier wait gave up, or this one has waited
+// past the timeout since its first check (flagged, naming pe).
+__device__ __forceinline__ bool rshmemi_ll_gave_up(unsigned spins, rshmem_u64* t0, int pe) {
+    if ((spins & 255) != 0) return false;
+    if (rshmemi_failed()) return true;
+    if (*t0 == 0) {
+        *t0 = rshmemi_now();
+        return false;
+    }
+    if (rshmemi_now() - *t0 <= rshmem_dstate.timeout_ns) return false;
+    rshmemi_flag_timeout(pe);
+    return true;
+}
+
 // One warp's verdict on world PE pe: 0 its header has arrived and equals sig; 1 it differs;
 // 2 pe is in a barrier-based call (its signature is in this PE's slot row); -1 gave up
 // (timeout flagged). Lanes 0..5 read the header's lines at once (one load's latency per spin,
@@ -391,15 +405,7 @@ __device__ int rshmemi_ll_verdict(const rshmemi_ll_peer& p, int pe, const rshmem
             slot_seen = true;
         }
         if ((spins & 255) != 0) continue;
-        int stop = 0;
-        if (lane == 0) {
-            if (rshmemi_failed()) stop = 1;
-            else if (t0 == 0) t0 = rshmemi_now();
-            else if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-                rshmemi_flag_timeout(pe);
-                stop = 1;
-            }
-        }
+        const int stop = lane == 0 && rshmemi_ll_gave_up(spins, &t0, pe);
         if (__shfl_sync(~0u, stop, 0)) return -1;
     }
 }
@@ -412,13 +418,7 @@ __device__ __forceinline__ bool rshmemi_ll_wait_line(const rshmem_u64* p, unsign
     for (unsigned spins = 1; !rshmemi_ll_load(p, flag, v); spins++) {
         if (*abort) return false;
         // The error word and the clock only every 256 spins (a load fewer per spin).
-        if ((spins & 255) != 0) continue;
-        if (rshmemi_failed()) return false;
-        if (t0 == 0) t0 = rshmemi_now();
-        else if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-            rshmemi_flag_timeout(pe);
-            return false;
-        }
+        if (rshmemi_ll_gave_up(spins, &t0, pe)) return false;
     }
     return true;
 }

@@ -461,6 +461,7 @@ pub struct GpuColl<'a> {
     f_a2av_meta: Func,
     f_a2av_host: Func,
     f_sync_sig: Func,
+    f_ll_a2a: Func,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
     temp: Mutex<Vec<(DevBuf, usize)>>,
     /// Device error record (u64[ERR_SKIP + team slots]): flags (bit 1: device counts beyond capacity;
@@ -485,7 +486,7 @@ pub struct GpuColl<'a> {
     /// Private stream for the error record (never the legacy default stream: it must not
     /// interact with other PEs' graph captures on the same GPU).
     own: RawStream,
-    /// LL all_reduce: largest message (0: off), its team slots, the symmetric area
+    /// LL paths: their sizes (0: off), their team slots, the symmetric area
     /// (`ll_area_bytes`) and the private notes (`ll_notes` u32 per LL slot).
     ll_sizes: LlSizes,
     ll_slots: usize,
@@ -536,8 +537,11 @@ impl<'a> GpuColl<'a> {
     /// area is [`LlSizes::area`], `4 × 2 × n_pes × (48 + 2·region)` bytes of the symmetric
     /// heap per PE (reported in the log); sizes whose area does not fit the heap are an
     /// allocation error here.
-    pub fn with_ll_sizes(g: CudaPe<'a>, config: CollConfig, ll: LlSizes) -> Result<GpuColl<'a>> {
-        let ll_sizes = ll;
+    pub fn with_ll_sizes(
+        g: CudaPe<'a>,
+        config: CollConfig,
+        ll_sizes: LlSizes,
+    ) -> Result<GpuColl<'a>> {
         let names = coll_kernel_names();
         let opts = coll_nvrtc_options();
         let opts: Vec<&str> = opts.iter().map(|s| s.as_str()).collect();
@@ -610,6 +614,7 @@ impl<'a> GpuColl<'a> {
             f_a2av_meta: funcs["rshmemi_coll_a2av_meta"],
             f_a2av_host: funcs["rshmemi_coll_a2av_host"],
             f_sync_sig: funcs["rshmemi_coll_sync_sig"],
+            f_ll_a2a: funcs["rshmemi_coll_ll_a2a"],
             funcs,
             _module: module,
             g,
@@ -918,6 +923,17 @@ impl<'a> GpuColl<'a> {
         fits.then(|| self.ll_team_arg(dt)).flatten()
     }
 
+    /// The check argument of an LL call with signature `sig` (marked LL; its barrier count,
+    /// 2, is only compared: an LL call runs none).
+    fn ll_check(&self, dt: DeviceTeam, sig: CallSig) -> Result<Check> {
+        let sig = CallSig {
+            syncs: 2,
+            ll: true,
+            ..sig
+        };
+        self.check(dt, sig.pack()?)
+    }
+
     /// Whether an all_reduce of `bytes` on `team` runs the LL way (what the benchmarks report).
     pub(crate) fn all_reduce_uses_ll(&self, team: &Team, bytes: usize) -> bool {
         let algo = self.config.choose(CollKind::AllReduce, bytes);
@@ -1224,22 +1240,18 @@ impl<'a> GpuColl<'a> {
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
         if let Some(ll) = self.ll_arg(dt, count * std::mem::size_of::<T>(), algo) {
-            let sig = CallSig {
-                syncs: 2,
-                ll: true,
-                ..call_sig::<T>(
-                    CollKind::AllReduce,
-                    Some(op),
-                    None,
-                    ip,
-                    count,
-                    0,
-                    src,
-                    dst,
-                    dt,
-                )
-            };
-            let ck = self.check(dt, sig.pack()?)?;
+            let sig = call_sig::<T>(
+                CollKind::AllReduce,
+                Some(op),
+                None,
+                ip,
+                count,
+                0,
+                src,
+                dst,
+                dt,
+            );
+            let ck = self.ll_check(dt, sig)?;
             let lf = self
                 .funcs
                 .get(&ll_name(T::KIND, op))
@@ -1332,14 +1344,8 @@ impl<'a> GpuColl<'a> {
         let sig = call_sig::<T>(CollKind::AllToAll, None, None, ip, count, 0, src, dst, dt);
         let share = mul(count, std::mem::size_of::<T>())?;
         if let Some(ll) = self.ll_a2a_arg(dt, share, sr, d) {
-            let sig = CallSig {
-                syncs: 2,
-                ll: true,
-                ..sig
-            };
-            let ck = self.check(dt, sig.pack()?)?;
-            let f = self.funcs["rshmemi_coll_ll_a2a"];
-            let words = share / 8;
+            let ck = self.ll_check(dt, sig)?;
+            let (f, words) = (self.f_ll_a2a, share / 8);
             return self.ll_launch(s, f, d, sr, words, (words, LL_A2A_MAX_BLOCKS), dt, ck, ll);
         }
         let plan = plan::all_to_all(Self::shape(&dt, ip), count);

@@ -429,8 +429,9 @@ impl LlMem {
 /// some barrier-based (`rshmemi_sig_sync` + the plan, as in [`sig_pe`]). LL: flags from the
 /// expectation and the pair's LL sequence (`rshmemi_ll_flag`), header and data pushed into
 /// the half the sequence's parity names at each member, then per member its header (in the
-/// half of the same parity: the sequences are equal on both sides) or, failing that, its slot (a barrier-based call: looked
-/// at once more for the header, then taken as one); the data of every member when all agree;
+/// half of the same parity: the sequences are equal on both sides) or, failing that, its
+/// slot (a barrier-based call: looked at once more for the header, then taken as one); the
+/// data of every member when all agree;
 /// then the sequences of LL members move on, and when some member is barrier-based its slot
 /// is cleared, then it gets the arrivals of the most barriers a barrier-based member of the
 /// call runs, the expectation for it moving by as many. The end of every kernel sequence of
