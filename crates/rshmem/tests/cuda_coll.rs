@@ -40,7 +40,7 @@ fn coll_kernels_compile_and_export_every_name() {
     let names = cuda::coll_kernel_names();
     // The fixed kernels, then a reduce and an LL kernel per (type, op): 8 integer types × 7
     // ops, 4 float types × 4.
-    assert_eq!(names.len(), 6 + 2 * (8 * 7 + 4 * 4));
+    assert_eq!(names.len(), 7 + 2 * (8 * 7 + 4 * 4));
     for n in names {
         let needle = format!("{n}\0");
         assert!(
@@ -1188,6 +1188,223 @@ fn gpu_coll_mismatch_unfused_is_an_error_on_every_pe() {
     on_gpus_cfg(gpu_config().timeout(Duration::from_secs(8)), 4, |pe| {
         mismatch_body(pe, false)
     });
+}
+
+// ---------- pull all_to_all ----------
+
+/// A context whose LL area is on (all_reduce 64 KiB) with the LL all_to_all up to `ll_a2a`
+/// bytes (0: off, so every out-of-place all_to_all of whole 16-byte shares pulls).
+fn pull_ctx(pe: &Pe, ll_a2a: usize) -> Result<Ctx<'_>> {
+    let g = CudaPe::new(pe)?;
+    let sizes = cuda::LlSizes {
+        all_reduce: 64 << 10,
+        all_to_all: ll_a2a,
+    };
+    let coll = GpuColl::with_ll_sizes(g, CollConfig::default(), sizes)?;
+    Ok(Ctx {
+        pe,
+        s: g.stream()?,
+        coll,
+        teams: Teams::new(pe)?,
+    })
+}
+
+/// Shares in bytes: one vector, a block's part plus a tail, ten blocks with a short last one,
+/// 256 KiB (32 blocks on the world).
+const PULL_SHARES: [usize; 4] = [16, 4096 + 16, 3 * 16384 + 48, 256 << 10];
+
+/// What member `me` of `m` receives in an all_to_all of `gc` elements per pair whose inputs
+/// are `T::gen(pe, seed, n·gc)`.
+fn a2a_want<T: TElem>(m: &[usize], me: usize, seed: u64, gc: usize) -> Vec<T> {
+    let n = m.len();
+    m.iter()
+        .flat_map(|&w| T::gen(w, seed, n * gc, ReduceOp::Sum)[me * gc..(me + 1) * gc].to_vec())
+        .collect()
+}
+
+fn pull_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
+    let pe = c.pe;
+    let most = 4 * (256 << 10) / std::mem::size_of::<T>();
+    let src = pe.alloc::<T>(most)?;
+    let dst = pe.alloc::<T>(most)?;
+    for (tn, team) in c.teams.list(pe) {
+        let (me, n, m) = (team.my_pe(), team.n_pes(), team.members());
+        for (si, share) in PULL_SHARES.into_iter().enumerate() {
+            let gc = share / std::mem::size_of::<T>();
+            let seed = 7000 + si as u64 * 4 + tn.len() as u64;
+            let ctx = format!(
+                "pull {} team {tn} share {share} B (PE {})",
+                T::KIND.name(),
+                pe.my_pe()
+            );
+            assert!(
+                c.coll.all_to_all_uses_pull(team, n * share),
+                "{ctx}: not the pull path"
+            );
+            pe.local_fill(&dst, T::poison())?;
+            pe.local_write(&src, 0, &T::gen(pe.my_pe(), seed, n * gc, ReduceOp::Sum))?;
+            c.coll.all_to_all(&c.s, team, &dst, &src, gc)?;
+            c.done()?;
+            let mut want = a2a_want::<T>(m, me, seed, gc);
+            want.resize(most, T::poison());
+            check(&pe.local_vec(&dst)?, &want, &ctx);
+        }
+    }
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+/// The pull all_to_all: every team shape, shares from one vector to 256 KiB (1 to 32 blocks),
+/// four element types, exact data, no host barrier between the calls; then a captured graph
+/// (a pull all_to_all and an LL all_reduce) replayed with new data.
+fn pull_body(pe: &Pe) -> Result<()> {
+    let c = pull_ctx(pe, 0)?;
+    pull_t::<u8>(&c)?;
+    pull_t::<bf16>(&c)?;
+    pull_t::<f32>(&c)?;
+    pull_t::<f64>(&c)?;
+    let (w, me, n) = (pe.world_team(), pe.my_pe(), pe.n_pes());
+    const GC: usize = 16 << 10; // f32 per pair: 64 KiB shares
+    let src = pe.alloc::<f32>(n * GC)?;
+    let dst = pe.alloc::<f32>(n * GC)?;
+    let r_dst = pe.alloc::<f32>(1000)?;
+    pe.barrier_all()?;
+    let s = &c.s;
+    s.begin_capture()?;
+    let cap = (|| -> Result<()> {
+        c.coll.all_to_all(s, w, &dst, &src, GC)?;
+        c.coll.all_reduce(
+            s,
+            w,
+            &r_dst,
+            &src.view::<f32>(0, 1000)?,
+            1000,
+            ReduceOp::Sum,
+        )
+    })();
+    let graph = s.end_capture();
+    cap?;
+    let graph = graph?;
+    pe.barrier_all()?;
+    let all: Vec<usize> = (0..n).collect();
+    for r in 0..6u64 {
+        let seed = 8000 + r;
+        pe.local_fill(&dst, f32::poison())?;
+        pe.local_fill(&r_dst, f32::poison())?;
+        pe.local_write(&src, 0, &f32::gen(me, seed, n * GC, ReduceOp::Sum))?;
+        pe.barrier_all()?; // a replay reads the peers' new inputs
+        graph.launch(s)?;
+        c.done()?;
+        let ctx = format!("pull graph replay {r} PE {me}");
+        check(
+            &pe.local_vec(&dst)?,
+            &a2a_want::<f32>(&all, me, seed, GC),
+            &ctx,
+        );
+        let x: Vec<Vec<f32>> = all
+            .iter()
+            .map(|&p| f32::gen(p, seed, n * GC, ReduceOp::Sum)[..1000].to_vec())
+            .collect();
+        let want: Vec<f32> = (0..1000).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+        check(&pe.local_vec(&r_dst)?, &want, &format!("{ctx}: all_reduce"));
+        pe.barrier_all()?; // nobody rewrites its input while a peer's replay may read it
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_pull_all_to_all() {
+    on_gpus(4, pull_body);
+}
+
+gpu_mode_test!(
+    gpu_coll_pull_all_to_all_modes,
+    gpu_config(),
+    pull_body,
+    [processes(4), mixed(4)]
+);
+
+/// A pull all_to_all beside other calls: a member on the barrier-based path (pull off there),
+/// a member on the LL all_to_all (its LL all_to_all size covers the call), each reported on
+/// every PE with nothing written; a correct pull after each, exact.
+fn pull_mismatch_body(pe: &Pe) -> Result<()> {
+    let me = pe.my_pe();
+    let w = pe.world_team();
+    let mut c = pull_ctx(pe, 0)?;
+    // The same LL area (region 64 KiB) everywhere; PE 2's LL all_to_all covers 64 KiB inputs.
+    let c2 = pull_ctx(pe, if me == 2 { 128 << 10 } else { 0 })?;
+    let n = pe.n_pes();
+    const GC: usize = 4096; // f32 per pair: 16 KiB shares, 64 KiB in all
+    let src = pe.alloc::<f32>(n * GC)?;
+    let dst = pe.alloc::<f32>(n * GC)?;
+    let all: Vec<usize> = (0..n).collect();
+    let good = |c: &Ctx<'_>, seed: u64, ctx: &str| -> Result<()> {
+        pe.local_fill(&dst, f32::poison())?;
+        pe.local_write(&src, 0, &f32::gen(me, seed, n * GC, ReduceOp::Sum))?;
+        pe.barrier_all()?;
+        c.coll.all_to_all(&c.s, w, &dst, &src, GC)?;
+        c.done()?;
+        check(
+            &pe.local_vec(&dst)?,
+            &a2a_want::<f32>(&all, me, seed, GC),
+            &format!("good pull after {ctx} (PE {me})"),
+        );
+        pe.barrier_all()
+    };
+    let poisoned = |ctx: &str| -> Result<()> {
+        check(
+            &pe.local_vec(&dst)?,
+            &vec![f32::poison(); n * GC],
+            &format!("{ctx}: dst (PE {me})"),
+        );
+        Ok(())
+    };
+    good(&c, 9000, "nothing")?;
+
+    let ctx = "pull against barrier-based all_to_all";
+    if me == 1 {
+        c.coll.set_pull_a2a_bytes(0);
+    }
+    assert_eq!(c.coll.all_to_all_uses_pull(w, n * GC * 4), me != 1);
+    pe.local_fill(&dst, f32::poison())?;
+    pe.barrier_all()?;
+    c.coll.all_to_all(&c.s, w, &dst, &src, GC)?;
+    expect_mismatch_with(
+        &c,
+        1,
+        ["algo -", "no collective signature"],
+        ["algo pull", "algo -"],
+        ctx,
+    );
+    poisoned(ctx)?;
+    c.coll.set_pull_a2a_bytes(cuda::COLL_PULL_A2A_BYTES);
+    good(&c, 9001, ctx)?;
+
+    let ctx = "pull against LL all_to_all";
+    pe.local_fill(&dst, f32::poison())?;
+    pe.barrier_all()?;
+    c2.coll.all_to_all(&c2.s, w, &dst, &src, GC)?;
+    expect_mismatch_with(
+        &c2,
+        2,
+        ["algo ll", "algo pull"],
+        ["algo pull", "algo ll"],
+        ctx,
+    );
+    poisoned(ctx)?;
+    good(&c, 9002, ctx)?;
+    pe.barrier_all()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_pull_mismatch_is_an_error_on_every_pe() {
+    on_gpus_cfg(
+        gpu_config().timeout(Duration::from_secs(8)),
+        4,
+        pull_mismatch_body,
+    );
 }
 
 /// Captured graphs: one whose calls differ across PEs (every replay reports the mismatch and

@@ -406,19 +406,26 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
         }
     }
     if groups.contains(&SuiteArg::Coll) {
-        let coll_sizes: Vec<usize> = [
-            8usize,
-            4096,
-            65536,
-            1 << 20,
-            16 << 20,
-            64 << 20,
-            256 << 20,
-            1 << 30,
-        ]
-        .into_iter()
-        .filter(|&s| s <= big.max(8))
-        .collect();
+        // RSHMEM_BENCH_COLL_SIZES: the collectives' sizes (comma separated, e.g. 64K,256K,1M;
+        // measurement sweeps), default the nccl-tests-like ladder below.
+        let ladder = match std::env::var("RSHMEM_BENCH_COLL_SIZES") {
+            Ok(v) if !v.trim().is_empty() => v
+                .split(',')
+                .map(|x| parse_size_arg(x.trim()))
+                .collect::<Result<Vec<usize>, String>>()
+                .map_err(|e| format!("RSHMEM_BENCH_COLL_SIZES: {e}"))?,
+            _ => vec![
+                8usize,
+                4096,
+                65536,
+                1 << 20,
+                16 << 20,
+                64 << 20,
+                256 << 20,
+                1 << 30,
+            ],
+        };
+        let coll_sizes: Vec<usize> = ladder.into_iter().filter(|&s| s <= big.max(8)).collect();
         let iters = if full { 200 } else { 50 };
         let per_pe = rshmem::threads_with(config, 2, |pe| {
             rshmem::cuda::coll_bench(pe, &coll_sizes, iters)

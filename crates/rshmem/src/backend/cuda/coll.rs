@@ -103,8 +103,10 @@ struct CallSig {
     dst: u64,
     /// The team as every member sees it (size, first member, stride).
     team: (i32, i32, i32),
-    /// Runs as the LL one-shot all_reduce (no barrier waits; see `kernels/coll.cu`).
+    /// Runs as an LL call (no barrier waits; see `kernels/coll.cu`).
     ll: bool,
+    /// Runs as the pull all_to_all (LL handshake, data read from the peers' src).
+    pull: bool,
 }
 
 const SIG_MARK: u64 = 1 << 63;
@@ -128,7 +130,8 @@ impl CallSig {
             | self.op.map_or(0, ReduceOp::code) << 16
             | u64::from(self.in_place) << 24
             | self.algo.map_or(0, Algo::code) << 25
-            | u64::from(self.ll) << 27;
+            | u64::from(self.ll) << 27
+            | u64::from(self.pull) << 28;
         let (size, start, stride) = self.team;
         let team = fnv(&[size as u64, start as u64, stride as u64]);
         Ok([w0, self.count, self.aux, self.src, self.dst, team])
@@ -173,7 +176,9 @@ impl CallSig {
         out += &format!(
             " in_place {} algo {} barriers {} src @{:#x} dst @{:#x} team {:x}",
             (w[0] >> 24) & 1 != 0,
-            if (w[0] >> 27) & 1 != 0 {
+            if (w[0] >> 28) & 1 != 0 {
+                "pull"
+            } else if (w[0] >> 27) & 1 != 0 {
                 "ll"
             } else {
                 algo.map_or("-", Algo::name)
@@ -225,6 +230,7 @@ pub fn coll_kernel_names() -> Vec<String> {
         "rshmemi_coll_a2av_host".to_string(),
         "rshmemi_coll_sync_sig".to_string(),
         "rshmemi_coll_ll_a2a".to_string(),
+        "rshmemi_coll_pull_a2a".to_string(),
     ];
     for k in ELEMS {
         for op in ReduceOp::ALL {
@@ -237,6 +243,11 @@ pub fn coll_kernel_names() -> Vec<String> {
     v
 }
 
+/// Where [`GpuColl`] keeps the kernels of (element type, operation).
+fn typed_index(k: ElemKind, op: ReduceOp) -> usize {
+    k as usize * ReduceOp::ALL.len() + op as usize
+}
+
 fn ll_name(k: ElemKind, op: ReduceOp) -> String {
     format!("rshmemi_coll_ll_{}_{}", k.name(), op.name())
 }
@@ -247,10 +258,16 @@ pub const LL_MAX_MEMBERS: usize = 16;
 const LL_SLOTS: usize = 4;
 /// Most blocks of an LL all_reduce: its blocks wait for peers, so they must leave SMs to the
 /// peers' kernels when PEs share a GPU.
-const LL_MAX_BLOCKS: u32 = 8;
+const LL_MAX_BLOCKS: u32 = 32;
+/// Lines per LL all_reduce thread (`RSHMEMI_LL_U` of `coll.cu`: one batch of loads).
+const LL_LINES_PER_THREAD: usize = 4;
 /// Most blocks of an LL all_to_all (bandwidth-bound up to its larger size; the same care).
 const LL_A2A_MAX_BLOCKS: u32 = 32;
 const LL_THREADS: u32 = 256;
+/// Most blocks of a pull all_to_all (the same care as the LL kernels: they wait for peers).
+const PULL_MAX_BLOCKS: u32 = 64;
+/// Bytes per pull all_to_all block: two rounds of eight 16-byte loads per thread.
+const PULL_BLOCK_BYTES: usize = LL_THREADS as usize * 256;
 
 /// The LL argument of `coll.cu` (`rshmemi_ll`).
 #[repr(C)]
@@ -261,9 +278,10 @@ struct LlArg {
     done: u64,
 }
 
-/// Largest default LL all_reduce size (`RSHMEM_CUDA_COLL_LL_BYTES` unset): 64 KiB, where the
-/// LL all_reduce met NCCL's time on 2 GPUs (below it, faster).
-pub const COLL_LL_BYTES: usize = 64 << 10;
+/// Largest default LL all_reduce size (`RSHMEM_CUDA_COLL_LL_BYTES` unset): 512 KiB, the
+/// largest size where the LL all_reduce beat NCCL on 2 H200s (1.09x at 512 KiB, 0.87x at
+/// 1 MiB, graph replay; the barrier-based two-shot took twice NCCL's time from 256 KiB).
+pub const COLL_LL_BYTES: usize = 512 << 10;
 /// Largest default LL all_to_all size (`RSHMEM_CUDA_COLL_LL_A2A_BYTES` unset; all of a
 /// member's input, every pair's share together): 1 MiB.
 pub const COLL_LL_A2A_BYTES: usize = 1 << 20;
@@ -294,8 +312,8 @@ impl LlSizes {
 /// [`COLL_LL_BYTES`] and [`COLL_LL_A2A_BYTES`], the all_to_all size halved first (down to
 /// twice the all_reduce size, where it needs no area of its own), then both, until the LL
 /// area takes at most 1/16 of the heap; both 0 (off) when the all_reduce size would fall
-/// below 1 KiB. With the default 128 MiB heap: 64 KiB / 256 KiB for 2 PEs, 32 KiB / 64 KiB
-/// for 8, 4 KiB / 8 KiB for 72; with 2.5 GiB (the benchmarks), 64 KiB / 1 MiB for 2.
+/// below 1 KiB. With the default 128 MiB heap: 128 KiB / 256 KiB for 2 PEs, 32 KiB / 64 KiB
+/// for 8, 4 KiB / 8 KiB for 72; with 2.5 GiB (the benchmarks), 512 KiB / 1 MiB for 2.
 pub fn default_ll_sizes(heap: usize, n_pes: usize) -> LlSizes {
     let mut z = LlSizes {
         all_reduce: COLL_LL_BYTES,
@@ -456,12 +474,18 @@ pub struct GpuColl<'a> {
     config: CollConfig,
     _module: Arc<Module>,
     funcs: HashMap<String, Func>,
+    /// The reduce and LL all_reduce kernel per (element type, operation), at
+    /// [`typed_index`]: no name formatting or hashing per call.
+    typed: Vec<[Option<Func>; 2]>,
     f_copy: Func,
     f_a2av_dev: Func,
     f_a2av_meta: Func,
     f_a2av_host: Func,
     f_sync_sig: Func,
     f_ll_a2a: Func,
+    f_pull_a2a: Func,
+    /// Largest all_to_all input (all shares) of the pull path (0: off).
+    pull_a2a_bytes: usize,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
     temp: Mutex<Vec<(DevBuf, usize)>>,
     /// Device error record (u64[ERR_SKIP + team slots]): flags (bit 1: device counts beyond capacity;
@@ -530,7 +554,7 @@ impl<'a> GpuColl<'a> {
     /// As [`GpuColl::new`], with the LL paths' sizes given (`new` reads
     /// `RSHMEM_CUDA_COLL_LL_BYTES` and `RSHMEM_CUDA_COLL_LL_A2A_BYTES`, defaults
     /// [`default_ll_sizes`]). Every PE must pass the same sizes (a member that runs a call
-    /// another way is reported as a mismatch). The LL paths: one kernel (all_reduce up to 8
+    /// another way is reported as a mismatch). The LL paths: one kernel (all_reduce up to 32
     /// blocks, all_to_all up to 32), no barrier waits, each member pushing its data with a flag
     /// in every 16-byte line into every other member's LL area, for teams of 2 to
     /// [`LL_MAX_MEMBERS`] members in the first 4 team slots (the world's included). Their
@@ -605,6 +629,15 @@ impl<'a> GpuColl<'a> {
         };
         // Staging for small in-place collectives now, not in the middle of one.
         let temp = DevBuf::zeroed_on(&own, MIN_STAGING)?;
+        let mut typed = vec![[None; 2]; ELEMS.len() * ReduceOp::ALL.len()];
+        for k in ELEMS {
+            for op in ReduceOp::ALL {
+                typed[typed_index(k, op)] = [
+                    funcs.get(&reduce_name(k, op)).copied(),
+                    funcs.get(&ll_name(k, op)).copied(),
+                ];
+            }
+        }
         let f_a2av_dev = funcs["rshmemi_coll_a2av_dev"];
         let a2av_dev_max = a2av_dev_shared(&b.gpu, f_a2av_dev, n_pes)?;
         pe.barrier_all()?;
@@ -615,7 +648,10 @@ impl<'a> GpuColl<'a> {
             f_a2av_host: funcs["rshmemi_coll_a2av_host"],
             f_sync_sig: funcs["rshmemi_coll_sync_sig"],
             f_ll_a2a: funcs["rshmemi_coll_ll_a2a"],
+            f_pull_a2a: funcs["rshmemi_coll_pull_a2a"],
+            pull_a2a_bytes: pull_a2a_bytes_from_env()?,
             funcs,
+            typed,
             _module: module,
             g,
             config,
@@ -778,9 +814,7 @@ impl<'a> GpuColl<'a> {
 
     fn reduce_func<T: Elem>(&self, op: ReduceOp) -> Result<Func> {
         op.check(T::KIND)?;
-        self.funcs
-            .get(&reduce_name(T::KIND, op))
-            .copied()
+        self.typed[typed_index(T::KIND, op)][0]
             .ok_or_else(|| Error::invalid("no reduction kernel for this type"))
     }
 
@@ -923,6 +957,32 @@ impl<'a> GpuColl<'a> {
         fits.then(|| self.ll_team_arg(dt)).flatten()
     }
 
+    /// The LL argument and grid when an all_to_all of `share` bytes per pair on `dt` runs
+    /// the pull way: out of place, the shares whole 16-byte vectors at 16-byte aligned
+    /// addresses, all of them together within [`GpuColl::pull_a2a_bytes`], the team served by
+    /// the LL paths with a line per block after the header in its regions.
+    fn pull_a2a_arg(
+        &self,
+        dt: DeviceTeam,
+        share: usize,
+        in_place: bool,
+        src: u64,
+        dst: u64,
+    ) -> Option<(LlArg, u32)> {
+        let total = share.checked_mul(dt.size.max(0) as usize)?;
+        let fits = !in_place
+            && share > 0
+            && share.is_multiple_of(16)
+            && (src | dst).is_multiple_of(16)
+            && total <= self.pull_a2a_bytes;
+        let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
+        let remote = share * (dt.size as usize - 1);
+        let blocks = remote
+            .div_ceil(PULL_BLOCK_BYTES)
+            .clamp(1, PULL_MAX_BLOCKS as usize);
+        (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
+    }
+
     /// The check argument of an LL call with signature `sig` (marked LL; its barrier count,
     /// 2, is only compared: an LL call runs none).
     fn ll_check(&self, dt: DeviceTeam, sig: CallSig) -> Result<Check> {
@@ -936,10 +996,27 @@ impl<'a> GpuColl<'a> {
 
     /// Whether an all_reduce of `bytes` on `team` runs the LL way (what the benchmarks report).
     pub(crate) fn all_reduce_uses_ll(&self, team: &Team, bytes: usize) -> bool {
-        let algo = self.config.choose(CollKind::AllReduce, bytes);
-        self.g
-            .device_team(team)
-            .is_ok_and(|dt| self.ll_arg(dt, bytes, algo).is_some())
+        self.g.device_team(team).is_ok_and(|dt| {
+            let algo = self.all_reduce_algo(dt, bytes);
+            self.ll_arg(dt, bytes, algo).is_some()
+        })
+    }
+
+    /// The algorithm of an all_reduce of `bytes` on `dt`: the configured choice, except that a
+    /// message within the LL size on a team the LL path serves runs one-shot (the LL path)
+    /// unless an algorithm is forced ([`CollConfig::algo`]): the LL path beats the barrier-based
+    /// two-shot up to its size.
+    fn all_reduce_algo(&self, dt: DeviceTeam, bytes: usize) -> Algo {
+        let chosen = self.config.choose(CollKind::AllReduce, bytes);
+        let ll = self.config.algo.is_none()
+            && bytes > 0
+            && bytes <= self.ll_sizes.all_reduce
+            && self.ll_team_arg(dt).is_some();
+        if ll {
+            Algo::OneShot
+        } else {
+            chosen
+        }
     }
 
     /// Whether an all_to_all of `bytes` (all shares) on `team` between 4096-aligned buffers
@@ -948,6 +1025,17 @@ impl<'a> GpuColl<'a> {
         self.g.device_team(team).is_ok_and(|dt| {
             let share = bytes / (dt.size.max(1) as usize);
             share * dt.size as usize == bytes && self.ll_a2a_arg(dt, share, 0, 0).is_some()
+        })
+    }
+
+    /// Whether an out-of-place all_to_all of `bytes` (all shares) on `team` between
+    /// 4096-aligned buffers runs the pull way (what the benchmarks report).
+    pub fn all_to_all_uses_pull(&self, team: &Team, bytes: usize) -> bool {
+        self.g.device_team(team).is_ok_and(|dt| {
+            let share = bytes / (dt.size.max(1) as usize);
+            share * dt.size as usize == bytes
+                && self.ll_a2a_arg(dt, share, 0, 0).is_none()
+                && self.pull_a2a_arg(dt, share, false, 0, 0).is_some()
         })
     }
 
@@ -1118,6 +1206,22 @@ impl<'a> GpuColl<'a> {
         self.fused_bytes = bytes;
     }
 
+    /// Largest all_to_all input (every pair's share together) of the pull path (0: off;
+    /// default [`COLL_PULL_A2A_BYTES`], environment `RSHMEM_CUDA_COLL_PULL_A2A_BYTES`): an
+    /// out-of-place all_to_all beyond the LL size whose shares are whole 16-byte vectors runs
+    /// as one kernel of up to 32 blocks that reads every share straight from its sender's
+    /// `src` after an LL handshake (the data crosses the link once, no barrier waits), on a
+    /// team the LL paths serve.
+    pub fn pull_a2a_bytes(&self) -> usize {
+        self.pull_a2a_bytes
+    }
+
+    /// Sets [`GpuColl::pull_a2a_bytes`]. Every PE must set the same (a member that runs a call
+    /// another way is reported as a mismatch).
+    pub fn set_pull_a2a_bytes(&mut self, bytes: usize) {
+        self.pull_a2a_bytes = bytes;
+    }
+
     /// Members per [`GpuColl::all_to_all_v`] list launch, 1 to 64 (the default, and the most
     /// a launch's arguments hold): smaller values only add launches. For tests, which cover
     /// several chunks with small teams this way.
@@ -1218,8 +1322,8 @@ impl<'a> GpuColl<'a> {
         count: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        let es = std::mem::size_of::<T>();
-        let algo = self.config.choose(CollKind::AllReduce, count * es);
+        let dt = self.team(s, team)?;
+        let algo = self.all_reduce_algo(dt, count.saturating_mul(std::mem::size_of::<T>()));
         self.all_reduce_with(s, team, dst, src, count, op, algo)
     }
 
@@ -1252,12 +1356,12 @@ impl<'a> GpuColl<'a> {
                 dt,
             );
             let ck = self.ll_check(dt, sig)?;
-            let lf = self
-                .funcs
-                .get(&ll_name(T::KIND, op))
-                .copied()
+            let lf = self.typed[typed_index(T::KIND, op)][1]
                 .ok_or_else(|| Error::invalid("no LL kernel for this type"))?;
-            let lines = (count * std::mem::size_of::<T>()).div_ceil(8);
+            // A block per LL_THREADS × LL_LINES_PER_THREAD lines (one batch per thread).
+            let lines = (count * std::mem::size_of::<T>())
+                .div_ceil(8)
+                .div_ceil(LL_LINES_PER_THREAD);
             return self.ll_launch(s, lf, d, sr, count, (lines, LL_MAX_BLOCKS), dt, ck, ll);
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
@@ -1347,6 +1451,21 @@ impl<'a> GpuColl<'a> {
             let ck = self.ll_check(dt, sig)?;
             let (f, words) = (self.f_ll_a2a, share / 8);
             return self.ll_launch(s, f, d, sr, words, (words, LL_A2A_MAX_BLOCKS), dt, ck, ll);
+        }
+        if let Some((ll, blocks)) = self.pull_a2a_arg(dt, share, ip, sr, d) {
+            let ck = self.check(
+                dt,
+                CallSig {
+                    syncs: 2,
+                    ll: true,
+                    pull: true,
+                    ..sig
+                }
+                .pack()?,
+            )?;
+            let vecs = share / 16;
+            let lines = blocks as usize * LL_THREADS as usize;
+            return self.ll_launch(s, self.f_pull_a2a, d, sr, vecs, (lines, blocks), dt, ck, ll);
         }
         let plan = plan::all_to_all(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
@@ -1571,6 +1690,13 @@ fn fusable(plan: &Plan, es: usize, limit: usize) -> bool {
 /// Default of [`GpuColl::fused_bytes`].
 pub const COLL_FUSED_BYTES: usize = 64 << 10;
 
+/// Default [`GpuColl::pull_a2a_bytes`].
+pub const COLL_PULL_A2A_BYTES: usize = 16 << 20;
+
+fn pull_a2a_bytes_from_env() -> Result<usize> {
+    Ok(crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_A2A_BYTES")?.unwrap_or(COLL_PULL_A2A_BYTES))
+}
+
 fn fused_bytes_from_env() -> Result<usize> {
     Ok(crate::coll::env_size("RSHMEM_CUDA_COLL_FUSED_BYTES")?.unwrap_or(COLL_FUSED_BYTES))
 }
@@ -1633,6 +1759,7 @@ fn raw_sig(
         dst: dst.offset as u64,
         team: (dt.size, dt.start, dt.stride),
         ll: false,
+        pull: false,
     }
 }
 
@@ -1728,11 +1855,11 @@ mod tests {
             all_to_all: t << 10,
         };
         let heap = 128 << 20;
-        assert_eq!(default_ll_sizes(heap, 2), z(64, 256));
+        assert_eq!(default_ll_sizes(heap, 2), z(128, 256));
         assert_eq!(default_ll_sizes(heap, 7), z(64, 128));
         assert_eq!(default_ll_sizes(heap, 8), z(32, 64));
         assert_eq!(default_ll_sizes(heap, 72), z(4, 8));
-        assert_eq!(default_ll_sizes(2560 << 20, 2), z(64, 1024));
+        assert_eq!(default_ll_sizes(2560 << 20, 2), z(512, 1024));
         for n in [2, 3, 8, 16, 72, 1000] {
             let d = default_ll_sizes(heap, n);
             if d.all_reduce > 0 {
@@ -2080,7 +2207,7 @@ mod tests {
         let (p, u, i, team, ck) = ("ptr", "rshmem_u64", "int", "rshmem_team", "rshmemi_check");
         // What `sync`, `sig_sync`, `reduce_launch`, `flush`, `all_to_all_v` and
         // `all_to_all_v_device` pass (u64 addresses go to pointer or rshmem_u64 parameters).
-        let launches: [(&str, &str, Vec<&str>); 9] = [
+        let launches: [(&str, &str, Vec<&str>); 10] = [
             (internal, "rshmemi_team_sync", vec![team]),
             (coll, "rshmemi_coll_sync_sig", vec![team, ck]),
             (
@@ -2101,6 +2228,11 @@ mod tests {
             (
                 coll,
                 "rshmemi_coll_ll_a2a",
+                vec![p, p, u, team, ck, "rshmemi_ll"],
+            ),
+            (
+                coll,
+                "rshmemi_coll_pull_a2a",
                 vec![p, p, u, team, ck, "rshmemi_ll"],
             ),
             (
@@ -2290,7 +2422,8 @@ mod tests {
     #[test]
     fn kernel_names_cover_every_type_and_op() {
         let names = coll_kernel_names();
-        assert_eq!(names.len(), 6 + 2 * (8 * 7 + 4 * 4));
+        assert_eq!(names.len(), 7 + 2 * (8 * 7 + 4 * 4));
+        assert!(names.contains(&"rshmemi_coll_pull_a2a".to_string()));
         assert!(names.contains(&"rshmemi_coll_reduce_bfloat16_max".to_string()));
         assert!(names.contains(&"rshmemi_coll_ll_bfloat16_max".to_string()));
         assert!(names.contains(&"rshmemi_coll_ll_int8_and".to_string()));

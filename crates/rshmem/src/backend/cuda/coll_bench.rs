@@ -23,7 +23,7 @@ pub struct CollBenchRecord {
     /// Iterations timed (after one warm-up).
     pub iters: usize,
     /// rshmem's algorithm for this size (one_shot / two_shot; one_shot for the single-algorithm
-    /// collectives).
+    /// collectives; ll or pull for the LL-handshake paths).
     pub algo: &'static str,
     /// rshmem time per call, microseconds (PE 0's stream, CUDA events, eager launches).
     pub time_us: f64,
@@ -120,8 +120,11 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
                 CollKind::AllToAll => coll.all_to_all_uses_ll(w, bytes),
                 _ => false,
             };
+            let pull = kind == CollKind::AllToAll && coll.all_to_all_uses_pull(w, bytes);
             let algo = if ll {
                 "ll"
+            } else if pull {
+                "pull"
             } else {
                 coll.config().choose(kind, bytes).name()
             };

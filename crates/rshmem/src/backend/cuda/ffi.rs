@@ -22,6 +22,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRetain",
     "cuCtxPushCurrent_v2",
     "cuCtxPopCurrent_v2",
+    "cuCtxGetCurrent",
     "cuCtxEnablePeerAccess",
     "cuCtxSynchronize",
     "cuMemAlloc_v2",

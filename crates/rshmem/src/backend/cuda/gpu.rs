@@ -76,17 +76,27 @@ pub(crate) fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
 }
 
 /// Makes a GPU's context current on this thread until dropped (then the previous one returns).
-pub(crate) struct CtxGuard(());
+/// `pushed`: false when the context was current already (nothing to pop).
+pub(crate) struct CtxGuard {
+    pushed: bool,
+}
 
 impl Gpu {
-    /// Pushes this GPU's context; popped when the guard drops.
+    /// Makes this GPU's context current: pushed, and popped when the guard drops, unless it
+    /// is current already (the common case on a PE's own thread: no push and pop per launch).
     pub fn bind(&self) -> Result<CtxGuard> {
+        let mut cur = std::ptr::null_mut();
+        // SAFETY: writes one context handle (null when none is current).
+        let r = unsafe { cu::cuCtxGetCurrent(&mut cur) };
+        if r == cu::CUresult::CUDA_SUCCESS && cur == self.ctx {
+            return Ok(CtxGuard { pushed: false });
+        }
         // SAFETY: a retained, live primary context.
         check(
             unsafe { cu::cuCtxPushCurrent_v2(self.ctx) },
             "cuCtxPushCurrent",
         )?;
-        Ok(CtxGuard(()))
+        Ok(CtxGuard { pushed: true })
     }
 
     /// A device attribute (−1 when the driver does not know it).
@@ -169,6 +179,9 @@ impl Gpu {
 
 impl Drop for CtxGuard {
     fn drop(&mut self) {
+        if !self.pushed {
+            return;
+        }
         let mut old = std::ptr::null_mut();
         // SAFETY: pops the context pushed by `bind` on this thread.
         let _ = unsafe { cu::cuCtxPopCurrent_v2(&mut old) };
