@@ -31,7 +31,7 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_LL_BYTES",
-        "CUDA collectives: largest all_reduce of the LL path (no barrier waits), default 64K (less when its area would pass 1/16 of the heap; 0 = off)",
+        "CUDA collectives: largest all_reduce and broadcast of the LL paths (no barrier waits), default 512K (less when their area would pass 1/16 of the heap; 0 = off)",
     ),
     (
         "RSHMEM_CUDA_COLL_FUSED_BYTES",
@@ -39,7 +39,11 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_LL_A2A_BYTES",
-        "CUDA collectives: largest all_to_all input of the LL path, default 1M (less when the LL area would pass 1/16 of the heap; 0 = off)",
+        "CUDA collectives: largest per-member traffic of the LL all_to_all, all_gather and reduce_scatter, default 1M (less when the LL area would pass 1/16 of the heap; 0 = off)",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_PULL_A2A_BYTES",
+        "CUDA collectives: largest out-of-place all_to_all of the pull path (beyond the LL size), default 16M (0 = off)",
     ),
     (
         "RSHMEM_CUDA_COLL_NVRTC_OPTS",
@@ -48,6 +52,10 @@ const MORE_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_BENCH_COLL_OPS",
         "perf, CUDA collectives: the ones to time, comma separated (default all)",
+    ),
+    (
+        "RSHMEM_BENCH_COLL_SIZES",
+        "perf, CUDA collectives: their sizes, comma separated (default 8,4K,64K,1M,16M,64M,256M,1G up to the largest)",
     ),
     (
         "RSHMEM_EP_BREAKDOWN",

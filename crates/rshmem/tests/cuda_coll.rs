@@ -1100,13 +1100,21 @@ fn ll_mismatch_body(pe: &Pe) -> Result<()> {
     } else {
         c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
     }
+    // (A small all_gather runs the LL way too: each side reads the other's header.)
     expect_mismatch_with(
         &c,
         3,
-        ["all_gather", "no collective signature"],
+        ["all_gather", "all_reduce"],
         ["all_reduce", "all_gather"],
         ctx,
     );
+    after(ctx, &v)?;
+    // An LL broadcast whose members name different roots: nothing is waited for or written.
+    let ctx = "LL broadcast with different roots";
+    let v = arm(pe, &src, &dst, seed.get())?;
+    c.coll
+        .broadcast(s, w, &dst, &src, 100, if me == 2 { 1 } else { 0 })?;
+    expect_mismatch_with(&c, 2, ["root 1", "root 0"], ["root 0", "root 1"], ctx);
     after(ctx, &v)?;
     // The LL all_to_all (26 f32 = 104 bytes per pair: whole words) shares the LL areas: an
     // LL all_reduce beside it reads its header and reports the difference.
@@ -1125,18 +1133,32 @@ fn ll_mismatch_body(pe: &Pe) -> Result<()> {
         ctx,
     );
     after(ctx, &v)?;
-    // 27 f32 per pair (108 bytes) is not whole words: the barrier-based all_to_all.
+    // 9001 f32 per pair (144 KB in all) is beyond the LL all_to_all size (128 KiB) and its
+    // shares are not whole 16-byte vectors (no pull): the barrier-based all_to_all, against
+    // LL ones of 27 f32 per pair (108 bytes: not whole words, which the LL data kernel moves
+    // too).
     let ctx = "LL all_to_all against a barrier-based one";
     let v = arm(pe, &src, &dst, seed.get())?;
-    let n = if me == 1 { 26 } else { 27 };
-    c.coll.all_to_all(s, w, &dst, &src, n)?;
+    let big_src = pe.alloc::<f32>(4 * 9001)?;
+    let big_dst = pe.alloc::<f32>(4 * 9001)?;
+    pe.local_fill(&big_dst, f32::poison())?;
+    let n = if me == 1 { 9001 } else { 27 };
+    c.coll.all_to_all(s, w, &big_dst, &big_src, n)?;
     expect_mismatch_with(
         &c,
         1,
-        ["count 26 ", "count 27 "],
-        ["count 27 ", "no collective signature"],
+        ["count 9001 ", "no collective signature"],
+        ["count 27 ", "count 9001 "],
         ctx,
     );
+    check(
+        &pe.local_vec(&big_dst)?,
+        &vec![f32::poison(); 4 * 9001],
+        &format!("{ctx}: dst"),
+    );
+    pe.barrier_all()?;
+    pe.free(big_dst)?;
+    pe.free(big_src)?;
     after(ctx, &v)?;
     // And a correct LL all_to_all after them, out of place then in place: exact data.
     let ctx = "LL all_to_all after the mismatches";

@@ -261,7 +261,10 @@ __device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 
 RSHMEMI_COLL_INT_TYPES(RSHMEMI_COLL_INT_REDUCE)
 RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
 
-// ----- LL one-shot all_reduce and all_to_all (small messages; rshmem::cuda::GpuColl::ll_sizes) -----
+// ----- LL paths (small messages; rshmem::cuda::GpuColl::ll_sizes): the one-shot all_reduce and
+// reduce_scatter (rshmemi_coll_ll_*), all_to_all, all_gather and broadcast (rshmemi_coll_ll_move),
+// and the handshake of the pull all_to_all. Described for the all_reduce; the others differ in
+// what each member pushes to whom. -----
 // No barrier waits: every member pushes its input, 8 bytes per 16-byte line {lo, flag, hi, flag}
 // (each 8-byte half is written and read as one access, so a half carrying the current flag
 // carries its data), into every member's LL area; each member waits for the lines of every
@@ -278,7 +281,7 @@ RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
 // the way of a matched call: system-scope fences cost a round trip over NVLink each, and a
 // first version with them took 12 us where this takes 5 (2x H100, graph replay).
 //
-// A member whose call is not an LL all_reduce (another collective, other arguments beyond the
+// A member whose call is not an LL call (another collective, other arguments beyond the
 // LL size) writes its signature into this member's slot row before its first barrier (see
 // rshmemi_sig_sync); a waiting member that finds it there instead of a header records the
 // mismatch, clears its slots and then gives it the arrivals of every barrier that call runs
@@ -312,8 +315,12 @@ __device__ __forceinline__ bool rshmemi_ll_load(const rshmem_u64* p, unsigned fl
 template <typename T> __device__ __forceinline__ rshmem_u64 rshmemi_ll_pack(const T* src, rshmem_u64 n, rshmem_u64 l) {
     const int k = 8 / (int)sizeof(T);
     const T* p = src + l * k;
-    // A whole, 8-byte aligned line: one load.
-    if ((l + 1) * k <= n && ((rshmem_u64)p & 7) == 0) return *(const rshmem_u64*)p;
+    // A whole line, 8-byte aligned: one load; 4-byte aligned: two.
+    if ((l + 1) * k <= n) {
+        if (((rshmem_u64)p & 7) == 0) return *(const rshmem_u64*)p;
+        if (((rshmem_u64)p & 3) == 0)
+            return (rshmem_u64)((const unsigned*)p)[0] | ((rshmem_u64)((const unsigned*)p)[1] << 32);
+    }
     union { rshmem_u64 u; T e[8 / sizeof(T)]; } w;
     w.u = 0;
 #pragma unroll
@@ -679,43 +686,62 @@ __device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, co
 // Data line l (0-based) is pushed, folded and written by the same thread (lines l0 + u·gn in
 // batches of U): in place (src == dst) no thread overwrites a line another thread has yet to
 // push.
+// stride > 0 (reduce_scatter): member j's part of the input is src + j·stride (n elements),
+// pushed to j; this PE's part folds with what the others pushed it.
 template <typename T, typename A, int OP, int U>
 __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem_team team,
                                                       const rshmemi_check& ck, const rshmemi_ll& ll,
-                                                      rshmemi_ll_shared& S) {
+                                                      rshmemi_ll_shared& S, rshmem_u64 stride) {
     if (RSHMEMI_LL_NOP) return;
     const int me = team.my_index, N = team.size;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     const rshmem_u64 dl = (n * sizeof(T) + 7) / 8;  // data lines
     const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
-    // This thread's first batch, loaded beside rshmemi_ll_begin's loads (none waits for another).
-    rshmem_u64 v0[U];
+    const T* mine = src + (rshmem_u64)me * stride;
+    if (stride == 0) {
+        // This thread's first batch, loaded beside rshmemi_ll_begin's loads (none waits for another).
+        rshmem_u64 v0[U];
 #pragma unroll
-    for (int u = 0; u < U; u++) v0[u] = gt + u * gn < dl ? rshmemi_ll_pack(src, n, gt + u * gn) : 0;
-    rshmemi_ll_begin(S, team, ll, exp);
-    rshmemi_ll_push_header(S, team, ck);
-    for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn) {
-        rshmem_u64 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            v[u] = l0 == gt ? v0[u] : (l0 + u * gn < dl ? rshmemi_ll_pack(src, n, l0 + u * gn) : 0);
-        for (int k = 1; k < N; k++)
+        for (int u = 0; u < U; u++) v0[u] = gt + u * gn < dl ? rshmemi_ll_pack(src, n, gt + u * gn) : 0;
+        rshmemi_ll_begin(S, team, ll, exp);
+        rshmemi_ll_push_header(S, team, ck);
+        for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn) {
+            rshmem_u64 v[U];
 #pragma unroll
             for (int u = 0; u < U; u++)
-                if (l0 + u * gn < dl) rshmemi_ll_push(S, (me + k) % N, RSHMEMI_SIG_WORDS + l0 + u * gn, v[u]);
+                v[u] = l0 == gt ? v0[u] : (l0 + u * gn < dl ? rshmemi_ll_pack(src, n, l0 + u * gn) : 0);
+            for (int k = 1; k < N; k++)
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (l0 + u * gn < dl) rshmemi_ll_push(S, (me + k) % N, RSHMEMI_SIG_WORDS + l0 + u * gn, v[u]);
+        }
+    } else {
+        rshmemi_ll_begin(S, team, ll, exp);
+        rshmemi_ll_push_header(S, team, ck);
+        for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn)
+            for (int k = 1; k < N; k++) {
+                const int j = (me + k) % N;
+                rshmem_u64 v[U];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    v[u] = l0 + u * gn < dl ? rshmemi_ll_pack(src + (rshmem_u64)j * stride, n, l0 + u * gn) : 0;
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (l0 + u * gn < dl) rshmemi_ll_push(S, j, RSHMEMI_SIG_WORDS + l0 + u * gn, v[u]);
+            }
     }
     rshmemi_ll_verdicts(S, team, ck);
     // The first batch, folded beside the verdicts (kept in registers until they are in).
     A acc[U][8 / sizeof(T)];
     const volatile int* abort = (const volatile int*)&S.abort;
     const bool first = gt < dl && S.verdict == 0 &&
-                       rshmemi_ll_fold<T, A, OP, U>(acc, src, n, gt, gn, dl, me, team, S.peer, abort);
+                       rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, gt, gn, dl, me, team, S.peer, abort);
     rshmemi_ll_resolve(S, N);
     if (S.verdict == 0 && first) {
         rshmemi_ll_write<T, A, OP, U>(dst, acc, n, gt, gn, dl);
         for (rshmem_u64 l0 = gt + U * gn; l0 < dl; l0 += U * gn) {
-            if (!rshmemi_ll_fold<T, A, OP, U>(acc, src, n, l0, gn, dl, me, team, S.peer, abort))
+            if (!rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, l0, gn, dl, me, team, S.peer, abort))
                 break;  // a line never came: write nothing more
             rshmemi_ll_write<T, A, OP, U>(dst, acc, n, l0, gn, dl);
         }
@@ -728,63 +754,101 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
 #define RSHMEMI_COLL_LL_KERNEL(NAME, T, A, OPN, OP)                                                 \
     extern "C" __global__ void rshmemi_coll_ll_##NAME##_##OPN(T* dst, const T* src, rshmem_u64 n,     \
                                                                rshmem_team team, rshmemi_check ck,   \
-                                                               rshmemi_ll ll) {                      \
+                                                               rshmemi_ll ll, rshmem_u64 stride) {   \
         __shared__ rshmemi_ll_shared S;                                                              \
         if ((n * sizeof(T) + 7) / 8 <= (rshmem_u64)gridDim.x * blockDim.x)                           \
-            rshmemi_ll_all_reduce<T, A, OP, 1>(dst, src, n, team, ck, ll, S);                        \
+            rshmemi_ll_all_reduce<T, A, OP, 1>(dst, src, n, team, ck, ll, S, stride);                \
         else                                                                                         \
-            rshmemi_ll_all_reduce<T, A, OP, RSHMEMI_LL_U>(dst, src, n, team, ck, ll, S);             \
+            rshmemi_ll_all_reduce<T, A, OP, RSHMEMI_LL_U>(dst, src, n, team, ck, ll, S, stride);     \
     }
 #define RSHMEMI_COLL_INT_LL(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
 #define RSHMEMI_COLL_FLOAT_LL(NAME, T, A) RSHMEMI_COLL_FLOAT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
 RSHMEMI_COLL_INT_TYPES(RSHMEMI_COLL_INT_LL)
 RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_LL)
 
-// LL all_to_all (rshmem::cuda::GpuColl::ll_a2a_bytes): member j's words src[i·w, (i+1)·w)
-// into member i's dst[j·w, (j+1)·w), w 8-byte words per pair, through the same areas, flags,
-// verdicts and end as the LL all_reduce (a member running the other LL call is a mismatch).
-// Line l of every pair is pushed, waited for and written by one thread (in place is safe:
-// that thread reads src[k·w + l] for every k before it writes any dst[k·w + l]).
-extern "C" __global__ void rshmemi_coll_ll_a2a(rshmem_u64* dst, const rshmem_u64* src, rshmem_u64 w, rshmem_team team,
-                                               rshmemi_check ck, rshmemi_ll ll) {
+// Bytes l·8 .. l·8+8 of a share of nb bytes at d (those below nb), from a line's payload.
+__device__ __forceinline__ void rshmemi_ll_unpack(char* d, rshmem_u64 nb, rshmem_u64 l, rshmem_u64 v) {
+    char* p = d + l * 8;
+    if ((l + 1) * 8 <= nb) {
+        if (((rshmem_u64)p & 7) == 0) {
+            *(rshmem_u64*)p = v;
+            return;
+        }
+        if (((rshmem_u64)p & 3) == 0) {
+            ((unsigned*)p)[0] = (unsigned)v;
+            ((unsigned*)p)[1] = (unsigned)(v >> 32);
+            return;
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < 8; q++)
+        if (l * 8 + q < nb) p[q] = (char)(v >> (8 * q));
+}
+
+// LL data movement (rshmem::cuda::GpuColl: all_to_all, all_gather, broadcast up to the LL
+// sizes): member me sends nb bytes from src + so(j) to each member j, and writes what member
+// i sent into dst + ro(i), as 8-byte lines (zero past nb) through the same areas, flags,
+// verdicts and end as the LL all_reduce. kind RSHMEMI_LL_A2A: so(j) = j·nb, ro(i) = i·nb;
+// RSHMEMI_LL_GATHER: so(j) = 0, ro(i) = i·nb; RSHMEMI_LL_BCAST: only the root sends (so 0) and
+// every member takes only the root's (ro 0). Every member pushes its header to every other
+// (a broadcast's non-roots too: the header is what tells a member its peer entered the call).
+// Line l of every share is pushed, waited for and written by one thread: in place (the same
+// bytes read and written, e.g. an all_gather's own share, an all_to_all's shares) is safe, as
+// that thread reads line l of every share before it writes any.
+#define RSHMEMI_LL_A2A 0
+#define RSHMEMI_LL_GATHER 1
+#define RSHMEMI_LL_BCAST 2
+extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshmem_u64 nb, rshmem_team team,
+                                                rshmemi_check ck, rshmemi_ll ll, rshmem_u64 kind, rshmem_u64 root) {
     __shared__ rshmemi_ll_shared S;
     if (RSHMEMI_LL_NOP) return;
+    const int U = RSHMEMI_LL_A2A_U;
     const int me = team.my_index, N = team.size;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
-    const int U = RSHMEMI_LL_A2A_U;
+    const rshmem_u64 dl = (nb + 7) / 8;
+    const bool a2a = kind == RSHMEMI_LL_A2A, bcast = kind == RSHMEMI_LL_BCAST;
     rshmemi_ll_begin(S, team, ll, exp);
     rshmemi_ll_push_header(S, team, ck);
-    for (rshmem_u64 l0 = gt; l0 < w; l0 += U * gn)
-        for (int k = 1; k < N; k++) {
-            const int j = (me + k) % N;
+    if (!bcast || me == (int)root)
+        for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn) {
             rshmem_u64 v[U];
+            for (int k = 1; k < N; k++) {
+                const int j = (me + k) % N;
+                // The same lines for every member unless all_to_all: loaded once.
+                if (a2a || k == 1) {
+                    const char* s = src + (a2a ? (rshmem_u64)j * nb : 0);
 #pragma unroll
-            for (int u = 0; u < U; u++) v[u] = l0 + u * gn < w ? src[(rshmem_u64)j * w + l0 + u * gn] : 0;
+                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_pack(s, nb, l0 + u * gn) : 0;
+                }
 #pragma unroll
-            for (int u = 0; u < U; u++)
-                if (l0 + u * gn < w) rshmemi_ll_push(S, j, RSHMEMI_SIG_WORDS + l0 + u * gn, v[u]);
+                for (int u = 0; u < U; u++)
+                    if (l0 + u * gn < dl) rshmemi_ll_push(S, j, RSHMEMI_SIG_WORDS + l0 + u * gn, v[u]);
+            }
         }
     rshmemi_ll_verdicts(S, team, ck);
     rshmemi_ll_resolve(S, N);
     if (S.verdict == 0) {
         bool lost = false;
-        for (rshmem_u64 l0 = gt; l0 < w && !lost; l0 += U * gn) {
-            // Every member's lines (in place, src[me·w + l] is dst's own), batch by batch.
+        for (rshmem_u64 l0 = gt; l0 < dl && !lost; l0 += U * gn) {
+            // Every member's lines (this PE's own from src), batch by batch.
             for (int i = 0; i < N && !lost; i++) {
+                if (bcast && i != (int)root) continue;
                 rshmem_u64 v[U];
                 if (i == me) {
+                    const char* s = src + (a2a ? (rshmem_u64)me * nb : 0);
 #pragma unroll
-                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < w ? src[(rshmem_u64)me * w + l0 + u * gn] : 0;
-                } else if (!rshmemi_ll_wait_lines<U>(S.peer[i].from + 2 * RSHMEMI_SIG_WORDS, l0, gn, w, S.peer[i].flag, v,
+                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_pack(s, nb, l0 + u * gn) : 0;
+                } else if (!rshmemi_ll_wait_lines<U>(S.peer[i].from + 2 * RSHMEMI_SIG_WORDS, l0, gn, dl, S.peer[i].flag, v,
                                                      (const volatile int*)&S.abort, rshmemi_member(team, i))) {
                     lost = true;  // a line never came: write nothing more
                     break;
                 }
+                char* d = dst + (bcast ? 0 : (rshmem_u64)i * nb);
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    if (l0 + u * gn < w) dst[(rshmem_u64)i * w + l0 + u * gn] = v[u];
+                    if (l0 + u * gn < dl) rshmemi_ll_unpack(d, nb, l0 + u * gn, v[u]);
             }
         }
     }

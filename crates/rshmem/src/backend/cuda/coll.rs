@@ -229,7 +229,7 @@ pub fn coll_kernel_names() -> Vec<String> {
         "rshmemi_coll_a2av_meta".to_string(),
         "rshmemi_coll_a2av_host".to_string(),
         "rshmemi_coll_sync_sig".to_string(),
-        "rshmemi_coll_ll_a2a".to_string(),
+        "rshmemi_coll_ll_move".to_string(),
         "rshmemi_coll_pull_a2a".to_string(),
     ];
     for k in ELEMS {
@@ -263,6 +263,10 @@ const LL_MAX_BLOCKS: u32 = 32;
 const LL_LINES_PER_THREAD: usize = 4;
 /// Most blocks of an LL all_to_all (bandwidth-bound up to its larger size; the same care).
 const LL_A2A_MAX_BLOCKS: u32 = 32;
+/// `rshmemi_coll_ll_move`'s kinds (`RSHMEMI_LL_A2A`, `RSHMEMI_LL_GATHER`, `RSHMEMI_LL_BCAST`).
+const MOVE_A2A: u64 = 0;
+const MOVE_GATHER: u64 = 1;
+const MOVE_BCAST: u64 = 2;
 const LL_THREADS: u32 = 256;
 /// Most blocks of a pull all_to_all (the same care as the LL kernels: they wait for peers).
 const PULL_MAX_BLOCKS: u32 = 64;
@@ -407,15 +411,21 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 ///   `RSHMEM_CUDA_COLL_FUSED_BYTES`): a plan with a single data phase (one-shot all_reduce,
 ///   reduce, reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as
 ///   one kernel of one block with both barriers inside: one launch instead of three.
-/// * **LL all_reduce and all_to_all** ([`GpuColl::with_ll_sizes`], or
-///   `RSHMEM_CUDA_COLL_LL_BYTES` and `RSHMEM_CUDA_COLL_LL_A2A_BYTES`; defaults
-///   [`default_ll_sizes`]: 64 KiB and 1 MiB unless the heap is small for the job): a one-shot
-///   all_reduce, or an all_to_all whose per-pair shares are whole 8-byte words, up to those
-///   sizes as one kernel without barrier waits or fences, each member pushing its data with a
-///   flag in every 16-byte line into the others' LL areas (NCCL's LL protocol) and its
-///   signature as a header. A member running another call is still reported as
+/// * **LL paths** ([`GpuColl::with_ll_sizes`], or `RSHMEM_CUDA_COLL_LL_BYTES` and
+///   `RSHMEM_CUDA_COLL_LL_A2A_BYTES`; defaults [`default_ll_sizes`]: 512 KiB and 1 MiB unless
+///   the heap is small for the job): all_reduce and broadcast up to the first size (unless an
+///   algorithm is forced), all_to_all, all_gather and reduce_scatter whose per-member traffic
+///   (all shares, the gathered output, the input) is within the second, any element count,
+///   in and out of place, run as one kernel without barrier waits or fences, each member
+///   pushing its data with a flag in every 16-byte line into the others' LL areas (NCCL's LL
+///   protocol) and its signature as a header; lines are taken in batches (one load latency
+///   per batch). A member running another call is still reported as
 ///   [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch) on every member, and the
 ///   barrier counters stay in step (see `kernels/coll.cu`).
+/// * **Pull all_to_all** ([`GpuColl::pull_a2a_bytes`], default 16 MiB): beyond the LL size,
+///   an out-of-place all_to_all of whole 16-byte shares runs as one kernel that meets its
+///   peers through the LL headers and reads every share straight from its sender's `src`
+///   (the data crosses the link once; one launch instead of three).
 /// * **No host synchronisation** inside a collective: launches only, so every collective can
 ///   be captured in a CUDA graph ([`Stream::begin_capture`]) and replayed. Staging memory (in-place
 ///   one-shot all_reduce, in-place all_to_all): 64 KiB from [`GpuColl::new`], more allocated on
@@ -482,7 +492,7 @@ pub struct GpuColl<'a> {
     f_a2av_meta: Func,
     f_a2av_host: Func,
     f_sync_sig: Func,
-    f_ll_a2a: Func,
+    f_ll_move: Func,
     f_pull_a2a: Func,
     /// Largest all_to_all input (all shares) of the pull path (0: off).
     pull_a2a_bytes: usize,
@@ -647,7 +657,7 @@ impl<'a> GpuColl<'a> {
             f_a2av_meta: funcs["rshmemi_coll_a2av_meta"],
             f_a2av_host: funcs["rshmemi_coll_a2av_host"],
             f_sync_sig: funcs["rshmemi_coll_sync_sig"],
-            f_ll_a2a: funcs["rshmemi_coll_ll_a2a"],
+            f_ll_move: funcs["rshmemi_coll_ll_move"],
             f_pull_a2a: funcs["rshmemi_coll_pull_a2a"],
             pull_a2a_bytes: pull_a2a_bytes_from_env()?,
             funcs,
@@ -944,17 +954,57 @@ impl<'a> GpuColl<'a> {
         fits.then(|| self.ll_team_arg(dt)).flatten()
     }
 
-    /// The LL argument when an all_to_all of `share` bytes per pair on `dt` runs the LL way:
-    /// the shares whole 8-byte words at 8-byte aligned addresses (`src`, `dst`), all of them
-    /// together within the LL all_to_all size, the team served.
-    fn ll_a2a_arg(&self, dt: DeviceTeam, share: usize, src: u64, dst: u64) -> Option<LlArg> {
+    /// The LL argument when a data movement whose members each send `share` bytes per pair
+    /// (an all_to_all's share, an all_gather's input; a reduce_scatter's part) on `dt` runs
+    /// the LL way: all of them together within the LL all_to_all size, a share within a
+    /// region, the team served.
+    fn ll_a2a_arg(&self, dt: DeviceTeam, share: usize) -> Option<LlArg> {
         let total = share.checked_mul(dt.size.max(0) as usize)?;
-        let fits = share > 0
-            && share.is_multiple_of(8)
-            && (src | dst).is_multiple_of(8)
-            && total <= self.ll_sizes.all_to_all
-            && share <= self.ll_sizes.region();
+        let fits =
+            share > 0 && total <= self.ll_sizes.all_to_all && share <= self.ll_sizes.region();
         fits.then(|| self.ll_team_arg(dt)).flatten()
+    }
+
+    /// The LL argument when a broadcast of `bytes` on `dt` runs the LL way: within the LL
+    /// all_reduce size (the same traffic: one message to every member), no algorithm forced,
+    /// the team served.
+    fn ll_bcast_arg(&self, dt: DeviceTeam, bytes: usize) -> Option<LlArg> {
+        let fits = self.config.algo.is_none()
+            && bytes > 0
+            && bytes <= self.ll_sizes.all_reduce
+            && bytes <= self.ll_sizes.region();
+        fits.then(|| self.ll_team_arg(dt)).flatten()
+    }
+
+    /// Launches `rshmemi_coll_ll_move` (`kind`: MOVE_A2A, MOVE_GATHER, MOVE_BCAST) for shares
+    /// of `nb` bytes.
+    #[allow(clippy::too_many_arguments)]
+    fn ll_move(
+        &self,
+        s: &Stream,
+        dt: DeviceTeam,
+        sig: CallSig,
+        ll: LlArg,
+        (dst, src, nb): (u64, u64, usize),
+        kind: u64,
+        root: usize,
+    ) -> Result<()> {
+        let ck = self.ll_check(dt, sig)?;
+        // A thread per line up to the most blocks (as measured: more blocks beat batches
+        // here), then batches of RSHMEMI_LL_A2A_U lines per thread.
+        let lines = nb.div_ceil(8);
+        let f = self.f_ll_move;
+        let extra = [kind, root as u64];
+        self.ll_launch(
+            s,
+            f,
+            (dst, src, nb),
+            (lines, LL_A2A_MAX_BLOCKS),
+            dt,
+            ck,
+            ll,
+            &extra,
+        )
     }
 
     /// The LL argument and grid when an all_to_all of `share` bytes per pair on `dt` runs
@@ -1024,8 +1074,27 @@ impl<'a> GpuColl<'a> {
     pub(crate) fn all_to_all_uses_ll(&self, team: &Team, bytes: usize) -> bool {
         self.g.device_team(team).is_ok_and(|dt| {
             let share = bytes / (dt.size.max(1) as usize);
-            share * dt.size as usize == bytes && self.ll_a2a_arg(dt, share, 0, 0).is_some()
+            share * dt.size as usize == bytes && self.ll_a2a_arg(dt, share).is_some()
         })
+    }
+
+    /// Whether a collective of nccl-tests' size `bytes` (the all_gather output, the
+    /// reduce_scatter input, the all_to_all buffer, the message otherwise) on `team` runs the
+    /// LL way (what the benchmarks report).
+    pub(crate) fn uses_ll(&self, kind: CollKind, team: &Team, bytes: usize) -> bool {
+        let Ok(dt) = self.g.device_team(team) else {
+            return false;
+        };
+        let n = dt.size.max(1) as usize;
+        match kind {
+            CollKind::AllReduce => self.all_reduce_uses_ll(team, bytes),
+            CollKind::AllToAll => self.all_to_all_uses_ll(team, bytes),
+            CollKind::AllGather | CollKind::ReduceScatter => {
+                bytes.is_multiple_of(n) && self.ll_a2a_arg(dt, bytes / n).is_some()
+            }
+            CollKind::Broadcast => self.ll_bcast_arg(dt, bytes).is_some(),
+            _ => false,
+        }
     }
 
     /// Whether an out-of-place all_to_all of `bytes` (all shares) on `team` between
@@ -1034,7 +1103,7 @@ impl<'a> GpuColl<'a> {
         self.g.device_team(team).is_ok_and(|dt| {
             let share = bytes / (dt.size.max(1) as usize);
             share * dt.size as usize == bytes
-                && self.ll_a2a_arg(dt, share, 0, 0).is_none()
+                && self.ll_a2a_arg(dt, share).is_none()
                 && self.pull_a2a_arg(dt, share, false, 0, 0).is_some()
         })
     }
@@ -1049,24 +1118,31 @@ impl<'a> GpuColl<'a> {
         self.ll_sizes
     }
 
+    /// Launches an LL-handshake kernel: `(dst, src, count)`, the team, the check, the LL
+    /// argument, then `extra` u64 parameters; `lines` threads' worth of blocks, at most
+    /// `max_blocks`.
     #[allow(clippy::too_many_arguments)]
     fn ll_launch(
         &self,
         s: &Stream,
         f: Func,
-        dst: u64,
-        src: u64,
-        count: usize,
+        (dst, src, count): (u64, u64, usize),
         (lines, max_blocks): (usize, u32),
         dt: DeviceTeam,
         ck: Check,
         ll: LlArg,
+        extra: &[u64],
     ) -> Result<()> {
         let blocks = (lines as u64)
             .div_ceil(LL_THREADS as u64)
             .clamp(1, max_blocks as u64) as u32;
         let (mut d, mut sr, mut n, mut t, mut k, mut l) = (dst, src, count as u64, dt, ck, ll);
-        let mut p = [
+        let mut ex = [0u64; 2];
+        if extra.len() > ex.len() {
+            return Err(Error::invalid("internal: too many LL kernel parameters"));
+        }
+        ex[..extra.len()].copy_from_slice(extra);
+        let mut p: Vec<*mut std::ffi::c_void> = vec![
             &mut d as *mut u64 as *mut std::ffi::c_void,
             &mut sr as *mut u64 as *mut _,
             &mut n as *mut u64 as *mut _,
@@ -1074,10 +1150,15 @@ impl<'a> GpuColl<'a> {
             &mut k as *mut Check as *mut _,
             &mut l as *mut LlArg as *mut _,
         ];
+        for e in ex.iter_mut().take(extra.len()) {
+            p.push(e as *mut u64 as *mut _);
+        }
         // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
-        // rshmemi_ll) and rshmemi_coll_ll_a2a (u64 words) (repr(C)); ranges checked by the
-        // caller, the message fits the area's regions (ll_arg, ll_a2a_arg), the counter is
-        // this slot's.
+        // rshmemi_ll, u64 stride), rshmemi_coll_ll_move(char*, const char*, u64, ..., u64
+        // kind, u64 root) and rshmemi_coll_pull_a2a(v4*, const v4*, u64, ...) (repr(C); the
+        // callers pass 1, 2 and 0 extra values); ranges checked by the callers, the message
+        // fits the area's regions (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_a2a_arg), the
+        // counter is this slot's.
         unsafe { gpu::launch(&s.raw, f, blocks, LL_THREADS, 0, &mut p) }
     }
 
@@ -1265,7 +1346,6 @@ impl<'a> GpuColl<'a> {
         let ip = Self::in_place(src, dst)?;
         let es = std::mem::size_of::<T>();
         let algo = self.config.choose(CollKind::Broadcast, count * es);
-        let plan = plan::broadcast(Self::shape(&dt, ip), root, count, algo);
         let sig = call_sig::<T>(
             CollKind::Broadcast,
             None,
@@ -1277,6 +1357,10 @@ impl<'a> GpuColl<'a> {
             dst,
             dt,
         );
+        if let Some(ll) = self.ll_bcast_arg(dt, count * es) {
+            return self.ll_move(s, dt, sig, ll, (d, sr, count * es), MOVE_BCAST, root);
+        }
+        let plan = plan::broadcast(Self::shape(&dt, ip), root, count, algo);
         self.exec(s, dt, &plan, sr, d, es, None, sig)
     }
 
@@ -1362,7 +1446,8 @@ impl<'a> GpuColl<'a> {
             let lines = (count * std::mem::size_of::<T>())
                 .div_ceil(8)
                 .div_ceil(LL_LINES_PER_THREAD);
-            return self.ll_launch(s, lf, d, sr, count, (lines, LL_MAX_BLOCKS), dt, ck, ll);
+            let grid = (lines, LL_MAX_BLOCKS);
+            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0]);
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         let sig = call_sig::<T>(
@@ -1394,8 +1479,18 @@ impl<'a> GpuColl<'a> {
         let ip = Self::in_place(src, dst)?;
         let d = self.buf(dst, mul(n, count)?)?;
         let sr = self.buf(src, if ip { mul(n, count)? } else { count })?;
-        let plan = plan::all_gather(Self::shape(&dt, ip), count);
         let sig = call_sig::<T>(CollKind::AllGather, None, None, ip, count, 0, src, dst, dt);
+        let nb = mul(count, std::mem::size_of::<T>())?;
+        if let Some(ll) = self.ll_a2a_arg(dt, nb) {
+            // In place the input is this member's block of dst.
+            let from = if ip {
+                d + (dt.my_index as usize * nb) as u64
+            } else {
+                sr
+            };
+            return self.ll_move(s, dt, sig, ll, (d, from, nb), MOVE_GATHER, 0);
+        }
+        let plan = plan::all_gather(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
     }
 
@@ -1416,7 +1511,6 @@ impl<'a> GpuColl<'a> {
         let ip = Self::in_place(src, dst)?;
         let sr = self.buf(src, mul(n, count)?)?;
         let d = self.buf(dst, if ip { mul(n, count)? } else { count })?;
-        let plan = plan::reduce_scatter(Self::shape(&dt, ip), count);
         let sig = call_sig::<T>(
             CollKind::ReduceScatter,
             Some(op),
@@ -1428,7 +1522,25 @@ impl<'a> GpuColl<'a> {
             dst,
             dt,
         );
-        self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
+        let es = std::mem::size_of::<T>();
+        let part = mul(count, es)?;
+        if let Some(ll) = self.ll_a2a_arg(dt, part) {
+            // The LL all_reduce kernel, each member's part pushed to that member only; in
+            // place the result goes to this member's block.
+            let lf = self.typed[typed_index(T::KIND, op)][1]
+                .ok_or_else(|| Error::invalid("no LL kernel for this type"))?;
+            let ck = self.ll_check(dt, sig)?;
+            let to = if ip {
+                d + (dt.my_index as usize * part) as u64
+            } else {
+                d
+            };
+            let lines = part.div_ceil(8).div_ceil(LL_LINES_PER_THREAD);
+            let grid = (lines, LL_MAX_BLOCKS);
+            return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, &[count as u64]);
+        }
+        let plan = plan::reduce_scatter(Self::shape(&dt, ip), count);
+        self.exec(s, dt, &plan, sr, d, es, Some(f), sig)
     }
 
     /// Member j's `src[k·count..]` into member k's `dst[j·count..]`.
@@ -1447,10 +1559,8 @@ impl<'a> GpuColl<'a> {
         let sr = self.buf(src, mul(n, count)?)?;
         let sig = call_sig::<T>(CollKind::AllToAll, None, None, ip, count, 0, src, dst, dt);
         let share = mul(count, std::mem::size_of::<T>())?;
-        if let Some(ll) = self.ll_a2a_arg(dt, share, sr, d) {
-            let ck = self.ll_check(dt, sig)?;
-            let (f, words) = (self.f_ll_a2a, share / 8);
-            return self.ll_launch(s, f, d, sr, words, (words, LL_A2A_MAX_BLOCKS), dt, ck, ll);
+        if let Some(ll) = self.ll_a2a_arg(dt, share) {
+            return self.ll_move(s, dt, sig, ll, (d, sr, share), MOVE_A2A, 0);
         }
         if let Some((ll, blocks)) = self.pull_a2a_arg(dt, share, ip, sr, d) {
             let ck = self.check(
@@ -1465,7 +1575,8 @@ impl<'a> GpuColl<'a> {
             )?;
             let vecs = share / 16;
             let lines = blocks as usize * LL_THREADS as usize;
-            return self.ll_launch(s, self.f_pull_a2a, d, sr, vecs, (lines, blocks), dt, ck, ll);
+            let f = self.f_pull_a2a;
+            return self.ll_launch(s, f, (d, sr, vecs), (lines, blocks), dt, ck, ll, &[]);
         }
         let plan = plan::all_to_all(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
@@ -2223,12 +2334,12 @@ mod tests {
             (
                 coll,
                 "rshmemi_coll_ll_##NAME##_##OPN",
-                vec![p, p, u, team, ck, "rshmemi_ll"],
+                vec![p, p, u, team, ck, "rshmemi_ll", u],
             ),
             (
                 coll,
-                "rshmemi_coll_ll_a2a",
-                vec![p, p, u, team, ck, "rshmemi_ll"],
+                "rshmemi_coll_ll_move",
+                vec![p, p, u, team, ck, "rshmemi_ll", u, u],
             ),
             (
                 coll,

@@ -115,11 +115,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             let elems = bytes / 4;
             let per = elems / n;
             let (s_, d_) = (g.ptr(&src)?, g.ptr(&dst)?);
-            let ll = match kind {
-                CollKind::AllReduce => coll.all_reduce_uses_ll(w, bytes),
-                CollKind::AllToAll => coll.all_to_all_uses_ll(w, bytes),
-                _ => false,
-            };
+            let ll = coll.uses_ll(kind, w, bytes);
             let pull = kind == CollKind::AllToAll && coll.all_to_all_uses_pull(w, bytes);
             let algo = if ll {
                 "ll"

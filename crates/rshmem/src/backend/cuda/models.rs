@@ -406,6 +406,14 @@ fn ll_sig(kind: u64) -> u64 {
     sig(kind, 2) | LL_BIT
 }
 
+/// The pull bit of a signature (`CallSig::pull`, word 0 bit 28).
+const PULL_BIT: u64 = 1 << 28;
+
+/// A signature of a pull all_to_all (an LL call whose data are read from the senders' src).
+fn pull_sig(kind: u64) -> u64 {
+    ll_sig(kind) | PULL_BIT
+}
+
 /// Device memory of the LL model: barrier counters, signature slots (volatile words: atomics
 /// here, the kernels poll them), and per receiver, half and source one header line and one
 /// data line (`flag << 32 | payload`, each 8-byte half of a 16-byte line being one access).
@@ -432,6 +440,9 @@ impl LlMem {
 /// half of the same parity: the sequences are equal on both sides) or, failing that, its
 /// slot (a barrier-based call: looked at once more for the header, then taken as one); the
 /// data of every member when all agree;
+/// (a pull call, `rshmemi_coll_pull_a2a`: no data lines; a release fence before the header,
+/// an acquire fence after each header seen, then every member's src read, a release fence,
+/// a "done" line to every member and the wait for every member's, with an acquire);
 /// then the sequences of LL members move on, and when some member is barrier-based its slot
 /// is cleared, then it gets the arrivals of the most barriers a barrier-based member of the
 /// call runs, the expectation for it moving by as many. The end of every kernel sequence of
@@ -488,14 +499,22 @@ fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
                 bar.sync(&mem.bar, &world);
             }
         } else {
+            let pull = mine & PULL_BIT != 0;
             let flag: Vec<u64> = (0..n)
                 .map(|p| (bar.exp[p] & 0xffff) << 16 | 0x8000 | (seq[p] & 0x7fff))
                 .collect();
+            if pull {
+                // Releases what the stream wrote into src before the call.
+                fence(Ordering::AcqRel);
+            }
             for p in (0..n).filter(|&p| p != me) {
                 let h = (seq[p] & 1) as usize;
                 let lo = mine & 0xffff_ffff;
                 mem.hdr[mem.line(p, h, me)].store(flag[p] << 32 | lo, Ordering::Relaxed);
-                mem.data[mem.line(p, h, me)].store(flag[p] << 32 | tag(me), Ordering::Relaxed);
+                if !pull {
+                    let d = flag[p] << 32 | tag(me);
+                    mem.data[mem.line(p, h, me)].store(d, Ordering::Relaxed);
+                }
             }
             // Verdicts: 0 agrees, 1 differs, 2 barrier-based (with its slot's word).
             let mut kind = vec![0u8; n];
@@ -524,6 +543,10 @@ fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
                     Some(_) => 1,
                     None => 2,
                 };
+                if pull && kind[p] == 0 {
+                    // The verdict warp's fence after the header it saw.
+                    fence(Ordering::AcqRel);
+                }
                 let want = if sigs[p] & LL_BIT == 0 {
                     2
                 } else {
@@ -533,7 +556,25 @@ fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
             }
             let ok = kind.iter().all(|&k| k == 0);
             assert_eq!(ok, agreed, "call {c}: PE {me}'s verdict");
-            if ok {
+            if ok && pull {
+                // Every member's share, read from its src (loom flags a read not ordered after
+                // the member's write of it, or before its next call's overwrite).
+                for p in (0..n).filter(|&p| p != me) {
+                    assert_eq!(mem.src.get(p), tag(p), "call {c}: PE {me}'s pull from {p}");
+                }
+                // The reads are complete before "done" (only local stores pending).
+                fence(Ordering::AcqRel);
+                for p in (0..n).filter(|&p| p != me) {
+                    let h = (seq[p] & 1) as usize;
+                    mem.data[mem.line(p, h, me)].store(flag[p] << 32 | DONE, Ordering::Relaxed);
+                }
+                for p in (0..n).filter(|&p| p != me) {
+                    let d = &mem.data[mem.line(me, from[p], p)];
+                    spin(|| d.load(Ordering::Relaxed) >> 32 == flag[p]);
+                    let v = d.load(Ordering::Acquire) & 0xffff_ffff;
+                    assert_eq!(v, DONE, "call {c}: PE {me}'s done line from {p}");
+                }
+            } else if ok {
                 for p in (0..n).filter(|&p| p != me) {
                     let d = &mem.data[mem.line(me, from[p], p)];
                     spin(|| d.load(Ordering::Relaxed) >> 32 == flag[p]);
@@ -563,6 +604,9 @@ fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
     }
     bar.exp
 }
+
+/// The payload of a pull call's "done" line (tags are small call/PE numbers).
+const DONE: u64 = 0xdead;
 
 /// Runs the LL model for `calls` on `n` PEs and checks that the counters and expectations
 /// end in step: per pair, the sum over the calls of the most barriers a barrier-based member
@@ -638,6 +682,32 @@ fn loom_ll_all_reduce_three_pes() {
         vec![vec![ll_sig(1), sig(3, 3), sig(5, 2)], vec![ll_sig(1); 3]],
         0,
     );
+}
+
+/// Pull model, 2 PEs: pull calls back to back (a PE's next call overwrites its src only after
+/// its peer read it: the done lines), a pull call against an LL one (header mismatch: nothing
+/// read, nothing waited for) and against a barrier-based one of 3 barriers (padding), LL and
+/// pull calls in turn.
+#[test]
+fn loom_pull_all_to_all_two_pes() {
+    let (pl, ll, b2, b3) = (pull_sig(4), ll_sig(4), sig(5, 2), sig(3, 3));
+    ll_model(2, vec![vec![pl, pl]; 3], 1);
+    ll_model(2, vec![vec![pl, ll], vec![pl, pl], vec![ll, ll]], 1);
+    ll_model(2, vec![vec![b3, pl], vec![pl, pl], vec![b2, b2]], 1);
+    ll_model(
+        2,
+        vec![vec![ll, ll], vec![pl, pl], vec![ll, ll], vec![pl, pl]],
+        1,
+    );
+}
+
+/// Pull model, 3 PEs without preemptions: pull calls back to back, then PE 1 in a
+/// barrier-based call beside two pulls, then pulls again.
+#[test]
+fn loom_pull_all_to_all_three_pes() {
+    let pl = pull_sig(4);
+    ll_model(3, vec![vec![pl; 3]; 2], 0);
+    ll_model(3, vec![vec![pl, sig(3, 3), pl], vec![pl; 3]], 0);
 }
 
 // ----- 3. EP dispatch/combine: reusing the areas, and aborts -----
