@@ -1142,24 +1142,25 @@ impl<'a> GpuColl<'a> {
             return Err(Error::invalid("internal: too many LL kernel parameters"));
         }
         ex[..extra.len()].copy_from_slice(extra);
-        let mut p: Vec<*mut std::ffi::c_void> = vec![
+        let [e0, e1] = &mut ex;
+        let mut p = [
             &mut d as *mut u64 as *mut std::ffi::c_void,
             &mut sr as *mut u64 as *mut _,
             &mut n as *mut u64 as *mut _,
             &mut t as *mut DeviceTeam as *mut _,
             &mut k as *mut Check as *mut _,
             &mut l as *mut LlArg as *mut _,
+            e0 as *mut u64 as *mut _,
+            e1 as *mut u64 as *mut _,
         ];
-        for e in ex.iter_mut().take(extra.len()) {
-            p.push(e as *mut u64 as *mut _);
-        }
+        let p = &mut p[..6 + extra.len()];
         // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
         // rshmemi_ll, u64 stride), rshmemi_coll_ll_move(char*, const char*, u64, ..., u64
         // kind, u64 root) and rshmemi_coll_pull_a2a(v4*, const v4*, u64, ...) (repr(C); the
         // callers pass 1, 2 and 0 extra values); ranges checked by the callers, the message
         // fits the area's regions (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_a2a_arg), the
         // counter is this slot's.
-        unsafe { gpu::launch(&s.raw, f, blocks, LL_THREADS, 0, &mut p) }
+        unsafe { gpu::launch(&s.raw, f, blocks, LL_THREADS, 0, p) }
     }
 
     /// Runs `plan` on the stream: barriers for syncs (the first carries `sig`), one kernel per
