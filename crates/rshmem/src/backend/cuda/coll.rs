@@ -2213,6 +2213,21 @@ mod tests {
         assert_ne!(lw, w);
         let d = CallSig::describe(&lw);
         assert!(d.contains(" algo ll barriers 2 "), "{d}");
+        // The pull all_to_all: differs from the LL one of the same call, named "pull".
+        let a = CallSig {
+            kind: SigKind::Coll(CollKind::AllToAll),
+            op: None,
+            algo: None,
+            ll: true,
+            ..sig(CollKind::AllReduce, 100)
+        };
+        let p = CallSig { pull: true, ..a };
+        let (aw, pw) = (a.pack().unwrap(), p.pack().unwrap());
+        assert_ne!(aw, pw);
+        assert!(CallSig::describe(&aw).contains(" algo ll "), "{aw:?}");
+        let d = CallSig::describe(&pw);
+        assert!(d.starts_with("all_to_all float count 100 "), "{d}");
+        assert!(d.contains(" algo pull barriers 2 "), "{d}");
     }
 
     #[test]
