@@ -822,6 +822,12 @@ impl<'a> GpuColl<'a> {
         }
     }
 
+    /// The LL all_reduce kernel of `T` and `op` (checked by [`GpuColl::reduce_func`] first).
+    fn ll_func<T: Elem>(&self, op: ReduceOp) -> Result<Func> {
+        self.typed[typed_index(T::KIND, op)][1]
+            .ok_or_else(|| Error::invalid("no LL kernel for this type"))
+    }
+
     fn reduce_func<T: Elem>(&self, op: ReduceOp) -> Result<Func> {
         op.check(T::KIND)?;
         self.typed[typed_index(T::KIND, op)][0]
@@ -1409,7 +1415,7 @@ impl<'a> GpuColl<'a> {
     ) -> Result<()> {
         let dt = self.team(s, team)?;
         let algo = self.all_reduce_algo(dt, count.saturating_mul(std::mem::size_of::<T>()));
-        self.all_reduce_with(s, team, dst, src, count, op, algo)
+        self.all_reduce_on(s, dt, dst, src, count, op, algo)
     }
 
     /// [`GpuColl::all_reduce`] with a forced algorithm.
@@ -1425,32 +1431,24 @@ impl<'a> GpuColl<'a> {
         algo: Algo,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
+        self.all_reduce_on(s, dt, dst, src, count, op, algo)
+    }
+
+    /// [`GpuColl::all_reduce_with`] on a team already resolved and checked against `s`.
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_on<T: Elem>(
+        &self,
+        s: &Stream,
+        dt: DeviceTeam,
+        dst: &(impl AsSym<T> + ?Sized),
+        src: &(impl AsSym<T> + ?Sized),
+        count: usize,
+        op: ReduceOp,
+        algo: Algo,
+    ) -> Result<()> {
         let f = self.reduce_func::<T>(op)?;
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
-        if let Some(ll) = self.ll_arg(dt, count * std::mem::size_of::<T>(), algo) {
-            let sig = call_sig::<T>(
-                CollKind::AllReduce,
-                Some(op),
-                None,
-                ip,
-                count,
-                0,
-                src,
-                dst,
-                dt,
-            );
-            let ck = self.ll_check(dt, sig)?;
-            let lf = self.typed[typed_index(T::KIND, op)][1]
-                .ok_or_else(|| Error::invalid("no LL kernel for this type"))?;
-            // A block per LL_THREADS × LL_LINES_PER_THREAD lines (one batch per thread).
-            let lines = (count * std::mem::size_of::<T>())
-                .div_ceil(8)
-                .div_ceil(LL_LINES_PER_THREAD);
-            let grid = (lines, LL_MAX_BLOCKS);
-            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0]);
-        }
-        let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         let sig = call_sig::<T>(
             CollKind::AllReduce,
             Some(op),
@@ -1462,6 +1460,18 @@ impl<'a> GpuColl<'a> {
             dst,
             dt,
         );
+        if let Some(ll) = self.ll_arg(dt, count * std::mem::size_of::<T>(), algo) {
+            // An LL call names no algorithm (its LL mark does).
+            let ck = self.ll_check(dt, CallSig { algo: None, ..sig })?;
+            let lf = self.ll_func::<T>(op)?;
+            // A block per LL_THREADS × LL_LINES_PER_THREAD lines (one batch per thread).
+            let lines = (count * std::mem::size_of::<T>())
+                .div_ceil(8)
+                .div_ceil(LL_LINES_PER_THREAD);
+            let grid = (lines, LL_MAX_BLOCKS);
+            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0]);
+        }
+        let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
     }
 
@@ -1528,8 +1538,7 @@ impl<'a> GpuColl<'a> {
         if let Some(ll) = self.ll_a2a_arg(dt, part) {
             // The LL all_reduce kernel, each member's part pushed to that member only; in
             // place the result goes to this member's block.
-            let lf = self.typed[typed_index(T::KIND, op)][1]
-                .ok_or_else(|| Error::invalid("no LL kernel for this type"))?;
+            let lf = self.ll_func::<T>(op)?;
             let ck = self.ll_check(dt, sig)?;
             let to = if ip {
                 d + (dt.my_index as usize * part) as u64
@@ -1564,16 +1573,7 @@ impl<'a> GpuColl<'a> {
             return self.ll_move(s, dt, sig, ll, (d, sr, share), MOVE_A2A, 0);
         }
         if let Some((ll, blocks)) = self.pull_a2a_arg(dt, share, ip, sr, d) {
-            let ck = self.check(
-                dt,
-                CallSig {
-                    syncs: 2,
-                    ll: true,
-                    pull: true,
-                    ..sig
-                }
-                .pack()?,
-            )?;
+            let ck = self.ll_check(dt, CallSig { pull: true, ..sig })?;
             let vecs = share / 16;
             let lines = blocks as usize * LL_THREADS as usize;
             let f = self.f_pull_a2a;
