@@ -798,20 +798,34 @@ __device__ __forceinline__ void rshmemi_ll_unpack(char* d, rshmem_u64 nb, rshmem
 #define RSHMEMI_LL_A2A 0
 #define RSHMEMI_LL_GATHER 1
 #define RSHMEMI_LL_BCAST 2
-extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshmem_u64 nb, rshmem_team team,
-                                                rshmemi_check ck, rshmemi_ll ll, rshmem_u64 kind, rshmem_u64 root) {
-    __shared__ rshmemi_ll_shared S;
-    if (RSHMEMI_LL_NOP) return;
+// The line l of a share at s (nb bytes): WORDS (nb a multiple of 8, 8-byte aligned shares):
+// one load, no checks.
+template <bool WORDS>
+__device__ __forceinline__ rshmem_u64 rshmemi_ll_move_ld(const char* s, rshmem_u64 nb, rshmem_u64 l) {
+    if (WORDS) return ((const rshmem_u64*)s)[l];
+    return rshmemi_ll_pack(s, nb, l);
+}
+template <bool WORDS>
+__device__ __forceinline__ void rshmemi_ll_move_st(char* d, rshmem_u64 nb, rshmem_u64 l, rshmem_u64 v) {
+    if (WORDS) ((rshmem_u64*)d)[l] = v;
+    else rshmemi_ll_unpack(d, nb, l, v);
+}
+
+// One kind, word or byte shares, as compile-time constants (no branch on them per line).
+template <int KIND, bool WORDS>
+__device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshmem_u64 nb, const rshmem_team& team,
+                                                const rshmemi_check& ck, const rshmemi_ll& ll, int root,
+                                                rshmemi_ll_shared& S) {
     const int U = RSHMEMI_LL_A2A_U;
+    const bool a2a = KIND == RSHMEMI_LL_A2A, bcast = KIND == RSHMEMI_LL_BCAST;
     const int me = team.my_index, N = team.size;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
     const rshmem_u64 dl = (nb + 7) / 8;
-    const bool a2a = kind == RSHMEMI_LL_A2A, bcast = kind == RSHMEMI_LL_BCAST;
     rshmemi_ll_begin(S, team, ll, exp);
     rshmemi_ll_push_header(S, team, ck);
-    if (!bcast || me == (int)root)
+    if (!bcast || me == root)
         for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn) {
             rshmem_u64 v[U];
             for (int k = 1; k < N; k++) {
@@ -820,7 +834,7 @@ extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshm
                 if (a2a || k == 1) {
                     const char* s = src + (a2a ? (rshmem_u64)j * nb : 0);
 #pragma unroll
-                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_pack(s, nb, l0 + u * gn) : 0;
+                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_move_ld<WORDS>(s, nb, l0 + u * gn) : 0;
                 }
 #pragma unroll
                 for (int u = 0; u < U; u++)
@@ -834,12 +848,12 @@ extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshm
         for (rshmem_u64 l0 = gt; l0 < dl && !lost; l0 += U * gn) {
             // Every member's lines (this PE's own from src), batch by batch.
             for (int i = 0; i < N && !lost; i++) {
-                if (bcast && i != (int)root) continue;
+                if (bcast && i != root) continue;
                 rshmem_u64 v[U];
                 if (i == me) {
                     const char* s = src + (a2a ? (rshmem_u64)me * nb : 0);
 #pragma unroll
-                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_pack(s, nb, l0 + u * gn) : 0;
+                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_move_ld<WORDS>(s, nb, l0 + u * gn) : 0;
                 } else if (!rshmemi_ll_wait_lines<U>(S.peer[i].from + 2 * RSHMEMI_SIG_WORDS, l0, gn, dl, S.peer[i].flag, v,
                                                      (const volatile int*)&S.abort, rshmemi_member(team, i))) {
                     lost = true;  // a line never came: write nothing more
@@ -848,12 +862,31 @@ extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshm
                 char* d = dst + (bcast ? 0 : (rshmem_u64)i * nb);
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    if (l0 + u * gn < dl) rshmemi_ll_unpack(d, nb, l0 + u * gn, v[u]);
+                    if (l0 + u * gn < dl) rshmemi_ll_move_st<WORDS>(d, nb, l0 + u * gn, v[u]);
             }
         }
     }
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
+
+#define RSHMEMI_LL_MOVE_KIND(K)                                                   \
+    if (words) rshmemi_ll_move<K, true>(dst, src, nb, team, ck, ll, (int)root, S); \
+    else rshmemi_ll_move<K, false>(dst, src, nb, team, ck, ll, (int)root, S);
+extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshmem_u64 nb, rshmem_team team,
+                                                rshmemi_check ck, rshmemi_ll ll, rshmem_u64 kind, rshmem_u64 root) {
+    __shared__ rshmemi_ll_shared S;
+    if (RSHMEMI_LL_NOP) return;
+    // Whole 8-byte words at 8-byte aligned addresses (every share's: nb a multiple of 8).
+    const bool words = nb % 8 == 0 && (((rshmem_u64)dst | (rshmem_u64)src) & 7) == 0;
+    if (kind == RSHMEMI_LL_A2A) {
+        RSHMEMI_LL_MOVE_KIND(RSHMEMI_LL_A2A)
+    } else if (kind == RSHMEMI_LL_GATHER) {
+        RSHMEMI_LL_MOVE_KIND(RSHMEMI_LL_GATHER)
+    } else {
+        RSHMEMI_LL_MOVE_KIND(RSHMEMI_LL_BCAST)
+    }
+}
+#undef RSHMEMI_LL_MOVE_KIND
 
 // Pull all_to_all (rshmem::cuda::GpuColl::pull_a2a_bytes; out of place, shares of whole
 // 16-byte vectors at 16-byte aligned addresses): member i's dst[j·w, (j+1)·w) read straight
