@@ -42,6 +42,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA collectives: largest per-member traffic of the LL all_to_all, all_gather and reduce_scatter, default 1M (less when the LL area would pass 1/16 of the heap; 0 = off)",
     ),
     (
+        "RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES",
+        "CUDA collectives: largest out-of-place all_reduce of the pull path (beyond the LL size), default 8M (0 = off)",
+    ),
+    (
         "RSHMEM_CUDA_COLL_PULL_A2A_BYTES",
         "CUDA collectives: largest out-of-place all_to_all of the pull path (beyond the LL size), default 16M (0 = off)",
     ),

@@ -1429,6 +1429,158 @@ fn gpu_coll_pull_mismatch_is_an_error_on_every_pe() {
     );
 }
 
+// ---------- pull all_reduce ----------
+
+/// Counts of the pull all_reduce cases: just past the LL size (3 blocks), 1 MiB (32 blocks),
+/// 3 MiB and a vector (64 blocks, several rounds per thread), whole 16-byte vectors each.
+fn pull_ar_counts(es: usize) -> [usize; 3] {
+    [
+        ((64 << 10) + 16) / es,
+        (1 << 20) / es,
+        ((3 << 20) + 16) / es,
+    ]
+}
+
+fn pull_ar_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
+    let pe = c.pe;
+    let es = std::mem::size_of::<T>();
+    let counts = pull_ar_counts(es);
+    let most = counts[2];
+    let src = pe.alloc::<T>(most)?;
+    let dst = pe.alloc::<T>(most)?;
+    for (tn, team) in c.teams.list(pe) {
+        for (ci, &count) in counts.iter().enumerate() {
+            let seed = 7500 + ci as u64 * 4 + tn.len() as u64;
+            let ctx = format!(
+                "pull all_reduce {} {op:?} team {tn} count {count} (PE {})",
+                T::KIND.name(),
+                pe.my_pe()
+            );
+            assert!(
+                c.coll.all_reduce_uses_pull(team, count * es),
+                "{ctx}: not the pull path"
+            );
+            pe.local_fill(&dst, T::poison())?;
+            pe.local_write(&src, 0, &T::gen(pe.my_pe(), seed, count, op))?;
+            c.coll.all_reduce(&c.s, team, &dst, &src, count, op)?;
+            c.done()?;
+            let x = ins::<T>(team, seed, count, op);
+            let mut want: Vec<T> = (0..count).map(|i| fold_at(op, &x, i)).collect();
+            want.resize(most, T::poison());
+            check(&pe.local_vec(&dst)?, &want, &ctx);
+        }
+    }
+    // In place is not the pull path (a member's input would change under its peers' reads):
+    // the barrier-based plan, exact.
+    let count = counts[1];
+    let w = pe.world_team();
+    pe.local_write(&dst, 0, &T::gen(pe.my_pe(), 7600, count, op))?;
+    pe.barrier_all()?;
+    c.coll.all_reduce(&c.s, w, &dst, &dst, count, op)?;
+    c.done()?;
+    let x = ins::<T>(w, 7600, count, op);
+    let want: Vec<T> = (0..count).map(|i| fold_at(op, &x, i)).collect();
+    check(
+        &pe.local_vec(&dst)?[..count],
+        &want,
+        "pull all_reduce in place",
+    );
+    pe.barrier_all()?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+/// The pull all_reduce (LL all_reduce to 64 KiB, pull beyond): every team shape, four types
+/// and ops, 3 to 64 blocks, exact data, no host barrier between calls; in place on the
+/// barrier-based plan; a captured graph replayed with new data; a member with the pull path
+/// off (two-shot) reported on every PE, then a correct pull.
+fn pull_ar_body(pe: &Pe) -> Result<()> {
+    let mut c = pull_ctx(pe, 0)?;
+    pull_ar_t::<f32>(&c, ReduceOp::Sum)?;
+    pull_ar_t::<bf16>(&c, ReduceOp::Max)?;
+    pull_ar_t::<i8>(&c, ReduceOp::Xor)?;
+    pull_ar_t::<f64>(&c, ReduceOp::Min)?;
+    let (w, me) = (pe.world_team(), pe.my_pe());
+    const C: usize = 1 << 18; // f32: 1 MiB
+    let src = pe.alloc::<f32>(C)?;
+    let dst = pe.alloc::<f32>(C)?;
+    pe.barrier_all()?;
+    let s = &c.s;
+    s.begin_capture()?;
+    let cap = c.coll.all_reduce(s, w, &dst, &src, C, ReduceOp::Sum);
+    let graph = s.end_capture();
+    cap?;
+    let graph = graph?;
+    pe.barrier_all()?;
+    for r in 0..4u64 {
+        let seed = 7700 + r;
+        pe.local_fill(&dst, f32::poison())?;
+        pe.local_write(&src, 0, &f32::gen(me, seed, C, ReduceOp::Sum))?;
+        pe.barrier_all()?;
+        graph.launch(s)?;
+        c.done()?;
+        let x = ins::<f32>(w, seed, C, ReduceOp::Sum);
+        let want: Vec<f32> = (0..C).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+        check(
+            &pe.local_vec(&dst)?,
+            &want,
+            &format!("pull all_reduce replay {r} (PE {me})"),
+        );
+        pe.barrier_all()?;
+    }
+    drop(graph);
+    let ctx = "pull all_reduce against two-shot";
+    if me == 1 {
+        c.coll.set_pull_all_reduce_bytes(0);
+    }
+    pe.local_fill(&dst, f32::poison())?;
+    pe.barrier_all()?;
+    c.coll.all_reduce(&c.s, w, &dst, &src, C, ReduceOp::Sum)?;
+    expect_mismatch_with(
+        &c,
+        1,
+        ["algo two_shot", "no collective signature"],
+        ["algo pull", "algo two_shot"],
+        ctx,
+    );
+    check(
+        &pe.local_vec(&dst)?,
+        &vec![f32::poison(); C],
+        &format!("{ctx}: dst (PE {me})"),
+    );
+    c.coll
+        .set_pull_all_reduce_bytes(cuda::COLL_PULL_ALL_REDUCE_BYTES);
+    pe.local_write(&src, 0, &f32::gen(me, 7800, C, ReduceOp::Sum))?;
+    pe.barrier_all()?;
+    c.coll.all_reduce(&c.s, w, &dst, &src, C, ReduceOp::Sum)?;
+    c.done()?;
+    let x = ins::<f32>(w, 7800, C, ReduceOp::Sum);
+    let want: Vec<f32> = (0..C).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+    check(
+        &pe.local_vec(&dst)?,
+        &want,
+        &format!("good pull after {ctx} (PE {me})"),
+    );
+    pe.barrier_all()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_pull_all_reduce() {
+    on_gpus_cfg(
+        gpu_config().timeout(Duration::from_secs(8)),
+        4,
+        pull_ar_body,
+    );
+}
+
+gpu_mode_test!(
+    gpu_coll_pull_all_reduce_modes,
+    gpu_config().timeout(Duration::from_secs(8)),
+    pull_ar_body,
+    [processes(4), mixed(4)]
+);
+
 /// Captured graphs: one whose calls differ across PEs (every replay reports the mismatch and
 /// moves nothing), one that agrees (every replay exact), replayed alternately.
 fn mismatch_graph_body(pe: &Pe) -> Result<()> {

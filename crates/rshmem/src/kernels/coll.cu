@@ -749,14 +749,87 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
 
+// Pull all_reduce (rshmem::cuda::GpuColl::pull_all_reduce_bytes; past the LL size, out of
+// place, whole 16-byte vectors at 16-byte aligned addresses): one kernel, the pull
+// all_to_all's handshake (release fence, header, acquire on each header seen; a done line per
+// block after a release fence, the wait for every member's), and between them a one-shot fold:
+// every thread reads its vectors from every member's src (team order), U vectors in flight per
+// member, and writes the result into dst.
+template <typename T, typename A, int OP>
+__device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rshmem_u64 n, const rshmem_team& team,
+                                                        const rshmemi_check& ck, const rshmemi_ll& ll,
+                                                        rshmemi_ll_shared& S) {
+    __shared__ const rshmemi_v4* from[RSHMEMI_LL_MAX_MEMBERS];
+    const int V = 16 / (int)sizeof(T);
+    const int U = 32 / V > 8 ? 8 : 32 / V;
+    const int me = team.my_index, N = team.size;
+    const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x;
+    const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
+    rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
+    for (int i = tid; i < N; i += nth)
+        from[i] = (const rshmemi_v4*)(i == me ? (const void*)src : rshmem_ptr((const void*)src, rshmemi_member(team, i)));
+    if (b == 0 && tid < RSHMEMI_SIG_WORDS) asm volatile("fence.acq_rel.sys;" ::: "memory");
+    rshmemi_ll_begin(S, team, ll, exp);
+    rshmemi_ll_push_header(S, team, ck);
+    rshmemi_ll_verdicts(S, team, ck, true);
+    rshmemi_ll_resolve(S, N);
+    if (S.verdict == 0) {
+        const rshmem_u64 nv = n / V;
+        const rshmem_u64 gt = b * (rshmem_u64)nth + tid, gn = (rshmem_u64)gridDim.x * nth;
+        for (rshmem_u64 v0 = gt; v0 < nv; v0 += U * gn) {
+            A acc[U][V];
+            for (int i = 0; i < N; i++) {
+                rshmemi_v4 x[U];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (v0 + u * gn < nv) x[u] = from[i][v0 + u * gn];
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const T* e = (const T*)&x[u];
+#pragma unroll
+                    for (int k = 0; k < V; k++) {
+                        const A y = rshmemi_cvt<T, A>::in(e[k]);
+                        acc[u][k] = i == 0 ? y : rshmemi_apply<A, OP>(acc[u][k], y);
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (v0 + u * gn >= nv) continue;
+                rshmemi_v4 y;
+                T* o = (T*)&y;
+#pragma unroll
+                for (int k = 0; k < V; k++) o[k] = rshmemi_cvt<T, A>::out(acc[u][k]);
+                ((rshmemi_v4*)dst)[v0 + u * gn] = y;
+            }
+        }
+        __syncthreads();
+        if (tid < (unsigned)N && (int)tid != me) {
+            asm volatile("fence.acq_rel.sys;" ::: "memory");
+            rshmemi_ll_push(S, tid, RSHMEMI_SIG_WORDS + b, 0);
+            rshmem_u64 v;
+            const rshmem_u64* line = S.peer[tid].from + 2 * (RSHMEMI_SIG_WORDS + b);
+            if (rshmemi_ll_wait_line(line, S.peer[tid].flag, &v, (const volatile int*)&S.abort,
+                                     rshmemi_member(team, tid)))
+                (void)rshmemi_ld_acquire32((const unsigned*)line + 1);
+        }
+    }
+    rshmemi_ll_end(S, team, ck, ll, exp, row);
+}
+
 // One line per thread (small messages): the batch of one, whose fewer registers and checks
-// measured 0.6 us faster at 8 bytes (2x H200); more: batches of RSHMEMI_LL_U.
+// measured 0.6 us faster at 8 bytes (2x H200); more: batches of RSHMEMI_LL_U. pull != 0: the
+// pull all_reduce above (stride 0).
 #define RSHMEMI_COLL_LL_KERNEL(NAME, T, A, OPN, OP)                                                 \
     extern "C" __global__ void rshmemi_coll_ll_##NAME##_##OPN(T* dst, const T* src, rshmem_u64 n,     \
                                                                rshmem_team team, rshmemi_check ck,   \
-                                                               rshmemi_ll ll, rshmem_u64 stride) {   \
+                                                               rshmemi_ll ll, rshmem_u64 stride,     \
+                                                               rshmem_u64 pull) {                    \
         __shared__ rshmemi_ll_shared S;                                                              \
-        if ((n * sizeof(T) + 7) / 8 <= (rshmem_u64)gridDim.x * blockDim.x)                           \
+        if (RSHMEMI_LL_NOP) return;                                                                  \
+        if (pull)                                                                                    \
+            rshmemi_pull_all_reduce<T, A, OP>(dst, src, n, team, ck, ll, S);                         \
+        else if ((n * sizeof(T) + 7) / 8 <= (rshmem_u64)gridDim.x * blockDim.x)                      \
             rshmemi_ll_all_reduce<T, A, OP, 1>(dst, src, n, team, ck, ll, S, stride);                \
         else                                                                                         \
             rshmemi_ll_all_reduce<T, A, OP, RSHMEMI_LL_U>(dst, src, n, team, ck, ll, S, stride);     \
@@ -798,20 +871,34 @@ __device__ __forceinline__ void rshmemi_ll_unpack(char* d, rshmem_u64 nb, rshmem
 #define RSHMEMI_LL_A2A 0
 #define RSHMEMI_LL_GATHER 1
 #define RSHMEMI_LL_BCAST 2
-extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshmem_u64 nb, rshmem_team team,
-                                                rshmemi_check ck, rshmemi_ll ll, rshmem_u64 kind, rshmem_u64 root) {
-    __shared__ rshmemi_ll_shared S;
-    if (RSHMEMI_LL_NOP) return;
+// The line l of a share at s (nb bytes): WORDS (nb a multiple of 8, 8-byte aligned shares):
+// one load, no checks.
+template <bool WORDS>
+__device__ __forceinline__ rshmem_u64 rshmemi_ll_move_ld(const char* s, rshmem_u64 nb, rshmem_u64 l) {
+    if (WORDS) return ((const rshmem_u64*)s)[l];
+    return rshmemi_ll_pack(s, nb, l);
+}
+template <bool WORDS>
+__device__ __forceinline__ void rshmemi_ll_move_st(char* d, rshmem_u64 nb, rshmem_u64 l, rshmem_u64 v) {
+    if (WORDS) ((rshmem_u64*)d)[l] = v;
+    else rshmemi_ll_unpack(d, nb, l, v);
+}
+
+// One kind, word or byte shares, as compile-time constants (no branch on them per line).
+template <int KIND, bool WORDS>
+__device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshmem_u64 nb, const rshmem_team& team,
+                                                const rshmemi_check& ck, const rshmemi_ll& ll, int root,
+                                                rshmemi_ll_shared& S) {
     const int U = RSHMEMI_LL_A2A_U;
+    const bool a2a = KIND == RSHMEMI_LL_A2A, bcast = KIND == RSHMEMI_LL_BCAST;
     const int me = team.my_index, N = team.size;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
     const rshmem_u64 dl = (nb + 7) / 8;
-    const bool a2a = kind == RSHMEMI_LL_A2A, bcast = kind == RSHMEMI_LL_BCAST;
     rshmemi_ll_begin(S, team, ll, exp);
     rshmemi_ll_push_header(S, team, ck);
-    if (!bcast || me == (int)root)
+    if (!bcast || me == root)
         for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn) {
             rshmem_u64 v[U];
             for (int k = 1; k < N; k++) {
@@ -820,7 +907,7 @@ extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshm
                 if (a2a || k == 1) {
                     const char* s = src + (a2a ? (rshmem_u64)j * nb : 0);
 #pragma unroll
-                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_pack(s, nb, l0 + u * gn) : 0;
+                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_move_ld<WORDS>(s, nb, l0 + u * gn) : 0;
                 }
 #pragma unroll
                 for (int u = 0; u < U; u++)
@@ -834,12 +921,12 @@ extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshm
         for (rshmem_u64 l0 = gt; l0 < dl && !lost; l0 += U * gn) {
             // Every member's lines (this PE's own from src), batch by batch.
             for (int i = 0; i < N && !lost; i++) {
-                if (bcast && i != (int)root) continue;
+                if (bcast && i != root) continue;
                 rshmem_u64 v[U];
                 if (i == me) {
                     const char* s = src + (a2a ? (rshmem_u64)me * nb : 0);
 #pragma unroll
-                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_pack(s, nb, l0 + u * gn) : 0;
+                    for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_move_ld<WORDS>(s, nb, l0 + u * gn) : 0;
                 } else if (!rshmemi_ll_wait_lines<U>(S.peer[i].from + 2 * RSHMEMI_SIG_WORDS, l0, gn, dl, S.peer[i].flag, v,
                                                      (const volatile int*)&S.abort, rshmemi_member(team, i))) {
                     lost = true;  // a line never came: write nothing more
@@ -848,12 +935,31 @@ extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshm
                 char* d = dst + (bcast ? 0 : (rshmem_u64)i * nb);
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    if (l0 + u * gn < dl) rshmemi_ll_unpack(d, nb, l0 + u * gn, v[u]);
+                    if (l0 + u * gn < dl) rshmemi_ll_move_st<WORDS>(d, nb, l0 + u * gn, v[u]);
             }
         }
     }
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
+
+#define RSHMEMI_LL_MOVE_KIND(K)                                                   \
+    if (words) rshmemi_ll_move<K, true>(dst, src, nb, team, ck, ll, (int)root, S); \
+    else rshmemi_ll_move<K, false>(dst, src, nb, team, ck, ll, (int)root, S);
+extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshmem_u64 nb, rshmem_team team,
+                                                rshmemi_check ck, rshmemi_ll ll, rshmem_u64 kind, rshmem_u64 root) {
+    __shared__ rshmemi_ll_shared S;
+    if (RSHMEMI_LL_NOP) return;
+    // Whole 8-byte words at 8-byte aligned addresses (every share's: nb a multiple of 8).
+    const bool words = nb % 8 == 0 && (((rshmem_u64)dst | (rshmem_u64)src) & 7) == 0;
+    if (kind == RSHMEMI_LL_A2A) {
+        RSHMEMI_LL_MOVE_KIND(RSHMEMI_LL_A2A)
+    } else if (kind == RSHMEMI_LL_GATHER) {
+        RSHMEMI_LL_MOVE_KIND(RSHMEMI_LL_GATHER)
+    } else {
+        RSHMEMI_LL_MOVE_KIND(RSHMEMI_LL_BCAST)
+    }
+}
+#undef RSHMEMI_LL_MOVE_KIND
 
 // Pull all_to_all (rshmem::cuda::GpuColl::pull_a2a_bytes; out of place, shares of whole
 // 16-byte vectors at 16-byte aligned addresses): member i's dst[j·w, (j+1)·w) read straight

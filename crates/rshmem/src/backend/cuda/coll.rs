@@ -272,6 +272,9 @@ const LL_THREADS: u32 = 256;
 const PULL_MAX_BLOCKS: u32 = 64;
 /// Bytes per pull all_to_all block: two rounds of eight 16-byte loads per thread.
 const PULL_BLOCK_BYTES: usize = LL_THREADS as usize * 256;
+/// Bytes per pull all_reduce block: one round of eight 16-byte vectors per thread (32-bit
+/// types; fewer for narrower ones, whose accumulators take more registers).
+const PULL_AR_BLOCK_BYTES: usize = LL_THREADS as usize * 128;
 
 /// The LL argument of `coll.cu` (`rshmemi_ll`).
 #[repr(C)]
@@ -496,6 +499,8 @@ pub struct GpuColl<'a> {
     f_pull_a2a: Func,
     /// Largest all_to_all input (all shares) of the pull path (0: off).
     pull_a2a_bytes: usize,
+    /// Largest all_reduce of the pull path (0: off).
+    pull_all_reduce_bytes: usize,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
     temp: Mutex<Vec<(DevBuf, usize)>>,
     /// Device error record (u64[ERR_SKIP + team slots]): flags (bit 1: device counts beyond capacity;
@@ -660,6 +665,8 @@ impl<'a> GpuColl<'a> {
             f_ll_move: funcs["rshmemi_coll_ll_move"],
             f_pull_a2a: funcs["rshmemi_coll_pull_a2a"],
             pull_a2a_bytes: pull_a2a_bytes_from_env()?,
+            pull_all_reduce_bytes: crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES")?
+                .unwrap_or(COLL_PULL_ALL_REDUCE_BYTES),
             funcs,
             typed,
             _module: module,
@@ -1039,6 +1046,31 @@ impl<'a> GpuColl<'a> {
         (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
     }
 
+    /// The LL argument and grid when an all_reduce of `bytes` on `dt` runs the pull way (a
+    /// one-shot fold of the members' inputs read in place, after an LL handshake): beyond the
+    /// LL size, within [`GpuColl::pull_all_reduce_bytes`], out of place, whole 16-byte vectors
+    /// at 16-byte aligned addresses, the team served by the LL paths with a line per block
+    /// after the header in its regions.
+    fn pull_ar_arg(
+        &self,
+        dt: DeviceTeam,
+        bytes: usize,
+        in_place: bool,
+        src: u64,
+        dst: u64,
+    ) -> Option<(LlArg, u32)> {
+        let fits = !in_place
+            && bytes > self.ll_sizes.all_reduce
+            && bytes <= self.pull_all_reduce_bytes
+            && bytes.is_multiple_of(16)
+            && (src | dst).is_multiple_of(16);
+        let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
+        let blocks = bytes
+            .div_ceil(PULL_AR_BLOCK_BYTES)
+            .clamp(1, PULL_MAX_BLOCKS as usize);
+        (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
+    }
+
     /// The check argument of an LL call with signature `sig` (marked LL; its barrier count,
     /// 2, is only compared: an LL call runs none).
     fn ll_check(&self, dt: DeviceTeam, sig: CallSig) -> Result<Check> {
@@ -1103,6 +1135,16 @@ impl<'a> GpuColl<'a> {
         }
     }
 
+    /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
+    /// runs the pull way (what the benchmarks report).
+    pub fn all_reduce_uses_pull(&self, team: &Team, bytes: usize) -> bool {
+        self.g.device_team(team).is_ok_and(|dt| {
+            matches!(self.config.algo, None | Some(Algo::OneShot))
+                && !self.all_reduce_uses_ll(team, bytes)
+                && self.pull_ar_arg(dt, bytes, false, 0, 0).is_some()
+        })
+    }
+
     /// Whether an out-of-place all_to_all of `bytes` (all shares) on `team` between
     /// 4096-aligned buffers runs the pull way (what the benchmarks report).
     pub fn all_to_all_uses_pull(&self, team: &Team, bytes: usize) -> bool {
@@ -1161,9 +1203,9 @@ impl<'a> GpuColl<'a> {
         ];
         let p = &mut p[..6 + extra.len()];
         // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
-        // rshmemi_ll, u64 stride), rshmemi_coll_ll_move(char*, const char*, u64, ..., u64
-        // kind, u64 root) and rshmemi_coll_pull_a2a(v4*, const v4*, u64, ...) (repr(C); the
-        // callers pass 1, 2 and 0 extra values); ranges checked by the callers, the message
+        // rshmemi_ll, u64 stride, u64 pull), rshmemi_coll_ll_move(char*, const char*, u64, ...,
+        // u64 kind, u64 root) and rshmemi_coll_pull_a2a(v4*, const v4*, u64, ...) (repr(C); the
+        // callers pass 2, 2 and 0 extra values); ranges checked by the callers, the message
         // fits the area's regions (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_a2a_arg), the
         // counter is this slot's.
         unsafe { gpu::launch(&s.raw, f, blocks, LL_THREADS, 0, p) }
@@ -1304,6 +1346,20 @@ impl<'a> GpuColl<'a> {
         self.pull_a2a_bytes
     }
 
+    /// Largest all_reduce of the pull path (0: off; default [`COLL_PULL_ALL_REDUCE_BYTES`],
+    /// environment `RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES`): an out-of-place all_reduce past
+    /// the LL size of whole 16-byte vectors runs one-shot as one kernel that meets its peers
+    /// through the LL headers and folds their inputs read in place (no barrier launches), on a
+    /// team the LL paths serve, unless an algorithm other than one-shot is forced.
+    pub fn pull_all_reduce_bytes(&self) -> usize {
+        self.pull_all_reduce_bytes
+    }
+
+    /// Sets [`GpuColl::pull_all_reduce_bytes`]. Every PE must set the same.
+    pub fn set_pull_all_reduce_bytes(&mut self, bytes: usize) {
+        self.pull_all_reduce_bytes = bytes;
+    }
+
     /// Sets [`GpuColl::pull_a2a_bytes`]. Every PE must set the same (a member that runs a call
     /// another way is reported as a mismatch).
     pub fn set_pull_a2a_bytes(&mut self, bytes: usize) {
@@ -1414,7 +1470,15 @@ impl<'a> GpuColl<'a> {
         op: ReduceOp,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
-        let algo = self.all_reduce_algo(dt, count.saturating_mul(std::mem::size_of::<T>()));
+        let bytes = count.saturating_mul(std::mem::size_of::<T>());
+        let ip = Self::in_place(src, dst)?;
+        let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
+        let algo = if self.config.algo.is_none() && self.pull_ar_arg(dt, bytes, ip, sr, d).is_some()
+        {
+            Algo::OneShot
+        } else {
+            self.all_reduce_algo(dt, bytes)
+        };
         self.all_reduce_on(s, dt, dst, src, count, op, algo)
     }
 
@@ -1469,7 +1533,28 @@ impl<'a> GpuColl<'a> {
                 .div_ceil(8)
                 .div_ceil(LL_LINES_PER_THREAD);
             let grid = (lines, LL_MAX_BLOCKS);
-            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0]);
+            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0, 0]);
+        }
+        let bytes = count * std::mem::size_of::<T>();
+        if let Some((ll, blocks)) = (algo == Algo::OneShot)
+            .then(|| self.pull_ar_arg(dt, bytes, ip, sr, d))
+            .flatten()
+        {
+            // A pull call is marked LL and pull, and names no algorithm.
+            let ck = self.check(
+                dt,
+                CallSig {
+                    syncs: 2,
+                    ll: true,
+                    pull: true,
+                    algo: None,
+                    ..sig
+                }
+                .pack()?,
+            )?;
+            let lf = self.ll_func::<T>(op)?;
+            let grid = (blocks as usize * LL_THREADS as usize, blocks);
+            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0, 1]);
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
@@ -1547,7 +1632,8 @@ impl<'a> GpuColl<'a> {
             };
             let lines = part.div_ceil(8).div_ceil(LL_LINES_PER_THREAD);
             let grid = (lines, LL_MAX_BLOCKS);
-            return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, &[count as u64]);
+            let extra = [count as u64, 0];
+            return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, &extra);
         }
         let plan = plan::reduce_scatter(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, es, Some(f), sig)
@@ -1801,6 +1887,9 @@ fn fusable(plan: &Plan, es: usize, limit: usize) -> bool {
 
 /// Default of [`GpuColl::fused_bytes`].
 pub const COLL_FUSED_BYTES: usize = 64 << 10;
+
+/// Default [`GpuColl::pull_all_reduce_bytes`] (a first guess, not yet measured).
+pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
 
 /// Default [`GpuColl::pull_a2a_bytes`].
 pub const COLL_PULL_A2A_BYTES: usize = 16 << 20;
@@ -2350,7 +2439,7 @@ mod tests {
             (
                 coll,
                 "rshmemi_coll_ll_##NAME##_##OPN",
-                vec![p, p, u, team, ck, "rshmemi_ll", u],
+                vec![p, p, u, team, ck, "rshmemi_ll", u, u],
             ),
             (
                 coll,

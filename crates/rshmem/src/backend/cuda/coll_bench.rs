@@ -116,7 +116,11 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             let per = elems / n;
             let (s_, d_) = (g.ptr(&src)?, g.ptr(&dst)?);
             let ll = coll.uses_ll(kind, w, bytes);
-            let pull = kind == CollKind::AllToAll && coll.all_to_all_uses_pull(w, bytes);
+            let pull = match kind {
+                CollKind::AllToAll => coll.all_to_all_uses_pull(w, bytes),
+                CollKind::AllReduce => coll.all_reduce_uses_pull(w, bytes),
+                _ => false,
+            };
             let algo = if ll {
                 "ll"
             } else if pull {
