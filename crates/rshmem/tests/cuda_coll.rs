@@ -1052,7 +1052,7 @@ fn ll_mismatch_body(pe: &Pe) -> Result<()> {
     let w = pe.world_team();
     let me = pe.my_pe();
     let s = &c.s;
-    const N: usize = 20_000; // 80 KB of f32: beyond the LL size, two-shot
+    const N: usize = 20_000; // 80 KB of f32: beyond the LL size
     pe.barrier_all()?;
     let src = pe.alloc::<f32>(N)?;
     let dst = pe.alloc::<f32>(N)?;
@@ -1082,8 +1082,13 @@ fn ll_mismatch_body(pe: &Pe) -> Result<()> {
     after(ctx, &v)?;
     let ctx = "LL against two-shot";
     let v = arm(pe, &src, &dst, seed.get())?;
-    let n = if me == 0 { N } else { 100 };
-    c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
+    // (Past the LL size an out-of-place all_reduce would run the pull way: forced two-shot.)
+    if me == 0 {
+        c.coll
+            .all_reduce_with(s, w, &dst, &src, N, ReduceOp::Sum, Algo::TwoShot)?;
+    } else {
+        c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
+    }
     expect_mismatch_with(
         &c,
         0,

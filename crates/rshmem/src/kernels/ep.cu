@@ -145,14 +145,30 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
         unsigned long long mask = 0;
         if (t < T) {
             int bad = 0;
-            for (int j = 0; j < topk; j++) {
-                long long id = (long long)ids[(long long)t * topk + j];
-                if (id == -1) continue;
-                if (id < 0 || id >= E) { bad = 1; continue; }
-                float wj = w[(long long)t * topk + j];
-                if ((__float_as_uint(wj) & 0x7f800000u) == 0x7f800000u) bad = 1;  // inf or nan
-                mask |= 1ull << (int)(id / El);
-                atomicAdd(&s_pairs[id], 1u);
+            const long long at = (long long)t * topk;
+            // Eight slots' ids and weights loaded before any is looked at (one load latency per
+            // eight slots, not two per slot: the checks below would otherwise wait on each).
+            for (int j0 = 0; j0 < topk; j0 += 8) {
+                long long idv[8];
+                float wv[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    idv[u] = -1;
+                    wv[u] = 0.f;
+                    if (j0 + u < topk) {
+                        idv[u] = (long long)ids[at + j0 + u];
+                        wv[u] = w[at + j0 + u];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const long long id = idv[u];
+                    if (id == -1) continue;
+                    if (id < 0 || id >= E) { bad = 1; continue; }
+                    if ((__float_as_uint(wv[u]) & 0x7f800000u) == 0x7f800000u) bad = 1;  // inf or nan
+                    mask |= 1ull << ((int)id / El);
+                    atomicAdd(&s_pairs[id], 1u);
+                }
             }
             if (bad) atomicOr(&s_err, 1);
         }

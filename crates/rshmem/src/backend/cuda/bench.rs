@@ -69,9 +69,16 @@ pub(super) fn time_stream(
     let raw = s.raw() as cu::CUstream;
     // SAFETY: live events and stream of the current context.
     ffi::check(unsafe { cu::cuEventRecord(a.0, raw) }, "cuEventRecord")?;
+    let host = std::time::Instant::now();
     for _ in 0..iters {
         f()?;
     }
+    // What issuing one call costs the host (when it exceeds the GPU time, back-to-back
+    // figures measure the host): RSHMEM_LOG=rshmem=debug.
+    tracing::debug!(
+        host_us_per_call = host.elapsed().as_secs_f64() * 1e6 / iters as f64,
+        "time_stream"
+    );
     // SAFETY: as above.
     ffi::check(unsafe { cu::cuEventRecord(b.0, raw) }, "cuEventRecord")?;
     // SAFETY: as above.

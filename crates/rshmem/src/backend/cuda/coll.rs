@@ -499,6 +499,10 @@ pub struct GpuColl<'a> {
     f_pull_a2a: Func,
     /// Largest all_to_all input (all shares) of the pull path (0: off).
     pull_a2a_bytes: usize,
+    /// Most blocks of the LL data kernel (`RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`).
+    ll_a2a_blocks: u32,
+    /// Most blocks of the LL all_reduce kernel (`RSHMEM_CUDA_COLL_LL_BLOCKS`).
+    ll_blocks: u32,
     /// Largest all_reduce of the pull path (0: off).
     pull_all_reduce_bytes: usize,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
@@ -665,6 +669,8 @@ impl<'a> GpuColl<'a> {
             f_ll_move: funcs["rshmemi_coll_ll_move"],
             f_pull_a2a: funcs["rshmemi_coll_pull_a2a"],
             pull_a2a_bytes: pull_a2a_bytes_from_env()?,
+            ll_a2a_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_A2A_BLOCKS", LL_A2A_MAX_BLOCKS)?,
+            ll_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_BLOCKS", LL_MAX_BLOCKS)?,
             pull_all_reduce_bytes: crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES")?
                 .unwrap_or(COLL_PULL_ALL_REDUCE_BYTES),
             funcs,
@@ -1012,7 +1018,7 @@ impl<'a> GpuColl<'a> {
             s,
             f,
             (dst, src, nb),
-            (lines, LL_A2A_MAX_BLOCKS),
+            (lines, self.ll_a2a_blocks),
             dt,
             ck,
             ll,
@@ -1532,7 +1538,7 @@ impl<'a> GpuColl<'a> {
             let lines = (count * std::mem::size_of::<T>())
                 .div_ceil(8)
                 .div_ceil(LL_LINES_PER_THREAD);
-            let grid = (lines, LL_MAX_BLOCKS);
+            let grid = (lines, self.ll_blocks);
             return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0, 0]);
         }
         let bytes = count * std::mem::size_of::<T>();
@@ -1631,7 +1637,7 @@ impl<'a> GpuColl<'a> {
                 d
             };
             let lines = part.div_ceil(8).div_ceil(LL_LINES_PER_THREAD);
-            let grid = (lines, LL_MAX_BLOCKS);
+            let grid = (lines, self.ll_blocks);
             let extra = [count as u64, 0];
             return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, &extra);
         }
@@ -1893,6 +1899,16 @@ pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
 
 /// Default [`GpuColl::pull_a2a_bytes`].
 pub const COLL_PULL_A2A_BYTES: usize = 16 << 20;
+
+/// Most blocks of an LL kernel from `name` (`RSHMEM_CUDA_COLL_LL_BLOCKS`: the all_reduce
+/// kernel's, `RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`: the data kernel's), 1 to 1024, else `default`.
+fn blocks_from_env(name: &str, default: u32) -> Result<u32> {
+    let v = crate::coll::env_size(name)?.unwrap_or(default as usize);
+    if !(1..=1024).contains(&v) {
+        return Err(Error::invalid(format!("{name}={v}: 1 to 1024 blocks")));
+    }
+    Ok(v as u32)
+}
 
 fn pull_a2a_bytes_from_env() -> Result<usize> {
     Ok(crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_A2A_BYTES")?.unwrap_or(COLL_PULL_A2A_BYTES))
