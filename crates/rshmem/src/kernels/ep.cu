@@ -145,30 +145,14 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
         unsigned long long mask = 0;
         if (t < T) {
             int bad = 0;
-            const long long at = (long long)t * topk;
-            // Eight slots' ids and weights loaded before any is looked at (one load latency per
-            // eight slots, not two per slot: the checks below would otherwise wait on each).
-            for (int j0 = 0; j0 < topk; j0 += 8) {
-                long long idv[8];
-                float wv[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    idv[u] = -1;
-                    wv[u] = 0.f;
-                    if (j0 + u < topk) {
-                        idv[u] = (long long)ids[at + j0 + u];
-                        wv[u] = w[at + j0 + u];
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const long long id = idv[u];
-                    if (id == -1) continue;
-                    if (id < 0 || id >= E) { bad = 1; continue; }
-                    if ((__float_as_uint(wv[u]) & 0x7f800000u) == 0x7f800000u) bad = 1;  // inf or nan
-                    mask |= 1ull << ((int)id / El);
-                    atomicAdd(&s_pairs[id], 1u);
-                }
+            for (int j = 0; j < topk; j++) {
+                long long id = (long long)ids[(long long)t * topk + j];
+                if (id == -1) continue;
+                if (id < 0 || id >= E) { bad = 1; continue; }
+                float wj = w[(long long)t * topk + j];
+                if ((__float_as_uint(wj) & 0x7f800000u) == 0x7f800000u) bad = 1;  // inf or nan
+                mask |= 1ull << (int)(id / El);
+                atomicAdd(&s_pairs[id], 1u);
             }
             if (bad) atomicOr(&s_err, 1);
         }
@@ -391,8 +375,8 @@ extern "C" __global__ void ep_wait(const ep_params* P, int which) {
 
 // Received tokens into expert-major rows `out` (one row per (token, local slot)); fills the
 // handle: row_src[r] = received row * kmax + slot, tok_rows[received row * kmax + slot] = r.
-// With out == 0 (token-major layout) only the handle is filled.
-// One warp per received row: lane j takes slot j (its row placed by an atomic on the expert's
+// With out == 0 (token-major layout) only the handle is filled (a thread per row and slot).
+// Otherwise one warp per received row: lane j takes slot j (its row placed by an atomic on the expert's
 // fill counter), then the warp reads the row once, chunk by chunk, and stores each chunk to every
 // local slot's row.
 extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P, ep_t* out) {
@@ -409,6 +393,29 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
     const long long lo = (long long)me * El;
     const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | P->recv_x);
     const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
+    if (out == nullptr) {
+        // Token-major buffers: the index only, a thread per (receive row, slot) pair, so a warp
+        // has 32 pairs' loads and atomics in flight (a warp per row had K).
+        const long long gt = blockIdx.x * (long long)blockDim.x + threadIdx.x, gn = (long long)gridDim.x * blockDim.x;
+        for (long long q = gt; q < n * C * K; q += gn) {
+            const long long g = q / K, j = q - g * K;
+            if (g % C >= recv_cnt[g / C]) continue;
+            const long long id = (long long)(int)((const unsigned*)P->recv_meta)[g * RMW + 1 + j];
+            int r = -1;
+            if (id >= lo && id < lo + El) {
+                const long long e = id - lo;
+                const unsigned rr = off[e] + atomicAdd(&fill[e], 1u);
+                if (rr < off[e + 1]) {
+                    r = (int)rr;
+                    row_src[r] = (unsigned)q;
+                } else {
+                    atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
+                }
+            }
+            tok_rows[q] = r;
+        }
+        return;
+    }
     const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
     for (long long g = gw; g < n * C; g += nw) {
         const long long s = g / C, i = g % C;
@@ -433,8 +440,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
                 tok_rows[g * K + j] = r;
             }
             const unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
-            // Token-major buffers (no expert-major area, out == 0): the index only.
-            if (!mask || out == nullptr) continue;
+            if (!mask) continue;
             if (vec) {
                 // The chunk loop runs as many times on every lane (its bound does not depend on
                 // the lane): the shuffles below need the whole warp.

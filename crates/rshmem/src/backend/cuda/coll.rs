@@ -503,6 +503,8 @@ pub struct GpuColl<'a> {
     ll_a2a_blocks: u32,
     /// Most blocks of the LL all_reduce kernel (`RSHMEM_CUDA_COLL_LL_BLOCKS`).
     ll_blocks: u32,
+    /// Most blocks of the pull kernels (`RSHMEM_CUDA_COLL_PULL_BLOCKS`).
+    pull_blocks: u32,
     /// Largest all_reduce of the pull path (0: off).
     pull_all_reduce_bytes: usize,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
@@ -671,6 +673,7 @@ impl<'a> GpuColl<'a> {
             pull_a2a_bytes: pull_a2a_bytes_from_env()?,
             ll_a2a_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_A2A_BLOCKS", LL_A2A_MAX_BLOCKS)?,
             ll_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_BLOCKS", LL_MAX_BLOCKS)?,
+            pull_blocks: blocks_from_env("RSHMEM_CUDA_COLL_PULL_BLOCKS", PULL_MAX_BLOCKS)?,
             pull_all_reduce_bytes: crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES")?
                 .unwrap_or(COLL_PULL_ALL_REDUCE_BYTES),
             funcs,
@@ -1048,7 +1051,7 @@ impl<'a> GpuColl<'a> {
         let remote = share * (dt.size as usize - 1);
         let blocks = remote
             .div_ceil(PULL_BLOCK_BYTES)
-            .clamp(1, PULL_MAX_BLOCKS as usize);
+            .clamp(1, self.pull_blocks as usize);
         (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
     }
 
@@ -1073,7 +1076,7 @@ impl<'a> GpuColl<'a> {
         let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
         let blocks = bytes
             .div_ceil(PULL_AR_BLOCK_BYTES)
-            .clamp(1, PULL_MAX_BLOCKS as usize);
+            .clamp(1, self.pull_blocks as usize);
         (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
     }
 
@@ -1900,8 +1903,9 @@ pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
 /// Default [`GpuColl::pull_a2a_bytes`].
 pub const COLL_PULL_A2A_BYTES: usize = 16 << 20;
 
-/// Most blocks of an LL kernel from `name` (`RSHMEM_CUDA_COLL_LL_BLOCKS`: the all_reduce
-/// kernel's, `RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`: the data kernel's), 1 to 1024, else `default`.
+/// Most blocks of a kernel that waits for peers, from `name` (`RSHMEM_CUDA_COLL_LL_BLOCKS`:
+/// the LL all_reduce kernel's, `RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`: the LL data kernel's,
+/// `RSHMEM_CUDA_COLL_PULL_BLOCKS`: the pull kernels'), 1 to 1024, else `default`.
 fn blocks_from_env(name: &str, default: u32) -> Result<u32> {
     let v = crate::coll::env_size(name)?.unwrap_or(default as usize);
     if !(1..=1024).contains(&v) {

@@ -44,7 +44,7 @@
 //!    every source's blocks (the grid, one block per SM, is agreed by the team at creation).
 //! 3. `ep_permute` (grid, one warp per received row): the row's local slots take their
 //!    expert-major rows (atomics), the row is read once and stored to each, filling the handle
-//!    arrays (token-major buffers: the handle arrays only).
+//!    arrays (token-major buffers: the handle arrays only, a thread per row and slot).
 //! 4. Combine, **pre-reduced on the expert side**: `ep_csend` sums, for each received token,
 //!    weight × expert output over the slots served here (slot order, `f32`), rounds once to
 //!    `T` and puts **one row per (token, PE)** back into the source's combine area; `ep_crecv`
