@@ -1506,6 +1506,37 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
     pull_ar_t::<i8>(&c, ReduceOp::Xor)?;
     pull_ar_t::<f64>(&c, ReduceOp::Min)?;
     let (w, me) = (pe.world_team(), pe.my_pe());
+    // Two-member teams take the pull path at every size: 12 MiB of f32, past the limit of
+    // larger teams (the 64 blocks go six times round), exact; a larger team runs two-shot.
+    const BIG: usize = 3 << 20;
+    let big_src = pe.alloc::<f32>(BIG)?;
+    let big_dst = pe.alloc::<f32>(BIG)?;
+    for (tn, team) in c.teams.list(pe) {
+        let bytes = BIG * 4;
+        let pull = c.coll.all_reduce_uses_pull(team, bytes);
+        assert_eq!(
+            pull,
+            team.n_pes() == 2,
+            "team {tn} of {} members, {bytes} bytes: pull {pull}",
+            team.n_pes()
+        );
+        let seed = 7650 + team.n_pes() as u64;
+        pe.local_fill(&big_dst, f32::poison())?;
+        pe.local_write(&big_src, 0, &f32::gen(me, seed, BIG, ReduceOp::Sum))?;
+        c.coll
+            .all_reduce(&c.s, team, &big_dst, &big_src, BIG, ReduceOp::Sum)?;
+        c.done()?;
+        let x = ins::<f32>(team, seed, BIG, ReduceOp::Sum);
+        let want: Vec<f32> = (0..BIG).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+        check(
+            &pe.local_vec(&big_dst)?,
+            &want,
+            &format!("12 MiB all_reduce team {tn} (PE {me})"),
+        );
+    }
+    pe.barrier_all()?;
+    pe.free(big_dst)?;
+    pe.free(big_src)?;
     const C: usize = 1 << 18; // f32: 1 MiB
     let src = pe.alloc::<f32>(C)?;
     let dst = pe.alloc::<f32>(C)?;

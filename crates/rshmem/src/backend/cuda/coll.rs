@@ -507,6 +507,8 @@ pub struct GpuColl<'a> {
     pull_blocks: u32,
     /// Largest all_reduce of the pull path (0: off).
     pull_all_reduce_bytes: usize,
+    /// The same for teams of two members.
+    pull_all_reduce_pair_bytes: usize,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
     temp: Mutex<Vec<(DevBuf, usize)>>,
     /// Device error record (u64[ERR_SKIP + team slots]): flags (bit 1: device counts beyond capacity;
@@ -660,6 +662,7 @@ impl<'a> GpuColl<'a> {
             }
         }
         let f_a2av_dev = funcs["rshmemi_coll_a2av_dev"];
+        let pull_ar_env = crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES")?;
         let a2av_dev_max = a2av_dev_shared(&b.gpu, f_a2av_dev, n_pes)?;
         pe.barrier_all()?;
         Ok(GpuColl {
@@ -674,8 +677,8 @@ impl<'a> GpuColl<'a> {
             ll_a2a_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_A2A_BLOCKS", LL_A2A_MAX_BLOCKS)?,
             ll_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_BLOCKS", LL_MAX_BLOCKS)?,
             pull_blocks: blocks_from_env("RSHMEM_CUDA_COLL_PULL_BLOCKS", PULL_MAX_BLOCKS)?,
-            pull_all_reduce_bytes: crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES")?
-                .unwrap_or(COLL_PULL_ALL_REDUCE_BYTES),
+            pull_all_reduce_bytes: pull_ar_env.unwrap_or(COLL_PULL_ALL_REDUCE_BYTES),
+            pull_all_reduce_pair_bytes: pull_ar_env.unwrap_or(COLL_PULL_ALL_REDUCE_PAIR_BYTES),
             funcs,
             typed,
             _module: module,
@@ -1057,7 +1060,7 @@ impl<'a> GpuColl<'a> {
 
     /// The LL argument and grid when an all_reduce of `bytes` on `dt` runs the pull way (a
     /// one-shot fold of the members' inputs read in place, after an LL handshake): beyond the
-    /// LL size, within [`GpuColl::pull_all_reduce_bytes`], out of place, whole 16-byte vectors
+    /// LL size, within [`GpuColl::pull_all_reduce_bytes`] for the team's size, out of place, whole 16-byte vectors
     /// at 16-byte aligned addresses, the team served by the LL paths with a line per block
     /// after the header in its regions.
     fn pull_ar_arg(
@@ -1070,7 +1073,7 @@ impl<'a> GpuColl<'a> {
     ) -> Option<(LlArg, u32)> {
         let fits = !in_place
             && bytes > self.ll_sizes.all_reduce
-            && bytes <= self.pull_all_reduce_bytes
+            && bytes <= self.pull_all_reduce_bytes(dt.size.max(0) as usize)
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
         let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
@@ -1355,18 +1358,25 @@ impl<'a> GpuColl<'a> {
         self.pull_a2a_bytes
     }
 
-    /// Largest all_reduce of the pull path (0: off; default [`COLL_PULL_ALL_REDUCE_BYTES`],
-    /// environment `RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES`): an out-of-place all_reduce past
-    /// the LL size of whole 16-byte vectors runs one-shot as one kernel that meets its peers
-    /// through the LL headers and folds their inputs read in place (no barrier launches), on a
-    /// team the LL paths serve, unless an algorithm other than one-shot is forced.
-    pub fn pull_all_reduce_bytes(&self) -> usize {
-        self.pull_all_reduce_bytes
+    /// Largest all_reduce of the pull path on a team of `members` (0: off): an out-of-place
+    /// all_reduce past the LL size of whole 16-byte vectors runs one-shot as one kernel that
+    /// meets its peers through the LL headers and folds their inputs read in place (no barrier
+    /// launches), on a team the LL paths serve, unless an algorithm other than one-shot is
+    /// forced. Defaults: [`COLL_PULL_ALL_REDUCE_PAIR_BYTES`] (every size) for two members,
+    /// [`COLL_PULL_ALL_REDUCE_BYTES`] for more; `RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES` sets
+    /// both.
+    pub fn pull_all_reduce_bytes(&self, members: usize) -> usize {
+        if members == 2 {
+            self.pull_all_reduce_pair_bytes
+        } else {
+            self.pull_all_reduce_bytes
+        }
     }
 
-    /// Sets [`GpuColl::pull_all_reduce_bytes`]. Every PE must set the same.
+    /// Sets [`GpuColl::pull_all_reduce_bytes`] for every team size. Every PE must set the same.
     pub fn set_pull_all_reduce_bytes(&mut self, bytes: usize) {
         self.pull_all_reduce_bytes = bytes;
+        self.pull_all_reduce_pair_bytes = bytes;
     }
 
     /// Sets [`GpuColl::pull_a2a_bytes`]. Every PE must set the same (a member that runs a call
@@ -1897,8 +1907,16 @@ fn fusable(plan: &Plan, es: usize, limit: usize) -> bool {
 /// Default of [`GpuColl::fused_bytes`].
 pub const COLL_FUSED_BYTES: usize = 64 << 10;
 
-/// Default [`GpuColl::pull_all_reduce_bytes`] (a first guess, not yet measured).
+/// Default [`GpuColl::pull_all_reduce_bytes`] for teams of three or more members: a member
+/// reads every other member's whole input, `members / 2` times the link traffic of two-shot,
+/// so the pull path stops where its saved launches stop paying (8 MiB: not measured on more
+/// than 2 GPUs).
 pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
+
+/// Default [`GpuColl::pull_all_reduce_bytes`] for two-member teams: every size. A pair's pull
+/// moves as many bytes over the link as two-shot, in one kernel instead of five launches
+/// (2x H200, same run: 1.18x the two-shot path's bus bandwidth at 64 MiB).
+pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
 
 /// Default [`GpuColl::pull_a2a_bytes`].
 pub const COLL_PULL_A2A_BYTES: usize = 16 << 20;
