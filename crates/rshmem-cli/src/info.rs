@@ -43,7 +43,19 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES",
-        "CUDA collectives: largest out-of-place all_reduce of the pull path (beyond the LL size), default 8M (0 = off)",
+        "CUDA collectives: largest out-of-place all_reduce of the pull path (beyond the LL size), default every size on two-member teams, 8M on larger ones (sets both; 0 = off)",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_LL_BLOCKS",
+        "CUDA collectives: most blocks of the LL all_reduce kernel (measurement knob), default 32",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_LL_A2A_BLOCKS",
+        "CUDA collectives: most blocks of the LL data kernel (measurement knob), default 32",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_PULL_BLOCKS",
+        "CUDA collectives: most blocks of the pull kernels (measurement knob), default 64",
     ),
     (
         "RSHMEM_CUDA_COLL_PULL_A2A_BYTES",

@@ -429,6 +429,11 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 ///   an out-of-place all_to_all of whole 16-byte shares runs as one kernel that meets its
 ///   peers through the LL headers and reads every share straight from its sender's `src`
 ///   (the data crosses the link once; one launch instead of three).
+/// * **Pull all_reduce** ([`GpuColl::pull_all_reduce_bytes`]: every size on two-member
+///   teams, 8 MiB on larger ones): beyond the LL size, an out-of-place all_reduce of whole
+///   16-byte vectors runs as one kernel with the same handshake that folds the members' inputs
+///   read in place, in team order (one launch instead of five; a pair moves as many bytes as
+///   two-shot, larger teams `members / 2` times as many).
 /// * **No host synchronisation** inside a collective: launches only, so every collective can
 ///   be captured in a CUDA graph ([`Stream::begin_capture`]) and replayed. Staging memory (in-place
 ///   one-shot all_reduce, in-place all_to_all): 64 KiB from [`GpuColl::new`], more allocated on
