@@ -262,7 +262,7 @@ RSHMEMI_COLL_INT_TYPES(RSHMEMI_COLL_INT_REDUCE)
 RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
 
 // ----- LL paths (small messages; rshmem::cuda::GpuColl::ll_sizes): the one-shot all_reduce and
-// reduce_scatter (rshmemi_coll_ll_*), all_to_all, all_gather and broadcast (rshmemi_coll_ll_move),
+// reduce_scatter (rshmemi_coll_ll_*), all_to_all, all_gather and broadcast (rshmemi_coll_ll_move_*),
 // and the handshake of the pull all_to_all. Described for the all_reduce; the others differ in
 // what each member pushes to whom. -----
 // No barrier waits: every member pushes its input, 8 bytes per 16-byte line {lo, flag, hi, flag}
@@ -818,21 +818,25 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
 }
 
 // One line per thread (small messages): the batch of one, whose fewer registers and checks
-// measured 0.6 us faster at 8 bytes (2x H200); more: batches of RSHMEMI_LL_U. pull != 0: the
-// pull all_reduce above (stride 0).
+// measured 0.6 us faster at 8 bytes (2x H200); more: batches of RSHMEMI_LL_U.
 #define RSHMEMI_COLL_LL_KERNEL(NAME, T, A, OPN, OP)                                                 \
     extern "C" __global__ void rshmemi_coll_ll_##NAME##_##OPN(T* dst, const T* src, rshmem_u64 n,     \
                                                                rshmem_team team, rshmemi_check ck,   \
-                                                               rshmemi_ll ll, rshmem_u64 stride,     \
-                                                               rshmem_u64 pull) {                    \
+                                                               rshmemi_ll ll, rshmem_u64 stride) {   \
         __shared__ rshmemi_ll_shared S;                                                              \
         if (RSHMEMI_LL_NOP) return;                                                                  \
-        if (pull)                                                                                    \
-            rshmemi_pull_all_reduce<T, A, OP>(dst, src, n, team, ck, ll, S);                         \
-        else if ((n * sizeof(T) + 7) / 8 <= (rshmem_u64)gridDim.x * blockDim.x)                      \
+        if ((n * sizeof(T) + 7) / 8 <= (rshmem_u64)gridDim.x * blockDim.x)                           \
             rshmemi_ll_all_reduce<T, A, OP, 1>(dst, src, n, team, ck, ll, S, stride);                \
         else                                                                                         \
             rshmemi_ll_all_reduce<T, A, OP, RSHMEMI_LL_U>(dst, src, n, team, ck, ll, S, stride);     \
+    }                                                                                                \
+    /* The pull all_reduce, a kernel of its own: in the LL kernel its code and registers slowed \
+       the 8-byte call (2x H200, graph: 3.71 -> 4.00 us). */                                     \
+    extern "C" __global__ void rshmemi_coll_pull_ar_##NAME##_##OPN(T* dst, const T* src, rshmem_u64 n, \
+                                                                    rshmem_team team, rshmemi_check ck, \
+                                                                    rshmemi_ll ll) {                  \
+        __shared__ rshmemi_ll_shared S;                                                              \
+        rshmemi_pull_all_reduce<T, A, OP>(dst, src, n, team, ck, ll, S);                             \
     }
 #define RSHMEMI_COLL_INT_LL(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
 #define RSHMEMI_COLL_FLOAT_LL(NAME, T, A) RSHMEMI_COLL_FLOAT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
@@ -942,24 +946,25 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
 
-#define RSHMEMI_LL_MOVE_KIND(K)                                                   \
-    if (words) rshmemi_ll_move<K, true>(dst, src, nb, team, ck, ll, (int)root, S); \
-    else rshmemi_ll_move<K, false>(dst, src, nb, team, ck, ll, (int)root, S);
-extern "C" __global__ void rshmemi_coll_ll_move(char* dst, const char* src, rshmem_u64 nb, rshmem_team team,
-                                                rshmemi_check ck, rshmemi_ll ll, rshmem_u64 kind, rshmem_u64 root) {
-    __shared__ rshmemi_ll_shared S;
-    if (RSHMEMI_LL_NOP) return;
-    // Whole 8-byte words at 8-byte aligned addresses (every share's: nb a multiple of 8).
-    const bool words = nb % 8 == 0 && (((rshmem_u64)dst | (rshmem_u64)src) & 7) == 0;
-    if (kind == RSHMEMI_LL_A2A) {
-        RSHMEMI_LL_MOVE_KIND(RSHMEMI_LL_A2A)
-    } else if (kind == RSHMEMI_LL_GATHER) {
-        RSHMEMI_LL_MOVE_KIND(RSHMEMI_LL_GATHER)
-    } else {
-        RSHMEMI_LL_MOVE_KIND(RSHMEMI_LL_BCAST)
+// A kernel per kind and share shape (rshmemi_coll_ll_move_<kind>_<words|bytes>): one
+// instance of rshmemi_ll_move each, so none carries the others' code and registers (one kernel
+// for all six measured slower at 8 bytes). words: whole 8-byte words at 8-byte aligned
+// addresses (nb a multiple of 8; the host checks).
+#define RSHMEMI_LL_MOVE_KERNEL(KN, K, SN, W)                                                              \
+    extern "C" __global__ void rshmemi_coll_ll_move_##KN##_##SN(char* dst, const char* src, rshmem_u64 nb, \
+                                                                rshmem_team team, rshmemi_check ck,       \
+                                                                rshmemi_ll ll, rshmem_u64 root) {         \
+        __shared__ rshmemi_ll_shared S;                                                                   \
+        if (RSHMEMI_LL_NOP) return;                                                                       \
+        rshmemi_ll_move<K, W>(dst, src, nb, team, ck, ll, (int)root, S);                                  \
     }
-}
-#undef RSHMEMI_LL_MOVE_KIND
+RSHMEMI_LL_MOVE_KERNEL(a2a, RSHMEMI_LL_A2A, words, true)
+RSHMEMI_LL_MOVE_KERNEL(a2a, RSHMEMI_LL_A2A, bytes, false)
+RSHMEMI_LL_MOVE_KERNEL(gather, RSHMEMI_LL_GATHER, words, true)
+RSHMEMI_LL_MOVE_KERNEL(gather, RSHMEMI_LL_GATHER, bytes, false)
+RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, words, true)
+RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, bytes, false)
+#undef RSHMEMI_LL_MOVE_KERNEL
 
 // Pull all_to_all (rshmem::cuda::GpuColl::pull_a2a_bytes; out of place, shares of whole
 // 16-byte vectors at 16-byte aligned addresses): member i's dst[j·w, (j+1)·w) read straight

@@ -229,7 +229,12 @@ pub fn coll_kernel_names() -> Vec<String> {
         "rshmemi_coll_a2av_meta".to_string(),
         "rshmemi_coll_a2av_host".to_string(),
         "rshmemi_coll_sync_sig".to_string(),
-        "rshmemi_coll_ll_move".to_string(),
+        "rshmemi_coll_ll_move_a2a_words".to_string(),
+        "rshmemi_coll_ll_move_a2a_bytes".to_string(),
+        "rshmemi_coll_ll_move_gather_words".to_string(),
+        "rshmemi_coll_ll_move_gather_bytes".to_string(),
+        "rshmemi_coll_ll_move_bcast_words".to_string(),
+        "rshmemi_coll_ll_move_bcast_bytes".to_string(),
         "rshmemi_coll_pull_a2a".to_string(),
     ];
     for k in ELEMS {
@@ -237,6 +242,7 @@ pub fn coll_kernel_names() -> Vec<String> {
             if op.supports(k) {
                 v.push(reduce_name(k, op));
                 v.push(ll_name(k, op));
+                v.push(pull_ar_name(k, op));
             }
         }
     }
@@ -246,6 +252,10 @@ pub fn coll_kernel_names() -> Vec<String> {
 /// Where [`GpuColl`] keeps the kernels of (element type, operation).
 fn typed_index(k: ElemKind, op: ReduceOp) -> usize {
     k as usize * ReduceOp::ALL.len() + op as usize
+}
+
+fn pull_ar_name(k: ElemKind, op: ReduceOp) -> String {
+    format!("rshmemi_coll_pull_ar_{}_{}", k.name(), op.name())
 }
 
 fn ll_name(k: ElemKind, op: ReduceOp) -> String {
@@ -263,10 +273,10 @@ const LL_MAX_BLOCKS: u32 = 32;
 const LL_LINES_PER_THREAD: usize = 4;
 /// Most blocks of an LL all_to_all (bandwidth-bound up to its larger size; the same care).
 const LL_A2A_MAX_BLOCKS: u32 = 32;
-/// `rshmemi_coll_ll_move`'s kinds (`RSHMEMI_LL_A2A`, `RSHMEMI_LL_GATHER`, `RSHMEMI_LL_BCAST`).
-const MOVE_A2A: u64 = 0;
-const MOVE_GATHER: u64 = 1;
-const MOVE_BCAST: u64 = 2;
+/// The LL data kernels' kinds (`RSHMEMI_LL_A2A`, `RSHMEMI_LL_GATHER`, `RSHMEMI_LL_BCAST`): `f_ll_move`'s rows.
+const MOVE_A2A: usize = 0;
+const MOVE_GATHER: usize = 1;
+const MOVE_BCAST: usize = 2;
 const LL_THREADS: u32 = 256;
 /// Most blocks of a pull all_to_all (the same care as the LL kernels: they wait for peers).
 const PULL_MAX_BLOCKS: u32 = 64;
@@ -494,13 +504,14 @@ pub struct GpuColl<'a> {
     funcs: HashMap<String, Func>,
     /// The reduce and LL all_reduce kernel per (element type, operation), at
     /// [`typed_index`]: no name formatting or hashing per call.
-    typed: Vec<[Option<Func>; 2]>,
+    typed: Vec<[Option<Func>; 3]>,
     f_copy: Func,
     f_a2av_dev: Func,
     f_a2av_meta: Func,
     f_a2av_host: Func,
     f_sync_sig: Func,
-    f_ll_move: Func,
+    /// `rshmemi_coll_ll_move_<kind>_<words|bytes>`: `[kind][bytes]` (kinds MOVE_*).
+    f_ll_move: [[Func; 2]; 3],
     f_pull_a2a: Func,
     /// Largest all_to_all input (all shares) of the pull path (0: off).
     pull_a2a_bytes: usize,
@@ -657,12 +668,13 @@ impl<'a> GpuColl<'a> {
         };
         // Staging for small in-place collectives now, not in the middle of one.
         let temp = DevBuf::zeroed_on(&own, MIN_STAGING)?;
-        let mut typed = vec![[None; 2]; ELEMS.len() * ReduceOp::ALL.len()];
+        let mut typed = vec![[None; 3]; ELEMS.len() * ReduceOp::ALL.len()];
         for k in ELEMS {
             for op in ReduceOp::ALL {
                 typed[typed_index(k, op)] = [
                     funcs.get(&reduce_name(k, op)).copied(),
                     funcs.get(&ll_name(k, op)).copied(),
+                    funcs.get(&pull_ar_name(k, op)).copied(),
                 ];
             }
         }
@@ -676,7 +688,9 @@ impl<'a> GpuColl<'a> {
             f_a2av_meta: funcs["rshmemi_coll_a2av_meta"],
             f_a2av_host: funcs["rshmemi_coll_a2av_host"],
             f_sync_sig: funcs["rshmemi_coll_sync_sig"],
-            f_ll_move: funcs["rshmemi_coll_ll_move"],
+            f_ll_move: ["a2a", "gather", "bcast"].map(|k| {
+                ["words", "bytes"].map(|w| funcs[&format!("rshmemi_coll_ll_move_{k}_{w}")])
+            }),
             f_pull_a2a: funcs["rshmemi_coll_pull_a2a"],
             pull_a2a_bytes: pull_a2a_bytes_from_env()?,
             ll_a2a_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_A2A_BLOCKS", LL_A2A_MAX_BLOCKS)?,
@@ -1006,8 +1020,9 @@ impl<'a> GpuColl<'a> {
         fits.then(|| self.ll_team_arg(dt)).flatten()
     }
 
-    /// Launches `rshmemi_coll_ll_move` (`kind`: MOVE_A2A, MOVE_GATHER, MOVE_BCAST) for shares
-    /// of `nb` bytes.
+    /// Launches `rshmemi_coll_ll_move_*` (`kind`: MOVE_A2A, MOVE_GATHER, MOVE_BCAST) for shares
+    /// of `nb` bytes: the words kernel when they are whole 8-byte words at 8-byte aligned
+    /// addresses.
     #[allow(clippy::too_many_arguments)]
     fn ll_move(
         &self,
@@ -1016,15 +1031,16 @@ impl<'a> GpuColl<'a> {
         sig: CallSig,
         ll: LlArg,
         (dst, src, nb): (u64, u64, usize),
-        kind: u64,
+        kind: usize,
         root: usize,
     ) -> Result<()> {
         let ck = self.ll_check(dt, sig)?;
         // A thread per line up to the most blocks (as measured: more blocks beat batches
         // here), then batches of RSHMEMI_LL_A2A_U lines per thread.
         let lines = nb.div_ceil(8);
-        let f = self.f_ll_move;
-        let extra = [kind, root as u64];
+        let words = nb.is_multiple_of(8) && (dst | src).is_multiple_of(8);
+        let f = self.f_ll_move[kind][usize::from(!words)];
+        let extra = [root as u64];
         self.ll_launch(
             s,
             f,
@@ -1220,11 +1236,11 @@ impl<'a> GpuColl<'a> {
         ];
         let p = &mut p[..6 + extra.len()];
         // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
-        // rshmemi_ll, u64 stride, u64 pull), rshmemi_coll_ll_move(char*, const char*, u64, ...,
-        // u64 kind, u64 root) and rshmemi_coll_pull_a2a(v4*, const v4*, u64, ...) (repr(C); the
-        // callers pass 2, 2 and 0 extra values); ranges checked by the callers, the message
-        // fits the area's regions (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_a2a_arg), the
-        // counter is this slot's.
+        // rshmemi_ll, u64 stride), rshmemi_coll_ll_move_*(char*, const char*, u64, ..., u64 root),
+        // rshmemi_coll_pull_ar_*(T*, const T*, u64, ...) and rshmemi_coll_pull_a2a(v4*,
+        // const v4*, u64, ...) (repr(C); the callers pass 1, 1, 0 and 0 extra values); ranges checked by the callers, the message fits the area's
+        // regions (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_ar_arg, pull_a2a_arg), the counter is
+        // this slot's.
         unsafe { gpu::launch(&s.raw, f, blocks, LL_THREADS, 0, p) }
     }
 
@@ -1557,7 +1573,7 @@ impl<'a> GpuColl<'a> {
                 .div_ceil(8)
                 .div_ceil(LL_LINES_PER_THREAD);
             let grid = (lines, self.ll_blocks);
-            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0, 0]);
+            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0]);
         }
         let bytes = count * std::mem::size_of::<T>();
         if let Some((ll, blocks)) = (algo == Algo::OneShot)
@@ -1576,9 +1592,10 @@ impl<'a> GpuColl<'a> {
                 }
                 .pack()?,
             )?;
-            let lf = self.ll_func::<T>(op)?;
+            let pf = self.typed[typed_index(T::KIND, op)][2]
+                .ok_or_else(|| Error::invalid("no pull all_reduce kernel for this type"))?;
             let grid = (blocks as usize * LL_THREADS as usize, blocks);
-            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0, 1]);
+            return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, &[]);
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
@@ -1656,7 +1673,7 @@ impl<'a> GpuColl<'a> {
             };
             let lines = part.div_ceil(8).div_ceil(LL_LINES_PER_THREAD);
             let grid = (lines, self.ll_blocks);
-            let extra = [count as u64, 0];
+            let extra = [count as u64];
             return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, &extra);
         }
         let plan = plan::reduce_scatter(Self::shape(&dt, ip), count);
@@ -2466,7 +2483,7 @@ mod tests {
         let (p, u, i, team, ck) = ("ptr", "rshmem_u64", "int", "rshmem_team", "rshmemi_check");
         // What `sync`, `sig_sync`, `reduce_launch`, `flush`, `all_to_all_v` and
         // `all_to_all_v_device` pass (u64 addresses go to pointer or rshmem_u64 parameters).
-        let launches: [(&str, &str, Vec<&str>); 10] = [
+        let launches: [(&str, &str, Vec<&str>); 11] = [
             (internal, "rshmemi_team_sync", vec![team]),
             (coll, "rshmemi_coll_sync_sig", vec![team, ck]),
             (
@@ -2482,12 +2499,17 @@ mod tests {
             (
                 coll,
                 "rshmemi_coll_ll_##NAME##_##OPN",
-                vec![p, p, u, team, ck, "rshmemi_ll", u, u],
+                vec![p, p, u, team, ck, "rshmemi_ll", u],
             ),
             (
                 coll,
-                "rshmemi_coll_ll_move",
-                vec![p, p, u, team, ck, "rshmemi_ll", u, u],
+                "rshmemi_coll_pull_ar_##NAME##_##OPN",
+                vec![p, p, u, team, ck, "rshmemi_ll"],
+            ),
+            (
+                coll,
+                "rshmemi_coll_ll_move_##KN##_##SN",
+                vec![p, p, u, team, ck, "rshmemi_ll", u],
             ),
             (
                 coll,
@@ -2681,8 +2703,10 @@ mod tests {
     #[test]
     fn kernel_names_cover_every_type_and_op() {
         let names = coll_kernel_names();
-        assert_eq!(names.len(), 7 + 2 * (8 * 7 + 4 * 4));
+        assert_eq!(names.len(), 12 + 3 * (8 * 7 + 4 * 4));
         assert!(names.contains(&"rshmemi_coll_pull_a2a".to_string()));
+        assert!(names.contains(&"rshmemi_coll_pull_ar_half_min".to_string()));
+        assert!(!names.contains(&"rshmemi_coll_pull_ar_double_and".to_string()));
         assert!(names.contains(&"rshmemi_coll_reduce_bfloat16_max".to_string()));
         assert!(names.contains(&"rshmemi_coll_ll_bfloat16_max".to_string()));
         assert!(names.contains(&"rshmemi_coll_ll_int8_and".to_string()));
