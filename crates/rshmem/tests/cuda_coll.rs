@@ -38,9 +38,9 @@ fn coll_kernels_compile_and_export_every_name() {
         Err(e) => panic!("{e}"),
     };
     let names = cuda::coll_kernel_names();
-    // The fixed kernels, then a reduce and an LL kernel per (type, op): 8 integer types × 7
-    // ops, 4 float types × 4.
-    assert_eq!(names.len(), 7 + 2 * (8 * 7 + 4 * 4));
+    // The fixed kernels (six LL data kernels among them), then a reduce, an LL and a pull
+    // all_reduce kernel per (type, op): 8 integer types × 7 ops, 4 float types × 4.
+    assert_eq!(names.len(), 12 + 3 * (8 * 7 + 4 * 4));
     for n in names {
         let needle = format!("{n}\0");
         assert!(
