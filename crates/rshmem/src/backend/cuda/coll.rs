@@ -273,7 +273,8 @@ const LL_MAX_BLOCKS: u32 = 32;
 const LL_LINES_PER_THREAD: usize = 4;
 /// Most blocks of an LL all_to_all (bandwidth-bound up to its larger size; the same care).
 const LL_A2A_MAX_BLOCKS: u32 = 32;
-/// The LL data kernels' kinds (`RSHMEMI_LL_A2A`, `RSHMEMI_LL_GATHER`, `RSHMEMI_LL_BCAST`): `f_ll_move`'s rows.
+/// The LL data kernels' kinds (`RSHMEMI_LL_A2A`, `RSHMEMI_LL_GATHER`, `RSHMEMI_LL_BCAST`):
+/// the rows of `f_ll_move`.
 const MOVE_A2A: usize = 0;
 const MOVE_GATHER: usize = 1;
 const MOVE_BCAST: usize = 2;
@@ -866,6 +867,12 @@ impl<'a> GpuColl<'a> {
             .ok_or_else(|| Error::invalid("no LL kernel for this type"))
     }
 
+    /// The pull all_reduce kernel of `T` and `op` (checked by [`GpuColl::reduce_func`] first).
+    fn pull_ar_func<T: Elem>(&self, op: ReduceOp) -> Result<Func> {
+        self.typed[typed_index(T::KIND, op)][2]
+            .ok_or_else(|| Error::invalid("no pull all_reduce kernel for this type"))
+    }
+
     fn reduce_func<T: Elem>(&self, op: ReduceOp) -> Result<Func> {
         op.check(T::KIND)?;
         self.typed[typed_index(T::KIND, op)][0]
@@ -1081,9 +1088,9 @@ impl<'a> GpuColl<'a> {
 
     /// The LL argument and grid when an all_reduce of `bytes` on `dt` runs the pull way (a
     /// one-shot fold of the members' inputs read in place, after an LL handshake): beyond the
-    /// LL size, within [`GpuColl::pull_all_reduce_bytes`] for the team's size, out of place, whole 16-byte vectors
-    /// at 16-byte aligned addresses, the team served by the LL paths with a line per block
-    /// after the header in its regions.
+    /// LL size, within [`GpuColl::pull_all_reduce_bytes`] for the team's size, out of place,
+    /// whole 16-byte vectors at 16-byte aligned addresses, the team served by the LL paths
+    /// with a line per block after the header in its regions.
     fn pull_ar_arg(
         &self,
         dt: DeviceTeam,
@@ -1236,11 +1243,12 @@ impl<'a> GpuColl<'a> {
         ];
         let p = &mut p[..6 + extra.len()];
         // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
-        // rshmemi_ll, u64 stride), rshmemi_coll_ll_move_*(char*, const char*, u64, ..., u64 root),
-        // rshmemi_coll_pull_ar_*(T*, const T*, u64, ...) and rshmemi_coll_pull_a2a(v4*,
-        // const v4*, u64, ...) (repr(C); the callers pass 1, 1, 0 and 0 extra values); ranges checked by the callers, the message fits the area's
-        // regions (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_ar_arg, pull_a2a_arg), the counter is
-        // this slot's.
+        // rshmemi_ll, u64 stride), rshmemi_coll_ll_move_*(char*, const char*, u64, ...,
+        // u64 root), rshmemi_coll_pull_ar_*(T*, const T*, u64, ...) and
+        // rshmemi_coll_pull_a2a(v4*, const v4*, u64, ...) (repr(C); the callers pass 1, 1, 0
+        // and 0 extra values); ranges checked by the callers, the message fits the area's
+        // regions (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_ar_arg, pull_a2a_arg), the counter
+        // is this slot's.
         unsafe { gpu::launch(&s.raw, f, blocks, LL_THREADS, 0, p) }
     }
 
@@ -1510,16 +1518,7 @@ impl<'a> GpuColl<'a> {
         op: ReduceOp,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
-        let bytes = count.saturating_mul(std::mem::size_of::<T>());
-        let ip = Self::in_place(src, dst)?;
-        let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
-        let algo = if self.config.algo.is_none() && self.pull_ar_arg(dt, bytes, ip, sr, d).is_some()
-        {
-            Algo::OneShot
-        } else {
-            self.all_reduce_algo(dt, bytes)
-        };
-        self.all_reduce_on(s, dt, dst, src, count, op, algo)
+        self.all_reduce_on(s, dt, dst, src, count, op, None)
     }
 
     /// [`GpuColl::all_reduce`] with a forced algorithm.
@@ -1535,10 +1534,11 @@ impl<'a> GpuColl<'a> {
         algo: Algo,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
-        self.all_reduce_on(s, dt, dst, src, count, op, algo)
+        self.all_reduce_on(s, dt, dst, src, count, op, Some(algo))
     }
 
-    /// [`GpuColl::all_reduce_with`] on a team already resolved and checked against `s`.
+    /// [`GpuColl::all_reduce_with`] on a team already resolved and checked against `s`; no
+    /// algorithm: the pull path where it serves the call, else [`GpuColl::all_reduce_algo`].
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_on<T: Elem>(
         &self,
@@ -1548,11 +1548,21 @@ impl<'a> GpuColl<'a> {
         src: &(impl AsSym<T> + ?Sized),
         count: usize,
         op: ReduceOp,
-        algo: Algo,
+        algo: Option<Algo>,
     ) -> Result<()> {
         let f = self.reduce_func::<T>(op)?;
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
+        let bytes = count * std::mem::size_of::<T>();
+        let algo = algo.unwrap_or_else(|| {
+            let pull =
+                self.config.algo.is_none() && self.pull_ar_arg(dt, bytes, ip, sr, d).is_some();
+            if pull {
+                Algo::OneShot
+            } else {
+                self.all_reduce_algo(dt, bytes)
+            }
+        });
         let sig = call_sig::<T>(
             CollKind::AllReduce,
             Some(op),
@@ -1564,18 +1574,15 @@ impl<'a> GpuColl<'a> {
             dst,
             dt,
         );
-        if let Some(ll) = self.ll_arg(dt, count * std::mem::size_of::<T>(), algo) {
+        if let Some(ll) = self.ll_arg(dt, bytes, algo) {
             // An LL call names no algorithm (its LL mark does).
             let ck = self.ll_check(dt, CallSig { algo: None, ..sig })?;
             let lf = self.ll_func::<T>(op)?;
             // A block per LL_THREADS × LL_LINES_PER_THREAD lines (one batch per thread).
-            let lines = (count * std::mem::size_of::<T>())
-                .div_ceil(8)
-                .div_ceil(LL_LINES_PER_THREAD);
+            let lines = bytes.div_ceil(8).div_ceil(LL_LINES_PER_THREAD);
             let grid = (lines, self.ll_blocks);
             return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0]);
         }
-        let bytes = count * std::mem::size_of::<T>();
         if let Some((ll, blocks)) = (algo == Algo::OneShot)
             .then(|| self.pull_ar_arg(dt, bytes, ip, sr, d))
             .flatten()
@@ -1592,8 +1599,7 @@ impl<'a> GpuColl<'a> {
                 }
                 .pack()?,
             )?;
-            let pf = self.typed[typed_index(T::KIND, op)][2]
-                .ok_or_else(|| Error::invalid("no pull all_reduce kernel for this type"))?;
+            let pf = self.pull_ar_func::<T>(op)?;
             let grid = (blocks as usize * LL_THREADS as usize, blocks);
             return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, &[]);
         }
