@@ -361,6 +361,18 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
 #ifndef RSHMEMI_LL_NOP
 #define RSHMEMI_LL_NOP 0
 #endif
+// RSHMEMI_LL_STOP k (measurements only, wrong results): the LL all_reduce (not reduce_scatter)
+// returns after rshmemi_ll_begin (1) or after pushing its header and data lines (2), no wait
+// before either: what the launch, the begin loads and the pushes (with whatever the kernel's
+// end waits for after remote stores) cost, against RSHMEMI_LL_NOP's bare launch.
+#ifndef RSHMEMI_LL_STOP
+#define RSHMEMI_LL_STOP 0
+#endif
+// RSHMEMI_LL_SKIP_VERDICT 1 (measurements only: a mismatched call goes unseen): no header
+// verdicts, the data lines' flags alone; what the verdict warps and their poll cost.
+#ifndef RSHMEMI_LL_SKIP_VERDICT
+#define RSHMEMI_LL_SKIP_VERDICT 0
+#endif
 
 // The flag of a pair's LL call: the low 16 bits of the barrier expectation each keeps for the
 // other (moved by barrier-based calls, and by the padding of a mismatch) and the low 15 bits
@@ -586,6 +598,10 @@ __device__ __forceinline__ void rshmemi_ll_push_header(const rshmemi_ll_shared& 
 __device__ __forceinline__ void rshmemi_ll_verdicts(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck,
                                                     bool acquire = false) {
     const unsigned tid = threadIdx.x, nwarps = blockDim.x >> 5, rwarp = nwarps - 1 - (tid >> 5);
+    if (RSHMEMI_LL_SKIP_VERDICT) {
+        for (int i = tid; i < team.size; i += blockDim.x) S.kind[i] = 0;
+        return;
+    }
     for (int i = rwarp; i < team.size; i += nwarps) {
         rshmem_u64 w0 = 0;
         const int v = i == team.my_index ? 0 : rshmemi_ll_verdict(S.peer[i], rshmemi_member(team, i), ck, &w0);
@@ -705,6 +721,7 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
 #pragma unroll
         for (int u = 0; u < U; u++) v0[u] = gt + u * gn < dl ? rshmemi_ll_pack(src, n, gt + u * gn) : 0;
         rshmemi_ll_begin(S, team, ll, exp);
+        if (RSHMEMI_LL_STOP == 1) return;
         rshmemi_ll_push_header(S, team, ck);
         for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn) {
             rshmem_u64 v[U];
@@ -716,6 +733,7 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
                 for (int u = 0; u < U; u++)
                     if (l0 + u * gn < dl) rshmemi_ll_push(S, (me + k) % N, RSHMEMI_SIG_WORDS + l0 + u * gn, v[u]);
         }
+        if (RSHMEMI_LL_STOP == 2) return;
     } else {
         rshmemi_ll_begin(S, team, ll, exp);
         rshmemi_ll_push_header(S, team, ck);
