@@ -1588,17 +1588,12 @@ impl<'a> GpuColl<'a> {
             .flatten()
         {
             // A pull call is marked LL and pull, and names no algorithm.
-            let ck = self.check(
-                dt,
-                CallSig {
-                    syncs: 2,
-                    ll: true,
-                    pull: true,
-                    algo: None,
-                    ..sig
-                }
-                .pack()?,
-            )?;
+            let sig = CallSig {
+                pull: true,
+                algo: None,
+                ..sig
+            };
+            let ck = self.ll_check(dt, sig)?;
             let pf = self.pull_ar_func::<T>(op)?;
             let grid = (blocks as usize * LL_THREADS as usize, blocks);
             return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, &[]);
