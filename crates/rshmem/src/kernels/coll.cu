@@ -767,6 +767,30 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
 
+// RSHMEMI_PULL_FENCES 0 (a compile option for measurements only: wrong memory ordering): the
+// pull kernels without their acquire and release fences.
+#ifndef RSHMEMI_PULL_FENCES
+#define RSHMEMI_PULL_FENCES 1
+#endif
+
+// The end of a pull kernel's block b (every thread calls, after its reads of the members'
+// src): a release fence (its reads are complete; only local stores are pending), this block's
+// done line RSHMEMI_SIG_WORDS + b to every other member, and the wait for theirs, with an
+// acquire: when every block has passed it, no member still reads this PE's src.
+__device__ __forceinline__ void rshmemi_pull_done(const rshmemi_ll_shared& S, const rshmem_team& team, unsigned b) {
+    const unsigned tid = threadIdx.x;
+    __syncthreads();
+    if (tid < (unsigned)team.size && (int)tid != team.my_index) {
+        if (RSHMEMI_PULL_FENCES) asm volatile("fence.acq_rel.sys;" ::: "memory");
+        rshmemi_ll_push(S, tid, RSHMEMI_SIG_WORDS + b, 0);
+        rshmem_u64 v;
+        const rshmem_u64* line = S.peer[tid].from + 2 * (RSHMEMI_SIG_WORDS + b);
+        if (rshmemi_ll_wait_line(line, S.peer[tid].flag, &v, (const volatile int*)&S.abort,
+                                 rshmemi_member(team, tid)))
+            (void)rshmemi_ld_acquire32((const unsigned*)line + 1);
+    }
+}
+
 // Pull all_reduce (rshmem::cuda::GpuColl::pull_all_reduce_bytes; past the LL size, out of
 // place, whole 16-byte vectors at 16-byte aligned addresses): one kernel, the pull
 // all_to_all's handshake (release fence, header, acquire on each header seen; a done line per
@@ -821,16 +845,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
                 ((rshmemi_v4*)dst)[v0 + u * gn] = y;
             }
         }
-        __syncthreads();
-        if (tid < (unsigned)N && (int)tid != me) {
-            asm volatile("fence.acq_rel.sys;" ::: "memory");
-            rshmemi_ll_push(S, tid, RSHMEMI_SIG_WORDS + b, 0);
-            rshmem_u64 v;
-            const rshmem_u64* line = S.peer[tid].from + 2 * (RSHMEMI_SIG_WORDS + b);
-            if (rshmemi_ll_wait_line(line, S.peer[tid].flag, &v, (const volatile int*)&S.abort,
-                                     rshmemi_member(team, tid)))
-                (void)rshmemi_ld_acquire32((const unsigned*)line + 1);
-        }
+        rshmemi_pull_done(S, team, b);
     }
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
@@ -1002,11 +1017,6 @@ RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, bytes, false)
 // header never comes: timeout naming it.
 // Block b of gridDim.x takes the part [b·c, (b+1)·c) of every share (c = ceil(w / blocks));
 // its threads copy member by member, eight 16-byte loads in flight each.
-// RSHMEMI_PULL_FENCES 0 (a compile option for measurements only: wrong memory ordering): the
-// pull kernel without its acquire and release fences.
-#ifndef RSHMEMI_PULL_FENCES
-#define RSHMEMI_PULL_FENCES 1
-#endif
 extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_v4* src, rshmem_u64 w, rshmem_team team,
                                                  rshmemi_check ck, rshmemi_ll ll) {
     __shared__ rshmemi_ll_shared S;
@@ -1043,16 +1053,7 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
                     if (q + u * nth < len) d[q + u * nth] = r[u];
             }
         }
-        __syncthreads();
-        if (tid < (unsigned)N && (int)tid != me) {
-            if (RSHMEMI_PULL_FENCES) asm volatile("fence.acq_rel.sys;" ::: "memory");
-            rshmemi_ll_push(S, tid, RSHMEMI_SIG_WORDS + b, 0);
-            rshmem_u64 v;
-            const rshmem_u64* line = S.peer[tid].from + 2 * (RSHMEMI_SIG_WORDS + b);
-            if (rshmemi_ll_wait_line(line, S.peer[tid].flag, &v, (const volatile int*)&S.abort,
-                                     rshmemi_member(team, tid)))
-                (void)rshmemi_ld_acquire32((const unsigned*)line + 1);
-        }
+        rshmemi_pull_done(S, team, b);
     }
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
