@@ -502,7 +502,8 @@ pub struct GpuColl<'a> {
     g: CudaPe<'a>,
     config: CollConfig,
     _module: Arc<Module>,
-    funcs: HashMap<String, Func>,
+    /// Kernels of the module (for `Debug`).
+    kernels: usize,
     /// The reduce and LL all_reduce kernel per (element type, operation), at
     /// [`typed_index`]: no name formatting or hashing per call.
     typed: Vec<[Option<Func>; 3]>,
@@ -561,7 +562,7 @@ impl std::fmt::Debug for GpuColl<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuColl")
             .field("config", &self.config)
-            .field("kernels", &self.funcs.len())
+            .field("kernels", &self.kernels)
             .finish()
     }
 }
@@ -699,7 +700,7 @@ impl<'a> GpuColl<'a> {
             pull_blocks: blocks_from_env("RSHMEM_CUDA_COLL_PULL_BLOCKS", PULL_MAX_BLOCKS)?,
             pull_all_reduce_bytes: pull_ar_env.unwrap_or(COLL_PULL_ALL_REDUCE_BYTES),
             pull_all_reduce_pair_bytes: pull_ar_env.unwrap_or(COLL_PULL_ALL_REDUCE_PAIR_BYTES),
-            funcs,
+            kernels: funcs.len(),
             typed,
             _module: module,
             g,
@@ -1047,7 +1048,7 @@ impl<'a> GpuColl<'a> {
         let lines = nb.div_ceil(8);
         let words = nb.is_multiple_of(8) && (dst | src).is_multiple_of(8);
         let f = self.f_ll_move[kind][usize::from(!words)];
-        let extra = [root as u64];
+        let extra = Some(root as u64);
         self.ll_launch(
             s,
             f,
@@ -1056,7 +1057,7 @@ impl<'a> GpuColl<'a> {
             dt,
             ck,
             ll,
-            &extra,
+            extra,
         )
     }
 
@@ -1207,7 +1208,7 @@ impl<'a> GpuColl<'a> {
     }
 
     /// Launches an LL-handshake kernel: `(dst, src, count)`, the team, the check, the LL
-    /// argument, then `extra` u64 parameters; `lines` threads' worth of blocks, at most
+    /// argument, then the `extra` u64 parameter if any; `lines` threads' worth of blocks, at most
     /// `max_blocks`.
     #[allow(clippy::too_many_arguments)]
     fn ll_launch(
@@ -1219,18 +1220,13 @@ impl<'a> GpuColl<'a> {
         dt: DeviceTeam,
         ck: Check,
         ll: LlArg,
-        extra: &[u64],
+        extra: Option<u64>,
     ) -> Result<()> {
         let blocks = (lines as u64)
             .div_ceil(LL_THREADS as u64)
             .clamp(1, max_blocks as u64) as u32;
         let (mut d, mut sr, mut n, mut t, mut k, mut l) = (dst, src, count as u64, dt, ck, ll);
-        let mut ex = [0u64; 2];
-        if extra.len() > ex.len() {
-            return Err(Error::invalid("internal: too many LL kernel parameters"));
-        }
-        ex[..extra.len()].copy_from_slice(extra);
-        let [e0, e1] = &mut ex;
+        let mut e = extra.unwrap_or(0);
         let mut p = [
             &mut d as *mut u64 as *mut std::ffi::c_void,
             &mut sr as *mut u64 as *mut _,
@@ -1238,10 +1234,9 @@ impl<'a> GpuColl<'a> {
             &mut t as *mut DeviceTeam as *mut _,
             &mut k as *mut Check as *mut _,
             &mut l as *mut LlArg as *mut _,
-            e0 as *mut u64 as *mut _,
-            e1 as *mut u64 as *mut _,
+            &mut e as *mut u64 as *mut _,
         ];
-        let p = &mut p[..6 + extra.len()];
+        let p = &mut p[..6 + usize::from(extra.is_some())];
         // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
         // rshmemi_ll, u64 stride), rshmemi_coll_ll_move_*(char*, const char*, u64, ...,
         // u64 root), rshmemi_coll_pull_ar_*(T*, const T*, u64, ...) and
@@ -1554,15 +1549,19 @@ impl<'a> GpuColl<'a> {
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
         let bytes = count * std::mem::size_of::<T>();
-        let algo = algo.unwrap_or_else(|| {
-            let pull =
-                self.config.algo.is_none() && self.pull_ar_arg(dt, bytes, ip, sr, d).is_some();
-            if pull {
-                Algo::OneShot
-            } else {
-                self.all_reduce_algo(dt, bytes)
-            }
-        });
+        // The pull path serves one-shot calls, chosen or forced (it starts past the LL size).
+        let pull = algo
+            .map_or(
+                matches!(self.config.algo, None | Some(Algo::OneShot)),
+                |a| a == Algo::OneShot,
+            )
+            .then(|| self.pull_ar_arg(dt, bytes, ip, sr, d))
+            .flatten();
+        let algo = match (algo, &pull) {
+            (Some(a), _) => a,
+            (None, Some(_)) => Algo::OneShot,
+            (None, None) => self.all_reduce_algo(dt, bytes),
+        };
         let sig = call_sig::<T>(
             CollKind::AllReduce,
             Some(op),
@@ -1581,12 +1580,9 @@ impl<'a> GpuColl<'a> {
             // A block per LL_THREADS × LL_LINES_PER_THREAD lines (one batch per thread).
             let lines = bytes.div_ceil(8).div_ceil(LL_LINES_PER_THREAD);
             let grid = (lines, self.ll_blocks);
-            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, &[0]);
+            return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, Some(0));
         }
-        if let Some((ll, blocks)) = (algo == Algo::OneShot)
-            .then(|| self.pull_ar_arg(dt, bytes, ip, sr, d))
-            .flatten()
-        {
+        if let Some((ll, blocks)) = pull {
             // A pull call is marked LL and pull, and names no algorithm.
             let sig = CallSig {
                 pull: true,
@@ -1596,7 +1592,7 @@ impl<'a> GpuColl<'a> {
             let ck = self.ll_check(dt, sig)?;
             let pf = self.pull_ar_func::<T>(op)?;
             let grid = (blocks as usize * LL_THREADS as usize, blocks);
-            return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, &[]);
+            return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, None);
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
@@ -1674,8 +1670,8 @@ impl<'a> GpuColl<'a> {
             };
             let lines = part.div_ceil(8).div_ceil(LL_LINES_PER_THREAD);
             let grid = (lines, self.ll_blocks);
-            let extra = [count as u64];
-            return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, &extra);
+            let stride = Some(count as u64);
+            return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, stride);
         }
         let plan = plan::reduce_scatter(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, es, Some(f), sig)
@@ -1705,7 +1701,7 @@ impl<'a> GpuColl<'a> {
             let vecs = share / 16;
             let lines = blocks as usize * LL_THREADS as usize;
             let f = self.f_pull_a2a;
-            return self.ll_launch(s, f, (d, sr, vecs), (lines, blocks), dt, ck, ll, &[]);
+            return self.ll_launch(s, f, (d, sr, vecs), (lines, blocks), dt, ck, ll, None);
         }
         let plan = plan::all_to_all(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
