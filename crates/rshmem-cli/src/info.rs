@@ -58,6 +58,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA collectives: most blocks of the pull kernels (measurement knob), default 64",
     ),
     (
+        "RSHMEM_CUDA_COLL_PULL_BCAST_BYTES",
+        "CUDA collectives: largest broadcast of the pull path (beyond the LL size), default every size on two-member teams, 8M on larger ones (sets both; 0 = off)",
+    ),
+    (
         "RSHMEM_CUDA_COLL_PULL_A2A_BYTES",
         "CUDA collectives: largest out-of-place all_to_all of the pull path (beyond the LL size), default 16M (0 = off)",
     ),

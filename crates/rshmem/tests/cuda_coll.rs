@@ -38,9 +38,9 @@ fn coll_kernels_compile_and_export_every_name() {
         Err(e) => panic!("{e}"),
     };
     let names = cuda::coll_kernel_names();
-    // The fixed kernels (six LL data kernels among them), then a reduce, an LL and a pull
+    // The fixed kernels (six LL data kernels and two pull kernels among them), then a reduce, an LL and a pull
     // all_reduce kernel per (type, op): 8 integer types × 7 ops, 4 float types × 4.
-    assert_eq!(names.len(), 12 + 3 * (8 * 7 + 4 * 4));
+    assert_eq!(names.len(), 13 + 3 * (8 * 7 + 4 * 4));
     for n in names {
         let needle = format!("{n}\0");
         assert!(
@@ -1614,6 +1614,142 @@ gpu_mode_test!(
     gpu_coll_pull_all_reduce_modes,
     gpu_config().timeout(Duration::from_secs(8)),
     pull_ar_body,
+    [processes(4), mixed(4)]
+);
+
+/// The pull broadcast (LL broadcast to 64 KiB, pull beyond): every team shape, the first and
+/// last member as root, in and out of place, 64 KiB + 16 B (one block), 1 MiB + 48 B and
+/// 3 MiB (several), and 12 MiB on two-member teams (past the larger teams' limit, the 64
+/// blocks going round); exact data, poisoned outputs, inputs left alone; then a captured graph
+/// replayed with new data, and a member with the pull path off reported on every PE.
+fn pull_bcast_body(pe: &Pe) -> Result<()> {
+    let mut c = pull_ctx(pe, 0)?;
+    let me = pe.my_pe();
+    const MOST: usize = 3 << 20; // f32: 12 MiB
+    let src = pe.alloc::<f32>(MOST)?;
+    let dst = pe.alloc::<f32>(MOST)?;
+    for (tn, team) in c.teams.list(pe) {
+        // Seeds by team name: a PE outside a team skips it, so a running count would differ.
+        let ti = ["world", "strided", "tri"].iter().position(|&t| t == tn);
+        let mut seed = 7000 + 300 * ti.unwrap_or(3) as u64;
+        let n = team.n_pes();
+        let mut counts = vec![(64 << 10) / 4 + 4, (1 << 20) / 4 + 12, 3 << 18];
+        if n == 2 {
+            counts.push(MOST);
+        }
+        for root in [0, n - 1] {
+            let from = team.members()[root];
+            for in_place in [false, true] {
+                for &count in &counts {
+                    seed += 1;
+                    let ctx = format!(
+                        "pull broadcast team {tn} root {root} in place {in_place} count {count} (PE {me})"
+                    );
+                    assert!(
+                        c.coll.broadcast_uses_pull(team, count * 4),
+                        "{ctx}: not pull"
+                    );
+                    let mine = f32::gen(me, seed, count, ReduceOp::Sum);
+                    pe.local_fill(&dst, f32::poison())?;
+                    if in_place {
+                        pe.local_write(&dst, 0, &mine)?;
+                        c.coll.broadcast(&c.s, team, &dst, &dst, count, root)?;
+                    } else {
+                        pe.local_write(&src, 0, &mine)?;
+                        c.coll.broadcast(&c.s, team, &dst, &src, count, root)?;
+                    }
+                    c.done()?;
+                    let mut want = f32::gen(from, seed, count, ReduceOp::Sum);
+                    want.resize(MOST, f32::poison());
+                    check(&pe.local_vec(&dst)?, &want, &ctx);
+                    if !in_place {
+                        check(&pe.local_vec(&src)?[..count], &mine, &format!("{ctx}: src"));
+                    }
+                }
+            }
+        }
+    }
+    // A captured graph replayed with new data (world, root 1, out of place).
+    let (w, n) = (pe.world_team(), pe.n_pes());
+    const C: usize = (1 << 20) / 4 + 12;
+    let s = &c.s;
+    pe.barrier_all()?;
+    s.begin_capture()?;
+    let cap = c.coll.broadcast(s, w, &dst, &src, C, 1 % n);
+    let graph = s.end_capture();
+    cap?;
+    let graph = graph?;
+    pe.barrier_all()?;
+    for r in 0..3u64 {
+        let seed = 7990 + r;
+        pe.local_fill(&dst, f32::poison())?;
+        pe.local_write(&src, 0, &f32::gen(me, seed, C, ReduceOp::Sum))?;
+        pe.barrier_all()?;
+        graph.launch(s)?;
+        c.done()?;
+        let mut want = f32::gen(1 % n, seed, C, ReduceOp::Sum);
+        want.resize(MOST, f32::poison());
+        check(
+            &pe.local_vec(&dst)?,
+            &want,
+            &format!("pull broadcast replay {r} (PE {me})"),
+        );
+        pe.barrier_all()?;
+    }
+    drop(graph);
+    // A member with the pull path off runs the barrier-based plan: a mismatch on every PE,
+    // nothing written; then a good pull broadcast.
+    let ctx = "pull broadcast against barrier-based";
+    if me == 1 {
+        c.coll.set_pull_broadcast_bytes(0);
+    }
+    pe.local_fill(&dst, f32::poison())?;
+    pe.barrier_all()?;
+    c.coll.broadcast(&c.s, w, &dst, &src, C, 0)?;
+    expect_mismatch_with(
+        &c,
+        1,
+        ["broadcast", "no collective signature"],
+        ["algo pull", "broadcast"],
+        ctx,
+    );
+    check(
+        &pe.local_vec(&dst)?,
+        &vec![f32::poison(); MOST],
+        &format!("{ctx}: dst (PE {me})"),
+    );
+    c.coll.set_pull_broadcast_bytes(usize::MAX);
+    pe.local_write(&src, 0, &f32::gen(me, 7999, C, ReduceOp::Sum))?;
+    pe.local_fill(&dst, f32::poison())?;
+    pe.barrier_all()?;
+    c.coll.broadcast(&c.s, w, &dst, &src, C, 0)?;
+    c.done()?;
+    let mut want = f32::gen(0, 7999, C, ReduceOp::Sum);
+    want.resize(MOST, f32::poison());
+    check(
+        &pe.local_vec(&dst)?,
+        &want,
+        &format!("good pull broadcast after {ctx} (PE {me})"),
+    );
+    pe.barrier_all()?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_pull_broadcast() {
+    on_gpus_cfg(
+        gpu_config().timeout(Duration::from_secs(8)),
+        4,
+        pull_bcast_body,
+    );
+}
+
+gpu_mode_test!(
+    gpu_coll_pull_broadcast_modes,
+    gpu_config().timeout(Duration::from_secs(8)),
+    pull_bcast_body,
     [processes(4), mixed(4)]
 );
 

@@ -1058,6 +1058,46 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
 
+// Pull broadcast (rshmem::cuda::GpuColl::pull_bcast_bytes; past the LL size, whole 16-byte
+// vectors at 16-byte aligned addresses, in or out of place): every member other than the root
+// reads the root's src straight into its dst over the peer mapping (the root copies its own
+// src into dst when they differ), with the pull all_to_all's handshake: the header after a
+// release fence, the reads only after the root's header arrived (acquire), a done line per
+// block and the wait for every member's, so the root's src is free again when the kernel
+// ends. Block b copies the part [b·c, (b+1)·c) (c = ceil(w / blocks)), eight 16-byte loads in
+// flight per thread.
+extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmemi_v4* src, rshmem_u64 w, rshmem_team team,
+                                                   rshmemi_check ck, rshmemi_ll ll, rshmem_u64 root) {
+    __shared__ rshmemi_ll_shared S;
+    if (RSHMEMI_LL_NOP) return;
+    const int me = team.my_index, N = team.size, r = (int)root;
+    const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x;
+    const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
+    rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
+    if (b == 0 && tid < RSHMEMI_SIG_WORDS) asm volatile("fence.acq_rel.sys;" ::: "memory");
+    rshmemi_ll_begin(S, team, ll, exp);
+    rshmemi_ll_push_header(S, team, ck);
+    rshmemi_ll_verdicts(S, team, ck, RSHMEMI_PULL_FENCES);
+    rshmemi_ll_resolve(S, N);
+    if (S.verdict == 0) {
+        const rshmemi_v4* s = me == r ? src : (const rshmemi_v4*)rshmem_ptr((const void*)src, rshmemi_member(team, r));
+        const rshmem_u64 c = (w + gridDim.x - 1) / gridDim.x, lo = (rshmem_u64)b * c;
+        const rshmem_u64 len = lo < w ? (w - lo < c ? w - lo : c) : 0;
+        if (s != dst)
+            for (rshmem_u64 q = tid; q < len; q += 8 * (rshmem_u64)nth) {
+                rshmemi_v4 x[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (q + u * nth < len) x[u] = s[lo + q + u * nth];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (q + u * nth < len) dst[lo + q + u * nth] = x[u];
+            }
+        rshmemi_pull_done(S, team, b);
+    }
+    rshmemi_ll_end(S, team, ck, ll, exp, row);
+}
+
 // ----- copies: every Copy step of one phase in one launch -----
 
 // `bytes` from `src` (translated to world PE `pe`'s copy when pe >= 0, else a local address)

@@ -26,6 +26,16 @@ struct ep_params {
     long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid;
 };
 
+// EP_STAMPS 1 (a compile option for measurements, through RSHMEM_CUDA_EP_NVRTC_OPTS): clock
+// stamps (%globaltimer, ns) of the last dispatch in ctl words 9..15 (prep start, layout done,
+// records and signals out, peers' records in, prep end, send start (block 0), send end (the
+// latest block)), printed by the benchmark's RSHMEM_EP_BREAKDOWN.
+#ifndef EP_STAMPS
+#define EP_STAMPS 0
+#endif
+#define EP_STAMP(ctl, k) \
+    do { if (EP_STAMPS) ((volatile unsigned long long*)(ctl))[9 + (k)] = rshmemi_now(); } while (0)
+
 // ctl words (this PE only).
 #define EP_CTL_EPOCH 0
 #define EP_CTL_DWAIT 1
@@ -136,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
     const int n = (int)P->n, me = (int)P->me, E = (int)P->experts, El = (int)P->el;
     const unsigned tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5;
     int* tok_pos = (int*)P->tok_pos;
-    if (tid == 0) { s_epoch = ctl[EP_CTL_EPOCH] + 1; ctl[EP_CTL_EPOCH] = s_epoch; s_err = invalid ? 1 : 0; }
+    if (tid == 0) { EP_STAMP(ctl, 0); s_epoch = ctl[EP_CTL_EPOCH] + 1; ctl[EP_CTL_EPOCH] = s_epoch; s_err = invalid ? 1 : 0; }
     for (int i = tid; i < E; i += nth) s_pairs[i] = 0;
     for (int i = tid; i < n; i += nth) s_cnt[i] = 0;
     __syncthreads();
@@ -168,6 +178,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
         }
     }
     __syncthreads();
+    if (tid == 0) EP_STAMP(ctl, 1);
     // This PE's status, the same in every record it sends.
     __shared__ rshmem_u64 s_status;
     // Gave up already (a wait of an earlier step timed out here, or a peer's abort arrived):
@@ -205,9 +216,10 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
         if (s_gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
         rshmemi_signal_op_collective(sig + me, s_epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
     }
+    if (tid == 0) EP_STAMP(ctl, 2);
     for (int s = tid; s < n; s += nth) rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_epoch, ep_pe(P, s));
     __syncthreads();
-    if (tid == 0) asm volatile("fence.acq_rel.sys;" ::: "memory");
+    if (tid == 0) { asm volatile("fence.acq_rel.sys;" ::: "memory"); EP_STAMP(ctl, 3); }
     __syncthreads();
     if (tid == 0) {
         rshmem_u64 err = 0, info = 0;
@@ -257,6 +269,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
             ctl[EP_CTL_ROWS] = total;
         }
     }
+    if (tid == 0) EP_STAMP(ctl, 4);
 }
 
 // ----- vector machinery of the grid kernels -----
@@ -306,6 +319,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
     const unsigned lane = threadIdx.x & 31;
+    if (EP_STAMPS && blockIdx.x == 0 && threadIdx.x == 0) EP_STAMP(ctl, 5);
     if (ctl[EP_CTL_GO]) {
         const int T = (int)ctl[EP_CTL_TOKENS], topk = (int)ctl[EP_CTL_TOPK];
         const int* tok_pos = (const int*)P->tok_pos;
@@ -351,6 +365,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
         }
     }
     __syncthreads();
+    if (EP_STAMPS && threadIdx.x == 0) atomicMax((unsigned long long*)&ctl[9 + 6], (unsigned long long)rshmemi_now());
     rshmem_u64* sig = (rshmem_u64*)P->sig;
     for (int d = threadIdx.x; d < n; d += blockDim.x)
         ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));

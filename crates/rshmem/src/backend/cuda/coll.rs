@@ -236,6 +236,7 @@ pub fn coll_kernel_names() -> Vec<String> {
         "rshmemi_coll_ll_move_bcast_words".to_string(),
         "rshmemi_coll_ll_move_bcast_bytes".to_string(),
         "rshmemi_coll_pull_a2a".to_string(),
+        "rshmemi_coll_pull_bcast".to_string(),
     ];
     for k in ELEMS {
         for op in ReduceOp::ALL {
@@ -445,6 +446,9 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 ///   16-byte vectors runs as one kernel with the same handshake that folds the members' inputs
 ///   read in place, in team order (one launch instead of five; a pair moves as many bytes as
 ///   two-shot, larger teams `members / 2` times as many).
+/// * **Pull broadcast** ([`GpuColl::pull_broadcast_bytes`], the same defaults): beyond the LL
+///   size, a broadcast of whole 16-byte vectors (in or out of place) runs as one kernel with
+///   the same handshake in which every member reads the root's `src` in place.
 /// * **No host synchronisation** inside a collective: launches only, so every collective can
 ///   be captured in a CUDA graph ([`Stream::begin_capture`]) and replayed. Staging memory (in-place
 ///   one-shot all_reduce, in-place all_to_all): 64 KiB from [`GpuColl::new`], more allocated on
@@ -515,6 +519,7 @@ pub struct GpuColl<'a> {
     /// `rshmemi_coll_ll_move_<kind>_<words|bytes>`: `[kind][bytes]` (kinds MOVE_*).
     f_ll_move: [[Func; 2]; 3],
     f_pull_a2a: Func,
+    f_pull_bcast: Func,
     /// Largest all_to_all input (all shares) of the pull path (0: off).
     pull_a2a_bytes: usize,
     /// Most blocks of the LL data kernel (`RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`).
@@ -523,10 +528,10 @@ pub struct GpuColl<'a> {
     ll_blocks: u32,
     /// Most blocks of the pull kernels (`RSHMEM_CUDA_COLL_PULL_BLOCKS`).
     pull_blocks: u32,
-    /// Largest all_reduce of the pull path (0: off).
-    pull_all_reduce_bytes: usize,
-    /// The same for teams of two members.
-    pull_all_reduce_pair_bytes: usize,
+    /// Largest all_reduce of the pull path (0: off), by team size.
+    pull_all_reduce: PullLimit,
+    /// Largest broadcast of the pull path (0: off), by team size.
+    pull_bcast: PullLimit,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
     temp: Mutex<Vec<(DevBuf, usize)>>,
     /// Device error record (u64[ERR_SKIP + team slots]): flags (bit 1: device counts beyond capacity;
@@ -681,7 +686,6 @@ impl<'a> GpuColl<'a> {
             }
         }
         let f_a2av_dev = funcs["rshmemi_coll_a2av_dev"];
-        let pull_ar_env = crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES")?;
         let a2av_dev_max = a2av_dev_shared(&b.gpu, f_a2av_dev, n_pes)?;
         pe.barrier_all()?;
         Ok(GpuColl {
@@ -694,12 +698,13 @@ impl<'a> GpuColl<'a> {
                 ["words", "bytes"].map(|w| funcs[&format!("rshmemi_coll_ll_move_{k}_{w}")])
             }),
             f_pull_a2a: funcs["rshmemi_coll_pull_a2a"],
+            f_pull_bcast: funcs["rshmemi_coll_pull_bcast"],
             pull_a2a_bytes: pull_a2a_bytes_from_env()?,
             ll_a2a_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_A2A_BLOCKS", LL_A2A_MAX_BLOCKS)?,
             ll_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_BLOCKS", LL_MAX_BLOCKS)?,
             pull_blocks: blocks_from_env("RSHMEM_CUDA_COLL_PULL_BLOCKS", PULL_MAX_BLOCKS)?,
-            pull_all_reduce_bytes: pull_ar_env.unwrap_or(COLL_PULL_ALL_REDUCE_BYTES),
-            pull_all_reduce_pair_bytes: pull_ar_env.unwrap_or(COLL_PULL_ALL_REDUCE_PAIR_BYTES),
+            pull_all_reduce: PullLimit::from_env("RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES")?,
+            pull_bcast: PullLimit::from_env("RSHMEM_CUDA_COLL_PULL_BCAST_BYTES")?,
             kernels: funcs.len(),
             typed,
             _module: module,
@@ -1102,7 +1107,7 @@ impl<'a> GpuColl<'a> {
     ) -> Option<(LlArg, u32)> {
         let fits = !in_place
             && bytes > self.ll_sizes.all_reduce
-            && bytes <= self.pull_all_reduce_bytes(dt.size.max(0) as usize)
+            && bytes <= self.pull_all_reduce.of(dt.size.max(0) as usize)
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
         let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
@@ -1176,6 +1181,39 @@ impl<'a> GpuColl<'a> {
         }
     }
 
+    /// The LL argument and grid when a broadcast of `bytes` on `dt` runs the pull way (every
+    /// member reads the root's `src`, after an LL handshake): beyond the LL broadcast size, no
+    /// algorithm forced, within [`GpuColl::pull_broadcast_bytes`] for the team's size, whole
+    /// 16-byte vectors at 16-byte aligned addresses, the team served by the LL paths with a
+    /// line per block after the header in its regions.
+    fn pull_bcast_arg(
+        &self,
+        dt: DeviceTeam,
+        bytes: usize,
+        src: u64,
+        dst: u64,
+    ) -> Option<(LlArg, u32)> {
+        let fits = self.config.algo.is_none()
+            && bytes > 0
+            && self.ll_bcast_arg(dt, bytes).is_none()
+            && bytes <= self.pull_bcast.of(dt.size.max(0) as usize)
+            && bytes.is_multiple_of(16)
+            && (src | dst).is_multiple_of(16);
+        let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
+        let blocks = bytes
+            .div_ceil(PULL_BLOCK_BYTES)
+            .clamp(1, self.pull_blocks as usize);
+        (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
+    }
+
+    /// Whether a broadcast of `bytes` on `team` between 4096-aligned buffers runs the pull
+    /// way (what the benchmarks report).
+    pub fn broadcast_uses_pull(&self, team: &Team, bytes: usize) -> bool {
+        self.g
+            .device_team(team)
+            .is_ok_and(|dt| self.pull_bcast_arg(dt, bytes, 0, 0).is_some())
+    }
+
     /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
     /// runs the pull way (what the benchmarks report).
     pub fn all_reduce_uses_pull(&self, team: &Team, bytes: usize) -> bool {
@@ -1239,11 +1277,11 @@ impl<'a> GpuColl<'a> {
         let p = &mut p[..6 + usize::from(extra.is_some())];
         // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
         // rshmemi_ll, u64 stride), rshmemi_coll_ll_move_*(char*, const char*, u64, ...,
-        // u64 root), rshmemi_coll_pull_ar_*(T*, const T*, u64, ...) and
-        // rshmemi_coll_pull_a2a(v4*, const v4*, u64, ...) (repr(C); the callers pass 1, 1, 0
-        // and 0 extra values); ranges checked by the callers, the message fits the area's
-        // regions (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_ar_arg, pull_a2a_arg), the counter
-        // is this slot's.
+        // u64 root), rshmemi_coll_pull_ar_*(T*, const T*, u64, ...), rshmemi_coll_pull_a2a(v4*,
+        // const v4*, u64, ...) and rshmemi_coll_pull_bcast(v4*, const v4*, u64, ..., u64 root)
+        // (repr(C); the callers pass 1, 1, 0, 0 and 1 extra values); ranges checked by the
+        // callers, the message fits the area's regions (ll_arg, ll_a2a_arg, ll_bcast_arg,
+        // pull_ar_arg, pull_a2a_arg, pull_bcast_arg), the counter is this slot's.
         unsafe { gpu::launch(&s.raw, f, blocks, LL_THREADS, 0, p) }
     }
 
@@ -1390,17 +1428,27 @@ impl<'a> GpuColl<'a> {
     /// [`COLL_PULL_ALL_REDUCE_BYTES`] for more; `RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES` sets
     /// both.
     pub fn pull_all_reduce_bytes(&self, members: usize) -> usize {
-        if members == 2 {
-            self.pull_all_reduce_pair_bytes
-        } else {
-            self.pull_all_reduce_bytes
-        }
+        self.pull_all_reduce.of(members)
     }
 
     /// Sets [`GpuColl::pull_all_reduce_bytes`] for every team size. Every PE must set the same.
     pub fn set_pull_all_reduce_bytes(&mut self, bytes: usize) {
-        self.pull_all_reduce_bytes = bytes;
-        self.pull_all_reduce_pair_bytes = bytes;
+        self.pull_all_reduce = PullLimit::all(bytes);
+    }
+
+    /// Largest broadcast of the pull path on a team of `members` (0: off): a broadcast past
+    /// the LL size of whole 16-byte vectors runs as one kernel that meets its peers through
+    /// the LL headers, every member reading the root's `src` in place (in or out of place;
+    /// no barrier launches), on a team the LL paths serve, unless an algorithm is forced.
+    /// Defaults as [`GpuColl::pull_all_reduce_bytes`] (the root's link carries `members - 1`
+    /// copies); `RSHMEM_CUDA_COLL_PULL_BCAST_BYTES` sets both.
+    pub fn pull_broadcast_bytes(&self, members: usize) -> usize {
+        self.pull_bcast.of(members)
+    }
+
+    /// Sets [`GpuColl::pull_broadcast_bytes`] for every team size. Every PE must set the same.
+    pub fn set_pull_broadcast_bytes(&mut self, bytes: usize) {
+        self.pull_bcast = PullLimit::all(bytes);
     }
 
     /// Sets [`GpuColl::pull_a2a_bytes`]. Every PE must set the same (a member that runs a call
@@ -1465,6 +1513,19 @@ impl<'a> GpuColl<'a> {
         );
         if let Some(ll) = self.ll_bcast_arg(dt, count * es) {
             return self.ll_move(s, dt, sig, ll, (d, sr, count * es), MOVE_BCAST, root);
+        }
+        if let Some((ll, blocks)) = self.pull_bcast_arg(dt, count * es, sr, d) {
+            // A pull call is marked LL and pull, and names no algorithm.
+            let sig = CallSig {
+                pull: true,
+                algo: None,
+                ..sig
+            };
+            let ck = self.ll_check(dt, sig)?;
+            let lines = blocks as usize * LL_THREADS as usize;
+            let (f, vecs) = (self.f_pull_bcast, count * es / 16);
+            let extra = Some(root as u64);
+            return self.ll_launch(s, f, (d, sr, vecs), (lines, blocks), dt, ck, ll, extra);
         }
         let plan = plan::broadcast(Self::shape(&dt, ip), root, count, algo);
         self.exec(s, dt, &plan, sr, d, es, None, sig)
@@ -1939,6 +2000,43 @@ pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
 
 /// Default [`GpuColl::pull_a2a_bytes`].
 pub const COLL_PULL_A2A_BYTES: usize = 16 << 20;
+
+/// The largest message of a pull path, for two-member teams and for larger ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PullLimit {
+    pair: usize,
+    larger: usize,
+}
+
+impl PullLimit {
+    /// The same limit for every team size.
+    fn all(bytes: usize) -> PullLimit {
+        PullLimit {
+            pair: bytes,
+            larger: bytes,
+        }
+    }
+
+    /// From `name` (one size for every team size) or the defaults
+    /// ([`COLL_PULL_ALL_REDUCE_PAIR_BYTES`], [`COLL_PULL_ALL_REDUCE_BYTES`]).
+    fn from_env(name: &str) -> Result<PullLimit> {
+        Ok(match crate::coll::env_size(name)? {
+            Some(v) => PullLimit::all(v),
+            None => PullLimit {
+                pair: COLL_PULL_ALL_REDUCE_PAIR_BYTES,
+                larger: COLL_PULL_ALL_REDUCE_BYTES,
+            },
+        })
+    }
+
+    fn of(&self, members: usize) -> usize {
+        if members == 2 {
+            self.pair
+        } else {
+            self.larger
+        }
+    }
+}
 
 /// Most blocks of a kernel that waits for peers, from `name` (`RSHMEM_CUDA_COLL_LL_BLOCKS`:
 /// the LL all_reduce kernel's, `RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`: the LL data kernel's,
@@ -2480,7 +2578,7 @@ mod tests {
         let (p, u, i, team, ck) = ("ptr", "rshmem_u64", "int", "rshmem_team", "rshmemi_check");
         // What `sync`, `sig_sync`, `reduce_launch`, `flush`, `all_to_all_v` and
         // `all_to_all_v_device` pass (u64 addresses go to pointer or rshmem_u64 parameters).
-        let launches: [(&str, &str, Vec<&str>); 11] = [
+        let launches: [(&str, &str, Vec<&str>); 12] = [
             (internal, "rshmemi_team_sync", vec![team]),
             (coll, "rshmemi_coll_sync_sig", vec![team, ck]),
             (
@@ -2512,6 +2610,11 @@ mod tests {
                 coll,
                 "rshmemi_coll_pull_a2a",
                 vec![p, p, u, team, ck, "rshmemi_ll"],
+            ),
+            (
+                coll,
+                "rshmemi_coll_pull_bcast",
+                vec![p, p, u, team, ck, "rshmemi_ll", u],
             ),
             (
                 coll,
@@ -2700,7 +2803,7 @@ mod tests {
     #[test]
     fn kernel_names_cover_every_type_and_op() {
         let names = coll_kernel_names();
-        assert_eq!(names.len(), 12 + 3 * (8 * 7 + 4 * 4));
+        assert_eq!(names.len(), 13 + 3 * (8 * 7 + 4 * 4));
         assert!(names.contains(&"rshmemi_coll_pull_a2a".to_string()));
         assert!(names.contains(&"rshmemi_coll_pull_ar_half_min".to_string()));
         assert!(!names.contains(&"rshmemi_coll_pull_ar_double_and".to_string()));

@@ -119,6 +119,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             let pull = match kind {
                 CollKind::AllToAll => coll.all_to_all_uses_pull(w, bytes),
                 CollKind::AllReduce => coll.all_reduce_uses_pull(w, bytes),
+                CollKind::Broadcast => coll.broadcast_uses_pull(w, bytes),
                 _ => false,
             };
             let algo = if ll {

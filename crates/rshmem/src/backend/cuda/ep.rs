@@ -173,7 +173,16 @@ pub fn kernel_options(t: ElemKind, id: ElemKind) -> Result<Vec<String>> {
             )))
         }
     };
-    Ok(vec![format!("-DEP_T={tn}"), format!("-DEP_ID={idn}")])
+    let mut o = vec![format!("-DEP_T={tn}"), format!("-DEP_ID={idn}")];
+    // Compile-time switches of `ep.cu` for measurements (`RSHMEM_CUDA_EP_NVRTC_OPTS`, space
+    // separated; e.g. `-DEP_STAMPS=1`).
+    o.extend(
+        std::env::var("RSHMEM_CUDA_EP_NVRTC_OPTS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string),
+    );
+    Ok(o)
 }
 
 /// Byte offsets of the areas in the buffer's one symmetric allocation.
@@ -1524,6 +1533,17 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                     let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
                     let ct = stage_times(&g, &s, args.iters, |m| combine(&d, m))?;
                     if me == 0 {
+                        // With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS) the last dispatch's
+                        // clock stamps (control words 9..15, ns after ep_prep began).
+                        let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl, 16)?)?;
+                        if c[9] != 0 {
+                            let st: Vec<i64> =
+                                c[10..16].iter().map(|&v| v.wrapping_sub(c[9]) as i64).collect();
+                            eprintln!(
+                                "ep stamps T={t} {name} (ns after prep start): layout {} records+signal {} waited {} prep end {} send start {} send end {}",
+                                st[0], st[1], st[2], st[3], st[4], st[5]
+                            );
+                        }
                         let last = if tokens { "index" } else { "permute" };
                         eprintln!(
                             "ep breakdown T={t} {name} grid={}: dispatch prep/send/wait/{last} {dt:.1?} us; combine csend/wait/crecv {ct:.1?} us",
