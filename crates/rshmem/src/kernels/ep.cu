@@ -27,14 +27,28 @@ struct ep_params {
 };
 
 // EP_STAMPS 1 (a compile option for measurements, through RSHMEM_CUDA_EP_NVRTC_OPTS): clock
-// stamps (%globaltimer, ns) of the last dispatch in ctl words 9..15 (prep start, layout done,
-// records and signals out, peers' records in, prep end, send start (block 0), send end (the
-// latest block)), printed by the benchmark's RSHMEM_EP_BREAKDOWN.
+// stamps (%globaltimer, ns) of the last dispatch and combine in ctl words 16 + k: 0 prep start,
+// 1 layout done, 2 records and signals out, 3 peers' records in, 4 prep end, 5 send start
+// (block 0), 6 send end (the latest block), 7 dispatch wait end, 8 permute start, 9 permute
+// end, 10 csend start, 11 csend end, 12 combine wait end, 13 crecv start, 14 crecv end;
+// printed by the benchmark's RSHMEM_EP_BREAKDOWN. Compiled away by default.
 #ifndef EP_STAMPS
 #define EP_STAMPS 0
 #endif
 #define EP_STAMP(ctl, k) \
-    do { if (EP_STAMPS) ((volatile unsigned long long*)(ctl))[9 + (k)] = rshmemi_now(); } while (0)
+    do { if (EP_STAMPS) ((volatile unsigned long long*)(ctl))[16 + (k)] = rshmemi_now(); } while (0)
+// Block 0's thread 0 (a grid kernel's start).
+#define EP_STAMP_FIRST(ctl, k) \
+    do { if (EP_STAMPS && blockIdx.x == 0 && threadIdx.x == 0) EP_STAMP(ctl, k); } while (0)
+// Every block's thread 0 after the block's barrier, the latest kept (a grid kernel's end).
+#define EP_STAMP_LAST(ctl, k)                                                                      \
+    do {                                                                                           \
+        if (EP_STAMPS) {                                                                           \
+            __syncthreads();                                                                       \
+            if (threadIdx.x == 0)                                                                  \
+                atomicMax((unsigned long long*)(ctl) + 16 + (k), (unsigned long long)rshmemi_now()); \
+        }                                                                                          \
+    } while (0)
 
 // ctl words (this PE only).
 #define EP_CTL_EPOCH 0
@@ -113,21 +127,33 @@ __device__ __forceinline__ void ep_scan_warps(const unsigned* s_wt, unsigned* s_
     if (lane == 31) *cnt = base + incl;
 }
 
-// Block-wide exclusive scan (blockDim.x <= 1024 threads, all calling): each thread passes the
-// sum of its segment, gets the sum of the segments before it; *total (shared) gets the sum of all.
-__device__ __forceinline__ unsigned ep_block_excl_scan(unsigned v, unsigned* s_part, unsigned* total) {
-    const unsigned tid = threadIdx.x, nth = blockDim.x;
-    s_part[tid] = v;
-    __syncthreads();
-    for (unsigned o = 1; o < nth; o <<= 1) {
-        const unsigned u = tid >= o ? s_part[tid - o] : 0;
-        __syncthreads();
-        s_part[tid] += u;
-        __syncthreads();
+// Block-wide exclusive scan (blockDim.x a multiple of 32, at most 1024 threads, all calling):
+// each thread passes the sum of its segment, gets the sum of the segments before it; *total
+// (shared) gets the sum of all. A shuffle scan in each warp, then of the warp sums (two
+// barriers, not two per doubling step).
+__device__ __forceinline__ unsigned ep_block_excl_scan(unsigned v, unsigned* s_warp, unsigned* total) {
+    const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+    unsigned incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= (unsigned)o) incl += u;
     }
-    const unsigned r = s_part[tid] - v;
-    if (tid == nth - 1) *total = s_part[tid];
+    if (lane == 31) s_warp[warp] = incl;
     __syncthreads();
+    if (warp == 0) {
+        const unsigned x = lane < nwarps ? s_warp[lane] : 0;
+        unsigned c = x;
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned u = __shfl_up_sync(0xffffffffu, c, o);
+            if (lane >= (unsigned)o) c += u;
+        }
+        __syncwarp();
+        s_warp[lane] = c - x;
+        if (lane == 31) *total = c;
+    }
+    __syncthreads();
+    const unsigned r = s_warp[warp] + incl - v;
+    __syncthreads();  // s_warp is free again when this returns
     return r;
 }
 
@@ -251,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
         for (int e = tid; e < El; e += nth) fill[e] = 0;
         // Expert offsets: an exclusive scan over local experts of the pairs summed over sources
         // (each thread a segment of experts, not El * n dependent volatile loads by one thread).
-        __shared__ unsigned s_part[1024];
+        __shared__ unsigned s_part[32];
         __shared__ unsigned s_total;
         const int seg = (El + (int)nth - 1) / (int)nth, e0 = (int)tid * seg, e1 = min(e0 + seg, El);
         unsigned mine = 0;
@@ -319,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
     const unsigned lane = threadIdx.x & 31;
-    if (EP_STAMPS && blockIdx.x == 0 && threadIdx.x == 0) EP_STAMP(ctl, 5);
+    EP_STAMP_FIRST(ctl, 5);
     if (ctl[EP_CTL_GO]) {
         const int T = (int)ctl[EP_CTL_TOKENS], topk = (int)ctl[EP_CTL_TOPK];
         const int* tok_pos = (const int*)P->tok_pos;
@@ -365,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
         }
     }
     __syncthreads();
-    if (EP_STAMPS && threadIdx.x == 0) atomicMax((unsigned long long*)&ctl[9 + 6], (unsigned long long)rshmemi_now());
+    EP_STAMP_LAST(ctl, 6);
     rshmem_u64* sig = (rshmem_u64*)P->sig;
     for (int d = threadIdx.x; d < n; d += blockDim.x)
         ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
@@ -385,6 +411,7 @@ extern "C" __global__ void ep_wait(const ep_params* P, int which) {
     if (threadIdx.x == 0) {
         asm volatile("fence.acq_rel.sys;" ::: "memory");
         ep_abort_if_failed(ctl);
+        EP_STAMP(ctl, which ? 12 : 7);
     }
 }
 
@@ -397,6 +424,7 @@ extern "C" __global__ void ep_wait(const ep_params* P, int which) {
 extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P, ep_t* out) {
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
+    EP_STAMP_FIRST(ctl, 8);
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K, El = P->el;
     const unsigned lane = threadIdx.x & 31;
@@ -429,6 +457,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
             }
             tok_rows[q] = r;
         }
+        EP_STAMP_LAST(ctl, 9);
         return;
     }
     const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
@@ -476,6 +505,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
             }
         }
     }
+    EP_STAMP_LAST(ctl, 9);
 }
 
 // 16-byte vectors of hidden elements, widened to f32.
@@ -577,6 +607,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
     const unsigned lane = threadIdx.x & 31;
+    EP_STAMP_FIRST(ctl, 10);
     if (ctl[EP_CTL_GO]) {
         const unsigned* recv_cnt = (const unsigned*)P->recv_cnt;
         const int* tok_rows = (const int*)P->tok_rows;
@@ -624,6 +655,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
         }
     }
     __syncthreads();
+    EP_STAMP_LAST(ctl, 11);
     rshmem_u64* sig = (rshmem_u64*)P->sig;
     for (int d = threadIdx.x; d < n; d += blockDim.x)
         ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
@@ -678,7 +710,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     const long long parity = (long long)((ctl[EP_CTL_CWAIT] - 1) & 1);
     const int* tok_pos = (const int*)P->tok_pos;
     const ep_t* comb = (const ep_t*)P->comb + parity * n * C * H;
+    EP_STAMP_FIRST(ctl, 13);
     ep_sum_rows(tok_pos, T, n, C, H, comb, out, own, own ? (int)P->me : -1);
+    EP_STAMP_LAST(ctl, 14);
 }
 
 // A stand-in expert computation: y[r] = x[r] * factor[local expert of row r], for the rows of
@@ -804,7 +838,7 @@ extern "C" __global__ void __launch_bounds__(512) epb_permute(const int* rcnt, i
                                                               unsigned* off_out, unsigned* fill, unsigned* row_src,
                                                               int* tok_rows) {
     extern __shared__ unsigned s_off[];
-    __shared__ unsigned s_part[1024];
+    __shared__ unsigned s_part[32];
     const unsigned tid = threadIdx.x, nth = blockDim.x, lane = tid & 31;
     const int seg = (El + (int)nth - 1) / (int)nth, e0 = (int)tid * seg, e1 = min(e0 + seg, El);
     unsigned sum = 0;

@@ -249,7 +249,8 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
         },
         mul(mul(n, rw)?, 8)?,
         3 * n * 8,
-        16 * 8,
+        // 16 control words, then 16 for EP_STAMPS measurements.
+        32 * 8,
         n * 4,
         (el + 1) * 4,
         el * 4,
@@ -606,7 +607,7 @@ impl<T: Elem> Buffer<T> {
             .collect();
         pe.local_write(&buf.view::<u64>(p.params, 24)?, 0, &params)?;
         pe.local_fill(&buf.view::<u64>(p.sig, 3 * n)?, 0)?;
-        pe.local_fill(&buf.view::<u64>(p.ctl, 16)?, 0)?;
+        pe.local_fill(&buf.view::<u64>(p.ctl, 32)?, 0)?;
         pe.local_fill(&buf.view::<u32>(p.expert_off, cfg.num_experts / n + 1)?, 0)?;
         pe.team_barrier(team)?;
         tracing::debug!(
@@ -1534,14 +1535,18 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                     let ct = stage_times(&g, &s, args.iters, |m| combine(&d, m))?;
                     if me == 0 {
                         // With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS) the last dispatch's
-                        // clock stamps (control words 9..15, ns after ep_prep began).
-                        let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl, 16)?)?;
-                        if c[9] != 0 {
-                            let st: Vec<i64> =
-                                c[10..16].iter().map(|&v| v.wrapping_sub(c[9]) as i64).collect();
+                        // and combine's clock stamps (control words 16.., `ep.cu` says which).
+                        let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 15)?)?;
+                        if c[0] != 0 {
+                            let us = |k: usize| c[k].wrapping_sub(c[0]) as i64 as f64 / 1e3;
                             eprintln!(
-                                "ep stamps T={t} {name} (ns after prep start): layout {} records+signal {} waited {} prep end {} send start {} send end {}",
-                                st[0], st[1], st[2], st[3], st[4], st[5]
+                                "ep stamps T={t} {name} (us after prep start): layout {:.1} signalled {:.1} records in {:.1} prep end {:.1} | send {:.1}-{:.1} wait end {:.1} | index {:.1}-{:.1}",
+                                us(1), us(2), us(3), us(4), us(5), us(6), us(7), us(8), us(9)
+                            );
+                            let cs = |k: usize| c[k].wrapping_sub(c[10]) as i64 as f64 / 1e3;
+                            eprintln!(
+                                "ep stamps T={t} {name} (us after csend start): csend end {:.1} wait end {:.1} crecv {:.1}-{:.1}",
+                                cs(11), cs(12), cs(13), cs(14)
                             );
                         }
                         let last = if tokens { "index" } else { "permute" };
