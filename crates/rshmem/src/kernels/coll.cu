@@ -336,6 +336,7 @@ template <typename T> __device__ __forceinline__ rshmem_u64 rshmemi_ll_pack(cons
 // PE's area (the same half: the sequences are equal on both sides).
 struct rshmemi_ll_peer {
     unsigned flag;
+    unsigned seq;            // the pair's LL sequence at this call (rshmemi_ll_end moves it)
     rshmem_u64* to;          // 16-byte lines: 2 words each
     const rshmem_u64* from;
 };
@@ -561,13 +562,16 @@ struct rshmemi_ll_shared {
 __device__ __forceinline__ void rshmemi_ll_begin(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_ll& ll,
                                                  const rshmem_u64* exp) {
     const int N = team.size, n_pes = rshmem_dstate.n_pes, my_pe = rshmem_dstate.my_pe;
-    if (threadIdx.x == 0) {
+    // The last thread (no member of its own while N < blockDim.x): its load of the error word
+    // is not queued behind a member's loads, so the block waits one load latency, not two.
+    if (threadIdx.x == blockDim.x - 1) {
         S.verdict = rshmemi_coll_gave_up() ? -1 : 0;
         S.abort = 0;
     }
     for (int i = threadIdx.x; i < N; i += blockDim.x) {
         const int pe = rshmemi_member(team, i);
         const unsigned seq = ((volatile unsigned*)ll.done)[1 + pe];
+        S.peer[i].seq = seq;
         S.peer[i].flag = rshmemi_ll_flag(*(volatile const rshmem_u64*)(exp + pe), seq);
         S.peer[i].to = (rshmem_u64*)rshmem_ptr(rshmemi_ll_lines(ll, seq & 1, my_pe, n_pes), pe);
         S.peer[i].from = rshmemi_ll_lines(ll, seq & 1, pe, n_pes);
@@ -646,9 +650,11 @@ __device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, co
         if (tid == 0) *ll.done = 0;
     }
     if (S.verdict == 0) {
-        // The common case: every member ran this LL call; no barrier counter moves.
+        // The common case: every member ran this LL call; no barrier counter moves. The
+        // sequence as every block read it in rshmemi_ll_begin (no block moves it before the
+        // last one gets here), so no load before the store.
         for (int i = tid; i < N; i += nth)
-            if (i != me) ll.done[1 + rshmemi_member(team, i)] += 1;
+            if (i != me) ll.done[1 + rshmemi_member(team, i)] = S.peer[i].seq + 1;
         return;
     }
     if (tid == 0) { S.syncs = 0; S.bad = 0x7fffffff; }
