@@ -797,6 +797,20 @@ __device__ __forceinline__ void rshmemi_pull_done(const rshmemi_ll_shared& S, co
     }
 }
 
+// The pull kernels' handshake (after their own setup; every thread calls): a release fence by
+// the threads that push the header (this PE's writes before the call are visible before its
+// header), the LL begin, the header to every other member, every member's verdict (with an
+// acquire when `acquire`: the reads of members' src that follow see what they wrote before
+// their headers), resolved.
+__device__ __forceinline__ void rshmemi_pull_handshake(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck,
+                                                       const rshmemi_ll& ll, rshmem_u64* exp, bool acquire) {
+    if (blockIdx.x == 0 && threadIdx.x < RSHMEMI_SIG_WORDS) asm volatile("fence.acq_rel.sys;" ::: "memory");
+    rshmemi_ll_begin(S, team, ll, exp);
+    rshmemi_ll_push_header(S, team, ck);
+    rshmemi_ll_verdicts(S, team, ck, acquire);
+    rshmemi_ll_resolve(S, team.size);
+}
+
 // Pull all_reduce (rshmem::cuda::GpuColl::pull_all_reduce_bytes; past the LL size, out of
 // place, whole 16-byte vectors at 16-byte aligned addresses): one kernel, the pull
 // all_to_all's handshake (release fence, header, acquire on each header seen; a done line per
@@ -816,11 +830,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     for (int i = tid; i < N; i += nth)
         from[i] = (const rshmemi_v4*)(i == me ? (const void*)src : rshmem_ptr((const void*)src, rshmemi_member(team, i)));
-    if (b == 0 && tid < RSHMEMI_SIG_WORDS) asm volatile("fence.acq_rel.sys;" ::: "memory");
-    rshmemi_ll_begin(S, team, ll, exp);
-    rshmemi_ll_push_header(S, team, ck);
-    rshmemi_ll_verdicts(S, team, ck, true);
-    rshmemi_ll_resolve(S, N);
+    rshmemi_pull_handshake(S, team, ck, ll, exp, true);
     if (S.verdict == 0) {
         const rshmem_u64 nv = n / V;
         const rshmem_u64 gt = b * (rshmem_u64)nth + tid, gn = (rshmem_u64)gridDim.x * nth;
@@ -1038,11 +1048,7 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
         const rshmemi_v4* s = src + (rshmem_u64)me * w;
         from[k] = i == me ? s : (const rshmemi_v4*)rshmem_ptr(s, rshmemi_member(team, i));
     }
-    if (b == 0 && tid < RSHMEMI_SIG_WORDS) asm volatile("fence.acq_rel.sys;" ::: "memory");
-    rshmemi_ll_begin(S, team, ll, exp);
-    rshmemi_ll_push_header(S, team, ck);
-    rshmemi_ll_verdicts(S, team, ck, RSHMEMI_PULL_FENCES);
-    rshmemi_ll_resolve(S, N);
+    rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
     if (S.verdict == 0) {
         const rshmem_u64 c = (w + gridDim.x - 1) / gridDim.x, lo = (rshmem_u64)b * c;
         const rshmem_u64 len = lo < w ? (w - lo < c ? w - lo : c) : 0;
@@ -1080,11 +1086,7 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
     const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
-    if (b == 0 && tid < RSHMEMI_SIG_WORDS) asm volatile("fence.acq_rel.sys;" ::: "memory");
-    rshmemi_ll_begin(S, team, ll, exp);
-    rshmemi_ll_push_header(S, team, ck);
-    rshmemi_ll_verdicts(S, team, ck, RSHMEMI_PULL_FENCES);
-    rshmemi_ll_resolve(S, N);
+    rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
     if (S.verdict == 0) {
         const rshmemi_v4* s = me == r ? src : (const rshmemi_v4*)rshmem_ptr((const void*)src, rshmemi_member(team, r));
         const rshmem_u64 c = (w + gridDim.x - 1) / gridDim.x, lo = (rshmem_u64)b * c;
