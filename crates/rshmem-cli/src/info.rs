@@ -70,6 +70,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA collectives: extra NVRTC options of their module (measurement switches)",
     ),
     (
+        "RSHMEM_CUDA_EP_NVRTC_OPTS",
+        "CUDA MoE kernels: extra NVRTC options of their module (measurement switches, e.g. -DEP_STAMPS=1)",
+    ),
+    (
         "RSHMEM_BENCH_COLL_OPS",
         "perf, CUDA collectives: the ones to time, comma separated (default all)",
     ),
