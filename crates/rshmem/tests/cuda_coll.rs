@@ -64,6 +64,15 @@ fn check<T: Elem>(got: &[T], want: &[T], ctx: &str) {
     }
 }
 
+/// What `f` launches on `s`, captured into a graph (capture ends whether `f` fails or not).
+fn capture(s: &Stream, f: impl FnOnce() -> Result<()>) -> Result<cuda::Graph> {
+    s.begin_capture()?;
+    let r = f();
+    let g = s.end_capture();
+    r?;
+    g
+}
+
 // ---------- GPU worlds ----------
 
 fn gpu_config() -> Config {
@@ -446,8 +455,7 @@ fn graph_body(pe: &Pe) -> Result<()> {
     c.coll.reserve(C1 * 8)?;
     pe.barrier_all()?;
     let s = &c.s;
-    s.begin_capture()?;
-    let cap = (|| -> Result<()> {
+    let graph = capture(s, || {
         c.coll.all_reduce(s, w, &a_dst, &a_src, C1, ReduceOp::Sum)?;
         c.coll.all_reduce(s, w, &b, &b, C2, ReduceOp::Max)?;
         c.coll
@@ -458,10 +466,7 @@ fn graph_body(pe: &Pe) -> Result<()> {
                 .all_reduce_with(s, t, &p, &p, C1, ReduceOp::Xor, Algo::OneShot)?;
         }
         Ok(())
-    })();
-    let graph = s.end_capture();
-    cap?;
-    let graph = graph?;
+    })?;
     pe.barrier_all()?; // every PE has its graph before any launches
     for r in 0..12u64 {
         let st = 1000 + r * 8;
@@ -1297,8 +1302,7 @@ fn pull_body(pe: &Pe) -> Result<()> {
     let r_dst = pe.alloc::<f32>(1000)?;
     pe.barrier_all()?;
     let s = &c.s;
-    s.begin_capture()?;
-    let cap = (|| -> Result<()> {
+    let graph = capture(s, || {
         c.coll.all_to_all(s, w, &dst, &src, GC)?;
         c.coll.all_reduce(
             s,
@@ -1308,10 +1312,7 @@ fn pull_body(pe: &Pe) -> Result<()> {
             1000,
             ReduceOp::Sum,
         )
-    })();
-    let graph = s.end_capture();
-    cap?;
-    let graph = graph?;
+    })?;
     pe.barrier_all()?;
     let all: Vec<usize> = (0..n).collect();
     for r in 0..6u64 {
@@ -1542,11 +1543,7 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
     let dst = pe.alloc::<f32>(C)?;
     pe.barrier_all()?;
     let s = &c.s;
-    s.begin_capture()?;
-    let cap = c.coll.all_reduce(s, w, &dst, &src, C, ReduceOp::Sum);
-    let graph = s.end_capture();
-    cap?;
-    let graph = graph?;
+    let graph = capture(s, || c.coll.all_reduce(s, w, &dst, &src, C, ReduceOp::Sum))?;
     pe.barrier_all()?;
     for r in 0..4u64 {
         let seed = 7700 + r;
@@ -1674,11 +1671,7 @@ fn pull_bcast_body(pe: &Pe) -> Result<()> {
     const C: usize = (1 << 20) / 4 + 12;
     let s = &c.s;
     pe.barrier_all()?;
-    s.begin_capture()?;
-    let cap = c.coll.broadcast(s, w, &dst, &src, C, 1 % n);
-    let graph = s.end_capture();
-    cap?;
-    let graph = graph?;
+    let graph = capture(s, || c.coll.broadcast(s, w, &dst, &src, C, 1 % n))?;
     pe.barrier_all()?;
     for r in 0..3u64 {
         let seed = 7990 + r;
@@ -1763,22 +1756,15 @@ fn mismatch_graph_body(pe: &Pe) -> Result<()> {
     const N: usize = 1000;
     let src = pe.alloc::<f32>(N)?;
     let dst = pe.alloc::<f32>(N)?;
-    let capture = |f: &dyn Fn() -> Result<()>| -> Result<cuda::Graph> {
-        s.begin_capture()?;
-        let r = f();
-        let g = s.end_capture();
-        r?;
-        g
-    };
     pe.barrier_all()?;
     // Fused one-shot, then a two-shot one (separate kernels): PE 1 differs in both.
-    let bad = capture(&|| {
+    let bad = capture(s, || {
         let n = if me == 1 { N - 1 } else { N };
         c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
         c.coll
             .all_reduce_with(s, w, &dst, &src, n, ReduceOp::Sum, Algo::TwoShot)
     })?;
-    let good = capture(&|| {
+    let good = capture(s, || {
         c.coll
             .all_reduce_with(s, w, &dst, &src, N, ReduceOp::Sum, Algo::TwoShot)
     })?;

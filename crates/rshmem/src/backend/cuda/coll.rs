@@ -1066,6 +1066,23 @@ impl<'a> GpuColl<'a> {
         )
     }
 
+    /// The LL argument and grid of a pull kernel whose call `fits` its path: a block per
+    /// `per_block` of the `bytes` it reads (at most the pull block cap), the team served by the
+    /// LL paths with a line per block after the header in its regions.
+    fn pull_grid(
+        &self,
+        dt: DeviceTeam,
+        fits: bool,
+        bytes: usize,
+        per_block: usize,
+    ) -> Option<(LlArg, u32)> {
+        let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
+        let blocks = bytes
+            .div_ceil(per_block)
+            .clamp(1, self.pull_blocks as usize);
+        (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
+    }
+
     /// The LL argument and grid when an all_to_all of `share` bytes per pair on `dt` runs
     /// the pull way: out of place, the shares whole 16-byte vectors at 16-byte aligned
     /// addresses, all of them together within [`GpuColl::pull_a2a_bytes`], the team served by
@@ -1084,12 +1101,8 @@ impl<'a> GpuColl<'a> {
             && share.is_multiple_of(16)
             && (src | dst).is_multiple_of(16)
             && total <= self.pull_a2a_bytes;
-        let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
-        let remote = share * (dt.size as usize - 1);
-        let blocks = remote
-            .div_ceil(PULL_BLOCK_BYTES)
-            .clamp(1, self.pull_blocks as usize);
-        (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
+        let remote = share * (dt.size.max(1) as usize - 1);
+        self.pull_grid(dt, fits, remote, PULL_BLOCK_BYTES)
     }
 
     /// The LL argument and grid when an all_reduce of `bytes` on `dt` runs the pull way (a
@@ -1110,11 +1123,7 @@ impl<'a> GpuColl<'a> {
             && bytes <= self.pull_all_reduce.of(dt.size.max(0) as usize)
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
-        let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
-        let blocks = bytes
-            .div_ceil(PULL_AR_BLOCK_BYTES)
-            .clamp(1, self.pull_blocks as usize);
-        (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
+        self.pull_grid(dt, fits, bytes, PULL_AR_BLOCK_BYTES)
     }
 
     /// The check argument of an LL call with signature `sig` (marked LL; its barrier count,
@@ -1199,11 +1208,7 @@ impl<'a> GpuColl<'a> {
             && bytes <= self.pull_bcast.of(dt.size.max(0) as usize)
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
-        let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
-        let blocks = bytes
-            .div_ceil(PULL_BLOCK_BYTES)
-            .clamp(1, self.pull_blocks as usize);
-        (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
+        self.pull_grid(dt, fits, bytes, PULL_BLOCK_BYTES)
     }
 
     /// Whether a broadcast of `bytes` on `team` between 4096-aligned buffers runs the pull
