@@ -125,6 +125,14 @@ pub struct PerfArgs {
     /// World sizes of the barrier figures, comma separated (threads and processes).
     #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4])]
     pub barrier_pes: Vec<usize>,
+    /// CUDA: PEs, one per GPU (GPUs 0..N, or `RSHMEM_DEVICES`), for the collectives, MoE and
+    /// the device barrier (default 2; device put/get and put-with-signal run between PEs 0 and 1).
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<usize>,
+    /// CUDA: the p2p group on every pair of GPUs (a 2-PE world per pair, the pair in `mode`),
+    /// instead of once between the first two.
+    #[arg(long)]
+    pub pairs: bool,
     /// Write the records as a JSON list to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -343,10 +351,26 @@ fn cuda_usable() -> Result<rshmem::cuda::Info, String> {
     }
 }
 
-/// The CUDA suites (`rshmem::cuda::bench`, `coll_bench`, `ep::ep_bench`; 2 thread-PEs), as perf
-/// records.
-fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
+/// The number of CUDA PEs `--gpus` asks for (default 2), checked against the GPUs there are.
+fn cuda_pes(args: &PerfArgs, gpus: usize) -> CliResult<usize> {
+    let n = args.gpus.unwrap_or(2);
+    if n < 2 {
+        return Err(format!("--gpus {n}: the CUDA suites need at least 2 PEs").into());
+    }
+    if n > gpus {
+        return Err(format!(
+            "--gpus {n}: this machine has {gpus} GPU(s) (the suites run one PE per GPU)"
+        )
+        .into());
+    }
+    Ok(n)
+}
+
+/// The CUDA suites (`rshmem::cuda::bench`, `coll_bench`, `ep::ep_bench`; `--gpus` thread-PEs,
+/// default 2, one per GPU), as perf records.
+fn run_cuda(args: &PerfArgs, gpus: usize) -> CliResult<Vec<Record>> {
     let full = args.full;
+    let pes = cuda_pes(args, gpus)?;
     let max = args
         .max_size
         .unwrap_or(if full { 1 << 30 } else { 64 << 20 });
@@ -366,11 +390,11 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
     };
     let config = Config::from_env()?
         .backend(BackendKind::Cuda)
-        .heap_size(2 * big + (64 << 20) + 16 * ll.area(2).unwrap_or(0));
+        .heap_size(2 * big + (64 << 20) + 16 * ll.area(pes).unwrap_or(0));
     let groups = groups(args);
     if groups.contains(&SuiteArg::P2p) || groups.contains(&SuiteArg::Coll) {
         eprintln!(
-            "rshmem perf: {} CUDA suite, 2 PEs, sizes {}..{}",
+            "rshmem perf: {} CUDA suite, {pes} PEs, sizes {}..{}",
             if full { "full" } else { "quick" },
             report::human_bytes(sizes[0]),
             report::human_bytes(big)
@@ -378,8 +402,28 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
     }
     let iters = if full { 20000 } else { 2000 };
     let mut out = Vec::new();
-    if groups.contains(&SuiteArg::P2p) {
-        let per_pe = rshmem::threads_with(config.clone(), 2, |pe| {
+    if groups.contains(&SuiteArg::P2p) && args.pairs {
+        // Every pair of GPUs in a world of its own (GPU i is PE 0: puts go i -> j, gets j -> i).
+        let map = config
+            .devices
+            .clone()
+            .unwrap_or_else(|| (0..gpus).collect());
+        for i in 0..map.len() {
+            for j in i + 1..map.len() {
+                let (a, b) = (map[i], map[j]);
+                let per_pe = rshmem::threads_with(config.clone().devices(vec![a, b]), 2, |pe| {
+                    rshmem::cuda::bench(pe, &sizes, iters)
+                })?;
+                for r in per_pe {
+                    out.extend(r?.iter().map(|b2| Record {
+                        mode: format!("gpu{a}-gpu{b}"),
+                        ..from_cuda(b2)
+                    }));
+                }
+            }
+        }
+    } else if groups.contains(&SuiteArg::P2p) {
+        let per_pe = rshmem::threads_with(config.clone(), pes, |pe| {
             rshmem::cuda::bench(pe, &sizes, iters)
         })?;
         for r in per_pe {
@@ -387,10 +431,10 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
         }
     }
     if groups.contains(&SuiteArg::Ep) {
-        let ep_args = cuda_ep_args(args)?;
-        let heap = rshmem::cuda::ep::ep_bench_heap_bytes(&ep_args, 2)?;
+        let ep_args = cuda_ep_args(args, pes)?;
+        let heap = rshmem::cuda::ep::ep_bench_heap_bytes(&ep_args, pes)?;
         eprintln!(
-            "rshmem perf: CUDA MoE dispatch/combine, 2 PEs, T={:?} H={} k={} E={}, {} calls each, heap {} per PE",
+            "rshmem perf: CUDA MoE dispatch/combine, {pes} PEs, T={:?} H={} k={} E={}, {} calls each, heap {} per PE",
             ep_args.tokens,
             ep_args.hidden,
             ep_args.top_k,
@@ -398,7 +442,7 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
             ep_args.iters,
             report::human_bytes(heap)
         );
-        let per_pe = rshmem::threads_with(config.clone().heap_size(heap), 2, |pe| {
+        let per_pe = rshmem::threads_with(config.clone().heap_size(heap), pes, |pe| {
             rshmem::cuda::ep::ep_bench(pe, &ep_args)
         })?;
         for r in per_pe {
@@ -427,7 +471,7 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
         };
         let coll_sizes: Vec<usize> = ladder.into_iter().filter(|&s| s <= big.max(8)).collect();
         let iters = if full { 200 } else { 50 };
-        let per_pe = rshmem::threads_with(config, 2, |pe| {
+        let per_pe = rshmem::threads_with(config, pes, |pe| {
             rshmem::cuda::coll_bench(pe, &coll_sizes, iters)
         })?;
         for r in per_pe {
@@ -439,7 +483,7 @@ fn run_cuda(args: &PerfArgs) -> CliResult<Vec<Record>> {
 
 /// What `--ep` measures on CUDA: the flags, else issue 7's sizes (T = 4096 and 128 with
 /// `--full`, 1024 and 128 quick; H = 7168, k = 8, E = 256).
-fn cuda_ep_args(args: &PerfArgs) -> CliResult<rshmem::cuda::ep::EpBenchArgs> {
+fn cuda_ep_args(args: &PerfArgs, pes: usize) -> CliResult<rshmem::cuda::ep::EpBenchArgs> {
     let full = args.full;
     let a = rshmem::cuda::ep::EpBenchArgs {
         tokens: if args.ep_tokens.is_empty() {
@@ -467,7 +511,7 @@ fn cuda_ep_args(args: &PerfArgs) -> CliResult<rshmem::cuda::ep::EpBenchArgs> {
         if t == 0 {
             return Err("--ep-tokens: every token count must be at least 1".into());
         }
-        opts(t).check(2)?;
+        opts(t).check(pes)?;
     }
     Ok(a)
 }
@@ -579,10 +623,10 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
         BackendArg::Cuda => {
             // Bad MoE flags are reported as such, GPU or not.
             if groups(&args).contains(&SuiteArg::Ep) {
-                cuda_ep_args(&args)?;
+                cuda_ep_args(&args, args.gpus.unwrap_or(2))?;
             }
             match cuda_usable() {
-                Ok(_) => run_cuda(&args)?,
+                Ok(i) => run_cuda(&args, i.gpus.len())?,
                 Err(why) => return Err(format!("CUDA backend not available: {why}").into()),
             }
         }
@@ -593,7 +637,7 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
                 Err("the CUDA suite needs 2 GPUs, this machine has 1".into())
             }
         }) {
-            Ok(_) => run_cuda(&args)?,
+            Ok(i) => run_cuda(&args, i.gpus.len())?,
             Err(why) => {
                 eprintln!("rshmem perf: CUDA not available ({why}); measuring the shm backend");
                 run_shm(&args)?
@@ -893,17 +937,31 @@ mod tests {
                 .map(|w| w.a)
                 .unwrap()
         };
-        let q = cuda_ep_args(&p(&["--ep"])).unwrap();
+        let q = cuda_ep_args(&p(&["--ep"]), 2).unwrap();
         assert_eq!(
             (q.tokens, q.hidden, q.top_k, q.experts, q.iters),
             (vec![1024, 128], 7168, 8, 256, 10)
         );
-        let f = cuda_ep_args(&p(&["--ep", "--full"])).unwrap();
+        let f = cuda_ep_args(&p(&["--ep", "--full"]), 2).unwrap();
         assert_eq!((f.tokens, f.iters), (vec![4096, 128], 50));
-        let c = cuda_ep_args(&p(&["--ep", "--ep-tokens", "64,8", "--ep-hidden", "256"])).unwrap();
+        let c = cuda_ep_args(
+            &p(&["--ep", "--ep-tokens", "64,8", "--ep-hidden", "256"]),
+            2,
+        )
+        .unwrap();
         assert_eq!((c.tokens, c.hidden), (vec![64, 8], 256));
-        assert!(cuda_ep_args(&p(&["--ep", "--ep-experts", "255"])).is_err());
-        assert!(cuda_ep_args(&p(&["--ep", "--ep-topk", "300"])).is_err());
+        assert!(cuda_ep_args(&p(&["--ep", "--ep-experts", "255"]), 2).is_err());
+        assert!(cuda_ep_args(&p(&["--ep", "--ep-topk", "300"]), 2).is_err());
+        // E must split evenly over the PEs `--gpus` asks for.
+        assert!(cuda_ep_args(&p(&["--ep", "--ep-experts", "254"]), 2).is_ok());
+        assert!(cuda_ep_args(&p(&["--ep", "--ep-experts", "254"]), 4).is_err());
+        // --gpus: at least 2, at most the GPUs there are; default 2.
+        assert_eq!(cuda_pes(&p(&[]), 8).unwrap(), 2);
+        assert_eq!(cuda_pes(&p(&["--gpus", "4"]), 4).unwrap(), 4);
+        let e = cuda_pes(&p(&["--gpus", "4"]), 2).unwrap_err().to_string();
+        assert!(e.contains("2 GPU(s)"), "{e}");
+        assert!(cuda_pes(&p(&["--gpus", "1"]), 8).is_err());
+        assert!(p(&["--pairs"]).pairs);
     }
 
     #[test]
