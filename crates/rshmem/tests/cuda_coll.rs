@@ -1614,15 +1614,17 @@ gpu_mode_test!(
     [processes(4), mixed(4)]
 );
 
-/// The pull broadcast (LL broadcast to 64 KiB, pull beyond): every team shape, the first and
-/// last member as root, in and out of place, 64 KiB + 16 B (one block), 1 MiB + 48 B and
-/// 3 MiB (several), and 12 MiB on two-member teams (past the larger teams' limit, the 64
-/// blocks going round); exact data, poisoned outputs, inputs left alone; then a captured graph
-/// replayed with new data, and a member with the pull path off reported on every PE.
+/// The pull broadcast (LL broadcast to 64 KiB, pull beyond; on every size here): every team
+/// shape (the chain of 3 and 4 members, a pair), the first and last member as root, in and out
+/// of place, 64 KiB + 16 B (one block), 1 MiB + 48 B and 3 MiB (several, 4 steps each on the
+/// chains), and 12 MiB + 16 B (the 64 blocks with uneven parts of 8 steps); exact data,
+/// poisoned outputs, inputs left alone; then a captured graph replayed with new data, and a
+/// member with the pull path off reported on every PE.
 fn pull_bcast_body(pe: &Pe) -> Result<()> {
     let mut c = pull_ctx(pe, 0)?;
+    c.coll.set_pull_broadcast_bytes(usize::MAX);
     let me = pe.my_pe();
-    const MOST: usize = 3 << 20; // f32: 12 MiB
+    const MOST: usize = (3 << 20) + 4; // f32: 12 MiB + 16 B
     let src = pe.alloc::<f32>(MOST)?;
     let dst = pe.alloc::<f32>(MOST)?;
     for (tn, team) in c.teams.list(pe) {
@@ -1630,10 +1632,7 @@ fn pull_bcast_body(pe: &Pe) -> Result<()> {
         let ti = ["world", "strided", "tri"].iter().position(|&t| t == tn);
         let mut seed = 7000 + 300 * ti.unwrap_or(3) as u64;
         let n = team.n_pes();
-        let mut counts = vec![(64 << 10) / 4 + 4, (1 << 20) / 4 + 12, 3 << 18];
-        if n == 2 {
-            counts.push(MOST);
-        }
+        let counts = [(64 << 10) / 4 + 4, (1 << 20) / 4 + 12, 3 << 18, MOST];
         for root in [0, n - 1] {
             let from = team.members()[root];
             for in_place in [false, true] {

@@ -1070,36 +1070,93 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
 
+// Line l of member `from`'s lines in this PE's area (p), waited for until it carries `flag` and
+// a payload of at least `want` (a count its sender raises during one call); then acquired.
+// False as rshmemi_ll_wait_line.
+__device__ __forceinline__ bool rshmemi_ll_wait_count(const rshmem_u64* p, unsigned flag, rshmem_u64 want,
+                                                      const volatile int* abort, int pe) {
+    rshmem_u64 t0 = 0, v = 0;
+    for (unsigned spins = 1; !(rshmemi_ll_load(p, flag, &v) && v >= want); spins++) {
+        if (*abort) return false;
+        if (rshmemi_ll_gave_up(spins, &t0, pe)) return false;
+    }
+    (void)rshmemi_ld_acquire32((const unsigned*)p + 1);
+    return true;
+}
+
+// `len` 16-byte vectors from s to d by the block, eight loads in flight per thread.
+__device__ __forceinline__ void rshmemi_copy_v4(rshmemi_v4* d, const rshmemi_v4* s, rshmem_u64 len) {
+    const unsigned tid = threadIdx.x, nth = blockDim.x;
+    for (rshmem_u64 q = tid; q < len; q += 8 * (rshmem_u64)nth) {
+        rshmemi_v4 x[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (q + u * nth < len) x[u] = s[q + u * nth];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (q + u * nth < len) d[q + u * nth] = x[u];
+    }
+}
+
+// Vectors per step of a chain broadcast block: an eighth of its part, 16 to 64 KiB.
+#define RSHMEMI_CHAIN_MIN_VECS 1024
+#define RSHMEMI_CHAIN_MAX_VECS 4096
+
 // Pull broadcast (rshmem::cuda::GpuColl::pull_bcast_bytes; past the LL size, whole 16-byte
-// vectors at 16-byte aligned addresses, in or out of place): every member other than the root
-// reads the root's src straight into its dst over the peer mapping (the root copies its own
-// src into dst when they differ), with the pull all_to_all's handshake: the header after a
-// release fence, the reads only after the root's header arrived (acquire), a done line per
-// block and the wait for every member's, so the root's src is free again when the kernel
-// ends. Block b copies the part [b·c, (b+1)·c) (c = ceil(w / blocks)), eight 16-byte loads in
-// flight per thread.
+// vectors at 16-byte aligned addresses, in or out of place), along a chain: the member at
+// position p = (me - root) mod N reads from the one before it (p = 1 the root's src, p >= 2
+// the previous member's dst) into its dst over the peer mapping, so every byte crosses each
+// link once, as in a ring (everyone reading the root's src shares the root's outgoing links
+// among N - 1 readers); the root copies its own src into dst when they differ. With the pull
+// all_to_all's handshake: the header after a release fence, the reads only after the root's
+// header arrived (acquire), a done line per block and the wait for every member's, so no
+// member still reads this PE's src or dst when the kernel ends. Block b copies the part
+// [b·c, (b+1)·c) (c = ceil(w / blocks)); on teams of more than two, in steps (an eighth of the
+// part, 16 to 64 KiB), each step published to the next member as a count on line
+// RSHMEMI_SIG_WORDS + blocks + b (after the block's barrier and a release fence: its stores to
+// dst are visible first) and read only when the previous member's count says so (acquire).
+// A wait that gives up stops this member's copying (the next one then times out too).
 extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmemi_v4* src, rshmem_u64 w, rshmem_team team,
                                                    rshmemi_check ck, rshmemi_ll ll, rshmem_u64 root) {
     __shared__ rshmemi_ll_shared S;
+    __shared__ int lost;
     if (RSHMEMI_LL_NOP) return;
     const int me = team.my_index, N = team.size, r = (int)root;
-    const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x;
+    const unsigned tid = threadIdx.x, b = blockIdx.x, G = gridDim.x;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
+    if (tid == 0) lost = 0;
     rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
     if (S.verdict == 0) {
-        const rshmemi_v4* s = me == r ? src : (const rshmemi_v4*)rshmem_ptr((const void*)src, rshmemi_member(team, r));
-        const rshmem_u64 c = (w + gridDim.x - 1) / gridDim.x, lo = (rshmem_u64)b * c;
+        const int pos = (me - r + N) % N, up = (me + N - 1) % N, down = (me + 1) % N;
+        const rshmemi_v4* s = pos == 0   ? src
+                              : pos == 1 ? (const rshmemi_v4*)rshmem_ptr((const void*)src, rshmemi_member(team, up))
+                                         : (const rshmemi_v4*)rshmem_ptr((const void*)dst, rshmemi_member(team, up));
+        const rshmem_u64 c = (w + G - 1) / G, lo = (rshmem_u64)b * c;
         const rshmem_u64 len = lo < w ? (w - lo < c ? w - lo : c) : 0;
+        rshmem_u64 st = len;
+        if (N > 2) {
+            st = len / 8;
+            st = st < RSHMEMI_CHAIN_MIN_VECS ? RSHMEMI_CHAIN_MIN_VECS : st > RSHMEMI_CHAIN_MAX_VECS ? RSHMEMI_CHAIN_MAX_VECS : st;
+        }
+        const rshmem_u64* ready = S.peer[up].from + 2 * (RSHMEMI_SIG_WORDS + G + b);
         if (s != dst)
-            for (rshmem_u64 q = tid; q < len; q += 8 * (rshmem_u64)nth) {
-                rshmemi_v4 x[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    if (q + u * nth < len) x[u] = s[lo + q + u * nth];
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    if (q + u * nth < len) dst[lo + q + u * nth] = x[u];
+            for (rshmem_u64 a = 0, k = 1; a < len; a += st, k++) {
+                if (pos >= 2) {
+                    if (tid == 0 && !rshmemi_ll_wait_count(ready, S.peer[up].flag, k, (const volatile int*)&S.abort,
+                                                           rshmemi_member(team, up)))
+                        lost = 1;
+                    __syncthreads();
+                    if (lost) break;
+                }
+                rshmemi_copy_v4(dst + lo + a, s + lo + a, len - a < st ? len - a : st);
+                if (pos >= 1 && pos < N - 1) {
+                    __syncthreads();
+                    if (tid == 0) {
+                        asm volatile("fence.acq_rel.sys;" ::: "memory");
+                        rshmemi_ll_push(S, down, RSHMEMI_SIG_WORDS + G + b, k);
+                    }
+                }
             }
         rshmemi_pull_done(S, team, b);
     }

@@ -1208,7 +1208,10 @@ impl<'a> GpuColl<'a> {
             && bytes <= self.pull_bcast.of(dt.size.max(0) as usize)
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
-        self.pull_grid(dt, fits, bytes, PULL_BLOCK_BYTES)
+        let (ll, blocks) = self.pull_grid(dt, fits, bytes, PULL_BLOCK_BYTES)?;
+        // Past two members the chain's step counts take a second line per block.
+        let chain = if dt.size > 2 { blocks as usize } else { 0 };
+        (ll.lines as usize >= SIG_WORDS + blocks as usize + chain).then_some((ll, blocks))
     }
 
     /// Whether a broadcast of `bytes` on `team` between 4096-aligned buffers runs the pull
@@ -1443,10 +1446,11 @@ impl<'a> GpuColl<'a> {
 
     /// Largest broadcast of the pull path on a team of `members` (0: off): a broadcast past
     /// the LL size of whole 16-byte vectors runs as one kernel that meets its peers through
-    /// the LL headers, every member reading the root's `src` in place (in or out of place;
-    /// no barrier launches), on a team the LL paths serve, unless an algorithm is forced.
-    /// Defaults as [`GpuColl::pull_all_reduce_bytes`] (the root's link carries `members - 1`
-    /// copies); `RSHMEM_CUDA_COLL_PULL_BCAST_BYTES` sets both.
+    /// the LL headers, each member reading from the one before it along a chain from the
+    /// root (the root's `src`, then each member's `dst`, in steps on teams of more than two;
+    /// in or out of place; no barrier launches), on a team the LL paths serve, unless an
+    /// algorithm is forced. Defaults as [`GpuColl::pull_all_reduce_bytes`];
+    /// `RSHMEM_CUDA_COLL_PULL_BCAST_BYTES` sets both.
     pub fn pull_broadcast_bytes(&self, members: usize) -> usize {
         self.pull_bcast.of(members)
     }
