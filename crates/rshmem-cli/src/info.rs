@@ -59,7 +59,11 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_PULL_BCAST_BYTES",
-        "CUDA collectives: largest broadcast of the pull path (beyond the LL size), default every size on two-member teams, 8M on larger ones (sets both; 0 = off)",
+        "CUDA collectives: largest broadcast of the pull path (beyond the LL size), default every size (0 = off)",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES",
+        "CUDA collectives: pull broadcasts past this size on teams of more than two run along a chain (each member reads from the one before it), default 8M",
     ),
     (
         "RSHMEM_CUDA_COLL_PULL_A2A_BYTES",

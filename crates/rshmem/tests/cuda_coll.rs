@@ -1617,9 +1617,10 @@ gpu_mode_test!(
 /// The pull broadcast (LL broadcast to 64 KiB, pull beyond; on every size here): every team
 /// shape (the chain of 3 and 4 members, a pair), the first and last member as root, in and out
 /// of place, 64 KiB + 16 B (one block), 1 MiB + 48 B and 3 MiB (several, 4 steps each on the
-/// chains), and 12 MiB + 16 B (the 64 blocks with uneven parts of 8 steps); exact data,
-/// poisoned outputs, inputs left alone; then a captured graph replayed with new data, and a
-/// member with the pull path off reported on every PE.
+/// chains), and 12 MiB + 16 B (the 64 blocks with uneven parts of 8 steps), each with every
+/// member reading the root and along a chain; exact data, poisoned outputs, inputs left alone;
+/// then a captured graph (a chain) replayed with new data, and a member on a chain where the
+/// others are not, or with the pull path off, reported on every PE.
 fn pull_bcast_body(pe: &Pe) -> Result<()> {
     let mut c = pull_ctx(pe, 0)?;
     c.coll.set_pull_broadcast_bytes(usize::MAX);
@@ -1633,17 +1634,26 @@ fn pull_bcast_body(pe: &Pe) -> Result<()> {
         let mut seed = 7000 + 300 * ti.unwrap_or(3) as u64;
         let n = team.n_pes();
         let counts = [(64 << 10) / 4 + 4, (1 << 20) / 4 + 12, 3 << 18, MOST];
-        for root in [0, n - 1] {
+        for (root, chain) in [(0, false), (n - 1, false), (0, true), (n - 1, true)] {
+            // Every size both ways: everyone reading the root, and (teams of three or more)
+            // along a chain.
+            c.coll
+                .set_chain_broadcast_bytes(if chain { 0 } else { usize::MAX });
             let from = team.members()[root];
             for in_place in [false, true] {
                 for &count in &counts {
                     seed += 1;
                     let ctx = format!(
-                        "pull broadcast team {tn} root {root} in place {in_place} count {count} (PE {me})"
+                        "pull broadcast team {tn} root {root} chain {chain} in place {in_place} count {count} (PE {me})"
                     );
                     assert!(
                         c.coll.broadcast_uses_pull(team, count * 4),
                         "{ctx}: not pull"
+                    );
+                    assert_eq!(
+                        c.coll.broadcast_uses_chain(team, count * 4),
+                        chain && n > 2,
+                        "{ctx}: chain"
                     );
                     let mine = f32::gen(me, seed, count, ReduceOp::Sum);
                     pe.local_fill(&dst, f32::poison())?;
@@ -1665,7 +1675,8 @@ fn pull_bcast_body(pe: &Pe) -> Result<()> {
             }
         }
     }
-    // A captured graph replayed with new data (world, root 1, out of place).
+    // A captured graph replayed with new data (world, root 1, out of place; a chain on
+    // more than two PEs).
     let (w, n) = (pe.world_team(), pe.n_pes());
     const C: usize = (1 << 20) / 4 + 12;
     let s = &c.s;
@@ -1689,6 +1700,30 @@ fn pull_bcast_body(pe: &Pe) -> Result<()> {
         pe.barrier_all()?;
     }
     drop(graph);
+    // A member on a chain where the others read the root (more than two PEs): a mismatch on
+    // every PE, nothing written.
+    if n > 2 {
+        let ctx = "chain broadcast against pull";
+        c.coll
+            .set_chain_broadcast_bytes(if me == 1 { 0 } else { usize::MAX });
+        pe.local_fill(&dst, f32::poison())?;
+        pe.barrier_all()?;
+        c.coll.broadcast(&c.s, w, &dst, &src, C, 0)?;
+        expect_mismatch_with(
+            &c,
+            1,
+            ["algo chain", "algo pull"],
+            ["algo pull", "algo chain"],
+            ctx,
+        );
+        check(
+            &pe.local_vec(&dst)?,
+            &vec![f32::poison(); MOST],
+            &format!("{ctx}: dst (PE {me})"),
+        );
+        pe.barrier_all()?;
+    }
+    c.coll.set_chain_broadcast_bytes(usize::MAX);
     // A member with the pull path off runs the barrier-based plan: a mismatch on every PE,
     // nothing written; then a good pull broadcast.
     let ctx = "pull broadcast against barrier-based";

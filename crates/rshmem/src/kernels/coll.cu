@@ -1098,21 +1098,33 @@ __device__ __forceinline__ void rshmemi_copy_v4(rshmemi_v4* d, const rshmemi_v4*
     }
 }
 
-// Vectors per step of a chain broadcast block: an eighth of its part, 16 to 64 KiB.
+// Vectors per step of a chain broadcast block: an eighth of its part, 16 to 64 KiB (compile
+// options for measurements).
+#ifndef RSHMEMI_CHAIN_MIN_VECS
 #define RSHMEMI_CHAIN_MIN_VECS 1024
+#endif
+#ifndef RSHMEMI_CHAIN_MAX_VECS
 #define RSHMEMI_CHAIN_MAX_VECS 4096
+#endif
+// RSHMEMI_CHAIN_FENCE 0 (measurements only: wrong memory ordering): no release fence before a
+// chain step's count, what the fences cost.
+#ifndef RSHMEMI_CHAIN_FENCE
+#define RSHMEMI_CHAIN_FENCE 1
+#endif
 
-// Pull broadcast (rshmem::cuda::GpuColl::pull_bcast_bytes; past the LL size, whole 16-byte
-// vectors at 16-byte aligned addresses, in or out of place), along a chain: the member at
-// position p = (me - root) mod N reads from the one before it (p = 1 the root's src, p >= 2
-// the previous member's dst) into its dst over the peer mapping, so every byte crosses each
-// link once, as in a ring (everyone reading the root's src shares the root's outgoing links
-// among N - 1 readers); the root copies its own src into dst when they differ. With the pull
+// Pull broadcast (rshmem::cuda::GpuColl::pull_broadcast_bytes; past the LL size, whole 16-byte
+// vectors at 16-byte aligned addresses, in or out of place; `root` in the low 32 bits, bit 32:
+// chain). Every member other than the root reads the root's src into its dst over the peer
+// mapping, or along a chain (GpuColl::chain_broadcast_bytes): the member at position
+// p = (me - root) mod N reads from the one before it (p = 1 the root's src, p >= 2 the previous
+// member's dst), so every byte crosses each link once, as in a ring (everyone reading the
+// root's src shares the root's outgoing links among N - 1 readers, but waits one hop, not
+// N - 1); the root copies its own src into dst when they differ. With the pull
 // all_to_all's handshake: the header after a release fence, the reads only after the root's
 // header arrived (acquire), a done line per block and the wait for every member's, so no
 // member still reads this PE's src or dst when the kernel ends. Block b copies the part
-// [b·c, (b+1)·c) (c = ceil(w / blocks)); on teams of more than two, in steps (an eighth of the
-// part, 16 to 64 KiB), each step published to the next member as a count on line
+// [b·c, (b+1)·c) (c = ceil(w / blocks)); on a chain in steps (an eighth of the part, 16 to
+// 64 KiB), each step published to the next member as a count on line
 // RSHMEMI_SIG_WORDS + blocks + b (after the block's barrier and a release fence: its stores to
 // dst are visible first) and read only when the previous member's count says so (acquire).
 // A wait that gives up stops this member's copying (the next one then times out too).
@@ -1121,28 +1133,29 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
     __shared__ rshmemi_ll_shared S;
     __shared__ int lost;
     if (RSHMEMI_LL_NOP) return;
-    const int me = team.my_index, N = team.size, r = (int)root;
+    const int me = team.my_index, N = team.size, r = (int)(root & 0xffffffffu);
+    const bool chain = (root >> 32) & 1;
     const unsigned tid = threadIdx.x, b = blockIdx.x, G = gridDim.x;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     if (tid == 0) lost = 0;
     rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
     if (S.verdict == 0) {
-        const int pos = (me - r + N) % N, up = (me + N - 1) % N, down = (me + 1) % N;
-        const rshmemi_v4* s = pos == 0   ? src
-                              : pos == 1 ? (const rshmemi_v4*)rshmem_ptr((const void*)src, rshmemi_member(team, up))
-                                         : (const rshmemi_v4*)rshmem_ptr((const void*)dst, rshmemi_member(team, up));
+        const int pos = (me - r + N) % N, up = chain ? (me + N - 1) % N : r, down = (me + 1) % N;
+        const rshmemi_v4* s = pos == 0               ? src
+                              : pos == 1 || !chain ? (const rshmemi_v4*)rshmem_ptr((const void*)src, rshmemi_member(team, up))
+                                                   : (const rshmemi_v4*)rshmem_ptr((const void*)dst, rshmemi_member(team, up));
         const rshmem_u64 c = (w + G - 1) / G, lo = (rshmem_u64)b * c;
         const rshmem_u64 len = lo < w ? (w - lo < c ? w - lo : c) : 0;
         rshmem_u64 st = len;
-        if (N > 2) {
+        if (chain) {
             st = len / 8;
             st = st < RSHMEMI_CHAIN_MIN_VECS ? RSHMEMI_CHAIN_MIN_VECS : st > RSHMEMI_CHAIN_MAX_VECS ? RSHMEMI_CHAIN_MAX_VECS : st;
         }
         const rshmem_u64* ready = S.peer[up].from + 2 * (RSHMEMI_SIG_WORDS + G + b);
         if (s != dst)
             for (rshmem_u64 a = 0, k = 1; a < len; a += st, k++) {
-                if (pos >= 2) {
+                if (chain && pos >= 2) {
                     if (tid == 0 && !rshmemi_ll_wait_count(ready, S.peer[up].flag, k, (const volatile int*)&S.abort,
                                                            rshmemi_member(team, up)))
                         lost = 1;
@@ -1150,10 +1163,10 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
                     if (lost) break;
                 }
                 rshmemi_copy_v4(dst + lo + a, s + lo + a, len - a < st ? len - a : st);
-                if (pos >= 1 && pos < N - 1) {
+                if (chain && pos >= 1 && pos < N - 1) {
                     __syncthreads();
                     if (tid == 0) {
-                        asm volatile("fence.acq_rel.sys;" ::: "memory");
+                        if (RSHMEMI_CHAIN_FENCE) asm volatile("fence.acq_rel.sys;" ::: "memory");
                         rshmemi_ll_push(S, down, RSHMEMI_SIG_WORDS + G + b, k);
                     }
                 }

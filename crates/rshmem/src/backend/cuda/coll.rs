@@ -107,6 +107,8 @@ struct CallSig {
     ll: bool,
     /// Runs as the pull all_to_all (LL handshake, data read from the peers' src).
     pull: bool,
+    /// A pull broadcast along a chain (each member reads from the one before it).
+    chain: bool,
 }
 
 const SIG_MARK: u64 = 1 << 63;
@@ -131,7 +133,8 @@ impl CallSig {
             | u64::from(self.in_place) << 24
             | self.algo.map_or(0, Algo::code) << 25
             | u64::from(self.ll) << 27
-            | u64::from(self.pull) << 28;
+            | u64::from(self.pull) << 28
+            | u64::from(self.chain) << 29;
         let (size, start, stride) = self.team;
         let team = fnv(&[size as u64, start as u64, stride as u64]);
         Ok([w0, self.count, self.aux, self.src, self.dst, team])
@@ -176,7 +179,9 @@ impl CallSig {
         out += &format!(
             " in_place {} algo {} barriers {} src @{:#x} dst @{:#x} team {:x}",
             (w[0] >> 24) & 1 != 0,
-            if (w[0] >> 28) & 1 != 0 {
+            if (w[0] >> 29) & 1 != 0 {
+                "chain"
+            } else if (w[0] >> 28) & 1 != 0 {
                 "pull"
             } else if (w[0] >> 27) & 1 != 0 {
                 "ll"
@@ -532,6 +537,8 @@ pub struct GpuColl<'a> {
     pull_all_reduce: PullLimit,
     /// Largest broadcast of the pull path (0: off), by team size.
     pull_bcast: PullLimit,
+    /// Broadcasts past this size on teams of more than two run the pull way as a chain.
+    chain_bcast: usize,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
     temp: Mutex<Vec<(DevBuf, usize)>>,
     /// Device error record (u64[ERR_SKIP + team slots]): flags (bit 1: device counts beyond capacity;
@@ -703,8 +710,18 @@ impl<'a> GpuColl<'a> {
             ll_a2a_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_A2A_BLOCKS", LL_A2A_MAX_BLOCKS)?,
             ll_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_BLOCKS", LL_MAX_BLOCKS)?,
             pull_blocks: blocks_from_env("RSHMEM_CUDA_COLL_PULL_BLOCKS", PULL_MAX_BLOCKS)?,
-            pull_all_reduce: PullLimit::from_env("RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES")?,
-            pull_bcast: PullLimit::from_env("RSHMEM_CUDA_COLL_PULL_BCAST_BYTES")?,
+            pull_all_reduce: PullLimit::from_env(
+                "RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES",
+                COLL_PULL_ALL_REDUCE_PAIR_BYTES,
+                COLL_PULL_ALL_REDUCE_BYTES,
+            )?,
+            pull_bcast: PullLimit::from_env(
+                "RSHMEM_CUDA_COLL_PULL_BCAST_BYTES",
+                COLL_PULL_BCAST_BYTES,
+                COLL_PULL_BCAST_BYTES,
+            )?,
+            chain_bcast: crate::coll::env_size("RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES")?
+                .unwrap_or(COLL_CHAIN_BCAST_BYTES),
             kernels: funcs.len(),
             typed,
             _module: module,
@@ -1190,18 +1207,20 @@ impl<'a> GpuColl<'a> {
         }
     }
 
-    /// The LL argument and grid when a broadcast of `bytes` on `dt` runs the pull way (every
-    /// member reads the root's `src`, after an LL handshake): beyond the LL broadcast size, no
-    /// algorithm forced, within [`GpuColl::pull_broadcast_bytes`] for the team's size, whole
-    /// 16-byte vectors at 16-byte aligned addresses, the team served by the LL paths with a
-    /// line per block after the header in its regions.
+    /// The LL argument, grid and way when a broadcast of `bytes` on `dt` runs the pull way
+    /// (after an LL handshake every member reads the root's `src`, or, on teams of more than
+    /// two past [`GpuColl::chain_broadcast_bytes`], the one before it along a chain: `true`):
+    /// beyond the LL broadcast size, no algorithm forced, within
+    /// [`GpuColl::pull_broadcast_bytes`] for the team's size, whole 16-byte vectors at 16-byte
+    /// aligned addresses, the team served by the LL paths with a line per block after the
+    /// header in its regions (two on a chain: the step counts).
     fn pull_bcast_arg(
         &self,
         dt: DeviceTeam,
         bytes: usize,
         src: u64,
         dst: u64,
-    ) -> Option<(LlArg, u32)> {
+    ) -> Option<(LlArg, u32, bool)> {
         let fits = self.config.algo.is_none()
             && bytes > 0
             && self.ll_bcast_arg(dt, bytes).is_none()
@@ -1209,9 +1228,9 @@ impl<'a> GpuColl<'a> {
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
         let (ll, blocks) = self.pull_grid(dt, fits, bytes, PULL_BLOCK_BYTES)?;
-        // Past two members the chain's step counts take a second line per block.
-        let chain = if dt.size > 2 { blocks as usize } else { 0 };
-        (ll.lines as usize >= SIG_WORDS + blocks as usize + chain).then_some((ll, blocks))
+        let chain = dt.size > 2 && bytes > self.chain_bcast;
+        let lines = SIG_WORDS + blocks as usize * if chain { 2 } else { 1 };
+        (ll.lines as usize >= lines).then_some((ll, blocks, chain))
     }
 
     /// Whether a broadcast of `bytes` on `team` between 4096-aligned buffers runs the pull
@@ -1220,6 +1239,14 @@ impl<'a> GpuColl<'a> {
         self.g
             .device_team(team)
             .is_ok_and(|dt| self.pull_bcast_arg(dt, bytes, 0, 0).is_some())
+    }
+
+    /// Whether a broadcast of `bytes` on `team` between 4096-aligned buffers runs the pull
+    /// way along a chain.
+    pub fn broadcast_uses_chain(&self, team: &Team, bytes: usize) -> bool {
+        self.g
+            .device_team(team)
+            .is_ok_and(|dt| self.pull_bcast_arg(dt, bytes, 0, 0).is_some_and(|a| a.2))
     }
 
     /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
@@ -1449,8 +1476,8 @@ impl<'a> GpuColl<'a> {
     /// the LL headers, each member reading from the one before it along a chain from the
     /// root (the root's `src`, then each member's `dst`, in steps on teams of more than two;
     /// in or out of place; no barrier launches), on a team the LL paths serve, unless an
-    /// algorithm is forced. Defaults as [`GpuColl::pull_all_reduce_bytes`];
-    /// `RSHMEM_CUDA_COLL_PULL_BCAST_BYTES` sets both.
+    /// algorithm is forced. Default [`COLL_PULL_BCAST_BYTES`] (every size);
+    /// `RSHMEM_CUDA_COLL_PULL_BCAST_BYTES` sets it for every team size.
     pub fn pull_broadcast_bytes(&self, members: usize) -> usize {
         self.pull_bcast.of(members)
     }
@@ -1458,6 +1485,21 @@ impl<'a> GpuColl<'a> {
     /// Sets [`GpuColl::pull_broadcast_bytes`] for every team size. Every PE must set the same.
     pub fn set_pull_broadcast_bytes(&mut self, bytes: usize) {
         self.pull_bcast = PullLimit::all(bytes);
+    }
+
+    /// Pull broadcasts past this size on teams of more than two members run along a chain
+    /// (the member at distance p from the root reads from the one at p - 1, in steps), so
+    /// each link carries the message once; up to it every member reads the root's `src`
+    /// (fewer hops of latency, the root's links carrying `members - 1` copies). Default
+    /// [`COLL_CHAIN_BCAST_BYTES`]; `RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES` sets it.
+    pub fn chain_broadcast_bytes(&self) -> usize {
+        self.chain_bcast
+    }
+
+    /// Sets [`GpuColl::chain_broadcast_bytes`]. Every PE should set the same (a member that
+    /// differs is reported as a mismatch).
+    pub fn set_chain_broadcast_bytes(&mut self, bytes: usize) {
+        self.chain_bcast = bytes;
     }
 
     /// Sets [`GpuColl::pull_a2a_bytes`]. Every PE must set the same (a member that runs a call
@@ -1523,17 +1565,18 @@ impl<'a> GpuColl<'a> {
         if let Some(ll) = self.ll_bcast_arg(dt, count * es) {
             return self.ll_move(s, dt, sig, ll, (d, sr, count * es), MOVE_BCAST, root);
         }
-        if let Some((ll, blocks)) = self.pull_bcast_arg(dt, count * es, sr, d) {
-            // A pull call is marked LL and pull, and names no algorithm.
+        if let Some((ll, blocks, chain)) = self.pull_bcast_arg(dt, count * es, sr, d) {
+            // A pull call is marked LL and pull (and chain), and names no algorithm.
             let sig = CallSig {
                 pull: true,
+                chain,
                 algo: None,
                 ..sig
             };
             let ck = self.ll_check(dt, sig)?;
             let lines = blocks as usize * LL_THREADS as usize;
             let (f, vecs) = (self.f_pull_bcast, count * es / 16);
-            let extra = Some(root as u64);
+            let extra = Some(root as u64 | u64::from(chain) << 32);
             return self.ll_launch(s, f, (d, sr, vecs), (lines, blocks), dt, ck, ll, extra);
         }
         let plan = plan::broadcast(Self::shape(&dt, ip), root, count, algo);
@@ -2007,6 +2050,16 @@ pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
 /// (2x H200, same run: 1.18x the two-shot path's bus bandwidth at 64 MiB).
 pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
 
+/// Default [`GpuColl::pull_broadcast_bytes`]: every size (past
+/// [`GpuColl::chain_broadcast_bytes`] on teams of more than two, along a chain).
+pub const COLL_PULL_BCAST_BYTES: usize = usize::MAX;
+
+/// Default [`GpuColl::chain_broadcast_bytes`]. On 4x H200 (2026-11-26, same run against NCCL)
+/// everyone reading the root took 18 us at 1 MiB where the chain took 28 (three hops of
+/// latency), and the chain 0.71-0.82x NCCL's time from 16 MiB where the barrier-based plan took
+/// 0.64-0.65x.
+pub const COLL_CHAIN_BCAST_BYTES: usize = 8 << 20;
+
 /// Default [`GpuColl::pull_a2a_bytes`].
 pub const COLL_PULL_A2A_BYTES: usize = 16 << 20;
 
@@ -2026,15 +2079,12 @@ impl PullLimit {
         }
     }
 
-    /// From `name` (one size for every team size) or the defaults
-    /// ([`COLL_PULL_ALL_REDUCE_PAIR_BYTES`], [`COLL_PULL_ALL_REDUCE_BYTES`]).
-    fn from_env(name: &str) -> Result<PullLimit> {
+    /// From `name` (one size for every team size) or the defaults for two-member teams and
+    /// for larger ones.
+    fn from_env(name: &str, pair: usize, larger: usize) -> Result<PullLimit> {
         Ok(match crate::coll::env_size(name)? {
             Some(v) => PullLimit::all(v),
-            None => PullLimit {
-                pair: COLL_PULL_ALL_REDUCE_PAIR_BYTES,
-                larger: COLL_PULL_ALL_REDUCE_BYTES,
-            },
+            None => PullLimit { pair, larger },
         })
     }
 
@@ -2125,6 +2175,7 @@ fn raw_sig(
         team: (dt.size, dt.start, dt.stride),
         ll: false,
         pull: false,
+        chain: false,
     }
 }
 
