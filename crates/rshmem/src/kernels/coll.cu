@@ -1111,6 +1111,20 @@ __device__ __forceinline__ void rshmemi_copy_v4(rshmemi_v4* d, const rshmemi_v4*
 #ifndef RSHMEMI_CHAIN_FENCE
 #define RSHMEMI_CHAIN_FENCE 1
 #endif
+// RSHMEMI_CHAIN_FENCE_GPU 1 (measurements): the step's release fence at GPU scope.
+#ifndef RSHMEMI_CHAIN_FENCE_GPU
+#define RSHMEMI_CHAIN_FENCE_GPU 0
+#endif
+// RSHMEMI_CHAIN_SIGWARP 1 (measurements): warp 0 waits and signals, the other warps copy; named
+// barriers between them, so a step's fence overlaps the next step's copy.
+#ifndef RSHMEMI_CHAIN_SIGWARP
+#define RSHMEMI_CHAIN_SIGWARP 0
+#endif
+__device__ __forceinline__ void rshmemi_chain_fence() {
+    if (!RSHMEMI_CHAIN_FENCE) return;
+    if (RSHMEMI_CHAIN_FENCE_GPU) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    else asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
 
 // Pull broadcast (rshmem::cuda::GpuColl::pull_broadcast_bytes; past the LL size, whole 16-byte
 // vectors at 16-byte aligned addresses, in or out of place; `root` in the low 32 bits, bit 32:
@@ -1153,7 +1167,58 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
             st = st < RSHMEMI_CHAIN_MIN_VECS ? RSHMEMI_CHAIN_MIN_VECS : st > RSHMEMI_CHAIN_MAX_VECS ? RSHMEMI_CHAIN_MAX_VECS : st;
         }
         const rshmem_u64* ready = S.peer[up].from + 2 * (RSHMEMI_SIG_WORDS + G + b);
-        if (s != dst)
+        if (RSHMEMI_CHAIN_SIGWARP && chain && pos >= 1) {
+            // Warp 0 waits for the previous member's counts, warp 1 publishes this member's,
+            // the others copy. Barrier 1 (step k may start) and 2 (step k copied; warp 1 gets
+            // there after publishing step k - 1, so the copy of step k overlaps that fence),
+            // every party syncing: nobody runs more than a step ahead.
+            const bool waits = pos >= 2, signals = pos < N - 1;
+            const unsigned nth = blockDim.x, cn = nth - 64, nb = nth - 32;
+            if (tid < 32) {
+                for (rshmem_u64 a = 0, k = 1; a < len; a += st, k++) {
+                    if (waits) {
+                        if (tid == 0 && !rshmemi_ll_wait_count(ready, S.peer[up].flag, k, (const volatile int*)&S.abort,
+                                                               rshmemi_member(team, up)))
+                            lost = 1;
+                        __syncwarp();
+                    }
+                    asm volatile("bar.sync 1, %0;" ::"r"(nb) : "memory");
+                    if (*(volatile int*)&lost) break;
+                }
+            } else if (tid < 64) {
+                if (signals)
+                    for (rshmem_u64 a = 0, k = 1; a < len; a += st, k++) {
+                        asm volatile("bar.sync 2, %0;" ::"r"(nb) : "memory");
+                        if (*(volatile int*)&lost) break;
+                        if (tid == 32) {
+                            rshmemi_chain_fence();
+                            rshmemi_ll_push(S, down, RSHMEMI_SIG_WORDS + G + b, k);
+                        }
+                    }
+            } else {
+                const unsigned ct = tid - 64;
+                for (rshmem_u64 a = 0; a < len; a += st) {
+                    asm volatile("bar.sync 1, %0;" ::"r"(nb) : "memory");
+                    const bool gone = *(volatile int*)&lost;
+                    if (!gone) {
+                        const rshmem_u64 m = len - a < st ? len - a : st;
+                        rshmemi_v4* d = dst + lo + a;
+                        const rshmemi_v4* q0 = s + lo + a;
+                        for (rshmem_u64 q = ct; q < m; q += 8 * (rshmem_u64)cn) {
+                            rshmemi_v4 x[8];
+#pragma unroll
+                            for (int u = 0; u < 8; u++)
+                                if (q + u * cn < m) x[u] = q0[q + u * cn];
+#pragma unroll
+                            for (int u = 0; u < 8; u++)
+                                if (q + u * cn < m) d[q + u * cn] = x[u];
+                        }
+                    }
+                    if (signals) asm volatile("bar.sync 2, %0;" ::"r"(nb) : "memory");
+                    if (gone) break;
+                }
+            }
+        } else if (s != dst)
             for (rshmem_u64 a = 0, k = 1; a < len; a += st, k++) {
                 if (chain && pos >= 2) {
                     if (tid == 0 && !rshmemi_ll_wait_count(ready, S.peer[up].flag, k, (const volatile int*)&S.abort,
@@ -1166,7 +1231,7 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
                 if (chain && pos >= 1 && pos < N - 1) {
                     __syncthreads();
                     if (tid == 0) {
-                        if (RSHMEMI_CHAIN_FENCE) asm volatile("fence.acq_rel.sys;" ::: "memory");
+                        rshmemi_chain_fence();
                         rshmemi_ll_push(S, down, RSHMEMI_SIG_WORDS + G + b, k);
                     }
                 }
