@@ -63,7 +63,7 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES",
-        "CUDA collectives: pull broadcasts past this size on teams of more than two run along a chain (each member reads from the one before it), default 8M",
+        "CUDA collectives: pull broadcasts past this size on teams of more than two run along a chain (each member reads from the one before it), default 1M",
     ),
     (
         "RSHMEM_CUDA_COLL_PULL_A2A_BYTES",

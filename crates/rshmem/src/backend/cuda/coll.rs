@@ -2054,11 +2054,11 @@ pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
 /// [`GpuColl::chain_broadcast_bytes`] on teams of more than two, along a chain).
 pub const COLL_PULL_BCAST_BYTES: usize = usize::MAX;
 
-/// Default [`GpuColl::chain_broadcast_bytes`]. On 4x H200 (2026-11-26, same run against NCCL)
-/// everyone reading the root took 18 us at 1 MiB where the chain took 28 (three hops of
-/// latency), and the chain 0.71-0.82x NCCL's time from 16 MiB where the barrier-based plan took
-/// 0.64-0.65x.
-pub const COLL_CHAIN_BCAST_BYTES: usize = 8 << 20;
+/// Default [`GpuColl::chain_broadcast_bytes`]. On 4x H200 (2026-11-26, same run, 4 members)
+/// everyone reading the root took 18.8 us at 1 MiB where the chain took 22.4 (three hops of
+/// latency), and 27.4 against 25.3 at 2 MiB; from 8 MiB the chain is 1.8x faster (the root's
+/// links carry one copy instead of three).
+pub const COLL_CHAIN_BCAST_BYTES: usize = 1 << 20;
 
 /// Default [`GpuColl::pull_a2a_bytes`].
 pub const COLL_PULL_A2A_BYTES: usize = 16 << 20;
