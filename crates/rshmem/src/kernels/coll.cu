@@ -778,6 +778,10 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
 #ifndef RSHMEMI_PULL_FENCES
 #define RSHMEMI_PULL_FENCES 1
 #endif
+// RSHMEMI_PULL_DONE_FENCE_GPU 1 (measurements): the done line's release fence at GPU scope.
+#ifndef RSHMEMI_PULL_DONE_FENCE_GPU
+#define RSHMEMI_PULL_DONE_FENCE_GPU 0
+#endif
 
 // The end of a pull kernel's block b (every thread calls, after its reads of the members'
 // src): a release fence (its reads are complete; only local stores are pending), this block's
@@ -787,7 +791,10 @@ __device__ __forceinline__ void rshmemi_pull_done(const rshmemi_ll_shared& S, co
     const unsigned tid = threadIdx.x;
     __syncthreads();
     if (tid < (unsigned)team.size && (int)tid != team.my_index) {
-        if (RSHMEMI_PULL_FENCES) asm volatile("fence.acq_rel.sys;" ::: "memory");
+        if (RSHMEMI_PULL_FENCES) {
+            if (RSHMEMI_PULL_DONE_FENCE_GPU) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            else asm volatile("fence.acq_rel.sys;" ::: "memory");
+        }
         rshmemi_ll_push(S, tid, RSHMEMI_SIG_WORDS + b, 0);
         rshmem_u64 v;
         const rshmem_u64* line = S.peer[tid].from + 2 * (RSHMEMI_SIG_WORDS + b);
