@@ -3,7 +3,7 @@
 //
 // Every buffer address in `ep_params` is this PE's symmetric address; peers' copies are reached
 // with rshmem_ptr. Step order on one stream (see ep.rs for why each area is safe to reuse):
-//   dispatch: ep_count (grid) -> ep_prep (1 block) -> ep_send (grid) -> ep_wait(0) (1 block) -> ep_permute (grid)
+//   dispatch: ep_prep (1 block) -> ep_send (grid) -> ep_wait(0) (1 block) -> ep_permute (grid)
 //   combine:  ep_csend (grid) -> ep_wait(1) (1 block) -> ep_crecv (grid)
 // Only the one-block kernels wait for peers, so kernels that spin never fill the GPU.
 #ifndef EP_T
@@ -22,7 +22,7 @@ typedef EP_ID ep_id;
 // Parameter block (u64 words; written by the host once per buffer). Keep in step with ep.rs.
 struct ep_params {
     unsigned long long recv_x, recv_meta, comb, rec, sig, ctl, recv_cnt, expert_off, fill, tok_pos,
-        row_src, tok_rows, pairs;
+        row_src, tok_rows;
     long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid;
 };
 
@@ -60,7 +60,6 @@ struct ep_params {
 #define EP_CTL_ROWS 6
 #define EP_CTL_TOKENS 7
 #define EP_CTL_TOPK 8
-#define EP_CTL_LBAD 9  // ep_count saw an invalid id or weight (ep_prep reads and clears it)
 // error bits
 #define EP_ERR_MINE 1ull
 #define EP_ERR_PEER 2ull
@@ -158,38 +157,9 @@ __device__ __forceinline__ unsigned ep_block_excl_scan(unsigned v, unsigned* s_w
     return r;
 }
 
-// Pair counts per expert of this PE's routing (every valid (token, slot)), over a grid: a
-// histogram per block in shared memory, then added into `pairs` (E u32, zero before: ep_prep
-// takes and clears them), the ids read in order. An id outside [-1, E) or a non-finite
-// weight of a valid id sets ctl[EP_CTL_LBAD]. Counted here rather than in ep_prep's one
-// block: there a shared atomic per pair took about a clock each (the layout spent 13 of its
-// 18 us at T = 4096, k = 8; 2x H200), spread over the grid they take a fraction of a us.
-// Dynamic shared memory: `experts` unsigned.
-extern "C" __global__ void __launch_bounds__(512) ep_count(const ep_params* P, const ep_id* ids, const float* w, int T, int topk) {
-    extern __shared__ unsigned s_hist[];
-    const int E = (int)P->experts;
-    for (int i = threadIdx.x; i < E; i += blockDim.x) s_hist[i] = 0;
-    __syncthreads();
-    const long long np = (long long)T * topk, gn = (long long)gridDim.x * blockDim.x;
-    int bad = 0;
-    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < np; q += gn) {
-        const long long id = (long long)ids[q];
-        if (id == -1) continue;
-        if (id < 0 || id >= E) { bad = 1; continue; }
-        if ((__float_as_uint(w[q]) & 0x7f800000u) == 0x7f800000u) bad = 1;  // inf or nan
-        atomicAdd(&s_hist[id], 1u);
-    }
-    if (bad) atomicOr((unsigned long long*)P->ctl + EP_CTL_LBAD, 1ull);
-    __syncthreads();
-    unsigned* pairs = (unsigned*)P->pairs;
-    for (int i = threadIdx.x; i < E; i += blockDim.x)
-        if (s_hist[i]) atomicAdd(&pairs[i], s_hist[i]);
-}
-
-// Takes ep_count's verdict on the routing and its pair counts, computes the layout (per-token
-// positions per destination, counts per destination), exchanges one record with every PE and
-// takes the common decision. One block; dynamic shared memory: `experts` unsigned. (`w` is
-// read by ep_count only.)
+// Validates the routing, computes the layout (per-token positions per destination, counts per
+// destination and per expert), exchanges one record with every PE and takes the common
+// decision. One block; dynamic shared memory: `experts` unsigned.
 extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, const ep_id* ids, const float* w, int T, int topk,
                                    int capturable, int invalid) {
     extern __shared__ unsigned s_pairs[];
@@ -202,31 +172,26 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
     const int n = (int)P->n, me = (int)P->me, E = (int)P->experts, El = (int)P->el;
     const unsigned tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5;
     int* tok_pos = (int*)P->tok_pos;
-    unsigned* pairs = (unsigned*)P->pairs;
-    if (tid == 0) {
-        EP_STAMP(ctl, 0);
-        s_epoch = ctl[EP_CTL_EPOCH] + 1;
-        ctl[EP_CTL_EPOCH] = s_epoch;
-        // ep_count's verdict on the ids and weights, taken and cleared.
-        s_err = invalid || ctl[EP_CTL_LBAD] ? 1 : 0;
-        ctl[EP_CTL_LBAD] = 0;
-    }
-    // ep_count's pair counts, taken; the area is left zero for the next dispatch.
-    for (int i = tid; i < E; i += nth) {
-        s_pairs[i] = pairs[i];
-        pairs[i] = 0;
-    }
+    if (tid == 0) { EP_STAMP(ctl, 0); s_epoch = ctl[EP_CTL_EPOCH] + 1; ctl[EP_CTL_EPOCH] = s_epoch; s_err = invalid ? 1 : 0; }
+    for (int i = tid; i < E; i += nth) s_pairs[i] = 0;
     for (int i = tid; i < n; i += nth) s_cnt[i] = 0;
     __syncthreads();
     for (int base = 0; base < T; base += nth) {
         int t = base + tid;
         unsigned long long mask = 0;
-        if (t < T)
+        if (t < T) {
+            int bad = 0;
             for (int j = 0; j < topk; j++) {
-                const long long id = (long long)ids[(long long)t * topk + j];
-                if (id < 0 || id >= E) continue;  // -1, or invalid (ep_count reported it)
-                mask |= 1ull << ((unsigned)id / (unsigned)El);
+                long long id = (long long)ids[(long long)t * topk + j];
+                if (id == -1) continue;
+                if (id < 0 || id >= E) { bad = 1; continue; }
+                float wj = w[(long long)t * topk + j];
+                if ((__float_as_uint(wj) & 0x7f800000u) == 0x7f800000u) bad = 1;  // inf or nan
+                mask |= 1ull << (int)(id / El);
+                atomicAdd(&s_pairs[id], 1u);
             }
+            if (bad) atomicOr(&s_err, 1);
+        }
         for (int d = 0; d < n; d++) {
             bool f = (mask >> d) & 1;
             unsigned bal = __ballot_sync(0xffffffffu, f);

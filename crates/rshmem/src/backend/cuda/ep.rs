@@ -28,11 +28,9 @@
 //!   fraction of the bytes (the permute kernel fills only the index).
 //!
 //! # Layout, dispatch, combine (kernels on one stream)
-//! 1. `ep_count` (grid): checks every id (`-1` or `0..E`) and every weight of a used slot
-//!    (finite) and counts the (token, slot) pairs per expert (a histogram per block, added into
-//!    the buffer; one block doing it took 13 us at T=4096, k=8). `ep_prep` (one block) takes
-//!    the verdict and the counts, computes for each token its destination PEs (once per PE), its
-//!    position in the send to each, the counts per PE; puts one record to every PE (status,
+//! 1. `ep_prep` (one block): checks every id (`-1` or `0..E`) and every weight of a used slot
+//!    (finite), computes for each token its destination PEs (once per PE), its position in the
+//!    send to each, the counts per PE and per expert; puts one record to every PE (status,
 //!    count, per-local-expert pairs) with a signal carrying a device-side call number; waits for
 //!    every PE's record. Every PE takes the same decision from the same records: invalid input
 //!    anywhere, or a count above the capacity (capturable mode), and **no** PE moves a row; the
@@ -206,8 +204,6 @@ struct Plan {
     tok_pos: usize,
     row_src: usize,
     tok_rows: usize,
-    /// ep_count's pair counts per expert (E u32; ep_prep takes them and leaves zeros).
-    pairs: usize,
     params: usize,
     total: usize,
 }
@@ -261,10 +257,9 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
         mul(mul(cfg.max_tokens, n)?, 4)?,
         mul(rmax, 4)?,
         mul(mul(rows, k)?, 4)?,
-        cfg.num_experts * 4,
-        25 * 8,
+        24 * 8,
     ];
-    let mut offs = [0usize; 15];
+    let mut offs = [0usize; 14];
     let mut at = 0usize;
     for (o, sz) in offs.iter_mut().zip(sizes) {
         *o = at;
@@ -300,8 +295,7 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
         tok_pos: offs[10],
         row_src: offs[11],
         tok_rows: offs[12],
-        pairs: offs[13],
-        params: offs[14],
+        params: offs[13],
         total: at,
     })
 }
@@ -315,7 +309,7 @@ fn param_words(
     n: usize,
     dt: &super::api::DeviceTeam,
     grid: u32,
-) -> [(&'static str, u64); 25] {
+) -> [(&'static str, u64); 24] {
     let a = |off: usize| base + off as u64;
     [
         ("recv_x", a(p.recv_x)),
@@ -330,7 +324,6 @@ fn param_words(
         ("tok_pos", a(p.tok_pos)),
         ("row_src", a(p.row_src)),
         ("tok_rows", a(p.tok_rows)),
-        ("pairs", a(p.pairs)),
         ("n", n as u64),
         ("me", dt.my_index as u64),
         ("start", dt.start as u64),
@@ -348,7 +341,6 @@ fn param_words(
 
 #[derive(Debug, Clone)]
 struct Kernels {
-    count: Kernel,
     prep: Kernel,
     send: Kernel,
 }
@@ -544,12 +536,10 @@ impl<T: Elem> Buffer<T> {
             let k = |name: &str, o: &[&str]| g.kernel(EP_KERNELS, name, o);
             let ks = (
                 Kernels {
-                    count: k("ep_count", &o32)?,
                     prep: k("ep_prep", &o32)?,
                     send: k("ep_send", &o32)?,
                 },
                 Kernels {
-                    count: k("ep_count", &o64)?,
                     prep: k("ep_prep", &o64)?,
                     send: k("ep_send", &o64)?,
                 },
@@ -615,10 +605,9 @@ impl<T: Elem> Buffer<T> {
             .iter()
             .map(|w| w.1)
             .collect();
-        pe.local_write(&buf.view::<u64>(p.params, 25)?, 0, &params)?;
+        pe.local_write(&buf.view::<u64>(p.params, 24)?, 0, &params)?;
         pe.local_fill(&buf.view::<u64>(p.sig, 3 * n)?, 0)?;
         pe.local_fill(&buf.view::<u64>(p.ctl, 32)?, 0)?;
-        pe.local_fill(&buf.view::<u32>(p.pairs, cfg.num_experts)?, 0)?;
         pe.local_fill(&buf.view::<u32>(p.expert_off, cfg.num_experts / n + 1)?, 0)?;
         pe.team_barrier(team)?;
         tracing::debug!(
@@ -787,30 +776,10 @@ impl<T: Elem> Buffer<T> {
             Err(e) => (0, 0, 0, 0, 1, Some(e)),
         };
         let smem = (self.cfg.num_experts * 4) as u32;
-        // ep_count: about two (token, slot) pairs per thread of 512, at most a block per SM of
-        // the buffer's grid.
-        let count_grid = (t.max(0) as usize * k.max(0) as usize)
-            .div_ceil(2 * BLOCK as usize)
-            .clamp(1, self.grid as usize) as u32;
-        // SAFETY: arguments match ep_count(const ep_params*, const ep_id*, const float*, int,
-        // int) and ep_prep(const ep_params*, const ep_id*, const float*, int, int, int, int);
-        // the pointers were checked to be this PE's symmetric objects with at least T*k
-        // elements (or T = 0 when invalid); the params block lies in the buffer.
+        // SAFETY: arguments match ep_prep(const ep_params*, const ep_id*, const float*, int, int,
+        // int, int); the pointers were checked to be this PE's symmetric objects with at least
+        // T*k elements (or T = 0 when invalid); the params block lies in the buffer.
         unsafe {
-            g.launch(
-                &ks.count,
-                s,
-                count_grid,
-                BLOCK,
-                smem,
-                &[
-                    prm,
-                    KernelArg::Ptr(ip),
-                    KernelArg::Ptr(wp),
-                    KernelArg::I32(t),
-                    KernelArg::I32(k),
-                ],
-            )?;
             g.launch(
                 &ks.prep,
                 s,
@@ -1699,9 +1668,8 @@ mod tests {
     #[test]
     fn launches_match_the_kernel_signatures() {
         let (p, i, l) = ("ptr", "int", "long long");
-        let launches: [(&str, Vec<&str>); 14] = [
+        let launches: [(&str, Vec<&str>); 13] = [
             // ep.rs
-            ("ep_count", vec![p, p, p, i, i]),
             ("ep_prep", vec![p, p, p, i, i, i, i]),
             ("ep_send", vec![p, p, p, p]),
             ("ep_wait", vec![p, i]),
@@ -1794,7 +1762,7 @@ mod tests {
         assert_eq!((get("cap"), get("el"), get("experts")), (30, 4, 12));
         assert_eq!((get("rmax"), get("grid")), (3 * 30 * 8, 132));
         // The block fits its area.
-        assert!(p.params + 25 * 8 <= p.total);
+        assert!(p.params + 24 * 8 <= p.total);
     }
 
     /// A token-major buffer has no expert-major area: issue 7's size (T = 4096, H = 7168 bf16,
@@ -1900,7 +1868,7 @@ mod tests {
         ] {
             assert!(src.contains(&format!("#define {name} {v}ull\n")), "{name}");
         }
-        // ep_prep (and ep_count): dynamic shared memory of MAX_GPU_EXPERTS words beside about 5 KiB of static
+        // ep_prep: dynamic shared memory of MAX_GPU_EXPERTS words beside about 5 KiB of static
         // shared memory stays within the 48 KiB a launch gets without opting in.
         const _: () = assert!(MAX_GPU_EXPERTS * 4 + (8 << 10) <= 48 << 10);
     }
