@@ -126,7 +126,8 @@ pub struct PerfArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4])]
     pub barrier_pes: Vec<usize>,
     /// CUDA: PEs, one per GPU (GPUs 0..N, or `RSHMEM_DEVICES`), for the collectives, MoE and
-    /// the device barrier (default 2; device put/get and put-with-signal run between PEs 0 and 1).
+    /// the device barrier (default 2, sharing a GPU where there is one; device put/get and
+    /// put-with-signal run between PEs 0 and 1).
     #[arg(long, value_name = "N")]
     pub gpus: Option<usize>,
     /// CUDA: the p2p group on every pair of GPUs (a 2-PE world per pair, the pair in `mode`),
@@ -351,9 +352,12 @@ fn cuda_usable() -> Result<rshmem::cuda::Info, String> {
     }
 }
 
-/// The number of CUDA PEs `--gpus` asks for (default 2), checked against the GPUs there are.
+/// The number of CUDA PEs: `--gpus N`, checked against the GPUs there are, else 2 (sharing a
+/// GPU where there is one: a measurement setup, not a deployment).
 fn cuda_pes(args: &PerfArgs, gpus: usize) -> CliResult<usize> {
-    let n = args.gpus.unwrap_or(2);
+    let Some(n) = args.gpus else {
+        return Ok(2);
+    };
     if n < 2 {
         return Err(format!("--gpus {n}: the CUDA suites need at least 2 PEs").into());
     }
@@ -957,6 +961,11 @@ mod tests {
         assert!(cuda_ep_args(&p(&["--ep", "--ep-experts", "254"]), 4).is_err());
         // --gpus: at least 2, at most the GPUs there are; default 2.
         assert_eq!(cuda_pes(&p(&[]), 8).unwrap(), 2);
+        assert_eq!(
+            cuda_pes(&p(&[]), 1).unwrap(),
+            2,
+            "the default on one GPU: 2 PEs share it"
+        );
         assert_eq!(cuda_pes(&p(&["--gpus", "4"]), 4).unwrap(), 4);
         let e = cuda_pes(&p(&["--gpus", "4"]), 2).unwrap_err().to_string();
         assert!(e.contains("2 GPU(s)"), "{e}");
