@@ -1473,10 +1473,10 @@ impl<'a> GpuColl<'a> {
 
     /// Largest broadcast of the pull path on a team of `members` (0: off): a broadcast past
     /// the LL size of whole 16-byte vectors runs as one kernel that meets its peers through
-    /// the LL headers, each member reading from the one before it along a chain from the
-    /// root (the root's `src`, then each member's `dst`, in steps on teams of more than two;
-    /// in or out of place; no barrier launches), on a team the LL paths serve, unless an
-    /// algorithm is forced. Default [`COLL_PULL_BCAST_BYTES`] (every size);
+    /// the LL headers, every member reading the root's `src` in place or, on teams of more
+    /// than two past [`GpuColl::chain_broadcast_bytes`], the one before it along a chain from
+    /// the root (in or out of place; no barrier launches), on a team the LL paths serve,
+    /// unless an algorithm is forced. Default [`COLL_PULL_BCAST_BYTES`] (every size);
     /// `RSHMEM_CUDA_COLL_PULL_BCAST_BYTES` sets it for every team size.
     pub fn pull_broadcast_bytes(&self, members: usize) -> usize {
         self.pull_bcast.of(members)
@@ -2532,6 +2532,17 @@ mod tests {
         let d = CallSig::describe(&pw);
         assert!(d.starts_with("all_to_all float count 100 "), "{d}");
         assert!(d.contains(" algo pull barriers 2 "), "{d}");
+        // A pull broadcast along a chain: differs from the one where everyone reads the root.
+        let pb = CallSig {
+            kind: SigKind::Coll(CollKind::Broadcast),
+            pull: true,
+            ..a
+        };
+        let cb = CallSig { chain: true, ..pb };
+        let (pbw, cbw) = (pb.pack().unwrap(), cb.pack().unwrap());
+        assert_ne!(pbw, cbw);
+        assert!(CallSig::describe(&pbw).contains(" algo pull "), "{pbw:?}");
+        assert!(CallSig::describe(&cbw).contains(" algo chain "), "{cbw:?}");
     }
 
     #[test]
