@@ -1028,6 +1028,20 @@ RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, words, true)
 RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, bytes, false)
 #undef RSHMEMI_LL_MOVE_KERNEL
 
+// `len` 16-byte vectors from s to d by the block, eight loads in flight per thread.
+__device__ __forceinline__ void rshmemi_copy_v4(rshmemi_v4* d, const rshmemi_v4* s, rshmem_u64 len, unsigned tid,
+                                                unsigned nth) {
+    for (rshmem_u64 q = tid; q < len; q += 8 * (rshmem_u64)nth) {
+        rshmemi_v4 x[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (q + u * nth < len) x[u] = s[q + u * nth];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (q + u * nth < len) d[q + u * nth] = x[u];
+    }
+}
+
 // Pull all_to_all (rshmem::cuda::GpuColl::pull_a2a_bytes; out of place, shares of whole
 // 16-byte vectors at 16-byte aligned addresses): member i's dst[j·w, (j+1)·w) read straight
 // from member j's src[i·w, (i+1)·w) over the peer mapping, the data crossing the link once
@@ -1068,15 +1082,7 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
         for (int k = 0; k < N; k++) {
             const rshmemi_v4* s = from[k] + lo;
             rshmemi_v4* d = dst + (rshmem_u64)((me + 1 + k) % N) * w + lo;
-            for (rshmem_u64 q = tid; q < len; q += 8 * (rshmem_u64)nth) {
-                rshmemi_v4 r[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    if (q + u * nth < len) r[u] = s[q + u * nth];
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    if (q + u * nth < len) d[q + u * nth] = r[u];
-            }
+            rshmemi_copy_v4(d, s, len, tid, nth);
         }
         rshmemi_pull_done(S, team, b);
     }
@@ -1095,20 +1101,6 @@ __device__ __forceinline__ bool rshmemi_ll_wait_count(const rshmem_u64* p, unsig
     }
     (void)rshmemi_ld_acquire32((const unsigned*)p + 1);
     return true;
-}
-
-// `len` 16-byte vectors from s to d by the block, eight loads in flight per thread.
-__device__ __forceinline__ void rshmemi_copy_v4(rshmemi_v4* d, const rshmemi_v4* s, rshmem_u64 len) {
-    const unsigned tid = threadIdx.x, nth = blockDim.x;
-    for (rshmem_u64 q = tid; q < len; q += 8 * (rshmem_u64)nth) {
-        rshmemi_v4 x[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            if (q + u * nth < len) x[u] = s[q + u * nth];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            if (q + u * nth < len) d[q + u * nth] = x[u];
-    }
 }
 
 // Vectors per step of a chain broadcast block: an eighth of its part, 16 to 64 KiB (compile
@@ -1191,7 +1183,7 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
                     __syncthreads();
                     if (lost) break;
                 }
-                rshmemi_copy_v4(dst + lo + a, s + lo + a, len - a < st ? len - a : st);
+                rshmemi_copy_v4(dst + lo + a, s + lo + a, len - a < st ? len - a : st, tid, blockDim.x);
                 if (chain && pos >= 1 && pos < N - 1) {
                     __syncthreads();
                     if (tid == 0) {
