@@ -3,9 +3,10 @@
 //
 // Every buffer address in `ep_params` is this PE's symmetric address; peers' copies are reached
 // with rshmem_ptr. Step order on one stream (see ep.rs for why each area is safe to reuse):
-//   dispatch: ep_prep (1 block) -> ep_send (grid) -> ep_wait(0) (1 block) -> ep_permute (grid)
-//   combine:  ep_csend (grid) -> ep_wait(1) (1 block) -> ep_crecv (grid)
-// Only the one-block kernels wait for peers, so kernels that spin never fill the GPU.
+//   dispatch: ep_layout (grid) -> ep_send (grid) -> ep_dwait (1 block) -> ep_permute (grid)
+//   combine:  ep_csend (grid) -> ep_cwait (1 block) -> ep_crecv (grid)
+// Only one block of a kernel waits for peers (ep_layout's last one, the one-block kernels), so
+// kernels that spin never fill the GPU.
 #ifndef EP_T
 #define EP_T rshmem_bfloat16
 #endif
@@ -15,23 +16,25 @@
 typedef EP_T ep_t;
 typedef EP_ID ep_id;
 
-// Most PEs of an EP team: destinations are bits of a 64-bit mask in ep_prep. ep.rs
+// Most PEs of an EP team: destinations are bits of a 64-bit mask (ep_tok_mask). ep.rs
 // (MAX_GPU_EP_PES) refuses bigger teams.
 #define EP_MAX_PES 64
 
 // Parameter block (u64 words; written by the host once per buffer). Keep in step with ep.rs.
 struct ep_params {
     unsigned long long recv_x, recv_meta, comb, rec, sig, ctl, recv_cnt, expert_off, fill, tok_pos,
-        row_src, tok_rows;
+        row_src, tok_rows, acc;
     long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid;
 };
 
 // EP_STAMPS 1 (a compile option for measurements, through RSHMEM_CUDA_EP_NVRTC_OPTS): clock
-// stamps (%globaltimer, ns) of the last dispatch and combine in ctl words 16 + k: 0 prep start,
-// 1 layout done, 2 records and signals out, 3 peers' records in, 4 prep end, 5 send start
-// (block 0), 6 send end (the latest block), 7 dispatch wait end, 8 permute start, 9 permute
-// end, 10 csend start, 11 csend end, 12 combine wait end, 13 crecv start, 14 crecv end;
-// printed by the benchmark's RSHMEM_EP_BREAKDOWN. Compiled away by default.
+// stamps (%globaltimer, ns) of the last dispatch and combine in ctl words 16 + k: 0 layout
+// start (block 0), 1 layout done (the last block), 2 peers ready, 3 records and their signals
+// out, 4 send start (block 0), 5 send end (the latest block), 6 peers' records in, 7 peers' rows
+// in, 8 dispatch wait end, 9 permute start, 10 permute end, 11 csend start, 12 csend end,
+// 13 combine wait end, 14 crecv start, 15 crecv end, then the latest of ep_layout's blocks:
+// 16 start, 17 tokens counted, 18 counts fenced; printed by the benchmark's
+// RSHMEM_EP_BREAKDOWN. Compiled away by default.
 #ifndef EP_STAMPS
 #define EP_STAMPS 0
 #endif
@@ -50,6 +53,10 @@ struct ep_params {
         }                                                                                          \
     } while (0)
 
+// Thread 0 of every block, the latest kept (no barrier: a block's own phase end).
+#define EP_STAMP_MAX(ctl, k) \
+    do { if (EP_STAMPS && threadIdx.x == 0) atomicMax((unsigned long long*)(ctl) + 16 + (k), (unsigned long long)rshmemi_now()); } while (0)
+
 // ctl words (this PE only).
 #define EP_CTL_EPOCH 0
 #define EP_CTL_DWAIT 1
@@ -60,6 +67,11 @@ struct ep_params {
 #define EP_CTL_ROWS 6
 #define EP_CTL_TOKENS 7
 #define EP_CTL_TOPK 8
+// sig words (this PE's, n each; member s writes word s of a group): records (set to the epoch),
+// data (ep_send's blocks add 1), combine (ep_csend's blocks add 1), ready (set to the epoch).
+// acc words (u32, this PE only): E (token, slot) pairs per expert, n tokens per destination, the
+// invalid-input flag and the blocks' ticket (all four added to by ep_layout's blocks, zeroed by
+// ep_dwait), then each block's count per destination ([grid][n], written by ep_layout).
 // error bits
 #define EP_ERR_MINE 1ull
 #define EP_ERR_PEER 2ull
@@ -157,136 +169,237 @@ __device__ __forceinline__ unsigned ep_block_excl_scan(unsigned v, unsigned* s_w
     return r;
 }
 
-// Validates the routing, computes the layout (per-token positions per destination, counts per
-// destination and per expert), exchanges one record with every PE and takes the common
-// decision. One block; dynamic shared memory: `experts` unsigned.
-extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, const ep_id* ids, const float* w, int T, int topk,
-                                   int capturable, int invalid) {
-    extern __shared__ unsigned s_pairs[];
-    __shared__ unsigned s_cnt[EP_MAX_PES];
-    __shared__ unsigned s_wt[32];
-    __shared__ unsigned s_wbase[32];
-    __shared__ int s_err;
-    __shared__ rshmem_u64 s_epoch;
-    unsigned long long* ctl = (unsigned long long*)P->ctl;
-    const int n = (int)P->n, me = (int)P->me, E = (int)P->experts, El = (int)P->el;
-    const unsigned tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5;
-    int* tok_pos = (int*)P->tok_pos;
-    if (tid == 0) { EP_STAMP(ctl, 0); s_epoch = ctl[EP_CTL_EPOCH] + 1; ctl[EP_CTL_EPOCH] = s_epoch; s_err = invalid ? 1 : 0; }
-    for (int i = tid; i < E; i += nth) s_pairs[i] = 0;
-    for (int i = tid; i < n; i += nth) s_cnt[i] = 0;
-    __syncthreads();
-    for (int base = 0; base < T; base += nth) {
-        int t = base + tid;
-        unsigned long long mask = 0;
-        if (t < T) {
-            int bad = 0;
-            for (int j = 0; j < topk; j++) {
-                long long id = (long long)ids[(long long)t * topk + j];
-                if (id == -1) continue;
-                if (id < 0 || id >= E) { bad = 1; continue; }
-                float wj = w[(long long)t * topk + j];
-                if ((__float_as_uint(wj) & 0x7f800000u) == 0x7f800000u) bad = 1;  // inf or nan
-                mask |= 1ull << (int)(id / El);
-                atomicAdd(&s_pairs[id], 1u);
+// Destinations of token t (bit d: team member d serves one of its experts); *bad is set for an
+// id outside `-1`, `0..E`; with `pairs` (shared memory, not null) also for a used slot's weight
+// that is not finite, and the token's (token, slot) pairs are counted per expert there. A
+// token's ids and weights are loaded before any of them is looked at (one load latency per 8
+// slots).
+__device__ __forceinline__ unsigned long long ep_tok_mask(const ep_id* ids, const float* w, long long t, int topk, int E,
+                                                          int El, unsigned* pairs, int* bad) {
+    unsigned long long mask = 0;
+    for (int j0 = 0; j0 < topk; j0 += 8) {
+        long long idv[8];
+        unsigned wv[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            if (j0 + q < topk) {
+                idv[q] = (long long)ids[t * topk + j0 + q];
+                if (pairs) wv[q] = __float_as_uint(w[t * topk + j0 + q]);
             }
-            if (bad) atomicOr(&s_err, 1);
         }
-        for (int d = 0; d < n; d++) {
-            bool f = (mask >> d) & 1;
-            unsigned bal = __ballot_sync(0xffffffffu, f);
-            if (lane == 0) s_wt[warp] = __popc(bal);
-            __syncthreads();
-            if (warp == 0) ep_scan_warps(s_wt, s_wbase, &s_cnt[d], (nth + 31) / 32, lane);
-            __syncthreads();
-            if (t < T) tok_pos[(long long)t * n + d] = f ? (int)(s_wbase[warp] + __popc(bal & ep_lanemask_lt())) : -1;
-            __syncthreads();
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            if (j0 + q >= topk) break;
+            const long long id = idv[q];
+            if (id == -1) continue;
+            if (id < 0 || id >= E) { *bad = 1; continue; }
+            mask |= 1ull << ((unsigned)id / (unsigned)El);
+            if (pairs) {
+                if ((wv[q] & 0x7f800000u) == 0x7f800000u) *bad = 1;  // inf or nan
+                atomicAdd(&pairs[id], 1u);
+            }
         }
     }
-    __syncthreads();
-    if (tid == 0) EP_STAMP(ctl, 1);
-    // This PE's status, the same in every record it sends.
+    return mask;
+}
+
+// Block b's tokens: [T*b/G, T*(b+1)/G) (G = the grid), in ep_layout and ep_send alike.
+__device__ __forceinline__ void ep_block_tokens(int T, int* t0, int* t1) {
+    *t0 = (int)((long long)T * blockIdx.x / gridDim.x);
+    *t1 = (int)((long long)T * (blockIdx.x + 1) / gridDim.x);
+}
+
+// Dispatch, step 1 (grid, one block per SM like ep_send; no block waits for another block).
+// * Block 0 tells every PE that this PE's receive area, row records and records are free again
+//   (every kernel of its previous step that reads them ran before this one on its stream): a
+//   ready signal carrying the device-side call number (epoch). A PE that gave up already (a
+//   wait of an earlier step timed out here, or a peer's abort arrived) puts the abort bit into
+//   every peer first.
+// * Every block checks its tokens (ids `-1` or `0..E`, finite weights of used slots), counts
+//   their (token, slot) pairs per expert in shared memory (dynamic: `experts` unsigned), adds
+//   those and its count per destination PE to this PE's accumulators (`acc`, zeroed by the
+//   previous ep_dwait) and writes its own count per destination for ep_send's positions. One
+//   block for all tokens (the former ep_prep) took about 19 us at T = 4096 on H200, the grid
+//   with a global atomic per slot 10 to 13, with the pairs counted in shared memory about 5.
+// * The block that finishes last (a ticket) waits for every PE's ready signal, then puts one
+//   record to every PE (status, count for it, tokens, top_k, the pairs of its local experts)
+//   with a signal carrying the epoch. A PE that gave up (here or before) writes none (a peer may
+//   still read those of the step given up on) and carries the abort bit instead; ctl[GO] says
+//   whether ep_send may move rows. No PE waits for another's records: ep_send moves rows at
+//   once, and ep_dwait takes the common decision on whether they are used.
+// `invalid`: the host checks failed; no pointer is read and the record says invalid.
+extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, const ep_id* ids, const float* w, int T, int topk,
+                                                            int capturable, int invalid) {
+    extern __shared__ unsigned s_pairs[];
+    __shared__ unsigned s_cnt[EP_MAX_PES];
+    __shared__ int s_bad, s_last, s_gone;
     __shared__ rshmem_u64 s_status;
-    // Gave up already (a wait of an earlier step timed out here, or a peer's abort arrived):
-    // a peer may still be reading this PE's records of the step given up on, so none are
-    // written; the record signal carries the abort instead and every peer stops this step.
-    __shared__ int s_gone;
+    unsigned long long* ctl = (unsigned long long*)P->ctl;
+    const int n = (int)P->n, me = (int)P->me, E = (int)P->experts, El = (int)P->el;
+    const unsigned tid = threadIdx.x, nth = blockDim.x, lane = tid & 31;
+    const rshmem_u64 epoch = ((volatile unsigned long long*)ctl)[EP_CTL_EPOCH] + 1;
+    unsigned* acc = (unsigned*)P->acc;
+    rshmem_u64* sig = (rshmem_u64*)P->sig;
+    rshmem_u64* ready = sig + 3 * n;
+    if (invalid) T = 0;
+    EP_STAMP_FIRST(ctl, 0);
+    EP_STAMP_MAX(ctl, 16);
+    for (int d = tid; d < n; d += nth) s_cnt[d] = 0;
+    for (int e = tid; e < E; e += nth) s_pairs[e] = 0;
+    if (tid == 0) s_bad = 0;
+    __syncthreads();
+    // The last warp of block 0 signals while the first ones count tokens (when warp 0 sent them,
+    // its fences delayed block 0's count by about 3 us).
+    if (blockIdx.x == 0 && (tid >> 5) == (nth >> 5) - 1) {
+        const bool gone = ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+        for (int d = lane; d < n; d += 32) {
+            // The abort bit first (ordered before the signal by its fence and release).
+            if (gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
+            rshmemi_signal_op_collective(ready + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
+        }
+    }
+    int t0, t1;
+    ep_block_tokens(T, &t0, &t1);
+    for (int t = t0 + (int)tid; t < t1; t += nth) {
+        int bad = 0;
+        const unsigned long long m = ep_tok_mask(ids, w, t, topk, E, El, s_pairs, &bad);
+        if (bad) s_bad = 1;
+        for (unsigned long long mm = m; mm; mm &= mm - 1) atomicAdd(&s_cnt[__ffsll((long long)mm) - 1], 1u);
+    }
+    __syncthreads();
+    EP_STAMP_MAX(ctl, 17);
+    // The block's pairs into the accumulators, one fire-and-forget add per expert and thread:
+    // global atomics in the token loop (8 per token, each waited for, on 256 contended words)
+    // made the count take about 10 us.
+    for (int e = tid; e < E; e += nth) {
+        const unsigned c = s_pairs[e];
+        if (c) asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" :: "l"(acc + e), "r"(c) : "memory");
+    }
+    unsigned* bcnt = acc + E + n + 2;
+    for (int d = tid; d < n; d += nth) {
+        bcnt[(long long)blockIdx.x * n + d] = s_cnt[d];
+        if (s_cnt[d]) atomicAdd(&acc[E + d], s_cnt[d]);
+    }
+    if (tid == 0 && s_bad) atomicOr(&acc[E + n], 1u);
+    __threadfence();
+    __syncthreads();
+    EP_STAMP_MAX(ctl, 18);
+    if (tid == 0) s_last = atomicAdd(&acc[E + n + 1], 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    // The last block: every block's counts are in (each fenced before its ticket).
+    __threadfence();
+    EP_STAMP(ctl, 1);
+    const volatile unsigned* va = (const volatile unsigned*)acc;
     if (tid == 0) {
-        s_gone = ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
         rshmem_u64 st = 0;
-        if (s_err) st = EP_ST_INVALID;
+        if (invalid || va[E + n]) st = EP_ST_INVALID;
         else if (capturable)
             for (int d = 0; d < n; d++)
-                if (s_cnt[d] > (unsigned)P->cap) { st = EP_ST_CAPACITY | ((rshmem_u64)d << 8) | ((rshmem_u64)s_cnt[d] << 32); break; }
+                if (va[E + d] > (unsigned)P->cap) { st = EP_ST_CAPACITY | ((rshmem_u64)d << 8) | ((rshmem_u64)va[E + d] << 32); break; }
         s_status = st;
+    }
+    for (int s = tid; s < n; s += nth) rshmemi_wait64(ready + s, RSHMEM_CMP_GE, epoch, ep_pe(P, s));
+    __syncthreads();
+    if (tid == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        EP_STAMP(ctl, 2);
+        const bool gone = ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+        s_gone = gone;
+        ctl[EP_CTL_GO] = gone ? 0 : 1;
+        ctl[EP_CTL_EPOCH] = epoch;
+        ctl[EP_CTL_TOKENS] = (rshmem_u64)T;
+        ctl[EP_CTL_TOPK] = (rshmem_u64)topk;
     }
     __syncthreads();
     const long long RW = EP_REC_FIXED + El;
     rshmem_u64* rec = (rshmem_u64*)P->rec;
     for (int i = tid; i < n * El && !s_gone; i += nth) {
-        int d = i / El, e = i % El;
+        const int d = i / El, e = i % El;
         rshmem_u64* r = (rshmem_u64*)rshmem_ptr(rec + me * RW + EP_REC_FIXED + e, ep_pe(P, d));
-        *(volatile rshmem_u64*)r = s_pairs[i];
+        *(volatile rshmem_u64*)r = va[i];
     }
     for (int d = tid; d < n && !s_gone; d += nth) {
         rshmem_u64* r = (rshmem_u64*)rshmem_ptr(rec + me * RW, ep_pe(P, d));
         ((volatile rshmem_u64*)r)[0] = s_status;
-        ((volatile rshmem_u64*)r)[1] = s_cnt[d];
+        ((volatile rshmem_u64*)r)[1] = va[E + d];
         ((volatile rshmem_u64*)r)[2] = (rshmem_u64)T;
         ((volatile rshmem_u64*)r)[3] = (rshmem_u64)topk;
     }
     __syncthreads();
-    rshmem_u64* sig = (rshmem_u64*)P->sig;
     for (int d = tid; d < n; d += nth) {
-        // The abort bit first (ordered before the signal by its fence and release).
         if (s_gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
-        rshmemi_signal_op_collective(sig + me, s_epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
+        rshmemi_signal_op_collective(sig + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
     }
-    if (tid == 0) EP_STAMP(ctl, 2);
+    if (tid == 0) EP_STAMP(ctl, 3);
+}
+
+// Dispatch, step 3 (one block): waits for every PE's record (signal = the epoch) and takes the
+// common decision from the records: invalid input anywhere, a count above the capacity, a
+// record that cannot be right, or an abort, and no PE uses a row of this step (ctl[GO] = 0, the
+// error latched for Buffer::check). Otherwise fills the receive counts and the expert offsets
+// (an exclusive scan over local experts of the pairs summed over sources) and zeroes the
+// experts' fill counters for ep_permute. Then waits for every PE's send blocks (data signals).
+extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) {
+    __shared__ rshmem_u64 s_c, s_epoch;
+    unsigned long long* ctl = (unsigned long long*)P->ctl;
+    const int n = (int)P->n, me = (int)P->me, El = (int)P->el;
+    const unsigned tid = threadIdx.x, nth = blockDim.x;
+    if (tid == 0) {
+        s_c = ctl[EP_CTL_DWAIT] + 1;
+        ctl[EP_CTL_DWAIT] = s_c;
+        s_epoch = ctl[EP_CTL_EPOCH];
+    }
+    // ep_layout's accumulators, zero for the next dispatch (this one's ep_layout and ep_send
+    // read them before this kernel on the stream).
+    unsigned* acc = (unsigned*)P->acc;
+    for (int i = tid; i < (int)P->experts + n + 2; i += nth) acc[i] = 0;
+    __syncthreads();
+    rshmem_u64* sig = (rshmem_u64*)P->sig;
     for (int s = tid; s < n; s += nth) rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_epoch, ep_pe(P, s));
     __syncthreads();
-    if (tid == 0) { asm volatile("fence.acq_rel.sys;" ::: "memory"); EP_STAMP(ctl, 3); }
-    __syncthreads();
+    // The decision and the offsets from the records, while the rows are still arriving.
+    const long long RW = EP_REC_FIXED + El;
+    const rshmem_u64* rec = (const rshmem_u64*)P->rec;
     if (tid == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        EP_STAMP(ctl, 6);
         rshmem_u64 err = 0, info = 0;
         for (int s = 0; s < n; s++) {
-            rshmem_u64 st = ((volatile rshmem_u64*)rec)[s * RW];
+            rshmem_u64 st = ((volatile const rshmem_u64*)rec)[s * RW];
             if (st == EP_ST_INVALID) { err |= (s == me) ? EP_ERR_MINE : EP_ERR_PEER; if (!info) info = (rshmem_u64)s; }
             else if ((st & 0xff) == EP_ST_CAPACITY) { err |= EP_ERR_CAPACITY; info = ((st >> 8) & 0xffffff) | ((rshmem_u64)s << 24) | (st & 0xffffffff00000000ull); }
-            else if (((volatile rshmem_u64*)rec)[s * RW + 1] > (rshmem_u64)P->cap) err |= EP_ERR_CORRUPT;
+            else if (((volatile const rshmem_u64*)rec)[s * RW + 1] > (rshmem_u64)P->cap) err |= EP_ERR_CORRUPT;
         }
         // A timed-out wait above read records that may not have arrived; an abort latched by an
-        // earlier step stays until the host clears it.
+        // earlier step (or ep_layout's) stays until the host clears it.
         if (ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) err |= EP_ERR_ABORT;
         if (err) {
             ctl[EP_CTL_GO] = 0;
-            atomicOr_system(&ctl[EP_CTL_ERR], err);  // peers' sends may put an abort bit concurrently
+            atomicOr_system(&ctl[EP_CTL_ERR], err);  // peers' signals may put an abort bit concurrently
             ctl[EP_CTL_INFO] = info;
         } else {
             ctl[EP_CTL_GO] = 1;
         }
-        ctl[EP_CTL_TOKENS] = (rshmem_u64)T;
-        ctl[EP_CTL_TOPK] = (rshmem_u64)topk;
     }
     __syncthreads();
     if (ctl[EP_CTL_GO]) {
         unsigned* recv_cnt = (unsigned*)P->recv_cnt;
         unsigned* off = (unsigned*)P->expert_off;
         unsigned* fill = (unsigned*)P->fill;
-        for (int s = tid; s < n; s += nth) recv_cnt[s] = (unsigned)((volatile rshmem_u64*)rec)[s * RW + 1];
+        for (int s = tid; s < n; s += nth) recv_cnt[s] = (unsigned)((volatile const rshmem_u64*)rec)[s * RW + 1];
         for (int e = tid; e < El; e += nth) fill[e] = 0;
-        // Expert offsets: an exclusive scan over local experts of the pairs summed over sources
-        // (each thread a segment of experts, not El * n dependent volatile loads by one thread).
+        // Each thread a segment of experts, not El * n dependent volatile loads by one thread.
         __shared__ unsigned s_part[32];
         __shared__ unsigned s_total;
         const int seg = (El + (int)nth - 1) / (int)nth, e0 = (int)tid * seg, e1 = min(e0 + seg, El);
         unsigned mine = 0;
         for (int e = e0; e < e1; e++)
-            for (int s = 0; s < n; s++) mine += (unsigned)((volatile rshmem_u64*)rec)[s * RW + EP_REC_FIXED + e];
+            for (int s = 0; s < n; s++) mine += (unsigned)((volatile const rshmem_u64*)rec)[s * RW + EP_REC_FIXED + e];
         unsigned acc = ep_block_excl_scan(mine, s_part, &s_total);
         for (int e = e0; e < e1; e++) {
             off[e] = acc;
-            for (int s = 0; s < n; s++) acc += (unsigned)((volatile rshmem_u64*)rec)[s * RW + EP_REC_FIXED + e];
+            for (int s = 0; s < n; s++) acc += (unsigned)((volatile const rshmem_u64*)rec)[s * RW + EP_REC_FIXED + e];
         }
         if (tid == 0) {
             const unsigned total = s_total;
@@ -295,7 +408,16 @@ extern "C" __global__ void __launch_bounds__(1024) ep_prep(const ep_params* P, c
             ctl[EP_CTL_ROWS] = total;
         }
     }
-    if (tid == 0) EP_STAMP(ctl, 4);
+    // Then every source's rows: a wait that times out, or an abort a peer put here before the
+    // signals waited for, stops the step.
+    for (int s = tid; s < n; s += nth) rshmemi_wait64(sig + n + s, RSHMEM_CMP_GE, s_c * (rshmem_u64)P->grid, ep_pe(P, s));
+    __syncthreads();
+    if (tid == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        EP_STAMP(ctl, 7);
+        ep_abort_if_failed(ctl);
+    }
+    if (tid == 0) EP_STAMP(ctl, 8);
 }
 
 // ----- vector machinery of the grid kernels -----
@@ -334,42 +456,75 @@ __device__ __noinline__ void ep_copy_row(void* d, const void* s, long long bytes
     rshmemi_copy(d, s, (size_t_rshmem)bytes, lane, 32);
 }
 
-// Every token once to each destination PE, into the destination's receive area at (this PE's
-// slot) * cap + position, with its row record. Work units are (token, chunk of the row): the
-// chunk is loaded once into registers and stored to every destination of the token; the warp of
-// chunk 0 also writes the row records. Every block then adds 1 to each destination's data signal
-// for this PE (also when nothing moves, so the counters stay in step: the grid is the same on
-// every PE of the buffer).
+// Dispatch, step 2 (grid): every token once to each destination PE, into the destination's
+// receive area at (this PE's slot) * cap + position, with its row record, unless a PE gave up
+// (ctl[GO] from ep_layout) or the position is beyond the capacity (the record reports the
+// overflow). Block b takes the tokens ep_layout's block b counted: their positions are the
+// counts of the blocks before it (ep_layout wrote them) plus a scan within the block (tok_pos,
+// which ep_crecv reads too). Rows move while the records are on their way: ep_dwait decides
+// from the records whether any PE uses them. Work units are (token, chunk of the row): the
+// chunk is loaded once into registers and stored to every destination of the token; the warp
+// of chunk 0 also writes the row records. Every block then adds 1 to each destination's data
+// signal for this PE (also when nothing moves, so the counters stay in step: the grid is the
+// same on every PE of the buffer).
 extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, const ep_t* x, const ep_id* ids, const float* w) {
+    __shared__ unsigned s_cnt[EP_MAX_PES];
+    __shared__ unsigned s_wt[32];
+    __shared__ unsigned s_wbase[32];
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
-    const int n = (int)P->n, me = (int)P->me;
+    const int n = (int)P->n, me = (int)P->me, E = (int)P->experts, El = (int)P->el;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
-    const unsigned lane = threadIdx.x & 31;
-    EP_STAMP_FIRST(ctl, 5);
+    const unsigned tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarps = (nth + 31) / 32;
+    EP_STAMP_FIRST(ctl, 4);
     if (ctl[EP_CTL_GO]) {
         const int T = (int)ctl[EP_CTL_TOKENS], topk = (int)ctl[EP_CTL_TOPK];
-        const int* tok_pos = (const int*)P->tok_pos;
+        int* tok_pos = (int*)P->tok_pos;
+        const unsigned* bcnt = (const unsigned*)P->acc + E + n + 2;
+        for (int d = tid; d < n; d += nth) s_cnt[d] = 0;
+        __syncthreads();
+        for (int i = tid; i < (int)blockIdx.x * n; i += nth) {
+            const unsigned c = bcnt[i];
+            if (c) atomicAdd(&s_cnt[i % n], c);
+        }
+        __syncthreads();
+        int t0, t1;
+        ep_block_tokens(T, &t0, &t1);
+        for (int base = t0; base < t1; base += nth) {
+            const int t = base + (int)tid;
+            int bad = 0;
+            const unsigned long long mask = t < t1 ? ep_tok_mask(ids, w, t, topk, E, El, nullptr, &bad) : 0;
+            for (int d = 0; d < n; d++) {
+                const bool f = (mask >> d) & 1;
+                const unsigned bal = __ballot_sync(0xffffffffu, f);
+                if (lane == 0) s_wt[warp] = __popc(bal);
+                __syncthreads();
+                if (warp == 0) ep_scan_warps(s_wt, s_wbase, &s_cnt[d], nwarps, lane);
+                __syncthreads();
+                if (t < t1) tok_pos[(long long)t * n + d] = f ? (int)(s_wbase[warp] + __popc(bal & ep_lanemask_lt())) : -1;
+                __syncthreads();
+            }
+        }
         const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)x | P->recv_x);
         const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
         const long long chunk = 32 * EP_U;
         const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
-        const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
-        for (long long u = gw; u < (long long)T * nch; u += nw) {
-            const long long t = u / nch, c = u % nch;
+        const long long units = (long long)(t1 - t0) * nch;
+        for (long long u = warp; u < units; u += nwarps) {
+            const long long t = t0 + u / nch, c = u % nch;
             if (vec) {
                 rshmemi_v4 r[EP_U];
                 const int v0 = (int)(c * chunk) + (int)lane;
                 ep_load<EP_U>(r, (const rshmemi_v4*)(x + t * H), v0, nv, true);
                 for (int d = 0; d < n; d++) {
                     const int pos = tok_pos[t * n + d];
-                    if (pos < 0) continue;
+                    if (pos < 0 || pos >= C) continue;
                     rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
                     ep_store<EP_U>(dst, r, v0, nv);
                 }
             } else {
                 for (int d = 0; d < n; d++) {
                     const int pos = tok_pos[t * n + d];
-                    if (pos < 0) continue;
+                    if (pos < 0 || pos >= C) continue;
                     ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
                     ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
                 }
@@ -377,7 +532,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
             if (c != 0) continue;
             for (int d = 0; d < n; d++) {
                 const int pos = tok_pos[t * n + d];
-                if (pos < 0) continue;
+                if (pos < 0 || pos >= C) continue;
                 const long long row = me * C + pos;
                 unsigned* m = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
                 for (long long i = lane; i < RMW; i += 32) {
@@ -391,29 +546,35 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
         }
     }
     __syncthreads();
-    EP_STAMP_LAST(ctl, 6);
+    EP_STAMP_LAST(ctl, 5);
     rshmem_u64* sig = (rshmem_u64*)P->sig;
-    for (int d = threadIdx.x; d < n; d += blockDim.x)
+    for (int d = tid; d < n; d += nth)
         ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
 }
 
-// Waits (one block) until every PE's blocks signalled this step: which 0 dispatch, 1 combine.
-extern "C" __global__ void ep_wait(const ep_params* P, int which) {
+// Combine's wait (one block): until every PE's ep_csend blocks signalled this step.
+extern "C" __global__ void ep_cwait(const ep_params* P) {
     __shared__ rshmem_u64 s_c;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     const int n = (int)P->n;
-    if (threadIdx.x == 0) { s_c = ctl[EP_CTL_DWAIT + which] + 1; ctl[EP_CTL_DWAIT + which] = s_c; }
+    if (threadIdx.x == 0) { s_c = ctl[EP_CTL_CWAIT] + 1; ctl[EP_CTL_CWAIT] = s_c; }
     __syncthreads();
-    rshmem_u64* sig = (rshmem_u64*)P->sig + (1 + which) * n;
+    rshmem_u64* sig = (rshmem_u64*)P->sig + 2 * n;
     for (int s = threadIdx.x; s < n; s += blockDim.x)
         rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_c * (rshmem_u64)P->grid, ep_pe(P, s));
     __syncthreads();
     if (threadIdx.x == 0) {
         asm volatile("fence.acq_rel.sys;" ::: "memory");
         ep_abort_if_failed(ctl);
-        EP_STAMP(ctl, which ? 12 : 7);
+        EP_STAMP(ctl, 13);
     }
 }
+
+// Most local experts whose per-block counts the token-major index keeps in shared memory
+// (`-DEP_INDEX_EXPERTS=0` takes the one-atomic-per-pair path always, for tests).
+#ifndef EP_INDEX_EXPERTS
+#define EP_INDEX_EXPERTS 4096
+#endif
 
 // Received tokens into expert-major rows `out` (one row per (token, local slot)); fills the
 // handle: row_src[r] = received row * kmax + slot, tok_rows[received row * kmax + slot] = r.
@@ -424,7 +585,7 @@ extern "C" __global__ void ep_wait(const ep_params* P, int which) {
 extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P, ep_t* out) {
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
-    EP_STAMP_FIRST(ctl, 8);
+    EP_STAMP_FIRST(ctl, 9);
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K, El = P->el;
     const unsigned lane = threadIdx.x & 31;
@@ -437,27 +598,57 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
     const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | P->recv_x);
     const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
     if (out == nullptr) {
-        // Token-major buffers: the index only, a thread per (receive row, slot) pair, so a warp
-        // has 32 pairs' loads and atomics in flight (a warp per row had K).
-        const long long gt = blockIdx.x * (long long)blockDim.x + threadIdx.x, gn = (long long)gridDim.x * blockDim.x;
-        for (long long q = gt; q < n * C * K; q += gn) {
-            const long long g = q / K, j = q - g * K;
-            if (g % C >= recv_cnt[g / C]) continue;
-            const long long id = (long long)(int)((const unsigned*)P->recv_meta)[g * RMW + 1 + j];
-            int r = -1;
-            if (id >= lo && id < lo + El) {
-                const long long e = id - lo;
-                const unsigned rr = off[e] + atomicAdd(&fill[e], 1u);
+        // Token-major buffers: the index only, a thread per (receive row, slot) pair. A block
+        // counts its pairs per local expert in shared memory (dynamic: 2 * El unsigned) and
+        // reserves each expert's rows with one global atomic; one atomic per pair on the El
+        // contended fill counters took about 10 us for T = 4096, k = 8, 2 PEs. More than
+        // EP_INDEX_EXPERTS local experts: one atomic per pair.
+        extern __shared__ unsigned s_idx[];
+        const bool shared_path = El <= EP_INDEX_EXPERTS;
+        const unsigned total = (unsigned)(n * C * K), Ku = (unsigned)K, Cu = (unsigned)C;
+        const unsigned tid = threadIdx.x, nth = blockDim.x;
+        for (unsigned base = blockIdx.x * nth; base < total; base += gridDim.x * nth) {
+            const unsigned q = base + tid;
+            if (shared_path) {
+                for (int x = tid; x < El; x += nth) s_idx[x] = 0;
+                __syncthreads();
+            }
+            long long e = -1;
+            if (q < total) {
+                const unsigned g = q / Ku, j = q - g * Ku, src = g / Cu;
+                if (g - src * Cu < recv_cnt[src]) {
+                    const long long id = (long long)(int)((const unsigned*)P->recv_meta)[(long long)g * RMW + 1 + j];
+                    if (id >= lo && id < lo + El) e = id - lo;
+                    else tok_rows[q] = -1;
+                }
+            }
+            unsigned rank = 0;
+            if (shared_path) {
+                if (e >= 0) rank = atomicAdd(&s_idx[e], 1u);
+                __syncthreads();
+                for (int x = tid; x < El; x += nth) {
+                    const unsigned c = s_idx[x];
+                    if (c) s_idx[El + x] = atomicAdd(&fill[x], c);
+                }
+                __syncthreads();
+                if (e >= 0) rank += s_idx[El + e];
+                __syncthreads();  // s_idx is zeroed for the next pairs
+            } else if (e >= 0) {
+                rank = atomicAdd(&fill[e], 1u);
+            }
+            if (e >= 0) {
+                const unsigned rr = off[e] + rank;
+                int r = -1;
                 if (rr < off[e + 1]) {
                     r = (int)rr;
-                    row_src[r] = (unsigned)q;
+                    row_src[r] = q;
                 } else {
                     atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
                 }
+                tok_rows[q] = r;
             }
-            tok_rows[q] = r;
         }
-        EP_STAMP_LAST(ctl, 9);
+        EP_STAMP_LAST(ctl, 10);
         return;
     }
     const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
@@ -505,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P,
             }
         }
     }
-    EP_STAMP_LAST(ctl, 9);
+    EP_STAMP_LAST(ctl, 10);
 }
 
 // 16-byte vectors of hidden elements, widened to f32.
@@ -607,7 +798,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
     const unsigned lane = threadIdx.x & 31;
-    EP_STAMP_FIRST(ctl, 10);
+    EP_STAMP_FIRST(ctl, 11);
     if (ctl[EP_CTL_GO]) {
         const unsigned* recv_cnt = (const unsigned*)P->recv_cnt;
         const int* tok_rows = (const int*)P->tok_rows;
@@ -655,7 +846,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
         }
     }
     __syncthreads();
-    EP_STAMP_LAST(ctl, 11);
+    EP_STAMP_LAST(ctl, 12);
     rshmem_u64* sig = (rshmem_u64*)P->sig;
     for (int d = threadIdx.x; d < n; d += blockDim.x)
         ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
@@ -710,9 +901,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     const long long parity = (long long)((ctl[EP_CTL_CWAIT] - 1) & 1);
     const int* tok_pos = (const int*)P->tok_pos;
     const ep_t* comb = (const ep_t*)P->comb + parity * n * C * H;
-    EP_STAMP_FIRST(ctl, 13);
+    EP_STAMP_FIRST(ctl, 14);
     ep_sum_rows(tok_pos, T, n, C, H, comb, out, own, own ? (int)P->me : -1);
-    EP_STAMP_LAST(ctl, 14);
+    EP_STAMP_LAST(ctl, 15);
 }
 
 // A stand-in expert computation: y[r] = x[r] * factor[local expert of row r], for the rows of
@@ -743,7 +934,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_scale_experts(const ep_para
 // destination] = 1 + El ints. The host exchanges them with an NCCL all-to-all, reads them, then
 // posts grouped ncclSend/ncclRecv of the packed rows and row records.
 
-// Layout (one block, like ep_prep without validation or exchange): tok_pos[t * n + d] (position
+// Layout (one block, like ep_layout and ep_send's positions without validation or exchange): tok_pos[t * n + d] (position
 // of token t among those sent to d, -1 if none), scnt[d * (1 + El) + ...], zeroes fill[El].
 // Dynamic shared memory: n * El unsigned.
 extern "C" __global__ void __launch_bounds__(1024) epb_layout(const ep_id* ids, int T, int topk, int n, int El, int* tok_pos,

@@ -28,20 +28,28 @@
 //!   fraction of the bytes (the permute kernel fills only the index).
 //!
 //! # Layout, dispatch, combine (kernels on one stream)
-//! 1. `ep_prep` (one block): checks every id (`-1` or `0..E`) and every weight of a used slot
-//!    (finite), computes for each token its destination PEs (once per PE), its position in the
-//!    send to each, the counts per PE and per expert; puts one record to every PE (status,
-//!    count, per-local-expert pairs) with a signal carrying a device-side call number; waits for
-//!    every PE's record. Every PE takes the same decision from the same records: invalid input
-//!    anywhere, or a count above the capacity (capturable mode), and **no** PE moves a row; the
-//!    error is latched in a device flag that [`Buffer::check`] turns into [`Error::Capacity`] /
-//!    [`Error::InvalidArgument`].
-//! 2. `ep_send` (grid): every token's row and row record (token index, k ids, k weights) once
-//!    into each destination's receive area at `source * C + position` (`C` = `max_tokens`
-//!    normal, `capacity` capturable); a warp takes a (token, 256 × 16-byte chunk) unit, loads
-//!    it into registers (8 vectors in flight per lane) and stores it to every destination; then
-//!    each block adds 1 to each destination's data signal. `ep_wait` (one block) waits for
-//!    every source's blocks (the grid, one block per SM, is agreed by the team at creation).
+//! 1. `ep_layout` (grid): block 0 signals every PE that this PE's areas are free again (a ready
+//!    word set to a device-side call number); every block takes a range of tokens, checks
+//!    every id (`-1` or `0..E`) and every weight of a used slot (finite), counts each token's
+//!    destination PEs (once per PE) and adds its pairs per expert and counts per PE to this
+//!    PE's accumulators; the block that finishes last waits for every PE's ready signal and puts
+//!    one record to every PE (status, count, per-local-expert pairs) with a signal carrying the
+//!    call number. No PE waits for the peers' records before sending.
+//! 2. `ep_send` (grid), at once: each block gives its tokens their positions in the send to
+//!    each destination (the counts of the blocks before it, then a scan), then moves every
+//!    token's row and row record (token index, k ids, k weights) once into each destination's
+//!    receive area at `source * C + position` (`C` =
+//!    `max_tokens` normal, `capacity` capturable; a position beyond `C` is not written); a warp
+//!    takes a (token, 256 × 16-byte chunk) unit, loads it into registers (8 vectors in flight
+//!    per lane) and stores it to every destination; then each block adds 1 to each
+//!    destination's data signal. `ep_dwait` (one block) waits for every PE's record and every
+//!    source's blocks (the grid, one block per SM, is agreed by the team at creation), and every
+//!    PE takes the same decision from the same records: invalid input anywhere, or a count above
+//!    the capacity (capturable mode), and **no** PE uses a row of the step (rows may have moved,
+//!    always within the receive areas, while the records travelled); the error is latched in a
+//!    device flag that [`Buffer::check`] turns into [`Error::Capacity`] /
+//!    [`Error::InvalidArgument`]. Rows thus leave about as soon as the layout is known rather
+//!    than after a round trip of records (2x H200, T = 4096: BENCHMARKS.md).
 //! 3. `ep_permute` (grid, one warp per received row): the row's local slots take their
 //!    expert-major rows (atomics), the row is read once and stored to each, filling the handle
 //!    arrays (token-major buffers: the handle arrays only, a thread per row and slot).
@@ -60,7 +68,7 @@
 //!    (`ep_crecv` reads them there unless `out` overlaps `y`).
 //!
 //! # Modes
-//! * Normal: after `ep_prep` the host synchronises the stream once and reads the counts
+//! * Normal: after `ep_dwait` the host synchronises the stream once and reads the counts
 //!   exchanged on the GPU ([`Dispatch::rows`], [`Dispatch::expert_counts`],
 //!   [`Dispatch::recv_tokens_per_pe`]) and any error, then queues the rest. While the stream
 //!   is being captured into a CUDA graph it does not synchronise: the counts stay on the device
@@ -73,18 +81,19 @@
 //!   overflow moves nothing and latches the error; call [`Buffer::check`] after synchronising.
 //!
 //! # Reusing the areas without extra synchronisation
-//! A PE writes a peer's records (step 1) only after it waited for that peer's previous data
-//! signals, which the peer sends after reading its records; it writes a peer's receive area
-//! only after the peer's record of the same call, which the peer sends after its previous
-//! permute and combine; combine rows go to the half of the combine area of the call's parity,
-//! and a PE reaches combine `c+2` only after the peer's rows of `c+1`, sent after it read `c`.
+//! A PE writes a peer's records and receive area (rows, row records) only after the peer's
+//! ready signal of the same call, which the peer sends when its stream reaches that dispatch,
+//! after every kernel of its earlier steps that reads them (loom models in `models.rs`, two
+//! dispatches back to back included); combine rows go to the half of the combine area of the
+//! call's parity, and a PE reaches combine `c+2` only after the peer's rows of `c+1`, sent after
+//! it read `c`.
 //!
 //! # Device wait timeouts
 //! A device wait that times out (a peer never signalled, or signalled too late) latches an
 //! abort flag on that PE: it stops the step (nothing permuted or combined) and every later
-//! signal it sends carries the flag to the receiving PE, which stops too; its later `ep_prep`s
-//! write no records (a peer may still be reading those of the step given up on) and their
-//! record signals carry the flag as well. So no PE uses rows it gave up waiting for, nor rows
+//! signal it sends carries the flag to the receiving PE, which stops too; its later `ep_layout`s
+//! write no records and its `ep_send`s move no rows (a peer may still be reading those of the
+//! step given up on); their ready and record signals carry the flag as well. So no PE uses rows it gave up waiting for, nor rows
 //! or records of another call (a peer may still finish that step with the rows it did
 //! receive; it stops at its next wait for that PE; loom model in `models.rs`): the PE that
 //! timed out gets [`Error::Timeout`] from [`Buffer::check`], its peers get [`Error::Timeout`]
@@ -95,19 +104,18 @@
 //! `gpu_ep_peer_timeout_stops_every_pe`).
 //!
 //! # Errors that are not agreed on the device
-//! A PE whose inputs fail the host checks still launches `ep_prep` (marked invalid, no pointer
+//! A PE whose inputs fail the host checks still launches `ep_layout` (marked invalid, no pointer
 //! read) and, in capturable mode, the rest of the step, so peers see the error too. Combine's
 //! host checks (handle of this buffer's latest dispatch, sizes) return before any kernel runs
 //! on that PE; its peers' combine then ends in [`Error::Timeout`] (device waits time out), never
 //! in silently wrong sums.
 //!
 //! # Status
-//! Run on one GPU shared by the PEs (H200 earlier; H100 for the vectorised kernels): 2 and 4
-//! PEs as threads, as processes and mixed (`tests/cuda_ep.rs`, all 23 tests passing in the
-//! last run); not yet on two GPUs. [`ep_bench`] measures beside the same-run NCCL
-//! all-to-all-v baseline (`ep_base.rs`; missing where PEs share a GPU or NCCL is absent) and
-//! checks both paths' data; `RSHMEM_EP_BREAKDOWN=1` makes it print per-kernel times (stream
-//! events between launches).
+//! Run on 2x H200 (one PE per GPU, and 4 thread-PEs on the 2 GPUs), on 4x H200 and on one GPU
+//! shared by the PEs: as threads, as processes and mixed (`tests/cuda_ep.rs`, 30 tests).
+//! [`ep_bench`] measures beside the same-run NCCL all-to-all-v baseline (`ep_base.rs`; missing
+//! where PEs share a GPU or NCCL is absent) and checks both paths' data;
+//! `RSHMEM_EP_BREAKDOWN=1` makes it print per-kernel times (stream events between launches).
 //!
 //! # Buffer sizing (bytes per PE, [`Buffer::bytes_for`])
 //! `n*C*H*s` receive rows + `n*C*(1+2k)*4` row records + `2*n*C*H*s` combine rows +
@@ -132,8 +140,11 @@ pub const EP_KERNELS: &str = include_str!("../../kernels/ep.cu");
 /// when the buffer is created: every PE counts its peers' block signals, so all use one grid.
 const MAX_GRID: u32 = 1024;
 const BLOCK: u32 = 512;
-/// Most experts (the layout kernel counts pairs per expert in shared memory).
+/// Most experts (`ep_layout` counts pairs per expert in shared memory).
 pub const MAX_GPU_EXPERTS: usize = 8192;
+/// Most local experts whose per-block pair counts the token-major index keeps in shared memory
+/// (`EP_INDEX_EXPERTS` of `ep.cu`; more: one global atomic per pair).
+const INDEX_EXPERTS: usize = 4096;
 /// Most PEs of a GPU EP team (`EP_MAX_PES` of `ep.cu`: destinations are bits of a 64-bit mask).
 pub const MAX_GPU_EP_PES: usize = 64;
 
@@ -204,6 +215,7 @@ struct Plan {
     tok_pos: usize,
     row_src: usize,
     tok_rows: usize,
+    acc: usize,
     params: usize,
     total: usize,
 }
@@ -248,18 +260,22 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
             RecvLayout::TokenMajor => 0,
         },
         mul(mul(n, rw)?, 8)?,
-        3 * n * 8,
-        // 16 control words, then 16 for EP_STAMPS measurements.
-        32 * 8,
+        // Signals: records, data, combine, ready (n words each).
+        4 * n * 8,
+        // 16 control words, then 32 for EP_STAMPS measurements.
+        48 * 8,
         n * 4,
         (el + 1) * 4,
         el * 4,
         mul(mul(cfg.max_tokens, n)?, 4)?,
         mul(rmax, 4)?,
         mul(mul(rows, k)?, 4)?,
-        24 * 8,
+        // ep_layout's accumulators (pairs per expert, tokens per destination, a flag, a
+        // ticket), then each block's tokens per destination.
+        (cfg.num_experts + n + 2 + MAX_GRID as usize * n) * 4,
+        PARAM_WORDS * 8,
     ];
-    let mut offs = [0usize; 14];
+    let mut offs = [0usize; 15];
     let mut at = 0usize;
     for (o, sz) in offs.iter_mut().zip(sizes) {
         *o = at;
@@ -269,7 +285,7 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
             .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
     }
     // Row indices are u32 (row_src: row * kmax + slot) and int (tok_rows, expert-major rows);
-    // token counts and positions are int, ep_prep steps over tokens 1024 at a time in int.
+    // token counts and positions are int, ep_send steps over tokens 512 at a time in int.
     if rmax.saturating_mul(k) > u32::MAX as usize
         || rmax > i32::MAX as usize
         || cfg.max_tokens > i32::MAX as usize - 1024
@@ -295,7 +311,8 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
         tok_pos: offs[10],
         row_src: offs[11],
         tok_rows: offs[12],
-        params: offs[13],
+        acc: offs[13],
+        params: offs[14],
         total: at,
     })
 }
@@ -309,7 +326,7 @@ fn param_words(
     n: usize,
     dt: &super::api::DeviceTeam,
     grid: u32,
-) -> [(&'static str, u64); 24] {
+) -> [(&'static str, u64); PARAM_WORDS] {
     let a = |off: usize| base + off as u64;
     [
         ("recv_x", a(p.recv_x)),
@@ -324,6 +341,7 @@ fn param_words(
         ("tok_pos", a(p.tok_pos)),
         ("row_src", a(p.row_src)),
         ("tok_rows", a(p.tok_rows)),
+        ("acc", a(p.acc)),
         ("n", n as u64),
         ("me", dt.my_index as u64),
         ("start", dt.start as u64),
@@ -339,11 +357,8 @@ fn param_words(
     ]
 }
 
-#[derive(Debug, Clone)]
-struct Kernels {
-    prep: Kernel,
-    send: Kernel,
-}
+/// Words of the kernels' `ep_params` block.
+const PARAM_WORDS: usize = 25;
 
 /// What one dispatch returns on one PE: the handle [`Buffer::combine`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -468,9 +483,12 @@ pub struct Buffer<T: Elem> {
     world_me: usize,
     plan: Plan,
     area: Sym<u8>,
-    k32: Kernels,
-    k64: Kernels,
-    wait: Kernel,
+    layout32: Kernel,
+    layout64: Kernel,
+    send32: Kernel,
+    send64: Kernel,
+    dwait: Kernel,
+    cwait: Kernel,
     permute: Kernel,
     csend: Kernel,
     crecv: Kernel,
@@ -535,16 +553,11 @@ impl<T: Elem> Buffer<T> {
             let o64: Vec<&str> = o64.iter().map(|s| s.as_str()).collect();
             let k = |name: &str, o: &[&str]| g.kernel(EP_KERNELS, name, o);
             let ks = (
-                Kernels {
-                    prep: k("ep_prep", &o32)?,
-                    send: k("ep_send", &o32)?,
-                },
-                Kernels {
-                    prep: k("ep_prep", &o64)?,
-                    send: k("ep_send", &o64)?,
-                },
+                [k("ep_layout", &o32)?, k("ep_send", &o32)?],
+                [k("ep_layout", &o64)?, k("ep_send", &o64)?],
                 [
-                    k("ep_wait", &o32)?,
+                    k("ep_dwait", &o32)?,
+                    k("ep_cwait", &o32)?,
                     k("ep_permute", &o32)?,
                     k("ep_csend", &o32)?,
                     k("ep_crecv", &o32)?,
@@ -553,7 +566,11 @@ impl<T: Elem> Buffer<T> {
             );
             Ok::<_, Error>((dt, p, ks))
         })();
-        let (dt, plan, (k32, k64, [wait, permute, csend, crecv, scale])) = match prepared {
+        let (
+            dt,
+            plan,
+            ([layout32, send32], [layout64, send64], [dwait, cwait, permute, csend, crecv, scale]),
+        ) = match prepared {
             Ok(v) => v,
             Err(e) => {
                 // Take part in the collective allocation (0 bytes) so peers are not left
@@ -588,9 +605,12 @@ impl<T: Elem> Buffer<T> {
             world_me: pe.my_pe(),
             plan,
             area,
-            k32,
-            k64,
-            wait,
+            layout32,
+            layout64,
+            send32,
+            send64,
+            dwait,
+            cwait,
             permute,
             csend,
             crecv,
@@ -605,9 +625,10 @@ impl<T: Elem> Buffer<T> {
             .iter()
             .map(|w| w.1)
             .collect();
-        pe.local_write(&buf.view::<u64>(p.params, 24)?, 0, &params)?;
-        pe.local_fill(&buf.view::<u64>(p.sig, 3 * n)?, 0)?;
-        pe.local_fill(&buf.view::<u64>(p.ctl, 32)?, 0)?;
+        pe.local_write(&buf.view::<u64>(p.params, PARAM_WORDS)?, 0, &params)?;
+        pe.local_fill(&buf.view::<u64>(p.sig, 4 * n)?, 0)?;
+        pe.local_fill(&buf.view::<u32>(p.acc, cfg.num_experts + n + 2)?, 0)?;
+        pe.local_fill(&buf.view::<u64>(p.ctl, 48)?, 0)?;
         pe.local_fill(&buf.view::<u32>(p.expert_off, cfg.num_experts / n + 1)?, 0)?;
         pe.team_barrier(team)?;
         tracing::debug!(
@@ -717,7 +738,7 @@ impl<T: Elem> Buffer<T> {
     /// `topk_ids [T, top_k]`, `topk_weights [T, top_k]`, all symmetric objects of this PE's
     /// heap, on stream `s`. Collective over the team.
     ///
-    /// Normal mode synchronises `s` once (after the layout and count exchange) and returns
+    /// Normal mode synchronises `s` once (after the rows and the counts arrived) and returns
     /// errors found on the device at once, except while `s` is being captured into a graph;
     /// capturable mode never synchronises (call [`check`](Self::check) after synchronising).
     /// The expert-major rows are in [`expert_x`](Self::expert_x) once `s` reaches the end of
@@ -763,28 +784,32 @@ impl<T: Elem> Buffer<T> {
         if s.device() != g.device() {
             return Err(Error::invalid("ep: stream of another GPU"));
         }
-        let ks = match I::KIND {
-            ElemKind::I64 => self.k64.clone(),
-            _ => self.k32.clone(),
+        let (layout, send) = match I::KIND {
+            ElemKind::I64 => (&self.layout64, &self.send64),
+            _ => (&self.layout32, &self.send32),
         };
         let prm = KernelArg::Ptr(self.params_ptr(&g)?);
         let capturable = matches!(self.cfg.mode, EpMode::Capturable { .. });
         let checked = self.validate_dispatch(&g, x, topk_ids, topk_weights, num_tokens, top_k);
         let (xp, ip, wp, t, k, mine) = match checked {
             Ok((a, b, c)) => (a, b, c, num_tokens as i32, top_k as i32, None),
-            // Invalid here: ep_prep reads no input (T = 0) and reports this PE as invalid.
+            // Invalid here: ep_send reads no input (T = 0) and reports this PE as invalid.
             Err(e) => (0, 0, 0, 0, 1, Some(e)),
         };
+        // SAFETY: ep_layout(const ep_params*, const ep_id*, const float*, int, int, int, int),
+        // ep_send(const ep_params*, const ep_t*, const ep_id*, const float*),
+        // ep_dwait(const ep_params*): the pointers were checked to be this PE's symmetric
+        // objects with at least T*H / T*k elements (or T = 0 and `invalid`: none is read); the
+        // params block lies in the buffer; both grid kernels run the agreed grid (their blocks'
+        // token ranges must match, and the accumulators hold MAX_GRID blocks' counts);
+        // ep_layout's dynamic shared memory holds E counters.
         let smem = (self.cfg.num_experts * 4) as u32;
-        // SAFETY: arguments match ep_prep(const ep_params*, const ep_id*, const float*, int, int,
-        // int, int); the pointers were checked to be this PE's symmetric objects with at least
-        // T*k elements (or T = 0 when invalid); the params block lies in the buffer.
         unsafe {
             g.launch(
-                &ks.prep,
+                layout,
                 s,
-                1,
-                1024,
+                self.grid,
+                BLOCK,
                 smem,
                 &[
                     prm,
@@ -796,6 +821,22 @@ impl<T: Elem> Buffer<T> {
                     KernelArg::I32(mine.is_some() as i32),
                 ],
             )?;
+            mark()?;
+            g.launch(
+                send,
+                s,
+                self.grid,
+                BLOCK,
+                0,
+                &[
+                    prm,
+                    KernelArg::Ptr(xp),
+                    KernelArg::Ptr(ip),
+                    KernelArg::Ptr(wp),
+                ],
+            )?;
+            mark()?;
+            g.launch(&self.dwait, s, 1, 1024, 0, &[prm])?;
         }
         mark()?;
         self.dispatches.set(self.dispatches.get() + 1);
@@ -819,36 +860,28 @@ impl<T: Elem> Buffer<T> {
             counts = Some(off.windows(2).map(|w| w[1] - w[0]).collect());
             recv_tokens = Some(recv);
         }
-        // SAFETY: ep_send(const ep_params*, const ep_t*, const ep_id*, const float*): checked
-        // pointers (read only when the device decision says go).
+        // Token-major: a null output, the kernel fills only the index.
+        let out = match self.cfg.layout {
+            RecvLayout::ExpertMajor => g.ptr(&self.expert_x()?)?,
+            RecvLayout::TokenMajor => 0,
+        };
+        // Token-major: the index counts each block's pairs per local expert in shared memory.
+        let el = self.cfg.num_experts / self.n;
+        let smem = if out == 0 && el <= INDEX_EXPERTS {
+            (2 * el * 4) as u32
+        } else {
+            0
+        };
+        // SAFETY: ep_permute(const ep_params*, ep_t*): `out` is the buffer's expert-major area
+        // (max_rows rows) or null; with null and El <= EP_INDEX_EXPERTS its dynamic shared
+        // memory holds 2 * El counters.
         unsafe {
-            g.launch(
-                &ks.send,
-                s,
-                self.grid,
-                BLOCK,
-                0,
-                &[
-                    prm,
-                    KernelArg::Ptr(xp),
-                    KernelArg::Ptr(ip),
-                    KernelArg::Ptr(wp),
-                ],
-            )?;
-            mark()?;
-            g.launch(&self.wait, s, 1, 64, 0, &[prm, KernelArg::I32(0)])?;
-            mark()?;
-            // Token-major: a null output, the kernel fills only the index.
-            let out = match self.cfg.layout {
-                RecvLayout::ExpertMajor => g.ptr(&self.expert_x()?)?,
-                RecvLayout::TokenMajor => 0,
-            };
             g.launch(
                 &self.permute,
                 s,
                 self.grid,
                 BLOCK,
-                0,
+                smem,
                 &[prm, KernelArg::Ptr(out)],
             )?;
         }
@@ -960,7 +993,7 @@ impl<T: Elem> Buffer<T> {
             (true, true) => (2, yp),
             (t, _) => (t as i32, KernelArg::Ptr(0)),
         };
-        // SAFETY: ep_csend(const ep_params*, const ep_t*, int), ep_wait(const ep_params*, int),
+        // SAFETY: ep_csend(const ep_params*, const ep_t*, int), ep_cwait(const ep_params*),
         // ep_crecv(const ep_params*, ep_t*, const ep_t*): y holds the rows the device reads
         // (checked above: expert-major rows, or n*C receive rows with `tokens`), out holds T
         // rows; ep_crecv reads y only with mode 2, when out does not overlap it.
@@ -974,7 +1007,7 @@ impl<T: Elem> Buffer<T> {
                 &[prm, yp, KernelArg::I32(mode)],
             )?;
             mark()?;
-            g.launch(&self.wait, s, 1, 64, 0, &[prm, KernelArg::I32(1)])?;
+            g.launch(&self.cwait, s, 1, 64, 0, &[prm])?;
             mark()?;
             g.launch(&self.crecv, s, self.grid, BLOCK, 0, &[prm, op, own_p])?;
         }
@@ -1536,22 +1569,26 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                     if me == 0 {
                         // With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS) the last dispatch's
                         // and combine's clock stamps (control words 16.., `ep.cu` says which).
-                        let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 15)?)?;
+                        let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 19)?)?;
                         if c[0] != 0 {
                             let us = |k: usize| c[k].wrapping_sub(c[0]) as i64 as f64 / 1e3;
                             eprintln!(
-                                "ep stamps T={t} {name} (us after prep start): layout {:.1} signalled {:.1} records in {:.1} prep end {:.1} | send {:.1}-{:.1} wait end {:.1} | index {:.1}-{:.1}",
-                                us(1), us(2), us(3), us(4), us(5), us(6), us(7), us(8), us(9)
+                                "ep stamps T={t} {name} (us after layout start): layout {:.1} peers ready {:.1} records out {:.1} | send {:.1}-{:.1} | records in {:.1} rows in {:.1} wait end {:.1} | index {:.1}-{:.1}",
+                                us(1), us(2), us(3), us(4), us(5), us(6), us(7), us(8), us(9), us(10)
                             );
-                            let cs = |k: usize| c[k].wrapping_sub(c[10]) as i64 as f64 / 1e3;
+                            let cs = |k: usize| c[k].wrapping_sub(c[11]) as i64 as f64 / 1e3;
                             eprintln!(
                                 "ep stamps T={t} {name} (us after csend start): csend end {:.1} wait end {:.1} crecv {:.1}-{:.1}",
-                                cs(11), cs(12), cs(13), cs(14)
+                                cs(12), cs(13), cs(14), cs(15)
+                            );
+                            eprintln!(
+                                "ep stamps T={t} {name} (us after layout start): layout blocks' latest start {:.1}, tokens counted {:.1}, counts fenced {:.1}",
+                                us(16), us(17), us(18)
                             );
                         }
                         let last = if tokens { "index" } else { "permute" };
                         eprintln!(
-                            "ep breakdown T={t} {name} grid={}: dispatch prep/send/wait/{last} {dt:.1?} us; combine csend/wait/crecv {ct:.1?} us",
+                            "ep breakdown T={t} {name} grid={}: dispatch layout/send/wait/{last} {dt:.1?} us; combine csend/wait/crecv {ct:.1?} us",
                             buf.grid
                         );
                     }
@@ -1668,11 +1705,12 @@ mod tests {
     #[test]
     fn launches_match_the_kernel_signatures() {
         let (p, i, l) = ("ptr", "int", "long long");
-        let launches: [(&str, Vec<&str>); 13] = [
+        let launches: [(&str, Vec<&str>); 14] = [
             // ep.rs
-            ("ep_prep", vec![p, p, p, i, i, i, i]),
+            ("ep_layout", vec![p, p, p, i, i, i, i]),
             ("ep_send", vec![p, p, p, p]),
-            ("ep_wait", vec![p, i]),
+            ("ep_dwait", vec![p]),
+            ("ep_cwait", vec![p]),
             ("ep_permute", vec![p, p]),
             ("ep_csend", vec![p, p, i]),
             ("ep_crecv", vec![p, p, p]),
@@ -1762,7 +1800,13 @@ mod tests {
         assert_eq!((get("cap"), get("el"), get("experts")), (30, 4, 12));
         assert_eq!((get("rmax"), get("grid")), (3 * 30 * 8, 132));
         // The block fits its area.
-        assert!(p.params + 24 * 8 <= p.total);
+        assert!(p.params + PARAM_WORDS * 8 <= p.total);
+        assert_eq!(get("acc"), base + p.acc as u64);
+        let acc_words = 12 + 3 + 2 + MAX_GRID as usize * 3;
+        assert!(
+            p.acc + acc_words * 4 <= p.params,
+            "the accumulators fit their area"
+        );
     }
 
     /// A token-major buffer has no expert-major area: issue 7's size (T = 4096, H = 7168 bf16,
@@ -1856,6 +1900,7 @@ mod tests {
             ("EP_CTL_ROWS", CTL_ROWS),
             ("EP_REC_FIXED", REC_FIXED),
             ("EP_MAX_PES", MAX_GPU_EP_PES),
+            ("EP_INDEX_EXPERTS", INDEX_EXPERTS),
         ] {
             assert!(src.contains(&format!("#define {name} {v}\n")), "{name}");
         }
@@ -1868,9 +1913,11 @@ mod tests {
         ] {
             assert!(src.contains(&format!("#define {name} {v}ull\n")), "{name}");
         }
-        // ep_prep: dynamic shared memory of MAX_GPU_EXPERTS words beside about 5 KiB of static
+        // ep_layout: dynamic shared memory of MAX_GPU_EXPERTS words beside about 2 KiB of static
         // shared memory stays within the 48 KiB a launch gets without opting in.
         const _: () = assert!(MAX_GPU_EXPERTS * 4 + (8 << 10) <= 48 << 10);
+        // The token-major index: 2 * INDEX_EXPERTS words likewise.
+        const _: () = assert!(INDEX_EXPERTS * 8 + (8 << 10) <= 48 << 10);
     }
 
     /// Byte ranges `{ ... }` (or the single statement) of the body that starts after `at`.

@@ -836,9 +836,9 @@ fn loom_chain_broadcast_three_pes() {
 /// One step of an EP sequence (every PE runs the same list, as the contract asks).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum EpOp {
-    /// `ep_prep` → `ep_send` → `ep_wait(0)` → `ep_permute`.
+    /// `ep_layout` → `ep_send` → `ep_dwait` → `ep_permute`.
     Dispatch,
-    /// `ep_csend` → `ep_wait(1)` → `ep_crecv` (on the latest dispatch's layout).
+    /// `ep_csend` → `ep_cwait` → `ep_crecv` (on the latest dispatch's layout).
     Combine,
 }
 
@@ -856,8 +856,10 @@ fn ep_rows(k: usize, s: usize, d: usize) -> usize {
 struct EpMem {
     /// Records, `rec[pe][src]`: `dispatch << 8 | rows` (volatile words: relaxed atomics).
     rec: Vec<AtomicU64>,
-    /// Signals `sig[pe][src]` for records (set to the epoch), data and combine (block adds).
+    /// Signals `sig[pe][src]` for records and ready (set to the epoch), data and combine
+    /// (block adds).
     sig_rec: Vec<AtomicU64>,
+    sig_ready: Vec<AtomicU64>,
     sig_data: Vec<AtomicU64>,
     sig_comb: Vec<AtomicU64>,
     /// `ctl[EP_CTL_ERR]` of each PE (peers `atomicOr_system` the abort bit into it).
@@ -875,6 +877,7 @@ impl EpMem {
         EpMem {
             rec: words(EP_N * EP_N),
             sig_rec: words(EP_N * EP_N),
+            sig_ready: words(EP_N * EP_N),
             sig_data: words(EP_N * EP_N),
             sig_comb: words(EP_N * EP_N),
             err: words(EP_N),
@@ -903,7 +906,7 @@ struct EpTrace {
 /// program order). `timeout`: the index (counting this PE's waits from 0) of a wait that times
 /// out if its condition does not hold at its first poll (a wait can only time out while its
 /// condition is false; loom explores every point at which the poll happens). `old_prep`:
-/// `ep_prep` as it was before it stopped writing records once its PE gave up.
+/// records written as `ep_prep` once did, also after this PE gave up.
 fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep: bool) -> EpTrace {
     let peers = || (0..EP_N).filter(move |&p| p != me);
     let (mut epoch, mut dwait, mut cwait) = (0u64, 0u64, 0u64);
@@ -947,24 +950,52 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
         match op {
             EpOp::Dispatch => {
                 k += 1;
-                // ep_prep: records to every PE (none once this PE gave up: the abort bit goes
-                // first instead), fence.sc + st.release of the epoch, waits.
+                // ep_layout: block 0 puts the abort bit first once this PE gave up, then
+                // fence.sc + st.release of the epoch into every peer's ready word; the last
+                // block waits for every peer's, fence, then writes the records (none once this
+                // PE gave up: the abort bit goes first instead) with fence.sc + st.release of
+                // the epoch. ep_send moves rows only when no PE gave up.
                 epoch += 1;
-                let gone =
-                    !old_prep && (failed || mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0);
-                if !gone {
+                let gone = failed || mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0;
+                for d in peers() {
+                    if gone {
+                        mem.err[d].fetch_or(EP_ABORT, Ordering::Relaxed);
+                    }
+                    fence(Ordering::SeqCst);
+                    mem.sig_ready[d * EP_N + me].store(epoch, Ordering::Release);
+                }
+                for s in peers() {
+                    wait(&mem.sig_ready[me * EP_N + s], epoch, &mut failed, &mut gave);
+                }
+                fence(Ordering::AcqRel);
+                let send = !(failed || mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0);
+                if send || old_prep {
                     for d in peers() {
                         let r = (k as u64) << 8 | ep_rows(k, me, d) as u64;
                         mem.rec[d * EP_N + me].store(r, Ordering::Relaxed);
                     }
                 }
                 for d in peers() {
-                    if gone {
+                    if !send {
                         mem.err[d].fetch_or(EP_ABORT, Ordering::Relaxed);
                     }
                     fence(Ordering::SeqCst);
                     mem.sig_rec[d * EP_N + me].store(epoch, Ordering::Release);
                 }
+                // ep_send: the rows, then each block's data signal.
+                if send {
+                    for d in peers() {
+                        for pos in 0..ep_rows(k, me, d) {
+                            mem.recv.put(EpMem::recv_at(d, me, pos), k as u64);
+                        }
+                    }
+                }
+                for d in peers() {
+                    signal(&mem.sig_data, d);
+                }
+                // ep_dwait: every peer's record, fence, the decision; then every peer's blocks'
+                // rows, fence, stop if a wait gave up or an abort arrived.
+                dwait += 1;
                 for s in peers() {
                     wait(&mem.sig_rec[me * EP_N + s], epoch, &mut failed, &mut gave);
                 }
@@ -989,19 +1020,6 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                         );
                     }
                 }
-                // ep_send: rows to every destination, then each block signals.
-                if go {
-                    for d in peers() {
-                        for pos in 0..ep_rows(k, me, d) {
-                            mem.recv.put(EpMem::recv_at(d, me, pos), k as u64);
-                        }
-                    }
-                }
-                for d in peers() {
-                    signal(&mem.sig_data, d);
-                }
-                // ep_wait(0)
-                dwait += 1;
                 for s in peers() {
                     wait(&mem.sig_data[me * EP_N + s], dwait, &mut failed, &mut gave);
                 }
@@ -1035,7 +1053,7 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                 for d in peers() {
                     signal(&mem.sig_comb, d);
                 }
-                // ep_wait(1)
+                // ep_cwait
                 cwait += 1;
                 for s in peers() {
                     wait(&mem.sig_comb[me * EP_N + s], cwait, &mut failed, &mut gave);
@@ -1135,6 +1153,16 @@ fn loom_ep_reuse_repeated_combine() {
     );
 }
 
+/// EP model, 2 PEs: two dispatches back to back, then a combine. Nothing but `ep_layout`'s
+/// ready handshake keeps a fast PE's rows of dispatch 2 from landing in a peer still permuting
+/// dispatch 1's (a combine in between would also order them; without the handshake loom flags
+/// the overwrite here).
+#[test]
+fn loom_ep_reuse_back_to_back_dispatches() {
+    use EpOp::*;
+    ep_model(vec![Dispatch, Dispatch, Combine], None, false, 2);
+}
+
 /// EP model with timeouts, 2 PEs, 2 dispatch+combine pairs: for every wait of either PE in the
 /// first pair, a run where that wait times out (when its condition does not hold at its first
 /// poll). Checks: a PE that gave up uses nothing after it; every row, record or combine row
@@ -1144,26 +1172,26 @@ fn loom_ep_reuse_repeated_combine() {
 fn loom_ep_abort_propagation() {
     use EpOp::*;
     let ops = vec![Dispatch, Combine, Dispatch, Combine];
-    // Waits per PE and pair with 2 PEs: ep_prep 1, ep_wait(0) 1, ep_wait(1) 1.
+    // Waits per PE and pair with 2 PEs: ep_layout 1, ep_dwait 2 (records, rows), ep_cwait 1.
     for pe in 0..EP_N {
-        for w in 0..3 {
+        for w in 0..4 {
             ep_model(ops.clone(), Some((pe, w)), false, 1);
         }
     }
 }
 
-/// The abort model on `ep_prep` as it was: a PE that gave up in dispatch 1's data wait goes
-/// on into dispatch 2 and overwrites its record in the peer, which may still be reading the
-/// records of dispatch 1 and take its layout (and, in normal mode, the counts its host
-/// returns) from the record of dispatch 2. The fixed `ep_prep` writes no records once it gave
-/// up and carries the abort with the record signal.
+/// The abort model with records written as `ep_prep` once wrote them: a PE that gave up in
+/// dispatch 1's data wait goes on into dispatch 2 and overwrites its record in the peer, which
+/// may still be reading the records of dispatch 1 and take its layout (and, in normal mode, the
+/// counts its host returns) from the record of dispatch 2. `ep_send` writes no records once its
+/// PE gave up and carries the abort with the record signal.
 #[test]
 #[should_panic(expected = "decided from a record of another dispatch")]
 fn loom_ep_abort_old_prep_reads_next_record() {
     use EpOp::*;
     ep_model(
         vec![Dispatch, Combine, Dispatch, Combine],
-        Some((0, 1)),
+        Some((0, 2)),
         true,
         1,
     );
