@@ -4,7 +4,10 @@
 // Every buffer address in `ep_params` is this PE's symmetric address; peers' copies are reached
 // with rshmem_ptr. Step order on one stream (see ep.rs for why each area is safe to reuse):
 //   dispatch: ep_layout (grid) -> ep_send (grid) -> ep_dwait (1 block) -> ep_permute (grid)
-//   combine:  ep_csend (grid) -> ep_cwait (1 block) -> ep_crecv (grid)
+//             (the last three launched as programmatic dependents: each starts with
+//             rshmemi_grid_dep_wait, and its predecessor lets it become resident only once that
+//             predecessor no longer waits for other PEs)
+//   combine:  ep_csend (grid) -> ep_cwait (1 block) -> ep_crecv (grid), all three likewise
 // Only one block of a kernel waits for peers (ep_layout's last one, the one-block kernels), so
 // kernels that spin never fill the GPU.
 #ifndef EP_T
@@ -312,6 +315,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
         ctl[EP_CTL_TOPK] = (rshmem_u64)topk;
     }
     __syncthreads();
+    // ep_send may become resident now (its blocks wait for this kernel's end): this block no
+    // longer waits for other PEs, and the other blocks have exited.
+    rshmemi_grid_dep_launch();
     const long long RW = EP_REC_FIXED + El;
     rshmem_u64* rec = (rshmem_u64*)P->rec;
     for (int i = tid; i < n * El && !s_gone; i += nth) {
@@ -341,6 +347,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
 // (an exclusive scan over local experts of the pairs summed over sources) and zeroes the
 // experts' fill counters for ep_permute. Then waits for every PE's send blocks (data signals).
 extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) {
+    rshmemi_grid_dep_wait();
     __shared__ rshmem_u64 s_c, s_epoch;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me, El = (int)P->el;
@@ -417,6 +424,8 @@ extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) 
         EP_STAMP(ctl, 7);
         ep_abort_if_failed(ctl);
     }
+    // ep_permute may become resident now (no wait for other PEs is left here).
+    rshmemi_grid_dep_launch();
     if (tid == 0) EP_STAMP(ctl, 8);
 }
 
@@ -468,6 +477,9 @@ __device__ __noinline__ void ep_copy_row(void* d, const void* s, long long bytes
 // signal for this PE (also when nothing moves, so the counters stay in step: the grid is the
 // same on every PE of the buffer).
 extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, const ep_t* x, const ep_id* ids, const float* w) {
+    rshmemi_grid_dep_wait();
+    // ep_dwait (one block) may become resident now.
+    rshmemi_grid_dep_launch();
     __shared__ unsigned s_cnt[EP_MAX_PES];
     __shared__ unsigned s_wt[32];
     __shared__ unsigned s_wbase[32];
@@ -554,6 +566,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
 
 // Combine's wait (one block): until every PE's ep_csend blocks signalled this step.
 extern "C" __global__ void ep_cwait(const ep_params* P) {
+    rshmemi_grid_dep_wait();
     __shared__ rshmem_u64 s_c;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     const int n = (int)P->n;
@@ -568,6 +581,8 @@ extern "C" __global__ void ep_cwait(const ep_params* P) {
         ep_abort_if_failed(ctl);
         EP_STAMP(ctl, 13);
     }
+    // ep_crecv may become resident now (no wait for other PEs is left here).
+    rshmemi_grid_dep_launch();
 }
 
 // Most local experts whose per-block counts the token-major index keeps in shared memory
@@ -583,6 +598,7 @@ extern "C" __global__ void ep_cwait(const ep_params* P) {
 // fill counter), then the warp reads the row once, chunk by chunk, and stores each chunk to every
 // local slot's row.
 extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P, ep_t* out) {
+    rshmemi_grid_dep_wait();
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
     EP_STAMP_FIRST(ctl, 9);
@@ -794,6 +810,9 @@ __device__ __forceinline__ void ep_sum_pes(float (&acc)[U][EP_VEC], const int* p
 // varying fastest, so the copies to every destination (this PE's HBM and each peer's link)
 // proceed together rather than one destination after another.
 extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, const ep_t* y, int tokens) {
+    rshmemi_grid_dep_wait();
+    // ep_cwait (one block) may become resident now.
+    rshmemi_grid_dep_launch();
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
@@ -893,6 +912,7 @@ __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, lo
 // (token, chunk of the row), two PEs' rows loaded before accumulating. `own` (not null: after
 // ep_csend with tokens == 2) holds this PE's rows for its own tokens (receive-row layout).
 extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, ep_t* out, const ep_t* own) {
+    rshmemi_grid_dep_wait();
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
     const int n = (int)P->n;

@@ -108,6 +108,23 @@ __device__ __forceinline__ rshmem_u64* rshmemi_err_word() { return rshmemi_my_sy
 // checks): later waits give up at once and rshmem's data kernels move nothing.
 __device__ __forceinline__ bool rshmemi_failed() { return *(volatile rshmem_u64*)rshmemi_err_word() != 0; }
 
+// Programmatic dependent launch (sm_90 and up). A kernel launched as a dependent
+// (CudaPe::launch_dependent) calls rshmemi_grid_dep_wait() before touching anything the work
+// before it on the stream writes: it returns once that work is complete and visible (at once
+// for a kernel launched without the attribute). rshmemi_grid_dep_launch() lets the next
+// kernel, if it is launched as a dependent, become resident (it then waits in its own
+// rshmemi_grid_dep_wait): call it only once this block no longer waits for other PEs.
+__device__ __forceinline__ void rshmemi_grid_dep_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void rshmemi_grid_dep_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ rshmem_u64 rshmemi_now() {
     rshmem_u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
 }

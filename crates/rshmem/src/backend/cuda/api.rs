@@ -647,6 +647,45 @@ impl<'a> CudaPe<'a> {
         shared_bytes: u32,
         args: &[KernelArg],
     ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.launch_with(k, s, grid, block, shared_bytes, args, false) }
+    }
+
+    /// [`launch`](Self::launch) as a programmatic dependent launch (on GPUs of compute
+    /// capability 9.0 and up; an ordinary launch on older ones): the kernel may become resident
+    /// while the previous kernel on `s` finishes, and must begin with `rshmemi_grid_dep_wait()`
+    /// (the device header's `griddepcontrol.wait`) before it touches anything earlier work on
+    /// `s` writes. Its blocks wait there holding their SMs: the previous kernel must trigger
+    /// (`rshmemi_grid_dep_launch()`) only once it no longer waits for other PEs, or PEs sharing
+    /// a GPU could starve each other.
+    ///
+    /// # Safety
+    /// As [`launch`](Self::launch), and the kernel waits as above.
+    pub(crate) unsafe fn launch_dependent(
+        &self,
+        k: &Kernel,
+        s: &Stream,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        let pdl = self.b.gpu.cc().0 >= 9;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.launch_with(k, s, grid, block, shared_bytes, args, pdl) }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_with(
+        &self,
+        k: &Kernel,
+        s: &Stream,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: &[KernelArg],
+        dependent: bool,
+    ) -> Result<()> {
         self.check_stream(s)?;
         if k.module.gpu.ordinal != self.b.gpu.ordinal {
             return Err(Error::invalid("kernel loaded for another GPU"));
@@ -661,8 +700,15 @@ impl<'a> CudaPe<'a> {
             store.iter_mut().map(|b| b.as_mut_ptr() as *mut _).collect();
         // SAFETY: the caller's argument list describes the kernel's parameters (NVRTC kernels are
         // C ABI); a mismatch is the caller's error as with any CUDA launch, and each buffer
-        // lives until the launch call returns (the driver copies parameters at launch).
-        unsafe { gpu::launch(&s.raw, k.func, grid, block, shared_bytes, &mut p) }
+        // lives until the launch call returns (the driver copies parameters at launch). A
+        // dependent kernel waits for the earlier work (the caller's promise).
+        unsafe {
+            if dependent {
+                gpu::launch_dependent(&s.raw, k.func, grid, block, shared_bytes, &mut p)
+            } else {
+                gpu::launch(&s.raw, k.func, grid, block, shared_bytes, &mut p)
+            }
+        }
     }
 
     /// Raises device-side wait timeouts recorded on this GPU as [`Error::Timeout`].

@@ -802,7 +802,8 @@ impl<T: Elem> Buffer<T> {
         // objects with at least T*H / T*k elements (or T = 0 and `invalid`: none is read); the
         // params block lies in the buffer; both grid kernels run the agreed grid (their blocks'
         // token ranges must match, and the accumulators hold MAX_GRID blocks' counts);
-        // ep_layout's dynamic shared memory holds E counters.
+        // ep_layout's dynamic shared memory holds E counters; ep_send and ep_dwait, launched as
+        // dependents, begin with rshmemi_grid_dep_wait.
         let smem = (self.cfg.num_experts * 4) as u32;
         unsafe {
             g.launch(
@@ -822,7 +823,7 @@ impl<T: Elem> Buffer<T> {
                 ],
             )?;
             mark()?;
-            g.launch(
+            g.launch_dependent(
                 send,
                 s,
                 self.grid,
@@ -836,7 +837,7 @@ impl<T: Elem> Buffer<T> {
                 ],
             )?;
             mark()?;
-            g.launch(&self.dwait, s, 1, 1024, 0, &[prm])?;
+            g.launch_dependent(&self.dwait, s, 1, 1024, 0, &[prm])?;
         }
         mark()?;
         self.dispatches.set(self.dispatches.get() + 1);
@@ -874,9 +875,9 @@ impl<T: Elem> Buffer<T> {
         };
         // SAFETY: ep_permute(const ep_params*, ep_t*): `out` is the buffer's expert-major area
         // (max_rows rows) or null; with null and El <= EP_INDEX_EXPERTS its dynamic shared
-        // memory holds 2 * El counters.
+        // memory holds 2 * El counters; it begins with rshmemi_grid_dep_wait (a dependent).
         unsafe {
-            g.launch(
+            g.launch_dependent(
                 &self.permute,
                 s,
                 self.grid,
@@ -993,12 +994,13 @@ impl<T: Elem> Buffer<T> {
             (true, true) => (2, yp),
             (t, _) => (t as i32, KernelArg::Ptr(0)),
         };
-        // SAFETY: ep_csend(const ep_params*, const ep_t*, int), ep_cwait(const ep_params*),
+        // SAFETY: (all three launched as dependents, each beginning with rshmemi_grid_dep_wait)
+        // ep_csend(const ep_params*, const ep_t*, int), ep_cwait(const ep_params*),
         // ep_crecv(const ep_params*, ep_t*, const ep_t*): y holds the rows the device reads
         // (checked above: expert-major rows, or n*C receive rows with `tokens`), out holds T
         // rows; ep_crecv reads y only with mode 2, when out does not overlap it.
         unsafe {
-            g.launch(
+            g.launch_dependent(
                 &self.csend,
                 s,
                 self.grid,
@@ -1007,9 +1009,9 @@ impl<T: Elem> Buffer<T> {
                 &[prm, yp, KernelArg::I32(mode)],
             )?;
             mark()?;
-            g.launch(&self.cwait, s, 1, 64, 0, &[prm])?;
+            g.launch_dependent(&self.cwait, s, 1, 64, 0, &[prm])?;
             mark()?;
-            g.launch(&self.crecv, s, self.grid, BLOCK, 0, &[prm, op, own_p])?;
+            g.launch_dependent(&self.crecv, s, self.grid, BLOCK, 0, &[prm, op, own_p])?;
         }
         mark()?;
         Ok(())

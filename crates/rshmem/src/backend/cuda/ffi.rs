@@ -63,6 +63,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuModuleGetFunction",
     "cuModuleGetGlobal_v2",
     "cuLaunchKernel",
+    "cuLaunchKernelEx",
     "cuFuncSetAttribute",
     "cuEventCreate",
     "cuEventRecord",

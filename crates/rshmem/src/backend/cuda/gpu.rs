@@ -426,6 +426,48 @@ impl Module {
     }
 }
 
+/// [`launch`] with programmatic dependent launch (`cuLaunchKernelEx`,
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): the kernel may start while the
+/// previous kernel on `stream` is still running, once that kernel's blocks have all triggered
+/// (`griddepcontrol.launch_dependents`) or exited. It must execute `griddepcontrol.wait`
+/// (`rshmemi_grid_dep_wait`) before touching anything earlier work on the stream writes; the
+/// wait returns once that work is complete and visible. Captured into graphs as a programmatic
+/// edge.
+///
+/// # Safety
+/// As [`launch`], and the kernel waits as above.
+pub(crate) unsafe fn launch_dependent(
+    stream: &RawStream,
+    f: Func,
+    grid: u32,
+    block: u32,
+    shmem: u32,
+    params: &mut [*mut std::ffi::c_void],
+) -> Result<()> {
+    let _g = stream.gpu.bind()?;
+    // SAFETY: a plain-old-data attribute (the union's integer member is set after zeroing).
+    let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = cu::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shmem,
+        hStream: stream.raw,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: upheld by the caller; `cfg` and `attr` live until the call returns.
+    check(
+        unsafe { cu::cuLaunchKernelEx(&cfg, f.0, params.as_mut_ptr(), std::ptr::null_mut()) },
+        "cuLaunchKernelEx",
+    )
+}
+
 /// Launches `f` on `stream` with `params` (pointers to each argument's value).
 ///
 /// # Safety
