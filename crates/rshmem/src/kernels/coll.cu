@@ -650,6 +650,9 @@ __device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, co
         if (tid == 0) *ll.done = 0;
     }
     if (S.verdict == 0) {
+        // No wait for other PEs is left: the next kernel, if launched as a dependent, may become
+        // resident (a mismatch below still waits for the team's barriers, so not there).
+        rshmemi_grid_dep_launch();
         // The common case: every member ran this LL call; no barrier counter moves. The
         // sequence as every block read it in rshmemi_ll_begin (no block moves it before the
         // last one gets here), so no load before the store.
@@ -886,6 +889,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
                                                                rshmem_team team, rshmemi_check ck,   \
                                                                rshmemi_ll ll, rshmem_u64 stride) {   \
         __shared__ rshmemi_ll_shared S;                                                              \
+        rshmemi_grid_dep_wait();                                                                     \
         if (RSHMEMI_LL_NOP) return;                                                                  \
         if ((n * sizeof(T) + 7) / 8 <= (rshmem_u64)gridDim.x * blockDim.x)                           \
             rshmemi_ll_all_reduce<T, A, OP, 1>(dst, src, n, team, ck, ll, S, stride);                \
@@ -898,6 +902,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
                                                                     rshmem_team team, rshmemi_check ck, \
                                                                     rshmemi_ll ll) {                  \
         __shared__ rshmemi_ll_shared S;                                                              \
+        rshmemi_grid_dep_wait();                                                                     \
         rshmemi_pull_all_reduce<T, A, OP>(dst, src, n, team, ck, ll, S);                             \
     }
 #define RSHMEMI_COLL_INT_LL(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
@@ -1017,6 +1022,7 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
                                                                 rshmem_team team, rshmemi_check ck,       \
                                                                 rshmemi_ll ll, rshmem_u64 root) {         \
         __shared__ rshmemi_ll_shared S;                                                                   \
+        rshmemi_grid_dep_wait();                                                                          \
         if (RSHMEMI_LL_NOP) return;                                                                       \
         rshmemi_ll_move<K, W>(dst, src, nb, team, ck, ll, (int)root, S);                                  \
     }
@@ -1064,6 +1070,7 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
                                                  rshmemi_check ck, rshmemi_ll ll) {
     __shared__ rshmemi_ll_shared S;
     __shared__ const rshmemi_v4* from[RSHMEMI_LL_MAX_MEMBERS];
+    rshmemi_grid_dep_wait();
     if (RSHMEMI_LL_NOP) return;
     const int me = team.my_index, N = team.size;
     const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x;
@@ -1153,6 +1160,7 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
                                                    rshmemi_check ck, rshmemi_ll ll, rshmem_u64 root) {
     __shared__ rshmemi_ll_shared S;
     __shared__ int lost;
+    rshmemi_grid_dep_wait();
     if (RSHMEMI_LL_NOP) return;
     const int me = team.my_index, N = team.size, r = (int)(root & 0xffffffffu);
     const bool chain = (root >> 32) & 1;
