@@ -38,11 +38,10 @@
 //! 2. `ep_send` (grid), at once: each block gives its tokens their positions in the send to
 //!    each destination (the counts of the blocks before it, then a scan), then moves every
 //!    token's row and row record (token index, k ids, k weights) once into each destination's
-//!    receive area at `source * C + position` (`C` =
-//!    `max_tokens` normal, `capacity` capturable; a position beyond `C` is not written); a warp
-//!    takes a (token, 256 × 16-byte chunk) unit, loads it into registers (8 vectors in flight
-//!    per lane) and stores it to every destination; then each block adds 1 to each
-//!    destination's data signal. `ep_dwait` (one block) waits for every PE's record and every
+//!    receive area at `source * C + position` (`C` = `max_tokens` normal, `capacity`
+//!    capturable; a position beyond `C` is not written); a warp takes a (token, 256 × 16-byte
+//!    chunk) unit, loads it into registers (8 vectors in flight per lane) and stores it to every
+//!    destination; then each block adds 1 to each destination's data signal. `ep_dwait` (one block) waits for every PE's record and every
 //!    source's blocks (the grid, one block per SM, is agreed by the team at creation), and every
 //!    PE takes the same decision from the same records: invalid input anywhere, or a count above
 //!    the capacity (capturable mode), and **no** PE uses a row of the step (rows may have moved,
@@ -89,19 +88,18 @@
 //! it read `c`.
 //!
 //! # Device wait timeouts
-//! A device wait that times out (a peer never signalled, or signalled too late) latches an
-//! abort flag on that PE: it stops the step (nothing permuted or combined) and every later
-//! signal it sends carries the flag to the receiving PE, which stops too; its later `ep_layout`s
-//! write no records and its `ep_send`s move no rows (a peer may still be reading those of the
-//! step given up on); their ready and record signals carry the flag as well. So no PE uses rows it gave up waiting for, nor rows
-//! or records of another call (a peer may still finish that step with the rows it did
-//! receive; it stops at its next wait for that PE; loom model in `models.rs`): the PE that
-//! timed out gets [`Error::Timeout`] from [`Buffer::check`], its peers get [`Error::Timeout`]
-//! too (naming a team member's wait). The flag is sticky until [`Buffer::check`] clears it; a
-//! PE that gave up may still receive a peer's flag after its own check, so before reusing the
-//! buffer after a timeout, let every PE synchronise its stream, meet (e.g.
-//! [`Pe::barrier_all`]) and call [`Buffer::check`] once more (`tests/cuda_ep.rs`,
-//! `gpu_ep_peer_timeout_stops_every_pe`).
+//! A device wait that times out (a peer never signalled, or signalled too late) latches an abort
+//! flag on that PE: it stops the step (nothing permuted or combined) and every later signal it
+//! sends carries the flag to the receiving PE, which stops too; its later `ep_layout`s write no
+//! records and its `ep_send`s move no rows (a peer may still be reading those of the step given up
+//! on); their ready and record signals carry the flag as well. So no PE uses rows it gave up
+//! waiting for, nor rows or records of another call (a peer may still finish that step with the
+//! rows it did receive; it stops at its next wait for that PE; loom model in `models.rs`): the PE
+//! that timed out gets [`Error::Timeout`] from [`Buffer::check`], its peers get [`Error::Timeout`]
+//! too (naming a team member's wait). The flag is sticky until [`Buffer::check`] clears it; a PE
+//! that gave up may still receive a peer's flag after its own check, so before reusing the buffer
+//! after a timeout, let every PE synchronise its stream, meet (e.g. [`Pe::barrier_all`]) and call
+//! [`Buffer::check`] once more (`tests/cuda_ep.rs`, `gpu_ep_peer_timeout_stops_every_pe`).
 //!
 //! # Errors that are not agreed on the device
 //! A PE whose inputs fail the host checks still launches `ep_layout` (marked invalid, no pointer
