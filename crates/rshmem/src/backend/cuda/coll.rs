@@ -1485,7 +1485,7 @@ impl<'a> GpuColl<'a> {
     /// the LL headers, every member reading the root's `src` in place or, on teams of more
     /// than two past [`GpuColl::chain_broadcast_bytes`], the one before it along a chain from
     /// the root (in or out of place; no barrier launches), on a team the LL paths serve,
-    /// unless an algorithm is forced. Default [`COLL_PULL_BCAST_BYTES`] (every size);
+    /// unless an algorithm is forced. Default `COLL_PULL_BCAST_BYTES` (`usize::MAX`: every size);
     /// `RSHMEM_CUDA_COLL_PULL_BCAST_BYTES` sets it for every team size.
     pub fn pull_broadcast_bytes(&self, members: usize) -> usize {
         self.pull_bcast.of(members)
@@ -1500,7 +1500,7 @@ impl<'a> GpuColl<'a> {
     /// (the member at distance p from the root reads from the one at p - 1, in steps), so
     /// each link carries the message once; up to it every member reads the root's `src`
     /// (fewer hops of latency, the root's links carrying `members - 1` copies). Default
-    /// [`COLL_CHAIN_BCAST_BYTES`]; `RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES` sets it.
+    /// `COLL_CHAIN_BCAST_BYTES` (1 MiB); `RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES` sets it.
     pub fn chain_broadcast_bytes(&self) -> usize {
         self.chain_bcast
     }
