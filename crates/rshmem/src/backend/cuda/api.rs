@@ -670,9 +670,8 @@ impl<'a> CudaPe<'a> {
         shared_bytes: u32,
         args: &[KernelArg],
     ) -> Result<()> {
-        let pdl = self.b.gpu.cc().0 >= 9;
         // SAFETY: forwarded from the caller.
-        unsafe { self.launch_with(k, s, grid, block, shared_bytes, args, pdl) }
+        unsafe { self.launch_with(k, s, grid, block, shared_bytes, args, true) }
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -1317,16 +1317,10 @@ impl<'a> GpuColl<'a> {
         // (repr(C); the callers pass 1, 1, 0, 0 and 1 extra values); ranges checked by the
         // callers, the message fits the area's regions (ll_arg, ll_a2a_arg, ll_bcast_arg,
         // pull_ar_arg, pull_a2a_arg, pull_bcast_arg), the counter is this slot's. Launched as
-        // programmatic dependents (compute capability 9.0 and up): each of these kernels begins
-        // with rshmemi_grid_dep_wait and lets the next kernel in only after its waits for other
-        // PEs (rshmemi_ll_end, the common path).
-        unsafe {
-            if self.g.backend().gpu.cc().0 >= 9 {
-                gpu::launch_dependent(&s.raw, f, blocks, LL_THREADS, 0, p)
-            } else {
-                gpu::launch(&s.raw, f, blocks, LL_THREADS, 0, p)
-            }
-        }
+        // programmatic dependents: each of these kernels begins with rshmemi_grid_dep_wait and
+        // lets the next kernel in only after its waits for other PEs (rshmemi_ll_end, the
+        // common path).
+        unsafe { gpu::launch_dependent(&s.raw, f, blocks, LL_THREADS, 0, p) }
     }
 
     /// Runs `plan` on the stream: barriers for syncs (the first carries `sig`), one kernel per

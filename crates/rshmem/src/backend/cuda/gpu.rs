@@ -18,6 +18,8 @@ pub(crate) struct Gpu {
     pub ordinal: usize,
     pub dev: cu::CUdevice,
     pub ctx: cu::CUcontext,
+    /// Compute capability 9.0 or up: programmatic dependent launch ([`launch_dependent`]).
+    pub pdl: bool,
     /// Idle streams rshmem created on this GPU, reused before creating more (see
     /// [`RawStream::new`]).
     idle: Mutex<Vec<cu::CUstream>>,
@@ -65,10 +67,23 @@ pub(crate) fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
         "cuDevicePrimaryCtxRetain",
     )?;
+    let mut major = 0;
+    // SAFETY: valid device; writes one int.
+    check(
+        unsafe {
+            cu::cuDeviceGetAttribute(
+                &mut major,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                dev,
+            )
+        },
+        "cuDeviceGetAttribute",
+    )?;
     let g = Arc::new(Gpu {
         ordinal,
         dev,
         ctx,
+        pdl: major >= 9,
         idle: Mutex::new(Vec::new()),
     });
     map.insert(ordinal, g.clone());
@@ -427,7 +442,9 @@ impl Module {
 }
 
 /// [`launch`] with programmatic dependent launch (`cuLaunchKernelEx`,
-/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): the kernel may start while the
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`; an ordinary [`launch`] on GPUs
+/// below compute capability 9.0, where `griddepcontrol.wait` compiles to nothing and the
+/// stream serialises as usual): the kernel may start while the
 /// previous kernel on `stream` is still running, once that kernel's blocks have all triggered
 /// (`griddepcontrol.launch_dependents`) or exited. It must execute `griddepcontrol.wait`
 /// (`rshmemi_grid_dep_wait`) before touching anything earlier work on the stream writes; the
@@ -444,6 +461,10 @@ pub(crate) unsafe fn launch_dependent(
     shmem: u32,
     params: &mut [*mut std::ffi::c_void],
 ) -> Result<()> {
+    if !stream.gpu.pdl {
+        // SAFETY: upheld by the caller.
+        return unsafe { launch(stream, f, grid, block, shmem, params) };
+    }
     let _g = stream.gpu.bind()?;
     // SAFETY: a plain-old-data attribute (the union's integer member is set after zeroing).
     let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
