@@ -66,7 +66,15 @@
 //! `CUDA_ERROR_ILLEGAL_ADDRESS`: ended PEs had freed heaps that peers' kernels on the other GPU
 //! still reached. Now the heaps of a world's thread PEs are freed together, after every one of
 //! them has ended and each GPU has been synchronised (the run after that change showed
-//! timeouts only). Treat
+//! timeouts only).
+//!
+//! On 4x H200 (2026-11-26, eleventh session; 16 thread-PEs, 4 per GPU, the big-world
+//! collectives test alone in a loop) 3 of 14 runs stalled whether `CUDA_DEVICE_MAX_CONNECTIONS=32`
+//! came from the shell or from rshmem, so the variable is in effect and 12 streams per GPU do
+//! not run out of queues. Native stacks of a stalled run, 14 s in: every PE thread was in
+//! `cuStreamSynchronize` in the first collective, so all work had been submitted and no host
+//! call was waiting for the GPU to go idle, yet one PE's first barrier kernel had not run. What
+//! holds it back inside the driver or the GPU is not known. Treat
 //! several thread-PEs on one GPU as a development setup (a stall ends in [`Error::Timeout`],
 //! never a hang); one PE per GPU, or one process per PE sharing a GPU (each process has its own
 //! context and queues, time-sliced by the GPU), has not shown it. (NVSHMEM, for comparison,
