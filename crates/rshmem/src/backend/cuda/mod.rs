@@ -71,10 +71,14 @@
 //! On 4x H200 (2026-11-26, eleventh session; 16 thread-PEs, 4 per GPU, the big-world
 //! collectives test alone in a loop) 3 of 14 runs stalled whether `CUDA_DEVICE_MAX_CONNECTIONS=32`
 //! came from the shell or from rshmem, so the variable is in effect and 12 streams per GPU do
-//! not run out of queues. Native stacks of a stalled run, 14 s in: every PE thread was in
-//! `cuStreamSynchronize` in the first collective, so all work had been submitted and no host
-//! call was waiting for the GPU to go idle, yet one PE's first barrier kernel had not run. What
-//! holds it back inside the driver or the GPU is not known. Treat
+//! not run out of queues in the simple sense. Native stacks of a stalled run, 14 s in: every PE
+//! thread was in `cuStreamSynchronize` in the first collective, so all work had been submitted
+//! and no host call was waiting for the GPU to go idle. `cuda-gdb -p` on another stalled run
+//! showed 15 of the 16 barrier kernels resident and the fourth of GPU 0 launched but not
+//! resident, with 129 of that GPU's SMs idle: the GPU's front end held it back. Fewer queues
+//! stall more often (8: 3 of 8 runs, 4: 7 of 8, 1: every run), as queue sharing predicts; why
+//! 32 queues for 12 streams still stall is not known (the driver's placement of streams on
+//! queues is not visible). Treat
 //! several thread-PEs on one GPU as a development setup (a stall ends in [`Error::Timeout`],
 //! never a hang); one PE per GPU, or one process per PE sharing a GPU (each process has its own
 //! context and queues, time-sliced by the GPU), has not shown it. (NVSHMEM, for comparison,
