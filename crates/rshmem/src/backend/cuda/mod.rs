@@ -78,7 +78,8 @@
 //! resident, with 129 of that GPU's SMs idle: the GPU's front end held it back. Fewer queues
 //! stall more often (8: 3 of 8 runs, 4: 7 of 8, 1: every run), as queue sharing predicts; why
 //! 32 queues for 12 streams still stall is not known (the driver's placement of streams on
-//! queues is not visible). Treat
+//! queues is not visible; NVIDIA's deployment guide says the variable sets a *preferred* number
+//! of compute and copy-engine connections together, and the driver may allocate another). Treat
 //! several thread-PEs on one GPU as a development setup (a stall ends in [`Error::Timeout`],
 //! never a hang); one PE per GPU, or one process per PE sharing a GPU (each process has its own
 //! context and queues, time-sliced by the GPU), has not shown it. (NVSHMEM, for comparison,
