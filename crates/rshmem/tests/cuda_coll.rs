@@ -1998,8 +1998,9 @@ fn big_world_body(pe: &Pe) -> Result<()> {
 /// for a peer can keep that peer's kernel from starting until the device timeout (the `cuda`
 /// module docs, "PEs sharing a GPU"), so on machines with few GPUs this test can time out; it
 /// never hangs. `RSHMEM_TEST_MODE=processes` (or `mixed`) runs it as processes instead: each
-/// has a context of its own, which the GPU time-slices, but 72 processes on one host spend
-/// minutes mapping each other's heaps (on 4x H200 their start-up had not finished after 100 s).
+/// has a context of its own, which the GPU time-slices, but 72 processes on one host start
+/// slowly: on 4x H200 their start-up (each maps the 71 other heaps through CUDA IPC) had not
+/// finished after 100 s.
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_coll_world_of_72() {
