@@ -76,7 +76,9 @@
 //! and no host call was waiting for the GPU to go idle. `cuda-gdb -p` on another stalled run
 //! showed 15 of the 16 barrier kernels resident and the fourth of GPU 0 launched but not
 //! resident, with 129 of that GPU's SMs idle: the GPU's front end held it back. Fewer queues
-//! stall more often (8: 3 of 8 runs, 4: 7 of 8, 1: every run), as queue sharing predicts; why
+//! stall more often (8: 3 of 8 runs, 4: 7 of 8, 1: every run), as queue sharing predicts. With
+//! only one GPU visible (4 thread-PEs, 12 streams in the whole process) 5 of 12 runs stalled, so
+//! other GPUs' streams are not what collides; why
 //! 32 queues for 12 streams still stall is not known (the driver's placement of streams on
 //! queues is not visible; NVIDIA's deployment guide says the variable sets a *preferred* number
 //! of compute and copy-engine connections together, and the driver may allocate another). Treat
