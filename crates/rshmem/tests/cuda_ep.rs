@@ -6,7 +6,7 @@
 
 mod harness;
 
-use rshmem::cuda::ep::{self, Buffer, Dispatch};
+use rshmem::cuda::ep::{self, Buffer, Dispatch, TokensCombine};
 use rshmem::cuda::{self, CudaPe, Stream};
 use rshmem::ep::{EpConfig, EpMode, RecvLayout};
 use rshmem::{bf16, BackendKind, Cmp, Config, Elem, ElemKind, Error, HeapKind, Pe, Result, Sym};
@@ -1249,7 +1249,13 @@ fn combine_tokens_body(pe: &Pe) -> Result<()> {
     let me = pe.my_pe();
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
-    for layout in [RecvLayout::ExpertMajor, RecvLayout::TokenMajor] {
+    let (pull, push) = (TokensCombine::Pull, TokensCombine::Push);
+    for (layout, how) in [
+        (RecvLayout::ExpertMajor, pull),
+        (RecvLayout::TokenMajor, pull),
+        (RecvLayout::ExpertMajor, push),
+        (RecvLayout::TokenMajor, push),
+    ] {
         let c = EpConfig {
             layout,
             ..cfg(n, EpMode::Normal)
@@ -1257,6 +1263,8 @@ fn combine_tokens_body(pe: &Pe) -> Result<()> {
         let el = c.num_experts / n;
         let h = c.hidden;
         let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+        buf.set_tokens_combine(how);
+        assert_eq!(buf.tokens_combine_pulls(), how == pull);
         let inp = inputs::<bf16>(pe, &c, n)?;
         let cap = buf.pair_capacity();
         let yt = pe.alloc::<bf16>(n * cap * h)?;
@@ -1329,26 +1337,60 @@ fn combine_tokens_body(pe: &Pe) -> Result<()> {
             s.synchronize()?;
             buf.check(pe)?;
             let out = pe.local_vec(&inp.out)?;
-            for tok in 0..t {
-                for col in 0..h {
-                    let mut acc = 0f32;
-                    for dd in 0..n {
-                        if let Some(v) = partial(me, tok, dd, col) {
-                            acc += v.to_f64() as f32;
+            let check = |out: &[bf16], what: &str| {
+                for tok in 0..t {
+                    for col in 0..h {
+                        let mut acc = 0f32;
+                        for dd in 0..n {
+                            if let Some(v) = partial(me, tok, dd, col) {
+                                acc += v.to_f64() as f32;
+                            }
                         }
+                        let want = bf16::from_f64(acc as f64);
+                        assert!(
+                            out[tok * h + col] == want,
+                            "PE {me} {layout:?} {how:?} {case:?} t={t} k={k} {what}: token {tok} element {col}: {:?} != {want:?}",
+                            out[tok * h + col]
+                        );
                     }
-                    let want = bf16::from_f64(acc as f64);
-                    assert!(
-                        out[tok * h + col] == want,
-                        "PE {me} {layout:?} {case:?} t={t} k={k}: token {tok} element {col}: {:?} != {want:?}",
-                        out[tok * h + col]
-                    );
                 }
-            }
+            };
+            check(&out, "");
             assert!(
                 out[t * h..].iter().all(|v| *v == bf16::from_f64(-77.0)),
                 "PE {me}: combine_tokens wrote beyond T rows"
             );
+            // Again for the same dispatch, with out overlapping y (its first T rows): the peers
+            // read this PE's y while it combines, so the sums go through temporary rows.
+            if t > 0 {
+                pe.barrier_all()?;
+                let over = yt.view::<bf16>(0, t * h)?;
+                buf.combine_tokens(pe, &s, &d, &yt, &over)?;
+                s.synchronize()?;
+                buf.check(pe)?;
+                check(&pe.local_vec(&over)?, "out overlapping y");
+                let bs = std::mem::size_of::<bf16>();
+                let rest = pe.local_vec(&yt.view::<bf16>(t * h * bs, n * cap * h - t * h)?)?;
+                if let Some(i) = (0..rest.len()).find(|&i| rest[i] != y[t * h + i]) {
+                    let bad = (0..rest.len()).filter(|&i| rest[i] != y[t * h + i]).count();
+                    panic!(
+                        "PE {me} {layout:?} {how:?}: combine_tokens with out overlapping y changed y beyond T rows: \
+                         {bad} elements, the first at row {} element {}: {:?} != {:?} (cap {cap}, h {h})",
+                        t + i / h,
+                        i % h,
+                        rest[i],
+                        y[t * h + i]
+                    );
+                }
+                pe.local_write(&yt, 0, &y)?;
+                // And into an output one element off 16-byte alignment (the scalar path).
+                pe.barrier_all()?;
+                let odd = inp.out.view::<bf16>(std::mem::size_of::<bf16>(), t * h)?;
+                buf.combine_tokens(pe, &s, &d, &yt, &odd)?;
+                s.synchronize()?;
+                buf.check(pe)?;
+                check(&pe.local_vec(&odd)?, "unaligned out");
+            }
             // A y shorter than the receive area is refused before any kernel runs.
             if me == 0 && t == 40 {
                 let short = yt.view::<bf16>(0, n * cap * h - 1)?;
@@ -1378,6 +1420,100 @@ gpu_mode_test!(
     gpu_config(4),
     combine_tokens_body,
     [processes(2)]
+);
+
+/// combine_tokens captured with dispatch in one graph (capturable mode, token-major), replayed
+/// with a new routing each time: each PE returns its receive rows as its per-token results
+/// (`y` = the receive area), so token t's output is x[t] times the number of PEs it went to
+/// (f32 sums of bf16 values, exact, rounded once), zeros for tokens without experts.
+fn combine_tokens_graph_body(pe: &Pe) -> Result<()> {
+    combine_tokens_graph_with(pe, TokensCombine::Pull)?;
+    combine_tokens_graph_with(pe, TokensCombine::Push)
+}
+
+fn combine_tokens_graph_with(pe: &Pe, how: TokensCombine) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = EpConfig {
+        layout: RecvLayout::TokenMajor,
+        ..cfg(n, EpMode::Capturable { capacity: 40 })
+    };
+    let (t, k, h, el) = (37, 6, c.hidden, c.num_experts / n);
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    buf.set_tokens_combine(how);
+    let inp = inputs::<bf16>(pe, &c, n)?;
+    let step = |case: Case, seed: u64| Step {
+        case,
+        t,
+        k,
+        seed,
+        i64_ids: false,
+        scale: false,
+    };
+    write_inputs(pe, &c, &inp, &step(Case::Random, 300))?;
+    pe.barrier_all()?;
+    let recv = buf.recv_x()?;
+    s.begin_capture()?;
+    let captured = dispatch(pe, &s, &buf, &inp, &step(Case::Random, 300))
+        .and_then(|d| buf.combine_tokens(pe, &s, &d, &recv, &inp.out));
+    let graph = s.end_capture()?;
+    captured?;
+    for rep in 0..10u64 {
+        let case = match rep % 5 {
+            1 => Case::OnePe,
+            2 => Case::NoneToLast,
+            3 => Case::AllMinusOne,
+            _ => Case::Random,
+        };
+        let st = step(case, 400 + rep);
+        write_inputs(pe, &c, &inp, &st)?;
+        pe.local_fill(&inp.out, bf16::from_f64(-77.0))?;
+        pe.barrier_all()?;
+        graph.launch(&s)?;
+        s.synchronize()?;
+        buf.check(pe)?;
+        let (ids, _) = routing(me, n, case, t, k, c.num_experts, st.seed);
+        let out = pe.local_vec(&inp.out)?;
+        for tok in 0..t {
+            let pes = (0..n)
+                .filter(|&d| {
+                    (0..k).any(|j| ids[tok * k + j] >= 0 && ids[tok * k + j] as usize / el == d)
+                })
+                .count();
+            for col in 0..h {
+                let x = xval::<bf16>(me, tok, col).to_f64() as f32;
+                let want = bf16::from_f64((x * pes as f32) as f64);
+                assert!(
+                    out[tok * h + col] == want,
+                    "PE {me} {how:?} replay {rep} {case:?}: token {tok} element {col}: {:?} != {want:?}",
+                    out[tok * h + col]
+                );
+            }
+        }
+        assert!(
+            out[t * h..].iter().all(|v| *v == bf16::from_f64(-77.0)),
+            "PE {me} replay {rep}: combine_tokens wrote beyond T rows"
+        );
+        pe.barrier_all()?;
+    }
+    drop(graph);
+    free_inputs(pe, inp)?;
+    buf.free(pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_combine_tokens_graph_replay() {
+    on_gpus(2, combine_tokens_graph_body);
+}
+
+gpu_mode_test!(
+    gpu_ep_combine_tokens_graph_replay,
+    gpu_config(4),
+    combine_tokens_graph_body,
+    [processes(2), mixed(4)]
 );
 
 /// The MoE benchmark on a world of one PE, where NCCL can run on a one-GPU machine (one rank):

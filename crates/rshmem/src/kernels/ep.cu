@@ -35,7 +35,8 @@ struct ep_params {
 // start (block 0), 1 layout done (the last block), 2 peers ready, 3 records and their signals
 // out, 4 send start (block 0), 5 send end (the latest block), 6 peers' records in, 7 peers' rows
 // in, 8 dispatch wait end, 9 permute start, 10 permute end, 11 csend start, 12 csend end,
-// 13 combine wait end, 14 crecv start, 15 crecv end, then the latest of ep_layout's blocks:
+// 13 combine wait end, 14 crecv start, 15 crecv end (the pull combine: 11 ep_cready start, 12
+// its ready signals out, 13 its wait end, 14-15 ep_cpull), then the latest of ep_layout's blocks:
 // 16 start, 17 tokens counted, 18 counts fenced; printed by the benchmark's
 // RSHMEM_EP_BREAKDOWN. Compiled away by default.
 #ifndef EP_STAMPS
@@ -70,8 +71,19 @@ struct ep_params {
 #define EP_CTL_ROWS 6
 #define EP_CTL_TOKENS 7
 #define EP_CTL_TOPK 8
+// ep_send's gate: 0 from ep_layout's block 0, 1 once ep_layout's last block has every block's
+// counts and the step's decision (ep_send starts on it, not on ep_layout's end).
+#define EP_CTL_GATE 9
+// Combines by the push path (ep_cwait's count; EP_CTL_CWAIT counts every combine).
+#define EP_CTL_CPUSH 10
 // sig words (this PE's, n each; member s writes word s of a group): records (set to the epoch),
-// data (ep_send's blocks add 1), combine (ep_csend's blocks add 1), ready (set to the epoch).
+// data (ep_send's blocks add 1), combine (ep_csend's blocks add 1), ready (set to the epoch),
+// then the pull combine's: its ready and done (set to the combine's number, ctl[CWAIT]) and the
+// heap offset of the member's y (written before its ready signal).
+#define EP_SIG_CREADY 4
+#define EP_SIG_CDONE 5
+#define EP_SIG_YOFF 6
+#define EP_SIG_GROUPS 7
 // acc words (u32, this PE only): E (token, slot) pairs per expert, n tokens per destination, the
 // invalid-input flag and the blocks' ticket (all four added to by ep_layout's blocks, zeroed by
 // ep_dwait), then each block's count per destination ([grid][n], written by ep_layout).
@@ -121,6 +133,13 @@ __device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_
     if (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)
         atomicOr_system((unsigned long long*)rshmem_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
     rshmemi_red_add_release((rshmem_u64*)rshmem_ptr(sig, pe), 1);
+}
+// As ep_signal, setting PE `pe`'s word `sig` to `v` instead of adding 1.
+__device__ __forceinline__ void ep_signal_set(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64 v, int pe) {
+    asm volatile("fence.sc.sys;" ::: "memory");
+    if (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)
+        atomicOr_system((unsigned long long*)rshmem_ptr((const void*)(ctl + EP_CTL_ERR), pe), EP_ERR_ABORT);
+    rshmemi_st_release((rshmem_u64*)rshmem_ptr(sig, pe), v);
 }
 
 __device__ __forceinline__ int ep_pe(const ep_params* P, int d) { return (int)(P->start + d * P->stride); }
@@ -250,6 +269,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     for (int d = tid; d < n; d += nth) s_cnt[d] = 0;
     for (int e = tid; e < E; e += nth) s_pairs[e] = 0;
     if (tid == 0) s_bad = 0;
+    // ep_send's gate closes (the previous step's ep_send ended before this kernel began).
+    if (blockIdx.x == 0 && tid == 0) ((volatile unsigned long long*)ctl)[EP_CTL_GATE] = 0;
     __syncthreads();
     // The last warp of block 0 signals while the first ones count tokens (when warp 0 sent them,
     // its fences delayed block 0's count by about 3 us).
@@ -313,10 +334,13 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
         ctl[EP_CTL_EPOCH] = epoch;
         ctl[EP_CTL_TOKENS] = (rshmem_u64)T;
         ctl[EP_CTL_TOPK] = (rshmem_u64)topk;
+        // The gate opens: every block's counts (each fenced before its ticket) and the words
+        // above are ordered before it.
+        asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(ctl + EP_CTL_GATE), "l"(1ull) : "memory");
     }
     __syncthreads();
-    // ep_send may become resident now (its blocks wait for this kernel's end): this block no
-    // longer waits for other PEs, and the other blocks have exited.
+    // ep_send may become resident now (it starts on the gate, while this block still puts the
+    // records): this block no longer waits for other PEs, and the other blocks have exited.
     rshmemi_grid_dep_launch();
     const long long RW = EP_REC_FIXED + El;
     rshmem_u64* rec = (rshmem_u64*)P->rec;
@@ -477,18 +501,26 @@ __device__ __noinline__ void ep_copy_row(void* d, const void* s, long long bytes
 // signal for this PE (also when nothing moves, so the counters stay in step: the grid is the
 // same on every PE of the buffer).
 extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, const ep_t* x, const ep_id* ids, const float* w) {
-    rshmemi_grid_dep_wait();
-    // ep_dwait (one block) may become resident now.
-    rshmemi_grid_dep_launch();
     __shared__ unsigned s_cnt[EP_MAX_PES];
     __shared__ unsigned s_wt[32];
     __shared__ unsigned s_wbase[32];
+    __shared__ int s_go;
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me, E = (int)P->experts, El = (int)P->el;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
     const unsigned tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarps = (nth + 31) / 32;
+    // Starts on ep_layout's gate, not on ep_layout's end (about 9 us later at T = 4096: its
+    // last block still puts the records and their signals). The gate is open by the time this
+    // kernel is let in; the wait only acquires what ep_layout wrote before it.
+    if (tid == 0) {
+        rshmemi_wait64((const rshmem_u64*)ctl + EP_CTL_GATE, RSHMEM_CMP_EQ, 1, me);
+        s_go = !ep_timed_out() && ctl[EP_CTL_GO] != 0;
+    }
+    __syncthreads();
+    // ep_dwait (one block) may become resident now.
+    rshmemi_grid_dep_launch();
     EP_STAMP_FIRST(ctl, 4);
-    if (ctl[EP_CTL_GO]) {
+    if (s_go) {
         const int T = (int)ctl[EP_CTL_TOKENS], topk = (int)ctl[EP_CTL_TOPK];
         int* tok_pos = (int*)P->tok_pos;
         const unsigned* bcnt = (const unsigned*)P->acc + E + n + 2;
@@ -557,6 +589,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
             }
         }
     }
+    // ep_layout's end (long past by now): ep_dwait waits for this kernel's end, so for both.
+    rshmemi_grid_dep_wait();
     __syncthreads();
     EP_STAMP_LAST(ctl, 5);
     rshmem_u64* sig = (rshmem_u64*)P->sig;
@@ -570,7 +604,11 @@ extern "C" __global__ void ep_cwait(const ep_params* P) {
     __shared__ rshmem_u64 s_c;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     const int n = (int)P->n;
-    if (threadIdx.x == 0) { s_c = ctl[EP_CTL_CWAIT] + 1; ctl[EP_CTL_CWAIT] = s_c; }
+    if (threadIdx.x == 0) {
+        ctl[EP_CTL_CWAIT] += 1;  // every combine (the combine area's parity)
+        s_c = ctl[EP_CTL_CPUSH] + 1;  // push combines: their blocks' signals
+        ctl[EP_CTL_CPUSH] = s_c;
+    }
     __syncthreads();
     rshmem_u64* sig = (rshmem_u64*)P->sig + 2 * n;
     for (int s = threadIdx.x; s < n; s += blockDim.x)
@@ -924,6 +962,163 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     EP_STAMP_FIRST(ctl, 14);
     ep_sum_rows(tok_pos, T, n, C, H, comb, out, own, own ? (int)P->me : -1);
     EP_STAMP_LAST(ctl, 15);
+}
+
+// ----- the pull combine (combine_tokens): ep_cready (1 block) -> ep_cpull (grid) -> ep_cdone (1 block)
+// Every PE reads the rows its peers hold for its tokens straight from their `y` (symmetric, one
+// row per receive row: a token's row on PE d is d's y row me * C + tok_pos[t][d]) and sums them
+// with its own, ascending over PEs as ep_crecv does: no copy into combine areas and no second
+// pass over them; the link carries loads while the sums are made. A PE's y must stay as it is
+// until every peer has read it, hence the done handshake at the end.
+
+// Pull combine, step 1 (one block): this combine's number (ctl[CWAIT] + 1); puts y's heap offset
+// (`y`: this PE's address of its symmetric y) and a ready signal carrying the number to every
+// PE (y is complete: the kernels before this one on the stream have ended), then waits for
+// every PE's. A timeout or an abort, here or from a peer, stops the step (ctl[GO] = 0) as in
+// ep_cwait.
+extern "C" __global__ void ep_cready(const ep_params* P, const ep_t* y) {
+    rshmemi_grid_dep_wait();
+    __shared__ rshmem_u64 s_c;
+    unsigned long long* ctl = (unsigned long long*)P->ctl;
+    const int n = (int)P->n, me = (int)P->me;
+    if (threadIdx.x == 0) {
+        EP_STAMP(ctl, 11);
+        s_c = ctl[EP_CTL_CWAIT] + 1;
+        ctl[EP_CTL_CWAIT] = s_c;
+    }
+    __syncthreads();
+    rshmem_u64* sig = (rshmem_u64*)P->sig;
+    const rshmem_u64 yoff = (rshmem_u64)y - rshmem_dstate.my_base;
+    for (int d = threadIdx.x; d < n; d += blockDim.x) {
+        const int pe = ep_pe(P, d);
+        *(volatile rshmem_u64*)rshmem_ptr(sig + EP_SIG_YOFF * n + me, pe) = yoff;
+        ep_signal_set(ctl, sig + EP_SIG_CREADY * n + me, s_c, pe);
+    }
+    EP_STAMP_LAST(ctl, 12);
+    for (int s = threadIdx.x; s < n; s += blockDim.x)
+        rshmemi_wait64(sig + EP_SIG_CREADY * n + s, RSHMEM_CMP_GE, s_c, ep_pe(P, s));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        ep_abort_if_failed(ctl);
+        EP_STAMP(ctl, 13);
+    }
+    // ep_cpull may become resident now (no wait for other PEs is left here).
+    rshmemi_grid_dep_launch();
+}
+
+// The pull combine's temporary rows (T <= n * C, checked by the host): the half of this PE's
+// combine area that the next push combine (ep_csend writes half ctl[CWAIT] & 1 of its peers'
+// areas) leaves alone; no peer writes the other half while this combine runs.
+__device__ __forceinline__ ep_t* ep_ptemp(const ep_params* P) {
+    const unsigned long long c = ((const volatile unsigned long long*)P->ctl)[EP_CTL_CWAIT];
+    return (ep_t*)P->comb + (long long)((c + 1) & 1) * P->n * P->cap * P->hidden;
+}
+
+// acc += the rows bases[d] + pos[d] * H over d ascending with pos[d] >= 0, two rows' loads in
+// flight (ep_sum_pes with a base per PE).
+template <int U>
+__device__ __forceinline__ void ep_sum_bases(float (&acc)[U][EP_VEC], const int* pos, int n, const ep_t* const* bases,
+                                             long long H, int v0, int nv) {
+    int d = 0;
+    while (true) {
+        int p1 = -1, p2 = -1;
+        for (; d < n && p1 < 0; d++) p1 = pos[d] < 0 ? -1 : d;
+        for (; d < n && p2 < 0; d++) p2 = pos[d] < 0 ? -1 : d;
+        if (p1 < 0) break;
+        rshmemi_v4 a1[U], a2[U];
+        ep_load<U>(a1, (const rshmemi_v4*)(bases[p1] + pos[p1] * H), v0, nv, false);
+        if (p2 >= 0) ep_load<U>(a2, (const rshmemi_v4*)(bases[p2] + pos[p2] * H), v0, nv, false);
+        ep_accum<U>(acc, a1, 1.f, false);
+        if (p2 >= 0) ep_accum<U>(acc, a2, 1.f, false);
+        if (p2 < 0) break;
+    }
+}
+
+// Pull combine, step 2 (grid): out[t] = sum over PEs d ascending (tok_pos[t][d] >= 0) of row
+// me * C + tok_pos[t][d] of PE d's y, in f32, rounded once; zeros for tokens without experts.
+// Work units (token, chunk of the row) as in ep_crecv. Waits for no PE. A null `out` (it
+// overlaps y) means this PE's temporary rows (ep_ptemp), which ep_ccopy copies to it later.
+extern "C" __global__ void __launch_bounds__(512) ep_cpull(const ep_params* P, ep_t* out) {
+    rshmemi_grid_dep_wait();
+    // ep_cdone (one block) may become resident now.
+    rshmemi_grid_dep_launch();
+    __shared__ const ep_t* s_base[EP_MAX_PES];
+    const unsigned long long* ctl = (const unsigned long long*)P->ctl;
+    if (!ctl[EP_CTL_GO]) return;
+    const int n = (int)P->n, me = (int)P->me;
+    const long long H = P->hidden, C = P->cap;
+    const int T = (int)ctl[EP_CTL_TOKENS];
+    if (out == nullptr) out = ep_ptemp(P);
+    const rshmem_u64* yoff = (const rshmem_u64*)P->sig + EP_SIG_YOFF * n;
+    for (int d = threadIdx.x; d < n; d += blockDim.x)
+        s_base[d] = (const ep_t*)rshmem_ptr((const void*)(rshmem_dstate.my_base + yoff[d]), ep_pe(P, d)) + me * C * H;
+    __syncthreads();
+    EP_STAMP_FIRST(ctl, 14);
+    const int* tok_pos = (const int*)P->tok_pos;
+    const unsigned lane = threadIdx.x & 31;
+    // The vector path where the row size and every PE's rows are 16-byte aligned.
+    bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out);
+    for (int d = 0; d < n && vec; d++) vec = ep_al16((unsigned long long)s_base[d]);
+    const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
+    const long long chunk = 32 * EP_UR;
+    const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
+    const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
+    for (long long u = gw; u < (long long)T * nch; u += nw) {
+        const long long t = u / nch, c = u % nch;
+        const int* pos = tok_pos + t * n;
+        if (vec) {
+            const int v0 = (int)(c * chunk) + (int)lane;
+            float acc[EP_UR][EP_VEC];
+#pragma unroll
+            for (int q = 0; q < EP_UR; q++)
+#pragma unroll
+                for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
+            ep_sum_bases<EP_UR>(acc, pos, n, s_base, H, v0, nv);
+            ep_round_store<EP_UR>(out + t * H, acc, v0, nv);
+        } else {
+            for (long long h = lane; h < H; h += 32) {
+                float a = 0.f;
+                for (int d = 0; d < n; d++)
+                    if (pos[d] >= 0) a += ep_f(s_base[d][pos[d] * H + h]);
+                ep_from(a, &out[t * H + h]);
+            }
+        }
+    }
+    EP_STAMP_LAST(ctl, 15);
+}
+
+// Pull combine, step 3 (one block): tells every PE that this PE has read its y (ep_cpull has
+// ended) and waits until every PE has read this PE's: the caller may write y again once the
+// stream is past this kernel.
+extern "C" __global__ void ep_cdone(const ep_params* P) {
+    rshmemi_grid_dep_wait();
+    unsigned long long* ctl = (unsigned long long*)P->ctl;
+    const int n = (int)P->n;
+    const rshmem_u64 c = ctl[EP_CTL_CWAIT];
+    rshmem_u64* sig = (rshmem_u64*)P->sig;
+    for (int d = threadIdx.x; d < n; d += blockDim.x)
+        ep_signal_set(ctl, sig + EP_SIG_CDONE * n + (int)P->me, c, ep_pe(P, d));
+    for (int s = threadIdx.x; s < n; s += blockDim.x)
+        rshmemi_wait64(sig + EP_SIG_CDONE * n + s, RSHMEM_CMP_GE, c, ep_pe(P, s));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        ep_abort_if_failed(ctl);
+    }
+    // ep_ccopy may become resident now.
+    rshmemi_grid_dep_launch();
+}
+
+// The pull combine's last step where `out` overlaps this PE's y: ep_cpull wrote the sums to its
+// temporary rows (ep_ptemp), copied to out once every PE has read y.
+extern "C" __global__ void __launch_bounds__(512) ep_ccopy(const ep_params* P, ep_t* out) {
+    rshmemi_grid_dep_wait();
+    const unsigned long long* ctl = (const unsigned long long*)P->ctl;
+    if (!ctl[EP_CTL_GO]) return;
+    const long long bytes = (long long)ctl[EP_CTL_TOKENS] * P->hidden * (long long)sizeof(ep_t);
+    rshmemi_copy(out, ep_ptemp(P), (size_t_rshmem)bytes, blockIdx.x * blockDim.x + threadIdx.x,
+                 gridDim.x * blockDim.x);
 }
 
 // A stand-in expert computation: y[r] = x[r] * factor[local expert of row r], for the rows of

@@ -156,6 +156,42 @@ const ERR_CAPACITY: u64 = 4;
 const ERR_CORRUPT: u64 = 8;
 const ERR_ABORT: u64 = 16;
 const REC_FIXED: usize = 4;
+/// Signal word groups of `n` words (`EP_SIG_GROUPS`).
+const SIG_GROUPS: usize = 7;
+
+/// How [`Buffer::combine_tokens`] moves the rows back. Every PE of the team must use the same
+/// (the default comes from the configuration and `RSHMEM_EP_COMBINE_TOKENS`, alike on every PE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokensCombine {
+    /// [`Pull`](Self::Pull) where one (source, destination) pair's receive rows
+    /// (`pair_capacity * hidden` elements) take at least [`PULL_MIN_PAIR_BYTES`], otherwise
+    /// [`Push`](Self::Push).
+    Auto,
+    /// Each PE puts its rows into their sources' combine areas, which then sum them: one
+    /// handshake, two passes over the rows (the faster at decode sizes).
+    Push,
+    /// Each PE reads its tokens' rows straight from its peers' `y` and sums them as they come:
+    /// one pass, but a ready and a done handshake (y stays untouched until every peer has read
+    /// it). 2x H200, T = 4096, H = 7168 bf16: 193 us against 222 us pushed.
+    Pull,
+}
+
+/// [`TokensCombine::Auto`]'s threshold (2x H200: BENCHMARKS.md).
+pub const PULL_MIN_PAIR_BYTES: usize = 8 << 20;
+
+impl TokensCombine {
+    /// `RSHMEM_EP_COMBINE_TOKENS`: `auto` (or unset), `push` or `pull`.
+    fn from_env() -> Result<TokensCombine> {
+        match std::env::var("RSHMEM_EP_COMBINE_TOKENS").as_deref() {
+            Err(_) | Ok("auto") | Ok("") => Ok(TokensCombine::Auto),
+            Ok("push") => Ok(TokensCombine::Push),
+            Ok("pull") => Ok(TokensCombine::Pull),
+            Ok(v) => Err(Error::invalid(format!(
+                "RSHMEM_EP_COMBINE_TOKENS={v}: expected auto, push or pull"
+            ))),
+        }
+    }
+}
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -258,8 +294,9 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
             RecvLayout::TokenMajor => 0,
         },
         mul(mul(n, rw)?, 8)?,
-        // Signals: records, data, combine, ready (n words each).
-        4 * n * 8,
+        // Signals: records, data, combine, ready, then the pull combine's ready, done and y
+        // offsets (n words each).
+        SIG_GROUPS * n * 8,
         // 16 control words, then 32 for EP_STAMPS measurements.
         48 * 8,
         n * 4,
@@ -491,6 +528,11 @@ pub struct Buffer<T: Elem> {
     csend: Kernel,
     crecv: Kernel,
     scale: Kernel,
+    cready: Kernel,
+    cpull: Kernel,
+    cdone: Kernel,
+    ccopy: Kernel,
+    tokens_combine: std::cell::Cell<TokensCombine>,
     dispatches: std::cell::Cell<u64>,
     grid: u32,
     _t: std::marker::PhantomData<fn() -> T>,
@@ -526,6 +568,23 @@ impl<T: Elem> Buffer<T> {
         self.plan.cap
     }
 
+    /// Chooses how [`combine_tokens`](Self::combine_tokens) moves rows (collective in effect:
+    /// every PE of the team must set the same before its next `combine_tokens`).
+    pub fn set_tokens_combine(&self, how: TokensCombine) {
+        self.tokens_combine.set(how);
+    }
+
+    /// Whether `combine_tokens` pulls (the setting, `Auto` resolved by the pair size).
+    pub fn tokens_combine_pulls(&self) -> bool {
+        match self.tokens_combine.get() {
+            TokensCombine::Pull => true,
+            TokensCombine::Push => false,
+            TokensCombine::Auto => {
+                self.plan.cap * self.cfg.hidden * std::mem::size_of::<T>() >= PULL_MIN_PAIR_BYTES
+            }
+        }
+    }
+
     /// Receive rows, `n * C` (`C` = [`pair_capacity`](Self::pair_capacity)): the rows of
     /// [`recv_x`](Self::recv_x) and of `combine_tokens`' input.
     pub fn recv_rows(&self) -> usize {
@@ -543,6 +602,7 @@ impl<T: Elem> Buffer<T> {
         let g = CudaPe::new(pe)?;
         let n = team.n_pes();
         let prepared = (|| {
+            let tokens_combine = TokensCombine::from_env()?;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
             let o32 = kernel_options(T::KIND, ElemKind::I32)?;
@@ -561,13 +621,25 @@ impl<T: Elem> Buffer<T> {
                     k("ep_crecv", &o32)?,
                     k("ep_scale_experts", &o32)?,
                 ],
+                [
+                    k("ep_cready", &o32)?,
+                    k("ep_cpull", &o32)?,
+                    k("ep_cdone", &o32)?,
+                    k("ep_ccopy", &o32)?,
+                ],
             );
-            Ok::<_, Error>((dt, p, ks))
+            Ok::<_, Error>((dt, p, ks, tokens_combine))
         })();
         let (
             dt,
             plan,
-            ([layout32, send32], [layout64, send64], [dwait, cwait, permute, csend, crecv, scale]),
+            (
+                [layout32, send32],
+                [layout64, send64],
+                [dwait, cwait, permute, csend, crecv, scale],
+                [cready, cpull, cdone, ccopy],
+            ),
+            tokens_combine,
         ) = match prepared {
             Ok(v) => v,
             Err(e) => {
@@ -613,6 +685,11 @@ impl<T: Elem> Buffer<T> {
             csend,
             crecv,
             scale,
+            cready,
+            cpull,
+            cdone,
+            ccopy,
+            tokens_combine: std::cell::Cell::new(tokens_combine),
             dispatches: std::cell::Cell::new(0),
             grid,
             _t: std::marker::PhantomData,
@@ -624,7 +701,7 @@ impl<T: Elem> Buffer<T> {
             .map(|w| w.1)
             .collect();
         pe.local_write(&buf.view::<u64>(p.params, PARAM_WORDS)?, 0, &params)?;
-        pe.local_fill(&buf.view::<u64>(p.sig, 4 * n)?, 0)?;
+        pe.local_fill(&buf.view::<u64>(p.sig, SIG_GROUPS * n)?, 0)?;
         pe.local_fill(&buf.view::<u32>(p.acc, cfg.num_experts + n + 2)?, 0)?;
         pe.local_fill(&buf.view::<u64>(p.ctl, 48)?, 0)?;
         pe.local_fill(&buf.view::<u32>(p.expert_off, cfg.num_experts / n + 1)?, 0)?;
@@ -984,11 +1061,43 @@ impl<T: Elem> Buffer<T> {
         let prm = KernelArg::Ptr(self.params_ptr(&g)?);
         let yp = KernelArg::Ptr(g.ptr(y)?);
         let op = KernelArg::Ptr(g.ptr(out)?);
-        // combine_tokens: this PE's rows for its own tokens are read from y by ep_crecv instead
-        // of being copied to the combine area first, unless out overlaps y (then ep_crecv's
-        // writes could meet rows it has yet to read).
-        let own = tokens && !overlaps(y, out);
-        let (mode, own_p) = match (tokens, own) {
+        if tokens && self.tokens_combine_pulls() {
+            // The pull combine: every PE reads its tokens' rows from its peers' y. Where out
+            // overlaps y (which peers read until the done handshake), the sums go to temporary
+            // rows (half of the combine area, n * C rows) and are copied to out afterwards.
+            let temp = overlaps(y, out);
+            if temp && handle.num_tokens > self.recv_rows() {
+                return Err(Error::invalid(format!(
+                    "ep combine_tokens: out overlaps y, and the {} tokens exceed the {} temporary rows; \
+                     give out its own memory",
+                    handle.num_tokens,
+                    self.recv_rows()
+                )));
+            }
+            let dst = if temp { KernelArg::Ptr(0) } else { op };
+            // SAFETY: (all launched as dependents, each beginning with rshmemi_grid_dep_wait)
+            // ep_cready(const ep_params*, const ep_t*), ep_cpull(const ep_params*, ep_t*),
+            // ep_cdone(const ep_params*), ep_ccopy(const ep_params*, ep_t*): y is this PE's
+            // symmetric object of n * C receive rows (checked above; peers read those rows at
+            // the offset ep_cready publishes), out holds T rows, or null: the temporary rows,
+            // n * C >= T (checked above), copied to out by ep_ccopy.
+            unsafe {
+                g.launch_dependent(&self.cready, s, 1, 64, 0, &[prm, yp])?;
+                mark()?;
+                g.launch_dependent(&self.cpull, s, self.grid, BLOCK, 0, &[prm, dst])?;
+                mark()?;
+                g.launch_dependent(&self.cdone, s, 1, 64, 0, &[prm])?;
+                if temp {
+                    g.launch_dependent(&self.ccopy, s, self.grid, BLOCK, 0, &[prm, op])?;
+                }
+            }
+            mark()?;
+            return Ok(());
+        }
+        // combine_tokens pushed: this PE's rows for its own tokens are read from y by ep_crecv
+        // instead of being copied to the combine area first, unless out overlaps y (then
+        // ep_crecv's writes could meet rows it has yet to read).
+        let (mode, own_p) = match (tokens, tokens && !overlaps(y, out)) {
             (true, true) => (2, yp),
             (t, _) => (t as i32, KernelArg::Ptr(0)),
         };
@@ -1705,7 +1814,7 @@ mod tests {
     #[test]
     fn launches_match_the_kernel_signatures() {
         let (p, i, l) = ("ptr", "int", "long long");
-        let launches: [(&str, Vec<&str>); 14] = [
+        let launches: [(&str, Vec<&str>); 18] = [
             // ep.rs
             ("ep_layout", vec![p, p, p, i, i, i, i]),
             ("ep_send", vec![p, p, p, p]),
@@ -1715,6 +1824,10 @@ mod tests {
             ("ep_csend", vec![p, p, i]),
             ("ep_crecv", vec![p, p, p]),
             ("ep_scale_experts", vec![p, p, p, p, i]),
+            ("ep_cready", vec![p, p]),
+            ("ep_cpull", vec![p, p]),
+            ("ep_cdone", vec![p]),
+            ("ep_ccopy", vec![p, p]),
             // ep_base.rs
             ("epb_layout", vec![p, i, i, i, i, p, p, p]),
             ("epb_pack", vec![p, p, p, p, i, i, i, l, p, p]),
@@ -1899,6 +2012,7 @@ mod tests {
             ("EP_CTL_INFO", CTL_INFO),
             ("EP_CTL_ROWS", CTL_ROWS),
             ("EP_REC_FIXED", REC_FIXED),
+            ("EP_SIG_GROUPS", SIG_GROUPS),
             ("EP_MAX_PES", MAX_GPU_EP_PES),
             ("EP_INDEX_EXPERTS", INDEX_EXPERTS),
         ] {

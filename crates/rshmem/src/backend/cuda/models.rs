@@ -840,6 +840,10 @@ enum EpOp {
     Dispatch,
     /// `ep_csend` → `ep_cwait` → `ep_crecv` (on the latest dispatch's layout).
     Combine,
+    /// `combine_tokens`: the caller's expert kernel writes this PE's `y`, then `ep_cready` →
+    /// `ep_cpull` → `ep_cdone` → `ep_ccopy` (the sums through the temporary rows, as where
+    /// `out` overlaps `y`).
+    PullCombine,
 }
 
 const EP_ABORT: u64 = 16;
@@ -862,12 +866,18 @@ struct EpMem {
     sig_ready: Vec<AtomicU64>,
     sig_data: Vec<AtomicU64>,
     sig_comb: Vec<AtomicU64>,
+    /// The pull combine's ready and done words (set to the combine number).
+    sig_cready: Vec<AtomicU64>,
+    sig_cdone: Vec<AtomicU64>,
     /// `ctl[EP_CTL_ERR]` of each PE (peers `atomicOr_system` the abort bit into it).
     err: Vec<AtomicU64>,
     /// Receive rows and row records `recv[pe][src][pos]` (plain stores): the dispatch number.
     recv: Cells,
     /// Combine rows `comb[pe][parity][src][pos]`: the combine number.
     comb: Cells,
+    /// The caller's `y` rows `y[pe][src][pos]` (plain stores by its expert kernel): the combine
+    /// number.
+    y: Cells,
 }
 
 const EP_N: usize = 2;
@@ -880,9 +890,12 @@ impl EpMem {
             sig_ready: words(EP_N * EP_N),
             sig_data: words(EP_N * EP_N),
             sig_comb: words(EP_N * EP_N),
+            sig_cready: words(EP_N * EP_N),
+            sig_cdone: words(EP_N * EP_N),
             err: words(EP_N),
             recv: Cells::new(EP_N * EP_N * EP_C),
             comb: Cells::new(EP_N * 2 * EP_N * EP_C),
+            y: Cells::new(EP_N * EP_N * EP_C),
         }
     }
     fn recv_at(pe: usize, src: usize, pos: usize) -> usize {
@@ -909,7 +922,8 @@ struct EpTrace {
 /// records written as `ep_prep` once did, also after this PE gave up.
 fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep: bool) -> EpTrace {
     let peers = || (0..EP_N).filter(move |&p| p != me);
-    let (mut epoch, mut dwait, mut cwait) = (0u64, 0u64, 0u64);
+    // cwait: every combine (ctl[CWAIT], the parity); cpush: push combines (ctl[CPUSH]).
+    let (mut epoch, mut dwait, mut cwait, mut cpush) = (0u64, 0u64, 0u64, 0u64);
     let mut go = false;
     let mut failed = false; // the device error word (RSHMEM_ERR_TIMEOUT), sticky
     let mut recv_cnt = [0usize; EP_N];
@@ -1055,8 +1069,9 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                 }
                 // ep_cwait
                 cwait += 1;
+                cpush += 1;
                 for s in peers() {
-                    wait(&mem.sig_comb[me * EP_N + s], cwait, &mut failed, &mut gave);
+                    wait(&mem.sig_comb[me * EP_N + s], cpush, &mut failed, &mut gave);
                 }
                 fence(Ordering::AcqRel);
                 abort_if_failed(failed, &mut go);
@@ -1067,6 +1082,72 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                         for pos in 0..ep_rows(k, me, d) {
                             let v = mem.comb.get(EpMem::comb_at(me, parity, d, pos));
                             assert_eq!(v, c, "PE {me} combine {c}: row of {d} at {pos}");
+                        }
+                    }
+                }
+            }
+            EpOp::PullCombine => {
+                // The caller's expert kernel: every row of y (go or not).
+                let c = cwait + 1;
+                for s in 0..EP_N {
+                    for i in 0..EP_C {
+                        mem.y.put((me * EP_N + s) * EP_C + i, c);
+                    }
+                }
+                // ep_cready: fence.sc + st.release of the number into every peer's ready word
+                // (the abort bit first), wait for every peer's, fence, stop on a timeout or
+                // an abort.
+                cwait += 1;
+                let set = |sig: &Vec<AtomicU64>, d: usize| {
+                    fence(Ordering::SeqCst);
+                    if mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0 {
+                        mem.err[d].fetch_or(EP_ABORT, Ordering::Relaxed);
+                    }
+                    sig[d * EP_N + me].store(cwait, Ordering::Release);
+                };
+                for d in peers() {
+                    set(&mem.sig_cready, d);
+                }
+                for s in peers() {
+                    wait(
+                        &mem.sig_cready[me * EP_N + s],
+                        cwait,
+                        &mut failed,
+                        &mut gave,
+                    );
+                }
+                fence(Ordering::AcqRel);
+                abort_if_failed(failed, &mut go);
+                // ep_cpull: each peer's rows for this PE's tokens, read from the peer's y; the
+                // sums into the temporary half of this PE's combine area.
+                let temp = ((cwait + 1) & 1) as usize;
+                if go {
+                    for d in peers() {
+                        for pos in 0..ep_rows(k, me, d) {
+                            let v = mem.y.get((d * EP_N + me) * EP_C + pos);
+                            assert_eq!(v, c, "PE {me} combine {c}: y row of {d} at {pos}");
+                        }
+                    }
+                    for s in 0..EP_N {
+                        for i in 0..EP_C {
+                            mem.comb.put(EpMem::comb_at(me, temp, s, i), c);
+                        }
+                    }
+                }
+                // ep_cdone: the done words likewise, then every peer's.
+                for d in peers() {
+                    set(&mem.sig_cdone, d);
+                }
+                for s in peers() {
+                    wait(&mem.sig_cdone[me * EP_N + s], cwait, &mut failed, &mut gave);
+                }
+                fence(Ordering::AcqRel);
+                abort_if_failed(failed, &mut go);
+                // ep_ccopy: the temporary rows into out (this PE's memory only).
+                if go {
+                    for s in 0..EP_N {
+                        for i in 0..EP_C {
+                            assert_eq!(mem.comb.get(EpMem::comb_at(me, temp, s, i)), c);
                         }
                     }
                 }
@@ -1175,6 +1256,48 @@ fn loom_ep_abort_propagation() {
     // Waits per PE and pair with 2 PEs: ep_layout 1, ep_dwait 2 (records, rows), ep_cwait 1.
     for pe in 0..EP_N {
         for w in 0..4 {
+            ep_model(ops.clone(), Some((pe, w)), false, 1);
+        }
+    }
+}
+
+/// EP model, 2 PEs: pull combines (`combine_tokens`) among push combines and dispatches.
+/// Checks that every y row a peer reads is of its current combine and that no PE's expert
+/// kernel overwrites y while a peer may still read it (the done handshake); that the
+/// temporary rows (one half of the combine area) never meet a peer's push into the other
+/// half; and that the push combines' counts stay in step across pull combines.
+#[test]
+fn loom_ep_pull_combine_reuse() {
+    use EpOp::*;
+    ep_model(
+        vec![
+            Dispatch,
+            PullCombine,
+            Combine,
+            PullCombine,
+            Dispatch,
+            PullCombine,
+        ],
+        None,
+        false,
+        1,
+    );
+    ep_model(
+        vec![Dispatch, Combine, PullCombine, PullCombine, Combine],
+        None,
+        false,
+        1,
+    );
+}
+
+/// The abort model with pull combines: every wait of either PE in the first pair times out
+/// in one run (ep_layout 1, ep_dwait 2, ep_cready 1, ep_cdone 1).
+#[test]
+fn loom_ep_pull_abort_propagation() {
+    use EpOp::*;
+    let ops = vec![Dispatch, PullCombine, Dispatch, PullCombine];
+    for pe in 0..EP_N {
+        for w in 0..5 {
             ep_model(ops.clone(), Some((pe, w)), false, 1);
         }
     }
