@@ -1383,7 +1383,10 @@ fn combine_tokens_body(pe: &Pe) -> Result<()> {
                     );
                 }
                 pe.local_write(&yt, 0, &y)?;
-                // And into an output one element off 16-byte alignment (the scalar path).
+            }
+            // And into an output one element off 16-byte alignment (the scalar path), where out
+            // has room for it.
+            if t > 0 && t * h < inp.out.len() {
                 pe.barrier_all()?;
                 let odd = inp.out.view::<bf16>(std::mem::size_of::<bf16>(), t * h)?;
                 buf.combine_tokens(pe, &s, &d, &yt, &odd)?;

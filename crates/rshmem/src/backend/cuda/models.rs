@@ -1290,16 +1290,16 @@ fn loom_ep_pull_combine_reuse() {
     );
 }
 
-/// The abort model with pull combines: every wait of either PE in the first pair times out
-/// in one run (ep_layout 1, ep_dwait 2, ep_cready 1, ep_cdone 1).
+/// The abort model with pull combines: each wait of the first pull combine (ep_cready's,
+/// ep_cdone's: waits 3 and 4 after ep_layout's 1 and ep_dwait's 2; the dispatch's are
+/// `loom_ep_abort_propagation`'s) of PE 0 times out in one run (the PEs run the same code; PE
+/// 1's runs would double the time).
 #[test]
 fn loom_ep_pull_abort_propagation() {
     use EpOp::*;
     let ops = vec![Dispatch, PullCombine, Dispatch, PullCombine];
-    for pe in 0..EP_N {
-        for w in 0..5 {
-            ep_model(ops.clone(), Some((pe, w)), false, 1);
-        }
+    for w in 3..5 {
+        ep_model(ops.clone(), Some((0, w)), false, 1);
     }
 }
 
