@@ -459,6 +459,17 @@ extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) 
 // 32 * U vectors of a row: every lane first issues its U independent loads (U vectors in flight
 // per lane), then stores or accumulates them, so the memory system sees many requests per warp.
 #define EP_U 8   // copies: vectors per lane per chunk
+// ep_send: at most this many vectors per lane per chunk, chunks of equal size, and the stores of
+// a chunk to the peers before the one to this PE (EP_SEND_PEERS_FIRST 0: ascending PEs). 2x
+// H200, T = 4096, H = 7168 bf16, capturable+tokens dispatch: 6 and peers first 194.0-194.3 us;
+// ascending PEs 194.4-194.9; 2, 3, 4, 5 and 8 (8: 256-vector chunks, the last half full, the
+// former code) 195-198 us (BENCHMARKS.md).
+#ifndef EP_SEND_U
+#define EP_SEND_U 6
+#endif
+#ifndef EP_SEND_PEERS_FIRST
+#define EP_SEND_PEERS_FIRST 1
+#endif
 #define EP_UR 4  // reductions: vectors per lane per chunk (two rows' loads in flight: 8)
 __device__ __forceinline__ rshmemi_v4 ep_ldnc(const rshmemi_v4* p) {
     rshmemi_v4 v;
@@ -550,20 +561,28 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
         }
         const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)x | P->recv_x);
         const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
-        const long long chunk = 32 * EP_U;
-        const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
+        // Chunks of about equal size (a multiple of 32 vectors, at most 32 * EP_SEND_U): H =
+        // 7168 bf16 is 4 chunks of 192 vectors and one of 128.
+        const long long nch = vec ? (nv + 32 * EP_SEND_U - 1) / (32 * EP_SEND_U) : 1;
+        const long long chunk = vec ? ((nv + nch - 1) / nch + 31) / 32 * 32 : 0;
         const long long units = (long long)(t1 - t0) * nch;
         for (long long u = warp; u < units; u += nwarps) {
             const long long t = t0 + u / nch, c = u % nch;
             if (vec) {
-                rshmemi_v4 r[EP_U];
+                rshmemi_v4 r[EP_SEND_U];
                 const int v0 = (int)(c * chunk) + (int)lane;
-                ep_load<EP_U>(r, (const rshmemi_v4*)(x + t * H), v0, nv, true);
-                for (int d = 0; d < n; d++) {
+                const int lim = (int)min((long long)nv, (c + 1) * chunk);
+                ep_load<EP_SEND_U>(r, (const rshmemi_v4*)(x + t * H), v0, lim, true);
+                for (int dd = 0; dd < n; dd++) {
+#if EP_SEND_PEERS_FIRST
+                    const int d = dd + me + 1 < n ? dd + me + 1 : dd + me + 1 - n;  // this PE last
+#else
+                    const int d = dd;
+#endif
                     const int pos = tok_pos[t * n + d];
                     if (pos < 0 || pos >= C) continue;
                     rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
-                    ep_store<EP_U>(dst, r, v0, nv);
+                    ep_store<EP_SEND_U>(dst, r, v0, lim);
                 }
             } else {
                 for (int d = 0; d < n; d++) {

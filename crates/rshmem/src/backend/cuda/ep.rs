@@ -35,14 +35,17 @@
 //!    PE's accumulators; the block that finishes last waits for every PE's ready signal and puts
 //!    one record to every PE (status, count, per-local-expert pairs) with a signal carrying the
 //!    call number. No PE waits for the peers' records before sending.
-//! 2. `ep_send` (grid), at once: each block gives its tokens their positions in the send to
-//!    each destination (the counts of the blocks before it, then a scan), then moves every
-//!    token's row and row record (token index, k ids, k weights) once into each destination's
-//!    receive area at `source * C + position` (`C` = `max_tokens` normal, `capacity`
-//!    capturable; a position beyond `C` is not written); a warp takes a (token, 256 × 16-byte
-//!    chunk) unit, loads it into registers (8 vectors in flight per lane) and stores it to every
-//!    destination; then each block adds 1 to each destination's data signal. `ep_dwait` (one block) waits for every PE's record and every
-//!    source's blocks (the grid, one block per SM, is agreed by the team at creation), and every
+//! 2. `ep_send` (grid), at once (on a gate that `ep_layout`'s last block opens before it puts
+//!    the records, not on `ep_layout`'s end): each block gives its tokens their positions in
+//!    the send to each destination (the counts of the blocks before it, then a scan), then
+//!    moves every token's row and row record (token index, k ids, k weights) once into each
+//!    destination's receive area at `source * C + position` (`C` = `max_tokens` normal,
+//!    `capacity` capturable; a position beyond `C` is not written); a warp takes a (token,
+//!    chunk) unit (chunks of about equal size, at most 192 16-byte vectors: 6 in flight per
+//!    lane), loads it into registers and stores it to every destination, the peers before this
+//!    PE; then each block adds 1 to each destination's data signal. `ep_dwait` (one block)
+//!    waits for every PE's record and every source's blocks (the grid, one block per SM, is
+//!    agreed by the team at creation), and every
 //!    PE takes the same decision from the same records: invalid input anywhere, or a count above
 //!    the capacity (capturable mode), and **no** PE uses a row of the step (rows may have moved,
 //!    always within the receive areas, while the records travelled); the error is latched in a
@@ -65,6 +68,14 @@
 //!    units with the source varying fastest (the copies to this PE's HBM and to each peer's
 //!    link run together) and `combine_tokens` leaves a PE's rows for its own tokens in `y`
 //!    (`ep_crecv` reads them there unless `out` overlaps `y`).
+//! 5. `combine_tokens` **pulling** ([`TokensCombine`]; the default where a pair's rows reach
+//!    [`PULL_MIN_PAIR_BYTES`]): `ep_cready` (one block) puts this PE's `y` offset and a ready
+//!    signal to every PE and waits for theirs; `ep_cpull` (grid) reads each token's rows from
+//!    the PEs it went to (their `y`, over NVLink, and its own) and sums them as `ep_crecv`
+//!    does, in one pass with no combine-area copy; `ep_cdone` (one block) tells every PE its
+//!    `y` was read and waits until its own was, so `y` may be written once the stream is past
+//!    it. Where `out` overlaps `y`, the sums go to the idle half of the combine area first and
+//!    `ep_ccopy` moves them to `out` after `ep_cdone`.
 //!
 //! # Modes
 //! * Normal: after `ep_dwait` the host synchronises the stream once and reads the counts
@@ -877,8 +888,10 @@ impl<T: Elem> Buffer<T> {
         // objects with at least T*H / T*k elements (or T = 0 and `invalid`: none is read); the
         // params block lies in the buffer; both grid kernels run the agreed grid (their blocks'
         // token ranges must match, and the accumulators hold MAX_GRID blocks' counts);
-        // ep_layout's dynamic shared memory holds E counters; ep_send and ep_dwait, launched as
-        // dependents, begin with rshmemi_grid_dep_wait.
+        // ep_layout's dynamic shared memory holds E counters; ep_send and ep_dwait are launched
+        // as dependents: ep_dwait begins with rshmemi_grid_dep_wait, ep_send with a wait for
+        // ep_layout's gate (opened before ep_layout lets it in), and it waits for ep_layout's
+        // end before it ends.
         let smem = (self.cfg.num_experts * 4) as u32;
         unsafe {
             g.launch(
