@@ -74,6 +74,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA collectives: extra NVRTC options of their module (measurement switches)",
     ),
     (
+        "RSHMEM_EP_COMBINE_TOKENS",
+        "CUDA MoE: how combine_tokens moves rows, auto (pull from 8 MiB per PE pair, else push), push or pull; alike on every PE",
+    ),
+    (
         "RSHMEM_CUDA_EP_NVRTC_OPTS",
         "CUDA MoE kernels: extra NVRTC options of their module (measurement switches, e.g. -DEP_STAMPS=1)",
     ),

@@ -5,9 +5,12 @@
 // with rshmem_ptr. Step order on one stream (see ep.rs for why each area is safe to reuse):
 //   dispatch: ep_layout (grid) -> ep_send (grid) -> ep_dwait (1 block) -> ep_permute (grid)
 //             (the last three launched as programmatic dependents: each starts with
-//             rshmemi_grid_dep_wait, and its predecessor lets it become resident only once that
-//             predecessor no longer waits for other PEs)
-//   combine:  ep_csend (grid) -> ep_cwait (1 block) -> ep_crecv (grid), all three likewise
+//             rshmemi_grid_dep_wait, ep_send on ep_layout's gate instead, and a kernel's
+//             predecessor lets it become resident only once that predecessor no longer waits
+//             for other PEs)
+//   combine:  ep_csend (grid) -> ep_cwait (1 block) -> ep_crecv (grid), all three likewise;
+//   combine_tokens pulling: ep_cready (1 block) -> ep_cpull (grid) -> ep_cdone (1 block)
+//             [-> ep_ccopy (grid) where out overlaps y], likewise
 // Only one block of a kernel waits for peers (ep_layout's last one, the one-block kernels), so
 // kernels that spin never fill the GPU.
 #ifndef EP_T
@@ -836,11 +839,11 @@ __device__ __forceinline__ void ep_sum_slots(float (&acc)[U][EP_VEC], const int*
     }
 }
 
-// acc += base[(d * C + pos[d]) * H] over d ascending with pos[d] >= 0, two rows' loads in flight
-// (row d = me read from `own` instead when `own` is not null: the same layout).
+// acc += the rows bases[d] + pos[d] * H over d ascending with pos[d] >= 0, two rows' loads in
+// flight before accumulating.
 template <int U>
-__device__ __forceinline__ void ep_sum_pes(float (&acc)[U][EP_VEC], const int* pos, int n, const ep_t* base, long long C,
-                                           long long H, int v0, int nv, const ep_t* own = nullptr, int me = -1) {
+__device__ __forceinline__ void ep_sum_bases(float (&acc)[U][EP_VEC], const int* pos, int n, const ep_t* const* bases,
+                                             long long H, int v0, int nv) {
     int d = 0;
     while (true) {
         int p1 = -1, p2 = -1;
@@ -848,8 +851,8 @@ __device__ __forceinline__ void ep_sum_pes(float (&acc)[U][EP_VEC], const int* p
         for (; d < n && p2 < 0; d++) p2 = pos[d] < 0 ? -1 : d;
         if (p1 < 0) break;
         rshmemi_v4 a1[U], a2[U];
-        ep_load<U>(a1, (const rshmemi_v4*)((p1 == me ? own : base) + (p1 * C + pos[p1]) * H), v0, nv, false);
-        if (p2 >= 0) ep_load<U>(a2, (const rshmemi_v4*)((p2 == me ? own : base) + (p2 * C + pos[p2]) * H), v0, nv, false);
+        ep_load<U>(a1, (const rshmemi_v4*)(bases[p1] + pos[p1] * H), v0, nv, false);
+        if (p2 >= 0) ep_load<U>(a2, (const rshmemi_v4*)(bases[p2] + pos[p2] * H), v0, nv, false);
         ep_accum<U>(acc, a1, 1.f, false);
         if (p2 >= 0) ep_accum<U>(acc, a2, 1.f, false);
         if (p2 < 0) break;
@@ -928,20 +931,23 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
         ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
 }
 
-// out[t] = sum over d ascending of rows[(d * stride + tok_pos[t * n + d]) * H] (rows of
-// negative positions skipped), in f32, rounded once; work units (token, chunk of the row), two
-// PEs' rows loaded before accumulating. The source side of rshmem's combine and of the baseline's.
-__device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, long long stride, long long H,
-                                            const ep_t* rows, ep_t* out, const ep_t* own = nullptr, int me = -1) {
+// out[t] = sum over d ascending of the row bases[d] + tok_pos[t * n + d] * H (rows of negative
+// positions skipped), in f32, rounded once; work units (token, chunk of the row), two PEs' rows
+// loaded before accumulating. `bases`: a row-0 pointer per PE (shared memory, filled and
+// synchronised by the caller). The source side of rshmem's combines and of the baseline's.
+__device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, long long H, const ep_t* const* bases,
+                                            ep_t* out) {
     const unsigned lane = threadIdx.x & 31;
-    const bool vec = (H * sizeof(ep_t)) % 16 == 0 &&
-                     ep_al16((unsigned long long)out | (unsigned long long)rows | (unsigned long long)own);
+    // The vector path where the row size and every PE's rows are 16-byte aligned.
+    bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out);
+    for (int d = 0; d < n && vec; d++) vec = ep_al16((unsigned long long)bases[d]);
     const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
     const long long chunk = 32 * EP_UR;
     const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
     const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
     for (long long u = gw; u < (long long)T * nch; u += nw) {
         const long long t = u / nch, c = u % nch;
+        const int* pos = tok_pos + t * n;
         if (vec) {
             const int v0 = (int)(c * chunk) + (int)lane;
             float acc[EP_UR][EP_VEC];
@@ -949,16 +955,14 @@ __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, lo
             for (int q = 0; q < EP_UR; q++)
 #pragma unroll
                 for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
-            ep_sum_pes<EP_UR>(acc, tok_pos + t * n, n, rows, stride, H, v0, nv, own, me);
+            ep_sum_bases<EP_UR>(acc, pos, n, bases, H, v0, nv);
             ep_round_store<EP_UR>(out + t * H, acc, v0, nv);
         } else {
             for (long long h = lane; h < H; h += 32) {
-                float acc = 0.f;
-                for (int d = 0; d < n; d++) {
-                    const int pos = tok_pos[t * n + d];
-                    if (pos >= 0) acc += ep_f((d == me ? own : rows)[((long long)d * stride + pos) * H + h]);
-                }
-                ep_from(acc, &out[t * H + h]);
+                float a = 0.f;
+                for (int d = 0; d < n; d++)
+                    if (pos[d] >= 0) a += ep_f(bases[d][pos[d] * H + h]);
+                ep_from(a, &out[t * H + h]);
             }
         }
     }
@@ -978,8 +982,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     const long long parity = (long long)((ctl[EP_CTL_CWAIT] - 1) & 1);
     const int* tok_pos = (const int*)P->tok_pos;
     const ep_t* comb = (const ep_t*)P->comb + parity * n * C * H;
+    __shared__ const ep_t* s_base[EP_MAX_PES];
+    for (int d = threadIdx.x; d < n; d += blockDim.x) s_base[d] = (own && d == (int)P->me ? own : comb) + d * C * H;
+    __syncthreads();
     EP_STAMP_FIRST(ctl, 14);
-    ep_sum_rows(tok_pos, T, n, C, H, comb, out, own, own ? (int)P->me : -1);
+    ep_sum_rows(tok_pos, T, n, H, s_base, out);
     EP_STAMP_LAST(ctl, 15);
 }
 
@@ -1034,26 +1041,6 @@ __device__ __forceinline__ ep_t* ep_ptemp(const ep_params* P) {
     return (ep_t*)P->comb + (long long)((c + 1) & 1) * P->n * P->cap * P->hidden;
 }
 
-// acc += the rows bases[d] + pos[d] * H over d ascending with pos[d] >= 0, two rows' loads in
-// flight (ep_sum_pes with a base per PE).
-template <int U>
-__device__ __forceinline__ void ep_sum_bases(float (&acc)[U][EP_VEC], const int* pos, int n, const ep_t* const* bases,
-                                             long long H, int v0, int nv) {
-    int d = 0;
-    while (true) {
-        int p1 = -1, p2 = -1;
-        for (; d < n && p1 < 0; d++) p1 = pos[d] < 0 ? -1 : d;
-        for (; d < n && p2 < 0; d++) p2 = pos[d] < 0 ? -1 : d;
-        if (p1 < 0) break;
-        rshmemi_v4 a1[U], a2[U];
-        ep_load<U>(a1, (const rshmemi_v4*)(bases[p1] + pos[p1] * H), v0, nv, false);
-        if (p2 >= 0) ep_load<U>(a2, (const rshmemi_v4*)(bases[p2] + pos[p2] * H), v0, nv, false);
-        ep_accum<U>(acc, a1, 1.f, false);
-        if (p2 >= 0) ep_accum<U>(acc, a2, 1.f, false);
-        if (p2 < 0) break;
-    }
-}
-
 // Pull combine, step 2 (grid): out[t] = sum over PEs d ascending (tok_pos[t][d] >= 0) of row
 // me * C + tok_pos[t][d] of PE d's y, in f32, rounded once; zeros for tokens without experts.
 // Work units (token, chunk of the row) as in ep_crecv. Waits for no PE. A null `out` (it
@@ -1074,36 +1061,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_cpull(const ep_params* P, e
         s_base[d] = (const ep_t*)rshmem_ptr((const void*)(rshmem_dstate.my_base + yoff[d]), ep_pe(P, d)) + me * C * H;
     __syncthreads();
     EP_STAMP_FIRST(ctl, 14);
-    const int* tok_pos = (const int*)P->tok_pos;
-    const unsigned lane = threadIdx.x & 31;
-    // The vector path where the row size and every PE's rows are 16-byte aligned.
-    bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out);
-    for (int d = 0; d < n && vec; d++) vec = ep_al16((unsigned long long)s_base[d]);
-    const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
-    const long long chunk = 32 * EP_UR;
-    const long long nch = vec ? (nv + chunk - 1) / chunk : 1;
-    const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
-    for (long long u = gw; u < (long long)T * nch; u += nw) {
-        const long long t = u / nch, c = u % nch;
-        const int* pos = tok_pos + t * n;
-        if (vec) {
-            const int v0 = (int)(c * chunk) + (int)lane;
-            float acc[EP_UR][EP_VEC];
-#pragma unroll
-            for (int q = 0; q < EP_UR; q++)
-#pragma unroll
-                for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
-            ep_sum_bases<EP_UR>(acc, pos, n, s_base, H, v0, nv);
-            ep_round_store<EP_UR>(out + t * H, acc, v0, nv);
-        } else {
-            for (long long h = lane; h < H; h += 32) {
-                float a = 0.f;
-                for (int d = 0; d < n; d++)
-                    if (pos[d] >= 0) a += ep_f(s_base[d][pos[d] * H + h]);
-                ep_from(a, &out[t * H + h]);
-            }
-        }
-    }
+    ep_sum_rows((const int*)P->tok_pos, T, n, H, s_base, out);
     EP_STAMP_LAST(ctl, 15);
 }
 
@@ -1365,7 +1323,10 @@ extern "C" __global__ void __launch_bounds__(512) epb_csum(const int* rcnt, int 
 // received from d at cr[(d * T + tok_pos[t * n + d]) * H], rounded once.
 extern "C" __global__ void __launch_bounds__(512) epb_crecv(const int* tok_pos, int T, int n, long long H, const ep_t* cr,
                                                             ep_t* out) {
-    ep_sum_rows(tok_pos, T, n, T, H, cr, out);
+    __shared__ const ep_t* s_base[EP_MAX_PES];
+    for (int d = threadIdx.x; d < n; d += blockDim.x) s_base[d] = cr + (long long)d * T * H;
+    __syncthreads();
+    ep_sum_rows(tok_pos, T, n, H, s_base, out);
 }
 
 // Row checksums (the benchmark's data checks): h[r] = sum over i of mix(bits of element i, i)
