@@ -146,6 +146,20 @@ __device__ __forceinline__ void ep_signal_set(const unsigned long long* ctl, rsh
 }
 
 __device__ __forceinline__ int ep_pe(const ep_params* P, int d) { return (int)(P->start + d * P->stride); }
+// The block waits until word s of `words` (this PE's signal group) is at least `v` for every
+// team member s; then thread 0 fences, stops the step on a timeout or an abort
+// (ep_abort_if_failed) and, with EP_STAMPS, stamps `stamp` (< 0: none).
+__device__ __forceinline__ void ep_wait_every_pe(const ep_params* P, unsigned long long* ctl, const rshmem_u64* words,
+                                                 rshmem_u64 v, int stamp) {
+    for (int s = threadIdx.x; s < (int)P->n; s += blockDim.x) rshmemi_wait64(words + s, RSHMEM_CMP_GE, v, ep_pe(P, s));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        ep_abort_if_failed(ctl);
+        if (stamp >= 0) EP_STAMP(ctl, stamp);
+    }
+}
+
 __device__ __forceinline__ unsigned ep_lanemask_lt() { unsigned m; asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m)); return m; }
 
 // Warp 0 of a block (all 32 lanes): s_wbase[q] = *cnt + the sum of s_wt[0..q) over the block's
@@ -632,15 +646,7 @@ extern "C" __global__ void ep_cwait(const ep_params* P) {
         ctl[EP_CTL_CPUSH] = s_c;
     }
     __syncthreads();
-    rshmem_u64* sig = (rshmem_u64*)P->sig + 2 * n;
-    for (int s = threadIdx.x; s < n; s += blockDim.x)
-        rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_c * (rshmem_u64)P->grid, ep_pe(P, s));
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        asm volatile("fence.acq_rel.sys;" ::: "memory");
-        ep_abort_if_failed(ctl);
-        EP_STAMP(ctl, 13);
-    }
+    ep_wait_every_pe(P, ctl, (const rshmem_u64*)P->sig + 2 * n, s_c * (rshmem_u64)P->grid, 13);
     // ep_crecv may become resident now (no wait for other PEs is left here).
     rshmemi_grid_dep_launch();
 }
@@ -1021,14 +1027,7 @@ extern "C" __global__ void ep_cready(const ep_params* P, const ep_t* y) {
         ep_signal_set(ctl, sig + EP_SIG_CREADY * n + me, s_c, pe);
     }
     EP_STAMP_LAST(ctl, 12);
-    for (int s = threadIdx.x; s < n; s += blockDim.x)
-        rshmemi_wait64(sig + EP_SIG_CREADY * n + s, RSHMEM_CMP_GE, s_c, ep_pe(P, s));
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        asm volatile("fence.acq_rel.sys;" ::: "memory");
-        ep_abort_if_failed(ctl);
-        EP_STAMP(ctl, 13);
-    }
+    ep_wait_every_pe(P, ctl, sig + EP_SIG_CREADY * n, s_c, 13);
     // ep_cpull may become resident now (no wait for other PEs is left here).
     rshmemi_grid_dep_launch();
 }
@@ -1076,13 +1075,7 @@ extern "C" __global__ void ep_cdone(const ep_params* P) {
     rshmem_u64* sig = (rshmem_u64*)P->sig;
     for (int d = threadIdx.x; d < n; d += blockDim.x)
         ep_signal_set(ctl, sig + EP_SIG_CDONE * n + (int)P->me, c, ep_pe(P, d));
-    for (int s = threadIdx.x; s < n; s += blockDim.x)
-        rshmemi_wait64(sig + EP_SIG_CDONE * n + s, RSHMEM_CMP_GE, c, ep_pe(P, s));
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        asm volatile("fence.acq_rel.sys;" ::: "memory");
-        ep_abort_if_failed(ctl);
-    }
+    ep_wait_every_pe(P, ctl, sig + EP_SIG_CDONE * n, c, -1);
     // ep_ccopy may become resident now.
     rshmemi_grid_dep_launch();
 }
