@@ -1431,7 +1431,53 @@ gpu_mode_test!(
 /// (f32 sums of bf16 values, exact, rounded once), zeros for tokens without experts.
 fn combine_tokens_graph_body(pe: &Pe) -> Result<()> {
     combine_tokens_graph_with(pe, TokensCombine::Pull)?;
-    combine_tokens_graph_with(pe, TokensCombine::Push)
+    combine_tokens_graph_with(pe, TokensCombine::Push)?;
+    overlap_beyond_temp_rows(pe)
+}
+
+/// Pulling with out overlapping y takes n * C temporary rows: more tokens than that are refused
+/// before any kernel runs (on every PE, so none waits).
+fn overlap_beyond_temp_rows(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = EpConfig {
+        layout: RecvLayout::TokenMajor,
+        ..cfg(n, EpMode::Capturable { capacity: 4 })
+    };
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    buf.set_tokens_combine(TokensCombine::Pull);
+    let inp = inputs::<bf16>(pe, &c, n)?;
+    let (t, h) = (4 * n + 1, c.hidden);
+    let st = Step {
+        case: Case::Random,
+        t,
+        k: 2,
+        seed: 77,
+        i64_ids: false,
+        scale: false,
+    };
+    write_inputs(pe, &c, &inp, &st)?;
+    pe.barrier_all()?;
+    let d = dispatch(pe, &s, &buf, &inp, &st)?;
+    let big = pe.alloc::<bf16>(t * h)?;
+    let y = big.view::<bf16>(0, buf.recv_rows() * h)?;
+    let e = buf.combine_tokens(pe, &s, &d, &y, &big);
+    assert!(
+        matches!(&e, Err(Error::InvalidArgument(m)) if m.contains("temporary rows")),
+        "{e:?}"
+    );
+    s.synchronize()?;
+    // The dispatch itself may have overflowed the capacity of 4 (latched, reported here).
+    let chk = buf.check(pe);
+    assert!(
+        matches!(chk, Ok(()) | Err(Error::Capacity { .. })),
+        "{chk:?}"
+    );
+    pe.barrier_all()?;
+    pe.free(big)?;
+    free_inputs(pe, inp)?;
+    buf.free(pe)
 }
 
 fn combine_tokens_graph_with(pe: &Pe, how: TokensCombine) -> Result<()> {
