@@ -1614,6 +1614,192 @@ gpu_mode_test!(
     [processes(4), mixed(4)]
 );
 
+/// Byte sizes of the copy-engine all_reduce cases (64 KiB chunks from 128 KiB, see
+/// `ce_ar_body`): two chunks and a sliver, 1 MiB less one element (a tail short of a 16-byte
+/// vector for every type but f64), and 3 MiB + 48 (49 chunks: the staging ring goes round).
+fn ce_ar_counts(es: usize) -> [usize; 3] {
+    [
+        ((128 << 10) + 16) / es,
+        ((1 << 20) - es) / es,
+        ((3 << 20) + 48) / es,
+    ]
+}
+
+fn ce_ar_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
+    let pe = c.pe;
+    let es = std::mem::size_of::<T>();
+    let counts = ce_ar_counts(es);
+    let most = counts[2];
+    let src = pe.alloc::<T>(most)?;
+    let dst = pe.alloc::<T>(most)?;
+    for (tn, team) in c.teams.list(pe) {
+        for (ci, &count) in counts.iter().enumerate() {
+            let seed = 8100 + ci as u64 * 4 + tn.len() as u64;
+            let ctx = format!(
+                "copy-engine all_reduce {} {op:?} team {tn} count {count} (PE {})",
+                T::KIND.name(),
+                pe.my_pe()
+            );
+            assert!(
+                c.coll.all_reduce_uses_ce(team, count * es),
+                "{ctx}: not the copy-engine path"
+            );
+            pe.local_fill(&dst, T::poison())?;
+            pe.local_write(&src, 0, &T::gen(pe.my_pe(), seed, count, op))?;
+            c.coll.all_reduce(&c.s, team, &dst, &src, count, op)?;
+            c.done()?;
+            let x = ins::<T>(team, seed, count, op);
+            let mut want: Vec<T> = (0..count).map(|i| fold_at(op, &x, i)).collect();
+            want.resize(most, T::poison());
+            check(&pe.local_vec(&dst)?, &want, &ctx);
+        }
+    }
+    pe.barrier_all()?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+/// The copy-engine all_reduce, forced from 128 KiB in 64 KiB chunks: every team shape, four
+/// types and ops, a tail short of a vector, the staging ring going round many times, exact
+/// data, no host barrier between calls; 16 MiB with the default chunks (4 MiB); in place
+/// (not this path: exact on another); a captured graph replayed with new data; a member with
+/// the path off reported on every PE with `dst` untouched, then a correct call.
+fn ce_ar_body(pe: &Pe) -> Result<()> {
+    let mut c = pull_ctx(pe, 0)?;
+    // The defaults: two-member teams from 256 MiB, larger ones never (unless the environment
+    // says otherwise).
+    if std::env::var_os("RSHMEM_CUDA_COLL_CE_ALL_REDUCE_BYTES").is_none() {
+        assert_eq!(
+            c.coll.ce_all_reduce_bytes(2),
+            cuda::COLL_CE_ALL_REDUCE_PAIR_BYTES
+        );
+        assert_eq!(c.coll.ce_all_reduce_bytes(4), 0);
+        assert!(!c.coll.all_reduce_uses_ce(pe.world_team(), 3 << 20));
+    }
+    c.coll.set_ce_all_reduce_bytes(128 << 10);
+    c.coll.set_ce_chunk_bytes(64 << 10);
+    ce_ar_t::<f32>(&c, ReduceOp::Sum)?;
+    ce_ar_t::<bf16>(&c, ReduceOp::Max)?;
+    ce_ar_t::<i8>(&c, ReduceOp::Xor)?;
+    ce_ar_t::<f64>(&c, ReduceOp::Min)?;
+    let (w, me) = (pe.world_team(), pe.my_pe());
+    // 16 MiB of f32 in the default chunks: 4 of 4 MiB.
+    c.coll.set_ce_chunk_bytes(0);
+    const BIG: usize = 4 << 20;
+    let big_src = pe.alloc::<f32>(BIG)?;
+    let big_dst = pe.alloc::<f32>(BIG)?;
+    for (tn, team) in c.teams.list(pe) {
+        let seed = 8200 + team.n_pes() as u64;
+        pe.local_fill(&big_dst, f32::poison())?;
+        pe.local_write(&big_src, 0, &f32::gen(me, seed, BIG, ReduceOp::Sum))?;
+        c.coll
+            .all_reduce(&c.s, team, &big_dst, &big_src, BIG, ReduceOp::Sum)?;
+        c.done()?;
+        let x = ins::<f32>(team, seed, BIG, ReduceOp::Sum);
+        let want: Vec<f32> = (0..BIG).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+        check(
+            &pe.local_vec(&big_dst)?,
+            &want,
+            &format!("16 MiB copy-engine all_reduce team {tn} (PE {me})"),
+        );
+    }
+    pe.barrier_all()?;
+    pe.free(big_dst)?;
+    pe.free(big_src)?;
+    c.coll.set_ce_chunk_bytes(64 << 10);
+    const C: usize = 1 << 18; // f32: 1 MiB, 16 chunks
+    let src = pe.alloc::<f32>(C)?;
+    let dst = pe.alloc::<f32>(C)?;
+    // In place: not this path (a member's input would change under its peers' copies).
+    assert!(c.coll.all_reduce_uses_ce(w, C * 4));
+    pe.local_write(&dst, 0, &f32::gen(me, 8300, C, ReduceOp::Sum))?;
+    pe.barrier_all()?;
+    c.coll.all_reduce(&c.s, w, &dst, &dst, C, ReduceOp::Sum)?;
+    c.done()?;
+    let x = ins::<f32>(w, 8300, C, ReduceOp::Sum);
+    let want: Vec<f32> = (0..C).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+    check(
+        &pe.local_vec(&dst)?,
+        &want,
+        "copy-engine all_reduce in place",
+    );
+    // A captured graph (staging was sized by the calls above), replayed with new data.
+    pe.barrier_all()?;
+    let s = &c.s;
+    let graph = capture(s, || c.coll.all_reduce(s, w, &dst, &src, C, ReduceOp::Sum))?;
+    pe.barrier_all()?;
+    for r in 0..4u64 {
+        let seed = 8400 + r;
+        pe.local_fill(&dst, f32::poison())?;
+        pe.local_write(&src, 0, &f32::gen(me, seed, C, ReduceOp::Sum))?;
+        pe.barrier_all()?;
+        graph.launch(s)?;
+        c.done()?;
+        let x = ins::<f32>(w, seed, C, ReduceOp::Sum);
+        let want: Vec<f32> = (0..C).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+        check(
+            &pe.local_vec(&dst)?,
+            &want,
+            &format!("copy-engine all_reduce replay {r} (PE {me})"),
+        );
+        pe.barrier_all()?;
+    }
+    drop(graph);
+    let ctx = "copy-engine all_reduce against pull";
+    if me == 1 {
+        c.coll.set_ce_all_reduce_bytes(0);
+    }
+    pe.local_fill(&dst, f32::poison())?;
+    pe.barrier_all()?;
+    c.coll.all_reduce(&c.s, w, &dst, &src, C, ReduceOp::Sum)?;
+    expect_mismatch_with(
+        &c,
+        1,
+        ["algo pull", "algo ce"],
+        ["algo ce", "algo pull"],
+        ctx,
+    );
+    check(
+        &pe.local_vec(&dst)?,
+        &vec![f32::poison(); C],
+        &format!("{ctx}: dst (PE {me})"),
+    );
+    c.coll.set_ce_all_reduce_bytes(128 << 10);
+    pe.local_write(&src, 0, &f32::gen(me, 8500, C, ReduceOp::Sum))?;
+    pe.barrier_all()?;
+    c.coll.all_reduce(&c.s, w, &dst, &src, C, ReduceOp::Sum)?;
+    c.done()?;
+    let x = ins::<f32>(w, 8500, C, ReduceOp::Sum);
+    let want: Vec<f32> = (0..C).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+    check(
+        &pe.local_vec(&dst)?,
+        &want,
+        &format!("good copy-engine all_reduce after {ctx} (PE {me})"),
+    );
+    pe.barrier_all()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_ce_all_reduce() {
+    on_gpus_cfg(
+        gpu_config()
+            .heap_size(96 << 20)
+            .timeout(Duration::from_secs(8)),
+        4,
+        ce_ar_body,
+    );
+}
+
+gpu_mode_test!(
+    gpu_coll_ce_all_reduce_modes,
+    gpu_config()
+        .heap_size(96 << 20)
+        .timeout(Duration::from_secs(8)),
+    ce_ar_body,
+    [processes(4), mixed(4)]
+);
+
 /// The pull broadcast (LL broadcast to 64 KiB, pull beyond; on every size here): every team
 /// shape (the chain of 3 and 4 members, a pair), the first and last member as root, in and out
 /// of place, 64 KiB + 16 B (one block), 1 MiB + 48 B and 3 MiB (several, 4 steps each on the

@@ -204,28 +204,41 @@ __device__ bool rshmemi_sig_sync(rshmem_team team, const rshmemi_check& ck) {
 // The first barrier of a collective that does not run fused.
 extern "C" __global__ void rshmemi_coll_sync_sig(rshmem_team team, rshmemi_check ck) { rshmemi_sig_sync(team, ck); }
 
+// Member i's operand of rshmemi_reduce: its src through the peer mapping, or (peers not null,
+// the copy-engine all_reduce) this PE's own src for itself and the copy of member i's in this
+// PE's staging, the other members in team order pstride elements apart.
+template <typename T>
+__device__ __forceinline__ const T* rshmemi_reduce_from(const T* src, const rshmem_team& team, int i, const T* peers,
+                                                        rshmem_u64 pstride) {
+    if (!peers) return (const T*)rshmem_ptr(src, rshmemi_member(team, i));
+    if (i == team.my_index) return src;
+    return peers + (rshmem_u64)(i < team.my_index ? i : i - 1) * pstride;
+}
+
 // dst[0..n) = fold over the team's members i = 0..size-1 (in team order) of member i's
-// src[0..n). `src` is a symmetric address (this PE's), `dst` this PE's memory (symmetric or
+// src[0..n) (rshmemi_reduce_from: read through the peer mappings, or copies already in this
+// PE's staging). `src` is a symmetric address (this PE's), `dst` this PE's memory (symmetric or
 // private). Each element is read from every member before it is written, so dst may be this
 // PE's src (same index). 16-byte vectors when every address is 16-byte aligned.
 template <typename T, typename A, int OP>
-__device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 n, rshmem_team team) {
+__device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 n, rshmem_team team, const T* peers,
+                                               rshmem_u64 pstride) {
     const rshmem_u64 tid = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x;
     const rshmem_u64 nth = (rshmem_u64)gridDim.x * blockDim.x;
     const int V = 16 / sizeof(T);
     rshmem_u64 done = 0;
-    if ((((rshmem_u64)dst | (rshmem_u64)src) & 15) == 0) {
+    if ((((rshmem_u64)dst | (rshmem_u64)src | (rshmem_u64)peers | pstride * sizeof(T)) & 15) == 0) {
         rshmem_u64 nv = n / V;
         for (rshmem_u64 v = tid; v < nv; v += nth) {
             A acc[V];
             {
-                rshmemi_v4 x = ((const rshmemi_v4*)rshmem_ptr(src, rshmemi_member(team, 0)))[v];
+                rshmemi_v4 x = ((const rshmemi_v4*)rshmemi_reduce_from(src, team, 0, peers, pstride))[v];
                 const T* e = (const T*)&x;
 #pragma unroll
                 for (int k = 0; k < V; k++) acc[k] = rshmemi_cvt<T, A>::in(e[k]);
             }
             for (int i = 1; i < team.size; i++) {
-                rshmemi_v4 x = ((const rshmemi_v4*)rshmem_ptr(src, rshmemi_member(team, i)))[v];
+                rshmemi_v4 x = ((const rshmemi_v4*)rshmemi_reduce_from(src, team, i, peers, pstride))[v];
                 const T* e = (const T*)&x;
 #pragma unroll
                 for (int k = 0; k < V; k++) acc[k] = rshmemi_apply<A, OP>(acc[k], rshmemi_cvt<T, A>::in(e[k]));
@@ -239,21 +252,25 @@ __device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 
         done = nv * V;
     }
     for (rshmem_u64 j = done + tid; j < n; j += nth) {
-        A acc = rshmemi_cvt<T, A>::in(((const T*)rshmem_ptr(src, rshmemi_member(team, 0)))[j]);
+        A acc = rshmemi_cvt<T, A>::in(rshmemi_reduce_from(src, team, 0, peers, pstride)[j]);
         for (int i = 1; i < team.size; i++)
-            acc = rshmemi_apply<A, OP>(acc, rshmemi_cvt<T, A>::in(((const T*)rshmem_ptr(src, rshmemi_member(team, i)))[j]));
+            acc = rshmemi_apply<A, OP>(acc, rshmemi_cvt<T, A>::in(rshmemi_reduce_from(src, team, i, peers, pstride)[j]));
         dst[j] = rshmemi_cvt<T, A>::out(acc);
     }
 }
 
 // fused != 0 (launched as one block): the team barriers before (with the signature check)
 // and after run in the same kernel (one launch for a small one-shot collective instead of three).
+// peers (not null): the copy-engine all_reduce's fold of one chunk, the other members' parts
+// already copied into this PE's staging, pstride elements apart (rshmemi_reduce_from).
 #define RSHMEMI_COLL_REDUCE_KERNEL(NAME, T, A, OPN, OP)                                            \
     extern "C" __global__ void rshmemi_coll_reduce_##NAME##_##OPN(T* dst, const T* src,            \
                                                                    rshmem_u64 n, rshmem_team team, \
-                                                                   int fused, rshmemi_check ck) {  \
+                                                                   int fused, rshmemi_check ck,    \
+                                                                   const T* peers,                 \
+                                                                   rshmem_u64 pstride) {           \
         bool ok = fused ? rshmemi_sig_sync(team, ck) : !rshmemi_coll_skip(ck, team);               \
-        if (ok && !rshmemi_coll_gave_up()) rshmemi_reduce<T, A, OP>(dst, src, n, team);            \
+        if (ok && !rshmemi_coll_gave_up()) rshmemi_reduce<T, A, OP>(dst, src, n, team, peers, pstride); \
         if (fused) rshmem_team_sync_block(team);                                                   \
     }
 #define RSHMEMI_COLL_INT_REDUCE(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_REDUCE_KERNEL, NAME, T, A)

@@ -52,6 +52,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuStreamQuery",
     "cuStreamWriteValue64_v2",
     "cuStreamWaitValue64_v2",
+    "cuStreamWaitEvent",
     "cuStreamBeginCapture_v2",
     "cuStreamIsCapturing",
     "cuStreamEndCapture",

@@ -282,6 +282,90 @@ impl Drop for RawStream {
     }
 }
 
+/// An event of a GPU's context (`cuEventCreate`), destroyed on drop: orders work between
+/// two streams of that GPU ([`Event::record`] on one, [`Event::wait`] on the other), which a
+/// stream capture turns into graph edges (the waiting stream joins the capture).
+#[derive(Debug)]
+pub(crate) struct Event {
+    gpu: Arc<Gpu>,
+    raw: cu::CUevent,
+}
+
+// SAFETY: CUevent handles may be used from any thread; calls on them are serialised by the
+// driver.
+unsafe impl Send for Event {}
+// SAFETY: as for Send.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// A new event without timing (the cheaper kind for ordering only).
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Event> {
+        let _g = gpu.bind()?;
+        let mut e = std::ptr::null_mut();
+        // SAFETY: the GPU's context is current; writes one handle.
+        check(
+            unsafe { cu::cuEventCreate(&mut e, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
+            "cuEventCreate",
+        )?;
+        Ok(Event {
+            gpu: gpu.clone(),
+            raw: e,
+        })
+    }
+
+    /// Records the event at this point of `s` (a stream of the same GPU).
+    pub fn record(&self, s: &RawStream) -> Result<()> {
+        let _g = self.gpu.bind()?;
+        // SAFETY: a live event and stream of the same context.
+        check(
+            unsafe { cu::cuEventRecord(self.raw, s.raw) },
+            "cuEventRecord",
+        )
+    }
+
+    /// Makes later work on `s` wait for the work before the event's latest record.
+    pub fn wait(&self, s: &RawStream) -> Result<()> {
+        let _g = self.gpu.bind()?;
+        // SAFETY: a live event and stream of the same context.
+        check(
+            unsafe { cu::cuStreamWaitEvent(s.raw, self.raw, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let Ok(_g) = self.gpu.bind() else { return };
+        // SAFETY: an event this object owns, destroyed once (the driver defers the release
+        // until work waiting on it is done).
+        unsafe { cu::cuEventDestroy_v2(self.raw) };
+    }
+}
+
+/// Queues a copy of `bytes` from `src` to `dst` on `stream` (`cuMemcpyAsync`: a copy engine's
+/// work, ordered on the stream like a kernel and captured as a memcpy node).
+///
+/// # Safety
+/// Both ranges must be device memory mapped in the stream's context for the copy's lifetime,
+/// and nothing may use `dst` concurrently in a way the copy would race with.
+pub(crate) unsafe fn copy_async(
+    stream: &RawStream,
+    dst: u64,
+    src: u64,
+    bytes: usize,
+) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let _g = stream.gpu.bind()?;
+    // SAFETY: upheld by the caller; the stream is live.
+    check(
+        unsafe { cu::cuMemcpyAsync(dst, src, bytes, stream.raw) },
+        "cuMemcpyAsync",
+    )
+}
+
 /// A device buffer of this GPU (`cuMemAlloc`), freed on drop.
 #[derive(Debug)]
 pub(crate) struct DevBuf {
