@@ -1756,7 +1756,7 @@ fn ce_ar_body(pe: &Pe) -> Result<()> {
         &c,
         1,
         ["algo pull", "algo ce"],
-        ["algo ce", "algo pull"],
+        ["algo ce", "no collective signature"],
         ctx,
     );
     check(
@@ -1782,20 +1782,12 @@ fn ce_ar_body(pe: &Pe) -> Result<()> {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_coll_ce_all_reduce() {
-    on_gpus_cfg(
-        gpu_config()
-            .heap_size(96 << 20)
-            .timeout(Duration::from_secs(8)),
-        4,
-        ce_ar_body,
-    );
+    on_gpus_cfg(gpu_config().heap_size(96 << 20), 4, ce_ar_body);
 }
 
 gpu_mode_test!(
     gpu_coll_ce_all_reduce_modes,
-    gpu_config()
-        .heap_size(96 << 20)
-        .timeout(Duration::from_secs(8)),
+    gpu_config().heap_size(96 << 20),
     ce_ar_body,
     [processes(4), mixed(4)]
 );

@@ -459,12 +459,15 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 /// * **Copy-engine all_reduce** ([`GpuColl::ce_all_reduce_bytes`]: from 256 MiB on two-member
 ///   teams, off on larger ones): an out-of-place all_reduce runs between two barriers (the
 ///   first carries the signature), and in between this GPU's copy engine (`cuMemcpyAsync` on
-///   a stream of the [`GpuColl`]'s own, joined to the caller's by events, so it captures into
-///   graphs too) copies the other members' inputs into staging chunk by chunk (a quarter of
-///   the message, 1 to 32 MiB; two chunks in flight) while the reduce kernel folds each chunk
-///   that has landed into `dst` in team order. The copy engine moves peer data faster than SM
-///   loads (2x H100: about 385 GB/s each way at once, against about 365); a mismatched call
-///   copies into staging only and folds nothing.
+///   a stream of the [`GpuColl`]'s own, forked from and joined to the caller's by events, so
+///   it captures into graphs too) copies the other members' inputs into staging chunk by
+///   chunk (a quarter of the message, 1 to 32 MiB; two chunks in flight), while the reduce
+///   kernel folds each chunk that has landed into `dst` in team order; the copy of chunk
+///   `c + 2` waits until chunk `c` is folded (events: graph edges once captured, never a node
+///   that waits for another branch). The copy engine moves peer data faster than SM loads
+///   (2x H100: about 385 GB/s each way at once, against about 365). A mismatched call copies
+///   into staging only and folds nothing. Its staging (2 × 32 MiB per other member of the
+///   largest team it serves: 64 MiB by default) is allocated by [`GpuColl::new`].
 /// * **Pull broadcast** ([`GpuColl::pull_broadcast_bytes`], the same defaults): beyond the LL
 ///   size, a broadcast of whole 16-byte vectors (in or out of place) runs as one kernel with
 ///   the same handshake in which every member reads the root's `src` in place.
@@ -599,9 +602,9 @@ struct CeStreams {
     aux: RawStream,
     /// The call's first barrier is done (the copies start after it).
     fork: Event,
-    /// A ring slot's copies are done (its fold may start).
+    /// A staging slot's copies are done (its fold may start).
     copied: [Event; CE_RING],
-    /// A ring slot's fold is done (its staging may take the next chunk).
+    /// A staging slot's fold is done (it may take the next chunk).
     folded: [Event; CE_RING],
 }
 
@@ -614,6 +617,19 @@ impl CeStreams {
             folded: [Event::new(gpu)?, Event::new(gpu)?],
         })
     }
+}
+
+/// Staging the copy-engine all_reduce takes at most (its largest chunk, [`CE_RING`] slots per
+/// other member of the largest team it serves among `n_pes` PEs; 0 where it is off).
+fn ce_staging_bytes(limit: PullLimit, chunk_set: usize, n_pes: usize) -> usize {
+    let others = if limit.larger > 0 {
+        n_pes.saturating_sub(1)
+    } else if limit.pair > 0 && n_pes >= 2 {
+        1
+    } else {
+        0
+    };
+    CE_RING * others * ce_chunk_bytes(usize::MAX, chunk_set)
 }
 
 /// Bytes per chunk of a copy-engine all_reduce of `bytes`: `set` rounded up to 16 when not 0,
@@ -737,8 +753,23 @@ impl<'a> GpuColl<'a> {
         } else {
             None
         };
-        // Staging for small in-place collectives now, not in the middle of one.
-        let temp = DevBuf::zeroed_on(&own, MIN_STAGING)?;
+        // Staging now, not in the middle of a collective (allocating may wait for kernels that
+        // wait for peers): for small in-place collectives, and for the copy-engine all_reduce
+        // where it is on (its chunks of the largest size).
+        let ce_all_reduce = PullLimit::from_env(
+            "RSHMEM_CUDA_COLL_CE_ALL_REDUCE_BYTES",
+            COLL_CE_ALL_REDUCE_PAIR_BYTES,
+            0,
+        )?;
+        let ce_chunk = crate::coll::env_size("RSHMEM_CUDA_COLL_CE_CHUNK")?.unwrap_or(0);
+        let staging = MIN_STAGING.max(ce_staging_bytes(ce_all_reduce, ce_chunk, n_pes));
+        let temp = DevBuf::zeroed_on(&own, staging)?;
+        if staging > MIN_STAGING {
+            tracing::info!(
+                bytes = staging,
+                "CUDA collectives: staging for the copy-engine all_reduce"
+            );
+        }
         let mut typed = vec![[None; 3]; ELEMS.len() * ReduceOp::ALL.len()];
         for k in ELEMS {
             for op in ReduceOp::ALL {
@@ -784,7 +815,7 @@ impl<'a> GpuColl<'a> {
             _module: module,
             g,
             config,
-            temp: Mutex::new(vec![(temp, MIN_STAGING)]),
+            temp: Mutex::new(vec![(temp, staging)]),
             err,
             meta,
             sigs,
@@ -797,12 +828,8 @@ impl<'a> GpuColl<'a> {
             ll_sizes,
             ll_slots,
             ll,
-            ce_all_reduce: PullLimit::from_env(
-                "RSHMEM_CUDA_COLL_CE_ALL_REDUCE_BYTES",
-                COLL_CE_ALL_REDUCE_PAIR_BYTES,
-                0,
-            )?,
-            ce_chunk: crate::coll::env_size("RSHMEM_CUDA_COLL_CE_CHUNK")?.unwrap_or(0),
+            ce_all_reduce,
+            ce_chunk,
             ce: Mutex::new(None),
         })
     }
@@ -1037,6 +1064,9 @@ impl<'a> GpuColl<'a> {
         unsafe { gpu::launch(&s.raw, self.f_copy, grid, THREADS, 0, &mut p) }
     }
 
+    /// Launches the reduce kernel: a plan's fold of `len` elements of the members' `src`
+    /// (`peers` None), or a copy-engine all_reduce chunk's fold (`peers`: the staging of the
+    /// other members' parts and the elements between them; see `rshmemi_ce_fold`).
     #[allow(clippy::too_many_arguments)]
     fn reduce_launch(
         &self,
@@ -1228,10 +1258,11 @@ impl<'a> GpuColl<'a> {
     /// The copy-engine all_reduce (see [`GpuColl`]): the first barrier (with `ck`'s
     /// signature), then chunk by chunk the other members' parts of `src` copied by this GPU's
     /// copy engine into [`CE_RING`] staging slots on a stream of its own, each chunk folded into
-    /// `dst` on `s` in team order as its copies land (the reduce kernel, which a mismatch's
-    /// skip flag or a timeout stops), the copy of chunk `c + CE_RING` waiting for the fold of
-    /// chunk `c`; then the second barrier (no member's `src` is read after it). `peers[i]`:
-    /// member `i`'s `src` as mapped here.
+    /// `dst` on `s` in team order once its copies are done (the reduce kernel, which a
+    /// mismatch's skip flag or a timeout stops), the copies of chunk `c + CE_RING` waiting for
+    /// the fold of chunk `c`; then the second barrier (no member's `src` is read after it). All
+    /// the ordering is by events, which a capture turns into graph edges (no node waits for
+    /// another branch of the graph). `peers[i]`: member `i`'s `src` as mapped here.
     #[allow(clippy::too_many_arguments)]
     fn ce_all_reduce(
         &self,
@@ -1246,7 +1277,7 @@ impl<'a> GpuColl<'a> {
         let others = peers.len().saturating_sub(1);
         let chunk = (chunk_bytes / es).max(1);
         let chunk_bytes = chunk * es;
-        let scratch = self.temp_addr(Some(s), CE_RING * others * chunk_bytes)?;
+        let staging = self.temp_addr(Some(s), CE_RING * others * chunk_bytes)?;
         let mut ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
         if ce.is_none() {
             *ce = Some(CeStreams::new(&self.g.backend().gpu)?);
@@ -1265,17 +1296,18 @@ impl<'a> GpuColl<'a> {
             if c >= CE_RING {
                 st.folded[r].wait(&st.aux)?;
             }
-            let base = scratch + (r * others * chunk_bytes) as u64;
+            let base = staging + (r * others * chunk_bytes) as u64;
             for (i, &p) in peers.iter().enumerate() {
                 if i == me {
                     continue;
                 }
                 let slot = if i < me { i } else { i - 1 };
                 // SAFETY: the source is member i's `src` range [off, off + len) as mapped on
-                // this GPU (checked against the object by the caller), the destination a slot
-                // of our staging (CE_RING × others × chunk_bytes, allocated above) that no fold
-                // reads until `copied[r]`, and which the fold of chunk c - CE_RING has left
-                // (`folded[r]` above).
+                // this GPU (checked against the object by the caller; every member is past the
+                // first barrier, so it holds this call's input), the destination a part of
+                // staging slot r (CE_RING × others × chunk_bytes, allocated above) that the fold
+                // of chunk c - CE_RING has left (`folded[r]` above) and that no fold reads
+                // before `copied[r]` below.
                 unsafe {
                     gpu::copy_async(
                         &st.aux,
@@ -2781,6 +2813,23 @@ mod tests {
         assert_ne!(ow, cw);
         let d = CallSig::describe(&cw);
         assert!(d.contains(" algo ce barriers 2 "), "{d}");
+    }
+
+    #[test]
+    fn copy_engine_staging() {
+        let on = PullLimit {
+            pair: 256 << 20,
+            larger: 0,
+        };
+        assert_eq!(ce_staging_bytes(on, 0, 2), 64 << 20);
+        assert_eq!(ce_staging_bytes(on, 0, 8), 64 << 20);
+        assert_eq!(ce_staging_bytes(on, 0, 1), 0);
+        assert_eq!(ce_staging_bytes(PullLimit::all(0), 0, 8), 0);
+        assert_eq!(
+            ce_staging_bytes(PullLimit::all(1 << 20), 0, 4),
+            3 * (64 << 20)
+        );
+        assert_eq!(ce_staging_bytes(on, 1 << 20, 2), 2 << 20);
     }
 
     #[test]
