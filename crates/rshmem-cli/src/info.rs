@@ -46,14 +46,6 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA collectives: largest out-of-place all_reduce of the pull path (beyond the LL size), default every size on two-member teams, 8M on larger ones (sets both; 0 = off)",
     ),
     (
-        "RSHMEM_CUDA_COLL_CE_ALL_REDUCE_BYTES",
-        "CUDA collectives: smallest out-of-place all_reduce of the copy-engine path (peers' inputs copied by the copy engine chunk by chunk, folded by the SMs), default 256M on two-member teams, off on larger ones (sets both; 0 = off)",
-    ),
-    (
-        "RSHMEM_CUDA_COLL_CE_CHUNK",
-        "CUDA collectives: bytes per chunk of the copy-engine all_reduce, default a quarter of the message from 1M to 32M (staging: 2 chunks per other member)",
-    ),
-    (
         "RSHMEM_CUDA_COLL_LL_BLOCKS",
         "CUDA collectives: most blocks of the LL all_reduce kernel (measurement knob), default 32",
     ),

@@ -204,41 +204,28 @@ __device__ bool rshmemi_sig_sync(rshmem_team team, const rshmemi_check& ck) {
 // The first barrier of a collective that does not run fused.
 extern "C" __global__ void rshmemi_coll_sync_sig(rshmem_team team, rshmemi_check ck) { rshmemi_sig_sync(team, ck); }
 
-// Member i's operand of rshmemi_reduce: its src through the peer mapping, or (peers not null,
-// the copy-engine all_reduce) this PE's own src for itself and the copy of member i's in this
-// PE's staging, the other members in team order pstride elements apart.
-template <typename T>
-__device__ __forceinline__ const T* rshmemi_reduce_from(const T* src, const rshmem_team& team, int i, const T* peers,
-                                                        rshmem_u64 pstride) {
-    if (!peers) return (const T*)rshmem_ptr(src, rshmemi_member(team, i));
-    if (i == team.my_index) return src;
-    return peers + (rshmem_u64)(i < team.my_index ? i : i - 1) * pstride;
-}
-
 // dst[0..n) = fold over the team's members i = 0..size-1 (in team order) of member i's
-// src[0..n) (rshmemi_reduce_from: read through the peer mappings, or copies already in this
-// PE's staging). `src` is a symmetric address (this PE's), `dst` this PE's memory (symmetric or
+// src[0..n). `src` is a symmetric address (this PE's), `dst` this PE's memory (symmetric or
 // private). Each element is read from every member before it is written, so dst may be this
 // PE's src (same index). 16-byte vectors when every address is 16-byte aligned.
 template <typename T, typename A, int OP>
-__device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 n, rshmem_team team, const T* peers,
-                                               rshmem_u64 pstride) {
+__device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 n, rshmem_team team) {
     const rshmem_u64 tid = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x;
     const rshmem_u64 nth = (rshmem_u64)gridDim.x * blockDim.x;
     const int V = 16 / sizeof(T);
     rshmem_u64 done = 0;
-    if ((((rshmem_u64)dst | (rshmem_u64)src | (rshmem_u64)peers | pstride * sizeof(T)) & 15) == 0) {
+    if ((((rshmem_u64)dst | (rshmem_u64)src) & 15) == 0) {
         rshmem_u64 nv = n / V;
         for (rshmem_u64 v = tid; v < nv; v += nth) {
             A acc[V];
             {
-                rshmemi_v4 x = ((const rshmemi_v4*)rshmemi_reduce_from(src, team, 0, peers, pstride))[v];
+                rshmemi_v4 x = ((const rshmemi_v4*)rshmem_ptr(src, rshmemi_member(team, 0)))[v];
                 const T* e = (const T*)&x;
 #pragma unroll
                 for (int k = 0; k < V; k++) acc[k] = rshmemi_cvt<T, A>::in(e[k]);
             }
             for (int i = 1; i < team.size; i++) {
-                rshmemi_v4 x = ((const rshmemi_v4*)rshmemi_reduce_from(src, team, i, peers, pstride))[v];
+                rshmemi_v4 x = ((const rshmemi_v4*)rshmem_ptr(src, rshmemi_member(team, i)))[v];
                 const T* e = (const T*)&x;
 #pragma unroll
                 for (int k = 0; k < V; k++) acc[k] = rshmemi_apply<A, OP>(acc[k], rshmemi_cvt<T, A>::in(e[k]));
@@ -252,93 +239,21 @@ __device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 
         done = nv * V;
     }
     for (rshmem_u64 j = done + tid; j < n; j += nth) {
-        A acc = rshmemi_cvt<T, A>::in(rshmemi_reduce_from(src, team, 0, peers, pstride)[j]);
+        A acc = rshmemi_cvt<T, A>::in(((const T*)rshmem_ptr(src, rshmemi_member(team, 0)))[j]);
         for (int i = 1; i < team.size; i++)
-            acc = rshmemi_apply<A, OP>(acc, rshmemi_cvt<T, A>::in(rshmemi_reduce_from(src, team, i, peers, pstride)[j]));
+            acc = rshmemi_apply<A, OP>(acc, rshmemi_cvt<T, A>::in(((const T*)rshmem_ptr(src, rshmemi_member(team, i)))[j]));
         dst[j] = rshmemi_cvt<T, A>::out(acc);
     }
 }
 
-// dst[v] = the fold over members i = 0..N-1 (in order) of from[i][v] for this thread's vectors
-// v = gt, gt + gn, ... below nv: U vectors of a member loaded before any of them is folded (U
-// loads in flight per member), the next member's after. The pull all_reduce's loop and the
-// copy-engine all_reduce's fold.
-template <typename T, typename A, int OP>
-__device__ __forceinline__ void rshmemi_fold_v4(rshmemi_v4* dst, const rshmemi_v4* const* from, int N, rshmem_u64 nv,
-                                                rshmem_u64 gt, rshmem_u64 gn) {
-    const int V = 16 / (int)sizeof(T);
-    const int U = 32 / V > 8 ? 8 : 32 / V;
-    for (rshmem_u64 v0 = gt; v0 < nv; v0 += U * gn) {
-        A acc[U][V];
-        for (int i = 0; i < N; i++) {
-            rshmemi_v4 x[U];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (v0 + u * gn < nv) x[u] = from[i][v0 + u * gn];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const T* e = (const T*)&x[u];
-#pragma unroll
-                for (int k = 0; k < V; k++) {
-                    const A y = rshmemi_cvt<T, A>::in(e[k]);
-                    acc[u][k] = i == 0 ? y : rshmemi_apply<A, OP>(acc[u][k], y);
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (v0 + u * gn >= nv) continue;
-            rshmemi_v4 y;
-            T* o = (T*)&y;
-#pragma unroll
-            for (int k = 0; k < V; k++) o[k] = rshmemi_cvt<T, A>::out(acc[u][k]);
-            dst[v0 + u * gn] = y;
-        }
-    }
-}
-
-// Most members of a copy-engine all_reduce folded by rshmemi_fold_v4 (their pointers in shared
-// memory); larger teams take rshmemi_reduce's loop.
-#define RSHMEMI_CE_MAX_MEMBERS 64
-
-// The copy-engine all_reduce's fold of one chunk (rshmem::cuda::GpuColl): this PE's src and the
-// other members' parts, already copied into this PE's staging (rshmemi_reduce_from), folded
-// into dst in team order; whole 16-byte vectors by rshmemi_fold_v4, the tail (and unaligned
-// chunks) by rshmemi_reduce.
-template <typename T, typename A, int OP>
-__device__ __forceinline__ void rshmemi_ce_fold(T* dst, const T* src, rshmem_u64 n, const rshmem_team& team,
-                                                const T* staging, rshmem_u64 pstride) {
-    __shared__ const rshmemi_v4* from[RSHMEMI_CE_MAX_MEMBERS];
-    const int N = team.size, V = 16 / (int)sizeof(T);
-    if (N > RSHMEMI_CE_MAX_MEMBERS ||
-        (((rshmem_u64)dst | (rshmem_u64)src | (rshmem_u64)staging | pstride * sizeof(T)) & 15) != 0) {
-        rshmemi_reduce<T, A, OP>(dst, src, n, team, staging, pstride);
-        return;
-    }
-    for (int i = threadIdx.x; i < N; i += blockDim.x)
-        from[i] = (const rshmemi_v4*)rshmemi_reduce_from(src, team, i, staging, pstride);
-    __syncthreads();
-    const rshmem_u64 nv = n / V;
-    rshmemi_fold_v4<T, A, OP>((rshmemi_v4*)dst, from, N, nv, blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x,
-                              (rshmem_u64)gridDim.x * blockDim.x);
-    if (nv * V < n) rshmemi_reduce<T, A, OP>(dst + nv * V, src + nv * V, n - nv * V, team, staging + nv * V, pstride);
-}
-
 // fused != 0 (launched as one block): the team barriers before (with the signature check)
 // and after run in the same kernel (one launch for a small one-shot collective instead of three).
-// peers (not null): the copy-engine all_reduce's fold of one chunk (rshmemi_ce_fold: the other
-// members' parts in this PE's staging, pstride elements apart).
 #define RSHMEMI_COLL_REDUCE_KERNEL(NAME, T, A, OPN, OP)                                            \
     extern "C" __global__ void rshmemi_coll_reduce_##NAME##_##OPN(T* dst, const T* src,            \
                                                                    rshmem_u64 n, rshmem_team team, \
-                                                                   int fused, rshmemi_check ck,    \
-                                                                   const T* peers,                 \
-                                                                   rshmem_u64 pstride) {           \
+                                                                   int fused, rshmemi_check ck) {  \
         bool ok = fused ? rshmemi_sig_sync(team, ck) : !rshmemi_coll_skip(ck, team);               \
-        if (ok && !rshmemi_coll_gave_up()) {                                                       \
-            if (peers) rshmemi_ce_fold<T, A, OP>(dst, src, n, team, peers, pstride);               \
-            else rshmemi_reduce<T, A, OP>(dst, src, n, team, nullptr, 0);                          \
-        }                                                                                          \
+        if (ok && !rshmemi_coll_gave_up()) rshmemi_reduce<T, A, OP>(dst, src, n, team);            \
         if (fused) rshmem_team_sync_block(team);                                                   \
     }
 #define RSHMEMI_COLL_INT_REDUCE(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_REDUCE_KERNEL, NAME, T, A)
@@ -924,6 +839,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
                                                         rshmemi_ll_shared& S) {
     __shared__ const rshmemi_v4* from[RSHMEMI_LL_MAX_MEMBERS];
     const int V = 16 / (int)sizeof(T);
+    const int U = 32 / V > 8 ? 8 : 32 / V;
     const int me = team.my_index, N = team.size;
     const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
@@ -932,8 +848,35 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
         from[i] = (const rshmemi_v4*)(i == me ? (const void*)src : rshmem_ptr((const void*)src, rshmemi_member(team, i)));
     rshmemi_pull_handshake(S, team, ck, ll, exp, true);
     if (S.verdict == 0) {
-        rshmemi_fold_v4<T, A, OP>((rshmemi_v4*)dst, from, N, n / V, b * (rshmem_u64)nth + tid,
-                                  (rshmem_u64)gridDim.x * nth);
+        const rshmem_u64 nv = n / V;
+        const rshmem_u64 gt = b * (rshmem_u64)nth + tid, gn = (rshmem_u64)gridDim.x * nth;
+        for (rshmem_u64 v0 = gt; v0 < nv; v0 += U * gn) {
+            A acc[U][V];
+            for (int i = 0; i < N; i++) {
+                rshmemi_v4 x[U];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (v0 + u * gn < nv) x[u] = from[i][v0 + u * gn];
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const T* e = (const T*)&x[u];
+#pragma unroll
+                    for (int k = 0; k < V; k++) {
+                        const A y = rshmemi_cvt<T, A>::in(e[k]);
+                        acc[u][k] = i == 0 ? y : rshmemi_apply<A, OP>(acc[u][k], y);
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (v0 + u * gn >= nv) continue;
+                rshmemi_v4 y;
+                T* o = (T*)&y;
+#pragma unroll
+                for (int k = 0; k < V; k++) o[k] = rshmemi_cvt<T, A>::out(acc[u][k]);
+                ((rshmemi_v4*)dst)[v0 + u * gn] = y;
+            }
+        }
         rshmemi_pull_done(S, team, b);
     }
     rshmemi_ll_end(S, team, ck, ll, exp, row);

@@ -1,7 +1,7 @@
 //! Stream-ordered collectives on the CUDA backend: [`GpuColl`] (its docs describe the design).
 
 use super::api::{CudaPe, DeviceTeam, Stream};
-use super::gpu::{self, DevBuf, Event, Func, Module, RawStream};
+use super::gpu::{self, DevBuf, Func, Module, RawStream};
 use super::{ffi, nvrtc};
 use crate::coll::plan::{self, Algo, Buf, CollKind, Plan, Shape, Step};
 use crate::coll::{AllToAllV, CollConfig, ReduceOp};
@@ -109,8 +109,6 @@ struct CallSig {
     pull: bool,
     /// A pull broadcast along a chain (each member reads from the one before it).
     chain: bool,
-    /// Runs as the copy-engine all_reduce (two barriers, copies between them).
-    ce: bool,
 }
 
 const SIG_MARK: u64 = 1 << 63;
@@ -136,8 +134,7 @@ impl CallSig {
             | self.algo.map_or(0, Algo::code) << 25
             | u64::from(self.ll) << 27
             | u64::from(self.pull) << 28
-            | u64::from(self.chain) << 29
-            | u64::from(self.ce) << 30;
+            | u64::from(self.chain) << 29;
         let (size, start, stride) = self.team;
         let team = fnv(&[size as u64, start as u64, stride as u64]);
         Ok([w0, self.count, self.aux, self.src, self.dst, team])
@@ -182,9 +179,7 @@ impl CallSig {
         out += &format!(
             " in_place {} algo {} barriers {} src @{:#x} dst @{:#x} team {:x}",
             (w[0] >> 24) & 1 != 0,
-            if (w[0] >> 30) & 1 != 0 {
-                "ce"
-            } else if (w[0] >> 29) & 1 != 0 {
+            if (w[0] >> 29) & 1 != 0 {
                 "chain"
             } else if (w[0] >> 28) & 1 != 0 {
                 "pull"
@@ -456,24 +451,12 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 ///   16-byte vectors runs as one kernel with the same handshake that folds the members' inputs
 ///   read in place, in team order (one launch instead of five; a pair moves as many bytes as
 ///   two-shot, larger teams `members / 2` times as many).
-/// * **Copy-engine all_reduce** ([`GpuColl::ce_all_reduce_bytes`]: from 256 MiB on two-member
-///   teams, off on larger ones): an out-of-place all_reduce runs between two barriers (the
-///   first carries the signature), and in between this GPU's copy engine (`cuMemcpyAsync` on
-///   a stream of the [`GpuColl`]'s own, forked from and joined to the caller's by events, so
-///   it captures into graphs too) copies the other members' inputs into staging chunk by
-///   chunk (a quarter of the message, 1 to 32 MiB; two chunks in flight), while the reduce
-///   kernel folds each chunk that has landed into `dst` in team order; the copy of chunk
-///   `c + 2` waits until chunk `c` is folded (events: graph edges once captured, never a node
-///   that waits for another branch). The copy engine moves peer data faster than SM loads
-///   (2x H100: about 385 GB/s each way at once, against about 365). A mismatched call copies
-///   into staging only and folds nothing. Its staging (2 × 32 MiB per other member of the
-///   largest team it serves: 64 MiB by default) is allocated by [`GpuColl::new`].
 /// * **Pull broadcast** ([`GpuColl::pull_broadcast_bytes`], the same defaults): beyond the LL
 ///   size, a broadcast of whole 16-byte vectors (in or out of place) runs as one kernel with
 ///   the same handshake in which every member reads the root's `src` in place.
 /// * **No host synchronisation** inside a collective: launches only, so every collective can
 ///   be captured in a CUDA graph ([`Stream::begin_capture`]) and replayed. Staging memory (in-place
-///   one-shot all_reduce, in-place all_to_all, the copy-engine all_reduce's chunks): 64 KiB from [`GpuColl::new`], more allocated on
+///   one-shot all_reduce, in-place all_to_all): 64 KiB from [`GpuColl::new`], more allocated on
 ///   demand outside capture; a capture that would need more than [`GpuColl::reserve`]d is an
 ///   error. Reserve the most a run needs before its first collective: allocating device
 ///   memory while peers' kernels already wait in a collective may wait for them (PEs sharing a
@@ -585,62 +568,6 @@ pub struct GpuColl<'a> {
     ll_sizes: LlSizes,
     ll_slots: usize,
     ll: Option<(Sym<u8>, DevBuf)>,
-    /// Smallest all_reduce of the copy-engine path (0: off), by team size.
-    ce_all_reduce: PullLimit,
-    /// Bytes per copy-engine chunk (0: by size, [`ce_chunk_bytes`]).
-    ce_chunk: usize,
-    /// The copy-engine path's stream and events (made at its first call).
-    ce: Mutex<Option<CeStreams>>,
-}
-
-/// Chunks of a copy-engine all_reduce in flight: staging slots per other member.
-const CE_RING: usize = 2;
-
-/// What the copy-engine all_reduce queues its copies on: a stream of its own (the copy engine
-/// runs beside the folds on the caller's stream) and the events between the two.
-struct CeStreams {
-    aux: RawStream,
-    /// The call's first barrier is done (the copies start after it).
-    fork: Event,
-    /// A staging slot's copies are done (its fold may start).
-    copied: [Event; CE_RING],
-    /// A staging slot's fold is done (it may take the next chunk).
-    folded: [Event; CE_RING],
-}
-
-impl CeStreams {
-    fn new(gpu: &Arc<gpu::Gpu>) -> Result<CeStreams> {
-        Ok(CeStreams {
-            aux: RawStream::new(gpu)?,
-            fork: Event::new(gpu)?,
-            copied: [Event::new(gpu)?, Event::new(gpu)?],
-            folded: [Event::new(gpu)?, Event::new(gpu)?],
-        })
-    }
-}
-
-/// Staging the copy-engine all_reduce takes at most (its largest chunk, [`CE_RING`] slots per
-/// other member of the largest team it serves among `n_pes` PEs; 0 where it is off).
-fn ce_staging_bytes(limit: PullLimit, chunk_set: usize, n_pes: usize) -> usize {
-    let others = if limit.larger > 0 {
-        n_pes.saturating_sub(1)
-    } else if limit.pair > 0 && n_pes >= 2 {
-        1
-    } else {
-        0
-    };
-    CE_RING * others * ce_chunk_bytes(usize::MAX, chunk_set)
-}
-
-/// Bytes per chunk of a copy-engine all_reduce of `bytes`: `set` rounded up to 16 when not 0,
-/// else a quarter of the message, from 1 MiB to 32 MiB, in 4 KiB steps (2x H100, a graph of
-/// the copies and folds: 32 MiB chunks best at 256 MiB and 1 GiB, 16 MiB at 64 MiB;
-/// BENCHMARKS.md).
-fn ce_chunk_bytes(bytes: usize, set: usize) -> usize {
-    if set > 0 {
-        return set.div_ceil(16) * 16;
-    }
-    (bytes / 4).clamp(1 << 20, 32 << 20).div_ceil(4096) * 4096
 }
 
 impl std::fmt::Debug for GpuColl<'_> {
@@ -753,23 +680,8 @@ impl<'a> GpuColl<'a> {
         } else {
             None
         };
-        // Staging now, not in the middle of a collective (allocating may wait for kernels that
-        // wait for peers): for small in-place collectives, and for the copy-engine all_reduce
-        // where it is on (its chunks of the largest size).
-        let ce_all_reduce = PullLimit::from_env(
-            "RSHMEM_CUDA_COLL_CE_ALL_REDUCE_BYTES",
-            COLL_CE_ALL_REDUCE_PAIR_BYTES,
-            0,
-        )?;
-        let ce_chunk = crate::coll::env_size("RSHMEM_CUDA_COLL_CE_CHUNK")?.unwrap_or(0);
-        let staging = MIN_STAGING.max(ce_staging_bytes(ce_all_reduce, ce_chunk, n_pes));
-        let temp = DevBuf::zeroed_on(&own, staging)?;
-        if staging > MIN_STAGING {
-            tracing::info!(
-                bytes = staging,
-                "CUDA collectives: staging for the copy-engine all_reduce"
-            );
-        }
+        // Staging for small in-place collectives now, not in the middle of one.
+        let temp = DevBuf::zeroed_on(&own, MIN_STAGING)?;
         let mut typed = vec![[None; 3]; ELEMS.len() * ReduceOp::ALL.len()];
         for k in ELEMS {
             for op in ReduceOp::ALL {
@@ -815,7 +727,7 @@ impl<'a> GpuColl<'a> {
             _module: module,
             g,
             config,
-            temp: Mutex::new(vec![(temp, staging)]),
+            temp: Mutex::new(vec![(temp, MIN_STAGING)]),
             err,
             meta,
             sigs,
@@ -828,9 +740,6 @@ impl<'a> GpuColl<'a> {
             ll_sizes,
             ll_slots,
             ll,
-            ce_all_reduce,
-            ce_chunk,
-            ce: Mutex::new(None),
         })
     }
 
@@ -1064,9 +973,6 @@ impl<'a> GpuColl<'a> {
         unsafe { gpu::launch(&s.raw, self.f_copy, grid, THREADS, 0, &mut p) }
     }
 
-    /// Launches the reduce kernel: a plan's fold of `len` elements of the members' `src`
-    /// (`peers` None), or a copy-engine all_reduce chunk's fold (`peers`: the staging of the
-    /// other members' parts and the elements between them; see `rshmemi_ce_fold`).
     #[allow(clippy::too_many_arguments)]
     fn reduce_launch(
         &self,
@@ -1079,14 +985,12 @@ impl<'a> GpuColl<'a> {
         dt: DeviceTeam,
         fused: bool,
         ck: Check,
-        peers: Option<(u64, u64)>,
     ) -> Result<()> {
         let vecs = (len * es / 16 + 1) as u64;
         let blocks = vecs.div_ceil(THREADS as u64).clamp(1, 4 * self.sms as u64) as u32;
         let blocks = if fused { 1 } else { blocks };
         let (mut d, mut sr, mut n, mut t) = (dst, src, len as u64, dt);
         let (mut fu, mut k) = (fused as i32, ck);
-        let (mut pp, mut ps) = peers.unwrap_or((0, 0));
         let mut p = [
             &mut d as *mut u64 as *mut std::ffi::c_void,
             &mut sr as *mut u64 as *mut _,
@@ -1094,12 +998,9 @@ impl<'a> GpuColl<'a> {
             &mut t as *mut DeviceTeam as *mut _,
             &mut fu as *mut i32 as *mut _,
             &mut k as *mut Check as *mut _,
-            &mut pp as *mut u64 as *mut _,
-            &mut ps as *mut u64 as *mut _,
         ];
         // SAFETY: matches rshmemi_coll_reduce_*(T*, const T*, u64, rshmem_team, int,
-        // rshmemi_check, const T*, u64); ranges checked (with `peers`: the other members'
-        // copies, `len` elements each, `pstride` elements apart in our staging).
+        // rshmemi_check); ranges checked.
         unsafe { gpu::launch(&s.raw, f, blocks, THREADS, 0, &mut p) }
     }
 
@@ -1242,103 +1143,6 @@ impl<'a> GpuColl<'a> {
         self.pull_grid(dt, fits, bytes, PULL_AR_BLOCK_BYTES)
     }
 
-    /// The chunk size when an all_reduce of `bytes` on `dt` runs the copy-engine way: beyond
-    /// the LL size, from [`GpuColl::ce_all_reduce_bytes`] for the team's size (not 0), out of
-    /// place.
-    fn ce_ar_chunk(&self, dt: DeviceTeam, bytes: usize, in_place: bool) -> Option<usize> {
-        let from = self.ce_all_reduce.of(dt.size.max(0) as usize);
-        let fits = !in_place
-            && dt.size >= 2
-            && from > 0
-            && bytes >= from
-            && bytes > self.ll_sizes.all_reduce;
-        fits.then(|| ce_chunk_bytes(bytes, self.ce_chunk))
-    }
-
-    /// The copy-engine all_reduce (see [`GpuColl`]): the first barrier (with `ck`'s
-    /// signature), then chunk by chunk the other members' parts of `src` copied by this GPU's
-    /// copy engine into [`CE_RING`] staging slots on a stream of its own, each chunk folded into
-    /// `dst` on `s` in team order once its copies are done (the reduce kernel, which a
-    /// mismatch's skip flag or a timeout stops), the copies of chunk `c + CE_RING` waiting for
-    /// the fold of chunk `c`; then the second barrier (no member's `src` is read after it). All
-    /// the ordering is by events, which a capture turns into graph edges (no node waits for
-    /// another branch of the graph). `peers[i]`: member `i`'s `src` as mapped here.
-    #[allow(clippy::too_many_arguments)]
-    fn ce_all_reduce(
-        &self,
-        s: &Stream,
-        dt: DeviceTeam,
-        ck: Check,
-        f: Func,
-        (dst, src, count, es): (u64, u64, usize, usize),
-        peers: &[u64],
-        chunk_bytes: usize,
-    ) -> Result<()> {
-        let others = peers.len().saturating_sub(1);
-        let chunk = (chunk_bytes / es).max(1);
-        let chunk_bytes = chunk * es;
-        let staging = self.temp_addr(Some(s), CE_RING * others * chunk_bytes)?;
-        let mut ce = self.ce.lock().unwrap_or_else(|e| e.into_inner());
-        if ce.is_none() {
-            *ce = Some(CeStreams::new(&self.g.backend().gpu)?);
-        }
-        let Some(st) = ce.as_ref() else {
-            return Err(Error::invalid("internal: no copy-engine stream"));
-        };
-        self.sig_sync(s, dt, ck)?;
-        st.fork.record(&s.raw)?;
-        st.fork.wait(&st.aux)?;
-        let me = dt.my_index as usize;
-        let (mut off, mut c) = (0usize, 0usize);
-        while off < count {
-            let len = chunk.min(count - off);
-            let r = c % CE_RING;
-            if c >= CE_RING {
-                st.folded[r].wait(&st.aux)?;
-            }
-            let base = staging + (r * others * chunk_bytes) as u64;
-            for (i, &p) in peers.iter().enumerate() {
-                if i == me {
-                    continue;
-                }
-                let slot = if i < me { i } else { i - 1 };
-                // SAFETY: the source is member i's `src` range [off, off + len) as mapped on
-                // this GPU (checked against the object by the caller; every member is past the
-                // first barrier, so it holds this call's input), the destination a part of
-                // staging slot r (CE_RING × others × chunk_bytes, allocated above) that the fold
-                // of chunk c - CE_RING has left (`folded[r]` above) and that no fold reads
-                // before `copied[r]` below.
-                unsafe {
-                    gpu::copy_async(
-                        &st.aux,
-                        base + (slot * chunk_bytes) as u64,
-                        p + (off * es) as u64,
-                        len * es,
-                    )?
-                };
-            }
-            st.copied[r].record(&st.aux)?;
-            st.copied[r].wait(&s.raw)?;
-            let at = (off * es) as u64;
-            self.reduce_launch(
-                s,
-                f,
-                dst + at,
-                src + at,
-                len,
-                es,
-                dt,
-                false,
-                ck,
-                Some((base, chunk as u64)),
-            )?;
-            st.folded[r].record(&s.raw)?;
-            off += len;
-            c += 1;
-        }
-        self.sync(s, dt)
-    }
-
     /// The check argument of an LL call with signature `sig` (marked LL; its barrier count,
     /// 2, is only compared: an LL call runs none).
     fn ll_check(&self, dt: DeviceTeam, sig: CallSig) -> Result<Check> {
@@ -1451,7 +1255,6 @@ impl<'a> GpuColl<'a> {
         self.g.device_team(team).is_ok_and(|dt| {
             matches!(self.config.algo, None | Some(Algo::OneShot))
                 && !self.all_reduce_uses_ll(team, bytes)
-                && self.ce_ar_chunk(dt, bytes, false).is_none()
                 && self.pull_ar_arg(dt, bytes, false, 0, 0).is_some()
         })
     }
@@ -1623,7 +1426,6 @@ impl<'a> GpuColl<'a> {
                             dt,
                             fused,
                             ck,
-                            None,
                         )?;
                     }
                 }
@@ -1670,38 +1472,6 @@ impl<'a> GpuColl<'a> {
     /// Sets [`GpuColl::pull_all_reduce_bytes`] for every team size. Every PE must set the same.
     pub fn set_pull_all_reduce_bytes(&mut self, bytes: usize) {
         self.pull_all_reduce = PullLimit::all(bytes);
-    }
-
-    /// Smallest all_reduce of the copy-engine path on a team of `members` (0: off): an
-    /// out-of-place all_reduce past the LL size whose other members' inputs this GPU's copy
-    /// engine copies into staging chunk by chunk while the SMs fold the chunks already there
-    /// (see [`GpuColl`]). Defaults: [`COLL_CE_ALL_REDUCE_PAIR_BYTES`] for two members, off for
-    /// more (each member would copy every other member's whole input);
-    /// `RSHMEM_CUDA_COLL_CE_ALL_REDUCE_BYTES` sets both.
-    pub fn ce_all_reduce_bytes(&self, members: usize) -> usize {
-        self.ce_all_reduce.of(members)
-    }
-
-    /// Sets [`GpuColl::ce_all_reduce_bytes`] for every team size (0: off). Every PE must set
-    /// the same (a member that runs a call another way is reported as a mismatch).
-    pub fn set_ce_all_reduce_bytes(&mut self, bytes: usize) {
-        self.ce_all_reduce = PullLimit::all(bytes);
-    }
-
-    /// Bytes per chunk of the copy-engine all_reduce (0: by size, a quarter of the message
-    /// from 1 MiB to 32 MiB; `RSHMEM_CUDA_COLL_CE_CHUNK`). Its staging takes 2 chunks per other
-    /// member. Every PE must set the same.
-    pub fn set_ce_chunk_bytes(&mut self, bytes: usize) {
-        self.ce_chunk = bytes;
-    }
-
-    /// Whether an out-of-place all_reduce of `bytes` on `team` runs the copy-engine way (what
-    /// the benchmarks report).
-    pub fn all_reduce_uses_ce(&self, team: &Team, bytes: usize) -> bool {
-        self.g.device_team(team).is_ok_and(|dt| {
-            matches!(self.config.algo, None | Some(Algo::OneShot))
-                && self.ce_ar_chunk(dt, bytes, false).is_some()
-        })
     }
 
     /// Largest broadcast of the pull path on a team of `members` (0: off): a broadcast past
@@ -1896,19 +1666,17 @@ impl<'a> GpuColl<'a> {
         let ip = Self::in_place(src, dst)?;
         let bytes = count * std::mem::size_of::<T>();
         // The pull path serves one-shot calls, chosen or forced (it starts past the LL size).
-        // So does the copy-engine path (checked first: it starts at a larger size).
-        let one_shot = algo.map_or(
-            matches!(self.config.algo, None | Some(Algo::OneShot)),
-            |a| a == Algo::OneShot,
-        );
-        let ce = one_shot.then(|| self.ce_ar_chunk(dt, bytes, ip)).flatten();
-        let pull = (one_shot && ce.is_none())
+        let pull = algo
+            .map_or(
+                matches!(self.config.algo, None | Some(Algo::OneShot)),
+                |a| a == Algo::OneShot,
+            )
             .then(|| self.pull_ar_arg(dt, bytes, ip, sr, d))
             .flatten();
-        let algo = match (algo, pull.is_some() || ce.is_some()) {
+        let algo = match (algo, &pull) {
             (Some(a), _) => a,
-            (None, true) => Algo::OneShot,
-            (None, false) => self.all_reduce_algo(dt, bytes),
+            (None, Some(_)) => Algo::OneShot,
+            (None, None) => self.all_reduce_algo(dt, bytes),
         };
         let sig = call_sig::<T>(
             CollKind::AllReduce,
@@ -1929,24 +1697,6 @@ impl<'a> GpuColl<'a> {
             let lines = bytes.div_ceil(8).div_ceil(LL_LINES_PER_THREAD);
             let grid = (lines, self.ll_blocks);
             return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, Some(0));
-        }
-        if let Some(chunk) = ce {
-            // A copy-engine call is marked so, names no algorithm and runs two barriers.
-            let sig = CallSig {
-                ce: true,
-                algo: None,
-                syncs: 2,
-                ..sig
-            };
-            let ck = self.check(dt, sig.pack()?)?;
-            let peers = (0..dt.size)
-                .map(|i| {
-                    let pe = (dt.start + i * dt.stride) as usize;
-                    self.g.peer_ptr(src, 0, pe)
-                })
-                .collect::<Result<Vec<u64>>>()?;
-            let es = std::mem::size_of::<T>();
-            return self.ce_all_reduce(s, dt, ck, f, (d, sr, count, es), &peers, chunk);
         }
         if let Some((ll, blocks)) = pull {
             // A pull call is marked LL and pull, and names no algorithm.
@@ -2303,11 +2053,6 @@ pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
 /// (2x H200, same run: 1.18x the two-shot path's bus bandwidth at 64 MiB).
 pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
 
-/// Default [`GpuColl::ce_all_reduce_bytes`] for two-member teams: 256 MiB (2x H100: the
-/// copy-engine path 344 GB/s bus bandwidth at 256 MiB and 362 at 1 GiB, where the pull path's
-/// SM loads reach about 336; the pull path was faster at 64 MiB; BENCHMARKS.md).
-pub const COLL_CE_ALL_REDUCE_PAIR_BYTES: usize = 256 << 20;
-
 /// Default [`GpuColl::pull_broadcast_bytes`]: every size (past
 /// [`GpuColl::chain_broadcast_bytes`] on teams of more than two, along a chain).
 pub const COLL_PULL_BCAST_BYTES: usize = usize::MAX;
@@ -2434,7 +2179,6 @@ fn raw_sig(
         ll: false,
         pull: false,
         chain: false,
-        ce: false,
     }
 }
 
@@ -2802,46 +2546,6 @@ mod tests {
         assert_ne!(pbw, cbw);
         assert!(CallSig::describe(&pbw).contains(" algo pull "), "{pbw:?}");
         assert!(CallSig::describe(&cbw).contains(" algo chain "), "{cbw:?}");
-        // The copy-engine all_reduce: differs from the barrier-based one-shot, named "ce".
-        let one = sig(CollKind::AllReduce, 100);
-        let ce = CallSig {
-            algo: None,
-            ce: true,
-            ..one
-        };
-        let (ow, cw) = (one.pack().unwrap(), ce.pack().unwrap());
-        assert_ne!(ow, cw);
-        let d = CallSig::describe(&cw);
-        assert!(d.contains(" algo ce barriers 2 "), "{d}");
-    }
-
-    #[test]
-    fn copy_engine_staging() {
-        let on = PullLimit {
-            pair: 256 << 20,
-            larger: 0,
-        };
-        assert_eq!(ce_staging_bytes(on, 0, 2), 64 << 20);
-        assert_eq!(ce_staging_bytes(on, 0, 8), 64 << 20);
-        assert_eq!(ce_staging_bytes(on, 0, 1), 0);
-        assert_eq!(ce_staging_bytes(PullLimit::all(0), 0, 8), 0);
-        assert_eq!(
-            ce_staging_bytes(PullLimit::all(1 << 20), 0, 4),
-            3 * (64 << 20)
-        );
-        assert_eq!(ce_staging_bytes(on, 1 << 20, 2), 2 << 20);
-    }
-
-    #[test]
-    fn copy_engine_chunks() {
-        // By size: a quarter of the message, 1 MiB to 32 MiB, in 4 KiB steps.
-        assert_eq!(ce_chunk_bytes(64 << 20, 0), 16 << 20);
-        assert_eq!(ce_chunk_bytes(1 << 30, 0), 32 << 20);
-        assert_eq!(ce_chunk_bytes(1 << 20, 0), 1 << 20);
-        assert_eq!(ce_chunk_bytes((40 << 20) + 4, 0), (10 << 20) + 4096);
-        // Set: rounded up to 16 bytes.
-        assert_eq!(ce_chunk_bytes(1 << 30, 64 << 10), 64 << 10);
-        assert_eq!(ce_chunk_bytes(1 << 30, 100), 112);
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub struct CollBenchRecord {
     /// Iterations timed (after one warm-up).
     pub iters: usize,
     /// rshmem's algorithm for this size (one_shot / two_shot; one_shot for the single-algorithm
-    /// collectives; ll or pull for the LL-handshake paths; ce for the copy-engine all_reduce).
+    /// collectives; ll or pull for the LL-handshake paths).
     pub algo: &'static str,
     /// rshmem time per call, microseconds (PE 0's stream, CUDA events, eager launches).
     pub time_us: f64,
@@ -122,11 +122,8 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
                 CollKind::Broadcast => coll.broadcast_uses_pull(w, bytes),
                 _ => false,
             };
-            let ce = kind == CollKind::AllReduce && coll.all_reduce_uses_ce(w, bytes);
             let algo = if ll {
                 "ll"
-            } else if ce {
-                "ce"
             } else if pull {
                 "pull"
             } else {

@@ -52,7 +52,6 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuStreamQuery",
     "cuStreamWriteValue64_v2",
     "cuStreamWaitValue64_v2",
-    "cuStreamWaitEvent",
     "cuStreamBeginCapture_v2",
     "cuStreamIsCapturing",
     "cuStreamEndCapture",

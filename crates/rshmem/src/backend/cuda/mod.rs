@@ -108,10 +108,9 @@ mod srcparse;
 pub use api::{CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 pub use bench::{bench, BenchRecord};
 pub use coll::{
-    coll_kernel_names, coll_nvrtc_options, default_ll_sizes, GpuColl, LlSizes,
-    COLL_CE_ALL_REDUCE_PAIR_BYTES, COLL_FUSED_BYTES, COLL_LL_A2A_BYTES, COLL_LL_BYTES,
-    COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES, COLL_PULL_ALL_REDUCE_PAIR_BYTES,
-    LL_MAX_MEMBERS,
+    coll_kernel_names, coll_nvrtc_options, default_ll_sizes, GpuColl, LlSizes, COLL_FUSED_BYTES,
+    COLL_LL_A2A_BYTES, COLL_LL_BYTES, COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES,
+    COLL_PULL_ALL_REDUCE_PAIR_BYTES, LL_MAX_MEMBERS,
 };
 pub use coll_bench::{coll_bench, CollBenchRecord};
 pub use info::{info, GpuInfo, Info};
