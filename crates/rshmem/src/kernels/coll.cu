@@ -833,6 +833,12 @@ __device__ __forceinline__ void rshmemi_pull_handshake(rshmemi_ll_shared& S, con
 // block after a release fence, the wait for every member's), and between them a one-shot fold:
 // every thread reads its vectors from every member's src (team order), U vectors in flight per
 // member, and writes the result into dst.
+// RSHMEMI_PULL_PAIR_LOADS 0 (a compile option for measurements, through
+// RSHMEM_CUDA_COLL_NVRTC_OPTS): a pair's pull all_reduce loads its members' vectors one member
+// after the other like larger teams' (the former code).
+#ifndef RSHMEMI_PULL_PAIR_LOADS
+#define RSHMEMI_PULL_PAIR_LOADS 1
+#endif
 template <typename T, typename A, int OP>
 __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rshmem_u64 n, const rshmem_team& team,
                                                         const rshmemi_check& ck, const rshmemi_ll& ll,
@@ -852,18 +858,44 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
         const rshmem_u64 gt = b * (rshmem_u64)nth + tid, gn = (rshmem_u64)gridDim.x * nth;
         for (rshmem_u64 v0 = gt; v0 < nv; v0 += U * gn) {
             A acc[U][V];
-            for (int i = 0; i < N; i++) {
-                rshmemi_v4 x[U];
+            if (RSHMEMI_PULL_PAIR_LOADS && N == 2) {
+                // A pair: the peer's vectors and then this PE's are all in flight before any
+                // is folded (the link's loads wait behind no local load), folded in team order.
+                // (Registers indexed by compile-time values only: a member index would put
+                // them in local memory.)
+                const rshmemi_v4* peer = from[1 - me];
+                const rshmemi_v4* mine = from[me];
+                rshmemi_v4 xp[U], xm[U];
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    if (v0 + u * gn < nv) x[u] = from[i][v0 + u * gn];
+                    if (v0 + u * gn < nv) xp[u] = peer[v0 + u * gn];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (v0 + u * gn < nv) xm[u] = mine[v0 + u * gn];
 #pragma unroll
                 for (int u = 0; u < U; u++) {
-                    const T* e = (const T*)&x[u];
+                    const T* ep = (const T*)&xp[u];
+                    const T* em = (const T*)&xm[u];
 #pragma unroll
                     for (int k = 0; k < V; k++) {
-                        const A y = rshmemi_cvt<T, A>::in(e[k]);
-                        acc[u][k] = i == 0 ? y : rshmemi_apply<A, OP>(acc[u][k], y);
+                        const A a = rshmemi_cvt<T, A>::in(em[k]), b = rshmemi_cvt<T, A>::in(ep[k]);
+                        acc[u][k] = me == 0 ? rshmemi_apply<A, OP>(a, b) : rshmemi_apply<A, OP>(b, a);
+                    }
+                }
+            } else {
+                for (int i = 0; i < N; i++) {
+                    rshmemi_v4 x[U];
+#pragma unroll
+                    for (int u = 0; u < U; u++)
+                        if (v0 + u * gn < nv) x[u] = from[i][v0 + u * gn];
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const T* e = (const T*)&x[u];
+#pragma unroll
+                        for (int k = 0; k < V; k++) {
+                            const A y = rshmemi_cvt<T, A>::in(e[k]);
+                            acc[u][k] = i == 0 ? y : rshmemi_apply<A, OP>(acc[u][k], y);
+                        }
                     }
                 }
             }
