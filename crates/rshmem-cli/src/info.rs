@@ -46,6 +46,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA collectives: largest out-of-place all_reduce of the pull path (beyond the LL size), default every size on two-member teams, 8M on larger ones (sets both; 0 = off)",
     ),
     (
+        "RSHMEM_CUDA_COLL_PUSH_ALL_REDUCE_BYTES",
+        "CUDA collectives: smallest pull all_reduce of a two-member team that moves its data by stores (each member into the other's dst), default 256M (0 = never)",
+    ),
+    (
         "RSHMEM_CUDA_COLL_LL_BLOCKS",
         "CUDA collectives: most blocks of the LL all_reduce kernel (measurement knob), default 32",
     ),

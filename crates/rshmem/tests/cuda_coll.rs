@@ -1502,39 +1502,92 @@ fn pull_ar_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
 /// off (two-shot) reported on every PE, then a correct pull.
 fn pull_ar_body(pe: &Pe) -> Result<()> {
     let mut c = pull_ctx(pe, 0)?;
+    // The defaults: pairs store their data only from 256 MiB.
+    if std::env::var_os("RSHMEM_CUDA_COLL_PUSH_ALL_REDUCE_BYTES").is_none() {
+        assert_eq!(
+            c.coll.push_all_reduce_bytes(),
+            cuda::COLL_PUSH_ALL_REDUCE_BYTES
+        );
+    }
+    c.coll.set_push_all_reduce_bytes(0);
     pull_ar_t::<f32>(&c, ReduceOp::Sum)?;
     pull_ar_t::<bf16>(&c, ReduceOp::Max)?;
     pull_ar_t::<i8>(&c, ReduceOp::Xor)?;
     pull_ar_t::<f64>(&c, ReduceOp::Min)?;
+    // Pairs by stores at every size (the strided team is a pair; the other teams still load).
+    c.coll.set_push_all_reduce_bytes(1);
+    pull_ar_t::<f32>(&c, ReduceOp::Sum)?;
+    pull_ar_t::<bf16>(&c, ReduceOp::Max)?;
+    pull_ar_t::<i8>(&c, ReduceOp::Xor)?;
     let (w, me) = (pe.world_team(), pe.my_pe());
     // Two-member teams take the pull path at every size: 12 MiB of f32, past the limit of
-    // larger teams (the 64 blocks go six times round), exact; a larger team runs two-shot.
+    // larger teams (the 64 blocks go six times round; by stores, three steps per block),
+    // exact, loading and storing; a larger team runs two-shot.
     const BIG: usize = 3 << 20;
     let big_src = pe.alloc::<f32>(BIG)?;
     let big_dst = pe.alloc::<f32>(BIG)?;
-    for (tn, team) in c.teams.list(pe) {
-        let bytes = BIG * 4;
-        let pull = c.coll.all_reduce_uses_pull(team, bytes);
-        assert_eq!(
-            pull,
-            team.n_pes() == 2,
-            "team {tn} of {} members, {bytes} bytes: pull {pull}",
-            team.n_pes()
-        );
-        let seed = 7650 + team.n_pes() as u64;
+    for push in [0, 1] {
+        c.coll.set_push_all_reduce_bytes(push);
+        for (tn, team) in c.teams.list(pe) {
+            let bytes = BIG * 4;
+            let pull = c.coll.all_reduce_uses_pull(team, bytes);
+            assert_eq!(
+                pull,
+                team.n_pes() == 2,
+                "team {tn} of {} members, {bytes} bytes: pull {pull}",
+                team.n_pes()
+            );
+            assert_eq!(
+                c.coll.all_reduce_uses_push(team, bytes),
+                pull && push == 1,
+                "team {tn}, {bytes} bytes, push from {push}"
+            );
+            let seed = 7650 + team.n_pes() as u64 + 10 * push as u64;
+            pe.local_fill(&big_dst, f32::poison())?;
+            pe.local_write(&big_src, 0, &f32::gen(me, seed, BIG, ReduceOp::Sum))?;
+            c.coll
+                .all_reduce(&c.s, team, &big_dst, &big_src, BIG, ReduceOp::Sum)?;
+            c.done()?;
+            let x = ins::<f32>(team, seed, BIG, ReduceOp::Sum);
+            let want: Vec<f32> = (0..BIG).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+            check(
+                &pe.local_vec(&big_dst)?,
+                &want,
+                &format!("12 MiB all_reduce team {tn} push from {push} (PE {me})"),
+            );
+        }
+    }
+    // A pair whose members differ (one stores, one loads): a mismatch on both, dst untouched.
+    if let Some(pair) = c.teams.list(pe).into_iter().find(|(_, t)| t.n_pes() == 2) {
+        let (_, team) = pair;
+        let first = team.my_pe() == 0;
+        c.coll.set_push_all_reduce_bytes(if first { 1 } else { 0 });
         pe.local_fill(&big_dst, f32::poison())?;
-        pe.local_write(&big_src, 0, &f32::gen(me, seed, BIG, ReduceOp::Sum))?;
+        pe.local_write(&big_src, 0, &f32::gen(me, 7690, BIG, ReduceOp::Sum))?;
         c.coll
             .all_reduce(&c.s, team, &big_dst, &big_src, BIG, ReduceOp::Sum)?;
-        c.done()?;
-        let x = ins::<f32>(team, seed, BIG, ReduceOp::Sum);
-        let want: Vec<f32> = (0..BIG).map(|i| fold_at(ReduceOp::Sum, &x, i)).collect();
+        c.s.synchronize()?;
+        let ctx = format!("pair push against pull (PE {me})");
+        match c.coll.check_errors() {
+            Err(Error::CollectiveMismatch { mine, theirs, .. }) => {
+                let (m, t) = if first {
+                    ("algo push", "algo pull")
+                } else {
+                    ("algo pull", "algo push")
+                };
+                assert!(mine.contains(m), "{ctx}: mine {mine:?} lacks {m:?}");
+                assert!(theirs.contains(t), "{ctx}: theirs {theirs:?} lacks {t:?}");
+            }
+            other => panic!("{ctx}: expected a collective mismatch, got {other:?}"),
+        }
         check(
             &pe.local_vec(&big_dst)?,
-            &want,
-            &format!("12 MiB all_reduce team {tn} (PE {me})"),
+            &vec![f32::poison(); BIG],
+            &format!("{ctx}: dst"),
         );
     }
+    c.coll.set_push_all_reduce_bytes(0);
+    pe.barrier_all()?;
     pe.barrier_all()?;
     pe.free(big_dst)?;
     pe.free(big_src)?;

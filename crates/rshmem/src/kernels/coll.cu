@@ -827,12 +827,131 @@ __device__ __forceinline__ void rshmemi_pull_handshake(rshmemi_ll_shared& S, con
     rshmemi_ll_resolve(S, team.size);
 }
 
+// `len` 16-byte vectors from s to d by the block, eight loads in flight per thread.
+__device__ __forceinline__ void rshmemi_copy_v4(rshmemi_v4* d, const rshmemi_v4* s, rshmem_u64 len, unsigned tid,
+                                                unsigned nth) {
+    for (rshmem_u64 q = tid; q < len; q += 8 * (rshmem_u64)nth) {
+        rshmemi_v4 x[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (q + u * nth < len) x[u] = s[q + u * nth];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (q + u * nth < len) d[q + u * nth] = x[u];
+    }
+}
+
+// Line l of member `from`'s lines in this PE's area (p), waited for until it carries `flag` and
+// a payload of at least `want` (a count its sender raises during one call); then acquired.
+// False as rshmemi_ll_wait_line.
+__device__ __forceinline__ bool rshmemi_ll_wait_count(const rshmem_u64* p, unsigned flag, rshmem_u64 want,
+                                                      const volatile int* abort, int pe) {
+    rshmem_u64 t0 = 0, v = 0;
+    for (unsigned spins = 1; !(rshmemi_ll_load(p, flag, &v) && v >= want); spins++) {
+        if (*abort) return false;
+        if (rshmemi_ll_gave_up(spins, &t0, pe)) return false;
+    }
+    (void)rshmemi_ld_acquire32((const unsigned*)p + 1);
+    return true;
+}
+
+// A pair's all_reduce by pushes (rshmemi_pull_all_reduce on two-member teams, `push` set by the
+// host from GpuColl::push_all_reduce_bytes and carried in the call's signature): each member
+// stores its src into the other's dst over the peer mapping, and folds what the other stored
+// into its own dst with its src, in team order. Both GPUs storing to each other at once move
+// more than both loading from each other (2x H200, 1 GiB each way: 365 against 336 GB/s).
+// Block b takes vectors [b·c, (b+1)·c) (c = ceil(nv / blocks)) in steps (a sixteenth of its
+// part, 64 to 256 KiB); after storing step k it publishes k + 1 as line RSHMEMI_SIG_WORDS + b
+// to the other member (after the block's barrier and a system-scope release fence: the stores
+// went to the other GPU's memory), then folds step k - 1 once the other's count says it
+// arrived (acquire). A member stores into the other's dst only after the handshake (the other
+// is in this call: its dst is free), and its kernel ends only after every step of the other's
+// has arrived and been folded, so no store of this call is pending when either kernel ends.
+// No member reads the other's memory, so no done lines. A wait that gives up stops this
+// member's stores and folds (the other then times out too). The system-scope fence per step
+// (about 1.7 us) makes it lose to the pull below about 256 MiB (BENCHMARKS.md).
+#ifndef RSHMEMI_PUSH_MIN_VECS
+#define RSHMEMI_PUSH_MIN_VECS 4096
+#endif
+#ifndef RSHMEMI_PUSH_MAX_VECS
+#define RSHMEMI_PUSH_MAX_VECS 16384
+#endif
+// dst[q] = fold in team order of this PE's src[q] and the other member's value in dst[q]
+// (me: this PE's index, 0 or 1), for q < len, this thread's q = tid, tid + nth, ...
+template <typename T, typename A, int OP>
+__device__ __forceinline__ void rshmemi_pair_fold(rshmemi_v4* d, const rshmemi_v4* s, rshmem_u64 len, int me,
+                                                  unsigned tid, unsigned nth) {
+    const int V = 16 / (int)sizeof(T);
+    const int U = 32 / V > 8 ? 8 : 32 / V;
+    for (rshmem_u64 q = tid; q < len; q += U * (rshmem_u64)nth) {
+        rshmemi_v4 xo[U], xm[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (q + u * nth < len) {
+                xo[u] = d[q + u * nth];
+                xm[u] = s[q + u * nth];
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (q + u * nth >= len) continue;
+            const T* eo = (const T*)&xo[u];
+            const T* em = (const T*)&xm[u];
+            rshmemi_v4 y;
+            T* o = (T*)&y;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const A a = rshmemi_cvt<T, A>::in(em[k]), b = rshmemi_cvt<T, A>::in(eo[k]);
+                o[k] = rshmemi_cvt<T, A>::out(me == 0 ? rshmemi_apply<A, OP>(a, b) : rshmemi_apply<A, OP>(b, a));
+            }
+            d[q + u * nth] = y;
+        }
+    }
+}
+
+template <typename T, typename A, int OP>
+__device__ __forceinline__ void rshmemi_pair_push_all_reduce(rshmemi_v4* dst, const rshmemi_v4* src, rshmem_u64 nv,
+                                                             const rshmem_team& team, rshmemi_ll_shared& S) {
+    __shared__ int lost;
+    const int me = team.my_index, other = 1 - me;
+    const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x, G = gridDim.x;
+    rshmemi_v4* theirs = (rshmemi_v4*)rshmem_ptr((void*)dst, rshmemi_member(team, other));
+    const rshmem_u64 c = (nv + G - 1) / G, lo = (rshmem_u64)b * c;
+    const rshmem_u64 len = lo < nv ? (nv - lo < c ? nv - lo : c) : 0;
+    rshmem_u64 st = len / 16;
+    st = st < RSHMEMI_PUSH_MIN_VECS ? RSHMEMI_PUSH_MIN_VECS : st > RSHMEMI_PUSH_MAX_VECS ? RSHMEMI_PUSH_MAX_VECS : st;
+    const rshmem_u64 steps = (len + st - 1) / st;
+    const rshmem_u64* count = S.peer[other].from + 2 * (RSHMEMI_SIG_WORDS + b);
+    if (tid == 0) lost = 0;
+    for (rshmem_u64 k = 0; k <= steps; k++) {
+        if (k < steps) {
+            const rshmem_u64 a = k * st;
+            rshmemi_copy_v4(theirs + lo + a, src + lo + a, len - a < st ? len - a : st, tid, nth);
+            __syncthreads();
+            if (tid == 0) {
+                asm volatile("fence.acq_rel.sys;" ::: "memory");
+                rshmemi_ll_push(S, other, RSHMEMI_SIG_WORDS + b, k + 1);
+            }
+        }
+        if (k >= 1) {
+            // Step k - 1 of the other member's part b is in this PE's dst.
+            if (tid == 0 && !rshmemi_ll_wait_count(count, S.peer[other].flag, k, (const volatile int*)&S.abort,
+                                                   rshmemi_member(team, other)))
+                lost = 1;
+            __syncthreads();
+            if (lost) return;
+            const rshmem_u64 a = (k - 1) * st;
+            rshmemi_pair_fold<T, A, OP>(dst + lo + a, src + lo + a, len - a < st ? len - a : st, me, tid, nth);
+        }
+    }
+}
+
 // Pull all_reduce (rshmem::cuda::GpuColl::pull_all_reduce_bytes; past the LL size, out of
 // place, whole 16-byte vectors at 16-byte aligned addresses): one kernel, the pull
 // all_to_all's handshake (release fence, header, acquire on each header seen; a done line per
 // block after a release fence, the wait for every member's), and between them a one-shot fold:
 // every thread reads its vectors from every member's src (team order), U vectors in flight per
-// member, and writes the result into dst.
+// member, and writes the result into dst. A pair with `push` (GpuColl::push_all_reduce_bytes)
+// moves its data by stores instead, after the same handshake (rshmemi_pair_push_all_reduce).
 // RSHMEMI_PULL_PAIR_LOADS 0 (a compile option for measurements, through
 // RSHMEM_CUDA_COLL_NVRTC_OPTS): a pair's pull all_reduce loads its members' vectors one member
 // after the other like larger teams' (the former code).
@@ -842,7 +961,7 @@ __device__ __forceinline__ void rshmemi_pull_handshake(rshmemi_ll_shared& S, con
 template <typename T, typename A, int OP>
 __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rshmem_u64 n, const rshmem_team& team,
                                                         const rshmemi_check& ck, const rshmemi_ll& ll,
-                                                        rshmemi_ll_shared& S) {
+                                                        rshmemi_ll_shared& S, bool push) {
     __shared__ const rshmemi_v4* from[RSHMEMI_LL_MAX_MEMBERS];
     const int V = 16 / (int)sizeof(T);
     const int U = 32 / V > 8 ? 8 : 32 / V;
@@ -853,7 +972,9 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
     for (int i = tid; i < N; i += nth)
         from[i] = (const rshmemi_v4*)(i == me ? (const void*)src : rshmem_ptr((const void*)src, rshmemi_member(team, i)));
     rshmemi_pull_handshake(S, team, ck, ll, exp, true);
-    if (S.verdict == 0) {
+    if (push && N == 2) {
+        if (S.verdict == 0) rshmemi_pair_push_all_reduce<T, A, OP>((rshmemi_v4*)dst, (const rshmemi_v4*)src, n / V, team, S);
+    } else if (S.verdict == 0) {
         const rshmem_u64 nv = n / V;
         const rshmem_u64 gt = b * (rshmem_u64)nth + tid, gn = (rshmem_u64)gridDim.x * nth;
         for (rshmem_u64 v0 = gt; v0 < nv; v0 += U * gn) {
@@ -932,10 +1053,10 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
        the 8-byte call (2x H200, graph: 3.71 -> 4.00 us). */                                     \
     extern "C" __global__ void rshmemi_coll_pull_ar_##NAME##_##OPN(T* dst, const T* src, rshmem_u64 n, \
                                                                     rshmem_team team, rshmemi_check ck, \
-                                                                    rshmemi_ll ll) {                  \
+                                                                    rshmemi_ll ll, rshmem_u64 push) { \
         __shared__ rshmemi_ll_shared S;                                                              \
         rshmemi_grid_dep_wait();                                                                     \
-        rshmemi_pull_all_reduce<T, A, OP>(dst, src, n, team, ck, ll, S);                             \
+        rshmemi_pull_all_reduce<T, A, OP>(dst, src, n, team, ck, ll, S, push != 0);                  \
     }
 #define RSHMEMI_COLL_INT_LL(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
 #define RSHMEMI_COLL_FLOAT_LL(NAME, T, A) RSHMEMI_COLL_FLOAT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
@@ -1066,19 +1187,6 @@ RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, words, true)
 RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, bytes, false)
 #undef RSHMEMI_LL_MOVE_KERNEL
 
-// `len` 16-byte vectors from s to d by the block, eight loads in flight per thread.
-__device__ __forceinline__ void rshmemi_copy_v4(rshmemi_v4* d, const rshmemi_v4* s, rshmem_u64 len, unsigned tid,
-                                                unsigned nth) {
-    for (rshmem_u64 q = tid; q < len; q += 8 * (rshmem_u64)nth) {
-        rshmemi_v4 x[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            if (q + u * nth < len) x[u] = s[q + u * nth];
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            if (q + u * nth < len) d[q + u * nth] = x[u];
-    }
-}
 
 // Pull all_to_all (rshmem::cuda::GpuColl::pull_a2a_bytes; out of place, shares of whole
 // 16-byte vectors at 16-byte aligned addresses): member i's dst[j·w, (j+1)·w) read straight
@@ -1128,19 +1236,6 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
 
-// Line l of member `from`'s lines in this PE's area (p), waited for until it carries `flag` and
-// a payload of at least `want` (a count its sender raises during one call); then acquired.
-// False as rshmemi_ll_wait_line.
-__device__ __forceinline__ bool rshmemi_ll_wait_count(const rshmem_u64* p, unsigned flag, rshmem_u64 want,
-                                                      const volatile int* abort, int pe) {
-    rshmem_u64 t0 = 0, v = 0;
-    for (unsigned spins = 1; !(rshmemi_ll_load(p, flag, &v) && v >= want); spins++) {
-        if (*abort) return false;
-        if (rshmemi_ll_gave_up(spins, &t0, pe)) return false;
-    }
-    (void)rshmemi_ld_acquire32((const unsigned*)p + 1);
-    return true;
-}
 
 // Vectors per step of a chain broadcast block: an eighth of its part, 16 to 64 KiB (compile
 // options for measurements).

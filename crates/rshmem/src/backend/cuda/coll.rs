@@ -109,6 +109,8 @@ struct CallSig {
     pull: bool,
     /// A pull broadcast along a chain (each member reads from the one before it).
     chain: bool,
+    /// A pair's pull all_reduce moving its data by stores (each member into the other's dst).
+    push: bool,
 }
 
 const SIG_MARK: u64 = 1 << 63;
@@ -134,7 +136,8 @@ impl CallSig {
             | self.algo.map_or(0, Algo::code) << 25
             | u64::from(self.ll) << 27
             | u64::from(self.pull) << 28
-            | u64::from(self.chain) << 29;
+            | u64::from(self.chain) << 29
+            | u64::from(self.push) << 30;
         let (size, start, stride) = self.team;
         let team = fnv(&[size as u64, start as u64, stride as u64]);
         Ok([w0, self.count, self.aux, self.src, self.dst, team])
@@ -179,7 +182,9 @@ impl CallSig {
         out += &format!(
             " in_place {} algo {} barriers {} src @{:#x} dst @{:#x} team {:x}",
             (w[0] >> 24) & 1 != 0,
-            if (w[0] >> 29) & 1 != 0 {
+            if (w[0] >> 30) & 1 != 0 {
+                "push"
+            } else if (w[0] >> 29) & 1 != 0 {
                 "chain"
             } else if (w[0] >> 28) & 1 != 0 {
                 "pull"
@@ -450,7 +455,10 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 ///   teams, 8 MiB on larger ones): beyond the LL size, an out-of-place all_reduce of whole
 ///   16-byte vectors runs as one kernel with the same handshake that folds the members' inputs
 ///   read in place, in team order (one launch instead of five; a pair moves as many bytes as
-///   two-shot, larger teams `members / 2` times as many).
+///   two-shot, larger teams `members / 2` times as many). A pair from
+///   [`GpuColl::push_all_reduce_bytes`] (256 MiB) moves its data by stores instead: each
+///   member stores its input into the other's `dst` in steps and folds the other's steps as
+///   their counts arrive (both GPUs storing at once outrun both loading at once).
 /// * **Pull broadcast** ([`GpuColl::pull_broadcast_bytes`], the same defaults): beyond the LL
 ///   size, a broadcast of whole 16-byte vectors (in or out of place) runs as one kernel with
 ///   the same handshake in which every member reads the root's `src` in place.
@@ -535,6 +543,8 @@ pub struct GpuColl<'a> {
     pull_blocks: u32,
     /// Largest all_reduce of the pull path (0: off), by team size.
     pull_all_reduce: PullLimit,
+    /// Smallest pull all_reduce of a pair that moves its data by stores (0: never).
+    push_all_reduce: usize,
     /// Largest broadcast of the pull path (0: off), by team size.
     pull_bcast: PullLimit,
     /// Broadcasts past this size on teams of more than two run the pull way as a chain.
@@ -715,6 +725,8 @@ impl<'a> GpuColl<'a> {
                 COLL_PULL_ALL_REDUCE_PAIR_BYTES,
                 COLL_PULL_ALL_REDUCE_BYTES,
             )?,
+            push_all_reduce: crate::coll::env_size("RSHMEM_CUDA_COLL_PUSH_ALL_REDUCE_BYTES")?
+                .unwrap_or(COLL_PUSH_ALL_REDUCE_BYTES),
             pull_bcast: PullLimit::from_env(
                 "RSHMEM_CUDA_COLL_PULL_BCAST_BYTES",
                 COLL_PULL_BCAST_BYTES,
@@ -1143,6 +1155,12 @@ impl<'a> GpuColl<'a> {
         self.pull_grid(dt, fits, bytes, PULL_AR_BLOCK_BYTES)
     }
 
+    /// Whether a pull all_reduce of `bytes` on `dt` moves its data by stores (a pair, from
+    /// [`GpuColl::push_all_reduce_bytes`]).
+    fn pushes(&self, dt: DeviceTeam, bytes: usize) -> bool {
+        dt.size == 2 && self.push_all_reduce > 0 && bytes >= self.push_all_reduce
+    }
+
     /// The check argument of an LL call with signature `sig` (marked LL; its barrier count,
     /// 2, is only compared: an LL call runs none).
     fn ll_check(&self, dt: DeviceTeam, sig: CallSig) -> Result<Check> {
@@ -1312,9 +1330,10 @@ impl<'a> GpuColl<'a> {
         let p = &mut p[..6 + usize::from(extra.is_some())];
         // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
         // rshmemi_ll, u64 stride), rshmemi_coll_ll_move_*(char*, const char*, u64, ...,
-        // u64 root), rshmemi_coll_pull_ar_*(T*, const T*, u64, ...), rshmemi_coll_pull_a2a(v4*,
-        // const v4*, u64, ...) and rshmemi_coll_pull_bcast(v4*, const v4*, u64, ..., u64 root)
-        // (repr(C); the callers pass 1, 1, 0, 0 and 1 extra values); ranges checked by the
+        // u64 root), rshmemi_coll_pull_ar_*(T*, const T*, u64, ..., u64 push),
+        // rshmemi_coll_pull_a2a(v4*, const v4*, u64, ...) and rshmemi_coll_pull_bcast(v4*,
+        // const v4*, u64, ..., u64 root) (repr(C); the callers pass 1, 1, 1, 0 and 1 extra
+        // values); ranges checked by the
         // callers, the message fits the area's regions (ll_arg, ll_a2a_arg, ll_bcast_arg,
         // pull_ar_arg, pull_a2a_arg, pull_bcast_arg), the counter is this slot's. Launched as
         // programmatic dependents: each of these kernels begins with rshmemi_grid_dep_wait and
@@ -1472,6 +1491,33 @@ impl<'a> GpuColl<'a> {
     /// Sets [`GpuColl::pull_all_reduce_bytes`] for every team size. Every PE must set the same.
     pub fn set_pull_all_reduce_bytes(&mut self, bytes: usize) {
         self.pull_all_reduce = PullLimit::all(bytes);
+    }
+
+    /// Smallest pull all_reduce of a two-member team that moves its data by stores (0: never):
+    /// each member stores its input into the other's `dst` in steps, publishing a count per
+    /// step after a system-scope fence, and folds the other's steps into its own `dst` as they
+    /// arrive. Both GPUs storing at once move more than both loading at once (2x H200: 365
+    /// against 336 GB/s each way), but the fence per step costs more than that gains below
+    /// about 256 MiB. Default [`COLL_PUSH_ALL_REDUCE_BYTES`];
+    /// `RSHMEM_CUDA_COLL_PUSH_ALL_REDUCE_BYTES`.
+    pub fn push_all_reduce_bytes(&self) -> usize {
+        self.push_all_reduce
+    }
+
+    /// Sets [`GpuColl::push_all_reduce_bytes`] (0: never; 1: every pull size). Both members of
+    /// a pair must set the same (a call that differs is reported as a mismatch).
+    pub fn set_push_all_reduce_bytes(&mut self, bytes: usize) {
+        self.push_all_reduce = bytes;
+    }
+
+    /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
+    /// runs the pull path by stores (what the benchmarks report).
+    pub fn all_reduce_uses_push(&self, team: &Team, bytes: usize) -> bool {
+        self.all_reduce_uses_pull(team, bytes)
+            && self
+                .g
+                .device_team(team)
+                .is_ok_and(|dt| self.pushes(dt, bytes))
     }
 
     /// Largest broadcast of the pull path on a team of `members` (0: off): a broadcast past
@@ -1699,16 +1745,19 @@ impl<'a> GpuColl<'a> {
             return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, Some(0));
         }
         if let Some((ll, blocks)) = pull {
-            // A pull call is marked LL and pull, and names no algorithm.
+            // A pull call is marked LL and pull (and push where a pair stores its data), and
+            // names no algorithm.
+            let push = self.pushes(dt, bytes);
             let sig = CallSig {
                 pull: true,
+                push,
                 algo: None,
                 ..sig
             };
             let ck = self.ll_check(dt, sig)?;
             let pf = self.pull_ar_func::<T>(op)?;
             let grid = (blocks as usize * LL_THREADS as usize, blocks);
-            return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, None);
+            return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, Some(push as u64));
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
@@ -2053,6 +2102,11 @@ pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
 /// (2x H200, same run: 1.18x the two-shot path's bus bandwidth at 64 MiB).
 pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
 
+/// Default [`GpuColl::push_all_reduce_bytes`]: 256 MiB (2x H200, same run, pushes against
+/// loads: 1 GiB 341.6-344.2 against 336.9-337.2 GB/s bus bandwidth, 256 MiB 333.9-336.2
+/// against 333.3-333.8, 64 MiB 284-293 against 323-325; BENCHMARKS.md).
+pub const COLL_PUSH_ALL_REDUCE_BYTES: usize = 256 << 20;
+
 /// Default [`GpuColl::pull_broadcast_bytes`]: every size (past
 /// [`GpuColl::chain_broadcast_bytes`] on teams of more than two, along a chain).
 pub const COLL_PULL_BCAST_BYTES: usize = usize::MAX;
@@ -2179,6 +2233,7 @@ fn raw_sig(
         ll: false,
         pull: false,
         chain: false,
+        push: false,
     }
 }
 
@@ -2546,6 +2601,13 @@ mod tests {
         assert_ne!(pbw, cbw);
         assert!(CallSig::describe(&pbw).contains(" algo pull "), "{pbw:?}");
         assert!(CallSig::describe(&cbw).contains(" algo chain "), "{cbw:?}");
+        // A pair's all_reduce by pushes: differs from the pull one, named "push".
+        let pa = CallSig { pull: true, ..l };
+        let pu = CallSig { push: true, ..pa };
+        let (paw, puw) = (pa.pack().unwrap(), pu.pack().unwrap());
+        assert_ne!(paw, puw);
+        assert!(CallSig::describe(&paw).contains(" algo pull "), "{paw:?}");
+        assert!(CallSig::describe(&puw).contains(" algo push "), "{puw:?}");
     }
 
     #[test]
@@ -2673,7 +2735,7 @@ mod tests {
             (
                 coll,
                 "rshmemi_coll_pull_ar_##NAME##_##OPN",
-                vec![p, p, u, team, ck, "rshmemi_ll"],
+                vec![p, p, u, team, ck, "rshmemi_ll", u],
             ),
             (
                 coll,

@@ -23,7 +23,7 @@ pub struct CollBenchRecord {
     /// Iterations timed (after one warm-up).
     pub iters: usize,
     /// rshmem's algorithm for this size (one_shot / two_shot; one_shot for the single-algorithm
-    /// collectives; ll or pull for the LL-handshake paths).
+    /// collectives; ll, pull or push for the LL-handshake paths).
     pub algo: &'static str,
     /// rshmem time per call, microseconds (PE 0's stream, CUDA events, eager launches).
     pub time_us: f64,
@@ -122,8 +122,11 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
                 CollKind::Broadcast => coll.broadcast_uses_pull(w, bytes),
                 _ => false,
             };
+            let push = kind == CollKind::AllReduce && coll.all_reduce_uses_push(w, bytes);
             let algo = if ll {
                 "ll"
+            } else if push {
+                "push"
             } else if pull {
                 "pull"
             } else {
