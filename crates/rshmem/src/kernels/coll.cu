@@ -1187,7 +1187,6 @@ RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, words, true)
 RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, bytes, false)
 #undef RSHMEMI_LL_MOVE_KERNEL
 
-
 // Pull all_to_all (rshmem::cuda::GpuColl::pull_a2a_bytes; out of place, shares of whole
 // 16-byte vectors at 16-byte aligned addresses): member i's dst[j·w, (j+1)·w) read straight
 // from member j's src[i·w, (i+1)·w) over the peer mapping, the data crossing the link once
@@ -1235,7 +1234,6 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
     }
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }
-
 
 // Vectors per step of a chain broadcast block: an eighth of its part, 16 to 64 KiB (compile
 // options for measurements).

@@ -1333,9 +1333,9 @@ impl<'a> GpuColl<'a> {
         // u64 root), rshmemi_coll_pull_ar_*(T*, const T*, u64, ..., u64 push),
         // rshmemi_coll_pull_a2a(v4*, const v4*, u64, ...) and rshmemi_coll_pull_bcast(v4*,
         // const v4*, u64, ..., u64 root) (repr(C); the callers pass 1, 1, 1, 0 and 1 extra
-        // values); ranges checked by the
-        // callers, the message fits the area's regions (ll_arg, ll_a2a_arg, ll_bcast_arg,
-        // pull_ar_arg, pull_a2a_arg, pull_bcast_arg), the counter is this slot's. Launched as
+        // values); ranges checked by the callers, the message fits the area's regions
+        // (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_ar_arg, pull_a2a_arg, pull_bcast_arg), the
+        // counter is this slot's. Launched as
         // programmatic dependents: each of these kernels begins with rshmemi_grid_dep_wait and
         // lets the next kernel in only after its waits for other PEs (rshmemi_ll_end, the
         // common path).
