@@ -876,24 +876,28 @@ __device__ __forceinline__ bool rshmemi_ll_wait_count(const rshmem_u64* p, unsig
 #ifndef RSHMEMI_PUSH_MAX_VECS
 #define RSHMEMI_PUSH_MAX_VECS 16384
 #endif
-// dst[q] = fold in team order of this PE's src[q] and the other member's value in dst[q]
-// (me: this PE's index, 0 or 1), for q < len, this thread's q = tid, tid + nth, ...
+// A pair's fold: d[q] = the fold in team order of this PE's mine[q] and the other member's
+// other[q] (me: this PE's index, 0 or 1), for q < len, this thread's q = t, t + nt, ...; U
+// vectors of `other` and then of `mine` in flight before any is folded (the pull all_reduce's
+// loads over the link wait behind no local load). Registers are indexed by compile-time values
+// only (a member index would put them in local memory). `d` may be `other` (the pushing pair:
+// the other member's data already in this PE's dst).
 template <typename T, typename A, int OP>
-__device__ __forceinline__ void rshmemi_pair_fold(rshmemi_v4* d, const rshmemi_v4* s, rshmem_u64 len, int me,
-                                                  unsigned tid, unsigned nth) {
+__device__ __forceinline__ void rshmemi_pair_fold(rshmemi_v4* d, const rshmemi_v4* other, const rshmemi_v4* mine,
+                                                  rshmem_u64 len, int me, rshmem_u64 t, rshmem_u64 nt) {
     const int V = 16 / (int)sizeof(T);
     const int U = 32 / V > 8 ? 8 : 32 / V;
-    for (rshmem_u64 q = tid; q < len; q += U * (rshmem_u64)nth) {
+    for (rshmem_u64 q = t; q < len; q += U * nt) {
         rshmemi_v4 xo[U], xm[U];
 #pragma unroll
         for (int u = 0; u < U; u++)
-            if (q + u * nth < len) {
-                xo[u] = d[q + u * nth];
-                xm[u] = s[q + u * nth];
-            }
+            if (q + u * nt < len) xo[u] = other[q + u * nt];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (q + u * nt < len) xm[u] = mine[q + u * nt];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            if (q + u * nth >= len) continue;
+            if (q + u * nt >= len) continue;
             const T* eo = (const T*)&xo[u];
             const T* em = (const T*)&xm[u];
             rshmemi_v4 y;
@@ -903,7 +907,7 @@ __device__ __forceinline__ void rshmemi_pair_fold(rshmemi_v4* d, const rshmemi_v
                 const A a = rshmemi_cvt<T, A>::in(em[k]), b = rshmemi_cvt<T, A>::in(eo[k]);
                 o[k] = rshmemi_cvt<T, A>::out(me == 0 ? rshmemi_apply<A, OP>(a, b) : rshmemi_apply<A, OP>(b, a));
             }
-            d[q + u * nth] = y;
+            d[q + u * nt] = y;
         }
     }
 }
@@ -940,7 +944,7 @@ __device__ __forceinline__ void rshmemi_pair_push_all_reduce(rshmemi_v4* dst, co
             __syncthreads();
             if (lost) return;
             const rshmem_u64 a = (k - 1) * st;
-            rshmemi_pair_fold<T, A, OP>(dst + lo + a, src + lo + a, len - a < st ? len - a : st, me, tid, nth);
+            rshmemi_pair_fold<T, A, OP>(dst + lo + a, dst + lo + a, src + lo + a, len - a < st ? len - a : st, me, tid, nth);
         }
     }
 }
@@ -977,33 +981,11 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
     } else if (S.verdict == 0) {
         const rshmem_u64 nv = n / V;
         const rshmem_u64 gt = b * (rshmem_u64)nth + tid, gn = (rshmem_u64)gridDim.x * nth;
-        for (rshmem_u64 v0 = gt; v0 < nv; v0 += U * gn) {
-            A acc[U][V];
-            if (RSHMEMI_PULL_PAIR_LOADS && N == 2) {
-                // A pair: the peer's vectors and then this PE's are all in flight before any
-                // is folded (the link's loads wait behind no local load), folded in team order.
-                // (Registers indexed by compile-time values only: a member index would put
-                // them in local memory.)
-                const rshmemi_v4* peer = from[1 - me];
-                const rshmemi_v4* mine = from[me];
-                rshmemi_v4 xp[U], xm[U];
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (v0 + u * gn < nv) xp[u] = peer[v0 + u * gn];
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (v0 + u * gn < nv) xm[u] = mine[v0 + u * gn];
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const T* ep = (const T*)&xp[u];
-                    const T* em = (const T*)&xm[u];
-#pragma unroll
-                    for (int k = 0; k < V; k++) {
-                        const A a = rshmemi_cvt<T, A>::in(em[k]), b = rshmemi_cvt<T, A>::in(ep[k]);
-                        acc[u][k] = me == 0 ? rshmemi_apply<A, OP>(a, b) : rshmemi_apply<A, OP>(b, a);
-                    }
-                }
-            } else {
+        if (RSHMEMI_PULL_PAIR_LOADS && N == 2) {
+            rshmemi_pair_fold<T, A, OP>((rshmemi_v4*)dst, from[1 - me], from[me], nv, me, gt, gn);
+        } else {
+            for (rshmem_u64 v0 = gt; v0 < nv; v0 += U * gn) {
+                A acc[U][V];
                 for (int i = 0; i < N; i++) {
                     rshmemi_v4 x[U];
 #pragma unroll
@@ -1019,15 +1001,15 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
                         }
                     }
                 }
-            }
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (v0 + u * gn >= nv) continue;
-                rshmemi_v4 y;
-                T* o = (T*)&y;
+                for (int u = 0; u < U; u++) {
+                    if (v0 + u * gn >= nv) continue;
+                    rshmemi_v4 y;
+                    T* o = (T*)&y;
 #pragma unroll
-                for (int k = 0; k < V; k++) o[k] = rshmemi_cvt<T, A>::out(acc[u][k]);
-                ((rshmemi_v4*)dst)[v0 + u * gn] = y;
+                    for (int k = 0; k < V; k++) o[k] = rshmemi_cvt<T, A>::out(acc[u][k]);
+                    ((rshmemi_v4*)dst)[v0 + u * gn] = y;
+                }
             }
         }
         rshmemi_pull_done(S, team, b);
