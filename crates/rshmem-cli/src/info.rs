@@ -50,6 +50,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA collectives: smallest pull all_reduce of a two-member team that moves its data by stores (each member into the other's dst), default 256M (0 = never)",
     ),
     (
+        "RSHMEM_CUDA_COLL_PUSH_A2A_BYTES",
+        "CUDA collectives: smallest pull all_to_all (all shares) whose members store their shares into the others' dst instead of reading them, default 4M (0 = never)",
+    ),
+    (
         "RSHMEM_CUDA_COLL_LL_BLOCKS",
         "CUDA collectives: most blocks of the LL all_reduce kernel (measurement knob), default 32",
     ),
@@ -59,7 +63,15 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_PULL_BLOCKS",
-        "CUDA collectives: most blocks of the pull kernels (measurement knob), default 64",
+        "CUDA collectives: most blocks of the pull kernels (measurement knob), default 128",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_PULL_BLOCK_BYTES",
+        "CUDA collectives: bytes per block of the pull all_to_all and broadcast (measurement knob), default 64K",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_PULL_AR_BLOCK_BYTES",
+        "CUDA collectives: bytes per block of the pull all_reduce (measurement knob), default 32K",
     ),
     (
         "RSHMEM_CUDA_COLL_PULL_BCAST_BYTES",

@@ -1254,7 +1254,7 @@ fn a2a_want<T: TElem>(m: &[usize], me: usize, seed: u64, gc: usize) -> Vec<T> {
         .collect()
 }
 
-fn pull_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
+fn pull_t<T: TElem>(c: &Ctx<'_>, push: bool) -> Result<()> {
     let pe = c.pe;
     let most = 4 * (256 << 10) / std::mem::size_of::<T>();
     let src = pe.alloc::<T>(most)?;
@@ -1265,7 +1265,7 @@ fn pull_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
             let gc = share / std::mem::size_of::<T>();
             let seed = 7000 + si as u64 * 4 + tn.len() as u64;
             let ctx = format!(
-                "pull {} team {tn} share {share} B (PE {})",
+                "pull {} team {tn} share {share} B push {push} (PE {})",
                 T::KIND.name(),
                 pe.my_pe()
             );
@@ -1273,6 +1273,7 @@ fn pull_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
                 c.coll.all_to_all_uses_pull(team, n * share),
                 "{ctx}: not the pull path"
             );
+            assert_eq!(c.coll.all_to_all_uses_push(team, n * share), push, "{ctx}");
             pe.local_fill(&dst, T::poison())?;
             pe.local_write(&src, 0, &T::gen(pe.my_pe(), seed, n * gc, ReduceOp::Sum))?;
             c.coll.all_to_all(&c.s, team, &dst, &src, gc)?;
@@ -1287,14 +1288,32 @@ fn pull_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
 }
 
 /// The pull all_to_all: every team shape, shares from one vector to 256 KiB (1 to 32 blocks),
-/// four element types, exact data, no host barrier between the calls; then a captured graph
-/// (a pull all_to_all and an LL all_reduce) replayed with new data.
+/// four element types, exact data, no host barrier between the calls, by loads and by stores;
+/// then a captured graph (a pull all_to_all and an LL all_reduce) replayed with new data, by
+/// loads and by stores.
 fn pull_body(pe: &Pe) -> Result<()> {
-    let c = pull_ctx(pe, 0)?;
-    pull_t::<u8>(&c)?;
-    pull_t::<bf16>(&c)?;
-    pull_t::<f32>(&c)?;
-    pull_t::<f64>(&c)?;
+    let mut c = pull_ctx(pe, 0)?;
+    if std::env::var_os("RSHMEM_CUDA_COLL_PUSH_A2A_BYTES").is_none() {
+        assert_eq!(c.coll.push_a2a_bytes(), cuda::COLL_PUSH_A2A_BYTES);
+    }
+    c.coll.set_push_a2a_bytes(0);
+    pull_t::<u8>(&c, false)?;
+    pull_t::<bf16>(&c, false)?;
+    pull_t::<f32>(&c, false)?;
+    pull_t::<f64>(&c, false)?;
+    // Every member storing its shares, at every size.
+    c.coll.set_push_a2a_bytes(1);
+    pull_t::<u8>(&c, true)?;
+    pull_t::<bf16>(&c, true)?;
+    pull_t::<f64>(&c, true)?;
+    for push in [0, 1] {
+        c.coll.set_push_a2a_bytes(push);
+        pull_graph(pe, &c, push == 1)?;
+    }
+    Ok(())
+}
+
+fn pull_graph(pe: &Pe, c: &Ctx<'_>, push: bool) -> Result<()> {
     let (w, me, n) = (pe.world_team(), pe.my_pe(), pe.n_pes());
     const GC: usize = 16 << 10; // f32 per pair: 64 KiB shares
     let src = pe.alloc::<f32>(n * GC)?;
@@ -1315,15 +1334,15 @@ fn pull_body(pe: &Pe) -> Result<()> {
     })?;
     pe.barrier_all()?;
     let all: Vec<usize> = (0..n).collect();
-    for r in 0..6u64 {
-        let seed = 8000 + r;
+    for r in 0..4u64 {
+        let seed = 8000 + r + 10 * u64::from(push);
         pe.local_fill(&dst, f32::poison())?;
         pe.local_fill(&r_dst, f32::poison())?;
         pe.local_write(&src, 0, &f32::gen(me, seed, n * GC, ReduceOp::Sum))?;
         pe.barrier_all()?; // a replay reads the peers' new inputs
         graph.launch(s)?;
         c.done()?;
-        let ctx = format!("pull graph replay {r} PE {me}");
+        let ctx = format!("pull graph replay {r} push {push} PE {me}");
         check(
             &pe.local_vec(&dst)?,
             &a2a_want::<f32>(&all, me, seed, GC),
@@ -1337,7 +1356,10 @@ fn pull_body(pe: &Pe) -> Result<()> {
         check(&pe.local_vec(&r_dst)?, &want, &format!("{ctx}: all_reduce"));
         pe.barrier_all()?; // nobody rewrites its input while a peer's replay may read it
     }
-    Ok(())
+    drop(graph);
+    pe.free(r_dst)?;
+    pe.free(dst)?;
+    pe.free(src)
 }
 
 #[test]
@@ -1353,9 +1375,10 @@ gpu_mode_test!(
     [processes(4), mixed(4)]
 );
 
-/// A pull all_to_all beside other calls: a member on the barrier-based path (pull off there),
-/// a member on the LL all_to_all (its LL all_to_all size covers the call), each reported on
-/// every PE with nothing written; a correct pull after each, exact.
+/// A pull all_to_all (by stores, the default) beside other calls: a member on the
+/// barrier-based path (pull off there), a member on the LL all_to_all (its LL all_to_all size
+/// covers the call), a member loading instead of storing, each reported on every PE with
+/// nothing written; a correct pull after each, exact.
 fn pull_mismatch_body(pe: &Pe) -> Result<()> {
     let me = pe.my_pe();
     let w = pe.world_team();
@@ -1402,7 +1425,7 @@ fn pull_mismatch_body(pe: &Pe) -> Result<()> {
         &c,
         1,
         ["algo -", "no collective signature"],
-        ["algo pull", "algo -"],
+        ["algo push", "algo -"],
         ctx,
     );
     poisoned(ctx)?;
@@ -1416,12 +1439,32 @@ fn pull_mismatch_body(pe: &Pe) -> Result<()> {
     expect_mismatch_with(
         &c2,
         2,
-        ["algo ll", "algo pull"],
-        ["algo pull", "algo ll"],
+        ["algo ll", "algo push"],
+        ["algo push", "algo ll"],
         ctx,
     );
     poisoned(ctx)?;
     good(&c, 9002, ctx)?;
+
+    // Storing and loading members in one call: each would leave the other's dst short.
+    let ctx = "push against pull all_to_all";
+    if me == 1 {
+        c.coll.set_push_a2a_bytes(0);
+    }
+    assert_eq!(c.coll.all_to_all_uses_push(w, n * GC * 4), me != 1);
+    pe.local_fill(&dst, f32::poison())?;
+    pe.barrier_all()?;
+    c.coll.all_to_all(&c.s, w, &dst, &src, GC)?;
+    expect_mismatch_with(
+        &c,
+        1,
+        ["algo pull", "algo push"],
+        ["algo push", "algo pull"],
+        ctx,
+    );
+    poisoned(ctx)?;
+    c.coll.set_push_a2a_bytes(0);
+    good(&c, 9003, ctx)?;
     pe.barrier_all()
 }
 

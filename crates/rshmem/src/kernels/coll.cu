@@ -796,11 +796,15 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
 // and the system scope waited for this block's local stores to be performed system-wide too
 // (2 GPUs, graph replay: all_reduce 1 MiB 11.98 -> 11.03 us, all_to_all 4 MiB 15.67 -> 14.85,
 // broadcast 1 MiB 11.25 -> 10.78).
-__device__ __forceinline__ void rshmemi_pull_done(const rshmemi_ll_shared& S, const rshmem_team& team, unsigned b) {
+// sys (the pushing all_to_all): the block stored into members' memory, so the fence is at
+// system scope (the stores are performed at their GPUs before the done line says so).
+__device__ __forceinline__ void rshmemi_pull_done(const rshmemi_ll_shared& S, const rshmem_team& team, unsigned b,
+                                                  bool sys = false) {
     const unsigned tid = threadIdx.x;
     __syncthreads();
     if (tid < (unsigned)team.size && (int)tid != team.my_index) {
-        if (RSHMEMI_PULL_FENCES) {
+        if (sys) asm volatile("fence.acq_rel.sys;" ::: "memory");
+        else if (RSHMEMI_PULL_FENCES) {
             if (RSHMEMI_PULL_DONE_FENCE_SYS) asm volatile("fence.acq_rel.sys;" ::: "memory");
             else asm volatile("fence.acq_rel.gpu;" ::: "memory");
         }
@@ -1187,8 +1191,22 @@ RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, bytes, false)
 // header never comes: timeout naming it.
 // Block b of gridDim.x takes the part [b·c, (b+1)·c) of every share (c = ceil(w / blocks));
 // its threads copy member by member, eight 16-byte loads in flight each.
+// push (GpuColl::push_a2a_bytes, carried in the call's signature): the same handshake, then
+// every member stores its shares into the members' dst instead (member i's src[j·w..] into
+// member j's dst[i·w..]): both GPUs of a pair storing at once move more than both loading at
+// once (2x H200: 365 against 336 GB/s each way). A member stores into another's dst only after
+// that member's header arrived (it is in this call: its dst is free); block b's done line then
+// follows a system-scope fence (its stores are performed in the members' memory), and waiting
+// for every member's block b (acquire) means this PE's part b of dst is complete. Nobody reads
+// another's src, so src may be overwritten once the kernel ends, as with the pull.
+// Block b starts at member k = b mod N of that order (RSHMEMI_A2A_ROTATE 0, a compile option
+// for measurements: every block at k = 0), so the blocks copying this PE's own share locally
+// work beside the ones on the link instead of after them.
+#ifndef RSHMEMI_A2A_ROTATE
+#define RSHMEMI_A2A_ROTATE 1
+#endif
 extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_v4* src, rshmem_u64 w, rshmem_team team,
-                                                 rshmemi_check ck, rshmemi_ll ll) {
+                                                 rshmemi_check ck, rshmemi_ll ll, rshmem_u64 push) {
     __shared__ rshmemi_ll_shared S;
     __shared__ const rshmemi_v4* from[RSHMEMI_LL_MAX_MEMBERS];
     rshmemi_grid_dep_wait();
@@ -1197,22 +1215,28 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
     const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
-    // from[k]: the share this PE reads k-th, member (me + 1 + k) % N's (its own last).
+    __shared__ rshmemi_v4* to[RSHMEMI_LL_MAX_MEMBERS];
+    // k-th, member i = (me + 1 + k) % N (this PE last): the pull reads from[k] (i's src share
+    // for this PE) into dst[i·w..]; the push stores src[i·w..] into to[k] (i's dst share from
+    // this PE).
     for (int k = tid; k < N; k += nth) {
         const int i = (me + 1 + k) % N;
         const rshmemi_v4* s = src + (rshmem_u64)me * w;
+        rshmemi_v4* d = dst + (rshmem_u64)me * w;
         from[k] = i == me ? s : (const rshmemi_v4*)rshmem_ptr(s, rshmemi_member(team, i));
+        to[k] = i == me ? d : (rshmemi_v4*)rshmem_ptr((void*)d, rshmemi_member(team, i));
     }
     rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
     if (S.verdict == 0) {
         const rshmem_u64 c = (w + gridDim.x - 1) / gridDim.x, lo = (rshmem_u64)b * c;
         const rshmem_u64 len = lo < w ? (w - lo < c ? w - lo : c) : 0;
-        for (int k = 0; k < N; k++) {
-            const rshmemi_v4* s = from[k] + lo;
-            rshmemi_v4* d = dst + (rshmem_u64)((me + 1 + k) % N) * w + lo;
-            rshmemi_copy_v4(d, s, len, tid, nth);
+        for (int kk = 0; kk < N; kk++) {
+            const int k = RSHMEMI_A2A_ROTATE ? (kk + (int)(b % (unsigned)N)) % N : kk;
+            const rshmem_u64 at = (rshmem_u64)((me + 1 + k) % N) * w + lo;
+            if (push) rshmemi_copy_v4(to[k] + lo, src + at, len, tid, nth);
+            else rshmemi_copy_v4(dst + at, from[k] + lo, len, tid, nth);
         }
-        rshmemi_pull_done(S, team, b);
+        rshmemi_pull_done(S, team, b, push != 0);
     }
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }

@@ -290,8 +290,11 @@ const MOVE_A2A: usize = 0;
 const MOVE_GATHER: usize = 1;
 const MOVE_BCAST: usize = 2;
 const LL_THREADS: u32 = 256;
-/// Most blocks of a pull all_to_all (the same care as the LL kernels: they wait for peers).
-const PULL_MAX_BLOCKS: u32 = 64;
+/// Most blocks of a pull kernel (they wait for peers, like the LL kernels, but one block per
+/// SM of an H100/H200 at most). 2x H200, same run, 64 against 128 blocks: a pair's all_reduce
+/// by stores 1 GiB 342 against 360 GB/s bus bandwidth, all_to_all by stores 1 GiB 319 against
+/// 348 (BENCHMARKS.md).
+const PULL_MAX_BLOCKS: u32 = 128;
 /// Bytes per pull all_to_all block: two rounds of eight 16-byte loads per thread.
 const PULL_BLOCK_BYTES: usize = LL_THREADS as usize * 256;
 /// Bytes per pull all_reduce block: one round of eight 16-byte vectors per thread (32-bit
@@ -541,10 +544,14 @@ pub struct GpuColl<'a> {
     ll_blocks: u32,
     /// Most blocks of the pull kernels (`RSHMEM_CUDA_COLL_PULL_BLOCKS`).
     pull_blocks: u32,
+    /// Bytes per block of the pull all_to_all and broadcast, and of the pull all_reduce
+    /// (`RSHMEM_CUDA_COLL_PULL_BLOCK_BYTES`, `RSHMEM_CUDA_COLL_PULL_AR_BLOCK_BYTES`).
+    pull_block_bytes: [usize; 2],
     /// Largest all_reduce of the pull path (0: off), by team size.
     pull_all_reduce: PullLimit,
     /// Smallest pull all_reduce of a pair that moves its data by stores (0: never).
     push_all_reduce: usize,
+    push_a2a: usize,
     /// Largest broadcast of the pull path (0: off), by team size.
     pull_bcast: PullLimit,
     /// Broadcasts past this size on teams of more than two run the pull way as a chain.
@@ -720,6 +727,10 @@ impl<'a> GpuColl<'a> {
             ll_a2a_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_A2A_BLOCKS", LL_A2A_MAX_BLOCKS)?,
             ll_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_BLOCKS", LL_MAX_BLOCKS)?,
             pull_blocks: blocks_from_env("RSHMEM_CUDA_COLL_PULL_BLOCKS", PULL_MAX_BLOCKS)?,
+            pull_block_bytes: [
+                block_bytes_from_env("RSHMEM_CUDA_COLL_PULL_BLOCK_BYTES", PULL_BLOCK_BYTES)?,
+                block_bytes_from_env("RSHMEM_CUDA_COLL_PULL_AR_BLOCK_BYTES", PULL_AR_BLOCK_BYTES)?,
+            ],
             pull_all_reduce: PullLimit::from_env(
                 "RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES",
                 COLL_PULL_ALL_REDUCE_PAIR_BYTES,
@@ -727,6 +738,8 @@ impl<'a> GpuColl<'a> {
             )?,
             push_all_reduce: crate::coll::env_size("RSHMEM_CUDA_COLL_PUSH_ALL_REDUCE_BYTES")?
                 .unwrap_or(COLL_PUSH_ALL_REDUCE_BYTES),
+            push_a2a: crate::coll::env_size("RSHMEM_CUDA_COLL_PUSH_A2A_BYTES")?
+                .unwrap_or(COLL_PUSH_A2A_BYTES),
             pull_bcast: PullLimit::from_env(
                 "RSHMEM_CUDA_COLL_PULL_BCAST_BYTES",
                 COLL_PULL_BCAST_BYTES,
@@ -1131,7 +1144,7 @@ impl<'a> GpuColl<'a> {
             && (src | dst).is_multiple_of(16)
             && total <= self.pull_a2a_bytes;
         let remote = share * (dt.size.max(1) as usize - 1);
-        self.pull_grid(dt, fits, remote, PULL_BLOCK_BYTES)
+        self.pull_grid(dt, fits, remote, self.pull_block_bytes[0])
     }
 
     /// The LL argument and grid when an all_reduce of `bytes` on `dt` runs the pull way (a
@@ -1152,7 +1165,7 @@ impl<'a> GpuColl<'a> {
             && bytes <= self.pull_all_reduce.of(dt.size.max(0) as usize)
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
-        self.pull_grid(dt, fits, bytes, PULL_AR_BLOCK_BYTES)
+        self.pull_grid(dt, fits, bytes, self.pull_block_bytes[1])
     }
 
     /// Whether a pull all_reduce of `bytes` on `dt` moves its data by stores (a pair, from
@@ -1245,7 +1258,7 @@ impl<'a> GpuColl<'a> {
             && bytes <= self.pull_bcast.of(dt.size.max(0) as usize)
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
-        let (ll, blocks) = self.pull_grid(dt, fits, bytes, PULL_BLOCK_BYTES)?;
+        let (ll, blocks) = self.pull_grid(dt, fits, bytes, self.pull_block_bytes[0])?;
         let chain = dt.size > 2 && bytes > self.chain_bcast;
         let lines = SIG_WORDS + blocks as usize * if chain { 2 } else { 1 };
         (ll.lines as usize >= lines).then_some((ll, blocks, chain))
@@ -1331,9 +1344,9 @@ impl<'a> GpuColl<'a> {
         // SAFETY: matches rshmemi_coll_ll_*(T*, const T*, u64, rshmem_team, rshmemi_check,
         // rshmemi_ll, u64 stride), rshmemi_coll_ll_move_*(char*, const char*, u64, ...,
         // u64 root), rshmemi_coll_pull_ar_*(T*, const T*, u64, ..., u64 push),
-        // rshmemi_coll_pull_a2a(v4*, const v4*, u64, ...) and rshmemi_coll_pull_bcast(v4*,
-        // const v4*, u64, ..., u64 root) (repr(C); the callers pass 1, 1, 1, 0 and 1 extra
-        // values); ranges checked by the callers, the message fits the area's regions
+        // rshmemi_coll_pull_a2a(v4*, const v4*, u64, ..., u64 push) and
+        // rshmemi_coll_pull_bcast(v4*, const v4*, u64, ..., u64 root) (repr(C); the callers
+        // pass one extra value each); ranges checked by the callers, the message fits the area's regions
         // (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_ar_arg, pull_a2a_arg, pull_bcast_arg), the
         // counter is this slot's. Launched as
         // programmatic dependents: each of these kernels begins with rshmemi_grid_dep_wait and
@@ -1470,7 +1483,7 @@ impl<'a> GpuColl<'a> {
     /// Largest all_to_all input (every pair's share together) of the pull path (0: off;
     /// default [`COLL_PULL_A2A_BYTES`], environment `RSHMEM_CUDA_COLL_PULL_A2A_BYTES`): an
     /// out-of-place all_to_all beyond the LL size whose shares are whole 16-byte vectors runs
-    /// as one kernel of up to 32 blocks that reads every share straight from its sender's
+    /// as one kernel of up to 128 blocks that reads every share straight from its sender's
     /// `src` after an LL handshake (the data crosses the link once, no barrier waits), on a
     /// team the LL paths serve.
     pub fn pull_a2a_bytes(&self) -> usize {
@@ -1508,6 +1521,26 @@ impl<'a> GpuColl<'a> {
     /// a pair must set the same (a call that differs is reported as a mismatch).
     pub fn set_push_all_reduce_bytes(&mut self, bytes: usize) {
         self.push_all_reduce = bytes;
+    }
+
+    /// Smallest pull all_to_all (every pair's share together, see [`GpuColl::pull_a2a_bytes`])
+    /// whose members store their shares into the others' `dst` instead of reading them from
+    /// the others' `src` (0: never): after the same handshake, a system-scope fence before each
+    /// block's done line. Default [`COLL_PUSH_A2A_BYTES`]; `RSHMEM_CUDA_COLL_PUSH_A2A_BYTES`.
+    pub fn push_a2a_bytes(&self) -> usize {
+        self.push_a2a
+    }
+
+    /// Sets [`GpuColl::push_a2a_bytes`] (0: never; 1: every pull size). Every member must set
+    /// the same (a call that differs is reported as a mismatch).
+    pub fn set_push_a2a_bytes(&mut self, bytes: usize) {
+        self.push_a2a = bytes;
+    }
+
+    /// Whether an out-of-place all_to_all of `bytes` (all shares) on `team` between
+    /// 4096-aligned buffers runs the pull path by stores (what the benchmarks report).
+    pub fn all_to_all_uses_push(&self, team: &Team, bytes: usize) -> bool {
+        self.all_to_all_uses_pull(team, bytes) && self.push_a2a > 0 && bytes >= self.push_a2a
     }
 
     /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
@@ -1862,11 +1895,21 @@ impl<'a> GpuColl<'a> {
             return self.ll_move(s, dt, sig, ll, (d, sr, share), MOVE_A2A, 0);
         }
         if let Some((ll, blocks)) = self.pull_a2a_arg(dt, share, ip, sr, d) {
-            let ck = self.ll_check(dt, CallSig { pull: true, ..sig })?;
+            // Marked pull, and push where the members store their shares.
+            let push = self.push_a2a > 0 && share * n >= self.push_a2a;
+            let ck = self.ll_check(
+                dt,
+                CallSig {
+                    pull: true,
+                    push,
+                    ..sig
+                },
+            )?;
             let vecs = share / 16;
             let lines = blocks as usize * LL_THREADS as usize;
             let f = self.f_pull_a2a;
-            return self.ll_launch(s, f, (d, sr, vecs), (lines, blocks), dt, ck, ll, None);
+            let push = Some(u64::from(push));
+            return self.ll_launch(s, f, (d, sr, vecs), (lines, blocks), dt, ck, ll, push);
         }
         let plan = plan::all_to_all(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
@@ -2117,8 +2160,14 @@ pub const COLL_PULL_BCAST_BYTES: usize = usize::MAX;
 /// links carry one copy instead of three).
 pub const COLL_CHAIN_BCAST_BYTES: usize = 1 << 20;
 
-/// Default [`GpuColl::pull_a2a_bytes`].
-pub const COLL_PULL_A2A_BYTES: usize = 16 << 20;
+/// Default [`GpuColl::pull_a2a_bytes`]: every size (2x H200, same run, by stores on 128
+/// blocks against the barrier-based plan: 64 MiB 1.29-1.31x against 1.19x NCCL's bus
+/// bandwidth, 1 GiB 1.05x against 1.00x).
+pub const COLL_PULL_A2A_BYTES: usize = usize::MAX;
+
+/// Default [`GpuColl::push_a2a_bytes`]: every pull size (2x H200, same run, stores against
+/// loads: 2 MiB 10.3 against 11.6 us, 1 GiB 348 against 335 GB/s bus bandwidth).
+pub const COLL_PUSH_A2A_BYTES: usize = 1;
 
 /// The largest message of a pull path, for two-member teams and for larger ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -2163,6 +2212,16 @@ fn blocks_from_env(name: &str, default: u32) -> Result<u32> {
         return Err(Error::invalid(format!("{name}={v}: 1 to 1024 blocks")));
     }
     Ok(v as u32)
+}
+
+/// A pull kernel's bytes per block from `name` (measurement knobs), 16 bytes to 1 GiB, else
+/// `default`.
+fn block_bytes_from_env(name: &str, default: usize) -> Result<usize> {
+    let v = crate::coll::env_size(name)?.unwrap_or(default);
+    if !(16..=1 << 30).contains(&v) {
+        return Err(Error::invalid(format!("{name}={v}: 16 bytes to 1G")));
+    }
+    Ok(v)
 }
 
 fn pull_a2a_bytes_from_env() -> Result<usize> {
@@ -2745,7 +2804,7 @@ mod tests {
             (
                 coll,
                 "rshmemi_coll_pull_a2a",
-                vec![p, p, u, team, ck, "rshmemi_ll"],
+                vec![p, p, u, team, ck, "rshmemi_ll", u],
             ),
             (
                 coll,

@@ -122,7 +122,11 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
                 CollKind::Broadcast => coll.broadcast_uses_pull(w, bytes),
                 _ => false,
             };
-            let push = kind == CollKind::AllReduce && coll.all_reduce_uses_push(w, bytes);
+            let push = match kind {
+                CollKind::AllReduce => coll.all_reduce_uses_push(w, bytes),
+                CollKind::AllToAll => coll.all_to_all_uses_push(w, bytes),
+                _ => false,
+            };
             let algo = if ll {
                 "ll"
             } else if push {
