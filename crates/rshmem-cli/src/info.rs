@@ -55,11 +55,11 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_LL_BLOCKS",
-        "CUDA collectives: most blocks of the LL all_reduce kernel (measurement knob), default 32",
+        "CUDA collectives: most blocks of the LL all_reduce kernel (measurement knob), default 64",
     ),
     (
         "RSHMEM_CUDA_COLL_LL_A2A_BLOCKS",
-        "CUDA collectives: most blocks of the LL data kernel (measurement knob), default 32",
+        "CUDA collectives: most blocks of the LL data kernel (measurement knob), default 64",
     ),
     (
         "RSHMEM_CUDA_COLL_PULL_BLOCKS",
