@@ -1481,7 +1481,7 @@ fn gpu_coll_pull_mismatch_is_an_error_on_every_pe() {
 // ---------- pull all_reduce ----------
 
 /// Counts of the pull all_reduce cases: just past the LL size (3 blocks), 1 MiB (32 blocks),
-/// 3 MiB and a vector (64 blocks, several rounds per thread), whole 16-byte vectors each.
+/// 3 MiB and a vector (96 blocks, several rounds per thread), whole 16-byte vectors each.
 fn pull_ar_counts(es: usize) -> [usize; 3] {
     [
         ((64 << 10) + 16) / es,
@@ -1540,7 +1540,7 @@ fn pull_ar_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
 }
 
 /// The pull all_reduce (LL all_reduce to 64 KiB, pull beyond): every team shape, four types
-/// and ops, 3 to 64 blocks, exact data, no host barrier between calls; in place on the
+/// and ops, 3 to 128 blocks, exact data, no host barrier between calls; in place on the
 /// barrier-based plan; a captured graph replayed with new data; a member with the pull path
 /// off (two-shot) reported on every PE, then a correct pull.
 fn pull_ar_body(pe: &Pe) -> Result<()> {
@@ -1564,7 +1564,7 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
     pull_ar_t::<i8>(&c, ReduceOp::Xor)?;
     let (w, me) = (pe.world_team(), pe.my_pe());
     // Two-member teams take the pull path at every size: 12 MiB of f32, past the limit of
-    // larger teams (the 64 blocks go six times round; by stores, three steps per block),
+    // larger teams (the 128 blocks go three times round; by stores, two steps per block),
     // exact, loading and storing; a larger team runs two-shot.
     const BIG: usize = 3 << 20;
     let big_src = pe.alloc::<f32>(BIG)?;
@@ -1713,7 +1713,7 @@ gpu_mode_test!(
 /// The pull broadcast (LL broadcast to 64 KiB, pull beyond; on every size here): every team
 /// shape (the chain of 3 and 4 members, a pair), the first and last member as root, in and out
 /// of place, 64 KiB + 16 B (one block), 1 MiB + 48 B and 3 MiB (several, 4 steps each on the
-/// chains), and 12 MiB + 16 B (the 64 blocks with uneven parts of 8 steps), each with every
+/// chains), and 12 MiB + 16 B (the 128 blocks with uneven parts of up to 7 steps), each with every
 /// member reading the root and along a chain; exact data, poisoned outputs, inputs left alone;
 /// then a captured graph (a chain) replayed with new data, and a member on a chain where the
 /// others are not, or with the pull path off, reported on every PE.

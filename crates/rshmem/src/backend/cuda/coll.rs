@@ -453,10 +453,13 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 ///   per batch). A member running another call is still reported as
 ///   [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch) on every member, and the
 ///   barrier counters stay in step (see `kernels/coll.cu`).
-/// * **Pull all_to_all** ([`GpuColl::pull_a2a_bytes`], default 16 MiB): beyond the LL size,
-///   an out-of-place all_to_all of whole 16-byte shares runs as one kernel that meets its
-///   peers through the LL headers and reads every share straight from its sender's `src`
-///   (the data crosses the link once; one launch instead of three).
+/// * **Pull all_to_all** ([`GpuColl::pull_a2a_bytes`], default every size): beyond the LL
+///   size, an out-of-place all_to_all of whole 16-byte shares runs as one kernel that meets
+///   its peers through the LL headers and then, by default ([`GpuColl::push_a2a_bytes`]),
+///   stores every share straight into its receiver's `dst` (or reads it from its sender's
+///   `src`): the data crosses the link once, one launch instead of three, and each block
+///   starts at a different member, so the copy of a member's own share runs beside the
+///   transfers.
 /// * **Pull all_reduce** ([`GpuColl::pull_all_reduce_bytes`]: every size on two-member
 ///   teams, 8 MiB on larger ones): beyond the LL size, an out-of-place all_reduce of whole
 ///   16-byte vectors runs as one kernel with the same handshake that folds the members' inputs
