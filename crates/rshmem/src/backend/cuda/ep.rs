@@ -1402,6 +1402,33 @@ use super::bench::{time_stream, Ev};
 
 /// Per-stage times (µs, averaged over `iters`) of calls made by `f`, which calls the mark it
 /// is given after each kernel launch.
+/// With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS): prints the last dispatch's and combine's
+/// clock stamps (control words 16.., `ep.cu` says which); nothing when they were not compiled in.
+fn print_stamps<T: Elem>(pe: &Pe, buf: &Buffer<T>, what: &str) -> Result<()> {
+    let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 19)?)?;
+    if c[0] == 0 {
+        return Ok(());
+    }
+    let us = |k: usize| c[k].wrapping_sub(c[0]) as i64 as f64 / 1e3;
+    eprintln!(
+        "ep stamps {what} (us after layout start): layout {:.1} peers ready {:.1} records out {:.1} | send {:.1}-{:.1} | records in {:.1} rows in {:.1} wait end {:.1} | index {:.1}-{:.1}",
+        us(1), us(2), us(3), us(4), us(5), us(6), us(7), us(8), us(9), us(10)
+    );
+    let cs = |k: usize| c[k].wrapping_sub(c[11]) as i64 as f64 / 1e3;
+    eprintln!(
+        "ep stamps {what} (us after csend start): csend end {:.1} wait end {:.1} crecv {:.1}-{:.1}",
+        cs(12),
+        cs(13),
+        cs(14),
+        cs(15)
+    );
+    eprintln!(
+        "ep stamps {what} (us after layout start): layout blocks' latest start {:.1}, tokens counted {:.1}, counts fenced {:.1}",
+        us(16), us(17), us(18)
+    );
+    Ok(())
+}
+
 fn stage_times(
     g: &CudaPe<'_>,
     s: &Stream,
@@ -1635,6 +1662,10 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 };
                 s.synchronize()?;
                 buf.check(pe)?;
+                if me == 0 && std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
+                    // The timed calls' own stamps (no events between their kernels).
+                    print_stamps(pe, &buf, &format!("T={t} {name} timed"))?;
+                }
                 // The data of the last calls: each expert's rows (gathered through the index
                 // when token-major) and the combine output.
                 let hh = buf.host_handle(pe)?;
@@ -1689,25 +1720,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                     let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
                     let ct = stage_times(&g, &s, args.iters, |m| combine(&d, m))?;
                     if me == 0 {
-                        // With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS) the last dispatch's
-                        // and combine's clock stamps (control words 16.., `ep.cu` says which).
-                        let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 19)?)?;
-                        if c[0] != 0 {
-                            let us = |k: usize| c[k].wrapping_sub(c[0]) as i64 as f64 / 1e3;
-                            eprintln!(
-                                "ep stamps T={t} {name} (us after layout start): layout {:.1} peers ready {:.1} records out {:.1} | send {:.1}-{:.1} | records in {:.1} rows in {:.1} wait end {:.1} | index {:.1}-{:.1}",
-                                us(1), us(2), us(3), us(4), us(5), us(6), us(7), us(8), us(9), us(10)
-                            );
-                            let cs = |k: usize| c[k].wrapping_sub(c[11]) as i64 as f64 / 1e3;
-                            eprintln!(
-                                "ep stamps T={t} {name} (us after csend start): csend end {:.1} wait end {:.1} crecv {:.1}-{:.1}",
-                                cs(12), cs(13), cs(14), cs(15)
-                            );
-                            eprintln!(
-                                "ep stamps T={t} {name} (us after layout start): layout blocks' latest start {:.1}, tokens counted {:.1}, counts fenced {:.1}",
-                                us(16), us(17), us(18)
-                            );
-                        }
+                        print_stamps(pe, &buf, &format!("T={t} {name} marked"))?;
                         let last = if tokens { "index" } else { "permute" };
                         eprintln!(
                             "ep breakdown T={t} {name} grid={}: dispatch layout/send/wait/{last} {dt:.1?} us; combine csend/wait/crecv {ct:.1?} us",
