@@ -51,7 +51,7 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_PUSH_A2A_BYTES",
-        "CUDA collectives: smallest pull all_to_all (all shares) whose members store their shares into the others' dst instead of reading them, default 4M (0 = never)",
+        "CUDA collectives: smallest pull all_to_all or all_gather (all shares) whose members store their shares into the others' dst instead of reading them, default 1 = every pull size (0 = never)",
     ),
     (
         "RSHMEM_CUDA_COLL_LL_BLOCKS",
@@ -83,7 +83,7 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_PULL_A2A_BYTES",
-        "CUDA collectives: largest out-of-place all_to_all of the pull path (beyond the LL size), default 16M (0 = off)",
+        "CUDA collectives: largest out-of-place all_to_all (and all_gather output) of the pull path (beyond the LL size), default every size (0 = off)",
     ),
     (
         "RSHMEM_CUDA_COLL_NVRTC_OPTS",

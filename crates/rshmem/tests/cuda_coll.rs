@@ -1287,10 +1287,54 @@ fn pull_t<T: TElem>(c: &Ctx<'_>, push: bool) -> Result<()> {
     pe.free(src)
 }
 
+/// The pull all_gather (the pull all_to_all's kernel, every share a member's whole input): every
+/// team shape, the pull shares, out of place by loads or stores, in place by stores, exact.
+fn gather_t<T: TElem>(c: &Ctx<'_>, push: bool) -> Result<()> {
+    let pe = c.pe;
+    let most = 4 * (256 << 10) / std::mem::size_of::<T>();
+    let src = pe.alloc::<T>(most)?;
+    let dst = pe.alloc::<T>(most)?;
+    for (tn, team) in c.teams.list(pe) {
+        let (me, n, m) = (team.my_pe(), team.n_pes(), team.members());
+        for (si, share) in PULL_SHARES.into_iter().enumerate() {
+            let gc = share / std::mem::size_of::<T>();
+            for ip in [false, true] {
+                if ip && !push {
+                    continue;
+                }
+                let seed = 7300 + si as u64 * 4 + tn.len() as u64 + 50 * u64::from(ip);
+                let ctx = format!(
+                    "pull all_gather {} team {tn} share {share} B push {push} in place {ip} (PE {})",
+                    T::KIND.name(),
+                    pe.my_pe()
+                );
+                if !ip {
+                    assert!(c.coll.all_gather_uses_pull(team, n * share), "{ctx}");
+                    assert_eq!(c.coll.all_gather_uses_push(team, n * share), push, "{ctx}");
+                }
+                let obj = if ip { &dst } else { &src };
+                pe.local_fill(&dst, T::poison())?;
+                let mine = T::gen(pe.my_pe(), seed, gc, ReduceOp::Sum);
+                pe.local_write(obj, if ip { me * gc } else { 0 }, &mine)?;
+                c.coll.all_gather(&c.s, team, &dst, obj, gc)?;
+                c.done()?;
+                let mut want: Vec<T> = m
+                    .iter()
+                    .flat_map(|&w| T::gen(w, seed, gc, ReduceOp::Sum))
+                    .collect();
+                want.resize(most, T::poison());
+                check(&pe.local_vec(&dst)?, &want, &ctx);
+            }
+        }
+    }
+    pe.free(dst)?;
+    pe.free(src)
+}
+
 /// The pull all_to_all: every team shape, shares from one vector to 256 KiB (1 to 32 blocks),
-/// four element types, exact data, no host barrier between the calls, by loads and by stores;
-/// then a captured graph (a pull all_to_all and an LL all_reduce) replayed with new data, by
-/// loads and by stores.
+/// four element types, exact data, no host barrier between the calls, by loads and by stores,
+/// and the pull all_gather likewise; then a captured graph (a pull all_to_all, a pull
+/// all_gather and an LL all_reduce) replayed with new data, by loads and by stores.
 fn pull_body(pe: &Pe) -> Result<()> {
     let mut c = pull_ctx(pe, 0)?;
     if std::env::var_os("RSHMEM_CUDA_COLL_PUSH_A2A_BYTES").is_none() {
@@ -1301,11 +1345,15 @@ fn pull_body(pe: &Pe) -> Result<()> {
     pull_t::<bf16>(&c, false)?;
     pull_t::<f32>(&c, false)?;
     pull_t::<f64>(&c, false)?;
+    gather_t::<bf16>(&c, false)?;
+    gather_t::<f64>(&c, false)?;
     // Every member storing its shares, at every size.
     c.coll.set_push_a2a_bytes(1);
     pull_t::<u8>(&c, true)?;
     pull_t::<bf16>(&c, true)?;
     pull_t::<f64>(&c, true)?;
+    gather_t::<u8>(&c, true)?;
+    gather_t::<f32>(&c, true)?;
     for push in [0, 1] {
         c.coll.set_push_a2a_bytes(push);
         pull_graph(pe, &c, push == 1)?;
@@ -1318,11 +1366,14 @@ fn pull_graph(pe: &Pe, c: &Ctx<'_>, push: bool) -> Result<()> {
     const GC: usize = 16 << 10; // f32 per pair: 64 KiB shares
     let src = pe.alloc::<f32>(n * GC)?;
     let dst = pe.alloc::<f32>(n * GC)?;
+    let g_dst = pe.alloc::<f32>(n * GC)?;
     let r_dst = pe.alloc::<f32>(1000)?;
     pe.barrier_all()?;
     let s = &c.s;
     let graph = capture(s, || {
         c.coll.all_to_all(s, w, &dst, &src, GC)?;
+        c.coll
+            .all_gather(s, w, &g_dst, &src.view::<f32>(0, GC)?, GC)?;
         c.coll.all_reduce(
             s,
             w,
@@ -1337,6 +1388,7 @@ fn pull_graph(pe: &Pe, c: &Ctx<'_>, push: bool) -> Result<()> {
     for r in 0..4u64 {
         let seed = 8000 + r + 10 * u64::from(push);
         pe.local_fill(&dst, f32::poison())?;
+        pe.local_fill(&g_dst, f32::poison())?;
         pe.local_fill(&r_dst, f32::poison())?;
         pe.local_write(&src, 0, &f32::gen(me, seed, n * GC, ReduceOp::Sum))?;
         pe.barrier_all()?; // a replay reads the peers' new inputs
@@ -1348,6 +1400,15 @@ fn pull_graph(pe: &Pe, c: &Ctx<'_>, push: bool) -> Result<()> {
             &a2a_want::<f32>(&all, me, seed, GC),
             &ctx,
         );
+        let gathered: Vec<f32> = all
+            .iter()
+            .flat_map(|&p| f32::gen(p, seed, n * GC, ReduceOp::Sum)[..GC].to_vec())
+            .collect();
+        check(
+            &pe.local_vec(&g_dst)?,
+            &gathered,
+            &format!("{ctx}: all_gather"),
+        );
         let x: Vec<Vec<f32>> = all
             .iter()
             .map(|&p| f32::gen(p, seed, n * GC, ReduceOp::Sum)[..1000].to_vec())
@@ -1358,6 +1419,7 @@ fn pull_graph(pe: &Pe, c: &Ctx<'_>, push: bool) -> Result<()> {
     }
     drop(graph);
     pe.free(r_dst)?;
+    pe.free(g_dst)?;
     pe.free(dst)?;
     pe.free(src)
 }

@@ -1199,6 +1199,11 @@ RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, bytes, false)
 // follows a system-scope fence (its stores are performed in the members' memory), and waiting
 // for every member's block b (acquire) means this PE's part b of dst is complete. Nobody reads
 // another's src, so src may be overwritten once the kernel ends, as with the pull.
+// push bit 1 (gather, GpuColl::all_gather): every member's share is its whole src (w vectors),
+// the same for every receiver: member i's src into member j's dst[i·w..], loaded or stored the
+// same way. In place (by stores only: a load would need each member's block at its own
+// offset) src is this member's block of dst, which no other member writes (its own copy is
+// then skipped).
 // Block b starts at member k = b mod N of that order (RSHMEMI_A2A_ROTATE 0, a compile option
 // for measurements: every block at k = 0), so the blocks copying this PE's own share locally
 // work beside the ones on the link instead of after them.
@@ -1215,13 +1220,14 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
     const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
+    const bool stores = push & 1, gather = (push >> 1) & 1;
     __shared__ rshmemi_v4* to[RSHMEMI_LL_MAX_MEMBERS];
     // k-th, member i = (me + 1 + k) % N (this PE last): the pull reads from[k] (i's src share
     // for this PE) into dst[i·w..]; the push stores src[i·w..] into to[k] (i's dst share from
     // this PE).
     for (int k = tid; k < N; k += nth) {
         const int i = (me + 1 + k) % N;
-        const rshmemi_v4* s = src + (rshmem_u64)me * w;
+        const rshmemi_v4* s = gather ? src : src + (rshmem_u64)me * w;
         rshmemi_v4* d = dst + (rshmem_u64)me * w;
         from[k] = i == me ? s : (const rshmemi_v4*)rshmem_ptr(s, rshmemi_member(team, i));
         to[k] = i == me ? d : (rshmemi_v4*)rshmem_ptr((void*)d, rshmemi_member(team, i));
@@ -1233,10 +1239,11 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
         for (int kk = 0; kk < N; kk++) {
             const int k = RSHMEMI_A2A_ROTATE ? (kk + (int)(b % (unsigned)N)) % N : kk;
             const rshmem_u64 at = (rshmem_u64)((me + 1 + k) % N) * w + lo;
-            if (push) rshmemi_copy_v4(to[k] + lo, src + at, len, tid, nth);
-            else rshmemi_copy_v4(dst + at, from[k] + lo, len, tid, nth);
+            rshmemi_v4* d = stores ? to[k] + lo : dst + at;
+            const rshmemi_v4* s = stores ? src + (gather ? lo : at) : from[k] + lo;
+            if (d != s) rshmemi_copy_v4(d, s, len, tid, nth);
         }
-        rshmemi_pull_done(S, team, b, push != 0);
+        rshmemi_pull_done(S, team, b, stores);
     }
     rshmemi_ll_end(S, team, ck, ll, exp, row);
 }

@@ -292,6 +292,8 @@ const LL_A2A_MAX_BLOCKS: u32 = 64;
 const MOVE_A2A: usize = 0;
 const MOVE_GATHER: usize = 1;
 const MOVE_BCAST: usize = 2;
+/// Bit 1 of the pull all_to_all kernel's last argument: an all_gather (`coll.cu`).
+const A2A_GATHER: u64 = 2;
 const LL_THREADS: u32 = 256;
 /// Most blocks of a pull kernel (they wait for peers, like the LL kernels, but one block per
 /// SM of an H100/H200 at most). 2x H200, same run, 64 against 128 blocks: a pair's all_reduce
@@ -459,7 +461,8 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 ///   stores every share straight into its receiver's `dst` (or reads it from its sender's
 ///   `src`): the data crosses the link once, one launch instead of three, and each block
 ///   starts at a different member, so the copy of a member's own share runs beside the
-///   transfers.
+///   transfers. An all_gather past the LL size runs on the same kernel, every share being the
+///   member's whole input (out of place; in place too when it stores).
 /// * **Pull all_reduce** ([`GpuColl::pull_all_reduce_bytes`]: every size on two-member
 ///   teams, 8 MiB on larger ones): beyond the LL size, an out-of-place all_reduce of whole
 ///   16-byte vectors runs as one kernel with the same handshake that folds the members' inputs
@@ -1180,6 +1183,12 @@ impl<'a> GpuColl<'a> {
         dt.size == 2 && self.push_all_reduce > 0 && bytes >= self.push_all_reduce
     }
 
+    /// Whether a pull all_to_all or all_gather of `total` bytes (all shares) stores its shares
+    /// ([`GpuColl::push_a2a_bytes`]).
+    fn pushes_a2a(&self, total: usize) -> bool {
+        self.push_a2a > 0 && total >= self.push_a2a
+    }
+
     /// The check argument of an LL call with signature `sig` (marked LL; its barrier count,
     /// 2, is only compared: an LL call runs none).
     fn ll_check(&self, dt: DeviceTeam, sig: CallSig) -> Result<Check> {
@@ -1486,7 +1495,8 @@ impl<'a> GpuColl<'a> {
         self.fused_bytes = bytes;
     }
 
-    /// Largest all_to_all input (every pair's share together) of the pull path (0: off;
+    /// Largest all_to_all input or all_gather output (every pair's share together) of the
+    /// pull path (0: off;
     /// default [`COLL_PULL_A2A_BYTES`], environment `RSHMEM_CUDA_COLL_PULL_A2A_BYTES`): an
     /// out-of-place all_to_all beyond the LL size whose shares are whole 16-byte vectors runs
     /// as one kernel of up to 128 blocks that reads every share straight from its sender's
@@ -1529,9 +1539,9 @@ impl<'a> GpuColl<'a> {
         self.push_all_reduce = bytes;
     }
 
-    /// Smallest pull all_to_all (every pair's share together, see [`GpuColl::pull_a2a_bytes`])
-    /// whose members store their shares into the others' `dst` instead of reading them from
-    /// the others' `src` (0: never): after the same handshake, a system-scope fence before each
+    /// Smallest pull all_to_all or all_gather (every pair's share together, see
+    /// [`GpuColl::pull_a2a_bytes`]) whose members store their shares into the others' `dst`
+    /// instead of reading them from the others' `src` (0: never): after the same handshake, a system-scope fence before each
     /// block's done line. Default [`COLL_PUSH_A2A_BYTES`]; `RSHMEM_CUDA_COLL_PUSH_A2A_BYTES`.
     pub fn push_a2a_bytes(&self) -> usize {
         self.push_a2a
@@ -1546,7 +1556,19 @@ impl<'a> GpuColl<'a> {
     /// Whether an out-of-place all_to_all of `bytes` (all shares) on `team` between
     /// 4096-aligned buffers runs the pull path by stores (what the benchmarks report).
     pub fn all_to_all_uses_push(&self, team: &Team, bytes: usize) -> bool {
-        self.all_to_all_uses_pull(team, bytes) && self.push_a2a > 0 && bytes >= self.push_a2a
+        self.all_to_all_uses_pull(team, bytes) && self.pushes_a2a(bytes)
+    }
+
+    /// Whether an out-of-place all_gather of `bytes` (the whole output) on `team` between
+    /// 4096-aligned buffers runs the pull all_to_all's kernel (what the benchmarks report): the
+    /// same sizes as [`GpuColl::all_to_all_uses_pull`].
+    pub fn all_gather_uses_pull(&self, team: &Team, bytes: usize) -> bool {
+        self.all_to_all_uses_pull(team, bytes)
+    }
+
+    /// Whether that all_gather stores its shares ([`GpuColl::push_a2a_bytes`]).
+    pub fn all_gather_uses_push(&self, team: &Team, bytes: usize) -> bool {
+        self.all_to_all_uses_push(team, bytes)
     }
 
     /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
@@ -1819,14 +1841,32 @@ impl<'a> GpuColl<'a> {
         let sr = self.buf(src, if ip { mul(n, count)? } else { count })?;
         let sig = call_sig::<T>(CollKind::AllGather, None, None, ip, count, 0, src, dst, dt);
         let nb = mul(count, std::mem::size_of::<T>())?;
+        // In place the input is this member's block of dst.
+        let from = if ip {
+            d + (dt.my_index as usize * nb) as u64
+        } else {
+            sr
+        };
         if let Some(ll) = self.ll_a2a_arg(dt, nb) {
-            // In place the input is this member's block of dst.
-            let from = if ip {
-                d + (dt.my_index as usize * nb) as u64
-            } else {
-                sr
-            };
             return self.ll_move(s, dt, sig, ll, (d, from, nb), MOVE_GATHER, 0);
+        }
+        // The pull all_to_all's kernel with every share the member's whole input. In place
+        // only by stores (no member writes another's own block; loads would need each
+        // member's block at its own offset).
+        let push = self.pushes_a2a(nb * n);
+        if let Some((ll, blocks)) = self.pull_a2a_arg(dt, nb, ip && !push, from, d) {
+            let ck = self.ll_check(
+                dt,
+                CallSig {
+                    pull: true,
+                    push,
+                    ..sig
+                },
+            )?;
+            let lines = blocks as usize * LL_THREADS as usize;
+            let f = self.f_pull_a2a;
+            let word = Some(u64::from(push) | A2A_GATHER);
+            return self.ll_launch(s, f, (d, from, nb / 16), (lines, blocks), dt, ck, ll, word);
         }
         let plan = plan::all_gather(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
@@ -1902,7 +1942,7 @@ impl<'a> GpuColl<'a> {
         }
         if let Some((ll, blocks)) = self.pull_a2a_arg(dt, share, ip, sr, d) {
             // Marked pull, and push where the members store their shares.
-            let push = self.push_a2a > 0 && share * n >= self.push_a2a;
+            let push = self.pushes_a2a(share * n);
             let ck = self.ll_check(
                 dt,
                 CallSig {
@@ -2384,6 +2424,38 @@ mod tests {
             me,
             in_place,
             chunk: usize::MAX,
+        }
+    }
+
+    #[test]
+    fn block_knobs_are_checked() {
+        // A variable of this test alone (no other test reads it).
+        const V: &str = "RSHMEM_TEST_COLL_BLOCK_KNOB";
+        std::env::remove_var(V);
+        assert_eq!(block_bytes_from_env(V, PULL_BLOCK_BYTES).unwrap(), 64 << 10);
+        assert_eq!(blocks_from_env(V, PULL_MAX_BLOCKS).unwrap(), 128);
+        for (v, bytes, blocks) in [
+            ("8K", Some(8 << 10), None),
+            ("16", Some(16), Some(16)),
+            ("1024", Some(1024), Some(1024)),
+            ("8", None, Some(8)),
+            ("0", None, None),
+            ("2G", None, None),
+            ("lots", None, None),
+        ] {
+            std::env::set_var(V, v);
+            let (a, b) = (block_bytes_from_env(V, 1), blocks_from_env(V, 1));
+            std::env::remove_var(V);
+            match (a, bytes) {
+                (Ok(got), Some(want)) => assert_eq!(got, want, "{v}"),
+                (Err(Error::InvalidArgument(m)), None) => assert!(m.contains(V), "{v}: {m}"),
+                (other, want) => panic!("bytes {v}: {other:?}, want {want:?}"),
+            }
+            match (b, blocks) {
+                (Ok(got), Some(want)) => assert_eq!(got, want, "{v}"),
+                (Err(Error::InvalidArgument(m)), None) => assert!(m.contains(V), "{v}: {m}"),
+                (other, want) => panic!("blocks {v}: {other:?}, want {want:?}"),
+            }
         }
     }
 

@@ -118,6 +118,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             let ll = coll.uses_ll(kind, w, bytes);
             let pull = match kind {
                 CollKind::AllToAll => coll.all_to_all_uses_pull(w, bytes),
+                CollKind::AllGather => coll.all_gather_uses_pull(w, bytes),
                 CollKind::AllReduce => coll.all_reduce_uses_pull(w, bytes),
                 CollKind::Broadcast => coll.broadcast_uses_pull(w, bytes),
                 _ => false,
@@ -125,6 +126,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             let push = match kind {
                 CollKind::AllReduce => coll.all_reduce_uses_push(w, bytes),
                 CollKind::AllToAll => coll.all_to_all_uses_push(w, bytes),
+                CollKind::AllGather => coll.all_gather_uses_push(w, bytes),
                 _ => false,
             };
             let algo = if ll {
