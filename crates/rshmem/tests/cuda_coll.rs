@@ -1254,74 +1254,55 @@ fn a2a_want<T: TElem>(m: &[usize], me: usize, seed: u64, gc: usize) -> Vec<T> {
         .collect()
 }
 
-fn pull_t<T: TElem>(c: &Ctx<'_>, push: bool) -> Result<()> {
+/// The pull all_to_all, or with `gather` the pull all_gather (the same kernel, every share a
+/// member's whole input; in place too when it stores): every team shape, the pull shares, by
+/// loads or by stores, exact.
+fn pull_t<T: TElem>(c: &Ctx<'_>, push: bool, gather: bool) -> Result<()> {
     let pe = c.pe;
     let most = 4 * (256 << 10) / std::mem::size_of::<T>();
     let src = pe.alloc::<T>(most)?;
     let dst = pe.alloc::<T>(most)?;
-    for (tn, team) in c.teams.list(pe) {
-        let (me, n, m) = (team.my_pe(), team.n_pes(), team.members());
-        for (si, share) in PULL_SHARES.into_iter().enumerate() {
-            let gc = share / std::mem::size_of::<T>();
-            let seed = 7000 + si as u64 * 4 + tn.len() as u64;
-            let ctx = format!(
-                "pull {} team {tn} share {share} B push {push} (PE {})",
-                T::KIND.name(),
-                pe.my_pe()
-            );
-            assert!(
-                c.coll.all_to_all_uses_pull(team, n * share),
-                "{ctx}: not the pull path"
-            );
-            assert_eq!(c.coll.all_to_all_uses_push(team, n * share), push, "{ctx}");
-            pe.local_fill(&dst, T::poison())?;
-            pe.local_write(&src, 0, &T::gen(pe.my_pe(), seed, n * gc, ReduceOp::Sum))?;
-            c.coll.all_to_all(&c.s, team, &dst, &src, gc)?;
-            c.done()?;
-            let mut want = a2a_want::<T>(m, me, seed, gc);
-            want.resize(most, T::poison());
-            check(&pe.local_vec(&dst)?, &want, &ctx);
-        }
-    }
-    pe.free(dst)?;
-    pe.free(src)
-}
-
-/// The pull all_gather (the pull all_to_all's kernel, every share a member's whole input): every
-/// team shape, the pull shares, out of place by loads or stores, in place by stores, exact.
-fn gather_t<T: TElem>(c: &Ctx<'_>, push: bool) -> Result<()> {
-    let pe = c.pe;
-    let most = 4 * (256 << 10) / std::mem::size_of::<T>();
-    let src = pe.alloc::<T>(most)?;
-    let dst = pe.alloc::<T>(most)?;
+    let name = if gather { "all_gather" } else { "all_to_all" };
     for (tn, team) in c.teams.list(pe) {
         let (me, n, m) = (team.my_pe(), team.n_pes(), team.members());
         for (si, share) in PULL_SHARES.into_iter().enumerate() {
             let gc = share / std::mem::size_of::<T>();
             for ip in [false, true] {
-                if ip && !push {
+                if ip && !(gather && push) {
                     continue;
                 }
-                let seed = 7300 + si as u64 * 4 + tn.len() as u64 + 50 * u64::from(ip);
+                let seed = 7000 + si as u64 * 4 + tn.len() as u64 + 50 * u64::from(ip);
                 let ctx = format!(
-                    "pull all_gather {} team {tn} share {share} B push {push} in place {ip} (PE {})",
+                    "pull {name} {} team {tn} share {share} B push {push} in place {ip} (PE {})",
                     T::KIND.name(),
                     pe.my_pe()
                 );
                 if !ip {
-                    assert!(c.coll.all_gather_uses_pull(team, n * share), "{ctx}");
-                    assert_eq!(c.coll.all_gather_uses_push(team, n * share), push, "{ctx}");
+                    let (pull, pushes) = if gather {
+                        let g = |b| c.coll.all_gather_uses_pull(team, b);
+                        (g(n * share), c.coll.all_gather_uses_push(team, n * share))
+                    } else {
+                        let a = |b| c.coll.all_to_all_uses_pull(team, b);
+                        (a(n * share), c.coll.all_to_all_uses_push(team, n * share))
+                    };
+                    assert!(pull, "{ctx}: not the pull path");
+                    assert_eq!(pushes, push, "{ctx}");
                 }
-                let obj = if ip { &dst } else { &src };
                 pe.local_fill(&dst, T::poison())?;
-                let mine = T::gen(pe.my_pe(), seed, gc, ReduceOp::Sum);
-                pe.local_write(obj, if ip { me * gc } else { 0 }, &mine)?;
-                c.coll.all_gather(&c.s, team, &dst, obj, gc)?;
+                let mut want = if gather {
+                    let obj = if ip { &dst } else { &src };
+                    let mine = T::gen(pe.my_pe(), seed, gc, ReduceOp::Sum);
+                    pe.local_write(obj, if ip { me * gc } else { 0 }, &mine)?;
+                    c.coll.all_gather(&c.s, team, &dst, obj, gc)?;
+                    m.iter()
+                        .flat_map(|&w| T::gen(w, seed, gc, ReduceOp::Sum))
+                        .collect()
+                } else {
+                    pe.local_write(&src, 0, &T::gen(pe.my_pe(), seed, n * gc, ReduceOp::Sum))?;
+                    c.coll.all_to_all(&c.s, team, &dst, &src, gc)?;
+                    a2a_want::<T>(m, me, seed, gc)
+                };
                 c.done()?;
-                let mut want: Vec<T> = m
-                    .iter()
-                    .flat_map(|&w| T::gen(w, seed, gc, ReduceOp::Sum))
-                    .collect();
                 want.resize(most, T::poison());
                 check(&pe.local_vec(&dst)?, &want, &ctx);
             }
@@ -1341,19 +1322,19 @@ fn pull_body(pe: &Pe) -> Result<()> {
         assert_eq!(c.coll.push_a2a_bytes(), cuda::COLL_PUSH_A2A_BYTES);
     }
     c.coll.set_push_a2a_bytes(0);
-    pull_t::<u8>(&c, false)?;
-    pull_t::<bf16>(&c, false)?;
-    pull_t::<f32>(&c, false)?;
-    pull_t::<f64>(&c, false)?;
-    gather_t::<bf16>(&c, false)?;
-    gather_t::<f64>(&c, false)?;
+    pull_t::<u8>(&c, false, false)?;
+    pull_t::<bf16>(&c, false, false)?;
+    pull_t::<f32>(&c, false, false)?;
+    pull_t::<f64>(&c, false, false)?;
+    pull_t::<bf16>(&c, false, true)?;
+    pull_t::<f64>(&c, false, true)?;
     // Every member storing its shares, at every size.
     c.coll.set_push_a2a_bytes(1);
-    pull_t::<u8>(&c, true)?;
-    pull_t::<bf16>(&c, true)?;
-    pull_t::<f64>(&c, true)?;
-    gather_t::<u8>(&c, true)?;
-    gather_t::<f32>(&c, true)?;
+    pull_t::<u8>(&c, true, false)?;
+    pull_t::<bf16>(&c, true, false)?;
+    pull_t::<f64>(&c, true, false)?;
+    pull_t::<u8>(&c, true, true)?;
+    pull_t::<f32>(&c, true, true)?;
     for push in [0, 1] {
         c.coll.set_push_a2a_bytes(push);
         pull_graph(pe, &c, push == 1)?;

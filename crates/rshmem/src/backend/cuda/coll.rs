@@ -1370,6 +1370,33 @@ impl<'a> GpuColl<'a> {
         unsafe { gpu::launch_dependent(&s.raw, f, blocks, LL_THREADS, 0, p) }
     }
 
+    /// The pull all_to_all kernel on `grid` (from `pull_a2a_arg`): shares of `share` bytes
+    /// from `src` into `dst`, by stores where `push`, each share the whole input where
+    /// `gather` (all_gather). The call is marked pull, and push where the members store.
+    #[allow(clippy::too_many_arguments)]
+    fn pull_move(
+        &self,
+        s: &Stream,
+        dt: DeviceTeam,
+        sig: CallSig,
+        (ll, blocks): (LlArg, u32),
+        (dst, src, share): (u64, u64, usize),
+        push: bool,
+        gather: bool,
+    ) -> Result<()> {
+        let sig = CallSig {
+            pull: true,
+            push,
+            ..sig
+        };
+        let ck = self.ll_check(dt, sig)?;
+        let lines = blocks as usize * LL_THREADS as usize;
+        let word = u64::from(push) | if gather { A2A_GATHER } else { 0 };
+        let f = self.f_pull_a2a;
+        let grid = (lines, blocks);
+        self.ll_launch(s, f, (dst, src, share / 16), grid, dt, ck, ll, Some(word))
+    }
+
     /// Runs `plan` on the stream: barriers for syncs (the first carries `sig`), one kernel per
     /// phase.
     #[allow(clippy::too_many_arguments)]
@@ -1854,19 +1881,8 @@ impl<'a> GpuColl<'a> {
         // only by stores (no member writes another's own block; loads would need each
         // member's block at its own offset).
         let push = self.pushes_a2a(nb * n);
-        if let Some((ll, blocks)) = self.pull_a2a_arg(dt, nb, ip && !push, from, d) {
-            let ck = self.ll_check(
-                dt,
-                CallSig {
-                    pull: true,
-                    push,
-                    ..sig
-                },
-            )?;
-            let lines = blocks as usize * LL_THREADS as usize;
-            let f = self.f_pull_a2a;
-            let word = Some(u64::from(push) | A2A_GATHER);
-            return self.ll_launch(s, f, (d, from, nb / 16), (lines, blocks), dt, ck, ll, word);
+        if let Some(grid) = self.pull_a2a_arg(dt, nb, ip && !push, from, d) {
+            return self.pull_move(s, dt, sig, grid, (d, from, nb), push, true);
         }
         let plan = plan::all_gather(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
@@ -1940,22 +1956,9 @@ impl<'a> GpuColl<'a> {
         if let Some(ll) = self.ll_a2a_arg(dt, share) {
             return self.ll_move(s, dt, sig, ll, (d, sr, share), MOVE_A2A, 0);
         }
-        if let Some((ll, blocks)) = self.pull_a2a_arg(dt, share, ip, sr, d) {
-            // Marked pull, and push where the members store their shares.
+        if let Some(grid) = self.pull_a2a_arg(dt, share, ip, sr, d) {
             let push = self.pushes_a2a(share * n);
-            let ck = self.ll_check(
-                dt,
-                CallSig {
-                    pull: true,
-                    push,
-                    ..sig
-                },
-            )?;
-            let vecs = share / 16;
-            let lines = blocks as usize * LL_THREADS as usize;
-            let f = self.f_pull_a2a;
-            let push = Some(u64::from(push));
-            return self.ll_launch(s, f, (d, sr, vecs), (lines, blocks), dt, ck, ll, push);
+            return self.pull_move(s, dt, sig, grid, (d, sr, share), push, false);
         }
         let plan = plan::all_to_all(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), None, sig)
