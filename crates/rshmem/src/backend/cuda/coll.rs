@@ -1361,7 +1361,8 @@ impl<'a> GpuColl<'a> {
         // u64 root), rshmemi_coll_pull_ar_*(T*, const T*, u64, ..., u64 push),
         // rshmemi_coll_pull_a2a(v4*, const v4*, u64, ..., u64 push) and
         // rshmemi_coll_pull_bcast(v4*, const v4*, u64, ..., u64 root) (repr(C); the callers
-        // pass one extra value each); ranges checked by the callers, the message fits the area's regions
+        // pass one extra value each); ranges checked by the callers, the message fits the
+        // area's regions
         // (ll_arg, ll_a2a_arg, ll_bcast_arg, pull_ar_arg, pull_a2a_arg, pull_bcast_arg), the
         // counter is this slot's. Launched as
         // programmatic dependents: each of these kernels begins with rshmemi_grid_dep_wait and
@@ -1526,9 +1527,10 @@ impl<'a> GpuColl<'a> {
     /// pull path (0: off;
     /// default [`COLL_PULL_A2A_BYTES`], environment `RSHMEM_CUDA_COLL_PULL_A2A_BYTES`): an
     /// out-of-place all_to_all beyond the LL size whose shares are whole 16-byte vectors runs
-    /// as one kernel of up to 128 blocks that reads every share straight from its sender's
-    /// `src` after an LL handshake (the data crosses the link once, no barrier waits), on a
-    /// team the LL paths serve.
+    /// as one kernel of up to 128 blocks that moves every share straight between the members'
+    /// buffers after an LL handshake (by stores, see [`GpuColl::push_a2a_bytes`]; the data
+    /// crosses the link once, no barrier waits), on a team the LL paths serve; so does an
+    /// all_gather of that size.
     pub fn pull_a2a_bytes(&self) -> usize {
         self.pull_a2a_bytes
     }
@@ -1568,8 +1570,9 @@ impl<'a> GpuColl<'a> {
 
     /// Smallest pull all_to_all or all_gather (every pair's share together, see
     /// [`GpuColl::pull_a2a_bytes`]) whose members store their shares into the others' `dst`
-    /// instead of reading them from the others' `src` (0: never): after the same handshake, a system-scope fence before each
-    /// block's done line. Default [`COLL_PUSH_A2A_BYTES`]; `RSHMEM_CUDA_COLL_PUSH_A2A_BYTES`.
+    /// instead of reading them from the others' `src` (0: never): after the same handshake, a
+    /// system-scope fence before each block's done line. Default [`COLL_PUSH_A2A_BYTES`];
+    /// `RSHMEM_CUDA_COLL_PUSH_A2A_BYTES`.
     pub fn push_a2a_bytes(&self) -> usize {
         self.push_a2a
     }
@@ -2433,7 +2436,7 @@ mod tests {
     #[test]
     fn block_knobs_are_checked() {
         // A variable of this test alone (no other test reads it).
-        const V: &str = "RSHMEM_TEST_COLL_BLOCK_KNOB";
+        const V: &str = "TEST_RSHMEMI_COLL_BLOCK_KNOB";
         std::env::remove_var(V);
         assert_eq!(block_bytes_from_env(V, PULL_BLOCK_BYTES).unwrap(), 64 << 10);
         assert_eq!(blocks_from_env(V, PULL_MAX_BLOCKS).unwrap(), 128);
