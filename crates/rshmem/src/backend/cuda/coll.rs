@@ -2198,8 +2198,10 @@ pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
 pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
 
 /// Default [`GpuColl::push_all_reduce_bytes`]: 256 MiB (2x H200, same run, pushes against
-/// loads: 1 GiB 341.6-344.2 against 336.9-337.2 GB/s bus bandwidth, 256 MiB 333.9-336.2
-/// against 333.3-333.8, 64 MiB 284-293 against 323-325; BENCHMARKS.md).
+/// loads on 64 blocks: 1 GiB 341.6-344.2 against 336.9-337.2 GB/s bus bandwidth, 256 MiB
+/// 333.9-336.2 against 333.3-333.8, 64 MiB 284-293 against 323-325; on 128 blocks pushing
+/// at every size took 14.3-14.8 against 13.1 us at 2 MiB, 59.4 against 56.7-56.9 at 16 MiB,
+/// and tied at 64 MiB; BENCHMARKS.md).
 pub const COLL_PUSH_ALL_REDUCE_BYTES: usize = 256 << 20;
 
 /// Default [`GpuColl::pull_broadcast_bytes`]: every size (past

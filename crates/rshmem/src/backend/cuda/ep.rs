@@ -1400,8 +1400,6 @@ pub fn bench_routing(pe: usize, t: usize, k: usize, e: usize) -> (Vec<i32>, Vec<
 
 use super::bench::{time_stream, Ev};
 
-/// Per-stage times (µs, averaged over `iters`) of calls made by `f`, which calls the mark it
-/// is given after each kernel launch.
 /// With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS): prints the last dispatch's and combine's
 /// clock stamps (control words 16.., `ep.cu` says which); nothing when they were not compiled in.
 fn print_stamps<T: Elem>(pe: &Pe, buf: &Buffer<T>, what: &str) -> Result<()> {
@@ -1429,6 +1427,8 @@ fn print_stamps<T: Elem>(pe: &Pe, buf: &Buffer<T>, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Per-stage times (µs, averaged over `iters`) of calls made by `f`, which calls the mark it
+/// is given after each kernel launch.
 fn stage_times(
     g: &CudaPe<'_>,
     s: &Stream,
