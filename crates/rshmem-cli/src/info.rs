@@ -55,11 +55,23 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_LL_BLOCKS",
-        "CUDA collectives: most blocks of the LL all_reduce kernel (measurement knob), default 64",
+        "CUDA collectives: most blocks of the LL all_reduce kernel (measurement knob), default 128",
     ),
     (
         "RSHMEM_CUDA_COLL_LL_A2A_BLOCKS",
         "CUDA collectives: most blocks of the LL data kernel (measurement knob), default 64",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_EARLY_LAUNCH",
+        "CUDA collectives: 0 = the LL and pull kernels let the next kernel launch only at their end, even where a PE has its GPU to itself (measurement knob), default 1",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_LL_THREADS",
+        "CUDA collectives: threads per block of the LL kernels (measurement knob, a multiple of 32 up to 1024), default 256",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_LL_THREAD_LINES",
+        "CUDA collectives: data lines per thread the LL all_reduce grid is sized for (measurement knob, 1 to 4), default 1",
     ),
     (
         "RSHMEM_CUDA_COLL_PULL_BLOCKS",

@@ -297,7 +297,14 @@ struct rshmemi_ll {
     rshmem_u64 lines;  // lines per (half, source member)
     unsigned* done;    // private, per slot: [0] block counter (the last block resets it),
                        // [1 + world PE] the pair's LL sequence (its parity: the half written next)
+    rshmem_u64 flags;  // RSHMEMI_LL_EARLY_LAUNCH
 };
+// rshmemi_ll::flags: this PE has its GPU to itself, so the kernel lets the next (dependent)
+// kernel on its stream launch as soon as it starts (rshmemi_ll_begin): that kernel's blocks wait
+// in rshmemi_grid_dep_wait until this one has ended, and its launch no longer follows this
+// kernel's end. (With PEs sharing the GPU the trigger waits for the end of the waits for
+// peers, rshmemi_ll_end: blocks waiting there could hold SMs a peer's kernel needs.)
+#define RSHMEMI_LL_EARLY_LAUNCH 1ull
 
 __device__ __forceinline__ void rshmemi_ll_store(rshmem_u64* p, rshmem_u64 v, unsigned flag) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((unsigned)v), "r"(flag),
@@ -369,6 +376,54 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
 #ifndef RSHMEMI_LL_STOP
 #define RSHMEMI_LL_STOP 0
 #endif
+// RSHMEMI_LL_AR_EARLY: whether the LL all_reduce waits for its first lines beside the verdicts
+// (1) or after them (0); 2 (the default): beside them in a call of one block, after them in a
+// call of more (see rshmemi_ll_all_reduce).
+#ifndef RSHMEMI_LL_AR_EARLY
+#define RSHMEMI_LL_AR_EARLY 2
+#endif
+// RSHMEMI_LL_HEADER_LAST_WARP 0 (measurements): block 0's threads 0..5 push the header, not
+// lanes 0..5 of its last warp (see rshmemi_ll_push_header).
+#ifndef RSHMEMI_LL_HEADER_LAST_WARP
+#define RSHMEMI_LL_HEADER_LAST_WARP 1
+#endif
+// RSHMEMI_LL_BEGIN_WEAK 0 (measurements): rshmemi_ll_begin reads the pair sequences, the
+// expectations and the error word with volatile loads, not plain ones.
+#ifndef RSHMEMI_LL_BEGIN_WEAK
+#define RSHMEMI_LL_BEGIN_WEAK 1
+#endif
+// RSHMEMI_LL_STAMPS 2: also runs the LL all_reduce's begin, header push and data push a second
+// time each (the same values: harmless) and prints what the repeats cost.
+// RSHMEMI_LL_STAMPS 1 (measurements only): block 0's thread 0 of the LL all_reduce takes the
+// SM clock at each step of a call (and the last warp when its verdict is in), and every 32nd
+// call prints the steps' cycles, the globaltimer span of the call and the gap since the
+// previous call's end (device printf).
+#ifndef RSHMEMI_LL_STAMPS
+#define RSHMEMI_LL_STAMPS 0
+#endif
+#if RSHMEMI_LL_STAMPS
+__device__ unsigned long long rshmemi_stamp_prev_end;
+__device__ unsigned rshmemi_stamp_calls;
+// Block 0's thread 0 at the end of a call: st[0..k] (cycles), g0 the globaltimer at st[0].
+__device__ void rshmemi_ll_stamps_print(const char* what, rshmem_u64 n, const long long* st, int k, rshmem_u64 g0, long long vt,
+                                        long long sb, const long long* x = nullptr) {
+    const rshmem_u64 g1 = rshmemi_now(), prev = rshmemi_stamp_prev_end;
+    rshmemi_stamp_prev_end = g1;
+    if (atomicAdd(&rshmemi_stamp_calls, 1u) % 32 != 31) return;
+    long long d[8];
+    for (int i = 0; i < 8; i++) d[i] = i < k ? st[i + 1] - st[i] : 0;
+    printf("ll_stamps %s pe %d n %llu blocks %u cyc %lld %lld %lld %lld %lld %lld %lld %lld loads %lld verdict %lld | ns span %llu gap %llu\n",
+           what, rshmem_dstate.my_pe, (unsigned long long)n, gridDim.x, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+           sb - st[0], vt - st[0], (unsigned long long)(g1 - g0), (unsigned long long)(g0 - prev));
+    if (x) printf("ll_stamps %s pe %d n %llu again: begin %lld header %lld data %lld\n", what, rshmem_dstate.my_pe,
+                  (unsigned long long)n, x[0], x[1], x[2]);
+}
+#endif
+#define RSHMEMI_LL_STAMP(st, k)                                                                   \
+    do {                                                                                           \
+        if (RSHMEMI_LL_STAMPS && blockIdx.x == 0 && threadIdx.x == 0) (st)[k] = clock64();       \
+    } while (0)
+
 // RSHMEMI_LL_SKIP_VERDICT 1 (measurements only: a mismatched call goes unseen): no header
 // verdicts, the data lines' flags alone; what the verdict warps and their poll cost.
 #ifndef RSHMEMI_LL_SKIP_VERDICT
@@ -555,6 +610,9 @@ struct rshmemi_ll_shared {
     int last;
     unsigned syncs;
     int bad;
+#if RSHMEMI_LL_STAMPS
+    long long stamp_b;  // block 0's thread 0 when its begin loads are in
+#endif
 };
 
 // The pair flags and where lines go and come from, per member; an earlier wait that gave up
@@ -562,20 +620,27 @@ struct rshmemi_ll_shared {
 __device__ __forceinline__ void rshmemi_ll_begin(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_ll& ll,
                                                  const rshmem_u64* exp) {
     const int N = team.size, n_pes = rshmem_dstate.n_pes, my_pe = rshmem_dstate.my_pe;
+    if (ll.flags & RSHMEMI_LL_EARLY_LAUNCH) rshmemi_grid_dep_launch();
     // The last thread (no member of its own while N < blockDim.x): its load of the error word
     // is not queued behind a member's loads, so the block waits one load latency, not two.
+    // Plain loads (RSHMEMI_LL_BEGIN_WEAK): only this PE's earlier kernels and the host (between
+    // kernels) write these words, and a kernel sees what the kernels before it wrote.
     if (threadIdx.x == blockDim.x - 1) {
-        S.verdict = rshmemi_coll_gave_up() ? -1 : 0;
+        S.verdict = (RSHMEMI_LL_BEGIN_WEAK ? *rshmemi_err_word() != 0 : rshmemi_coll_gave_up()) ? -1 : 0;
         S.abort = 0;
     }
     for (int i = threadIdx.x; i < N; i += blockDim.x) {
         const int pe = rshmemi_member(team, i);
-        const unsigned seq = ((volatile unsigned*)ll.done)[1 + pe];
+        const unsigned seq = RSHMEMI_LL_BEGIN_WEAK ? ll.done[1 + pe] : ((volatile unsigned*)ll.done)[1 + pe];
+        const rshmem_u64 e = RSHMEMI_LL_BEGIN_WEAK ? exp[pe] : *(volatile const rshmem_u64*)(exp + pe);
         S.peer[i].seq = seq;
-        S.peer[i].flag = rshmemi_ll_flag(*(volatile const rshmem_u64*)(exp + pe), seq);
+        S.peer[i].flag = rshmemi_ll_flag(e, seq);
         S.peer[i].to = (rshmem_u64*)rshmem_ptr(rshmemi_ll_lines(ll, seq & 1, my_pe, n_pes), pe);
         S.peer[i].from = rshmemi_ll_lines(ll, seq & 1, pe, n_pes);
     }
+#if RSHMEMI_LL_STAMPS
+    if (blockIdx.x == 0 && threadIdx.x == 0) S.stamp_b = clock64();
+#endif
     __syncthreads();
 }
 
@@ -584,12 +649,18 @@ __device__ __forceinline__ void rshmemi_ll_push(const rshmemi_ll_shared& S, int 
     rshmemi_ll_store(S.peer[j].to + 2 * l, v, S.peer[j].flag);
 }
 
-// The header to every other member (threads 0..5 of block 0: one copy per pair, which the
-// receiver's blocks each check on their own).
+// The header to every other member (lanes 0..5 of block 0's last warp: one copy per pair,
+// which the receiver's blocks each check on their own). Not thread 0's: every store into a
+// peer costs its thread about 350 cycles (2x H100), and thread 0 pushes the first data line.
+// The header word this thread pushes (rshmemi_ll_push_header), RSHMEMI_SIG_WORDS or more: none.
+__device__ __forceinline__ unsigned rshmemi_ll_header_word() {
+    if (blockIdx.x != 0) return RSHMEMI_SIG_WORDS;
+    return RSHMEMI_LL_HEADER_LAST_WARP ? threadIdx.x - (blockDim.x - 32) : threadIdx.x;
+}
 __device__ __forceinline__ void rshmemi_ll_push_header(const rshmemi_ll_shared& S, const rshmem_team& team,
                                                        const rshmemi_check& ck) {
-    const unsigned t = threadIdx.x;
-    if (blockIdx.x != 0 || t >= RSHMEMI_SIG_WORDS) return;
+    const unsigned t = rshmemi_ll_header_word();
+    if (t >= RSHMEMI_SIG_WORDS) return;
     for (int k = 1; k < team.size; k++) rshmemi_ll_push(S, (team.my_index + k) % team.size, t, ck.sig.w[t]);
 }
 
@@ -724,23 +795,42 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
     const rshmem_u64 dl = (n * sizeof(T) + 7) / 8;  // data lines
     const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
     const T* mine = src + (rshmem_u64)me * stride;
+    long long st[10], x[4];
+    rshmem_u64 g0 = 0;
+    __shared__ long long vt;
+    if (RSHMEMI_LL_STAMPS && blockIdx.x == 0 && threadIdx.x == 0) g0 = rshmemi_now();
+    RSHMEMI_LL_STAMP(st, 0);
     if (stride == 0) {
         // This thread's first batch, loaded beside rshmemi_ll_begin's loads (none waits for another).
         rshmem_u64 v0[U];
 #pragma unroll
         for (int u = 0; u < U; u++) v0[u] = gt + u * gn < dl ? rshmemi_ll_pack(src, n, gt + u * gn) : 0;
         rshmemi_ll_begin(S, team, ll, exp);
+        RSHMEMI_LL_STAMP(st, 1);
+        if (RSHMEMI_LL_STAMPS == 2) {
+            rshmemi_ll_begin(S, team, ll, exp);
+            RSHMEMI_LL_STAMP(x, 0);
+        }
         if (RSHMEMI_LL_STOP == 1) return;
         rshmemi_ll_push_header(S, team, ck);
-        for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn) {
-            rshmem_u64 v[U];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                v[u] = l0 == gt ? v0[u] : (l0 + u * gn < dl ? rshmemi_ll_pack(src, n, l0 + u * gn) : 0);
-            for (int k = 1; k < N; k++)
+        RSHMEMI_LL_STAMP(st, 2);
+        if (RSHMEMI_LL_STAMPS == 2) {
+            rshmemi_ll_push_header(S, team, ck);
+            RSHMEMI_LL_STAMP(x, 1);
+        }
+        for (int again = 0; again < (RSHMEMI_LL_STAMPS == 2 ? 2 : 1); again++) {
+            for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn) {
+                rshmem_u64 v[U];
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    if (l0 + u * gn < dl) rshmemi_ll_push(S, (me + k) % N, RSHMEMI_SIG_WORDS + l0 + u * gn, v[u]);
+                    v[u] = l0 == gt ? v0[u] : (l0 + u * gn < dl ? rshmemi_ll_pack(src, n, l0 + u * gn) : 0);
+                for (int k = 1; k < N; k++)
+#pragma unroll
+                    for (int u = 0; u < U; u++)
+                        if (l0 + u * gn < dl) rshmemi_ll_push(S, (me + k) % N, RSHMEMI_SIG_WORDS + l0 + u * gn, v[u]);
+            }
+            if (again == 0) RSHMEMI_LL_STAMP(st, 3);
+            else RSHMEMI_LL_STAMP(x, 2);
         }
         if (RSHMEMI_LL_STOP == 2) return;
     } else {
@@ -759,21 +849,43 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
             }
     }
     rshmemi_ll_verdicts(S, team, ck);
-    // The first batch, folded beside the verdicts (kept in registers until they are in).
+    if (RSHMEMI_LL_STAMPS && blockIdx.x == 0 && threadIdx.x == blockDim.x - 32) vt = clock64();
+    // A call of one block folds its first batch beside the verdicts (kept in registers until
+    // they are in): its one data line and the header arrive together. A call of more blocks
+    // folds after them: every thread polling while the lines still stream in slowed it
+    // (RSHMEMI_LL_AR_EARLY; 2x H100, graph: 64 KiB 4.08 -> 3.94-3.97 us, 128 KiB 4.51 -> 4.19;
+    // 8 bytes 3.14 -> 3.35-3.63 when its one block waits after the verdicts).
     A acc[U][8 / sizeof(T)];
     const volatile int* abort = (const volatile int*)&S.abort;
-    const bool first = gt < dl && S.verdict == 0 &&
-                       rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, gt, gn, dl, me, team, S.peer, abort);
+    const bool early = RSHMEMI_LL_AR_EARLY == 2 ? gridDim.x == 1 : RSHMEMI_LL_AR_EARLY != 0;
+    const bool first = !early || (gt < dl && S.verdict == 0 &&
+                                  rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, gt, gn, dl, me, team, S.peer, abort));
+    RSHMEMI_LL_STAMP(st, 4);
     rshmemi_ll_resolve(S, N);
-    if (S.verdict == 0 && first) {
+    RSHMEMI_LL_STAMP(st, 5);
+    if (S.verdict == 0 && first && gt < dl &&
+        (early || rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, gt, gn, dl, me, team, S.peer, abort))) {
         rshmemi_ll_write<T, A, OP, U>(dst, acc, n, gt, gn, dl);
+        RSHMEMI_LL_STAMP(st, 6);
         for (rshmem_u64 l0 = gt + U * gn; l0 < dl; l0 += U * gn) {
             if (!rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, l0, gn, dl, me, team, S.peer, abort))
                 break;  // a line never came: write nothing more
             rshmemi_ll_write<T, A, OP, U>(dst, acc, n, l0, gn, dl);
         }
     }
+    RSHMEMI_LL_STAMP(st, 7);
     rshmemi_ll_end(S, team, ck, ll, exp, row);
+#if RSHMEMI_LL_STAMPS
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        st[8] = clock64();
+        if (RSHMEMI_LL_STAMPS == 2) {
+            x[0] -= st[1];
+            x[1] -= st[2];
+            x[2] -= st[3];
+        }
+        rshmemi_ll_stamps_print("ar", n, st, 8, g0, vt, S.stamp_b, RSHMEMI_LL_STAMPS == 2 ? x : nullptr);
+    }
+#endif
 }
 
 // RSHMEMI_PULL_FENCES 0 (a compile option for measurements only: wrong memory ordering): the
@@ -824,7 +936,7 @@ __device__ __forceinline__ void rshmemi_pull_done(const rshmemi_ll_shared& S, co
 // their headers), resolved.
 __device__ __forceinline__ void rshmemi_pull_handshake(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck,
                                                        const rshmemi_ll& ll, rshmem_u64* exp, bool acquire) {
-    if (blockIdx.x == 0 && threadIdx.x < RSHMEMI_SIG_WORDS) asm volatile("fence.acq_rel.sys;" ::: "memory");
+    if (rshmemi_ll_header_word() < RSHMEMI_SIG_WORDS) asm volatile("fence.acq_rel.sys;" ::: "memory");
     rshmemi_ll_begin(S, team, ll, exp);
     rshmemi_ll_push_header(S, team, ck);
     rshmemi_ll_verdicts(S, team, ck, acquire);
@@ -1094,7 +1206,19 @@ __device__ __forceinline__ void rshmemi_ll_move_st(char* d, rshmem_u64 nb, rshme
     else rshmemi_ll_unpack(d, nb, l, v);
 }
 
+// RSHMEMI_LL_MOVE_PRELOAD 0 (a compile option for measurements): the LL data kernels of word
+// shares load their first lines to send only after rshmemi_ll_begin (see rshmemi_ll_move).
+#ifndef RSHMEMI_LL_MOVE_PRELOAD
+#define RSHMEMI_LL_MOVE_PRELOAD 1
+#endif
+
 // One kind, word or byte shares, as compile-time constants (no branch on them per line).
+// Word shares: the first batch of lines to the first member it sends to is loaded beside
+// rshmemi_ll_begin's loads (2x H100, graph: all_to_all 1 MiB 7.09-7.17 -> 6.98-7.05 us,
+// all_gather 1 MiB 7.40 -> 7.03; byte shares, e.g. an 8-byte all_to_all, measured 0.45 us
+// slower with it). The lines taken from members are waited for only after the verdicts: waiting
+// for the first batch beside them (as the LL all_reduce does in a call of one block) measured
+// slower, 1 MiB 7.21-7.27 -> 7.64-7.68 us (every thread polling while the lines still stream in).
 template <int KIND, bool WORDS>
 __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshmem_u64 nb, const rshmem_team& team,
                                                 const rshmemi_check& ck, const rshmemi_ll& ll, int root,
@@ -1106,15 +1230,33 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
     const rshmem_u64 dl = (nb + 7) / 8;
+    const bool sends = !bcast || me == root;
+    const bool pre = RSHMEMI_LL_MOVE_PRELOAD && WORDS;
+    const int j1 = (me + 1) % N;
+    rshmem_u64 v1[U];
+    if (pre && sends && N > 1) {
+        const char* s = src + (a2a ? (rshmem_u64)j1 * nb : 0);
+#pragma unroll
+        for (int u = 0; u < U; u++) v1[u] = gt + u * gn < dl ? rshmemi_ll_move_ld<WORDS>(s, nb, gt + u * gn) : 0;
+    }
+    long long st[8];
+    rshmem_u64 g0 = 0;
+    __shared__ long long vt;
+    if (RSHMEMI_LL_STAMPS && blockIdx.x == 0 && threadIdx.x == 0) g0 = rshmemi_now();
+    RSHMEMI_LL_STAMP(st, 0);
     rshmemi_ll_begin(S, team, ll, exp);
+    RSHMEMI_LL_STAMP(st, 1);
     rshmemi_ll_push_header(S, team, ck);
-    if (!bcast || me == root)
+    if (sends)
         for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn) {
             rshmem_u64 v[U];
             for (int k = 1; k < N; k++) {
                 const int j = (me + k) % N;
                 // The same lines for every member unless all_to_all: loaded once.
-                if (a2a || k == 1) {
+                if (pre && k == 1 && l0 == gt) {
+#pragma unroll
+                    for (int u = 0; u < U; u++) v[u] = v1[u];
+                } else if (a2a || k == 1) {
                     const char* s = src + (a2a ? (rshmem_u64)j * nb : 0);
 #pragma unroll
                     for (int u = 0; u < U; u++) v[u] = l0 + u * gn < dl ? rshmemi_ll_move_ld<WORDS>(s, nb, l0 + u * gn) : 0;
@@ -1124,8 +1266,12 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
                     if (l0 + u * gn < dl) rshmemi_ll_push(S, j, RSHMEMI_SIG_WORDS + l0 + u * gn, v[u]);
             }
         }
+    RSHMEMI_LL_STAMP(st, 2);
     rshmemi_ll_verdicts(S, team, ck);
+    if (RSHMEMI_LL_STAMPS && blockIdx.x == 0 && threadIdx.x == blockDim.x - 32) vt = clock64();
+    RSHMEMI_LL_STAMP(st, 3);
     rshmemi_ll_resolve(S, N);
+    RSHMEMI_LL_STAMP(st, 4);
     if (S.verdict == 0) {
         bool lost = false;
         for (rshmem_u64 l0 = gt; l0 < dl && !lost; l0 += U * gn) {
@@ -1149,7 +1295,15 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
             }
         }
     }
+    RSHMEMI_LL_STAMP(st, 5);
     rshmemi_ll_end(S, team, ck, ll, exp, row);
+#if RSHMEMI_LL_STAMPS
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        st[6] = clock64();
+        rshmemi_ll_stamps_print(KIND == RSHMEMI_LL_A2A ? "a2a" : KIND == RSHMEMI_LL_GATHER ? "gather" : "bcast", nb, st, 6, g0, vt,
+                                S.stamp_b);
+    }
+#endif
 }
 
 // A kernel per kind and share shape (rshmemi_coll_ll_move_<kind>_<words|bytes>): one

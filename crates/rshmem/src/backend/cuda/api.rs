@@ -273,6 +273,11 @@ impl<'a> CudaPe<'a> {
         self.b.gpu.ordinal
     }
 
+    /// Whether no other PE of the world runs on this PE's GPU.
+    pub(crate) fn gpu_alone(&self) -> bool {
+        self.b.gpu_alone()
+    }
+
     /// The GPU ordinal of world PE `pe` (as its own process numbers GPUs).
     pub fn device_of(&self, pe: usize) -> Result<usize> {
         self.b.ordinals.get(pe).copied().ok_or(Error::PeOutOfRange {
@@ -655,9 +660,10 @@ impl<'a> CudaPe<'a> {
     /// capability 9.0 and up; an ordinary launch on older ones): the kernel may become resident
     /// while the previous kernel on `s` finishes, and must begin with `rshmemi_grid_dep_wait()`
     /// (the device header's `griddepcontrol.wait`) before it touches anything earlier work on
-    /// `s` writes. Its blocks wait there holding their SMs: the previous kernel must trigger
-    /// (`rshmemi_grid_dep_launch()`) only once it no longer waits for other PEs, or PEs sharing
-    /// a GPU could starve each other.
+    /// `s` writes. Its blocks wait there holding their SMs: where PEs share the GPU, the
+    /// previous kernel must trigger (`rshmemi_grid_dep_launch()`) only once it no longer waits
+    /// for other PEs, or they could starve each other (rshmem's collectives trigger at their
+    /// start where the PE has its GPU to itself).
     ///
     /// # Safety
     /// As [`launch`](Self::launch), and the kernel waits as above.

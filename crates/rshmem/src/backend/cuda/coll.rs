@@ -278,11 +278,16 @@ pub const LL_MAX_MEMBERS: usize = 16;
 /// Team slots with an LL area (the world's and the first teams made after it).
 const LL_SLOTS: usize = 4;
 /// Most blocks of an LL all_reduce: its blocks wait for peers, so they must leave SMs to the
-/// peers' kernels when PEs share a GPU. 2x H200, graph replay, 32 against 64 blocks: 512 KiB
-/// 8.70 against 7.75 us (128: 7.86).
-const LL_MAX_BLOCKS: u32 = 64;
-/// Lines per LL all_reduce thread (`RSHMEMI_LL_U` of `coll.cu`: one batch of loads).
+/// peers' kernels when PEs share a GPU. 2x H100, graph replay, a line per thread, 64 against
+/// 128 blocks: 256 KiB 6.20 against 5.47 us.
+const LL_MAX_BLOCKS: u32 = 128;
+/// Most lines per LL all_reduce thread (`RSHMEMI_LL_U` of `coll.cu`: one batch of loads).
 const LL_LINES_PER_THREAD: usize = 4;
+/// Lines per LL all_reduce thread the grid is sized for below the block cap: one, so a call
+/// spreads over as many SMs as it can (one SM stores into a peer at only about 13-20 GB/s).
+/// 2x H100, graph replay, 4 against 1: 8 KiB 4.75 against 4.00 us, 64 KiB 5.19 against 4.08,
+/// 128 KiB 5.52 against 4.48; reduce_scatter 64 KiB 5.18 against 4.22.
+const LL_THREAD_LINES: usize = 1;
 /// Most blocks of an LL all_to_all (bandwidth-bound up to its larger size; the same care).
 /// 2x H200, graph replay, 32 against 64 blocks: all_to_all 1 MiB 7.62 against 7.26 us,
 /// all_gather 1 MiB 7.90 against 7.33 (128: 7.42 and 7.63).
@@ -313,7 +318,13 @@ struct LlArg {
     area: u64,
     lines: u64,
     done: u64,
+    /// LL_EARLY_LAUNCH or 0.
+    flags: u64,
 }
+
+/// `rshmemi_ll::flags` bit (`RSHMEMI_LL_EARLY_LAUNCH`): the kernel lets the next dependent
+/// kernel launch as soon as it starts (only where this PE has its GPU to itself).
+const LL_EARLY_LAUNCH: u64 = 1;
 
 /// Largest default LL all_reduce size (`RSHMEM_CUDA_COLL_LL_BYTES` unset): 512 KiB, the
 /// largest size where the LL all_reduce beat NCCL on 2 H200s (1.09x at 512 KiB, 0.87x at
@@ -551,6 +562,14 @@ pub struct GpuColl<'a> {
     ll_a2a_blocks: u32,
     /// Most blocks of the LL all_reduce kernel (`RSHMEM_CUDA_COLL_LL_BLOCKS`).
     ll_blocks: u32,
+    /// Data lines per thread the LL all_reduce's grid is sized for, below its block cap
+    /// (`RSHMEM_CUDA_COLL_LL_THREAD_LINES`).
+    ll_thread_lines: usize,
+    /// Threads per block of the LL kernels (`RSHMEM_CUDA_COLL_LL_THREADS`).
+    ll_threads: u32,
+    /// `rshmemi_ll::flags` of every LL and pull call: LL_EARLY_LAUNCH where no other PE uses
+    /// this GPU (unless `RSHMEM_CUDA_COLL_EARLY_LAUNCH=0`).
+    ll_flags: u64,
     /// Most blocks of the pull kernels (`RSHMEM_CUDA_COLL_PULL_BLOCKS`).
     pull_blocks: u32,
     /// Bytes per block of the pull all_to_all and broadcast, and of the pull all_reduce
@@ -735,6 +754,13 @@ impl<'a> GpuColl<'a> {
             pull_a2a_bytes: pull_a2a_bytes_from_env()?,
             ll_a2a_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_A2A_BLOCKS", LL_A2A_MAX_BLOCKS)?,
             ll_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_BLOCKS", LL_MAX_BLOCKS)?,
+            ll_thread_lines: thread_lines_from_env()?,
+            ll_threads: ll_threads_from_env()?,
+            ll_flags: if g.gpu_alone() && early_launch_from_env()? {
+                LL_EARLY_LAUNCH
+            } else {
+                0
+            },
             pull_blocks: blocks_from_env("RSHMEM_CUDA_COLL_PULL_BLOCKS", PULL_MAX_BLOCKS)?,
             pull_block_bytes: [
                 block_bytes_from_env("RSHMEM_CUDA_COLL_PULL_BLOCK_BYTES", PULL_BLOCK_BYTES)?,
@@ -1052,6 +1078,7 @@ impl<'a> GpuColl<'a> {
             area: self.g.ptr(area).ok()? + (slot * per_slot) as u64,
             lines: ll_lines(region) as u64,
             done: done.ptr + (slot * ll_notes(self.n_pes) * 4) as u64,
+            flags: self.ll_flags,
         })
     }
 
@@ -1109,7 +1136,7 @@ impl<'a> GpuColl<'a> {
             s,
             f,
             (dst, src, nb),
-            (lines, self.ll_a2a_blocks),
+            (lines, self.ll_a2a_blocks, self.ll_threads),
             dt,
             ck,
             ll,
@@ -1335,14 +1362,14 @@ impl<'a> GpuColl<'a> {
         s: &Stream,
         f: Func,
         (dst, src, count): (u64, u64, usize),
-        (lines, max_blocks): (usize, u32),
+        (lines, max_blocks, threads): (usize, u32, u32),
         dt: DeviceTeam,
         ck: Check,
         ll: LlArg,
         extra: Option<u64>,
     ) -> Result<()> {
         let blocks = (lines as u64)
-            .div_ceil(LL_THREADS as u64)
+            .div_ceil(threads as u64)
             .clamp(1, max_blocks as u64) as u32;
         let (mut d, mut sr, mut n, mut t, mut k, mut l) = (dst, src, count as u64, dt, ck, ll);
         let mut e = extra.unwrap_or(0);
@@ -1368,7 +1395,7 @@ impl<'a> GpuColl<'a> {
         // programmatic dependents: each of these kernels begins with rshmemi_grid_dep_wait and
         // lets the next kernel in only after its waits for other PEs (rshmemi_ll_end, the
         // common path).
-        unsafe { gpu::launch_dependent(&s.raw, f, blocks, LL_THREADS, 0, p) }
+        unsafe { gpu::launch_dependent(&s.raw, f, blocks, threads, 0, p) }
     }
 
     /// The pull all_to_all kernel on `grid` (from `pull_a2a_arg`): shares of `share` bytes
@@ -1394,7 +1421,7 @@ impl<'a> GpuColl<'a> {
         let lines = blocks as usize * LL_THREADS as usize;
         let word = u64::from(push) | if gather { A2A_GATHER } else { 0 };
         let f = self.f_pull_a2a;
-        let grid = (lines, blocks);
+        let grid = (lines, blocks, LL_THREADS);
         self.ll_launch(s, f, (dst, src, share / 16), grid, dt, ck, ll, Some(word))
     }
 
@@ -1717,7 +1744,8 @@ impl<'a> GpuColl<'a> {
             let lines = blocks as usize * LL_THREADS as usize;
             let (f, vecs) = (self.f_pull_bcast, count * es / 16);
             let extra = Some(root as u64 | u64::from(chain) << 32);
-            return self.ll_launch(s, f, (d, sr, vecs), (lines, blocks), dt, ck, ll, extra);
+            let grid = (lines, blocks, LL_THREADS);
+            return self.ll_launch(s, f, (d, sr, vecs), grid, dt, ck, ll, extra);
         }
         let plan = plan::broadcast(Self::shape(&dt, ip), root, count, algo);
         self.exec(s, dt, &plan, sr, d, es, None, sig)
@@ -1830,9 +1858,9 @@ impl<'a> GpuColl<'a> {
             // An LL call names no algorithm (its LL mark does).
             let ck = self.ll_check(dt, CallSig { algo: None, ..sig })?;
             let lf = self.ll_func::<T>(op)?;
-            // A block per LL_THREADS × LL_LINES_PER_THREAD lines (one batch per thread).
-            let lines = bytes.div_ceil(8).div_ceil(LL_LINES_PER_THREAD);
-            let grid = (lines, self.ll_blocks);
+            // A block per LL threads × thread lines (LL_THREAD_LINES), up to the block cap.
+            let lines = bytes.div_ceil(8).div_ceil(self.ll_thread_lines);
+            let grid = (lines, self.ll_blocks, self.ll_threads);
             return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, Some(0));
         }
         if let Some((ll, blocks)) = pull {
@@ -1847,7 +1875,7 @@ impl<'a> GpuColl<'a> {
             };
             let ck = self.ll_check(dt, sig)?;
             let pf = self.pull_ar_func::<T>(op)?;
-            let grid = (blocks as usize * LL_THREADS as usize, blocks);
+            let grid = (blocks as usize * LL_THREADS as usize, blocks, LL_THREADS);
             return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, Some(push as u64));
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
@@ -1931,8 +1959,8 @@ impl<'a> GpuColl<'a> {
             } else {
                 d
             };
-            let lines = part.div_ceil(8).div_ceil(LL_LINES_PER_THREAD);
-            let grid = (lines, self.ll_blocks);
+            let lines = part.div_ceil(8).div_ceil(self.ll_thread_lines);
+            let grid = (lines, self.ll_blocks, self.ll_threads);
             let stride = Some(count as u64);
             return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, stride);
         }
@@ -2276,6 +2304,41 @@ fn block_bytes_from_env(name: &str, default: usize) -> Result<usize> {
         return Err(Error::invalid(format!("{name}={v}: 16 bytes to 1G")));
     }
     Ok(v)
+}
+
+/// `RSHMEM_CUDA_COLL_LL_THREAD_LINES` (1 to `LL_LINES_PER_THREAD`), else `LL_THREAD_LINES`.
+fn thread_lines_from_env() -> Result<usize> {
+    let name = "RSHMEM_CUDA_COLL_LL_THREAD_LINES";
+    let v = crate::coll::env_size(name)?.unwrap_or(LL_THREAD_LINES);
+    if !(1..=LL_LINES_PER_THREAD).contains(&v) {
+        return Err(Error::invalid(format!(
+            "{name}={v}: 1 to {LL_LINES_PER_THREAD} lines"
+        )));
+    }
+    Ok(v)
+}
+
+/// `RSHMEM_CUDA_COLL_LL_THREADS` (a multiple of 32 from 32 to 1024), else `LL_THREADS`.
+fn ll_threads_from_env() -> Result<u32> {
+    let name = "RSHMEM_CUDA_COLL_LL_THREADS";
+    let v = crate::coll::env_size(name)?.unwrap_or(LL_THREADS as usize);
+    if !(32..=1024).contains(&v) || v % 32 != 0 {
+        return Err(Error::invalid(format!(
+            "{name}={v}: a multiple of 32 from 32 to 1024"
+        )));
+    }
+    Ok(v as u32)
+}
+
+/// `RSHMEM_CUDA_COLL_EARLY_LAUNCH` (0 or 1; default 1).
+fn early_launch_from_env() -> Result<bool> {
+    match crate::coll::env_size("RSHMEM_CUDA_COLL_EARLY_LAUNCH")? {
+        None | Some(1) => Ok(true),
+        Some(0) => Ok(false),
+        Some(v) => Err(Error::invalid(format!(
+            "RSHMEM_CUDA_COLL_EARLY_LAUNCH={v}: 0 or 1"
+        ))),
+    }
 }
 
 fn pull_a2a_bytes_from_env() -> Result<usize> {
@@ -2942,7 +3005,7 @@ mod tests {
             (offset_of!(Check, slots), offset_of!(Check, err)),
             (8 * SIG_WORDS, 8 * SIG_WORDS + 8)
         );
-        assert_eq!(struct_fields(coll, "rshmemi_ll"), vec![u, u, p]);
+        assert_eq!(struct_fields(coll, "rshmemi_ll"), vec![u, u, p, u]);
         assert_eq!(
             (
                 offset_of!(LlArg, lines),

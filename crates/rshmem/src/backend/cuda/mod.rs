@@ -669,6 +669,13 @@ impl CudaBackend {
         })
     }
 
+    /// Whether no other PE of the world runs on this PE's GPU (by ordinal, so PEs of other
+    /// processes numbering GPUs differently count as sharing it: the safe side).
+    pub(crate) fn gpu_alone(&self) -> bool {
+        let mine = self.ordinals[self.me];
+        self.ordinals.iter().filter(|&&o| o == mine).count() == 1
+    }
+
     /// The device state every module loaded for this PE gets.
     pub(crate) fn state(&self) -> DeviceState {
         DeviceState::new(
