@@ -63,7 +63,7 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_EARLY_LAUNCH",
-        "CUDA collectives: 0 = the LL and pull kernels let the next kernel launch only at their end, even where a PE has its GPU to itself (measurement knob), default 1",
+        "CUDA collectives: 0 = the LL all_reduce kernel lets the next kernel launch only at its end, even where a PE has its GPU to itself (measurement knob), default 1",
     ),
     (
         "RSHMEM_CUDA_COLL_LL_THREADS",

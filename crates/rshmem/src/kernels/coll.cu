@@ -303,7 +303,8 @@ struct rshmemi_ll {
 // kernel on its stream launch as soon as it starts (rshmemi_ll_begin): that kernel's blocks wait
 // in rshmemi_grid_dep_wait until this one has ended, and its launch no longer follows this
 // kernel's end. (With PEs sharing the GPU the trigger waits for the end of the waits for
-// peers, rshmemi_ll_end: blocks waiting there could hold SMs a peer's kernel needs.)
+// peers, rshmemi_ll_end: blocks waiting there could hold SMs a peer's kernel needs.) The host
+// sets it for the LL all_reduce and reduce_scatter only (GpuColl::ll_early).
 #define RSHMEMI_LL_EARLY_LAUNCH 1ull
 
 __device__ __forceinline__ void rshmemi_ll_store(rshmem_u64* p, rshmem_u64 v, unsigned flag) {

@@ -567,8 +567,8 @@ pub struct GpuColl<'a> {
     ll_thread_lines: usize,
     /// Threads per block of the LL kernels (`RSHMEM_CUDA_COLL_LL_THREADS`).
     ll_threads: u32,
-    /// `rshmemi_ll::flags` of every LL and pull call: LL_EARLY_LAUNCH where no other PE uses
-    /// this GPU (unless `RSHMEM_CUDA_COLL_EARLY_LAUNCH=0`).
+    /// `rshmemi_ll::flags` of the LL all_reduce and reduce_scatter calls (`ll_early`):
+    /// LL_EARLY_LAUNCH where no other PE uses this GPU (unless `RSHMEM_CUDA_COLL_EARLY_LAUNCH=0`).
     ll_flags: u64,
     /// Most blocks of the pull kernels (`RSHMEM_CUDA_COLL_PULL_BLOCKS`).
     pull_blocks: u32,
@@ -1078,8 +1078,20 @@ impl<'a> GpuColl<'a> {
             area: self.g.ptr(area).ok()? + (slot * per_slot) as u64,
             lines: ll_lines(region) as u64,
             done: done.ptr + (slot * ll_notes(self.n_pes) * 4) as u64,
-            flags: self.ll_flags,
+            flags: 0,
         })
+    }
+
+    /// `ll` with LL_EARLY_LAUNCH where this PE has its GPU alone: for the LL all_reduce and
+    /// reduce_scatter kernel only. 2x H100, graph, same call, early against late launch:
+    /// all_reduce 8 B 2.75-2.83 against 3.00-3.01 us, 64 KiB 3.80-3.81 against 3.88-3.94,
+    /// 256 KiB 5.01-5.19 against 5.31-5.33; the LL data kernels lost with it (all_to_all
+    /// 64 KiB 4.45-4.48 against 4.22-4.28) and the pull kernels did not move.
+    fn ll_early(&self, ll: LlArg) -> LlArg {
+        LlArg {
+            flags: self.ll_flags,
+            ..ll
+        }
     }
 
     /// The LL argument when an all_reduce of `bytes` on `dt` runs the LL way: the message
@@ -1855,6 +1867,7 @@ impl<'a> GpuColl<'a> {
             dt,
         );
         if let Some(ll) = self.ll_arg(dt, bytes, algo) {
+            let ll = self.ll_early(ll);
             // An LL call names no algorithm (its LL mark does).
             let ck = self.ll_check(dt, CallSig { algo: None, ..sig })?;
             let lf = self.ll_func::<T>(op)?;
@@ -1950,6 +1963,7 @@ impl<'a> GpuColl<'a> {
         let es = std::mem::size_of::<T>();
         let part = mul(count, es)?;
         if let Some(ll) = self.ll_a2a_arg(dt, part) {
+            let ll = self.ll_early(ll);
             // The LL all_reduce kernel, each member's part pushed to that member only; in
             // place the result goes to this member's block.
             let lf = self.ll_func::<T>(op)?;
@@ -2306,39 +2320,46 @@ fn block_bytes_from_env(name: &str, default: usize) -> Result<usize> {
     Ok(v)
 }
 
-/// `RSHMEM_CUDA_COLL_LL_THREAD_LINES` (1 to `LL_LINES_PER_THREAD`), else `LL_THREAD_LINES`.
-fn thread_lines_from_env() -> Result<usize> {
-    let name = "RSHMEM_CUDA_COLL_LL_THREAD_LINES";
-    let v = crate::coll::env_size(name)?.unwrap_or(LL_THREAD_LINES);
-    if !(1..=LL_LINES_PER_THREAD).contains(&v) {
-        return Err(Error::invalid(format!(
-            "{name}={v}: 1 to {LL_LINES_PER_THREAD} lines"
-        )));
+/// A measurement knob from `name`: `default` when unset, an error naming the variable and
+/// `what` when the value is not a size or `ok` refuses it.
+fn knob_from_env(
+    name: &str,
+    default: usize,
+    ok: impl Fn(usize) -> bool,
+    what: &str,
+) -> Result<usize> {
+    let v = crate::coll::env_size(name)?.unwrap_or(default);
+    if !ok(v) {
+        return Err(Error::invalid(format!("{name}={v}: {what}")));
     }
     Ok(v)
 }
 
+/// `RSHMEM_CUDA_COLL_LL_THREAD_LINES` (1 to `LL_LINES_PER_THREAD`), else `LL_THREAD_LINES`.
+fn thread_lines_from_env() -> Result<usize> {
+    knob_from_env(
+        "RSHMEM_CUDA_COLL_LL_THREAD_LINES",
+        LL_THREAD_LINES,
+        |v| (1..=LL_LINES_PER_THREAD).contains(&v),
+        "1 to 4 lines",
+    )
+}
+
 /// `RSHMEM_CUDA_COLL_LL_THREADS` (a multiple of 32 from 32 to 1024), else `LL_THREADS`.
 fn ll_threads_from_env() -> Result<u32> {
-    let name = "RSHMEM_CUDA_COLL_LL_THREADS";
-    let v = crate::coll::env_size(name)?.unwrap_or(LL_THREADS as usize);
-    if !(32..=1024).contains(&v) || v % 32 != 0 {
-        return Err(Error::invalid(format!(
-            "{name}={v}: a multiple of 32 from 32 to 1024"
-        )));
-    }
+    let v = knob_from_env(
+        "RSHMEM_CUDA_COLL_LL_THREADS",
+        LL_THREADS as usize,
+        |v| (32..=1024).contains(&v) && v % 32 == 0,
+        "a multiple of 32 from 32 to 1024",
+    )?;
     Ok(v as u32)
 }
 
 /// `RSHMEM_CUDA_COLL_EARLY_LAUNCH` (0 or 1; default 1).
 fn early_launch_from_env() -> Result<bool> {
-    match crate::coll::env_size("RSHMEM_CUDA_COLL_EARLY_LAUNCH")? {
-        None | Some(1) => Ok(true),
-        Some(0) => Ok(false),
-        Some(v) => Err(Error::invalid(format!(
-            "RSHMEM_CUDA_COLL_EARLY_LAUNCH={v}: 0 or 1"
-        ))),
-    }
+    let v = knob_from_env("RSHMEM_CUDA_COLL_EARLY_LAUNCH", 1, |v| v <= 1, "0 or 1")?;
+    Ok(v == 1)
 }
 
 fn pull_a2a_bytes_from_env() -> Result<usize> {
@@ -2495,6 +2516,43 @@ mod tests {
             me,
             in_place,
             chunk: usize::MAX,
+        }
+    }
+
+    #[test]
+    fn measurement_knobs_are_checked() {
+        // A variable of this test alone (no other test reads it).
+        const V: &str = "TEST_RSHMEMI_COLL_KNOB";
+        std::env::remove_var(V);
+        let lines = |v: usize| (1..=LL_LINES_PER_THREAD).contains(&v);
+        let threads = |v: usize| (32..=1024).contains(&v) && v % 32 == 0;
+        assert_eq!(knob_from_env(V, LL_THREAD_LINES, lines, "x").unwrap(), 1);
+        assert_eq!(knob_from_env(V, 256, threads, "x").unwrap(), 256);
+        for (v, l, t) in [
+            ("1", Some(1), None),
+            ("4", Some(4), None),
+            ("5", None, None),
+            ("0", None, None),
+            ("64", None, Some(64)),
+            ("1024", None, Some(1024)),
+            ("1K", None, Some(1024)),
+            ("100", None, None),
+            ("2048", None, None),
+            ("many", None, None),
+        ] {
+            std::env::set_var(V, v);
+            let (a, b) = (
+                knob_from_env(V, 1, lines, "lines"),
+                knob_from_env(V, 256, threads, "threads"),
+            );
+            std::env::remove_var(V);
+            for (got, want) in [(a, l), (b, t)] {
+                match (got, want) {
+                    (Ok(got), Some(want)) => assert_eq!(got, want, "{v}"),
+                    (Err(Error::InvalidArgument(m)), None) => assert!(m.contains(V), "{v}: {m}"),
+                    (other, want) => panic!("{v}: {other:?}, want {want:?}"),
+                }
+            }
         }
     }
 
@@ -3010,9 +3068,10 @@ mod tests {
             (
                 offset_of!(LlArg, lines),
                 offset_of!(LlArg, done),
+                offset_of!(LlArg, flags),
                 size_of::<LlArg>()
             ),
-            (8, 16, 24)
+            (8, 16, 24, 32)
         );
         assert!(coll.contains(&format!(
             "#define RSHMEMI_LL_MAX_MEMBERS {LL_MAX_MEMBERS}\n"
