@@ -2350,7 +2350,7 @@ fn ll_threads_from_env() -> Result<u32> {
     let v = knob_from_env(
         "RSHMEM_CUDA_COLL_LL_THREADS",
         LL_THREADS as usize,
-        |v| (32..=1024).contains(&v) && v % 32 == 0,
+        |v| (32..=1024).contains(&v) && v.is_multiple_of(32),
         "a multiple of 32 from 32 to 1024",
     )?;
     Ok(v as u32)
@@ -2525,7 +2525,7 @@ mod tests {
         const V: &str = "TEST_RSHMEMI_COLL_KNOB";
         std::env::remove_var(V);
         let lines = |v: usize| (1..=LL_LINES_PER_THREAD).contains(&v);
-        let threads = |v: usize| (32..=1024).contains(&v) && v % 32 == 0;
+        let threads = |v: usize| (32..=1024).contains(&v) && v.is_multiple_of(32);
         assert_eq!(knob_from_env(V, LL_THREAD_LINES, lines, "x").unwrap(), 1);
         assert_eq!(knob_from_env(V, 256, threads, "x").unwrap(), 256);
         for (v, l, t) in [
