@@ -2303,21 +2303,19 @@ impl PullLimit {
 /// the LL all_reduce kernel's, `RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`: the LL data kernel's,
 /// `RSHMEM_CUDA_COLL_PULL_BLOCKS`: the pull kernels'), 1 to 1024, else `default`.
 fn blocks_from_env(name: &str, default: u32) -> Result<u32> {
-    let v = crate::coll::env_size(name)?.unwrap_or(default as usize);
-    if !(1..=1024).contains(&v) {
-        return Err(Error::invalid(format!("{name}={v}: 1 to 1024 blocks")));
-    }
-    Ok(v as u32)
+    let ok = |v| (1..=1024).contains(&v);
+    Ok(knob_from_env(name, default as usize, ok, "1 to 1024 blocks")? as u32)
 }
 
 /// A pull kernel's bytes per block from `name` (measurement knobs), 16 bytes to 1 GiB, else
 /// `default`.
 fn block_bytes_from_env(name: &str, default: usize) -> Result<usize> {
-    let v = crate::coll::env_size(name)?.unwrap_or(default);
-    if !(16..=1 << 30).contains(&v) {
-        return Err(Error::invalid(format!("{name}={v}: 16 bytes to 1G")));
-    }
-    Ok(v)
+    knob_from_env(
+        name,
+        default,
+        |v| (16..=1 << 30).contains(&v),
+        "16 bytes to 1G",
+    )
 }
 
 /// A measurement knob from `name`: `default` when unset, an error naming the variable and
@@ -2341,7 +2339,7 @@ fn thread_lines_from_env() -> Result<usize> {
         "RSHMEM_CUDA_COLL_LL_THREAD_LINES",
         LL_THREAD_LINES,
         |v| (1..=LL_LINES_PER_THREAD).contains(&v),
-        "1 to 4 lines",
+        &format!("1 to {LL_LINES_PER_THREAD} lines"),
     )
 }
 
@@ -2519,6 +2517,16 @@ mod tests {
         }
     }
 
+    /// A knob's value `got` for the setting `v` of variable `var`: `want`, or an error naming
+    /// the variable where `want` is None.
+    fn expect_knob(got: Result<usize>, want: Option<usize>, var: &str, v: &str) {
+        match (got, want) {
+            (Ok(got), Some(want)) => assert_eq!(got, want, "{v}"),
+            (Err(Error::InvalidArgument(m)), None) => assert!(m.contains(var), "{v}: {m}"),
+            (other, want) => panic!("{v}: {other:?}, want {want:?}"),
+        }
+    }
+
     #[test]
     fn measurement_knobs_are_checked() {
         // A variable of this test alone (no other test reads it).
@@ -2546,13 +2554,8 @@ mod tests {
                 knob_from_env(V, 256, threads, "threads"),
             );
             std::env::remove_var(V);
-            for (got, want) in [(a, l), (b, t)] {
-                match (got, want) {
-                    (Ok(got), Some(want)) => assert_eq!(got, want, "{v}"),
-                    (Err(Error::InvalidArgument(m)), None) => assert!(m.contains(V), "{v}: {m}"),
-                    (other, want) => panic!("{v}: {other:?}, want {want:?}"),
-                }
-            }
+            expect_knob(a, l, V, v);
+            expect_knob(b, t, V, v);
         }
     }
 
@@ -2575,16 +2578,8 @@ mod tests {
             std::env::set_var(V, v);
             let (a, b) = (block_bytes_from_env(V, 1), blocks_from_env(V, 1));
             std::env::remove_var(V);
-            match (a, bytes) {
-                (Ok(got), Some(want)) => assert_eq!(got, want, "{v}"),
-                (Err(Error::InvalidArgument(m)), None) => assert!(m.contains(V), "{v}: {m}"),
-                (other, want) => panic!("bytes {v}: {other:?}, want {want:?}"),
-            }
-            match (b, blocks) {
-                (Ok(got), Some(want)) => assert_eq!(got, want, "{v}"),
-                (Err(Error::InvalidArgument(m)), None) => assert!(m.contains(V), "{v}: {m}"),
-                (other, want) => panic!("blocks {v}: {other:?}, want {want:?}"),
-            }
+            expect_knob(a, bytes, V, &format!("bytes {v}"));
+            expect_knob(b.map(|b| b as usize), blocks, V, &format!("blocks {v}"));
         }
     }
 
