@@ -30,6 +30,14 @@ const MORE_VARS: &[(&str, &str)] = &[
         "perf, CUDA: blocks per SM of the bulk copies, default 2",
     ),
     (
+        "RSHMEM_BENCH_CHUNK",
+        "perf, CUDA: device put/get in pieces of this many bytes taken by the blocks in turn (a multiple of 16), default 64K (0: a contiguous share per block)",
+    ),
+    (
+        "RSHMEM_BENCH_BULK_CHUNK",
+        "perf, CUDA: the same for the bulk copies (a multiple of the 8 KiB bulk stage), default 64K",
+    ),
+    (
         "RSHMEM_CUDA_COLL_LL_BYTES",
         "CUDA collectives: largest all_reduce and broadcast of the LL paths (no barrier waits), default 512K (less when their area would pass 1/16 of the heap; 0 = off)",
     ),
@@ -59,11 +67,11 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_LL_A2A_BLOCKS",
-        "CUDA collectives: most blocks of the LL data kernel (measurement knob), default 64",
+        "CUDA collectives: most blocks of the LL data kernel (measurement knob; an all_to_all of more than two lines per thread on them takes up to twice as many), default 64",
     ),
     (
         "RSHMEM_CUDA_COLL_EARLY_LAUNCH",
-        "CUDA collectives: 0 = the LL all_reduce kernel lets the next kernel launch only at its end, even where a PE has its GPU to itself (measurement knob), default 1",
+        "CUDA collectives: 0 = the LL kernels let the next kernel launch only at their end, even where a PE has its GPU to itself (measurement knob), default 1",
     ),
     (
         "RSHMEM_CUDA_COLL_LL_THREADS",

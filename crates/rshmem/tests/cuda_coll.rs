@@ -1405,6 +1405,77 @@ fn pull_graph(pe: &Pe, c: &Ctx<'_>, push: bool) -> Result<()> {
     pe.free(src)
 }
 
+/// The LL flag of a pair does not come back: an LL all_to_all of 256 KiB shares, then 32767
+/// LL calls of one element per pair (replays of a captured graph), then the large call again
+/// with new data, PE 1 entering it 5 ms after PE 0. The former flag (16 bits of the barrier
+/// expectation, 15 of the pair's sequence; `-DRSHMEMI_LL_FLAG_15=1` in
+/// `RSHMEM_CUDA_COLL_NVRTC_OPTS` builds it again) was the same at the 32768th call: PE 0 took
+/// the header and lines PE 1 had left from the first large call for this one's, so its dst
+/// held the first call's data.
+fn ll_flag_body(pe: &Pe) -> Result<()> {
+    let (w, me, n) = (pe.world_team(), pe.my_pe(), pe.n_pes());
+    let g = CudaPe::new(pe)?;
+    let coll = GpuColl::with_ll_bytes(g, CollConfig::default(), 256 << 10)?;
+    let s = g.stream()?;
+    const BIG: usize = 64 << 10; // f32 per pair: 256 KiB shares
+    let src = pe.alloc::<f32>(n * BIG)?;
+    let dst = pe.alloc::<f32>(n * BIG)?;
+    let one_src = pe.alloc::<f32>(n)?;
+    let one_dst = pe.alloc::<f32>(n)?;
+    assert!(coll.all_to_all_uses_ll(w, n * BIG * 4));
+    assert!(coll.all_to_all_uses_ll(w, n * 4));
+    let all: Vec<usize> = (0..n).collect();
+    let big = |seed: u64| -> Result<()> {
+        pe.local_fill(&dst, f32::poison())?;
+        pe.local_write(&src, 0, &f32::gen(me, seed, n * BIG, ReduceOp::Sum))?;
+        pe.barrier_all()?;
+        if me == 1 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        coll.all_to_all(&s, w, &dst, &src, BIG)?;
+        s.synchronize()?;
+        coll.check_errors()?;
+        check(
+            &pe.local_vec(&dst)?,
+            &a2a_want::<f32>(&all, me, seed, BIG),
+            &format!("LL all_to_all of seed {seed} (PE {me})"),
+        );
+        pe.barrier_all()
+    };
+    big(70)?;
+    pe.local_fill(&one_src, 1.0)?;
+    pe.barrier_all()?;
+    // 7 replays of 4681 calls: 32767 LL calls of the pair between the two large ones.
+    let graph = capture(&s, || {
+        for _ in 0..4681 {
+            coll.all_to_all(&s, w, &one_dst, &one_src, 1)?;
+        }
+        Ok(())
+    })?;
+    for _ in 0..7 {
+        graph.launch(&s)?;
+    }
+    s.synchronize()?;
+    coll.check_errors()?;
+    check(
+        &pe.local_vec(&one_dst)?,
+        &vec![1.0f32; n],
+        &format!("one-element calls (PE {me})"),
+    );
+    drop(graph);
+    big(71)?;
+    pe.free(one_dst)?;
+    pe.free(one_src)?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_ll_flag_does_not_come_back() {
+    on_gpus(2, ll_flag_body);
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_coll_pull_all_to_all() {

@@ -304,7 +304,8 @@ struct rshmemi_ll {
 // in rshmemi_grid_dep_wait until this one has ended, and its launch no longer follows this
 // kernel's end. (With PEs sharing the GPU the trigger waits for the end of the waits for
 // peers, rshmemi_ll_end: blocks waiting there could hold SMs a peer's kernel needs.) The host
-// sets it for the LL all_reduce and reduce_scatter only (GpuColl::ll_early).
+// sets it for the LL all_reduce / reduce_scatter kernel and the LL data kernels, not for the
+// pull kernels (GpuColl::ll_early).
 #define RSHMEMI_LL_EARLY_LAUNCH 1ull
 
 __device__ __forceinline__ void rshmemi_ll_store(rshmem_u64* p, rshmem_u64 v, unsigned flag) {
@@ -431,12 +432,22 @@ __device__ void rshmemi_ll_stamps_print(const char* what, rshmem_u64 n, const lo
 #define RSHMEMI_LL_SKIP_VERDICT 0
 #endif
 
-// The flag of a pair's LL call: the low 16 bits of the barrier expectation each keeps for the
-// other (moved by barrier-based calls, and by the padding of a mismatch) and the low 15 bits
-// of the pair's LL sequence (moved by every LL call both ran); bit 15 set, so never 0 (the
-// area's initial contents).
+// The flag of a pair's LL call: the low 31 bits of the sum of the barrier expectation each
+// keeps for the other (moved by barrier-based calls, and by the padding of a mismatch) and the
+// pair's LL sequence (moved by every LL call both ran); bit 31 set, so never 0 (the area's
+// initial contents). Neither ever goes down and the sequence moves at every LL call, so the sum
+// grows with every call: a line left in the area by an earlier call (a larger one, whose lines
+// this call does not write) never carries this call's flag within 2^31 calls of the pair. (The
+// former flag, 16 bits of the expectation beside 15 of the sequence, came back after 32768 LL
+// calls without a barrier-based one: a call as large as one 32768 calls before it took that
+// call's stale lines for its own. RSHMEMI_LL_FLAG_15 1, a compile option for the test that
+// shows it, builds that flag again.)
+#ifndef RSHMEMI_LL_FLAG_15
+#define RSHMEMI_LL_FLAG_15 0
+#endif
 __device__ __forceinline__ unsigned rshmemi_ll_flag(rshmem_u64 exp, unsigned seq) {
-    return ((unsigned)(exp & 0xffff) << 16) | 0x8000u | (seq & 0x7fffu);
+    if (RSHMEMI_LL_FLAG_15) return ((unsigned)(exp & 0xffff) << 16) | 0x8000u | (seq & 0x7fffu);
+    return 0x80000000u | (((unsigned)exp + seq) & 0x7fffffffu);
 }
 
 // A wait's check every 256th spin: true when an earlier wait gave up, or this one has waited
@@ -1209,6 +1220,9 @@ __device__ __forceinline__ void rshmemi_ll_move_st(char* d, rshmem_u64 nb, rshme
 
 // RSHMEMI_LL_MOVE_PRELOAD 0 (a compile option for measurements): the LL data kernels of word
 // shares load their first lines to send only after rshmemi_ll_begin (see rshmemi_ll_move).
+#ifndef RSHMEMI_LL_MOVE_BATCHES
+#define RSHMEMI_LL_MOVE_BATCHES 1
+#endif
 #ifndef RSHMEMI_LL_MOVE_PRELOAD
 #define RSHMEMI_LL_MOVE_PRELOAD 1
 #endif
@@ -1220,11 +1234,10 @@ __device__ __forceinline__ void rshmemi_ll_move_st(char* d, rshmem_u64 nb, rshme
 // slower with it). The lines taken from members are waited for only after the verdicts: waiting
 // for the first batch beside them (as the LL all_reduce does in a call of one block) measured
 // slower, 1 MiB 7.21-7.27 -> 7.64-7.68 us (every thread polling while the lines still stream in).
-template <int KIND, bool WORDS>
+template <int KIND, bool WORDS, int U>
 __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshmem_u64 nb, const rshmem_team& team,
                                                 const rshmemi_check& ck, const rshmemi_ll& ll, int root,
                                                 rshmemi_ll_shared& S) {
-    const int U = RSHMEMI_LL_A2A_U;
     const bool a2a = KIND == RSHMEMI_LL_A2A, bcast = KIND == RSHMEMI_LL_BCAST;
     const int me = team.my_index, N = team.size;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
@@ -1311,6 +1324,12 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
 // instance of rshmemi_ll_move each, so none carries the others' code and registers (one kernel
 // for all six measured slower at 8 bytes). words: whole 8-byte words at 8-byte aligned
 // addresses (nb a multiple of 8; the host checks).
+// Each kernel runs the batch (lines per thread at once) its call needs: 1 where every thread
+// has at most one line, 2 or 4 up to two or four, else RSHMEMI_LL_A2A_U. The code of a larger batch is
+// executed even where its lines are absent (predicated), and it cost: 2x H100, graph,
+// all_to_all 64 KiB (a line per thread) 4.31-4.34 us with batches of 8, 3.85-3.91 with 2;
+// 1 MiB (four lines per thread) 6.97-7.06 with 8, 6.70-6.77 with 4.
+// RSHMEMI_LL_MOVE_BATCHES 0 (a compile option for measurements): batches of 1 only.
 #define RSHMEMI_LL_MOVE_KERNEL(KN, K, SN, W)                                                              \
     extern "C" __global__ void rshmemi_coll_ll_move_##KN##_##SN(char* dst, const char* src, rshmem_u64 nb, \
                                                                 rshmem_team team, rshmemi_check ck,       \
@@ -1318,7 +1337,16 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
         __shared__ rshmemi_ll_shared S;                                                                   \
         rshmemi_grid_dep_wait();                                                                          \
         if (RSHMEMI_LL_NOP) return;                                                                       \
-        rshmemi_ll_move<K, W>(dst, src, nb, team, ck, ll, (int)root, S);                                  \
+        const rshmem_u64 per = ((nb + 7) / 8 + (rshmem_u64)gridDim.x * blockDim.x - 1) /                  \
+                               ((rshmem_u64)gridDim.x * blockDim.x);                                      \
+        if (!RSHMEMI_LL_MOVE_BATCHES || per <= 1)                                                         \
+            rshmemi_ll_move<K, W, 1>(dst, src, nb, team, ck, ll, (int)root, S);                           \
+        else if (per <= 2)                                                                                \
+            rshmemi_ll_move<K, W, 2>(dst, src, nb, team, ck, ll, (int)root, S);                           \
+        else if (per <= 4)                                                                                \
+            rshmemi_ll_move<K, W, 4>(dst, src, nb, team, ck, ll, (int)root, S);                           \
+        else                                                                                              \
+            rshmemi_ll_move<K, W, RSHMEMI_LL_A2A_U>(dst, src, nb, team, ck, ll, (int)root, S);            \
     }
 RSHMEMI_LL_MOVE_KERNEL(a2a, RSHMEMI_LL_A2A, words, true)
 RSHMEMI_LL_MOVE_KERNEL(a2a, RSHMEMI_LL_A2A, bytes, false)

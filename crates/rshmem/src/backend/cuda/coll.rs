@@ -292,6 +292,20 @@ const LL_THREAD_LINES: usize = 1;
 /// 2x H200, graph replay, 32 against 64 blocks: all_to_all 1 MiB 7.62 against 7.26 us,
 /// all_gather 1 MiB 7.90 against 7.33 (128: 7.42 and 7.63).
 const LL_A2A_MAX_BLOCKS: u32 = 64;
+/// An LL all_to_all of more than two lines per thread on that many blocks spreads over up to
+/// twice as many, two lines per thread (each kernel runs the batch its lines need, `coll.cu`).
+/// 2x H100, graph replay, early launch, 64 against 128 blocks: 1 MiB 6.69 against 6.45-6.55 us;
+/// 512 KiB (two lines per thread on 64) 4.97-5.00 against 5.19-5.31, so not below. The
+/// all_gather (1 MiB 6.56-6.62 against 6.59-6.63) and the broadcast (512 KiB 5.45-5.46 against
+/// 5.59-5.60) keep 64.
+fn ll_a2a_grid_cap(lines: usize, threads: u32, cap: u32) -> u32 {
+    let per_two = lines.div_ceil(2 * threads as usize);
+    if per_two > cap as usize {
+        per_two.min(2 * cap as usize) as u32
+    } else {
+        cap
+    }
+}
 /// The LL data kernels' kinds (`RSHMEMI_LL_A2A`, `RSHMEMI_LL_GATHER`, `RSHMEMI_LL_BCAST`):
 /// the rows of `f_ll_move`.
 const MOVE_A2A: usize = 0;
@@ -567,7 +581,7 @@ pub struct GpuColl<'a> {
     ll_thread_lines: usize,
     /// Threads per block of the LL kernels (`RSHMEM_CUDA_COLL_LL_THREADS`).
     ll_threads: u32,
-    /// `rshmemi_ll::flags` of the LL all_reduce and reduce_scatter calls (`ll_early`):
+    /// `rshmemi_ll::flags` of the LL calls (`ll_early`):
     /// LL_EARLY_LAUNCH where no other PE uses this GPU (unless `RSHMEM_CUDA_COLL_EARLY_LAUNCH=0`).
     ll_flags: u64,
     /// Most blocks of the pull kernels (`RSHMEM_CUDA_COLL_PULL_BLOCKS`).
@@ -1082,11 +1096,15 @@ impl<'a> GpuColl<'a> {
         })
     }
 
-    /// `ll` with LL_EARLY_LAUNCH where this PE has its GPU alone: for the LL all_reduce and
-    /// reduce_scatter kernel only. 2x H100, graph, same call, early against late launch:
-    /// all_reduce 8 B 2.75-2.83 against 3.00-3.01 us, 64 KiB 3.80-3.81 against 3.88-3.94,
-    /// 256 KiB 5.01-5.19 against 5.31-5.33; the LL data kernels lost with it (all_to_all
-    /// 64 KiB 4.45-4.48 against 4.22-4.28) and the pull kernels did not move.
+    /// `ll` with LL_EARLY_LAUNCH where this PE has its GPU alone: for the LL kernels (the
+    /// all_reduce and reduce_scatter kernel, the data kernels), not the pull kernels (they did
+    /// not move with it). 2x H100, graph, same call, early against late launch: all_reduce 8 B
+    /// 2.75-2.83 against 3.00-3.01 us, 64 KiB 3.80-3.81 against 3.88-3.94, 256 KiB 5.01-5.19
+    /// against 5.31-5.33. The data kernels lost with it at first (all_to_all 64 KiB 4.45-4.48
+    /// against 4.22-4.28); since each runs only the batch its lines need they gain: all_to_all
+    /// 8 B 3.35-3.43 against 3.46-3.51, 512 KiB 4.97-5.00 against 5.10-5.17, 1 MiB 6.69
+    /// against 6.82-6.83, all_gather 1 MiB 6.56-6.62 against 6.67-6.70, broadcast 8 B
+    /// 3.07-3.09 against 3.12-3.24 (64 KiB within 0.1 us either way).
     fn ll_early(&self, ll: LlArg) -> LlArg {
         LlArg {
             flags: self.ll_flags,
@@ -1139,16 +1157,23 @@ impl<'a> GpuColl<'a> {
     ) -> Result<()> {
         let ck = self.ll_check(dt, sig)?;
         // A thread per line up to the most blocks (as measured: more blocks beat batches
-        // here), then batches of RSHMEMI_LL_A2A_U lines per thread.
+        // here), then more lines per thread (the kernel picks its batch from the grid); an
+        // all_to_all past two lines per thread on them spreads further (ll_a2a_grid_cap).
         let lines = nb.div_ceil(8);
         let words = nb.is_multiple_of(8) && (dst | src).is_multiple_of(8);
         let f = self.f_ll_move[kind][usize::from(!words)];
         let extra = Some(root as u64);
+        let ll = self.ll_early(ll);
+        let cap = if kind == MOVE_A2A {
+            ll_a2a_grid_cap(lines, self.ll_threads, self.ll_a2a_blocks)
+        } else {
+            self.ll_a2a_blocks
+        };
         self.ll_launch(
             s,
             f,
             (dst, src, nb),
-            (lines, self.ll_a2a_blocks, self.ll_threads),
+            (lines, cap, self.ll_threads),
             dt,
             ck,
             ll,
@@ -1266,7 +1291,7 @@ impl<'a> GpuColl<'a> {
 
     /// Whether an all_to_all of `bytes` (all shares) on `team` between 4096-aligned buffers
     /// runs the LL way (what the benchmarks report).
-    pub(crate) fn all_to_all_uses_ll(&self, team: &Team, bytes: usize) -> bool {
+    pub fn all_to_all_uses_ll(&self, team: &Team, bytes: usize) -> bool {
         self.g.device_team(team).is_ok_and(|dt| {
             let share = bytes / (dt.size.max(1) as usize);
             share * dt.size as usize == bytes && self.ll_a2a_arg(dt, share).is_some()
@@ -2557,6 +2582,27 @@ mod tests {
             expect_knob(a, l, V, v);
             expect_knob(b, t, V, v);
         }
+    }
+
+    #[test]
+    fn ll_a2a_grid_spreads_past_two_lines_per_thread() {
+        // 256 threads, a cap of 64 blocks: a line per thread up to 64 blocks (16384 lines),
+        // two per thread up to 32768 lines on 64 blocks, then more blocks at two per thread up
+        // to 128, then more lines per thread.
+        for (lines, cap) in [
+            (1, 64),
+            (16384, 64),
+            (32768, 64),
+            (32769, 65),
+            (65536, 128),
+            (1 << 20, 128),
+        ] {
+            assert_eq!(ll_a2a_grid_cap(lines, 256, 64), cap, "{lines} lines");
+        }
+        // The knob's cap scales it: on a cap of 1 block, 600 lines take 2 (twice the cap at
+        // most), 512 lines (two per thread) stay on 1.
+        assert_eq!(ll_a2a_grid_cap(600, 256, 1), 2);
+        assert_eq!(ll_a2a_grid_cap(512, 256, 1), 1);
     }
 
     #[test]

@@ -501,7 +501,7 @@ fn ll_pe(me: usize, mem: &LlMem, calls: &[Vec<u64>]) -> Vec<u64> {
         } else {
             let pull = mine & PULL_BIT != 0;
             let flag: Vec<u64> = (0..n)
-                .map(|p| (bar.exp[p] & 0xffff) << 16 | 0x8000 | (seq[p] & 0x7fff))
+                .map(|p| 0x8000_0000 | (bar.exp[p].wrapping_add(seq[p]) & 0x7fff_ffff))
                 .collect();
             if pull {
                 // Releases what the stream wrote into src before the call.
