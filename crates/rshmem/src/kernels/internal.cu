@@ -67,30 +67,47 @@ extern "C" __global__ void rshmemi_take_error(rshmem_u64* out) {
 
 // ----- benchmarks and their baselines -----
 
-// Block-scope put of `n` bytes split over the grid: block b moves its contiguous share.
-extern "C" __global__ void rshmemi_bench_put(char* dest, const char* src, rshmem_u64 n, int pe) {
-    rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;
-    rshmem_u64 lo = per * blockIdx.x;
-    if (lo >= n) return;
-    rshmem_u64 len = (n - lo) < per ? (n - lo) : per;
-    rshmem_putmem_nbi_block(dest + lo, src + lo, len, pe);
+// Block-scope put of `n` bytes split over the grid: chunk 0, block b moves its contiguous share;
+// else the range in pieces of `chunk` bytes (a multiple of 16), block b taking pieces b,
+// b + gridDim.x, ... (every block inside one moving window of the range).
+#define RSHMEMI_BENCH_PIECES(CALL)                                                   \
+    if (chunk == 0) {                                                                \
+        rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;                            \
+        rshmem_u64 lo = per * blockIdx.x;                                            \
+        if (lo >= n) return;                                                         \
+        rshmem_u64 len = (n - lo) < per ? (n - lo) : per;                            \
+        CALL;                                                                        \
+        return;                                                                      \
+    }                                                                                \
+    for (rshmem_u64 lo = blockIdx.x * chunk; lo < n; lo += (rshmem_u64)gridDim.x * chunk) { \
+        rshmem_u64 len = (n - lo) < chunk ? (n - lo) : chunk;                        \
+        CALL;                                                                        \
+    }
+extern "C" __global__ void rshmemi_bench_put(char* dest, const char* src, rshmem_u64 n, int pe, rshmem_u64 chunk) {
+    RSHMEMI_BENCH_PIECES(rshmem_putmem_nbi_block(dest + lo, src + lo, len, pe))
 }
-extern "C" __global__ void rshmemi_bench_get(char* dest, const char* src, rshmem_u64 n, int pe) {
-    rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;
-    rshmem_u64 lo = per * blockIdx.x;
-    if (lo >= n) return;
-    rshmem_u64 len = (n - lo) < per ? (n - lo) : per;
-    rshmem_getmem_nbi_block(dest + lo, src + lo, len, pe);
+extern "C" __global__ void rshmemi_bench_get(char* dest, const char* src, rshmem_u64 n, int pe, rshmem_u64 chunk) {
+    RSHMEMI_BENCH_PIECES(rshmem_getmem_nbi_block(dest + lo, src + lo, len, pe))
 }
-// The same with the bulk-copy engine (TMA) of each block.
-extern "C" __global__ void rshmemi_bench_put_bulk(char* dest, const char* src, rshmem_u64 n, int pe) {
+#undef RSHMEMI_BENCH_PIECES
+// The same with the bulk-copy engine (TMA) of each block; chunk > 0 a multiple of
+// RSHMEMI_BULK_CHUNK (the pieces go through one pipeline per block, not one per piece).
+extern "C" __global__ void rshmemi_bench_put_bulk(char* dest, const char* src, rshmem_u64 n, int pe, rshmem_u64 chunk) {
+    if (chunk > 0) {
+        rshmemi_bulk_copy_pieces(rshmem_ptr(dest, pe), src, n, chunk, blockIdx.x, gridDim.x);
+        return;
+    }
     rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;
     rshmem_u64 lo = per * blockIdx.x;
     if (lo >= n) return;
     rshmem_u64 len = (n - lo) < per ? (n - lo) : per;
     rshmemi_bulk_copy_block(rshmem_ptr(dest + lo, pe), src + lo, len);
 }
-extern "C" __global__ void rshmemi_bench_get_bulk(char* dest, const char* src, rshmem_u64 n, int pe) {
+extern "C" __global__ void rshmemi_bench_get_bulk(char* dest, const char* src, rshmem_u64 n, int pe, rshmem_u64 chunk) {
+    if (chunk > 0) {
+        rshmemi_bulk_copy_pieces(dest, rshmem_ptr(src, pe), n, chunk, blockIdx.x, gridDim.x);
+        return;
+    }
     rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;
     rshmem_u64 lo = per * blockIdx.x;
     if (lo >= n) return;

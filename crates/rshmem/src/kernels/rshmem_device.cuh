@@ -282,26 +282,41 @@ __device__ __forceinline__ void rshmemi_syncwarp() {
 // One thread of the block drives a ring of shared-memory stages: bulk loads (global → shared,
 // completing on an mbarrier) and bulk stores (shared → global), two stores in flight. `d`, `s`
 // and `n` must be multiples of 16. Every thread of the block calls; returns when the stores are
-// complete.
+// complete. The stage count and size are compile options (RSHMEMI_BULK_STAGES ×
+// RSHMEMI_BULK_CHUNK bytes of static shared memory, at most 48 KiB).
+#ifndef RSHMEMI_BULK_STAGES
 #define RSHMEMI_BULK_STAGES 4
+#endif
+#ifndef RSHMEMI_BULK_CHUNK
 #define RSHMEMI_BULK_CHUNK 8192
+#endif
 
 __device__ __forceinline__ unsigned rshmemi_smem(const void* p) {
     unsigned a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a;
 }
 
-__device__ __forceinline__ void rshmemi_bulk_copy_block(void* d, const void* s, size_t_rshmem n) {
+// Where stage chunk k of a block's copy starts in [0, n): piece 0, the block's range whole
+// (chunk after chunk); else pieces of `piece` bytes (a multiple of RSHMEMI_BULK_CHUNK) first,
+// first + step, first + 2·step, ... (blocks taking the pieces of one range in turn).
+__device__ __forceinline__ size_t_rshmem rshmemi_bulk_off(size_t_rshmem k, size_t_rshmem piece, size_t_rshmem first,
+                                                          size_t_rshmem step) {
+    if (piece == 0) return k * RSHMEMI_BULK_CHUNK;
+    const size_t_rshmem cpp = piece / RSHMEMI_BULK_CHUNK;
+    return (first + (k / cpp) * step) * piece + (k % cpp) * RSHMEMI_BULK_CHUNK;
+}
+
+__device__ __forceinline__ void rshmemi_bulk_copy_pieces(void* d, const void* s, size_t_rshmem n, size_t_rshmem piece,
+                                                         size_t_rshmem first, size_t_rshmem step) {
 #if __CUDA_ARCH__ >= 900
     __shared__ __align__(128) char buf[RSHMEMI_BULK_STAGES][RSHMEMI_BULK_CHUNK];
     __shared__ __align__(8) rshmem_u64 bar[RSHMEMI_BULK_STAGES];
-    if (rshmemi_tid() == 0 && n > 0) {
-        size_t_rshmem nch = (n + RSHMEMI_BULK_CHUNK - 1) / RSHMEMI_BULK_CHUNK;
+    if (rshmemi_tid() == 0 && rshmemi_bulk_off(0, piece, first, step) < n) {
         for (int i = 0; i < RSHMEMI_BULK_STAGES; i++)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(rshmemi_smem(&bar[i])) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         #define RSHMEMI_BULK_LOAD(k)                                                                  \
         {                                                                                              \
-            size_t_rshmem k_ = (k), off_ = k_ * RSHMEMI_BULK_CHUNK;                                    \
+            size_t_rshmem k_ = (k), off_ = rshmemi_bulk_off(k_, piece, first, step);                   \
             unsigned len_ = (unsigned)((n - off_) < RSHMEMI_BULK_CHUNK ? (n - off_) : RSHMEMI_BULK_CHUNK); \
             unsigned b_ = rshmemi_smem(&bar[k_ % RSHMEMI_BULK_STAGES]);                                \
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b_), "r"(len_) : "memory"); \
@@ -309,20 +324,22 @@ __device__ __forceinline__ void rshmemi_bulk_copy_block(void* d, const void* s, 
                          :: "r"(rshmemi_smem(buf[k_ % RSHMEMI_BULK_STAGES])), "l"((const char*)s + off_), \
                             "r"(len_), "r"(b_) : "memory");                                            \
         }
-        for (size_t_rshmem k = 0; k < nch && k < RSHMEMI_BULK_STAGES; k++) RSHMEMI_BULK_LOAD(k)
-        for (size_t_rshmem k = 0; k < nch; k++) {
+        for (size_t_rshmem k = 0; k < RSHMEMI_BULK_STAGES && rshmemi_bulk_off(k, piece, first, step) < n; k++)
+            RSHMEMI_BULK_LOAD(k)
+        for (size_t_rshmem k = 0;; k++) {
+            const size_t_rshmem off = rshmemi_bulk_off(k, piece, first, step);
+            if (off >= n) break;
             unsigned st = (unsigned)(k % RSHMEMI_BULK_STAGES), phase = (unsigned)((k / RSHMEMI_BULK_STAGES) & 1);
             unsigned ok = 0;
             do {
                 asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
                              : "=r"(ok) : "r"(rshmemi_smem(&bar[st])), "r"(phase) : "memory");
             } while (!ok);
-            size_t_rshmem off = k * RSHMEMI_BULK_CHUNK;
             unsigned len = (unsigned)((n - off) < RSHMEMI_BULK_CHUNK ? (n - off) : RSHMEMI_BULK_CHUNK);
             asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
                          :: "l"((char*)d + off), "r"(rshmemi_smem(buf[st])), "r"(len) : "memory");
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-            if (k >= 1 && k - 1 + RSHMEMI_BULK_STAGES < nch) {
+            if (k >= 1 && rshmemi_bulk_off(k - 1 + RSHMEMI_BULK_STAGES, piece, first, step) < n) {
                 asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
                 RSHMEMI_BULK_LOAD(k - 1 + RSHMEMI_BULK_STAGES)
             }
@@ -335,9 +352,20 @@ __device__ __forceinline__ void rshmemi_bulk_copy_block(void* d, const void* s, 
     }
     __syncthreads();
 #else
-    rshmemi_copy(d, s, n, rshmemi_tid(), rshmemi_nthreads());
+    if (piece == 0) {
+        rshmemi_copy(d, s, n, rshmemi_tid(), rshmemi_nthreads());
+    } else {
+        for (size_t_rshmem p = first; p * piece < n; p += step) {
+            const size_t_rshmem len = (n - p * piece) < piece ? (n - p * piece) : piece;
+            rshmemi_copy((char*)d + p * piece, (const char*)s + p * piece, len, rshmemi_tid(), rshmemi_nthreads());
+        }
+    }
     __syncthreads();
 #endif
+}
+
+__device__ __forceinline__ void rshmemi_bulk_copy_block(void* d, const void* s, size_t_rshmem n) {
+    rshmemi_bulk_copy_pieces(d, s, n, 0, 0, 1);
 }
 
 // ----- untyped put/get (bytes) -----

@@ -119,6 +119,24 @@ pub(super) fn time_graph(
     Ok(t / iters as f64)
 }
 
+/// A piece size of the device put/get benchmarks (`name`, bytes, a multiple of 16; default
+/// 64 KiB, 0 for a contiguous share per block).
+fn bench_chunk(name: &str) -> Result<usize> {
+    let v = match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| Error::invalid(format!("{name}={v:?}: not a number of bytes")))?,
+        Err(_) => 64 * 1024,
+    };
+    if !v.is_multiple_of(16) {
+        return Err(Error::invalid(format!(
+            "{name}={v}: must be a multiple of 16"
+        )));
+    }
+    Ok(v)
+}
+
 /// Runs the CUDA benchmarks (collective over every PE; PE 0 and PE 1 take part, the others
 /// only synchronise). The heap must hold two buffers of the largest size. Returns PE 0's
 /// records (other PEs return an empty list).
@@ -179,33 +197,46 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
         let grid = (g.sm_count() * env("RSHMEM_BENCH_BLOCKS_PER_SM", 8)) as u32;
         let threads = env("RSHMEM_BENCH_THREADS", 512).min(1024) as u32;
         let bulk_grid = (g.sm_count() * env("RSHMEM_BENCH_BULK_BLOCKS_PER_SM", 2)) as u32;
+        // RSHMEM_BENCH_CHUNK / RSHMEM_BENCH_BULK_CHUNK (bytes; default 64 KiB, 0 = a
+        // contiguous share per block): the blocks take pieces of this size in turn, every
+        // block inside one moving window of the buffer. The SM one a multiple of 16, the bulk
+        // one of the bulk stage size (8 KiB unless RSHMEM_BENCH_NVRTC_OPTS sets
+        // RSHMEMI_BULK_CHUNK). 2x H100, 1 GiB, against cuMemcpyPeerAsync: contiguous shares
+        // put / get 0.912 / 0.925 (SM), 0.740 / 0.726 (bulk); 64 KiB pieces 0.935 / 0.944 (SM),
+        // 0.941 / 0.944 (bulk); 256 KiB and 1 MiB pieces the same at 1 GiB, worse below 64 MiB.
+        let chunk = bench_chunk("RSHMEM_BENCH_CHUNK")?;
+        let bulk_chunk = bench_chunk("RSHMEM_BENCH_BULK_CHUNK")?;
         for &n in sizes {
             let iters = if n >= 64 << 20 { 10 } else { 100 };
             let ce_put = time_stream(&g, &s, iters, || g.copy_raw_on_stream(&s, peer_dst, sp, n))?;
             let ce_get = time_stream(&g, &s, iters, || g.copy_raw_on_stream(&s, dp, peer_src, n))?;
-            let blocks = grid.min(n.div_ceil(16 * 1024).max(1) as u32);
-            let args_put = [
-                KernelArg::Ptr(dp),
-                KernelArg::Ptr(sp),
-                KernelArg::U64(n as u64),
-                KernelArg::I32(1),
-            ];
+            let blocks = grid.min(n.div_ceil(chunk.max(16 * 1024)).max(1) as u32);
+            let args = |c: usize| {
+                [
+                    KernelArg::Ptr(dp),
+                    KernelArg::Ptr(sp),
+                    KernelArg::U64(n as u64),
+                    KernelArg::I32(1),
+                    KernelArg::U64(c as u64),
+                ]
+            };
+            let (args_put, args_bulk) = (args(chunk), args(bulk_chunk));
             // SAFETY (both launches): the arguments match rshmemi_bench_put/get
-            // (char*, const char*, u64, int) and the buffers hold `n` bytes on both PEs.
+            // (char*, const char*, u64, int, u64) and the buffers hold `n` bytes on both PEs.
             let t_put = time_stream(&g, &s, iters, || unsafe {
                 g.launch(&k_put, &s, blocks, threads, 0, &args_put)
             })?;
             let t_get = time_stream(&g, &s, iters, || unsafe {
                 g.launch(&k_get, &s, blocks, threads, 0, &args_put)
             })?;
-            let bulk_blocks = bulk_grid.min(n.div_ceil(64 * 1024).max(1) as u32);
+            let bulk_blocks = bulk_grid.min(n.div_ceil(bulk_chunk.max(64 * 1024)).max(1) as u32);
             // SAFETY (both launches): rshmemi_bench_put_bulk/get_bulk take the same arguments
             // as the kernels above; sizes are multiples of 16.
             let t_put_bulk = time_stream(&g, &s, iters, || unsafe {
-                g.launch(&k_put_bulk, &s, bulk_blocks, 32, 0, &args_put)
+                g.launch(&k_put_bulk, &s, bulk_blocks, 32, 0, &args_bulk)
             })?;
             let t_get_bulk = time_stream(&g, &s, iters, || unsafe {
-                g.launch(&k_get_bulk, &s, bulk_blocks, 32, 0, &args_put)
+                g.launch(&k_get_bulk, &s, bulk_blocks, 32, 0, &args_bulk)
             })?;
             let t_stream = time_stream(&g, &s, iters, || {
                 g.put_on_stream(&s, &dst, 0, &src, 0, n, 1)
