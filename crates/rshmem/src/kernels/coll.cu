@@ -295,8 +295,8 @@ RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
 struct rshmemi_ll {
     rshmem_u64 area;   // this PE's LL area of the team's slot (symmetric): [2 halves][source world PE][lines] x 16 B
     rshmem_u64 lines;  // lines per (half, source member)
-    unsigned* done;    // private, per slot: [0] block counter (the last block resets it),
-                       // [1 + world PE] the pair's LL sequence (its parity: the half written next)
+    unsigned* done;    // private, per slot: [0] and [1] block counters (rshmemi_ll_end),
+                       // [2 + world PE] the pair's LL sequence (its parity: the half written next)
     rshmem_u64 flags;  // RSHMEMI_LL_EARLY_LAUNCH
 };
 // rshmemi_ll::flags: this PE has its GPU to itself, so the kernel lets the next (dependent)
@@ -391,6 +391,11 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
 #endif
 // RSHMEMI_LL_BEGIN_WEAK 0 (measurements): rshmemi_ll_begin reads the pair sequences, the
 // expectations and the error word with volatile loads, not plain ones.
+// RSHMEMI_LL_ARRIVALS 0 (measurements): the former end of an LL call of several blocks (see
+// rshmemi_ll_end). Also the default where RSHMEMI_LL_STAMPS 2 runs rshmemi_ll_begin twice.
+#ifndef RSHMEMI_LL_ARRIVALS
+#define RSHMEMI_LL_ARRIVALS (RSHMEMI_LL_STAMPS != 2)
+#endif
 #ifndef RSHMEMI_LL_BEGIN_WEAK
 #define RSHMEMI_LL_BEGIN_WEAK 1
 #endif
@@ -643,7 +648,7 @@ __device__ __forceinline__ void rshmemi_ll_begin(rshmemi_ll_shared& S, const rsh
     }
     for (int i = threadIdx.x; i < N; i += blockDim.x) {
         const int pe = rshmemi_member(team, i);
-        const unsigned seq = RSHMEMI_LL_BEGIN_WEAK ? ll.done[1 + pe] : ((volatile unsigned*)ll.done)[1 + pe];
+        const unsigned seq = RSHMEMI_LL_BEGIN_WEAK ? ll.done[2 + pe] : ((volatile unsigned*)ll.done)[2 + pe];
         const rshmem_u64 e = RSHMEMI_LL_BEGIN_WEAK ? exp[pe] : *(volatile const rshmem_u64*)(exp + pe);
         S.peer[i].seq = seq;
         S.peer[i].flag = rshmemi_ll_flag(e, seq);
@@ -654,6 +659,10 @@ __device__ __forceinline__ void rshmemi_ll_begin(rshmemi_ll_shared& S, const rsh
     if (blockIdx.x == 0 && threadIdx.x == 0) S.stamp_b = clock64();
 #endif
     __syncthreads();
+    // This block has read the sequences (rshmemi_ll_end: block 0 moves them only after every
+    // block's arrival here). Relaxed: the reads have returned their values.
+    if (RSHMEMI_LL_ARRIVALS && gridDim.x > 1 && threadIdx.x == 0)
+        asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ll.done) : "memory");
 }
 
 // Line l to member j (the pair's flag is the same on both sides).
@@ -704,23 +713,68 @@ __device__ __forceinline__ void rshmemi_ll_verdicts(rshmemi_ll_shared& S, const 
     }
 }
 
-// After every thread's verdict work: -1 (gave up, now or before) wins over 1.
-__device__ __forceinline__ void rshmemi_ll_resolve(rshmemi_ll_shared& S, int N) {
+// After every thread's verdict work: -1 (gave up, now or before) wins over 1. Returns, in
+// block 0's thread 0 of a grid of several blocks, the load of the begin arrivals that
+// rshmemi_ll_end uses (issued here, long before its end needs it: by now every block has
+// usually begun); 0 elsewhere.
+__device__ __forceinline__ unsigned rshmemi_ll_resolve(rshmemi_ll_shared& S, int N, const rshmemi_ll& ll) {
     __syncthreads();
-    if (threadIdx.x == 0)
+    unsigned began = 0;
+    if (threadIdx.x == 0) {
+        if (RSHMEMI_LL_ARRIVALS && gridDim.x > 1 && blockIdx.x == 0)
+            asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(began) : "l"(ll.done) : "memory");
         for (int i = 0; i < N; i++)
             if (S.kind[i] < 0) S.verdict = -1;
+    }
     __syncthreads();
+    return began;
 }
 
-// The last block to finish (the only one when there is one: no counter): the pair
-// sequences, and after a mismatch its record, the slot clearing and the padding.
+// Block 0 (RSHMEMI_LL_ARRIVALS; else the last block to finish; the only one when there is
+// one: no counter): the pair sequences, and after a mismatch its record, the slot clearing and
+// the padding. `began`: rshmemi_ll_resolve's load.
+// Arrivals: every block adds 1 to done[0] once it has read the sequences (rshmemi_ll_begin)
+// and 1 to done[1] here (after a fence when its verdict is against the call: its slot reads
+// come before the clearing). Every block but 0 then leaves at once. Block 0 waits for all
+// begin arrivals (the common case: no block reads a sequence after it is moved; the load was
+// issued at the resolve, so it has usually returned with all of them) or, when its verdict is
+// against the call, for all end arrivals; then it takes gridDim.x off each counter (atomics:
+// arrivals still on their way do not matter) and finishes. Before, every block's thread 0
+// waited for an atomic's return and the last block finished: 830-910 cycles at the end of a
+// call of several blocks against 330-440 for one block (2x H100, the stamps).
+// RSHMEMI_LL_ARRIVALS 0 (a compile option for measurements): that former protocol.
 __device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck, const rshmemi_ll& ll,
-                               rshmem_u64* exp, rshmem_u64 row) {
+                               rshmem_u64* exp, rshmem_u64 row, unsigned began) {
     const unsigned tid = threadIdx.x, nth = blockDim.x;
     const int me = team.my_index, N = team.size;
     __syncthreads();
-    if (gridDim.x > 1) {
+    if (RSHMEMI_LL_ARRIVALS && gridDim.x > 1) {
+        if (tid == 0) {
+            if (S.verdict != 0) __threadfence();
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ll.done + 1) : "memory");
+        }
+        if (blockIdx.x != 0) return;
+        if (tid == 0) {
+            const unsigned* w = S.verdict == 0 ? ll.done : ll.done + 1;
+            unsigned n = S.verdict == 0 ? began : 0;
+            // Only this grid's blocks are waited for (not a peer, not the error word): a
+            // block that never came is a timeout naming no PE.
+            rshmem_u64 t0 = 0;
+            for (unsigned spins = 1; n != gridDim.x; spins++) {
+                asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(n) : "l"(w) : "memory");
+                if (n == gridDim.x || (spins & 255) != 0) continue;
+                if (t0 == 0) t0 = rshmemi_now();
+                else if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                    rshmemi_flag_timeout(-1);
+                    break;
+                }
+            }
+            if (S.verdict != 0) __threadfence();
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(ll.done), "r"(0u - gridDim.x) : "memory");
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(ll.done + 1), "r"(0u - gridDim.x) : "memory");
+        }
+        __syncthreads();
+    } else if (gridDim.x > 1) {
         if (tid == 0) {
             // After a mismatch: this block's verdict (its slot reads) before the last block's
             // slot clearing. Nothing to order otherwise (each block uses its own verdict).
@@ -740,7 +794,7 @@ __device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, co
         // sequence as every block read it in rshmemi_ll_begin (no block moves it before the
         // last one gets here), so no load before the store.
         for (int i = tid; i < N; i += nth)
-            if (i != me) ll.done[1 + rshmemi_member(team, i)] = S.peer[i].seq + 1;
+            if (i != me) ll.done[2 + rshmemi_member(team, i)] = S.peer[i].seq + 1;
         return;
     }
     if (tid == 0) { S.syncs = 0; S.bad = 0x7fffffff; }
@@ -786,7 +840,7 @@ __device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, co
             exp[pe] = exp[pe] + S.syncs;
             rshmemi_red_add_release(rshmemi_sync(pe) + rshmem_dstate.sync_bar + row + rshmem_dstate.my_pe, S.syncs);
         } else {
-            ll.done[1 + pe] += 1;
+            ll.done[2 + pe] += 1;
         }
     }
 }
@@ -873,7 +927,7 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
     const bool first = !early || (gt < dl && S.verdict == 0 &&
                                   rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, gt, gn, dl, me, team, S.peer, abort));
     RSHMEMI_LL_STAMP(st, 4);
-    rshmemi_ll_resolve(S, N);
+    const unsigned began = rshmemi_ll_resolve(S, N, ll);
     RSHMEMI_LL_STAMP(st, 5);
     if (S.verdict == 0 && first && gt < dl &&
         (early || rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, gt, gn, dl, me, team, S.peer, abort))) {
@@ -886,7 +940,7 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
         }
     }
     RSHMEMI_LL_STAMP(st, 7);
-    rshmemi_ll_end(S, team, ck, ll, exp, row);
+    rshmemi_ll_end(S, team, ck, ll, exp, row, began);
 #if RSHMEMI_LL_STAMPS
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         st[8] = clock64();
@@ -946,13 +1000,13 @@ __device__ __forceinline__ void rshmemi_pull_done(const rshmemi_ll_shared& S, co
 // header), the LL begin, the header to every other member, every member's verdict (with an
 // acquire when `acquire`: the reads of members' src that follow see what they wrote before
 // their headers), resolved.
-__device__ __forceinline__ void rshmemi_pull_handshake(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck,
-                                                       const rshmemi_ll& ll, rshmem_u64* exp, bool acquire) {
+__device__ __forceinline__ unsigned rshmemi_pull_handshake(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck,
+                                                           const rshmemi_ll& ll, rshmem_u64* exp, bool acquire) {
     if (rshmemi_ll_header_word() < RSHMEMI_SIG_WORDS) asm volatile("fence.acq_rel.sys;" ::: "memory");
     rshmemi_ll_begin(S, team, ll, exp);
     rshmemi_ll_push_header(S, team, ck);
     rshmemi_ll_verdicts(S, team, ck, acquire);
-    rshmemi_ll_resolve(S, team.size);
+    return rshmemi_ll_resolve(S, team.size, ll);
 }
 
 // `len` 16-byte vectors from s to d by the block, eight loads in flight per thread.
@@ -1103,7 +1157,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     for (int i = tid; i < N; i += nth)
         from[i] = (const rshmemi_v4*)(i == me ? (const void*)src : rshmem_ptr((const void*)src, rshmemi_member(team, i)));
-    rshmemi_pull_handshake(S, team, ck, ll, exp, true);
+    const unsigned began = rshmemi_pull_handshake(S, team, ck, ll, exp, true);
     if (push && N == 2) {
         if (S.verdict == 0) rshmemi_pair_push_all_reduce<T, A, OP>((rshmemi_v4*)dst, (const rshmemi_v4*)src, n / V, team, S);
     } else if (S.verdict == 0) {
@@ -1142,7 +1196,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
         }
         rshmemi_pull_done(S, team, b);
     }
-    rshmemi_ll_end(S, team, ck, ll, exp, row);
+    rshmemi_ll_end(S, team, ck, ll, exp, row, began);
 }
 
 // One line per thread (small messages): the batch of one, whose fewer registers and checks
@@ -1220,6 +1274,17 @@ __device__ __forceinline__ void rshmemi_ll_move_st(char* d, rshmem_u64 nb, rshme
 
 // RSHMEMI_LL_MOVE_PRELOAD 0 (a compile option for measurements): the LL data kernels of word
 // shares load their first lines to send only after rshmemi_ll_begin (see rshmemi_ll_move).
+// Shares of this many bytes or more: the LL data kernels copy this PE's own share first, then
+// take the members' lines from the next member on, so the copy runs while those lines are still
+// on their way; smaller shares go in team order (this PE's own in its place among them).
+// 2x H100, graph, same call, own first against team order: all_to_all 1 MiB 6.22 against
+// 6.44-6.47 us, 256 KiB 4.09-4.11 against 4.21-4.23, all_gather 1 MiB 6.29-6.34 against
+// 6.55-6.57; but all_to_all 8 B 3.56-3.66 against 3.34-3.35 and 64 KiB (32 KiB shares)
+// 4.07-4.09 against 3.91, all_gather 64 KiB 4.03 against 3.86-3.92. (A compile option for
+// measurements: 0 always own first, a large value never.)
+#ifndef RSHMEMI_LL_OWN_FIRST_BYTES
+#define RSHMEMI_LL_OWN_FIRST_BYTES (128u << 10)
+#endif
 #ifndef RSHMEMI_LL_MOVE_BATCHES
 #define RSHMEMI_LL_MOVE_BATCHES 1
 #endif
@@ -1284,13 +1349,16 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
     rshmemi_ll_verdicts(S, team, ck);
     if (RSHMEMI_LL_STAMPS && blockIdx.x == 0 && threadIdx.x == blockDim.x - 32) vt = clock64();
     RSHMEMI_LL_STAMP(st, 3);
-    rshmemi_ll_resolve(S, N);
+    const unsigned began = rshmemi_ll_resolve(S, N, ll);
     RSHMEMI_LL_STAMP(st, 4);
     if (S.verdict == 0) {
         bool lost = false;
+        const bool own_first = nb >= RSHMEMI_LL_OWN_FIRST_BYTES;
         for (rshmem_u64 l0 = gt; l0 < dl && !lost; l0 += U * gn) {
-            // Every member's lines (this PE's own from src), batch by batch.
-            for (int i = 0; i < N && !lost; i++) {
+            // Every member's lines (this PE's own from src), batch by batch; shares of
+            // RSHMEMI_LL_OWN_FIRST_BYTES or more this PE's own first (see there).
+            for (int k = 0; k < N && !lost; k++) {
+                const int i = own_first ? (me + k) % N : k;
                 if (bcast && i != root) continue;
                 rshmem_u64 v[U];
                 if (i == me) {
@@ -1310,7 +1378,7 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
         }
     }
     RSHMEMI_LL_STAMP(st, 5);
-    rshmemi_ll_end(S, team, ck, ll, exp, row);
+    rshmemi_ll_end(S, team, ck, ll, exp, row, began);
 #if RSHMEMI_LL_STAMPS
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         st[6] = clock64();
@@ -1415,7 +1483,7 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
         from[k] = i == me ? s : (const rshmemi_v4*)rshmem_ptr(s, rshmemi_member(team, i));
         to[k] = i == me ? d : (rshmemi_v4*)rshmem_ptr((void*)d, rshmemi_member(team, i));
     }
-    rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
+    const unsigned began = rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
     if (S.verdict == 0) {
         const rshmem_u64 c = (w + gridDim.x - 1) / gridDim.x, lo = (rshmem_u64)b * c;
         const rshmem_u64 len = lo < w ? (w - lo < c ? w - lo : c) : 0;
@@ -1428,7 +1496,7 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
         }
         rshmemi_pull_done(S, team, b, stores);
     }
-    rshmemi_ll_end(S, team, ck, ll, exp, row);
+    rshmemi_ll_end(S, team, ck, ll, exp, row, began);
 }
 
 // Vectors per step of a chain broadcast block: an eighth of its part, 16 to 64 KiB (compile
@@ -1489,7 +1557,7 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     if (tid == 0) lost = 0;
-    rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
+    const unsigned began = rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
     if (S.verdict == 0) {
         const int pos = (me - r + N) % N, up = chain ? (me + N - 1) % N : r, down = (me + 1) % N;
         const rshmemi_v4* s = pos == 0               ? src
@@ -1523,7 +1591,7 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
             }
         rshmemi_pull_done(S, team, b);
     }
-    rshmemi_ll_end(S, team, ck, ll, exp, row);
+    rshmemi_ll_end(S, team, ck, ll, exp, row, began);
 }
 
 // ----- copies: every Copy step of one phase in one launch -----

@@ -428,10 +428,10 @@ fn ll_sizes_from_env(heap: usize, n_pes: usize) -> Result<LlSizes> {
     })
 }
 
-/// Private u32 words per LL slot: the block counter, then the half this PE writes next into
-/// each world PE's area.
+/// Private u32 words per LL slot: the two block counters (`rshmemi_ll_end`), then the half
+/// this PE writes next into each world PE's area.
 fn ll_notes(n_pes: usize) -> usize {
-    1 + n_pes
+    2 + n_pes
 }
 
 /// Lines of one (half, source) LL region for messages up to `bytes`: the signature, then 8
@@ -3241,7 +3241,7 @@ mod tests {
         assert_eq!(ll_lines(64 << 10), 6 + 8192);
         assert_eq!(ll_area_bytes(64 << 10, 2, 4), Some(4 * 2 * 2 * 8198 * 16));
         assert_eq!(ll_area_bytes(usize::MAX / 4, 2, 4), None);
-        assert_eq!(ll_notes(72), 73);
+        assert_eq!(ll_notes(72), 74);
     }
 
     #[test]
