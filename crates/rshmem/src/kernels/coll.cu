@@ -1272,8 +1272,6 @@ __device__ __forceinline__ void rshmemi_ll_move_st(char* d, rshmem_u64 nb, rshme
     else rshmemi_ll_unpack(d, nb, l, v);
 }
 
-// RSHMEMI_LL_MOVE_PRELOAD 0 (a compile option for measurements): the LL data kernels of word
-// shares load their first lines to send only after rshmemi_ll_begin (see rshmemi_ll_move).
 // Shares of this many bytes or more: the LL data kernels copy this PE's own share first, then
 // take the members' lines from the next member on, so the copy runs while those lines are still
 // on their way; smaller shares go in team order (this PE's own in its place among them).
@@ -1288,6 +1286,8 @@ __device__ __forceinline__ void rshmemi_ll_move_st(char* d, rshmem_u64 nb, rshme
 #ifndef RSHMEMI_LL_MOVE_BATCHES
 #define RSHMEMI_LL_MOVE_BATCHES 1
 #endif
+// RSHMEMI_LL_MOVE_PRELOAD 0 (a compile option for measurements): the LL data kernels of word
+// shares load their first lines to send only after rshmemi_ll_begin (see rshmemi_ll_move).
 #ifndef RSHMEMI_LL_MOVE_PRELOAD
 #define RSHMEMI_LL_MOVE_PRELOAD 1
 #endif
