@@ -391,11 +391,6 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
 #endif
 // RSHMEMI_LL_BEGIN_WEAK 0 (measurements): rshmemi_ll_begin reads the pair sequences, the
 // expectations and the error word with volatile loads, not plain ones.
-// RSHMEMI_LL_ARRIVALS 0 (measurements): the former end of an LL call of several blocks (see
-// rshmemi_ll_end). Also the default where RSHMEMI_LL_STAMPS 2 runs rshmemi_ll_begin twice.
-#ifndef RSHMEMI_LL_ARRIVALS
-#define RSHMEMI_LL_ARRIVALS (RSHMEMI_LL_STAMPS != 2)
-#endif
 #ifndef RSHMEMI_LL_BEGIN_WEAK
 #define RSHMEMI_LL_BEGIN_WEAK 1
 #endif
@@ -407,6 +402,11 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
 // previous call's end (device printf).
 #ifndef RSHMEMI_LL_STAMPS
 #define RSHMEMI_LL_STAMPS 0
+#endif
+// RSHMEMI_LL_ARRIVALS 0 (measurements): the former end of an LL call of several blocks (see
+// rshmemi_ll_end). Also the default where RSHMEMI_LL_STAMPS 2 runs rshmemi_ll_begin twice.
+#ifndef RSHMEMI_LL_ARRIVALS
+#define RSHMEMI_LL_ARRIVALS (RSHMEMI_LL_STAMPS != 2)
 #endif
 #if RSHMEMI_LL_STAMPS
 __device__ unsigned long long rshmemi_stamp_prev_end;

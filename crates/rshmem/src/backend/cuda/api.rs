@@ -662,7 +662,7 @@ impl<'a> CudaPe<'a> {
     /// (the device header's `griddepcontrol.wait`) before it touches anything earlier work on
     /// `s` writes. Its blocks wait there holding their SMs: where PEs share the GPU, the
     /// previous kernel must trigger (`rshmemi_grid_dep_launch()`) only once it no longer waits
-    /// for other PEs, or they could starve each other (rshmem's LL all_reduce triggers at its
+    /// for other PEs, or they could starve each other (rshmem's LL kernels trigger at their
     /// start where the PE has its GPU to itself).
     ///
     /// # Safety

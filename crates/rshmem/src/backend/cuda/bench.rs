@@ -119,16 +119,10 @@ pub(super) fn time_graph(
     Ok(t / iters as f64)
 }
 
-/// A piece size of the device put/get benchmarks (`name`, bytes, a multiple of 16; default
-/// 64 KiB, 0 for a contiguous share per block).
+/// A piece size of the device put/get benchmarks (`name`, a size such as 64K, a multiple of
+/// 16; default 64 KiB, 0 for a contiguous share per block).
 fn bench_chunk(name: &str) -> Result<usize> {
-    let v = match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse::<usize>()
-            .map_err(|_| Error::invalid(format!("{name}={v:?}: not a number of bytes")))?,
-        Err(_) => 64 * 1024,
-    };
+    let v = crate::coll::env_size(name)?.unwrap_or(64 << 10);
     if !v.is_multiple_of(16) {
         return Err(Error::invalid(format!(
             "{name}={v}: must be a multiple of 16"
