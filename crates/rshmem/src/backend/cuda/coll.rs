@@ -687,6 +687,8 @@ impl<'a> GpuColl<'a> {
         for n in &names {
             funcs.insert(n.clone(), module.func(n)?);
         }
+        let ll_threads = ll_threads_from_env()?;
+        ll_threads_fit(&funcs, ll_threads)?;
         let b = g.backend();
         let own = RawStream::new(&b.gpu)?;
         // Every team slot of the job (the configured teams and the stream barrier's).
@@ -769,7 +771,7 @@ impl<'a> GpuColl<'a> {
             ll_a2a_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_A2A_BLOCKS", LL_A2A_MAX_BLOCKS)?,
             ll_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_BLOCKS", LL_MAX_BLOCKS)?,
             ll_thread_lines: thread_lines_from_env()?,
-            ll_threads: ll_threads_from_env()?,
+            ll_threads,
             ll_flags: if g.gpu_alone() && early_launch_from_env()? {
                 LL_EARLY_LAUNCH
             } else {
@@ -2377,6 +2379,28 @@ fn ll_threads_from_env() -> Result<u32> {
         "a multiple of 32 from 32 to 1024",
     )?;
     Ok(v as u32)
+}
+
+/// Whether every LL kernel (`rshmemi_coll_ll_*`) can run blocks of `threads` threads: how many
+/// a kernel may have depends on its registers, so a `RSHMEM_CUDA_COLL_LL_THREADS` the kernels
+/// cannot launch with (1024 on sm_90) is refused here, naming the kernel, not at its first
+/// call's launch.
+fn ll_threads_fit(funcs: &HashMap<String, Func>, threads: u32) -> Result<()> {
+    let mut names: Vec<&String> = funcs
+        .keys()
+        .filter(|n| n.starts_with("rshmemi_coll_ll_"))
+        .collect();
+    names.sort();
+    for n in names {
+        let max = funcs[n].max_threads()?;
+        if max < threads {
+            return Err(Error::invalid(format!(
+                "RSHMEM_CUDA_COLL_LL_THREADS={threads}: kernel {n} runs at most {max} threads \
+                 per block on this GPU; use a multiple of 32 up to {max}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `RSHMEM_CUDA_COLL_EARLY_LAUNCH` (0 or 1; default 1).

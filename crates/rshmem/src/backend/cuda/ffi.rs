@@ -65,6 +65,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuLaunchKernel",
     "cuLaunchKernelEx",
     "cuFuncSetAttribute",
+    "cuFuncGetAttribute",
     "cuEventCreate",
     "cuEventRecord",
     "cuEventSynchronize",

@@ -367,6 +367,26 @@ unsafe impl Send for Func {}
 // SAFETY: as for Send.
 unsafe impl Sync for Func {}
 
+impl Func {
+    /// The most threads a block of this kernel may have (its registers and shared memory
+    /// decide), `cuFuncGetAttribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)`.
+    pub fn max_threads(&self) -> Result<u32> {
+        let mut v = 0i32;
+        // SAFETY: a function handle of a loaded module; writes one int.
+        check(
+            unsafe {
+                cu::cuFuncGetAttribute(
+                    &mut v,
+                    cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                    self.0,
+                )
+            },
+            "cuFuncGetAttribute",
+        )?;
+        Ok(v.max(0) as u32)
+    }
+}
+
 impl Module {
     pub fn load(gpu: &Arc<Gpu>, cubin: &[u8]) -> Result<Module> {
         let _g = gpu.bind()?;
