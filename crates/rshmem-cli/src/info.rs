@@ -75,7 +75,7 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_LL_THREADS",
-        "CUDA collectives: threads per block of the LL kernels (measurement knob, a multiple of 32 up to 1024), default 256",
+        "CUDA collectives: threads per block of the LL kernels (measurement knob, a multiple of 32 up to what every LL kernel launches with, 768 on H100/H200), default 256",
     ),
     (
         "RSHMEM_CUDA_COLL_LL_THREAD_LINES",
@@ -112,6 +112,10 @@ const MORE_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_EP_COMBINE_TOKENS",
         "CUDA MoE: how combine_tokens moves rows, auto (pull from 8 MiB per PE pair, else push), push or pull; alike on every PE",
+    ),
+    (
+        "RSHMEM_CUDA_EP_EARLY_LAUNCH",
+        "CUDA MoE: 0 = ep_layout and ep_dwait let their dependent kernel launch only after their waits for peers, even where a PE has its GPU to itself (measurement knob), default 1",
     ),
     (
         "RSHMEM_CUDA_EP_NVRTC_OPTS",
