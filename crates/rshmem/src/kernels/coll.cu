@@ -629,6 +629,7 @@ struct rshmemi_ll_shared {
     int bad;
 #if RSHMEMI_LL_STAMPS
     long long stamp_b;  // block 0's thread 0 when its begin loads are in
+    long long stamp_e[4];  // its rshmemi_ll_end: start, after the first barrier, the wait, the second barrier
 #endif
 };
 
@@ -747,7 +748,13 @@ __device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, co
                                rshmem_u64* exp, rshmem_u64 row, unsigned began) {
     const unsigned tid = threadIdx.x, nth = blockDim.x;
     const int me = team.my_index, N = team.size;
+#if RSHMEMI_LL_STAMPS
+    if (blockIdx.x == 0 && tid == 0) S.stamp_e[0] = clock64();
+#endif
     __syncthreads();
+#if RSHMEMI_LL_STAMPS
+    if (blockIdx.x == 0 && tid == 0) S.stamp_e[1] = S.stamp_e[2] = clock64();
+#endif
     if (RSHMEMI_LL_ARRIVALS && gridDim.x > 1) {
         if (tid == 0) {
             if (S.verdict != 0) __threadfence();
@@ -769,11 +776,17 @@ __device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, co
                     break;
                 }
             }
+#if RSHMEMI_LL_STAMPS
+            S.stamp_e[2] = clock64();
+#endif
             if (S.verdict != 0) __threadfence();
             asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(ll.done), "r"(0u - gridDim.x) : "memory");
             asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(ll.done + 1), "r"(0u - gridDim.x) : "memory");
         }
         __syncthreads();
+#if RSHMEMI_LL_STAMPS
+        if (tid == 0) S.stamp_e[3] = clock64();
+#endif
     } else if (gridDim.x > 1) {
         if (tid == 0) {
             // After a mismatch: this block's verdict (its slot reads) before the last block's
@@ -950,6 +963,13 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
             x[2] -= st[3];
         }
         rshmemi_ll_stamps_print("ar", n, st, 8, g0, vt, S.stamp_b, RSHMEMI_LL_STAMPS == 2 ? x : nullptr);
+        // A call of several blocks: its end's steps (the first barrier, block 0's wait for the
+        // begin arrivals with its own end arrival, the counters' reset and the second barrier,
+        // the rest), printed with the line above.
+        if (gridDim.x > 1 && rshmemi_stamp_calls % 32 == 0)
+            printf("ll_stamps ar end pe %d n %llu: barrier %lld wait %lld barrier %lld rest %lld\n", rshmem_dstate.my_pe,
+                   (unsigned long long)n, S.stamp_e[1] - S.stamp_e[0], S.stamp_e[2] - S.stamp_e[1],
+                   S.stamp_e[3] - S.stamp_e[2], st[8] - S.stamp_e[3]);
     }
 #endif
 }
