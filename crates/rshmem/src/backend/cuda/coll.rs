@@ -2386,21 +2386,31 @@ fn ll_threads_from_env() -> Result<u32> {
 /// cannot launch with (1024 on sm_90) is refused here, naming the kernel, not at its first
 /// call's launch.
 fn ll_threads_fit(funcs: &HashMap<String, Func>, threads: u32) -> Result<()> {
-    let mut names: Vec<&String> = funcs
-        .keys()
-        .filter(|n| n.starts_with("rshmemi_coll_ll_"))
-        .collect();
-    names.sort();
-    for n in names {
-        let max = funcs[n].max_threads()?;
-        if max < threads {
-            return Err(Error::invalid(format!(
-                "RSHMEM_CUDA_COLL_LL_THREADS={threads}: kernel {n} runs at most {max} threads \
-                 per block on this GPU; use a multiple of 32 up to {max}"
-            )));
+    let mut limits = Vec::new();
+    for (n, f) in funcs {
+        if n.starts_with("rshmemi_coll_ll_") {
+            limits.push((n.as_str(), f.max_threads()?));
         }
     }
-    Ok(())
+    ll_threads_within(limits, threads)
+}
+
+/// [`ll_threads_fit`] on (kernel, most threads per block) pairs: an error naming the kernel
+/// of the lowest limit (the first by name among equals) when `threads` exceeds it.
+fn ll_threads_within<'n>(
+    limits: impl IntoIterator<Item = (&'n str, u32)>,
+    threads: u32,
+) -> Result<()> {
+    let lowest = limits
+        .into_iter()
+        .min_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(b.0)));
+    match lowest {
+        Some((n, max)) if max < threads => Err(Error::invalid(format!(
+            "RSHMEM_CUDA_COLL_LL_THREADS={threads}: kernel {n} runs at most {max} threads \
+             per block on this GPU; use a multiple of 32 up to {max}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// `RSHMEM_CUDA_COLL_EARLY_LAUNCH` (0 or 1; default 1).
@@ -2606,6 +2616,23 @@ mod tests {
             expect_knob(a, l, V, v);
             expect_knob(b, t, V, v);
         }
+    }
+
+    #[test]
+    fn ll_threads_refused_past_a_kernels_limit() {
+        let limits = [
+            ("rshmemi_coll_ll_float_sum", 768),
+            ("rshmemi_coll_ll_bfloat16_max", 640),
+        ];
+        assert!(ll_threads_within(limits, 256).is_ok());
+        assert!(ll_threads_within(limits, 640).is_ok());
+        let e = ll_threads_within(limits, 768).unwrap_err().to_string();
+        assert!(e.contains("RSHMEM_CUDA_COLL_LL_THREADS=768"), "{e}");
+        assert!(
+            e.contains("rshmemi_coll_ll_bfloat16_max runs at most 640"),
+            "{e}"
+        );
+        assert!(ll_threads_within([], 1024).is_ok());
     }
 
     #[test]
