@@ -1908,6 +1908,12 @@ mod tests {
             .nth(1)
             .and_then(|b| b.split("};").next())
             .unwrap_or_else(|| panic!("struct {name}"));
+        // Line comments out first (a field's comment may span lines before it).
+        let body: String = body
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
         let mut out = Vec::new();
         for decl in body.split(';').map(str::trim).filter(|d| !d.is_empty()) {
             let decl = decl.split_whitespace().collect::<Vec<_>>().join(" ");
