@@ -114,10 +114,6 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA MoE: how combine_tokens moves rows, auto (pull from 8 MiB per PE pair, else push), push or pull; alike on every PE",
     ),
     (
-        "RSHMEM_CUDA_EP_EARLY_LAUNCH",
-        "CUDA MoE: 0 = ep_layout and ep_dwait let their dependent kernel launch only after their waits for peers, even where a PE has its GPU to itself (measurement knob), default 1",
-    ),
-    (
         "RSHMEM_CUDA_EP_NVRTC_OPTS",
         "CUDA MoE kernels: extra NVRTC options of their module (measurement switches, e.g. -DEP_STAMPS=1)",
     ),

@@ -31,10 +31,6 @@ struct ep_params {
     unsigned long long recv_x, recv_meta, comb, rec, sig, ctl, recv_cnt, expert_off, fill, tok_pos,
         row_src, tok_rows, acc;
     long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid;
-    // 1: this PE has its GPU to itself (RSHMEM_CUDA_EP_EARLY_LAUNCH not 0): ep_layout and
-    // ep_dwait let their dependent kernel launch at their start, not after their waits for
-    // peers (a dependent's blocks cannot then hold SMs another PE's kernels need).
-    long long early;
 };
 
 // EP_STAMPS 1 (a compile option for measurements, through RSHMEM_CUDA_EP_NVRTC_OPTS): clock
@@ -285,9 +281,6 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     rshmem_u64* sig = (rshmem_u64*)P->sig;
     rshmem_u64* ready = sig + 3 * n;
     if (invalid) T = 0;
-    // Alone on the GPU: ep_send may become resident now (it starts on the gate), its launch
-    // overlapping the last block's wait for the peers' ready signals (about 2 us at T = 4096).
-    if (P->early) rshmemi_grid_dep_launch();
     EP_STAMP_FIRST(ctl, 0);
     EP_STAMP_MAX(ctl, 16);
     for (int d = tid; d < n; d += nth) s_cnt[d] = 0;
@@ -365,7 +358,6 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     __syncthreads();
     // ep_send may become resident now (it starts on the gate, while this block still puts the
     // records): this block no longer waits for other PEs, and the other blocks have exited.
-    // (Already done at the start when P->early.)
     rshmemi_grid_dep_launch();
     const long long RW = EP_REC_FIXED + El;
     rshmem_u64* rec = (rshmem_u64*)P->rec;
@@ -397,9 +389,6 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
 // experts' fill counters for ep_permute. Then waits for every PE's send blocks (data signals).
 extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) {
     rshmemi_grid_dep_wait();
-    // Alone on the GPU: ep_permute's blocks may become resident as ep_send's leave, while this
-    // block still waits for the rows (they wait in rshmemi_grid_dep_wait for its end).
-    if (P->early) rshmemi_grid_dep_launch();
     __shared__ rshmem_u64 s_c, s_epoch;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me, El = (int)P->el;

@@ -372,7 +372,6 @@ fn param_words(
     n: usize,
     dt: &super::api::DeviceTeam,
     grid: u32,
-    early: bool,
 ) -> [(&'static str, u64); PARAM_WORDS] {
     let a = |off: usize| base + off as u64;
     [
@@ -401,24 +400,11 @@ fn param_words(
         ("max_tokens", cfg.max_tokens as u64),
         ("rmax", p.rmax as u64),
         ("grid", grid as u64),
-        ("early", early as u64),
     ]
 }
 
-/// `RSHMEM_CUDA_EP_EARLY_LAUNCH` (0 or 1, default 1): where a PE has its GPU to itself,
-/// `ep_layout` and `ep_dwait` let their dependent kernel launch at their start instead of after
-/// their waits for peers (with PEs sharing a GPU they always wait).
-fn early_launch_from_env() -> Result<bool> {
-    const NAME: &str = "RSHMEM_CUDA_EP_EARLY_LAUNCH";
-    match crate::coll::env_size(NAME)? {
-        None | Some(1) => Ok(true),
-        Some(0) => Ok(false),
-        Some(v) => Err(Error::invalid(format!("{NAME}={v}: 0 or 1"))),
-    }
-}
-
 /// Words of the kernels' `ep_params` block.
-const PARAM_WORDS: usize = 26;
+const PARAM_WORDS: usize = 25;
 
 /// What one dispatch returns on one PE: the handle [`Buffer::combine`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -628,7 +614,6 @@ impl<T: Elem> Buffer<T> {
         let n = team.n_pes();
         let prepared = (|| {
             let tokens_combine = TokensCombine::from_env()?;
-            let early = g.gpu_alone() && early_launch_from_env()?;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
             let o32 = kernel_options(T::KIND, ElemKind::I32)?;
@@ -654,7 +639,7 @@ impl<T: Elem> Buffer<T> {
                     k("ep_ccopy", &o32)?,
                 ],
             );
-            Ok::<_, Error>((dt, p, ks, tokens_combine, early))
+            Ok::<_, Error>((dt, p, ks, tokens_combine))
         })();
         let (
             dt,
@@ -666,7 +651,6 @@ impl<T: Elem> Buffer<T> {
                 [cready, cpull, cdone, ccopy],
             ),
             tokens_combine,
-            early,
         ) = match prepared {
             Ok(v) => v,
             Err(e) => {
@@ -723,7 +707,7 @@ impl<T: Elem> Buffer<T> {
         };
         let base = g.ptr(&buf.area)?;
         let p = &buf.plan;
-        let params: Vec<u64> = param_words(base, p, &cfg, n, &dt, buf.grid, early)
+        let params: Vec<u64> = param_words(base, p, &cfg, n, &dt, buf.grid)
             .iter()
             .map(|w| w.1)
             .collect();
@@ -1947,7 +1931,7 @@ mod tests {
             start: 1,
             stride: 2,
         };
-        let words = param_words(base, &p, &cfg, n, &dt, 132, true);
+        let words = param_words(base, &p, &cfg, n, &dt, 132);
         let names: Vec<&str> = words.iter().map(|w| w.0).collect();
         let want: Vec<&str> = fields.iter().map(|f| f.1.as_str()).collect();
         assert_eq!(names, want);
