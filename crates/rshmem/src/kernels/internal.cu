@@ -67,16 +67,22 @@ extern "C" __global__ void rshmemi_take_error(rshmem_u64* out) {
 
 // ----- benchmarks and their baselines -----
 
+// Block b's contiguous share of `n` bytes (16-byte multiples) in [*lo, *lo + *len): false where
+// it has none.
+__device__ __forceinline__ bool rshmemi_bench_share(rshmem_u64 n, rshmem_u64* lo, rshmem_u64* len) {
+    const rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;
+    *lo = per * blockIdx.x;
+    if (*lo >= n) return false;
+    *len = (n - *lo) < per ? (n - *lo) : per;
+    return true;
+}
 // Block-scope put of `n` bytes split over the grid: chunk 0, block b moves its contiguous share;
 // else the range in pieces of `chunk` bytes (a multiple of 16), block b taking pieces b,
 // b + gridDim.x, ... (every block inside one moving window of the range).
 #define RSHMEMI_BENCH_PIECES(CALL)                                                   \
     if (chunk == 0) {                                                                \
-        rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;                            \
-        rshmem_u64 lo = per * blockIdx.x;                                            \
-        if (lo >= n) return;                                                         \
-        rshmem_u64 len = (n - lo) < per ? (n - lo) : per;                            \
-        CALL;                                                                        \
+        rshmem_u64 lo, len;                                                          \
+        if (rshmemi_bench_share(n, &lo, &len)) CALL;                                 \
         return;                                                                      \
     }                                                                                \
     for (rshmem_u64 lo = blockIdx.x * chunk; lo < n; lo += (rshmem_u64)gridDim.x * chunk) { \
@@ -93,26 +99,14 @@ extern "C" __global__ void rshmemi_bench_get(char* dest, const char* src, rshmem
 // The same with the bulk-copy engine (TMA) of each block; chunk > 0 a multiple of
 // RSHMEMI_BULK_CHUNK (the pieces go through one pipeline per block, not one per piece).
 extern "C" __global__ void rshmemi_bench_put_bulk(char* dest, const char* src, rshmem_u64 n, int pe, rshmem_u64 chunk) {
-    if (chunk > 0) {
-        rshmemi_bulk_copy_pieces(rshmem_ptr(dest, pe), src, n, chunk, blockIdx.x, gridDim.x);
-        return;
-    }
-    rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;
-    rshmem_u64 lo = per * blockIdx.x;
-    if (lo >= n) return;
-    rshmem_u64 len = (n - lo) < per ? (n - lo) : per;
-    rshmemi_bulk_copy_block(rshmem_ptr(dest + lo, pe), src + lo, len);
+    rshmem_u64 lo, len;
+    if (chunk > 0) rshmemi_bulk_copy_pieces(rshmem_ptr(dest, pe), src, n, chunk, blockIdx.x, gridDim.x);
+    else if (rshmemi_bench_share(n, &lo, &len)) rshmemi_bulk_copy_block(rshmem_ptr(dest + lo, pe), src + lo, len);
 }
 extern "C" __global__ void rshmemi_bench_get_bulk(char* dest, const char* src, rshmem_u64 n, int pe, rshmem_u64 chunk) {
-    if (chunk > 0) {
-        rshmemi_bulk_copy_pieces(dest, rshmem_ptr(src, pe), n, chunk, blockIdx.x, gridDim.x);
-        return;
-    }
-    rshmem_u64 per = ((n / gridDim.x) + 15) & ~15ull;
-    rshmem_u64 lo = per * blockIdx.x;
-    if (lo >= n) return;
-    rshmem_u64 len = (n - lo) < per ? (n - lo) : per;
-    rshmemi_bulk_copy_block(dest + lo, rshmem_ptr(src + lo, pe), len);
+    rshmem_u64 lo, len;
+    if (chunk > 0) rshmemi_bulk_copy_pieces(dest, rshmem_ptr(src, pe), n, chunk, blockIdx.x, gridDim.x);
+    else if (rshmemi_bench_share(n, &lo, &len)) rshmemi_bulk_copy_block(dest + lo, rshmem_ptr(src + lo, pe), len);
 }
 // Put-with-signal ping-pong (one thread): role 0 sends first; `sig` is symmetric.
 extern "C" __global__ void rshmemi_bench_pingpong_signal(char* buf, rshmem_u64* sig, int iters, int role, int peer) {

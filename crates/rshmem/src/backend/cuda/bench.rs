@@ -122,13 +122,8 @@ pub(super) fn time_graph(
 /// A piece size of the device put/get benchmarks (`name`, a size such as 64K, a multiple of
 /// 16; default 64 KiB, 0 for a contiguous share per block).
 fn bench_chunk(name: &str) -> Result<usize> {
-    let v = crate::coll::env_size(name)?.unwrap_or(64 << 10);
-    if !v.is_multiple_of(16) {
-        return Err(Error::invalid(format!(
-            "{name}={v}: must be a multiple of 16"
-        )));
-    }
-    Ok(v)
+    let ok = |v: usize| v.is_multiple_of(16);
+    super::coll::knob_from_env(name, 64 << 10, ok, "must be a multiple of 16")
 }
 
 /// Runs the CUDA benchmarks (collective over every PE; PE 0 and PE 1 take part, the others

@@ -2347,7 +2347,7 @@ fn block_bytes_from_env(name: &str, default: usize) -> Result<usize> {
 
 /// A measurement knob from `name`: `default` when unset, an error naming the variable and
 /// `what` when the value is not a size or `ok` refuses it.
-fn knob_from_env(
+pub(super) fn knob_from_env(
     name: &str,
     default: usize,
     ok: impl Fn(usize) -> bool,
