@@ -114,6 +114,14 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA MoE: how combine_tokens moves rows, auto (pull from 8 MiB per PE pair, else push), push or pull; alike on every PE",
     ),
     (
+        "RSHMEM_EP_SEND_THREADS",
+        "CUDA MoE (measurement): ep_send's threads per block, 64-512 in steps of 32 (default 256 expert-major, 512 token-major)",
+    ),
+    (
+        "RSHMEM_EP_PSTREAM_THREADS",
+        "CUDA MoE (measurement): ep_pstream's threads per block, 64-512 in steps of 32 (default 256; with ep_send's above 512 it no longer overlaps the send)",
+    ),
+    (
         "RSHMEM_CUDA_EP_NVRTC_OPTS",
         "CUDA MoE kernels: extra NVRTC options of their module (measurement switches, e.g. -DEP_STAMPS=1)",
     ),

@@ -3,16 +3,20 @@
 //
 // Every buffer address in `ep_params` is this PE's symmetric address; peers' copies are reached
 // with rshmem_ptr. Step order on one stream (see ep.rs for why each area is safe to reuse):
-//   dispatch: ep_layout (grid) -> ep_send (grid) -> ep_dwait (1 block) -> ep_permute (grid)
-//             (the last three launched as programmatic dependents: each starts with
-//             rshmemi_grid_dep_wait, ep_send on ep_layout's gate instead, and a kernel's
-//             predecessor lets it become resident only once that predecessor no longer waits
-//             for other PEs)
+//   dispatch: ep_layout (grid) -> ep_send (grid) -> ep_dwait (1 block) -> ep_pstream (grid,
+//             expert-major buffers) or ep_permute (grid, token-major: the index only)
+//             (the last three launched as programmatic dependents: ep_send and ep_dwait start
+//             on ep_layout's gate, ep_pstream on ep_dwait's and moves rows while ep_send still
+//             runs, ep_permute with rshmemi_grid_dep_wait; a kernel's predecessor lets it
+//             become resident only once that predecessor no longer waits for other PEs, except
+//             that ep_pstream's blocks wait for rows: ep_send runs 256 threads per block for
+//             expert-major buffers, so they fit beside it and never keep it out)
 //   combine:  ep_csend (grid) -> ep_cwait (1 block) -> ep_crecv (grid), all three likewise;
 //   combine_tokens pulling: ep_cready (1 block) -> ep_cpull (grid) -> ep_cdone (1 block)
 //             [-> ep_ccopy (grid) where out overlaps y], likewise
-// Only one block of a kernel waits for peers (ep_layout's last one, the one-block kernels), so
-// kernels that spin never fill the GPU.
+// Only one block of a kernel waits for peers (ep_layout's last one, the one-block kernels),
+// and ep_pstream's blocks only beside a resident ep_send, so kernels that spin never keep out
+// the kernels they wait for.
 #ifndef EP_T
 #define EP_T rshmem_bfloat16
 #endif
@@ -29,7 +33,7 @@ typedef EP_ID ep_id;
 // Parameter block (u64 words; written by the host once per buffer). Keep in step with ep.rs.
 struct ep_params {
     unsigned long long recv_x, recv_meta, comb, rec, sig, ctl, recv_cnt, expert_off, fill, tok_pos,
-        row_src, tok_rows, acc;
+        row_src, tok_rows, acc, prog;
     long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid;
 };
 
@@ -40,7 +44,9 @@ struct ep_params {
 // in, 8 dispatch wait end, 9 permute start, 10 permute end, 11 csend start, 12 csend end,
 // 13 combine wait end, 14 crecv start, 15 crecv end (the pull combine: 11 ep_cready start, 12
 // its ready signals out, 13 its wait end, 14-15 ep_cpull), then the latest of ep_layout's blocks:
-// 16 start, 17 tokens counted, 18 counts fenced; printed by the benchmark's
+// 16 start, 17 tokens counted, 18 counts fenced, and 19 the latest of ep_pstream's blocks'
+// starts (9 and 10 are ep_pstream's start and end with expert-major buffers), 20 ep_dwait's
+// gate open, 21 ep_dwait's start; printed by the benchmark's
 // RSHMEM_EP_BREAKDOWN. Compiled away by default.
 #ifndef EP_STAMPS
 #define EP_STAMPS 0
@@ -79,6 +85,11 @@ struct ep_params {
 #define EP_CTL_GATE 9
 // Combines by the push path (ep_cwait's count; EP_CTL_CWAIT counts every combine).
 #define EP_CTL_CPUSH 10
+// ep_pstream's gate: 0 from ep_layout's block 0, 1 once ep_dwait has taken the step's decision
+// and filled the offsets (ep_pstream starts on it, while ep_send still runs); and its blocks'
+// ticket (zeroed by ep_dwait before the gate opens).
+#define EP_CTL_PGATE 11
+#define EP_CTL_PTICKET 12
 // sig words (this PE's, n each; member s writes word s of a group): records (set to the epoch),
 // data (ep_send's blocks add 1), combine (ep_csend's blocks add 1), ready (set to the epoch),
 // then the pull combine's: its ready and done (set to the combine's number, ctl[CWAIT]) and the
@@ -96,7 +107,8 @@ struct ep_params {
 #define EP_ERR_CAPACITY 4ull
 #define EP_ERR_CORRUPT 8ull
 // A device wait of this step timed out on this PE or on a PE that signalled it: what follows the
-// wait was not used (nothing permuted or combined) and every later signal of this PE carries the
+// wait was not used (nothing combined; ep_pstream may have moved the rows that were in before
+// it) and every later signal of this PE carries the
 // bit to its peers, so no PE treats a step some PE gave up on as complete. Sticky until the host
 // clears the flags (Buffer::check).
 #define EP_ERR_ABORT 16ull
@@ -286,13 +298,25 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     for (int d = tid; d < n; d += nth) s_cnt[d] = 0;
     for (int e = tid; e < E; e += nth) s_pairs[e] = 0;
     if (tid == 0) s_bad = 0;
-    // ep_send's gate closes (the previous step's ep_send ended before this kernel began).
-    if (blockIdx.x == 0 && tid == 0) ((volatile unsigned long long*)ctl)[EP_CTL_GATE] = 0;
+    // ep_send's and ep_pstream's gates close (the previous step's kernels ended before this
+    // kernel began).
+    if (blockIdx.x == 0 && tid == 0) {
+        ((volatile unsigned long long*)ctl)[EP_CTL_GATE] = 0;
+        ((volatile unsigned long long*)ctl)[EP_CTL_PGATE] = 0;
+    }
     __syncthreads();
     // The last warp of block 0 signals while the first ones count tokens (when warp 0 sent them,
     // its fences delayed block 0's count by about 3 us).
     if (blockIdx.x == 0 && (tid >> 5) == (nth >> 5) - 1) {
         const bool gone = ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+        // This PE's progress words (expert-major buffers) are zero again before any peer may
+        // write them (after the ready signal below; the previous step's writers were all seen
+        // by its ep_dwait, the previous step's readers ended before this kernel began).
+        if (P->prog) {
+            const int words = n * (int)P->grid;
+            for (int i = lane; i < words; i += 32) ((volatile rshmem_u64*)P->prog)[i] = 0;
+            __syncwarp();
+        }
         for (int d = lane; d < n; d += 32) {
             // The abort bit first (ordered before the signal by its fence and release).
             if (gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
@@ -388,20 +412,19 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
 // (an exclusive scan over local experts of the pairs summed over sources) and zeroes the
 // experts' fill counters for ep_permute. Then waits for every PE's send blocks (data signals).
 extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) {
-    rshmemi_grid_dep_wait();
     __shared__ rshmem_u64 s_c, s_epoch;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me, El = (int)P->el;
     const unsigned tid = threadIdx.x, nth = blockDim.x;
+    // Starts while ep_send runs (it let this kernel in once it passed ep_layout's gate): the
+    // gate, acquired here, orders the words ep_layout wrote before it.
     if (tid == 0) {
+        EP_STAMP(ctl, 21);
+        rshmemi_wait64((const rshmem_u64*)ctl + EP_CTL_GATE, RSHMEM_CMP_EQ, 1, me);
         s_c = ctl[EP_CTL_DWAIT] + 1;
         ctl[EP_CTL_DWAIT] = s_c;
         s_epoch = ctl[EP_CTL_EPOCH];
     }
-    // ep_layout's accumulators, zero for the next dispatch (this one's ep_layout and ep_send
-    // read them before this kernel on the stream).
-    unsigned* acc = (unsigned*)P->acc;
-    for (int i = tid; i < (int)P->experts + n + 2; i += nth) acc[i] = 0;
     __syncthreads();
     rshmem_u64* sig = (rshmem_u64*)P->sig;
     for (int s = tid; s < n; s += nth) rshmemi_wait64(sig + s, RSHMEM_CMP_GE, s_epoch, ep_pe(P, s));
@@ -456,6 +479,17 @@ extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) 
             ctl[EP_CTL_ROWS] = total;
         }
     }
+    // The decision and the offsets are out: ep_pstream (expert-major buffers) starts on this
+    // gate and moves rows as they come in, while this block waits for the last of them.
+    __syncthreads();
+    if (tid == 0) {
+        EP_STAMP(ctl, 20);
+        ctl[EP_CTL_PTICKET] = 0;
+        asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(ctl + EP_CTL_PGATE), "l"(1ull) : "memory");
+    }
+    // The next kernel may become resident now: ep_pstream waits for its gate and for rows
+    // (never for this kernel's SM), ep_permute (token-major) for this kernel's end.
+    rshmemi_grid_dep_launch();
     // Then every source's rows: a wait that times out, or an abort a peer put here before the
     // signals waited for, stops the step.
     for (int s = tid; s < n; s += nth) rshmemi_wait64(sig + n + s, RSHMEM_CMP_GE, s_c * (rshmem_u64)P->grid, ep_pe(P, s));
@@ -464,10 +498,13 @@ extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) 
         asm volatile("fence.acq_rel.sys;" ::: "memory");
         EP_STAMP(ctl, 7);
         ep_abort_if_failed(ctl);
+        EP_STAMP(ctl, 8);
     }
-    // ep_permute may become resident now (no wait for other PEs is left here).
-    rshmemi_grid_dep_launch();
-    if (tid == 0) EP_STAMP(ctl, 8);
+    // ep_layout's accumulators, zero for the next dispatch, once ep_send (which read them, and
+    // waited for ep_layout's end) has ended.
+    rshmemi_grid_dep_wait();
+    unsigned* acc = (unsigned*)P->acc;
+    for (int i = tid; i < (int)P->experts + n + 2; i += nth) acc[i] = 0;
 }
 
 // ----- vector machinery of the grid kernels -----
@@ -475,7 +512,9 @@ extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) 
 // pointers involved are 16-byte aligned (scalar fallback otherwise). A warp takes a chunk of
 // 32 * U vectors of a row: every lane first issues its U independent loads (U vectors in flight
 // per lane), then stores or accumulates them, so the memory system sees many requests per warp.
+#ifndef EP_U
 #define EP_U 8   // copies: vectors per lane per chunk
+#endif
 // ep_send: at most this many vectors per lane per chunk, chunks of equal size, and the stores of
 // a chunk to the peers before the one to this PE (EP_SEND_PEERS_FIRST 0: ascending PEs). 2x
 // H200, T = 4096, H = 7168 bf16, capturable+tokens dispatch: 6 and peers first 194.0-194.3 us;
@@ -522,6 +561,29 @@ __device__ __noinline__ void ep_copy_row(void* d, const void* s, long long bytes
     rshmemi_copy(d, s, (size_t_rshmem)bytes, lane, 32);
 }
 
+// Streaming progress (expert-major buffers: ep_params.prog, n * grid words per PE, word
+// source * grid + block, zeroed by the receiver's ep_layout before its ready signal): ep_send's
+// block b tells each destination, as its rows go out, how far they are in, as the largest of
+// final << 63 | hi << 32 | lo (its positions there are lo..hi_final; lo..hi are in, with their
+// row records); ep_pstream moves each row to its experts' rows as soon as it is in.
+// EP_PROG_ROUNDS: rounds (one unit per warp) between a block's signals, at least; a block
+// signals at most EP_PROG_GROUPS times.
+#ifndef EP_PROG_ROUNDS
+#define EP_PROG_ROUNDS 1
+#endif
+#define EP_PROG_GROUPS 64
+__device__ __forceinline__ rshmem_u64 ep_prog_word(bool fin, long long hi, long long lo) {
+    return ((rshmem_u64)fin << 63) | ((rshmem_u64)hi << 32) | (rshmem_u64)lo;
+}
+__device__ __forceinline__ void ep_red_max_release(rshmem_u64* p, rshmem_u64 v) {
+    asm volatile("red.release.sys.global.max.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned ep_atom_add_acq_rel_cta(unsigned* p, unsigned v) {
+    unsigned r;
+    asm volatile("atom.acq_rel.cta.shared.add.u32 %0, [%1], %2;" : "=r"(r) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(v) : "memory");
+    return r;
+}
+
 // Dispatch, step 2 (grid): every token once to each destination PE, into the destination's
 // receive area at (this PE's slot) * cap + position, with its row record, unless a PE gave up
 // (ctl[GO] from ep_layout) or the position is beyond the capacity (the record reports the
@@ -537,7 +599,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
     __shared__ unsigned s_cnt[EP_MAX_PES];
     __shared__ unsigned s_wt[32];
     __shared__ unsigned s_wbase[32];
-    __shared__ int s_go;
+    __shared__ unsigned s_base[EP_MAX_PES], s_hi[EP_MAX_PES], s_grp[EP_PROG_GROUPS];
+    __shared__ int s_go, s_tdone;
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me, E = (int)P->experts, El = (int)P->el;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
@@ -558,6 +621,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
         int* tok_pos = (int*)P->tok_pos;
         const unsigned* bcnt = (const unsigned*)P->acc + E + n + 2;
         for (int d = tid; d < n; d += nth) s_cnt[d] = 0;
+        for (int i = tid; i < EP_PROG_GROUPS; i += nth) s_grp[i] = 0;
         __syncthreads();
         for (int i = tid; i < (int)blockIdx.x * n; i += nth) {
             const unsigned c = bcnt[i];
@@ -566,6 +630,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
         __syncthreads();
         int t0, t1;
         ep_block_tokens(T, &t0, &t1);
+        for (int d = tid; d < n; d += nth) s_base[d] = s_hi[d] = s_cnt[d];
+        if (tid == 0) s_tdone = t0;
         for (int base = t0; base < t1; base += nth) {
             const int t = base + (int)tid;
             int bad = 0;
@@ -588,44 +654,77 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
         const long long nch = vec ? (nv + 32 * EP_SEND_U - 1) / (32 * EP_SEND_U) : 1;
         const long long chunk = vec ? ((nv + nch - 1) / nch + 31) / 32 * 32 : 0;
         const long long units = (long long)(t1 - t0) * nch;
-        for (long long u = warp; u < units; u += nwarps) {
-            const long long t = t0 + u / nch, c = u % nch;
-            if (vec) {
-                rshmemi_v4 r[EP_SEND_U];
-                const int v0 = (int)(c * chunk) + (int)lane;
-                const int lim = (int)min((long long)nv, (c + 1) * chunk);
-                ep_load<EP_SEND_U>(r, (const rshmemi_v4*)(x + t * H), v0, lim, true);
-                for (int dd = 0; dd < n; dd++) {
+        // Every warp runs `rounds` rounds (one unit each, or none past the block's units), so
+        // each group of `gr` rounds is counted by every warp (at most EP_PROG_GROUPS groups).
+        unsigned long long* prog = (unsigned long long*)P->prog;
+        const long long rounds = max(1ll, (units + nwarps - 1) / nwarps);
+        const long long gr = max((long long)EP_PROG_ROUNDS, (rounds + EP_PROG_GROUPS - 1) / EP_PROG_GROUPS);
+        for (long long k = 0; k < rounds; k++) {
+            const long long u = warp + k * nwarps;
+            if (u < units) {
+                const long long t = t0 + u / nch, c = u % nch;
+                if (vec) {
+                    rshmemi_v4 r[EP_SEND_U];
+                    const int v0 = (int)(c * chunk) + (int)lane;
+                    const int lim = (int)min((long long)nv, (c + 1) * chunk);
+                    ep_load<EP_SEND_U>(r, (const rshmemi_v4*)(x + t * H), v0, lim, true);
+                    for (int dd = 0; dd < n; dd++) {
 #if EP_SEND_PEERS_FIRST
-                    const int d = dd + me + 1 < n ? dd + me + 1 : dd + me + 1 - n;  // this PE last
+                        const int d = dd + me + 1 < n ? dd + me + 1 : dd + me + 1 - n;  // this PE last
 #else
-                    const int d = dd;
+                        const int d = dd;
 #endif
-                    const int pos = tok_pos[t * n + d];
-                    if (pos < 0 || pos >= C || (EP_SEND_SKIP_SELF && d == me)) continue;
-                    rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
-                    ep_store<EP_SEND_U>(dst, r, v0, lim);
+                        const int pos = tok_pos[t * n + d];
+                        if (pos < 0 || pos >= C || (EP_SEND_SKIP_SELF && d == me)) continue;
+                        rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                        ep_store<EP_SEND_U>(dst, r, v0, lim);
+                    }
+                } else {
+                    for (int d = 0; d < n; d++) {
+                        const int pos = tok_pos[t * n + d];
+                        if (pos < 0 || pos >= C) continue;
+                        ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                        ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
+                    }
                 }
-            } else {
-                for (int d = 0; d < n; d++) {
+                for (int d = 0; d < n && c == 0; d++) {
                     const int pos = tok_pos[t * n + d];
                     if (pos < 0 || pos >= C) continue;
-                    ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
-                    ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
+                    const long long row = me * C + pos;
+                    unsigned* m = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
+                    for (long long i = lane; i < RMW; i += 32) {
+                        unsigned v;
+                        if (i == 0) v = (unsigned)t;
+                        else if (i <= K) { long long j = i - 1; v = j < topk ? (unsigned)(int)ids[t * topk + j] : 0xffffffffu; }
+                        else { long long j = i - 1 - K; v = j < topk ? __float_as_uint(w[t * topk + j]) : 0u; }
+                        m[i] = v;
+                    }
                 }
             }
-            if (c != 0) continue;
-            for (int d = 0; d < n; d++) {
-                const int pos = tok_pos[t * n + d];
-                if (pos < 0 || pos >= C) continue;
-                const long long row = me * C + pos;
-                unsigned* m = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
-                for (long long i = lane; i < RMW; i += 32) {
-                    unsigned v;
-                    if (i == 0) v = (unsigned)t;
-                    else if (i <= K) { long long j = i - 1; v = j < topk ? (unsigned)(int)ids[t * topk + j] : 0xffffffffu; }
-                    else { long long j = i - 1 - K; v = j < topk ? __float_as_uint(w[t * topk + j]) : 0u; }
-                    m[i] = v;
+            if (prog && ((k + 1) % gr == 0 || k + 1 == rounds)) {
+                // The group's units of this warp are issued (every lane's stores before lane 0's
+                // release of the group count); the warp that counts a group last tells every
+                // destination how far this block's rows for it are in.
+                __syncwarp();
+                unsigned last = 0;
+                if (lane == 0) last = ep_atom_add_acq_rel_cta(&s_grp[k / gr], 1u) == nwarps - 1;
+                last = __shfl_sync(0xffffffffu, last, 0);
+                if (last) {
+                    __syncwarp();  // every lane after lane 0's acquire
+                    const bool fin = k + 1 == rounds;
+                    const int td = fin ? t1 : t0 + (int)(min(units, (k + 1) * nwarps) / nch);
+                    for (int d = lane; d < n; d += 32) {
+                        unsigned hi = s_hi[d];
+                        for (int t = td - 1; t >= s_tdone; t--) {
+                            const int p = tok_pos[(long long)t * n + d];
+                            if (p >= 0) { hi = (unsigned)p + 1; break; }
+                        }
+                        s_hi[d] = hi;
+                        ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * P->grid + blockIdx.x, ep_pe(P, d)),
+                                           ep_prog_word(fin, min((long long)hi, C), min((long long)s_base[d], C)));
+                    }
+                    __syncwarp();
+                    if (lane == 0) s_tdone = td;
                 }
             }
         }
@@ -662,125 +761,208 @@ extern "C" __global__ void ep_cwait(const ep_params* P) {
 #define EP_INDEX_EXPERTS 4096
 #endif
 
-// Received tokens into expert-major rows `out` (one row per (token, local slot)); fills the
-// handle: row_src[r] = received row * kmax + slot, tok_rows[received row * kmax + slot] = r.
-// With out == 0 (token-major layout) only the handle is filled (a thread per row and slot).
-// Otherwise one warp per received row: lane j takes slot j (its row placed by an atomic on the expert's
-// fill counter), then the warp reads the row once, chunk by chunk, and stores each chunk to every
-// local slot's row.
-extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P, ep_t* out) {
+// Received row g (source g / C, position g % C) into expert-major rows `out`, one per local slot
+// (the whole warp): lane j takes slot j (its row placed by an atomic on the expert's fill
+// counter) and fills the handle (row_src[r] = g * kmax + slot, tok_rows[g * kmax + slot] = r
+// or -1), then the warp reads the row once, chunk by chunk, and stores each chunk to every
+// local slot's row. Plain loads: the row may have come in during this kernel (lane 0 acquired
+// its progress word since).
+__device__ __forceinline__ void ep_permute_row(const ep_params* P, ep_t* out, long long g, bool vec, int nv, unsigned lane) {
+    unsigned long long* ctl = (unsigned long long*)P->ctl;
+    const long long H = P->hidden, K = P->kmax, RMW = 1 + 2 * K, El = P->el, lo = P->me * El;
+    const unsigned* off = (const unsigned*)P->expert_off;
+    unsigned* fill = (unsigned*)P->fill;
+    const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
+    const ep_t* src = (const ep_t*)P->recv_x + g * H;
+    const long long bytes = H * (long long)sizeof(ep_t);
+    for (long long j0 = 0; j0 < K; j0 += 32) {
+        const long long j = j0 + lane;
+        int r = -1;
+        if (j < K) {
+            const long long id = (long long)(int)m[1 + j];
+            if (id >= lo && id < lo + El) {
+                const long long e = id - lo;
+                const unsigned rr = off[e] + atomicAdd(&fill[e], 1u);
+                if (rr < off[e + 1]) {
+                    r = (int)rr;
+                    ((unsigned*)P->row_src)[r] = (unsigned)(g * K + j);
+                } else {
+                    atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
+                }
+            }
+            ((int*)P->tok_rows)[g * K + j] = r;
+        }
+        const unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
+        if (!mask) continue;
+        if (vec) {
+            // The chunk loop runs as many times on every lane (its bound does not depend on
+            // the lane): the shuffles below need the whole warp.
+            for (int c0 = 0; c0 < nv; c0 += 32 * EP_U) {
+                const int v0 = c0 + (int)lane;
+                rshmemi_v4 a[EP_U];
+                ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
+                for (unsigned mm = mask; mm; mm &= mm - 1) {
+                    const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
+                    ep_store<EP_U>((rshmemi_v4*)(out + (long long)rb * H), a, v0, nv);
+                }
+            }
+        } else {
+            for (unsigned mm = mask; mm; mm &= mm - 1) {
+                const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
+                ep_copy_row(out + (long long)rb * H, src, bytes, lane);
+            }
+        }
+    }
+}
+
+// Dispatch, step 4, expert-major buffers (grid, started on ep_dwait's gate while ep_send still
+// runs on every PE; at most 128 registers per thread, so its blocks fit beside ep_send's: 256
+// threads each by default, as the host launches ep_send for these buffers): each received row moves to its
+// experts' rows (ep_permute_row) as soon as its sender's progress word says it is in (the
+// rows of a (source, source block) pair come in in position order). Warp w of W takes pair
+// w % (n * grid) and every m-th of its rows from w / (n * grid) on (m: the warps on that pair);
+// with fewer warps than pairs, pairs w, w + W, ... one after another. A wait that times out
+// stops the warp; the last block to finish checks that every expert got its rows and stops the
+// step on a timeout (ep_abort_if_failed), so combine moves nothing.
+extern "C" __global__ void __maxnreg__(128) ep_pstream(const ep_params* P, ep_t* out) {
+    __shared__ int s_go, s_last;
+    unsigned long long* ctl = (unsigned long long*)P->ctl;
+    const int n = (int)P->n, me = (int)P->me;
+    const long long H = P->hidden, C = P->cap, G = P->grid;
+    const unsigned lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        rshmemi_wait64((const rshmem_u64*)ctl + EP_CTL_PGATE, RSHMEM_CMP_EQ, 1, me);
+        s_go = !ep_timed_out() && ctl[EP_CTL_GO] != 0;
+    }
+    __syncthreads();
+    EP_STAMP_MAX(ctl, 19);
+    if (s_go) {
+        EP_STAMP_FIRST(ctl, 9);
+        const unsigned* recv_cnt = (const unsigned*)P->recv_cnt;
+        const rshmem_u64* prog = (const rshmem_u64*)P->prog;
+        const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | P->recv_x);
+        const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
+        const long long I = n * G, W = (long long)gridDim.x * (blockDim.x / 32);
+        const long long gw = (long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+        bool stop = false;
+        for (long long q = gw; q < (W >= I ? W : I) && !stop; q += W) {
+            const long long item = q % I, m = W >= I ? (W - item + I - 1) / I : 1;
+            const int s = (int)(item / G);
+            const long long cnt = min((long long)recv_cnt[s], C);
+            // The pair's first positions (lo), then its rows from lo + sub on, every m-th.
+            rshmem_u64 v = 0;
+            if (lane == 0) v = rshmemi_wait64(prog + item, RSHMEM_CMP_GE, 1ull << 32, ep_pe(P, s));
+            v = __shfl_sync(0xffffffffu, v, 0);
+            for (long long pos = (long long)(v & 0xffffffffu) + q / I; ; pos += m) {
+                if ((long long)((v >> 32) & 0x7fffffffu) <= pos) {
+                    if (v >> 63) break;  // the pair's last row is behind
+                    if (lane == 0) v = rshmemi_wait64(prog + item, RSHMEM_CMP_GE, (rshmem_u64)(pos + 1) << 32, ep_pe(P, s));
+                    v = __shfl_sync(0xffffffffu, v, 0);
+                    if ((long long)((v >> 32) & 0x7fffffffu) <= pos) {
+                        stop = !(v >> 63);  // a timeout (or a failure before it): give up
+                        break;
+                    }
+                }
+                // Every lane after lane 0's acquire of the word.
+                __syncwarp();
+                if (pos >= cnt) {  // beyond what the sender's record announced
+                    if (lane == 0) atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
+                    break;
+                }
+                ep_permute_row(P, out, (long long)s * C + pos, vec, nv, lane);
+            }
+        }
+    }
+    // The last block: every expert has its rows (unless a wait gave up), and the step stops on
+    // a timeout.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        s_last = atomicAdd(&ctl[EP_CTL_PTICKET], 1ull) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (s_last) {
+        __threadfence();
+        if (s_go && !ep_timed_out()) {
+            const unsigned* off = (const unsigned*)P->expert_off;
+            const unsigned* fill = (const unsigned*)P->fill;
+            for (int e = threadIdx.x; e < (int)P->el; e += blockDim.x)
+                if (((volatile const unsigned*)fill)[e] != off[e + 1] - off[e]) atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            ep_abort_if_failed(ctl);
+            EP_STAMP(ctl, 10);
+        }
+    }
+    // The stream's order for what follows (ep_dwait, and through it ep_send, ended).
+    rshmemi_grid_dep_wait();
+}
+
+// Token-major buffers, dispatch step 4 (grid, after ep_dwait): the expert-major index only,
+// row_src[r] = received row * kmax + slot, tok_rows[received row * kmax + slot] = r (or -1), a
+// thread per (receive row, slot) pair.
+extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P) {
     rshmemi_grid_dep_wait();
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
     EP_STAMP_FIRST(ctl, 9);
     const int n = (int)P->n, me = (int)P->me;
-    const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K, El = P->el;
-    const unsigned lane = threadIdx.x & 31;
+    const long long C = P->cap, K = P->kmax, RMW = 1 + 2 * K, El = P->el;
     const unsigned* recv_cnt = (const unsigned*)P->recv_cnt;
     const unsigned* off = (const unsigned*)P->expert_off;
     unsigned* fill = (unsigned*)P->fill;
     unsigned* row_src = (unsigned*)P->row_src;
     int* tok_rows = (int*)P->tok_rows;
     const long long lo = (long long)me * El;
-    const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | P->recv_x);
-    const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
-    if (out == nullptr) {
-        // Token-major buffers: the index only, a thread per (receive row, slot) pair. A block
-        // counts its pairs per local expert in shared memory (dynamic: 2 * El unsigned) and
-        // reserves each expert's rows with one global atomic; one atomic per pair on the El
-        // contended fill counters took about 10 us for T = 4096, k = 8, 2 PEs. More than
-        // EP_INDEX_EXPERTS local experts: one atomic per pair.
-        extern __shared__ unsigned s_idx[];
-        const bool shared_path = El <= EP_INDEX_EXPERTS;
-        const unsigned total = (unsigned)(n * C * K), Ku = (unsigned)K, Cu = (unsigned)C;
-        const unsigned tid = threadIdx.x, nth = blockDim.x;
-        for (unsigned base = blockIdx.x * nth; base < total; base += gridDim.x * nth) {
-            const unsigned q = base + tid;
-            if (shared_path) {
-                for (int x = tid; x < El; x += nth) s_idx[x] = 0;
-                __syncthreads();
-            }
-            long long e = -1;
-            if (q < total) {
-                const unsigned g = q / Ku, j = q - g * Ku, src = g / Cu;
-                if (g - src * Cu < recv_cnt[src]) {
-                    const long long id = (long long)(int)((const unsigned*)P->recv_meta)[(long long)g * RMW + 1 + j];
-                    if (id >= lo && id < lo + El) e = id - lo;
-                    else tok_rows[q] = -1;
-                }
-            }
-            unsigned rank = 0;
-            if (shared_path) {
-                if (e >= 0) rank = atomicAdd(&s_idx[e], 1u);
-                __syncthreads();
-                for (int x = tid; x < El; x += nth) {
-                    const unsigned c = s_idx[x];
-                    if (c) s_idx[El + x] = atomicAdd(&fill[x], c);
-                }
-                __syncthreads();
-                if (e >= 0) rank += s_idx[El + e];
-                __syncthreads();  // s_idx is zeroed for the next pairs
-            } else if (e >= 0) {
-                rank = atomicAdd(&fill[e], 1u);
-            }
-            if (e >= 0) {
-                const unsigned rr = off[e] + rank;
-                int r = -1;
-                if (rr < off[e + 1]) {
-                    r = (int)rr;
-                    row_src[r] = q;
-                } else {
-                    atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
-                }
-                tok_rows[q] = r;
+    // Token-major buffers: the index only, a thread per (receive row, slot) pair. A block
+    // counts its pairs per local expert in shared memory (dynamic: 2 * El unsigned) and
+    // reserves each expert's rows with one global atomic; one atomic per pair on the El
+    // contended fill counters took about 10 us for T = 4096, k = 8, 2 PEs. More than
+    // EP_INDEX_EXPERTS local experts: one atomic per pair.
+    extern __shared__ unsigned s_idx[];
+    const bool shared_path = El <= EP_INDEX_EXPERTS;
+    const unsigned total = (unsigned)(n * C * K), Ku = (unsigned)K, Cu = (unsigned)C;
+    const unsigned tid = threadIdx.x, nth = blockDim.x;
+    for (unsigned base = blockIdx.x * nth; base < total; base += gridDim.x * nth) {
+        const unsigned q = base + tid;
+        if (shared_path) {
+            for (int x = tid; x < El; x += nth) s_idx[x] = 0;
+            __syncthreads();
+        }
+        long long e = -1;
+        if (q < total) {
+            const unsigned g = q / Ku, j = q - g * Ku, src = g / Cu;
+            if (g - src * Cu < recv_cnt[src]) {
+                const long long id = (long long)(int)((const unsigned*)P->recv_meta)[(long long)g * RMW + 1 + j];
+                if (id >= lo && id < lo + El) e = id - lo;
+                else tok_rows[q] = -1;
             }
         }
-        EP_STAMP_LAST(ctl, 10);
-        return;
-    }
-    const long long wpb = blockDim.x / 32, gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = gridDim.x * wpb;
-    for (long long g = gw; g < n * C; g += nw) {
-        const long long s = g / C, i = g % C;
-        if (i >= recv_cnt[s]) continue;
-        const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
-        const ep_t* src = (const ep_t*)P->recv_x + g * H;
-        for (long long j0 = 0; j0 < K; j0 += 32) {
-            const long long j = j0 + lane;
+        unsigned rank = 0;
+        if (shared_path) {
+            if (e >= 0) rank = atomicAdd(&s_idx[e], 1u);
+            __syncthreads();
+            for (int x = tid; x < El; x += nth) {
+                const unsigned c = s_idx[x];
+                if (c) s_idx[El + x] = atomicAdd(&fill[x], c);
+            }
+            __syncthreads();
+            if (e >= 0) rank += s_idx[El + e];
+            __syncthreads();  // s_idx is zeroed for the next pairs
+        } else if (e >= 0) {
+            rank = atomicAdd(&fill[e], 1u);
+        }
+        if (e >= 0) {
+            const unsigned rr = off[e] + rank;
             int r = -1;
-            if (j < K) {
-                const long long id = (long long)(int)m[1 + j];
-                if (id >= lo && id < lo + El) {
-                    const long long e = id - lo;
-                    const unsigned rr = off[e] + atomicAdd(&fill[e], 1u);
-                    if (rr < off[e + 1]) {
-                        r = (int)rr;
-                        row_src[r] = (unsigned)(g * K + j);
-                    } else {
-                        atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
-                    }
-                }
-                tok_rows[g * K + j] = r;
-            }
-            const unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
-            if (!mask) continue;
-            if (vec) {
-                // The chunk loop runs as many times on every lane (its bound does not depend on
-                // the lane): the shuffles below need the whole warp.
-                for (int c0 = 0; c0 < nv; c0 += 32 * EP_U) {
-                    const int v0 = c0 + (int)lane;
-                    rshmemi_v4 a[EP_U];
-                    ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
-                    for (unsigned mm = mask; mm; mm &= mm - 1) {
-                        const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
-                        ep_store<EP_U>((rshmemi_v4*)(out + (long long)rb * H), a, v0, nv);
-                    }
-                }
+            if (rr < off[e + 1]) {
+                r = (int)rr;
+                row_src[r] = q;
             } else {
-                for (unsigned mm = mask; mm; mm &= mm - 1) {
-                    const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
-                    ep_copy_row(out + (long long)rb * H, src, H * (long long)sizeof(ep_t), lane);
-                }
+                atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
             }
+            tok_rows[q] = r;
         }
     }
     EP_STAMP_LAST(ctl, 10);

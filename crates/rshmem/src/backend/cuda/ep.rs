@@ -52,9 +52,20 @@
 //!    device flag that [`Buffer::check`] turns into [`Error::Capacity`] /
 //!    [`Error::InvalidArgument`]. Rows thus leave about as soon as the layout is known rather
 //!    than after a round trip of records (2x H200, T = 4096: BENCHMARKS.md).
-//! 3. `ep_permute` (grid, one warp per received row): the row's local slots take their
-//!    expert-major rows (atomics), the row is read once and stored to each, filling the handle
-//!    arrays (token-major buffers: the handle arrays only, a thread per row and slot).
+//! 3. Expert-major buffers: `ep_pstream` (grid) moves rows **while they are still coming
+//!    in**. `ep_send`'s blocks (256 threads for these buffers) tell each destination, every
+//!    round of their warps, how far their rows for it are in (one progress word per (source,
+//!    source block), raised with a `red.release.max` by the block's last warp to finish the
+//!    round, zeroed by the receiver before its ready signal); `ep_dwait` opens a gate once
+//!    the records are in and the offsets are known, and `ep_pstream`'s blocks (256 threads,
+//!    at most 128 registers: they fit beside `ep_send`'s) take each row as soon as it is in:
+//!    its local slots take their expert-major rows (atomics), the row is read once and stored
+//!    to each, filling the handle arrays. The last block checks that every expert got all its
+//!    rows (else an error from [`Buffer::check`]: inconsistent counts). The expanded copy (8x the received bytes at k = 8, 2
+//!    PEs) thus overlaps the NVLink transfer instead of following it. With PEs sharing a GPU
+//!    a PE's waiting `ep_pstream` blocks may hold off a peer's `ep_send` until its own ends,
+//!    never stop it. Token-major buffers: `ep_permute` (grid, after `ep_dwait`) fills the
+//!    handle arrays only, a thread per row and slot.
 //! 4. Combine, **pre-reduced on the expert side**: `ep_csend` sums, for each received token,
 //!    weight × expert output over the slots served here (slot order, `f32`), rounds once to
 //!    `T` and puts **one row per (token, PE)** back into the source's combine area; `ep_crecv`
@@ -78,7 +89,7 @@
 //!    `ep_ccopy` moves them to `out` after `ep_cdone`.
 //!
 //! # Modes
-//! * Normal: after `ep_dwait` the host synchronises the stream once and reads the counts
+//! * Normal: after the last dispatch kernel the host synchronises the stream once and reads the counts
 //!   exchanged on the GPU ([`Dispatch::rows`], [`Dispatch::expert_counts`],
 //!   [`Dispatch::recv_tokens_per_pe`]) and any error, then queues the rest. While the stream
 //!   is being captured into a CUDA graph it does not synchronise: the counts stay on the device
@@ -91,8 +102,8 @@
 //!   overflow moves nothing and latches the error; call [`Buffer::check`] after synchronising.
 //!
 //! # Reusing the areas without extra synchronisation
-//! A PE writes a peer's records and receive area (rows, row records) only after the peer's
-//! ready signal of the same call, which the peer sends when its stream reaches that dispatch,
+//! A PE writes a peer's records, receive area (rows, row records) and progress words only
+//! after the peer's ready signal of the same call, which the peer sends when its stream reaches that dispatch,
 //! after every kernel of its earlier steps that reads them (loom models in `models.rs`, two
 //! dispatches back to back included); combine rows go to the half of the combine area of the
 //! call's parity, and a PE reaches combine `c+2` only after the peer's rows of `c+1`, sent after
@@ -100,7 +111,8 @@
 //!
 //! # Device wait timeouts
 //! A device wait that times out (a peer never signalled, or signalled too late) latches an abort
-//! flag on that PE: it stops the step (nothing permuted or combined) and every later signal it
+//! flag on that PE: it stops the step (nothing combined; with expert-major buffers the rows that
+//! were in before the wait may have been permuted) and every later signal it
 //! sends carries the flag to the receiving PE, which stops too; its later `ep_layout`s write no
 //! records and its `ep_send`s move no rows (a peer may still be reading those of the step given up
 //! on); their ready and record signals carry the flag as well. So no PE uses rows it gave up
@@ -149,6 +161,9 @@ pub const EP_KERNELS: &str = include_str!("../../kernels/ep.cu");
 /// when the buffer is created: every PE counts its peers' block signals, so all use one grid.
 const MAX_GRID: u32 = 1024;
 const BLOCK: u32 = 512;
+/// Threads per block of `ep_send` and `ep_pstream` for expert-major buffers: each at most 128
+/// registers, so one block of each fits on an SM (ep_pstream moves rows while ep_send runs).
+const STREAM_BLOCK: u32 = 256;
 /// Most experts (`ep_layout` counts pairs per expert in shared memory).
 pub const MAX_GPU_EXPERTS: usize = 8192;
 /// Most local experts whose per-block pair counts the token-major index keeps in shared memory
@@ -206,6 +221,24 @@ impl TokensCombine {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Threads per block of `ep_send` and `ep_pstream` from the measurement knobs
+/// `RSHMEM_EP_SEND_THREADS` and `RSHMEM_EP_PSTREAM_THREADS` (`name`, value `v`: a multiple of
+/// 32 from 64 to 512), else [`STREAM_BLOCK`] (expert-major buffers; `ep_pstream`) or
+/// [`BLOCK`] (`ep_send` for token-major buffers). Both kernels take at most 128 registers per
+/// thread: where their sum passes 512 `ep_pstream`'s blocks no longer fit beside `ep_send`'s
+/// and move rows only as `ep_send`'s blocks end.
+fn block_threads(name: &str, v: Option<&str>, default: u32) -> Result<u32> {
+    match v {
+        None | Some("") => Ok(default),
+        Some(v) => match v.parse::<u32>() {
+            Ok(t) if (64..=BLOCK).contains(&t) && t % 32 == 0 => Ok(t),
+            _ => Err(Error::invalid(format!(
+                "{name}={v}: expected a multiple of 32 from 64 to {BLOCK}"
+            ))),
+        },
+    }
+}
+
 /// NVRTC `-D` options of the kernels for hidden type `T` and id type `I`.
 pub fn kernel_options(t: ElemKind, id: ElemKind) -> Result<Vec<String>> {
     let tn = match t {
@@ -261,6 +294,7 @@ struct Plan {
     row_src: usize,
     tok_rows: usize,
     acc: usize,
+    prog: usize,
     params: usize,
     total: usize,
 }
@@ -319,9 +353,15 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
         // ep_layout's accumulators (pairs per expert, tokens per destination, a flag, a
         // ticket), then each block's tokens per destination.
         (cfg.num_experts + n + 2 + MAX_GRID as usize * n) * 4,
+        // Progress words (expert-major buffers: ep_pstream moves rows as they come in), one
+        // per (source, source block).
+        match cfg.layout {
+            RecvLayout::ExpertMajor => MAX_GRID as usize * n * 8,
+            RecvLayout::TokenMajor => 0,
+        },
         PARAM_WORDS * 8,
     ];
-    let mut offs = [0usize; 15];
+    let mut offs = [0usize; 16];
     let mut at = 0usize;
     for (o, sz) in offs.iter_mut().zip(sizes) {
         *o = at;
@@ -358,7 +398,8 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
         row_src: offs[11],
         tok_rows: offs[12],
         acc: offs[13],
-        params: offs[14],
+        prog: offs[14],
+        params: offs[15],
         total: at,
     })
 }
@@ -388,6 +429,13 @@ fn param_words(
         ("row_src", a(p.row_src)),
         ("tok_rows", a(p.tok_rows)),
         ("acc", a(p.acc)),
+        (
+            "prog",
+            match cfg.layout {
+                RecvLayout::ExpertMajor => a(p.prog),
+                RecvLayout::TokenMajor => 0,
+            },
+        ),
         ("n", n as u64),
         ("me", dt.my_index as u64),
         ("start", dt.start as u64),
@@ -404,7 +452,7 @@ fn param_words(
 }
 
 /// Words of the kernels' `ep_params` block.
-const PARAM_WORDS: usize = 25;
+const PARAM_WORDS: usize = 26;
 
 /// What one dispatch returns on one PE: the handle [`Buffer::combine`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -536,6 +584,10 @@ pub struct Buffer<T: Elem> {
     dwait: Kernel,
     cwait: Kernel,
     permute: Kernel,
+    pstream: Kernel,
+    /// `ep_send`'s and `ep_pstream`'s threads per block ([`block_threads`]).
+    send_block: u32,
+    pstream_block: u32,
     csend: Kernel,
     crecv: Kernel,
     scale: Kernel,
@@ -614,6 +666,17 @@ impl<T: Elem> Buffer<T> {
         let n = team.n_pes();
         let prepared = (|| {
             let tokens_combine = TokensCombine::from_env()?;
+            let knob = |name: &str, default: u32| {
+                block_threads(name, std::env::var(name).ok().as_deref(), default)
+            };
+            let send_block = knob(
+                "RSHMEM_EP_SEND_THREADS",
+                match cfg.layout {
+                    RecvLayout::ExpertMajor => STREAM_BLOCK,
+                    RecvLayout::TokenMajor => BLOCK,
+                },
+            )?;
+            let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", STREAM_BLOCK)?;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
             let o32 = kernel_options(T::KIND, ElemKind::I32)?;
@@ -628,6 +691,7 @@ impl<T: Elem> Buffer<T> {
                     k("ep_dwait", &o32)?,
                     k("ep_cwait", &o32)?,
                     k("ep_permute", &o32)?,
+                    k("ep_pstream", &o32)?,
                     k("ep_csend", &o32)?,
                     k("ep_crecv", &o32)?,
                     k("ep_scale_experts", &o32)?,
@@ -639,7 +703,7 @@ impl<T: Elem> Buffer<T> {
                     k("ep_ccopy", &o32)?,
                 ],
             );
-            Ok::<_, Error>((dt, p, ks, tokens_combine))
+            Ok::<_, Error>((dt, p, ks, (tokens_combine, send_block, pstream_block)))
         })();
         let (
             dt,
@@ -647,10 +711,10 @@ impl<T: Elem> Buffer<T> {
             (
                 [layout32, send32],
                 [layout64, send64],
-                [dwait, cwait, permute, csend, crecv, scale],
+                [dwait, cwait, permute, pstream, csend, crecv, scale],
                 [cready, cpull, cdone, ccopy],
             ),
-            tokens_combine,
+            (tokens_combine, send_block, pstream_block),
         ) = match prepared {
             Ok(v) => v,
             Err(e) => {
@@ -693,6 +757,7 @@ impl<T: Elem> Buffer<T> {
             dwait,
             cwait,
             permute,
+            pstream,
             csend,
             crecv,
             scale,
@@ -701,6 +766,8 @@ impl<T: Elem> Buffer<T> {
             cdone,
             ccopy,
             tokens_combine: std::cell::Cell::new(tokens_combine),
+            send_block,
+            pstream_block,
             dispatches: std::cell::Cell::new(0),
             grid,
             _t: std::marker::PhantomData,
@@ -882,16 +949,17 @@ impl<T: Elem> Buffer<T> {
             // Invalid here: ep_send reads no input (T = 0) and reports this PE as invalid.
             Err(e) => (0, 0, 0, 0, 1, Some(e)),
         };
+        let expert_major = self.cfg.layout == RecvLayout::ExpertMajor;
         // SAFETY: ep_layout(const ep_params*, const ep_id*, const float*, int, int, int, int),
         // ep_send(const ep_params*, const ep_t*, const ep_id*, const float*),
         // ep_dwait(const ep_params*): the pointers were checked to be this PE's symmetric
         // objects with at least T*H / T*k elements (or T = 0 and `invalid`: none is read); the
         // params block lies in the buffer; both grid kernels run the agreed grid (their blocks'
-        // token ranges must match, and the accumulators hold MAX_GRID blocks' counts);
-        // ep_layout's dynamic shared memory holds E counters; ep_send and ep_dwait are launched
-        // as dependents: ep_dwait begins with rshmemi_grid_dep_wait, ep_send with a wait for
-        // ep_layout's gate (opened before ep_layout lets it in), and it waits for ep_layout's
-        // end before it ends.
+        // token ranges must match, and the accumulators hold MAX_GRID blocks' counts; ep_send
+        // takes any block size up to 512 threads); ep_layout's dynamic shared memory holds E
+        // counters; ep_send and ep_dwait are launched as dependents: both start with a wait
+        // for ep_layout's gate (opened before ep_layout lets ep_send in), ep_send waits for
+        // ep_layout's end before it ends and ep_dwait for ep_send's.
         let smem = (self.cfg.num_experts * 4) as u32;
         unsafe {
             g.launch(
@@ -915,7 +983,7 @@ impl<T: Elem> Buffer<T> {
                 send,
                 s,
                 self.grid,
-                BLOCK,
+                self.send_block,
                 0,
                 &[
                     prm,
@@ -928,14 +996,46 @@ impl<T: Elem> Buffer<T> {
             g.launch_dependent(&self.dwait, s, 1, 1024, 0, &[prm])?;
         }
         mark()?;
+        if expert_major {
+            let out = g.ptr(&self.expert_x()?)?;
+            // SAFETY: ep_pstream(const ep_params*, ep_t*): `out` is the buffer's expert-major
+            // area (max_rows rows, every row index checked against the offsets); it starts on
+            // ep_dwait's gate and ends with rshmemi_grid_dep_wait (a dependent); one block
+            // fewer than the grid, as ep_dwait's block takes the room of one beside ep_send.
+            unsafe {
+                g.launch_dependent(
+                    &self.pstream,
+                    s,
+                    self.grid.saturating_sub(1).max(1),
+                    self.pstream_block,
+                    0,
+                    &[prm, KernelArg::Ptr(out)],
+                )?;
+            }
+        } else {
+            // The index counts each block's pairs per local expert in shared memory.
+            let el = self.cfg.num_experts / self.n;
+            let smem = if el <= INDEX_EXPERTS {
+                (2 * el * 4) as u32
+            } else {
+                0
+            };
+            // SAFETY: ep_permute(const ep_params*): with El <= EP_INDEX_EXPERTS its dynamic
+            // shared memory holds 2 * El counters; it begins with rshmemi_grid_dep_wait (a
+            // dependent).
+            unsafe {
+                g.launch_dependent(&self.permute, s, self.grid, BLOCK, smem, &[prm])?;
+            }
+        }
+        mark()?;
         self.dispatches.set(self.dispatches.get() + 1);
         let mut rows = None;
         let mut counts = None;
         let mut recv_tokens = None;
-        // Normal mode reads the counts back once, except while `s` is being captured into a
-        // graph: then, as in capturable mode, they stay on the device (normal mode's receive
-        // area holds the worst case, so nothing can overflow) and errors are latched for
-        // `check`, so both modes can be captured.
+        // Normal mode reads the counts back once the step is done, except while `s` is being
+        // captured into a graph: then, as in capturable mode, they stay on the device (normal
+        // mode's receive area holds the worst case, so nothing can overflow) and errors are
+        // latched for `check`, so both modes can be captured.
         if !capturable && !s.is_capturing()? {
             s.synchronize()?;
             let CtlRead { ctl, recv, off } = self.read_ctl_offsets(pe)?;
@@ -949,32 +1049,6 @@ impl<T: Elem> Buffer<T> {
             counts = Some(off.windows(2).map(|w| w[1] - w[0]).collect());
             recv_tokens = Some(recv);
         }
-        // Token-major: a null output, the kernel fills only the index.
-        let out = match self.cfg.layout {
-            RecvLayout::ExpertMajor => g.ptr(&self.expert_x()?)?,
-            RecvLayout::TokenMajor => 0,
-        };
-        // Token-major: the index counts each block's pairs per local expert in shared memory.
-        let el = self.cfg.num_experts / self.n;
-        let smem = if out == 0 && el <= INDEX_EXPERTS {
-            (2 * el * 4) as u32
-        } else {
-            0
-        };
-        // SAFETY: ep_permute(const ep_params*, ep_t*): `out` is the buffer's expert-major area
-        // (max_rows rows) or null; with null and El <= EP_INDEX_EXPERTS its dynamic shared
-        // memory holds 2 * El counters; it begins with rshmemi_grid_dep_wait (a dependent).
-        unsafe {
-            g.launch_dependent(
-                &self.permute,
-                s,
-                self.grid,
-                BLOCK,
-                smem,
-                &[prm, KernelArg::Ptr(out)],
-            )?;
-        }
-        mark()?;
         if let Some(e) = mine {
             return Err(e);
         }
@@ -1403,13 +1477,13 @@ use super::bench::{time_stream, Ev};
 /// With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS): prints the last dispatch's and combine's
 /// clock stamps (control words 16.., `ep.cu` says which); nothing when they were not compiled in.
 fn print_stamps<T: Elem>(pe: &Pe, buf: &Buffer<T>, what: &str) -> Result<()> {
-    let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 19)?)?;
+    let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 22)?)?;
     if c[0] == 0 {
         return Ok(());
     }
     let us = |k: usize| c[k].wrapping_sub(c[0]) as i64 as f64 / 1e3;
     eprintln!(
-        "ep stamps {what} (us after layout start): layout {:.1} peers ready {:.1} records out {:.1} | send {:.1}-{:.1} | records in {:.1} rows in {:.1} wait end {:.1} | index {:.1}-{:.1}",
+        "ep stamps {what} (us after layout start): layout {:.1} peers ready {:.1} records out {:.1} | send {:.1}-{:.1} | records in {:.1} rows in {:.1} wait end {:.1} | index or pstream {:.1}-{:.1}",
         us(1), us(2), us(3), us(4), us(5), us(6), us(7), us(8), us(9), us(10)
     );
     let cs = |k: usize| c[k].wrapping_sub(c[11]) as i64 as f64 / 1e3;
@@ -1421,8 +1495,8 @@ fn print_stamps<T: Elem>(pe: &Pe, buf: &Buffer<T>, what: &str) -> Result<()> {
         cs(15)
     );
     eprintln!(
-        "ep stamps {what} (us after layout start): layout blocks' latest start {:.1}, tokens counted {:.1}, counts fenced {:.1}",
-        us(16), us(17), us(18)
+        "ep stamps {what} (us after layout start): layout blocks' latest start {:.1}, tokens counted {:.1}, counts fenced {:.1}; dwait start {:.1}, its gate open {:.1}, pstream blocks' latest start {:.1}",
+        us(16), us(17), us(18), us(21), us(20), us(19)
     );
     Ok(())
 }
@@ -1818,9 +1892,13 @@ mod tests {
             .skip(1)
             .map(|d| {
                 let d = d.trim_start().trim_start_matches("void").trim_start();
-                // Launch bounds: `__launch_bounds__(N) name(`.
-                let d = match d.strip_prefix("__launch_bounds__(") {
-                    Some(r) => &r[r.find(')').expect("launch bounds") + 1..],
+                // Launch bounds or a register cap: `__launch_bounds__(N) name(`,
+                // `__maxnreg__(N) name(`.
+                let d = match d
+                    .strip_prefix("__launch_bounds__(")
+                    .or_else(|| d.strip_prefix("__maxnreg__("))
+                {
+                    Some(r) => r[r.find(')').expect("launch bounds") + 1..].trim_start(),
                     None => d,
                 };
                 let open = d.find('(').expect("parameter list");
@@ -1846,13 +1924,14 @@ mod tests {
     #[test]
     fn launches_match_the_kernel_signatures() {
         let (p, i, l) = ("ptr", "int", "long long");
-        let launches: [(&str, Vec<&str>); 18] = [
+        let launches: [(&str, Vec<&str>); 19] = [
             // ep.rs
             ("ep_layout", vec![p, p, p, i, i, i, i]),
             ("ep_send", vec![p, p, p, p]),
             ("ep_dwait", vec![p]),
             ("ep_cwait", vec![p]),
-            ("ep_permute", vec![p, p]),
+            ("ep_permute", vec![p]),
+            ("ep_pstream", vec![p, p]),
             ("ep_csend", vec![p, p, i]),
             ("ep_crecv", vec![p, p, p]),
             ("ep_scale_experts", vec![p, p, p, p, i]),
@@ -1960,8 +2039,26 @@ mod tests {
         );
     }
 
-    /// A token-major buffer has no expert-major area: issue 7's size (T = 4096, H = 7168 bf16,
-    /// k = 8, 2 PEs) takes 940 MB less per PE; every other area is where it was.
+    /// The block-size knobs take multiples of 32 from 64 to 512 only, and name themselves
+    /// when refused; unset, the default holds.
+    #[test]
+    fn block_threads_knobs() {
+        let k = "RSHMEM_EP_SEND_THREADS";
+        assert_eq!(block_threads(k, None, 256).unwrap(), 256);
+        assert_eq!(block_threads(k, Some(""), 512).unwrap(), 512);
+        assert_eq!(block_threads(k, Some("384"), 256).unwrap(), 384);
+        assert_eq!(block_threads(k, Some("64"), 512).unwrap(), 64);
+        for bad in ["0", "32", "100", "544", "1024", "x", "-256"] {
+            let e = block_threads("RSHMEM_EP_PSTREAM_THREADS", Some(bad), 256)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("RSHMEM_EP_PSTREAM_THREADS"), "{bad}: {e}");
+        }
+    }
+
+    /// A token-major buffer has no expert-major area and no progress words: issue 7's size (T =
+    /// 4096, H = 7168 bf16, k = 8, 2 PEs) takes 940 MB (and 16 KiB) less per PE; every other
+    /// area is where it was.
     #[test]
     fn token_major_plan_drops_the_expert_major_area() {
         let em = EpConfig {
@@ -1978,7 +2075,14 @@ mod tests {
         };
         let (a, b) = (plan(&em, 2, 2).unwrap(), plan(&tm, 2, 2).unwrap());
         let expanded = 2 * 4096 * 8 * 7168 * 2;
-        assert_eq!(a.total - b.total, expanded);
+        let progress = 2 * MAX_GRID as usize * 8;
+        assert_eq!(a.total - b.total, expanded + progress);
+        assert_eq!(
+            a.params - a.prog,
+            progress,
+            "the progress words before the parameters"
+        );
+        assert_eq!(b.params, b.prog, "no progress words");
         assert_eq!(
             (a.recv_x, a.recv_meta, a.comb),
             (b.recv_x, b.recv_meta, b.comb)
@@ -2056,6 +2160,7 @@ mod tests {
         ] {
             assert!(src.contains(&format!("#define {name} {v}\n")), "{name}");
         }
+
         for (name, v) in [
             ("EP_ERR_MINE", ERR_MINE),
             ("EP_ERR_PEER", ERR_PEER),
