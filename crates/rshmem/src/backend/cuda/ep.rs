@@ -61,10 +61,12 @@
 //!    at most 128 registers: they fit beside `ep_send`'s) take each row as soon as it is in:
 //!    its local slots take their expert-major rows (atomics), the row is read once and stored
 //!    to each, filling the handle arrays. The last block checks that every expert got all its
-//!    rows (else an error from [`Buffer::check`]: inconsistent counts). The expanded copy (8x the received bytes at k = 8, 2
-//!    PEs) thus overlaps the NVLink transfer instead of following it. With PEs sharing a GPU
-//!    a PE's waiting `ep_pstream` blocks may hold off a peer's `ep_send` until its own ends,
-//!    never stop it. Token-major buffers: `ep_permute` (grid, after `ep_dwait`) fills the
+//!    rows (else an error from [`Buffer::check`]: inconsistent counts). The expanded copy
+//!    (about 4 rows written per row received at k = 8 on 2 PEs) thus overlaps the NVLink
+//!    transfer instead of following it (2x H200, T = 4096: 277 us against 357, BENCHMARKS.md;
+//!    beside `ep_pstream`'s copies `ep_send` takes about 255 us instead of 167). With PEs
+//!    sharing a GPU a PE's waiting `ep_pstream` blocks may hold off a peer's `ep_send` until
+//!    its own ends, never stop it. Token-major buffers: `ep_permute` (grid, after `ep_dwait`) fills the
 //!    handle arrays only, a thread per row and slot.
 //! 4. Combine, **pre-reduced on the expert side**: `ep_csend` sums, for each received token,
 //!    weight × expert output over the slots served here (slot order, `f32`), rounds once to

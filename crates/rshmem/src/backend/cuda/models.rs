@@ -836,7 +836,9 @@ fn loom_chain_broadcast_three_pes() {
 /// One step of an EP sequence (every PE runs the same list, as the contract asks).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum EpOp {
-    /// `ep_layout` → `ep_send` → `ep_dwait` → `ep_permute`.
+    /// `ep_layout` → `ep_send` → `ep_dwait` with `ep_pstream` beside it (rows as their
+    /// progress words say) → `ep_permute`. Without the progress words' zeroing in
+    /// `ep_layout`, `loom_ep_reuse_three_calls` fails (a row read while it is written).
     Dispatch,
     /// `ep_csend` → `ep_cwait` → `ep_crecv` (on the latest dispatch's layout).
     Combine,
@@ -871,6 +873,10 @@ struct EpMem {
     sig_cdone: Vec<AtomicU64>,
     /// `ctl[EP_CTL_ERR]` of each PE (peers `atomicOr_system` the abort bit into it).
     err: Vec<AtomicU64>,
+    /// Progress words `prog[pe][src]` (one per source block in the kernels, one block here):
+    /// `ep_send` raises them (`red.release.max`) as rows go out, `final << 63 | hi << 32`;
+    /// their owner zeroes them before its ready signal.
+    prog: Vec<AtomicU64>,
     /// Receive rows and row records `recv[pe][src][pos]` (plain stores): the dispatch number.
     recv: Cells,
     /// Combine rows `comb[pe][parity][src][pos]`: the combine number.
@@ -893,6 +899,7 @@ impl EpMem {
             sig_cready: words(EP_N * EP_N),
             sig_cdone: words(EP_N * EP_N),
             err: words(EP_N),
+            prog: words(EP_N * EP_N),
             recv: Cells::new(EP_N * EP_N * EP_C),
             comb: Cells::new(EP_N * 2 * EP_N * EP_C),
             y: Cells::new(EP_N * EP_N * EP_C),
@@ -971,6 +978,11 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                 // the epoch. ep_send moves rows only when no PE gave up.
                 epoch += 1;
                 let gone = failed || mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0;
+                // The progress words are zero again before the ready signals (the previous
+                // dispatch's writers were all seen by its ep_dwait).
+                for s in peers() {
+                    mem.prog[me * EP_N + s].store(0, Ordering::Relaxed);
+                }
                 for d in peers() {
                     if gone {
                         mem.err[d].fetch_or(EP_ABORT, Ordering::Relaxed);
@@ -996,11 +1008,16 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                     fence(Ordering::SeqCst);
                     mem.sig_rec[d * EP_N + me].store(epoch, Ordering::Release);
                 }
-                // ep_send: the rows, then each block's data signal.
+                // ep_send: the rows, each followed by the block's progress word (expert-major
+                // buffers), then each block's data signal.
                 if send {
                     for d in peers() {
-                        for pos in 0..ep_rows(k, me, d) {
+                        let rows = ep_rows(k, me, d);
+                        for pos in 0..rows {
                             mem.recv.put(EpMem::recv_at(d, me, pos), k as u64);
+                            let fin = ((pos + 1 == rows) as u64) << 63;
+                            mem.prog[d * EP_N + me]
+                                .fetch_max(fin | ((pos as u64 + 1) << 32), Ordering::Release);
                         }
                     }
                 }
@@ -1034,12 +1051,37 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                         );
                     }
                 }
+                // ep_pstream (expert-major buffers; it runs beside ep_dwait's data wait, one of
+                // the interleavings): each row once its source's progress word covers it. Its
+                // waits are not counted among the ones a model run times out (the data wait
+                // after them keeps its index); after an earlier timeout they give up at once.
+                if go {
+                    'rows: for s in peers() {
+                        for pos in 0..recv_cnt[s] {
+                            let w = &mem.prog[me * EP_N + s];
+                            let v = (pos as u64 + 1) << 32;
+                            if w.load(Ordering::Acquire) < v {
+                                if failed {
+                                    gave = true;
+                                    break 'rows;
+                                }
+                                spin(|| w.load(Ordering::Acquire) >= v);
+                            }
+                            let v = mem.recv.get(EpMem::recv_at(me, s, pos));
+                            assert_eq!(
+                                v, k as u64,
+                                "PE {me} dispatch {k}: streamed row of {s} at {pos}"
+                            );
+                        }
+                    }
+                    abort_if_failed(failed, &mut go);
+                }
                 for s in peers() {
                     wait(&mem.sig_data[me * EP_N + s], dwait, &mut failed, &mut gave);
                 }
                 fence(Ordering::AcqRel);
                 abort_if_failed(failed, &mut go);
-                // ep_permute: the received rows.
+                // ep_permute (token-major buffers): the received rows.
                 if go {
                     for s in peers() {
                         assert_eq!(recv_cnt[s], ep_rows(k, s, me), "PE {me} dispatch {k}");
