@@ -761,6 +761,31 @@ extern "C" __global__ void ep_cwait(const ep_params* P) {
 #define EP_INDEX_EXPERTS 4096
 #endif
 
+// Row `src` into rows `out + r_l * H` for the lanes l of `mask` (r: each lane's row), the whole
+// warp: read once, chunk by chunk (vectors when `vec`), each chunk stored to every row.
+__device__ __forceinline__ void ep_expand_row(ep_t* out, const ep_t* src, unsigned mask, int r, long long H, bool vec,
+                                              int nv, unsigned lane) {
+    if (!mask) return;
+    if (vec) {
+        // The chunk loop runs as many times on every lane (its bound does not depend on the
+        // lane): the shuffles below need the whole warp.
+        for (int c0 = 0; c0 < nv; c0 += 32 * EP_U) {
+            const int v0 = c0 + (int)lane;
+            rshmemi_v4 a[EP_U];
+            ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
+            for (unsigned mm = mask; mm; mm &= mm - 1) {
+                const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
+                ep_store<EP_U>((rshmemi_v4*)(out + (long long)rb * H), a, v0, nv);
+            }
+        }
+    } else {
+        for (unsigned mm = mask; mm; mm &= mm - 1) {
+            const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
+            ep_copy_row(out + (long long)rb * H, src, H * (long long)sizeof(ep_t), lane);
+        }
+    }
+}
+
 // Received row g (source g / C, position g % C) into expert-major rows `out`, one per local slot
 // (the whole warp): lane j takes slot j (its row placed by an atomic on the expert's fill
 // counter) and fills the handle (row_src[r] = g * kmax + slot, tok_rows[g * kmax + slot] = r
@@ -774,7 +799,6 @@ __device__ __forceinline__ void ep_permute_row(const ep_params* P, ep_t* out, lo
     unsigned* fill = (unsigned*)P->fill;
     const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
     const ep_t* src = (const ep_t*)P->recv_x + g * H;
-    const long long bytes = H * (long long)sizeof(ep_t);
     for (long long j0 = 0; j0 < K; j0 += 32) {
         const long long j = j0 + lane;
         int r = -1;
@@ -792,26 +816,7 @@ __device__ __forceinline__ void ep_permute_row(const ep_params* P, ep_t* out, lo
             }
             ((int*)P->tok_rows)[g * K + j] = r;
         }
-        const unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
-        if (!mask) continue;
-        if (vec) {
-            // The chunk loop runs as many times on every lane (its bound does not depend on
-            // the lane): the shuffles below need the whole warp.
-            for (int c0 = 0; c0 < nv; c0 += 32 * EP_U) {
-                const int v0 = c0 + (int)lane;
-                rshmemi_v4 a[EP_U];
-                ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
-                for (unsigned mm = mask; mm; mm &= mm - 1) {
-                    const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
-                    ep_store<EP_U>((rshmemi_v4*)(out + (long long)rb * H), a, v0, nv);
-                }
-            }
-        } else {
-            for (unsigned mm = mask; mm; mm &= mm - 1) {
-                const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
-                ep_copy_row(out + (long long)rb * H, src, bytes, lane);
-            }
-        }
+        ep_expand_row(out, src, __ballot_sync(0xffffffffu, r >= 0), r, H, vec, nv, lane);
     }
 }
 
@@ -1438,24 +1443,7 @@ extern "C" __global__ void __launch_bounds__(512) epb_permute(const int* rcnt, i
                 }
                 tok_rows[g * K + j] = r;
             }
-            const unsigned mask = __ballot_sync(0xffffffffu, r >= 0);
-            if (!mask) continue;
-            if (vec) {
-                for (int c0 = 0; c0 < nv; c0 += 32 * EP_U) {  // same trip count on every lane
-                    const int v0 = c0 + (int)lane;
-                    rshmemi_v4 a[EP_U];
-                    ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
-                    for (unsigned mm = mask; mm; mm &= mm - 1) {
-                        const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
-                        ep_store<EP_U>((rshmemi_v4*)(ex + (long long)rb * H), a, v0, nv);
-                    }
-                }
-            } else {
-                for (unsigned mm = mask; mm; mm &= mm - 1) {
-                    const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
-                    ep_copy_row(ex + (long long)rb * H, src, H * (long long)sizeof(ep_t), lane);
-                }
-            }
+            ep_expand_row(ex, src, __ballot_sync(0xffffffffu, r >= 0), r, H, vec, nv, lane);
         }
     }
 }

@@ -1008,17 +1008,17 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                     fence(Ordering::SeqCst);
                     mem.sig_rec[d * EP_N + me].store(epoch, Ordering::Release);
                 }
-                // ep_send: the rows, each followed by the block's progress word (expert-major
-                // buffers), then each block's data signal.
+                // ep_send: the rows, then the block's progress word (expert-major buffers; one
+                // block here, its last round: the word says every row is in), then each
+                // block's data signal.
                 if send {
                     for d in peers() {
                         let rows = ep_rows(k, me, d);
                         for pos in 0..rows {
                             mem.recv.put(EpMem::recv_at(d, me, pos), k as u64);
-                            let fin = ((pos + 1 == rows) as u64) << 63;
-                            mem.prog[d * EP_N + me]
-                                .fetch_max(fin | ((pos as u64 + 1) << 32), Ordering::Release);
                         }
+                        mem.prog[d * EP_N + me]
+                            .fetch_max(1 << 63 | (rows as u64) << 32, Ordering::Release);
                     }
                 }
                 for d in peers() {
@@ -1052,21 +1052,22 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                     }
                 }
                 // ep_pstream (expert-major buffers; it runs beside ep_dwait's data wait, one of
-                // the interleavings): each row once its source's progress word covers it. Its
+                // the interleavings): a source's rows once its progress word covers them (one
+                // wait per source: a wait per row made the EP models four times slower). Its
                 // waits are not counted among the ones a model run times out (the data wait
                 // after them keeps its index); after an earlier timeout they give up at once.
                 if go {
                     'rows: for s in peers() {
-                        for pos in 0..recv_cnt[s] {
-                            let w = &mem.prog[me * EP_N + s];
-                            let v = (pos as u64 + 1) << 32;
-                            if w.load(Ordering::Acquire) < v {
-                                if failed {
-                                    gave = true;
-                                    break 'rows;
-                                }
-                                spin(|| w.load(Ordering::Acquire) >= v);
+                        let w = &mem.prog[me * EP_N + s];
+                        let v = (recv_cnt[s] as u64) << 32;
+                        if w.load(Ordering::Acquire) < v {
+                            if failed {
+                                gave = true;
+                                break 'rows;
                             }
+                            spin(|| w.load(Ordering::Acquire) >= v);
+                        }
+                        for pos in 0..recv_cnt[s] {
                             let v = mem.recv.get(EpMem::recv_at(me, s, pos));
                             assert_eq!(
                                 v, k as u64,
