@@ -2353,7 +2353,18 @@ pub(super) fn knob_from_env(
     ok: impl Fn(usize) -> bool,
     what: &str,
 ) -> Result<usize> {
-    let v = crate::coll::env_size(name)?.unwrap_or(default);
+    knob_value(name, std::env::var(name).ok().as_deref(), default, ok, what)
+}
+
+/// [`knob_from_env`] on the value `v` of variable `name` (`None` or empty: unset).
+pub(super) fn knob_value(
+    name: &str,
+    v: Option<&str>,
+    default: usize,
+    ok: impl Fn(usize) -> bool,
+    what: &str,
+) -> Result<usize> {
+    let v = crate::coll::size_value(name, v)?.unwrap_or(default);
     if !ok(v) {
         return Err(Error::invalid(format!("{name}={v}: {what}")));
     }

@@ -66,8 +66,8 @@
 //!    transfer instead of following it (2x H200, T = 4096: 277 us against 357, BENCHMARKS.md;
 //!    beside `ep_pstream`'s copies `ep_send` takes about 255 us instead of 167). With PEs
 //!    sharing a GPU a PE's waiting `ep_pstream` blocks may hold off a peer's `ep_send` until
-//!    its own ends, never stop it. Token-major buffers: `ep_permute` (grid, after `ep_dwait`) fills the
-//!    handle arrays only, a thread per row and slot.
+//!    its own ends, never stop it. Token-major buffers: `ep_permute` (grid, after
+//!    `ep_dwait`) fills the handle arrays only, a thread per row and slot.
 //! 4. Combine, **pre-reduced on the expert side**: `ep_csend` sums, for each received token,
 //!    weight × expert output over the slots served here (slot order, `f32`), rounds once to
 //!    `T` and puts **one row per (token, PE)** back into the source's combine area; `ep_crecv`
@@ -91,13 +91,12 @@
 //!    `ep_ccopy` moves them to `out` after `ep_cdone`.
 //!
 //! # Modes
-//! * Normal: after the last dispatch kernel the host synchronises the stream once and reads the counts
-//!   exchanged on the GPU ([`Dispatch::rows`], [`Dispatch::expert_counts`],
-//!   [`Dispatch::recv_tokens_per_pe`]) and any error, then queues the rest. While the stream
-//!   is being captured into a CUDA graph it does not synchronise: the counts stay on the device
-//!   (those methods return `None`), errors are latched for [`Buffer::check`], and the step
-//!   replays like a capturable one (its receive area is sized for the worst case, so it cannot
-//!   overflow).
+//! * Normal: after the last dispatch kernel the host synchronises the stream once and reads
+//!   the counts exchanged on the GPU ([`Dispatch::rows`], [`Dispatch::expert_counts`],
+//!   [`Dispatch::recv_tokens_per_pe`]) and any error. While the stream is being captured into
+//!   a CUDA graph it does not synchronise: the counts stay on the device (those methods return
+//!   `None`), errors are latched for [`Buffer::check`], and the step replays like a capturable
+//!   one (its receive area is sized for the worst case, so it cannot overflow).
 //! * Capturable: nothing waits for the host; every kernel reads the counts and the decision
 //!   from device memory, so dispatch, an expert computation and combine can be captured once in
 //!   a CUDA graph and replayed with new routing written into the same input buffers. A capacity
@@ -105,19 +104,18 @@
 //!
 //! # Reusing the areas without extra synchronisation
 //! A PE writes a peer's records, receive area (rows, row records) and progress words only
-//! after the peer's ready signal of the same call, which the peer sends when its stream reaches that dispatch,
-//! after every kernel of its earlier steps that reads them (loom models in `models.rs`, two
-//! dispatches back to back included); combine rows go to the half of the combine area of the
-//! call's parity, and a PE reaches combine `c+2` only after the peer's rows of `c+1`, sent after
-//! it read `c`.
+//! after the peer's ready signal of the same call, which the peer sends when its stream
+//! reaches that dispatch, after every kernel of its earlier steps that reads them (loom models
+//! in `models.rs`, two dispatches back to back included); combine rows go to the half of the
+//! combine area of the call's parity, and a PE reaches combine `c+2` only after the peer's rows
+//! of `c+1`, sent after it read `c`.
 //!
 //! # Device wait timeouts
 //! A device wait that times out (a peer never signalled, or signalled too late) latches an abort
 //! flag on that PE: it stops the step (nothing combined; with expert-major buffers the rows that
-//! were in before the wait may have been permuted) and every later signal it
-//! sends carries the flag to the receiving PE, which stops too; its later `ep_layout`s write no
-//! records and its `ep_send`s move no rows (a peer may still be reading those of the step given up
-//! on); their ready and record signals carry the flag as well. So no PE uses rows it gave up
+//! were in before the wait may have been permuted) and every later signal it sends carries the
+//! flag to the receiving PE, which stops too; its later `ep_layout`s write no records and its
+//! `ep_send`s move no rows (a peer may still be reading those of the step given up on); their ready and record signals carry the flag as well. So no PE uses rows it gave up
 //! waiting for, nor rows or records of another call (a peer may still finish that step with the
 //! rows it did receive; it stops at its next wait for that PE; loom model in `models.rs`): the PE
 //! that timed out gets [`Error::Timeout`] from [`Buffer::check`], its peers get [`Error::Timeout`]
@@ -230,15 +228,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// thread: where their sum passes 512 `ep_pstream`'s blocks no longer fit beside `ep_send`'s
 /// and move rows only as `ep_send`'s blocks end.
 fn block_threads(name: &str, v: Option<&str>, default: u32) -> Result<u32> {
-    match v {
-        None | Some("") => Ok(default),
-        Some(v) => match v.parse::<u32>() {
-            Ok(t) if (64..=BLOCK).contains(&t) && t % 32 == 0 => Ok(t),
-            _ => Err(Error::invalid(format!(
-                "{name}={v}: expected a multiple of 32 from 64 to {BLOCK}"
-            ))),
-        },
-    }
+    let ok = |t: usize| (64..=BLOCK as usize).contains(&t) && t.is_multiple_of(32);
+    let what = format!("expected a multiple of 32 from 64 to {BLOCK}");
+    Ok(super::coll::knob_value(name, v, default as usize, ok, &what)? as u32)
 }
 
 /// NVRTC `-D` options of the kernels for hidden type `T` and id type `I`.
