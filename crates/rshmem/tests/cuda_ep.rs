@@ -732,11 +732,21 @@ fn gpu_ep_capacity_overflow_is_an_error() {
 /// send — both report a timeout and leave their outputs alone; after both have synchronised
 /// and cleared the flags the buffer works again.
 fn peer_timeout_body(pe: &Pe) -> Result<()> {
+    peer_timeout_body_mode(pe, EpMode::Capturable { capacity: 40 })
+}
+
+/// As [`peer_timeout_body`] in normal mode, where dispatch itself reports the timeout on both
+/// PEs (PE 1: its device error word, read back behind the kernels; PE 0: PE 1's abort).
+fn peer_timeout_normal_body(pe: &Pe) -> Result<()> {
+    peer_timeout_body_mode(pe, EpMode::Normal)
+}
+
+fn peer_timeout_body_mode(pe: &Pe, mode: EpMode) -> Result<()> {
     let n = pe.n_pes();
     let me = pe.my_pe();
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
-    let c = cfg(n, EpMode::Capturable { capacity: 40 });
+    let c = cfg(n, mode);
     let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
     let inp = inputs::<bf16>(pe, &c, n)?;
     let never = pe.alloc::<u64>(1)?;
@@ -764,12 +774,20 @@ fn peer_timeout_body(pe: &Pe) -> Result<()> {
     }
     // No quiet: PE 1's flag must survive until its step runs.
     pe.sync_all()?;
-    let d = dispatch(pe, &s, &buf, &inp, &st)?;
-    expert_and_combine(pe, &s, &buf, &inp, &d, st.scale)?;
-    s.synchronize()?;
-    match buf.check(pe) {
-        Err(Error::Timeout { .. }) => {}
-        other => panic!("PE {me}: expected a timeout, got {other:?}"),
+    if mode == EpMode::Normal {
+        match dispatch(pe, &s, &buf, &inp, &st) {
+            Err(Error::Timeout { .. }) => {}
+            other => panic!("PE {me}: expected a timeout from dispatch, got {other:?}"),
+        }
+        s.synchronize()?;
+    } else {
+        let d = dispatch(pe, &s, &buf, &inp, &st)?;
+        expert_and_combine(pe, &s, &buf, &inp, &d, st.scale)?;
+        s.synchronize()?;
+        match buf.check(pe) {
+            Err(Error::Timeout { .. }) => {}
+            other => panic!("PE {me}: expected a timeout, got {other:?}"),
+        }
     }
     assert!(!buf.last_dispatch_ok(pe)?, "PE {me}: step not stopped");
     assert!(
@@ -802,6 +820,15 @@ fn gpu_ep_peer_timeout_stops_every_pe() {
     let cfg = gpu_config(2).timeout(Duration::from_secs(2));
     let r = rshmem::threads_with(cfg, 2, peer_timeout_body).expect("world");
     harness::expect_all_ok("peer timeout, 2 PEs", r);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_peer_timeout_stops_every_pe_normal_mode() {
+    let _gpu = harness::gpu_world();
+    let cfg = gpu_config(2).timeout(Duration::from_secs(2));
+    let r = rshmem::threads_with(cfg, 2, peer_timeout_normal_body).expect("world");
+    harness::expect_all_ok("peer timeout in normal mode, 2 PEs", r);
 }
 
 fn graph_body(pe: &Pe) -> Result<()> {

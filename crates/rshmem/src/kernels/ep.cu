@@ -46,7 +46,8 @@ struct ep_params {
 // its ready signals out, 13 its wait end, 14-15 ep_cpull), then the latest of ep_layout's blocks:
 // 16 start, 17 tokens counted, 18 counts fenced, and 19 the latest of ep_pstream's blocks'
 // starts (9 and 10 are ep_pstream's start and end with expert-major buffers), 20 ep_dwait's
-// gate open, 21 ep_dwait's start; printed by the benchmark's
+// gate open, 21 ep_dwait's start, 22 ep_cwait's start, 23 the latest of ep_crecv's block starts;
+// printed by the benchmark's
 // RSHMEM_EP_BREAKDOWN. Compiled away by default.
 #ifndef EP_STAMPS
 #define EP_STAMPS 0
@@ -739,10 +740,22 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
 }
 
 // Combine's wait (one block): until every PE's ep_csend blocks signalled this step.
+// EP_CRACE 1 (measurement only, wrong sums): ep_cwait lets ep_crecv launch at once and
+// ep_crecv does not wait (ep_crecv's 110 registers leave room beside ep_csend's blocks with
+// RSHMEM_EP_CSEND_THREADS/RSHMEM_EP_CRECV_THREADS at 256): a bound on what a streaming receive
+// could gain. On 2x H200 (2026-11-26) ep_cwait's block still became resident only once
+// ep_csend's first blocks ended (stamp 22), at 256 as at 512 threads, so nothing overlapped.
+#ifndef EP_CRACE
+#define EP_CRACE 0
+#endif
 extern "C" __global__ void ep_cwait(const ep_params* P) {
+#if EP_CRACE
+    rshmemi_grid_dep_launch();
+#endif
+    unsigned long long* ctl = (unsigned long long*)P->ctl;
+    if (threadIdx.x == 0) EP_STAMP(ctl, 22);
     rshmemi_grid_dep_wait();
     __shared__ rshmem_u64 s_c;
-    unsigned long long* ctl = (unsigned long long*)P->ctl;
     const int n = (int)P->n;
     if (threadIdx.x == 0) {
         ctl[EP_CTL_CWAIT] += 1;  // every combine (the combine area's parity)
@@ -753,6 +766,17 @@ extern "C" __global__ void ep_cwait(const ep_params* P) {
     ep_wait_every_pe(P, ctl, (const rshmem_u64*)P->sig + 2 * n, s_c * (rshmem_u64)P->grid, 13);
     // ep_crecv may become resident now (no wait for other PEs is left here).
     rshmemi_grid_dep_launch();
+}
+
+// Normal mode's readback (one block, after the last dispatch kernel): the first `words` control
+// words of this PE's buffer (control words, receive counts, expert offsets) and then this PE's
+// device error word into `host` (page-locked host memory mapped for the device), which the host
+// reads once it has synchronised the stream: no copy-engine round trips.
+extern "C" __global__ void ep_readback(const ep_params* P, unsigned long long* host, int words) {
+    rshmemi_grid_dep_wait();
+    const volatile unsigned long long* ctl = (const volatile unsigned long long*)P->ctl;
+    for (int i = threadIdx.x; i < words; i += blockDim.x) host[i] = ctl[i];
+    if (threadIdx.x == 0) host[words] = *(volatile rshmem_u64*)rshmemi_err_word();
 }
 
 // Most local experts whose per-block counts the token-major index keeps in shared memory
@@ -1171,8 +1195,11 @@ __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, lo
 // (token, chunk of the row), two PEs' rows loaded before accumulating. `own` (not null: after
 // ep_csend with tokens == 2) holds this PE's rows for its own tokens (receive-row layout).
 extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, ep_t* out, const ep_t* own) {
+#if !EP_CRACE
     rshmemi_grid_dep_wait();
+#endif
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
+    EP_STAMP_MAX(ctl, 23);
     if (!ctl[EP_CTL_GO]) return;
     const int n = (int)P->n;
     const long long H = P->hidden, C = P->cap;
@@ -1186,6 +1213,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     EP_STAMP_FIRST(ctl, 14);
     ep_sum_rows(tok_pos, T, n, H, s_base, out);
     EP_STAMP_LAST(ctl, 15);
+#if EP_CRACE
+    rshmemi_grid_dep_wait();
+#endif
 }
 
 // ----- the pull combine (combine_tokens): ep_cready (1 block) -> ep_cpull (grid) -> ep_cdone (1 block)

@@ -720,4 +720,9 @@ impl<'a> CudaPe<'a> {
     pub fn check_device_errors(&self) -> Result<()> {
         self.b.take_device_error()
     }
+
+    /// `len` zeroed bytes of page-locked host memory of this PE's GPU context.
+    pub(super) fn host_buf(&self, len: usize) -> Result<gpu::HostBuf> {
+        gpu::HostBuf::zeroed(&self.b.gpu, len)
+    }
 }

@@ -91,12 +91,17 @@
 //!    `ep_ccopy` moves them to `out` after `ep_cdone`.
 //!
 //! # Modes
-//! * Normal: after the last dispatch kernel the host synchronises the stream once and reads
-//!   the counts exchanged on the GPU ([`Dispatch::rows`], [`Dispatch::expert_counts`],
-//!   [`Dispatch::recv_tokens_per_pe`]) and any error. While the stream is being captured into
-//!   a CUDA graph it does not synchronise: the counts stay on the device (those methods return
-//!   `None`), errors are latched for [`Buffer::check`], and the step replays like a capturable
-//!   one (its receive area is sized for the worst case, so it cannot overflow).
+//! * Normal: after the last dispatch kernel, `ep_readback` (one block) writes the counts
+//!   exchanged on the GPU and this PE's device error word into page-locked host memory mapped
+//!   for the GPU; the host synchronises the stream once and reads them there
+//!   ([`Dispatch::rows`], [`Dispatch::expert_counts`], [`Dispatch::recv_tokens_per_pe`], and
+//!   any error; the device error word is read again, and taken, only when it is set). Against
+//!   two synchronous copies after the synchronisation this took 20-26 us off a T = 4096 step
+//!   and 20-30 us off a T = 128 one (2x H200, BENCHMARKS.md). While the stream is being
+//!   captured into a CUDA graph it does not synchronise: the counts stay on the device (those
+//!   methods return `None`), errors are latched for [`Buffer::check`], and the step replays
+//!   like a capturable one (its receive area is sized for the worst case, so it cannot
+//!   overflow).
 //! * Capturable: nothing waits for the host; every kernel reads the counts and the decision
 //!   from device memory, so dispatch, an expert computation and combine can be captured once in
 //!   a CUDA graph and replayed with new routing written into the same input buffers. A capacity
@@ -498,6 +503,12 @@ struct CtlRead {
 /// Parses the bytes from the control area to the end of the expert offsets (`b`, starting at
 /// `p.ctl`, little-endian): control words, `n` receive counts at `p.recv_cnt`, `el + 1` offsets
 /// at `p.expert_off`.
+/// Bytes from the control words to the end of the `el + 1` expert offsets (the areas are
+/// adjacent: control, receive counts, offsets), rounded up to 8.
+fn readback_len(p: &Plan, el: usize) -> usize {
+    (p.expert_off + (el + 1) * 4 - p.ctl).next_multiple_of(8)
+}
+
 fn parse_ctl(b: &[u8], p: &Plan, n: usize, el: usize) -> CtlRead {
     let word = |i: usize| {
         let mut w = [0u8; 8];
@@ -582,6 +593,8 @@ pub struct Buffer<T: Elem> {
     /// `ep_send`'s and `ep_pstream`'s threads per block ([`block_threads`]).
     send_block: u32,
     pstream_block: u32,
+    csend_block: u32,
+    crecv_block: u32,
     csend: Kernel,
     crecv: Kernel,
     scale: Kernel,
@@ -591,6 +604,13 @@ pub struct Buffer<T: Elem> {
     ccopy: Kernel,
     tokens_combine: std::cell::Cell<TokensCombine>,
     dispatches: std::cell::Cell<u64>,
+    /// Page-locked bytes normal mode's dispatch copies its results into on the stream
+    /// ([`readback_len`] bytes of control words, counts and offsets, then the device error
+    /// word), read after its one synchronisation.
+    readback: super::gpu::HostBuf,
+    /// `readback` as the device addresses it, and `ep_readback`, which fills it.
+    readback_dev: u64,
+    readback_k: Kernel,
     grid: u32,
     _t: std::marker::PhantomData<fn() -> T>,
 }
@@ -671,8 +691,14 @@ impl<T: Elem> Buffer<T> {
                 },
             )?;
             let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", STREAM_BLOCK)?;
+            let csend_block = knob("RSHMEM_EP_CSEND_THREADS", BLOCK)?;
+            let crecv_block = knob("RSHMEM_EP_CRECV_THREADS", BLOCK)?;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
+            // Normal mode's readback: the control words, receive counts and expert offsets,
+            // then the device error word (8-byte aligned).
+            let readback = g.host_buf(readback_len(&p, cfg.num_experts / n) + 8)?;
+            let readback_dev = readback.device_ptr()?;
             let o32 = kernel_options(T::KIND, ElemKind::I32)?;
             let o64 = kernel_options(T::KIND, ElemKind::I64)?;
             let o32: Vec<&str> = o32.iter().map(|s| s.as_str()).collect();
@@ -695,9 +721,22 @@ impl<T: Elem> Buffer<T> {
                     k("ep_cpull", &o32)?,
                     k("ep_cdone", &o32)?,
                     k("ep_ccopy", &o32)?,
+                    k("ep_readback", &o32)?,
                 ],
             );
-            Ok::<_, Error>((dt, p, ks, (tokens_combine, send_block, pstream_block)))
+            Ok::<_, Error>((
+                dt,
+                p,
+                ks,
+                (
+                    tokens_combine,
+                    send_block,
+                    pstream_block,
+                    csend_block,
+                    crecv_block,
+                ),
+                (readback, readback_dev),
+            ))
         })();
         let (
             dt,
@@ -706,9 +745,10 @@ impl<T: Elem> Buffer<T> {
                 [layout32, send32],
                 [layout64, send64],
                 [dwait, cwait, permute, pstream, csend, crecv, scale],
-                [cready, cpull, cdone, ccopy],
+                [cready, cpull, cdone, ccopy, readback_k],
             ),
-            (tokens_combine, send_block, pstream_block),
+            (tokens_combine, send_block, pstream_block, csend_block, crecv_block),
+            (readback, readback_dev),
         ) = match prepared {
             Ok(v) => v,
             Err(e) => {
@@ -762,7 +802,12 @@ impl<T: Elem> Buffer<T> {
             tokens_combine: std::cell::Cell::new(tokens_combine),
             send_block,
             pstream_block,
+            csend_block,
+            crecv_block,
             dispatches: std::cell::Cell::new(0),
+            readback_dev,
+            readback,
+            readback_k,
             grid,
             _t: std::marker::PhantomData,
         };
@@ -1031,14 +1076,38 @@ impl<T: Elem> Buffer<T> {
         // mode's receive area holds the worst case, so nothing can overflow) and errors are
         // latched for `check`, so both modes can be captured.
         if !capturable && !s.is_capturing()? {
+            // One synchronisation: ep_readback (one block behind the last kernel) writes the
+            // counts and the device error word into mapped page-locked memory.
+            let el = self.cfg.num_experts / self.n;
+            let len = readback_len(&self.plan, el);
+            // SAFETY: ep_readback(const ep_params*, unsigned long long*, int): `readback` holds
+            // len + 8 bytes, the kernel writes len / 8 words and the error word after them; it
+            // begins with rshmemi_grid_dep_wait (a dependent).
+            unsafe {
+                g.launch_dependent(
+                    &self.readback_k,
+                    s,
+                    1,
+                    64,
+                    0,
+                    &[
+                        prm,
+                        KernelArg::Ptr(self.readback_dev),
+                        KernelArg::I32((len / 8) as i32),
+                    ],
+                )?;
+            }
             s.synchronize()?;
-            let CtlRead { ctl, recv, off } = self.read_ctl_offsets(pe)?;
+            let b = self.readback.bytes();
+            let CtlRead { ctl, recv, off } = parse_ctl(b, &self.plan, self.n, el);
+            let dev_err = u64::from_le_bytes(b[len..len + 8].try_into().unwrap_or_default());
             if let Some(e) = mine {
                 self.clear_error(pe, &ctl)?;
                 return Err(e);
             }
-            self.check_words(pe, &ctl)?;
-            let el = self.cfg.num_experts / self.n;
+            // The device error word was 0 behind the kernels: no device wait of this PE timed
+            // out, so its check (a copy and a synchronisation more) is left out.
+            self.check_words(pe, &ctl, dev_err != 0)?;
             rows = Some(off[el]);
             counts = Some(off.windows(2).map(|w| w[1] - w[0]).collect());
             recv_tokens = Some(recv);
@@ -1192,14 +1261,21 @@ impl<T: Elem> Buffer<T> {
                 &self.csend,
                 s,
                 self.grid,
-                BLOCK,
+                self.csend_block,
                 0,
                 &[prm, yp, KernelArg::I32(mode)],
             )?;
             mark()?;
             g.launch_dependent(&self.cwait, s, 1, 64, 0, &[prm])?;
             mark()?;
-            g.launch_dependent(&self.crecv, s, self.grid, BLOCK, 0, &[prm, op, own_p])?;
+            g.launch_dependent(
+                &self.crecv,
+                s,
+                self.grid,
+                self.crecv_block,
+                0,
+                &[prm, op, own_p],
+            )?;
         }
         mark()?;
         Ok(())
@@ -1275,16 +1351,6 @@ impl<T: Elem> Buffer<T> {
         Ok((v[CTL_ERR], v[CTL_INFO]))
     }
 
-    /// The 16 control words, the tokens received from each source and the `E/n + 1` expert
-    /// offsets, in one copy (the areas are adjacent: control, receive counts, offsets).
-    fn read_ctl_offsets(&self, pe: &Pe) -> Result<CtlRead> {
-        let p = &self.plan;
-        let el = self.cfg.num_experts / self.n;
-        let end = p.expert_off + (el + 1) * 4;
-        let b = pe.local_vec(&self.view::<u8>(p.ctl, end - p.ctl)?)?;
-        Ok(parse_ctl(&b, p, self.n, el))
-    }
-
     /// Reports errors latched on the device by earlier calls (call after synchronising the
     /// stream): capacity overflow ([`Error::Capacity`], nothing was moved), invalid ids or
     /// weights on some PE, device wait timeouts. Clears them.
@@ -1296,10 +1362,15 @@ impl<T: Elem> Buffer<T> {
         self.error_of(&g, err, info)
     }
 
-    /// [`check`](Self::check) with control words already read (`ctl`).
-    fn check_words(&self, pe: &Pe, ctl: &[u64]) -> Result<()> {
+    /// [`check`](Self::check) with control words already read (`ctl`), the device error word
+    /// only with `device` (else it was read as 0 behind the kernels).
+    fn check_words(&self, pe: &Pe, ctl: &[u64], device: bool) -> Result<()> {
         let g = CudaPe::new(pe)?;
-        let own = g.check_device_errors();
+        let own = if device {
+            g.check_device_errors()
+        } else {
+            Ok(())
+        };
         let (err, info) = self.clear_error(pe, ctl)?;
         own?;
         self.error_of(&g, err, info)
@@ -1471,7 +1542,7 @@ use super::bench::{time_stream, Ev};
 /// With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS): prints the last dispatch's and combine's
 /// clock stamps (control words 16.., `ep.cu` says which); nothing when they were not compiled in.
 fn print_stamps<T: Elem>(pe: &Pe, buf: &Buffer<T>, what: &str) -> Result<()> {
-    let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 22)?)?;
+    let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 24)?)?;
     if c[0] == 0 {
         return Ok(());
     }
@@ -1482,11 +1553,13 @@ fn print_stamps<T: Elem>(pe: &Pe, buf: &Buffer<T>, what: &str) -> Result<()> {
     );
     let cs = |k: usize| c[k].wrapping_sub(c[11]) as i64 as f64 / 1e3;
     eprintln!(
-        "ep stamps {what} (us after csend start): csend end {:.1} wait end {:.1} crecv {:.1}-{:.1}",
+        "ep stamps {what} (us after csend start): csend end {:.1} wait end {:.1} crecv {:.1}-{:.1} (cwait start {:.1}, crecv blocks' latest start {:.1})",
         cs(12),
         cs(13),
         cs(14),
-        cs(15)
+        cs(15),
+        cs(22),
+        cs(23)
     );
     eprintln!(
         "ep stamps {what} (us after layout start): layout blocks' latest start {:.1}, tokens counted {:.1}, counts fenced {:.1}; dwait start {:.1}, its gate open {:.1}, pstream blocks' latest start {:.1}",
@@ -1918,7 +1991,7 @@ mod tests {
     #[test]
     fn launches_match_the_kernel_signatures() {
         let (p, i, l) = ("ptr", "int", "long long");
-        let launches: [(&str, Vec<&str>); 19] = [
+        let launches: [(&str, Vec<&str>); 20] = [
             // ep.rs
             ("ep_layout", vec![p, p, p, i, i, i, i]),
             ("ep_send", vec![p, p, p, p]),
@@ -1933,6 +2006,7 @@ mod tests {
             ("ep_cpull", vec![p, p]),
             ("ep_cdone", vec![p]),
             ("ep_ccopy", vec![p, p]),
+            ("ep_readback", vec![p, p, i]),
             // ep_base.rs
             ("epb_layout", vec![p, i, i, i, i, p, p, p]),
             ("epb_pack", vec![p, p, p, p, i, i, i, l, p, p]),

@@ -347,6 +347,68 @@ impl Drop for DevBuf {
     }
 }
 
+/// Page-locked host memory of this GPU's context (`cuMemHostAlloc`, mapped for its kernels),
+/// zeroed, freed on drop: kernels write small results into it and the host reads them once the
+/// stream is synchronised (no copy, and no second synchronisation as a copy to pageable memory
+/// needs).
+#[derive(Debug)]
+pub(crate) struct HostBuf {
+    gpu: Arc<Gpu>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the allocation belongs to the process, not to a thread; the device writes it only in
+// kernels the owner launches, and the owner reads it only after synchronising them.
+unsafe impl Send for HostBuf {}
+
+impl HostBuf {
+    pub fn zeroed(gpu: &Arc<Gpu>, len: usize) -> Result<HostBuf> {
+        let _g = gpu.bind()?;
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: context current; writes one pointer.
+        check(
+            unsafe { cu::cuMemHostAlloc(&mut p, len.max(1), cu::CU_MEMHOSTALLOC_DEVICEMAP) },
+            "cuMemHostAlloc",
+        )?;
+        // SAFETY: a fresh allocation of at least `len` bytes.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 0, len) };
+        Ok(HostBuf {
+            gpu: gpu.clone(),
+            ptr: p as *mut u8,
+            len,
+        })
+    }
+
+    /// The buffer's address for kernels of its GPU (mapped page-locked memory).
+    pub fn device_ptr(&self) -> Result<u64> {
+        let _g = self.gpu.bind()?;
+        let mut d = 0;
+        // SAFETY: a live allocation of cuMemHostAlloc with DEVICEMAP; writes one address.
+        check(
+            unsafe { cu::cuMemHostGetDevicePointer_v2(&mut d, self.ptr as *mut _, 0) },
+            "cuMemHostGetDevicePointer",
+        )?;
+        Ok(d)
+    }
+
+    /// The bytes, as the kernels launched last left them once their stream was synchronised.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` initialised bytes (zeroed at allocation) of plain integers; the caller
+        // reads them after synchronising the kernels that write them.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        if let Ok(_g) = self.gpu.bind() {
+            // SAFETY: allocated by `zeroed`, freed once.
+            let _ = unsafe { cu::cuMemFreeHost(self.ptr as *mut _) };
+        }
+    }
+}
+
 /// A module loaded into one GPU's context (never unloaded: kernels may be in graphs).
 #[derive(Debug)]
 pub(crate) struct Module {
