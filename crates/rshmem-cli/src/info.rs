@@ -122,14 +122,6 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA MoE (measurement): ep_pstream's threads per block, 64-512 in steps of 32 (default 256; with ep_send's above 512 it no longer overlaps the send)",
     ),
     (
-        "RSHMEM_EP_CSEND_THREADS",
-        "CUDA MoE (measurement): ep_csend's threads per block (combine's expert side), 64-512 in steps of 32 (default 512)",
-    ),
-    (
-        "RSHMEM_EP_CRECV_THREADS",
-        "CUDA MoE (measurement): ep_crecv's threads per block (combine's source side), 64-512 in steps of 32 (default 512)",
-    ),
-    (
         "RSHMEM_CUDA_EP_NVRTC_OPTS",
         "CUDA MoE kernels: extra NVRTC options of their module (measurement switches, e.g. -DEP_STAMPS=1)",
     ),

@@ -740,18 +740,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
 }
 
 // Combine's wait (one block): until every PE's ep_csend blocks signalled this step.
-// EP_CRACE 1 (measurement only, wrong sums): ep_cwait lets ep_crecv launch at once and
-// ep_crecv does not wait (ep_crecv's 110 registers leave room beside ep_csend's blocks with
-// RSHMEM_EP_CSEND_THREADS/RSHMEM_EP_CRECV_THREADS at 256): a bound on what a streaming receive
-// could gain. On 2x H200 (2026-11-26) ep_cwait's block still became resident only once
-// ep_csend's first blocks ended (stamp 22), at 256 as at 512 threads, so nothing overlapped.
-#ifndef EP_CRACE
-#define EP_CRACE 0
-#endif
 extern "C" __global__ void ep_cwait(const ep_params* P) {
-#if EP_CRACE
-    rshmemi_grid_dep_launch();
-#endif
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     if (threadIdx.x == 0) EP_STAMP(ctl, 22);
     rshmemi_grid_dep_wait();
@@ -1195,9 +1184,7 @@ __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, lo
 // (token, chunk of the row), two PEs' rows loaded before accumulating. `own` (not null: after
 // ep_csend with tokens == 2) holds this PE's rows for its own tokens (receive-row layout).
 extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, ep_t* out, const ep_t* own) {
-#if !EP_CRACE
     rshmemi_grid_dep_wait();
-#endif
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     EP_STAMP_MAX(ctl, 23);
     if (!ctl[EP_CTL_GO]) return;
@@ -1213,9 +1200,6 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     EP_STAMP_FIRST(ctl, 14);
     ep_sum_rows(tok_pos, T, n, H, s_base, out);
     EP_STAMP_LAST(ctl, 15);
-#if EP_CRACE
-    rshmemi_grid_dep_wait();
-#endif
 }
 
 // ----- the pull combine (combine_tokens): ep_cready (1 block) -> ep_cpull (grid) -> ep_cdone (1 block)

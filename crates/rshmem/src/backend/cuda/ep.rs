@@ -593,8 +593,6 @@ pub struct Buffer<T: Elem> {
     /// `ep_send`'s and `ep_pstream`'s threads per block ([`block_threads`]).
     send_block: u32,
     pstream_block: u32,
-    csend_block: u32,
-    crecv_block: u32,
     csend: Kernel,
     crecv: Kernel,
     scale: Kernel,
@@ -691,8 +689,6 @@ impl<T: Elem> Buffer<T> {
                 },
             )?;
             let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", STREAM_BLOCK)?;
-            let csend_block = knob("RSHMEM_EP_CSEND_THREADS", BLOCK)?;
-            let crecv_block = knob("RSHMEM_EP_CRECV_THREADS", BLOCK)?;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
             // Normal mode's readback: the control words, receive counts and expert offsets,
@@ -728,13 +724,7 @@ impl<T: Elem> Buffer<T> {
                 dt,
                 p,
                 ks,
-                (
-                    tokens_combine,
-                    send_block,
-                    pstream_block,
-                    csend_block,
-                    crecv_block,
-                ),
+                (tokens_combine, send_block, pstream_block),
                 (readback, readback_dev),
             ))
         })();
@@ -747,7 +737,7 @@ impl<T: Elem> Buffer<T> {
                 [dwait, cwait, permute, pstream, csend, crecv, scale],
                 [cready, cpull, cdone, ccopy, readback_k],
             ),
-            (tokens_combine, send_block, pstream_block, csend_block, crecv_block),
+            (tokens_combine, send_block, pstream_block),
             (readback, readback_dev),
         ) = match prepared {
             Ok(v) => v,
@@ -802,8 +792,6 @@ impl<T: Elem> Buffer<T> {
             tokens_combine: std::cell::Cell::new(tokens_combine),
             send_block,
             pstream_block,
-            csend_block,
-            crecv_block,
             dispatches: std::cell::Cell::new(0),
             readback_dev,
             readback,
@@ -1261,21 +1249,14 @@ impl<T: Elem> Buffer<T> {
                 &self.csend,
                 s,
                 self.grid,
-                self.csend_block,
+                BLOCK,
                 0,
                 &[prm, yp, KernelArg::I32(mode)],
             )?;
             mark()?;
             g.launch_dependent(&self.cwait, s, 1, 64, 0, &[prm])?;
             mark()?;
-            g.launch_dependent(
-                &self.crecv,
-                s,
-                self.grid,
-                self.crecv_block,
-                0,
-                &[prm, op, own_p],
-            )?;
+            g.launch_dependent(&self.crecv, s, self.grid, BLOCK, 0, &[prm, op, own_p])?;
         }
         mark()?;
         Ok(())
