@@ -2105,6 +2105,45 @@ mod tests {
         }
     }
 
+    /// Normal mode's readback covers the control words, every source's receive count and
+    /// every expert offset, in 8-byte words (what `ep_readback` copies), and the parse reads
+    /// each field where the plan put it.
+    #[test]
+    fn readback_covers_the_counts_and_offsets() {
+        for (n, e) in [(2usize, 256usize), (3, 9), (4, 4)] {
+            let cfg = EpConfig {
+                num_experts: e,
+                max_tokens: 100,
+                hidden: 64,
+                max_topk: 4,
+                mode: EpMode::Normal,
+                layout: RecvLayout::ExpertMajor,
+            };
+            let p = plan(&cfg, n, 2).unwrap();
+            let el = e / n;
+            let len = readback_len(&p, el);
+            assert_eq!(len % 8, 0);
+            assert!(len >= p.expert_off + (el + 1) * 4 - p.ctl);
+            assert!(len < p.expert_off + (el + 1) * 4 - p.ctl + 8);
+            let mut b = vec![0u8; len];
+            for i in 0..16 {
+                b[8 * i..8 * i + 8].copy_from_slice(&(1000 + i as u64).to_le_bytes());
+            }
+            for s in 0..n {
+                let at = p.recv_cnt - p.ctl + 4 * s;
+                b[at..at + 4].copy_from_slice(&(7 + s as u32).to_le_bytes());
+            }
+            for x in 0..=el {
+                let at = p.expert_off - p.ctl + 4 * x;
+                b[at..at + 4].copy_from_slice(&(3 * x as u32).to_le_bytes());
+            }
+            let r = parse_ctl(&b, &p, n, el);
+            assert_eq!(r.ctl, (0..16).map(|i| 1000 + i).collect::<Vec<u64>>());
+            assert_eq!(r.recv, (0..n).map(|s| 7 + s).collect::<Vec<_>>());
+            assert_eq!(r.off, (0..=el).map(|x| 3 * x).collect::<Vec<_>>());
+        }
+    }
+
     /// A token-major buffer has no expert-major area and no progress words: issue 7's size (T =
     /// 4096, H = 7168 bf16, k = 8, 2 PEs) takes 940 MB (and 16 KiB) less per PE; every other
     /// area is where it was.
