@@ -813,22 +813,27 @@ fn peer_timeout_body_mode(pe: &Pe, mode: EpMode) -> Result<()> {
     buf.free(pe)
 }
 
+/// `body` on 2 thread-PEs of this process whose device waits time out after 2 s.
+fn on_two_pes_timing_out(what: &str, body: fn(&Pe) -> Result<()>) {
+    let _gpu = harness::gpu_world();
+    let cfg = gpu_config(2).timeout(Duration::from_secs(2));
+    let r = rshmem::threads_with(cfg, 2, body).expect("world");
+    harness::expect_all_ok(what, r);
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_ep_peer_timeout_stops_every_pe() {
-    let _gpu = harness::gpu_world();
-    let cfg = gpu_config(2).timeout(Duration::from_secs(2));
-    let r = rshmem::threads_with(cfg, 2, peer_timeout_body).expect("world");
-    harness::expect_all_ok("peer timeout, 2 PEs", r);
+    on_two_pes_timing_out("peer timeout, 2 PEs", peer_timeout_body);
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_ep_peer_timeout_stops_every_pe_normal_mode() {
-    let _gpu = harness::gpu_world();
-    let cfg = gpu_config(2).timeout(Duration::from_secs(2));
-    let r = rshmem::threads_with(cfg, 2, peer_timeout_normal_body).expect("world");
-    harness::expect_all_ok("peer timeout in normal mode, 2 PEs", r);
+    on_two_pes_timing_out(
+        "peer timeout in normal mode, 2 PEs",
+        peer_timeout_normal_body,
+    );
 }
 
 fn graph_body(pe: &Pe) -> Result<()> {

@@ -47,8 +47,7 @@ struct ep_params {
 // 16 start, 17 tokens counted, 18 counts fenced, and 19 the latest of ep_pstream's blocks'
 // starts (9 and 10 are ep_pstream's start and end with expert-major buffers), 20 ep_dwait's
 // gate open, 21 ep_dwait's start, 22 ep_cwait's start, 23 the latest of ep_crecv's block starts;
-// printed by the benchmark's
-// RSHMEM_EP_BREAKDOWN. Compiled away by default.
+// printed by the benchmark's RSHMEM_EP_BREAKDOWN. Compiled away by default.
 #ifndef EP_STAMPS
 #define EP_STAMPS 0
 #endif

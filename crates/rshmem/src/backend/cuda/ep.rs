@@ -500,15 +500,15 @@ struct CtlRead {
     off: Vec<usize>,
 }
 
-/// Parses the bytes from the control area to the end of the expert offsets (`b`, starting at
-/// `p.ctl`, little-endian): control words, `n` receive counts at `p.recv_cnt`, `el + 1` offsets
-/// at `p.expert_off`.
 /// Bytes from the control words to the end of the `el + 1` expert offsets (the areas are
 /// adjacent: control, receive counts, offsets), rounded up to 8.
 fn readback_len(p: &Plan, el: usize) -> usize {
     (p.expert_off + (el + 1) * 4 - p.ctl).next_multiple_of(8)
 }
 
+/// Parses the bytes from the control area to the end of the expert offsets (`b`, starting at
+/// `p.ctl`, little-endian): control words, `n` receive counts at `p.recv_cnt`, `el + 1` offsets
+/// at `p.expert_off`.
 fn parse_ctl(b: &[u8], p: &Plan, n: usize, el: usize) -> CtlRead {
     let word = |i: usize| {
         let mut w = [0u8; 8];
@@ -602,9 +602,9 @@ pub struct Buffer<T: Elem> {
     ccopy: Kernel,
     tokens_combine: std::cell::Cell<TokensCombine>,
     dispatches: std::cell::Cell<u64>,
-    /// Page-locked bytes normal mode's dispatch copies its results into on the stream
-    /// ([`readback_len`] bytes of control words, counts and offsets, then the device error
-    /// word), read after its one synchronisation.
+    /// Page-locked host bytes, mapped for the GPU, that `ep_readback` fills at the end of a
+    /// normal-mode dispatch ([`readback_len`] bytes of control words, counts and offsets, then
+    /// the device error word); the host reads them after its one synchronisation.
     readback: super::gpu::HostBuf,
     /// `readback` as the device addresses it, and `ep_readback`, which fills it.
     readback_dev: u64,
