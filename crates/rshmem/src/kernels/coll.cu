@@ -291,12 +291,18 @@ RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_REDUCE)
 // A mismatched call writes nothing to dst; a wait that times out stops the writing (dst is
 // then partly written; the host reports the timeout).
 #define RSHMEMI_LL_MAX_MEMBERS 16
+// Most blocks of an LL kernel (rshmem::cuda::GpuColl checks every LL grid against it): each
+// block keeps its own copy of the pair sequences (rshmemi_ll::done), which the block alone
+// reads and moves in a call, so the blocks of a call never wait for one another at its end.
+#define RSHMEMI_LL_MAX_BLOCKS 128
 
 struct rshmemi_ll {
     rshmem_u64 area;   // this PE's LL area of the team's slot (symmetric): [2 halves][source world PE][lines] x 16 B
     rshmem_u64 lines;  // lines per (half, source member)
-    unsigned* done;    // private, per slot: [0] and [1] block counters (rshmemi_ll_end),
-                       // [2 + world PE] the pair's LL sequence (its parity: the half written next)
+    unsigned* done;    // private, per slot: [0] the blocks' end arrivals (rshmemi_ll_end),
+                       // [1 + block · n_pes + world PE] block's copy of the pair's LL sequence
+                       // (its parity: the half written next; every copy of a pair is equal
+                       // between calls)
     rshmem_u64 flags;  // RSHMEMI_LL_EARLY_LAUNCH
 };
 // rshmemi_ll::flags: this PE has its GPU to itself, so the kernel lets the next (dependent)
@@ -350,6 +356,11 @@ struct rshmemi_ll_peer {
     const rshmem_u64* from;
 };
 
+// Block b's copy of the pair sequence of this PE and world PE pe.
+__device__ __forceinline__ unsigned* rshmemi_ll_seq(const rshmemi_ll& ll, unsigned b, int pe) {
+    return ll.done + 1 + (rshmem_u64)b * rshmem_dstate.n_pes + pe;
+}
+
 __device__ __forceinline__ const rshmem_u64* rshmemi_ll_lines(const rshmemi_ll& ll, unsigned half, int src, int n_pes) {
     return (const rshmem_u64*)ll.area + (((rshmem_u64)(half & 1) * n_pes + src) * ll.lines) * 2;
 }
@@ -394,19 +405,15 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
 #ifndef RSHMEMI_LL_BEGIN_WEAK
 #define RSHMEMI_LL_BEGIN_WEAK 1
 #endif
-// RSHMEMI_LL_STAMPS 2: also runs the LL all_reduce's begin, header push and data push a second
-// time each (the same values: harmless) and prints what the repeats cost.
+// RSHMEMI_LL_STAMPS 2: also runs the LL all_reduce's header push and data push a second time
+// each (the same values: harmless) and prints what the repeats cost. (Not the begin: it moves
+// the sequences.)
 // RSHMEMI_LL_STAMPS 1 (measurements only): block 0's thread 0 of the LL all_reduce takes the
 // SM clock at each step of a call (and the last warp when its verdict is in), and every 32nd
 // call prints the steps' cycles, the globaltimer span of the call and the gap since the
 // previous call's end (device printf).
 #ifndef RSHMEMI_LL_STAMPS
 #define RSHMEMI_LL_STAMPS 0
-#endif
-// RSHMEMI_LL_ARRIVALS 0 (measurements): the former end of an LL call of several blocks (see
-// rshmemi_ll_end). Also the default where RSHMEMI_LL_STAMPS 2 runs rshmemi_ll_begin twice.
-#ifndef RSHMEMI_LL_ARRIVALS
-#define RSHMEMI_LL_ARRIVALS (RSHMEMI_LL_STAMPS != 2)
 #endif
 #if RSHMEMI_LL_STAMPS
 __device__ unsigned long long rshmemi_stamp_prev_end;
@@ -422,8 +429,8 @@ __device__ void rshmemi_ll_stamps_print(const char* what, rshmem_u64 n, const lo
     printf("ll_stamps %s pe %d n %llu blocks %u cyc %lld %lld %lld %lld %lld %lld %lld %lld loads %lld verdict %lld | ns span %llu gap %llu\n",
            what, rshmem_dstate.my_pe, (unsigned long long)n, gridDim.x, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
            sb - st[0], vt - st[0], (unsigned long long)(g1 - g0), (unsigned long long)(g0 - prev));
-    if (x) printf("ll_stamps %s pe %d n %llu again: begin %lld header %lld data %lld\n", what, rshmem_dstate.my_pe,
-                  (unsigned long long)n, x[0], x[1], x[2]);
+    if (x) printf("ll_stamps %s pe %d n %llu again: header %lld data %lld\n", what, rshmem_dstate.my_pe,
+                  (unsigned long long)n, x[1], x[2]);
 }
 #endif
 #define RSHMEMI_LL_STAMP(st, k)                                                                   \
@@ -622,48 +629,99 @@ struct rshmemi_ll_shared {
     rshmemi_ll_peer peer[RSHMEMI_LL_MAX_MEMBERS];
     int kind[RSHMEMI_LL_MAX_MEMBERS];         // rshmemi_ll_verdict per member
     rshmem_u64 w0[RSHMEMI_LL_MAX_MEMBERS];    // its slot's word 0 (kind 2)
+    unsigned* done;   // rshmemi_ll::done and whether the early-launch flag is set: what the end
+    unsigned early;   // needs, read at the begin (kernel arguments read late waited for a load)
     int verdict;  // 0 ok, 1 mismatch, -1 gave up
     int abort;    // a verdict against the call: line waits stop
-    int last;
     unsigned syncs;
     int bad;
 #if RSHMEMI_LL_STAMPS
     long long stamp_b;  // block 0's thread 0 when its begin loads are in
-    long long stamp_e[4];  // its rshmemi_ll_end: start, after the first barrier, the wait, the second barrier
+    long long stamp_e[2];  // its rshmemi_ll_end: start, after the sequences (a matched call)
 #endif
 };
 
+// What a block's begin needs that no kernel writes (kernel arguments, rshmem_dstate, the heap
+// base table), per member thread (thread i < N for member i: N <= RSHMEMI_LL_MAX_MEMBERS < 32
+// <= blockDim.x) and for the last thread (the error word). The LL all_reduce computes it before
+// rshmemi_grid_dep_wait (RSHMEMI_LL_PREP), so that the loads after the wait are the begin's only
+// ones; so do the other LL kernels and the pull kernels (rshmemi_pull_handshake). (2x H100,
+// stamps: the begin took 1100-1230 cycles when it read the arguments after the wait, 650-700
+// now; graph replay, with the per-block sequences: all_reduce 8 B 2.70-2.79 -> 2.54-2.57 us,
+// 4 KiB 3.47-3.54 -> 2.99-3.06.)
+struct rshmemi_ll_prep {
+    unsigned* sq;           // this block's copy of the pair sequence with the member
+    const rshmem_u64* ex;   // this PE's barrier expectation for the member
+    rshmem_u64 to;          // where this PE's lines go in the member's area (half 0)
+    rshmem_u64 from;        // where the member's lines lie in this PE's area (half 0)
+    rshmem_u64 half;        // bytes from half 0 to half 1
+    const rshmem_u64* err;  // this PE's error word
+};
+// RSHMEMI_LL_PREP 0 (measurements): the values are computed before the wait but not kept in
+// registers (the compiler may load the arguments again after it). 2x H100, graph: all_reduce
+// 4 KiB 3.05-3.17 us against 2.98-3.05, 8 KiB 3.11-3.17 against 2.97-3.04.
+#ifndef RSHMEMI_LL_PREP
+#define RSHMEMI_LL_PREP 1
+#endif
+__device__ __forceinline__ rshmemi_ll_prep rshmemi_ll_prepare(const rshmem_team& team, const rshmemi_ll& ll,
+                                                              const rshmem_u64* exp) {
+    rshmemi_ll_prep P;
+    const int n_pes = rshmem_dstate.n_pes, i = threadIdx.x;
+    const int pe = rshmemi_member(team, i < team.size ? i : 0);
+    P.sq = rshmemi_ll_seq(ll, blockIdx.x, pe);
+    P.ex = exp + pe;
+    P.to = (rshmem_u64)rshmem_ptr(rshmemi_ll_lines(ll, 0, rshmem_dstate.my_pe, n_pes), pe);
+    P.from = (rshmem_u64)rshmemi_ll_lines(ll, 0, pe, n_pes);
+    P.half = (rshmem_u64)n_pes * ll.lines * 16;
+    P.err = rshmemi_err_word();
+    return P;
+}
+// Keeps P in registers from here on (before rshmemi_grid_dep_wait: the compiler would otherwise
+// load the arguments again where they are used, after the wait).
+__device__ __forceinline__ void rshmemi_ll_pin(rshmemi_ll_prep& P) {
+    asm volatile("" : "+l"(P.sq), "+l"(P.ex), "+l"(P.to), "+l"(P.from), "+l"(P.half), "+l"(P.err));
+}
+
 // The pair flags and where lines go and come from, per member; an earlier wait that gave up
-// (sticky until the host reads it). Ends with __syncthreads.
+// (sticky until the host reads it), after rshmemi_grid_dep_wait. Ends with __syncthreads.
 __device__ __forceinline__ void rshmemi_ll_begin(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_ll& ll,
-                                                 const rshmem_u64* exp) {
-    const int N = team.size, n_pes = rshmem_dstate.n_pes, my_pe = rshmem_dstate.my_pe;
+                                                 const rshmemi_ll_prep& P) {
+    const int N = team.size;
     if (ll.flags & RSHMEMI_LL_EARLY_LAUNCH) rshmemi_grid_dep_launch();
     // The last thread (no member of its own while N < blockDim.x): its load of the error word
     // is not queued behind a member's loads, so the block waits one load latency, not two.
     // Plain loads (RSHMEMI_LL_BEGIN_WEAK): only this PE's earlier kernels and the host (between
     // kernels) write these words, and a kernel sees what the kernels before it wrote.
     if (threadIdx.x == blockDim.x - 1) {
-        S.verdict = (RSHMEMI_LL_BEGIN_WEAK ? *rshmemi_err_word() != 0 : rshmemi_coll_gave_up()) ? -1 : 0;
+        S.verdict = (RSHMEMI_LL_BEGIN_WEAK ? *P.err != 0 : *(const volatile rshmem_u64*)P.err != 0) ? -1 : 0;
         S.abort = 0;
+        S.done = ll.done;
+        S.early = (ll.flags & RSHMEMI_LL_EARLY_LAUNCH) != 0;
     }
-    for (int i = threadIdx.x; i < N; i += blockDim.x) {
-        const int pe = rshmemi_member(team, i);
-        const unsigned seq = RSHMEMI_LL_BEGIN_WEAK ? ll.done[2 + pe] : ((volatile unsigned*)ll.done)[2 + pe];
-        const rshmem_u64 e = RSHMEMI_LL_BEGIN_WEAK ? exp[pe] : *(volatile const rshmem_u64*)(exp + pe);
+    const int i = threadIdx.x;
+    if (i < N) {
+        // (Two statements: `c ? *p : *(volatile T*)p` is a volatile lvalue whatever c, so the
+        // weak form, written so until now, compiled to volatile loads too.)
+#if RSHMEMI_LL_BEGIN_WEAK
+        const unsigned seq = *P.sq;
+        const rshmem_u64 e = *P.ex;
+#else
+        const unsigned seq = *(const volatile unsigned*)P.sq;
+        const rshmem_u64 e = *(volatile const rshmem_u64*)P.ex;
+#endif
+        // This block's copy moves on at once (no block but this one reads it in this call; a
+        // mismatch moves some back, rshmemi_ll_end), so the end of a call has nothing to store.
+        if (i != team.my_index) *P.sq = seq + 1;
+        const rshmem_u64 h = (seq & 1) ? P.half : 0;
         S.peer[i].seq = seq;
         S.peer[i].flag = rshmemi_ll_flag(e, seq);
-        S.peer[i].to = (rshmem_u64*)rshmem_ptr(rshmemi_ll_lines(ll, seq & 1, my_pe, n_pes), pe);
-        S.peer[i].from = rshmemi_ll_lines(ll, seq & 1, pe, n_pes);
+        S.peer[i].to = (rshmem_u64*)(P.to + h);
+        S.peer[i].from = (const rshmem_u64*)(P.from + h);
     }
 #if RSHMEMI_LL_STAMPS
     if (blockIdx.x == 0 && threadIdx.x == 0) S.stamp_b = clock64();
 #endif
     __syncthreads();
-    // This block has read the sequences (rshmemi_ll_end: block 0 moves them only after every
-    // block's arrival here). Relaxed: the reads have returned their values.
-    if (RSHMEMI_LL_ARRIVALS && gridDim.x > 1 && threadIdx.x == 0)
-        asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ll.done) : "memory");
 }
 
 // Line l to member j (the pair's flag is the same on both sides).
@@ -686,6 +744,22 @@ __device__ __forceinline__ void rshmemi_ll_push_header(const rshmemi_ll_shared& 
     for (int k = 1; k < team.size; k++) rshmemi_ll_push(S, (team.my_index + k) % team.size, t, ck.sig.w[t]);
 }
 
+// Block 0 of a call of G blocks: the copies of the pair sequences of blocks G and up (no block
+// of this call reads them) move on with block 0's, which rshmemi_ll_begin moved (so every copy
+// of a pair is the same at the start of every call, whatever the grids). Every thread of the
+// block, after the begin (the LL kernels call it beside their verdicts, where the block waits
+// for its peers anyway).
+__device__ __forceinline__ void rshmemi_ll_fill(const rshmemi_ll_shared& S, const rshmem_team& team) {
+    if (blockIdx.x != 0) return;
+    for (int i = 0; i < team.size; i++) {
+        if (i == team.my_index) continue;
+        const int pe = rshmemi_member(team, i);
+        const unsigned v = S.peer[i].seq + 1;
+        for (unsigned b = gridDim.x + threadIdx.x; b < RSHMEMI_LL_MAX_BLOCKS; b += blockDim.x)
+            S.done[1 + (rshmem_u64)b * rshmem_dstate.n_pes + pe] = v;
+    }
+}
+
 // Every member's verdict, one warp per member from the last warp down (the first warps are
 // left to the threads that poll the first data lines meanwhile); a verdict against the call
 // raises S.abort. acquire (the pull path, which reads what members wrote before their header):
@@ -695,6 +769,7 @@ __device__ __forceinline__ void rshmemi_ll_push_header(const rshmemi_ll_shared& 
 __device__ __forceinline__ void rshmemi_ll_verdicts(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck,
                                                     bool acquire = false) {
     const unsigned tid = threadIdx.x, nwarps = blockDim.x >> 5, rwarp = nwarps - 1 - (tid >> 5);
+    rshmemi_ll_fill(S, team);
     if (RSHMEMI_LL_SKIP_VERDICT) {
         for (int i = tid; i < team.size; i += blockDim.x) S.kind[i] = 0;
         return;
@@ -714,101 +789,95 @@ __device__ __forceinline__ void rshmemi_ll_verdicts(rshmemi_ll_shared& S, const 
     }
 }
 
-// After every thread's verdict work: -1 (gave up, now or before) wins over 1. Returns, in
-// block 0's thread 0 of a grid of several blocks, the load of the begin arrivals that
-// rshmemi_ll_end uses (issued here, long before its end needs it: by now every block has
-// usually begun); 0 elsewhere.
-__device__ __forceinline__ unsigned rshmemi_ll_resolve(rshmemi_ll_shared& S, int N, const rshmemi_ll& ll) {
+// After every thread's verdict work: -1 (gave up, now or before) wins over 1.
+__device__ __forceinline__ void rshmemi_ll_resolve(rshmemi_ll_shared& S, int N) {
     __syncthreads();
-    unsigned began = 0;
-    if (threadIdx.x == 0) {
-        if (RSHMEMI_LL_ARRIVALS && gridDim.x > 1 && blockIdx.x == 0)
-            asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(began) : "l"(ll.done) : "memory");
+    if (threadIdx.x == 0)
         for (int i = 0; i < N; i++)
             if (S.kind[i] < 0) S.verdict = -1;
-    }
     __syncthreads();
-    return began;
 }
 
-// Block 0 (RSHMEMI_LL_ARRIVALS; else the last block to finish; the only one when there is
-// one: no counter): the pair sequences, and after a mismatch its record, the slot clearing and
-// the padding. `began`: rshmemi_ll_resolve's load.
-// Arrivals: every block adds 1 to done[0] once it has read the sequences (rshmemi_ll_begin)
-// and 1 to done[1] here (after a fence when its verdict is against the call: its slot reads
-// come before the clearing). Every block but 0 then leaves at once. Block 0 waits for all
-// begin arrivals (the common case: no block reads a sequence after it is moved; the load was
-// issued at the resolve, so it has usually returned with all of them) or, when its verdict is
-// against the call, for all end arrivals; then it takes gridDim.x off each counter (atomics:
-// arrivals still on their way do not matter) and finishes. Before, every block's thread 0
-// waited for an atomic's return and the last block finished: 830-910 cycles at the end of a
-// call of several blocks against 330-440 for one block (2x H100, the stamps).
-// RSHMEMI_LL_ARRIVALS 0 (a compile option for measurements): that former protocol.
-__device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck, const rshmemi_ll& ll,
-                               rshmem_u64* exp, rshmem_u64 row, unsigned began) {
-    const unsigned tid = threadIdx.x, nth = blockDim.x;
+// After a call against which a verdict went (rshmemi_ll_end): this block's copies (in block 0
+// also those of blocks gridDim.x and up) of the sequences of members that did not run an LL
+// call too (a barrier-based one, kind 2, or whose verdict gave up, -1) go back to this call's
+// (rshmemi_ll_begin and rshmemi_ll_fill moved every one on).
+__device__ __forceinline__ void rshmemi_ll_unmove_seqs(const rshmemi_ll_shared& S, const rshmem_team& team) {
+    const unsigned tid = threadIdx.x, nth = blockDim.x, G = gridDim.x;
+    const int N = team.size, me = team.my_index;
+    const unsigned nb = blockIdx.x == 0 ? 1 + RSHMEMI_LL_MAX_BLOCKS - G : 1;
+    for (int i = 0; i < N; i++) {
+        if (i == me || S.kind[i] == 0 || S.kind[i] == 1) continue;
+        const int pe = rshmemi_member(team, i);
+        for (unsigned w = tid; w < nb; w += nth)
+            S.done[1 + (rshmem_u64)(w == 0 ? blockIdx.x : G - 1 + w) * rshmem_dstate.n_pes + pe] = S.peer[i].seq;
+    }
+}
+
+// The end of a block's part of an LL call. Sequences: each block reads and moves on its own
+// copies at its begin (block 0 also those of the blocks this call does not have), so no block
+// waits for another and a matched call has nothing left to store. (Before, a pair had one
+// sequence, which block 0 moved at the end once every block had read it: 850-930 cycles at the
+// end of a call of several blocks against 320-440 for one block, 2x H200, the stamps; here the
+// end reads only shared memory, its kernel arguments being copied there at the begin.)
+// A mismatch (only block 0, the last to get here, handles it): its record, the slot clearing
+// and the padding. End arrivals: every block of a grid of several adds 1 to done[0] (after a
+// fence when its verdict is against the call: its slot reads come before the clearing). Block
+// 0 takes gridDim.x off at once when its verdict is for the call (the counter is 0 again once
+// every arrival is in, before the stream's next kernel starts), or, against the call, waits
+// for every block's arrival first. Blocks' verdicts differ only after a timeout.
+__device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck, rshmem_u64* exp,
+                               rshmem_u64 row) {
+    const unsigned tid = threadIdx.x, nth = blockDim.x, G = gridDim.x;
     const int me = team.my_index, N = team.size;
 #if RSHMEMI_LL_STAMPS
     if (blockIdx.x == 0 && tid == 0) S.stamp_e[0] = clock64();
 #endif
-    __syncthreads();
-#if RSHMEMI_LL_STAMPS
-    if (blockIdx.x == 0 && tid == 0) S.stamp_e[1] = S.stamp_e[2] = clock64();
-#endif
-    if (RSHMEMI_LL_ARRIVALS && gridDim.x > 1) {
-        if (tid == 0) {
-            if (S.verdict != 0) __threadfence();
-            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ll.done + 1) : "memory");
+    if (S.verdict == 0) {
+        // No wait for other PEs is left in this block: the next kernel, if launched as a
+        // dependent, may become resident (already let in at the begin with the early flag;
+        // without it, once every thread of the block is here). A mismatch below still waits
+        // for the team's barriers, so not there.
+        if (!S.early) {
+            __syncthreads();
+            rshmemi_grid_dep_launch();
         }
-        if (blockIdx.x != 0) return;
+        if (G > 1 && tid == 0)
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(S.done), "r"(blockIdx.x == 0 ? 1u - G : 1u)
+                         : "memory");
+#if RSHMEMI_LL_STAMPS
+        if (blockIdx.x == 0 && tid == 0) S.stamp_e[1] = clock64();
+#endif
+        return;
+    }
+    __syncthreads();
+    if (G > 1) {
         if (tid == 0) {
-            const unsigned* w = S.verdict == 0 ? ll.done : ll.done + 1;
-            unsigned n = S.verdict == 0 ? began : 0;
+            __threadfence();
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(S.done) : "memory");
+        }
+        if (blockIdx.x != 0) {
+            rshmemi_ll_unmove_seqs(S, team);
+            return;
+        }
+        if (tid == 0) {
             // Only this grid's blocks are waited for (not a peer, not the error word): a
             // block that never came is a timeout naming no PE.
+            unsigned n = 0;
             rshmem_u64 t0 = 0;
-            for (unsigned spins = 1; n != gridDim.x; spins++) {
-                asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(n) : "l"(w) : "memory");
-                if (n == gridDim.x || (spins & 255) != 0) continue;
+            for (unsigned spins = 1; n != G; spins++) {
+                asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(n) : "l"(S.done) : "memory");
+                if (n == G || (spins & 255) != 0) continue;
                 if (t0 == 0) t0 = rshmemi_now();
                 else if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
                     rshmemi_flag_timeout(-1);
                     break;
                 }
             }
-#if RSHMEMI_LL_STAMPS
-            S.stamp_e[2] = clock64();
-#endif
-            if (S.verdict != 0) __threadfence();
-            asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(ll.done), "r"(0u - gridDim.x) : "memory");
-            asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(ll.done + 1), "r"(0u - gridDim.x) : "memory");
+            __threadfence();
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(S.done), "r"(0u - n) : "memory");
         }
         __syncthreads();
-#if RSHMEMI_LL_STAMPS
-        if (tid == 0) S.stamp_e[3] = clock64();
-#endif
-    } else if (gridDim.x > 1) {
-        if (tid == 0) {
-            // After a mismatch: this block's verdict (its slot reads) before the last block's
-            // slot clearing. Nothing to order otherwise (each block uses its own verdict).
-            if (S.verdict != 0) __threadfence();
-            S.last = atomicAdd(ll.done, 1u) == gridDim.x - 1;
-            if (S.last && S.verdict != 0) __threadfence();
-        }
-        __syncthreads();
-        if (!S.last) return;
-        if (tid == 0) *ll.done = 0;
-    }
-    if (S.verdict == 0) {
-        // No wait for other PEs is left: the next kernel, if launched as a dependent, may become
-        // resident (a mismatch below still waits for the team's barriers, so not there).
-        rshmemi_grid_dep_launch();
-        // The common case: every member ran this LL call; no barrier counter moves. The
-        // sequence as every block read it in rshmemi_ll_begin (no block moves it before the
-        // last one gets here), so no load before the store.
-        for (int i = tid; i < N; i += nth)
-            if (i != me) ll.done[2 + rshmemi_member(team, i)] = S.peer[i].seq + 1;
-        return;
     }
     if (tid == 0) { S.syncs = 0; S.bad = 0x7fffffff; }
     __syncthreads();
@@ -841,20 +910,18 @@ __device__ void rshmemi_ll_end(rshmemi_ll_shared& S, const rshmem_team& team, co
             for (int w = 0; w < RSHMEMI_SIG_WORDS; w++) slot[w] = 0;
         }
     __syncthreads();
-    // Members that ran an LL call (kind 0 or 1) move on to the next pair sequence; a
-    // barrier-based member (kind 2) gets the arrivals of the barriers its call waits for (the
-    // most any barrier-based member of this call runs: they pad to it among themselves), and
-    // the expectation for it moves by as many (so the next flags differ from this call's).
-    // The release arrivals publish the clearing above.
+    // Members that ran an LL call (kind 0 or 1) move on to the next pair sequence (already
+    // done; the others' go back, rshmemi_ll_unmove_seqs); a barrier-based member (kind 2) gets
+    // the arrivals of the barriers its call waits for (the most any barrier-based member of
+    // this call runs: they pad to it among themselves), and the expectation for it moves by as
+    // many (so the next flags differ from this call's). The release arrivals publish the
+    // clearing above.
+    rshmemi_ll_unmove_seqs(S, team);
     for (int i = tid; i < N; i += nth) {
-        if (i == me || S.kind[i] < 0) continue;
+        if (i == me || S.kind[i] != 2) continue;
         const int pe = rshmemi_member(team, i);
-        if (S.kind[i] == 2) {
-            exp[pe] = exp[pe] + S.syncs;
-            rshmemi_red_add_release(rshmemi_sync(pe) + rshmem_dstate.sync_bar + row + rshmem_dstate.my_pe, S.syncs);
-        } else {
-            ll.done[2 + pe] += 1;
-        }
+        exp[pe] = exp[pe] + S.syncs;
+        rshmemi_red_add_release(rshmemi_sync(pe) + rshmem_dstate.sync_bar + row + rshmem_dstate.my_pe, S.syncs);
     }
 }
 
@@ -867,10 +934,14 @@ template <typename T, typename A, int OP, int U>
 __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshmem_u64 n, rshmem_team team,
                                                       const rshmemi_check& ck, const rshmemi_ll& ll,
                                                       rshmemi_ll_shared& S, rshmem_u64 stride) {
-    if (RSHMEMI_LL_NOP) return;
     const int me = team.my_index, N = team.size;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
+    // What the begin needs that no kernel writes, before the wait for the kernels before this
+    // one (the kernel calls this function without having waited).
+    rshmemi_ll_prep P = rshmemi_ll_prepare(team, ll, exp);
+    if (RSHMEMI_LL_PREP) rshmemi_ll_pin(P);
+    rshmemi_grid_dep_wait();
     const rshmem_u64 dl = (n * sizeof(T) + 7) / 8;  // data lines
     const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
     const T* mine = src + (rshmem_u64)me * stride;
@@ -884,12 +955,8 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
         rshmem_u64 v0[U];
 #pragma unroll
         for (int u = 0; u < U; u++) v0[u] = gt + u * gn < dl ? rshmemi_ll_pack(src, n, gt + u * gn) : 0;
-        rshmemi_ll_begin(S, team, ll, exp);
+        rshmemi_ll_begin(S, team, ll, P);
         RSHMEMI_LL_STAMP(st, 1);
-        if (RSHMEMI_LL_STAMPS == 2) {
-            rshmemi_ll_begin(S, team, ll, exp);
-            RSHMEMI_LL_STAMP(x, 0);
-        }
         if (RSHMEMI_LL_STOP == 1) return;
         rshmemi_ll_push_header(S, team, ck);
         RSHMEMI_LL_STAMP(st, 2);
@@ -913,7 +980,7 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
         }
         if (RSHMEMI_LL_STOP == 2) return;
     } else {
-        rshmemi_ll_begin(S, team, ll, exp);
+        rshmemi_ll_begin(S, team, ll, P);
         rshmemi_ll_push_header(S, team, ck);
         for (rshmem_u64 l0 = gt; l0 < dl; l0 += U * gn)
             for (int k = 1; k < N; k++) {
@@ -940,7 +1007,7 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
     const bool first = !early || (gt < dl && S.verdict == 0 &&
                                   rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, gt, gn, dl, me, team, S.peer, abort));
     RSHMEMI_LL_STAMP(st, 4);
-    const unsigned began = rshmemi_ll_resolve(S, N, ll);
+    rshmemi_ll_resolve(S, N);
     RSHMEMI_LL_STAMP(st, 5);
     if (S.verdict == 0 && first && gt < dl &&
         (early || rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, gt, gn, dl, me, team, S.peer, abort))) {
@@ -953,23 +1020,20 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
         }
     }
     RSHMEMI_LL_STAMP(st, 7);
-    rshmemi_ll_end(S, team, ck, ll, exp, row, began);
+    rshmemi_ll_end(S, team, ck, exp, row);
 #if RSHMEMI_LL_STAMPS
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         st[8] = clock64();
         if (RSHMEMI_LL_STAMPS == 2) {
-            x[0] -= st[1];
             x[1] -= st[2];
             x[2] -= st[3];
         }
         rshmemi_ll_stamps_print("ar", n, st, 8, g0, vt, S.stamp_b, RSHMEMI_LL_STAMPS == 2 ? x : nullptr);
-        // A call of several blocks: its end's steps (the first barrier, block 0's wait for the
-        // begin arrivals with its own end arrival, the counters' reset and the second barrier,
-        // the rest), printed with the line above.
+        // A call of several blocks: its end's steps (the arrival and the sequences, the rest),
+        // printed with the line above.
         if (gridDim.x > 1 && rshmemi_stamp_calls % 32 == 0)
-            printf("ll_stamps ar end pe %d n %llu: barrier %lld wait %lld barrier %lld rest %lld\n", rshmem_dstate.my_pe,
-                   (unsigned long long)n, S.stamp_e[1] - S.stamp_e[0], S.stamp_e[2] - S.stamp_e[1],
-                   S.stamp_e[3] - S.stamp_e[2], st[8] - S.stamp_e[3]);
+            printf("ll_stamps ar end pe %d n %llu: sequences %lld rest %lld\n", rshmem_dstate.my_pe, (unsigned long long)n,
+                   S.stamp_e[1] - S.stamp_e[0], st[8] - S.stamp_e[1]);
     }
 #endif
 }
@@ -1020,13 +1084,18 @@ __device__ __forceinline__ void rshmemi_pull_done(const rshmemi_ll_shared& S, co
 // header), the LL begin, the header to every other member, every member's verdict (with an
 // acquire when `acquire`: the reads of members' src that follow see what they wrote before
 // their headers), resolved.
-__device__ __forceinline__ unsigned rshmemi_pull_handshake(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck,
-                                                           const rshmemi_ll& ll, rshmem_u64* exp, bool acquire) {
+__device__ __forceinline__ void rshmemi_pull_handshake(rshmemi_ll_shared& S, const rshmem_team& team, const rshmemi_check& ck,
+                                                       const rshmemi_ll& ll, rshmem_u64* exp, bool acquire) {
+    // What the begin needs that no kernel writes, before the wait for the kernels before this
+    // one (the pull kernels call this function without having waited).
+    rshmemi_ll_prep P = rshmemi_ll_prepare(team, ll, exp);
+    if (RSHMEMI_LL_PREP) rshmemi_ll_pin(P);
+    rshmemi_grid_dep_wait();
     if (rshmemi_ll_header_word() < RSHMEMI_SIG_WORDS) asm volatile("fence.acq_rel.sys;" ::: "memory");
-    rshmemi_ll_begin(S, team, ll, exp);
+    rshmemi_ll_begin(S, team, ll, P);
     rshmemi_ll_push_header(S, team, ck);
     rshmemi_ll_verdicts(S, team, ck, acquire);
-    return rshmemi_ll_resolve(S, team.size, ll);
+    rshmemi_ll_resolve(S, team.size);
 }
 
 // `len` 16-byte vectors from s to d by the block, eight loads in flight per thread.
@@ -1177,7 +1246,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     for (int i = tid; i < N; i += nth)
         from[i] = (const rshmemi_v4*)(i == me ? (const void*)src : rshmem_ptr((const void*)src, rshmemi_member(team, i)));
-    const unsigned began = rshmemi_pull_handshake(S, team, ck, ll, exp, true);
+    rshmemi_pull_handshake(S, team, ck, ll, exp, true);
     if (push && N == 2) {
         if (S.verdict == 0) rshmemi_pair_push_all_reduce<T, A, OP>((rshmemi_v4*)dst, (const rshmemi_v4*)src, n / V, team, S);
     } else if (S.verdict == 0) {
@@ -1216,7 +1285,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
         }
         rshmemi_pull_done(S, team, b);
     }
-    rshmemi_ll_end(S, team, ck, ll, exp, row, began);
+    rshmemi_ll_end(S, team, ck, exp, row);
 }
 
 // One line per thread (small messages): the batch of one, whose fewer registers and checks
@@ -1226,8 +1295,11 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
                                                                rshmem_team team, rshmemi_check ck,   \
                                                                rshmemi_ll ll, rshmem_u64 stride) {   \
         __shared__ rshmemi_ll_shared S;                                                              \
-        rshmemi_grid_dep_wait();                                                                     \
-        if (RSHMEMI_LL_NOP) return;                                                                  \
+        if (RSHMEMI_LL_NOP) {                                                                        \
+            rshmemi_grid_dep_wait();                                                                 \
+            return;                                                                                  \
+        }                                                                                            \
+        /* rshmemi_ll_all_reduce waits (rshmemi_grid_dep_wait) once it has what it can before. */   \
         if ((n * sizeof(T) + 7) / 8 <= (rshmem_u64)gridDim.x * blockDim.x)                           \
             rshmemi_ll_all_reduce<T, A, OP, 1>(dst, src, n, team, ck, ll, S, stride);                \
         else                                                                                         \
@@ -1239,7 +1311,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
                                                                     rshmem_team team, rshmemi_check ck, \
                                                                     rshmemi_ll ll, rshmem_u64 push) { \
         __shared__ rshmemi_ll_shared S;                                                              \
-        rshmemi_grid_dep_wait();                                                                     \
+        /* rshmemi_pull_handshake waits (rshmemi_grid_dep_wait). */                                \
         rshmemi_pull_all_reduce<T, A, OP>(dst, src, n, team, ck, ll, S, push != 0);                  \
     }
 #define RSHMEMI_COLL_INT_LL(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
@@ -1327,6 +1399,10 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
     const int me = team.my_index, N = team.size;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
+    // As the LL all_reduce: what the begin needs that no kernel writes, before the wait.
+    rshmemi_ll_prep P = rshmemi_ll_prepare(team, ll, exp);
+    if (RSHMEMI_LL_PREP) rshmemi_ll_pin(P);
+    rshmemi_grid_dep_wait();
     const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
     const rshmem_u64 dl = (nb + 7) / 8;
     const bool sends = !bcast || me == root;
@@ -1343,7 +1419,7 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
     __shared__ long long vt;
     if (RSHMEMI_LL_STAMPS && blockIdx.x == 0 && threadIdx.x == 0) g0 = rshmemi_now();
     RSHMEMI_LL_STAMP(st, 0);
-    rshmemi_ll_begin(S, team, ll, exp);
+    rshmemi_ll_begin(S, team, ll, P);
     RSHMEMI_LL_STAMP(st, 1);
     rshmemi_ll_push_header(S, team, ck);
     if (sends)
@@ -1369,7 +1445,7 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
     rshmemi_ll_verdicts(S, team, ck);
     if (RSHMEMI_LL_STAMPS && blockIdx.x == 0 && threadIdx.x == blockDim.x - 32) vt = clock64();
     RSHMEMI_LL_STAMP(st, 3);
-    const unsigned began = rshmemi_ll_resolve(S, N, ll);
+    rshmemi_ll_resolve(S, N);
     RSHMEMI_LL_STAMP(st, 4);
     if (S.verdict == 0) {
         bool lost = false;
@@ -1398,7 +1474,7 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
         }
     }
     RSHMEMI_LL_STAMP(st, 5);
-    rshmemi_ll_end(S, team, ck, ll, exp, row, began);
+    rshmemi_ll_end(S, team, ck, exp, row);
 #if RSHMEMI_LL_STAMPS
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         st[6] = clock64();
@@ -1423,8 +1499,11 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
                                                                 rshmem_team team, rshmemi_check ck,       \
                                                                 rshmemi_ll ll, rshmem_u64 root) {         \
         __shared__ rshmemi_ll_shared S;                                                                   \
-        rshmemi_grid_dep_wait();                                                                          \
-        if (RSHMEMI_LL_NOP) return;                                                                       \
+        if (RSHMEMI_LL_NOP) {                                                                             \
+            rshmemi_grid_dep_wait();                                                                      \
+            return;                                                                                       \
+        }                                                                                                 \
+        /* rshmemi_ll_move waits (rshmemi_grid_dep_wait) once it has what it can before. */              \
         const rshmem_u64 per = ((nb + 7) / 8 + (rshmem_u64)gridDim.x * blockDim.x - 1) /                  \
                                ((rshmem_u64)gridDim.x * blockDim.x);                                      \
         if (!RSHMEMI_LL_MOVE_BATCHES || per <= 1)                                                         \
@@ -1485,8 +1564,12 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
                                                  rshmemi_check ck, rshmemi_ll ll, rshmem_u64 push) {
     __shared__ rshmemi_ll_shared S;
     __shared__ const rshmemi_v4* from[RSHMEMI_LL_MAX_MEMBERS];
-    rshmemi_grid_dep_wait();
-    if (RSHMEMI_LL_NOP) return;
+    if (RSHMEMI_LL_NOP) {
+        rshmemi_grid_dep_wait();
+        return;
+    }
+    // (rshmemi_pull_handshake waits for the kernels before: nothing before it reads what they
+    // write.)
     const int me = team.my_index, N = team.size;
     const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
@@ -1503,7 +1586,7 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
         from[k] = i == me ? s : (const rshmemi_v4*)rshmem_ptr(s, rshmemi_member(team, i));
         to[k] = i == me ? d : (rshmemi_v4*)rshmem_ptr((void*)d, rshmemi_member(team, i));
     }
-    const unsigned began = rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
+    rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
     if (S.verdict == 0) {
         const rshmem_u64 c = (w + gridDim.x - 1) / gridDim.x, lo = (rshmem_u64)b * c;
         const rshmem_u64 len = lo < w ? (w - lo < c ? w - lo : c) : 0;
@@ -1516,7 +1599,7 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
         }
         rshmemi_pull_done(S, team, b, stores);
     }
-    rshmemi_ll_end(S, team, ck, ll, exp, row, began);
+    rshmemi_ll_end(S, team, ck, exp, row);
 }
 
 // Vectors per step of a chain broadcast block: an eighth of its part, 16 to 64 KiB (compile
@@ -1569,15 +1652,19 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
                                                    rshmemi_check ck, rshmemi_ll ll, rshmem_u64 root) {
     __shared__ rshmemi_ll_shared S;
     __shared__ int lost;
-    rshmemi_grid_dep_wait();
-    if (RSHMEMI_LL_NOP) return;
+    if (RSHMEMI_LL_NOP) {
+        rshmemi_grid_dep_wait();
+        return;
+    }
+    // (rshmemi_pull_handshake waits for the kernels before: nothing before it reads what they
+    // write.)
     const int me = team.my_index, N = team.size, r = (int)(root & 0xffffffffu);
     const bool chain = (root >> 32) & 1;
     const unsigned tid = threadIdx.x, b = blockIdx.x, G = gridDim.x;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     if (tid == 0) lost = 0;
-    const unsigned began = rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
+    rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
     if (S.verdict == 0) {
         const int pos = (me - r + N) % N, up = chain ? (me + N - 1) % N : r, down = (me + 1) % N;
         const rshmemi_v4* s = pos == 0               ? src
@@ -1611,7 +1698,7 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
             }
         rshmemi_pull_done(S, team, b);
     }
-    rshmemi_ll_end(S, team, ck, ll, exp, row, began);
+    rshmemi_ll_end(S, team, ck, exp, row);
 }
 
 // ----- copies: every Copy step of one phase in one launch -----

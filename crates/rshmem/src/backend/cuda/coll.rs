@@ -428,11 +428,24 @@ fn ll_sizes_from_env(heap: usize, n_pes: usize) -> Result<LlSizes> {
     })
 }
 
-/// Private u32 words per LL slot: the two block counters (`rshmemi_ll_end`), then the half
-/// this PE writes next into each world PE's area.
+/// Most blocks of any LL or pull kernel (`RSHMEMI_LL_MAX_BLOCKS` of `coll.cu`): each block
+/// keeps its own copy of the pair sequences, so a call's blocks never wait for one another at
+/// its end (an end of several blocks took 850-930 cycles against 320-440 for one when block
+/// 0 moved a single copy once every block had read it).
+const LL_KERNEL_MAX_BLOCKS: u32 = 128;
+
+/// Private u32 words per LL slot: the blocks' end arrivals (`rshmemi_ll_end`), then per block
+/// (up to [`LL_KERNEL_MAX_BLOCKS`]) and world PE the pair's sequence, whose parity names the
+/// half this PE writes next into that PE's area.
 fn ll_notes(n_pes: usize) -> usize {
-    2 + n_pes
+    1 + LL_KERNEL_MAX_BLOCKS as usize * n_pes
 }
+// Every LL grid the defaults give fits (an all_to_all spreads over up to twice its cap).
+const _: () = assert!(
+    LL_MAX_BLOCKS <= LL_KERNEL_MAX_BLOCKS
+        && 2 * LL_A2A_MAX_BLOCKS <= LL_KERNEL_MAX_BLOCKS
+        && PULL_MAX_BLOCKS <= LL_KERNEL_MAX_BLOCKS
+);
 
 /// Lines of one (half, source) LL region for messages up to `bytes`: the signature, then 8
 /// bytes of data per line.
@@ -768,8 +781,17 @@ impl<'a> GpuColl<'a> {
             f_pull_a2a: funcs["rshmemi_coll_pull_a2a"],
             f_pull_bcast: funcs["rshmemi_coll_pull_bcast"],
             pull_a2a_bytes: pull_a2a_bytes_from_env()?,
-            ll_a2a_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_A2A_BLOCKS", LL_A2A_MAX_BLOCKS)?,
-            ll_blocks: blocks_from_env("RSHMEM_CUDA_COLL_LL_BLOCKS", LL_MAX_BLOCKS)?,
+            // (An all_to_all spreads over up to twice its cap: ll_a2a_grid_cap.)
+            ll_a2a_blocks: blocks_from_env(
+                "RSHMEM_CUDA_COLL_LL_A2A_BLOCKS",
+                LL_A2A_MAX_BLOCKS,
+                LL_KERNEL_MAX_BLOCKS / 2,
+            )?,
+            ll_blocks: blocks_from_env(
+                "RSHMEM_CUDA_COLL_LL_BLOCKS",
+                LL_MAX_BLOCKS,
+                LL_KERNEL_MAX_BLOCKS,
+            )?,
             ll_thread_lines: thread_lines_from_env()?,
             ll_threads,
             ll_flags: if g.gpu_alone() && early_launch_from_env()? {
@@ -777,7 +799,11 @@ impl<'a> GpuColl<'a> {
             } else {
                 0
             },
-            pull_blocks: blocks_from_env("RSHMEM_CUDA_COLL_PULL_BLOCKS", PULL_MAX_BLOCKS)?,
+            pull_blocks: blocks_from_env(
+                "RSHMEM_CUDA_COLL_PULL_BLOCKS",
+                PULL_MAX_BLOCKS,
+                LL_KERNEL_MAX_BLOCKS,
+            )?,
             pull_block_bytes: [
                 block_bytes_from_env("RSHMEM_CUDA_COLL_PULL_BLOCK_BYTES", PULL_BLOCK_BYTES)?,
                 block_bytes_from_env("RSHMEM_CUDA_COLL_PULL_AR_BLOCK_BYTES", PULL_AR_BLOCK_BYTES)?,
@@ -1410,6 +1436,12 @@ impl<'a> GpuColl<'a> {
         let blocks = (lines as u64)
             .div_ceil(threads as u64)
             .clamp(1, max_blocks as u64) as u32;
+        if blocks > LL_KERNEL_MAX_BLOCKS {
+            // The knobs are checked against it; a grid past it would share sequence copies.
+            return Err(Error::invalid(format!(
+                "LL grid of {blocks} blocks is over the kernels' {LL_KERNEL_MAX_BLOCKS}"
+            )));
+        }
         let (mut d, mut sr, mut n, mut t, mut k, mut l) = (dst, src, count as u64, dt, ck, ll);
         let mut e = extra.unwrap_or(0);
         let mut p = [
@@ -2329,9 +2361,9 @@ impl PullLimit {
 /// Most blocks of a kernel that waits for peers, from `name` (`RSHMEM_CUDA_COLL_LL_BLOCKS`:
 /// the LL all_reduce kernel's, `RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`: the LL data kernel's,
 /// `RSHMEM_CUDA_COLL_PULL_BLOCKS`: the pull kernels'), 1 to 1024, else `default`.
-fn blocks_from_env(name: &str, default: u32) -> Result<u32> {
-    let ok = |v| (1..=1024).contains(&v);
-    Ok(knob_from_env(name, default as usize, ok, "1 to 1024 blocks")? as u32)
+fn blocks_from_env(name: &str, default: u32, max: u32) -> Result<u32> {
+    let ok = |v| (1..=max as usize).contains(&v);
+    Ok(knob_from_env(name, default as usize, ok, &format!("1 to {max} blocks"))? as u32)
 }
 
 /// A pull kernel's bytes per block from `name` (measurement knobs), 16 bytes to 1 GiB, else
@@ -2673,18 +2705,19 @@ mod tests {
         const V: &str = "TEST_RSHMEMI_COLL_BLOCK_KNOB";
         std::env::remove_var(V);
         assert_eq!(block_bytes_from_env(V, PULL_BLOCK_BYTES).unwrap(), 64 << 10);
-        assert_eq!(blocks_from_env(V, PULL_MAX_BLOCKS).unwrap(), 128);
+        assert_eq!(blocks_from_env(V, PULL_MAX_BLOCKS, 128).unwrap(), 128);
         for (v, bytes, blocks) in [
             ("8K", Some(8 << 10), None),
             ("16", Some(16), Some(16)),
-            ("1024", Some(1024), Some(1024)),
+            ("1024", Some(1024), None),
+            ("128", Some(128), Some(128)),
             ("8", None, Some(8)),
             ("0", None, None),
             ("2G", None, None),
             ("lots", None, None),
         ] {
             std::env::set_var(V, v);
-            let (a, b) = (block_bytes_from_env(V, 1), blocks_from_env(V, 1));
+            let (a, b) = (block_bytes_from_env(V, 1), blocks_from_env(V, 1, 128));
             std::env::remove_var(V);
             expect_knob(a, bytes, V, &format!("bytes {v}"));
             expect_knob(b.map(|b| b as usize), blocks, V, &format!("blocks {v}"));
@@ -3023,6 +3056,7 @@ mod tests {
             ("RSHMEMI_ERR_SKIP", ERR_SKIP),
             ("RSHMEMI_A2AV_CHUNK", A2AV_CHUNK),
             ("RSHMEMI_COLL_MAX_COPIES", MAX_COPIES),
+            ("RSHMEMI_LL_MAX_BLOCKS", LL_KERNEL_MAX_BLOCKS as usize),
         ] {
             assert!(
                 src.contains(&format!("#define {name} {v}\n")),
@@ -3303,7 +3337,8 @@ mod tests {
         assert_eq!(ll_lines(64 << 10), 6 + 8192);
         assert_eq!(ll_area_bytes(64 << 10, 2, 4), Some(4 * 2 * 2 * 8198 * 16));
         assert_eq!(ll_area_bytes(usize::MAX / 4, 2, 4), None);
-        assert_eq!(ll_notes(72), 74);
+        // The end arrivals, then a copy of every pair sequence per block.
+        assert_eq!(ll_notes(72), 1 + 128 * 72);
     }
 
     #[test]

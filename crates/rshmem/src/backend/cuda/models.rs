@@ -443,7 +443,10 @@ impl LlMem {
 /// (a pull call, `rshmemi_coll_pull_a2a`: no data lines; a release fence before the header,
 /// an acquire fence after each header seen, then every member's src read, a release fence,
 /// a "done" line to every member and the wait for every member's, with an acquire);
-/// then the sequences of LL members move on, and when some member is barrier-based its slot
+/// then the sequences of LL members move on (the kernels keep a copy per block, each read and
+/// moved on at its block's begin and, after a mismatch, moved back for the members that did not
+/// run an LL call; the copies of a pair are equal between calls, so one block stands for all),
+/// and when some member is barrier-based its slot
 /// is cleared, then it gets the arrivals of the most barriers a barrier-based member of the
 /// call runs, the expectation for it moving by as many. The end of every kernel sequence of
 /// a call is a release fence (a kernel's writes are visible before what the stream runs after
