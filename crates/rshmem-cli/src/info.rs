@@ -75,7 +75,11 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_CUDA_COLL_LL_THREADS",
-        "CUDA collectives: threads per block of the LL kernels (measurement knob, a multiple of 32 up to what every LL kernel launches with, 768 on H100/H200), default 256",
+        "CUDA collectives: threads per block of the LL kernels (measurement knob, a multiple of 32 up to what every LL kernel launches with, 384 on H200), default 256",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_LL_CTRL_LINES",
+        "CUDA collectives: most lines of an LL all_reduce on several blocks that runs a control warp per block (measurement knob, 0 = never), default 2048",
     ),
     (
         "RSHMEM_CUDA_COLL_LL_THREAD_LINES",

@@ -303,7 +303,7 @@ struct rshmemi_ll {
                        // [1 + block · n_pes + world PE] block's copy of the pair's LL sequence
                        // (its parity: the half written next; every copy of a pair is equal
                        // between calls)
-    rshmem_u64 flags;  // RSHMEMI_LL_EARLY_LAUNCH
+    rshmem_u64 flags;  // RSHMEMI_LL_EARLY_LAUNCH, RSHMEMI_LL_CTRL_WARP
 };
 // rshmemi_ll::flags: this PE has its GPU to itself, so the kernel lets the next (dependent)
 // kernel on its stream launch as soon as it starts (rshmemi_ll_begin): that kernel's blocks wait
@@ -313,6 +313,13 @@ struct rshmemi_ll {
 // sets it for the LL all_reduce / reduce_scatter kernel and the LL data kernels, not for the
 // pull kernels (GpuColl::ll_early).
 #define RSHMEMI_LL_EARLY_LAUNCH 1ull
+// rshmemi_ll::flags (the LL all_reduce kernel on a grid of several blocks, up to 16 KiB; the
+// kernel also runs it for the reduce_scatter, which measured slower with it): the
+// last warp of each block is a control warp, launched beside the data threads (blockDim.x - 32
+// of them, a line each): it pushes the header and takes the verdict on the first other member,
+// and has no data line, so the data threads poll their first lines beside the verdict instead of
+// after it (a warp with both took the verdict and then one more load round trip for its line).
+#define RSHMEMI_LL_CTRL_WARP 2ull
 
 __device__ __forceinline__ void rshmemi_ll_store(rshmem_u64* p, rshmem_u64 v, unsigned flag) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((unsigned)v), "r"(flag),
@@ -390,8 +397,9 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
 #define RSHMEMI_LL_STOP 0
 #endif
 // RSHMEMI_LL_AR_EARLY: whether the LL all_reduce waits for its first lines beside the verdicts
-// (1) or after them (0); 2 (the default): beside them in a call of one block, after them in a
-// call of more (see rshmemi_ll_all_reduce).
+// (1) or after them (0); 2 (the default): beside them in a call of one block or with a control
+// warp (RSHMEMI_LL_CTRL_WARP), after them in a call of more blocks without (see
+// rshmemi_ll_all_reduce).
 #ifndef RSHMEMI_LL_AR_EARLY
 #define RSHMEMI_LL_AR_EARLY 2
 #endif
@@ -712,6 +720,7 @@ __device__ __forceinline__ void rshmemi_ll_begin(rshmemi_ll_shared& S, const rsh
         // This block's copy moves on at once (no block but this one reads it in this call; a
         // mismatch moves some back, rshmemi_ll_end), so the end of a call has nothing to store.
         if (i != team.my_index) *P.sq = seq + 1;
+        else S.kind[i] = 0;  // (rshmemi_ll_verdicts takes the others')
         const rshmem_u64 h = (seq & 1) ? P.half : 0;
         S.peer[i].seq = seq;
         S.peer[i].flag = rshmemi_ll_flag(e, seq);
@@ -774,10 +783,13 @@ __device__ __forceinline__ void rshmemi_ll_verdicts(rshmemi_ll_shared& S, const 
         for (int i = tid; i < team.size; i += blockDim.x) S.kind[i] = 0;
         return;
     }
-    for (int i = rwarp; i < team.size; i += nwarps) {
+    // The last warp takes the next member's (team order after this PE), the one below it the
+    // member after that, and so on (this PE's own kind is 0 from rshmemi_ll_begin).
+    for (int k = rwarp; k < team.size - 1; k += nwarps) {
+        const int i = (team.my_index + 1 + k) % team.size;
         rshmem_u64 w0 = 0;
-        const int v = i == team.my_index ? 0 : rshmemi_ll_verdict(S.peer[i], rshmemi_member(team, i), ck, &w0);
-        if (acquire && v == 0 && i != team.my_index) asm volatile("fence.acq_rel.sys;" ::: "memory");
+        const int v = rshmemi_ll_verdict(S.peer[i], rshmemi_member(team, i), ck, &w0);
+        if (acquire && v == 0) asm volatile("fence.acq_rel.sys;" ::: "memory");
         // (The acquire that orders what the member wrote before this header before this PE's
         // later slot writes into its row is the fence in rshmemi_sig_sync, before those writes.)
         if ((tid & 31) == 0) {
@@ -943,7 +955,12 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
     if (RSHMEMI_LL_PREP) rshmemi_ll_pin(P);
     rshmemi_grid_dep_wait();
     const rshmem_u64 dl = (n * sizeof(T) + 7) / 8;  // data lines
-    const rshmem_u64 gt = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x, gn = (rshmem_u64)gridDim.x * blockDim.x;
+    // Data threads (all but a control warp, RSHMEMI_LL_CTRL_WARP): thread t of block b has line
+    // b·dth + t first (a control warp's threads none: past every line).
+    const bool ctrl = (ll.flags & RSHMEMI_LL_CTRL_WARP) != 0;
+    const unsigned dth = blockDim.x - (ctrl ? 32u : 0u);
+    const rshmem_u64 gt = threadIdx.x < dth ? blockIdx.x * (rshmem_u64)dth + threadIdx.x : (rshmem_u64)1 << 62,
+                     gn = (rshmem_u64)gridDim.x * dth;
     const T* mine = src + (rshmem_u64)me * stride;
     long long st[10], x[4];
     rshmem_u64 g0 = 0;
@@ -997,13 +1014,16 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
     rshmemi_ll_verdicts(S, team, ck);
     if (RSHMEMI_LL_STAMPS && blockIdx.x == 0 && threadIdx.x == blockDim.x - 32) vt = clock64();
     // A call of one block folds its first batch beside the verdicts (kept in registers until
-    // they are in): its one data line and the header arrive together. A call of more blocks
-    // folds after them: every thread polling while the lines still stream in slowed it
+    // they are in): its one data line and the header arrive together; so does a call with a
+    // control warp (the host runs one on several blocks up to 16 KiB: 2x H200, 4 KiB 2.75-2.79
+    // against 2.94-2.96 us without; otherwise the warp that took the verdict had one more load
+    // round trip for its own line after it). A call of more blocks without one folds after
+    // them: every thread polling while the lines still stream in slowed it
     // (RSHMEMI_LL_AR_EARLY; 2x H100, graph: 64 KiB 4.08 -> 3.94-3.97 us, 128 KiB 4.51 -> 4.19;
     // 8 bytes 3.14 -> 3.35-3.63 when its one block waits after the verdicts).
     A acc[U][8 / sizeof(T)];
     const volatile int* abort = (const volatile int*)&S.abort;
-    const bool early = RSHMEMI_LL_AR_EARLY == 2 ? gridDim.x == 1 : RSHMEMI_LL_AR_EARLY != 0;
+    const bool early = RSHMEMI_LL_AR_EARLY == 2 ? gridDim.x == 1 || ctrl : RSHMEMI_LL_AR_EARLY != 0;
     const bool first = !early || (gt < dl && S.verdict == 0 &&
                                   rshmemi_ll_fold<T, A, OP, U>(acc, mine, n, gt, gn, dl, me, team, S.peer, abort));
     RSHMEMI_LL_STAMP(st, 4);

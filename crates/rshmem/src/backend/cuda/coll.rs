@@ -332,8 +332,27 @@ struct LlArg {
     area: u64,
     lines: u64,
     done: u64,
-    /// LL_EARLY_LAUNCH or 0.
+    /// LL_EARLY_LAUNCH, LL_CTRL_WARP or 0.
     flags: u64,
+}
+
+/// `rshmemi_ll::flags` bit (`RSHMEMI_LL_CTRL_WARP`): the LL all_reduce / reduce_scatter kernel
+/// runs a control warp per block beside its data threads (it pushes the header and takes the
+/// verdict; the data threads poll their first lines beside it instead of after it). Set for
+/// the all_reduce only ([`LL_CTRL_LINES`]; the reduce_scatter was slower with it).
+const LL_CTRL_WARP: u64 = 2;
+/// Most lines (threads at a line each) of an LL all_reduce call that runs with a control warp
+/// per block (`RSHMEM_CUDA_COLL_LL_CTRL_LINES`; 0: never); calls of one block
+/// run without (their one warp of verdicts folds its line beside it anyway). 2x H200, graph,
+/// same binary, with / without: all_reduce 4 KiB 2.75-2.79 / 2.94-2.96 us, 8 KiB 2.84-2.86 /
+/// 2.95-2.96, 16 KiB 2.93-2.96 / 2.98-2.99, 32 KiB 3.04-3.05 / 3.00-3.10, 64 KiB 3.23-3.25 /
+/// 3.01-3.05 (every thread polling while the lines still come in slows the larger calls).
+const LL_CTRL_LINES: usize = 2048;
+
+/// Whether an LL all_reduce call of `lines` lines on blocks of `threads` data threads runs a
+/// control warp per block: on more than one block, up to `ctrl_lines` lines.
+fn uses_ctrl_warp(lines: usize, threads: u32, ctrl_lines: usize) -> bool {
+    lines > threads as usize && lines <= ctrl_lines
 }
 
 /// `rshmemi_ll::flags` bit (`RSHMEMI_LL_EARLY_LAUNCH`): the kernel lets the next dependent
@@ -597,6 +616,9 @@ pub struct GpuColl<'a> {
     /// `rshmemi_ll::flags` of the LL calls (`ll_early`):
     /// LL_EARLY_LAUNCH where no other PE uses this GPU (unless `RSHMEM_CUDA_COLL_EARLY_LAUNCH=0`).
     ll_flags: u64,
+    /// Most lines of an LL all_reduce call with a control warp per block ([`LL_CTRL_LINES`];
+    /// 0 where the kernels cannot run a warp more than `ll_threads`).
+    ll_ctrl_lines: usize,
     /// Most blocks of the pull kernels (`RSHMEM_CUDA_COLL_PULL_BLOCKS`).
     pull_blocks: u32,
     /// Bytes per block of the pull all_to_all and broadcast, and of the pull all_reduce
@@ -796,6 +818,16 @@ impl<'a> GpuColl<'a> {
             ll_threads,
             ll_flags: if g.gpu_alone() && early_launch_from_env()? {
                 LL_EARLY_LAUNCH
+            } else {
+                0
+            },
+            ll_ctrl_lines: if ll_ar_threads_fit(&funcs, ll_threads + 32) {
+                knob_from_env(
+                    "RSHMEM_CUDA_COLL_LL_CTRL_LINES",
+                    LL_CTRL_LINES,
+                    |v| v <= 1 << 20,
+                    "0 to 1M lines",
+                )?
             } else {
                 0
             },
@@ -1133,6 +1165,19 @@ impl<'a> GpuColl<'a> {
     /// 8 B 3.35-3.43 against 3.46-3.51, 512 KiB 4.97-5.00 against 5.10-5.17, 1 MiB 6.69
     /// against 6.82-6.83, all_gather 1 MiB 6.56-6.62 against 6.67-6.70, broadcast 8 B
     /// 3.07-3.09 against 3.12-3.24 (64 KiB within 0.1 us either way).
+    /// `ll` with LL_CTRL_WARP for an LL all_reduce call of `lines` lines on more than one
+    /// block, up to `ll_ctrl_lines`.
+    fn ll_ctrl(&self, ll: LlArg, lines: usize) -> LlArg {
+        if uses_ctrl_warp(lines, self.ll_threads, self.ll_ctrl_lines) {
+            LlArg {
+                flags: ll.flags | LL_CTRL_WARP,
+                ..ll
+            }
+        } else {
+            ll
+        }
+    }
+
     fn ll_early(&self, ll: LlArg) -> LlArg {
         LlArg {
             flags: self.ll_flags,
@@ -1436,6 +1481,8 @@ impl<'a> GpuColl<'a> {
         let blocks = (lines as u64)
             .div_ceil(threads as u64)
             .clamp(1, max_blocks as u64) as u32;
+        // A control warp per block beside the data threads the grid was sized for.
+        let threads = threads + if ll.flags & LL_CTRL_WARP != 0 { 32 } else { 0 };
         if blocks > LL_KERNEL_MAX_BLOCKS {
             // The knobs are checked against it; a grid past it would share sequence copies.
             return Err(Error::invalid(format!(
@@ -1933,6 +1980,7 @@ impl<'a> GpuColl<'a> {
             // A block per LL threads × thread lines (LL_THREAD_LINES), up to the block cap.
             let lines = bytes.div_ceil(8).div_ceil(self.ll_thread_lines);
             let grid = (lines, self.ll_blocks, self.ll_threads);
+            let ll = self.ll_ctrl(ll, lines);
             return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, Some(0));
         }
         if let Some((ll, blocks)) = pull {
@@ -2034,6 +2082,8 @@ impl<'a> GpuColl<'a> {
             };
             let lines = part.div_ceil(8).div_ceil(self.ll_thread_lines);
             let grid = (lines, self.ll_blocks, self.ll_threads);
+            // (No control warp: 2x H200, graph, with / without, 8 KiB 2.92-2.94 / 2.89-2.90
+            // us, 16 KiB 3.03-3.06 / 2.91-2.97, 64 KiB 3.25-3.26 / 2.98-3.02.)
             let stride = Some(count as u64);
             return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, stride);
         }
@@ -2428,6 +2478,17 @@ fn ll_threads_from_env() -> Result<u32> {
 /// a kernel may have depends on its registers, so a `RSHMEM_CUDA_COLL_LL_THREADS` the kernels
 /// cannot launch with (1024 on sm_90) is refused here, naming the kernel, not at its first
 /// call's launch.
+/// Whether every LL all_reduce / reduce_scatter kernel (not the data kernels) can run blocks of
+/// `threads` threads.
+fn ll_ar_threads_fit(funcs: &HashMap<String, Func>, threads: u32) -> bool {
+    funcs
+        .iter()
+        .filter(|(n, _)| {
+            n.starts_with("rshmemi_coll_ll_") && !n.starts_with("rshmemi_coll_ll_move_")
+        })
+        .all(|(_, f)| f.max_threads().is_ok_and(|m| m >= threads))
+}
+
 fn ll_threads_fit(funcs: &HashMap<String, Func>, threads: u32) -> Result<()> {
     let mut limits = Vec::new();
     for (n, f) in funcs {
@@ -3326,6 +3387,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn control_warp_on_several_blocks_up_to_its_size() {
+        // One block (up to 256 lines): none; 2 to 8 blocks of 256 lines: one each; past
+        // LL_CTRL_LINES or with the knob at 0: none.
+        for (lines, want) in [
+            (1, false),
+            (256, false),
+            (257, true),
+            (2048, true),
+            (2049, false),
+        ] {
+            assert_eq!(
+                uses_ctrl_warp(lines, 256, LL_CTRL_LINES),
+                want,
+                "{lines} lines"
+            );
+        }
+        assert!(!uses_ctrl_warp(512, 256, 0));
+        assert!(uses_ctrl_warp(129, 128, LL_CTRL_LINES));
     }
 
     #[test]
