@@ -1156,15 +1156,6 @@ impl<'a> GpuColl<'a> {
         })
     }
 
-    /// `ll` with LL_EARLY_LAUNCH where this PE has its GPU alone: for the LL kernels (the
-    /// all_reduce and reduce_scatter kernel, the data kernels), not the pull kernels (they did
-    /// not move with it). 2x H100, graph, same call, early against late launch: all_reduce 8 B
-    /// 2.75-2.83 against 3.00-3.01 us, 64 KiB 3.80-3.81 against 3.88-3.94, 256 KiB 5.01-5.19
-    /// against 5.31-5.33. The data kernels lost with it at first (all_to_all 64 KiB 4.45-4.48
-    /// against 4.22-4.28); since each runs only the batch its lines need they gain: all_to_all
-    /// 8 B 3.35-3.43 against 3.46-3.51, 512 KiB 4.97-5.00 against 5.10-5.17, 1 MiB 6.69
-    /// against 6.82-6.83, all_gather 1 MiB 6.56-6.62 against 6.67-6.70, broadcast 8 B
-    /// 3.07-3.09 against 3.12-3.24 (64 KiB within 0.1 us either way).
     /// `ll` with LL_CTRL_WARP for an LL all_reduce call of `lines` lines on more than one
     /// block, up to `ll_ctrl_lines`.
     fn ll_ctrl(&self, ll: LlArg, lines: usize) -> LlArg {
@@ -1178,6 +1169,15 @@ impl<'a> GpuColl<'a> {
         }
     }
 
+    /// `ll` with LL_EARLY_LAUNCH where this PE has its GPU alone: for the LL kernels (the
+    /// all_reduce and reduce_scatter kernel, the data kernels), not the pull kernels (they did
+    /// not move with it). 2x H100, graph, same call, early against late launch: all_reduce 8 B
+    /// 2.75-2.83 against 3.00-3.01 us, 64 KiB 3.80-3.81 against 3.88-3.94, 256 KiB 5.01-5.19
+    /// against 5.31-5.33. The data kernels lost with it at first (all_to_all 64 KiB 4.45-4.48
+    /// against 4.22-4.28); since each runs only the batch its lines need they gain: all_to_all
+    /// 8 B 3.35-3.43 against 3.46-3.51, 512 KiB 4.97-5.00 against 5.10-5.17, 1 MiB 6.69
+    /// against 6.82-6.83, all_gather 1 MiB 6.56-6.62 against 6.67-6.70, broadcast 8 B
+    /// 3.07-3.09 against 3.12-3.24 (64 KiB within 0.1 us either way).
     fn ll_early(&self, ll: LlArg) -> LlArg {
         LlArg {
             flags: self.ll_flags,
@@ -2410,7 +2410,7 @@ impl PullLimit {
 
 /// Most blocks of a kernel that waits for peers, from `name` (`RSHMEM_CUDA_COLL_LL_BLOCKS`:
 /// the LL all_reduce kernel's, `RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`: the LL data kernel's,
-/// `RSHMEM_CUDA_COLL_PULL_BLOCKS`: the pull kernels'), 1 to 1024, else `default`.
+/// `RSHMEM_CUDA_COLL_PULL_BLOCKS`: the pull kernels'), 1 to `max`, else `default`.
 fn blocks_from_env(name: &str, default: u32, max: u32) -> Result<u32> {
     let ok = |v| (1..=max as usize).contains(&v);
     Ok(knob_from_env(name, default as usize, ok, &format!("1 to {max} blocks"))? as u32)
@@ -2474,10 +2474,6 @@ fn ll_threads_from_env() -> Result<u32> {
     Ok(v as u32)
 }
 
-/// Whether every LL kernel (`rshmemi_coll_ll_*`) can run blocks of `threads` threads: how many
-/// a kernel may have depends on its registers, so a `RSHMEM_CUDA_COLL_LL_THREADS` the kernels
-/// cannot launch with (1024 on sm_90) is refused here, naming the kernel, not at its first
-/// call's launch.
 /// Whether every LL all_reduce / reduce_scatter kernel (not the data kernels) can run blocks of
 /// `threads` threads.
 fn ll_ar_threads_fit(funcs: &HashMap<String, Func>, threads: u32) -> bool {
@@ -2489,6 +2485,10 @@ fn ll_ar_threads_fit(funcs: &HashMap<String, Func>, threads: u32) -> bool {
         .all(|(_, f)| f.max_threads().is_ok_and(|m| m >= threads))
 }
 
+/// Whether every LL kernel (`rshmemi_coll_ll_*`) can run blocks of `threads` threads: how many
+/// a kernel may have depends on its registers, so a `RSHMEM_CUDA_COLL_LL_THREADS` the kernels
+/// cannot launch with (1024 on sm_90) is refused here, naming the kernel, not at its first
+/// call's launch.
 fn ll_threads_fit(funcs: &HashMap<String, Func>, threads: u32) -> Result<()> {
     let mut limits = Vec::new();
     for (n, f) in funcs {
