@@ -363,9 +363,9 @@ struct rshmemi_ll_peer {
     const rshmem_u64* from;
 };
 
-// Block b's copy of the pair sequence of this PE and world PE pe.
-__device__ __forceinline__ unsigned* rshmemi_ll_seq(const rshmemi_ll& ll, unsigned b, int pe) {
-    return ll.done + 1 + (rshmem_u64)b * rshmem_dstate.n_pes + pe;
+// Block b's copy of the pair sequence of this PE and world PE pe (done: rshmemi_ll::done).
+__device__ __forceinline__ unsigned* rshmemi_ll_seq(unsigned* done, unsigned b, int pe) {
+    return done + 1 + (rshmem_u64)b * rshmem_dstate.n_pes + pe;
 }
 
 __device__ __forceinline__ const rshmem_u64* rshmemi_ll_lines(const rshmemi_ll& ll, unsigned half, int src, int n_pes) {
@@ -676,7 +676,7 @@ __device__ __forceinline__ rshmemi_ll_prep rshmemi_ll_prepare(const rshmem_team&
     rshmemi_ll_prep P;
     const int n_pes = rshmem_dstate.n_pes, i = threadIdx.x;
     const int pe = rshmemi_member(team, i < team.size ? i : 0);
-    P.sq = rshmemi_ll_seq(ll, blockIdx.x, pe);
+    P.sq = rshmemi_ll_seq(ll.done, blockIdx.x, pe);
     P.ex = exp + pe;
     P.to = (rshmem_u64)rshmem_ptr(rshmemi_ll_lines(ll, 0, rshmem_dstate.my_pe, n_pes), pe);
     P.from = (rshmem_u64)rshmemi_ll_lines(ll, 0, pe, n_pes);
@@ -765,7 +765,7 @@ __device__ __forceinline__ void rshmemi_ll_fill(const rshmemi_ll_shared& S, cons
         const int pe = rshmemi_member(team, i);
         const unsigned v = S.peer[i].seq + 1;
         for (unsigned b = gridDim.x + threadIdx.x; b < RSHMEMI_LL_MAX_BLOCKS; b += blockDim.x)
-            S.done[1 + (rshmem_u64)b * rshmem_dstate.n_pes + pe] = v;
+            *rshmemi_ll_seq(S.done, b, pe) = v;
     }
 }
 
@@ -822,7 +822,7 @@ __device__ __forceinline__ void rshmemi_ll_unmove_seqs(const rshmemi_ll_shared& 
         if (i == me || S.kind[i] == 0 || S.kind[i] == 1) continue;
         const int pe = rshmemi_member(team, i);
         for (unsigned w = tid; w < nb; w += nth)
-            S.done[1 + (rshmem_u64)(w == 0 ? blockIdx.x : G - 1 + w) * rshmem_dstate.n_pes + pe] = S.peer[i].seq;
+            *rshmemi_ll_seq(S.done, w == 0 ? blockIdx.x : G - 1 + w, pe) = S.peer[i].seq;
     }
 }
 
