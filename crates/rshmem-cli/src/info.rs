@@ -118,6 +118,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA MoE: how combine_tokens moves rows, auto (pull from 8 MiB per PE pair, else push), push or pull; alike on every PE",
     ),
     (
+        "RSHMEM_EP_READBACK_SYNC",
+        "CUDA MoE (measurement): 1 = normal-mode dispatch synchronises its stream before reading the counts (default 0: waits for the readback kernel's last word)",
+    ),
+    (
         "RSHMEM_EP_SEND_THREADS",
         "CUDA MoE (measurement): ep_send's threads per block, 64-512 in steps of 32 (default 256 expert-major, 512 token-major)",
     ),

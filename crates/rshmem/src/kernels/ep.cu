@@ -758,13 +758,21 @@ extern "C" __global__ void ep_cwait(const ep_params* P) {
 
 // Normal mode's readback (one block, after the last dispatch kernel): the first `words` control
 // words of this PE's buffer (control words, receive counts, expert offsets) and then this PE's
-// device error word into `host` (page-locked host memory mapped for the device), which the host
-// reads once it has synchronised the stream: no copy-engine round trips.
-extern "C" __global__ void ep_readback(const ep_params* P, unsigned long long* host, int words) {
+// device error word into `host` (page-locked host memory mapped for the device), then the
+// readback's number, which the host waits for: no copy-engine round trips, no stream
+// synchronisation.
+extern "C" __global__ void ep_readback(const ep_params* P, unsigned long long* host, int words, unsigned long long seq) {
     rshmemi_grid_dep_wait();
     const volatile unsigned long long* ctl = (const volatile unsigned long long*)P->ctl;
     for (int i = threadIdx.x; i < words; i += blockDim.x) host[i] = ctl[i];
     if (threadIdx.x == 0) host[words] = *(volatile rshmem_u64*)rshmemi_err_word();
+    // Then the readback's number (`seq`), once every word above is visible to the host: the
+    // host may read them as soon as it sees it, before the stream is done.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        *(volatile unsigned long long*)(host + words + 1) = seq;
+    }
 }
 
 // Most local experts whose per-block counts the token-major index keeps in shared memory

@@ -150,6 +150,16 @@ impl Stream {
     pub fn device(&self) -> usize {
         self.backend_gpu
     }
+    /// Whether everything queued on the stream has finished (`cuStreamQuery`); an error of that
+    /// work is returned.
+    pub(crate) fn idle(&self) -> Result<bool> {
+        let _g = self.raw.gpu.bind()?;
+        // SAFETY: a live stream.
+        match unsafe { ffi::cu::cuStreamQuery(self.raw.raw) } {
+            ffi::cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => ffi::check(r, "cuStreamQuery").map(|_| true),
+        }
+    }
     /// True while the stream's work is being captured into a graph (between
     /// [`begin_capture`](Self::begin_capture) and [`end_capture`](Self::end_capture), or a
     /// capture the application began on this stream).

@@ -93,11 +93,14 @@
 //! # Modes
 //! * Normal: after the last dispatch kernel, `ep_readback` (one block) writes the counts
 //!   exchanged on the GPU and this PE's device error word into page-locked host memory mapped
-//!   for the GPU; the host synchronises the stream once and reads them there
-//!   ([`Dispatch::rows`], [`Dispatch::expert_counts`], [`Dispatch::recv_tokens_per_pe`], and
-//!   any error; the device error word is read again, and taken, only when it is set). Against
-//!   two synchronous copies after the synchronisation this took 20-26 us off a T = 4096 step
-//!   and 20-30 us off a T = 128 one (2x H200, BENCHMARKS.md). While the stream is being
+//!   for the GPU, then (after a system fence) the readback's number; the host spins until it
+//!   sees that number (asking the stream every 256 spins whether it failed or went idle) and
+//!   reads them there, without synchronising the stream ([`Dispatch::rows`],
+//!   [`Dispatch::expert_counts`], [`Dispatch::recv_tokens_per_pe`], and any error; the device
+//!   error word is read again, and taken, only when it is set). Against two synchronous copies
+//!   after a synchronisation this took 20-26 us off a T = 4096 step and 20-30 us off a T = 128
+//!   one; waiting for the number instead of synchronising, 2-4 us and 4-5 us more (2x H200,
+//!   BENCHMARKS.md). While the stream is being
 //!   captured into a CUDA graph it does not synchronise: the counts stay on the device (those
 //!   methods return `None`), errors are latched for [`Buffer::check`], and the step replays
 //!   like a capturable one (its receive area is sized for the worst case, so it cannot
@@ -222,6 +225,13 @@ impl TokensCombine {
             ))),
         }
     }
+}
+
+/// `RSHMEM_EP_READBACK_SYNC` (0 or 1, default 0; a measurement knob): 1 makes normal-mode
+/// dispatch synchronise its stream before reading the counts instead of waiting for the
+/// readback's number.
+fn readback_sync_from_env() -> Result<bool> {
+    Ok(super::coll::knob_from_env("RSHMEM_EP_READBACK_SYNC", 0, |v| v <= 1, "0 or 1")? == 1)
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -609,6 +619,10 @@ pub struct Buffer<T: Elem> {
     /// `readback` as the device addresses it, and `ep_readback`, which fills it.
     readback_dev: u64,
     readback_k: Kernel,
+    /// Normal-mode readbacks so far (the number each one writes last), and whether dispatch
+    /// synchronises its stream instead of waiting for that number (`RSHMEM_EP_READBACK_SYNC`).
+    readbacks: std::cell::Cell<u64>,
+    readback_sync: bool,
     grid: u32,
     _t: std::marker::PhantomData<fn() -> T>,
 }
@@ -689,11 +703,12 @@ impl<T: Elem> Buffer<T> {
                 },
             )?;
             let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", STREAM_BLOCK)?;
+            let readback_sync = readback_sync_from_env()?;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
             // Normal mode's readback: the control words, receive counts and expert offsets,
             // then the device error word (8-byte aligned).
-            let readback = g.host_buf(readback_len(&p, cfg.num_experts / n) + 8)?;
+            let readback = g.host_buf(readback_len(&p, cfg.num_experts / n) + 16)?;
             let readback_dev = readback.device_ptr()?;
             let o32 = kernel_options(T::KIND, ElemKind::I32)?;
             let o64 = kernel_options(T::KIND, ElemKind::I64)?;
@@ -724,7 +739,7 @@ impl<T: Elem> Buffer<T> {
                 dt,
                 p,
                 ks,
-                (tokens_combine, send_block, pstream_block),
+                (tokens_combine, send_block, pstream_block, readback_sync),
                 (readback, readback_dev),
             ))
         })();
@@ -737,7 +752,7 @@ impl<T: Elem> Buffer<T> {
                 [dwait, cwait, permute, pstream, csend, crecv, scale],
                 [cready, cpull, cdone, ccopy, readback_k],
             ),
-            (tokens_combine, send_block, pstream_block),
+            (tokens_combine, send_block, pstream_block, readback_sync),
             (readback, readback_dev),
         ) = match prepared {
             Ok(v) => v,
@@ -796,6 +811,8 @@ impl<T: Elem> Buffer<T> {
             readback_dev,
             readback,
             readback_k,
+            readbacks: std::cell::Cell::new(0),
+            readback_sync,
             grid,
             _t: std::marker::PhantomData,
         };
@@ -1068,9 +1085,12 @@ impl<T: Elem> Buffer<T> {
             // counts and the device error word into mapped page-locked memory.
             let el = self.cfg.num_experts / self.n;
             let len = readback_len(&self.plan, el);
-            // SAFETY: ep_readback(const ep_params*, unsigned long long*, int): `readback` holds
-            // len + 8 bytes, the kernel writes len / 8 words and the error word after them; it
-            // begins with rshmemi_grid_dep_wait (a dependent).
+            let seq = self.readbacks.get() + 1;
+            self.readbacks.set(seq);
+            // SAFETY: ep_readback(const ep_params*, unsigned long long*, int, unsigned long
+            // long): `readback` holds len + 16 bytes, the kernel writes len / 8 words, the
+            // error word and the number after them; it begins with rshmemi_grid_dep_wait (a
+            // dependent).
             unsafe {
                 g.launch_dependent(
                     &self.readback_k,
@@ -1082,10 +1102,11 @@ impl<T: Elem> Buffer<T> {
                         prm,
                         KernelArg::Ptr(self.readback_dev),
                         KernelArg::I32((len / 8) as i32),
+                        KernelArg::U64(seq),
                     ],
                 )?;
             }
-            s.synchronize()?;
+            self.wait_readback(s, len + 8, seq)?;
             let b = self.readback.bytes();
             let CtlRead { ctl, recv, off } = parse_ctl(b, &self.plan, self.n, el);
             let dev_err = u64::from_le_bytes(b[len..len + 8].try_into().unwrap_or_default());
@@ -1112,6 +1133,32 @@ impl<T: Elem> Buffer<T> {
             expert_counts: counts,
             recv_tokens,
         })
+    }
+
+    /// Waits until normal mode's readback number `seq` is in `readback` at byte `at` (the
+    /// readback kernel writes it after the counts and the error word): spinning on the word,
+    /// asking the stream every 256 spins whether it failed (its error is returned) or went idle
+    /// without the number (an error). `RSHMEM_EP_READBACK_SYNC=1`: synchronise the stream
+    /// instead (measurements).
+    fn wait_readback(&self, s: &Stream, at: usize, seq: u64) -> Result<()> {
+        if self.readback_sync {
+            s.synchronize()?;
+        } else {
+            let mut spins = 0u32;
+            while self.readback.word(at) != seq {
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(256) && s.idle()? {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        if self.readback.word(at) != seq {
+            return Err(Error::invalid(format!(
+                "ep dispatch: the stream finished without the counts' readback {seq}"
+            )));
+        }
+        Ok(())
     }
 
     /// Combines the expert outputs `y` (`[rows, H]`, in [`expert_x`](Self::expert_x)'s row
@@ -1968,7 +2015,8 @@ mod tests {
 
     /// Every kernel of `ep.cu` takes the parameters its launch site passes, in order (the
     /// driver reads as many bytes per parameter as the kernel declares): `KernelArg::Ptr` ↔
-    /// pointer, `I32` ↔ `int`, `I64` ↔ `long long` (ep.rs and ep_base.rs).
+    /// pointer, `I32` ↔ `int`, `I64` ↔ `long long`, `U64` ↔ `unsigned long long` (ep.rs and
+    /// ep_base.rs).
     #[test]
     fn launches_match_the_kernel_signatures() {
         let (p, i, l) = ("ptr", "int", "long long");
@@ -1987,7 +2035,7 @@ mod tests {
             ("ep_cpull", vec![p, p]),
             ("ep_cdone", vec![p]),
             ("ep_ccopy", vec![p, p]),
-            ("ep_readback", vec![p, p, i]),
+            ("ep_readback", vec![p, p, i, "unsigned long long"]),
             // ep_base.rs
             ("epb_layout", vec![p, i, i, i, i, p, p, p]),
             ("epb_pack", vec![p, p, p, p, i, i, i, l, p, p]),

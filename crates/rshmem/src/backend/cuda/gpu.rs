@@ -349,8 +349,8 @@ impl Drop for DevBuf {
 
 /// Page-locked host memory of this GPU's context (`cuMemHostAlloc`, mapped for its kernels),
 /// zeroed, freed on drop: kernels write small results into it and the host reads them once the
-/// stream is synchronised (no copy, and no second synchronisation as a copy to pageable memory
-/// needs).
+/// stream is synchronised or a word the kernel writes last says they are in (no copy, and no
+/// second synchronisation as a copy to pageable memory needs).
 #[derive(Debug)]
 pub(crate) struct HostBuf {
     gpu: Arc<Gpu>,
@@ -359,7 +359,8 @@ pub(crate) struct HostBuf {
 }
 
 // SAFETY: the allocation belongs to the process, not to a thread; the device writes it only in
-// kernels the owner launches, and the owner reads it only after synchronising them.
+// kernels the owner launches, and the owner reads it only after synchronising them or after
+// their last word (read atomically) said the rest is written.
 unsafe impl Send for HostBuf {}
 
 impl HostBuf {
@@ -392,7 +393,22 @@ impl HostBuf {
         Ok(d)
     }
 
-    /// The bytes, as the kernels launched last left them once their stream was synchronised.
+    /// The 8-byte word at byte offset `at` (a multiple of 8 inside the buffer; else 0), read
+    /// atomically with acquire ordering: a word a running kernel writes last, after a system
+    /// fence, to say the bytes before it are in.
+    pub fn word(&self, at: usize) -> u64 {
+        if !at.is_multiple_of(8) || at + 8 > self.len {
+            return 0;
+        }
+        // SAFETY: 8-aligned (cuMemHostAlloc memory is page-aligned, `at` a multiple of 8) and
+        // inside the live allocation; the device writes it with one 8-byte store and the host
+        // only reads it, atomically.
+        let w = unsafe { std::sync::atomic::AtomicU64::from_ptr(self.ptr.add(at) as *mut u64) };
+        w.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The bytes, as the kernels launched last left them once their stream was synchronised
+    /// (or once their last word, read with [`word`](Self::word), said they were in).
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: `len` initialised bytes (zeroed at allocation) of plain integers; the caller
         // reads them after synchronising the kernels that write them.
