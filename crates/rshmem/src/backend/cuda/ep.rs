@@ -99,7 +99,7 @@
 //!   [`Dispatch::expert_counts`], [`Dispatch::recv_tokens_per_pe`], and any error; the device
 //!   error word is read again, and taken, only when it is set). Against two synchronous copies
 //!   after a synchronisation this took 20-26 us off a T = 4096 step and 20-30 us off a T = 128
-//!   one; waiting for the number instead of synchronising, 2-4 us and 4-5 us more (2x H200,
+//!   one; waiting for the number instead of synchronising, 1-4 us and 4-5 us more (2x H200,
 //!   BENCHMARKS.md). While the stream is being
 //!   captured into a CUDA graph it does not synchronise: the counts stay on the device (those
 //!   methods return `None`), errors are latched for [`Buffer::check`], and the step replays
