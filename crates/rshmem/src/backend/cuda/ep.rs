@@ -613,8 +613,9 @@ pub struct Buffer<T: Elem> {
     tokens_combine: std::cell::Cell<TokensCombine>,
     dispatches: std::cell::Cell<u64>,
     /// Page-locked host bytes, mapped for the GPU, that `ep_readback` fills at the end of a
-    /// normal-mode dispatch ([`readback_len`] bytes of control words, counts and offsets, then
-    /// the device error word); the host reads them after its one synchronisation.
+    /// normal-mode dispatch ([`readback_len`] bytes of control words, counts and offsets, the
+    /// device error word, then the readback's number); the host reads them once it sees that
+    /// number (`wait_readback`).
     readback: super::gpu::HostBuf,
     /// `readback` as the device addresses it, and `ep_readback`, which fills it.
     readback_dev: u64,
@@ -935,8 +936,9 @@ impl<T: Elem> Buffer<T> {
     /// `topk_ids [T, top_k]`, `topk_weights [T, top_k]`, all symmetric objects of this PE's
     /// heap, on stream `s`. Collective over the team.
     ///
-    /// Normal mode synchronises `s` once (after the rows and the counts arrived) and returns
-    /// errors found on the device at once, except while `s` is being captured into a graph;
+    /// Normal mode waits until the rows and the counts arrived (every dispatch kernel has
+    /// ended; `s` itself is not synchronised) and returns errors found on the device at once,
+    /// except while `s` is being captured into a graph;
     /// capturable mode never synchronises (call [`check`](Self::check) after synchronising).
     /// The expert-major rows are in [`expert_x`](Self::expert_x) once `s` reaches the end of
     /// the queued work.
@@ -1081,8 +1083,8 @@ impl<T: Elem> Buffer<T> {
         // mode's receive area holds the worst case, so nothing can overflow) and errors are
         // latched for `check`, so both modes can be captured.
         if !capturable && !s.is_capturing()? {
-            // One synchronisation: ep_readback (one block behind the last kernel) writes the
-            // counts and the device error word into mapped page-locked memory.
+            // ep_readback (one block behind the last kernel) writes the counts, the device
+            // error word and then its number into mapped page-locked memory.
             let el = self.cfg.num_experts / self.n;
             let len = readback_len(&self.plan, el);
             let seq = self.readbacks.get() + 1;
