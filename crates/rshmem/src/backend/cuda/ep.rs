@@ -82,9 +82,9 @@
 //!    link run together) and `combine_tokens` leaves a PE's rows for its own tokens in `y`
 //!    (`ep_crecv` reads them there unless `out` overlaps `y`). Summing a PE's own tokens while
 //!    the peers' rows still arrive (fused kernels, or half the SMs putting and half summing)
-//!    was measured slower every time: each progress word a sending SM publishes needs a
-//!    system-scope release, which costs that SM about 2 us while its NVLink stores are in
-//!    flight (BENCHMARKS.md, twenty-second session).
+//!    was measured slower every time; in the split form each progress word a sending SM
+//!    published (a system-scope release, its NVLink stores in flight) cost it about 2 us, and
+//!    fewer words left the summers waiting (BENCHMARKS.md, twenty-second session).
 //! 5. `combine_tokens` **pulling** ([`TokensCombine`]; the default where a pair's rows reach
 //!    [`PULL_MIN_PAIR_BYTES`]): `ep_cready` (one block) puts this PE's `y` offset and a ready
 //!    signal to every PE and waits for theirs; `ep_cpull` (grid) reads each token's rows from
