@@ -118,6 +118,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA MoE: how combine_tokens moves rows, auto (pull from 8 MiB per PE pair, else push), push or pull; alike on every PE",
     ),
     (
+        "RSHMEM_EP_SPLIT_COMBINE",
+        "CUDA MoE: 1 (default) = the expert-major combine in one kernel (half the SMs put, half sum as rows arrive) where every PE has its GPU alone; 0 = three kernels; alike on every PE",
+    ),
+    (
         "RSHMEM_EP_READBACK_SYNC",
         "CUDA MoE (measurement): 1 = normal-mode dispatch synchronises its stream before reading the counts (default 0: waits for the readback kernel's last word)",
     ),

@@ -653,6 +653,140 @@ fn gpu_ep_routings_unaligned_views() {
     });
 }
 
+/// The split combine (`ep_csplit`, every PE alone on its GPU): T up to 2000 tokens (many
+/// sender rounds), random and special routings, each dispatch combined three times: into `out`
+/// on every PE (sums inside the kernel, checked against the host reference), then with `out`
+/// overlapping `y` on PE 0 only (PE 0 sums after the kernel, its peers inside: one protocol for
+/// both), then on every PE, one PE starting 20 ms late each time (its peers' summers find the
+/// sentinel, not a former combine's rows); each result exact against the first, `y` beyond the
+/// overlapped rows untouched.
+fn split_combine_body(pe: &Pe, mode: EpMode) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = EpConfig {
+        num_experts: 8 * n,
+        max_tokens: 2000,
+        hidden: 64,
+        max_topk: 8,
+        mode,
+        layout: RecvLayout::ExpertMajor,
+    };
+    let h = c.hidden;
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let inp = inputs::<bf16>(pe, &c, n)?;
+    let steps = [
+        (Case::Random, 2000, 8),
+        (Case::Random, 1500, 3),
+        (Case::OnePe, 1200, 4),
+        (Case::NoneToLast, 700, 6),
+        (Case::OneExpert, 1100, 2),
+        (Case::Random, 513, 1),
+        (Case::Random, 1, 2),
+        (Case::Random, 0, 4),
+    ];
+    for (seed, (case, t, k)) in (700..).zip(steps) {
+        let st = Step {
+            case,
+            t,
+            k,
+            seed,
+            i64_ids: false,
+            scale: true,
+        };
+        write_inputs(pe, &c, &inp, &st)?;
+        poison_output(pe, &buf)?;
+        pe.barrier_all()?;
+        let d = dispatch(pe, &s, &buf, &inp, &st)?;
+        expert_and_combine(pe, &s, &buf, &inp, &d, true)?;
+        s.synchronize()?;
+        buf.check(pe)?;
+        verify(pe, &c, &buf, &inp, &st, d.rows())?;
+        let want = pe.local_vec(&inp.out)?[..t * h].to_vec();
+        let y = pe.local_vec(&inp.y)?;
+        for overlapping in [vec![0], (0..n).collect::<Vec<_>>()] {
+            pe.local_fill(&inp.out, bf16::from_f64(-77.0))?;
+            pe.local_write(&inp.y, 0, &y)?;
+            pe.barrier_all()?;
+            let over = overlapping.contains(&me) && t > 0;
+            let out = if over {
+                inp.y.view::<bf16>(0, t * h)?
+            } else {
+                inp.out.view::<bf16>(0, t * h)?
+            };
+            // One PE starts late (by turns): its peers' summers reach rows that are not in yet
+            // and must wait for them, not take what a former combine left there.
+            if me == (seed as usize + overlapping.len()) % n {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            buf.combine(pe, &s, &d, &inp.y, &out)?;
+            s.synchronize()?;
+            buf.check(pe)?;
+            let got = pe.local_vec(&out)?;
+            if let Some(i) = (0..t * h).find(|&i| got[i] != want[i]) {
+                panic!(
+                    "PE {me} {case:?} t={t} k={k} (out overlapping y on {overlapping:?}): token {} element {}: {:?} != {:?}",
+                    i / h,
+                    i % h,
+                    got[i],
+                    want[i]
+                );
+            }
+            if over {
+                let rest = pe.local_vec(&inp.y)?;
+                assert!(
+                    rest[t * h..] == y[t * h..],
+                    "PE {me} {case:?}: combine with out overlapping y changed y beyond T rows"
+                );
+            }
+            pe.barrier_all()?;
+        }
+        // Into an output one element off 16-byte alignment on every PE (the kernel's scalar
+        // paths: elements, each waited for alone), one PE late.
+        if t > 0 && t * h < inp.out.len() {
+            pe.local_write(&inp.y, 0, &y)?;
+            pe.barrier_all()?;
+            if me == (seed as usize + 1) % n {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let odd = inp.out.view::<bf16>(std::mem::size_of::<bf16>(), t * h)?;
+            buf.combine(pe, &s, &d, &inp.y, &odd)?;
+            s.synchronize()?;
+            buf.check(pe)?;
+            let got = pe.local_vec(&odd)?;
+            if let Some(i) = (0..t * h).find(|&i| got[i] != want[i]) {
+                panic!(
+                    "PE {me} {case:?} t={t} k={k} (unaligned out): token {} element {}: {:?} != {:?}",
+                    i / h,
+                    i % h,
+                    got[i],
+                    want[i]
+                );
+            }
+            pe.barrier_all()?;
+        }
+    }
+    free_inputs(pe, inp)?;
+    buf.free(pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_split_combine() {
+    on_gpus(2, |pe| {
+        split_combine_body(pe, EpMode::Capturable { capacity: 2000 })?;
+        split_combine_body(pe, EpMode::Normal)
+    });
+}
+
+gpu_mode_test!(
+    gpu_ep_split_combine,
+    gpu_config(2),
+    |pe| split_combine_body(pe, EpMode::Capturable { capacity: 2000 }),
+    [processes(2)]
+);
+
 fn overflow_body(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
     let g = CudaPe::new(pe)?;
@@ -1425,6 +1559,21 @@ fn combine_tokens_body(pe: &Pe) -> Result<()> {
                 s.synchronize()?;
                 buf.check(pe)?;
                 check(&pe.local_vec(&odd)?, "unaligned out");
+            }
+            // Then `combine` on the same buffer (expert-major: the split combine where each PE
+            // has its GPU alone), one PE starting late: the combine area's rows that
+            // combine_tokens used (its own rows, pushed or temporary) must hold the sentinel
+            // again, or the late PE's peers would sum them as if they were its rows.
+            if layout == RecvLayout::ExpertMajor && t > 0 {
+                pe.local_fill(&inp.out, bf16::from_f64(-77.0))?;
+                pe.barrier_all()?;
+                if me == seed as usize % n {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                buf.combine(pe, &s, &d, &buf.expert_x()?, &inp.out)?;
+                s.synchronize()?;
+                buf.check(pe)?;
+                verify(pe, &c, &buf, &inp, &st, d.rows())?;
             }
             // A y shorter than the receive area is refused before any kernel runs.
             if me == 0 && t == 40 {

@@ -34,7 +34,7 @@ typedef EP_ID ep_id;
 struct ep_params {
     unsigned long long recv_x, recv_meta, comb, rec, sig, ctl, recv_cnt, expert_off, fill, tok_pos,
         row_src, tok_rows, acc, prog;
-    long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid;
+    long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid, sentinel;
 };
 
 // EP_STAMPS 1 (a compile option for measurements, through RSHMEM_CUDA_EP_NVRTC_OPTS): clock
@@ -1057,11 +1057,34 @@ __device__ __forceinline__ void ep_sum_slots(float (&acc)[U][EP_VEC], const int*
     }
 }
 
+// The split combine's sentinel (see ep_csplit): every 32-bit word all ones.
+#define EP_SENTINEL 0xffffffffu
+// EP_SPLIT_KEEP (mutations for tests only): bit 0, ep_csplit's summers leave the peers' rows as
+// they found them; bit 1, so do ep_crecv and ep_ccopy.
+#ifndef EP_SPLIT_KEEP
+#define EP_SPLIT_KEEP 0
+#endif
+template <int S> struct ep_bits_of;
+template <> struct ep_bits_of<2> { typedef unsigned short t; };
+template <> struct ep_bits_of<4> { typedef unsigned t; };
+typedef ep_bits_of<sizeof(ep_t)>::t ep_bits;
+// Stores the sentinel into vectors v0 + 32 q (below nv) of `row`.
+template <int U>
+__device__ __forceinline__ void ep_put_sentinel(rshmemi_v4* row, int v0, int nv) {
+    const rshmemi_v4 snt = {EP_SENTINEL, EP_SENTINEL, EP_SENTINEL, EP_SENTINEL};
+#pragma unroll
+    for (int q = 0; q < U; q++) {
+        const int v = v0 + 32 * q;
+        if (v < nv) row[v] = snt;
+    }
+}
+
 // acc += the rows bases[d] + pos[d] * H over d ascending with pos[d] >= 0, two rows' loads in
-// flight before accumulating.
+// flight before accumulating. With keep >= 0 every row read of a PE other than `keep` gets the
+// sentinel back (the peers' rows of a split-combine buffer's combine area).
 template <int U>
 __device__ __forceinline__ void ep_sum_bases(float (&acc)[U][EP_VEC], const int* pos, int n, const ep_t* const* bases,
-                                             long long H, int v0, int nv) {
+                                             long long H, int v0, int nv, int keep) {
     int d = 0;
     while (true) {
         int p1 = -1, p2 = -1;
@@ -1071,6 +1094,8 @@ __device__ __forceinline__ void ep_sum_bases(float (&acc)[U][EP_VEC], const int*
         rshmemi_v4 a1[U], a2[U];
         ep_load<U>(a1, (const rshmemi_v4*)(bases[p1] + pos[p1] * H), v0, nv, false);
         if (p2 >= 0) ep_load<U>(a2, (const rshmemi_v4*)(bases[p2] + pos[p2] * H), v0, nv, false);
+        if (keep >= 0 && p1 != keep) ep_put_sentinel<U>((rshmemi_v4*)(bases[p1] + pos[p1] * H), v0, nv);
+        if (keep >= 0 && p2 >= 0 && p2 != keep) ep_put_sentinel<U>((rshmemi_v4*)(bases[p2] + pos[p2] * H), v0, nv);
         ep_accum<U>(acc, a1, 1.f, false);
         if (p2 >= 0) ep_accum<U>(acc, a2, 1.f, false);
         if (p2 < 0) break;
@@ -1149,12 +1174,308 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
         ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
 }
 
+// ----- the split combine (every PE of the team alone on its GPU; ep.rs decides) -----
+// One grid kernel in two roles. Blocks below ga = grid / 2 (the agreed grid: the same on every
+// PE) put the partial rows of the peers' tokens: ep_csend's units (received row, chunk) for
+// sources other than this PE, peers varying fastest. The other blocks sum this PE's own tokens
+// (units (token, chunk)): the partial row of its own slots first (f32, slot order, rounded as
+// ep_csend rounds the rows it stores), then the peers' rows from the combine area, ascending
+// over PEs as ep_crecv adds them: bit for bit ep_crecv's result.
+//
+// No progress words: a summer learns that a peer's row is in from the row itself. The peers'
+// rows of the combine area hold the sentinel EP_SENTINEL (every 32-bit word all ones) until
+// their sender overwrites them; a sender never stores an all-ones word (ep_canon turns an
+// all-ones NaN into another NaN); a 32-bit word is written at once (single-copy atomic), so a
+// word that is not all ones is the sender's. A summer loads its vectors with volatile loads
+// until none is the sentinel, then stores the sentinel back (the rows of the same parity are
+// written again two combines later, after the handshakes of a dispatch). Nothing is ordered
+// between words, so the senders publish nothing and fence nothing: each word says for itself
+// whether it has arrived. ep.rs fills the area with the sentinel at creation and again after
+// any step that failed (Buffer::check); every other reader of peers' rows in the area
+// (ep_crecv, ep_ccopy) stores the sentinel back too (P->sentinel).
+//
+// The senders never wait, the summers wait only for senders, and every PE runs the kernel on a
+// GPU of its own (one block per SM, all resident): no cycle. With fin 0 (out overlaps y or the
+// buffer on this PE) the summers put this PE's own partial rows into its combine area instead,
+// as ep_csend, and ep_cwait and ep_crecv sum after this kernel.
+// word w with no all-ones element (16-bit types: per half; an all-ones element is a NaN, and
+// clearing its sign bit keeps it one).
+__device__ __forceinline__ unsigned ep_canon(unsigned w) {
+    if (sizeof(ep_t) == 2) {
+        if ((w & 0xffffu) == 0xffffu) w &= ~0x8000u;
+        if ((w >> 16) == 0xffffu) w &= ~0x80000000u;
+    } else if (w == EP_SENTINEL) {
+        w = 0x7fffffffu;
+    }
+    return w;
+}
+__device__ __forceinline__ rshmemi_v4 ep_ldvol(const rshmemi_v4* p) {
+    rshmemi_v4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ bool ep_has_sentinel(const rshmemi_v4& v) {
+    return v.a == EP_SENTINEL || v.b == EP_SENTINEL || v.c == EP_SENTINEL || v.d == EP_SENTINEL;
+}
+// The summers' wait: vectors v0 + 32 q (below nv) of a peer's row, loaded until none holds the
+// sentinel, then the sentinel stored back. A timeout flags the PE (`pe`) and gives up (the step
+// is reported failed; after a failure on this PE later waits give up at once).
+template <int U>
+__device__ __forceinline__ void ep_take_row(rshmemi_v4 (&r)[U], rshmemi_v4* row, int v0, int nv, int pe) {
+    unsigned miss = 0;
+#pragma unroll
+    for (int q = 0; q < U; q++) {
+        const int v = v0 + 32 * q;
+        if (v < nv) {
+            r[q] = ep_ldvol(row + v);
+            if (ep_has_sentinel(r[q])) miss |= 1u << q;
+        }
+    }
+    if (miss && !rshmemi_failed()) {
+        const rshmem_u64 t0 = rshmemi_now();
+        unsigned spins = 0;
+        while (miss) {
+#pragma unroll
+            for (int q = 0; q < U; q++)
+                if (miss & (1u << q)) {
+                    r[q] = ep_ldvol(row + v0 + 32 * q);
+                    if (!ep_has_sentinel(r[q])) miss &= ~(1u << q);
+                }
+            if (miss && (++spins & 255) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout(pe);
+                break;
+            }
+        }
+    }
+    if (!(EP_SPLIT_KEEP & 1)) ep_put_sentinel<U>(row, v0, nv);
+}
+// One element of a peer's row (the scalar path), as ep_take_row.
+__device__ __forceinline__ float ep_take_elem(ep_t* p, int pe) {
+    const ep_bits snt = (ep_bits)EP_SENTINEL;
+    volatile ep_bits* q = (volatile ep_bits*)p;
+    ep_bits b = *q;
+    if (b == snt && !rshmemi_failed()) {
+        const rshmem_u64 t0 = rshmemi_now();
+        unsigned spins = 0;
+        while ((b = *q) == snt)
+            if ((++spins & 255) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout(pe);
+                break;
+            }
+    }
+    if (!(EP_SPLIT_KEEP & 1)) *q = snt;
+    ep_t v;
+    *(ep_bits*)&v = b;
+    return ep_f(v);
+}
+
+// acc = the weighted sum of the slots' rows for chunk `c` (vectors v0 + 32 q), rounded to ep_t
+// (into dst, canonical (ep_canon), when dst is not null, else kept in acc as the rounded values).
+template <int U>
+__device__ __forceinline__ void ep_split_partial(float (&acc)[U][EP_VEC], const int* rows, const unsigned* wts, long long K,
+                                                 const ep_t* y, long long H, int v0, int nv, unsigned lane, ep_t* dst) {
+#pragma unroll
+    for (int q = 0; q < U; q++)
+#pragma unroll
+        for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
+    ep_sum_slots<U>(acc, rows, wts, K, y, H, v0, nv, lane);
+    if (dst) {
+#pragma unroll
+        for (int q = 0; q < U; q++) {
+            const int v = v0 + 32 * q;
+            if (v >= nv) continue;
+            ep_vec o;
+#pragma unroll
+            for (int e = 0; e < (int)EP_VEC; e++) ep_from(acc[q][e], &o.v[e]);
+            rshmemi_v4 w = *(const rshmemi_v4*)&o;
+            w.a = ep_canon(w.a);
+            w.b = ep_canon(w.b);
+            w.c = ep_canon(w.c);
+            w.d = ep_canon(w.d);
+            ((rshmemi_v4*)dst)[v] = w;
+        }
+    } else {
+#pragma unroll
+        for (int q = 0; q < U; q++)
+#pragma unroll
+            for (int e = 0; e < (int)EP_VEC; e++) {
+                ep_t r;
+                ep_from(acc[q][e], &r);
+                acc[q][e] = ep_f(r);
+            }
+    }
+}
+// The scalar form of one unit (rows of a size or alignment the vectors do not take): elements
+// [e0, e1) of the partial row of `g`'s slots into dst (canonical: no all-ones element).
+__device__ __noinline__ void ep_split_partial_scalar(const int* rows, const unsigned* wts, long long K, const ep_t* y,
+                                                     long long H, long long e0, long long e1, unsigned lane, ep_t* dst) {
+    for (long long h = e0 + lane; h < e1; h += 32) {
+        float acc = 0.f;
+        for (long long j = 0; j < K; j++) {
+            const int r = rows[j];
+            if (r < 0) continue;
+            acc += __uint_as_float(wts[j]) * ep_f(y[(long long)r * H + h]);
+        }
+        ep_t o;
+        ep_from(acc, &o);
+        if (sizeof(ep_t) == 2) {
+            unsigned short b = *(unsigned short*)&o;
+            if (b == 0xffffu) b = 0x7fffu;
+            *(unsigned short*)&o = b;
+        } else {
+            unsigned b = *(unsigned*)&o;
+            if (b == EP_SENTINEL) b = 0x7fffffffu;
+            *(unsigned*)&o = b;
+        }
+        dst[h] = o;
+    }
+}
+__device__ __noinline__ void ep_split_sum_scalar(const ep_params* P, const int* pos, ep_t* comb, const ep_t* y,
+                                                 long long H, long long e0, long long e1, unsigned lane, ep_t* out) {
+    const int n = (int)P->n, me = (int)P->me;
+    const long long C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
+    const int im = pos[me];
+    const long long g = (long long)me * C + (im < 0 ? 0 : im);
+    const int* rows = (const int*)P->tok_rows + g * K;
+    const unsigned* wts = (const unsigned*)P->recv_meta + g * RMW + 1 + K;
+    for (long long h = e0 + lane; h < e1; h += 32) {
+        float own = 0.f;
+        if (im >= 0) {
+            for (long long j = 0; j < K; j++) {
+                const int r = rows[j];
+                if (r < 0) continue;
+                own += __uint_as_float(wts[j]) * ep_f(y[(long long)r * H + h]);
+            }
+            ep_t o;
+            ep_from(own, &o);
+            own = ep_f(o);
+        }
+        float acc = 0.f;
+        for (int d = 0; d < n; d++) {
+            if (d == me) {
+                if (im >= 0) acc += own;
+            } else if (pos[d] >= 0 && pos[d] < C) {
+                acc += ep_take_elem(&comb[((long long)d * C + pos[d]) * H + h], ep_pe(P, d));
+            }
+        }
+        ep_from(acc, &out[h]);
+    }
+}
+
+#define EP_SPLIT_BLOCK 384
+// EP_SPLIT_WAIT 0 (measurements only: wrong sums, sentinels left in place): the summers read
+// the peers' rows as they are.
+#ifndef EP_SPLIT_WAIT
+#define EP_SPLIT_WAIT 1
+#endif
+extern "C" __global__ void __launch_bounds__(EP_SPLIT_BLOCK) ep_csplit(const ep_params* P, const ep_t* y, ep_t* out, int fin) {
+    rshmemi_grid_dep_wait();
+    // ep_cwait (one block) may become resident now.
+    rshmemi_grid_dep_launch();
+    unsigned long long* ctl = (unsigned long long*)P->ctl;
+    const int n = (int)P->n, me = (int)P->me;
+    const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K, G = P->grid;
+    const unsigned lane = threadIdx.x & 31;
+    EP_STAMP_FIRST(ctl, 11);
+    if (ctl[EP_CTL_GO]) {
+        const unsigned* recv_cnt = (const unsigned*)P->recv_cnt;
+        const int* tok_rows = (const int*)P->tok_rows;
+        const rshmem_u64 cnum = ctl[EP_CTL_CWAIT] + 1;
+        const long long parity = (long long)(cnum - 1) & 1;
+        const bool vec = ep_al16((unsigned long long)y | (fin ? (unsigned long long)out : 0ull) | P->comb);
+        const int nv = (int)(H * (long long)sizeof(ep_t) / 16);
+        const long long chunk = 32 * EP_UR, nch = vec ? (nv + chunk - 1) / chunk : 1, chunk_el = vec ? chunk * EP_VEC : H;
+        const long long wpb = blockDim.x / 32, ga = G / 2;
+        if ((long long)blockIdx.x < ga) {
+            const long long gw = blockIdx.x * wpb + (threadIdx.x >> 5), nw = ga * wpb;
+            const long long units = (long long)(n - 1) * C * nch;
+            for (long long u = gw; u < units; u += nw) {
+                const long long t = u / nch, c = u % nch;
+                const long long sp = t % (n - 1), i = t / (n - 1), s = sp < me ? sp : sp + 1, g = s * C + i;
+                if (i >= recv_cnt[s]) continue;
+                const unsigned* wts = (const unsigned*)P->recv_meta + g * RMW + 1 + K;
+                ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
+                if (vec) {
+                    float acc[EP_UR][EP_VEC];
+                    ep_split_partial<EP_UR>(acc, tok_rows + g * K, wts, K, y, H, (int)(c * chunk) + (int)lane, nv, lane, dst);
+                } else {
+                    ep_split_partial_scalar(tok_rows + g * K, wts, K, y, H, c * chunk_el, min(H, (c + 1) * chunk_el), lane, dst);
+                }
+            }
+        } else if (!fin) {
+            // This PE's own partial rows into its combine area (ep_crecv sums after ep_cwait).
+            const long long gw = (blockIdx.x - ga) * wpb + (threadIdx.x >> 5), nws = (gridDim.x - ga) * wpb;
+            const long long cnt = min((long long)recv_cnt[me], C);
+            for (long long u = gw; u < cnt * nch; u += nws) {
+                const long long i = u / nch, c = u % nch, g = (long long)me * C + i;
+                const unsigned* wts = (const unsigned*)P->recv_meta + g * RMW + 1 + K;
+                ep_t* dst = (ep_t*)P->comb + ((parity * n + me) * C + i) * H;
+                if (vec) {
+                    float acc[EP_UR][EP_VEC];
+                    ep_split_partial<EP_UR>(acc, tok_rows + g * K, wts, K, y, H, (int)(c * chunk) + (int)lane, nv, lane, dst);
+                } else {
+                    ep_split_partial_scalar(tok_rows + g * K, wts, K, y, H, c * chunk_el, min(H, (c + 1) * chunk_el), lane, dst);
+                }
+            }
+        } else {
+            const int T = (int)ctl[EP_CTL_TOKENS];
+            const int* tok_pos = (const int*)P->tok_pos;
+            ep_t* comb = (ep_t*)P->comb + parity * n * C * H;
+            const long long gw = (blockIdx.x - ga) * wpb + (threadIdx.x >> 5), nws = (gridDim.x - ga) * wpb;
+            for (long long u = gw; u < (long long)T * nch; u += nws) {
+                const long long t = u / nch, c = u % nch;
+                const int* pos = tok_pos + t * n;
+                const int im = pos[me];
+                if (!vec) {
+                    ep_split_sum_scalar(P, pos, comb, y, H, c * chunk_el, min(H, (c + 1) * chunk_el), lane, out + t * H);
+                    continue;
+                }
+                const int v0 = (int)(c * chunk) + (int)lane;
+                float own[EP_UR][EP_VEC];
+                if (im >= 0) {
+                    const long long g = (long long)me * C + im;
+                    ep_split_partial<EP_UR>(own, tok_rows + g * K, (const unsigned*)P->recv_meta + g * RMW + 1 + K, K, y, H,
+                                            v0, nv, lane, nullptr);
+                }
+                float acc[EP_UR][EP_VEC];
+#pragma unroll
+                for (int q = 0; q < EP_UR; q++)
+#pragma unroll
+                    for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
+                for (int d = 0; d < n; d++) {
+                    if (d == me) {
+                        if (im >= 0)
+#pragma unroll
+                            for (int q = 0; q < EP_UR; q++)
+#pragma unroll
+                                for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] += own[q][e];
+                    } else if (pos[d] >= 0 && pos[d] < C) {
+                        rshmemi_v4 a[EP_UR];
+                        rshmemi_v4* row = (rshmemi_v4*)(comb + ((long long)d * C + pos[d]) * H);
+                        if (EP_SPLIT_WAIT) ep_take_row<EP_UR>(a, row, v0, nv, ep_pe(P, d));
+                        else ep_load<EP_UR>(a, row, v0, nv, false);
+                        ep_accum<EP_UR>(acc, a, 1.f, false);
+                    }
+                }
+                ep_round_store<EP_UR>(out + t * H, acc, v0, nv);
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) ep_abort_if_failed(ctl);
+    EP_STAMP_LAST(ctl, 12);
+    rshmem_u64* sig = (rshmem_u64*)P->sig;
+    for (int d = threadIdx.x; d < n; d += blockDim.x)
+        ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
+}
+
 // out[t] = sum over d ascending of the row bases[d] + tok_pos[t * n + d] * H (rows of negative
 // positions skipped), in f32, rounded once; work units (token, chunk of the row), two PEs' rows
 // loaded before accumulating. `bases`: a row-0 pointer per PE (shared memory, filled and
-// synchronised by the caller). The source side of rshmem's combines and of the baseline's.
+// synchronised by the caller). The source side of rshmem's combines and of the baseline's. keep:
+// as in ep_sum_bases (< 0: rows left as they are).
 __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, long long H, const ep_t* const* bases,
-                                            ep_t* out) {
+                                            ep_t* out, int keep) {
     const unsigned lane = threadIdx.x & 31;
     // The vector path where the row size and every PE's rows are 16-byte aligned.
     bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out);
@@ -1173,13 +1494,17 @@ __device__ __forceinline__ void ep_sum_rows(const int* tok_pos, int T, int n, lo
             for (int q = 0; q < EP_UR; q++)
 #pragma unroll
                 for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
-            ep_sum_bases<EP_UR>(acc, pos, n, bases, H, v0, nv);
+            ep_sum_bases<EP_UR>(acc, pos, n, bases, H, v0, nv, keep);
             ep_round_store<EP_UR>(out + t * H, acc, v0, nv);
         } else {
             for (long long h = lane; h < H; h += 32) {
                 float a = 0.f;
                 for (int d = 0; d < n; d++)
-                    if (pos[d] >= 0) a += ep_f(bases[d][pos[d] * H + h]);
+                    if (pos[d] >= 0) {
+                        ep_t* p = (ep_t*)&bases[d][pos[d] * H + h];
+                        a += ep_f(*p);
+                        if (keep >= 0 && d != keep) *(ep_bits*)p = (ep_bits)EP_SENTINEL;
+                    }
                 ep_from(a, &out[t * H + h]);
             }
         }
@@ -1205,7 +1530,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     for (int d = threadIdx.x; d < n; d += blockDim.x) s_base[d] = (own && d == (int)P->me ? own : comb) + d * C * H;
     __syncthreads();
     EP_STAMP_FIRST(ctl, 14);
-    ep_sum_rows(tok_pos, T, n, H, s_base, out);
+    ep_sum_rows(tok_pos, T, n, H, s_base, out, P->sentinel && !(EP_SPLIT_KEEP & 2) ? (int)P->me : -1);
     EP_STAMP_LAST(ctl, 15);
 }
 
@@ -1273,7 +1598,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_cpull(const ep_params* P, e
         s_base[d] = (const ep_t*)rshmem_ptr((const void*)(rshmem_dstate.my_base + yoff[d]), ep_pe(P, d)) + me * C * H;
     __syncthreads();
     EP_STAMP_FIRST(ctl, 14);
-    ep_sum_rows((const int*)P->tok_pos, T, n, H, s_base, out);
+    ep_sum_rows((const int*)P->tok_pos, T, n, H, s_base, out, -1);
     EP_STAMP_LAST(ctl, 15);
 }
 
@@ -1302,6 +1627,15 @@ extern "C" __global__ void __launch_bounds__(512) ep_ccopy(const ep_params* P, e
     const long long bytes = (long long)ctl[EP_CTL_TOKENS] * P->hidden * (long long)sizeof(ep_t);
     rshmemi_copy(out, ep_ptemp(P), (size_t_rshmem)bytes, blockIdx.x * blockDim.x + threadIdx.x,
                  gridDim.x * blockDim.x);
+    if (P->sentinel && !(EP_SPLIT_KEEP & 2)) {
+        // The temporary rows are peers' rows of the next combine: the sentinel back (after
+        // this block's reads of them).
+        __syncthreads();
+        ep_bits* tmp = (ep_bits*)ep_ptemp(P);
+        const long long els = bytes / (long long)sizeof(ep_t);
+        for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < els; i += gridDim.x * blockDim.x)
+            tmp[i] = (ep_bits)EP_SENTINEL;
+    }
 }
 
 // A stand-in expert computation: y[r] = x[r] * factor[local expert of row r], for the rows of
@@ -1515,7 +1849,7 @@ extern "C" __global__ void __launch_bounds__(512) epb_crecv(const int* tok_pos, 
     __shared__ const ep_t* s_base[EP_MAX_PES];
     for (int d = threadIdx.x; d < n; d += blockDim.x) s_base[d] = cr + (long long)d * T * H;
     __syncthreads();
-    ep_sum_rows(tok_pos, T, n, H, s_base, out);
+    ep_sum_rows(tok_pos, T, n, H, s_base, out, -1);
 }
 
 // Row checksums (the benchmark's data checks): h[r] = sum over i of mix(bits of element i, i)

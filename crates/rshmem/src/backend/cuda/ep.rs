@@ -80,11 +80,26 @@
 //!    combine traffic is one row per (token, PE) instead of one per slot. `ep_csend` walks its
 //!    units with the source varying fastest (the copies to this PE's HBM and to each peer's
 //!    link run together) and `combine_tokens` leaves a PE's rows for its own tokens in `y`
-//!    (`ep_crecv` reads them there unless `out` overlaps `y`). Summing a PE's own tokens while
-//!    the peers' rows still arrive (fused kernels, or half the SMs putting and half summing)
-//!    was measured slower every time; in the split form each progress word a sending SM
-//!    published (a system-scope release, its NVLink stores in flight) cost it about 2 us, and
-//!    fewer words left the summers waiting (BENCHMARKS.md, twenty-second session).
+//!    (`ep_crecv` reads them there unless `out` overlaps `y`).
+//!
+//!    **The split combine** (`combine` where every PE of the team has its GPU alone,
+//!    `RSHMEM_EP_SPLIT_COMBINE` not 0 on any PE; agreed at creation): one kernel, `ep_csplit`,
+//!    with half its blocks putting the partial rows of the peers' tokens (as `ep_csend`) and
+//!    half summing this PE's own tokens while the peers' rows arrive: the own slots' partial row
+//!    straight from `y` (rounded as `ep_csend` rounds it, never stored), then the peers' rows,
+//!    ascending over PEs: bit for bit `ep_crecv`'s result, with no pass over the own partial
+//!    rows. A summer learns that a row is in from the row itself, not from a progress word
+//!    (every system-scope release on a sending SM cost it about 2 us: twenty-second session):
+//!    the peers' rows of the combine area hold a **sentinel** (every 32-bit word all ones)
+//!    until their sender overwrites them; senders never store an all-ones word (such a NaN
+//!    loses its sign bit, staying a NaN); a 32-bit word is written at once, so a word that is
+//!    not the sentinel is the sender's. The summer loads its vectors (volatile) until none is
+//!    the sentinel (a device-wait timeout bounds it), sums, and stores the sentinel back; every
+//!    other reader of peers' rows there (`ep_crecv`, `ep_ccopy`'s temporary rows) stores it
+//!    back too, and the host fills the area again at creation and after any latched error.
+//!    Where `out` overlaps `y` or the buffer on a PE, that PE's summers store its own partial
+//!    rows instead and `ep_cwait`/`ep_crecv` sum after the kernel; its peers cannot tell.
+//!    2x H200, T = 4096: 195-197 us against 231-234 for the three kernels (BENCHMARKS.md).
 //! 5. `combine_tokens` **pulling** ([`TokensCombine`]; the default where a pair's rows reach
 //!    [`PULL_MIN_PAIR_BYTES`]): `ep_cready` (one block) puts this PE's `y` offset and a ready
 //!    signal to every PE and waits for theirs; `ep_cpull` (grid) reads each token's rows from
@@ -160,7 +175,7 @@ use super::ffi::{self, cu};
 use crate::elem::{Elem, ElemKind};
 use crate::ep::{EpConfig, EpMode, RecvLayout, TopkId};
 use crate::error::{Error, Result};
-use crate::sym::{AsSym, Sym, SymView};
+use crate::sym::{AsSym, RawSym, Sym, SymView};
 use crate::team::Team;
 use crate::Pe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -176,6 +191,8 @@ const BLOCK: u32 = 512;
 /// Threads per block of `ep_send` and `ep_pstream` for expert-major buffers: each at most 128
 /// registers, so one block of each fits on an SM (ep_pstream moves rows while ep_send runs).
 const STREAM_BLOCK: u32 = 256;
+/// Threads per block of `ep_csplit` (`EP_SPLIT_BLOCK`: one block per SM, no spills to speak of).
+const SPLIT_BLOCK: u32 = 384;
 /// Most experts (`ep_layout` counts pairs per expert in shared memory).
 pub const MAX_GPU_EXPERTS: usize = 8192;
 /// Most local experts whose per-block pair counts the token-major index keeps in shared memory
@@ -229,6 +246,12 @@ impl TokensCombine {
             ))),
         }
     }
+}
+
+/// `RSHMEM_EP_SPLIT_COMBINE` (0 or 1, default 1): whether `combine` may take the split kernel
+/// (`ep_csplit`) where every PE of the team has its GPU alone.
+fn split_combine_from_env() -> Result<bool> {
+    Ok(super::coll::knob_from_env("RSHMEM_EP_SPLIT_COMBINE", 1, |v| v <= 1, "0 or 1")? == 1)
 }
 
 /// `RSHMEM_EP_READBACK_SYNC` (0 or 1, default 0; a measurement knob): 1 makes normal-mode
@@ -426,6 +449,7 @@ fn param_words(
     n: usize,
     dt: &super::api::DeviceTeam,
     grid: u32,
+    sentinel: bool,
 ) -> [(&'static str, u64); PARAM_WORDS] {
     let a = |off: usize| base + off as u64;
     [
@@ -461,11 +485,12 @@ fn param_words(
         ("max_tokens", cfg.max_tokens as u64),
         ("rmax", p.rmax as u64),
         ("grid", grid as u64),
+        ("sentinel", sentinel as u64),
     ]
 }
 
 /// Words of the kernels' `ep_params` block.
-const PARAM_WORDS: usize = 26;
+const PARAM_WORDS: usize = 27;
 
 /// What one dispatch returns on one PE: the handle [`Buffer::combine`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -624,6 +649,11 @@ pub struct Buffer<T: Elem> {
     /// `readback` as the device addresses it, and `ep_readback`, which fills it.
     readback_dev: u64,
     readback_k: Kernel,
+    /// `ep_csplit`, and whether `combine` takes it (every team PE alone on its GPU, rows of
+    /// whole 16-byte vectors, a grid of at least 2 blocks and `RSHMEM_EP_SPLIT_COMBINE` not 0
+    /// on every PE: agreed at creation).
+    csplit: Kernel,
+    split: bool,
     /// Normal-mode readbacks so far (the number each one writes last), and whether dispatch
     /// synchronises its stream instead of waiting for that number (`RSHMEM_EP_READBACK_SYNC`).
     readbacks: std::cell::Cell<u64>,
@@ -709,6 +739,7 @@ impl<T: Elem> Buffer<T> {
             )?;
             let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", STREAM_BLOCK)?;
             let readback_sync = readback_sync_from_env()?;
+            let split_knob = split_combine_from_env()?;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
             // Normal mode's readback: the control words, receive counts and expert offsets,
@@ -738,6 +769,7 @@ impl<T: Elem> Buffer<T> {
                     k("ep_cdone", &o32)?,
                     k("ep_ccopy", &o32)?,
                     k("ep_readback", &o32)?,
+                    k("ep_csplit", &o32)?,
                 ],
             );
             Ok::<_, Error>((
@@ -746,6 +778,7 @@ impl<T: Elem> Buffer<T> {
                 ks,
                 (tokens_combine, send_block, pstream_block, readback_sync),
                 (readback, readback_dev),
+                split_knob,
             ))
         })();
         let (
@@ -755,10 +788,11 @@ impl<T: Elem> Buffer<T> {
                 [layout32, send32],
                 [layout64, send64],
                 [dwait, cwait, permute, pstream, csend, crecv, scale],
-                [cready, cpull, cdone, ccopy, readback_k],
+                [cready, cpull, cdone, ccopy, readback_k, csplit],
             ),
             (tokens_combine, send_block, pstream_block, readback_sync),
             (readback, readback_dev),
+            split_knob,
         ) = match prepared {
             Ok(v) => v,
             Err(e) => {
@@ -776,16 +810,30 @@ impl<T: Elem> Buffer<T> {
         // every dispatch, which no PE starts before the barrier at the end of this function).
         let slots = area.view::<u64>(plan.rec, n)?;
         let sms = (g.sm_count() as u64).clamp(1, MAX_GRID as u64);
+        // Bit 32: this PE may take the split combine (the knob on, its GPU its own; the other
+        // conditions are alike on every PE).
+        let may_split = (split_knob
+            && g.gpu_alone()
+            && n >= 2
+            && (cfg.hidden * std::mem::size_of::<T>()).is_multiple_of(16))
+            as u64;
         for i in 0..n {
-            pe.put(&slots, dt.my_index as usize, &[sms], team.world_pe(i)?)?;
+            pe.put(
+                &slots,
+                dt.my_index as usize,
+                &[sms | may_split << 32],
+                team.world_pe(i)?,
+            )?;
         }
         pe.team_barrier(team)?;
-        let grid = pe
-            .local_vec(&slots)?
-            .into_iter()
+        let agreed = pe.local_vec(&slots)?;
+        let grid = agreed
+            .iter()
+            .map(|v| v & 0xffff_ffff)
             .min()
             .unwrap_or(1)
             .clamp(1, MAX_GRID as u64) as u32;
+        let split = grid >= 2 && agreed.iter().all(|v| v >> 32 == 1);
         pe.local_fill(&slots, 0)?;
         let buf = Buffer {
             cfg,
@@ -816,6 +864,8 @@ impl<T: Elem> Buffer<T> {
             readback_dev,
             readback,
             readback_k,
+            csplit,
+            split,
             readbacks: std::cell::Cell::new(0),
             readback_sync,
             grid,
@@ -823,12 +873,15 @@ impl<T: Elem> Buffer<T> {
         };
         let base = g.ptr(&buf.area)?;
         let p = &buf.plan;
-        let params: Vec<u64> = param_words(base, p, &cfg, n, &dt, buf.grid)
+        let params: Vec<u64> = param_words(base, p, &cfg, n, &dt, buf.grid, buf.split)
             .iter()
             .map(|w| w.1)
             .collect();
         pe.local_write(&buf.view::<u64>(p.params, PARAM_WORDS)?, 0, &params)?;
         pe.local_fill(&buf.view::<u64>(p.sig, SIG_GROUPS * n)?, 0)?;
+        if buf.split {
+            buf.fill_sentinel(pe)?;
+        }
         pe.local_fill(&buf.view::<u32>(p.acc, cfg.num_experts + n + 2)?, 0)?;
         pe.local_fill(&buf.view::<u64>(p.ctl, 48)?, 0)?;
         pe.local_fill(&buf.view::<u32>(p.expert_off, cfg.num_experts / n + 1)?, 0)?;
@@ -1297,6 +1350,51 @@ impl<T: Elem> Buffer<T> {
         // ep_crecv(const ep_params*, ep_t*, const ep_t*): y holds the rows the device reads
         // (checked above: expert-major rows, or n*C receive rows with `tokens`), out holds T
         // rows; ep_crecv reads y only with mode 2, when out does not overlap it.
+        if !tokens && self.split {
+            // The split combine: half the grid puts the peers' rows, half sums this PE's own
+            // tokens as their rows come in. Where out overlaps y or this buffer (rows the
+            // kernel still reads while others are summed), this PE sums after it instead
+            // (ep_cwait, ep_crecv); its peers cannot tell.
+            let (o, area) = (out.raw(), self.area.raw());
+            let in_area = RawSym {
+                len: o.len * std::mem::size_of::<T>(),
+                ..o
+            }
+            .overlaps(&area, 1);
+            let fin = !overlaps(y, out) && !in_area;
+            // SAFETY: (all launched as dependents, each beginning with rshmemi_grid_dep_wait)
+            // ep_csplit(const ep_params*, const ep_t*, ep_t*, int): y holds the expert-major
+            // rows (checked above), out T rows (checked above) that, with fin, overlap neither
+            // y nor the buffer; the grid is the agreed one (at least 2 blocks, one per SM of
+            // EP_SPLIT_BLOCK threads: every block resident, as the summers' waits need) and
+            // every PE of the team has its GPU alone (`split`); ep_cwait(const ep_params*),
+            // ep_crecv(const ep_params*, ep_t*, const ep_t*) as below, with no rows in y.
+            unsafe {
+                g.launch_dependent(
+                    &self.csplit,
+                    s,
+                    self.grid,
+                    SPLIT_BLOCK,
+                    0,
+                    &[prm, yp, op, KernelArg::I32(fin as i32)],
+                )?;
+                mark()?;
+                g.launch_dependent(&self.cwait, s, 1, 64, 0, &[prm])?;
+                if !fin {
+                    mark()?;
+                    g.launch_dependent(
+                        &self.crecv,
+                        s,
+                        self.grid,
+                        BLOCK,
+                        0,
+                        &[prm, op, KernelArg::Ptr(0)],
+                    )?;
+                }
+            }
+            mark()?;
+            return Ok(());
+        }
         unsafe {
             g.launch_dependent(
                 &self.csend,
@@ -1379,10 +1477,23 @@ impl<T: Elem> Buffer<T> {
     /// bits, info).
     fn clear_error(&self, pe: &Pe, v: &[u64]) -> Result<(u64, u64)> {
         if v[CTL_ERR] != 0 {
+            if self.split {
+                self.fill_sentinel(pe)?;
+            }
             let ctl = self.view::<u64>(self.plan.ctl, 16)?;
             pe.local_write(&ctl, CTL_ERR, &[0u64, 0u64])?;
         }
         Ok((v[CTL_ERR], v[CTL_INFO]))
+    }
+
+    /// Fills the combine area (both halves) with the split combine's sentinel (every 32-bit
+    /// word all ones; `ep_csplit`'s summers wait for a peer's row until no word of it is the
+    /// sentinel): at creation, and after any failed step, whose rows may be half there.
+    fn fill_sentinel(&self, pe: &Pe) -> Result<()> {
+        let g = CudaPe::new(pe)?;
+        let bytes = 2 * self.n * self.plan.cap * self.cfg.hidden * std::mem::size_of::<T>();
+        let addr = g.ptr(&self.area)? + self.plan.comb as u64;
+        g.backend().fill_u32(addr, u32::MAX, bytes / 4)
     }
 
     /// Reports errors latched on the device by earlier calls (call after synchronising the
@@ -2026,7 +2137,7 @@ mod tests {
     #[test]
     fn launches_match_the_kernel_signatures() {
         let (p, i, l) = ("ptr", "int", "long long");
-        let launches: [(&str, Vec<&str>); 20] = [
+        let launches: [(&str, Vec<&str>); 21] = [
             // ep.rs
             ("ep_layout", vec![p, p, p, i, i, i, i]),
             ("ep_send", vec![p, p, p, p]),
@@ -2035,6 +2146,7 @@ mod tests {
             ("ep_permute", vec![p]),
             ("ep_pstream", vec![p, p]),
             ("ep_csend", vec![p, p, i]),
+            ("ep_csplit", vec![p, p, p, i]),
             ("ep_crecv", vec![p, p, p]),
             ("ep_scale_experts", vec![p, p, p, p, i]),
             ("ep_cready", vec![p, p]),
@@ -2113,7 +2225,7 @@ mod tests {
             start: 1,
             stride: 2,
         };
-        let words = param_words(base, &p, &cfg, n, &dt, 132);
+        let words = param_words(base, &p, &cfg, n, &dt, 132, true);
         let names: Vec<&str> = words.iter().map(|w| w.0).collect();
         let want: Vec<&str> = fields.iter().map(|f| f.1.as_str()).collect();
         assert_eq!(names, want);
@@ -2131,7 +2243,10 @@ mod tests {
             (3, 2, 1, 2)
         );
         assert_eq!((get("cap"), get("el"), get("experts")), (30, 4, 12));
-        assert_eq!((get("rmax"), get("grid")), (3 * 30 * 8, 132));
+        assert_eq!(
+            (get("rmax"), get("grid"), get("sentinel")),
+            (3 * 30 * 8, 132, 1)
+        );
         // The block fits its area.
         assert!(p.params + PARAM_WORDS * 8 <= p.total);
         assert_eq!(get("acc"), base + p.acc as u64);
@@ -2299,6 +2414,7 @@ mod tests {
             ("EP_SIG_GROUPS", SIG_GROUPS),
             ("EP_MAX_PES", MAX_GPU_EP_PES),
             ("EP_INDEX_EXPERTS", INDEX_EXPERTS),
+            ("EP_SPLIT_BLOCK", SPLIT_BLOCK as usize),
         ] {
             assert!(src.contains(&format!("#define {name} {v}\n")), "{name}");
         }

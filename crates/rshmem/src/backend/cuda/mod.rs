@@ -701,6 +701,20 @@ impl CudaBackend {
         self.bases[pe] + (self.heap_size + w * 8) as u64
     }
 
+    /// Sets `words` 32-bit words of this process's GPU memory from device address `addr` to
+    /// `value` (the host-API stream, synchronised before return).
+    pub(crate) fn fill_u32(&self, addr: u64, value: u32, words: usize) -> Result<()> {
+        let _l = self.guard();
+        let _g = self.gpu.bind()?;
+        // SAFETY: the caller passes a range of its own symmetric object (4-byte aligned); the
+        // memset completes before return (stream synchronised).
+        ffi::check(
+            unsafe { ffi::cu::cuMemsetD32Async(addr, value, words, self.stream.raw) },
+            "cuMemsetD32Async",
+        )?;
+        self.stream.sync()
+    }
+
     fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
         self.lock.lock().unwrap_or_else(|e| e.into_inner())
     }
