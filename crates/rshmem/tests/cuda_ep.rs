@@ -1484,6 +1484,8 @@ fn combine_tokens_body(pe: &Pe) -> Result<()> {
                 }
             }
             pe.local_write(&yt, 0, &y)?;
+            // (verify, below, checks the expert-major area beyond the rows too.)
+            poison_output(pe, &buf)?;
             pe.barrier_all()?;
             let d = dispatch(pe, &s, &buf, &inp, &st)?;
             // Normal mode reports the receive counts per source with the dispatch.
