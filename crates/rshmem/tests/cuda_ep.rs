@@ -780,6 +780,16 @@ fn gpu_ep_split_combine() {
     });
 }
 
+/// The same on 4 PEs: the split combine with three peers where the machine has 4 GPUs (each PE
+/// alone on one), the three kernels where PEs share GPUs.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_split_combine_4pes() {
+    on_gpus(4, |pe| {
+        split_combine_body(pe, EpMode::Capturable { capacity: 2000 })
+    });
+}
+
 gpu_mode_test!(
     gpu_ep_split_combine,
     gpu_config(2),

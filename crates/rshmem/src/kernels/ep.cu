@@ -1625,17 +1625,31 @@ extern "C" __global__ void __launch_bounds__(512) ep_ccopy(const ep_params* P, e
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     if (!ctl[EP_CTL_GO]) return;
     const long long bytes = (long long)ctl[EP_CTL_TOKENS] * P->hidden * (long long)sizeof(ep_t);
-    rshmemi_copy(out, ep_ptemp(P), (size_t_rshmem)bytes, blockIdx.x * blockDim.x + threadIdx.x,
-                 gridDim.x * blockDim.x);
+    const long long tid = blockIdx.x * blockDim.x + threadIdx.x, nth = gridDim.x * blockDim.x;
     if (P->sentinel && !(EP_SPLIT_KEEP & 2)) {
-        // The temporary rows are peers' rows of the next combine: the sentinel back (after
-        // this block's reads of them).
-        __syncthreads();
-        ep_bits* tmp = (ep_bits*)ep_ptemp(P);
-        const long long els = bytes / (long long)sizeof(ep_t);
-        for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < els; i += gridDim.x * blockDim.x)
-            tmp[i] = (ep_bits)EP_SENTINEL;
+        // The temporary rows are peers' rows of the next combine: each thread stores the
+        // sentinel back into what it has just read (its own elements: no other thread reads
+        // them).
+        ep_t* tmp = ep_ptemp(P);
+        if (ep_al16((unsigned long long)out | (unsigned long long)tmp) && bytes % 16 == 0) {
+            const rshmemi_v4 snt = {EP_SENTINEL, EP_SENTINEL, EP_SENTINEL, EP_SENTINEL};
+            rshmemi_v4 *o = (rshmemi_v4*)out, *m = (rshmemi_v4*)tmp;
+            for (long long i = tid; i < bytes / 16; i += nth) {
+                const rshmemi_v4 v = m[i];
+                m[i] = snt;
+                o[i] = v;
+            }
+        } else {
+            ep_bits *o = (ep_bits*)out, *m = (ep_bits*)tmp;
+            for (long long i = tid; i < bytes / (long long)sizeof(ep_t); i += nth) {
+                const ep_bits v = m[i];
+                m[i] = (ep_bits)EP_SENTINEL;
+                o[i] = v;
+            }
+        }
+        return;
     }
+    rshmemi_copy(out, ep_ptemp(P), (size_t_rshmem)bytes, tid, nth);
 }
 
 // A stand-in expert computation: y[r] = x[r] * factor[local expert of row r], for the rows of
