@@ -1011,9 +1011,23 @@ __device__ __forceinline__ void ep_accum(float (&acc)[U][EP_VEC], const rshmemi_
         }
     }
 }
-// Rounds acc and stores the vectors v0 + 32*q (below nv) of `row`.
+// The split combine's sentinel (see ep_csplit): every 32-bit word all ones.
+#define EP_SENTINEL 0xffffffffu
+// word w with no all-ones element (16-bit types: per half; an all-ones element is a NaN, and
+// clearing its sign bit keeps it one).
+__device__ __forceinline__ unsigned ep_canon(unsigned w) {
+    if (sizeof(ep_t) == 2) {
+        if ((w & 0xffffu) == 0xffffu) w &= ~0x8000u;
+        if ((w >> 16) == 0xffffu) w &= ~0x80000000u;
+    } else if (w == EP_SENTINEL) {
+        w = 0x7fffffffu;
+    }
+    return w;
+}
+// Rounds acc and stores the vectors v0 + 32*q (below nv) of `row`; with `canon`, no 32-bit word
+// all ones (ep_canon: rows a split combine's summer waits for).
 template <int U>
-__device__ __forceinline__ void ep_round_store(ep_t* row, const float (&acc)[U][EP_VEC], int v0, int nv) {
+__device__ __forceinline__ void ep_round_store(ep_t* row, const float (&acc)[U][EP_VEC], int v0, int nv, bool canon = false) {
 #pragma unroll
     for (int q = 0; q < U; q++) {
         const int v = v0 + 32 * q;
@@ -1021,7 +1035,16 @@ __device__ __forceinline__ void ep_round_store(ep_t* row, const float (&acc)[U][
         ep_vec o;
 #pragma unroll
         for (int e = 0; e < (int)EP_VEC; e++) ep_from(acc[q][e], &o.v[e]);
-        ((ep_vec*)row)[v] = o;
+        if (canon) {
+            rshmemi_v4 w = *(const rshmemi_v4*)&o;
+            w.a = ep_canon(w.a);
+            w.b = ep_canon(w.b);
+            w.c = ep_canon(w.c);
+            w.d = ep_canon(w.d);
+            ((rshmemi_v4*)row)[v] = w;
+        } else {
+            ((ep_vec*)row)[v] = o;
+        }
     }
 }
 
@@ -1057,8 +1080,6 @@ __device__ __forceinline__ void ep_sum_slots(float (&acc)[U][EP_VEC], const int*
     }
 }
 
-// The split combine's sentinel (see ep_csplit): every 32-bit word all ones.
-#define EP_SENTINEL 0xffffffffu
 // EP_SPLIT_KEEP (mutations for tests only): bit 0, ep_csplit's summers leave the peers' rows as
 // they found them; bit 1, so do ep_crecv and ep_ccopy.
 #ifndef EP_SPLIT_KEEP
@@ -1198,17 +1219,6 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
 // GPU of its own (one block per SM, all resident): no cycle. With fin 0 (out overlaps y or the
 // buffer on this PE) the summers put this PE's own partial rows into its combine area instead,
 // as ep_csend, and ep_cwait and ep_crecv sum after this kernel.
-// word w with no all-ones element (16-bit types: per half; an all-ones element is a NaN, and
-// clearing its sign bit keeps it one).
-__device__ __forceinline__ unsigned ep_canon(unsigned w) {
-    if (sizeof(ep_t) == 2) {
-        if ((w & 0xffffu) == 0xffffu) w &= ~0x8000u;
-        if ((w >> 16) == 0xffffu) w &= ~0x80000000u;
-    } else if (w == EP_SENTINEL) {
-        w = 0x7fffffffu;
-    }
-    return w;
-}
 __device__ __forceinline__ rshmemi_v4 ep_ldvol(const rshmemi_v4* p) {
     rshmemi_v4 v;
     asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "l"(p) : "memory");
@@ -1280,20 +1290,7 @@ __device__ __forceinline__ void ep_split_partial(float (&acc)[U][EP_VEC], const 
         for (int e = 0; e < (int)EP_VEC; e++) acc[q][e] = 0.f;
     ep_sum_slots<U>(acc, rows, wts, K, y, H, v0, nv, lane);
     if (dst) {
-#pragma unroll
-        for (int q = 0; q < U; q++) {
-            const int v = v0 + 32 * q;
-            if (v >= nv) continue;
-            ep_vec o;
-#pragma unroll
-            for (int e = 0; e < (int)EP_VEC; e++) ep_from(acc[q][e], &o.v[e]);
-            rshmemi_v4 w = *(const rshmemi_v4*)&o;
-            w.a = ep_canon(w.a);
-            w.b = ep_canon(w.b);
-            w.c = ep_canon(w.c);
-            w.d = ep_canon(w.d);
-            ((rshmemi_v4*)dst)[v] = w;
-        }
+        ep_round_store<U>(dst, acc, v0, nv, true);
     } else {
 #pragma unroll
         for (int q = 0; q < U; q++)
