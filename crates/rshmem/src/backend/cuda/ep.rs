@@ -150,6 +150,11 @@
 //! that gave up may still receive a peer's flag after its own check, so before reusing the buffer
 //! after a timeout, let every PE synchronise its stream, meet (e.g. [`Pe::barrier_all`]) and call
 //! [`Buffer::check`] once more (`tests/cuda_ep.rs`, `gpu_ep_peer_timeout_stops_every_pe`).
+//! One exception to "nothing combined": in the split combine the summers wait inside the kernel
+//! that writes `out`, so a PE whose summers time out (a peer died or stalled mid-combine) has
+//! written some of its tokens and left others wrong; `out` is undefined after that error, which
+//! [`Buffer::check`] reports as for any timeout (and the combine area is filled with the
+//! sentinel again).
 //!
 //! # Errors that are not agreed on the device
 //! A PE whose inputs fail the host checks still launches `ep_layout` (marked invalid, no pointer
