@@ -96,7 +96,9 @@
 //!    not the sentinel is the sender's. The summer loads its vectors (volatile) until none is
 //!    the sentinel (a device-wait timeout bounds it), sums, and stores the sentinel back; every
 //!    other reader of peers' rows there (`ep_crecv`, `ep_ccopy`'s temporary rows) stores it
-//!    back too, and the host fills the area again at creation and after any latched error.
+//!    back too, and the host fills the area again at creation and after any latched error
+//!    (loom model `loom_ep_split_combine_sentinel` in `models.rs`: split combines after push,
+//!    pull and split combines; it fails without any one of those stores back).
 //!    Where `out` overlaps `y` or the buffer on a PE, that PE's summers store its own partial
 //!    rows instead and `ep_cwait`/`ep_crecv` sum after the kernel; its peers cannot tell.
 //!    2x H200, T = 4096: 195-197 us against 231-234 for the three kernels (BENCHMARKS.md).

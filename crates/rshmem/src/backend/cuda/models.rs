@@ -849,7 +849,17 @@ enum EpOp {
     /// `ep_cpull` → `ep_cdone` → `ep_ccopy` (the sums through the temporary rows, as where
     /// `out` overlaps `y`).
     PullCombine,
+    /// `ep_csplit` → `ep_cwait`: the senders put the peers' rows without publishing anything;
+    /// the summers poll each peer row of this PE's tokens until it is not the sentinel, then
+    /// store the sentinel back. A run with this op models a split buffer: every combine kind
+    /// then reads and writes the combine area as words (`EpMem::scomb`, relaxed: the summers'
+    /// volatile polls race the senders' stores by design) and `ep_crecv` and `ep_ccopy` store
+    /// the sentinel back into what they read.
+    SplitCombine,
 }
+
+/// The split combine's sentinel (`EP_SENTINEL`: every word all ones).
+const EP_SENTINEL: u64 = u64::MAX;
 
 const EP_ABORT: u64 = 16;
 /// Receive capacity per source (`cap`), rows.
@@ -887,6 +897,9 @@ struct EpMem {
     /// The caller's `y` rows `y[pe][src][pos]` (plain stores by its expert kernel): the combine
     /// number.
     y: Cells,
+    /// A split buffer's combine area, laid out as `comb`: the combine number or the sentinel
+    /// (filled at creation).
+    scomb: Vec<AtomicU64>,
 }
 
 const EP_N: usize = 2;
@@ -906,6 +919,9 @@ impl EpMem {
             recv: Cells::new(EP_N * EP_N * EP_C),
             comb: Cells::new(EP_N * 2 * EP_N * EP_C),
             y: Cells::new(EP_N * EP_N * EP_C),
+            scomb: (0..EP_N * 2 * EP_N * EP_C)
+                .map(|_| AtomicU64::new(EP_SENTINEL))
+                .collect(),
         }
     }
     fn recv_at(pe: usize, src: usize, pos: usize) -> usize {
@@ -932,6 +948,26 @@ struct EpTrace {
 /// records written as `ep_prep` once did, also after this PE gave up.
 fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep: bool) -> EpTrace {
     let peers = || (0..EP_N).filter(move |&p| p != me);
+    let split = ops.contains(&EpOp::SplitCombine);
+    // A combine row: a plain store, or a relaxed word of a split buffer.
+    let comb_put = |i: usize, v: u64| {
+        if split {
+            mem.scomb[i].store(v, Ordering::Relaxed);
+        } else {
+            mem.comb.put(i, v);
+        }
+    };
+    // A combine row read after the signals that order it; a split buffer's reader stores the
+    // sentinel back (ep_crecv, ep_ccopy).
+    let comb_take = |i: usize| -> u64 {
+        if split {
+            let v = mem.scomb[i].load(Ordering::Relaxed);
+            mem.scomb[i].store(EP_SENTINEL, Ordering::Relaxed);
+            v
+        } else {
+            mem.comb.get(i)
+        }
+    };
     // cwait: every combine (ctl[CWAIT], the parity); cpush: push combines (ctl[CPUSH]).
     let (mut epoch, mut dwait, mut cwait, mut cpush) = (0u64, 0u64, 0u64, 0u64);
     let mut go = false;
@@ -1106,7 +1142,7 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                         for i in 0..recv_cnt[s] {
                             let v = mem.recv.get(EpMem::recv_at(me, s, i));
                             assert_eq!(v, k as u64, "PE {me} combine {c}: row record of {s}");
-                            mem.comb.put(EpMem::comb_at(s, parity, me, i), c);
+                            comb_put(EpMem::comb_at(s, parity, me, i), c);
                         }
                     }
                 }
@@ -1126,7 +1162,7 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                     let parity = ((cwait - 1) & 1) as usize;
                     for d in peers() {
                         for pos in 0..ep_rows(k, me, d) {
-                            let v = mem.comb.get(EpMem::comb_at(me, parity, d, pos));
+                            let v = comb_take(EpMem::comb_at(me, parity, d, pos));
                             assert_eq!(v, c, "PE {me} combine {c}: row of {d} at {pos}");
                         }
                     }
@@ -1176,7 +1212,7 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                     }
                     for s in 0..EP_N {
                         for i in 0..EP_C {
-                            mem.comb.put(EpMem::comb_at(me, temp, s, i), c);
+                            comb_put(EpMem::comb_at(me, temp, s, i), c);
                         }
                     }
                 }
@@ -1193,10 +1229,47 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                 if go {
                     for s in 0..EP_N {
                         for i in 0..EP_C {
-                            assert_eq!(mem.comb.get(EpMem::comb_at(me, temp, s, i)), c);
+                            assert_eq!(comb_take(EpMem::comb_at(me, temp, s, i)), c);
                         }
                     }
                 }
+            }
+            EpOp::SplitCombine => {
+                // ep_csplit, senders: the peers' rows (no progress word, no fence).
+                let c = cwait + 1;
+                let parity = (cwait & 1) as usize;
+                if go {
+                    for s in peers() {
+                        for i in 0..recv_cnt[s] {
+                            let v = mem.recv.get(EpMem::recv_at(me, s, i));
+                            assert_eq!(v, k as u64, "PE {me} combine {c}: row record of {s}");
+                            mem.scomb[EpMem::comb_at(s, parity, me, i)].store(c, Ordering::Relaxed);
+                        }
+                    }
+                    // Summers: each peer row of this PE's tokens, polled until it is not the
+                    // sentinel, then the sentinel back.
+                    for d in peers() {
+                        for pos in 0..ep_rows(k, me, d) {
+                            let w = &mem.scomb[EpMem::comb_at(me, parity, d, pos)];
+                            spin(|| w.load(Ordering::Relaxed) != EP_SENTINEL);
+                            let v = w.load(Ordering::Relaxed);
+                            assert_eq!(v, c, "PE {me} split combine {c}: row of {d} at {pos}");
+                            w.store(EP_SENTINEL, Ordering::Relaxed);
+                        }
+                    }
+                }
+                // Every block's combine signal (after the block's work), as ep_csend's.
+                for d in peers() {
+                    signal(&mem.sig_comb, d);
+                }
+                // ep_cwait (the next kernels' order; sums were made inside ep_csplit).
+                cwait += 1;
+                cpush += 1;
+                for s in peers() {
+                    wait(&mem.sig_comb[me * EP_N + s], cpush, &mut failed, &mut gave);
+                }
+                fence(Ordering::AcqRel);
+                abort_if_failed(failed, &mut go);
             }
         }
         tr.used.push(go);
@@ -1334,6 +1407,25 @@ fn loom_ep_pull_combine_reuse() {
         false,
         1,
     );
+}
+
+/// EP model, 2 PEs, a split buffer: split combines after a push combine, after a pull combine
+/// and after split combines (each reaching a half of the combine area an earlier combine of
+/// another kind used). Checks that a summer only ever takes a row of its own combine (never a
+/// row an earlier combine left, never the sentinel) and that no sentinel stored back lands on
+/// a later combine's row (a summer would then wait forever: loom reports the hang). Without
+/// the summers' stores back, or `ep_crecv`'s or `ep_ccopy`'s, the value check fails (an
+/// earlier combine's row).
+#[test]
+fn loom_ep_split_combine_sentinel() {
+    use EpOp::*;
+    for ops in [
+        vec![Dispatch, SplitCombine, SplitCombine, SplitCombine],
+        vec![Dispatch, Combine, SplitCombine, SplitCombine],
+        vec![Dispatch, PullCombine, SplitCombine, SplitCombine],
+    ] {
+        ep_model(ops, None, false, 1);
+    }
 }
 
 /// The abort model with pull combines: each wait of the first pull combine (ep_cready's,
