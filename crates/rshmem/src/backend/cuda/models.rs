@@ -1132,9 +1132,10 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                     }
                 }
             }
-            EpOp::Combine => {
-                // ep_csend: one row per received token back into the source's combine area of
-                // this combine's parity (it reads the row records of the dispatch again).
+            EpOp::Combine | EpOp::SplitCombine => {
+                // ep_csend (ep_csplit's senders alike): one row per received token back into the
+                // source's combine area of this combine's parity (it reads the row records of the
+                // dispatch again).
                 let c = cwait + 1;
                 if go {
                     let parity = (cwait & 1) as usize;
@@ -1145,7 +1146,19 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                             comb_put(EpMem::comb_at(s, parity, me, i), c);
                         }
                     }
+                    // ep_csplit's summers: each peer row of this PE's tokens, polled until it is
+                    // not the sentinel, then the sentinel back (no progress word, no fence).
+                    for d in peers().filter(|_| op == EpOp::SplitCombine) {
+                        for pos in 0..ep_rows(k, me, d) {
+                            let w = &mem.scomb[EpMem::comb_at(me, parity, d, pos)];
+                            spin(|| w.load(Ordering::Relaxed) != EP_SENTINEL);
+                            let v = w.load(Ordering::Relaxed);
+                            assert_eq!(v, c, "PE {me} split combine {c}: row of {d} at {pos}");
+                            w.store(EP_SENTINEL, Ordering::Relaxed);
+                        }
+                    }
                 }
+                // Every block's combine signal (after the block's work).
                 for d in peers() {
                     signal(&mem.sig_comb, d);
                 }
@@ -1157,8 +1170,9 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                 }
                 fence(Ordering::AcqRel);
                 abort_if_failed(failed, &mut go);
-                // ep_crecv: the rows every destination sent back for this PE's tokens.
-                if go {
+                // ep_crecv: the rows every destination sent back for this PE's tokens (summed
+                // inside ep_csplit already).
+                if go && op == EpOp::Combine {
                     let parity = ((cwait - 1) & 1) as usize;
                     for d in peers() {
                         for pos in 0..ep_rows(k, me, d) {
@@ -1233,43 +1247,6 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                         }
                     }
                 }
-            }
-            EpOp::SplitCombine => {
-                // ep_csplit, senders: the peers' rows (no progress word, no fence).
-                let c = cwait + 1;
-                let parity = (cwait & 1) as usize;
-                if go {
-                    for s in peers() {
-                        for i in 0..recv_cnt[s] {
-                            let v = mem.recv.get(EpMem::recv_at(me, s, i));
-                            assert_eq!(v, k as u64, "PE {me} combine {c}: row record of {s}");
-                            mem.scomb[EpMem::comb_at(s, parity, me, i)].store(c, Ordering::Relaxed);
-                        }
-                    }
-                    // Summers: each peer row of this PE's tokens, polled until it is not the
-                    // sentinel, then the sentinel back.
-                    for d in peers() {
-                        for pos in 0..ep_rows(k, me, d) {
-                            let w = &mem.scomb[EpMem::comb_at(me, parity, d, pos)];
-                            spin(|| w.load(Ordering::Relaxed) != EP_SENTINEL);
-                            let v = w.load(Ordering::Relaxed);
-                            assert_eq!(v, c, "PE {me} split combine {c}: row of {d} at {pos}");
-                            w.store(EP_SENTINEL, Ordering::Relaxed);
-                        }
-                    }
-                }
-                // Every block's combine signal (after the block's work), as ep_csend's.
-                for d in peers() {
-                    signal(&mem.sig_comb, d);
-                }
-                // ep_cwait (the next kernels' order; sums were made inside ep_csplit).
-                cwait += 1;
-                cpush += 1;
-                for s in peers() {
-                    wait(&mem.sig_comb[me * EP_N + s], cpush, &mut failed, &mut gave);
-                }
-                fence(Ordering::AcqRel);
-                abort_if_failed(failed, &mut go);
             }
         }
         tr.used.push(go);
