@@ -1100,6 +1100,19 @@ __device__ __forceinline__ void ep_put_sentinel(rshmemi_v4* row, int v0, int nv)
     }
 }
 
+// The scalar form of ep_sum_slots, element h: the weighted sum (f32, slot order) over the slots
+// j < K whose row rows[j] is >= 0 (weights: f32 bits wts[j]).
+__device__ __forceinline__ float ep_slots_elem(const int* rows, const unsigned* wts, long long K, const ep_t* y, long long H,
+                                               long long h) {
+    float acc = 0.f;
+    for (long long j = 0; j < K; j++) {
+        const int r = rows[j];
+        if (r < 0) continue;
+        acc += __uint_as_float(wts[j]) * ep_f(y[(long long)r * H + h]);
+    }
+    return acc;
+}
+
 // acc += the rows bases[d] + pos[d] * H over d ascending with pos[d] >= 0, two rows' loads in
 // flight before accumulating. With keep >= 0 every row read of a PE other than `keep` gets the
 // sentinel back (the peers' rows of a split-combine buffer's combine area).
@@ -1176,15 +1189,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
                 ep_sum_slots<EP_UR>(acc, tok_rows + g * K, m + 1 + K, K, y, H, v0, nv, lane);
                 ep_round_store<EP_UR>(dst, acc, v0, nv);
             } else {
-                for (long long h = lane; h < H; h += 32) {
-                    float acc = 0.f;
-                    for (long long j = 0; j < K; j++) {
-                        int r = tok_rows[g * K + j];
-                        if (r < 0) continue;
-                        acc += __uint_as_float(m[1 + K + j]) * ep_f(y[(long long)r * H + h]);
-                    }
-                    ep_from(acc, &dst[h]);
-                }
+                for (long long h = lane; h < H; h += 32) ep_from(ep_slots_elem(tok_rows + g * K, m + 1 + K, K, y, H, h), &dst[h]);
             }
         }
     }
@@ -1307,23 +1312,11 @@ __device__ __forceinline__ void ep_split_partial(float (&acc)[U][EP_VEC], const 
 __device__ __noinline__ void ep_split_partial_scalar(const int* rows, const unsigned* wts, long long K, const ep_t* y,
                                                      long long H, long long e0, long long e1, unsigned lane, ep_t* dst) {
     for (long long h = e0 + lane; h < e1; h += 32) {
-        float acc = 0.f;
-        for (long long j = 0; j < K; j++) {
-            const int r = rows[j];
-            if (r < 0) continue;
-            acc += __uint_as_float(wts[j]) * ep_f(y[(long long)r * H + h]);
-        }
         ep_t o;
-        ep_from(acc, &o);
-        if (sizeof(ep_t) == 2) {
-            unsigned short b = *(unsigned short*)&o;
-            if (b == 0xffffu) b = 0x7fffu;
-            *(unsigned short*)&o = b;
-        } else {
-            unsigned b = *(unsigned*)&o;
-            if (b == EP_SENTINEL) b = 0x7fffffffu;
-            *(unsigned*)&o = b;
-        }
+        ep_from(ep_slots_elem(rows, wts, K, y, H, h), &o);
+        // No all-ones element (ep_canon, for one element).
+        ep_bits* b = (ep_bits*)&o;
+        if (*b == (ep_bits)EP_SENTINEL) *b &= (ep_bits)~(1u << (8 * sizeof(ep_t) - 1));
         dst[h] = o;
     }
 }
@@ -1338,11 +1331,7 @@ __device__ __noinline__ void ep_split_sum_scalar(const ep_params* P, const int* 
     for (long long h = e0 + lane; h < e1; h += 32) {
         float own = 0.f;
         if (im >= 0) {
-            for (long long j = 0; j < K; j++) {
-                const int r = rows[j];
-                if (r < 0) continue;
-                own += __uint_as_float(wts[j]) * ep_f(y[(long long)r * H + h]);
-            }
+            own = ep_slots_elem(rows, wts, K, y, H, h);
             ep_t o;
             ep_from(own, &o);
             own = ep_f(o);
