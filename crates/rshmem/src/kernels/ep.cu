@@ -1214,7 +1214,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
 // all-ones NaN into another NaN); a 32-bit word is written at once (single-copy atomic), so a
 // word that is not all ones is the sender's. A summer loads its vectors with volatile loads
 // until none is the sentinel, then stores the sentinel back (the rows of the same parity are
-// written again two combines later, after the handshakes of a dispatch). Nothing is ordered
+// written again two combines later, after the peers have seen this kernel's combine signals). Nothing is ordered
 // between words, so the senders publish nothing and fence nothing: each word says for itself
 // whether it has arrived. ep.rs fills the area with the sentinel at creation and again after
 // any step that failed (Buffer::check); every other reader of peers' rows in the area
