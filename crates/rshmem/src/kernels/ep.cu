@@ -561,6 +561,130 @@ __device__ __noinline__ void ep_copy_row(void* d, const void* s, long long bytes
     rshmemi_copy(d, s, (size_t_rshmem)bytes, lane, 32);
 }
 
+// ----- the sentinel: rows that announce themselves -----
+// The expert-major dispatch's receive area and the split combine's combine area hold the
+// sentinel (every 32-bit word all ones) where no row is (see ep_pstream and ep_csplit); their
+// senders never store an all-ones word, and a reader that finds no sentinel word in a vector
+// has the sender's whole vector (a 32-bit word is written at once).
+#define EP_SENTINEL 0xffffffffu
+// word w with no all-ones element (16-bit types: per half; an all-ones element is a NaN, and
+// clearing its sign bit keeps it one).
+__device__ __forceinline__ unsigned ep_canon(unsigned w) {
+    if (sizeof(ep_t) == 2) {
+        if ((w & 0xffffu) == 0xffffu) w &= ~0x8000u;
+        if ((w >> 16) == 0xffffu) w &= ~0x80000000u;
+    } else if (w == EP_SENTINEL) {
+        w = 0x7fffffffu;
+    }
+    return w;
+}
+__device__ __forceinline__ rshmemi_v4 ep_canon4(rshmemi_v4 w) {
+    w.a = ep_canon(w.a);
+    w.b = ep_canon(w.b);
+    w.c = ep_canon(w.c);
+    w.d = ep_canon(w.d);
+    return w;
+}
+// Mutations for tests only. EP_SPLIT_KEEP: bit 0, ep_csplit's summers leave the peers' rows as
+// they found them; bit 1, so do ep_crecv and ep_ccopy. EP_DISPATCH_KEEP 1: ep_pstream leaves
+// the received rows as it found them; EP_DISPATCH_WAIT 0: it takes them without waiting for
+// them; EP_DISPATCH_REFILL 0: a dispatch that moves no row does not restore the sentinel.
+#ifndef EP_SPLIT_KEEP
+#define EP_SPLIT_KEEP 0
+#endif
+#ifndef EP_DISPATCH_KEEP
+#define EP_DISPATCH_KEEP 0
+#endif
+#ifndef EP_DISPATCH_WAIT
+#define EP_DISPATCH_WAIT 1
+#endif
+#ifndef EP_DISPATCH_REFILL
+#define EP_DISPATCH_REFILL 1
+#endif
+template <int S> struct ep_bits_of;
+template <> struct ep_bits_of<2> { typedef unsigned short t; };
+template <> struct ep_bits_of<4> { typedef unsigned t; };
+typedef ep_bits_of<sizeof(ep_t)>::t ep_bits;
+// Stores the sentinel into vectors v0 + 32 q (below nv) of `row`.
+template <int U>
+__device__ __forceinline__ void ep_put_sentinel(rshmemi_v4* row, int v0, int nv) {
+    const rshmemi_v4 snt = {EP_SENTINEL, EP_SENTINEL, EP_SENTINEL, EP_SENTINEL};
+#pragma unroll
+    for (int q = 0; q < U; q++) {
+        const int v = v0 + 32 * q;
+        if (v < nv) row[v] = snt;
+    }
+}
+
+__device__ __forceinline__ rshmemi_v4 ep_ldvol(const rshmemi_v4* p) {
+    rshmemi_v4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ bool ep_has_sentinel(const rshmemi_v4& v) {
+    return v.a == EP_SENTINEL || v.b == EP_SENTINEL || v.c == EP_SENTINEL || v.d == EP_SENTINEL;
+}
+// A reader's wait: vectors v0 + 32 q (below nv) of a row a peer puts, loaded until none holds
+// the sentinel (with `wait`), then, with `back`, the sentinel stored back. A timeout flags the
+// PE (`pe`) and gives up (the step is reported failed; after a failure on this PE later waits
+// give up at once).
+template <int U>
+__device__ __forceinline__ void ep_take_row(rshmemi_v4 (&r)[U], rshmemi_v4* row, int v0, int nv, int pe, bool back,
+                                            bool wait = true) {
+    unsigned miss = 0;
+#pragma unroll
+    for (int q = 0; q < U; q++) {
+        const int v = v0 + 32 * q;
+        if (v < nv) {
+            r[q] = ep_ldvol(row + v);
+            if (ep_has_sentinel(r[q])) miss |= 1u << q;
+        }
+    }
+    if (wait && miss && !rshmemi_failed()) {
+        const rshmem_u64 t0 = rshmemi_now();
+        unsigned spins = 0;
+        while (miss) {
+#pragma unroll
+            for (int q = 0; q < U; q++)
+                if (miss & (1u << q)) {
+                    r[q] = ep_ldvol(row + v0 + 32 * q);
+                    if (!ep_has_sentinel(r[q])) miss &= ~(1u << q);
+                }
+            if (miss && (++spins & 255) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout(pe);
+                break;
+            }
+        }
+    }
+    if (back) ep_put_sentinel<U>(row, v0, nv);
+}
+// One element of a peer's row (the scalar path), as ep_take_row: its bits.
+__device__ __forceinline__ ep_bits ep_take_bits(ep_t* p, int pe, bool back, bool wait = true) {
+    const ep_bits snt = (ep_bits)EP_SENTINEL;
+    volatile ep_bits* q = (volatile ep_bits*)p;
+    ep_bits b = *q;
+    if (wait && b == snt && !rshmemi_failed()) {
+        const rshmem_u64 t0 = rshmemi_now();
+        unsigned spins = 0;
+        while ((b = *q) == snt)
+            if ((++spins & 255) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout(pe);
+                break;
+            }
+    }
+    if (back) *q = snt;
+    return b;
+}
+__device__ __forceinline__ float ep_take_elem(ep_t* p, int pe) {
+    ep_t v;
+    *(ep_bits*)&v = ep_take_bits(p, pe, !(EP_SPLIT_KEEP & 1));
+    return ep_f(v);
+}
+// An element's bits with no all-ones element (ep_canon, for one element).
+__device__ __forceinline__ ep_bits ep_canon_bits(ep_bits b) {
+    return b == (ep_bits)EP_SENTINEL ? (ep_bits)(b & (ep_bits)~(1u << (8 * sizeof(ep_t) - 1))) : b;
+}
+
 // Streaming progress (expert-major buffers: ep_params.prog, n * grid words per PE, word
 // source * grid + block, zeroed by the receiver's ep_layout before its ready signal): ep_send's
 // block b tells each destination, as its rows go out, how far they are in, as the largest of
@@ -1011,19 +1135,6 @@ __device__ __forceinline__ void ep_accum(float (&acc)[U][EP_VEC], const rshmemi_
         }
     }
 }
-// The split combine's sentinel (see ep_csplit): every 32-bit word all ones.
-#define EP_SENTINEL 0xffffffffu
-// word w with no all-ones element (16-bit types: per half; an all-ones element is a NaN, and
-// clearing its sign bit keeps it one).
-__device__ __forceinline__ unsigned ep_canon(unsigned w) {
-    if (sizeof(ep_t) == 2) {
-        if ((w & 0xffffu) == 0xffffu) w &= ~0x8000u;
-        if ((w >> 16) == 0xffffu) w &= ~0x80000000u;
-    } else if (w == EP_SENTINEL) {
-        w = 0x7fffffffu;
-    }
-    return w;
-}
 // Rounds acc and stores the vectors v0 + 32*q (below nv) of `row`; with `canon`, no 32-bit word
 // all ones (ep_canon: rows a split combine's summer waits for).
 template <int U>
@@ -1036,12 +1147,7 @@ __device__ __forceinline__ void ep_round_store(ep_t* row, const float (&acc)[U][
 #pragma unroll
         for (int e = 0; e < (int)EP_VEC; e++) ep_from(acc[q][e], &o.v[e]);
         if (canon) {
-            rshmemi_v4 w = *(const rshmemi_v4*)&o;
-            w.a = ep_canon(w.a);
-            w.b = ep_canon(w.b);
-            w.c = ep_canon(w.c);
-            w.d = ep_canon(w.d);
-            ((rshmemi_v4*)row)[v] = w;
+            ((rshmemi_v4*)row)[v] = ep_canon4(*(const rshmemi_v4*)&o);
         } else {
             ((ep_vec*)row)[v] = o;
         }
@@ -1077,26 +1183,6 @@ __device__ __forceinline__ void ep_sum_slots(float (&acc)[U][EP_VEC], const int*
             ep_accum<U>(acc, a1, w1, true);
             if (b2 >= 0) ep_accum<U>(acc, a2, w2, true);
         }
-    }
-}
-
-// EP_SPLIT_KEEP (mutations for tests only): bit 0, ep_csplit's summers leave the peers' rows as
-// they found them; bit 1, so do ep_crecv and ep_ccopy.
-#ifndef EP_SPLIT_KEEP
-#define EP_SPLIT_KEEP 0
-#endif
-template <int S> struct ep_bits_of;
-template <> struct ep_bits_of<2> { typedef unsigned short t; };
-template <> struct ep_bits_of<4> { typedef unsigned t; };
-typedef ep_bits_of<sizeof(ep_t)>::t ep_bits;
-// Stores the sentinel into vectors v0 + 32 q (below nv) of `row`.
-template <int U>
-__device__ __forceinline__ void ep_put_sentinel(rshmemi_v4* row, int v0, int nv) {
-    const rshmemi_v4 snt = {EP_SENTINEL, EP_SENTINEL, EP_SENTINEL, EP_SENTINEL};
-#pragma unroll
-    for (int q = 0; q < U; q++) {
-        const int v = v0 + 32 * q;
-        if (v < nv) row[v] = snt;
     }
 }
 
@@ -1224,66 +1310,6 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
 // GPU of its own (one block per SM, all resident): no cycle. With fin 0 (out overlaps y or the
 // buffer on this PE) the summers put this PE's own partial rows into its combine area instead,
 // as ep_csend, and ep_cwait and ep_crecv sum after this kernel.
-__device__ __forceinline__ rshmemi_v4 ep_ldvol(const rshmemi_v4* p) {
-    rshmemi_v4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ bool ep_has_sentinel(const rshmemi_v4& v) {
-    return v.a == EP_SENTINEL || v.b == EP_SENTINEL || v.c == EP_SENTINEL || v.d == EP_SENTINEL;
-}
-// The summers' wait: vectors v0 + 32 q (below nv) of a peer's row, loaded until none holds the
-// sentinel, then the sentinel stored back. A timeout flags the PE (`pe`) and gives up (the step
-// is reported failed; after a failure on this PE later waits give up at once).
-template <int U>
-__device__ __forceinline__ void ep_take_row(rshmemi_v4 (&r)[U], rshmemi_v4* row, int v0, int nv, int pe) {
-    unsigned miss = 0;
-#pragma unroll
-    for (int q = 0; q < U; q++) {
-        const int v = v0 + 32 * q;
-        if (v < nv) {
-            r[q] = ep_ldvol(row + v);
-            if (ep_has_sentinel(r[q])) miss |= 1u << q;
-        }
-    }
-    if (miss && !rshmemi_failed()) {
-        const rshmem_u64 t0 = rshmemi_now();
-        unsigned spins = 0;
-        while (miss) {
-#pragma unroll
-            for (int q = 0; q < U; q++)
-                if (miss & (1u << q)) {
-                    r[q] = ep_ldvol(row + v0 + 32 * q);
-                    if (!ep_has_sentinel(r[q])) miss &= ~(1u << q);
-                }
-            if (miss && (++spins & 255) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-                rshmemi_flag_timeout(pe);
-                break;
-            }
-        }
-    }
-    if (!(EP_SPLIT_KEEP & 1)) ep_put_sentinel<U>(row, v0, nv);
-}
-// One element of a peer's row (the scalar path), as ep_take_row.
-__device__ __forceinline__ float ep_take_elem(ep_t* p, int pe) {
-    const ep_bits snt = (ep_bits)EP_SENTINEL;
-    volatile ep_bits* q = (volatile ep_bits*)p;
-    ep_bits b = *q;
-    if (b == snt && !rshmemi_failed()) {
-        const rshmem_u64 t0 = rshmemi_now();
-        unsigned spins = 0;
-        while ((b = *q) == snt)
-            if ((++spins & 255) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-                rshmemi_flag_timeout(pe);
-                break;
-            }
-    }
-    if (!(EP_SPLIT_KEEP & 1)) *q = snt;
-    ep_t v;
-    *(ep_bits*)&v = b;
-    return ep_f(v);
-}
-
 // acc = the weighted sum of the slots' rows for chunk `c` (vectors v0 + 32 q), rounded to ep_t
 // (into dst, canonical (ep_canon), when dst is not null, else kept in acc as the rounded values).
 template <int U>
@@ -1314,10 +1340,7 @@ __device__ __noinline__ void ep_split_partial_scalar(const int* rows, const unsi
     for (long long h = e0 + lane; h < e1; h += 32) {
         ep_t o;
         ep_from(ep_slots_elem(rows, wts, K, y, H, h), &o);
-        // No all-ones element (ep_canon, for one element).
-        ep_bits* b = (ep_bits*)&o;
-        if (*b == (ep_bits)EP_SENTINEL) *b &= (ep_bits)~(1u << (8 * sizeof(ep_t) - 1));
-        dst[h] = o;
+        *(ep_bits*)&dst[h] = ep_canon_bits(*(const ep_bits*)&o);
     }
 }
 __device__ __noinline__ void ep_split_sum_scalar(const ep_params* P, const int* pos, ep_t* comb, const ep_t* y,
@@ -1438,7 +1461,7 @@ extern "C" __global__ void __launch_bounds__(EP_SPLIT_BLOCK) ep_csplit(const ep_
                     } else if (pos[d] >= 0 && pos[d] < C) {
                         rshmemi_v4 a[EP_UR];
                         rshmemi_v4* row = (rshmemi_v4*)(comb + ((long long)d * C + pos[d]) * H);
-                        if (EP_SPLIT_WAIT) ep_take_row<EP_UR>(a, row, v0, nv, ep_pe(P, d));
+                        if (EP_SPLIT_WAIT) ep_take_row<EP_UR>(a, row, v0, nv, ep_pe(P, d), !(EP_SPLIT_KEEP & 1));
                         else ep_load<EP_UR>(a, row, v0, nv, false);
                         ep_accum<EP_UR>(acc, a, 1.f, false);
                     }
