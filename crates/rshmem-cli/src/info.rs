@@ -134,6 +134,14 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA MoE (measurement): ep_pstream's threads per block, 64-512 in steps of 32 (default 256; with ep_send's above 512 it no longer overlaps the send)",
     ),
     (
+        "RSHMEM_EP_SEND_BLOCKS",
+        "CUDA MoE (measurement): ep_send's blocks, at most the grid (default 0: the grid)",
+    ),
+    (
+        "RSHMEM_EP_PSTREAM_BLOCKS",
+        "CUDA MoE (measurement): ep_pstream's blocks (default 0: one fewer than the grid)",
+    ),
+    (
         "RSHMEM_CUDA_EP_NVRTC_OPTS",
         "CUDA MoE kernels: extra NVRTC options of their module (measurement switches, e.g. -DEP_STAMPS=1)",
     ),

@@ -797,6 +797,195 @@ gpu_mode_test!(
     [processes(2)]
 );
 
+/// The expert-major dispatch's rows announce themselves (the receive area's sentinel): graph
+/// replays (capturable mode, k = 1, so each replay puts other tokens at a source's positions),
+/// one PE starting 20 ms late by turns (its peers' `ep_pstream` reach rows that are not in yet
+/// and must wait for them, not take what an earlier replay left there), two replays
+/// overflowing the capacity with no `check` after them (their rows moved and were never read:
+/// the device restores the sentinel), and odd PEs' `x` one element off 16-byte alignment (their
+/// rows go out element by element into their peers' vector reads). Every other replay exact.
+fn dispatch_sentinel_body(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = EpConfig {
+        num_experts: 8 * n,
+        max_tokens: 1500,
+        hidden: 64,
+        max_topk: 1,
+        mode: EpMode::Capturable { capacity: 1000 },
+        layout: RecvLayout::ExpertMajor,
+    };
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let inp = inputs_shifted::<bf16>(pe, &c, n, me % 2)?;
+    let step = |case: Case, seed: u64| Step {
+        case,
+        t: 1500,
+        k: 1,
+        seed,
+        i64_ids: false,
+        scale: true,
+    };
+    write_inputs(pe, &c, &inp, &step(Case::Random, 1))?;
+    pe.barrier_all()?;
+    s.begin_capture()?;
+    let captured = dispatch(pe, &s, &buf, &inp, &step(Case::Random, 1))
+        .and_then(|d| expert_and_combine(pe, &s, &buf, &inp, &d, true));
+    let graph = s.end_capture()?;
+    captured?;
+    for rep in 0..10u64 {
+        // Every token to expert 1 (PE 0): 1500 > 1000.
+        let overflow = rep == 3 || rep == 6;
+        let st = step(
+            if overflow {
+                Case::OneExpert
+            } else {
+                Case::Random
+            },
+            40 + rep,
+        );
+        write_inputs(pe, &c, &inp, &st)?;
+        poison_output(pe, &buf)?;
+        pe.barrier_all()?;
+        if me == rep as usize % n {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        graph.launch(&s)?;
+        s.synchronize()?;
+        if overflow {
+            assert!(
+                pe.local_vec(&buf.expert_x()?)?
+                    .iter()
+                    .all(|v| *v == bf16::from_f64(-55.0)),
+                "PE {me} replay {rep}: rows written despite overflow"
+            );
+        } else {
+            verify(pe, &c, &buf, &inp, &st, None)?;
+        }
+        pe.barrier_all()?;
+    }
+    // The overflows are still latched (no check since): reported now, then cleared.
+    match buf.check(pe) {
+        Err(Error::Capacity { capacity: 1000, .. }) => {}
+        other => panic!("PE {me}: expected the latched capacity error, got {other:?}"),
+    }
+    buf.check(pe)?;
+    drop(graph);
+    free_inputs(pe, inp)?;
+    buf.free(pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_dispatch_sentinel() {
+    on_gpus(2, dispatch_sentinel_body);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_dispatch_sentinel_4pes() {
+    on_gpus(4, dispatch_sentinel_body);
+}
+
+gpu_mode_test!(
+    gpu_ep_dispatch_sentinel,
+    gpu_config(2),
+    dispatch_sentinel_body,
+    [processes(2)]
+);
+
+/// Dispatched rows hold `x`'s bits but for elements of all ones (a NaN, the receive area's
+/// sentinel): those arrive with their sign bit cleared, still a NaN, alike from this PE (read
+/// from `x`) and from its peers (through the receive area), on the vector paths and the
+/// element paths (`x` one element off alignment on odd PEs, then on every PE).
+fn dispatch_all_ones_body<T: Elem>(pe: &Pe, ones: T, canon: T, bits: fn(T) -> u32) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = EpConfig {
+        num_experts: 4 * n,
+        max_tokens: 96,
+        hidden: 64,
+        max_topk: 4,
+        mode: EpMode::Normal,
+        layout: RecvLayout::ExpertMajor,
+    };
+    let h = c.hidden;
+    let buf = Buffer::<T>::new(pe, pe.world_team(), c)?;
+    let special = |tok: usize, col: usize| (tok + col).is_multiple_of(7);
+    for (round, shifts) in [[0, 1], [1, 1]].into_iter().enumerate() {
+        let inp = inputs_shifted::<T>(pe, &c, n, shifts[me % 2])?;
+        let st = Step {
+            case: Case::Random,
+            t: 96,
+            k: 4,
+            seed: 900 + round as u64,
+            i64_ids: false,
+            scale: false,
+        };
+        write_inputs(pe, &c, &inp, &st)?;
+        let xs: Vec<T> = (0..st.t * h)
+            .map(|i| {
+                if special(i / h, i % h) {
+                    ones
+                } else {
+                    xval(me, i / h, i % h)
+                }
+            })
+            .collect();
+        pe.local_write(&inp.x, inp.shift, &xs)?;
+        poison_output(pe, &buf)?;
+        pe.barrier_all()?;
+        let d = dispatch(pe, &s, &buf, &inp, &st)?;
+        s.synchronize()?;
+        buf.check(pe)?;
+        let hh = buf.host_handle(pe)?;
+        assert_eq!(Some(hh.rows.len()), d.rows());
+        assert!(!hh.rows.is_empty(), "PE {me}: no rows");
+        let ex = pe.local_vec(&buf.expert_x()?)?;
+        for (r, &(p, tok, _)) in hh.rows.iter().enumerate() {
+            for col in 0..h {
+                let want = if special(tok, col) {
+                    canon
+                } else {
+                    xval(p, tok, col)
+                };
+                let got = ex[r * h + col];
+                assert!(
+                    bits(got) == bits(want),
+                    "PE {me} round {round}: row {r} (PE {p} token {tok}) element {col}: {:#x} != {:#x}",
+                    bits(got),
+                    bits(want)
+                );
+            }
+        }
+        pe.barrier_all()?;
+        free_inputs(pe, inp)?;
+    }
+    buf.free(pe)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_dispatch_all_ones_elements() {
+    on_gpus(2, |pe| {
+        dispatch_all_ones_body::<bf16>(
+            pe,
+            bf16::from_bits(0xffff),
+            bf16::from_bits(0x7fff),
+            |v| v.to_bits() as u32,
+        )?;
+        dispatch_all_ones_body::<f32>(
+            pe,
+            f32::from_bits(u32::MAX),
+            f32::from_bits(0x7fff_ffff),
+            |v| v.to_bits(),
+        )
+    });
+}
+
 fn overflow_body(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
     let g = CudaPe::new(pe)?;

@@ -140,14 +140,15 @@ __device__ __forceinline__ void ep_abort_if_failed(unsigned long long* ctl) {
     }
 }
 
-// Adds 1 to PE `pe`'s counter `sig` (this PE's symmetric address) after this thread's barrier
-// with its block; an aborted PE first puts the abort bit into the peer's flags (ordered before
-// the signal by the release).
-__device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64* peer_ctl_err, int pe) {
+// Adds `v` (1 unless given) to PE `pe`'s counter `sig` (this PE's symmetric address) after this
+// thread's barrier with its block; an aborted PE first puts the abort bit into the peer's flags
+// (ordered before the signal by the release).
+__device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64* peer_ctl_err, int pe,
+                                          rshmem_u64 v = 1) {
     asm volatile("fence.sc.sys;" ::: "memory");
     if (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)
         atomicOr_system((unsigned long long*)rshmem_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
-    rshmemi_red_add_release((rshmem_u64*)rshmem_ptr(sig, pe), 1);
+    rshmemi_red_add_release((rshmem_u64*)rshmem_ptr(sig, pe), v);
 }
 // As ep_signal, setting PE `pe`'s word `sig` to `v` instead of adding 1.
 __device__ __forceinline__ void ep_signal_set(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64 v, int pe) {
@@ -624,11 +625,21 @@ __device__ __forceinline__ rshmemi_v4 ep_ldvol(const rshmemi_v4* p) {
 __device__ __forceinline__ bool ep_has_sentinel(const rshmemi_v4& v) {
     return v.a == EP_SENTINEL || v.b == EP_SENTINEL || v.c == EP_SENTINEL || v.d == EP_SENTINEL;
 }
+// Whether an element of v is the sentinel (16-bit types: a half all ones; for rows whose
+// senders may store single elements).
+__device__ __forceinline__ bool ep_word_has_snt(unsigned w) {
+    return sizeof(ep_t) == 2 ? ((w & 0xffffu) == 0xffffu || (w >> 16) == 0xffffu) : w == EP_SENTINEL;
+}
+template <bool Elem>
+__device__ __forceinline__ bool ep_has_snt(const rshmemi_v4& v) {
+    if (!Elem) return ep_has_sentinel(v);
+    return ep_word_has_snt(v.a) || ep_word_has_snt(v.b) || ep_word_has_snt(v.c) || ep_word_has_snt(v.d);
+}
 // A reader's wait: vectors v0 + 32 q (below nv) of a row a peer puts, loaded until none holds
-// the sentinel (with `wait`), then, with `back`, the sentinel stored back. A timeout flags the
-// PE (`pe`) and gives up (the step is reported failed; after a failure on this PE later waits
-// give up at once).
-template <int U>
+// the sentinel (with `wait`; Elem: in any element, else in any 32-bit word), then, with `back`,
+// the sentinel stored back. A timeout flags the PE (`pe`) and gives up (the step is reported
+// failed; after a failure on this PE later waits give up at once).
+template <int U, bool Elem = false>
 __device__ __forceinline__ void ep_take_row(rshmemi_v4 (&r)[U], rshmemi_v4* row, int v0, int nv, int pe, bool back,
                                             bool wait = true) {
     unsigned miss = 0;
@@ -637,7 +648,7 @@ __device__ __forceinline__ void ep_take_row(rshmemi_v4 (&r)[U], rshmemi_v4* row,
         const int v = v0 + 32 * q;
         if (v < nv) {
             r[q] = ep_ldvol(row + v);
-            if (ep_has_sentinel(r[q])) miss |= 1u << q;
+            if (ep_has_snt<Elem>(r[q])) miss |= 1u << q;
         }
     }
     if (wait && miss && !rshmemi_failed()) {
@@ -648,7 +659,7 @@ __device__ __forceinline__ void ep_take_row(rshmemi_v4 (&r)[U], rshmemi_v4* row,
             for (int q = 0; q < U; q++)
                 if (miss & (1u << q)) {
                     r[q] = ep_ldvol(row + v0 + 32 * q);
-                    if (!ep_has_sentinel(r[q])) miss &= ~(1u << q);
+                    if (!ep_has_snt<Elem>(r[q])) miss &= ~(1u << q);
                 }
             if (miss && (++spins & 255) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
                 rshmemi_flag_timeout(pe);
@@ -685,49 +696,50 @@ __device__ __forceinline__ ep_bits ep_canon_bits(ep_bits b) {
     return b == (ep_bits)EP_SENTINEL ? (ep_bits)(b & (ep_bits)~(1u << (8 * sizeof(ep_t) - 1))) : b;
 }
 
-// Streaming progress (expert-major buffers: ep_params.prog, n * grid words per PE, word
-// source * grid + block, zeroed by the receiver's ep_layout before its ready signal): ep_send's
-// block b tells each destination, as its rows go out, how far they are in, as the largest of
-// final << 63 | hi << 32 | lo (its positions there are lo..hi_final; lo..hi are in, with their
-// row records); ep_pstream moves each row to its experts' rows as soon as it is in.
-// EP_PROG_ROUNDS: rounds (one unit per warp) between a block's signals, at least; a block
-// signals at most EP_PROG_GROUPS times.
-#ifndef EP_PROG_ROUNDS
-#define EP_PROG_ROUNDS 1
-#endif
-#define EP_PROG_GROUPS 64
+// Row records in (expert-major buffers: ep_params.prog, n * grid words per PE, word source *
+// grid + block, zeroed by the receiver's ep_layout before its ready signal): once the row
+// records of ep_layout's block b's tokens are written, ep_send tells each destination with one
+// release, 1 << 63 | hi << 32 | lo: the block's positions there are lo..hi-1. The rows
+// themselves announce their arrival (the sentinel): nothing is published or fenced per row.
 __device__ __forceinline__ rshmem_u64 ep_prog_word(bool fin, long long hi, long long lo) {
     return ((rshmem_u64)fin << 63) | ((rshmem_u64)hi << 32) | (rshmem_u64)lo;
 }
 __device__ __forceinline__ void ep_red_max_release(rshmem_u64* p, rshmem_u64 v) {
     asm volatile("red.release.sys.global.max.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
-__device__ __forceinline__ unsigned ep_atom_add_acq_rel_cta(unsigned* p, unsigned v) {
-    unsigned r;
-    asm volatile("atom.acq_rel.cta.shared.add.u32 %0, [%1], %2;" : "=r"(r) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(v) : "memory");
-    return r;
+// Tokens of ep_layout's block b of G: [T*b/G, T*(b+1)/G).
+__device__ __forceinline__ void ep_range_tokens(int T, long long b, long long G, int* t0, int* t1) {
+    *t0 = (int)((long long)T * b / G);
+    *t1 = (int)((long long)T * (b + 1) / G);
+}
+// The scalar fallback of a row to a peer's receive area with no all-ones element (ep_canon).
+__device__ __noinline__ void ep_copy_row_canon(ep_t* d, const ep_t* s, long long H, unsigned lane) {
+    for (long long h = lane; h < H; h += 32) ((ep_bits*)d)[h] = ep_canon_bits(((const ep_bits*)s)[h]);
 }
 
 // Dispatch, step 2 (grid): every token once to each destination PE, into the destination's
 // receive area at (this PE's slot) * cap + position, with its row record, unless a PE gave up
 // (ctl[GO] from ep_layout) or the position is beyond the capacity (the record reports the
-// overflow). Block b takes the tokens ep_layout's block b counted: their positions are the
-// counts of the blocks before it (ep_layout wrote them) plus a scan within the block (tok_pos,
-// which ep_crecv reads too). Rows move while the records are on their way: ep_dwait decides
-// from the records whether any PE uses them. Work units are (token, chunk of the row): the
-// chunk is loaded once into registers and stored to every destination of the token; the warp
-// of chunk 0 also writes the row records. Every block then adds 1 to each destination's data
-// signal for this PE (also when nothing moves, so the counters stay in step: the grid is the
-// same on every PE of the buffer).
+// overflow). Block i takes the tokens of ep_layout's blocks b0..b1-1 (one block when the grids
+// match; the host may launch fewer, RSHMEM_EP_SEND_BLOCKS): their positions are the counts of
+// the blocks before b0 (ep_layout wrote them) plus a scan within the range (tok_pos, which
+// ep_crecv reads too). Rows move while the records are on their way: ep_dwait decides from the
+// records whether any PE uses them. First the row records of every destination (expert-major
+// buffers: then one "records in" word per (layout block, destination), see above); then units
+// (token, chunk of the row): the chunk is loaded once into registers and stored to every
+// destination of the token. Expert-major buffers: only to the peers (ep_pstream reads this
+// PE's own rows from x), with no all-ones element (ep_canon: the receive area's sentinel).
+// Every block then adds b1 - b0 to each destination's data signal for this PE (also when
+// nothing moves, so the counters stay in step: ep_layout's grid is the same on every PE).
 extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, const ep_t* x, const ep_id* ids, const float* w) {
     __shared__ unsigned s_cnt[EP_MAX_PES];
     __shared__ unsigned s_wt[32];
     __shared__ unsigned s_wbase[32];
-    __shared__ unsigned s_base[EP_MAX_PES], s_hi[EP_MAX_PES], s_grp[EP_PROG_GROUPS];
-    __shared__ int s_go, s_tdone;
+    __shared__ unsigned s_base[EP_MAX_PES];
+    __shared__ int s_go;
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me, E = (int)P->experts, El = (int)P->el;
-    const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
+    const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K, G = P->grid;
     const unsigned tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarps = (nth + 31) / 32;
     // Starts on ep_layout's gate, not on ep_layout's end (about 9 us later at T = 4096: its
     // last block still puts the records and their signals). The gate is open by the time this
@@ -740,22 +752,24 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
     // ep_dwait (one block) may become resident now.
     rshmemi_grid_dep_launch();
     EP_STAMP_FIRST(ctl, 4);
+    const int b0 = (int)(G * blockIdx.x / gridDim.x), b1 = (int)(G * (blockIdx.x + 1) / gridDim.x);
     if (s_go) {
         const int T = (int)ctl[EP_CTL_TOKENS], topk = (int)ctl[EP_CTL_TOPK];
         int* tok_pos = (int*)P->tok_pos;
         const unsigned* bcnt = (const unsigned*)P->acc + E + n + 2;
+        rshmem_u64* prog = (rshmem_u64*)P->prog;
+        const bool em = prog != nullptr;
         for (int d = tid; d < n; d += nth) s_cnt[d] = 0;
-        for (int i = tid; i < EP_PROG_GROUPS; i += nth) s_grp[i] = 0;
         __syncthreads();
-        for (int i = tid; i < (int)blockIdx.x * n; i += nth) {
+        for (int i = tid; i < b0 * n; i += nth) {
             const unsigned c = bcnt[i];
             if (c) atomicAdd(&s_cnt[i % n], c);
         }
         __syncthreads();
-        int t0, t1;
-        ep_block_tokens(T, &t0, &t1);
-        for (int d = tid; d < n; d += nth) s_base[d] = s_hi[d] = s_cnt[d];
-        if (tid == 0) s_tdone = t0;
+        int t0, t1, tx;
+        ep_range_tokens(T, b0, G, &t0, &tx);
+        ep_range_tokens(T, b1 - 1, G, &tx, &t1);
+        for (int d = tid; d < n; d += nth) s_base[d] = s_cnt[d];
         for (int base = t0; base < t1; base += nth) {
             const int t = base + (int)tid;
             int bad = 0;
@@ -771,6 +785,34 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 __syncthreads();
             }
         }
+        // The row records, a warp per token.
+        for (int t = t0 + (int)warp; t < t1; t += (int)nwarps) {
+            for (int d = 0; d < n; d++) {
+                const int pos = tok_pos[(long long)t * n + d];
+                if (pos < 0 || pos >= C) continue;
+                const long long row = me * C + pos;
+                unsigned* m = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
+                for (long long i = lane; i < RMW; i += 32) {
+                    unsigned v;
+                    if (i == 0) v = (unsigned)t;
+                    else if (i <= K) { long long j = i - 1; v = j < topk ? (unsigned)(int)ids[(long long)t * topk + j] : 0xffffffffu; }
+                    else { long long j = i - 1 - K; v = j < topk ? __float_as_uint(w[(long long)t * topk + j]) : 0u; }
+                    m[i] = v;
+                }
+            }
+        }
+        if (em) {
+            // Every warp's records are written (the barrier), then one release per (layout
+            // block, destination) puts them in the destination's view before its word.
+            __syncthreads();
+            for (int i = (int)tid; i < (b1 - b0) * n; i += (int)nth) {
+                const int b = b0 + i / n, d = i % n;
+                long long lo = s_base[d];
+                for (int bb = b0; bb < b; bb++) lo += bcnt[(long long)bb * n + d];
+                const long long hi = lo + bcnt[(long long)b * n + d];
+                ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * G + b, ep_pe(P, d)), ep_prog_word(true, min(hi, C), min(lo, C)));
+            }
+        }
         const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)x | P->recv_x);
         const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
         // Chunks of about equal size (a multiple of 32 vectors, at most 32 * EP_SEND_U): H =
@@ -778,77 +820,35 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
         const long long nch = vec ? (nv + 32 * EP_SEND_U - 1) / (32 * EP_SEND_U) : 1;
         const long long chunk = vec ? ((nv + nch - 1) / nch + 31) / 32 * 32 : 0;
         const long long units = (long long)(t1 - t0) * nch;
-        // Every warp runs `rounds` rounds (one unit each, or none past the block's units), so
-        // each group of `gr` rounds is counted by every warp (at most EP_PROG_GROUPS groups).
-        unsigned long long* prog = (unsigned long long*)P->prog;
-        const long long rounds = max(1ll, (units + nwarps - 1) / nwarps);
-        const long long gr = max((long long)EP_PROG_ROUNDS, (rounds + EP_PROG_GROUPS - 1) / EP_PROG_GROUPS);
-        for (long long k = 0; k < rounds; k++) {
-            const long long u = warp + k * nwarps;
-            if (u < units) {
-                const long long t = t0 + u / nch, c = u % nch;
-                if (vec) {
-                    rshmemi_v4 r[EP_SEND_U];
-                    const int v0 = (int)(c * chunk) + (int)lane;
-                    const int lim = (int)min((long long)nv, (c + 1) * chunk);
-                    ep_load<EP_SEND_U>(r, (const rshmemi_v4*)(x + t * H), v0, lim, true);
-                    for (int dd = 0; dd < n; dd++) {
+        for (long long u = warp; u < units; u += nwarps) {
+            const long long t = t0 + u / nch, c = u % nch;
+            if (vec) {
+                rshmemi_v4 r[EP_SEND_U];
+                const int v0 = (int)(c * chunk) + (int)lane;
+                const int lim = (int)min((long long)nv, (c + 1) * chunk);
+                ep_load<EP_SEND_U>(r, (const rshmemi_v4*)(x + t * H), v0, lim, true);
+                if (em) {
+#pragma unroll
+                    for (int q = 0; q < EP_SEND_U; q++) r[q] = ep_canon4(r[q]);
+                }
+                for (int dd = 0; dd < n; dd++) {
 #if EP_SEND_PEERS_FIRST
-                        const int d = dd + me + 1 < n ? dd + me + 1 : dd + me + 1 - n;  // this PE last
+                    const int d = dd + me + 1 < n ? dd + me + 1 : dd + me + 1 - n;  // this PE last
 #else
-                        const int d = dd;
+                    const int d = dd;
 #endif
-                        const int pos = tok_pos[t * n + d];
-                        if (pos < 0 || pos >= C || (EP_SEND_SKIP_SELF && d == me)) continue;
-                        rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
-                        ep_store<EP_SEND_U>(dst, r, v0, lim);
-                    }
-                } else {
-                    for (int d = 0; d < n; d++) {
-                        const int pos = tok_pos[t * n + d];
-                        if (pos < 0 || pos >= C) continue;
-                        ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
-                        ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
-                    }
-                }
-                for (int d = 0; d < n && c == 0; d++) {
                     const int pos = tok_pos[t * n + d];
-                    if (pos < 0 || pos >= C) continue;
-                    const long long row = me * C + pos;
-                    unsigned* m = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
-                    for (long long i = lane; i < RMW; i += 32) {
-                        unsigned v;
-                        if (i == 0) v = (unsigned)t;
-                        else if (i <= K) { long long j = i - 1; v = j < topk ? (unsigned)(int)ids[t * topk + j] : 0xffffffffu; }
-                        else { long long j = i - 1 - K; v = j < topk ? __float_as_uint(w[t * topk + j]) : 0u; }
-                        m[i] = v;
-                    }
+                    if (pos < 0 || pos >= C || ((EP_SEND_SKIP_SELF || em) && d == me)) continue;
+                    rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                    ep_store<EP_SEND_U>(dst, r, v0, lim);
                 }
-            }
-            if (prog && ((k + 1) % gr == 0 || k + 1 == rounds)) {
-                // The group's units of this warp are issued (every lane's stores before lane 0's
-                // release of the group count); the warp that counts a group last tells every
-                // destination how far this block's rows for it are in.
-                __syncwarp();
-                unsigned last = 0;
-                if (lane == 0) last = ep_atom_add_acq_rel_cta(&s_grp[k / gr], 1u) == nwarps - 1;
-                last = __shfl_sync(0xffffffffu, last, 0);
-                if (last) {
-                    __syncwarp();  // every lane after lane 0's acquire
-                    const bool fin = k + 1 == rounds;
-                    const int td = fin ? t1 : t0 + (int)(min(units, (k + 1) * nwarps) / nch);
-                    for (int d = lane; d < n; d += 32) {
-                        unsigned hi = s_hi[d];
-                        for (int t = td - 1; t >= s_tdone; t--) {
-                            const int p = tok_pos[(long long)t * n + d];
-                            if (p >= 0) { hi = (unsigned)p + 1; break; }
-                        }
-                        s_hi[d] = hi;
-                        ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * P->grid + blockIdx.x, ep_pe(P, d)),
-                                           ep_prog_word(fin, min((long long)hi, C), min((long long)s_base[d], C)));
-                    }
-                    __syncwarp();
-                    if (lane == 0) s_tdone = td;
+            } else {
+                for (int d = 0; d < n; d++) {
+                    const int pos = tok_pos[t * n + d];
+                    if (pos < 0 || pos >= C || (em && d == me)) continue;
+                    ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                    if (em) ep_copy_row_canon(dst, x + t * H, H, lane);
+                    else ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
                 }
             }
         }
@@ -858,8 +858,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
     __syncthreads();
     EP_STAMP_LAST(ctl, 5);
     rshmem_u64* sig = (rshmem_u64*)P->sig;
-    for (int d = tid; d < n; d += nth)
-        ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
+    for (int d = tid; d < n && b1 > b0; d += nth)
+        ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d), (rshmem_u64)(b1 - b0));
 }
 
 // Combine's wait (one block): until every PE's ep_csend blocks signalled this step.
@@ -906,26 +906,52 @@ extern "C" __global__ void ep_readback(const ep_params* P, unsigned long long* h
 #endif
 
 // Row `src` into rows `out + r_l * H` for the lanes l of `mask` (r: each lane's row), the whole
-// warp: read once, chunk by chunk (vectors when `vec`), each chunk stored to every row.
+// warp: read once, chunk by chunk (vectors when `vec`), each chunk stored to every row. `how`:
+// EP_ROW_PLAIN, a row in place; EP_ROW_PEER, a row a peer puts into this PE's receive area
+// (waited for until no element is the sentinel; with `back` the sentinel is stored back);
+// EP_ROW_OWN, this PE's own row read from x, canonical as the peers' rows arrive (ep_canon).
+#define EP_ROW_PLAIN 0
+#define EP_ROW_PEER 1
+#define EP_ROW_OWN 2
 __device__ __forceinline__ void ep_expand_row(ep_t* out, const ep_t* src, unsigned mask, int r, long long H, bool vec,
-                                              int nv, unsigned lane) {
+                                              int nv, unsigned lane, int how = EP_ROW_PLAIN, bool back = false, int pe = 0) {
     if (!mask) return;
+    back = back && how == EP_ROW_PEER && !EP_DISPATCH_KEEP;
     if (vec) {
         // The chunk loop runs as many times on every lane (its bound does not depend on the
         // lane): the shuffles below need the whole warp.
         for (int c0 = 0; c0 < nv; c0 += 32 * EP_U) {
             const int v0 = c0 + (int)lane;
             rshmemi_v4 a[EP_U];
-            ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
+            if (how == EP_ROW_PEER) {
+                ep_take_row<EP_U, true>(a, (rshmemi_v4*)src, v0, nv, pe, back, EP_DISPATCH_WAIT);
+            } else {
+                ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
+                if (how == EP_ROW_OWN) {
+#pragma unroll
+                    for (int q = 0; q < EP_U; q++) a[q] = ep_canon4(a[q]);
+                }
+            }
             for (unsigned mm = mask; mm; mm &= mm - 1) {
                 const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
                 ep_store<EP_U>((rshmemi_v4*)(out + (long long)rb * H), a, v0, nv);
             }
         }
     } else {
+        // Element by element: a peer's row is waited for whole first, its sentinel stored back
+        // once every row has it.
+        if (how == EP_ROW_PEER) {
+            for (long long h = lane; h < H; h += 32) ep_take_bits((ep_t*)src + h, pe, false, EP_DISPATCH_WAIT);
+            __syncwarp();
+        }
         for (unsigned mm = mask; mm; mm &= mm - 1) {
             const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
-            ep_copy_row(out + (long long)rb * H, src, H * (long long)sizeof(ep_t), lane);
+            if (how == EP_ROW_OWN) ep_copy_row_canon(out + (long long)rb * H, src, H, lane);
+            else ep_copy_row(out + (long long)rb * H, src, H * (long long)sizeof(ep_t), lane);
+        }
+        if (back) {
+            __syncwarp();
+            for (long long h = lane; h < H; h += 32) ((volatile ep_bits*)src)[h] = (ep_bits)EP_SENTINEL;
         }
     }
 }
@@ -934,15 +960,30 @@ __device__ __forceinline__ void ep_expand_row(ep_t* out, const ep_t* src, unsign
 // (the whole warp): lane j takes slot j (its row placed by an atomic on the expert's fill
 // counter) and fills the handle (row_src[r] = g * kmax + slot, tok_rows[g * kmax + slot] = r
 // or -1), then the warp reads the row once, chunk by chunk, and stores each chunk to every
-// local slot's row. Plain loads: the row may have come in during this kernel (lane 0 acquired
-// its progress word since).
-__device__ __forceinline__ void ep_permute_row(const ep_params* P, ep_t* out, long long g, bool vec, int nv, unsigned lane) {
+// local slot's row. A peer's row comes from the receive area as it arrives (EP_ROW_PEER, PE
+// `pe`), this PE's own from `x` (not null; its row record holds the token).
+__device__ __forceinline__ void ep_permute_row(const ep_params* P, ep_t* out, long long g, bool vec, int nv, unsigned lane,
+                                               const ep_t* x, int pe) {
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     const long long H = P->hidden, K = P->kmax, RMW = 1 + 2 * K, El = P->el, lo = P->me * El;
     const unsigned* off = (const unsigned*)P->expert_off;
     unsigned* fill = (unsigned*)P->fill;
     const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
-    const ep_t* src = (const ep_t*)P->recv_x + g * H;
+    const ep_t* src = x ? x + (long long)m[0] * H : (const ep_t*)P->recv_x + g * H;
+    // A peer's row goes back to the sentinel when the last group of 32 slots with a local
+    // expert has read it (slot j0 of that group: jl); a row with none is corrupt.
+    long long jl = 0;
+    if (K > 32 || !x) {
+        jl = -1;
+        for (long long j0 = 0; j0 < K; j0 += 32) {
+            const long long id = j0 + lane < K ? (long long)(int)m[1 + j0 + lane] : -1;
+            if (__ballot_sync(0xffffffffu, id >= lo && id < lo + El)) jl = j0;
+        }
+        if (jl < 0) {
+            if (lane == 0) atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
+            return;
+        }
+    }
     for (long long j0 = 0; j0 < K; j0 += 32) {
         const long long j = j0 + lane;
         int r = -1;
@@ -960,20 +1001,37 @@ __device__ __forceinline__ void ep_permute_row(const ep_params* P, ep_t* out, lo
             }
             ((int*)P->tok_rows)[g * K + j] = r;
         }
-        ep_expand_row(out, src, __ballot_sync(0xffffffffu, r >= 0), r, H, vec, nv, lane);
+        ep_expand_row(out, src, __ballot_sync(0xffffffffu, r >= 0), r, H, vec, nv, lane, x ? EP_ROW_OWN : EP_ROW_PEER,
+                      j0 == jl, pe);
     }
+}
+
+// Elements [0, elems) of p (element-aligned) to the sentinel, grid-stride (i0, st).
+__device__ __forceinline__ void ep_fill_sentinel(ep_t* p, long long elems, long long i0, long long st) {
+    const long long head = min(elems, (long long)(((16 - ((unsigned long long)p & 15)) & 15) / sizeof(ep_t)));
+    const long long nvec = (elems - head) * (long long)sizeof(ep_t) / 16, tail = head + nvec * (16 / (long long)sizeof(ep_t));
+    const rshmemi_v4 snt = {EP_SENTINEL, EP_SENTINEL, EP_SENTINEL, EP_SENTINEL};
+    for (long long i = i0; i < head; i += st) ((ep_bits*)p)[i] = (ep_bits)EP_SENTINEL;
+    for (long long i = i0; i < nvec; i += st) ((rshmemi_v4*)(p + head))[i] = snt;
+    for (long long i = tail + i0; i < elems; i += st) ((ep_bits*)p)[i] = (ep_bits)EP_SENTINEL;
 }
 
 // Dispatch, step 4, expert-major buffers (grid, started on ep_dwait's gate while ep_send still
 // runs on every PE; at most 128 registers per thread, so its blocks fit beside ep_send's: 256
-// threads each by default, as the host launches ep_send for these buffers): each received row moves to its
-// experts' rows (ep_permute_row) as soon as its sender's progress word says it is in (the
-// rows of a (source, source block) pair come in in position order). Warp w of W takes pair
-// w % (n * grid) and every m-th of its rows from w / (n * grid) on (m: the warps on that pair);
-// with fewer warps than pairs, pairs w, w + W, ... one after another. A wait that times out
-// stops the warp; the last block to finish checks that every expert got its rows and stops the
-// step on a timeout (ep_abort_if_failed), so combine moves nothing.
-extern "C" __global__ void __maxnreg__(128) ep_pstream(const ep_params* P, ep_t* out) {
+// threads each by default, as the host launches ep_send for these buffers): each received row
+// moves to its experts' rows (ep_permute_row) as it arrives. Warp w of W takes pair (source,
+// source block) w % (n * grid) and every m-th of its rows from w / (n * grid) on (m: the warps
+// on that pair); with fewer warps than pairs, pairs w, w + W, ... one after another. A pair
+// starts once its sender's "records in" word is (its positions lo..hi-1); then each of its rows
+// is taken as it comes: the receive area holds the sentinel where no row is, the sender puts
+// rows with no all-ones element (ep_canon), and a vector none of whose elements is the
+// sentinel is the sender's (an element is written at once). This PE's own rows come from x
+// (ep_send does not copy them). Every row read goes back to the sentinel; so do the peers' rows
+// of a step that moves none (after ep_dwait's end: all of them are in), unless a wait timed out
+// (rows may still come; Buffer::check refills the area then). A wait that times out stops the
+// warp; the last block to finish checks that every expert got its rows and stops the step on a
+// timeout (ep_abort_if_failed), so combine moves nothing.
+extern "C" __global__ void __maxnreg__(128) ep_pstream(const ep_params* P, ep_t* out, const ep_t* x) {
     __shared__ int s_go, s_last;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me;
@@ -989,7 +1047,7 @@ extern "C" __global__ void __maxnreg__(128) ep_pstream(const ep_params* P, ep_t*
         EP_STAMP_FIRST(ctl, 9);
         const unsigned* recv_cnt = (const unsigned*)P->recv_cnt;
         const rshmem_u64* prog = (const rshmem_u64*)P->prog;
-        const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | P->recv_x);
+        const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | P->recv_x | (unsigned long long)x);
         const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
         const long long I = n * G, W = (long long)gridDim.x * (blockDim.x / 32);
         const long long gw = (long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -998,27 +1056,34 @@ extern "C" __global__ void __maxnreg__(128) ep_pstream(const ep_params* P, ep_t*
             const long long item = q % I, m = W >= I ? (W - item + I - 1) / I : 1;
             const int s = (int)(item / G);
             const long long cnt = min((long long)recv_cnt[s], C);
-            // The pair's first positions (lo), then its rows from lo + sub on, every m-th.
+            // The pair's row records are in: its positions lo..hi-1.
             rshmem_u64 v = 0;
-            if (lane == 0) v = rshmemi_wait64(prog + item, RSHMEM_CMP_GE, 1ull << 32, ep_pe(P, s));
+            if (lane == 0) v = rshmemi_wait64(prog + item, RSHMEM_CMP_GE, 1ull << 63, ep_pe(P, s));
             v = __shfl_sync(0xffffffffu, v, 0);
-            for (long long pos = (long long)(v & 0xffffffffu) + q / I; ; pos += m) {
-                if ((long long)((v >> 32) & 0x7fffffffu) <= pos) {
-                    if (v >> 63) break;  // the pair's last row is behind
-                    if (lane == 0) v = rshmemi_wait64(prog + item, RSHMEM_CMP_GE, (rshmem_u64)(pos + 1) << 32, ep_pe(P, s));
-                    v = __shfl_sync(0xffffffffu, v, 0);
-                    if ((long long)((v >> 32) & 0x7fffffffu) <= pos) {
-                        stop = !(v >> 63);  // a timeout (or a failure before it): give up
-                        break;
-                    }
-                }
-                // Every lane after lane 0's acquire of the word.
-                __syncwarp();
-                if (pos >= cnt) {  // beyond what the sender's record announced
-                    if (lane == 0) atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
-                    break;
-                }
-                ep_permute_row(P, out, (long long)s * C + pos, vec, nv, lane);
+            // Every lane after lane 0's acquire of the word.
+            __syncwarp();
+            const long long lo = (long long)(v & 0xffffffffu), hi = (long long)((v >> 32) & 0x7fffffffu);
+            if (!(v >> 63) || hi > cnt || (s == me && !x)) {
+                // A timeout (or a failure before it); or beyond what the sender's record
+                // announced.
+                if ((v >> 63) && lane == 0) atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
+                stop = !(v >> 63);
+                continue;
+            }
+            for (long long pos = lo + q / I; pos < hi && !stop; pos += m) {
+                ep_permute_row(P, out, (long long)s * C + pos, vec, nv, lane, s == me ? x : nullptr, ep_pe(P, s));
+                stop = ep_timed_out();
+            }
+        }
+    } else if (EP_DISPATCH_REFILL) {
+        rshmemi_grid_dep_wait();
+        if (!ep_timed_out() && !(((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) {
+            const long long RW = EP_REC_FIXED + P->el;
+            const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x, st = (long long)gridDim.x * blockDim.x;
+            for (int s = 0; s < n; s++) {
+                if (s == me) continue;
+                const long long k = min((long long)((volatile const rshmem_u64*)P->rec)[s * RW + 1], C);
+                ep_fill_sentinel((ep_t*)P->recv_x + (long long)s * C * H, k * H, i0, st);
             }
         }
     }

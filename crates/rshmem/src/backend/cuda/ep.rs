@@ -37,13 +37,14 @@
 //!    call number. No PE waits for the peers' records before sending.
 //! 2. `ep_send` (grid), at once (on a gate that `ep_layout`'s last block opens before it puts
 //!    the records, not on `ep_layout`'s end): each block gives its tokens their positions in
-//!    the send to each destination (the counts of the blocks before it, then a scan), then
-//!    moves every token's row and row record (token index, k ids, k weights) once into each
-//!    destination's receive area at `source * C + position` (`C` = `max_tokens` normal,
-//!    `capacity` capturable; a position beyond `C` is not written); a warp takes a (token,
-//!    chunk) unit (chunks of about equal size, at most 192 16-byte vectors: 6 in flight per
-//!    lane), loads it into registers and stores it to every destination, the peers before this
-//!    PE; then each block adds 1 to each destination's data signal. `ep_dwait` (one block)
+//!    the send to each destination (the counts of the blocks before it, then a scan), puts
+//!    every token's row record (token index, k ids, k weights) into each destination, then
+//!    moves every token's row once into each destination's receive area at `source * C +
+//!    position` (`C` = `max_tokens` normal, `capacity` capturable; a position beyond `C` is not
+//!    written); a warp takes a (token, chunk) unit (chunks of about equal size, at most 192
+//!    16-byte vectors: 6 in flight per lane), loads it into registers and stores it to every
+//!    destination, the peers before this PE; then each block adds its share to each
+//!    destination's data signal. `ep_dwait` (one block)
 //!    waits for every PE's record and every source's blocks (the grid, one block per SM, is
 //!    agreed by the team at creation), and every
 //!    PE takes the same decision from the same records: invalid input anywhere, or a count above
@@ -53,21 +54,26 @@
 //!    [`Error::InvalidArgument`]. Rows thus leave about as soon as the layout is known rather
 //!    than after a round trip of records (2x H200, T = 4096: BENCHMARKS.md).
 //! 3. Expert-major buffers: `ep_pstream` (grid) moves rows **while they are still coming
-//!    in**. `ep_send`'s blocks (256 threads for these buffers) tell each destination, every
-//!    round of their warps, how far their rows for it are in (one progress word per (source,
-//!    source block), raised with a `red.release.max` by the block's last warp to finish the
-//!    round, zeroed by the receiver before its ready signal); `ep_dwait` opens a gate once
-//!    the records are in and the offsets are known, and `ep_pstream`'s blocks (256 threads,
-//!    at most 128 registers: they fit beside `ep_send`'s) take each row as soon as it is in:
-//!    its local slots take their expert-major rows (atomics), the row is read once and stored
-//!    to each, filling the handle arrays. The last block checks that every expert got all its
-//!    rows (else an error from [`Buffer::check`]: inconsistent counts). The expanded copy
-//!    (about 4 rows written per row received at k = 8 on 2 PEs) thus overlaps the NVLink
-//!    transfer instead of following it (2x H200, T = 4096: 277 us against 357, BENCHMARKS.md;
-//!    beside `ep_pstream`'s copies `ep_send` takes about 255 us instead of 167). With PEs
-//!    sharing a GPU a PE's waiting `ep_pstream` blocks may hold off a peer's `ep_send` until
-//!    its own ends, never stop it. Token-major buffers: `ep_permute` (grid, after
-//!    `ep_dwait`) fills the handle arrays only, a thread per row and slot.
+//!    in**, and **the rows announce themselves**: nothing is published or fenced per row. The
+//!    receive area holds a sentinel (every element all ones) where no row is; `ep_send` stores
+//!    rows with no all-ones element (an all-ones NaN loses its sign bit and stays a NaN: the
+//!    one way a dispatched row may differ from `x`), and an element is written at once, so an
+//!    element that is not the sentinel is the sender's. `ep_send`'s blocks (256 threads for
+//!    these buffers) put their row records first and then one "records in" word per (source
+//!    block, destination) with a `red.release`; `ep_dwait` opens a gate once the records are in
+//!    and the offsets are known, and `ep_pstream`'s blocks (256 threads, at most 128 registers:
+//!    they fit beside `ep_send`'s) take each peer's row as it comes (vectors loaded until no
+//!    element is the sentinel, which they then store back) and this PE's own rows straight from
+//!    `x` (`ep_send` does not copy them): its local slots take their expert-major rows
+//!    (atomics), the row is read once and stored to each, filling the handle arrays. A step that
+//!    moves no row (an error) restores the sentinel over the rows the peers put, once they are
+//!    all in; after a timeout [`Buffer::check`] refills the area. The last block checks that
+//!    every expert got all its rows (else an error from [`Buffer::check`]: inconsistent
+//!    counts). The expanded copy (about 4 rows written per row received at k = 8 on 2 PEs) thus
+//!    overlaps the NVLink transfer instead of following it (BENCHMARKS.md). With PEs sharing a
+//!    GPU a PE's waiting `ep_pstream` blocks may hold off a peer's `ep_send` until its own
+//!    ends, never stop it. Token-major buffers: `ep_permute` (grid, after `ep_dwait`) fills the
+//!    handle arrays only, a thread per row and slot.
 //! 4. Combine, **pre-reduced on the expert side**: `ep_csend` sums, for each received token,
 //!    weight × expert output over the slots served here (slot order, `f32`), rounds once to
 //!    `T` and puts **one row per (token, PE)** back into the source's combine area; `ep_crecv`
@@ -639,6 +645,12 @@ pub struct Buffer<T: Elem> {
     /// `ep_send`'s and `ep_pstream`'s threads per block ([`block_threads`]).
     send_block: u32,
     pstream_block: u32,
+    /// `ep_send`'s and `ep_pstream`'s blocks (measurement knobs `RSHMEM_EP_SEND_BLOCKS` and
+    /// `RSHMEM_EP_PSTREAM_BLOCKS`, 0: the grid, and one fewer for `ep_pstream`, as
+    /// `ep_dwait`'s block takes the room of one beside `ep_send`); `ep_send` runs at most the
+    /// grid (each of its blocks runs one or more of `ep_layout`'s token ranges).
+    send_grid: u32,
+    pstream_grid: u32,
     csend: Kernel,
     crecv: Kernel,
     scale: Kernel,
@@ -745,6 +757,14 @@ impl<T: Elem> Buffer<T> {
                 },
             )?;
             let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", STREAM_BLOCK)?;
+            let blocks = |name: &str| {
+                super::coll::knob_from_env(name, 0, |v| v <= MAX_GRID as usize, "at most 1024")
+                    .map(|v| v as u32)
+            };
+            let grids = (
+                blocks("RSHMEM_EP_SEND_BLOCKS")?,
+                blocks("RSHMEM_EP_PSTREAM_BLOCKS")?,
+            );
             let readback_sync = readback_sync_from_env()?;
             let split_knob = split_combine_from_env()?;
             let dt = g.device_team(team)?;
@@ -786,6 +806,7 @@ impl<T: Elem> Buffer<T> {
                 (tokens_combine, send_block, pstream_block, readback_sync),
                 (readback, readback_dev),
                 split_knob,
+                grids,
             ))
         })();
         let (
@@ -800,6 +821,7 @@ impl<T: Elem> Buffer<T> {
             (tokens_combine, send_block, pstream_block, readback_sync),
             (readback, readback_dev),
             split_knob,
+            (send_grid, pstream_grid),
         ) = match prepared {
             Ok(v) => v,
             Err(e) => {
@@ -867,6 +889,14 @@ impl<T: Elem> Buffer<T> {
             tokens_combine: std::cell::Cell::new(tokens_combine),
             send_block,
             pstream_block,
+            send_grid: match send_grid {
+                0 => grid,
+                v => v.min(grid),
+            },
+            pstream_grid: match pstream_grid {
+                0 => grid.saturating_sub(1).max(1),
+                v => v,
+            },
             dispatches: std::cell::Cell::new(0),
             readback_dev,
             readback,
@@ -886,9 +916,7 @@ impl<T: Elem> Buffer<T> {
             .collect();
         pe.local_write(&buf.view::<u64>(p.params, PARAM_WORDS)?, 0, &params)?;
         pe.local_fill(&buf.view::<u64>(p.sig, SIG_GROUPS * n)?, 0)?;
-        if buf.split {
-            buf.fill_sentinel(pe)?;
-        }
+        buf.fill_sentinel(pe)?;
         pe.local_fill(&buf.view::<u32>(p.acc, cfg.num_experts + n + 2)?, 0)?;
         pe.local_fill(&buf.view::<u64>(p.ctl, 48)?, 0)?;
         pe.local_fill(&buf.view::<u32>(p.expert_off, cfg.num_experts / n + 1)?, 0)?;
@@ -922,14 +950,18 @@ impl<T: Elem> Buffer<T> {
     /// The receive area `[n * C, H]` (`C` = [`pair_capacity`](Self::pair_capacity)): the
     /// tokens from team PE `s` are rows `s*C .. s*C + recv_tokens_per_pe[s]`, in the source's
     /// token order. It is the dispatch output of a [`RecvLayout::TokenMajor`] buffer (each
-    /// received token once); valid until the next dispatch.
+    /// received token once); valid until the next dispatch. An expert-major buffer's dispatch
+    /// only passes the peers' rows through it (they are gone once expanded into
+    /// [`expert_x`](Self::expert_x)) and reads this PE's own rows from `x`: there it holds no
+    /// rows to read.
     pub fn recv_x(&self) -> Result<SymView<'_, T>> {
         self.view(self.plan.recv_x, self.recv_rows() * self.cfg.hidden)
     }
 
     /// The expert-major index on the device, `[max_rows]` `u32`: expert-major row `r` (of the
-    /// last dispatch, `r < rows`) is receive row `expert_src[r] / max_topk` of
-    /// [`recv_x`](Self::recv_x), serving that token's top-k slot `expert_src[r] % max_topk`.
+    /// last dispatch, `r < rows`) is receive row `expert_src[r] / max_topk` (source PE `row /
+    /// C`, position `row % C`) of [`recv_x`](Self::recv_x), serving that token's top-k slot
+    /// `expert_src[r] % max_topk`.
     /// What an expert kernel of a token-major buffer gathers its input rows by (both layouts
     /// fill it).
     pub fn expert_src(&self) -> Result<SymView<'_, u32>> {
@@ -1064,9 +1096,10 @@ impl<T: Elem> Buffer<T> {
         // ep_send(const ep_params*, const ep_t*, const ep_id*, const float*),
         // ep_dwait(const ep_params*): the pointers were checked to be this PE's symmetric
         // objects with at least T*H / T*k elements (or T = 0 and `invalid`: none is read); the
-        // params block lies in the buffer; both grid kernels run the agreed grid (their blocks'
-        // token ranges must match, and the accumulators hold MAX_GRID blocks' counts; ep_send
-        // takes any block size up to 512 threads); ep_layout's dynamic shared memory holds E
+        // params block lies in the buffer; ep_layout runs the agreed grid (the accumulators
+        // hold MAX_GRID blocks' counts), ep_send at most as many blocks (each takes a range of
+        // ep_layout's blocks' tokens; any block size up to 512 threads); ep_layout's dynamic
+        // shared memory holds E
         // counters; ep_send and ep_dwait are launched as dependents: both start with a wait
         // for ep_layout's gate (opened before ep_layout lets ep_send in), ep_send waits for
         // ep_layout's end before it ends and ep_dwait for ep_send's.
@@ -1092,7 +1125,7 @@ impl<T: Elem> Buffer<T> {
             g.launch_dependent(
                 send,
                 s,
-                self.grid,
+                self.send_grid,
                 self.send_block,
                 0,
                 &[
@@ -1108,18 +1141,20 @@ impl<T: Elem> Buffer<T> {
         mark()?;
         if expert_major {
             let out = g.ptr(&self.expert_x()?)?;
-            // SAFETY: ep_pstream(const ep_params*, ep_t*): `out` is the buffer's expert-major
-            // area (max_rows rows, every row index checked against the offsets); it starts on
-            // ep_dwait's gate and ends with rshmemi_grid_dep_wait (a dependent); one block
-            // fewer than the grid, as ep_dwait's block takes the room of one beside ep_send.
+            // SAFETY: ep_pstream(const ep_params*, ep_t*, const ep_t*): `out` is the buffer's
+            // expert-major area (max_rows rows, every row index checked against the offsets);
+            // `xp` is the checked input (T*H elements; ep_pstream reads the rows of the tokens
+            // ep_send recorded for this PE, all below T), or 0 with an invalid input, when no
+            // row moves; it starts on ep_dwait's gate and ends with rshmemi_grid_dep_wait (a
+            // dependent).
             unsafe {
                 g.launch_dependent(
                     &self.pstream,
                     s,
-                    self.grid.saturating_sub(1).max(1),
+                    self.pstream_grid,
                     self.pstream_block,
                     0,
-                    &[prm, KernelArg::Ptr(out)],
+                    &[prm, KernelArg::Ptr(out), KernelArg::Ptr(xp)],
                 )?;
             }
         } else {
@@ -1484,23 +1519,36 @@ impl<T: Elem> Buffer<T> {
     /// bits, info).
     fn clear_error(&self, pe: &Pe, v: &[u64]) -> Result<(u64, u64)> {
         if v[CTL_ERR] != 0 {
-            if self.split {
-                self.fill_sentinel(pe)?;
-            }
+            self.fill_sentinel(pe)?;
             let ctl = self.view::<u64>(self.plan.ctl, 16)?;
             pe.local_write(&ctl, CTL_ERR, &[0u64, 0u64])?;
         }
         Ok((v[CTL_ERR], v[CTL_INFO]))
     }
 
-    /// Fills the combine area (both halves) with the split combine's sentinel (every 32-bit
-    /// word all ones; `ep_csplit`'s summers wait for a peer's row until no word of it is the
-    /// sentinel): at creation, and after any failed step, whose rows may be half there.
+    /// Fills the areas whose rows announce themselves with the sentinel (every 32-bit word all
+    /// ones): the receive area of an expert-major buffer (`ep_pstream` waits for a peer's row
+    /// until no element of it is the sentinel) and, where the split combine runs, the combine
+    /// area (both halves; `ep_csplit`'s summers wait alike). At creation, and after any failed
+    /// step, whose rows may be half there.
     fn fill_sentinel(&self, pe: &Pe) -> Result<()> {
         let g = CudaPe::new(pe)?;
-        let bytes = 2 * self.n * self.plan.cap * self.cfg.hidden * std::mem::size_of::<T>();
-        let addr = g.ptr(&self.area)? + self.plan.comb as u64;
-        g.backend().fill_u32(addr, u32::MAX, bytes / 4)
+        let base = g.ptr(&self.area)?;
+        let row = self.cfg.hidden * std::mem::size_of::<T>();
+        let rows = self.n * self.plan.cap;
+        if self.cfg.layout == RecvLayout::ExpertMajor {
+            // Whole 32-bit words: the area ends on a 256-byte boundary (plan).
+            g.backend().fill_u32(
+                base + self.plan.recv_x as u64,
+                u32::MAX,
+                (rows * row).div_ceil(4),
+            )?;
+        }
+        if self.split {
+            g.backend()
+                .fill_u32(base + self.plan.comb as u64, u32::MAX, 2 * rows * row / 4)?;
+        }
+        Ok(())
     }
 
     /// Reports errors latched on the device by earlier calls (call after synchronising the
@@ -2151,7 +2199,7 @@ mod tests {
             ("ep_dwait", vec![p]),
             ("ep_cwait", vec![p]),
             ("ep_permute", vec![p]),
-            ("ep_pstream", vec![p, p]),
+            ("ep_pstream", vec![p, p, p]),
             ("ep_csend", vec![p, p, i]),
             ("ep_csplit", vec![p, p, p, i]),
             ("ep_crecv", vec![p, p, p]),
