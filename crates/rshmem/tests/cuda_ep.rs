@@ -156,15 +156,18 @@ fn inputs<T: Elem>(pe: &Pe, cfg: &EpConfig, n: usize) -> Result<Inputs<T>> {
     inputs_shifted(pe, cfg, n, 0)
 }
 
+/// Inputs whose views start `shift` (0 or 1) elements after their objects (of one size on
+/// every PE: the shift may differ between PEs).
 fn inputs_shifted<T: Elem>(pe: &Pe, cfg: &EpConfig, n: usize, shift: usize) -> Result<Inputs<T>> {
     let rows = n * cfg.max_tokens * cfg.max_topk;
+    assert!(shift <= 1);
     Ok(Inputs {
-        x: pe.alloc(cfg.max_tokens * cfg.hidden + shift)?,
+        x: pe.alloc(cfg.max_tokens * cfg.hidden + 1)?,
         ids32: pe.alloc(cfg.max_tokens * cfg.max_topk)?,
         ids64: pe.alloc(cfg.max_tokens * cfg.max_topk)?,
         w: pe.alloc(cfg.max_tokens * cfg.max_topk)?,
-        out: pe.alloc(cfg.max_tokens * cfg.hidden + shift)?,
-        y: pe.alloc(rows * cfg.hidden + shift)?,
+        out: pe.alloc(cfg.max_tokens * cfg.hidden + 1)?,
+        y: pe.alloc(rows * cfg.hidden + 1)?,
         factors: pe.alloc(cfg.num_experts / n)?,
         ones: pe.alloc(cfg.num_experts / n)?,
         shift,
@@ -809,10 +812,13 @@ fn dispatch_sentinel_body(pe: &Pe) -> Result<()> {
     let me = pe.my_pe();
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
+    // Rows of 4 KiB: a source's rows keep coming in for tens of microseconds after its row
+    // records, so a reader that did not wait for them would read the sentinel (or what an
+    // earlier replay left).
     let c = EpConfig {
         num_experts: 8 * n,
         max_tokens: 1500,
-        hidden: 64,
+        hidden: 2048,
         max_topk: 1,
         mode: EpMode::Capturable { capacity: 1000 },
         layout: RecvLayout::ExpertMajor,

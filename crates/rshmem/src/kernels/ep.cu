@@ -625,33 +625,30 @@ __device__ __forceinline__ rshmemi_v4 ep_ldvol(const rshmemi_v4* p) {
 __device__ __forceinline__ bool ep_has_sentinel(const rshmemi_v4& v) {
     return v.a == EP_SENTINEL || v.b == EP_SENTINEL || v.c == EP_SENTINEL || v.d == EP_SENTINEL;
 }
-// Whether an element of v is the sentinel (16-bit types: a half all ones; for rows whose
-// senders may store single elements).
+// Whether an element of v is the sentinel (16-bit types: a half all ones): for rows whose
+// senders may store single elements (the dispatch's).
 __device__ __forceinline__ bool ep_word_has_snt(unsigned w) {
     return sizeof(ep_t) == 2 ? ((w & 0xffffu) == 0xffffu || (w >> 16) == 0xffffu) : w == EP_SENTINEL;
 }
-template <bool Elem>
-__device__ __forceinline__ bool ep_has_snt(const rshmemi_v4& v) {
-    if (!Elem) return ep_has_sentinel(v);
+__device__ __forceinline__ bool ep_has_snt_elem(const rshmemi_v4& v) {
     return ep_word_has_snt(v.a) || ep_word_has_snt(v.b) || ep_word_has_snt(v.c) || ep_word_has_snt(v.d);
 }
-// A reader's wait: vectors v0 + 32 q (below nv) of a row a peer puts, loaded until none holds
-// the sentinel (with `wait`; Elem: in any element, else in any 32-bit word), then, with `back`,
-// the sentinel stored back. A timeout flags the PE (`pe`) and gives up (the step is reported
-// failed; after a failure on this PE later waits give up at once).
-template <int U, bool Elem = false>
-__device__ __forceinline__ void ep_take_row(rshmemi_v4 (&r)[U], rshmemi_v4* row, int v0, int nv, int pe, bool back,
-                                            bool wait = true) {
+// The split combine's summers' wait: vectors v0 + 32 q (below nv) of a peer's row, loaded until
+// none holds the sentinel, then, with `back`, the sentinel stored back. A timeout flags the PE
+// (`pe`) and gives up (the step is reported failed; after a failure on this PE later waits give
+// up at once).
+template <int U>
+__device__ __forceinline__ void ep_take_row(rshmemi_v4 (&r)[U], rshmemi_v4* row, int v0, int nv, int pe, bool back) {
     unsigned miss = 0;
 #pragma unroll
     for (int q = 0; q < U; q++) {
         const int v = v0 + 32 * q;
         if (v < nv) {
             r[q] = ep_ldvol(row + v);
-            if (ep_has_snt<Elem>(r[q])) miss |= 1u << q;
+            if (ep_has_sentinel(r[q])) miss |= 1u << q;
         }
     }
-    if (wait && miss && !rshmemi_failed()) {
+    if (miss && !rshmemi_failed()) {
         const rshmem_u64 t0 = rshmemi_now();
         unsigned spins = 0;
         while (miss) {
@@ -659,12 +656,74 @@ __device__ __forceinline__ void ep_take_row(rshmemi_v4 (&r)[U], rshmemi_v4* row,
             for (int q = 0; q < U; q++)
                 if (miss & (1u << q)) {
                     r[q] = ep_ldvol(row + v0 + 32 * q);
-                    if (!ep_has_snt<Elem>(r[q])) miss &= ~(1u << q);
+                    if (!ep_has_sentinel(r[q])) miss &= ~(1u << q);
                 }
             if (miss && (++spins & 255) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
                 rshmemi_flag_timeout(pe);
                 break;
             }
+        }
+    }
+    if (back) ep_put_sentinel<U>(row, v0, nv);
+}
+// Lane 0 waits, a load about every 0.1 us, until vector v of `row` has no sentinel element (a
+// timeout flags the PE `pe`): the cheap first wait before a reader takes a whole chunk (the
+// dispatch's readers polling whole chunks took the memory system from the rows themselves:
+// 415 us against 279, 2x H200).
+__device__ __forceinline__ void ep_await_vec(const rshmemi_v4* row, int v, int pe, unsigned lane) {
+    if (lane == 0 && !rshmemi_failed() && ep_has_snt_elem(ep_ldvol(row + v))) {
+        const rshmem_u64 t0 = rshmemi_now();
+        while (ep_has_snt_elem(ep_ldvol(row + v))) {
+            __nanosleep(100);
+            if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout(pe);
+                break;
+            }
+        }
+    }
+    __syncwarp();
+}
+// The dispatch readers' slow path (kept out of line: the fast path's registers): lane 0 waits
+// cheaply for vector `last` (the chunk's last, about the last to arrive), then every lane until
+// none of its vectors v0 + 32 q (q < U, below nv) has a sentinel element (timeouts as above).
+__device__ __noinline__ void ep_wait_chunk(const rshmemi_v4* row, int v0, int nv, int U, int last, int pe, unsigned lane) {
+    ep_await_vec(row, last, pe, lane);
+    for (int q = 0; q < U; q++) {
+        const int v = v0 + 32 * q;
+        if (v >= nv || rshmemi_failed()) continue;
+        const rshmem_u64 t0 = rshmemi_now();
+        while (ep_has_snt_elem(ep_ldvol(row + v))) {
+            __nanosleep(100);
+            if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout(pe);
+                break;
+            }
+        }
+    }
+    __syncwarp();
+}
+// A dispatch reader's take of a chunk of a peer's row (the whole warp): the vectors v0 + 32 q
+// (below nv) loaded once; where any lane found a sentinel element, the warp waits
+// (ep_wait_chunk, `last`: the chunk's last vector) and loads them again; with `back` the
+// sentinel is stored back.
+template <int U>
+__device__ __forceinline__ void ep_take_chunk(rshmemi_v4 (&r)[U], rshmemi_v4* row, int v0, int nv, int last, int pe,
+                                              bool back, unsigned lane) {
+    bool miss = false;
+#pragma unroll
+    for (int q = 0; q < U; q++) {
+        const int v = v0 + 32 * q;
+        if (v < nv) {
+            r[q] = ep_ldvol(row + v);
+            miss |= ep_has_snt_elem(r[q]);
+        }
+    }
+    if (EP_DISPATCH_WAIT && __any_sync(0xffffffffu, miss)) {
+        ep_wait_chunk(row, v0, nv, U, last, pe, lane);
+#pragma unroll
+        for (int q = 0; q < U; q++) {
+            const int v = v0 + 32 * q;
+            if (v < nv) r[q] = ep_ldvol(row + v);
         }
     }
     if (back) ep_put_sentinel<U>(row, v0, nv);
@@ -905,6 +964,25 @@ extern "C" __global__ void ep_readback(const ep_params* P, unsigned long long* h
 #define EP_INDEX_EXPERTS 4096
 #endif
 
+// ep_expand_row's element path (out of line: the vector path's registers). A peer's row is
+// waited for whole first, its sentinel stored back once every row has it.
+__device__ __noinline__ void ep_expand_row_scalar(ep_t* out, const ep_t* src, unsigned mask, int r, long long H, unsigned lane,
+                                                  int how, bool back, int pe) {
+    if (how == 1) {
+        for (long long h = lane; h < H; h += 32) ep_take_bits((ep_t*)src + h, pe, false, EP_DISPATCH_WAIT);
+        __syncwarp();
+    }
+    for (unsigned mm = mask; mm; mm &= mm - 1) {
+        const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
+        if (how == 2) ep_copy_row_canon(out + (long long)rb * H, src, H, lane);
+        else ep_copy_row(out + (long long)rb * H, src, H * (long long)sizeof(ep_t), lane);
+    }
+    if (back) {
+        __syncwarp();
+        for (long long h = lane; h < H; h += 32) ((volatile ep_bits*)src)[h] = (ep_bits)EP_SENTINEL;
+    }
+}
+
 // Row `src` into rows `out + r_l * H` for the lanes l of `mask` (r: each lane's row), the whole
 // warp: read once, chunk by chunk (vectors when `vec`), each chunk stored to every row. `how`:
 // EP_ROW_PLAIN, a row in place; EP_ROW_PEER, a row a peer puts into this PE's receive area
@@ -924,7 +1002,7 @@ __device__ __forceinline__ void ep_expand_row(ep_t* out, const ep_t* src, unsign
             const int v0 = c0 + (int)lane;
             rshmemi_v4 a[EP_U];
             if (how == EP_ROW_PEER) {
-                ep_take_row<EP_U, true>(a, (rshmemi_v4*)src, v0, nv, pe, back, EP_DISPATCH_WAIT);
+                ep_take_chunk<EP_U>(a, (rshmemi_v4*)src, v0, nv, min(c0 + 32 * EP_U, nv) - 1, pe, back, lane);
             } else {
                 ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
                 if (how == EP_ROW_OWN) {
@@ -938,21 +1016,7 @@ __device__ __forceinline__ void ep_expand_row(ep_t* out, const ep_t* src, unsign
             }
         }
     } else {
-        // Element by element: a peer's row is waited for whole first, its sentinel stored back
-        // once every row has it.
-        if (how == EP_ROW_PEER) {
-            for (long long h = lane; h < H; h += 32) ep_take_bits((ep_t*)src + h, pe, false, EP_DISPATCH_WAIT);
-            __syncwarp();
-        }
-        for (unsigned mm = mask; mm; mm &= mm - 1) {
-            const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
-            if (how == EP_ROW_OWN) ep_copy_row_canon(out + (long long)rb * H, src, H, lane);
-            else ep_copy_row(out + (long long)rb * H, src, H * (long long)sizeof(ep_t), lane);
-        }
-        if (back) {
-            __syncwarp();
-            for (long long h = lane; h < H; h += 32) ((volatile ep_bits*)src)[h] = (ep_bits)EP_SENTINEL;
-        }
+        ep_expand_row_scalar(out, src, mask, r, H, lane, how, back, pe);
     }
 }
 
