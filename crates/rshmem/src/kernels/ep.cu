@@ -90,6 +90,8 @@ struct ep_params {
 // ticket (zeroed by ep_dwait before the gate opens).
 #define EP_CTL_PGATE 11
 #define EP_CTL_PTICKET 12
+// ep_pstream's row tickets (zeroed by ep_dwait before the gate opens).
+#define EP_CTL_RTICKET 13
 // sig words (this PE's, n each; member s writes word s of a group): records (set to the epoch),
 // data (ep_send's blocks add 1), combine (ep_csend's blocks add 1), ready (set to the epoch),
 // then the pull combine's: its ready and done (set to the combine's number, ctl[CWAIT]) and the
@@ -486,6 +488,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) 
     if (tid == 0) {
         EP_STAMP(ctl, 20);
         ctl[EP_CTL_PTICKET] = 0;
+        ctl[EP_CTL_RTICKET] = 0;
         asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(ctl + EP_CTL_PGATE), "l"(1ull) : "memory");
     }
     // The next kernel may become resident now: ep_pstream waits for its gate and for rows
@@ -1083,18 +1086,17 @@ __device__ __forceinline__ void ep_fill_sentinel(ep_t* p, long long elems, long 
 // Dispatch, step 4, expert-major buffers (grid, started on ep_dwait's gate while ep_send still
 // runs on every PE; at most 128 registers per thread, so its blocks fit beside ep_send's: 256
 // threads each by default, as the host launches ep_send for these buffers): each received row
-// moves to its experts' rows (ep_permute_row) as it arrives. Warp w of W takes pair (source,
-// source block) w % (n * grid) and every m-th of its rows from w / (n * grid) on (m: the warps
-// on that pair); with fewer warps than pairs, pairs w, w + W, ... one after another. A pair
-// starts once its sender's "records in" word is (its positions lo..hi-1); then each of its rows
-// is taken as it comes: the receive area holds the sentinel where no row is, the sender puts
-// rows with no all-ones element (ep_canon), and a vector none of whose elements is the
-// sentinel is the sender's (an element is written at once). This PE's own rows come from x
-// (ep_send does not copy them). Every row read goes back to the sentinel; so do the peers' rows
-// of a step that moves none (after ep_dwait's end: all of them are in), unless a wait timed out
-// (rows may still come; Buffer::check refills the area then). A wait that times out stops the
-// warp; the last block to finish checks that every expert got its rows and stops the step on a
-// timeout (ep_abort_if_failed), so combine moves nothing.
+// moves to its experts' rows (ep_permute_row) as it arrives; the warps take rows by tickets
+// (below). A pair (source, source block) starts once its sender's "records in" word is (its
+// positions lo..hi-1); then each of its rows is taken as it comes: the receive area holds the
+// sentinel where no row is, the sender puts rows with no all-ones element (ep_canon), and a
+// vector none of whose elements is the sentinel is the sender's (an element is written at
+// once). This PE's own rows come from x (ep_send does not copy them). Every row read goes back
+// to the sentinel; so do the peers' rows of a step that moves none (after ep_dwait's end: all of
+// them are in), unless a wait timed out (rows may still come; Buffer::check refills the area
+// then). A wait that times out stops the warp; the last block to finish checks that every
+// expert got its rows and stops the step on a timeout (ep_abort_if_failed), so combine moves
+// nothing.
 extern "C" __global__ void __maxnreg__(128) ep_pstream(const ep_params* P, ep_t* out, const ep_t* x) {
     __shared__ int s_go, s_last;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
@@ -1113,13 +1115,20 @@ extern "C" __global__ void __maxnreg__(128) ep_pstream(const ep_params* P, ep_t*
         const rshmem_u64* prog = (const rshmem_u64*)P->prog;
         const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)out | P->recv_x | (unsigned long long)x);
         const int nv = vec ? (int)(H * (long long)sizeof(ep_t) / 16) : 0;
-        const long long I = n * G, W = (long long)gridDim.x * (blockDim.x / 32);
-        const long long gw = (long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+        // Rows by tickets (one counter, a warp takes the next ticket when done with a row):
+        // ticket t is row t / I of pair t % I (I pairs (source, source block)), so every
+        // pair's k-th row comes before any pair's (k+1)-th: this PE's own rows (there from the
+        // start) and the peers' (coming in over the whole send) interleave, every warp works
+        // while rows come in and none idles at the end.
+        const long long I = n * G, NT = I * ((P->max_tokens + G - 1) / G);
         bool stop = false;
-        for (long long q = gw; q < (W >= I ? W : I) && !stop; q += W) {
-            const long long item = q % I, m = W >= I ? (W - item + I - 1) / I : 1;
+        while (!stop) {
+            unsigned long long t = 0;
+            if (lane == 0) t = atomicAdd(&ctl[EP_CTL_RTICKET], 1ull);
+            t = __shfl_sync(0xffffffffu, t, 0);
+            if ((long long)t >= NT) break;
+            const long long item = (long long)t % I, k = (long long)t / I;
             const int s = (int)(item / G);
-            const long long cnt = min((long long)recv_cnt[s], C);
             // The pair's row records are in: its positions lo..hi-1.
             rshmem_u64 v = 0;
             if (lane == 0) v = rshmemi_wait64(prog + item, RSHMEM_CMP_GE, 1ull << 63, ep_pe(P, s));
@@ -1127,17 +1136,15 @@ extern "C" __global__ void __maxnreg__(128) ep_pstream(const ep_params* P, ep_t*
             // Every lane after lane 0's acquire of the word.
             __syncwarp();
             const long long lo = (long long)(v & 0xffffffffu), hi = (long long)((v >> 32) & 0x7fffffffu);
-            if (!(v >> 63) || hi > cnt || (s == me && !x)) {
-                // A timeout (or a failure before it); or beyond what the sender's record
-                // announced.
-                if ((v >> 63) && lane == 0) atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
-                stop = !(v >> 63);
+            if (!(v >> 63)) break;  // a timeout (or a failure before it)
+            if (hi > min((long long)recv_cnt[s], C) || (s == me && !x)) {
+                // Beyond what the sender's record announced.
+                if (lane == 0 && k == 0) atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_CORRUPT);
                 continue;
             }
-            for (long long pos = lo + q / I; pos < hi && !stop; pos += m) {
-                ep_permute_row(P, out, (long long)s * C + pos, vec, nv, lane, s == me ? x : nullptr, ep_pe(P, s));
-                stop = ep_timed_out();
-            }
+            if (lo + k >= hi) continue;
+            ep_permute_row(P, out, (long long)s * C + lo + k, vec, nv, lane, s == me ? x : nullptr, ep_pe(P, s));
+            stop = ep_timed_out();
         }
     } else if (EP_DISPATCH_REFILL) {
         rshmemi_grid_dep_wait();
