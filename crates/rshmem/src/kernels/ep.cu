@@ -1097,7 +1097,10 @@ __device__ __forceinline__ void ep_fill_sentinel(ep_t* p, long long elems, long 
 // then). A wait that times out stops the warp; the last block to finish checks that every
 // expert got its rows and stops the step on a timeout (ep_abort_if_failed), so combine moves
 // nothing.
-extern "C" __global__ void __maxnreg__(128) ep_pstream(const ep_params* P, ep_t* out, const ep_t* x) {
+#ifndef EP_PSTREAM_REGS
+#define EP_PSTREAM_REGS 128
+#endif
+extern "C" __global__ void __maxnreg__(EP_PSTREAM_REGS) ep_pstream(const ep_params* P, ep_t* out, const ep_t* x) {
     __shared__ int s_go, s_last;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me;
