@@ -127,11 +127,11 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_EP_SEND_THREADS",
-        "CUDA MoE (measurement): ep_send's threads per block, 64-512 in steps of 32 (default 256 expert-major, 512 token-major)",
+        "CUDA MoE (measurement): ep_send's threads per block, 64-512 in steps of 32 (default 128 expert-major, 512 token-major)",
     ),
     (
         "RSHMEM_EP_PSTREAM_THREADS",
-        "CUDA MoE (measurement): ep_pstream's threads per block, 64-512 in steps of 32 (default 256; with ep_send's above 512 it no longer overlaps the send)",
+        "CUDA MoE (measurement): ep_pstream's threads per block, 64-512 in steps of 32 (default 512; where ep_send's x 128 and its x 96 pass 65536 registers it no longer overlaps the send)",
     ),
     (
         "RSHMEM_EP_SEND_BLOCKS",

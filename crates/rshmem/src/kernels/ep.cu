@@ -9,7 +9,7 @@
 //             on ep_layout's gate, ep_pstream on ep_dwait's and moves rows while ep_send still
 //             runs, ep_permute with rshmemi_grid_dep_wait; a kernel's predecessor lets it
 //             become resident only once that predecessor no longer waits for other PEs, except
-//             that ep_pstream's blocks wait for rows: ep_send runs 256 threads per block for
+//             that ep_pstream's blocks wait for rows: ep_send runs 128 threads per block for
 //             expert-major buffers, so they fit beside it and never keep it out)
 //   combine:  ep_csend (grid) -> ep_cwait (1 block) -> ep_crecv (grid), all three likewise;
 //   combine_tokens pulling: ep_cready (1 block) -> ep_cpull (grid) -> ep_cdone (1 block)
@@ -986,6 +986,17 @@ __device__ __noinline__ void ep_expand_row_scalar(ep_t* out, const ep_t* src, un
     }
 }
 
+// ep_pstream: at most EP_PSTREAM_REGS registers per thread (its blocks of 512 threads fit beside
+// ep_send's of 128, whose launch bounds give it at most 128) and EP_PSTREAM_U vectors per lane
+// in flight. 2x H200, T = 4096, H = 7168 bf16, capturable expert-major dispatch (send / pstream
+// threads, registers, U): 128 / 512, 96, 4: 247 us; 128 / 384, 128, 8: 255; 256 / 256, 128,
+// 8: 329; 128 / 512, 96, 8: 276 (BENCHMARKS.md).
+#ifndef EP_PSTREAM_REGS
+#define EP_PSTREAM_REGS 96
+#endif
+#ifndef EP_PSTREAM_U
+#define EP_PSTREAM_U 4
+#endif
 // Row `src` into rows `out + r_l * H` for the lanes l of `mask` (r: each lane's row), the whole
 // warp: read once, chunk by chunk (vectors when `vec`), each chunk stored to every row. `how`:
 // EP_ROW_PLAIN, a row in place; EP_ROW_PEER, a row a peer puts into this PE's receive area
@@ -994,6 +1005,7 @@ __device__ __noinline__ void ep_expand_row_scalar(ep_t* out, const ep_t* src, un
 #define EP_ROW_PLAIN 0
 #define EP_ROW_PEER 1
 #define EP_ROW_OWN 2
+template <int U>
 __device__ __forceinline__ void ep_expand_row(ep_t* out, const ep_t* src, unsigned mask, int r, long long H, bool vec,
                                               int nv, unsigned lane, int how = EP_ROW_PLAIN, bool back = false, int pe = 0) {
     if (!mask) return;
@@ -1001,21 +1013,21 @@ __device__ __forceinline__ void ep_expand_row(ep_t* out, const ep_t* src, unsign
     if (vec) {
         // The chunk loop runs as many times on every lane (its bound does not depend on the
         // lane): the shuffles below need the whole warp.
-        for (int c0 = 0; c0 < nv; c0 += 32 * EP_U) {
+        for (int c0 = 0; c0 < nv; c0 += 32 * U) {
             const int v0 = c0 + (int)lane;
-            rshmemi_v4 a[EP_U];
+            rshmemi_v4 a[U];
             if (how == EP_ROW_PEER) {
-                ep_take_chunk<EP_U>(a, (rshmemi_v4*)src, v0, nv, min(c0 + 32 * EP_U, nv) - 1, pe, back, lane);
+                ep_take_chunk<U>(a, (rshmemi_v4*)src, v0, nv, min(c0 + 32 * U, nv) - 1, pe, back, lane);
             } else {
-                ep_load<EP_U>(a, (const rshmemi_v4*)src, v0, nv, false);
+                ep_load<U>(a, (const rshmemi_v4*)src, v0, nv, false);
                 if (how == EP_ROW_OWN) {
 #pragma unroll
-                    for (int q = 0; q < EP_U; q++) a[q] = ep_canon4(a[q]);
+                    for (int q = 0; q < U; q++) a[q] = ep_canon4(a[q]);
                 }
             }
             for (unsigned mm = mask; mm; mm &= mm - 1) {
                 const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
-                ep_store<EP_U>((rshmemi_v4*)(out + (long long)rb * H), a, v0, nv);
+                ep_store<U>((rshmemi_v4*)(out + (long long)rb * H), a, v0, nv);
             }
         }
     } else {
@@ -1068,7 +1080,7 @@ __device__ __forceinline__ void ep_permute_row(const ep_params* P, ep_t* out, lo
             }
             ((int*)P->tok_rows)[g * K + j] = r;
         }
-        ep_expand_row(out, src, __ballot_sync(0xffffffffu, r >= 0), r, H, vec, nv, lane, x ? EP_ROW_OWN : EP_ROW_PEER,
+        ep_expand_row<EP_PSTREAM_U>(out, src, __ballot_sync(0xffffffffu, r >= 0), r, H, vec, nv, lane, x ? EP_ROW_OWN : EP_ROW_PEER,
                       j0 == jl, pe);
     }
 }
@@ -1084,8 +1096,8 @@ __device__ __forceinline__ void ep_fill_sentinel(ep_t* p, long long elems, long 
 }
 
 // Dispatch, step 4, expert-major buffers (grid, started on ep_dwait's gate while ep_send still
-// runs on every PE; at most 128 registers per thread, so its blocks fit beside ep_send's: 256
-// threads each by default, as the host launches ep_send for these buffers): each received row
+// runs on every PE; at most EP_PSTREAM_REGS registers per thread, so its blocks of 512 threads
+// fit beside ep_send's of 128, as the host launches them for these buffers): each received row
 // moves to its experts' rows (ep_permute_row) as it arrives; the warps take rows by tickets
 // (below). A pair (source, source block) starts once its sender's "records in" word is (its
 // positions lo..hi-1); then each of its rows is taken as it comes: the receive area holds the
@@ -1097,9 +1109,6 @@ __device__ __forceinline__ void ep_fill_sentinel(ep_t* p, long long elems, long 
 // then). A wait that times out stops the warp; the last block to finish checks that every
 // expert got its rows and stops the step on a timeout (ep_abort_if_failed), so combine moves
 // nothing.
-#ifndef EP_PSTREAM_REGS
-#define EP_PSTREAM_REGS 128
-#endif
 extern "C" __global__ void __maxnreg__(EP_PSTREAM_REGS) ep_pstream(const ep_params* P, ep_t* out, const ep_t* x) {
     __shared__ int s_go, s_last;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
@@ -1960,7 +1969,7 @@ extern "C" __global__ void __launch_bounds__(512) epb_permute(const int* rcnt, i
                 }
                 tok_rows[g * K + j] = r;
             }
-            ep_expand_row(ex, src, __ballot_sync(0xffffffffu, r >= 0), r, H, vec, nv, lane);
+            ep_expand_row<EP_U>(ex, src, __ballot_sync(0xffffffffu, r >= 0), r, H, vec, nv, lane);
         }
     }
 }

@@ -58,11 +58,11 @@
 //!    receive area holds a sentinel (every element all ones) where no row is; `ep_send` stores
 //!    rows with no all-ones element (an all-ones NaN loses its sign bit and stays a NaN: the
 //!    one way a dispatched row may differ from `x`), and an element is written at once, so an
-//!    element that is not the sentinel is the sender's. `ep_send`'s blocks (256 threads for
+//!    element that is not the sentinel is the sender's. `ep_send`'s blocks (128 threads for
 //!    these buffers) put their row records first and then one "records in" word per (source
 //!    block, destination) with a `red.release`; `ep_dwait` opens a gate once the records are in
-//!    and the offsets are known, and `ep_pstream`'s blocks (256 threads, at most 128 registers:
-//!    they fit beside `ep_send`'s) take each peer's row as it comes (vectors loaded until no
+//!    and the offsets are known, and `ep_pstream`'s blocks (512 threads, at most 96 registers:
+//!    they fit beside `ep_send`'s; rows by tickets, every pair's k-th row before any (k+1)-th) take each peer's row as it comes (vectors loaded until no
 //!    element is the sentinel, which they then store back) and this PE's own rows straight from
 //!    `x` (`ep_send` does not copy them): its local slots take their expert-major rows
 //!    (atomics), the row is read once and stored to each, filling the handle arrays. A step that
@@ -201,9 +201,13 @@ pub const EP_KERNELS: &str = include_str!("../../kernels/ep.cu");
 /// when the buffer is created: every PE counts its peers' block signals, so all use one grid.
 const MAX_GRID: u32 = 1024;
 const BLOCK: u32 = 512;
-/// Threads per block of `ep_send` and `ep_pstream` for expert-major buffers: each at most 128
-/// registers, so one block of each fits on an SM (ep_pstream moves rows while ep_send runs).
-const STREAM_BLOCK: u32 = 256;
+/// Threads per block of `ep_send` for expert-major buffers and of `ep_pstream`: `ep_send` takes
+/// at most 128 registers per thread and `ep_pstream` at most 96 (`EP_PSTREAM_REGS`), so one
+/// block of each fits on an SM (`ep_pstream` moves rows while `ep_send` runs). The send needs
+/// few threads (its rows announce themselves: no fences), the expansion many (2x H200:
+/// BENCHMARKS.md).
+const EM_SEND_BLOCK: u32 = 128;
+const PSTREAM_BLOCK: u32 = 512;
 /// Threads per block of `ep_csplit` (`EP_SPLIT_BLOCK`: one block per SM, no spills to speak of).
 const SPLIT_BLOCK: u32 = 384;
 /// Most experts (`ep_layout` counts pairs per expert in shared memory).
@@ -278,10 +282,11 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Threads per block of `ep_send` and `ep_pstream` from the measurement knobs
 /// `RSHMEM_EP_SEND_THREADS` and `RSHMEM_EP_PSTREAM_THREADS` (`name`, value `v`: a multiple of
-/// 32 from 64 to 512), else [`STREAM_BLOCK`] (expert-major buffers; `ep_pstream`) or
-/// [`BLOCK`] (`ep_send` for token-major buffers). Both kernels take at most 128 registers per
-/// thread: where their sum passes 512 `ep_pstream`'s blocks no longer fit beside `ep_send`'s
-/// and move rows only as `ep_send`'s blocks end.
+/// 32 from 64 to 512), else [`EM_SEND_BLOCK`] (`ep_send`, expert-major buffers),
+/// [`PSTREAM_BLOCK`] (`ep_pstream`) or [`BLOCK`] (`ep_send` for token-major buffers). Where
+/// `ep_send`'s threads times 128 registers and `ep_pstream`'s times 96 pass an SM's 65536,
+/// `ep_pstream`'s blocks no longer fit beside `ep_send`'s and move rows only as `ep_send`'s
+/// blocks end.
 fn block_threads(name: &str, v: Option<&str>, default: u32) -> Result<u32> {
     let ok = |t: usize| (64..=BLOCK as usize).contains(&t) && t.is_multiple_of(32);
     let what = format!("expected a multiple of 32 from 64 to {BLOCK}");
@@ -752,11 +757,11 @@ impl<T: Elem> Buffer<T> {
             let send_block = knob(
                 "RSHMEM_EP_SEND_THREADS",
                 match cfg.layout {
-                    RecvLayout::ExpertMajor => STREAM_BLOCK,
+                    RecvLayout::ExpertMajor => EM_SEND_BLOCK,
                     RecvLayout::TokenMajor => BLOCK,
                 },
             )?;
-            let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", STREAM_BLOCK)?;
+            let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", PSTREAM_BLOCK)?;
             let blocks = |name: &str| {
                 super::coll::knob_from_env(name, 0, |v| v <= MAX_GRID as usize, "at most 1024")
                     .map(|v| v as u32)
