@@ -131,7 +131,7 @@ const MORE_VARS: &[(&str, &str)] = &[
     ),
     (
         "RSHMEM_EP_PSTREAM_THREADS",
-        "CUDA MoE (measurement): ep_pstream's threads per block, 64-512 in steps of 32 (default 512; where ep_send's x 128 and its x 96 pass 65536 registers it no longer overlaps the send)",
+        "CUDA MoE (measurement): ep_pstream's threads per block, 64-512 in steps of 32 (default 448; where ep_send's x 128 and its x 96 pass 65536 registers it no longer overlaps the send)",
     ),
     (
         "RSHMEM_EP_SEND_BLOCKS",

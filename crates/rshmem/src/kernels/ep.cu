@@ -986,11 +986,12 @@ __device__ __noinline__ void ep_expand_row_scalar(ep_t* out, const ep_t* src, un
     }
 }
 
-// ep_pstream: at most EP_PSTREAM_REGS registers per thread (its blocks of 512 threads fit beside
-// ep_send's of 128, whose launch bounds give it at most 128) and EP_PSTREAM_U vectors per lane
-// in flight. 2x H200, T = 4096, H = 7168 bf16, capturable expert-major dispatch (send / pstream
-// threads, registers, U): 128 / 512, 96, 4: 247 us; 128 / 384, 128, 8: 255; 256 / 256, 128,
-// 8: 329; 128 / 512, 96, 8: 276 (BENCHMARKS.md).
+// ep_pstream: at most EP_PSTREAM_REGS registers per thread (its blocks of 448 threads fit beside
+// ep_send's of 128, whose launch bounds give it at most 128, with room to spare) and
+// EP_PSTREAM_U vectors per lane in flight. 2x H200, T = 4096, H = 7168 bf16, capturable
+// expert-major dispatch (send / pstream threads, registers, U): 128 / 512, 96, 4: 244-247 us;
+// 128 / 448, 96, 4: 244; 128 / 384, 128, 8: 255; 256 / 256, 128, 8: 329; 128 / 512, 96, 8:
+// 276; 80 registers or U = 2: 246-248 (BENCHMARKS.md).
 #ifndef EP_PSTREAM_REGS
 #define EP_PSTREAM_REGS 96
 #endif
@@ -1096,7 +1097,7 @@ __device__ __forceinline__ void ep_fill_sentinel(ep_t* p, long long elems, long 
 }
 
 // Dispatch, step 4, expert-major buffers (grid, started on ep_dwait's gate while ep_send still
-// runs on every PE; at most EP_PSTREAM_REGS registers per thread, so its blocks of 512 threads
+// runs on every PE; at most EP_PSTREAM_REGS registers per thread, so its blocks of 448 threads
 // fit beside ep_send's of 128, as the host launches them for these buffers): each received row
 // moves to its experts' rows (ep_permute_row) as it arrives; the warps take rows by tickets
 // (below). A pair (source, source block) starts once its sender's "records in" word is (its
@@ -1110,7 +1111,7 @@ __device__ __forceinline__ void ep_fill_sentinel(ep_t* p, long long elems, long 
 // expert got its rows and stops the step on a timeout (ep_abort_if_failed), so combine moves
 // nothing.
 extern "C" __global__ void __maxnreg__(EP_PSTREAM_REGS) ep_pstream(const ep_params* P, ep_t* out, const ep_t* x) {
-    __shared__ int s_go, s_last;
+    __shared__ int s_go, s_last, s_rows;
     unsigned long long* ctl = (unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, G = P->grid;
@@ -1132,7 +1133,16 @@ extern "C" __global__ void __maxnreg__(EP_PSTREAM_REGS) ep_pstream(const ep_para
         // pair's k-th row comes before any pair's (k+1)-th: this PE's own rows (there from the
         // start) and the peers' (coming in over the whole send) interleave, every warp works
         // while rows come in and none idles at the end.
-        const long long I = n * G, NT = I * ((P->max_tokens + G - 1) / G);
+        // A pair has at most ceil(T_s / G) rows (T_s: source s's tokens, from its record, which
+        // ep_dwait read before the gate).
+        if (threadIdx.x == 0) {
+            const long long RW = EP_REC_FIXED + P->el;
+            long long tmax = 0;
+            for (int s = 0; s < n; s++) tmax = max(tmax, (long long)((volatile const rshmem_u64*)P->rec)[s * RW + 2]);
+            s_rows = (int)min((tmax + G - 1) / G, (P->max_tokens + G - 1) / G);
+        }
+        __syncthreads();
+        const long long I = n * G, NT = I * s_rows;
         bool stop = false;
         while (!stop) {
             unsigned long long t = 0;

@@ -61,7 +61,7 @@
 //!    element that is not the sentinel is the sender's. `ep_send`'s blocks (128 threads for
 //!    these buffers) put their row records first and then one "records in" word per (source
 //!    block, destination) with a `red.release`; `ep_dwait` opens a gate once the records are in
-//!    and the offsets are known, and `ep_pstream`'s blocks (512 threads, at most 96 registers:
+//!    and the offsets are known, and `ep_pstream`'s blocks (448 threads, at most 96 registers:
 //!    they fit beside `ep_send`'s; rows by tickets, every pair's k-th row before any (k+1)-th) take each peer's row as it comes (vectors loaded until no
 //!    element is the sentinel, which they then store back) and this PE's own rows straight from
 //!    `x` (`ep_send` does not copy them): its local slots take their expert-major rows
@@ -207,7 +207,7 @@ const BLOCK: u32 = 512;
 /// few threads (its rows announce themselves: no fences), the expansion many (2x H200:
 /// BENCHMARKS.md).
 const EM_SEND_BLOCK: u32 = 128;
-const PSTREAM_BLOCK: u32 = 512;
+const PSTREAM_BLOCK: u32 = 448;
 /// Threads per block of `ep_csplit` (`EP_SPLIT_BLOCK`: one block per SM, no spills to speak of).
 const SPLIT_BLOCK: u32 = 384;
 /// Most experts (`ep_layout` counts pairs per expert in shared memory).
