@@ -312,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     // its fences delayed block 0's count by about 3 us).
     if (blockIdx.x == 0 && (tid >> 5) == (nth >> 5) - 1) {
         const bool gone = ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
-        // This PE's progress words (expert-major buffers) are zero again before any peer may
+        // This PE's "records in" words (expert-major buffers) are zero again before any peer may
         // write them (after the ready signal below; the previous step's writers were all seen
         // by its ep_dwait, the previous step's readers ended before this kernel began).
         if (P->prog) {

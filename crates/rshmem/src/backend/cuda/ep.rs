@@ -62,10 +62,11 @@
 //!    these buffers) put their row records first and then one "records in" word per (source
 //!    block, destination) with a `red.release`; `ep_dwait` opens a gate once the records are in
 //!    and the offsets are known, and `ep_pstream`'s blocks (448 threads, at most 96 registers:
-//!    they fit beside `ep_send`'s; rows by tickets, every pair's k-th row before any (k+1)-th) take each peer's row as it comes (vectors loaded until no
-//!    element is the sentinel, which they then store back) and this PE's own rows straight from
-//!    `x` (`ep_send` does not copy them): its local slots take their expert-major rows
-//!    (atomics), the row is read once and stored to each, filling the handle arrays. A step that
+//!    they fit beside `ep_send`'s) take rows by tickets (every (source, block) pair's k-th row
+//!    before any pair's (k+1)-th): each peer's row as it comes (vectors loaded until no element
+//!    is the sentinel, which they then store back) and this PE's own rows straight from `x`
+//!    (`ep_send` does not copy them): its local slots take their expert-major rows (atomics),
+//!    the row is read once and stored to each, filling the handle arrays. A step that
 //!    moves no row (an error) restores the sentinel over the rows the peers put, once they are
 //!    all in; after a timeout [`Buffer::check`] refills the area. The last block checks that
 //!    every expert got all its rows (else an error from [`Buffer::check`]: inconsistent
@@ -138,10 +139,11 @@
 //!   overflow moves nothing and latches the error; call [`Buffer::check`] after synchronising.
 //!
 //! # Reusing the areas without extra synchronisation
-//! A PE writes a peer's records, receive area (rows, row records) and progress words only
+//! A PE writes a peer's records, receive area (rows, row records) and "records in" words only
 //! after the peer's ready signal of the same call, which the peer sends when its stream
 //! reaches that dispatch, after every kernel of its earlier steps that reads them (loom models
-//! in `models.rs`, two dispatches back to back included); combine rows go to the half of the
+//! in `models.rs`, two dispatches back to back included); an expert-major receive area's rows
+//! are the sentinel again by then (its readers store it back); combine rows go to the half of the
 //! combine area of the call's parity, and a PE reaches combine `c+2` only after the peer's rows
 //! of `c+1`, sent after it read `c`.
 //!
@@ -407,8 +409,8 @@ fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
         // ep_layout's accumulators (pairs per expert, tokens per destination, a flag, a
         // ticket), then each block's tokens per destination.
         (cfg.num_experts + n + 2 + MAX_GRID as usize * n) * 4,
-        // Progress words (expert-major buffers: ep_pstream moves rows as they come in), one
-        // per (source, source block).
+        // "Records in" words (expert-major buffers: ep_pstream moves rows as they come in),
+        // one per (source, source block).
         match cfg.layout {
             RecvLayout::ExpertMajor => MAX_GRID as usize * n * 8,
             RecvLayout::TokenMajor => 0,

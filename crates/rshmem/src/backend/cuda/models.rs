@@ -839,9 +839,11 @@ fn loom_chain_broadcast_three_pes() {
 /// One step of an EP sequence (every PE runs the same list, as the contract asks).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum EpOp {
-    /// `ep_layout` → `ep_send` → `ep_dwait` with `ep_pstream` beside it (rows as their
-    /// progress words say) → `ep_permute`. Without the progress words' zeroing in
-    /// `ep_layout`, `loom_ep_reuse_three_calls` fails (a row read while it is written).
+    /// `ep_layout` → `ep_send` → `ep_dwait` with `ep_pstream` beside it (an expert-major
+    /// buffer: each source's row records once its "records in" word is set, then each row as
+    /// it announces itself, the sentinel stored back). Without the words' zeroing in
+    /// `ep_layout`, `loom_ep_reuse_three_calls` fails (a row record read while it is written);
+    /// without `ep_pstream`'s store back, a row of an earlier dispatch is taken for this one's.
     Dispatch,
     /// `ep_csend` → `ep_cwait` → `ep_crecv` (on the latest dispatch's layout).
     Combine,
@@ -858,7 +860,8 @@ enum EpOp {
     SplitCombine,
 }
 
-/// The split combine's sentinel (`EP_SENTINEL`: every word all ones).
+/// The sentinel (`EP_SENTINEL`: every word all ones) of the split combine's area and of the
+/// expert-major receive area.
 const EP_SENTINEL: u64 = u64::MAX;
 
 const EP_ABORT: u64 = 16;
@@ -886,12 +889,16 @@ struct EpMem {
     sig_cdone: Vec<AtomicU64>,
     /// `ctl[EP_CTL_ERR]` of each PE (peers `atomicOr_system` the abort bit into it).
     err: Vec<AtomicU64>,
-    /// Progress words `prog[pe][src]` (one per source block in the kernels, one block here):
-    /// `ep_send` raises them (`red.release.max`) as rows go out, `final << 63 | hi << 32`;
-    /// their owner zeroes them before its ready signal.
+    /// "Records in" words `prog[pe][src]` (one per source block in the kernels, one block
+    /// here): `ep_send` sets them (`red.release.max`, `1 << 63 | hi << 32`) once its row
+    /// records are written, before the rows; their owner zeroes them before its ready signal.
     prog: Vec<AtomicU64>,
-    /// Receive rows and row records `recv[pe][src][pos]` (plain stores): the dispatch number.
+    /// Row records `recv[pe][src][pos]` (plain stores): the dispatch number.
     recv: Cells,
+    /// The rows of an expert-major receive area, laid out as `recv`: the dispatch number or
+    /// the sentinel (filled at creation); relaxed words (`ep_pstream`'s volatile polls race
+    /// the senders' stores by design).
+    srecv: Vec<AtomicU64>,
     /// Combine rows `comb[pe][parity][src][pos]`: the combine number.
     comb: Cells,
     /// The caller's `y` rows `y[pe][src][pos]` (plain stores by its expert kernel): the combine
@@ -917,6 +924,9 @@ impl EpMem {
             err: words(EP_N),
             prog: words(EP_N * EP_N),
             recv: Cells::new(EP_N * EP_N * EP_C),
+            srecv: (0..EP_N * EP_N * EP_C)
+                .map(|_| AtomicU64::new(EP_SENTINEL))
+                .collect(),
             comb: Cells::new(EP_N * 2 * EP_N * EP_C),
             y: Cells::new(EP_N * EP_N * EP_C),
             scomb: (0..EP_N * 2 * EP_N * EP_C)
@@ -1047,9 +1057,8 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                     fence(Ordering::SeqCst);
                     mem.sig_rec[d * EP_N + me].store(epoch, Ordering::Release);
                 }
-                // ep_send: the rows, then the block's progress word (expert-major buffers; one
-                // block here, its last round: the word says every row is in), then each
-                // block's data signal.
+                // ep_send: the row records, then the block's "records in" word, then the rows
+                // (no word, no fence), then each block's data signal.
                 if send {
                     for d in peers() {
                         let rows = ep_rows(k, me, d);
@@ -1058,6 +1067,12 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                         }
                         mem.prog[d * EP_N + me]
                             .fetch_max(1 << 63 | (rows as u64) << 32, Ordering::Release);
+                    }
+                    for d in peers() {
+                        for pos in 0..ep_rows(k, me, d) {
+                            mem.srecv[EpMem::recv_at(d, me, pos)]
+                                .store(k as u64, Ordering::Relaxed);
+                        }
                     }
                 }
                 for d in peers() {
@@ -1090,28 +1105,34 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                         );
                     }
                 }
-                // ep_pstream (expert-major buffers; it runs beside ep_dwait's data wait, one of
-                // the interleavings): a source's rows once its progress word covers them (one
-                // wait per source: a wait per row made the EP models four times slower). Its
-                // waits are not counted among the ones a model run times out (the data wait
-                // after them keeps its index); after an earlier timeout they give up at once.
+                // ep_pstream (it runs beside ep_dwait's data wait, one of the interleavings): a
+                // source's row records once its "records in" word is set, then each row polled
+                // until it is not the sentinel, taken, and the sentinel stored back. Its waits
+                // are not counted among the ones a model run times out (the data wait after
+                // them keeps its index); after an earlier timeout they give up at once.
                 if go {
                     'rows: for s in peers() {
                         let w = &mem.prog[me * EP_N + s];
-                        let v = (recv_cnt[s] as u64) << 32;
-                        if w.load(Ordering::Acquire) < v {
+                        if w.load(Ordering::Acquire) < 1 << 63 {
                             if failed {
                                 gave = true;
                                 break 'rows;
                             }
-                            spin(|| w.load(Ordering::Acquire) >= v);
+                            spin(|| w.load(Ordering::Acquire) >= 1 << 63);
                         }
+                        let hi = (w.load(Ordering::Relaxed) >> 32) & 0x7fff_ffff;
+                        assert_eq!(hi, recv_cnt[s] as u64, "PE {me} dispatch {k}: rows of {s}");
                         for pos in 0..recv_cnt[s] {
                             let v = mem.recv.get(EpMem::recv_at(me, s, pos));
                             assert_eq!(
                                 v, k as u64,
-                                "PE {me} dispatch {k}: streamed row of {s} at {pos}"
+                                "PE {me} dispatch {k}: row record of {s} at {pos}"
                             );
+                            let row = &mem.srecv[EpMem::recv_at(me, s, pos)];
+                            spin(|| row.load(Ordering::Relaxed) != EP_SENTINEL);
+                            let v = row.load(Ordering::Relaxed);
+                            assert_eq!(v, k as u64, "PE {me} dispatch {k}: row of {s} at {pos}");
+                            row.store(EP_SENTINEL, Ordering::Relaxed);
                         }
                     }
                     abort_if_failed(failed, &mut go);
@@ -1121,7 +1142,7 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                 }
                 fence(Ordering::AcqRel);
                 abort_if_failed(failed, &mut go);
-                // ep_permute (token-major buffers): the received rows.
+                // After the data wait: the row records (what combine reads again).
                 if go {
                     for s in peers() {
                         assert_eq!(recv_cnt[s], ep_rows(k, s, me), "PE {me} dispatch {k}");
