@@ -669,39 +669,29 @@ __device__ __forceinline__ void ep_take_row(rshmemi_v4 (&r)[U], rshmemi_v4* row,
     }
     if (back) ep_put_sentinel<U>(row, v0, nv);
 }
-// Lane 0 waits, a load about every 0.1 us, until vector v of `row` has no sentinel element (a
-// timeout flags the PE `pe`): the cheap first wait before a reader takes a whole chunk (the
-// dispatch's readers polling whole chunks took the memory system from the rows themselves:
-// 415 us against 279, 2x H200).
-__device__ __forceinline__ void ep_await_vec(const rshmemi_v4* row, int v, int pe, unsigned lane) {
-    if (lane == 0 && !rshmemi_failed() && ep_has_snt_elem(ep_ldvol(row + v))) {
-        const rshmem_u64 t0 = rshmemi_now();
-        while (ep_has_snt_elem(ep_ldvol(row + v))) {
-            __nanosleep(100);
-            if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-                rshmemi_flag_timeout(pe);
-                break;
-            }
+// One thread waits, a load about every 0.1 us, until vector v of `row` has no sentinel element
+// (a timeout flags the PE `pe`).
+__device__ __forceinline__ void ep_sleep_until_vec(const rshmemi_v4* row, int v, int pe) {
+    const rshmem_u64 t0 = rshmemi_now();
+    while (ep_has_snt_elem(ep_ldvol(row + v))) {
+        __nanosleep(100);
+        if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+            rshmemi_flag_timeout(pe);
+            break;
         }
     }
-    __syncwarp();
 }
 // The dispatch readers' slow path (kept out of line: the fast path's registers): lane 0 waits
-// cheaply for vector `last` (the chunk's last, about the last to arrive), then every lane until
-// none of its vectors v0 + 32 q (q < U, below nv) has a sentinel element (timeouts as above).
+// for vector `last` (the chunk's last, about the last to arrive), then every lane until none of
+// its vectors v0 + 32 q (q < U, below nv) has a sentinel element: a few polling loads instead of
+// whole chunks polled (the dispatch's readers polling whole chunks took the memory system from
+// the rows themselves: 415 us against 279, 2x H200).
 __device__ __noinline__ void ep_wait_chunk(const rshmemi_v4* row, int v0, int nv, int U, int last, int pe, unsigned lane) {
-    ep_await_vec(row, last, pe, lane);
+    if (lane == 0 && !rshmemi_failed() && ep_has_snt_elem(ep_ldvol(row + last))) ep_sleep_until_vec(row, last, pe);
+    __syncwarp();
     for (int q = 0; q < U; q++) {
         const int v = v0 + 32 * q;
-        if (v >= nv || rshmemi_failed()) continue;
-        const rshmem_u64 t0 = rshmemi_now();
-        while (ep_has_snt_elem(ep_ldvol(row + v))) {
-            __nanosleep(100);
-            if (rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-                rshmemi_flag_timeout(pe);
-                break;
-            }
-        }
+        if (v < nv && !rshmemi_failed()) ep_sleep_until_vec(row, v, pe);
     }
     __syncwarp();
 }

@@ -839,12 +839,16 @@ fn loom_chain_broadcast_three_pes() {
 /// One step of an EP sequence (every PE runs the same list, as the contract asks).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum EpOp {
-    /// `ep_layout` → `ep_send` → `ep_dwait` with `ep_pstream` beside it (an expert-major
-    /// buffer: each source's row records once its "records in" word is set, then each row as
-    /// it announces itself, the sentinel stored back). Without the words' zeroing in
-    /// `ep_layout`, `loom_ep_reuse_three_calls` fails (a row record read while it is written);
-    /// without `ep_pstream`'s store back, a row of an earlier dispatch is taken for this one's.
+    /// `ep_layout` → `ep_send` → `ep_dwait` → `ep_permute` (a token-major buffer: the rows
+    /// and row records read after the data wait).
     Dispatch,
+    /// The same for an expert-major buffer: `ep_pstream` beside `ep_dwait` takes each
+    /// source's row records once its "records in" word is set, then each row as it announces
+    /// itself (polled until it is not the sentinel), and stores the sentinel back. Without the
+    /// words' zeroing in `ep_layout`, `loom_ep_dispatch_sentinel` fails (a row record read
+    /// while it is written); without `ep_pstream`'s store back, a row of an earlier dispatch is
+    /// taken for this one's.
+    EmDispatch,
     /// `ep_csend` → `ep_cwait` → `ep_crecv` (on the latest dispatch's layout).
     Combine,
     /// `combine_tokens`: the caller's expert kernel writes this PE's `y`, then `ep_cready` →
@@ -1018,7 +1022,8 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
     for &op in ops {
         let mut gave = false;
         match op {
-            EpOp::Dispatch => {
+            EpOp::Dispatch | EpOp::EmDispatch => {
+                let em = op == EpOp::EmDispatch;
                 k += 1;
                 // ep_layout: block 0 puts the abort bit first once this PE gave up, then
                 // fence.sc + st.release of the epoch into every peer's ready word; the last
@@ -1027,9 +1032,9 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                 // the epoch. ep_send moves rows only when no PE gave up.
                 epoch += 1;
                 let gone = failed || mem.err[me].load(Ordering::Relaxed) & EP_ABORT != 0;
-                // The progress words are zero again before the ready signals (the previous
+                // The "records in" words are zero again before the ready signals (the previous
                 // dispatch's writers were all seen by its ep_dwait).
-                for s in peers() {
+                for s in peers().filter(|_| em) {
                     mem.prog[me * EP_N + s].store(0, Ordering::Relaxed);
                 }
                 for d in peers() {
@@ -1057,18 +1062,21 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                     fence(Ordering::SeqCst);
                     mem.sig_rec[d * EP_N + me].store(epoch, Ordering::Release);
                 }
-                // ep_send: the row records, then the block's "records in" word, then the rows
-                // (no word, no fence), then each block's data signal.
+                // ep_send: the row records (token-major buffers: with the rows), then
+                // (expert-major) the block's "records in" word and the rows (no word, no
+                // fence), then each block's data signal.
                 if send {
                     for d in peers() {
                         let rows = ep_rows(k, me, d);
                         for pos in 0..rows {
                             mem.recv.put(EpMem::recv_at(d, me, pos), k as u64);
                         }
-                        mem.prog[d * EP_N + me]
-                            .fetch_max(1 << 63 | (rows as u64) << 32, Ordering::Release);
+                        if em {
+                            mem.prog[d * EP_N + me]
+                                .fetch_max(1 << 63 | (rows as u64) << 32, Ordering::Release);
+                        }
                     }
-                    for d in peers() {
+                    for d in peers().filter(|_| em) {
                         for pos in 0..ep_rows(k, me, d) {
                             mem.srecv[EpMem::recv_at(d, me, pos)]
                                 .store(k as u64, Ordering::Relaxed);
@@ -1105,12 +1113,13 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                         );
                     }
                 }
-                // ep_pstream (it runs beside ep_dwait's data wait, one of the interleavings): a
-                // source's row records once its "records in" word is set, then each row polled
+                // ep_pstream (expert-major; beside ep_dwait's data wait, one of the
+                // interleavings): a source's row records once its "records in" word is set,
+                // then each row polled
                 // until it is not the sentinel, taken, and the sentinel stored back. Its waits
                 // are not counted among the ones a model run times out (the data wait after
                 // them keeps its index); after an earlier timeout they give up at once.
-                if go {
+                if go && em {
                     'rows: for s in peers() {
                         let w = &mem.prog[me * EP_N + s];
                         if w.load(Ordering::Acquire) < 1 << 63 {
@@ -1142,7 +1151,8 @@ fn ep_pe(me: usize, mem: &EpMem, ops: &[EpOp], timeout: Option<usize>, old_prep:
                 }
                 fence(Ordering::AcqRel);
                 abort_if_failed(failed, &mut go);
-                // After the data wait: the row records (what combine reads again).
+                // After the data wait (ep_permute, or what combine reads again): the row
+                // records (token-major: the rows).
                 if go {
                     for s in peers() {
                         assert_eq!(recv_cnt[s], ep_rows(k, s, me), "PE {me} dispatch {k}");
@@ -1424,6 +1434,30 @@ fn loom_ep_split_combine_sentinel() {
     ] {
         ep_model(ops, None, false, 1);
     }
+}
+
+/// EP model, 2 PEs, expert-major dispatches (the receive area's sentinel): back to back, around
+/// a combine, and with a timeout of PE 0's data wait in the first. Checks that `ep_pstream`
+/// takes only rows and row records of its own dispatch (never a row an earlier dispatch left,
+/// never the sentinel) and that no sentinel stored back lands on a later dispatch's row (a
+/// reader would then wait forever: loom reports the hang). Fails without `ep_pstream`'s store
+/// back (an earlier dispatch's row) or without `ep_layout`'s zeroing of the "records in" words
+/// (a row record read while it is written).
+#[test]
+fn loom_ep_dispatch_sentinel() {
+    use EpOp::*;
+    ep_model(
+        vec![EmDispatch, EmDispatch, Combine, EmDispatch],
+        None,
+        false,
+        1,
+    );
+    ep_model(
+        vec![EmDispatch, Combine, EmDispatch],
+        Some((0, 2)),
+        false,
+        1,
+    );
 }
 
 /// The abort model with pull combines: each wait of the first pull combine (ep_cready's,
