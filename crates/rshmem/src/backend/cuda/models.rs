@@ -845,9 +845,9 @@ enum EpOp {
     /// The same for an expert-major buffer: `ep_pstream` beside `ep_dwait` takes each
     /// source's row records once its "records in" word is set, then each row as it announces
     /// itself (polled until it is not the sentinel), and stores the sentinel back. Without the
-    /// words' zeroing in `ep_layout`, `loom_ep_dispatch_sentinel` fails (a row record read
-    /// while it is written); without `ep_pstream`'s store back, a row of an earlier dispatch is
-    /// taken for this one's.
+    /// words' zeroing in `ep_layout`, `loom_ep_dispatch_sentinel` fails (an earlier dispatch's
+    /// word taken for this one's); without `ep_pstream`'s store back, a row of an earlier
+    /// dispatch is taken for this one's.
     EmDispatch,
     /// `ep_csend` → `ep_cwait` → `ep_crecv` (on the latest dispatch's layout).
     Combine,
@@ -1442,7 +1442,7 @@ fn loom_ep_split_combine_sentinel() {
 /// never the sentinel) and that no sentinel stored back lands on a later dispatch's row (a
 /// reader would then wait forever: loom reports the hang). Fails without `ep_pstream`'s store
 /// back (an earlier dispatch's row) or without `ep_layout`'s zeroing of the "records in" words
-/// (a row record read while it is written).
+/// (an earlier dispatch's word, whose row count differs).
 #[test]
 fn loom_ep_dispatch_sentinel() {
     use EpOp::*;
