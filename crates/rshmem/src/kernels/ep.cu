@@ -568,8 +568,10 @@ __device__ __noinline__ void ep_copy_row(void* d, const void* s, long long bytes
 // ----- the sentinel: rows that announce themselves -----
 // The expert-major dispatch's receive area and the split combine's combine area hold the
 // sentinel (every 32-bit word all ones) where no row is (see ep_pstream and ep_csplit); their
-// senders never store an all-ones word, and a reader that finds no sentinel word in a vector
-// has the sender's whole vector (a 32-bit word is written at once).
+// senders never store an all-ones element (ep_canon), and an element is written at once, so a
+// reader that finds no sentinel in a vector has the sender's whole vector. The split combine's
+// summers check 32-bit words (their senders store whole vectors), the dispatch's readers
+// elements (a sender off 16-byte alignment stores single elements).
 #define EP_SENTINEL 0xffffffffu
 // word w with no all-ones element (16-bit types: per half; an all-ones element is a NaN, and
 // clearing its sign bit keeps it one).

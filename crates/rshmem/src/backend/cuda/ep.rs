@@ -160,6 +160,9 @@
 //! that gave up may still receive a peer's flag after its own check, so before reusing the buffer
 //! after a timeout, let every PE synchronise its stream, meet (e.g. [`Pe::barrier_all`]) and call
 //! [`Buffer::check`] once more (`tests/cuda_ep.rs`, `gpu_ep_peer_timeout_stops_every_pe`).
+//! [`Buffer::check`] also puts the sentinel back over the areas whose rows announce themselves
+//! (an expert-major receive area, a split combine's area) after any failed step: rows that
+//! came in half or were never read would otherwise pass for the next step's.
 //! One exception to "nothing combined": in the split combine the summers wait inside the kernel
 //! that writes `out`, so a PE whose summers time out (a peer died or stalled mid-combine) has
 //! written some of its tokens and left others wrong; `out` is undefined after that error, which
