@@ -257,10 +257,10 @@ __device__ __forceinline__ unsigned long long ep_tok_mask(const ep_id* ids, cons
     return mask;
 }
 
-// Block b's tokens: [T*b/G, T*(b+1)/G) (G = the grid), in ep_layout and ep_send alike.
-__device__ __forceinline__ void ep_block_tokens(int T, int* t0, int* t1) {
-    *t0 = (int)((long long)T * blockIdx.x / gridDim.x);
-    *t1 = (int)((long long)T * (blockIdx.x + 1) / gridDim.x);
+// Tokens of ep_layout's block b of G: [T*b/G, T*(b+1)/G), in ep_layout and ep_send alike.
+__device__ __forceinline__ void ep_range_tokens(int T, long long b, long long G, int* t0, int* t1) {
+    *t0 = (int)((long long)T * b / G);
+    *t1 = (int)((long long)T * (b + 1) / G);
 }
 
 // Dispatch, step 1 (grid, one block per SM like ep_send; no block waits for another block).
@@ -327,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
         }
     }
     int t0, t1;
-    ep_block_tokens(T, &t0, &t1);
+    ep_range_tokens(T, blockIdx.x, gridDim.x, &t0, &t1);
     for (int t = t0 + (int)tid; t < t1; t += nth) {
         int bad = 0;
         const unsigned long long m = ep_tok_mask(ids, w, t, topk, E, El, s_pairs, &bad);
@@ -755,16 +755,11 @@ __device__ __forceinline__ ep_bits ep_canon_bits(ep_bits b) {
 // records of ep_layout's block b's tokens are written, ep_send tells each destination with one
 // release, 1 << 63 | hi << 32 | lo: the block's positions there are lo..hi-1. The rows
 // themselves announce their arrival (the sentinel): nothing is published or fenced per row.
-__device__ __forceinline__ rshmem_u64 ep_prog_word(bool fin, long long hi, long long lo) {
-    return ((rshmem_u64)fin << 63) | ((rshmem_u64)hi << 32) | (rshmem_u64)lo;
+__device__ __forceinline__ rshmem_u64 ep_records_in_word(long long hi, long long lo) {
+    return (1ull << 63) | ((rshmem_u64)hi << 32) | (rshmem_u64)lo;
 }
 __device__ __forceinline__ void ep_red_max_release(rshmem_u64* p, rshmem_u64 v) {
     asm volatile("red.release.sys.global.max.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
-}
-// Tokens of ep_layout's block b of G: [T*b/G, T*(b+1)/G).
-__device__ __forceinline__ void ep_range_tokens(int T, long long b, long long G, int* t0, int* t1) {
-    *t0 = (int)((long long)T * b / G);
-    *t1 = (int)((long long)T * (b + 1) / G);
 }
 // The scalar fallback of a row to a peer's receive area with no all-ones element (ep_canon).
 __device__ __noinline__ void ep_copy_row_canon(ep_t* d, const ep_t* s, long long H, unsigned lane) {
@@ -864,7 +859,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 long long lo = s_base[d];
                 for (int bb = b0; bb < b; bb++) lo += bcnt[(long long)bb * n + d];
                 const long long hi = lo + bcnt[(long long)b * n + d];
-                ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * G + b, ep_pe(P, d)), ep_prog_word(true, min(hi, C), min(lo, C)));
+                ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * G + b, ep_pe(P, d)), ep_records_in_word(min(hi, C), min(lo, C)));
             }
         }
         const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)x | P->recv_x);
@@ -959,17 +954,21 @@ extern "C" __global__ void ep_readback(const ep_params* P, unsigned long long* h
 #define EP_INDEX_EXPERTS 4096
 #endif
 
+// How ep_expand_row reads its row (see there).
+#define EP_ROW_PLAIN 0
+#define EP_ROW_PEER 1
+#define EP_ROW_OWN 2
 // ep_expand_row's element path (out of line: the vector path's registers). A peer's row is
 // waited for whole first, its sentinel stored back once every row has it.
 __device__ __noinline__ void ep_expand_row_scalar(ep_t* out, const ep_t* src, unsigned mask, int r, long long H, unsigned lane,
                                                   int how, bool back, int pe) {
-    if (how == 1) {
+    if (how == EP_ROW_PEER) {
         for (long long h = lane; h < H; h += 32) ep_take_bits((ep_t*)src + h, pe, false, EP_DISPATCH_WAIT);
         __syncwarp();
     }
     for (unsigned mm = mask; mm; mm &= mm - 1) {
         const int rb = __shfl_sync(0xffffffffu, r, __ffs(mm) - 1);
-        if (how == 2) ep_copy_row_canon(out + (long long)rb * H, src, H, lane);
+        if (how == EP_ROW_OWN) ep_copy_row_canon(out + (long long)rb * H, src, H, lane);
         else ep_copy_row(out + (long long)rb * H, src, H * (long long)sizeof(ep_t), lane);
     }
     if (back) {
@@ -995,9 +994,6 @@ __device__ __noinline__ void ep_expand_row_scalar(ep_t* out, const ep_t* src, un
 // EP_ROW_PLAIN, a row in place; EP_ROW_PEER, a row a peer puts into this PE's receive area
 // (waited for until no element is the sentinel; with `back` the sentinel is stored back);
 // EP_ROW_OWN, this PE's own row read from x, canonical as the peers' rows arrive (ep_canon).
-#define EP_ROW_PLAIN 0
-#define EP_ROW_PEER 1
-#define EP_ROW_OWN 2
 template <int U>
 __device__ __forceinline__ void ep_expand_row(ep_t* out, const ep_t* src, unsigned mask, int r, long long H, bool vec,
                                               int nv, unsigned lane, int how = EP_ROW_PLAIN, bool back = false, int pe = 0) {
