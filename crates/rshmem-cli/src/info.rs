@@ -58,6 +58,14 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA collectives: smallest pull all_reduce of a two-member team that moves its data by stores (each member into the other's dst), default 256M (0 = never)",
     ),
     (
+        "RSHMEM_CUDA_COLL_TWO_SHOT_PULL_BYTES",
+        "CUDA collectives: smallest out-of-place all_reduce that runs the pull path two-shot (each member folds one part and stores it into every member's dst), default 1 = every pull size on teams of more than two, never on pairs (sets both; 0 = never)",
+    ),
+    (
+        "RSHMEM_CUDA_COLL_PULL_RS_BYTES",
+        "CUDA collectives: largest out-of-place reduce_scatter input of the pull path (beyond the LL size; each member folds its part of the members' inputs read in place), default 8M (0 = off)",
+    ),
+    (
         "RSHMEM_CUDA_COLL_PUSH_A2A_BYTES",
         "CUDA collectives: smallest pull all_to_all or all_gather (all shares) whose members store their shares into the others' dst instead of reading them, default 1 = every pull size (0 = never)",
     ),

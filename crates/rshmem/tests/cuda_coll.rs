@@ -1606,6 +1606,8 @@ fn pull_ar_counts(es: usize) -> [usize; 3] {
 
 fn pull_ar_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
     let pe = c.pe;
+    // Two-shot at every pull size or never (then one-shot; pairs by stores where set).
+    let two = c.coll.two_shot_pull_bytes(pe.n_pes()) == 1;
     let es = std::mem::size_of::<T>();
     let counts = pull_ar_counts(es);
     let most = counts[2];
@@ -1622,6 +1624,11 @@ fn pull_ar_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
             assert!(
                 c.coll.all_reduce_uses_pull(team, count * es),
                 "{ctx}: not the pull path"
+            );
+            assert_eq!(
+                c.coll.all_reduce_uses_two_shot_pull(team, count * es),
+                two,
+                "{ctx}: two-shot"
             );
             pe.local_fill(&dst, T::poison())?;
             pe.local_write(&src, 0, &T::gen(pe.my_pe(), seed, count, op))?;
@@ -1666,40 +1673,58 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
             cuda::COLL_PUSH_ALL_REDUCE_BYTES
         );
     }
+    let defaults = (c.coll.two_shot_pull_bytes(2), c.coll.two_shot_pull_bytes(3));
+    if std::env::var_os("RSHMEM_CUDA_COLL_TWO_SHOT_PULL_BYTES").is_none() {
+        assert_eq!(
+            defaults,
+            (
+                cuda::COLL_TWO_SHOT_PULL_PAIR_BYTES,
+                cuda::COLL_TWO_SHOT_PULL_BYTES
+            )
+        );
+    }
     c.coll.set_push_all_reduce_bytes(0);
-    pull_ar_t::<f32>(&c, ReduceOp::Sum)?;
-    pull_ar_t::<bf16>(&c, ReduceOp::Max)?;
-    pull_ar_t::<i8>(&c, ReduceOp::Xor)?;
-    pull_ar_t::<f64>(&c, ReduceOp::Min)?;
+    // One-shot on every team, then two-shot on every team (pairs too).
+    for two in [0, 1] {
+        c.coll.set_two_shot_pull_bytes(two);
+        pull_ar_t::<f32>(&c, ReduceOp::Sum)?;
+        pull_ar_t::<bf16>(&c, ReduceOp::Max)?;
+        pull_ar_t::<i8>(&c, ReduceOp::Xor)?;
+        pull_ar_t::<f64>(&c, ReduceOp::Min)?;
+    }
     // Pairs by stores at every size (the strided team is a pair; the other teams still load).
+    c.coll.set_two_shot_pull_bytes(0);
     c.coll.set_push_all_reduce_bytes(1);
     pull_ar_t::<f32>(&c, ReduceOp::Sum)?;
     pull_ar_t::<bf16>(&c, ReduceOp::Max)?;
     pull_ar_t::<i8>(&c, ReduceOp::Xor)?;
     let (w, me) = (pe.world_team(), pe.my_pe());
-    // Two-member teams take the pull path at every size: 12 MiB of f32, past the limit of
-    // larger teams (the 128 blocks go three times round; by stores, two steps per block),
-    // exact, loading and storing; a larger team runs two-shot.
+    // 12 MiB of f32, past the one-shot limit of larger teams (the 128 blocks go three times
+    // round; by stores, two steps per block), exact. Way 0: pairs one-shot by loads, larger
+    // teams on the barrier-based plan; 1: pairs by stores; 2: every team two-shot.
     const BIG: usize = 3 << 20;
     let big_src = pe.alloc::<f32>(BIG)?;
     let big_dst = pe.alloc::<f32>(BIG)?;
-    for push in [0, 1] {
-        c.coll.set_push_all_reduce_bytes(push);
+    for way in [0, 1, 2] {
+        c.coll
+            .set_push_all_reduce_bytes(if way == 1 { 1 } else { 0 });
+        c.coll.set_two_shot_pull_bytes(if way == 2 { 1 } else { 0 });
         for (tn, team) in c.teams.list(pe) {
             let bytes = BIG * 4;
             let pull = c.coll.all_reduce_uses_pull(team, bytes);
+            let two = c.coll.all_reduce_uses_two_shot_pull(team, bytes);
             assert_eq!(
-                pull,
-                team.n_pes() == 2,
-                "team {tn} of {} members, {bytes} bytes: pull {pull}",
+                (pull, two),
+                (team.n_pes() == 2 || way == 2, way == 2),
+                "team {tn} of {} members, {bytes} bytes: pull {pull}, two-shot {two}",
                 team.n_pes()
             );
             assert_eq!(
                 c.coll.all_reduce_uses_push(team, bytes),
-                pull && push == 1,
-                "team {tn}, {bytes} bytes, push from {push}"
+                team.n_pes() == 2 && way == 1,
+                "team {tn}, {bytes} bytes, way {way}"
             );
-            let seed = 7650 + team.n_pes() as u64 + 10 * push as u64;
+            let seed = 7650 + team.n_pes() as u64 + 10 * way as u64;
             pe.local_fill(&big_dst, f32::poison())?;
             pe.local_write(&big_src, 0, &f32::gen(me, seed, BIG, ReduceOp::Sum))?;
             c.coll
@@ -1710,10 +1735,11 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
             check(
                 &pe.local_vec(&big_dst)?,
                 &want,
-                &format!("12 MiB all_reduce team {tn} push from {push} (PE {me})"),
+                &format!("12 MiB all_reduce team {tn} way {way} (PE {me})"),
             );
         }
     }
+    c.coll.set_two_shot_pull_bytes(0);
     // A pair whose members differ (one stores, one loads): a mismatch on both, dst untouched.
     if let Some(pair) = c.teams.list(pe).into_iter().find(|(_, t)| t.n_pes() == 2) {
         let (_, team) = pair;
@@ -1744,6 +1770,7 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
         );
     }
     c.coll.set_push_all_reduce_bytes(0);
+    c.coll.set_two_shot_pull_bytes(defaults.1);
     pe.barrier_all()?;
     pe.barrier_all()?;
     pe.free(big_dst)?;
@@ -1772,9 +1799,29 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
         pe.barrier_all()?;
     }
     drop(graph);
+    // A member on the one-shot pull where the others run two-shot (on teams of more than
+    // two; a pair runs one-shot by default): reported on every PE, nothing written.
+    if pe.n_pes() > 2 {
+        let ctx = "one-shot pull all_reduce against two-shot pull";
+        if me == 1 {
+            c.coll.set_two_shot_pull_bytes(0);
+        }
+        pe.local_fill(&dst, f32::poison())?;
+        pe.barrier_all()?;
+        c.coll.all_reduce(&c.s, w, &dst, &src, C, ReduceOp::Sum)?;
+        let (one, two) = ("algo pull ", "algo pull_two_shot");
+        expect_mismatch_with(&c, 1, [one, two], [two, one], ctx);
+        check(
+            &pe.local_vec(&dst)?,
+            &vec![f32::poison(); C],
+            &format!("{ctx}: dst (PE {me})"),
+        );
+        c.coll.set_two_shot_pull_bytes(defaults.1);
+    }
     let ctx = "pull all_reduce against two-shot";
     if me == 1 {
         c.coll.set_pull_all_reduce_bytes(0);
+        c.coll.set_two_shot_pull_bytes(0);
     }
     pe.local_fill(&dst, f32::poison())?;
     pe.barrier_all()?;
@@ -1793,6 +1840,7 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
     );
     c.coll
         .set_pull_all_reduce_bytes(cuda::COLL_PULL_ALL_REDUCE_BYTES);
+    c.coll.set_two_shot_pull_bytes(defaults.1);
     pe.local_write(&src, 0, &f32::gen(me, 7800, C, ReduceOp::Sum))?;
     pe.barrier_all()?;
     c.coll.all_reduce(&c.s, w, &dst, &src, C, ReduceOp::Sum)?;
@@ -1822,6 +1870,163 @@ gpu_mode_test!(
     gpu_config().timeout(Duration::from_secs(8)),
     pull_ar_body,
     [processes(4), mixed(4)]
+);
+
+// ---------- pull reduce_scatter ----------
+
+/// The pull reduce_scatter on every team shape: parts of one vector, a block's worth plus a
+/// vector and 1 MiB + 16 B (past 32 blocks), exact data, poisoned outputs, no host barrier
+/// between calls.
+fn pull_rs_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
+    let pe = c.pe;
+    let es = std::mem::size_of::<T>();
+    let parts = [16, (32 << 10) + 16, (1 << 20) + 16];
+    let most = parts[2] / es;
+    let src = pe.alloc::<T>(most * pe.n_pes())?;
+    let dst = pe.alloc::<T>(most)?;
+    for (tn, team) in c.teams.list(pe) {
+        let (n, me) = (team.n_pes(), team.my_pe());
+        for (pi, &part) in parts.iter().enumerate() {
+            let count = part / es;
+            let seed = 8100 + pi as u64 * 4 + tn.len() as u64;
+            let ctx = format!(
+                "pull reduce_scatter {} {op:?} team {tn} count {count} (PE {})",
+                T::KIND.name(),
+                pe.my_pe()
+            );
+            assert!(
+                c.coll.reduce_scatter_uses_pull(team, part * n),
+                "{ctx}: not the pull path"
+            );
+            pe.local_fill(&dst, T::poison())?;
+            pe.local_write(&src, 0, &T::gen(pe.my_pe(), seed, n * count, op))?;
+            c.coll.reduce_scatter(&c.s, team, &dst, &src, count, op)?;
+            c.done()?;
+            let x = ins::<T>(team, seed, n * count, op);
+            let mut want: Vec<T> = (0..count)
+                .map(|i| fold_at(op, &x, me * count + i))
+                .collect();
+            want.resize(most, T::poison());
+            check(&pe.local_vec(&dst)?, &want, &ctx);
+        }
+    }
+    pe.barrier_all()?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+/// The pull reduce_scatter (the LL all_to_all off, so every out-of-place call of whole
+/// 16-byte parts pulls): four types and ops on every team shape; in place on the
+/// barrier-based plan, exact; a captured graph replayed with new data; a member with the pull
+/// reduce_scatter off reported on every PE, then a correct pull.
+fn pull_rs_body(pe: &Pe) -> Result<()> {
+    let mut c = pull_ctx(pe, 0)?;
+    assert_eq!(c.coll.pull_reduce_scatter_bytes(), cuda::COLL_PULL_RS_BYTES);
+    pull_rs_t::<f32>(&c, ReduceOp::Sum)?;
+    pull_rs_t::<bf16>(&c, ReduceOp::Min)?;
+    pull_rs_t::<i8>(&c, ReduceOp::Xor)?;
+    pull_rs_t::<f64>(&c, ReduceOp::Max)?;
+    let (w, me, n) = (pe.world_team(), pe.my_pe(), pe.n_pes());
+    const C: usize = 1 << 16; // f32 per member: 256 KiB
+    let src = pe.alloc::<f32>(n * C)?;
+    let dst = pe.alloc::<f32>(n * C)?;
+    // In place: not the pull path (the plan), exact.
+    let mine = f32::gen(me, 8200, n * C, ReduceOp::Sum);
+    pe.local_write(&dst, 0, &mine)?;
+    pe.barrier_all()?;
+    c.coll
+        .reduce_scatter(&c.s, w, &dst, &dst, C, ReduceOp::Sum)?;
+    c.done()?;
+    let x = ins::<f32>(w, 8200, n * C, ReduceOp::Sum);
+    let mut want = mine.clone();
+    for i in 0..C {
+        want[me * C + i] = fold_at(ReduceOp::Sum, &x, me * C + i);
+    }
+    check(&pe.local_vec(&dst)?, &want, "pull reduce_scatter in place");
+    pe.barrier_all()?;
+    // A graph replayed with new data.
+    let s = &c.s;
+    let graph = capture(s, || {
+        c.coll.reduce_scatter(s, w, &dst, &src, C, ReduceOp::Sum)
+    })?;
+    pe.barrier_all()?;
+    for r in 0..3u64 {
+        let seed = 8300 + r;
+        pe.local_fill(&dst, f32::poison())?;
+        pe.local_write(&src, 0, &f32::gen(me, seed, n * C, ReduceOp::Sum))?;
+        pe.barrier_all()?;
+        graph.launch(s)?;
+        c.done()?;
+        let x = ins::<f32>(w, seed, n * C, ReduceOp::Sum);
+        let mut want: Vec<f32> = (0..C)
+            .map(|i| fold_at(ReduceOp::Sum, &x, me * C + i))
+            .collect();
+        want.resize(n * C, f32::poison());
+        check(
+            &pe.local_vec(&dst)?,
+            &want,
+            &format!("pull reduce_scatter replay {r} (PE {me})"),
+        );
+        pe.barrier_all()?;
+    }
+    drop(graph);
+    // One member on the barrier-based plan: a mismatch on every PE, nothing written.
+    let ctx = "pull reduce_scatter against barrier-based";
+    if me == 1 {
+        c.coll.set_pull_reduce_scatter_bytes(0);
+    }
+    pe.local_fill(&dst, f32::poison())?;
+    pe.barrier_all()?;
+    c.coll
+        .reduce_scatter(&c.s, w, &dst, &src, C, ReduceOp::Sum)?;
+    expect_mismatch_with(
+        &c,
+        1,
+        ["reduce_scatter", "no collective signature"],
+        ["algo pull", "reduce_scatter"],
+        ctx,
+    );
+    check(
+        &pe.local_vec(&dst)?,
+        &vec![f32::poison(); n * C],
+        &format!("{ctx}: dst (PE {me})"),
+    );
+    c.coll
+        .set_pull_reduce_scatter_bytes(cuda::COLL_PULL_RS_BYTES);
+    pe.local_write(&src, 0, &f32::gen(me, 8400, n * C, ReduceOp::Sum))?;
+    pe.barrier_all()?;
+    c.coll
+        .reduce_scatter(&c.s, w, &dst, &src, C, ReduceOp::Sum)?;
+    c.done()?;
+    let x = ins::<f32>(w, 8400, n * C, ReduceOp::Sum);
+    let want: Vec<f32> = (0..C)
+        .map(|i| fold_at(ReduceOp::Sum, &x, me * C + i))
+        .collect();
+    check(
+        &pe.local_vec(&dst)?[..C],
+        &want,
+        &format!("good pull reduce_scatter after {ctx} (PE {me})"),
+    );
+    pe.barrier_all()?;
+    pe.free(dst)?;
+    pe.free(src)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_coll_pull_reduce_scatter() {
+    on_gpus_cfg(
+        gpu_config().timeout(Duration::from_secs(8)),
+        4,
+        pull_rs_body,
+    );
+}
+
+gpu_mode_test!(
+    gpu_coll_pull_reduce_scatter_modes,
+    gpu_config().timeout(Duration::from_secs(8)),
+    pull_rs_body,
+    [processes(4)]
 );
 
 /// The pull broadcast (LL broadcast to 64 KiB, pull beyond; on every size here): every team

@@ -1240,13 +1240,71 @@ __device__ __forceinline__ void rshmemi_pair_push_all_reduce(rshmemi_v4* dst, co
     }
 }
 
+// Pull all_reduce modes (the kernel's last argument, set by the host and carried in the call's
+// signature): a pair moving its data by stores; two-shot (every member folds its own part of
+// the vectors, read from every member's src, and stores the result into every member's dst);
+// reduce_scatter (every member folds its part of the members' inputs into its own dst).
+#define RSHMEMI_PULL_AR_PUSH 1ull
+#define RSHMEMI_PULL_AR_TWO_SHOT 2ull
+#define RSHMEMI_PULL_AR_SCATTER 4ull
+
+// Vectors [lo, hi) of every member's input (from[0..N), team order) folded, thread t taking
+// lo + t, lo + t + nt, ..., U vectors in flight per member; each result stored at index v - shift
+// of every destination to[0..nto) (nto 1: this PE's dst alone; the two-shot: every member's,
+// the peers' first so that their stores leave before the local one).
+template <typename T, typename A, int OP>
+__device__ __forceinline__ void rshmemi_pull_fold(rshmemi_v4* const* to, int nto, const rshmemi_v4* const* from, int N,
+                                                  rshmem_u64 lo, rshmem_u64 hi, rshmem_u64 shift, rshmem_u64 t,
+                                                  rshmem_u64 nt) {
+    const int V = 16 / (int)sizeof(T);
+    const int U = 32 / V > 8 ? 8 : 32 / V;
+    for (rshmem_u64 v0 = lo + t; v0 < hi; v0 += U * nt) {
+        A acc[U][V];
+        for (int i = 0; i < N; i++) {
+            rshmemi_v4 x[U];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (v0 + u * nt < hi) x[u] = from[i][v0 + u * nt];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const T* e = (const T*)&x[u];
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    const A y = rshmemi_cvt<T, A>::in(e[k]);
+                    acc[u][k] = i == 0 ? y : rshmemi_apply<A, OP>(acc[u][k], y);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (v0 + u * nt >= hi) continue;
+            rshmemi_v4 y;
+            T* o = (T*)&y;
+#pragma unroll
+            for (int k = 0; k < V; k++) o[k] = rshmemi_cvt<T, A>::out(acc[u][k]);
+            for (int j = 0; j < nto; j++) to[j][v0 + u * nt - shift] = y;
+        }
+    }
+}
+
 // Pull all_reduce (rshmem::cuda::GpuColl::pull_all_reduce_bytes; past the LL size, out of
 // place, whole 16-byte vectors at 16-byte aligned addresses): one kernel, the pull
 // all_to_all's handshake (release fence, header, acquire on each header seen; a done line per
 // block after a release fence, the wait for every member's), and between them a one-shot fold:
 // every thread reads its vectors from every member's src (team order), U vectors in flight per
-// member, and writes the result into dst. A pair with `push` (GpuColl::push_all_reduce_bytes)
-// moves its data by stores instead, after the same handshake (rshmemi_pair_push_all_reduce).
+// member, and writes the result into dst. A pair with RSHMEMI_PULL_AR_PUSH
+// (GpuColl::push_all_reduce_bytes) moves its data by stores instead, after the same handshake
+// (rshmemi_pair_push_all_reduce).
+// RSHMEMI_PULL_AR_TWO_SHOT (GpuColl::two_shot_pull_bytes): member i folds only the i-th of N
+// equal parts of the vectors (the last one shorter), read from every member's src, and stores
+// the result into every member's dst; its done lines follow a system-scope fence (its stores
+// went to the members' memory), so when a block has every member's done line for its index,
+// every member's block of that index has read this PE's src and written its part into this
+// PE's dst. Each member reads and stores (N - 1) / N of the message over its links, where the
+// one-shot reads N - 1 times the message. The results are the one-shot's, bit for bit (the
+// same fold in team order), and the same on every member (one member computes each vector).
+// RSHMEMI_PULL_AR_SCATTER (the pull reduce_scatter; n is the count per member, src holds N
+// parts of n): member i folds part i of every member's src into its own dst; plain done lines.
 // RSHMEMI_PULL_PAIR_LOADS 0 (a compile option for measurements, through
 // RSHMEM_CUDA_COLL_NVRTC_OPTS): a pair's pull all_reduce loads its members' vectors one member
 // after the other like larger teams' (the former code).
@@ -1256,54 +1314,42 @@ __device__ __forceinline__ void rshmemi_pair_push_all_reduce(rshmemi_v4* dst, co
 template <typename T, typename A, int OP>
 __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rshmem_u64 n, const rshmem_team& team,
                                                         const rshmemi_check& ck, const rshmemi_ll& ll,
-                                                        rshmemi_ll_shared& S, bool push) {
+                                                        rshmemi_ll_shared& S, rshmem_u64 mode) {
     __shared__ const rshmemi_v4* from[RSHMEMI_LL_MAX_MEMBERS];
+    __shared__ rshmemi_v4* to[RSHMEMI_LL_MAX_MEMBERS];
     const int V = 16 / (int)sizeof(T);
-    const int U = 32 / V > 8 ? 8 : 32 / V;
     const int me = team.my_index, N = team.size;
     const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x;
+    const bool two = (mode & RSHMEMI_PULL_AR_TWO_SHOT) != 0, scatter = (mode & RSHMEMI_PULL_AR_SCATTER) != 0;
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
-    for (int i = tid; i < N; i += nth)
+    for (int i = tid; i < N; i += nth) {
         from[i] = (const rshmemi_v4*)(i == me ? (const void*)src : rshmem_ptr((const void*)src, rshmemi_member(team, i)));
+        // Destinations of the two-shot: the members after this PE in team order, then this PE.
+        const int j = (me + 1 + i) % N;
+        to[i] = (rshmemi_v4*)(j == me ? (void*)dst : rshmem_ptr((void*)dst, rshmemi_member(team, j)));
+    }
     rshmemi_pull_handshake(S, team, ck, ll, exp, true);
-    if (push && N == 2) {
+    if ((mode & RSHMEMI_PULL_AR_PUSH) && N == 2) {
         if (S.verdict == 0) rshmemi_pair_push_all_reduce<T, A, OP>((rshmemi_v4*)dst, (const rshmemi_v4*)src, n / V, team, S);
     } else if (S.verdict == 0) {
         const rshmem_u64 nv = n / V;
         const rshmem_u64 gt = b * (rshmem_u64)nth + tid, gn = (rshmem_u64)gridDim.x * nth;
-        if (RSHMEMI_PULL_PAIR_LOADS && N == 2) {
+        if (two) {
+            const rshmem_u64 part = (nv + N - 1) / N, lo = (rshmem_u64)me * part;
+            const rshmem_u64 hi = lo + part < nv ? lo + part : nv;
+            rshmemi_pull_fold<T, A, OP>(to, N, from, N, lo, hi, 0, gt, gn);
+        } else if (scatter) {
+            rshmemi_v4* mine = (rshmemi_v4*)dst;
+            const rshmem_u64 lo = (rshmem_u64)me * nv;
+            rshmemi_pull_fold<T, A, OP>(&mine, 1, from, N, lo, lo + nv, lo, gt, gn);
+        } else if (RSHMEMI_PULL_PAIR_LOADS && N == 2) {
             rshmemi_pair_fold<T, A, OP>((rshmemi_v4*)dst, from[1 - me], from[me], nv, me, gt, gn);
         } else {
-            for (rshmem_u64 v0 = gt; v0 < nv; v0 += U * gn) {
-                A acc[U][V];
-                for (int i = 0; i < N; i++) {
-                    rshmemi_v4 x[U];
-#pragma unroll
-                    for (int u = 0; u < U; u++)
-                        if (v0 + u * gn < nv) x[u] = from[i][v0 + u * gn];
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const T* e = (const T*)&x[u];
-#pragma unroll
-                        for (int k = 0; k < V; k++) {
-                            const A y = rshmemi_cvt<T, A>::in(e[k]);
-                            acc[u][k] = i == 0 ? y : rshmemi_apply<A, OP>(acc[u][k], y);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (v0 + u * gn >= nv) continue;
-                    rshmemi_v4 y;
-                    T* o = (T*)&y;
-#pragma unroll
-                    for (int k = 0; k < V; k++) o[k] = rshmemi_cvt<T, A>::out(acc[u][k]);
-                    ((rshmemi_v4*)dst)[v0 + u * gn] = y;
-                }
-            }
+            rshmemi_v4* mine = (rshmemi_v4*)dst;
+            rshmemi_pull_fold<T, A, OP>(&mine, 1, from, N, 0, nv, 0, gt, gn);
         }
-        rshmemi_pull_done(S, team, b);
+        rshmemi_pull_done(S, team, b, two);
     }
     rshmemi_ll_end(S, team, ck, exp, row);
 }
@@ -1329,10 +1375,10 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
        the 8-byte call (2x H200, graph: 3.71 -> 4.00 us). */                                     \
     extern "C" __global__ void rshmemi_coll_pull_ar_##NAME##_##OPN(T* dst, const T* src, rshmem_u64 n, \
                                                                     rshmem_team team, rshmemi_check ck, \
-                                                                    rshmemi_ll ll, rshmem_u64 push) { \
+                                                                    rshmemi_ll ll, rshmem_u64 mode) { \
         __shared__ rshmemi_ll_shared S;                                                              \
         /* rshmemi_pull_handshake waits (rshmemi_grid_dep_wait). */                                \
-        rshmemi_pull_all_reduce<T, A, OP>(dst, src, n, team, ck, ll, S, push != 0);                  \
+        rshmemi_pull_all_reduce<T, A, OP>(dst, src, n, team, ck, ll, S, mode);                       \
     }
 #define RSHMEMI_COLL_INT_LL(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)
 #define RSHMEMI_COLL_FLOAT_LL(NAME, T, A) RSHMEMI_COLL_FLOAT_OPS(RSHMEMI_COLL_LL_KERNEL, NAME, T, A)

@@ -186,6 +186,8 @@ impl CallSig {
                 "push"
             } else if (w[0] >> 29) & 1 != 0 {
                 "chain"
+            } else if (w[0] >> 28) & 1 != 0 && algo == Some(Algo::TwoShot) {
+                "pull_two_shot"
             } else if (w[0] >> 28) & 1 != 0 {
                 "pull"
             } else if (w[0] >> 27) & 1 != 0 {
@@ -313,6 +315,11 @@ const MOVE_GATHER: usize = 1;
 const MOVE_BCAST: usize = 2;
 /// Bit 1 of the pull all_to_all kernel's last argument: an all_gather (`coll.cu`).
 const A2A_GATHER: u64 = 2;
+/// The pull all_reduce kernel's modes (`RSHMEMI_PULL_AR_*` of `coll.cu`): a pair by stores,
+/// two-shot, reduce_scatter.
+const PULL_AR_PUSH: u64 = 1;
+const PULL_AR_TWO_SHOT: u64 = 2;
+const PULL_AR_SCATTER: u64 = 4;
 const LL_THREADS: u32 = 256;
 /// Most blocks of a pull kernel (they wait for peers, like the LL kernels, but one block per
 /// SM of an H100/H200 at most). 2x H200, same run, 64 against 128 blocks: a pair's all_reduce
@@ -628,6 +635,10 @@ pub struct GpuColl<'a> {
     pull_all_reduce: PullLimit,
     /// Smallest pull all_reduce of a pair that moves its data by stores (0: never).
     push_all_reduce: usize,
+    /// Smallest all_reduce that runs the pull way two-shot (0: never), by team size.
+    two_shot_pull: PullLimit,
+    /// Largest reduce_scatter input (every member's part) of the pull path (0: off).
+    pull_rs_bytes: usize,
     push_a2a: usize,
     /// Largest broadcast of the pull path (0: off), by team size.
     pull_bcast: PullLimit,
@@ -847,6 +858,13 @@ impl<'a> GpuColl<'a> {
             )?,
             push_all_reduce: crate::coll::env_size("RSHMEM_CUDA_COLL_PUSH_ALL_REDUCE_BYTES")?
                 .unwrap_or(COLL_PUSH_ALL_REDUCE_BYTES),
+            two_shot_pull: PullLimit::from_env(
+                "RSHMEM_CUDA_COLL_TWO_SHOT_PULL_BYTES",
+                COLL_TWO_SHOT_PULL_PAIR_BYTES,
+                COLL_TWO_SHOT_PULL_BYTES,
+            )?,
+            pull_rs_bytes: crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_RS_BYTES")?
+                .unwrap_or(COLL_PULL_RS_BYTES),
             push_a2a: crate::coll::env_size("RSHMEM_CUDA_COLL_PUSH_A2A_BYTES")?
                 .unwrap_or(COLL_PUSH_A2A_BYTES),
             pull_bcast: PullLimit::from_env(
@@ -1188,7 +1206,7 @@ impl<'a> GpuColl<'a> {
     /// The LL argument when an all_reduce of `bytes` on `dt` runs the LL way: the message
     /// within the LL size, not forced two-shot, the team served ([`GpuColl::ll_team_arg`]).
     fn ll_arg(&self, dt: DeviceTeam, bytes: usize, algo: Algo) -> Option<LlArg> {
-        let fits = bytes > 0 && bytes <= self.ll_sizes.all_reduce && algo == Algo::OneShot;
+        let fits = bytes > 0 && bytes <= self.ll_ar_max(dt) && algo == Algo::OneShot;
         fits.then(|| self.ll_team_arg(dt)).flatten()
     }
 
@@ -1298,20 +1316,59 @@ impl<'a> GpuColl<'a> {
     /// LL size, within [`GpuColl::pull_all_reduce_bytes`] for the team's size, out of place,
     /// whole 16-byte vectors at 16-byte aligned addresses, the team served by the LL paths
     /// with a line per block after the header in its regions.
+    /// With `two_ok` (no algorithm forced), past [`GpuColl::two_shot_pull_bytes`] for the
+    /// team's size, the call runs two-shot (whatever the one-shot limit). Returns the kernel's
+    /// mode word too (`RSHMEMI_PULL_AR_*` of `coll.cu`).
     fn pull_ar_arg(
         &self,
         dt: DeviceTeam,
         bytes: usize,
         in_place: bool,
-        src: u64,
-        dst: u64,
-    ) -> Option<(LlArg, u32)> {
+        (src, dst): (u64, u64),
+        two_ok: bool,
+    ) -> Option<(LlArg, u32, u64)> {
+        let members = dt.size.max(0) as usize;
+        let two = two_ok && self.two_shot_pull.from(members, bytes);
         let fits = !in_place
-            && bytes > self.ll_sizes.all_reduce
-            && bytes <= self.pull_all_reduce.of(dt.size.max(0) as usize)
+            && bytes > self.ll_ar_max(dt)
+            && (two || bytes <= self.pull_all_reduce.of(members))
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
-        self.pull_grid(dt, fits, bytes, self.pull_block_bytes[1])
+        // The two-shot's blocks each fold 1/members of their bytes: half the one-shot's bytes
+        // per block, so a call spreads over more SMs.
+        let per_block = self.pull_block_bytes[1] / if two { 2 } else { 1 };
+        let (ll, blocks) = self.pull_grid(dt, fits, bytes, per_block.max(16))?;
+        let mode = if two {
+            PULL_AR_TWO_SHOT
+        } else if self.pushes(dt, bytes) {
+            PULL_AR_PUSH
+        } else {
+            0
+        };
+        Some((ll, blocks, mode))
+    }
+
+    /// The LL argument and grid when a reduce_scatter of `part` bytes per member on `dt` runs
+    /// the pull way (every member folds its part of the members' inputs, read in place, after
+    /// an LL handshake): beyond the LL size, every part together within
+    /// [`GpuColl::pull_reduce_scatter_bytes`], out of place, whole 16-byte vectors at 16-byte
+    /// aligned addresses, the team served by the LL paths with a line per block after the
+    /// header in its regions.
+    fn pull_rs_arg(
+        &self,
+        dt: DeviceTeam,
+        part: usize,
+        in_place: bool,
+        (src, dst): (u64, u64),
+    ) -> Option<(LlArg, u32)> {
+        let total = part.checked_mul(dt.size.max(0) as usize)?;
+        let fits = !in_place
+            && part > 0
+            && self.ll_a2a_arg(dt, part).is_none()
+            && total <= self.pull_rs_bytes
+            && part.is_multiple_of(16)
+            && (src | dst).is_multiple_of(16);
+        self.pull_grid(dt, fits, total, self.pull_block_bytes[1])
     }
 
     /// Whether a pull all_reduce of `bytes` on `dt` moves its data by stores (a pair, from
@@ -1353,7 +1410,7 @@ impl<'a> GpuColl<'a> {
         let chosen = self.config.choose(CollKind::AllReduce, bytes);
         let ll = self.config.algo.is_none()
             && bytes > 0
-            && bytes <= self.ll_sizes.all_reduce
+            && bytes <= self.ll_ar_max(dt)
             && self.ll_team_arg(dt).is_some();
         if ll {
             Algo::OneShot
@@ -1435,11 +1492,36 @@ impl<'a> GpuColl<'a> {
     /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
     /// runs the pull way (what the benchmarks report).
     pub fn all_reduce_uses_pull(&self, team: &Team, bytes: usize) -> bool {
+        self.all_reduce_pull_mode(team, bytes).is_some()
+    }
+
+    /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
+    /// runs the pull way two-shot (what the benchmarks report).
+    pub fn all_reduce_uses_two_shot_pull(&self, team: &Team, bytes: usize) -> bool {
+        self.all_reduce_pull_mode(team, bytes) == Some(PULL_AR_TWO_SHOT)
+    }
+
+    /// Whether an out-of-place reduce_scatter of `bytes` (every member's part) on `team`
+    /// between 4096-aligned buffers runs the pull way (what the benchmarks report).
+    pub fn reduce_scatter_uses_pull(&self, team: &Team, bytes: usize) -> bool {
         self.g.device_team(team).is_ok_and(|dt| {
-            matches!(self.config.algo, None | Some(Algo::OneShot))
-                && !self.all_reduce_uses_ll(team, bytes)
-                && self.pull_ar_arg(dt, bytes, false, 0, 0).is_some()
+            let n = dt.size.max(1) as usize;
+            bytes.is_multiple_of(n) && self.pull_rs_arg(dt, bytes / n, false, (0, 0)).is_some()
         })
+    }
+
+    /// The pull kernel's mode word of an out-of-place all_reduce of `bytes` on `team` between
+    /// 4096-aligned buffers, if it runs the pull way.
+    fn all_reduce_pull_mode(&self, team: &Team, bytes: usize) -> Option<u64> {
+        let dt = self.g.device_team(team).ok()?;
+        if !matches!(self.config.algo, None | Some(Algo::OneShot))
+            || self.all_reduce_uses_ll(team, bytes)
+        {
+            return None;
+        }
+        let two_ok = self.config.algo.is_none();
+        self.pull_ar_arg(dt, bytes, false, (0, 0), two_ok)
+            .map(|a| a.2)
     }
 
     /// Whether an out-of-place all_to_all of `bytes` (all shares) on `team` between
@@ -1453,9 +1535,28 @@ impl<'a> GpuColl<'a> {
         })
     }
 
-    /// Bytes up to which all_reduce runs the LL way (0: never; see [`GpuColl::with_ll_sizes`]).
+    /// Bytes up to which all_reduce runs the LL way on a pair (0: never; see
+    /// [`GpuColl::with_ll_sizes`]); larger teams stop earlier ([`GpuColl::ll_all_reduce_bytes`]).
     pub fn ll_bytes(&self) -> usize {
         self.ll_sizes.all_reduce
+    }
+
+    /// Bytes up to which an all_reduce on a team of `members` runs the LL way: the LL size on
+    /// a pair, `2 / members` of it on larger teams (rounded down to 16 bytes). Each member
+    /// pushes its whole message, twice its size with the flags, to every other member, so the
+    /// LL path's traffic grows with the team where the two-shot pull's stays about twice the
+    /// message: the size where the pull overtakes it shrinks as the team grows (BENCHMARKS.md,
+    /// 4x H200).
+    pub fn ll_all_reduce_bytes(&self, members: usize) -> usize {
+        if members <= 2 {
+            self.ll_sizes.all_reduce
+        } else {
+            self.ll_sizes.all_reduce * 2 / members / 16 * 16
+        }
+    }
+
+    fn ll_ar_max(&self, dt: DeviceTeam) -> usize {
+        self.ll_all_reduce_bytes(dt.size.max(0) as usize)
     }
 
     /// The LL paths' sizes ([`GpuColl::with_ll_sizes`]).
@@ -1749,11 +1850,40 @@ impl<'a> GpuColl<'a> {
     /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
     /// runs the pull path by stores (what the benchmarks report).
     pub fn all_reduce_uses_push(&self, team: &Team, bytes: usize) -> bool {
-        self.all_reduce_uses_pull(team, bytes)
-            && self
-                .g
-                .device_team(team)
-                .is_ok_and(|dt| self.pushes(dt, bytes))
+        self.all_reduce_pull_mode(team, bytes) == Some(PULL_AR_PUSH)
+    }
+
+    /// Smallest all_reduce of a team of `members` that runs the pull way two-shot (0: never):
+    /// an out-of-place all_reduce of whole 16-byte vectors past the LL size, no algorithm
+    /// forced, on a team the LL paths serve: after the pull handshake each member folds one
+    /// `1/members` part of the vectors from every member's src and stores it into every
+    /// member's dst, then a done line per block after a system-scope fence. Each member moves
+    /// `(members - 1) / members` of the message over its links each way, where the one-shot
+    /// pull reads `members - 1` times the message. Defaults:
+    /// [`COLL_TWO_SHOT_PULL_PAIR_BYTES`] for two members, [`COLL_TWO_SHOT_PULL_BYTES`] for
+    /// more; `RSHMEM_CUDA_COLL_TWO_SHOT_PULL_BYTES` sets both.
+    pub fn two_shot_pull_bytes(&self, members: usize) -> usize {
+        self.two_shot_pull.of(members)
+    }
+
+    /// Sets [`GpuColl::two_shot_pull_bytes`] for every team size. Every PE must set the same
+    /// (a member that runs a call another way is reported as a mismatch).
+    pub fn set_two_shot_pull_bytes(&mut self, bytes: usize) {
+        self.two_shot_pull = PullLimit::all(bytes);
+    }
+
+    /// Largest reduce_scatter input (every member's part together) of the pull path (0: off):
+    /// an out-of-place reduce_scatter past the LL size whose parts are whole 16-byte vectors
+    /// at 16-byte aligned addresses runs as one kernel in which every member folds its part of
+    /// the members' inputs, read in place, after the pull handshake (no barrier launches).
+    /// Default [`COLL_PULL_RS_BYTES`]; `RSHMEM_CUDA_COLL_PULL_RS_BYTES`.
+    pub fn pull_reduce_scatter_bytes(&self) -> usize {
+        self.pull_rs_bytes
+    }
+
+    /// Sets [`GpuColl::pull_reduce_scatter_bytes`]. Every PE must set the same.
+    pub fn set_pull_reduce_scatter_bytes(&mut self, bytes: usize) {
+        self.pull_rs_bytes = bytes;
     }
 
     /// Largest broadcast of the pull path on a team of `members` (0: off): a broadcast past
@@ -1948,16 +2078,15 @@ impl<'a> GpuColl<'a> {
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
         let bytes = count * std::mem::size_of::<T>();
-        // The pull path serves one-shot calls, chosen or forced (it starts past the LL size).
-        let pull = algo
-            .map_or(
-                matches!(self.config.algo, None | Some(Algo::OneShot)),
-                |a| a == Algo::OneShot,
-            )
-            .then(|| self.pull_ar_arg(dt, bytes, ip, sr, d))
+        // The pull path serves one-shot calls, chosen or forced, and two-shot ones where no
+        // algorithm is forced (it starts past the LL size).
+        let forced = algo.or(self.config.algo);
+        let pull = matches!(forced, None | Some(Algo::OneShot))
+            .then(|| self.pull_ar_arg(dt, bytes, ip, (sr, d), forced.is_none()))
             .flatten();
         let algo = match (algo, &pull) {
             (Some(a), _) => a,
+            (None, Some(p)) if p.2 == PULL_AR_TWO_SHOT => Algo::TwoShot,
             (None, Some(_)) => Algo::OneShot,
             (None, None) => self.all_reduce_algo(dt, bytes),
         };
@@ -1983,20 +2112,20 @@ impl<'a> GpuColl<'a> {
             let ll = self.ll_ctrl(ll, lines);
             return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, Some(0));
         }
-        if let Some((ll, blocks)) = pull {
+        if let Some((ll, blocks, mode)) = pull {
             // A pull call is marked LL and pull (and push where a pair stores its data), and
-            // names no algorithm.
-            let push = self.pushes(dt, bytes);
+            // names an algorithm only when it runs two-shot.
+            let two = mode == PULL_AR_TWO_SHOT;
             let sig = CallSig {
                 pull: true,
-                push,
-                algo: None,
+                push: mode == PULL_AR_PUSH,
+                algo: two.then_some(Algo::TwoShot),
                 ..sig
             };
             let ck = self.ll_check(dt, sig)?;
             let pf = self.pull_ar_func::<T>(op)?;
             let grid = (blocks as usize * LL_THREADS as usize, blocks, LL_THREADS);
-            return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, Some(push as u64));
+            return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, Some(mode));
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
@@ -2086,6 +2215,14 @@ impl<'a> GpuColl<'a> {
             // us, 16 KiB 3.03-3.06 / 2.91-2.97, 64 KiB 3.25-3.26 / 2.98-3.02.)
             let stride = Some(count as u64);
             return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, stride);
+        }
+        if let Some((ll, blocks)) = self.pull_rs_arg(dt, part, ip, (sr, d)) {
+            let sig = CallSig { pull: true, ..sig };
+            let ck = self.ll_check(dt, sig)?;
+            let pf = self.pull_ar_func::<T>(op)?;
+            let grid = (blocks as usize * LL_THREADS as usize, blocks, LL_THREADS);
+            let mode = Some(PULL_AR_SCATTER);
+            return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, mode);
         }
         let plan = plan::reduce_scatter(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, es, Some(f), sig)
@@ -2348,6 +2485,19 @@ pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
 /// (2x H200, same run: 1.18x the two-shot path's bus bandwidth at 64 MiB).
 pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
 
+/// Default [`GpuColl::two_shot_pull_bytes`] for teams of three or more members: every pull
+/// size (1), so past the LL size.
+pub const COLL_TWO_SHOT_PULL_BYTES: usize = 1;
+
+/// Default [`GpuColl::two_shot_pull_bytes`] for two-member teams: never (0); a pair's one-shot
+/// pull reads as many bytes over the link as two-shot.
+pub const COLL_TWO_SHOT_PULL_PAIR_BYTES: usize = 0;
+
+/// Default [`GpuColl::pull_reduce_scatter_bytes`]: 8 MiB. Past it the barrier-based plan's
+/// reduce kernel, on every SM, reads the parts faster than the pull kernel's 128 blocks
+/// (BENCHMARKS.md, 4x H200).
+pub const COLL_PULL_RS_BYTES: usize = 8 << 20;
+
 /// Default [`GpuColl::push_all_reduce_bytes`]: 256 MiB (2x H200, same run, pushes against
 /// loads on 64 blocks: 1 GiB 341.6-344.2 against 336.9-337.2 GB/s bus bandwidth, 256 MiB
 /// 333.9-336.2 against 333.3-333.8, 64 MiB 284-293 against 323-325; on 128 blocks pushing
@@ -2405,6 +2555,12 @@ impl PullLimit {
         } else {
             self.larger
         }
+    }
+
+    /// Whether `bytes` is at or past a threshold of this kind (0: never).
+    fn from(&self, members: usize, bytes: usize) -> bool {
+        let t = self.of(members);
+        t > 0 && bytes >= t
     }
 }
 

@@ -23,7 +23,7 @@ pub struct CollBenchRecord {
     /// Iterations timed (after one warm-up).
     pub iters: usize,
     /// rshmem's algorithm for this size (one_shot / two_shot; one_shot for the single-algorithm
-    /// collectives; ll, pull or push for the LL-handshake paths).
+    /// collectives; ll, pull, pull_two_shot or push for the LL-handshake paths).
     pub algo: &'static str,
     /// rshmem time per call, microseconds (PE 0's stream, CUDA events, eager launches).
     pub time_us: f64,
@@ -120,6 +120,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
                 CollKind::AllToAll => coll.all_to_all_uses_pull(w, bytes),
                 CollKind::AllGather => coll.all_gather_uses_pull(w, bytes),
                 CollKind::AllReduce => coll.all_reduce_uses_pull(w, bytes),
+                CollKind::ReduceScatter => coll.reduce_scatter_uses_pull(w, bytes),
                 CollKind::Broadcast => coll.broadcast_uses_pull(w, bytes),
                 _ => false,
             };
@@ -133,6 +134,8 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
                 "ll"
             } else if push {
                 "push"
+            } else if kind == CollKind::AllReduce && coll.all_reduce_uses_two_shot_pull(w, bytes) {
+                "pull_two_shot"
             } else if pull {
                 "pull"
             } else {

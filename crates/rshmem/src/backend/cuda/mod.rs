@@ -113,7 +113,8 @@ pub use bench::{bench, BenchRecord};
 pub use coll::{
     coll_kernel_names, coll_nvrtc_options, default_ll_sizes, GpuColl, LlSizes, COLL_FUSED_BYTES,
     COLL_LL_A2A_BYTES, COLL_LL_BYTES, COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES,
-    COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES,
+    COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_RS_BYTES, COLL_PUSH_A2A_BYTES,
+    COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES, COLL_TWO_SHOT_PULL_PAIR_BYTES,
     LL_MAX_MEMBERS,
 };
 pub use coll_bench::{coll_bench, CollBenchRecord};
