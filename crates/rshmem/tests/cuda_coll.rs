@@ -19,7 +19,7 @@ mod coll_data;
 use coll_data::{mix, TElem};
 
 use rshmem::coll::{Algo, AllToAllV, CollConfig, ReduceOp};
-use rshmem::cuda::{self, CudaPe, GpuColl, Stream};
+use rshmem::cuda::{self, CollTuning, CudaPe, GpuColl, Stream};
 use rshmem::{bf16, f16, BackendKind, Config, Elem, Error, HeapKind, Pe, Result, Team};
 use std::time::Duration;
 
@@ -134,6 +134,15 @@ static LL_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize
 /// The LL size the `*_ll` tests use (the largest one-shot message of `Ctx`).
 const LL_TEST_BYTES: usize = 64 << 10;
 
+/// The environment's tuning with the LL all_reduce up to `ll` bytes (0: off) and the LL
+/// all_to_all up to twice that.
+fn ll_tuning(ll: usize) -> Result<CollTuning> {
+    Ok(CollTuning::from_env()?.with_ll(cuda::LlSizes {
+        all_reduce: ll,
+        all_to_all: 2 * ll,
+    }))
+}
+
 fn with_ll(body: fn(&Pe) -> Result<()>, pe: &Pe) -> Result<()> {
     LL_BYTES.store(LL_TEST_BYTES, std::sync::atomic::Ordering::Relaxed);
     body(pe)
@@ -144,7 +153,11 @@ impl<'a> Ctx<'a> {
         let g = CudaPe::new(pe)?;
         // Two-shot from 64 KiB, so both algorithms run with the counts above.
         let ll = LL_BYTES.load(std::sync::atomic::Ordering::Relaxed);
-        let coll = GpuColl::with_ll_bytes(g, CollConfig::default().two_shot_bytes(64 << 10), ll)?;
+        let coll = GpuColl::new(
+            g,
+            CollConfig::default().two_shot_bytes(64 << 10),
+            ll_tuning(ll)?,
+        )?;
         assert_eq!(coll.ll_bytes(), ll);
         Ok(Ctx {
             pe,
@@ -1232,7 +1245,11 @@ fn pull_ctx(pe: &Pe, ll_a2a: usize) -> Result<Ctx<'_>> {
         all_reduce: 64 << 10,
         all_to_all: ll_a2a,
     };
-    let coll = GpuColl::with_ll_sizes(g, CollConfig::default(), sizes)?;
+    let coll = GpuColl::new(
+        g,
+        CollConfig::default(),
+        CollTuning::from_env()?.with_ll(sizes),
+    )?;
     Ok(Ctx {
         pe,
         s: g.stream()?,
@@ -1415,7 +1432,7 @@ fn pull_graph(pe: &Pe, c: &Ctx<'_>, push: bool) -> Result<()> {
 fn ll_flag_body(pe: &Pe) -> Result<()> {
     let (w, me, n) = (pe.world_team(), pe.my_pe(), pe.n_pes());
     let g = CudaPe::new(pe)?;
-    let coll = GpuColl::with_ll_bytes(g, CollConfig::default(), 256 << 10)?;
+    let coll = GpuColl::new(g, CollConfig::default(), ll_tuning(256 << 10)?)?;
     let s = g.stream()?;
     const BIG: usize = 64 << 10; // f32 per pair: 256 KiB shares
     let src = pe.alloc::<f32>(n * BIG)?;

@@ -123,7 +123,7 @@ pub(super) fn time_graph(
 /// 16; default 64 KiB, 0 for a contiguous share per block).
 fn bench_chunk(name: &str) -> Result<usize> {
     let ok = |v: usize| v.is_multiple_of(16);
-    super::coll::knob_from_env(name, 64 << 10, ok, "must be a multiple of 16")
+    super::coll_tuning::knob_from_env(name, 64 << 10, ok, "must be a multiple of 16")
 }
 
 /// Runs the CUDA benchmarks (collective over every PE; PE 0 and PE 1 take part, the others

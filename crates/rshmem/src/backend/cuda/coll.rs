@@ -1,6 +1,7 @@
 //! Stream-ordered collectives on the CUDA backend: [`GpuColl`] (its docs describe the design).
 
 use super::api::{CudaPe, DeviceTeam, Stream};
+use super::coll_tuning::{CollTuning, PerTeam};
 use super::gpu::{self, DevBuf, Func, Module, RawStream};
 use super::{ffi, nvrtc};
 use crate::coll::plan::{self, Algo, Buf, CollKind, Plan, Shape, Step};
@@ -282,18 +283,18 @@ const LL_SLOTS: usize = 4;
 /// Most blocks of an LL all_reduce: its blocks wait for peers, so they must leave SMs to the
 /// peers' kernels when PEs share a GPU. 2x H100, graph replay, a line per thread, 64 against
 /// 128 blocks: 256 KiB 6.20 against 5.47 us.
-const LL_MAX_BLOCKS: u32 = 128;
+pub(super) const LL_MAX_BLOCKS: u32 = 128;
 /// Most lines per LL all_reduce thread (`RSHMEMI_LL_U` of `coll.cu`: one batch of loads).
-const LL_LINES_PER_THREAD: usize = 4;
+pub(super) const LL_LINES_PER_THREAD: usize = 4;
 /// Lines per LL all_reduce thread the grid is sized for below the block cap: one, so a call
 /// spreads over as many SMs as it can (one SM stores into a peer at only about 13-20 GB/s).
 /// 2x H100, graph replay, 4 against 1: 8 KiB 4.75 against 4.00 us, 64 KiB 5.19 against 4.08,
 /// 128 KiB 5.52 against 4.48; reduce_scatter 64 KiB 5.18 against 4.22.
-const LL_THREAD_LINES: usize = 1;
+pub(super) const LL_THREAD_LINES: usize = 1;
 /// Most blocks of an LL all_to_all (bandwidth-bound up to its larger size; the same care).
 /// 2x H200, graph replay, 32 against 64 blocks: all_to_all 1 MiB 7.62 against 7.26 us,
 /// all_gather 1 MiB 7.90 against 7.33 (128: 7.42 and 7.63).
-const LL_A2A_MAX_BLOCKS: u32 = 64;
+pub(super) const LL_A2A_MAX_BLOCKS: u32 = 64;
 /// An LL all_to_all of more than two lines per thread on that many blocks spreads over up to
 /// twice as many, two lines per thread (each kernel runs the batch its lines need, `coll.cu`).
 /// 2x H100, graph replay, early launch, 64 against 128 blocks: 1 MiB 6.69 against 6.45-6.55 us;
@@ -320,17 +321,17 @@ const A2A_GATHER: u64 = 2;
 const PULL_AR_PUSH: u64 = 1;
 const PULL_AR_TWO_SHOT: u64 = 2;
 const PULL_AR_SCATTER: u64 = 4;
-const LL_THREADS: u32 = 256;
+pub(super) const LL_THREADS: u32 = 256;
 /// Most blocks of a pull kernel (they wait for peers, like the LL kernels, but one block per
 /// SM of an H100/H200 at most). 2x H200, same run, 64 against 128 blocks: a pair's all_reduce
 /// by stores 1 GiB 342 against 360 GB/s bus bandwidth, all_to_all by stores 1 GiB 319 against
 /// 348 (BENCHMARKS.md).
-const PULL_MAX_BLOCKS: u32 = 128;
+pub(super) const PULL_MAX_BLOCKS: u32 = 128;
 /// Bytes per pull all_to_all block: two rounds of eight 16-byte loads per thread.
-const PULL_BLOCK_BYTES: usize = LL_THREADS as usize * 256;
+pub(super) const PULL_BLOCK_BYTES: usize = LL_THREADS as usize * 256;
 /// Bytes per pull all_reduce block: one round of eight 16-byte vectors per thread (32-bit
 /// types; fewer for narrower ones, whose accumulators take more registers).
-const PULL_AR_BLOCK_BYTES: usize = LL_THREADS as usize * 128;
+pub(super) const PULL_AR_BLOCK_BYTES: usize = LL_THREADS as usize * 128;
 
 /// The LL argument of `coll.cu` (`rshmemi_ll`).
 #[repr(C)]
@@ -354,7 +355,7 @@ const LL_CTRL_WARP: u64 = 2;
 /// same binary, with / without: all_reduce 4 KiB 2.75-2.79 / 2.94-2.96 us, 8 KiB 2.84-2.86 /
 /// 2.95-2.96, 16 KiB 2.93-2.96 / 2.98-2.99, 32 KiB 3.04-3.05 / 3.00-3.10, 64 KiB 3.23-3.25 /
 /// 3.01-3.05 (every thread polling while the lines still come in slows the larger calls).
-const LL_CTRL_LINES: usize = 2048;
+pub(super) const LL_CTRL_LINES: usize = 2048;
 
 /// Whether an LL all_reduce call of `lines` lines on blocks of `threads` data threads runs a
 /// control warp per block: on more than one block, up to `ctrl_lines` lines.
@@ -424,41 +425,11 @@ pub fn default_ll_sizes(heap: usize, n_pes: usize) -> LlSizes {
     }
 }
 
-/// Extra NVRTC options of the collectives' module (`RSHMEM_CUDA_COLL_NVRTC_OPTS`, space
-/// separated): the compile-time switches `coll.cu` documents, for measurements.
-pub fn coll_nvrtc_options() -> Vec<String> {
-    std::env::var("RSHMEM_CUDA_COLL_NVRTC_OPTS")
-        .unwrap_or_default()
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
-}
-
-/// `RSHMEM_CUDA_COLL_LL_BYTES` and `RSHMEM_CUDA_COLL_LL_A2A_BYTES`, each defaulting as
-/// [`default_ll_sizes`] says, except that an all_reduce size given alone makes the all_to_all
-/// size twice it (no area beyond the all_reduce's).
-fn ll_sizes_from_env(heap: usize, n_pes: usize) -> Result<LlSizes> {
-    let ar = crate::coll::env_size("RSHMEM_CUDA_COLL_LL_BYTES")?;
-    let a2a = crate::coll::env_size("RSHMEM_CUDA_COLL_LL_A2A_BYTES")?;
-    let d = default_ll_sizes(heap, n_pes);
-    Ok(match (ar, a2a) {
-        (None, None) => d,
-        (Some(r), None) => LlSizes {
-            all_reduce: r,
-            all_to_all: 2 * r,
-        },
-        (r, Some(t)) => LlSizes {
-            all_reduce: r.unwrap_or(d.all_reduce),
-            all_to_all: t,
-        },
-    })
-}
-
 /// Most blocks of any LL or pull kernel (`RSHMEMI_LL_MAX_BLOCKS` of `coll.cu`): each block
 /// keeps its own copy of the pair sequences, so a call's blocks never wait for one another at
 /// its end (an end of several blocks took 850-930 cycles against 320-440 for one when block
 /// 0 moved a single copy once every block had read it).
-const LL_KERNEL_MAX_BLOCKS: u32 = 128;
+pub(super) const LL_KERNEL_MAX_BLOCKS: u32 = 128;
 
 /// Private u32 words per LL slot: the blocks' end arrivals (`rshmemi_ll_end`), then per block
 /// (up to [`LL_KERNEL_MAX_BLOCKS`]) and world PE the pair's sequence, whose parity names the
@@ -504,13 +475,13 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 ///   [`CollConfig`] or `RSHMEM_COLL_ALGO` / `RSHMEM_COLL_TWO_SHOT_BYTES` (see
 ///   [`crate::coll`]). Large messages are split over every SM by the kernels (grid-stride, 16-byte
 ///   vectors); the plan's host chunking is not used on the GPU.
-/// * **Small messages** ([`GpuColl::fused_bytes`], default 64 KiB read per PE, environment
-///   `RSHMEM_CUDA_COLL_FUSED_BYTES`): a plan with a single data phase (one-shot all_reduce,
+/// * **Small messages** ([`GpuColl::fused_bytes`], default 64 KiB read per PE,
+///   [`CollTuning::fused_bytes`]): a plan with a single data phase (one-shot all_reduce,
 ///   reduce, reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as
 ///   one kernel of one block with both barriers inside: one launch instead of three.
-/// * **LL paths** ([`GpuColl::with_ll_sizes`], or `RSHMEM_CUDA_COLL_LL_BYTES` and
-///   `RSHMEM_CUDA_COLL_LL_A2A_BYTES`; defaults [`default_ll_sizes`]: 512 KiB and 1 MiB unless
-///   the heap is small for the job): all_reduce and broadcast up to the first size (unless an
+/// * **LL paths** ([`CollTuning::ll_all_reduce`] and [`CollTuning::ll_all_to_all`]; defaults
+///   [`default_ll_sizes`]: 512 KiB and 1 MiB unless the heap is small for the job): all_reduce
+///   (on a pair; `2 / members` of it on larger teams) and broadcast up to the first size (unless an
 ///   algorithm is forced), all_to_all, all_gather and reduce_scatter whose per-member traffic
 ///   (all shares, the gathered output, the input) is within the second, any element count,
 ///   in and out of place, run as one kernel without barrier waits or fences, each member
@@ -582,8 +553,9 @@ fn ll_area_bytes(ll_bytes: usize, n_pes: usize, slots: usize) -> Option<usize> {
 /// ```no_run
 /// # fn f(pe: &rshmem::Pe) -> rshmem::Result<()> {
 /// use rshmem::coll::{CollConfig, ReduceOp};
-/// let g = rshmem::cuda::CudaPe::new(pe)?;
-/// let coll = rshmem::cuda::GpuColl::new(g, CollConfig::from_env()?)?; // collective (world)
+/// use rshmem::cuda::{CollTuning, CudaPe, GpuColl};
+/// let g = CudaPe::new(pe)?;
+/// let coll = GpuColl::new(g, CollConfig::from_env()?, CollTuning::from_env()?)?; // collective (world)
 /// let x = pe.alloc::<f32>(1 << 20)?;
 /// let s = g.stream()?;
 /// coll.all_reduce(&s, pe.world_team(), &x, &x, 1 << 20, ReduceOp::Sum)?; // in place
@@ -632,16 +604,16 @@ pub struct GpuColl<'a> {
     /// (`RSHMEM_CUDA_COLL_PULL_BLOCK_BYTES`, `RSHMEM_CUDA_COLL_PULL_AR_BLOCK_BYTES`).
     pull_block_bytes: [usize; 2],
     /// Largest all_reduce of the pull path (0: off), by team size.
-    pull_all_reduce: PullLimit,
+    pull_all_reduce: PerTeam,
     /// Smallest pull all_reduce of a pair that moves its data by stores (0: never).
     push_all_reduce: usize,
     /// Smallest all_reduce that runs the pull way two-shot (0: never), by team size.
-    two_shot_pull: PullLimit,
+    two_shot_pull: PerTeam,
     /// Largest reduce_scatter input (every member's part) of the pull path (0: off).
     pull_rs_bytes: usize,
     push_a2a: usize,
     /// Largest broadcast of the pull path (0: off), by team size.
-    pull_bcast: PullLimit,
+    pull_bcast: PerTeam,
     /// Broadcasts past this size on teams of more than two run the pull way as a chain.
     chain_bcast: usize,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
@@ -690,50 +662,27 @@ impl<'a> GpuColl<'a> {
     /// 16 bytes per PE; signature slots, `48 × n_pes × (max_teams + 1)` bytes) and 64 KiB of
     /// staging, and meets the other PEs. Collective over the world: every PE calls it before
     /// any PE launches a collective (loading a module waits for kernels running on the GPU).
-    pub fn new(g: CudaPe<'a>, config: CollConfig) -> Result<GpuColl<'a>> {
-        let ll = ll_sizes_from_env(g.backend().heap_size, g.pe_ref().n_pes())?;
-        Self::with_ll_sizes(g, config, ll)
-    }
-
-    /// As [`GpuColl::new`], with the LL all_reduce for messages up to `ll_bytes` (0: off)
-    /// and the LL all_to_all for inputs up to twice that ([`GpuColl::with_ll_sizes`]).
-    pub fn with_ll_bytes(
-        g: CudaPe<'a>,
-        config: CollConfig,
-        ll_bytes: usize,
-    ) -> Result<GpuColl<'a>> {
-        let ll = LlSizes {
-            all_reduce: ll_bytes,
-            all_to_all: 2 * ll_bytes,
-        };
-        Self::with_ll_sizes(g, config, ll)
-    }
-
-    /// As [`GpuColl::new`], with the LL paths' sizes given (`new` reads
-    /// `RSHMEM_CUDA_COLL_LL_BYTES` and `RSHMEM_CUDA_COLL_LL_A2A_BYTES`, defaults
-    /// [`default_ll_sizes`]). Every PE must pass the same sizes (a member that runs a call
-    /// another way is reported as a mismatch). The LL paths: one kernel (all_reduce up to 32
-    /// blocks, all_to_all up to 32), no barrier waits, each member pushing its data with a flag
-    /// in every 16-byte line into every other member's LL area, for teams of 2 to
-    /// [`LL_MAX_MEMBERS`] members in the first 4 team slots (the world's included). Their
-    /// area is [`LlSizes::area`], `4 × 2 × n_pes × (48 + 2·region)` bytes of the symmetric
-    /// heap per PE (reported in the log); sizes whose area does not fit the heap are an
-    /// allocation error here.
-    pub fn with_ll_sizes(
-        g: CudaPe<'a>,
-        config: CollConfig,
-        ll_sizes: LlSizes,
-    ) -> Result<GpuColl<'a>> {
+    ///
+    /// `tuning` chooses the paths and sizes the kernels ([`CollTuning`]; `CollTuning::from_env`
+    /// at a program's edge, or `CollTuning::default()`); every PE must pass the same. The LL
+    /// paths: one kernel, no barrier waits, each member pushing its data with a flag in every
+    /// 16-byte line into every other member's LL area, for teams of 2 to [`LL_MAX_MEMBERS`]
+    /// members in the first 4 team slots (the world's included). Their area is
+    /// [`LlSizes::area`], `4 × 2 × n_pes × (48 + 2·region)` bytes of the symmetric heap per PE
+    /// (reported in the log); sizes whose area does not fit the heap are an allocation error
+    /// here.
+    pub fn new(g: CudaPe<'a>, config: CollConfig, tuning: CollTuning) -> Result<GpuColl<'a>> {
+        tuning.check()?;
+        let ll_sizes = tuning.ll_sizes(g.backend().heap_size, g.pe_ref().n_pes());
         let names = coll_kernel_names();
-        let opts = coll_nvrtc_options();
-        let opts: Vec<&str> = opts.iter().map(|s| s.as_str()).collect();
+        let opts: Vec<&str> = tuning.nvrtc_options.iter().map(|s| s.as_str()).collect();
         let k = g.kernel(nvrtc::COLL_KERNELS, &names[0], &opts)?;
         let module = k.module.clone();
         let mut funcs = HashMap::new();
         for n in &names {
             funcs.insert(n.clone(), module.func(n)?);
         }
-        let ll_threads = ll_threads_from_env()?;
+        let ll_threads = tuning.ll_threads;
         ll_threads_fit(&funcs, ll_threads)?;
         let b = g.backend();
         let own = RawStream::new(&b.gpu)?;
@@ -813,67 +762,30 @@ impl<'a> GpuColl<'a> {
             }),
             f_pull_a2a: funcs["rshmemi_coll_pull_a2a"],
             f_pull_bcast: funcs["rshmemi_coll_pull_bcast"],
-            pull_a2a_bytes: pull_a2a_bytes_from_env()?,
-            // (An all_to_all spreads over up to twice its cap: ll_a2a_grid_cap.)
-            ll_a2a_blocks: blocks_from_env(
-                "RSHMEM_CUDA_COLL_LL_A2A_BLOCKS",
-                LL_A2A_MAX_BLOCKS,
-                LL_KERNEL_MAX_BLOCKS / 2,
-            )?,
-            ll_blocks: blocks_from_env(
-                "RSHMEM_CUDA_COLL_LL_BLOCKS",
-                LL_MAX_BLOCKS,
-                LL_KERNEL_MAX_BLOCKS,
-            )?,
-            ll_thread_lines: thread_lines_from_env()?,
+            pull_a2a_bytes: tuning.pull_all_to_all,
+            ll_a2a_blocks: tuning.ll_a2a_blocks,
+            ll_blocks: tuning.ll_blocks,
+            ll_thread_lines: tuning.ll_thread_lines,
             ll_threads,
-            ll_flags: if g.gpu_alone() && early_launch_from_env()? {
+            ll_flags: if g.gpu_alone() && tuning.early_launch {
                 LL_EARLY_LAUNCH
             } else {
                 0
             },
             ll_ctrl_lines: if ll_ar_threads_fit(&funcs, ll_threads + 32) {
-                knob_from_env(
-                    "RSHMEM_CUDA_COLL_LL_CTRL_LINES",
-                    LL_CTRL_LINES,
-                    |v| v <= 1 << 20,
-                    "0 to 1M lines",
-                )?
+                tuning.ll_ctrl_lines
             } else {
                 0
             },
-            pull_blocks: blocks_from_env(
-                "RSHMEM_CUDA_COLL_PULL_BLOCKS",
-                PULL_MAX_BLOCKS,
-                LL_KERNEL_MAX_BLOCKS,
-            )?,
-            pull_block_bytes: [
-                block_bytes_from_env("RSHMEM_CUDA_COLL_PULL_BLOCK_BYTES", PULL_BLOCK_BYTES)?,
-                block_bytes_from_env("RSHMEM_CUDA_COLL_PULL_AR_BLOCK_BYTES", PULL_AR_BLOCK_BYTES)?,
-            ],
-            pull_all_reduce: PullLimit::from_env(
-                "RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES",
-                COLL_PULL_ALL_REDUCE_PAIR_BYTES,
-                COLL_PULL_ALL_REDUCE_BYTES,
-            )?,
-            push_all_reduce: crate::coll::env_size("RSHMEM_CUDA_COLL_PUSH_ALL_REDUCE_BYTES")?
-                .unwrap_or(COLL_PUSH_ALL_REDUCE_BYTES),
-            two_shot_pull: PullLimit::from_env(
-                "RSHMEM_CUDA_COLL_TWO_SHOT_PULL_BYTES",
-                COLL_TWO_SHOT_PULL_PAIR_BYTES,
-                COLL_TWO_SHOT_PULL_BYTES,
-            )?,
-            pull_rs_bytes: crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_RS_BYTES")?
-                .unwrap_or(COLL_PULL_RS_BYTES),
-            push_a2a: crate::coll::env_size("RSHMEM_CUDA_COLL_PUSH_A2A_BYTES")?
-                .unwrap_or(COLL_PUSH_A2A_BYTES),
-            pull_bcast: PullLimit::from_env(
-                "RSHMEM_CUDA_COLL_PULL_BCAST_BYTES",
-                COLL_PULL_BCAST_BYTES,
-                COLL_PULL_BCAST_BYTES,
-            )?,
-            chain_bcast: crate::coll::env_size("RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES")?
-                .unwrap_or(COLL_CHAIN_BCAST_BYTES),
+            pull_blocks: tuning.pull_blocks,
+            pull_block_bytes: [tuning.pull_block_bytes, tuning.pull_all_reduce_block_bytes],
+            pull_all_reduce: tuning.pull_all_reduce,
+            push_all_reduce: tuning.push_all_reduce,
+            two_shot_pull: tuning.two_shot_pull,
+            pull_rs_bytes: tuning.pull_reduce_scatter,
+            push_a2a: tuning.push_all_to_all,
+            pull_bcast: tuning.pull_broadcast,
+            chain_bcast: tuning.chain_broadcast,
             kernels: funcs.len(),
             typed,
             _module: module,
@@ -887,7 +799,7 @@ impl<'a> GpuColl<'a> {
             a2av_dev_max,
             a2av_chunk: A2AV_CHUNK,
             sms: b.gpu.sms().max(1) as u32,
-            fused_bytes: fused_bytes_from_env()?,
+            fused_bytes: tuning.fused_bytes,
             own,
             ll_sizes,
             ll_slots,
@@ -1328,7 +1240,7 @@ impl<'a> GpuColl<'a> {
         two_ok: bool,
     ) -> Option<(LlArg, u32, u64)> {
         let members = dt.size.max(0) as usize;
-        let two = two_ok && self.two_shot_pull.from(members, bytes);
+        let two = two_ok && self.two_shot_pull.reached(members, bytes);
         let fits = !in_place
             && bytes > self.ll_ar_max(dt)
             && (two || bytes <= self.pull_all_reduce.of(members))
@@ -1536,7 +1448,7 @@ impl<'a> GpuColl<'a> {
     }
 
     /// Bytes up to which all_reduce runs the LL way on a pair (0: never; see
-    /// [`GpuColl::with_ll_sizes`]); larger teams stop earlier ([`GpuColl::ll_all_reduce_bytes`]).
+    /// [`CollTuning::ll_sizes`]); larger teams stop earlier ([`GpuColl::ll_all_reduce_bytes`]).
     pub fn ll_bytes(&self) -> usize {
         self.ll_sizes.all_reduce
     }
@@ -1559,7 +1471,7 @@ impl<'a> GpuColl<'a> {
         self.ll_all_reduce_bytes(dt.size.max(0) as usize)
     }
 
-    /// The LL paths' sizes ([`GpuColl::with_ll_sizes`]).
+    /// The LL paths' sizes ([`CollTuning::ll_sizes`]).
     pub fn ll_sizes(&self) -> LlSizes {
         self.ll_sizes
     }
@@ -1794,7 +1706,7 @@ impl<'a> GpuColl<'a> {
 
     /// Sets [`GpuColl::pull_all_reduce_bytes`] for every team size. Every PE must set the same.
     pub fn set_pull_all_reduce_bytes(&mut self, bytes: usize) {
-        self.pull_all_reduce = PullLimit::all(bytes);
+        self.pull_all_reduce = PerTeam::all(bytes);
     }
 
     /// Smallest pull all_reduce of a two-member team that moves its data by stores (0: never):
@@ -1869,7 +1781,7 @@ impl<'a> GpuColl<'a> {
     /// Sets [`GpuColl::two_shot_pull_bytes`] for every team size. Every PE must set the same
     /// (a member that runs a call another way is reported as a mismatch).
     pub fn set_two_shot_pull_bytes(&mut self, bytes: usize) {
-        self.two_shot_pull = PullLimit::all(bytes);
+        self.two_shot_pull = PerTeam::all(bytes);
     }
 
     /// Largest reduce_scatter input (every member's part together) of the pull path (0: off):
@@ -1899,7 +1811,7 @@ impl<'a> GpuColl<'a> {
 
     /// Sets [`GpuColl::pull_broadcast_bytes`] for every team size. Every PE must set the same.
     pub fn set_pull_broadcast_bytes(&mut self, bytes: usize) {
-        self.pull_bcast = PullLimit::all(bytes);
+        self.pull_bcast = PerTeam::all(bytes);
     }
 
     /// Pull broadcasts past this size on teams of more than two members run along a chain
@@ -2471,165 +2383,6 @@ fn fusable(plan: &Plan, es: usize, limit: usize) -> bool {
     shape_ok && bytes > 0 && bytes <= limit
 }
 
-/// Default of [`GpuColl::fused_bytes`].
-pub const COLL_FUSED_BYTES: usize = 64 << 10;
-
-/// Default [`GpuColl::pull_all_reduce_bytes`] for teams of three or more members: a member
-/// reads every other member's whole input, `members / 2` times the link traffic of two-shot,
-/// so the pull path stops where its saved launches stop paying (8 MiB: not measured on more
-/// than 2 GPUs).
-pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
-
-/// Default [`GpuColl::pull_all_reduce_bytes`] for two-member teams: every size. A pair's pull
-/// moves as many bytes over the link as two-shot, in one kernel instead of five launches
-/// (2x H200, same run: 1.18x the two-shot path's bus bandwidth at 64 MiB).
-pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
-
-/// Default [`GpuColl::two_shot_pull_bytes`] for teams of three or more members: every pull
-/// size (1), so past the LL size.
-pub const COLL_TWO_SHOT_PULL_BYTES: usize = 1;
-
-/// Default [`GpuColl::two_shot_pull_bytes`] for two-member teams: never (0); a pair's one-shot
-/// pull reads as many bytes over the link as two-shot.
-pub const COLL_TWO_SHOT_PULL_PAIR_BYTES: usize = 0;
-
-/// Default [`GpuColl::pull_reduce_scatter_bytes`]: 8 MiB. Past it the barrier-based plan's
-/// reduce kernel, on every SM, reads the parts faster than the pull kernel's 128 blocks
-/// (BENCHMARKS.md, 4x H200).
-pub const COLL_PULL_RS_BYTES: usize = 8 << 20;
-
-/// Default [`GpuColl::push_all_reduce_bytes`]: 256 MiB (2x H200, same run, pushes against
-/// loads on 64 blocks: 1 GiB 341.6-344.2 against 336.9-337.2 GB/s bus bandwidth, 256 MiB
-/// 333.9-336.2 against 333.3-333.8, 64 MiB 284-293 against 323-325; on 128 blocks pushing
-/// at every size took 14.3-14.8 against 13.1 us at 2 MiB, 59.4 against 56.7-56.9 at 16 MiB,
-/// and tied at 64 MiB; BENCHMARKS.md).
-pub const COLL_PUSH_ALL_REDUCE_BYTES: usize = 256 << 20;
-
-/// Default [`GpuColl::pull_broadcast_bytes`]: every size (past
-/// [`GpuColl::chain_broadcast_bytes`] on teams of more than two, along a chain).
-pub const COLL_PULL_BCAST_BYTES: usize = usize::MAX;
-
-/// Default [`GpuColl::chain_broadcast_bytes`]. On 4x H200 (2026-11-26, same run, 4 members)
-/// everyone reading the root took 18.8 us at 1 MiB where the chain took 22.4 (three hops of
-/// latency), and 27.4 against 25.3 at 2 MiB; from 8 MiB the chain is 1.8x faster (the root's
-/// links carry one copy instead of three).
-pub const COLL_CHAIN_BCAST_BYTES: usize = 1 << 20;
-
-/// Default [`GpuColl::pull_a2a_bytes`]: every size (2x H200, same run, by stores on 128
-/// blocks against the barrier-based plan: 64 MiB 1.29-1.31x against 1.19x NCCL's bus
-/// bandwidth, 1 GiB 1.05x against 1.00x).
-pub const COLL_PULL_A2A_BYTES: usize = usize::MAX;
-
-/// Default [`GpuColl::push_a2a_bytes`]: every pull size (2x H200, same run, stores against
-/// loads: 2 MiB 10.3 against 11.6 us, 1 GiB 348 against 335 GB/s bus bandwidth).
-pub const COLL_PUSH_A2A_BYTES: usize = 1;
-
-/// The largest message of a pull path, for two-member teams and for larger ones.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct PullLimit {
-    pair: usize,
-    larger: usize,
-}
-
-impl PullLimit {
-    /// The same limit for every team size.
-    fn all(bytes: usize) -> PullLimit {
-        PullLimit {
-            pair: bytes,
-            larger: bytes,
-        }
-    }
-
-    /// From `name` (one size for every team size) or the defaults for two-member teams and
-    /// for larger ones.
-    fn from_env(name: &str, pair: usize, larger: usize) -> Result<PullLimit> {
-        Ok(match crate::coll::env_size(name)? {
-            Some(v) => PullLimit::all(v),
-            None => PullLimit { pair, larger },
-        })
-    }
-
-    fn of(&self, members: usize) -> usize {
-        if members == 2 {
-            self.pair
-        } else {
-            self.larger
-        }
-    }
-
-    /// Whether `bytes` is at or past a threshold of this kind (0: never).
-    fn from(&self, members: usize, bytes: usize) -> bool {
-        let t = self.of(members);
-        t > 0 && bytes >= t
-    }
-}
-
-/// Most blocks of a kernel that waits for peers, from `name` (`RSHMEM_CUDA_COLL_LL_BLOCKS`:
-/// the LL all_reduce kernel's, `RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`: the LL data kernel's,
-/// `RSHMEM_CUDA_COLL_PULL_BLOCKS`: the pull kernels'), 1 to `max`, else `default`.
-fn blocks_from_env(name: &str, default: u32, max: u32) -> Result<u32> {
-    let ok = |v| (1..=max as usize).contains(&v);
-    Ok(knob_from_env(name, default as usize, ok, &format!("1 to {max} blocks"))? as u32)
-}
-
-/// A pull kernel's bytes per block from `name` (measurement knobs), 16 bytes to 1 GiB, else
-/// `default`.
-fn block_bytes_from_env(name: &str, default: usize) -> Result<usize> {
-    knob_from_env(
-        name,
-        default,
-        |v| (16..=1 << 30).contains(&v),
-        "16 bytes to 1G",
-    )
-}
-
-/// A measurement knob from `name`: `default` when unset, an error naming the variable and
-/// `what` when the value is not a size or `ok` refuses it.
-pub(super) fn knob_from_env(
-    name: &str,
-    default: usize,
-    ok: impl Fn(usize) -> bool,
-    what: &str,
-) -> Result<usize> {
-    knob_value(name, std::env::var(name).ok().as_deref(), default, ok, what)
-}
-
-/// [`knob_from_env`] on the value `v` of variable `name` (`None` or empty: unset).
-pub(super) fn knob_value(
-    name: &str,
-    v: Option<&str>,
-    default: usize,
-    ok: impl Fn(usize) -> bool,
-    what: &str,
-) -> Result<usize> {
-    let v = crate::coll::size_value(name, v)?.unwrap_or(default);
-    if !ok(v) {
-        return Err(Error::invalid(format!("{name}={v}: {what}")));
-    }
-    Ok(v)
-}
-
-/// `RSHMEM_CUDA_COLL_LL_THREAD_LINES` (1 to `LL_LINES_PER_THREAD`), else `LL_THREAD_LINES`.
-fn thread_lines_from_env() -> Result<usize> {
-    knob_from_env(
-        "RSHMEM_CUDA_COLL_LL_THREAD_LINES",
-        LL_THREAD_LINES,
-        |v| (1..=LL_LINES_PER_THREAD).contains(&v),
-        &format!("1 to {LL_LINES_PER_THREAD} lines"),
-    )
-}
-
-/// `RSHMEM_CUDA_COLL_LL_THREADS` (a multiple of 32 from 32 to 1024), else `LL_THREADS`.
-fn ll_threads_from_env() -> Result<u32> {
-    let v = knob_from_env(
-        "RSHMEM_CUDA_COLL_LL_THREADS",
-        LL_THREADS as usize,
-        |v| (32..=1024).contains(&v) && v.is_multiple_of(32),
-        "a multiple of 32 from 32 to 1024",
-    )?;
-    Ok(v as u32)
-}
-
 /// Whether every LL all_reduce / reduce_scatter kernel (not the data kernels) can run blocks of
 /// `threads` threads.
 fn ll_ar_threads_fit(funcs: &HashMap<String, Func>, threads: u32) -> bool {
@@ -2666,25 +2419,12 @@ fn ll_threads_within<'n>(
         .min_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(b.0)));
     match lowest {
         Some((n, max)) if max < threads => Err(Error::invalid(format!(
-            "RSHMEM_CUDA_COLL_LL_THREADS={threads}: kernel {n} runs at most {max} threads \
-             per block on this GPU; use a multiple of 32 up to {max}"
+            "LL threads {threads} (CollTuning::ll_threads, RSHMEM_CUDA_COLL_LL_THREADS={threads}): \
+             kernel {n} runs at most {max} threads per block on this GPU; use a multiple of 32 \
+             up to {max}"
         ))),
         _ => Ok(()),
     }
-}
-
-/// `RSHMEM_CUDA_COLL_EARLY_LAUNCH` (0 or 1; default 1).
-fn early_launch_from_env() -> Result<bool> {
-    let v = knob_from_env("RSHMEM_CUDA_COLL_EARLY_LAUNCH", 1, |v| v <= 1, "0 or 1")?;
-    Ok(v == 1)
-}
-
-fn pull_a2a_bytes_from_env() -> Result<usize> {
-    Ok(crate::coll::env_size("RSHMEM_CUDA_COLL_PULL_A2A_BYTES")?.unwrap_or(COLL_PULL_A2A_BYTES))
-}
-
-fn fused_bytes_from_env() -> Result<usize> {
-    Ok(crate::coll::env_size("RSHMEM_CUDA_COLL_FUSED_BYTES")?.unwrap_or(COLL_FUSED_BYTES))
 }
 
 fn mul(n: usize, count: usize) -> Result<usize> {
@@ -2836,48 +2576,6 @@ mod tests {
         }
     }
 
-    /// A knob's value `got` for the setting `v` of variable `var`: `want`, or an error naming
-    /// the variable where `want` is None.
-    fn expect_knob(got: Result<usize>, want: Option<usize>, var: &str, v: &str) {
-        match (got, want) {
-            (Ok(got), Some(want)) => assert_eq!(got, want, "{v}"),
-            (Err(Error::InvalidArgument(m)), None) => assert!(m.contains(var), "{v}: {m}"),
-            (other, want) => panic!("{v}: {other:?}, want {want:?}"),
-        }
-    }
-
-    #[test]
-    fn measurement_knobs_are_checked() {
-        // A variable of this test alone (no other test reads it).
-        const V: &str = "TEST_RSHMEMI_COLL_KNOB";
-        std::env::remove_var(V);
-        let lines = |v: usize| (1..=LL_LINES_PER_THREAD).contains(&v);
-        let threads = |v: usize| (32..=1024).contains(&v) && v.is_multiple_of(32);
-        assert_eq!(knob_from_env(V, LL_THREAD_LINES, lines, "x").unwrap(), 1);
-        assert_eq!(knob_from_env(V, 256, threads, "x").unwrap(), 256);
-        for (v, l, t) in [
-            ("1", Some(1), None),
-            ("4", Some(4), None),
-            ("5", None, None),
-            ("0", None, None),
-            ("64", None, Some(64)),
-            ("1024", None, Some(1024)),
-            ("1K", None, Some(1024)),
-            ("100", None, None),
-            ("2048", None, None),
-            ("many", None, None),
-        ] {
-            std::env::set_var(V, v);
-            let (a, b) = (
-                knob_from_env(V, 1, lines, "lines"),
-                knob_from_env(V, 256, threads, "threads"),
-            );
-            std::env::remove_var(V);
-            expect_knob(a, l, V, v);
-            expect_knob(b, t, V, v);
-        }
-    }
-
     #[test]
     fn ll_threads_refused_past_a_kernels_limit() {
         let limits = [
@@ -2917,31 +2615,6 @@ mod tests {
     }
 
     #[test]
-    fn block_knobs_are_checked() {
-        // A variable of this test alone (no other test reads it).
-        const V: &str = "TEST_RSHMEMI_COLL_BLOCK_KNOB";
-        std::env::remove_var(V);
-        assert_eq!(block_bytes_from_env(V, PULL_BLOCK_BYTES).unwrap(), 64 << 10);
-        assert_eq!(blocks_from_env(V, PULL_MAX_BLOCKS, 128).unwrap(), 128);
-        for (v, bytes, blocks) in [
-            ("8K", Some(8 << 10), None),
-            ("16", Some(16), Some(16)),
-            ("1024", Some(1024), None),
-            ("128", Some(128), Some(128)),
-            ("8", None, Some(8)),
-            ("0", None, None),
-            ("2G", None, None),
-            ("lots", None, None),
-        ] {
-            std::env::set_var(V, v);
-            let (a, b) = (block_bytes_from_env(V, 1), blocks_from_env(V, 1, 128));
-            std::env::remove_var(V);
-            expect_knob(a, bytes, V, &format!("bytes {v}"));
-            expect_knob(b.map(|b| b as usize), blocks, V, &format!("blocks {v}"));
-        }
-    }
-
-    #[test]
     fn default_ll_sizes_fit_a_sixteenth_of_the_heap() {
         let z = |r: usize, t: usize| LlSizes {
             all_reduce: r << 10,
@@ -2971,7 +2644,7 @@ mod tests {
 
     #[test]
     fn which_plans_fuse() {
-        let lim = COLL_FUSED_BYTES;
+        let lim = crate::backend::cuda::COLL_FUSED_BYTES;
         // one-shot all_reduce out of place: 4 members × 1000 f32 = 16 000 bytes read
         let p = plan::all_reduce(shape(4, 1, false), 1000, Algo::OneShot);
         assert!(fusable(&p, 4, lim));

@@ -67,7 +67,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
     let iters = iters.max(1);
     let g = CudaPe::new(pe)?;
     let config = CollConfig::from_env()?;
-    let coll = GpuColl::new(g, config)?;
+    let coll = GpuColl::new(g, config, super::coll_tuning::CollTuning::from_env()?)?;
     let unit = 4 * n;
     let max = sizes.iter().copied().max().unwrap_or(0).max(unit) / unit * unit;
     let src = pe.alloc_aligned::<f32>(max / 4, 4096)?;

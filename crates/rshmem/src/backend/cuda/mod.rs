@@ -94,6 +94,7 @@ mod api;
 pub mod bench;
 mod coll;
 mod coll_bench;
+mod coll_tuning;
 pub mod ep;
 mod ep_base;
 pub(crate) mod ffi;
@@ -110,14 +111,15 @@ mod srcparse;
 
 pub use api::{CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 pub use bench::{bench, BenchRecord};
-pub use coll::{
-    coll_kernel_names, coll_nvrtc_options, default_ll_sizes, GpuColl, LlSizes, COLL_FUSED_BYTES,
-    COLL_LL_A2A_BYTES, COLL_LL_BYTES, COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES,
-    COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_RS_BYTES, COLL_PUSH_A2A_BYTES,
-    COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES, COLL_TWO_SHOT_PULL_PAIR_BYTES,
-    LL_MAX_MEMBERS,
-};
+pub use coll::{coll_kernel_names, default_ll_sizes, GpuColl, LlSizes, LL_MAX_MEMBERS};
+pub use coll::{COLL_LL_A2A_BYTES, COLL_LL_BYTES};
 pub use coll_bench::{coll_bench, CollBenchRecord};
+pub use coll_tuning::{
+    CollTuning, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_PULL_A2A_BYTES,
+    COLL_PULL_ALL_REDUCE_BYTES, COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES,
+    COLL_PULL_RS_BYTES, COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
+    COLL_TWO_SHOT_PULL_PAIR_BYTES,
+};
 pub use info::{info, GpuInfo, Info};
 
 use super::{AtomicOp, Backend};
@@ -427,7 +429,7 @@ pub fn precompile(arch: &str) -> Result<Vec<(String, usize)>> {
     let mut out = Vec::new();
     let internal = nvrtc::compile(&nvrtc::with_header(nvrtc::INTERNAL_KERNELS), arch, &[])?;
     out.push(("internal".to_string(), internal.len()));
-    let co = coll::coll_nvrtc_options();
+    let co = CollTuning::from_env()?.nvrtc_options;
     let co: Vec<&str> = co.iter().map(|s| s.as_str()).collect();
     let c = nvrtc::compile(&nvrtc::with_header(nvrtc::COLL_KERNELS), arch, &co)?;
     out.push(("coll".to_string(), c.len()));
