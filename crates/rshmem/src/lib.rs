@@ -24,6 +24,7 @@ pub mod bootstrap;
 pub mod coll;
 pub mod config;
 mod control;
+pub mod cuda;
 pub mod elem;
 pub mod ep;
 mod error;
@@ -38,7 +39,6 @@ mod sync;
 mod team;
 mod world;
 
-pub use backend::cuda;
 pub use bootstrap::{unique_id, Bootstrap, InProcBootstrap, Locality, TcpBootstrap};
 pub use config::{BackendKind, Config, HeapKind};
 pub use elem::{AtomicElem, Cmp, Elem, ElemKind, SignalOp};

@@ -90,7 +90,7 @@
 //! context and queues, time-sliced by the GPU), has not shown it. (NVSHMEM, for comparison,
 //! runs several PEs on one GPU only as processes, with limited support unless CUDA MPS runs.)
 
-mod api;
+pub(crate) mod api;
 pub mod bench;
 mod coll;
 mod coll_bench;
@@ -410,38 +410,6 @@ fn word(b: &[u8], i: usize) -> u64 {
         .and_then(|c| c.try_into().ok())
         .map(u64::from_le_bytes)
         .unwrap_or(0)
-}
-
-/// Compiles every module rshmem itself loads (its internal kernels, the collectives with
-/// `RSHMEM_CUDA_COLL_NVRTC_OPTS`, the MoE kernels for each hidden-state and id type) for
-/// `arch` (e.g. `sm_90`) into the kernel cache (`RSHMEM_CACHE_DIR`), so that a first run on
-/// a GPU machine skips NVRTC (`rshmem compile`). Needs NVRTC only, no GPU. Returns each
-/// module's name and cubin size.
-///
-/// ```no_run
-/// for (name, bytes) in rshmem::cuda::precompile("sm_90")? {
-///     println!("{name}: {bytes} bytes");
-/// }
-/// # Ok::<(), rshmem::Error>(())
-/// ```
-pub fn precompile(arch: &str) -> Result<Vec<(String, usize)>> {
-    use crate::elem::ElemKind;
-    let mut out = Vec::new();
-    let internal = nvrtc::compile(&nvrtc::with_header(nvrtc::INTERNAL_KERNELS), arch, &[])?;
-    out.push(("internal".to_string(), internal.len()));
-    let co = CollTuning::from_env()?.nvrtc_options;
-    let co: Vec<&str> = co.iter().map(|s| s.as_str()).collect();
-    let c = nvrtc::compile(&nvrtc::with_header(nvrtc::COLL_KERNELS), arch, &co)?;
-    out.push(("coll".to_string(), c.len()));
-    for t in [ElemKind::Bf16, ElemKind::F32, ElemKind::F16] {
-        for id in [ElemKind::I32, ElemKind::I64] {
-            let o = ep::kernel_options(t, id)?;
-            let o: Vec<&str> = o.iter().map(|s| s.as_str()).collect();
-            let m = nvrtc::compile(&nvrtc::with_header(ep::EP_KERNELS), arch, &o)?;
-            out.push((format!("ep ({}, {})", t.name(), id.name()), m.len()));
-        }
-    }
-    Ok(out)
 }
 
 /// Loads rshmem's internal kernels on `gpu` and fills their device state.

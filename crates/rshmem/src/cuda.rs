@@ -1,0 +1,57 @@
+//! rshmem's CUDA API in one place, gathered from the layers that implement it: the backend
+//! (`backend/cuda`: driver calls, per-GPU contexts, heaps, stream-ordered operations, NVRTC
+//! kernels with the device header), the GPU collectives and the GPU MoE buffers. Loaded at run
+//! time: a machine without CUDA gets [`crate::Error::Backend`] from the first call, never a
+//! panic.
+
+use crate::error::Result;
+
+// The backend: stream-ordered and device-initiated operations, kernels, facts, benchmarks.
+pub use crate::backend::cuda::{bench, nccl, nvrtc};
+pub use crate::backend::cuda::{
+    info, BenchRecord, CudaPe, DeviceTeam, GpuInfo, Graph, Info, Kernel, KernelArg, Stream,
+};
+// The collectives on GPUs.
+pub use crate::backend::cuda::{
+    coll_bench, coll_kernel_names, default_ll_sizes, CollBenchRecord, CollTuning, GpuColl,
+    LlSizes, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_LL_A2A_BYTES,
+    COLL_LL_BYTES, COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES,
+    COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES, COLL_PULL_RS_BYTES,
+    COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
+    COLL_TWO_SHOT_PULL_PAIR_BYTES, LL_MAX_MEMBERS,
+};
+// MoE dispatch/combine on GPUs.
+pub use crate::backend::cuda::ep;
+
+/// Compiles every module rshmem itself loads (its internal kernels, the collectives with
+/// `RSHMEM_CUDA_COLL_NVRTC_OPTS`, the MoE kernels for each hidden-state and id type) for
+/// `arch` (e.g. `sm_90`) into the kernel cache (`RSHMEM_CACHE_DIR`), so that a first run on
+/// a GPU machine skips NVRTC (`rshmem compile`). Needs NVRTC only, no GPU. Returns each
+/// module's name and cubin size.
+///
+/// ```no_run
+/// for (name, bytes) in rshmem::cuda::precompile("sm_90")? {
+///     println!("{name}: {bytes} bytes");
+/// }
+/// # Ok::<(), rshmem::Error>(())
+/// ```
+pub fn precompile(arch: &str) -> Result<Vec<(String, usize)>> {
+    use crate::elem::ElemKind;
+    let mut out = Vec::new();
+    let internal = nvrtc::compile(&nvrtc::with_header(nvrtc::INTERNAL_KERNELS), arch, &[])?;
+    out.push(("internal".to_string(), internal.len()));
+    let co = CollTuning::from_env()?.nvrtc_options;
+    let co: Vec<&str> = co.iter().map(|s| s.as_str()).collect();
+    let c = nvrtc::compile(&nvrtc::with_header(nvrtc::COLL_KERNELS), arch, &co)?;
+    out.push(("coll".to_string(), c.len()));
+    for t in [ElemKind::Bf16, ElemKind::F32, ElemKind::F16] {
+        for id in [ElemKind::I32, ElemKind::I64] {
+            let o = ep::kernel_options(t, id)?;
+            let o: Vec<&str> = o.iter().map(|s| s.as_str()).collect();
+            let m = nvrtc::compile(&nvrtc::with_header(ep::EP_KERNELS), arch, &o)?;
+            out.push((format!("ep ({}, {})", t.name(), id.name()), m.len()));
+        }
+    }
+    Ok(out)
+}
+
