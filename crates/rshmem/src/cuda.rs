@@ -12,9 +12,9 @@ pub use crate::backend::cuda::{
     info, BenchRecord, CudaPe, DeviceTeam, GpuInfo, Graph, Info, Kernel, KernelArg, Stream,
 };
 // The collectives on GPUs.
-pub use crate::backend::cuda::{
-    coll_bench, coll_kernel_names, default_ll_sizes, CollBenchRecord, CollTuning, GpuColl,
-    LlSizes, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_LL_A2A_BYTES,
+pub use crate::coll::cuda::{
+    coll_bench, coll_kernel_names, default_ll_sizes, CollBenchRecord, CollTuning, GpuColl, LlSizes,
+    PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_KERNELS, COLL_LL_A2A_BYTES,
     COLL_LL_BYTES, COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES,
     COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES, COLL_PULL_RS_BYTES,
     COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
@@ -42,7 +42,7 @@ pub fn precompile(arch: &str) -> Result<Vec<(String, usize)>> {
     out.push(("internal".to_string(), internal.len()));
     let co = CollTuning::from_env()?.nvrtc_options;
     let co: Vec<&str> = co.iter().map(|s| s.as_str()).collect();
-    let c = nvrtc::compile(&nvrtc::with_header(nvrtc::COLL_KERNELS), arch, &co)?;
+    let c = nvrtc::compile(&nvrtc::with_header(COLL_KERNELS), arch, &co)?;
     out.push(("coll".to_string(), c.len()));
     for t in [ElemKind::Bf16, ElemKind::F32, ElemKind::F16] {
         for id in [ElemKind::I32, ElemKind::I64] {
@@ -54,4 +54,3 @@ pub fn precompile(arch: &str) -> Result<Vec<(String, usize)>> {
     }
     Ok(out)
 }
-

@@ -145,7 +145,7 @@ fn nvrtc_compiles_every_kernel() {
         ("many-PE kernels", cuda::nvrtc::with_header(MANY_PE_KERNELS)),
         (
             "collective kernels",
-            cuda::nvrtc::with_header(cuda::nvrtc::COLL_KERNELS),
+            cuda::nvrtc::with_header(cuda::COLL_KERNELS),
         ),
         ("header alone", cuda::nvrtc::with_header("")),
     ];

@@ -28,7 +28,7 @@ use std::time::Duration;
 #[test]
 fn coll_kernels_compile_and_export_every_name() {
     let ci = std::env::var_os("CI").is_some();
-    let src = cuda::nvrtc::with_header(cuda::nvrtc::COLL_KERNELS);
+    let src = cuda::nvrtc::with_header(cuda::COLL_KERNELS);
     let cubin = match cuda::nvrtc::compile(&src, "sm_90", &[]) {
         Ok(c) => c,
         Err(e) if !ci && format!("{e}").contains("was not found") => {

@@ -63,6 +63,7 @@
 //! because every call synchronises its team before it writes and after its last read.
 
 pub mod bench;
+pub(crate) mod cuda;
 mod exec;
 pub mod plan;
 mod reduce;

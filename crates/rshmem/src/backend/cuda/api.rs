@@ -30,13 +30,13 @@ pub struct CudaPe<'a> {
 }
 
 impl<'a> CudaPe<'a> {
-    pub(super) fn backend(&self) -> &'a CudaBackend {
+    pub(crate) fn backend(&self) -> &'a CudaBackend {
         self.b
     }
-    pub(super) fn pe_ref(&self) -> &'a Pe {
+    pub(crate) fn pe_ref(&self) -> &'a Pe {
         self.pe
     }
-    pub(super) fn check_stream_pub(&self, s: &Stream) -> Result<()> {
+    pub(crate) fn check_stream_pub(&self, s: &Stream) -> Result<()> {
         self.check_stream(s)
     }
 }
@@ -44,7 +44,7 @@ impl<'a> CudaPe<'a> {
 /// A CUDA stream: owned by rshmem or wrapping the caller's `CUstream`.
 #[derive(Debug)]
 pub struct Stream {
-    pub(super) raw: RawStream,
+    pub(crate) raw: RawStream,
     backend_gpu: usize,
 }
 
@@ -64,7 +64,7 @@ unsafe impl Sync for Graph {}
 /// A kernel compiled with the device header and loaded on one PE's GPU (with its device state).
 #[derive(Debug, Clone)]
 pub struct Kernel {
-    pub(super) module: Arc<Module>,
+    pub(crate) module: Arc<Module>,
     func: Func,
     name: String,
 }
@@ -732,7 +732,7 @@ impl<'a> CudaPe<'a> {
     }
 
     /// `len` zeroed bytes of page-locked host memory of this PE's GPU context.
-    pub(super) fn host_buf(&self, len: usize) -> Result<gpu::HostBuf> {
+    pub(crate) fn host_buf(&self, len: usize) -> Result<gpu::HostBuf> {
         gpu::HostBuf::zeroed(&self.b.gpu, len)
     }
 }

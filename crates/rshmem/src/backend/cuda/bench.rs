@@ -37,10 +37,10 @@ pub struct BenchRecord {
 }
 
 /// A CUDA event, destroyed on drop.
-pub(super) struct Ev(pub(super) cu::CUevent);
+pub(crate) struct Ev(pub(crate) cu::CUevent);
 impl Ev {
     /// A new event in the current context.
-    pub(super) fn new() -> Result<Ev> {
+    pub(crate) fn new() -> Result<Ev> {
         let mut e = std::ptr::null_mut();
         // SAFETY: creates an event in the current context (callers bind first).
         ffi::check(unsafe { cu::cuEventCreate(&mut e, 0) }, "cuEventCreate")?;
@@ -55,7 +55,7 @@ impl Drop for Ev {
 }
 
 /// Times `f` `iters` times on `s` with events; returns microseconds per call.
-pub(super) fn time_stream(
+pub(crate) fn time_stream(
     g: &CudaPe<'_>,
     s: &Stream,
     iters: usize,
@@ -95,7 +95,7 @@ pub(super) fn time_stream(
 /// As [`time_stream`], but `iters` calls of `f` are captured once into a CUDA graph and the
 /// graph is replayed (what a graph-capturing user pays: no host work per call). One warm-up
 /// call and one warm-up replay come first.
-pub(super) fn time_graph(
+pub(crate) fn time_graph(
     g: &CudaPe<'_>,
     s: &Stream,
     iters: usize,
@@ -123,7 +123,7 @@ pub(super) fn time_graph(
 /// 16; default 64 KiB, 0 for a contiguous share per block).
 fn bench_chunk(name: &str) -> Result<usize> {
     let ok = |v: usize| v.is_multiple_of(16);
-    super::coll_tuning::knob_from_env(name, 64 << 10, ok, "must be a multiple of 16")
+    super::knobs::knob_from_env(name, 64 << 10, ok, "must be a multiple of 16")
 }
 
 /// Runs the CUDA benchmarks (collective over every PE; PE 0 and PE 1 take part, the others

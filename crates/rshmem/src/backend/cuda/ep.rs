@@ -273,14 +273,14 @@ impl TokensCombine {
 /// `RSHMEM_EP_SPLIT_COMBINE` (0 or 1, default 1): whether `combine` may take the split kernel
 /// (`ep_csplit`) where every PE of the team has its GPU alone.
 fn split_combine_from_env() -> Result<bool> {
-    Ok(super::coll_tuning::knob_from_env("RSHMEM_EP_SPLIT_COMBINE", 1, |v| v <= 1, "0 or 1")? == 1)
+    Ok(super::knobs::knob_from_env("RSHMEM_EP_SPLIT_COMBINE", 1, |v| v <= 1, "0 or 1")? == 1)
 }
 
 /// `RSHMEM_EP_READBACK_SYNC` (0 or 1, default 0; a measurement knob): 1 makes normal-mode
 /// dispatch synchronise its stream before reading the counts instead of waiting for the
 /// readback's number.
 fn readback_sync_from_env() -> Result<bool> {
-    Ok(super::coll_tuning::knob_from_env("RSHMEM_EP_READBACK_SYNC", 0, |v| v <= 1, "0 or 1")? == 1)
+    Ok(super::knobs::knob_from_env("RSHMEM_EP_READBACK_SYNC", 0, |v| v <= 1, "0 or 1")? == 1)
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -295,7 +295,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 fn block_threads(name: &str, v: Option<&str>, default: u32) -> Result<u32> {
     let ok = |t: usize| (64..=BLOCK as usize).contains(&t) && t.is_multiple_of(32);
     let what = format!("expected a multiple of 32 from 64 to {BLOCK}");
-    Ok(super::coll_tuning::knob_value(name, v, default as usize, ok, &what)? as u32)
+    Ok(super::knobs::knob_value(name, v, default as usize, ok, &what)? as u32)
 }
 
 /// NVRTC `-D` options of the kernels for hidden type `T` and id type `I`.
@@ -768,13 +768,8 @@ impl<T: Elem> Buffer<T> {
             )?;
             let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", PSTREAM_BLOCK)?;
             let blocks = |name: &str| {
-                super::coll_tuning::knob_from_env(
-                    name,
-                    0,
-                    |v| v <= MAX_GRID as usize,
-                    "at most 1024",
-                )
-                .map(|v| v as u32)
+                super::knobs::knob_from_env(name, 0, |v| v <= MAX_GRID as usize, "at most 1024")
+                    .map(|v| v as u32)
             };
             let grids = (
                 blocks("RSHMEM_EP_SEND_BLOCKS")?,

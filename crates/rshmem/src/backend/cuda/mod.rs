@@ -92,9 +92,6 @@
 
 pub(crate) mod api;
 pub mod bench;
-mod coll;
-mod coll_bench;
-mod coll_tuning;
 pub mod ep;
 mod ep_base;
 pub(crate) mod ffi;
@@ -102,24 +99,16 @@ pub(crate) mod gpu;
 mod grave;
 mod heap;
 mod info;
+pub(crate) mod knobs;
 #[cfg(all(test, loom))]
 mod models;
 pub mod nccl;
 pub mod nvrtc;
 #[cfg(test)]
-mod srcparse;
+pub(crate) mod srcparse;
 
 pub use api::{CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 pub use bench::{bench, BenchRecord};
-pub use coll::{coll_kernel_names, default_ll_sizes, GpuColl, LlSizes, LL_MAX_MEMBERS};
-pub use coll::{COLL_LL_A2A_BYTES, COLL_LL_BYTES};
-pub use coll_bench::{coll_bench, CollBenchRecord};
-pub use coll_tuning::{
-    CollTuning, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_PULL_A2A_BYTES,
-    COLL_PULL_ALL_REDUCE_BYTES, COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES,
-    COLL_PULL_RS_BYTES, COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
-    COLL_TWO_SHOT_PULL_PAIR_BYTES,
-};
 pub use info::{info, GpuInfo, Info};
 
 use super::{AtomicOp, Backend};

@@ -8,11 +8,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The device header, prepended to every program compiled through rshmem.
-pub const DEVICE_HEADER: &str = include_str!("../../kernels/rshmem_device.cuh");
+pub const DEVICE_HEADER: &str = include_str!("kernels/rshmem_device.cuh");
 /// rshmem's own kernels (host-API atomics, stream signals and barriers, benchmarks).
-pub const INTERNAL_KERNELS: &str = include_str!("../../kernels/internal.cu");
-/// The stream-ordered collectives' kernels (`rshmem::cuda::GpuColl`).
-pub const COLL_KERNELS: &str = include_str!("../../kernels/coll.cu");
+pub const INTERNAL_KERNELS: &str = include_str!("kernels/internal.cu");
 
 /// 64-bit FNV-1a (stable across builds, unlike std's hasher).
 pub fn fnv(parts: &[&[u8]]) -> u64 {

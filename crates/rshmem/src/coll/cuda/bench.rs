@@ -1,10 +1,10 @@
 //! Benchmarks of the stream-ordered collectives ([`GpuColl`]) against NCCL on the same
 //! buffers in the same run (nccl-tests conventions).
 
-use super::api::CudaPe;
-use super::bench::{time_graph, time_stream};
-use super::coll::GpuColl;
-use super::nccl::{DataType, Nccl};
+use super::GpuColl;
+use crate::backend::cuda::api::{CudaPe, Stream};
+use crate::backend::cuda::bench::{time_graph, time_stream};
+use crate::backend::cuda::nccl::{self, DataType, Nccl};
 use crate::coll::bench::bus_factor;
 use crate::coll::{CollConfig, CollKind, ReduceOp};
 use crate::error::{Error, Result};
@@ -67,7 +67,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
     let iters = iters.max(1);
     let g = CudaPe::new(pe)?;
     let config = CollConfig::from_env()?;
-    let coll = GpuColl::new(g, config, super::coll_tuning::CollTuning::from_env()?)?;
+    let coll = GpuColl::new(g, config, super::CollTuning::from_env()?)?;
     let unit = 4 * n;
     let max = sizes.iter().copied().max().unwrap_or(0).max(unit) / unit * unit;
     let src = pe.alloc_aligned::<f32>(max / 4, 4096)?;
@@ -79,13 +79,13 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
 
     // NCCL: loaded everywhere or used nowhere.
     let lib = Nccl::load();
-    let (comm, note) = super::nccl::world_comm(pe, &g, &lib)?;
+    let (comm, note) = nccl::world_comm(pe, &g, &lib)?;
 
     // RSHMEM_BENCH_GRAPH=1: both sides timed as replays of a captured graph of `iters` calls
     // (no host work per call), else as calls issued back to back (nccl-tests' default).
     let graph = std::env::var("RSHMEM_BENCH_GRAPH").is_ok_and(|v| v == "1");
     let timer = |g: &CudaPe<'_>,
-                 s: &super::api::Stream,
+                 s: &Stream,
                  iters: usize,
                  f: &mut dyn FnMut() -> Result<()>|
      -> Result<f64> {

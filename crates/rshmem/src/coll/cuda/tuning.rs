@@ -2,11 +2,12 @@
 //! read from the environment once ([`CollTuning::from_env`]) and handed to
 //! [`super::GpuColl::new`]. docs/tuning.md lists the variables.
 
-use super::coll::{
+use super::ll::{
     default_ll_sizes, LlSizes, LL_A2A_MAX_BLOCKS, LL_CTRL_LINES, LL_KERNEL_MAX_BLOCKS,
     LL_LINES_PER_THREAD, LL_MAX_BLOCKS, LL_THREADS, LL_THREAD_LINES, PULL_AR_BLOCK_BYTES,
     PULL_BLOCK_BYTES, PULL_MAX_BLOCKS,
 };
+use crate::backend::cuda::knobs::knob_from_env;
 use crate::error::{Error, Result};
 
 /// Default of [`super::GpuColl::fused_bytes`].
@@ -163,7 +164,7 @@ pub struct CollTuning {
     pub pull_reduce_scatter: usize,
     /// Bytes read per PE up to which a one-phase plan runs as one fused kernel (0: never).
     pub fused_bytes: usize,
-    /// Extra NVRTC options of the collectives' module: `coll.cu`'s compile-time switches, for
+    /// Extra NVRTC options of the collectives' module: the compile-time switches of `kernels/`, for
     /// measurements.
     pub nvrtc_options: Vec<String>,
 }
@@ -359,32 +360,6 @@ impl CollTuning {
         }
         Ok(())
     }
-}
-
-/// A measurement knob from `name`: `default` when unset, an error naming the variable and
-/// `what` when the value is not a size or `ok` refuses it.
-pub(super) fn knob_from_env(
-    name: &str,
-    default: usize,
-    ok: impl Fn(usize) -> bool,
-    what: &str,
-) -> Result<usize> {
-    knob_value(name, std::env::var(name).ok().as_deref(), default, ok, what)
-}
-
-/// [`knob_from_env`] on the value `v` of variable `name` (`None` or empty: unset).
-pub(super) fn knob_value(
-    name: &str,
-    v: Option<&str>,
-    default: usize,
-    ok: impl Fn(usize) -> bool,
-    what: &str,
-) -> Result<usize> {
-    let v = crate::coll::size_value(name, v)?.unwrap_or(default);
-    if !ok(v) {
-        return Err(Error::invalid(format!("{name}={v}: {what}")));
-    }
-    Ok(v)
 }
 
 /// Most blocks of a kernel that waits for peers, from `name`, 1 to `max`, else `default`.

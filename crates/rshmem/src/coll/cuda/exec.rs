@@ -1,0 +1,631 @@
+//! The GPU executor of the collectives' plans (barrier, copy and reduce kernels), the staging
+//! memory, the error record, and the size limits that choose between paths.
+
+use super::*;
+
+impl GpuColl<'_> {
+    /// The configuration (algorithm choice).
+    pub fn config(&self) -> &CollConfig {
+        &self.config
+    }
+
+    /// Makes sure `bytes` of staging memory exist (call before capturing an in-place one-shot
+    /// all_reduce or in-place all_to_all of that size; calls outside capture grow it on demand,
+    /// but best before the first collective: see the [`GpuColl`] docs). 64 KiB exist from
+    /// [`GpuColl::new`].
+    pub fn reserve(&self, bytes: usize) -> Result<()> {
+        self.temp_addr(None, bytes).map(|_| ())
+    }
+
+    pub(super) fn temp_addr(&self, s: Option<&Stream>, bytes: usize) -> Result<u64> {
+        let mut t = self.temp.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((b, cap)) = t.last() {
+            if *cap >= bytes {
+                return Ok(b.ptr);
+            }
+        }
+        if let Some(s) = s {
+            if s.is_capturing()? {
+                return Err(Error::invalid(format!(
+                    "this collective needs {bytes} bytes of staging memory, more than reserved; \
+                     call GpuColl::reserve({bytes}) (or run it once) before capturing"
+                )));
+            }
+        }
+        let cap = bytes.next_power_of_two().max(MIN_STAGING);
+        let b = DevBuf::zeroed_on(&self.own, cap)?;
+        let p = b.ptr;
+        t.push((b, cap));
+        Ok(p)
+    }
+
+    /// Reads and clears the device error flags; call after the stream is synchronised, outside
+    /// capture. Members whose calls differ (the signatures their first barriers carried)
+    /// become [`Error::CollectiveMismatch`] naming the first differing member and both calls
+    /// (reported in preference to the others; those calls moved no data on any member).
+    /// Device-side count violations become [`Error::Capacity`] (device counts beyond
+    /// the objects) or [`Error::InvalidArgument`] (counts that do not pair up); device wait
+    /// timeouts become [`Error::Timeout`]. After a device wait of this PE timed out, its
+    /// collectives move no data (barriers still run) until this check or [`Pe::quiet`](crate::Pe::quiet) clears
+    /// the flag: a PE that gave up on a barrier never overwrites what its peers may still read.
+    pub fn check_errors(&self) -> Result<()> {
+        // The device timeout flag is read (and cleared) after the record: a mismatch, which
+        // makes members pad their barriers, is the cause to report before any timeout.
+        let timeout = self.g.check_device_errors();
+        let b = self.g.backend();
+        let mut w = [0u64; ERR_SKIP];
+        let bytes = ERR_SKIP * 8;
+        let _g = b.gpu.bind()?;
+        // SAFETY: the record proper (the skip flags stay) of our own error record into a
+        // local, on our own stream (then synchronised); cleared the same way.
+        unsafe {
+            ffi::check(
+                ffi::cu::cuMemcpyDtoHAsync_v2(
+                    w.as_mut_ptr() as *mut _,
+                    self.err.ptr,
+                    bytes,
+                    self.own.raw,
+                ),
+                "cuMemcpyDtoHAsync",
+            )?;
+            self.own.sync()?;
+            if w[0] != 0 {
+                ffi::check(
+                    ffi::cu::cuMemsetD8Async(self.err.ptr, 0, bytes, self.own.raw),
+                    "cuMemsetD8Async",
+                )?;
+                self.own.sync()?;
+            }
+        }
+        if let Some(e) = mismatch_error(&w) {
+            return Err(e);
+        }
+        timeout?;
+        let v = [w[0], w[1], w[2], w[3], w[4]].map(|x| x as usize);
+        if w[0] & ERR_CAPACITY != 0 {
+            return Err(Error::Capacity {
+                op: "cuda all_to_all_v (device counts)",
+                src_pe: v[1],
+                dst_pe: v[2],
+                needed: v[3],
+                capacity: v[4],
+            });
+        }
+        if w[0] & ERR_A2AV != 0 {
+            return Err(Error::invalid(
+                "cuda all_to_all_v: counts or displacements did not pair up between members \
+                 or exceeded the objects; nothing was copied for those pairs",
+            ));
+        }
+        Ok(())
+    }
+
+    // ----- validation helpers -----
+
+    pub(super) fn team(&self, s: &Stream, team: &Team) -> Result<DeviceTeam> {
+        self.g.check_stream_pub(s)?;
+        self.g.device_team(team)
+    }
+
+    pub(super) fn buf<T: Elem>(&self, x: &(impl AsSym<T> + ?Sized), need: usize) -> Result<u64> {
+        let r = x.raw();
+        if need > r.len {
+            return Err(Error::OutOfBounds {
+                start: 0,
+                end: need,
+                len: r.len,
+            });
+        }
+        self.g.ptr(x)
+    }
+
+    /// `Some(true)`: same object; `Some(false)`: disjoint; error when they partly overlap.
+    pub(super) fn in_place<T: Elem>(
+        src: &(impl AsSym<T> + ?Sized),
+        dst: &(impl AsSym<T> + ?Sized),
+    ) -> Result<bool> {
+        let (a, b) = (src.raw(), dst.raw());
+        if a.offset == b.offset && a.len == b.len {
+            return Ok(true);
+        }
+        if a.overlaps(&b, std::mem::size_of::<T>()) {
+            return Err(Error::invalid(
+                "src and dst partly overlap (in place means the same object)",
+            ));
+        }
+        Ok(false)
+    }
+
+    pub(super) fn shape(dt: &DeviceTeam, in_place: bool) -> Shape {
+        Shape {
+            n: dt.size as usize,
+            me: dt.my_index as usize,
+            in_place,
+            chunk: usize::MAX,
+        }
+    }
+
+    /// The LL all_reduce kernel of `T` and `op` (checked by [`GpuColl::reduce_func`] first).
+    pub(super) fn ll_func<T: Elem>(&self, op: ReduceOp) -> Result<Func> {
+        self.typed[typed_index(T::KIND, op)][1]
+            .ok_or_else(|| Error::invalid("no LL kernel for this type"))
+    }
+
+    /// The pull all_reduce kernel of `T` and `op` (checked by [`GpuColl::reduce_func`] first).
+    pub(super) fn pull_ar_func<T: Elem>(&self, op: ReduceOp) -> Result<Func> {
+        self.typed[typed_index(T::KIND, op)][2]
+            .ok_or_else(|| Error::invalid("no pull all_reduce kernel for this type"))
+    }
+
+    pub(super) fn reduce_func<T: Elem>(&self, op: ReduceOp) -> Result<Func> {
+        op.check(T::KIND)?;
+        self.typed[typed_index(T::KIND, op)][0]
+            .ok_or_else(|| Error::invalid("no reduction kernel for this type"))
+    }
+
+    // ----- launches -----
+
+    pub(super) fn sync(&self, s: &Stream, dt: DeviceTeam) -> Result<()> {
+        let mut t = dt;
+        let mut p = [&mut t as *mut DeviceTeam as *mut std::ffi::c_void];
+        let threads = dt.sync_threads();
+        // SAFETY: matches rshmemi_team_sync(rshmem_team) (five ints, repr(C)).
+        unsafe { gpu::launch(&s.raw, self.g.backend().f_team_sync, 1, threads, 0, &mut p) }
+    }
+
+    /// The check argument of a call on `dt` with signature `sig` (default: data kernels that
+    /// only read the skip flag).
+    pub(super) fn check(&self, dt: DeviceTeam, sig: [u64; SIG_WORDS]) -> Result<Check> {
+        let row = (dt.slot as usize) * self.n_pes * SIG_WORDS * 8;
+        Ok(Check {
+            sig,
+            slots: self.g.ptr(&self.sigs)? + row as u64,
+            err: self.err.ptr,
+        })
+    }
+
+    /// The first barrier of a call: carries and checks the signature (`rshmemi_coll_sync_sig`).
+    pub(super) fn sig_sync(&self, s: &Stream, dt: DeviceTeam, ck: Check) -> Result<()> {
+        let (mut t, mut c) = (dt, ck);
+        let mut p = [
+            &mut t as *mut DeviceTeam as *mut std::ffi::c_void,
+            &mut c as *mut Check as *mut _,
+        ];
+        // SAFETY: matches rshmemi_coll_sync_sig(rshmem_team, rshmemi_check) (repr(C)); the
+        // slot row is ours (symmetric, n_pes × SIG_WORDS words), err our record.
+        unsafe { gpu::launch(&s.raw, self.f_sync_sig, 1, dt.sync_threads(), 0, &mut p) }
+    }
+
+    pub(super) fn flush(
+        &self,
+        s: &Stream,
+        copies: &mut Vec<CopyDesc>,
+        dt: DeviceTeam,
+        fused: bool,
+        ck: Check,
+    ) -> Result<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let n = copies.len();
+        let max = copies.iter().map(|c| c.bytes).max().unwrap_or(0);
+        let per_block = (THREADS as u64) * 64;
+        let limit = ((4 * self.sms) as usize / n).max(1) as u64;
+        let per = max.div_ceil(per_block).clamp(1, limit) as u32;
+        let grid = if fused { 1 } else { n as u32 * per };
+        let (mut t, mut fu, mut k) = (dt, fused as i32, ck);
+        let mut c = Copies {
+            d: [CopyDesc::default(); MAX_COPIES],
+        };
+        c.d[..n].copy_from_slice(copies);
+        let mut ni = n as i32;
+        let mut p = [
+            &mut c as *mut Copies as *mut std::ffi::c_void,
+            &mut ni as *mut i32 as *mut _,
+            &mut t as *mut DeviceTeam as *mut _,
+            &mut fu as *mut i32 as *mut _,
+            &mut k as *mut Check as *mut _,
+        ];
+        copies.clear();
+        // SAFETY: matches rshmemi_coll_copy(rshmemi_copies, int, rshmem_team, int,
+        // rshmemi_check): every
+        // descriptor's source is a checked range of a symmetric object (translated on the
+        // device) or our staging buffer, its destination a checked range of this PE's memory.
+        unsafe { gpu::launch(&s.raw, self.f_copy, grid, THREADS, 0, &mut p) }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reduce_launch(
+        &self,
+        s: &Stream,
+        f: Func,
+        dst: u64,
+        src: u64,
+        len: usize,
+        es: usize,
+        dt: DeviceTeam,
+        fused: bool,
+        ck: Check,
+    ) -> Result<()> {
+        let vecs = (len * es / 16 + 1) as u64;
+        let blocks = vecs.div_ceil(THREADS as u64).clamp(1, 4 * self.sms as u64) as u32;
+        let blocks = if fused { 1 } else { blocks };
+        let (mut d, mut sr, mut n, mut t) = (dst, src, len as u64, dt);
+        let (mut fu, mut k) = (fused as i32, ck);
+        let mut p = [
+            &mut d as *mut u64 as *mut std::ffi::c_void,
+            &mut sr as *mut u64 as *mut _,
+            &mut n as *mut u64 as *mut _,
+            &mut t as *mut DeviceTeam as *mut _,
+            &mut fu as *mut i32 as *mut _,
+            &mut k as *mut Check as *mut _,
+        ];
+        // SAFETY: matches rshmemi_coll_reduce_*(T*, const T*, u64, rshmem_team, int,
+        // rshmemi_check); ranges checked.
+        unsafe { gpu::launch(&s.raw, f, blocks, THREADS, 0, &mut p) }
+    }
+
+    /// Runs `plan` on the stream: barriers for syncs (the first carries `sig`), one kernel per
+    /// phase.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn exec(
+        &self,
+        s: &Stream,
+        dt: DeviceTeam,
+        plan: &Plan,
+        src: u64,
+        dst: u64,
+        es: usize,
+        reduce: Option<Func>,
+        sig: CallSig,
+    ) -> Result<()> {
+        if plan.steps.first() != Some(&Step::Sync) || plan.syncs() < 2 {
+            return Err(Error::invalid(
+                "internal: a collective plan must start with a barrier and have two",
+            ));
+        }
+        let ck = self.check(
+            dt,
+            CallSig {
+                syncs: plan.syncs(),
+                ..sig
+            }
+            .pack()?,
+        )?;
+        let temp = if plan.temp_len > 0 {
+            self.temp_addr(Some(s), plan.temp_len * es)?
+        } else {
+            0
+        };
+        let addr = |b: Buf, at: usize| -> u64 {
+            (match b {
+                Buf::Src => src,
+                Buf::Dst => dst,
+                Buf::Temp => temp,
+            }) + (at * es) as u64
+        };
+        let fused = self.fusable(plan, es);
+        let steps = if fused {
+            &plan.steps[1..plan.steps.len() - 1]
+        } else {
+            &plan.steps[..]
+        };
+        let mut copies = Vec::new();
+        let mut first = true;
+        for step in steps {
+            match *step {
+                Step::Sync => {
+                    self.flush(s, &mut copies, dt, false, ck)?;
+                    if std::mem::take(&mut first) {
+                        self.sig_sync(s, dt, ck)?;
+                    } else {
+                        self.sync(s, dt)?;
+                    }
+                }
+                Step::Copy {
+                    peer,
+                    from,
+                    from_at,
+                    to,
+                    to_at,
+                    len,
+                } => {
+                    if len == 0 {
+                        continue;
+                    }
+                    let pe = if from == Buf::Temp {
+                        -1
+                    } else {
+                        (dt.start as i64) + peer as i64 * dt.stride as i64
+                    };
+                    copies.push(CopyDesc {
+                        dst: addr(to, to_at),
+                        src: addr(from, from_at),
+                        bytes: (len * es) as u64,
+                        pe,
+                    });
+                    if copies.len() == MAX_COPIES {
+                        self.flush(s, &mut copies, dt, fused, ck)?;
+                    }
+                }
+                Step::Reduce {
+                    from,
+                    from_at,
+                    to,
+                    to_at,
+                    len,
+                } => {
+                    self.flush(s, &mut copies, dt, fused, ck)?;
+                    if len > 0 {
+                        let f = reduce.ok_or_else(|| Error::invalid("plan reduces without op"))?;
+                        self.reduce_launch(
+                            s,
+                            f,
+                            addr(to, to_at),
+                            addr(from, from_at),
+                            len,
+                            es,
+                            dt,
+                            fused,
+                            ck,
+                        )?;
+                    }
+                }
+            }
+        }
+        self.flush(s, &mut copies, dt, fused, ck)
+    }
+
+    pub(super) fn fusable(&self, plan: &Plan, es: usize) -> bool {
+        fusable(plan, es, self.fused_bytes)
+    }
+
+    /// Bytes read per PE up to which a one-phase collective runs as one fused launch.
+    pub fn fused_bytes(&self) -> usize {
+        self.fused_bytes
+    }
+
+    /// Sets [`GpuColl::fused_bytes`] (0: never fuse).
+    pub fn set_fused_bytes(&mut self, bytes: usize) {
+        self.fused_bytes = bytes;
+    }
+
+    /// Largest all_to_all input or all_gather output (every pair's share together) of the
+    /// pull path (0: off;
+    /// default [`COLL_PULL_A2A_BYTES`], environment `RSHMEM_CUDA_COLL_PULL_A2A_BYTES`): an
+    /// out-of-place all_to_all beyond the LL size whose shares are whole 16-byte vectors runs
+    /// as one kernel of up to 128 blocks that moves every share straight between the members'
+    /// buffers after an LL handshake (by stores, see [`GpuColl::push_a2a_bytes`]; the data
+    /// crosses the link once, no barrier waits), on a team the LL paths serve; so does an
+    /// all_gather of that size.
+    pub fn pull_a2a_bytes(&self) -> usize {
+        self.pull_a2a_bytes
+    }
+
+    /// Largest all_reduce of the pull path on a team of `members` (0: off): an out-of-place
+    /// all_reduce past the LL size of whole 16-byte vectors runs one-shot as one kernel that
+    /// meets its peers through the LL headers and folds their inputs read in place (no barrier
+    /// launches), on a team the LL paths serve, unless an algorithm other than one-shot is
+    /// forced. Defaults: [`COLL_PULL_ALL_REDUCE_PAIR_BYTES`] (every size) for two members,
+    /// [`COLL_PULL_ALL_REDUCE_BYTES`] for more; `RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES` sets
+    /// both.
+    pub fn pull_all_reduce_bytes(&self, members: usize) -> usize {
+        self.pull_all_reduce.of(members)
+    }
+
+    /// Sets [`GpuColl::pull_all_reduce_bytes`] for every team size. Every PE must set the same.
+    pub fn set_pull_all_reduce_bytes(&mut self, bytes: usize) {
+        self.pull_all_reduce = PerTeam::all(bytes);
+    }
+
+    /// Smallest pull all_reduce of a two-member team that moves its data by stores (0: never):
+    /// each member stores its input into the other's `dst` in steps, publishing a count per
+    /// step after a system-scope fence, and folds the other's steps into its own `dst` as they
+    /// arrive. Both GPUs storing at once move more than both loading at once (2x H200: 365
+    /// against 336 GB/s each way), but the fence per step costs more than that gains below
+    /// about 256 MiB. Default [`COLL_PUSH_ALL_REDUCE_BYTES`];
+    /// `RSHMEM_CUDA_COLL_PUSH_ALL_REDUCE_BYTES`.
+    pub fn push_all_reduce_bytes(&self) -> usize {
+        self.push_all_reduce
+    }
+
+    /// Sets [`GpuColl::push_all_reduce_bytes`] (0: never; 1: every pull size). Both members of
+    /// a pair must set the same (a call that differs is reported as a mismatch).
+    pub fn set_push_all_reduce_bytes(&mut self, bytes: usize) {
+        self.push_all_reduce = bytes;
+    }
+
+    /// Smallest pull all_to_all or all_gather (every pair's share together, see
+    /// [`GpuColl::pull_a2a_bytes`]) whose members store their shares into the others' `dst`
+    /// instead of reading them from the others' `src` (0: never): after the same handshake, a
+    /// system-scope fence before each block's done line. Default [`COLL_PUSH_A2A_BYTES`];
+    /// `RSHMEM_CUDA_COLL_PUSH_A2A_BYTES`.
+    pub fn push_a2a_bytes(&self) -> usize {
+        self.push_a2a
+    }
+
+    /// Sets [`GpuColl::push_a2a_bytes`] (0: never; 1: every pull size). Every member must set
+    /// the same (a call that differs is reported as a mismatch).
+    pub fn set_push_a2a_bytes(&mut self, bytes: usize) {
+        self.push_a2a = bytes;
+    }
+
+    /// Whether an out-of-place all_to_all of `bytes` (all shares) on `team` between
+    /// 4096-aligned buffers runs the pull path by stores (what the benchmarks report).
+    pub fn all_to_all_uses_push(&self, team: &Team, bytes: usize) -> bool {
+        self.all_to_all_uses_pull(team, bytes) && self.pushes_a2a(bytes)
+    }
+
+    /// Whether an out-of-place all_gather of `bytes` (the whole output) on `team` between
+    /// 4096-aligned buffers runs the pull all_to_all's kernel (what the benchmarks report): the
+    /// same sizes as [`GpuColl::all_to_all_uses_pull`].
+    pub fn all_gather_uses_pull(&self, team: &Team, bytes: usize) -> bool {
+        self.all_to_all_uses_pull(team, bytes)
+    }
+
+    /// Whether that all_gather stores its shares ([`GpuColl::push_a2a_bytes`]).
+    pub fn all_gather_uses_push(&self, team: &Team, bytes: usize) -> bool {
+        self.all_to_all_uses_push(team, bytes)
+    }
+
+    /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
+    /// runs the pull path by stores (what the benchmarks report).
+    pub fn all_reduce_uses_push(&self, team: &Team, bytes: usize) -> bool {
+        self.all_reduce_pull_mode(team, bytes) == Some(PULL_AR_PUSH)
+    }
+
+    /// Smallest all_reduce of a team of `members` that runs the pull way two-shot (0: never):
+    /// an out-of-place all_reduce of whole 16-byte vectors past the LL size, no algorithm
+    /// forced, on a team the LL paths serve: after the pull handshake each member folds one
+    /// `1/members` part of the vectors from every member's src and stores it into every
+    /// member's dst, then a done line per block after a system-scope fence. Each member moves
+    /// `(members - 1) / members` of the message over its links each way, where the one-shot
+    /// pull reads `members - 1` times the message. Defaults:
+    /// [`COLL_TWO_SHOT_PULL_PAIR_BYTES`] for two members, [`COLL_TWO_SHOT_PULL_BYTES`] for
+    /// more; `RSHMEM_CUDA_COLL_TWO_SHOT_PULL_BYTES` sets both.
+    pub fn two_shot_pull_bytes(&self, members: usize) -> usize {
+        self.two_shot_pull.of(members)
+    }
+
+    /// Sets [`GpuColl::two_shot_pull_bytes`] for every team size. Every PE must set the same
+    /// (a member that runs a call another way is reported as a mismatch).
+    pub fn set_two_shot_pull_bytes(&mut self, bytes: usize) {
+        self.two_shot_pull = PerTeam::all(bytes);
+    }
+
+    /// Largest reduce_scatter input (every member's part together) of the pull path (0: off):
+    /// an out-of-place reduce_scatter past the LL size whose parts are whole 16-byte vectors
+    /// at 16-byte aligned addresses runs as one kernel in which every member folds its part of
+    /// the members' inputs, read in place, after the pull handshake (no barrier launches).
+    /// Default [`COLL_PULL_RS_BYTES`]; `RSHMEM_CUDA_COLL_PULL_RS_BYTES`.
+    pub fn pull_reduce_scatter_bytes(&self) -> usize {
+        self.pull_rs_bytes
+    }
+
+    /// Sets [`GpuColl::pull_reduce_scatter_bytes`]. Every PE must set the same.
+    pub fn set_pull_reduce_scatter_bytes(&mut self, bytes: usize) {
+        self.pull_rs_bytes = bytes;
+    }
+
+    /// Largest broadcast of the pull path on a team of `members` (0: off): a broadcast past
+    /// the LL size of whole 16-byte vectors runs as one kernel that meets its peers through
+    /// the LL headers, every member reading the root's `src` in place or, on teams of more
+    /// than two past [`GpuColl::chain_broadcast_bytes`], the one before it along a chain from
+    /// the root (in or out of place; no barrier launches), on a team the LL paths serve,
+    /// unless an algorithm is forced. Default `COLL_PULL_BCAST_BYTES` (`usize::MAX`: every size);
+    /// `RSHMEM_CUDA_COLL_PULL_BCAST_BYTES` sets it for every team size.
+    pub fn pull_broadcast_bytes(&self, members: usize) -> usize {
+        self.pull_bcast.of(members)
+    }
+
+    /// Sets [`GpuColl::pull_broadcast_bytes`] for every team size. Every PE must set the same.
+    pub fn set_pull_broadcast_bytes(&mut self, bytes: usize) {
+        self.pull_bcast = PerTeam::all(bytes);
+    }
+
+    /// Pull broadcasts past this size on teams of more than two members run along a chain
+    /// (the member at distance p from the root reads from the one at p - 1, in steps), so
+    /// each link carries the message once; up to it every member reads the root's `src`
+    /// (fewer hops of latency, the root's links carrying `members - 1` copies). Default
+    /// `COLL_CHAIN_BCAST_BYTES` (1 MiB); `RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES` sets it.
+    pub fn chain_broadcast_bytes(&self) -> usize {
+        self.chain_bcast
+    }
+
+    /// Sets [`GpuColl::chain_broadcast_bytes`]. Every PE should set the same (a member that
+    /// differs is reported as a mismatch).
+    pub fn set_chain_broadcast_bytes(&mut self, bytes: usize) {
+        self.chain_bcast = bytes;
+    }
+
+    /// Sets [`GpuColl::pull_a2a_bytes`]. Every PE must set the same (a member that runs a call
+    /// another way is reported as a mismatch).
+    pub fn set_pull_a2a_bytes(&mut self, bytes: usize) {
+        self.pull_a2a_bytes = bytes;
+    }
+
+    /// Members per [`GpuColl::all_to_all_v`] list launch, 1 to 64 (the default, and the most
+    /// a launch's arguments hold): smaller values only add launches. For tests, which cover
+    /// several chunks with small teams this way.
+    #[doc(hidden)]
+    pub fn set_a2av_chunk(&mut self, members: usize) -> Result<()> {
+        if !(1..=A2AV_CHUNK).contains(&members) {
+            return Err(Error::invalid(format!(
+                "all_to_all_v chunk of {members} members: 1 to {A2AV_CHUNK}"
+            )));
+        }
+        self.a2av_chunk = members;
+        Ok(())
+    }
+
+    /// The largest team [`GpuColl::all_to_all_v_device`] serves on this GPU.
+    pub fn all_to_all_v_device_max_team(&self) -> usize {
+        self.a2av_dev_max
+    }
+}
+
+/// True for a plan `Sync, (copies | one reduce), Sync` that reads something and at most
+/// `limit` bytes and uses no staging: it runs as one kernel of one block with the barriers
+/// inside. Every member runs exactly two barriers either way, so members may differ.
+pub(super) fn fusable(plan: &Plan, es: usize, limit: usize) -> bool {
+    let st = &plan.steps;
+    if plan.temp_len > 0 || st.len() < 3 || st[0] != Step::Sync || st[st.len() - 1] != Step::Sync {
+        return false;
+    }
+    let (mut bytes, mut copies, mut reduces) = (0usize, 0, 0);
+    for x in &st[1..st.len() - 1] {
+        match *x {
+            Step::Sync => return false,
+            Step::Copy { len, .. } => {
+                copies += 1;
+                bytes = bytes.saturating_add(len.saturating_mul(es));
+            }
+            Step::Reduce { len, .. } => {
+                reduces += 1;
+                bytes = bytes.saturating_add(len.saturating_mul(es * plan.shape.n));
+            }
+        }
+    }
+    let shape_ok = (reduces == 0 && copies <= MAX_COPIES) || (reduces == 1 && copies == 0);
+    shape_ok && bytes > 0 && bytes <= limit
+}
+
+/// Dynamic shared memory a block may use without opting in (48 KiB less 1 KiB kept for the
+/// kernel's static shared memory).
+pub(super) const SHARED_DEFAULT: usize = (48 << 10) - 1024;
+
+/// Prepares `rshmemi_coll_a2av_dev`'s dynamic shared memory (the team's count matrix, n² words)
+/// for teams up to the world's size where the GPU allows; returns the largest team it serves.
+pub(super) fn a2av_dev_shared(gpu: &gpu::Gpu, f: Func, n_pes: usize) -> Result<usize> {
+    let optin = gpu
+        .attr(ffi::cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+    let (want, max) = a2av_dev_limit(optin, n_pes);
+    if want > SHARED_DEFAULT {
+        let _g = gpu.bind()?;
+        // SAFETY: a loaded function of this GPU's context; raises its dynamic shared memory
+        // limit within what the device allows.
+        ffi::check(
+            unsafe {
+                ffi::cu::cuFuncSetAttribute(
+                    f.0,
+                    ffi::cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    want as i32,
+                )
+            },
+            "cuFuncSetAttribute",
+        )?;
+    }
+    Ok(max)
+}
+
+/// For a device opt-in limit (`optin` bytes, −1 unknown) and a world of `n_pes`: the dynamic
+/// shared memory to allow `rshmemi_coll_a2av_dev` (bytes) and the largest team it then serves.
+pub(super) fn a2av_dev_limit(optin: i32, n_pes: usize) -> (usize, usize) {
+    let avail = usize::try_from(optin)
+        .map_or(0, |x| x.saturating_sub(1024))
+        .max(SHARED_DEFAULT);
+    let want = n_pes.saturating_mul(n_pes).saturating_mul(8).min(avail);
+    let words = want.max(SHARED_DEFAULT) / 8;
+    let max = (1..).take_while(|k| k * k <= words).last().unwrap_or(1);
+    (want, max)
+}
