@@ -31,6 +31,8 @@ mod error;
 pub mod heap;
 mod launch;
 pub mod launcher;
+#[cfg(all(test, loom))]
+mod models;
 pub mod nbi;
 mod pe;
 pub mod segment;

@@ -16,7 +16,7 @@ use rshmem::{bf16, f16, Elem, Error, Pe, Result, Sym, Team};
 #[macro_use]
 #[path = "harness/coll_data.rs"]
 mod coll_data;
-use coll_data::{mix, TElem};
+use coll_data::{check, mix, TElem};
 
 /// The world, a strided team (3+ PEs) and a split team (members in reverse PE order), the
 /// same list on every PE (`None` where this PE is not a member).
@@ -123,19 +123,6 @@ fn cases<'a>(
         }
     }
     Ok(())
-}
-
-fn check<T: Elem>(got: &[T], want: &[T], ctx: &str) {
-    assert_eq!(got.len(), want.len(), "{ctx}");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        // NaN only where the poison must have stayed (no expected value is NaN)
-        #[allow(clippy::eq_op)]
-        let both_nan = g != g && w != w;
-        assert!(
-            g == w || both_nan,
-            "{ctx}: element {i} is {g:?}, expected {w:?}"
-        );
-    }
 }
 
 fn tname<T: Elem>() -> &'static str {

@@ -16,11 +16,11 @@ mod harness;
 #[macro_use]
 #[path = "harness/coll_data.rs"]
 mod coll_data;
-use coll_data::{mix, TElem};
+use coll_data::{check, mix, TElem};
 
 use rshmem::coll::{Algo, AllToAllV, CollConfig, ReduceOp};
 use rshmem::cuda::{self, CollTuning, CudaPe, GpuColl, Stream};
-use rshmem::{bf16, f16, BackendKind, Config, Elem, Error, HeapKind, Pe, Result, Team};
+use rshmem::{bf16, f16, BackendKind, Config, Error, HeapKind, Pe, Result, Team};
 use std::time::Duration;
 
 // ---------- CI ----------
@@ -51,18 +51,6 @@ fn coll_kernels_compile_and_export_every_name() {
 }
 
 // ---------- data and references: harness/coll_data.rs (as tests/coll.rs) ----------
-
-fn check<T: Elem>(got: &[T], want: &[T], ctx: &str) {
-    assert_eq!(got.len(), want.len(), "{ctx}");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        #[allow(clippy::eq_op)]
-        let both_nan = g != g && w != w;
-        assert!(
-            g == w || both_nan,
-            "{ctx}: element {i} is {g:?}, expected {w:?}"
-        );
-    }
-}
 
 /// What `f` launches on `s`, captured into a graph (capture ends whether `f` fails or not).
 fn capture(s: &Stream, f: impl FnOnce() -> Result<()>) -> Result<cuda::Graph> {

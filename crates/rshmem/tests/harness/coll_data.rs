@@ -103,3 +103,17 @@ macro_rules! each_type {
         $f::<f64>($($a),*)?;
     }};
 }
+
+/// `got` equals `want` element for element (NaN only where the poison must have stayed: no
+/// expected value is NaN).
+pub fn check<T: rshmem::Elem>(got: &[T], want: &[T], ctx: &str) {
+    assert_eq!(got.len(), want.len(), "{ctx}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        #[allow(clippy::eq_op)]
+        let both_nan = g != g && w != w;
+        assert!(
+            g == w || both_nan,
+            "{ctx}: element {i} is {g:?}, expected {w:?}"
+        );
+    }
+}

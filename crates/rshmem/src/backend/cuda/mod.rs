@@ -100,8 +100,6 @@ mod grave;
 mod heap;
 mod info;
 pub(crate) mod knobs;
-#[cfg(all(test, loom))]
-mod models;
 pub mod nccl;
 pub mod nvrtc;
 #[cfg(test)]
