@@ -18,8 +18,8 @@ mod harness;
 mod coll_data;
 use coll_data::{check, mix, TElem};
 
-use rshmem::coll::{Algo, AllToAllV, CollConfig, ReduceOp};
-use rshmem::cuda::{self, CollTuning, CudaPe, GpuColl, Stream};
+use rshmem::coll::{Algo, AllToAllV, CollConfig, CollKind, ReduceOp};
+use rshmem::cuda::{self, CollPath, CollTuning, CudaPe, GpuColl, PerTeam, Stream};
 use rshmem::{bf16, f16, BackendKind, Config, Error, HeapKind, Pe, Result, Team};
 use std::time::Duration;
 
@@ -146,7 +146,7 @@ impl<'a> Ctx<'a> {
             CollConfig::default().two_shot_bytes(64 << 10),
             ll_tuning(ll)?,
         )?;
-        assert_eq!(coll.ll_bytes(), ll);
+        assert_eq!(coll.ll_sizes().all_reduce, ll);
         Ok(Ctx {
             pe,
             s: g.stream()?,
@@ -914,7 +914,7 @@ fn good_all_reduce(
 fn mismatch_body(pe: &Pe, fused: bool) -> Result<()> {
     let mut c = Ctx::new(pe)?;
     if !fused {
-        c.coll.set_fused_bytes(0);
+        c.coll.retune(|t| t.fused_bytes = 0)?;
     }
     let w = pe.world_team();
     let me = pe.my_pe();
@@ -1284,11 +1284,21 @@ fn pull_t<T: TElem>(c: &Ctx<'_>, push: bool, gather: bool) -> Result<()> {
                 );
                 if !ip {
                     let (pull, pushes) = if gather {
-                        let g = |b| c.coll.all_gather_uses_pull(team, b);
-                        (g(n * share), c.coll.all_gather_uses_push(team, n * share))
+                        let g = |b| c.coll.path(CollKind::AllGather, team, b).pulls();
+                        (
+                            g(n * share),
+                            c.coll
+                                .path(CollKind::AllGather, team, n * share)
+                                .eq(&CollPath::Push),
+                        )
                     } else {
-                        let a = |b| c.coll.all_to_all_uses_pull(team, b);
-                        (a(n * share), c.coll.all_to_all_uses_push(team, n * share))
+                        let a = |b| c.coll.path(CollKind::AllToAll, team, b).pulls();
+                        (
+                            a(n * share),
+                            c.coll
+                                .path(CollKind::AllToAll, team, n * share)
+                                .eq(&CollPath::Push),
+                        )
                     };
                     assert!(pull, "{ctx}: not the pull path");
                     assert_eq!(pushes, push, "{ctx}");
@@ -1324,9 +1334,9 @@ fn pull_t<T: TElem>(c: &Ctx<'_>, push: bool, gather: bool) -> Result<()> {
 fn pull_body(pe: &Pe) -> Result<()> {
     let mut c = pull_ctx(pe, 0)?;
     if std::env::var_os("RSHMEM_CUDA_COLL_PUSH_A2A_BYTES").is_none() {
-        assert_eq!(c.coll.push_a2a_bytes(), cuda::COLL_PUSH_A2A_BYTES);
+        assert_eq!(c.coll.tuning().push_all_to_all, cuda::COLL_PUSH_A2A_BYTES);
     }
-    c.coll.set_push_a2a_bytes(0);
+    c.coll.retune(|t| t.push_all_to_all = 0)?;
     pull_t::<u8>(&c, false, false)?;
     pull_t::<bf16>(&c, false, false)?;
     pull_t::<f32>(&c, false, false)?;
@@ -1334,14 +1344,14 @@ fn pull_body(pe: &Pe) -> Result<()> {
     pull_t::<bf16>(&c, false, true)?;
     pull_t::<f64>(&c, false, true)?;
     // Every member storing its shares, at every size.
-    c.coll.set_push_a2a_bytes(1);
+    c.coll.retune(|t| t.push_all_to_all = 1)?;
     pull_t::<u8>(&c, true, false)?;
     pull_t::<bf16>(&c, true, false)?;
     pull_t::<f64>(&c, true, false)?;
     pull_t::<u8>(&c, true, true)?;
     pull_t::<f32>(&c, true, true)?;
     for push in [0, 1] {
-        c.coll.set_push_a2a_bytes(push);
+        c.coll.retune(|t| t.push_all_to_all = push)?;
         pull_graph(pe, &c, push == 1)?;
     }
     Ok(())
@@ -1427,8 +1437,10 @@ fn ll_flag_body(pe: &Pe) -> Result<()> {
     let dst = pe.alloc::<f32>(n * BIG)?;
     let one_src = pe.alloc::<f32>(n)?;
     let one_dst = pe.alloc::<f32>(n)?;
-    assert!(coll.all_to_all_uses_ll(w, n * BIG * 4));
-    assert!(coll.all_to_all_uses_ll(w, n * 4));
+    assert!(coll
+        .path(CollKind::AllToAll, w, n * BIG * 4)
+        .eq(&CollPath::Ll));
+    assert!(coll.path(CollKind::AllToAll, w, n * 4).eq(&CollPath::Ll));
     let all: Vec<usize> = (0..n).collect();
     let big = |seed: u64| -> Result<()> {
         pe.local_fill(&dst, f32::poison())?;
@@ -1534,9 +1546,12 @@ fn pull_mismatch_body(pe: &Pe) -> Result<()> {
 
     let ctx = "pull against barrier-based all_to_all";
     if me == 1 {
-        c.coll.set_pull_a2a_bytes(0);
+        c.coll.retune(|t| t.pull_all_to_all = 0)?;
     }
-    assert_eq!(c.coll.all_to_all_uses_pull(w, n * GC * 4), me != 1);
+    assert_eq!(
+        c.coll.path(CollKind::AllToAll, w, n * GC * 4).pulls(),
+        me != 1
+    );
     pe.local_fill(&dst, f32::poison())?;
     pe.barrier_all()?;
     c.coll.all_to_all(&c.s, w, &dst, &src, GC)?;
@@ -1548,7 +1563,8 @@ fn pull_mismatch_body(pe: &Pe) -> Result<()> {
         ctx,
     );
     poisoned(ctx)?;
-    c.coll.set_pull_a2a_bytes(cuda::COLL_PULL_A2A_BYTES);
+    c.coll
+        .retune(|t| t.pull_all_to_all = cuda::COLL_PULL_A2A_BYTES)?;
     good(&c, 9001, ctx)?;
 
     let ctx = "pull against LL all_to_all";
@@ -1568,9 +1584,14 @@ fn pull_mismatch_body(pe: &Pe) -> Result<()> {
     // Storing and loading members in one call: each would leave the other's dst short.
     let ctx = "push against pull all_to_all";
     if me == 1 {
-        c.coll.set_push_a2a_bytes(0);
+        c.coll.retune(|t| t.push_all_to_all = 0)?;
     }
-    assert_eq!(c.coll.all_to_all_uses_push(w, n * GC * 4), me != 1);
+    assert_eq!(
+        c.coll
+            .path(CollKind::AllToAll, w, n * GC * 4)
+            .eq(&CollPath::Push),
+        me != 1
+    );
     pe.local_fill(&dst, f32::poison())?;
     pe.barrier_all()?;
     c.coll.all_to_all(&c.s, w, &dst, &src, GC)?;
@@ -1582,7 +1603,7 @@ fn pull_mismatch_body(pe: &Pe) -> Result<()> {
         ctx,
     );
     poisoned(ctx)?;
-    c.coll.set_push_a2a_bytes(0);
+    c.coll.retune(|t| t.push_all_to_all = 0)?;
     good(&c, 9003, ctx)?;
     pe.barrier_all()
 }
@@ -1612,7 +1633,7 @@ fn pull_ar_counts(es: usize) -> [usize; 3] {
 fn pull_ar_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
     let pe = c.pe;
     // Two-shot at every pull size or never (then one-shot; pairs by stores where set).
-    let two = c.coll.two_shot_pull_bytes(pe.n_pes()) == 1;
+    let two = c.coll.tuning().two_shot_pull.of(pe.n_pes()) == 1;
     let es = std::mem::size_of::<T>();
     let counts = pull_ar_counts(es);
     let most = counts[2];
@@ -1627,11 +1648,13 @@ fn pull_ar_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
                 pe.my_pe()
             );
             assert!(
-                c.coll.all_reduce_uses_pull(team, count * es),
+                c.coll.path(CollKind::AllReduce, team, count * es).pulls(),
                 "{ctx}: not the pull path"
             );
             assert_eq!(
-                c.coll.all_reduce_uses_two_shot_pull(team, count * es),
+                c.coll
+                    .path(CollKind::AllReduce, team, count * es)
+                    .eq(&CollPath::PullTwoShot),
                 two,
                 "{ctx}: two-shot"
             );
@@ -1674,11 +1697,14 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
     // The defaults: pairs store their data only from 256 MiB.
     if std::env::var_os("RSHMEM_CUDA_COLL_PUSH_ALL_REDUCE_BYTES").is_none() {
         assert_eq!(
-            c.coll.push_all_reduce_bytes(),
+            c.coll.tuning().push_all_reduce,
             cuda::COLL_PUSH_ALL_REDUCE_BYTES
         );
     }
-    let defaults = (c.coll.two_shot_pull_bytes(2), c.coll.two_shot_pull_bytes(3));
+    let defaults = (
+        c.coll.tuning().two_shot_pull.of(2),
+        c.coll.tuning().two_shot_pull.of(3),
+    );
     if std::env::var_os("RSHMEM_CUDA_COLL_TWO_SHOT_PULL_BYTES").is_none() {
         assert_eq!(
             defaults,
@@ -1688,18 +1714,18 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
             )
         );
     }
-    c.coll.set_push_all_reduce_bytes(0);
+    c.coll.retune(|t| t.push_all_reduce = 0)?;
     // One-shot on every team, then two-shot on every team (pairs too).
     for two in [0, 1] {
-        c.coll.set_two_shot_pull_bytes(two);
+        c.coll.retune(|t| t.two_shot_pull = PerTeam::all(two))?;
         pull_ar_t::<f32>(&c, ReduceOp::Sum)?;
         pull_ar_t::<bf16>(&c, ReduceOp::Max)?;
         pull_ar_t::<i8>(&c, ReduceOp::Xor)?;
         pull_ar_t::<f64>(&c, ReduceOp::Min)?;
     }
     // Pairs by stores at every size (the strided team is a pair; the other teams still load).
-    c.coll.set_two_shot_pull_bytes(0);
-    c.coll.set_push_all_reduce_bytes(1);
+    c.coll.retune(|t| t.two_shot_pull = PerTeam::all(0))?;
+    c.coll.retune(|t| t.push_all_reduce = 1)?;
     pull_ar_t::<f32>(&c, ReduceOp::Sum)?;
     pull_ar_t::<bf16>(&c, ReduceOp::Max)?;
     pull_ar_t::<i8>(&c, ReduceOp::Xor)?;
@@ -1712,12 +1738,16 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
     let big_dst = pe.alloc::<f32>(BIG)?;
     for way in [0, 1, 2] {
         c.coll
-            .set_push_all_reduce_bytes(if way == 1 { 1 } else { 0 });
-        c.coll.set_two_shot_pull_bytes(if way == 2 { 1 } else { 0 });
+            .retune(|t| t.push_all_reduce = if way == 1 { 1 } else { 0 })?;
+        c.coll
+            .retune(|t| t.two_shot_pull = PerTeam::all(if way == 2 { 1 } else { 0 }))?;
         for (tn, team) in c.teams.list(pe) {
             let bytes = BIG * 4;
-            let pull = c.coll.all_reduce_uses_pull(team, bytes);
-            let two = c.coll.all_reduce_uses_two_shot_pull(team, bytes);
+            let pull = c.coll.path(CollKind::AllReduce, team, bytes).pulls();
+            let two = c
+                .coll
+                .path(CollKind::AllReduce, team, bytes)
+                .eq(&CollPath::PullTwoShot);
             assert_eq!(
                 (pull, two),
                 (team.n_pes() == 2 || way == 2, way == 2),
@@ -1725,7 +1755,9 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
                 team.n_pes()
             );
             assert_eq!(
-                c.coll.all_reduce_uses_push(team, bytes),
+                c.coll
+                    .path(CollKind::AllReduce, team, bytes)
+                    .eq(&CollPath::Push),
                 team.n_pes() == 2 && way == 1,
                 "team {tn}, {bytes} bytes, way {way}"
             );
@@ -1744,12 +1776,13 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
             );
         }
     }
-    c.coll.set_two_shot_pull_bytes(0);
+    c.coll.retune(|t| t.two_shot_pull = PerTeam::all(0))?;
     // A pair whose members differ (one stores, one loads): a mismatch on both, dst untouched.
     if let Some(pair) = c.teams.list(pe).into_iter().find(|(_, t)| t.n_pes() == 2) {
         let (_, team) = pair;
         let first = team.my_pe() == 0;
-        c.coll.set_push_all_reduce_bytes(if first { 1 } else { 0 });
+        c.coll
+            .retune(|t| t.push_all_reduce = if first { 1 } else { 0 })?;
         pe.local_fill(&big_dst, f32::poison())?;
         pe.local_write(&big_src, 0, &f32::gen(me, 7690, BIG, ReduceOp::Sum))?;
         c.coll
@@ -1774,8 +1807,9 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
             &format!("{ctx}: dst"),
         );
     }
-    c.coll.set_push_all_reduce_bytes(0);
-    c.coll.set_two_shot_pull_bytes(defaults.1);
+    c.coll.retune(|t| t.push_all_reduce = 0)?;
+    c.coll
+        .retune(|t| t.two_shot_pull = PerTeam::all(defaults.1))?;
     pe.barrier_all()?;
     pe.barrier_all()?;
     pe.free(big_dst)?;
@@ -1809,7 +1843,7 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
     if pe.n_pes() > 2 {
         let ctx = "one-shot pull all_reduce against two-shot pull";
         if me == 1 {
-            c.coll.set_two_shot_pull_bytes(0);
+            c.coll.retune(|t| t.two_shot_pull = PerTeam::all(0))?;
         }
         pe.local_fill(&dst, f32::poison())?;
         pe.barrier_all()?;
@@ -1821,12 +1855,13 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
             &vec![f32::poison(); C],
             &format!("{ctx}: dst (PE {me})"),
         );
-        c.coll.set_two_shot_pull_bytes(defaults.1);
+        c.coll
+            .retune(|t| t.two_shot_pull = PerTeam::all(defaults.1))?;
     }
     let ctx = "pull all_reduce against two-shot";
     if me == 1 {
-        c.coll.set_pull_all_reduce_bytes(0);
-        c.coll.set_two_shot_pull_bytes(0);
+        c.coll.retune(|t| t.pull_all_reduce = PerTeam::all(0))?;
+        c.coll.retune(|t| t.two_shot_pull = PerTeam::all(0))?;
     }
     pe.local_fill(&dst, f32::poison())?;
     pe.barrier_all()?;
@@ -1844,8 +1879,9 @@ fn pull_ar_body(pe: &Pe) -> Result<()> {
         &format!("{ctx}: dst (PE {me})"),
     );
     c.coll
-        .set_pull_all_reduce_bytes(cuda::COLL_PULL_ALL_REDUCE_BYTES);
-    c.coll.set_two_shot_pull_bytes(defaults.1);
+        .retune(|t| t.pull_all_reduce = PerTeam::all(cuda::COLL_PULL_ALL_REDUCE_BYTES))?;
+    c.coll
+        .retune(|t| t.two_shot_pull = PerTeam::all(defaults.1))?;
     pe.local_write(&src, 0, &f32::gen(me, 7800, C, ReduceOp::Sum))?;
     pe.barrier_all()?;
     c.coll.all_reduce(&c.s, w, &dst, &src, C, ReduceOp::Sum)?;
@@ -1900,7 +1936,9 @@ fn pull_rs_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
                 pe.my_pe()
             );
             assert!(
-                c.coll.reduce_scatter_uses_pull(team, part * n),
+                c.coll
+                    .path(CollKind::ReduceScatter, team, part * n)
+                    .eq(&CollPath::Pull),
                 "{ctx}: not the pull path"
             );
             pe.local_fill(&dst, T::poison())?;
@@ -1926,7 +1964,10 @@ fn pull_rs_t<T: TElem>(c: &Ctx<'_>, op: ReduceOp) -> Result<()> {
 /// reduce_scatter off reported on every PE, then a correct pull.
 fn pull_rs_body(pe: &Pe) -> Result<()> {
     let mut c = pull_ctx(pe, 0)?;
-    assert_eq!(c.coll.pull_reduce_scatter_bytes(), cuda::COLL_PULL_RS_BYTES);
+    assert_eq!(
+        c.coll.tuning().pull_reduce_scatter,
+        cuda::COLL_PULL_RS_BYTES
+    );
     pull_rs_t::<f32>(&c, ReduceOp::Sum)?;
     pull_rs_t::<bf16>(&c, ReduceOp::Min)?;
     pull_rs_t::<i8>(&c, ReduceOp::Xor)?;
@@ -1978,7 +2019,7 @@ fn pull_rs_body(pe: &Pe) -> Result<()> {
     // One member on the barrier-based plan: a mismatch on every PE, nothing written.
     let ctx = "pull reduce_scatter against barrier-based";
     if me == 1 {
-        c.coll.set_pull_reduce_scatter_bytes(0);
+        c.coll.retune(|t| t.pull_reduce_scatter = 0)?;
     }
     pe.local_fill(&dst, f32::poison())?;
     pe.barrier_all()?;
@@ -1997,7 +2038,7 @@ fn pull_rs_body(pe: &Pe) -> Result<()> {
         &format!("{ctx}: dst (PE {me})"),
     );
     c.coll
-        .set_pull_reduce_scatter_bytes(cuda::COLL_PULL_RS_BYTES);
+        .retune(|t| t.pull_reduce_scatter = cuda::COLL_PULL_RS_BYTES)?;
     pe.local_write(&src, 0, &f32::gen(me, 8400, n * C, ReduceOp::Sum))?;
     pe.barrier_all()?;
     c.coll
@@ -2043,7 +2084,8 @@ gpu_mode_test!(
 /// others are not, or with the pull path off, reported on every PE.
 fn pull_bcast_body(pe: &Pe) -> Result<()> {
     let mut c = pull_ctx(pe, 0)?;
-    c.coll.set_pull_broadcast_bytes(usize::MAX);
+    c.coll
+        .retune(|t| t.pull_broadcast = PerTeam::all(usize::MAX))?;
     let me = pe.my_pe();
     const MOST: usize = (3 << 20) + 4; // f32: 12 MiB + 16 B
     let src = pe.alloc::<f32>(MOST)?;
@@ -2058,7 +2100,7 @@ fn pull_bcast_body(pe: &Pe) -> Result<()> {
             // Every size both ways: everyone reading the root, and (teams of three or more)
             // along a chain.
             c.coll
-                .set_chain_broadcast_bytes(if chain { 0 } else { usize::MAX });
+                .retune(|t| t.chain_broadcast = if chain { 0 } else { usize::MAX })?;
             let from = team.members()[root];
             for in_place in [false, true] {
                 for &count in &counts {
@@ -2067,11 +2109,13 @@ fn pull_bcast_body(pe: &Pe) -> Result<()> {
                         "pull broadcast team {tn} root {root} chain {chain} in place {in_place} count {count} (PE {me})"
                     );
                     assert!(
-                        c.coll.broadcast_uses_pull(team, count * 4),
+                        c.coll.path(CollKind::Broadcast, team, count * 4).pulls(),
                         "{ctx}: not pull"
                     );
                     assert_eq!(
-                        c.coll.broadcast_uses_chain(team, count * 4),
+                        c.coll
+                            .path(CollKind::Broadcast, team, count * 4)
+                            .eq(&CollPath::Chain),
                         chain && n > 2,
                         "{ctx}: chain"
                     );
@@ -2125,7 +2169,7 @@ fn pull_bcast_body(pe: &Pe) -> Result<()> {
     if n > 2 {
         let ctx = "chain broadcast against pull";
         c.coll
-            .set_chain_broadcast_bytes(if me == 1 { 0 } else { usize::MAX });
+            .retune(|t| t.chain_broadcast = if me == 1 { 0 } else { usize::MAX })?;
         pe.local_fill(&dst, f32::poison())?;
         pe.barrier_all()?;
         c.coll.broadcast(&c.s, w, &dst, &src, C, 0)?;
@@ -2143,12 +2187,12 @@ fn pull_bcast_body(pe: &Pe) -> Result<()> {
         );
         pe.barrier_all()?;
     }
-    c.coll.set_chain_broadcast_bytes(usize::MAX);
+    c.coll.retune(|t| t.chain_broadcast = usize::MAX)?;
     // A member with the pull path off runs the barrier-based plan: a mismatch on every PE,
     // nothing written; then a good pull broadcast.
     let ctx = "pull broadcast against barrier-based";
     if me == 1 {
-        c.coll.set_pull_broadcast_bytes(0);
+        c.coll.retune(|t| t.pull_broadcast = PerTeam::all(0))?;
     }
     pe.local_fill(&dst, f32::poison())?;
     pe.barrier_all()?;
@@ -2165,7 +2209,8 @@ fn pull_bcast_body(pe: &Pe) -> Result<()> {
         &vec![f32::poison(); MOST],
         &format!("{ctx}: dst (PE {me})"),
     );
-    c.coll.set_pull_broadcast_bytes(usize::MAX);
+    c.coll
+        .retune(|t| t.pull_broadcast = PerTeam::all(usize::MAX))?;
     pe.local_write(&src, 0, &f32::gen(me, 7999, C, ReduceOp::Sum))?;
     pe.local_fill(&dst, f32::poison())?;
     pe.barrier_all()?;

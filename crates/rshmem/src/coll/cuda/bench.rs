@@ -115,32 +115,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             let elems = bytes / 4;
             let per = elems / n;
             let (s_, d_) = (g.ptr(&src)?, g.ptr(&dst)?);
-            let ll = coll.uses_ll(kind, w, bytes);
-            let pull = match kind {
-                CollKind::AllToAll => coll.all_to_all_uses_pull(w, bytes),
-                CollKind::AllGather => coll.all_gather_uses_pull(w, bytes),
-                CollKind::AllReduce => coll.all_reduce_uses_pull(w, bytes),
-                CollKind::ReduceScatter => coll.reduce_scatter_uses_pull(w, bytes),
-                CollKind::Broadcast => coll.broadcast_uses_pull(w, bytes),
-                _ => false,
-            };
-            let push = match kind {
-                CollKind::AllReduce => coll.all_reduce_uses_push(w, bytes),
-                CollKind::AllToAll => coll.all_to_all_uses_push(w, bytes),
-                CollKind::AllGather => coll.all_gather_uses_push(w, bytes),
-                _ => false,
-            };
-            let algo = if ll {
-                "ll"
-            } else if push {
-                "push"
-            } else if kind == CollKind::AllReduce && coll.all_reduce_uses_two_shot_pull(w, bytes) {
-                "pull_two_shot"
-            } else if pull {
-                "pull"
-            } else {
-                coll.config().choose(kind, bytes).name()
-            };
+            let algo = coll.path(kind, w, bytes).name();
             pe.barrier_all()?;
             let t = timer(&g, &s, iters, &mut || match kind {
                 CollKind::AllReduce => coll.all_reduce(&s, w, &dst, &src, elems, ReduceOp::Sum),

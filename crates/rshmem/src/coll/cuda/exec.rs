@@ -380,168 +380,58 @@ impl GpuColl<'_> {
         fusable(plan, es, self.fused_bytes)
     }
 
-    /// Bytes read per PE up to which a one-phase collective runs as one fused launch.
-    pub fn fused_bytes(&self) -> usize {
-        self.fused_bytes
+    /// The tuning this [`GpuColl`] runs with (its LL sizes resolved).
+    pub fn tuning(&self) -> &CollTuning {
+        &self.tuning
     }
 
-    /// Sets [`GpuColl::fused_bytes`] (0: never fuse).
-    pub fn set_fused_bytes(&mut self, bytes: usize) {
-        self.fused_bytes = bytes;
+    /// Changes the size limits and grids of later calls: `f` edits a copy of
+    /// [`GpuColl::tuning`], which is checked and applied. What the constructor sized memory or
+    /// compiled kernels for (the LL sizes, `ll_threads`, `ll_ctrl_lines`, `early_launch`,
+    /// `nvrtc_options`) cannot change: an error, and nothing changes. Every member of a team
+    /// must run its calls with the same values (a call that runs another way on one member is
+    /// reported as a mismatch).
+    pub fn retune(&mut self, f: impl FnOnce(&mut CollTuning)) -> Result<()> {
+        let mut t = self.tuning.clone();
+        f(&mut t);
+        t.check()?;
+        let fixed = |x: &CollTuning| {
+            (
+                x.ll_all_reduce,
+                x.ll_all_to_all,
+                x.ll_threads,
+                x.ll_ctrl_lines,
+                x.early_launch,
+                x.nvrtc_options.clone(),
+            )
+        };
+        if fixed(&t) != fixed(&self.tuning) {
+            return Err(Error::invalid(
+                "GpuColl::retune: the LL sizes, ll_threads, ll_ctrl_lines, early_launch and \
+                 nvrtc_options are fixed when the GpuColl is created",
+            ));
+        }
+        self.apply(&t);
+        self.tuning = t;
+        Ok(())
     }
 
-    /// Largest all_to_all input or all_gather output (every pair's share together) of the
-    /// pull path (0: off;
-    /// default [`COLL_PULL_A2A_BYTES`], environment `RSHMEM_CUDA_COLL_PULL_A2A_BYTES`): an
-    /// out-of-place all_to_all beyond the LL size whose shares are whole 16-byte vectors runs
-    /// as one kernel of up to 128 blocks that moves every share straight between the members'
-    /// buffers after an LL handshake (by stores, see [`GpuColl::push_a2a_bytes`]; the data
-    /// crosses the link once, no barrier waits), on a team the LL paths serve; so does an
-    /// all_gather of that size.
-    pub fn pull_a2a_bytes(&self) -> usize {
-        self.pull_a2a_bytes
-    }
-
-    /// Largest all_reduce of the pull path on a team of `members` (0: off): an out-of-place
-    /// all_reduce past the LL size of whole 16-byte vectors runs one-shot as one kernel that
-    /// meets its peers through the LL headers and folds their inputs read in place (no barrier
-    /// launches), on a team the LL paths serve, unless an algorithm other than one-shot is
-    /// forced. Defaults: [`COLL_PULL_ALL_REDUCE_PAIR_BYTES`] (every size) for two members,
-    /// [`COLL_PULL_ALL_REDUCE_BYTES`] for more; `RSHMEM_CUDA_COLL_PULL_ALL_REDUCE_BYTES` sets
-    /// both.
-    pub fn pull_all_reduce_bytes(&self, members: usize) -> usize {
-        self.pull_all_reduce.of(members)
-    }
-
-    /// Sets [`GpuColl::pull_all_reduce_bytes`] for every team size. Every PE must set the same.
-    pub fn set_pull_all_reduce_bytes(&mut self, bytes: usize) {
-        self.pull_all_reduce = PerTeam::all(bytes);
-    }
-
-    /// Smallest pull all_reduce of a two-member team that moves its data by stores (0: never):
-    /// each member stores its input into the other's `dst` in steps, publishing a count per
-    /// step after a system-scope fence, and folds the other's steps into its own `dst` as they
-    /// arrive. Both GPUs storing at once move more than both loading at once (2x H200: 365
-    /// against 336 GB/s each way), but the fence per step costs more than that gains below
-    /// about 256 MiB. Default [`COLL_PUSH_ALL_REDUCE_BYTES`];
-    /// `RSHMEM_CUDA_COLL_PUSH_ALL_REDUCE_BYTES`.
-    pub fn push_all_reduce_bytes(&self) -> usize {
-        self.push_all_reduce
-    }
-
-    /// Sets [`GpuColl::push_all_reduce_bytes`] (0: never; 1: every pull size). Both members of
-    /// a pair must set the same (a call that differs is reported as a mismatch).
-    pub fn set_push_all_reduce_bytes(&mut self, bytes: usize) {
-        self.push_all_reduce = bytes;
-    }
-
-    /// Smallest pull all_to_all or all_gather (every pair's share together, see
-    /// [`GpuColl::pull_a2a_bytes`]) whose members store their shares into the others' `dst`
-    /// instead of reading them from the others' `src` (0: never): after the same handshake, a
-    /// system-scope fence before each block's done line. Default [`COLL_PUSH_A2A_BYTES`];
-    /// `RSHMEM_CUDA_COLL_PUSH_A2A_BYTES`.
-    pub fn push_a2a_bytes(&self) -> usize {
-        self.push_a2a
-    }
-
-    /// Sets [`GpuColl::push_a2a_bytes`] (0: never; 1: every pull size). Every member must set
-    /// the same (a call that differs is reported as a mismatch).
-    pub fn set_push_a2a_bytes(&mut self, bytes: usize) {
-        self.push_a2a = bytes;
-    }
-
-    /// Whether an out-of-place all_to_all of `bytes` (all shares) on `team` between
-    /// 4096-aligned buffers runs the pull path by stores (what the benchmarks report).
-    pub fn all_to_all_uses_push(&self, team: &Team, bytes: usize) -> bool {
-        self.all_to_all_uses_pull(team, bytes) && self.pushes_a2a(bytes)
-    }
-
-    /// Whether an out-of-place all_gather of `bytes` (the whole output) on `team` between
-    /// 4096-aligned buffers runs the pull all_to_all's kernel (what the benchmarks report): the
-    /// same sizes as [`GpuColl::all_to_all_uses_pull`].
-    pub fn all_gather_uses_pull(&self, team: &Team, bytes: usize) -> bool {
-        self.all_to_all_uses_pull(team, bytes)
-    }
-
-    /// Whether that all_gather stores its shares ([`GpuColl::push_a2a_bytes`]).
-    pub fn all_gather_uses_push(&self, team: &Team, bytes: usize) -> bool {
-        self.all_to_all_uses_push(team, bytes)
-    }
-
-    /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
-    /// runs the pull path by stores (what the benchmarks report).
-    pub fn all_reduce_uses_push(&self, team: &Team, bytes: usize) -> bool {
-        self.all_reduce_pull_mode(team, bytes) == Some(PULL_AR_PUSH)
-    }
-
-    /// Smallest all_reduce of a team of `members` that runs the pull way two-shot (0: never):
-    /// an out-of-place all_reduce of whole 16-byte vectors past the LL size, no algorithm
-    /// forced, on a team the LL paths serve: after the pull handshake each member folds one
-    /// `1/members` part of the vectors from every member's src and stores it into every
-    /// member's dst, then a done line per block after a system-scope fence. Each member moves
-    /// `(members - 1) / members` of the message over its links each way, where the one-shot
-    /// pull reads `members - 1` times the message. Defaults:
-    /// [`COLL_TWO_SHOT_PULL_PAIR_BYTES`] for two members, [`COLL_TWO_SHOT_PULL_BYTES`] for
-    /// more; `RSHMEM_CUDA_COLL_TWO_SHOT_PULL_BYTES` sets both.
-    pub fn two_shot_pull_bytes(&self, members: usize) -> usize {
-        self.two_shot_pull.of(members)
-    }
-
-    /// Sets [`GpuColl::two_shot_pull_bytes`] for every team size. Every PE must set the same
-    /// (a member that runs a call another way is reported as a mismatch).
-    pub fn set_two_shot_pull_bytes(&mut self, bytes: usize) {
-        self.two_shot_pull = PerTeam::all(bytes);
-    }
-
-    /// Largest reduce_scatter input (every member's part together) of the pull path (0: off):
-    /// an out-of-place reduce_scatter past the LL size whose parts are whole 16-byte vectors
-    /// at 16-byte aligned addresses runs as one kernel in which every member folds its part of
-    /// the members' inputs, read in place, after the pull handshake (no barrier launches).
-    /// Default [`COLL_PULL_RS_BYTES`]; `RSHMEM_CUDA_COLL_PULL_RS_BYTES`.
-    pub fn pull_reduce_scatter_bytes(&self) -> usize {
-        self.pull_rs_bytes
-    }
-
-    /// Sets [`GpuColl::pull_reduce_scatter_bytes`]. Every PE must set the same.
-    pub fn set_pull_reduce_scatter_bytes(&mut self, bytes: usize) {
-        self.pull_rs_bytes = bytes;
-    }
-
-    /// Largest broadcast of the pull path on a team of `members` (0: off): a broadcast past
-    /// the LL size of whole 16-byte vectors runs as one kernel that meets its peers through
-    /// the LL headers, every member reading the root's `src` in place or, on teams of more
-    /// than two past [`GpuColl::chain_broadcast_bytes`], the one before it along a chain from
-    /// the root (in or out of place; no barrier launches), on a team the LL paths serve,
-    /// unless an algorithm is forced. Default `COLL_PULL_BCAST_BYTES` (`usize::MAX`: every size);
-    /// `RSHMEM_CUDA_COLL_PULL_BCAST_BYTES` sets it for every team size.
-    pub fn pull_broadcast_bytes(&self, members: usize) -> usize {
-        self.pull_bcast.of(members)
-    }
-
-    /// Sets [`GpuColl::pull_broadcast_bytes`] for every team size. Every PE must set the same.
-    pub fn set_pull_broadcast_bytes(&mut self, bytes: usize) {
-        self.pull_bcast = PerTeam::all(bytes);
-    }
-
-    /// Pull broadcasts past this size on teams of more than two members run along a chain
-    /// (the member at distance p from the root reads from the one at p - 1, in steps), so
-    /// each link carries the message once; up to it every member reads the root's `src`
-    /// (fewer hops of latency, the root's links carrying `members - 1` copies). Default
-    /// `COLL_CHAIN_BCAST_BYTES` (1 MiB); `RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES` sets it.
-    pub fn chain_broadcast_bytes(&self) -> usize {
-        self.chain_bcast
-    }
-
-    /// Sets [`GpuColl::chain_broadcast_bytes`]. Every PE should set the same (a member that
-    /// differs is reported as a mismatch).
-    pub fn set_chain_broadcast_bytes(&mut self, bytes: usize) {
-        self.chain_bcast = bytes;
-    }
-
-    /// Sets [`GpuColl::pull_a2a_bytes`]. Every PE must set the same (a member that runs a call
-    /// another way is reported as a mismatch).
-    pub fn set_pull_a2a_bytes(&mut self, bytes: usize) {
-        self.pull_a2a_bytes = bytes;
+    /// The limits and grids of `t` into the fields the calls read.
+    pub(super) fn apply(&mut self, t: &CollTuning) {
+        self.pull_a2a_bytes = t.pull_all_to_all;
+        self.ll_a2a_blocks = t.ll_a2a_blocks;
+        self.ll_blocks = t.ll_blocks;
+        self.ll_thread_lines = t.ll_thread_lines;
+        self.pull_blocks = t.pull_blocks;
+        self.pull_block_bytes = [t.pull_block_bytes, t.pull_all_reduce_block_bytes];
+        self.pull_all_reduce = t.pull_all_reduce;
+        self.push_all_reduce = t.push_all_reduce;
+        self.two_shot_pull = t.two_shot_pull;
+        self.pull_rs_bytes = t.pull_reduce_scatter;
+        self.push_a2a = t.push_all_to_all;
+        self.pull_bcast = t.pull_broadcast;
+        self.chain_bcast = t.chain_broadcast;
+        self.fused_bytes = t.fused_bytes;
     }
 
     /// Members per [`GpuColl::all_to_all_v`] list launch, 1 to 64 (the default, and the most

@@ -20,6 +20,7 @@ mod tuning;
 
 pub use bench::{coll_bench, CollBenchRecord};
 pub use ll::{default_ll_sizes, LlSizes, COLL_LL_A2A_BYTES, COLL_LL_BYTES, LL_MAX_MEMBERS};
+pub use paths::CollPath;
 pub use sig::coll_kernel_names;
 pub use tuning::{
     CollTuning, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_PULL_A2A_BYTES,
@@ -241,6 +242,8 @@ pub struct GpuColl<'a> {
     ll_sizes: LlSizes,
     ll_slots: usize,
     ll: Option<(Sym<u8>, DevBuf)>,
+    /// The tuning of the fields above, LL sizes resolved ([`GpuColl::tuning`]).
+    tuning: CollTuning,
 }
 
 impl std::fmt::Debug for GpuColl<'_> {
@@ -400,6 +403,7 @@ impl<'a> GpuColl<'a> {
             ll_sizes,
             ll_slots,
             ll,
+            tuning: tuning.with_ll(ll_sizes),
         })
     }
 }

@@ -243,7 +243,7 @@ impl GpuColl<'_> {
     }
 
     /// Whether an all_reduce of `bytes` on `team` runs the LL way (what the benchmarks report).
-    pub(crate) fn all_reduce_uses_ll(&self, team: &Team, bytes: usize) -> bool {
+    pub(super) fn all_reduce_uses_ll(&self, team: &Team, bytes: usize) -> bool {
         self.g.device_team(team).is_ok_and(|dt| {
             let algo = self.all_reduce_algo(dt, bytes);
             self.ll_arg(dt, bytes, algo).is_some()
@@ -269,7 +269,7 @@ impl GpuColl<'_> {
 
     /// Whether an all_to_all of `bytes` (all shares) on `team` between 4096-aligned buffers
     /// runs the LL way (what the benchmarks report).
-    pub fn all_to_all_uses_ll(&self, team: &Team, bytes: usize) -> bool {
+    pub(super) fn all_to_all_uses_ll(&self, team: &Team, bytes: usize) -> bool {
         self.g.device_team(team).is_ok_and(|dt| {
             let share = bytes / (dt.size.max(1) as usize);
             share * dt.size as usize == bytes && self.ll_a2a_arg(dt, share).is_some()
@@ -279,7 +279,7 @@ impl GpuColl<'_> {
     /// Whether a collective of nccl-tests' size `bytes` (the all_gather output, the
     /// reduce_scatter input, the all_to_all buffer, the message otherwise) on `team` runs the
     /// LL way (what the benchmarks report).
-    pub(crate) fn uses_ll(&self, kind: CollKind, team: &Team, bytes: usize) -> bool {
+    pub(super) fn uses_ll(&self, kind: CollKind, team: &Team, bytes: usize) -> bool {
         let Ok(dt) = self.g.device_team(team) else {
             return false;
         };
@@ -323,7 +323,7 @@ impl GpuColl<'_> {
 
     /// Whether a broadcast of `bytes` on `team` between 4096-aligned buffers runs the pull
     /// way (what the benchmarks report).
-    pub fn broadcast_uses_pull(&self, team: &Team, bytes: usize) -> bool {
+    pub(super) fn broadcast_uses_pull(&self, team: &Team, bytes: usize) -> bool {
         self.g
             .device_team(team)
             .is_ok_and(|dt| self.pull_bcast_arg(dt, bytes, 0, 0).is_some())
@@ -331,27 +331,15 @@ impl GpuColl<'_> {
 
     /// Whether a broadcast of `bytes` on `team` between 4096-aligned buffers runs the pull
     /// way along a chain.
-    pub fn broadcast_uses_chain(&self, team: &Team, bytes: usize) -> bool {
+    pub(super) fn broadcast_uses_chain(&self, team: &Team, bytes: usize) -> bool {
         self.g
             .device_team(team)
             .is_ok_and(|dt| self.pull_bcast_arg(dt, bytes, 0, 0).is_some_and(|a| a.2))
     }
 
-    /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
-    /// runs the pull way (what the benchmarks report).
-    pub fn all_reduce_uses_pull(&self, team: &Team, bytes: usize) -> bool {
-        self.all_reduce_pull_mode(team, bytes).is_some()
-    }
-
-    /// Whether an out-of-place all_reduce of `bytes` on `team` between 4096-aligned buffers
-    /// runs the pull way two-shot (what the benchmarks report).
-    pub fn all_reduce_uses_two_shot_pull(&self, team: &Team, bytes: usize) -> bool {
-        self.all_reduce_pull_mode(team, bytes) == Some(PULL_AR_TWO_SHOT)
-    }
-
     /// Whether an out-of-place reduce_scatter of `bytes` (every member's part) on `team`
     /// between 4096-aligned buffers runs the pull way (what the benchmarks report).
-    pub fn reduce_scatter_uses_pull(&self, team: &Team, bytes: usize) -> bool {
+    pub(super) fn reduce_scatter_uses_pull(&self, team: &Team, bytes: usize) -> bool {
         self.g.device_team(team).is_ok_and(|dt| {
             let n = dt.size.max(1) as usize;
             bytes.is_multiple_of(n) && self.pull_rs_arg(dt, bytes / n, false, (0, 0)).is_some()
@@ -374,7 +362,7 @@ impl GpuColl<'_> {
 
     /// Whether an out-of-place all_to_all of `bytes` (all shares) on `team` between
     /// 4096-aligned buffers runs the pull way (what the benchmarks report).
-    pub fn all_to_all_uses_pull(&self, team: &Team, bytes: usize) -> bool {
+    pub(super) fn all_to_all_uses_pull(&self, team: &Team, bytes: usize) -> bool {
         self.g.device_team(team).is_ok_and(|dt| {
             let share = bytes / (dt.size.max(1) as usize);
             share * dt.size as usize == bytes
@@ -383,19 +371,13 @@ impl GpuColl<'_> {
         })
     }
 
-    /// Bytes up to which all_reduce runs the LL way on a pair (0: never; see
-    /// [`CollTuning::ll_sizes`]); larger teams stop earlier ([`GpuColl::ll_all_reduce_bytes`]).
-    pub fn ll_bytes(&self) -> usize {
-        self.ll_sizes.all_reduce
-    }
-
     /// Bytes up to which an all_reduce on a team of `members` runs the LL way: the LL size on
     /// a pair, `2 / members` of it on larger teams (rounded down to 16 bytes). Each member
     /// pushes its whole message, twice its size with the flags, to every other member, so the
     /// LL path's traffic grows with the team where the two-shot pull's stays about twice the
     /// message: the size where the pull overtakes it shrinks as the team grows (BENCHMARKS.md,
     /// 4x H200).
-    pub fn ll_all_reduce_bytes(&self, members: usize) -> usize {
+    pub(super) fn ll_all_reduce_bytes(&self, members: usize) -> usize {
         if members <= 2 {
             self.ll_sizes.all_reduce
         } else {
@@ -490,5 +472,83 @@ impl GpuColl<'_> {
         let f = self.f_pull_a2a;
         let grid = (lines, blocks, LL_THREADS);
         self.ll_launch(s, f, (dst, src, share / 16), grid, dt, ck, ll, Some(word))
+    }
+
+    /// The path a collective of nccl-tests' size `bytes` (the all_gather output, the
+    /// reduce_scatter input, the all_to_all buffer, the message otherwise) on `team` takes
+    /// between out-of-place, 4096-aligned buffers: what the benchmarks report and the tests
+    /// check. Every member of a team computes the same path from the same tuning.
+    pub fn path(&self, kind: CollKind, team: &Team, bytes: usize) -> CollPath {
+        if self.uses_ll(kind, team, bytes) {
+            return CollPath::Ll;
+        }
+        let plan = CollPath::Plan(match kind {
+            CollKind::AllReduce => self
+                .g
+                .device_team(team)
+                .map_or(Algo::OneShot, |dt| self.all_reduce_algo(dt, bytes)),
+            _ => self.config.choose(kind, bytes),
+        });
+        match kind {
+            CollKind::AllReduce => match self.all_reduce_pull_mode(team, bytes) {
+                Some(PULL_AR_TWO_SHOT) => CollPath::PullTwoShot,
+                Some(PULL_AR_PUSH) => CollPath::Push,
+                Some(_) => CollPath::Pull,
+                None => plan,
+            },
+            CollKind::AllToAll | CollKind::AllGather if self.all_to_all_uses_pull(team, bytes) => {
+                if self.pushes_a2a(bytes) {
+                    CollPath::Push
+                } else {
+                    CollPath::Pull
+                }
+            }
+            CollKind::ReduceScatter if self.reduce_scatter_uses_pull(team, bytes) => CollPath::Pull,
+            CollKind::Broadcast if self.broadcast_uses_chain(team, bytes) => CollPath::Chain,
+            CollKind::Broadcast if self.broadcast_uses_pull(team, bytes) => CollPath::Pull,
+            _ => plan,
+        }
+    }
+}
+
+/// The path of a collective call ([`GpuColl::path`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CollPath {
+    /// The LL path: data and flag in every 16-byte line, no barrier waits.
+    Ll,
+    /// The pull path: one kernel after an LL handshake, members' inputs read in place (the
+    /// one-shot all_reduce, reduce_scatter, all_to_all, all_gather, broadcast from the root).
+    Pull,
+    /// The all_reduce two-shot pull: each member folds one part and stores it into every
+    /// member's output.
+    PullTwoShot,
+    /// The pull handshake with the data moved by stores into the members' outputs.
+    Push,
+    /// The pull broadcast along a chain from the root.
+    Chain,
+    /// The barrier-based plan with this algorithm.
+    Plan(Algo),
+}
+
+impl CollPath {
+    /// Short name, as the benchmarks print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CollPath::Ll => "ll",
+            CollPath::Pull => "pull",
+            CollPath::PullTwoShot => "pull_two_shot",
+            CollPath::Push => "push",
+            CollPath::Chain => "chain",
+            CollPath::Plan(a) => a.name(),
+        }
+    }
+
+    /// Whether the call meets its peers through the pull handshake (every path but the LL
+    /// one and the plans).
+    pub fn pulls(self) -> bool {
+        matches!(
+            self,
+            CollPath::Pull | CollPath::PullTwoShot | CollPath::Push | CollPath::Chain
+        )
     }
 }

@@ -10,56 +10,56 @@ use super::ll::{
 use crate::backend::cuda::knobs::knob_from_env;
 use crate::error::{Error, Result};
 
-/// Default of [`super::GpuColl::fused_bytes`].
+/// Default of [`CollTuning::fused_bytes`].
 pub const COLL_FUSED_BYTES: usize = 64 << 10;
 
-/// Default [`super::GpuColl::pull_all_reduce_bytes`] for teams of three or more members: a member
+/// Default [`CollTuning::pull_all_reduce`] for teams of three or more members: a member
 /// reads every other member's whole input, `members / 2` times the link traffic of two-shot,
 /// so the pull path stops where its saved launches stop paying (8 MiB: not measured on more
 /// than 2 GPUs).
 pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
 
-/// Default [`super::GpuColl::pull_all_reduce_bytes`] for two-member teams: every size. A pair's pull
+/// Default [`CollTuning::pull_all_reduce`] for two-member teams: every size. A pair's pull
 /// moves as many bytes over the link as two-shot, in one kernel instead of five launches
 /// (2x H200, same run: 1.18x the two-shot path's bus bandwidth at 64 MiB).
 pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
 
-/// Default [`super::GpuColl::two_shot_pull_bytes`] for teams of three or more members: every pull
+/// Default [`CollTuning::two_shot_pull`] for teams of three or more members: every pull
 /// size (1), so past the LL size.
 pub const COLL_TWO_SHOT_PULL_BYTES: usize = 1;
 
-/// Default [`super::GpuColl::two_shot_pull_bytes`] for two-member teams: never (0); a pair's one-shot
+/// Default [`CollTuning::two_shot_pull`] for two-member teams: never (0); a pair's one-shot
 /// pull reads as many bytes over the link as two-shot.
 pub const COLL_TWO_SHOT_PULL_PAIR_BYTES: usize = 0;
 
-/// Default [`super::GpuColl::pull_reduce_scatter_bytes`]: 8 MiB. Past it the barrier-based plan's
+/// Default [`CollTuning::pull_reduce_scatter`]: 8 MiB. Past it the barrier-based plan's
 /// reduce kernel, on every SM, reads the parts faster than the pull kernel's 128 blocks
 /// (BENCHMARKS.md, 4x H200).
 pub const COLL_PULL_RS_BYTES: usize = 8 << 20;
 
-/// Default [`super::GpuColl::push_all_reduce_bytes`]: 256 MiB (2x H200, same run, pushes against
+/// Default [`CollTuning::push_all_reduce`]: 256 MiB (2x H200, same run, pushes against
 /// loads on 64 blocks: 1 GiB 341.6-344.2 against 336.9-337.2 GB/s bus bandwidth, 256 MiB
 /// 333.9-336.2 against 333.3-333.8, 64 MiB 284-293 against 323-325; on 128 blocks pushing
 /// at every size took 14.3-14.8 against 13.1 us at 2 MiB, 59.4 against 56.7-56.9 at 16 MiB,
 /// and tied at 64 MiB; BENCHMARKS.md).
 pub const COLL_PUSH_ALL_REDUCE_BYTES: usize = 256 << 20;
 
-/// Default [`super::GpuColl::pull_broadcast_bytes`]: every size (past
-/// [`super::GpuColl::chain_broadcast_bytes`] on teams of more than two, along a chain).
+/// Default [`CollTuning::pull_broadcast`]: every size (past
+/// [`CollTuning::chain_broadcast`] on teams of more than two, along a chain).
 pub const COLL_PULL_BCAST_BYTES: usize = usize::MAX;
 
-/// Default [`super::GpuColl::chain_broadcast_bytes`]. On 4x H200 (2026-11-26, same run, 4 members)
+/// Default [`CollTuning::chain_broadcast`]. On 4x H200 (2026-11-26, same run, 4 members)
 /// everyone reading the root took 18.8 us at 1 MiB where the chain took 22.4 (three hops of
 /// latency), and 27.4 against 25.3 at 2 MiB; from 8 MiB the chain is 1.8x faster (the root's
 /// links carry one copy instead of three).
 pub const COLL_CHAIN_BCAST_BYTES: usize = 1 << 20;
 
-/// Default [`super::GpuColl::pull_a2a_bytes`]: every size (2x H200, same run, by stores on 128
+/// Default [`CollTuning::pull_all_to_all`]: every size (2x H200, same run, by stores on 128
 /// blocks against the barrier-based plan: 64 MiB 1.29-1.31x against 1.19x NCCL's bus
 /// bandwidth, 1 GiB 1.05x against 1.00x).
 pub const COLL_PULL_A2A_BYTES: usize = usize::MAX;
 
-/// Default [`super::GpuColl::push_a2a_bytes`]: every pull size (2x H200, same run, stores against
+/// Default [`CollTuning::push_all_to_all`]: every pull size (2x H200, same run, stores against
 /// loads: 2 MiB 10.3 against 11.6 us, 1 GiB 348 against 335 GB/s bus bandwidth).
 pub const COLL_PUSH_A2A_BYTES: usize = 1;
 
@@ -146,23 +146,49 @@ pub struct CollTuning {
     pub pull_block_bytes: usize,
     /// Bytes per block of the pull all_reduce (the two-shot takes half).
     pub pull_all_reduce_block_bytes: usize,
-    /// Largest one-shot all_reduce of the pull path (0: off).
+    /// Largest one-shot all_reduce of the pull path (0: off): an out-of-place all_reduce past
+    /// the LL size of whole 16-byte vectors runs one-shot as one kernel that meets its peers
+    /// through the LL headers and folds their inputs read in place (no barrier launches), on
+    /// a team the LL paths serve, unless an algorithm other than one-shot is forced.
     pub pull_all_reduce: PerTeam,
-    /// Smallest all_reduce of the two-shot pull (0: never).
+    /// Smallest all_reduce that runs the pull way two-shot (0: never): no algorithm forced,
+    /// after the pull handshake each member folds one `1/members` part of the vectors from
+    /// every member's `src` and stores it into every member's `dst`, then a done line per
+    /// block after a system-scope fence. Each member moves `(members - 1) / members` of the
+    /// message over its links each way, where the one-shot pull reads `members - 1` times the
+    /// message. Takes precedence over the one-shot pull and its limit.
     pub two_shot_pull: PerTeam,
-    /// Smallest pull all_reduce of a pair that moves its data by stores (0: never).
+    /// Smallest pull all_reduce of a pair that moves its data by stores (0: never): each
+    /// member stores its input into the other's `dst` in steps, publishing a count per step
+    /// after a system-scope fence, and folds the other's steps as they arrive. Both GPUs
+    /// storing at once move more than both loading at once, but the fence per step costs more
+    /// than that gains below about 256 MiB.
     pub push_all_reduce: usize,
-    /// Largest all_to_all input / all_gather output of the pull path (0: off).
+    /// Largest all_to_all input or all_gather output (every pair's share together) of the
+    /// pull path (0: off): an out-of-place call beyond the LL size whose shares are whole
+    /// 16-byte vectors runs as one kernel that moves every share straight between the
+    /// members' buffers after an LL handshake (no barrier waits).
     pub pull_all_to_all: usize,
-    /// Smallest pull all_to_all / all_gather whose members store instead of load (0: never).
+    /// Smallest pull all_to_all or all_gather whose members store their shares into the
+    /// others' `dst` instead of reading the others' `src` (0: never; a system-scope fence
+    /// before each block's done line).
     pub push_all_to_all: usize,
-    /// Largest broadcast of the pull path (0: off).
+    /// Largest broadcast of the pull path (0: off): past the LL size, whole 16-byte vectors,
+    /// one kernel in which every member reads the root's `src` in place, or along a chain
+    /// (`chain_broadcast`).
     pub pull_broadcast: PerTeam,
-    /// Pull broadcasts past this size on teams of more than two run along a chain.
+    /// Pull broadcasts past this size on teams of more than two run along a chain (the member
+    /// at distance p from the root reads from the one at p - 1, in steps), so each link
+    /// carries the message once; up to it every member reads the root's `src` (fewer hops of
+    /// latency, the root's links carrying `members - 1` copies).
     pub chain_broadcast: usize,
-    /// Largest reduce_scatter input of the pull path (0: off).
+    /// Largest reduce_scatter input (every member's part together) of the pull path (0: off):
+    /// out of place, past the LL size, whole 16-byte parts; every member folds its part of
+    /// the members' inputs, read in place, after the pull handshake.
     pub pull_reduce_scatter: usize,
-    /// Bytes read per PE up to which a one-phase plan runs as one fused kernel (0: never).
+    /// Bytes read per PE up to which a one-phase plan (one-shot all_reduce, reduce,
+    /// reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as one
+    /// kernel of one block with both barriers inside (0: never).
     pub fused_bytes: usize,
     /// Extra NVRTC options of the collectives' module: the compile-time switches of `kernels/`, for
     /// measurements.
