@@ -33,9 +33,6 @@ mod ll;
 mod signature;
 
 use barrier::*;
-use chain::*;
-use ep::*;
-use ll::*;
 use signature::*;
 
 use loom::cell::UnsafeCell;
