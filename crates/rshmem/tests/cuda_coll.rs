@@ -124,11 +124,19 @@ const LL_TEST_BYTES: usize = 64 << 10;
 
 /// The environment's tuning with the LL all_reduce up to `ll` bytes (0: off) and the LL
 /// all_to_all up to twice that.
+/// `RSHMEM_TEST_COLL_NVRTC_OPTS` (a test switch) adds compile options, the switches that break
+/// the kernels on purpose included (mutation runs: a test that still passes with one cannot
+/// see what it guards).
 fn ll_tuning(ll: usize) -> Result<CollTuning> {
-    Ok(CollTuning::from_env()?.with_ll(cuda::LlSizes {
+    let mut t = CollTuning::from_env()?.with_ll(cuda::LlSizes {
         all_reduce: ll,
         all_to_all: 2 * ll,
-    }))
+    });
+    if let Ok(v) = std::env::var("RSHMEM_TEST_COLL_NVRTC_OPTS") {
+        t.nvrtc_options
+            .extend(v.split_whitespace().map(str::to_string));
+    }
+    Ok(t)
 }
 
 fn with_ll(body: fn(&Pe) -> Result<()>, pe: &Pe) -> Result<()> {
@@ -1424,7 +1432,7 @@ fn pull_graph(pe: &Pe, c: &Ctx<'_>, push: bool) -> Result<()> {
 /// LL calls of one element per pair (replays of a captured graph), then the large call again
 /// with new data, PE 1 entering it 5 ms after PE 0. The former flag (16 bits of the barrier
 /// expectation, 15 of the pair's sequence; `-DRSHMEMI_LL_FLAG_15=1` in
-/// `RSHMEM_CUDA_COLL_NVRTC_OPTS` builds it again) was the same at the 32768th call: PE 0 took
+/// `RSHMEM_TEST_COLL_NVRTC_OPTS` builds it again) was the same at the 32768th call: PE 0 took
 /// the header and lines PE 1 had left from the first large call for this one's, so its dst
 /// held the first call's data.
 fn ll_flag_body(pe: &Pe) -> Result<()> {

@@ -190,8 +190,9 @@ pub struct CollTuning {
     /// reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as one
     /// kernel of one block with both barriers inside (0: never).
     pub fused_bytes: usize,
-    /// Extra NVRTC options of the collectives' module: the compile-time switches of `kernels/`, for
-    /// measurements.
+    /// Extra NVRTC options of the collectives' module: the compile-time switches of
+    /// `kernels/`, for measurements. The switches in [`WRONG_RESULT_SWITCHES`] break the
+    /// kernels on purpose, for rshmem's own tests; [`CollTuning::from_env`] refuses them.
     pub nvrtc_options: Vec<String>,
 }
 
@@ -301,11 +302,7 @@ impl CollTuning {
             chain_broadcast: size("RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES", d.chain_broadcast)?,
             pull_reduce_scatter: size("RSHMEM_CUDA_COLL_PULL_RS_BYTES", d.pull_reduce_scatter)?,
             fused_bytes: size("RSHMEM_CUDA_COLL_FUSED_BYTES", d.fused_bytes)?,
-            nvrtc_options: std::env::var("RSHMEM_CUDA_COLL_NVRTC_OPTS")
-                .unwrap_or_default()
-                .split_whitespace()
-                .map(str::to_string)
-                .collect(),
+            nvrtc_options: nvrtc_options_from_env("RSHMEM_CUDA_COLL_NVRTC_OPTS")?,
         };
         t.check()?;
         Ok(t)
@@ -402,6 +399,39 @@ fn block_bytes_from_env(name: &str, default: usize) -> Result<usize> {
         |v| (16..=1 << 30).contains(&v),
         "16 bytes to 1G",
     )
+}
+
+/// Compile-time switches of the collectives' kernels that give wrong results on purpose
+/// (measurements of what a fence or a check costs, and the tests that show what they guard):
+/// never from an environment variable.
+pub const WRONG_RESULT_SWITCHES: &[&str] = &[
+    "RSHMEMI_LL_NOP",
+    "RSHMEMI_LL_STOP",
+    "RSHMEMI_LL_SKIP_VERDICT",
+    "RSHMEMI_LL_FLAG_15",
+    "RSHMEMI_CHAIN_FENCE",
+    "RSHMEMI_PULL_FENCES",
+];
+
+/// Space-separated NVRTC options from `name`; an error naming the variable for a `-D` of a
+/// switch in [`WRONG_RESULT_SWITCHES`].
+fn nvrtc_options_from_env(name: &str) -> Result<Vec<String>> {
+    let v = std::env::var(name).unwrap_or_default();
+    nvrtc_options_value(name, &v)
+}
+
+fn nvrtc_options_value(name: &str, v: &str) -> Result<Vec<String>> {
+    let opts: Vec<String> = v.split_whitespace().map(str::to_string).collect();
+    for o in &opts {
+        let def = o.strip_prefix("-D").unwrap_or("");
+        let switch = def.split('=').next().unwrap_or("");
+        if WRONG_RESULT_SWITCHES.contains(&switch) {
+            return Err(Error::invalid(format!(
+                "{name}: {o} gives wrong results on purpose (a switch for rshmem's own tests)"
+            )));
+        }
+    }
+    Ok(opts)
 }
 
 #[cfg(test)]
@@ -569,5 +599,20 @@ mod tests {
         assert!(!p.reached(4, (1 << 20) - 1));
         assert!(p.reached(4, 1 << 20));
         assert_eq!(PerTeam::all(5), PerTeam { pair: 5, larger: 5 });
+    }
+
+    #[test]
+    fn wrong_result_switches_stay_out_of_the_environment() {
+        let ok = nvrtc_options_value("V", "-DRSHMEMI_LL_U=2 -DRSHMEMI_PULL_PAIR_LOADS=0").unwrap();
+        assert_eq!(ok, ["-DRSHMEMI_LL_U=2", "-DRSHMEMI_PULL_PAIR_LOADS=0"]);
+        for bad in [
+            "-DRSHMEMI_PULL_FENCES=0",
+            "-DRSHMEMI_LL_U=2 -DRSHMEMI_LL_NOP",
+        ] {
+            match nvrtc_options_value("V", bad) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains("wrong results"), "{m}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 }
