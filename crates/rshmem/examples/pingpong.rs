@@ -5,7 +5,7 @@
 //! cargo run --release --example pingpong                       # 2 threads
 //! rshmem run -n 2 -- target/release/examples/pingpong          # 2 processes
 //! ```
-use rshmem::{Cmp, Result, SignalOp};
+use rshmem::{Cmp, Result, Signal};
 use std::time::Instant;
 
 fn main() -> Result<()> {
@@ -25,11 +25,11 @@ fn main() -> Result<()> {
         let t0 = Instant::now();
         for i in 1..=iters {
             if me == 0 {
-                pe.put_signal(&data, 0, &[i], &sig, 0, i, SignalOp::Set, other)?;
+                pe.put_signal(&data, 0, &[i], Signal::set(&sig, 0, i), other)?;
                 pe.wait_until(&sig, 0, Cmp::Ge, i)?;
             } else {
                 pe.wait_until(&sig, 0, Cmp::Ge, i)?;
-                pe.put_signal(&data, 0, &[i], &sig, 0, i, SignalOp::Set, other)?;
+                pe.put_signal(&data, 0, &[i], Signal::set(&sig, 0, i), other)?;
             }
         }
         let lat = t0.elapsed().as_secs_f64() / iters as f64 / 2.0;

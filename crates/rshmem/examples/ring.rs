@@ -6,7 +6,7 @@
 //! RSHMEM_PES=8 cargo run --release -p rshmem --example ring
 //! ```
 
-use rshmem::{Cmp, SignalOp};
+use rshmem::{Cmp, Signal};
 
 const WORDS: usize = 4096;
 
@@ -26,7 +26,7 @@ fn main() -> std::process::ExitCode {
             pe.barrier_all()?;
 
             let mine: Vec<u64> = (0..WORDS).map(|i| word(me, i)).collect();
-            pe.put_signal(&buf, 0, &mine, &sig, 0, 1, SignalOp::Set, next)?;
+            pe.put_signal(&buf, 0, &mine, Signal::set(&sig, 0, 1), next)?;
             pe.wait_until(&sig, 0, Cmp::Eq, 1)?;
 
             let got = pe.local_vec(&buf)?;

@@ -49,7 +49,7 @@ pub use half::{bf16, f16};
 pub use launch::{init, init_with, launch, launch_with, launched};
 pub use nbi::{Completion, OpHandle, OpId, OpKind};
 pub use pe::Pe;
-pub use sym::{AsSym, RawSym, Sym, SymView};
+pub use sym::{AsSym, RawSym, Signal, Sym, SymView};
 pub use team::Team;
 pub use world::{threads, threads_with, Mode, Placement, PROTOCOL_VERSION};
 

@@ -7,7 +7,7 @@ use crate::control::EXCH_FIXED;
 use crate::elem::{AtomicElem, Cmp, Elem, SignalOp};
 use crate::error::{Error, Result};
 use crate::nbi::{Completion, OpHandle, OpKind};
-use crate::sym::{as_bytes, as_bytes_mut, AsSym, RawSym, Sym};
+use crate::sym::{as_bytes, as_bytes_mut, AsSym, RawSym, Signal, Sym};
 use crate::sync::{dissemination_barrier, SyncMem};
 use crate::team::{color_groups, strided_members, Team};
 use crate::world::{self, Mode, PeInner};
@@ -520,47 +520,39 @@ impl Pe {
 
     // ----- signals -----
 
-    /// Puts `src` into `dst` on PE `pe`, then updates `sig[sig_at]` there (set or add `value`),
-    /// ordered so that whoever sees the signal sees the data.
-    #[allow(clippy::too_many_arguments)]
+    /// Puts `src` into `dst` on PE `pe`, then applies `signal` there (set or add), ordered so
+    /// that whoever sees the signal sees the data.
     pub fn put_signal<T: Elem>(
         &self,
         dst: &(impl AsSym<T> + ?Sized),
         at: usize,
         src: &[T],
-        sig: &(impl AsSym<u64> + ?Sized),
-        sig_at: usize,
-        value: u64,
-        op: SignalOp,
+        signal: Signal,
         pe: usize,
     ) -> Result<()> {
         let off = self.locate(dst, at, src.len(), pe)?;
-        let soff = self.locate(sig, sig_at, 1, pe)?;
+        let soff = self.locate(&signal.object(), signal.at, 1, pe)?;
         self.inner.backend.put(pe, off, as_bytes(src))?;
-        let aop = match op {
-            SignalOp::Set => AtomicOp::Set(value),
-            SignalOp::Add => AtomicOp::FetchAdd(value),
+        let aop = match signal.op {
+            SignalOp::Set => AtomicOp::Set(signal.value),
+            SignalOp::Add => AtomicOp::FetchAdd(signal.value),
         };
         self.inner.backend.atomic(pe, soff, true, aop)?;
         self.inner.check_peer(pe, "put_signal")
     }
 
     /// Non-blocking [`put_signal`](Self::put_signal).
-    #[allow(clippy::too_many_arguments)]
     pub fn put_signal_nbi<'a, T: Elem>(
         &self,
         dst: &(impl AsSym<T> + ?Sized),
         at: usize,
         src: &'a [T],
-        sig: &(impl AsSym<u64> + ?Sized),
-        sig_at: usize,
-        value: u64,
-        op: SignalOp,
+        signal: Signal,
         pe: usize,
         tag: u64,
     ) -> Result<OpHandle<'a>> {
         self.inner.cq.check_room()?;
-        self.put_signal(dst, at, src, sig, sig_at, value, op, pe)?;
+        self.put_signal(dst, at, src, signal, pe)?;
         Ok(self.complete(OpKind::PutSignal, pe, tag))
     }
 

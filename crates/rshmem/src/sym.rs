@@ -137,3 +137,58 @@ pub(crate) fn as_bytes_mut<T: Elem>(s: &mut [T]) -> &mut [u8] {
     // bytes cannot create an invalid value.
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) }
 }
+
+/// The signal half of a put-with-signal ([`crate::Pe::put_signal`]): on the target PE, after
+/// the data, element `at` of a symmetric `u64` object is set to or increased by `value`.
+///
+/// ```
+/// # fn f(pe: &rshmem::Pe, data: &rshmem::Sym<u32>, flag: &rshmem::Sym<u64>) -> rshmem::Result<()> {
+/// use rshmem::Signal;
+/// pe.put_signal(data, 0, &[7, 8], Signal::set(flag, 0, 1), 1)?; // data, then flag[0] = 1 on PE 1
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Signal {
+    pub(crate) sym: RawSym,
+    pub(crate) at: usize,
+    pub(crate) value: u64,
+    pub(crate) op: crate::elem::SignalOp,
+}
+
+impl Signal {
+    /// `op` with `value` on `sig[at]`.
+    pub fn new(
+        sig: &(impl AsSym<u64> + ?Sized),
+        at: usize,
+        value: u64,
+        op: crate::elem::SignalOp,
+    ) -> Signal {
+        Signal {
+            sym: sig.raw(),
+            at,
+            value,
+            op,
+        }
+    }
+    /// Sets `sig[at]` to `value`.
+    pub fn set(sig: &(impl AsSym<u64> + ?Sized), at: usize, value: u64) -> Signal {
+        Signal::new(sig, at, value, crate::elem::SignalOp::Set)
+    }
+    /// Adds `value` to `sig[at]`.
+    pub fn add(sig: &(impl AsSym<u64> + ?Sized), at: usize, value: u64) -> Signal {
+        Signal::new(sig, at, value, crate::elem::SignalOp::Add)
+    }
+    /// The signal object, as the locating code takes it.
+    pub(crate) fn object(&self) -> SignalObject {
+        SignalObject(self.sym)
+    }
+}
+
+/// A signal's `u64` object by its identity alone.
+pub(crate) struct SignalObject(RawSym);
+
+impl AsSym<u64> for SignalObject {
+    fn raw(&self) -> RawSym {
+        self.0
+    }
+}

@@ -7,7 +7,7 @@
 mod harness;
 
 use rshmem::cuda::{self, CudaPe, KernelArg};
-use rshmem::{BackendKind, Cmp, Config, Elem, Error, HeapKind, Pe, Result, SignalOp};
+use rshmem::{BackendKind, Cmp, Config, Elem, Error, HeapKind, Pe, Result, Signal, SignalOp};
 use std::time::Duration;
 
 /// Kernels the GPU tests launch, compiled with the device header; the CI test compiles them too.
@@ -345,7 +345,7 @@ fn host_api(pe: &Pe) -> Result<()> {
     pe.barrier_all()?;
     if pe.my_pe() == 0 {
         let v: Vec<u32> = (0..64).map(|i| i * 3 + 1).collect();
-        pe.put_signal(&d, 0, &v, &s, 0, 1, SignalOp::Add, 1)?;
+        pe.put_signal(&d, 0, &v, Signal::add(&s, 0, 1), 1)?;
     } else if pe.my_pe() == 1 {
         pe.wait_until(&s, 0, Cmp::Eq, 1u64)?;
         let got = pe.local_vec(&d)?;
@@ -417,7 +417,7 @@ fn stream_ops(pe: &Pe) -> Result<()> {
     pe.local_fill(&back, -1.0)?;
     pe.local_fill(&sig, 0)?;
     pe.barrier_all()?;
-    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, &sig, 0, 1, SignalOp::Set, next)?;
+    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, Signal::set(&sig, 0, 1), next)?;
     g.wait_until_on_stream(&s, &sig, 0, Cmp::Eq, 1)?;
     g.get_on_stream(&s, &back, 0, &dst, 0, len, next)?; // my own data back from the next PE
     g.signal_on_stream(&s, &sig, 1, 5, SignalOp::Add, next)?;
@@ -458,7 +458,7 @@ fn graph_replay(pe: &Pe) -> Result<()> {
     s.begin_capture()?;
     assert!(s.is_capturing()?);
     g.barrier_on_stream(&s)?;
-    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, &sig, 0, 1, SignalOp::Set, next)?;
+    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, Signal::set(&sig, 0, 1), next)?;
     g.wait_until_on_stream(&s, &sig, 0, Cmp::Eq, 1)?;
     g.signal_on_stream(&s, &sig, 0, 0, SignalOp::Set, me)?;
     g.barrier_on_stream(&s)?;

@@ -13,7 +13,7 @@ use common::{check_eq, expect_err, poison};
 use harness::rand_vec;
 use rshmem::coll::{Coll, CollConfig, ReduceOp};
 use rshmem::ep::{Buffer, EpConfig, EpMode, RecvLayout};
-use rshmem::{Cmp, Config, Error, InProcBootstrap, Pe, Result, SignalOp, Sym, Team};
+use rshmem::{Cmp, Config, Error, InProcBootstrap, Pe, Result, Signal, Sym, Team};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -44,12 +44,12 @@ fn pe_out_of_range(pe: &Pe) -> Result<()> {
         );
         expect_err(
             "put_signal",
-            pe.put_signal(&x, 0, &[1], &sig, 0, 1, SignalOp::Set, bad),
+            pe.put_signal(&x, 0, &[1], Signal::set(&sig, 0, 1), bad),
             is,
         );
         expect_err(
             "put_signal_nbi",
-            pe.put_signal_nbi(&x, 0, &[1], &sig, 0, 1, SignalOp::Add, bad, 0),
+            pe.put_signal_nbi(&x, 0, &[1], Signal::add(&sig, 0, 1), bad, 0),
             is,
         );
         expect_err("fetch", pe.atomic_fetch(&x, 0, bad), is);
@@ -149,12 +149,12 @@ fn out_of_bounds(pe: &Pe) -> Result<()> {
     // put_signal: data outside, or signal outside; neither writes anything
     expect_err(
         "put_signal data",
-        pe.put_signal(&x, 8, &data, &sig, 0, 1, SignalOp::Set, me),
+        pe.put_signal(&x, 8, &data, Signal::set(&sig, 0, 1), me),
         oob(8, 11),
     );
     expect_err(
         "put_signal signal",
-        pe.put_signal(&x, 0, &data, &sig, 2, 1, SignalOp::Add, me),
+        pe.put_signal(&x, 0, &data, Signal::add(&sig, 2, 1), me),
         |e| {
             matches!(
                 e,
@@ -168,12 +168,12 @@ fn out_of_bounds(pe: &Pe) -> Result<()> {
     );
     expect_err(
         "put_signal_nbi data",
-        pe.put_signal_nbi(&x, 9, &data[..2], &sig, 0, 1, SignalOp::Set, me, 0),
+        pe.put_signal_nbi(&x, 9, &data[..2], Signal::set(&sig, 0, 1), me, 0),
         oob(9, 11),
     );
     expect_err(
         "put_signal_nbi signal",
-        pe.put_signal_nbi(&x, 0, &data, &sig, usize::MAX, 1, SignalOp::Add, me, 0),
+        pe.put_signal_nbi(&x, 0, &data, Signal::add(&sig, usize::MAX, 1), me, 0),
         |e| {
             matches!(
                 e,
@@ -898,7 +898,7 @@ fn handles_of_an_ended_world() {
         expect_err("atomic", pe.atomic_fetch_add(&x, 0, 1, 1 - me), ended);
         expect_err(
             "signal",
-            pe.put_signal(&y, 0, &[1], &x, 0, 1, SignalOp::Set, 1 - me),
+            pe.put_signal(&y, 0, &[1], Signal::set(&x, 0, 1), 1 - me),
             ended,
         );
         expect_err("wait", pe.wait_until(&x, 0, Cmp::Eq, 0), ended);

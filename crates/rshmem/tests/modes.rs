@@ -4,6 +4,7 @@
 #[path = "harness/mod.rs"]
 mod harness;
 
+use rshmem::Signal;
 use rshmem::*;
 
 /// Placement map: consistent with the mode and the `p * T + t` convention; same-process peers
@@ -96,7 +97,7 @@ fn atomics_signal_body(pe: &Pe) -> Result<()> {
     );
     let payload: Vec<u32> = harness::rand_vec(me, 3, 64);
     let next = (me + 1) % n;
-    pe.put_signal(&data, 0, &payload, &sig, 0, 1, SignalOp::Add, next)?;
+    pe.put_signal(&data, 0, &payload, Signal::add(&sig, 0, 1), next)?;
     pe.wait_until(&sig, 0, Cmp::Ge, 1u64)?;
     let prev = (me + n - 1) % n;
     assert_eq!(pe.local_vec(&data)?, harness::rand_vec::<u32>(prev, 3, 64));

@@ -14,7 +14,7 @@ mod common;
 
 use common::{check_eq, check_range, poison, CASES};
 use harness::rand_vec;
-use rshmem::{Cmp, Completion, Elem, OpKind, Pe, Result, SignalOp};
+use rshmem::{Cmp, Completion, Elem, OpKind, Pe, Result, Signal};
 
 fn ring(pe: &Pe) -> (usize, usize, usize, usize) {
     let (me, n) = (pe.my_pe(), pe.n_pes());
@@ -135,10 +135,7 @@ fn nbi<T: Elem>(pe: &Pe) -> Result<()> {
             &x,
             at,
             &data2,
-            &sig,
-            0,
-            me as u64 + 1,
-            SignalOp::Set,
+            Signal::set(&sig, 0, me as u64 + 1),
             prev,
             tag + 2,
         )?;
@@ -204,7 +201,7 @@ fn put_signal<T: Elem>(pe: &Pe) -> Result<()> {
         for round in 0..2u64 {
             let data: Vec<T> = rand_vec(me, stream + 10 * round, len);
             let v = (me as u64 + 1) << 8 | (round + 1);
-            pe.put_signal(&x, at, &data, &sig, 1, v, SignalOp::Set, next)?;
+            pe.put_signal(&x, at, &data, Signal::set(&sig, 1, v), next)?;
             let want_sig = (prev as u64 + 1) << 8 | (round + 1);
             assert_eq!(pe.wait_until(&sig, 1, Cmp::Eq, want_sig)?, want_sig);
             assert_eq!(pe.signal_fetch(&sig, 1)?, want_sig);
@@ -230,10 +227,7 @@ fn put_signal<T: Elem>(pe: &Pe) -> Result<()> {
             &y,
             at + me * stride,
             &data,
-            &sig,
-            0,
-            me as u64 + 1,
-            SignalOp::Add,
+            Signal::add(&sig, 0, me as u64 + 1),
             0,
         )?;
         if me == 0 {
@@ -365,7 +359,7 @@ fn signal_add_wraps(pe: &Pe) -> Result<()> {
     let sig = pe.alloc::<u64>(1)?;
     pe.local_fill(&sig, u64::MAX)?;
     pe.barrier_all()?;
-    pe.put_signal(&x, 1, &[], &sig, 0, 1, SignalOp::Add, 0)?;
+    pe.put_signal(&x, 1, &[], Signal::add(&sig, 0, 1), 0)?;
     if pe.my_pe() == 0 {
         assert_eq!(pe.wait_until(&sig, 0, Cmp::Eq, n - 1)?, n - 1);
     }

@@ -10,7 +10,7 @@ use super::measure::{
 };
 use super::record::Record;
 use indicatif::ProgressBar;
-use rshmem::{Cmp, Pe, SignalOp, Sym};
+use rshmem::{Cmp, Pe, Signal, Sym};
 use std::time::Instant;
 
 /// Errors of the command-line tool: library errors and failed data checks.
@@ -486,10 +486,7 @@ impl PingPong for PutSignalPp<'_> {
                 self.data,
                 0,
                 &[seq],
-                self.sig,
-                0,
-                seq,
-                SignalOp::Set,
+                Signal::set(self.sig, 0, seq),
                 self.peer,
             )?;
             pe.wait_until(self.sig, 0, Cmp::Eq, seq)?;
@@ -509,7 +506,7 @@ impl PingPong for PutSignalPp<'_> {
             if v >= STOP {
                 return Ok(());
             }
-            pe.put_signal(self.data, 0, &[v], self.sig, 0, v, SignalOp::Set, 0)?;
+            pe.put_signal(self.data, 0, &[v], Signal::set(self.sig, 0, v), 0)?;
             last = v;
         }
     }

@@ -4,10 +4,10 @@
 use super::handle::{Dispatched, Handle};
 use super::layout::Layout;
 use super::{check_dtype, EpConfig, EpMode, RecvLayout, TopkId};
-use crate::elem::{Cmp, Elem, ElemKind, SignalOp};
+use crate::elem::{Cmp, Elem, ElemKind};
 use crate::error::{Error, Result};
 use crate::pe::Pe;
-use crate::sym::{Sym, SymView};
+use crate::sym::{Signal, Sym, SymView};
 use crate::team::Team;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -368,10 +368,7 @@ impl<T: Elem> Buffer<T> {
                 &self.meta()?,
                 (parity * n + self.me) * self.mw,
                 &r,
-                &self.sig()?,
-                parity * n + self.me,
-                self.epoch,
-                SignalOp::Set,
+                Signal::set(&self.sig()?, parity * n + self.me, self.epoch),
                 self.members[d],
             )?;
         }
@@ -524,10 +521,7 @@ impl<T: Elem> Buffer<T> {
             &self.done()?,
             self.me,
             &[rows as u64],
-            &self.sig()?,
-            2 * self.n + self.me,
-            self.epoch,
-            SignalOp::Set,
+            Signal::set(&self.sig()?, 2 * self.n + self.me, self.epoch),
             self.members[d],
         )
     }

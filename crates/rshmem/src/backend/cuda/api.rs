@@ -5,7 +5,7 @@ use super::gpu::{self, Func, Module, RawStream};
 use super::{ffi, nvrtc, set_state, CudaBackend};
 use crate::elem::{Cmp, Elem, SignalOp};
 use crate::error::{Error, Result};
-use crate::sym::{AsSym, RawSym};
+use crate::sym::{AsSym, RawSym, Signal};
 use crate::team::Team;
 use crate::Pe;
 use std::sync::Arc;
@@ -493,7 +493,8 @@ impl<'a> CudaPe<'a> {
         }
     }
 
-    /// Stream-ordered put with signal: the data, then the signal (visible only after the data).
+    /// Stream-ordered put with signal: `count` elements of `src` from `src_at` into `dst` at
+    /// `dst_at` on PE `pe`, then `signal` there (visible only after the data).
     #[allow(clippy::too_many_arguments)]
     pub fn put_signal_on_stream<T: Elem>(
         &self,
@@ -503,15 +504,13 @@ impl<'a> CudaPe<'a> {
         src: &(impl AsSym<T> + ?Sized),
         src_at: usize,
         count: usize,
-        sig: &(impl AsSym<u64> + ?Sized),
-        sig_at: usize,
-        value: u64,
-        op: SignalOp,
+        signal: Signal,
         pe: usize,
     ) -> Result<()> {
-        self.loc::<u64>(sig.raw(), sig_at, 1, pe)?;
+        let sig = signal.object();
+        self.loc::<u64>(signal.sym, signal.at, 1, pe)?;
         self.put_on_stream(s, dst, dst_at, src, src_at, count, pe)?;
-        self.signal_on_stream(s, sig, sig_at, value, op, pe)
+        self.signal_on_stream(s, &sig, signal.at, signal.value, signal.op, pe)
     }
 
     /// Stream-ordered wait until this PE's `sig[at] <cmp> value`: `==` and `>=` by
