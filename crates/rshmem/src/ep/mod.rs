@@ -95,6 +95,7 @@
 
 mod bench;
 mod buffer;
+pub mod cuda;
 mod handle;
 mod layout;
 

@@ -188,8 +188,11 @@
 //! `n*C*k*H*s` expert-major rows (none for [`RecvLayout::TokenMajor`]) + small bookkeeping
 //! (`s` = element size).
 
-use super::api::{CudaPe, Kernel, KernelArg, Stream};
-use super::ffi::{self, cu};
+mod baseline;
+
+use crate::backend::cuda::api::{CudaPe, Kernel, KernelArg, Stream};
+use crate::backend::cuda::ffi::{self, cu};
+use crate::backend::cuda::{gpu, knobs, nccl};
 use crate::elem::{Elem, ElemKind};
 use crate::ep::{EpConfig, EpMode, RecvLayout, TopkId};
 use crate::error::{Error, Result};
@@ -273,14 +276,14 @@ impl TokensCombine {
 /// `RSHMEM_EP_SPLIT_COMBINE` (0 or 1, default 1): whether `combine` may take the split kernel
 /// (`ep_csplit`) where every PE of the team has its GPU alone.
 fn split_combine_from_env() -> Result<bool> {
-    Ok(super::knobs::knob_from_env("RSHMEM_EP_SPLIT_COMBINE", 1, |v| v <= 1, "0 or 1")? == 1)
+    Ok(knobs::knob_from_env("RSHMEM_EP_SPLIT_COMBINE", 1, |v| v <= 1, "0 or 1")? == 1)
 }
 
 /// `RSHMEM_EP_READBACK_SYNC` (0 or 1, default 0; a measurement knob): 1 makes normal-mode
 /// dispatch synchronise its stream before reading the counts instead of waiting for the
 /// readback's number.
 fn readback_sync_from_env() -> Result<bool> {
-    Ok(super::knobs::knob_from_env("RSHMEM_EP_READBACK_SYNC", 0, |v| v <= 1, "0 or 1")? == 1)
+    Ok(knobs::knob_from_env("RSHMEM_EP_READBACK_SYNC", 0, |v| v <= 1, "0 or 1")? == 1)
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -295,7 +298,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 fn block_threads(name: &str, v: Option<&str>, default: u32) -> Result<u32> {
     let ok = |t: usize| (64..=BLOCK as usize).contains(&t) && t.is_multiple_of(32);
     let what = format!("expected a multiple of 32 from 64 to {BLOCK}");
-    Ok(super::knobs::knob_value(name, v, default as usize, ok, &what)? as u32)
+    Ok(knobs::knob_value(name, v, default as usize, ok, &what)? as u32)
 }
 
 /// NVRTC `-D` options of the kernels for hidden type `T` and id type `I`.
@@ -470,7 +473,7 @@ fn param_words(
     p: &Plan,
     cfg: &EpConfig,
     n: usize,
-    dt: &super::api::DeviceTeam,
+    dt: &crate::backend::cuda::api::DeviceTeam,
     grid: u32,
     sentinel: bool,
 ) -> [(&'static str, u64); PARAM_WORDS] {
@@ -674,7 +677,7 @@ pub struct Buffer<T: Elem> {
     /// normal-mode dispatch ([`readback_len`] bytes of control words, counts and offsets, the
     /// device error word, then the readback's number); the host reads them once it sees that
     /// number (`wait_readback`).
-    readback: super::gpu::HostBuf,
+    readback: gpu::HostBuf,
     /// `readback` as the device addresses it, and `ep_readback`, which fills it.
     readback_dev: u64,
     readback_k: Kernel,
@@ -768,7 +771,7 @@ impl<T: Elem> Buffer<T> {
             )?;
             let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", PSTREAM_BLOCK)?;
             let blocks = |name: &str| {
-                super::knobs::knob_from_env(name, 0, |v| v <= MAX_GRID as usize, "at most 1024")
+                knobs::knob_from_env(name, 0, |v| v <= MAX_GRID as usize, "at most 1024")
                     .map(|v| v as u32)
             };
             let grids = (
@@ -1747,7 +1750,7 @@ pub fn bench_routing(pe: usize, t: usize, k: usize, e: usize) -> (Vec<i32>, Vec<
     (ids, w)
 }
 
-use super::bench::{time_stream, Ev};
+use crate::backend::cuda::bench::{time_stream, Ev};
 
 /// With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS): prints the last dispatch's and combine's
 /// clock stamps (control words 16.., `ep.cu` says which); nothing when they were not compiled in.
@@ -1786,7 +1789,7 @@ fn stage_times(
     iters: usize,
     mut f: impl FnMut(&mut dyn FnMut() -> Result<()>) -> Result<()>,
 ) -> Result<Vec<f64>> {
-    let gpu = super::gpu::gpu(g.device())?;
+    let gpu = gpu::gpu(g.device())?;
     let _b = gpu.bind()?;
     let raw = s.raw() as cu::CUstream;
     let mut sums: Vec<f64> = Vec::new();
@@ -1831,8 +1834,7 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
         let io = 2 * t * args.hidden * es
             + 2 * t * args.top_k * 4
             + (rows_cap.max(n * t).max(t) + 1) * 8;
-        let base =
-            super::ep_base::base_bytes(n, t, args.hidden, args.top_k, args.experts, rows_cap);
+        let base = baseline::base_bytes(n, t, args.hidden, args.top_k, args.experts, rows_cap);
         most = most.max(buf + io + base);
     }
     Ok(most + (64 << 20))
@@ -1850,8 +1852,8 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
 /// (NCCL needs one GPU per rank). Returns PE 0's records (others an empty list); a failed data
 /// check on any PE is an error on that PE.
 pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
-    use super::ep_base::{self as eb, NcclBase};
     use crate::bf16 as Bf16;
+    use baseline::{self as eb, NcclBase};
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
     let n = pe.n_pes();
@@ -1871,8 +1873,8 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
         Buffer::<Bf16>::bytes_for(&EpConfig::new(e, t.max(1), h, k), n)?;
     }
     let kernels = eb::Kernels::load(&g)?;
-    let lib = super::nccl::Nccl::load();
-    let (comm, why) = super::nccl::world_comm(pe, &g, &lib)?;
+    let lib = nccl::Nccl::load();
+    let (comm, why) = nccl::world_comm(pe, &g, &lib)?;
     let grid = (g.sm_count() as u32).clamp(1, MAX_GRID);
     // Data check failures, reported after the collective steps (so no PE is left waiting).
     let mut bad: Vec<String> = Vec::new();
@@ -2192,7 +2194,7 @@ mod tests {
             .into_iter()
             .find(|k| k.0 == name)
             .unwrap_or_else(|| panic!("kernel {name} not declared"));
-        super::super::srcparse::param_types(list)
+        crate::backend::cuda::srcparse::param_types(list)
     }
 
     /// Every kernel of `ep.cu` takes the parameters its launch site passes, in order (the
@@ -2283,7 +2285,7 @@ mod tests {
         };
         let (n, base) = (3, 1u64 << 40);
         let p = plan(&cfg, n, 2).unwrap();
-        let dt = super::super::api::DeviceTeam {
+        let dt = crate::backend::cuda::api::DeviceTeam {
             slot: 0,
             my_index: 2,
             size: 3,
