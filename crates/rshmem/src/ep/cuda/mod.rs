@@ -212,8 +212,35 @@ pub use bench::{
 };
 use params::{param_words, plan, readback_len, Plan, PARAM_WORDS};
 
-/// The kernels' source (after the device header).
-pub const EP_KERNELS: &str = include_str!("../../kernels/ep.cu");
+/// The kernels' source (after the device header): the files of `kernels/` in this order, one
+/// program (the pieces are cut from one file at top-level blank lines, so the text, and with it
+/// the cubins and the kernel cache keys, is what that file was).
+pub const EP_KERNELS: &str = concat!(
+    // Types, `ep_params`, the constants mirrored here, signals, waits and scans.
+    include_str!("kernels/common.cuh"),
+    // Dispatch steps 1 and 3: ep_layout (counts, records) and ep_dwait (the common decision).
+    include_str!("kernels/layout.cu"),
+    // How rows move (16-byte vectors) and announce themselves (the sentinel).
+    include_str!("kernels/rows.cuh"),
+    // Dispatch step 2: ep_send.
+    include_str!("kernels/send.cu"),
+    // One-block kernels: ep_cwait (combine's wait) and ep_readback (normal mode's counts).
+    include_str!("kernels/waits.cu"),
+    // The expert-major copy and the index: ep_pstream, ep_permute.
+    include_str!("kernels/expand.cu"),
+    // Combine's f32 sums (over slots, over PEs) and ep_csend.
+    include_str!("kernels/combine.cu"),
+    // The split combine: ep_csplit.
+    include_str!("kernels/split.cu"),
+    // The source side's sum (ep_sum_rows, shared with the baseline) and ep_crecv.
+    include_str!("kernels/crecv.cu"),
+    // The pull combine of combine_tokens: ep_cready, ep_cpull, ep_cdone, ep_ccopy.
+    include_str!("kernels/pull.cu"),
+    // The stand-in expert computation: ep_scale_experts.
+    include_str!("kernels/experts.cu"),
+    // The benchmark's NCCL baseline (baseline.rs): epb_* kernels.
+    include_str!("kernels/baseline.cu"),
+);
 
 /// Most blocks of the grid kernels. Their grid is one block per SM (512 threads, up to 128
 /// registers each: one resident block per SM), the smallest SM count of the team's GPUs, agreed

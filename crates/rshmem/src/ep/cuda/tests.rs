@@ -473,3 +473,54 @@ fn no_collective_under_lane_dependent_loops() {
     }
     assert!(checked > 10, "the lint found only {checked} lane loops");
 }
+
+/// The kernel source is assembled from the files of `kernels/` (`EP_KERNELS`): every piece ends
+/// a line (so no two lines are glued) and is cut at the top level (braces, parentheses and
+/// `#if`/`#endif` balance within it), and the pieces listed here are the whole source, in
+/// order, so that a piece added to one list and not the other is caught.
+#[test]
+fn kernel_source_is_its_pieces_cut_at_the_top_level() {
+    let pieces = [
+        ("common.cuh", include_str!("kernels/common.cuh")),
+        ("layout.cu", include_str!("kernels/layout.cu")),
+        ("rows.cuh", include_str!("kernels/rows.cuh")),
+        ("send.cu", include_str!("kernels/send.cu")),
+        ("waits.cu", include_str!("kernels/waits.cu")),
+        ("expand.cu", include_str!("kernels/expand.cu")),
+        ("combine.cu", include_str!("kernels/combine.cu")),
+        ("split.cu", include_str!("kernels/split.cu")),
+        ("crecv.cu", include_str!("kernels/crecv.cu")),
+        ("pull.cu", include_str!("kernels/pull.cu")),
+        ("experts.cu", include_str!("kernels/experts.cu")),
+        ("baseline.cu", include_str!("kernels/baseline.cu")),
+    ];
+    let whole: String = pieces.iter().map(|p| p.1).collect();
+    assert_eq!(
+        whole, EP_KERNELS,
+        "EP_KERNELS is not the pieces in this order"
+    );
+    for (name, src) in pieces {
+        assert!(src.ends_with('\n'), "{name} does not end a line");
+        // Comments out (line comments only: the files have no block comments), then count.
+        assert!(!src.contains("/*"), "{name} has a block comment");
+        let code: String = src
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let count = |c: char| code.matches(c).count();
+        assert_eq!(count('{'), count('}'), "{name}: braces");
+        assert_eq!(count('('), count(')'), "{name}: parentheses");
+        let directive = |d: &str| {
+            code.lines()
+                .filter(|l| l.trim_start().starts_with(d))
+                .count()
+        };
+        assert_eq!(directive("#if"), directive("#endif"), "{name}: #if/#endif");
+    }
+    // Each kernel is defined once in the assembled source.
+    let names: Vec<&str> = kernels(EP_KERNELS).iter().map(|k| k.0).collect();
+    for name in &names {
+        assert_eq!(names.iter().filter(|n| *n == name).count(), 1, "{name}");
+    }
+}
