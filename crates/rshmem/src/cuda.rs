@@ -21,6 +21,7 @@ pub use crate::coll::cuda::{
     COLL_TWO_SHOT_PULL_PAIR_BYTES, LL_MAX_MEMBERS,
 };
 // MoE dispatch/combine on GPUs.
+#[doc(inline)]
 pub use crate::ep::cuda as ep;
 
 /// Compiles every module rshmem itself loads (its internal kernels, the collectives with
