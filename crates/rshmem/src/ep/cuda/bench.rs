@@ -100,7 +100,7 @@ pub fn bench_routing(pe: usize, t: usize, k: usize, e: usize) -> (Vec<i32>, Vec<
 }
 
 /// With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS): prints the last dispatch's and combine's
-/// clock stamps (control words 16.., `ep.cu` says which); nothing when they were not compiled in.
+/// clock stamps (control words 16.., `kernels/common.cuh` says which); nothing when they were not compiled in.
 fn print_stamps<T: Elem>(pe: &Pe, buf: &Buffer<T>, what: &str) -> Result<()> {
     let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 24)?)?;
     if c[0] == 0 {
@@ -188,7 +188,7 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
 }
 
 /// Benchmarks dispatch and combine (bf16, random routing, both modes) on the world team beside
-/// the same-run NCCL all-to-all-v baseline (`ep_base.rs` says exactly what it includes), and
+/// the same-run NCCL all-to-all-v baseline (`baseline.rs` says exactly what it includes), and
 /// checks the data of both: the expert-major rows per local expert and the combine output per
 /// token against a reference computed from the known inputs (checksums; identity experts).
 /// Each mode runs twice: expert-major (`normal`, `capturable`) and token-major (`normal+tokens`,

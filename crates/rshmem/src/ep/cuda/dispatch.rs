@@ -51,7 +51,7 @@ impl<T: Elem> Buffer<T> {
         Ok((g.ptr(x)?, g.ptr(ids)?, g.ptr(w)?))
     }
 
-    /// Dispatches this PE's `num_tokens` tokens (see the [module docs](self)): `x [T, H]`,
+    /// Dispatches this PE's `num_tokens` tokens (see the [module docs](super)): `x [T, H]`,
     /// `topk_ids [T, top_k]`, `topk_weights [T, top_k]`, all symmetric objects of this PE's
     /// heap, on stream `s`. Collective over the team.
     ///

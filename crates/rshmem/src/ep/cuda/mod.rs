@@ -2,8 +2,8 @@
 //!
 //! Same configuration ([`EpConfig`]), expert split (PE `p` of the team owns experts
 //! `p*E/n .. (p+1)*E/n`) and validation rules as the CPU [`crate::ep::Buffer`]; the movement,
-//! the layout and the bookkeeping run in kernels (`src/kernels/ep.cu`, compiled by NVRTC with the
-//! device header when the buffer is created).
+//! the layout and the bookkeeping run in kernels (`kernels/` beside this file, one program:
+//! [`EP_KERNELS`], compiled by NVRTC with the device header when the buffer is created).
 //!
 //! # Inputs and outputs
 //! All tensors are **symmetric objects** (or views of them) of the calling PE's heap, i.e. GPU
@@ -104,7 +104,7 @@
 //!    the sentinel (a device-wait timeout bounds it), sums, and stores the sentinel back; every
 //!    other reader of peers' rows there (`ep_crecv`, `ep_ccopy`'s temporary rows) stores it
 //!    back too, and the host fills the area again at creation and after any latched error
-//!    (loom model `loom_ep_split_combine_sentinel` in `models.rs`: split combines after push,
+//!    (loom model `loom_ep_split_combine_sentinel` in `models/ep.rs`: split combines after push,
 //!    pull and split combines; it fails without any one of those stores back).
 //!    Where `out` overlaps `y` or the buffer on a PE, that PE's summers store its own partial
 //!    rows instead and `ep_cwait`/`ep_crecv` sum after the kernel; its peers cannot tell.
@@ -142,7 +142,7 @@
 //! A PE writes a peer's records, receive area (rows, row records) and "records in" words only
 //! after the peer's ready signal of the same call, which the peer sends when its stream
 //! reaches that dispatch, after every kernel of its earlier steps that reads them (loom models
-//! in `models.rs`, two dispatches back to back included); an expert-major receive area's rows
+//! in `models/ep.rs`, two dispatches back to back included); an expert-major receive area's rows
 //! are the sentinel again by then (its readers store it back); combine rows go to the half of the
 //! combine area of the call's parity, and a PE reaches combine `c+2` only after the peer's rows
 //! of `c+1`, sent after it read `c`.
@@ -154,7 +154,7 @@
 //! flag to the receiving PE, which stops too; its later `ep_layout`s write no records and its
 //! `ep_send`s move no rows (a peer may still be reading those of the step given up on); their ready and record signals carry the flag as well. So no PE uses rows it gave up
 //! waiting for, nor rows or records of another call (a peer may still finish that step with the
-//! rows it did receive; it stops at its next wait for that PE; loom model in `models.rs`): the PE
+//! rows it did receive; it stops at its next wait for that PE; loom model in `models/ep.rs`): the PE
 //! that timed out gets [`Error::Timeout`] from [`Buffer::check`], its peers get [`Error::Timeout`]
 //! too (naming a team member's wait). The flag is sticky until [`Buffer::check`] clears it; a PE
 //! that gave up may still receive a peer's flag after its own check, so before reusing the buffer
@@ -179,7 +179,7 @@
 //! # Status
 //! Run on 2x H200 (one PE per GPU, and 4 thread-PEs on the 2 GPUs), on 4x H200 and on one GPU
 //! shared by the PEs: as threads, as processes and mixed (`tests/cuda_ep.rs`, 30 tests).
-//! [`ep_bench`] measures beside the same-run NCCL all-to-all-v baseline (`ep_base.rs`; missing
+//! [`ep_bench`] measures beside the same-run NCCL all-to-all-v baseline (`baseline.rs`; missing
 //! where PEs share a GPU or NCCL is absent) and checks both paths' data;
 //! `RSHMEM_EP_BREAKDOWN=1` makes it print per-kernel times (stream events between launches).
 //!
@@ -259,9 +259,9 @@ const SPLIT_BLOCK: u32 = 384;
 /// Most experts (`ep_layout` counts pairs per expert in shared memory).
 pub const MAX_GPU_EXPERTS: usize = 8192;
 /// Most local experts whose per-block pair counts the token-major index keeps in shared memory
-/// (`EP_INDEX_EXPERTS` of `ep.cu`; more: one global atomic per pair).
+/// (`EP_INDEX_EXPERTS` of `kernels/expand.cu`; more: one global atomic per pair).
 const INDEX_EXPERTS: usize = 4096;
-/// Most PEs of a GPU EP team (`EP_MAX_PES` of `ep.cu`: destinations are bits of a 64-bit mask).
+/// Most PEs of a GPU EP team (`EP_MAX_PES` of `kernels/common.cuh`: destinations are bits of a 64-bit mask).
 pub const MAX_GPU_EP_PES: usize = 64;
 
 const CTL_GO: usize = 3;
@@ -363,7 +363,7 @@ pub fn kernel_options(t: ElemKind, id: ElemKind) -> Result<Vec<String>> {
         }
     };
     let mut o = vec![format!("-DEP_T={tn}"), format!("-DEP_ID={idn}")];
-    // Compile-time switches of `ep.cu` for measurements (`RSHMEM_CUDA_EP_NVRTC_OPTS`, space
+    // Compile-time switches of the kernels for measurements (`RSHMEM_CUDA_EP_NVRTC_OPTS`, space
     // separated; e.g. `-DEP_STAMPS=1`).
     o.extend(
         std::env::var("RSHMEM_CUDA_EP_NVRTC_OPTS")

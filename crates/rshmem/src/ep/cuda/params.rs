@@ -136,8 +136,8 @@ pub(super) fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
     })
 }
 
-/// The words of the kernels' `ep_params` block, in declaration order and named as in `ep.cu`
-/// (`base`: the device address of the buffer's area).
+/// The words of the kernels' `ep_params` block, in declaration order and named as in
+/// `kernels/common.cuh` (`base`: the device address of the buffer's area).
 pub(super) fn param_words(
     base: u64,
     p: &Plan,

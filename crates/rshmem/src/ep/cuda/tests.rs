@@ -58,15 +58,15 @@ fn kernel_params(src: &str, name: &str) -> Vec<String> {
     crate::backend::cuda::srcparse::param_types(list)
 }
 
-/// Every kernel of `ep.cu` takes the parameters its launch site passes, in order (the
+/// Every kernel of [`EP_KERNELS`] takes the parameters its launch site passes, in order (the
 /// driver reads as many bytes per parameter as the kernel declares): `KernelArg::Ptr` ↔
-/// pointer, `I32` ↔ `int`, `I64` ↔ `long long`, `U64` ↔ `unsigned long long` (ep.rs and
-/// ep_base.rs).
+/// pointer, `I32` ↔ `int`, `I64` ↔ `long long`, `U64` ↔ `unsigned long long` (the
+/// buffer's files and baseline.rs).
 #[test]
 fn launches_match_the_kernel_signatures() {
     let (p, i, l) = ("ptr", "int", "long long");
     let launches: [(&str, Vec<&str>); 21] = [
-        // ep.rs
+        // the buffer (mod.rs, dispatch.rs, combine.rs)
         ("ep_layout", vec![p, p, p, i, i, i, i]),
         ("ep_send", vec![p, p, p, p]),
         ("ep_dwait", vec![p]),
@@ -82,7 +82,7 @@ fn launches_match_the_kernel_signatures() {
         ("ep_cdone", vec![p]),
         ("ep_ccopy", vec![p, p]),
         ("ep_readback", vec![p, p, i, "unsigned long long"]),
-        // ep_base.rs
+        // baseline.rs
         ("epb_layout", vec![p, i, i, i, i, p, p, p]),
         ("epb_pack", vec![p, p, p, p, i, i, i, l, p, p]),
         (
@@ -329,7 +329,7 @@ fn plan_refuses_what_32_bit_indices_cannot_address() {
     assert!(plan(&c(1 << 24, 8, EpMode::Normal), 2, 2).is_ok());
 }
 
-/// Constants shared with `ep.cu`.
+/// Constants shared with the kernels.
 #[test]
 fn constants_match_the_kernels() {
     let src = EP_KERNELS;
