@@ -21,7 +21,8 @@ pub use crate::coll::cuda::{
     COLL_TWO_SHOT_PULL_PAIR_BYTES, LL_MAX_MEMBERS,
 };
 // MoE dispatch/combine on GPUs.
-pub use crate::backend::cuda::ep;
+#[doc(inline)]
+pub use crate::ep::cuda as ep;
 
 /// Compiles every module rshmem itself loads (its internal kernels, the collectives with
 /// `RSHMEM_CUDA_COLL_NVRTC_OPTS`, the MoE kernels for each hidden-state and id type) for

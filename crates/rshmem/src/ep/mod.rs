@@ -95,6 +95,8 @@
 
 mod bench;
 mod buffer;
+#[doc(hidden)]
+pub mod cuda;
 mod handle;
 mod layout;
 

@@ -27,8 +27,8 @@
 //! kernel become resident only after their waits, so waiting kernels cannot starve the peers'
 //! kernels of SMs, and every module a world needs is loaded (all kernels at once, not lazily)
 //! before any of its PEs can launch a waiting kernel ([`CudaPe::kernel`], [`GpuColl::new`]
-//! and [`ep::Buffer::new`] meet the other PEs after loading). What a shared context adds: its
-//! streams are spread over a fixed number of hardware work queues
+//! and [`crate::cuda::ep::Buffer::new`] meet the other PEs after loading). What a shared
+//! context adds: its streams are spread over a fixed number of hardware work queues
 //! (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default), a queue runs its work in order, and streams
 //! beyond that number share queues. A kernel that waits for a peer then
 //! holds back the later work (kernels and copies) of every other stream on its queue, which
@@ -92,8 +92,6 @@
 
 pub(crate) mod api;
 pub mod bench;
-pub mod ep;
-mod ep_base;
 pub(crate) mod ffi;
 pub(crate) mod gpu;
 mod grave;

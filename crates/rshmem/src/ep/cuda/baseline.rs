@@ -1,4 +1,4 @@
-//! The same-run baseline of [`super::ep::ep_bench`] — dispatch and combine done with NCCL
+//! The same-run baseline of [`super::ep_bench`] — dispatch and combine done with NCCL
 //! all-to-all-v, the path used before symmetric memory (e.g. nvFuser) — and the benchmark's
 //! data checks.
 //!
@@ -27,10 +27,10 @@
 //! checksums (exact: inputs and weights are small dyadic numbers, every f32 sum is exact, and
 //! the reference rounds where the kernels do).
 
-use super::api::{CudaPe, Kernel, KernelArg, Stream};
-use super::ep::{kernel_options, EP_KERNELS};
-use super::ffi;
-use super::nccl::{DataType, NcclComm, P2p};
+use super::{kernel_options, EP_KERNELS};
+use crate::backend::cuda::api::{CudaPe, Kernel, KernelArg, Stream};
+use crate::backend::cuda::ffi;
+use crate::backend::cuda::nccl::{DataType, NcclComm, P2p};
 use crate::elem::ElemKind;
 use crate::error::{Error, Result};
 use crate::sym::{AsSym, Sym};
@@ -373,11 +373,11 @@ impl<'c> NcclBase<'c> {
     ) -> Result<NcclBase<'c>> {
         let n = pe.n_pes();
         // epb_layout: destinations are bits of a 64-bit mask, pairs per expert in shared memory.
-        if n > super::ep::MAX_GPU_EP_PES || e > super::ep::MAX_GPU_EXPERTS || !e.is_multiple_of(n) {
+        if n > super::MAX_GPU_EP_PES || e > super::MAX_GPU_EXPERTS || !e.is_multiple_of(n) {
             return Err(Error::invalid(format!(
                 "ep baseline: {e} experts on {n} PEs (at most {} PEs, {} experts, split evenly)",
-                super::ep::MAX_GPU_EP_PES,
-                super::ep::MAX_GPU_EXPERTS
+                super::MAX_GPU_EP_PES,
+                super::MAX_GPU_EXPERTS
             )));
         }
         let el = e / n;
@@ -712,7 +712,7 @@ mod tests {
     fn reference_matches_the_direct_sums() {
         let (n, t, h, k, e) = (2, 23, 37, 8, 16);
         let routes: Vec<_> = (0..n)
-            .map(|p| super::super::ep::bench_routing(p, t, k, e))
+            .map(|p| super::super::bench_routing(p, t, k, e))
             .collect();
         let epp = e / n;
         for me in 0..n {
