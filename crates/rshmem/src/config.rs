@@ -256,6 +256,22 @@ impl Config {
     }
 }
 
+
+/// A size variable (`64K`, `1M`, bytes); unset or empty: `None`; malformed: an error.
+pub(crate) fn env_size(name: &str) -> Result<Option<usize>> {
+    size_value(name, env(name).as_deref())
+}
+
+/// [`env_size`] on the value `v` of variable `name` (`None` or empty: unset).
+pub(crate) fn size_value(name: &str, v: Option<&str>) -> Result<Option<usize>> {
+    v.filter(|v| !v.trim().is_empty())
+        .map(|v| {
+            parse_size(v)
+                .ok_or_else(|| Error::invalid(format!("{name}={v:?}: expected a size like 256K")))
+        })
+        .transpose()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -72,7 +72,7 @@ pub use exec::{AllToAllV, Coll};
 pub use plan::{Algo, CollKind};
 pub use reduce::ReduceOp;
 
-use crate::config::parse_size;
+use crate::config::env_size;
 use crate::error::{Error, Result};
 
 /// Tuning of the collectives: algorithm choice and chunking.
@@ -118,20 +118,6 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-/// A size variable (`64K`, `1M`, bytes); unset or empty: `None`; malformed: an error.
-pub(crate) fn env_size(name: &str) -> Result<Option<usize>> {
-    size_value(name, env(name).as_deref())
-}
-
-/// [`env_size`] on the value `v` of variable `name` (`None` or empty: unset).
-pub(crate) fn size_value(name: &str, v: Option<&str>) -> Result<Option<usize>> {
-    v.filter(|v| !v.trim().is_empty())
-        .map(|v| {
-            parse_size(v)
-                .ok_or_else(|| Error::invalid(format!("{name}={v:?}: expected a size like 256K")))
-        })
-        .transpose()
-}
 
 impl CollConfig {
     /// Defaults overridden by `RSHMEM_COLL_*`; a malformed value is an error.

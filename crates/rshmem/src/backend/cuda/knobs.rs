@@ -22,7 +22,7 @@ pub(crate) fn knob_value(
     ok: impl Fn(usize) -> bool,
     what: &str,
 ) -> Result<usize> {
-    let v = crate::coll::size_value(name, v)?.unwrap_or(default);
+    let v = crate::config::size_value(name, v)?.unwrap_or(default);
     if !ok(v) {
         return Err(Error::invalid(format!("{name}={v}: {what}")));
     }

@@ -99,7 +99,7 @@ impl PerTeam {
 
     /// From `name` (one value for every team size) or `default`.
     fn from_env(name: &str, default: PerTeam) -> Result<PerTeam> {
-        Ok(crate::coll::env_size(name)?.map_or(default, PerTeam::all))
+        Ok(crate::config::env_size(name)?.map_or(default, PerTeam::all))
     }
 }
 
@@ -237,13 +237,13 @@ impl CollTuning {
     pub fn from_env() -> Result<CollTuning> {
         let d = CollTuning::default();
         let size = |name: &str, default: usize| -> Result<usize> {
-            Ok(crate::coll::env_size(name)?.unwrap_or(default))
+            Ok(crate::config::env_size(name)?.unwrap_or(default))
         };
         let blocks = blocks_from_env;
         let block_bytes = block_bytes_from_env;
         let t = CollTuning {
-            ll_all_reduce: crate::coll::env_size("RSHMEM_CUDA_COLL_LL_BYTES")?,
-            ll_all_to_all: crate::coll::env_size("RSHMEM_CUDA_COLL_LL_A2A_BYTES")?,
+            ll_all_reduce: crate::config::env_size("RSHMEM_CUDA_COLL_LL_BYTES")?,
+            ll_all_to_all: crate::config::env_size("RSHMEM_CUDA_COLL_LL_A2A_BYTES")?,
             ll_blocks: blocks(
                 "RSHMEM_CUDA_COLL_LL_BLOCKS",
                 d.ll_blocks,
