@@ -192,7 +192,7 @@ impl Config {
         }
         if let Some(v) = env("RSHMEM_DEVICES") {
             c.devices = Some(
-                crate::backend::cuda::parse_devices(&v)
+                parse_devices(&v)
                     .ok_or_else(|| bad("RSHMEM_DEVICES", &v, "GPU ordinals like 0,1,2,3"))?,
             );
         }
@@ -256,7 +256,6 @@ impl Config {
     }
 }
 
-
 /// A size variable (`64K`, `1M`, bytes); unset or empty: `None`; malformed: an error.
 pub(crate) fn env_size(name: &str) -> Result<Option<usize>> {
     size_value(name, env(name).as_deref())
@@ -272,6 +271,10 @@ pub(crate) fn size_value(name: &str, v: Option<&str>) -> Result<Option<usize>> {
         .transpose()
 }
 
+/// Parses `RSHMEM_DEVICES` style maps: `0,1,2,3` (rank i → ordinal).
+pub(crate) fn parse_devices(s: &str) -> Option<Vec<usize>> {
+    s.split(',').map(|x| x.trim().parse().ok()).collect()
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -170,3 +170,23 @@ pub(crate) fn run_threads<R: Send>(
         None => Ok(out),
     }
 }
+
+/// Runs `f` on `n` PEs, each a thread of this process, with the configuration from the
+/// environment; returns each PE's result in PE order. See [`threads_with`].
+pub fn threads<R: Send>(n: usize, f: impl Fn(&crate::Pe) -> R + Sync) -> Result<Vec<R>> {
+    threads_with(Config::from_env()?, n, f)
+}
+
+/// Runs `f` on `n` thread-PEs with `config`. Each PE is finalized after `f` returns. If a PE's
+/// `f` panics, its peers see it as lost (their waits end in [`Error::PeerLost`]) and the panic
+/// is resumed here after every thread has ended.
+pub fn threads_with<R: Send>(
+    config: Config,
+    n: usize,
+    f: impl Fn(&crate::Pe) -> R + Sync,
+) -> Result<Vec<R>> {
+    // Checked here too: the hub's waits use the timeout before the PEs check the config.
+    config.validate()?;
+    let hub = InProcBootstrap::new(n, config.timeout)?;
+    run_threads(&config, n, f, |rank| Ok(Box::new(hub.join(rank)?)))
+}

@@ -46,12 +46,12 @@ pub use config::{BackendKind, Config, HeapKind};
 pub use elem::{AtomicElem, Cmp, Elem, ElemKind, SignalOp};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
-pub use launch::{init, init_with, launch, launch_with, launched};
+pub use launch::{init, init_with, launch, launch_with, launched, threads, threads_with};
 pub use nbi::{Completion, OpHandle, OpId, OpKind};
 pub use pe::Pe;
 pub use sym::{AsSym, RawSym, Signal, Sym, SymView};
 pub use team::Team;
-pub use world::{threads, threads_with, Mode, Placement, PROTOCOL_VERSION};
+pub use world::{Mode, Placement, PROTOCOL_VERSION};
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../../../README.md")]

@@ -1,7 +1,7 @@
 //! Start-up and shutdown of a world: bootstrap exchanges, segments, peer mappings, backend.
 
 use crate::backend::{shm::ShmBackend, Backend};
-use crate::bootstrap::{Bootstrap, InProcBootstrap};
+use crate::bootstrap::{agree, Bootstrap};
 use crate::config::{BackendKind, Config};
 use crate::control::{self, Ctrl, CtrlLayout};
 use crate::error::{Error, Result};
@@ -389,23 +389,6 @@ fn dec(b: &[u8]) -> Vec<u64> {
     b.chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
         .collect()
-}
-
-/// Every rank reports its local outcome; if any failed, every rank returns that error.
-pub(crate) fn agree(boot: &dyn Bootstrap, local: Result<()>, step: &str) -> Result<()> {
-    let msg = match &local {
-        Ok(()) => Vec::new(),
-        Err(e) => format!("{step}: {e}").into_bytes(),
-    };
-    let all = boot.allgather(&msg)?;
-    if let Some((pe, m)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
-        local.as_ref().map_err(Clone::clone)?;
-        return Err(Error::Bootstrap {
-            pe: Some(pe),
-            msg: String::from_utf8_lossy(m).into_owned(),
-        });
-    }
-    Ok(())
 }
 
 pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInner>> {
@@ -818,26 +801,6 @@ mod monitor {
             }
         }
     }
-}
-
-/// Runs `f` on `n` PEs, each a thread of this process, with the configuration from the
-/// environment; returns each PE's result in PE order. See [`threads_with`].
-pub fn threads<R: Send>(n: usize, f: impl Fn(&crate::Pe) -> R + Sync) -> Result<Vec<R>> {
-    threads_with(Config::from_env()?, n, f)
-}
-
-/// Runs `f` on `n` thread-PEs with `config`. Each PE is finalized after `f` returns. If a PE's
-/// `f` panics, its peers see it as lost (their waits end in [`Error::PeerLost`]) and the panic
-/// is resumed here after every thread has ended.
-pub fn threads_with<R: Send>(
-    config: Config,
-    n: usize,
-    f: impl Fn(&crate::Pe) -> R + Sync,
-) -> Result<Vec<R>> {
-    // Checked here too: the hub's waits use the timeout before the PEs check the config.
-    config.validate()?;
-    let hub = InProcBootstrap::new(n, config.timeout)?;
-    crate::launch::run_threads(&config, n, f, |rank| Ok(Box::new(hub.join(rank)?)))
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub struct Locality {
     pub job: Option<u64>,
 }
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Exchanges of small host data among the members of a job, one endpoint per PE.
 pub trait Bootstrap: Send + Sync + std::fmt::Debug {
@@ -67,4 +67,21 @@ pub trait Bootstrap: Send + Sync + std::fmt::Debug {
         }
         Ok(std::mem::take(&mut all[root]))
     }
+}
+
+/// Every rank reports its local outcome; if any failed, every rank returns that error.
+pub(crate) fn agree(boot: &dyn Bootstrap, local: Result<()>, step: &str) -> Result<()> {
+    let msg = match &local {
+        Ok(()) => Vec::new(),
+        Err(e) => format!("{step}: {e}").into_bytes(),
+    };
+    let all = boot.allgather(&msg)?;
+    if let Some((pe, m)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
+        local.as_ref().map_err(Clone::clone)?;
+        return Err(Error::Bootstrap {
+            pe: Some(pe),
+            msg: String::from_utf8_lossy(m).into_owned(),
+        });
+    }
+    Ok(())
 }

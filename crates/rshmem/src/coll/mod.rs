@@ -118,7 +118,6 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-
 impl CollConfig {
     /// Defaults overridden by `RSHMEM_COLL_*`; a malformed value is an error.
     pub fn from_env() -> Result<CollConfig> {

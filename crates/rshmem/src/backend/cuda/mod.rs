@@ -108,10 +108,11 @@ pub use bench::{bench, BenchRecord};
 pub use info::{info, GpuInfo, Info};
 
 use super::{AtomicOp, Backend};
+use crate::bootstrap::agree;
 use crate::bootstrap::Bootstrap;
+use crate::config::parse_devices;
 use crate::config::{BackendKind, Config, HeapKind};
 use crate::error::{Error, Result};
-use crate::world::agree;
 use gpu::{DevBuf, Func, Gpu, Module, RawStream};
 use heap::{OwnHeap, PeerMap, HANDLE_BYTES};
 use std::sync::{Arc, Mutex};
@@ -329,11 +330,6 @@ fn same_context_pes(pids: &[u32], ords: &[usize], me: usize) -> Vec<usize> {
     (0..pids.len().min(ords.len()))
         .filter(|&p| pids[p] == pids[me] && ords[p] == ords[me])
         .collect()
-}
-
-/// Parses `RSHMEM_DEVICES` style maps: `0,1,2,3` (rank i → ordinal).
-pub(crate) fn parse_devices(s: &str) -> Option<Vec<usize>> {
-    s.split(',').map(|x| x.trim().parse().ok()).collect()
 }
 
 fn pick_device(config: &Config, me: usize, pids: &[u32]) -> Result<usize> {
