@@ -7,10 +7,10 @@
 use crate::error::Result;
 
 // The backend: stream-ordered and device-initiated operations, kernels, facts, benchmarks.
-pub use crate::backend::cuda::{bench, nccl, nvrtc};
-pub use crate::backend::cuda::{
-    info, BenchRecord, CudaPe, DeviceTeam, GpuInfo, Graph, Info, Kernel, KernelArg, Stream,
-};
+pub use crate::backend::cuda::nvrtc;
+pub use crate::backend::cuda::{info, GpuInfo, Info};
+pub use crate::device::{bench, nccl};
+pub use crate::device::{BenchRecord, CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 // The collectives on GPUs.
 pub use crate::coll::cuda::{
     coll_bench, coll_kernel_names, default_ll_sizes, CollBenchRecord, CollPath, CollTuning,

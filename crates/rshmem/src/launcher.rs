@@ -229,7 +229,7 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
         )));
     }
     let procs = job.n_pes / t;
-    let job_id = crate::world::random_u64() | 1;
+    let job_id = crate::bootstrap::random_u64() | 1;
     let (listener, port) = bootstrap_listener()?;
     let listen_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
     let _handlers = job.forward_signals.then(install_handlers);

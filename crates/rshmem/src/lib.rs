@@ -25,6 +25,7 @@ pub mod coll;
 pub mod config;
 mod control;
 pub mod cuda;
+mod device;
 pub mod elem;
 pub mod ep;
 mod error;

@@ -1,7 +1,7 @@
 //! Start-up and shutdown of a world: bootstrap exchanges, segments, peer mappings, backend.
 
 use crate::backend::{shm::ShmBackend, Backend};
-use crate::bootstrap::{agree, Bootstrap};
+use crate::bootstrap::{agree, random_u64, Bootstrap};
 use crate::config::{BackendKind, Config};
 use crate::control::{self, Ctrl, CtrlLayout};
 use crate::error::{Error, Result};
@@ -366,20 +366,6 @@ type Registry = Mutex<HashMap<(u64, usize), Weak<Region>>>;
 fn registry() -> &'static Registry {
     static R: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
     R.get_or_init(Default::default)
-}
-
-pub(crate) fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
-        .is_ok()
-    {
-        return u64::from_le_bytes(b);
-    }
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    (t.as_nanos() as u64) ^ ((std::process::id() as u64) << 32)
 }
 
 fn enc(words: &[u64]) -> Vec<u8> {

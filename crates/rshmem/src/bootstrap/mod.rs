@@ -85,3 +85,18 @@ pub(crate) fn agree(boot: &dyn Bootstrap, local: Result<()>, step: &str) -> Resu
     }
     Ok(())
 }
+
+/// 64 random bits (`/dev/urandom`, else the clock and the pid): job ids and tokens.
+pub(crate) fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .is_ok()
+    {
+        return u64::from_le_bytes(b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_nanos() as u64) ^ ((std::process::id() as u64) << 32)
+}

@@ -51,7 +51,7 @@ pub fn unique_id() -> Result<String> {
         pe: Some(0),
         msg: format!("local_addr: {e}"),
     })?;
-    let token = crate::world::random_u64() | 1;
+    let token = crate::bootstrap::random_u64() | 1;
     let id = format!("{UID_PREFIX}{addr}:{token:016x}");
     pending()
         .lock()

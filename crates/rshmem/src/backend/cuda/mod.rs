@@ -90,21 +90,16 @@
 //! context and queues, time-sliced by the GPU), has not shown it. (NVSHMEM, for comparison,
 //! runs several PEs on one GPU only as processes, with limited support unless CUDA MPS runs.)
 
-pub(crate) mod api;
-pub mod bench;
 pub(crate) mod ffi;
 pub(crate) mod gpu;
 mod grave;
 mod heap;
 mod info;
 pub(crate) mod knobs;
-pub mod nccl;
 pub mod nvrtc;
 #[cfg(test)]
 pub(crate) mod srcparse;
 
-pub use api::{CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
-pub use bench::{bench, BenchRecord};
 pub use info::{info, GpuInfo, Info};
 
 use super::{AtomicOp, Backend};
@@ -850,39 +845,6 @@ impl Backend for CudaBackend {
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    /// Barrier kernels (the stream barrier over the world, collective barriers over teams)
-    /// launch whole warps, never more than the 1024 threads a block may have: no limit on PEs
-    /// means worlds beyond 1024 PEs too.
-    #[test]
-    fn barrier_blocks_stay_launchable() {
-        use api::{sync_block_threads, DeviceTeam};
-        for (members, threads) in [
-            (0, 32),
-            (1, 32),
-            (32, 32),
-            (33, 64),
-            (72, 96),
-            (1000, 1024),
-            (1024, 1024),
-            (1025, 1024),
-            (5000, 1024),
-            (i32::MAX as usize, 1024),
-        ] {
-            assert_eq!(sync_block_threads(members), threads, "{members} members");
-        }
-        let t = |size| DeviceTeam {
-            slot: 0,
-            my_index: 0,
-            size,
-            start: 0,
-            stride: 1,
-        };
-        assert_eq!(t(2000).sync_threads(), 1024);
-        assert_eq!(t(72).sync_threads(), 96);
-        assert_eq!(t(0).sync_threads(), 32);
-        assert_eq!(t(-5).sync_threads(), 32);
-    }
 
     /// Every region in its place, no overlap, the documented size, the stream slot after
     /// every host team slot.

@@ -2,11 +2,11 @@
 //! buffers in the same run (nccl-tests conventions).
 
 use super::GpuColl;
-use crate::backend::cuda::api::{CudaPe, Stream};
-use crate::backend::cuda::bench::{time_graph, time_stream};
-use crate::backend::cuda::nccl::{self, DataType, Nccl};
 use crate::coll::bench::bus_factor;
 use crate::coll::{CollConfig, CollKind, ReduceOp};
+use crate::device::bench::{time_graph, time_stream};
+use crate::device::nccl::{self, DataType, Nccl};
+use crate::device::{CudaPe, Stream};
 use crate::error::{Error, Result};
 use crate::Pe;
 

@@ -29,11 +29,11 @@ pub use tuning::{
     COLL_TWO_SHOT_PULL_PAIR_BYTES,
 };
 
-use crate::backend::cuda::api::{CudaPe, DeviceTeam, Stream};
 use crate::backend::cuda::ffi;
 use crate::backend::cuda::gpu::{self, DevBuf, Func, Module, RawStream};
 use crate::coll::plan::{self, Algo, Buf, CollKind, Plan, Shape, Step};
 use crate::coll::{AllToAllV, CollConfig, ReduceOp};
+use crate::device::{CudaPe, DeviceTeam, Stream};
 use crate::elem::{Elem, ElemKind};
 use crate::error::{Error, Result};
 use crate::sym::{AsSym, RawSym, Sym};

@@ -28,9 +28,9 @@
 //! the reference rounds where the kernels do).
 
 use super::{kernel_options, EP_KERNELS};
-use crate::backend::cuda::api::{CudaPe, Kernel, KernelArg, Stream};
 use crate::backend::cuda::ffi;
-use crate::backend::cuda::nccl::{DataType, NcclComm, P2p};
+use crate::device::nccl::{DataType, NcclComm, P2p};
+use crate::device::{CudaPe, Kernel, KernelArg, Stream};
 use crate::elem::ElemKind;
 use crate::error::{Error, Result};
 use crate::sym::{AsSym, Sym};

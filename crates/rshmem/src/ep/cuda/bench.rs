@@ -2,10 +2,11 @@
 //! the same-run NCCL baseline of `baseline.rs`, with both paths' data checked.
 
 use super::{baseline, Buffer, Dispatch, MAX_GRID};
-use crate::backend::cuda::api::{CudaPe, Stream};
-use crate::backend::cuda::bench::{time_stream, Ev};
 use crate::backend::cuda::ffi::{self, cu};
-use crate::backend::cuda::{gpu, nccl};
+use crate::backend::cuda::gpu;
+use crate::device::bench::{time_stream, Ev};
+use crate::device::nccl;
+use crate::device::{CudaPe, Stream};
 use crate::elem::Elem;
 use crate::ep::{EpConfig, EpMode, RecvLayout};
 use crate::error::{Error, Result};

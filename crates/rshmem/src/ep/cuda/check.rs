@@ -6,8 +6,8 @@ use super::{
     words_u32, Buffer, HostHandle, CTL_ERR, CTL_GO, CTL_INFO, CTL_ROWS, ERR_ABORT, ERR_CAPACITY,
     ERR_CORRUPT, ERR_MINE, ERR_PEER,
 };
-use crate::backend::cuda::api::CudaPe;
 use crate::backend::cuda::ffi;
+use crate::device::CudaPe;
 use crate::elem::Elem;
 use crate::ep::RecvLayout;
 use crate::error::{Error, Result};

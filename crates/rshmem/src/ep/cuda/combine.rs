@@ -2,7 +2,7 @@
 //! stand-in expert computation used by tests and the benchmark.
 
 use super::{overlaps, Buffer, Dispatch, BLOCK, SPLIT_BLOCK};
-use crate::backend::cuda::api::{CudaPe, KernelArg, Stream};
+use crate::device::{CudaPe, KernelArg, Stream};
 use crate::elem::Elem;
 use crate::ep::RecvLayout;
 use crate::error::{Error, Result};

@@ -3,7 +3,7 @@
 
 use super::params::{parse_ctl, readback_len, CtlRead};
 use super::{Buffer, Dispatch, BLOCK, INDEX_EXPERTS};
-use crate::backend::cuda::api::{CudaPe, KernelArg, Stream};
+use crate::device::{CudaPe, KernelArg, Stream};
 use crate::elem::{Elem, ElemKind};
 use crate::ep::{EpMode, RecvLayout, TopkId};
 use crate::error::{Error, Result};

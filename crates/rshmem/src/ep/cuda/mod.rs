@@ -197,8 +197,8 @@ mod params;
 #[cfg(test)]
 mod tests;
 
-use crate::backend::cuda::api::{CudaPe, Kernel};
 use crate::backend::cuda::{gpu, knobs};
+use crate::device::{CudaPe, Kernel};
 use crate::elem::{Elem, ElemKind};
 use crate::ep::{EpConfig, RecvLayout};
 use crate::error::{Error, Result};

@@ -143,7 +143,7 @@ pub(super) fn param_words(
     p: &Plan,
     cfg: &EpConfig,
     n: usize,
-    dt: &crate::backend::cuda::api::DeviceTeam,
+    dt: &crate::device::DeviceTeam,
     grid: u32,
     sentinel: bool,
 ) -> [(&'static str, u64); PARAM_WORDS] {

@@ -146,7 +146,7 @@ fn params_block_matches_ep_params() {
     };
     let (n, base) = (3, 1u64 << 40);
     let p = plan(&cfg, n, 2).unwrap();
-    let dt = crate::backend::cuda::api::DeviceTeam {
+    let dt = crate::device::DeviceTeam {
         slot: 0,
         my_index: 2,
         size: 3,

@@ -1,8 +1,8 @@
 //! Benchmarks of the CUDA backend, each beside a baseline measured in the same run.
 
-use super::api::{CudaPe, KernelArg, Stream};
-use super::ffi::{self, cu};
-use super::nvrtc;
+use super::{CudaPe, KernelArg, Stream};
+use crate::backend::cuda::ffi::{self, cu};
+use crate::backend::cuda::nvrtc;
 use crate::error::{Error, Result};
 use crate::Pe;
 use std::time::Instant;
@@ -61,7 +61,7 @@ pub(crate) fn time_stream(
     iters: usize,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<f64> {
-    let gpu = super::gpu::gpu(g.device())?;
+    let gpu = crate::backend::cuda::gpu::gpu(g.device())?;
     let _b = gpu.bind()?;
     f()?;
     s.synchronize()?;
@@ -123,7 +123,7 @@ pub(crate) fn time_graph(
 /// 16; default 64 KiB, 0 for a contiguous share per block).
 fn bench_chunk(name: &str) -> Result<usize> {
     let ok = |v: usize| v.is_multiple_of(16);
-    super::knobs::knob_from_env(name, 64 << 10, ok, "must be a multiple of 16")
+    crate::backend::cuda::knobs::knob_from_env(name, 64 << 10, ok, "must be a multiple of 16")
 }
 
 /// Runs the CUDA benchmarks (collective over every PE; PE 0 and PE 1 take part, the others

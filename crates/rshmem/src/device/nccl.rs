@@ -1,7 +1,7 @@
 //! A tiny run-time binding of NCCL (`libnccl.so.2` or `libnccl.so`), the benchmarks' baseline.
 //! Absent library → [`Error::Backend`]; nothing is ever emulated.
 
-use super::ffi;
+use crate::backend::cuda::ffi;
 use crate::error::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -382,7 +382,7 @@ impl NcclComm<'_> {
 /// GPU: NCCL needs one GPU per rank).
 pub fn world_comm<'a>(
     pe: &crate::Pe,
-    g: &super::api::CudaPe<'_>,
+    g: &super::CudaPe<'_>,
     lib: &'a Result<Nccl>,
 ) -> Result<(Option<NcclComm<'a>>, Option<String>)> {
     let n = pe.n_pes();
@@ -424,7 +424,7 @@ pub fn world_comm<'a>(
             pe.barrier_all()?;
             let mut id = [0u8; 128];
             pe.get(&idsym, 0, &mut id, 0)?;
-            let gpu = super::gpu::gpu(g.device())?;
+            let gpu = crate::backend::cuda::gpu::gpu(g.device())?;
             let _b = gpu.bind()?;
             nc.comm(n, UniqueId(id), me).map(Some)
         })(),

@@ -1,8 +1,13 @@
 //! The public CUDA API: stream-ordered operations, CUDA graphs, and kernels compiled by NVRTC
 //! with the rshmem device header.
 
-use super::gpu::{self, Func, Module, RawStream};
-use super::{ffi, nvrtc, set_state, CudaBackend};
+pub mod bench;
+pub mod nccl;
+
+pub use bench::{bench, BenchRecord};
+
+use crate::backend::cuda::gpu::{self, Func, Module, RawStream};
+use crate::backend::cuda::{ffi, nvrtc, set_state, CudaBackend};
 use crate::elem::{Cmp, Elem, SignalOp};
 use crate::error::{Error, Result};
 use crate::sym::{AsSym, RawSym, Signal};
@@ -733,5 +738,42 @@ impl<'a> CudaPe<'a> {
     /// `len` zeroed bytes of page-locked host memory of this PE's GPU context.
     pub(crate) fn host_buf(&self, len: usize) -> Result<gpu::HostBuf> {
         gpu::HostBuf::zeroed(&self.b.gpu, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Barrier kernels (the stream barrier over the world, collective barriers over teams)
+    /// launch whole warps, never more than the 1024 threads a block may have: no limit on PEs
+    /// means worlds beyond 1024 PEs too.
+    #[test]
+    fn barrier_blocks_stay_launchable() {
+        for (members, threads) in [
+            (0, 32),
+            (1, 32),
+            (32, 32),
+            (33, 64),
+            (72, 96),
+            (1000, 1024),
+            (1024, 1024),
+            (1025, 1024),
+            (5000, 1024),
+            (i32::MAX as usize, 1024),
+        ] {
+            assert_eq!(sync_block_threads(members), threads, "{members} members");
+        }
+        let t = |size| DeviceTeam {
+            slot: 0,
+            my_index: 0,
+            size,
+            start: 0,
+            stride: 1,
+        };
+        assert_eq!(t(2000).sync_threads(), 1024);
+        assert_eq!(t(72).sync_threads(), 96);
+        assert_eq!(t(0).sync_threads(), 32);
+        assert_eq!(t(-5).sync_threads(), 32);
     }
 }
