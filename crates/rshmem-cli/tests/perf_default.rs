@@ -76,10 +76,7 @@ fn default_run_has_every_group_and_says_what_the_ratio_is() {
         );
         // The quick suite's MoE shape (shm defaults).
         assert!(
-            r["note"]
-                .as_str()
-                .unwrap()
-                .contains("T=256 H=1024 k=4 E=16"),
+            r["note"].as_str().unwrap().contains("T=64 H=1024 k=4 E=16"),
             "{r}"
         );
         assert!(r["time_us"].as_f64().unwrap() > 0.0, "{r}");

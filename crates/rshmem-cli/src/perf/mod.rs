@@ -102,8 +102,8 @@ pub struct PerfArgs {
     /// Only MoE dispatch/combine (with `--coll`: both).
     #[arg(long)]
     pub ep: bool,
-    /// MoE: tokens per PE T (shm: one value, default 256; CUDA: comma separated, default
-    /// 4096,128 full, 1024,128 quick).
+    /// MoE: tokens per PE T (shm: one value, default 256 full, 64 quick; CUDA: comma
+    /// separated, default 4096,128 full, 1024,128 quick).
     #[arg(long, value_delimiter = ',')]
     pub ep_tokens: Vec<usize>,
     /// MoE: hidden size H (bf16 elements; default shm 1024, CUDA 7168).
@@ -943,7 +943,10 @@ fn run_shm(args: &PerfArgs, groups: &[SuiteArg]) -> CliResult<Vec<Record>> {
     });
     let ep_opts = if groups.contains(&SuiteArg::Ep) {
         let tokens = match args.ep_tokens.as_slice() {
-            [] => 256,
+            // Quick: a size whose dispatch and combine take about a second over the three modes
+            // in a debug build, so MoE fits the default run.
+            [] if full => 256,
+            [] => 64,
             [t] => *t,
             more => {
                 return Err(
