@@ -14,11 +14,12 @@ pub mod record;
 pub mod report;
 pub mod suite;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use measure::Timing;
 use record::Record;
 use rshmem::launcher::{self, Job};
 use rshmem::{BackendKind, Config, Pe};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 pub use suite::CliResult;
@@ -88,10 +89,11 @@ pub struct PerfArgs {
     /// Backend to measure (auto: CUDA when 2 GPUs are usable, else shm).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
-    /// Placement of the PEs (CPU backend).
-    #[arg(long, value_enum, default_value_t = ModeArg::All)]
-    pub mode: ModeArg,
-    /// Benchmark groups, comma separated (default p2p,coll; `--coll` / `--ep` alone pick one).
+    /// Placement of the PEs (shm backend; default all). The CUDA PEs are threads: there only
+    /// `threads` is accepted.
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeArg>,
+    /// Benchmark groups, comma separated (default p2p,coll,ep; `--coll` / `--ep` alone pick one).
     #[arg(long, value_enum, value_delimiter = ',', conflicts_with_all = ["coll", "ep"])]
     pub suites: Vec<SuiteArg>,
     /// Only the collectives (with `--ep`: collectives and MoE).
@@ -100,8 +102,8 @@ pub struct PerfArgs {
     /// Only MoE dispatch/combine (with `--coll`: both).
     #[arg(long)]
     pub ep: bool,
-    /// MoE: tokens per PE T (shm: one value, default 256; CUDA: comma separated, default
-    /// 4096,128 full, 1024,128 quick).
+    /// MoE: tokens per PE T (shm: one value, default 256 full, 64 quick; CUDA: comma
+    /// separated, default 4096,128 full, 1024,128 quick).
     #[arg(long, value_delimiter = ',')]
     pub ep_tokens: Vec<usize>,
     /// MoE: hidden size H (bf16 elements; default shm 1024, CUDA 7168).
@@ -122,8 +124,9 @@ pub struct PerfArgs {
     /// Largest put/get size, e.g. 1M (default 64M; collectives: 1M quick, 64M full).
     #[arg(long, value_parser = parse_size_arg)]
     pub max_size: Option<usize>,
-    /// World sizes of the barrier figures, comma separated (threads and processes).
-    #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4])]
+    /// World sizes of the barrier figures, comma separated (shm backend, threads and processes
+    /// modes; default 2,4).
+    #[arg(long, value_delimiter = ',')]
     pub barrier_pes: Vec<usize>,
     /// CUDA: PEs, one per GPU (GPUs 0..N, or `RSHMEM_DEVICES`), for the collectives, MoE and
     /// the device barrier (default 2, sharing a GPU where there is one; device put/get and
@@ -372,7 +375,7 @@ fn cuda_pes(args: &PerfArgs, gpus: usize) -> CliResult<usize> {
 
 /// The CUDA suites (`rshmem::cuda::bench`, `coll_bench`, `ep::ep_bench`; `--gpus` thread-PEs,
 /// default 2, one per GPU), as perf records.
-fn run_cuda(args: &PerfArgs, gpus: usize) -> CliResult<Vec<Record>> {
+fn run_cuda(args: &PerfArgs, groups: &[SuiteArg], gpus: usize) -> CliResult<Vec<Record>> {
     let full = args.full;
     let pes = cuda_pes(args, gpus)?;
     let max = args
@@ -395,7 +398,20 @@ fn run_cuda(args: &PerfArgs, gpus: usize) -> CliResult<Vec<Record>> {
     let config = Config::from_env()?
         .backend(BackendKind::Cuda)
         .heap_size(2 * big + (64 << 20) + 16 * ll.area(pes).unwrap_or(0));
-    let groups = groups(args);
+    let map = config
+        .devices
+        .clone()
+        .unwrap_or_else(|| (0..gpus).collect());
+    let p2p_worlds = if !groups.contains(&SuiteArg::P2p) {
+        0
+    } else if args.pairs {
+        map.len() * map.len().saturating_sub(1) / 2
+    } else {
+        1
+    };
+    let steps = p2p_worlds
+        + usize::from(groups.contains(&SuiteArg::Ep))
+        + usize::from(groups.contains(&SuiteArg::Coll));
     if groups.contains(&SuiteArg::P2p) || groups.contains(&SuiteArg::Coll) {
         eprintln!(
             "rshmem perf: {} CUDA suite, {pes} PEs, sizes {}..{}",
@@ -404,17 +420,15 @@ fn run_cuda(args: &PerfArgs, gpus: usize) -> CliResult<Vec<Record>> {
             report::human_bytes(big)
         );
     }
+    let pb = progress_bar(steps as u64, "cuda")?;
     let iters = if full { 20000 } else { 2000 };
     let mut out = Vec::new();
     if groups.contains(&SuiteArg::P2p) && args.pairs {
         // Every pair of GPUs in a world of its own (GPU i is PE 0: puts go i -> j, gets j -> i).
-        let map = config
-            .devices
-            .clone()
-            .unwrap_or_else(|| (0..gpus).collect());
         for i in 0..map.len() {
             for j in i + 1..map.len() {
                 let (a, b) = (map[i], map[j]);
+                pb.set_message(format!("p2p GPU {a} <-> GPU {b}"));
                 let per_pe = rshmem::threads_with(config.clone().devices(vec![a, b]), 2, |pe| {
                     rshmem::cuda::bench(pe, &sizes, iters)
                 })?;
@@ -424,20 +438,23 @@ fn run_cuda(args: &PerfArgs, gpus: usize) -> CliResult<Vec<Record>> {
                         ..from_cuda(b2)
                     }));
                 }
+                pb.inc(1);
             }
         }
     } else if groups.contains(&SuiteArg::P2p) {
+        pb.set_message(format!("p2p device put/get, {pes} PEs"));
         let per_pe = rshmem::threads_with(config.clone(), pes, |pe| {
             rshmem::cuda::bench(pe, &sizes, iters)
         })?;
         for r in per_pe {
             out.extend(r?.iter().map(from_cuda));
         }
+        pb.inc(1);
     }
     if groups.contains(&SuiteArg::Ep) {
         let ep_args = cuda_ep_args(args, pes)?;
         let heap = rshmem::cuda::ep::ep_bench_heap_bytes(&ep_args, pes)?;
-        eprintln!(
+        pb.suspend(|| eprintln!(
             "rshmem perf: CUDA MoE dispatch/combine, {pes} PEs, T={:?} H={} k={} E={}, {} calls each, heap {} per PE",
             ep_args.tokens,
             ep_args.hidden,
@@ -445,13 +462,15 @@ fn run_cuda(args: &PerfArgs, gpus: usize) -> CliResult<Vec<Record>> {
             ep_args.experts,
             ep_args.iters,
             report::human_bytes(heap)
-        );
+        ));
+        pb.set_message(format!("ep dispatch/combine, {pes} PEs"));
         let per_pe = rshmem::threads_with(config.clone().heap_size(heap), pes, |pe| {
             rshmem::cuda::ep::ep_bench(pe, &ep_args)
         })?;
         for r in per_pe {
             out.extend(r?.iter().map(|b| from_cuda_ep(b, &ep_args)));
         }
+        pb.inc(1);
     }
     if groups.contains(&SuiteArg::Coll) {
         // RSHMEM_BENCH_COLL_SIZES: the collectives' sizes (comma separated, e.g. 64K,256K,1M;
@@ -475,13 +494,16 @@ fn run_cuda(args: &PerfArgs, gpus: usize) -> CliResult<Vec<Record>> {
         };
         let coll_sizes: Vec<usize> = ladder.into_iter().filter(|&s| s <= big.max(8)).collect();
         let iters = if full { 200 } else { 50 };
+        pb.set_message(format!("coll, {pes} PEs, {} sizes", coll_sizes.len()));
         let per_pe = rshmem::threads_with(config, pes, |pe| {
             rshmem::cuda::coll_bench(pe, &coll_sizes, iters)
         })?;
         for r in per_pe {
             out.extend(r?.iter().map(from_cuda_coll));
         }
+        pb.inc(1);
     }
+    pb.finish_and_clear();
     Ok(out)
 }
 
@@ -621,16 +643,37 @@ fn from_cuda(b: &rshmem::cuda::BenchRecord) -> Record {
     r
 }
 
+/// The backend a run measures, `auto` resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Shm,
+    Cuda,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Shm => "shm",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
 /// `rshmem perf`.
 pub fn run(args: PerfArgs) -> CliResult<()> {
-    let records = match args.backend {
+    // Every flag is checked before anything is measured, and with `--backend cuda` before CUDA
+    // is loaded: a flag the chosen backend would not honour is an error, never ignored.
+    check_group_flags(&args)?;
+    let mut groups = groups(&args);
+    // The backend, its GPUs, and why `auto` fell back to shm.
+    let (backend, gpus, auto_note) = match args.backend {
+        BackendArg::Shm => (Backend::Shm, 0, None),
         BackendArg::Cuda => {
+            check_backend_flags(&args, Backend::Cuda, false)?;
             // Bad MoE flags are reported as such, GPU or not.
-            if groups(&args).contains(&SuiteArg::Ep) {
-                cuda_ep_args(&args, args.gpus.unwrap_or(2))?;
-            }
+            cuda_default_ep(&args, &mut groups)?;
             match cuda_usable() {
-                Ok(i) => run_cuda(&args, i.gpus.len())?,
+                Ok(i) => (Backend::Cuda, i.gpus.len(), None),
                 Err(why) => return Err(format!("CUDA backend not available: {why}").into()),
             }
         }
@@ -641,13 +684,32 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
                 Err("the CUDA suite needs 2 GPUs, this machine has 1".into())
             }
         }) {
-            Ok(i) => run_cuda(&args, i.gpus.len())?,
-            Err(why) => {
-                eprintln!("rshmem perf: CUDA not available ({why}); measuring the shm backend");
-                run_shm(&args)?
-            }
+            Ok(i) => (Backend::Cuda, i.gpus.len(), None),
+            Err(why) => (
+                Backend::Shm,
+                0,
+                Some(format!(
+                    "rshmem perf: CUDA not available ({why}); measuring the shm backend"
+                )),
+            ),
         },
-        BackendArg::Shm => run_shm(&args)?,
+    };
+    if args.backend != BackendArg::Cuda {
+        check_backend_flags(&args, backend, args.backend == BackendArg::Auto)?;
+    }
+    let records = match backend {
+        Backend::Cuda => {
+            if args.backend == BackendArg::Auto {
+                cuda_default_ep(&args, &mut groups)?;
+            }
+            run_cuda(&args, &groups, gpus)?
+        }
+        Backend::Shm => {
+            if let Some(n) = auto_note {
+                eprintln!("{n}");
+            }
+            run_shm(&args, &groups)?
+        }
     };
     print!("{}", report::table(&records));
     if args.markdown {
@@ -664,7 +726,12 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
     Ok(())
 }
 
-/// The benchmark groups asked for (default p2p and coll).
+/// Whether no group was asked for (the default run: every group).
+fn groups_are_default(args: &PerfArgs) -> bool {
+    args.suites.is_empty() && !args.coll && !args.ep
+}
+
+/// The benchmark groups asked for (default all three: p2p, coll and ep).
 fn groups(args: &PerfArgs) -> Vec<SuiteArg> {
     if !args.suites.is_empty() {
         args.suites.clone()
@@ -674,14 +741,187 @@ fn groups(args: &PerfArgs) -> Vec<SuiteArg> {
             .filter_map(|(on, g)| on.then_some(g))
             .collect()
     } else {
-        vec![SuiteArg::P2p, SuiteArg::Coll]
+        vec![SuiteArg::P2p, SuiteArg::Coll, SuiteArg::Ep]
     }
 }
 
-/// The CPU-backend suites over the chosen modes.
-fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
-    let full = args.full;
+fn group_names(groups: &[SuiteArg]) -> String {
+    groups
+        .iter()
+        .map(|g| match g {
+            SuiteArg::P2p => "p2p",
+            SuiteArg::Coll => "coll",
+            SuiteArg::Ep => "ep",
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The first MoE flag given, if any.
+fn ep_flag(args: &PerfArgs) -> Option<&'static str> {
+    [
+        (!args.ep_tokens.is_empty(), "--ep-tokens"),
+        (args.ep_hidden.is_some(), "--ep-hidden"),
+        (args.ep_topk.is_some(), "--ep-topk"),
+        (args.ep_experts.is_some(), "--ep-experts"),
+        (args.ep_iters.is_some(), "--ep-iters"),
+    ]
+    .into_iter()
+    .find_map(|(on, f)| on.then_some(f))
+}
+
+/// Flags that would do nothing with the groups asked for, whatever the backend.
+fn check_group_flags(args: &PerfArgs) -> CliResult<()> {
     let groups = groups(args);
+    let has = |g: SuiteArg| groups.contains(&g);
+    let names = group_names(&groups);
+    if !has(SuiteArg::Ep) {
+        if let Some(f) = ep_flag(args) {
+            return Err(format!(
+                "{f} sets the MoE (ep) group, which this run leaves out (groups {names}); add --ep or ep to --suites"
+            )
+            .into());
+        }
+    }
+    if args.ep_iters == Some(0) {
+        return Err("--ep-iters 0: the MoE figures need at least 1 timed call".into());
+    }
+    if !has(SuiteArg::P2p) {
+        for (on, f) in [
+            (!args.ops.is_empty(), "--ops"),
+            (!args.barrier_pes.is_empty(), "--barrier-pes"),
+            (args.pairs, "--pairs"),
+        ] {
+            if on {
+                return Err(format!(
+                    "{f} sets the p2p group, which this run leaves out (groups {names}); add p2p to --suites"
+                )
+                .into());
+            }
+        }
+    }
+    if let Some(m) = args.max_size {
+        if !has(SuiteArg::P2p) && !has(SuiteArg::Coll) {
+            return Err(format!(
+                "--max-size {}: it sizes the p2p and coll groups, which this run leaves out (groups {names}); the MoE sizes are the --ep-* flags",
+                report::human_bytes(m)
+            )
+            .into());
+        }
+    }
+    if !args.barrier_pes.is_empty() {
+        if !args.ops.is_empty() && !args.ops.contains(&Op::Barrier) {
+            return Err(
+                "--barrier-pes sets the barrier figures, which --ops leaves out; add barrier to --ops"
+                    .into(),
+            );
+        }
+        if args.barrier_pes.contains(&0) {
+            return Err("--barrier-pes 0: a world needs at least 1 PE".into());
+        }
+    }
+    Ok(())
+}
+
+/// Flags the backend cannot honour. `auto`: the backend was picked by `--backend auto`.
+fn check_backend_flags(args: &PerfArgs, backend: Backend, auto: bool) -> CliResult<()> {
+    let b = format!(
+        "the {} backend{}",
+        backend.name(),
+        if auto {
+            " (picked by --backend auto)"
+        } else {
+            ""
+        }
+    );
+    let unhonoured = match backend {
+        Backend::Shm => {
+            if let Some(n) = args.gpus {
+                Some(format!(
+                    "--gpus {n}: {b} runs on the CPU; --gpus is for --backend cuda"
+                ))
+            } else if args.pairs {
+                Some(format!(
+                    "--pairs: {b} has no GPU pairs; --pairs is for --backend cuda"
+                ))
+            } else if args.mode == Some(ModeArg::Mixed) && !args.barrier_pes.is_empty() {
+                Some(format!(
+                    "--barrier-pes: {b} times the barrier of --mode mixed at its 4 PEs only; --barrier-pes is for --mode threads, processes or all"
+                ))
+            } else {
+                None
+            }
+        }
+        Backend::Cuda => {
+            if let Some(m) = args.mode.filter(|&m| m != ModeArg::Threads) {
+                Some(format!(
+                    "--mode {}: {b} runs its PEs as threads of this process; processes and mixed worlds are for --backend shm (leave --mode out or give --mode threads)",
+                    m.label()
+                ))
+            } else if !args.ops.is_empty() {
+                Some(format!(
+                    "--ops: {b} measures its whole p2p group (device put, get, put-with-signal and barrier); --ops is for --backend shm"
+                ))
+            } else if !args.barrier_pes.is_empty() {
+                Some(format!(
+                    "--barrier-pes: {b} times its device barrier at the --gpus PEs; --barrier-pes is for --backend shm"
+                ))
+            } else {
+                args.max_size.filter(|&m| m < 4096).map(|m| {
+                    format!(
+                        "--max-size {}: {b} measures from 4 KiB up; give at least 4K",
+                        report::human_bytes(m)
+                    )
+                })
+            }
+        }
+    };
+    match unhonoured {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+/// Checks the CUDA MoE flags before a GPU is looked for. A default run whose default MoE shape
+/// does not split over the `--gpus` PEs leaves MoE out with a note instead of failing, since
+/// nothing asked for MoE; asked for, it is an error.
+fn cuda_default_ep(args: &PerfArgs, groups: &mut Vec<SuiteArg>) -> CliResult<()> {
+    if !groups.contains(&SuiteArg::Ep) {
+        return Ok(());
+    }
+    match cuda_ep_args(args, args.gpus.unwrap_or(2)) {
+        Ok(_) => Ok(()),
+        Err(e) if groups_are_default(args) && ep_flag(args).is_none() => {
+            eprintln!("rshmem perf: MoE left out of the default run: {e} (the --ep-* flags pick another shape)");
+            groups.retain(|&g| g != SuiteArg::Ep);
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A progress bar on stderr (elapsed time, bar, steps done, what runs now), drawn only where
+/// stderr is a terminal, so that logs and pipes get no bar lines.
+fn progress_bar(steps: u64, prefix: &str) -> CliResult<ProgressBar> {
+    let target = if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let pb = ProgressBar::with_draw_target(Some(steps), target);
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} [{prefix}] {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(prefix.to_string());
+    Ok(pb)
+}
+
+/// The CPU-backend suites over the chosen modes.
+fn run_shm(args: &PerfArgs, groups: &[SuiteArg]) -> CliResult<Vec<Record>> {
+    let full = args.full;
+    let mode = args.mode.unwrap_or(ModeArg::All);
     let max = args.max_size.unwrap_or(64 << 20);
     let ops = if args.ops.is_empty() {
         Op::ALL.to_vec()
@@ -703,7 +943,10 @@ fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
     });
     let ep_opts = if groups.contains(&SuiteArg::Ep) {
         let tokens = match args.ep_tokens.as_slice() {
-            [] => 256,
+            // Quick: a size whose dispatch and combine take about a second over the three modes
+            // in a debug build, so MoE fits the default run.
+            [] if full => 256,
+            [] => 64,
             [t] => *t,
             more => {
                 return Err(
@@ -723,12 +966,11 @@ fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
     };
     let p2p = groups.contains(&SuiteArg::P2p);
     let config = Config::from_env()?.backend(BackendKind::Shm);
-    let mut barrier_pes: Vec<usize> = args
-        .barrier_pes
-        .iter()
-        .copied()
-        .filter(|&n| n >= 1)
-        .collect();
+    let mut barrier_pes = if args.barrier_pes.is_empty() {
+        vec![2, 4]
+    } else {
+        args.barrier_pes.clone()
+    };
     barrier_pes.dedup();
     let with_barrier = p2p && ops.contains(&Op::Barrier);
     let main_opts = SuiteOpts {
@@ -747,7 +989,7 @@ fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
 
     // The worlds: (mode, PEs, spec).
     let mut worlds: Vec<(ModeArg, usize, Spec)> = Vec::new();
-    for mode in args.mode.each() {
+    for mode in mode.each() {
         let (n, suite) = match mode {
             ModeArg::Mixed => (4, p2p.then(|| opts.clone())),
             _ => (2, p2p.then(|| main_opts.clone())),
@@ -795,24 +1037,20 @@ fn run_shm(args: &PerfArgs) -> CliResult<Vec<Record>> {
     }
     let steps: u64 = worlds.iter().map(|(_, n, s)| s.steps(*n) + 1).sum();
     eprintln!(
-        "rshmem perf: {} suite, backend shm, mode {}, groups {:?}, {} put/get sizes {}..{}",
+        "rshmem perf: {} suite, backend shm, mode {}, groups {}, {} put/get sizes {}..{}",
         if full { "full" } else { "quick" },
-        args.mode.label(),
-        groups,
+        mode.label(),
+        group_names(groups),
         opts.sizes.len(),
         report::human_bytes(opts.sizes[0]),
         report::human_bytes(*opts.sizes.last().unwrap_or(&8)),
     );
     let start = Instant::now();
-    let pb = ProgressBar::new(steps);
-    pb.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-            .map_err(|e| e.to_string())?
-            .progress_chars("=> "),
-    );
+    let pb = progress_bar(steps, "shm")?;
     let mut records = Vec::new();
     let mut outside = Vec::new();
     for (mode, n, mut spec) in worlds {
+        pb.set_prefix(format!("shm {}", mode.label()));
         // Measured just before each world: the latency baseline where the PEs cannot measure
         // it themselves (more than two thread-PEs), and a reference beside the process-mode
         // raw ping-pong.
@@ -971,6 +1209,41 @@ mod tests {
         assert!(e.contains("2 GPU(s)"), "{e}");
         assert!(cuda_pes(&p(&["--gpus", "1"]), 8).is_err());
         assert!(p(&["--pairs"]).pairs);
+    }
+
+    #[test]
+    fn default_groups_and_the_cuda_default_moe() {
+        let p = |v: &[&str]| {
+            #[derive(clap::Parser)]
+            struct W {
+                #[command(flatten)]
+                a: PerfArgs,
+            }
+            <W as clap::Parser>::try_parse_from(std::iter::once("perf").chain(v.iter().copied()))
+                .map(|w| w.a)
+                .unwrap()
+        };
+        let all = vec![SuiteArg::P2p, SuiteArg::Coll, SuiteArg::Ep];
+        assert_eq!(groups(&p(&[])), all);
+        assert_eq!(groups(&p(&["--ep"])), vec![SuiteArg::Ep]);
+        assert_eq!(groups(&p(&["--suites", "p2p,coll"])), all[..2]);
+        // The default MoE shape (E = 256) does not split over 3 GPUs: the default run leaves
+        // MoE out, a run that asks for it fails.
+        let mut g = groups(&p(&["--gpus", "3"]));
+        cuda_default_ep(&p(&["--gpus", "3"]), &mut g).unwrap();
+        assert_eq!(g, all[..2]);
+        let mut g = groups(&p(&["--gpus", "4"]));
+        cuda_default_ep(&p(&["--gpus", "4"]), &mut g).unwrap();
+        assert_eq!(g, all);
+        for asked in [
+            &["--gpus", "3", "--ep"][..],
+            &["--gpus", "3", "--ep-iters", "2"],
+        ] {
+            let a = p(asked);
+            let mut g = groups(&a);
+            let e = cuda_default_ep(&a, &mut g).unwrap_err().to_string();
+            assert!(e.contains("--ep-experts 256"), "{asked:?}: {e}");
+        }
     }
 
     #[test]

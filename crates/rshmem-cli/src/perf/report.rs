@@ -57,10 +57,14 @@ fn cols(r: &Record) -> (String, String, String) {
     }
 }
 
-/// The table: each figure beside its same-run baseline and their ratio. The op and mode
-/// columns are as wide as their longest entry (e.g. `capturable+tokens`), so columns line up.
+/// What the ratio column means, the first line of every table.
+pub const RATIO_LINE: &str = "ratio = baseline time / rshmem time (above 1: rshmem is faster)";
+
+/// The table: each figure beside its same-run baseline and their ratio, under the line that
+/// says what the ratio is. The op and mode columns are as wide as their longest entry (e.g.
+/// `capturable+tokens`), so columns line up.
 pub fn table(records: &[Record]) -> String {
-    let mut s = String::new();
+    let mut s = format!("{RATIO_LINE}\n");
     let ow = records
         .iter()
         .map(|r| r.op.len())
@@ -111,7 +115,9 @@ pub fn table(records: &[Record]) -> String {
 
 /// The same table as Markdown (for BENCHMARKS.md).
 pub fn markdown(records: &[Record]) -> String {
-    let mut s = String::from(
+    // The blank line keeps the ratio line a paragraph of its own in Markdown renderers.
+    let mut s = format!("{RATIO_LINE}\n\n");
+    s.push_str(
         "| op | mode | PEs | bytes | time | GB/s | busbw GB/s | baseline | baseline time | baseline GB/s | ratio |\n\
          |---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
@@ -345,18 +351,22 @@ mod tests {
         let svg = std::fs::read_to_string(&p).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("put_signal") && svg.contains("memcpy"));
         let t = table(&recs);
-        assert_eq!(t.lines().count(), 5);
+        assert_eq!(t.lines().count(), 6);
+        assert_eq!(t.lines().next(), Some(RATIO_LINE));
         // Columns line up whatever the widths of op and mode.
         let mut wide = recs.clone();
         wide[0].mode = "capturable+tokens".into();
         let t2 = table(&wide);
         let cols: Vec<Option<usize>> = t2
             .lines()
+            .skip(1)
             .map(|l| l.find("memcpy").or(l.find("baseline")))
             .collect();
         assert!(cols.iter().all(|c| c.is_some() && *c == cols[0]), "{t2}");
         assert!(t.contains("1 MiB") && t.contains("0.97"));
-        assert_eq!(markdown(&recs).lines().count(), 6);
+        let md = markdown(&recs);
+        assert_eq!(md.lines().count(), 8);
+        assert_eq!(md.lines().next(), Some(RATIO_LINE));
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(write_json(&dir.join("missing/x.json"), &recs).is_err());
     }
