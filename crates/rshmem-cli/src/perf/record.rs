@@ -77,6 +77,11 @@ impl Record {
     }
 }
 
+/// Errors of the command-line tool: library errors and failed data checks.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Result of the command-line tool.
+pub type CliResult<T> = Result<T, BoxError>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! Reports: the table on stdout, `--json`, and the `--plot` SVG.
 
+use super::record::CliResult;
 use super::record::{Kind, Record};
-use super::suite::CliResult;
 use std::fmt::Write as _;
 use std::path::Path;
 

@@ -9,14 +9,10 @@ use super::measure::{
     PING_PONG,
 };
 use super::record::Record;
+pub use super::record::{BoxError, CliResult};
 use indicatif::ProgressBar;
 use rshmem::{Cmp, Pe, Signal, Sym};
 use std::time::Instant;
-
-/// Errors of the command-line tool: library errors and failed data checks.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// Result of the command-line tool.
-pub type CliResult<T> = Result<T, BoxError>;
 
 /// An operation of the suite.
 #[derive(
