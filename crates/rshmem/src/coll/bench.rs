@@ -9,7 +9,7 @@
 //! assert!(r.into_iter().all(|x| x.unwrap().time_s > 0.0));
 //! ```
 
-use super::exec::{AllToAllV, Coll};
+use super::host::{AllToAllV, Coll};
 use super::plan::CollKind;
 use super::reduce::ReduceOp;
 use crate::error::Result;

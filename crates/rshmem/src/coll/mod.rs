@@ -64,11 +64,11 @@
 
 pub mod bench;
 pub(crate) mod cuda;
-mod exec;
+mod host;
 pub mod plan;
 mod reduce;
 
-pub use exec::{AllToAllV, Coll};
+pub use host::{AllToAllV, Coll};
 pub use plan::{Algo, CollKind};
 pub use reduce::ReduceOp;
 

@@ -94,15 +94,15 @@
 //! ```
 
 mod bench;
-mod buffer;
 #[doc(hidden)]
 pub mod cuda;
 mod handle;
+mod host;
 mod layout;
 
 pub use bench::{bench, BenchArgs, BenchReport};
-pub use buffer::Buffer;
 pub use handle::{Dispatched, Handle};
+pub use host::Buffer;
 pub use layout::Layout;
 
 use crate::elem::{Elem, ElemKind};
