@@ -22,73 +22,28 @@
 //! # PEs sharing a GPU
 //! Several PEs of one world may share a GPU (threads of one process share its CUDA context).
 //! Kernels that wait for peers stay well within what the GPU holds at once (one block each, or
-//! by default at most 128 blocks of 256 threads for the collectives' LL and pull kernels, a
-//! small share of an H100's resident blocks), and where PEs share a GPU they let the next
-//! kernel become resident only after their waits, so waiting kernels cannot starve the peers'
-//! kernels of SMs, and every module a world needs is loaded (all kernels at once, not lazily)
-//! before any of its PEs can launch a waiting kernel ([`CudaPe::kernel`], [`GpuColl::new`]
-//! and [`crate::cuda::ep::Buffer::new`] meet the other PEs after loading). What a shared
-//! context adds: its streams are spread over a fixed number of hardware work queues
-//! (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default), a queue runs its work in order, and streams
-//! beyond that number share queues. A kernel that waits for a peer then
-//! holds back the later work (kernels and copies) of every other stream on its queue, which
-//! may be exactly the peer work it waits for: it spins until the device timeout, after which
-//! everything proceeds and the wait is reported ([`Error::Timeout`]). Each PE uses a stream for
-//! host operations plus its users' streams ([`GpuColl`] one more), so 4 PEs with a
-//! collectives context and a stream each already use 12. rshmem therefore sets `CUDA_DEVICE_MAX_CONNECTIONS=32` (the maximum)
-//! before initialising the driver unless it is set already; with more live streams than that
-//! in the process (many PEs or streams per GPU, several worlds at once), or a smaller value
-//! chosen by the user, waits can still stall until the timeout. Run one GPU world at a time per
-//! process (the GPU tests serialise theirs).
+//! at most 128 blocks of 256 threads for the collectives' LL and pull kernels), and where PEs
+//! share a GPU they let the next kernel become resident only after their waits, so waiting
+//! kernels cannot starve the peers' kernels of SMs; every module a world needs is loaded (all
+//! kernels at once, not lazily) before any of its PEs can launch a waiting kernel
+//! ([`CudaPe::kernel`](crate::cuda::CudaPe::kernel), [`GpuColl::new`](crate::cuda::GpuColl::new)
+//! and [`crate::cuda::ep::Buffer::new`] meet the other PEs after loading).
 //!
-//! Measured on one H100 (2026-11-23): with `CUDA_DEVICE_MAX_CONNECTIONS=1` a 4-PE device-count
-//! all_to_all_v stalled every time (one PE's barrier kernel held back the other PEs' error-record
-//! copies); with 32 it passed alone, and failed in long test processes that had created and
-//! freed many streams. Even in a fresh process with 12 streams, a fused all_reduce of 4
-//! thread-PEs stalled in about 1 run of 10: the two PEs that launched first waited for the
-//! device timeout while the other two PEs' kernels did not start until then. Creating one
-//! stream per queue in a batch and handing those out did not help (it failed as often), so
-//! the driver's placement of streams on queues is not something rshmem can arrange. Later the
-//! same day, three EP tests run in a loop in fresh processes (2 thread-PEs) stalled in 2 of 71
-//! runs, one of them the first run on a freshly started machine. No rshmem kernel uses local
-//! memory (`ptxas -v`: 0 bytes stack frame and spills for every kernel of `internal.cu`,
-//! `coll.cu` and `ep.cu`), so a driver resizing local memory, which waits for the GPU to idle,
-//! is not the cause. rshmem also asks for eager module loading (`CUDA_MODULE_LOADING=EAGER`
-//! unless set): with lazy loading a kernel's first use loads it while waiting for the GPU's
-//! work to drain, a known way for one thread's launch to wait for another thread's spinning
-//! kernel.
-//!
-//! On 2x H200 (2026-11-23, 2 thread-PEs per GPU, the `cuda_coll` suite, each test's world in
-//! a fresh child process) the stall still showed after that, in 1 of 3 full-suite runs (0 of
-//! 6 runs of that test alone): one PE's fused all_reduce did not start until the three others'
-//! kernels, waiting for it, timed out. What differs when the test runs after others is not
-//! known (the process is new each time; the GPU has just served other processes). The
-//! big-world test with 18 PEs (9 per GPU, about 3 streams each against 32 queues) stalled in
-//! both full-suite runs, with 36 alone too; with 16 (8 per GPU) it passed alone. Before the heaps were kept
-//! (`grave.rs`), the PEs that kept running after such a timeout then hit
-//! `CUDA_ERROR_ILLEGAL_ADDRESS`: ended PEs had freed heaps that peers' kernels on the other GPU
-//! still reached. Now the heaps of a world's thread PEs are freed together, after every one of
-//! them has ended and each GPU has been synchronised (the run after that change showed
-//! timeouts only).
-//!
-//! On 4x H200 (2026-11-26, eleventh session; 16 thread-PEs, 4 per GPU, the big-world
-//! collectives test alone in a loop) 3 of 14 runs stalled whether `CUDA_DEVICE_MAX_CONNECTIONS=32`
-//! came from the shell or from rshmem, so the variable is in effect and 12 streams per GPU do
-//! not run out of queues in the simple sense. Native stacks of a stalled run, 14 s in: every PE
-//! thread was in `cuStreamSynchronize` in the first collective, so all work had been submitted
-//! and no host call was waiting for the GPU to go idle. `cuda-gdb -p` on another stalled run
-//! showed 15 of the 16 barrier kernels resident and the fourth of GPU 0 launched but not
-//! resident, with 129 of that GPU's SMs idle: the GPU's front end held it back. Fewer queues
-//! stall more often (8: 3 of 8 runs, 4: 7 of 8, 1: every run), as queue sharing predicts. With
-//! only one GPU visible (4 thread-PEs, 12 streams in the whole process) 5 of 12 runs stalled, so
-//! other GPUs' streams are not what collides; why
-//! 32 queues for 12 streams still stall is not known (the driver's placement of streams on
-//! queues is not visible; NVIDIA's deployment guide says the variable sets a *preferred* number
-//! of compute and copy-engine connections together, and the driver may allocate another). Treat
-//! several thread-PEs on one GPU as a development setup (a stall ends in [`Error::Timeout`],
-//! never a hang); one PE per GPU, or one process per PE sharing a GPU (each process has its own
-//! context and queues, time-sliced by the GPU), has not shown it. (NVSHMEM, for comparison,
-//! runs several PEs on one GPU only as processes, with limited support unless CUDA MPS runs.)
+//! What a shared context adds: its streams are spread over a fixed number of hardware work
+//! queues (`CUDA_DEVICE_MAX_CONNECTIONS`), a queue runs its work in order, and streams beyond
+//! that number share queues. A kernel that waits for a peer then holds back the later work of
+//! every other stream on its queue, which may be exactly the peer work it waits for: it spins
+//! until the device timeout, after which everything proceeds and the wait is reported
+//! ([`Error::Timeout`]). rshmem therefore sets `CUDA_DEVICE_MAX_CONNECTIONS=32` (the maximum)
+//! and `CUDA_MODULE_LOADING=EAGER` (a lazy load waits for the GPU's work to drain, which a
+//! spinning kernel never does) before initialising the driver, unless they are set. Even so,
+//! thread-PEs sharing a GPU have been seen to stall now and then: the GPU's front end held a
+//! launched kernel back with SMs idle (BENCHMARKS.md, Known gaps, and git history have the
+//! measurements). Treat several thread-PEs on one GPU as a development setup (a stall ends in
+//! [`Error::Timeout`], never a hang); one PE per GPU, or one process per PE sharing a GPU (each
+//! process has its own context and queues), has not shown it. Heaps of a world's thread-PEs are
+//! freed together, after every one of them has ended and each GPU has been synchronised
+//! (`grave.rs`), so a PE that runs on after such a timeout never reaches a freed peer heap.
 
 pub(crate) mod ffi;
 pub(crate) mod gpu;

@@ -26,7 +26,7 @@ pub use tuning::{
     CollTuning, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_PULL_A2A_BYTES,
     COLL_PULL_ALL_REDUCE_BYTES, COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES,
     COLL_PULL_RS_BYTES, COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
-    COLL_TWO_SHOT_PULL_PAIR_BYTES,
+    COLL_TWO_SHOT_PULL_PAIR_BYTES, WRONG_RESULT_SWITCHES,
 };
 
 use crate::backend::cuda::ffi;
@@ -72,7 +72,7 @@ pub const COLL_KERNELS: &str = concat!(
 ///   [`CollConfig`] or `RSHMEM_COLL_ALGO` / `RSHMEM_COLL_TWO_SHOT_BYTES` (see
 ///   [`crate::coll`]). Large messages are split over every SM by the kernels (grid-stride, 16-byte
 ///   vectors); the plan's host chunking is not used on the GPU.
-/// * **Small messages** ([`GpuColl::fused_bytes`], default 64 KiB read per PE,
+/// * **Small messages** ([`CollTuning::fused_bytes`], default 64 KiB read per PE,
 ///   [`CollTuning::fused_bytes`]): a plan with a single data phase (one-shot all_reduce,
 ///   reduce, reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as
 ///   one kernel of one block with both barriers inside: one launch instead of three.
@@ -87,23 +87,23 @@ pub const COLL_KERNELS: &str = concat!(
 ///   per batch). A member running another call is still reported as
 ///   [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch) on every member, and the
 ///   barrier counters stay in step (see `kernels/`).
-/// * **Pull all_to_all** ([`GpuColl::pull_a2a_bytes`], default every size): beyond the LL
+/// * **Pull all_to_all** ([`CollTuning::pull_all_to_all`], default every size): beyond the LL
 ///   size, an out-of-place all_to_all of whole 16-byte shares runs as one kernel that meets
-///   its peers through the LL headers and then, by default ([`GpuColl::push_a2a_bytes`]),
+///   its peers through the LL headers and then, by default ([`CollTuning::push_all_to_all`]),
 ///   stores every share straight into its receiver's `dst` (or reads it from its sender's
 ///   `src`): the data crosses the link once, one launch instead of three, and each block
 ///   starts at a different member, so the copy of a member's own share runs beside the
 ///   transfers. An all_gather past the LL size runs on the same kernel, every share being the
 ///   member's whole input (out of place; in place too when it stores).
-/// * **Pull all_reduce** ([`GpuColl::pull_all_reduce_bytes`]: every size on two-member
+/// * **Pull all_reduce** ([`CollTuning::pull_all_reduce`]: every size on two-member
 ///   teams, 8 MiB on larger ones): beyond the LL size, an out-of-place all_reduce of whole
 ///   16-byte vectors runs as one kernel with the same handshake that folds the members' inputs
 ///   read in place, in team order (one launch instead of five; a pair moves as many bytes as
 ///   two-shot, larger teams `members / 2` times as many). A pair from
-///   [`GpuColl::push_all_reduce_bytes`] (256 MiB) moves its data by stores instead: each
+///   [`CollTuning::push_all_reduce`] (256 MiB) moves its data by stores instead: each
 ///   member stores its input into the other's `dst` in steps and folds the other's steps as
 ///   their counts arrive (both GPUs storing at once outrun both loading at once).
-/// * **Pull broadcast** ([`GpuColl::pull_broadcast_bytes`], the same defaults): beyond the LL
+/// * **Pull broadcast** ([`CollTuning::pull_broadcast`], the same defaults): beyond the LL
 ///   size, a broadcast of whole 16-byte vectors (in or out of place) runs as one kernel with
 ///   the same handshake in which every member reads the root's `src` in place.
 /// * **No host synchronisation** inside a collective: launches only, so every collective can

@@ -48,8 +48,8 @@ pub const COLL_PUSH_ALL_REDUCE_BYTES: usize = 256 << 20;
 /// [`CollTuning::chain_broadcast`] on teams of more than two, along a chain).
 pub const COLL_PULL_BCAST_BYTES: usize = usize::MAX;
 
-/// Default [`CollTuning::chain_broadcast`]. On 4x H200 (2026-11-26, same run, 4 members)
-/// everyone reading the root took 18.8 us at 1 MiB where the chain took 22.4 (three hops of
+/// Default [`CollTuning::chain_broadcast`]. On 4x H200 (same run, 4 members) everyone
+/// reading the root took 18.8 us at 1 MiB where the chain took 22.4 (three hops of
 /// latency), and 27.4 against 25.3 at 2 MiB; from 8 MiB the chain is 1.8x faster (the root's
 /// links carry one copy instead of three).
 pub const COLL_CHAIN_BCAST_BYTES: usize = 1 << 20;

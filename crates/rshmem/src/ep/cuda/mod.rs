@@ -96,7 +96,7 @@
 //!    straight from `y` (rounded as `ep_csend` rounds it, never stored), then the peers' rows,
 //!    ascending over PEs: bit for bit `ep_crecv`'s result, with no pass over the own partial
 //!    rows. A summer learns that a row is in from the row itself, not from a progress word
-//!    (every system-scope release on a sending SM cost it about 2 us: twenty-second session):
+//!    (a system-scope release costs a sending SM about 2 us):
 //!    the peers' rows of the combine area hold a **sentinel** (every 32-bit word all ones)
 //!    until their sender overwrites them; senders never store an all-ones word (such a NaN
 //!    loses its sign bit, staying a NaN); a 32-bit word is written at once, so a word that is
