@@ -45,9 +45,10 @@ pub fn precompile(arch: &str) -> Result<Vec<(String, usize)>> {
     let co: Vec<&str> = co.iter().map(|s| s.as_str()).collect();
     let c = nvrtc::compile(&nvrtc::with_header(COLL_KERNELS), arch, &co)?;
     out.push(("coll".to_string(), c.len()));
+    let et = ep::EpTuning::from_env()?;
     for t in [ElemKind::Bf16, ElemKind::F32, ElemKind::F16] {
         for id in [ElemKind::I32, ElemKind::I64] {
-            let o = ep::kernel_options(t, id)?;
+            let o = ep::kernel_options(t, id, &et.nvrtc_options)?;
             let o: Vec<&str> = o.iter().map(|s| s.as_str()).collect();
             let m = nvrtc::compile(&nvrtc::with_header(ep::EP_KERNELS), arch, &o)?;
             out.push((format!("ep ({}, {})", t.name(), id.name()), m.len()));

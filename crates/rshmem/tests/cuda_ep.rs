@@ -12,13 +12,25 @@ use rshmem::ep::{EpConfig, EpMode, RecvLayout};
 use rshmem::{bf16, BackendKind, Cmp, Config, Elem, ElemKind, Error, HeapKind, Pe, Result, Sym};
 use std::time::Duration;
 
+/// The environment's MoE tuning; `RSHMEM_TEST_EP_NVRTC_OPTS` (a test switch) adds compile
+/// options, the mutation switches that break the kernels on purpose included (a test that
+/// still passes with one cannot see what it guards).
+fn ep_tuning() -> ep::EpTuning {
+    let mut t = ep::EpTuning::from_env().expect("RSHMEM_EP_* variables");
+    if let Ok(v) = std::env::var("RSHMEM_TEST_EP_NVRTC_OPTS") {
+        t.nvrtc_options
+            .extend(v.split_whitespace().map(str::to_string));
+    }
+    t
+}
+
 #[test]
 fn nvrtc_compiles_ep_kernels() {
     let ci = std::env::var_os("CI").is_some();
     let src = cuda::nvrtc::with_header(ep::EP_KERNELS);
     for t in [ElemKind::F32, ElemKind::Bf16, ElemKind::F16] {
         for id in [ElemKind::I32, ElemKind::I64] {
-            let opts = ep::kernel_options(t, id).unwrap();
+            let opts = ep::kernel_options(t, id, &ep_tuning().nvrtc_options).unwrap();
             let o: Vec<&str> = opts.iter().map(|s| s.as_str()).collect();
             match cuda::nvrtc::compile_uncached(&src, "sm_90", &o) {
                 Ok(cubin) => assert!(cubin.len() > 100, "{t:?}/{id:?}: empty cubin"),
@@ -33,8 +45,8 @@ fn nvrtc_compiles_ep_kernels() {
             }
         }
     }
-    assert!(ep::kernel_options(ElemKind::I32, ElemKind::I32).is_err());
-    assert!(ep::kernel_options(ElemKind::F32, ElemKind::U32).is_err());
+    assert!(ep::kernel_options(ElemKind::I32, ElemKind::I32, &[]).is_err());
+    assert!(ep::kernel_options(ElemKind::F32, ElemKind::U32, &[]).is_err());
 }
 
 // ---------- GPU tests ----------
@@ -525,7 +537,7 @@ fn routings_body_with<T: Elem>(
         layout,
         ..cfg(n, mode)
     };
-    let buf = Buffer::<T>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<T>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs_shifted::<T>(pe, &c, n, shift)?;
     let mut seed = 1;
     let mut steps = Vec::new();
@@ -677,7 +689,7 @@ fn split_combine_body(pe: &Pe, mode: EpMode) -> Result<()> {
         layout: RecvLayout::ExpertMajor,
     };
     let h = c.hidden;
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<bf16>(pe, &c, n)?;
     let steps = [
         (Case::Random, 2000, 8),
@@ -823,7 +835,7 @@ fn dispatch_sentinel_body(pe: &Pe) -> Result<()> {
         mode: EpMode::Capturable { capacity: 1000 },
         layout: RecvLayout::ExpertMajor,
     };
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs_shifted::<bf16>(pe, &c, n, me % 2)?;
     let step = |case: Case, seed: u64| Step {
         case,
@@ -919,7 +931,7 @@ fn dispatch_all_ones_body<T: Elem>(pe: &Pe, ones: T, canon: T, bits: fn(T) -> u3
         layout: RecvLayout::ExpertMajor,
     };
     let h = c.hidden;
-    let buf = Buffer::<T>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<T>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let special = |tok: usize, col: usize| (tok + col).is_multiple_of(7);
     for (round, shifts) in [[0, 1], [1, 1]].into_iter().enumerate() {
         let inp = inputs_shifted::<T>(pe, &c, n, shifts[me % 2])?;
@@ -998,7 +1010,7 @@ fn overflow_body(pe: &Pe) -> Result<()> {
     let s = g.stream()?;
     let mut c = cfg(n, EpMode::Capturable { capacity: 5 });
     c.max_tokens = 16;
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<bf16>(pe, &c, n)?;
     for round in 0..2 {
         // All 16 tokens of every PE to expert 1 (PE 0): 16 > 5.
@@ -1086,7 +1098,7 @@ fn peer_timeout_body_mode(pe: &Pe, mode: EpMode) -> Result<()> {
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
     let c = cfg(n, mode);
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<bf16>(pe, &c, n)?;
     let never = pe.alloc::<u64>(1)?;
     pe.local_fill(&never, 0)?;
@@ -1191,7 +1203,7 @@ fn graph_body_mode(pe: &Pe, mode: EpMode, layout: RecvLayout) -> Result<()> {
         layout,
         ..cfg(n, mode)
     };
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<bf16>(pe, &c, n)?;
     let t = 37;
     let k = 6;
@@ -1316,7 +1328,7 @@ fn graph_overflow_body(pe: &Pe) -> Result<()> {
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
     let c = cfg(n, EpMode::Capturable { capacity: 12 });
-    let buf = Buffer::<f32>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<f32>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<f32>(pe, &c, n)?;
     let t = 20;
     let k = 3;
@@ -1412,17 +1424,17 @@ fn bad_inputs_body(pe: &Pe) -> Result<()> {
     ] {
         assert!(
             matches!(
-                Buffer::<f32>::new(pe, pe.world_team(), bad),
+                Buffer::<f32>::new(pe, pe.world_team(), bad, &ep_tuning()),
                 Err(Error::InvalidArgument(_))
             ),
             "{bad:?}"
         );
     }
     assert!(matches!(
-        Buffer::<i32>::new(pe, pe.world_team(), c),
+        Buffer::<i32>::new(pe, pe.world_team(), c, &ep_tuning()),
         Err(Error::InvalidArgument(_))
     ));
-    let buf = Buffer::<f32>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<f32>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<f32>(pe, &c, n)?;
     let small = pe.alloc::<f32>(10)?;
     let small_i = pe.alloc::<i32>(3)?;
@@ -1487,7 +1499,7 @@ fn bad_inputs_body(pe: &Pe) -> Result<()> {
         buf.combine(pe, &s, &d2, &buf.expert_x()?, &small),
         Err(Error::LengthMismatch { .. })
     ));
-    let other = Buffer::<f32>::new(pe, pe.world_team(), c)?;
+    let other = Buffer::<f32>::new(pe, pe.world_team(), c, &ep_tuning())?;
     assert!(matches!(
         other.combine(pe, &s, &d2, &other.expert_x()?, &inp.out),
         Err(Error::InvalidArgument(_))
@@ -1633,7 +1645,7 @@ fn combine_tokens_body(pe: &Pe) -> Result<()> {
         };
         let el = c.num_experts / n;
         let h = c.hidden;
-        let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+        let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
         buf.set_tokens_combine(how);
         assert_eq!(buf.tokens_combine_pulls(), how == pull);
         let inp = inputs::<bf16>(pe, &c, n)?;
@@ -1833,7 +1845,7 @@ fn overlap_beyond_temp_rows(pe: &Pe) -> Result<()> {
         layout: RecvLayout::TokenMajor,
         ..cfg(n, EpMode::Capturable { capacity: 4 })
     };
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     buf.set_tokens_combine(TokensCombine::Pull);
     let inp = inputs::<bf16>(pe, &c, n)?;
     let (t, h) = (4 * n + 1, c.hidden);
@@ -1878,7 +1890,7 @@ fn combine_tokens_graph_with(pe: &Pe, how: TokensCombine) -> Result<()> {
         ..cfg(n, EpMode::Capturable { capacity: 40 })
     };
     let (t, k, h, el) = (37, 6, c.hidden, c.num_experts / n);
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c)?;
+    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     buf.set_tokens_combine(how);
     let inp = inputs::<bf16>(pe, &c, n)?;
     let step = |case: Case, seed: u64| Step {

@@ -50,8 +50,8 @@ pub(super) struct Kernels {
 }
 
 impl Kernels {
-    pub(super) fn load(g: &CudaPe) -> Result<Kernels> {
-        let o = kernel_options(ElemKind::Bf16, ElemKind::I32)?;
+    pub(super) fn load(g: &CudaPe, extra: &[String]) -> Result<Kernels> {
+        let o = kernel_options(ElemKind::Bf16, ElemKind::I32, extra)?;
         let o: Vec<&str> = o.iter().map(|s| s.as_str()).collect();
         let k = |name: &str| g.kernel(EP_KERNELS, name, &o);
         Ok(Kernels {

@@ -205,6 +205,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
     let n = pe.n_pes();
+    let tuning = super::EpTuning::from_env()?;
     let me = pe.my_pe();
     let h = args.hidden;
     let k = args.top_k;
@@ -220,7 +221,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
         // with rshmem's, checked before anything collective.
         Buffer::<Bf16>::bytes_for(&EpConfig::new(e, t.max(1), h, k), n)?;
     }
-    let kernels = eb::Kernels::load(&g)?;
+    let kernels = eb::Kernels::load(&g, &tuning.nvrtc_options)?;
     let lib = nccl::Nccl::load();
     let (comm, why) = nccl::world_comm(pe, &g, &lib)?;
     let grid = (g.sm_count() as u32).clamp(1, MAX_GRID);
@@ -319,7 +320,8 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             // rows back as its per-token results, so out = x * the PEs the token went to).
             for layout in [RecvLayout::ExpertMajor, RecvLayout::TokenMajor] {
                 let tokens = layout == RecvLayout::TokenMajor;
-                let buf = Buffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode, layout))?;
+                let buf =
+                    Buffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode, layout), &tuning)?;
                 let name = match (mode == EpMode::Normal, tokens) {
                     (true, false) => "normal",
                     (false, false) => "capturable",
@@ -475,15 +477,9 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
     pe.barrier_all()?;
     if !bad.is_empty() {
         let msg = format!("ep bench: data check failed on PE {me}: {}", bad.join("; "));
-        // Compile switches for measurements may build wrong results on purpose (such as
-        // EP_SEND_SKIP_SELF): their timings are still reported, the failure as a warning.
-        let switched =
-            std::env::var("RSHMEM_CUDA_EP_NVRTC_OPTS").is_ok_and(|o| !o.trim().is_empty());
-        if !switched {
-            return Err(ffi::err(msg));
-        }
-        tracing::warn!("{msg} (kernels built with RSHMEM_CUDA_EP_NVRTC_OPTS)");
-        eprintln!("rshmem: warning: {msg} (kernels built with RSHMEM_CUDA_EP_NVRTC_OPTS)");
+        // The environment cannot build kernels that are wrong on purpose (EpTuning refuses
+        // those switches), so a failed check is an error whatever the options.
+        return Err(ffi::err(msg));
     }
     Ok(if me == 0 { out } else { Vec::new() })
 }

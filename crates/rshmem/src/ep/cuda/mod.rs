@@ -196,6 +196,7 @@ mod dispatch;
 mod params;
 #[cfg(test)]
 mod tests;
+mod tuning;
 
 use crate::backend::cuda::{gpu, knobs};
 use crate::device::{CudaPe, Kernel};
@@ -211,6 +212,7 @@ pub use bench::{
     bench_routing, ep_bench, ep_bench_heap_bytes, EpBenchArgs, EpBenchRecord, EP_BASELINE,
 };
 use params::{param_words, plan, readback_len, Plan, PARAM_WORDS};
+pub use tuning::{EpTuning, EP_WRONG_RESULT_SWITCHES};
 
 /// The kernels' source (after the device header): the files of `kernels/` in this order, one
 /// program (the pieces are cut from one file at top-level blank lines, so the text, and with it
@@ -278,7 +280,7 @@ const REC_FIXED: usize = 4;
 const SIG_GROUPS: usize = 7;
 
 /// How [`Buffer::combine_tokens`] moves the rows back. Every PE of the team must use the same
-/// (the default comes from the configuration and `RSHMEM_EP_COMBINE_TOKENS`, alike on every PE).
+/// ([`EpTuning::combine_tokens`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokensCombine {
     /// [`Pull`](Self::Pull) where one (source, destination) pair's receive rows
@@ -311,19 +313,6 @@ impl TokensCombine {
     }
 }
 
-/// `RSHMEM_EP_SPLIT_COMBINE` (0 or 1, default 1): whether `combine` may take the split kernel
-/// (`ep_csplit`) where every PE of the team has its GPU alone.
-fn split_combine_from_env() -> Result<bool> {
-    Ok(knobs::knob_from_env("RSHMEM_EP_SPLIT_COMBINE", 1, |v| v <= 1, "0 or 1")? == 1)
-}
-
-/// `RSHMEM_EP_READBACK_SYNC` (0 or 1, default 0; a measurement knob): 1 makes normal-mode
-/// dispatch synchronise its stream before reading the counts instead of waiting for the
-/// readback's number.
-fn readback_sync_from_env() -> Result<bool> {
-    Ok(knobs::knob_from_env("RSHMEM_EP_READBACK_SYNC", 0, |v| v <= 1, "0 or 1")? == 1)
-}
-
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Threads per block of `ep_send` and `ep_pstream` from the measurement knobs
@@ -340,7 +329,8 @@ fn block_threads(name: &str, v: Option<&str>, default: u32) -> Result<u32> {
 }
 
 /// NVRTC `-D` options of the kernels for hidden type `T` and id type `I`.
-pub fn kernel_options(t: ElemKind, id: ElemKind) -> Result<Vec<String>> {
+/// `extra`: [`EpTuning::nvrtc_options`].
+pub fn kernel_options(t: ElemKind, id: ElemKind, extra: &[String]) -> Result<Vec<String>> {
     let tn = match t {
         ElemKind::F32 => "float",
         ElemKind::Bf16 => "rshmem_bfloat16",
@@ -363,14 +353,7 @@ pub fn kernel_options(t: ElemKind, id: ElemKind) -> Result<Vec<String>> {
         }
     };
     let mut o = vec![format!("-DEP_T={tn}"), format!("-DEP_ID={idn}")];
-    // Compile-time switches of the kernels for measurements (`RSHMEM_CUDA_EP_NVRTC_OPTS`, space
-    // separated; e.g. `-DEP_STAMPS=1`).
-    o.extend(
-        std::env::var("RSHMEM_CUDA_EP_NVRTC_OPTS")
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(str::to_string),
-    );
+    o.extend(extra.iter().cloned());
     Ok(o)
 }
 
@@ -568,41 +551,27 @@ impl<T: Elem> Buffer<T> {
     }
 
     /// Allocates the buffer for `team` and loads its kernels (collective over the world, as
-    /// every symmetric allocation is; every PE passes the same configuration).
-    pub fn new(pe: &Pe, team: &Team, cfg: EpConfig) -> Result<Buffer<T>> {
+    /// every symmetric allocation is; every PE passes the same configuration and tuning:
+    /// `EpTuning::from_env()` at a program's edge, or `EpTuning::default()`).
+    pub fn new(pe: &Pe, team: &Team, cfg: EpConfig, tuning: &EpTuning) -> Result<Buffer<T>> {
         let g = CudaPe::new(pe)?;
         let n = team.n_pes();
         let prepared = (|| {
-            let tokens_combine = TokensCombine::from_env()?;
-            let knob = |name: &str, default: u32| {
-                block_threads(name, std::env::var(name).ok().as_deref(), default)
-            };
-            let send_block = knob(
-                "RSHMEM_EP_SEND_THREADS",
-                match cfg.layout {
-                    RecvLayout::ExpertMajor => EM_SEND_BLOCK,
-                    RecvLayout::TokenMajor => BLOCK,
-                },
-            )?;
-            let pstream_block = knob("RSHMEM_EP_PSTREAM_THREADS", PSTREAM_BLOCK)?;
-            let blocks = |name: &str| {
-                knobs::knob_from_env(name, 0, |v| v <= MAX_GRID as usize, "at most 1024")
-                    .map(|v| v as u32)
-            };
-            let grids = (
-                blocks("RSHMEM_EP_SEND_BLOCKS")?,
-                blocks("RSHMEM_EP_PSTREAM_BLOCKS")?,
-            );
-            let readback_sync = readback_sync_from_env()?;
-            let split_knob = split_combine_from_env()?;
+            tuning.check()?;
+            let tokens_combine = tuning.combine_tokens;
+            let send_block = tuning.send_threads_for(cfg.layout);
+            let pstream_block = tuning.pstream_threads;
+            let grids = (tuning.send_blocks, tuning.pstream_blocks);
+            let readback_sync = tuning.readback_sync;
+            let split_knob = tuning.split_combine;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
             // Normal mode's readback: the control words, receive counts and expert offsets,
             // then the device error word (8-byte aligned).
             let readback = g.host_buf(readback_len(&p, cfg.num_experts / n) + 16)?;
             let readback_dev = readback.device_ptr()?;
-            let o32 = kernel_options(T::KIND, ElemKind::I32)?;
-            let o64 = kernel_options(T::KIND, ElemKind::I64)?;
+            let o32 = kernel_options(T::KIND, ElemKind::I32, &tuning.nvrtc_options)?;
+            let o64 = kernel_options(T::KIND, ElemKind::I64, &tuning.nvrtc_options)?;
             let o32: Vec<&str> = o32.iter().map(|s| s.as_str()).collect();
             let o64: Vec<&str> = o64.iter().map(|s| s.as_str()).collect();
             let k = |name: &str, o: &[&str]| g.kernel(EP_KERNELS, name, o);
