@@ -414,11 +414,12 @@ pub struct HostHandle {
 ///
 /// ```no_run
 /// # fn f(pe: &rshmem::Pe) -> rshmem::Result<()> {
-/// use rshmem::cuda::{ep::Buffer, CudaPe};
+/// use rshmem::cuda::{ep::{Buffer, EpTuning}, CudaPe};
 /// use rshmem::ep::{EpConfig, RecvLayout};
 /// let (t, h, k, e) = (4096, 7168, 8, 256);
 /// let cfg = EpConfig::new(e, t, h, k).with_layout(RecvLayout::TokenMajor);
-/// let buf = Buffer::<rshmem::bf16>::new(pe, pe.world_team(), cfg)?; // collective (world)
+/// let tuning = EpTuning::from_env()?; // at the program's edge
+/// let buf = Buffer::<rshmem::bf16>::new(pe, pe.world_team(), cfg, &tuning)?; // collective (world)
 /// let x = pe.alloc::<rshmem::bf16>(t * h)?; // inputs live in the symmetric heap
 /// let ids = pe.alloc::<i32>(t * k)?;
 /// let w = pe.alloc::<f32>(t * k)?;
