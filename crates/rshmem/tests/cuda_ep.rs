@@ -6,7 +6,7 @@
 
 mod harness;
 
-use rshmem::cuda::ep::{self, Buffer, Dispatch, TokensCombine};
+use rshmem::cuda::ep::{self, Dispatch, GpuBuffer, TokensCombine};
 use rshmem::cuda::{self, CudaPe, Stream};
 use rshmem::ep::{EpConfig, EpMode, RecvLayout};
 use rshmem::{bf16, BackendKind, Cmp, Config, Elem, ElemKind, Error, HeapKind, Pe, Result, Sym};
@@ -228,7 +228,7 @@ fn write_inputs<T: Elem>(pe: &Pe, cfg: &EpConfig, inp: &Inputs<T>, st: &Step) ->
 fn dispatch<T: Elem>(
     pe: &Pe,
     s: &Stream,
-    buf: &Buffer<T>,
+    buf: &GpuBuffer<T>,
     inp: &Inputs<T>,
     st: &Step,
 ) -> Result<Dispatch> {
@@ -244,7 +244,7 @@ fn dispatch<T: Elem>(
 fn expert_and_combine<T: Elem>(
     pe: &Pe,
     s: &Stream,
-    buf: &Buffer<T>,
+    buf: &GpuBuffer<T>,
     inp: &Inputs<T>,
     d: &Dispatch,
     scale: bool,
@@ -266,7 +266,7 @@ fn expert_and_combine<T: Elem>(
 
 /// Poisons the dispatch output area of `buf` (expert-major rows, or the receive area of a
 /// token-major buffer) with -55.
-fn poison_output<T: Elem>(pe: &Pe, buf: &Buffer<T>) -> Result<()> {
+fn poison_output<T: Elem>(pe: &Pe, buf: &GpuBuffer<T>) -> Result<()> {
     match buf.config().layout {
         RecvLayout::ExpertMajor => pe.local_fill(&buf.expert_x()?, T::from_f64(-55.0)),
         RecvLayout::TokenMajor => pe.local_fill(&buf.recv_x()?, T::from_f64(-55.0)),
@@ -278,7 +278,7 @@ fn poison_output<T: Elem>(pe: &Pe, buf: &Buffer<T>) -> Result<()> {
 fn verify<T: Elem>(
     pe: &Pe,
     cfg: &EpConfig,
-    buf: &Buffer<T>,
+    buf: &GpuBuffer<T>,
     inp: &Inputs<T>,
     st: &Step,
     rows: Option<usize>,
@@ -413,7 +413,7 @@ fn verify<T: Elem>(
 fn verify_token_major<T: Elem>(
     pe: &Pe,
     cfg: &EpConfig,
-    buf: &Buffer<T>,
+    buf: &GpuBuffer<T>,
     all: &[(Vec<i64>, Vec<f32>)],
     st: &Step,
     hh: &ep::HostHandle,
@@ -489,7 +489,7 @@ fn run_step<T: Elem>(
     pe: &Pe,
     s: &Stream,
     cfg: &EpConfig,
-    buf: &Buffer<T>,
+    buf: &GpuBuffer<T>,
     inp: &Inputs<T>,
     st: &Step,
 ) -> Result<()> {
@@ -537,7 +537,7 @@ fn routings_body_with<T: Elem>(
         layout,
         ..cfg(n, mode)
     };
-    let buf = Buffer::<T>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<T>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs_shifted::<T>(pe, &c, n, shift)?;
     let mut seed = 1;
     let mut steps = Vec::new();
@@ -689,7 +689,7 @@ fn split_combine_body(pe: &Pe, mode: EpMode) -> Result<()> {
         layout: RecvLayout::ExpertMajor,
     };
     let h = c.hidden;
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<bf16>(pe, &c, n)?;
     let steps = [
         (Case::Random, 2000, 8),
@@ -835,7 +835,7 @@ fn dispatch_sentinel_body(pe: &Pe) -> Result<()> {
         mode: EpMode::Capturable { capacity: 1000 },
         layout: RecvLayout::ExpertMajor,
     };
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs_shifted::<bf16>(pe, &c, n, me % 2)?;
     let step = |case: Case, seed: u64| Step {
         case,
@@ -931,7 +931,7 @@ fn dispatch_all_ones_body<T: Elem>(pe: &Pe, ones: T, canon: T, bits: fn(T) -> u3
         layout: RecvLayout::ExpertMajor,
     };
     let h = c.hidden;
-    let buf = Buffer::<T>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<T>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let special = |tok: usize, col: usize| (tok + col).is_multiple_of(7);
     for (round, shifts) in [[0, 1], [1, 1]].into_iter().enumerate() {
         let inp = inputs_shifted::<T>(pe, &c, n, shifts[me % 2])?;
@@ -1010,7 +1010,7 @@ fn overflow_body(pe: &Pe) -> Result<()> {
     let s = g.stream()?;
     let mut c = cfg(n, EpMode::Capturable { capacity: 5 });
     c.max_tokens = 16;
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<bf16>(pe, &c, n)?;
     for round in 0..2 {
         // All 16 tokens of every PE to expert 1 (PE 0): 16 > 5.
@@ -1098,7 +1098,7 @@ fn peer_timeout_body_mode(pe: &Pe, mode: EpMode) -> Result<()> {
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
     let c = cfg(n, mode);
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<bf16>(pe, &c, n)?;
     let never = pe.alloc::<u64>(1)?;
     pe.local_fill(&never, 0)?;
@@ -1203,7 +1203,7 @@ fn graph_body_mode(pe: &Pe, mode: EpMode, layout: RecvLayout) -> Result<()> {
         layout,
         ..cfg(n, mode)
     };
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<bf16>(pe, &c, n)?;
     let t = 37;
     let k = 6;
@@ -1328,7 +1328,7 @@ fn graph_overflow_body(pe: &Pe) -> Result<()> {
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
     let c = cfg(n, EpMode::Capturable { capacity: 12 });
-    let buf = Buffer::<f32>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<f32>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<f32>(pe, &c, n)?;
     let t = 20;
     let k = 3;
@@ -1424,17 +1424,17 @@ fn bad_inputs_body(pe: &Pe) -> Result<()> {
     ] {
         assert!(
             matches!(
-                Buffer::<f32>::new(pe, pe.world_team(), bad, &ep_tuning()),
+                GpuBuffer::<f32>::new(pe, pe.world_team(), bad, &ep_tuning()),
                 Err(Error::InvalidArgument(_))
             ),
             "{bad:?}"
         );
     }
     assert!(matches!(
-        Buffer::<i32>::new(pe, pe.world_team(), c, &ep_tuning()),
+        GpuBuffer::<i32>::new(pe, pe.world_team(), c, &ep_tuning()),
         Err(Error::InvalidArgument(_))
     ));
-    let buf = Buffer::<f32>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<f32>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<f32>(pe, &c, n)?;
     let small = pe.alloc::<f32>(10)?;
     let small_i = pe.alloc::<i32>(3)?;
@@ -1499,7 +1499,7 @@ fn bad_inputs_body(pe: &Pe) -> Result<()> {
         buf.combine(pe, &s, &d2, &buf.expert_x()?, &small),
         Err(Error::LengthMismatch { .. })
     ));
-    let other = Buffer::<f32>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let other = GpuBuffer::<f32>::new(pe, pe.world_team(), c, &ep_tuning())?;
     assert!(matches!(
         other.combine(pe, &s, &d2, &other.expert_x()?, &inp.out),
         Err(Error::InvalidArgument(_))
@@ -1645,7 +1645,7 @@ fn combine_tokens_body(pe: &Pe) -> Result<()> {
         };
         let el = c.num_experts / n;
         let h = c.hidden;
-        let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
+        let buf = GpuBuffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
         buf.set_tokens_combine(how);
         assert_eq!(buf.tokens_combine_pulls(), how == pull);
         let inp = inputs::<bf16>(pe, &c, n)?;
@@ -1845,7 +1845,7 @@ fn overlap_beyond_temp_rows(pe: &Pe) -> Result<()> {
         layout: RecvLayout::TokenMajor,
         ..cfg(n, EpMode::Capturable { capacity: 4 })
     };
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     buf.set_tokens_combine(TokensCombine::Pull);
     let inp = inputs::<bf16>(pe, &c, n)?;
     let (t, h) = (4 * n + 1, c.hidden);
@@ -1890,7 +1890,7 @@ fn combine_tokens_graph_with(pe: &Pe, how: TokensCombine) -> Result<()> {
         ..cfg(n, EpMode::Capturable { capacity: 40 })
     };
     let (t, k, h, el) = (37, 6, c.hidden, c.num_experts / n);
-    let buf = Buffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let buf = GpuBuffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
     buf.set_tokens_combine(how);
     let inp = inputs::<bf16>(pe, &c, n)?;
     let step = |case: Case, seed: u64| Step {

@@ -5,7 +5,7 @@
 mod harness;
 
 use rshmem::ep::{
-    bench, BenchArgs, Buffer, Dispatched, EpConfig, EpMode, Layout, RecvLayout, TopkId,
+    bench, BenchArgs, Dispatched, EpConfig, EpMode, HostBuffer, Layout, RecvLayout, TopkId,
 };
 use rshmem::{bf16, Elem, Error, Pe, Result};
 
@@ -298,7 +298,7 @@ fn expected_combine<T: Elem>((me, n): (usize, usize), case: &Case, identity: boo
 
 fn run_case<T: Elem, I: TopkId + FromI64>(
     pe: &Pe,
-    buf: &mut Buffer<T>,
+    buf: &mut HostBuffer<T>,
     case: &Case,
     identity: bool,
 ) -> Result<()> {
@@ -308,7 +308,7 @@ fn run_case<T: Elem, I: TopkId + FromI64>(
 /// As `run_case`, for team index `me` of a team of `n`.
 fn run_case_in<T: Elem, I: TopkId + FromI64>(
     pe: &Pe,
-    buf: &mut Buffer<T>,
+    buf: &mut HostBuffer<T>,
     case: &Case,
     identity: bool,
     (me, n): (usize, usize),
@@ -430,7 +430,7 @@ fn body_all_cases<T: Elem, I: TopkId + FromI64>(pe: &Pe, mode: EpMode) -> Result
 }
 
 fn body_all_cases_in<T: Elem, I: TopkId + FromI64>(pe: &Pe, cfg: EpConfig) -> Result<()> {
-    let mut buf = Buffer::<T>::new(pe, pe.world_team(), cfg)?;
+    let mut buf = HostBuffer::<T>::new(pe, pe.world_team(), cfg)?;
     // One buffer for every case: stale rows of earlier calls must never show.
     for (i, case) in all_cases().iter().enumerate() {
         run_case::<T, I>(pe, &mut buf, case, i % 2 == 0)?;
@@ -501,7 +501,7 @@ mode_test!(
 /// Identity experts: combine(dispatch(x)) == x * (sum of the token's weights), spelled out.
 fn identity_sum_of_weights(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
-    let mut buf = Buffer::<f32>::new(pe, pe.world_team(), cfg(n, EpMode::Normal))?;
+    let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg(n, EpMode::Normal))?;
     let case = Case {
         route: Route::Distinct,
         k: 5,
@@ -540,7 +540,7 @@ fn split_teams(pe: &Pe) -> Result<()> {
         .ok_or_else(|| Error::InvalidArgument("no team".into()))?;
     let n = team.n_pes();
     let me = team.my_pe();
-    let mut buf = Buffer::<f32>::new(pe, &team, cfg(n, EpMode::Normal))?;
+    let mut buf = HostBuffer::<f32>::new(pe, &team, cfg(n, EpMode::Normal))?;
     assert_eq!(buf.n_pes(), n);
     for (i, case) in all_cases().iter().enumerate().step_by(3) {
         let case = Case {
@@ -630,7 +630,7 @@ fn good_case(seed: u64) -> Case {
 }
 
 /// One bad call: the last PE misbehaves, the others call correctly. Returns this PE's result.
-fn bad_call(pe: &Pe, buf: &mut Buffer<f32>, bad: Bad) -> Result<()> {
+fn bad_call(pe: &Pe, buf: &mut HostBuffer<f32>, bad: Bad) -> Result<()> {
     let n = pe.n_pes();
     let me = pe.my_pe();
     let culprit = me == n - 1;
@@ -739,8 +739,8 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
     let me = pe.my_pe();
     let culprit = me == n - 1;
-    let mut buf = Buffer::<f32>::new(pe, pe.world_team(), cfg(n, EpMode::Normal))?;
-    let mut other = Buffer::<f32>::new(pe, pe.world_team(), cfg(n, EpMode::Normal))?;
+    let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg(n, EpMode::Normal))?;
+    let mut other = HostBuffer::<f32>::new(pe, pe.world_team(), cfg(n, EpMode::Normal))?;
     for (i, &bad) in BADS.iter().enumerate() {
         if n == 1
             && matches!(
@@ -866,7 +866,7 @@ fn bad_configs(pe: &Pe) -> Result<()> {
         if n == 1 && c.num_experts == EPP + 1 {
             continue; // every count of experts splits over one PE
         }
-        let r = Buffer::<f32>::new(pe, w, c);
+        let r = HostBuffer::<f32>::new(pe, w, c);
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{c:?}: {r:?}");
         assert_eq!(
             pe.heap_usage().1,
@@ -882,7 +882,7 @@ fn bad_configs(pe: &Pe) -> Result<()> {
         } else {
             good
         };
-        match Buffer::<f32>::new(pe, w, c) {
+        match HostBuffer::<f32>::new(pe, w, c) {
             Err(Error::InvalidArgument(_)) if culprit => {}
             Err(Error::CollectiveMismatch { pe: p, .. }) if !culprit && p == n - 1 => {}
             r => panic!("mixed configs on PE {}: {r:?}", pe.my_pe()),
@@ -897,14 +897,14 @@ fn bad_configs(pe: &Pe) -> Result<()> {
         } else {
             good
         };
-        let mut b = Buffer::<f32>::new(pe, w, c)?;
+        let mut b = HostBuffer::<f32>::new(pe, w, c)?;
         let r = b.dispatch::<i32>(pe, &[], &[], &[], 1);
         assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
         b.free(pe)?;
     }
-    let r = Buffer::<i32>::new(pe, w, good);
+    let r = HostBuffer::<i32>::new(pe, w, good);
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "dtype: {r:?}");
-    let r = Buffer::<f64>::new(pe, w, good);
+    let r = HostBuffer::<f64>::new(pe, w, good);
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "dtype: {r:?}");
     // Too big for the heap: an error on every PE, nothing allocated.
     let huge = EpConfig {
@@ -913,7 +913,7 @@ fn bad_configs(pe: &Pe) -> Result<()> {
         ..good
     };
     let (_, used0) = pe.heap_usage();
-    let r = Buffer::<f32>::new(pe, w, huge);
+    let r = HostBuffer::<f32>::new(pe, w, huge);
     assert!(matches!(r, Err(Error::HeapExhausted { .. })), "{r:?}");
     assert_eq!(
         pe.heap_usage().1,
@@ -921,10 +921,10 @@ fn bad_configs(pe: &Pe) -> Result<()> {
         "a buffer too big for the heap kept memory"
     );
     // Sizes are reported and match what the heap gave out.
-    let b = Buffer::<bf16>::new(pe, w, good)?;
+    let b = HostBuffer::<bf16>::new(pe, w, good)?;
     let (_, used1) = pe.heap_usage();
     assert!(b.bytes() > 0);
-    assert_eq!(b.bytes(), Buffer::<bf16>::bytes_for(&good, n)?);
+    assert_eq!(b.bytes(), HostBuffer::<bf16>::bytes_for(&good, n)?);
     assert!(
         used1 - used0 >= b.bytes(),
         "{} < {}",
@@ -944,7 +944,7 @@ mode_test!(bad_configs_rejected, [1, 2, 3], bad_configs);
 /// Each token has expert `(t % n) * EPP` in slot 0 (weight 0.5) and -1 in slot 1 (NaN or inf).
 fn empty_slot_weights(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
-    let mut buf = Buffer::<f32>::new(pe, pe.world_team(), cfg(n, EpMode::Normal))?;
+    let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg(n, EpMode::Normal))?;
     let t_n = 5;
     let x: Vec<f32> = (0..t_n * H)
         .map(|i| (i + 100 * pe.my_pe()) as f32)
@@ -990,7 +990,7 @@ fn shifted_x(s: usize, count: usize) -> Vec<f32> {
 fn capacity(pe: &Pe) -> Result<()> {
     let n = pe.n_pes();
     let cap = 3;
-    let mut buf = Buffer::<f32>::new(
+    let mut buf = HostBuffer::<f32>::new(
         pe,
         pe.world_team(),
         cfg(n, EpMode::Capturable { capacity: cap }),
@@ -1075,7 +1075,8 @@ fn peer_lost_during_dispatch_is_an_error() {
     let cfg = harness::config().timeout(std::time::Duration::from_secs(10));
     let r = std::panic::catch_unwind(|| {
         rshmem::threads_with(cfg, n, |pe| -> Result<()> {
-            let mut buf = Buffer::<f32>::new(pe, pe.world_team(), self::cfg(n, EpMode::Normal))?;
+            let mut buf =
+                HostBuffer::<f32>::new(pe, pe.world_team(), self::cfg(n, EpMode::Normal))?;
             run_case::<f32, i64>(pe, &mut buf, &good_case(1), true)?;
             if pe.my_pe() == n - 1 {
                 panic!("PE {} dies on purpose", pe.my_pe());

@@ -12,7 +12,7 @@ mod common;
 use common::{check_eq, expect_err, poison};
 use harness::rand_vec;
 use rshmem::coll::{Coll, CollConfig, ReduceOp};
-use rshmem::ep::{Buffer, EpConfig, EpMode, RecvLayout};
+use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
 use rshmem::{Cmp, Config, Error, InProcBootstrap, Pe, Result, Signal, Sym, Team};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -930,11 +930,15 @@ fn handles_of_an_ended_world() {
             mode: EpMode::Normal,
             layout: RecvLayout::ExpertMajor,
         };
-        expect_err("ep buffer old team", Buffer::<f32>::new(pe, &t, ep), ended);
+        expect_err(
+            "ep buffer old team",
+            HostBuffer::<f32>::new(pe, &t, ep),
+            ended,
+        );
         assert_eq!(
             pe.heap_usage().1,
             used,
-            "a failed ep::Buffer::new kept memory"
+            "a failed ep::HostBuffer::new kept memory"
         );
         expect_err("team barrier", pe.team_barrier(&t), ended);
         expect_err("team split", pe.team_split_strided(&t, 0, 1, 1), ended);

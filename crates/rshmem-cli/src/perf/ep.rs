@@ -3,7 +3,7 @@
 
 use super::record::Record;
 use super::suite::CliResult;
-use rshmem::ep::{bench, BenchArgs, Buffer, EpConfig, EpMode, RecvLayout};
+use rshmem::ep::{bench, BenchArgs, EpConfig, EpMode, HostBuffer, RecvLayout};
 use rshmem::{bf16, Pe};
 
 /// What to measure (bf16 hidden states, identity experts, random routing).
@@ -39,7 +39,7 @@ impl EpOpts {
     /// Symmetric heap bytes a PE needs in a world of `n` PEs.
     pub fn heap_bytes(&self, n: usize) -> CliResult<usize> {
         let cfg = EpConfig::new(self.experts, self.tokens.max(1), self.hidden, self.top_k);
-        Ok(Buffer::<bf16>::bytes_for(&cfg, n)?.next_multiple_of(4096) + (1 << 20))
+        Ok(HostBuffer::<bf16>::bytes_for(&cfg, n)?.next_multiple_of(4096) + (1 << 20))
     }
 
     /// Checks what the library would reject later, with a message naming the flags.

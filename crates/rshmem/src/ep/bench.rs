@@ -1,6 +1,6 @@
 //! Benchmark entry point: dispatch and combine against an all-to-all-v baseline, same run.
 
-use super::{Buffer, EpConfig, EpMode, RecvLayout};
+use super::{EpConfig, EpMode, HostBuffer, RecvLayout};
 use crate::elem::Elem;
 use crate::error::{Error, Result};
 use crate::pe::Pe;
@@ -131,7 +131,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// and put in one piece, barriers, local reordering). Collective over the world. Also checks
 /// that both paths give identical results (an error otherwise).
 ///
-/// Needs a heap of about twice [`Buffer::bytes_for`] when `args.mode` is capturable (a second,
+/// Needs a heap of about twice [`HostBuffer::bytes_for`] when `args.mode` is capturable (a second,
 /// normal-mode buffer serves the baseline).
 pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
     let team = pe.world_team();
@@ -165,10 +165,10 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
         .map(|_| T::from_f64(((rng.next() % 256) as f64 - 128.0) / 16.0))
         .collect();
 
-    let mut buf = Buffer::<T>::new(pe, team, cfg)?;
+    let mut buf = HostBuffer::<T>::new(pe, team, cfg)?;
     let mut base = match args.mode {
         EpMode::Normal => None,
-        EpMode::Capturable { .. } => Some(Buffer::<T>::new(
+        EpMode::Capturable { .. } => Some(HostBuffer::<T>::new(
             pe,
             team,
             EpConfig {

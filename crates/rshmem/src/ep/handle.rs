@@ -1,6 +1,6 @@
 //! What dispatch returns: the expert-major rows and the handle combine needs.
 
-/// The result of [`Buffer::dispatch`](super::Buffer::dispatch) on one PE.
+/// The result of [`HostBuffer::dispatch`](super::HostBuffer::dispatch) on one PE.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dispatched<T> {
     /// With [`RecvLayout::ExpertMajor`](super::RecvLayout::ExpertMajor): expert-major rows
@@ -10,7 +10,7 @@ pub struct Dispatched<T> {
     /// `[handle.num_recv_tokens(), H]` in receive order (by source PE, then source token);
     /// expert-major row `r` is token [`Handle::row_token`]`[r]`.
     pub x: Vec<T>,
-    /// The bookkeeping for [`Buffer::combine`](super::Buffer::combine).
+    /// The bookkeeping for [`HostBuffer::combine`](super::HostBuffer::combine).
     pub handle: Handle,
 }
 

@@ -7,7 +7,7 @@
 //! * [`Layout::compute`] (pure, shared by every backend): for each token the PEs it goes to (once
 //!   per PE even when several of its experts live there), tokens per PE, (token, slot) pairs per
 //!   expert.
-//! * [`Buffer::dispatch`]: every token is written once to each destination PE with one-sided puts
+//! * [`HostBuffer::dispatch`]: every token is written once to each destination PE with one-sided puts
 //!   into the destination's symmetric receive buffer. The receiver gets its rows grouped by
 //!   local expert (expert-major, one row per (token, slot) served here, counts and offsets per
 //!   expert) and a [`Handle`] recording, for each received token, its source PE, source token
@@ -16,10 +16,10 @@
 //!   With [`RecvLayout::TokenMajor`] (in [`EpConfig::layout`]) the receiver gets each token once
 //!   instead (DeepEP's normal-dispatch output) and the expert-major index in the handle
 //!   ([`Handle::row_token`]), so experts can gather their rows without an expanded copy.
-//! * [`Buffer::combine`]: the expert outputs `[rows, H]` (expert-major order, either layout) go
+//! * [`HostBuffer::combine`]: the expert outputs `[rows, H]` (expert-major order, either layout) go
 //!   back to their source token and slot; the source sums them with the top-k weights in slot
 //!   order, accumulating in `f32` and rounding once, giving `[T, H]` in the source order.
-//! * [`Buffer::combine_tokens`] (DeepEP's combine): the caller reduces its local experts per
+//! * [`HostBuffer::combine_tokens`] (DeepEP's combine): the caller reduces its local experts per
 //!   received token; one row per received token goes back and the source sums over PEs.
 //!
 //! # Protocol (both modes, every call)
@@ -49,7 +49,7 @@
 //!   [`Error::Capacity`] on every PE — never a silent drop, never an
 //!   out-of-bounds write.
 //!
-//! # Buffer sizing (bytes per PE, see [`Buffer::bytes`])
+//! # Buffer sizing (bytes per PE, see [`HostBuffer::bytes`])
 //! With `n` team PEs, `R` receive rows (`n*max_tokens` normal, `n*C` capturable),
 //! `k = max_topk`, `El = E/n`:
 //! * receive rows: `R * H * size_of::<T>()`
@@ -74,11 +74,11 @@
 //! host reads at its next synchronisation, so a captured graph never needs the host mid-step.
 //!
 //! ```
-//! use rshmem::ep::{Buffer, EpConfig, EpMode, RecvLayout};
+//! use rshmem::ep::{HostBuffer, EpConfig, EpMode, RecvLayout};
 //! let r = rshmem::threads(2, |pe| -> rshmem::Result<Vec<f32>> {
 //!     let cfg = EpConfig { num_experts: 4, max_tokens: 2, hidden: 3, max_topk: 2, mode: EpMode::Normal,
 //!                          layout: RecvLayout::ExpertMajor };
-//!     let mut buf = Buffer::<f32>::new(pe, pe.world_team(), cfg)?;
+//!     let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg)?;
 //!     let x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];     // 2 tokens, H = 3
 //!     let ids: [i32; 4] = [0, 3, 2, -1];          // token 0 -> experts 0 and 3, token 1 -> 2
 //!     let w = [0.5, 0.25, 1.0, 0.0];
@@ -102,7 +102,7 @@ mod layout;
 
 pub use bench::{bench, BenchArgs, BenchReport};
 pub use handle::{Dispatched, Handle};
-pub use host::Buffer;
+pub use host::HostBuffer;
 pub use layout::Layout;
 
 use crate::elem::{Elem, ElemKind};
@@ -120,7 +120,7 @@ pub enum EpMode {
     },
 }
 
-/// The configuration of an expert-parallel [`Buffer`]; every PE of the team passes the same.
+/// The configuration of an expert-parallel [`HostBuffer`]; every PE of the team passes the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EpConfig {
     /// Total number of experts `E` (a multiple of the team size).
@@ -138,7 +138,7 @@ pub struct EpConfig {
     pub layout: RecvLayout,
 }
 
-/// What [`Buffer::dispatch`] (and the GPU buffer's) leaves on the receiving PE.
+/// What [`HostBuffer::dispatch`] (and the GPU buffer's) leaves on the receiving PE.
 ///
 /// Both layouts carry the same [`Handle`] (on a GPU the same device index arrays) and take the
 /// same combine input: expert outputs in expert-major row order.

@@ -27,7 +27,7 @@
 //! kernels cannot starve the peers' kernels of SMs; every module a world needs is loaded (all
 //! kernels at once, not lazily) before any of its PEs can launch a waiting kernel
 //! ([`CudaPe::kernel`](crate::cuda::CudaPe::kernel), [`GpuColl::new`](crate::cuda::GpuColl::new)
-//! and [`crate::cuda::ep::Buffer::new`] meet the other PEs after loading).
+//! and [`crate::cuda::ep::GpuBuffer::new`] meet the other PEs after loading).
 //!
 //! What a shared context adds: its streams are spread over a fixed number of hardware work
 //! queues (`CUDA_DEVICE_MAX_CONNECTIONS`), a queue runs its work in order, and streams beyond

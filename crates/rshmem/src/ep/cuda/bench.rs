@@ -1,7 +1,7 @@
 //! The MoE benchmark (`rshmem perf --backend cuda --ep`): dispatch and combine timed beside
 //! the same-run NCCL baseline of `baseline.rs`, with both paths' data checked.
 
-use super::{baseline, Buffer, Dispatch, MAX_GRID};
+use super::{baseline, Dispatch, GpuBuffer, MAX_GRID};
 use crate::backend::cuda::ffi::{self, cu};
 use crate::backend::cuda::gpu;
 use crate::device::bench::{time_stream, Ev};
@@ -102,7 +102,7 @@ pub fn bench_routing(pe: usize, t: usize, k: usize, e: usize) -> (Vec<i32>, Vec<
 
 /// With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS): prints the last dispatch's and combine's
 /// clock stamps (control words 16.., `kernels/common.cuh` says which); nothing when they were not compiled in.
-fn print_stamps<T: Elem>(pe: &Pe, buf: &Buffer<T>, what: &str) -> Result<()> {
+fn print_stamps<T: Elem>(pe: &Pe, buf: &GpuBuffer<T>, what: &str) -> Result<()> {
     let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 24)?)?;
     if c[0] == 0 {
         return Ok(());
@@ -177,7 +177,7 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
     for &t in &args.tokens {
         let cfg = EpConfig::new(args.experts, t.max(1), args.hidden, args.top_k);
         let es = std::mem::size_of::<crate::bf16>();
-        let buf = Buffer::<crate::bf16>::bytes_for(&cfg, n)?;
+        let buf = GpuBuffer::<crate::bf16>::bytes_for(&cfg, n)?;
         let rows_cap = n * t * args.top_k;
         let io = 2 * t * args.hidden * es
             + 2 * t * args.top_k * 4
@@ -194,7 +194,7 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
 /// token against a reference computed from the known inputs (checksums; identity experts).
 /// Each mode runs twice: expert-major (`normal`, `capturable`) and token-major (`normal+tokens`,
 /// `capturable+tokens`: dispatch checked through the expert-major index, combine through
-/// [`Buffer::combine_tokens`] with the receive rows as per-token results). Collective; the heap
+/// [`GpuBuffer::combine_tokens`] with the receive rows as per-token results). Collective; the heap
 /// must hold [`ep_bench_heap_bytes`]. The baseline is reported missing (with the reason in
 /// `baseline`, time and ratio 0) when NCCL cannot be loaded on some PE or the PEs share a GPU
 /// (NCCL needs one GPU per rank). Returns PE 0's records (others an empty list); a failed data
@@ -219,7 +219,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
     for &t in &args.tokens {
         // The configuration and the GPU limits (PEs, experts) that the baseline's kernels share
         // with rshmem's, checked before anything collective.
-        Buffer::<Bf16>::bytes_for(&EpConfig::new(e, t.max(1), h, k), n)?;
+        GpuBuffer::<Bf16>::bytes_for(&EpConfig::new(e, t.max(1), h, k), n)?;
     }
     let kernels = eb::Kernels::load(&g, &tuning.nvrtc_options)?;
     let lib = nccl::Nccl::load();
@@ -321,7 +321,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             for layout in [RecvLayout::ExpertMajor, RecvLayout::TokenMajor] {
                 let tokens = layout == RecvLayout::TokenMajor;
                 let buf =
-                    Buffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode, layout), &tuning)?;
+                    GpuBuffer::<Bf16>::new(pe, pe.world_team(), cfg_of(t, mode, layout), &tuning)?;
                 let name = match (mode == EpMode::Normal, tokens) {
                     (true, false) => "normal",
                     (false, false) => "capturable",

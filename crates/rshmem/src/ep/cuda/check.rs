@@ -3,7 +3,7 @@
 //! device handle of the last dispatch.
 
 use super::{
-    words_u32, Buffer, HostHandle, CTL_ERR, CTL_GO, CTL_INFO, CTL_ROWS, ERR_ABORT, ERR_CAPACITY,
+    words_u32, GpuBuffer, HostHandle, CTL_ERR, CTL_GO, CTL_INFO, CTL_ROWS, ERR_ABORT, ERR_CAPACITY,
     ERR_CORRUPT, ERR_MINE, ERR_PEER,
 };
 use crate::backend::cuda::ffi;
@@ -13,7 +13,7 @@ use crate::ep::RecvLayout;
 use crate::error::{Error, Result};
 use crate::Pe;
 
-impl<T: Elem> Buffer<T> {
+impl<T: Elem> GpuBuffer<T> {
     fn take_error(&self, pe: &Pe) -> Result<(u64, u64)> {
         let v = pe.local_vec(&self.view::<u64>(self.plan.ctl, 16)?)?;
         self.clear_error(pe, &v)

@@ -1,7 +1,7 @@
 //! Combine: the expert outputs back to their source tokens (pushed, pulled or split), and the
 //! stand-in expert computation used by tests and the benchmark.
 
-use super::{overlaps, Buffer, Dispatch, BLOCK, SPLIT_BLOCK};
+use super::{overlaps, Dispatch, GpuBuffer, BLOCK, SPLIT_BLOCK};
 use crate::device::{CudaPe, KernelArg, Stream};
 use crate::elem::Elem;
 use crate::ep::RecvLayout;
@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::sym::{AsSym, RawSym};
 use crate::Pe;
 
-impl<T: Elem> Buffer<T> {
+impl<T: Elem> GpuBuffer<T> {
     /// Combines the expert outputs `y` (`[rows, H]`, in [`expert_x`](Self::expert_x)'s row
     /// order; at least `rows * H` elements, `max_rows * H` in capturable mode) back into
     /// `out [T, H]` on the source PEs, on stream `s`. `handle` must be this buffer's latest

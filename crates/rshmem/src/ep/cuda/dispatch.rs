@@ -2,7 +2,7 @@
 //! the counts read back from the device.
 
 use super::params::{parse_ctl, readback_len, CtlRead};
-use super::{Buffer, Dispatch, BLOCK, INDEX_EXPERTS};
+use super::{Dispatch, GpuBuffer, BLOCK, INDEX_EXPERTS};
 use crate::device::{CudaPe, KernelArg, Stream};
 use crate::elem::{Elem, ElemKind};
 use crate::ep::{EpMode, RecvLayout, TopkId};
@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::sym::AsSym;
 use crate::Pe;
 
-impl<T: Elem> Buffer<T> {
+impl<T: Elem> GpuBuffer<T> {
     fn validate_dispatch<I: Elem>(
         &self,
         g: &CudaPe,

@@ -1,7 +1,7 @@
 //! MoE dispatch and combine on GPUs through the device API (the CUDA side of [`crate::ep`]).
 //!
 //! Same configuration ([`EpConfig`]), expert split (PE `p` of the team owns experts
-//! `p*E/n .. (p+1)*E/n`) and validation rules as the CPU [`crate::ep::Buffer`]; the movement,
+//! `p*E/n .. (p+1)*E/n`) and validation rules as the CPU [`crate::ep::HostBuffer`]; the movement,
 //! the layout and the bookkeeping run in kernels (`kernels/` beside this file, one program:
 //! [`EP_KERNELS`], compiled by NVRTC with the device header when the buffer is created).
 //!
@@ -12,17 +12,17 @@
 //! needed (static buffers for graphs): the first `T*H` / `T*k` elements are used.
 //! * `x [T, H]` (`f32`, `bf16` or `f16`), `topk_ids [T, k]` (`i32`/`i64`, `-1` = none),
 //!   `topk_weights [T, k]` (`f32`).
-//! * dispatch output: the buffer's expert-major area [`Buffer::expert_x`] — for local expert 0,
+//! * dispatch output: the buffer's expert-major area [`GpuBuffer::expert_x`] — for local expert 0,
 //!   1, … every (received token, slot) it serves, `expert_offsets` on the device; rows of one
 //!   expert are in an unspecified order (placed by atomics), the handle says which is which
-//!   ([`Buffer::host_handle`]).
+//!   ([`GpuBuffer::host_handle`]).
 //! * combine input: expert outputs `y` in the same row order (any symmetric object with at least
 //!   `rows * H` elements; `expert_x` itself for identity experts); output `out [T, H]`.
 //! * [`RecvLayout::TokenMajor`] buffers (`EpConfig::layout`) skip the expanded copy: the
-//!   dispatch output is the receive area [`Buffer::recv_x`] (each received token once, per
+//!   dispatch output is the receive area [`GpuBuffer::recv_x`] (each received token once, per
 //!   source PE in its token order, DeepEP's normal-dispatch output) plus the expert-major index
-//!   [`Buffer::expert_src`] (expert-major row `r` is receive row `expert_src[r] / max_topk`),
-//!   which expert kernels gather their input rows by ([`Buffer::scale_experts`] does); combine
+//!   [`GpuBuffer::expert_src`] (expert-major row `r` is receive row `expert_src[r] / max_topk`),
+//!   which expert kernels gather their input rows by ([`GpuBuffer::scale_experts`] does); combine
 //!   takes the same expert-major outputs. The buffer has no expert-major area (`n*C*k*H*s`
 //!   bytes less: 940 MB per PE at T=4096, H=7168 bf16, k=8, 2 PEs), and dispatch writes a
 //!   fraction of the bytes (the permute kernel fills only the index).
@@ -50,7 +50,7 @@
 //!    PE takes the same decision from the same records: invalid input anywhere, or a count above
 //!    the capacity (capturable mode), and **no** PE uses a row of the step (rows may have moved,
 //!    always within the receive areas, while the records travelled); the error is latched in a
-//!    device flag that [`Buffer::check`] turns into [`Error::Capacity`] /
+//!    device flag that [`GpuBuffer::check`] turns into [`Error::Capacity`] /
 //!    [`Error::InvalidArgument`]. Rows thus leave about as soon as the layout is known rather
 //!    than after a round trip of records (2x H200, T = 4096: BENCHMARKS.md).
 //! 3. Expert-major buffers: `ep_pstream` (grid) moves rows **while they are still coming
@@ -68,8 +68,8 @@
 //!    (`ep_send` does not copy them): its local slots take their expert-major rows (atomics),
 //!    the row is read once and stored to each, filling the handle arrays. A step that
 //!    moves no row (an error) restores the sentinel over the rows the peers put, once they are
-//!    all in; after a timeout [`Buffer::check`] refills the area. The last block checks that
-//!    every expert got all its rows (else an error from [`Buffer::check`]: inconsistent
+//!    all in; after a timeout [`GpuBuffer::check`] refills the area. The last block checks that
+//!    every expert got all its rows (else an error from [`GpuBuffer::check`]: inconsistent
 //!    counts). The expanded copy (about 4 rows written per row received at k = 8 on 2 PEs) thus
 //!    overlaps the NVLink transfer instead of following it (BENCHMARKS.md). With PEs sharing a
 //!    GPU a PE's waiting `ep_pstream` blocks may hold off a peer's `ep_send` until its own
@@ -130,13 +130,13 @@
 //!   one; waiting for the number instead of synchronising, 1-4 us and 4-5 us more (2x H200,
 //!   BENCHMARKS.md). While the stream is being
 //!   captured into a CUDA graph it does not synchronise: the counts stay on the device (those
-//!   methods return `None`), errors are latched for [`Buffer::check`], and the step replays
+//!   methods return `None`), errors are latched for [`GpuBuffer::check`], and the step replays
 //!   like a capturable one (its receive area is sized for the worst case, so it cannot
 //!   overflow).
 //! * Capturable: nothing waits for the host; every kernel reads the counts and the decision
 //!   from device memory, so dispatch, an expert computation and combine can be captured once in
 //!   a CUDA graph and replayed with new routing written into the same input buffers. A capacity
-//!   overflow moves nothing and latches the error; call [`Buffer::check`] after synchronising.
+//!   overflow moves nothing and latches the error; call [`GpuBuffer::check`] after synchronising.
 //!
 //! # Reusing the areas without extra synchronisation
 //! A PE writes a peer's records, receive area (rows, row records) and "records in" words only
@@ -155,18 +155,18 @@
 //! `ep_send`s move no rows (a peer may still be reading those of the step given up on); their ready and record signals carry the flag as well. So no PE uses rows it gave up
 //! waiting for, nor rows or records of another call (a peer may still finish that step with the
 //! rows it did receive; it stops at its next wait for that PE; loom model in `models/ep.rs`): the PE
-//! that timed out gets [`Error::Timeout`] from [`Buffer::check`], its peers get [`Error::Timeout`]
-//! too (naming a team member's wait). The flag is sticky until [`Buffer::check`] clears it; a PE
+//! that timed out gets [`Error::Timeout`] from [`GpuBuffer::check`], its peers get [`Error::Timeout`]
+//! too (naming a team member's wait). The flag is sticky until [`GpuBuffer::check`] clears it; a PE
 //! that gave up may still receive a peer's flag after its own check, so before reusing the buffer
 //! after a timeout, let every PE synchronise its stream, meet (e.g. [`Pe::barrier_all`]) and call
-//! [`Buffer::check`] once more (`tests/cuda_ep.rs`, `gpu_ep_peer_timeout_stops_every_pe`).
-//! [`Buffer::check`] also puts the sentinel back over the areas whose rows announce themselves
+//! [`GpuBuffer::check`] once more (`tests/cuda_ep.rs`, `gpu_ep_peer_timeout_stops_every_pe`).
+//! [`GpuBuffer::check`] also puts the sentinel back over the areas whose rows announce themselves
 //! (an expert-major receive area, a split combine's area) after any failed step: rows that
 //! came in half or were never read would otherwise pass for the next step's.
 //! One exception to "nothing combined": in the split combine the summers wait inside the kernel
 //! that writes `out`, so a PE whose summers time out (a peer died or stalled mid-combine) has
 //! written some of its tokens and left others wrong; `out` is undefined after that error, which
-//! [`Buffer::check`] reports as for any timeout (and the combine area is filled with the
+//! [`GpuBuffer::check`] reports as for any timeout (and the combine area is filled with the
 //! sentinel again).
 //!
 //! # Errors that are not agreed on the device
@@ -183,7 +183,7 @@
 //! where PEs share a GPU or NCCL is absent) and checks both paths' data;
 //! `RSHMEM_EP_BREAKDOWN=1` makes it print per-kernel times (stream events between launches).
 //!
-//! # Buffer sizing (bytes per PE, [`Buffer::bytes_for`])
+//! # GpuBuffer sizing (bytes per PE, [`GpuBuffer::bytes_for`])
 //! `n*C*H*s` receive rows + `n*C*(1+2k)*4` row records + `2*n*C*H*s` combine rows +
 //! `n*C*k*H*s` expert-major rows (none for [`RecvLayout::TokenMajor`]) + small bookkeeping
 //! (`s` = element size).
@@ -279,7 +279,7 @@ const REC_FIXED: usize = 4;
 /// Signal word groups of `n` words (`EP_SIG_GROUPS`).
 const SIG_GROUPS: usize = 7;
 
-/// How [`Buffer::combine_tokens`] moves the rows back. Every PE of the team must use the same
+/// How [`GpuBuffer::combine_tokens`] moves the rows back. Every PE of the team must use the same
 /// ([`EpTuning::combine_tokens`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokensCombine {
@@ -357,7 +357,7 @@ pub fn kernel_options(t: ElemKind, id: ElemKind, extra: &[String]) -> Result<Vec
     Ok(o)
 }
 
-/// What one dispatch returns on one PE: the handle [`Buffer::combine`] needs.
+/// What one dispatch returns on one PE: the handle [`GpuBuffer::combine`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dispatch {
     buffer_id: u64,
@@ -379,7 +379,7 @@ impl Dispatch {
         self.top_k
     }
     /// Expert-major rows received (normal mode; `None` in capturable mode, where the count
-    /// stays on the device — [`Buffer::host_handle`] reads it after a synchronisation).
+    /// stays on the device — [`GpuBuffer::host_handle`] reads it after a synchronisation).
     pub fn rows(&self) -> Option<usize> {
         self.rows
     }
@@ -388,7 +388,7 @@ impl Dispatch {
         self.expert_counts.as_deref()
     }
     /// Tokens received from each source PE (team index; normal mode): the valid rows of
-    /// [`Buffer::recv_x`] are `s*C .. s*C + recv_tokens_per_pe[s]` (DeepEP's receive counts).
+    /// [`GpuBuffer::recv_x`] are `s*C .. s*C + recv_tokens_per_pe[s]` (DeepEP's receive counts).
     pub fn recv_tokens_per_pe(&self) -> Option<&[usize]> {
         self.recv_tokens.as_deref()
     }
@@ -414,12 +414,12 @@ pub struct HostHandle {
 ///
 /// ```no_run
 /// # fn f(pe: &rshmem::Pe) -> rshmem::Result<()> {
-/// use rshmem::cuda::{ep::{Buffer, EpTuning}, CudaPe};
+/// use rshmem::cuda::{ep::{GpuBuffer, EpTuning}, CudaPe};
 /// use rshmem::ep::{EpConfig, RecvLayout};
 /// let (t, h, k, e) = (4096, 7168, 8, 256);
 /// let cfg = EpConfig::new(e, t, h, k).with_layout(RecvLayout::TokenMajor);
 /// let tuning = EpTuning::from_env()?; // at the program's edge
-/// let buf = Buffer::<rshmem::bf16>::new(pe, pe.world_team(), cfg, &tuning)?; // collective (world)
+/// let buf = GpuBuffer::<rshmem::bf16>::new(pe, pe.world_team(), cfg, &tuning)?; // collective (world)
 /// let x = pe.alloc::<rshmem::bf16>(t * h)?; // inputs live in the symmetric heap
 /// let ids = pe.alloc::<i32>(t * k)?;
 /// let w = pe.alloc::<f32>(t * k)?;
@@ -439,7 +439,7 @@ pub struct HostHandle {
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct Buffer<T: Elem> {
+pub struct GpuBuffer<T: Elem> {
     cfg: EpConfig,
     id: u64,
     n: usize,
@@ -502,7 +502,7 @@ fn words_u32(v: &[u32]) -> Vec<usize> {
     v.iter().map(|&x| x as usize).collect()
 }
 
-impl<T: Elem> Buffer<T> {
+impl<T: Elem> GpuBuffer<T> {
     /// Symmetric bytes per PE a buffer of `cfg` on a team of `n_pes` takes.
     pub fn bytes_for(cfg: &EpConfig, n_pes: usize) -> Result<usize> {
         Ok(plan(cfg, n_pes, std::mem::size_of::<T>())?.total)
@@ -554,7 +554,7 @@ impl<T: Elem> Buffer<T> {
     /// Allocates the buffer for `team` and loads its kernels (collective over the world, as
     /// every symmetric allocation is; every PE passes the same configuration and tuning:
     /// `EpTuning::from_env()` at a program's edge, or `EpTuning::default()`).
-    pub fn new(pe: &Pe, team: &Team, cfg: EpConfig, tuning: &EpTuning) -> Result<Buffer<T>> {
+    pub fn new(pe: &Pe, team: &Team, cfg: EpConfig, tuning: &EpTuning) -> Result<GpuBuffer<T>> {
         let g = CudaPe::new(pe)?;
         let n = team.n_pes();
         let prepared = (|| {
@@ -662,7 +662,7 @@ impl<T: Elem> Buffer<T> {
             .clamp(1, MAX_GRID as u64) as u32;
         let split = grid >= 2 && agreed.iter().all(|v| v >> 32 == 1);
         pe.local_fill(&slots, 0)?;
-        let buf = Buffer {
+        let buf = GpuBuffer {
             cfg,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             n,

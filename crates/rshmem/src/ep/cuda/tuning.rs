@@ -1,5 +1,5 @@
 //! Tuning of the GPU MoE buffers: [`EpTuning`], one typed value with the measured defaults,
-//! read from the environment once ([`EpTuning::from_env`]) and handed to [`Buffer::new`].
+//! read from the environment once ([`EpTuning::from_env`]) and handed to [`GpuBuffer::new`].
 //! docs/tuning.md lists the variables.
 
 use super::*;
@@ -16,7 +16,7 @@ use super::*;
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpTuning {
-    /// How [`Buffer::combine_tokens`] moves the rows back (`RSHMEM_EP_COMBINE_TOKENS`).
+    /// How [`GpuBuffer::combine_tokens`] moves the rows back (`RSHMEM_EP_COMBINE_TOKENS`).
     pub combine_tokens: TokensCombine,
     /// Whether `combine` may take the split kernel where every PE of the team has its GPU
     /// alone (`RSHMEM_EP_SPLIT_COMBINE`).

@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl<T: Elem> Buffer<T> {
+impl<T: Elem> HostBuffer<T> {
     // ----- combine -----
 
     pub(super) fn validate_combine(
@@ -91,11 +91,11 @@ impl<T: Elem> Buffer<T> {
     /// over the team (every PE calls `combine_tokens` for the same dispatch).
     ///
     /// ```
-    /// use rshmem::ep::{Buffer, EpConfig, EpMode, RecvLayout};
+    /// use rshmem::ep::{HostBuffer, EpConfig, EpMode, RecvLayout};
     /// let r = rshmem::threads(2, |pe| -> rshmem::Result<Vec<f32>> {
     ///     let cfg = EpConfig { num_experts: 4, max_tokens: 2, hidden: 2, max_topk: 2,
     ///                          mode: EpMode::Normal, layout: RecvLayout::TokenMajor };
-    ///     let mut buf = Buffer::<f32>::new(pe, pe.world_team(), cfg)?;
+    ///     let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg)?;
     ///     let x = [1.0, 2.0, 3.0, 4.0];          // 2 tokens, H = 2
     ///     let ids: [i32; 4] = [0, 3, 1, -1];     // token 0 -> experts 0 (PE 0), 3 (PE 1)
     ///     let w = [0.5, 0.25, 1.0, 0.0];

@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl<T: Elem> Buffer<T> {
+impl<T: Elem> HostBuffer<T> {
     // ----- validation -----
 
     /// Checks one PE's dispatch inputs; returns the layout.

@@ -73,7 +73,7 @@ impl Records {
 ///
 /// All calls are collective over the team, in the same order on every PE.
 #[derive(Debug)]
-pub struct Buffer<T: Elem> {
+pub struct HostBuffer<T: Elem> {
     cfg: EpConfig,
     id: u64,
     n: usize,
@@ -162,7 +162,7 @@ fn plan(cfg: &EpConfig, n: usize, elem: usize) -> Result<Plan> {
     })
 }
 
-impl<T: Elem> Buffer<T> {
+impl<T: Elem> HostBuffer<T> {
     /// Allocates the buffer for `team` (collective over the world, as every symmetric
     /// allocation is: every PE calls it, with a team it belongs to — usually the world team —
     /// and the same configuration).
@@ -170,8 +170,8 @@ impl<T: Elem> Buffer<T> {
     /// Errors: a dtype other than `f32`/`bf16`/`f16`, a team of an ended world
     /// ([`Error::WorldEnded`]) or one this PE is not a member of, a configuration that does not
     /// fit the team (`E % n != 0`, zero sizes, capacity out of range), a heap too small
-    /// ([`Error::HeapExhausted`]; [`Buffer::bytes_for`] says how much is needed).
-    pub fn new(pe: &Pe, team: &Team, cfg: EpConfig) -> Result<Buffer<T>> {
+    /// ([`Error::HeapExhausted`]; [`HostBuffer::bytes_for`] says how much is needed).
+    pub fn new(pe: &Pe, team: &Team, cfg: EpConfig) -> Result<HostBuffer<T>> {
         let n = team.n_pes();
         let me = team.my_pe();
         let prepared = check_dtype::<T>().and_then(|_| {
@@ -182,7 +182,7 @@ impl<T: Elem> Buffer<T> {
             }
             if team.members().get(me) != Some(&pe.my_pe()) {
                 return Err(Error::Team(format!(
-                    "PE {} is not a member of the team passed to ep::Buffer::new",
+                    "PE {} is not a member of the team passed to ep::HostBuffer::new",
                     pe.my_pe()
                 )));
             }
@@ -202,7 +202,7 @@ impl<T: Elem> Buffer<T> {
             }
         };
         let area = pe.alloc_aligned::<u8>(plan.total, 256)?;
-        let buf = Buffer {
+        let buf = HostBuffer {
             cfg,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             n,
