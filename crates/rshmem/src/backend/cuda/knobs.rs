@@ -28,3 +28,24 @@ pub(crate) fn knob_value(
     }
     Ok(v)
 }
+
+/// Space-separated NVRTC options from variable `name`'s value `v`; an error naming the variable
+/// for a `-D` of a switch in `refused` (kernel switches that give wrong results on purpose, for
+/// rshmem's own tests).
+pub(crate) fn nvrtc_options(name: &str, v: &str, refused: &[&str]) -> Result<Vec<String>> {
+    let opts: Vec<String> = v.split_whitespace().map(str::to_string).collect();
+    for o in &opts {
+        let switch = o
+            .strip_prefix("-D")
+            .unwrap_or("")
+            .split('=')
+            .next()
+            .unwrap_or("");
+        if refused.contains(&switch) {
+            return Err(Error::invalid(format!(
+                "{name}: {o} gives wrong results on purpose (a switch for rshmem's own tests)"
+            )));
+        }
+    }
+    Ok(opts)
+}

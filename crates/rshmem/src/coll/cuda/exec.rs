@@ -377,7 +377,7 @@ impl GpuColl<'_> {
     }
 
     pub(super) fn fusable(&self, plan: &Plan, es: usize) -> bool {
-        fusable(plan, es, self.fused_bytes)
+        fusable(plan, es, self.tuning.fused_bytes)
     }
 
     /// The tuning this [`GpuColl`] runs with (its LL sizes resolved).
@@ -411,27 +411,8 @@ impl GpuColl<'_> {
                  nvrtc_options are fixed when the GpuColl is created",
             ));
         }
-        self.apply(&t);
         self.tuning = t;
         Ok(())
-    }
-
-    /// The limits and grids of `t` into the fields the calls read.
-    pub(super) fn apply(&mut self, t: &CollTuning) {
-        self.pull_a2a_bytes = t.pull_all_to_all;
-        self.ll_a2a_blocks = t.ll_a2a_blocks;
-        self.ll_blocks = t.ll_blocks;
-        self.ll_thread_lines = t.ll_thread_lines;
-        self.pull_blocks = t.pull_blocks;
-        self.pull_block_bytes = [t.pull_block_bytes, t.pull_all_reduce_block_bytes];
-        self.pull_all_reduce = t.pull_all_reduce;
-        self.push_all_reduce = t.push_all_reduce;
-        self.two_shot_pull = t.two_shot_pull;
-        self.pull_rs_bytes = t.pull_reduce_scatter;
-        self.push_a2a = t.push_all_to_all;
-        self.pull_bcast = t.pull_broadcast;
-        self.chain_bcast = t.chain_broadcast;
-        self.fused_bytes = t.fused_bytes;
     }
 
     /// Members per [`GpuColl::all_to_all_v`] list launch, 1 to 64 (the default, and the most

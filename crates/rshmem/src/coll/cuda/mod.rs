@@ -178,15 +178,6 @@ pub struct GpuColl<'a> {
     f_ll_move: [[Func; 2]; 3],
     f_pull_a2a: Func,
     f_pull_bcast: Func,
-    /// Largest all_to_all input (all shares) of the pull path (0: off).
-    pull_a2a_bytes: usize,
-    /// Most blocks of the LL data kernel (`RSHMEM_CUDA_COLL_LL_A2A_BLOCKS`).
-    ll_a2a_blocks: u32,
-    /// Most blocks of the LL all_reduce kernel (`RSHMEM_CUDA_COLL_LL_BLOCKS`).
-    ll_blocks: u32,
-    /// Data lines per thread the LL all_reduce's grid is sized for, below its block cap
-    /// (`RSHMEM_CUDA_COLL_LL_THREAD_LINES`).
-    ll_thread_lines: usize,
     /// Threads per block of the LL kernels (`RSHMEM_CUDA_COLL_LL_THREADS`).
     ll_threads: u32,
     /// `rshmemi_ll::flags` of the LL calls (`ll_early`):
@@ -195,24 +186,6 @@ pub struct GpuColl<'a> {
     /// Most lines of an LL all_reduce call with a control warp per block ([`LL_CTRL_LINES`];
     /// 0 where the kernels cannot run a warp more than `ll_threads`).
     ll_ctrl_lines: usize,
-    /// Most blocks of the pull kernels (`RSHMEM_CUDA_COLL_PULL_BLOCKS`).
-    pull_blocks: u32,
-    /// Bytes per block of the pull all_to_all and broadcast, and of the pull all_reduce
-    /// (`RSHMEM_CUDA_COLL_PULL_BLOCK_BYTES`, `RSHMEM_CUDA_COLL_PULL_AR_BLOCK_BYTES`).
-    pull_block_bytes: [usize; 2],
-    /// Largest all_reduce of the pull path (0: off), by team size.
-    pull_all_reduce: PerTeam,
-    /// Smallest pull all_reduce of a pair that moves its data by stores (0: never).
-    push_all_reduce: usize,
-    /// Smallest all_reduce that runs the pull way two-shot (0: never), by team size.
-    two_shot_pull: PerTeam,
-    /// Largest reduce_scatter input (every member's part) of the pull path (0: off).
-    pull_rs_bytes: usize,
-    push_a2a: usize,
-    /// Largest broadcast of the pull path (0: off), by team size.
-    pull_bcast: PerTeam,
-    /// Broadcasts past this size on teams of more than two run the pull way as a chain.
-    chain_bcast: usize,
     /// Staging memory; earlier (smaller) buffers stay alive for graphs that captured them.
     temp: Mutex<Vec<(DevBuf, usize)>>,
     /// Device error record (u64[ERR_SKIP + team slots]): flags (bit 1: device counts beyond capacity;
@@ -232,8 +205,6 @@ pub struct GpuColl<'a> {
     /// Members per all_to_all_v list launch (at most [`A2AV_CHUNK`]).
     a2av_chunk: usize,
     sms: u32,
-    /// Bytes read per PE up to which a one-phase plan runs as one fused kernel.
-    fused_bytes: usize,
     /// Private stream for the error record (never the legacy default stream: it must not
     /// interact with other PEs' graph captures on the same GPU).
     own: RawStream,
@@ -242,7 +213,8 @@ pub struct GpuColl<'a> {
     ll_sizes: LlSizes,
     ll_slots: usize,
     ll: Option<(Sym<u8>, DevBuf)>,
-    /// The tuning of the fields above, LL sizes resolved ([`GpuColl::tuning`]).
+    /// The paths' limits and the kernels' grids the calls read, LL sizes resolved
+    /// ([`GpuColl::tuning`]).
     tuning: CollTuning,
 }
 
@@ -361,10 +333,6 @@ impl<'a> GpuColl<'a> {
             }),
             f_pull_a2a: funcs["rshmemi_coll_pull_a2a"],
             f_pull_bcast: funcs["rshmemi_coll_pull_bcast"],
-            pull_a2a_bytes: tuning.pull_all_to_all,
-            ll_a2a_blocks: tuning.ll_a2a_blocks,
-            ll_blocks: tuning.ll_blocks,
-            ll_thread_lines: tuning.ll_thread_lines,
             ll_threads,
             ll_flags: if g.gpu_alone() && tuning.early_launch {
                 LL_EARLY_LAUNCH
@@ -376,15 +344,6 @@ impl<'a> GpuColl<'a> {
             } else {
                 0
             },
-            pull_blocks: tuning.pull_blocks,
-            pull_block_bytes: [tuning.pull_block_bytes, tuning.pull_all_reduce_block_bytes],
-            pull_all_reduce: tuning.pull_all_reduce,
-            push_all_reduce: tuning.push_all_reduce,
-            two_shot_pull: tuning.two_shot_pull,
-            pull_rs_bytes: tuning.pull_reduce_scatter,
-            push_a2a: tuning.push_all_to_all,
-            pull_bcast: tuning.pull_broadcast,
-            chain_bcast: tuning.chain_broadcast,
             kernels: funcs.len(),
             typed,
             _module: module,
@@ -398,7 +357,6 @@ impl<'a> GpuColl<'a> {
             a2av_dev_max,
             a2av_chunk: A2AV_CHUNK,
             sms: b.gpu.sms().max(1) as u32,
-            fused_bytes: tuning.fused_bytes,
             own,
             ll_sizes,
             ll_slots,
@@ -574,8 +532,8 @@ impl<'a> GpuColl<'a> {
             let ck = self.ll_check(dt, CallSig { algo: None, ..sig })?;
             let lf = self.ll_func::<T>(op)?;
             // A block per LL threads × thread lines (LL_THREAD_LINES), up to the block cap.
-            let lines = bytes.div_ceil(8).div_ceil(self.ll_thread_lines);
-            let grid = (lines, self.ll_blocks, self.ll_threads);
+            let lines = bytes.div_ceil(8).div_ceil(self.tuning.ll_thread_lines);
+            let grid = (lines, self.tuning.ll_blocks, self.ll_threads);
             let ll = self.ll_ctrl(ll, lines);
             return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, Some(0));
         }
@@ -676,8 +634,8 @@ impl<'a> GpuColl<'a> {
             } else {
                 d
             };
-            let lines = part.div_ceil(8).div_ceil(self.ll_thread_lines);
-            let grid = (lines, self.ll_blocks, self.ll_threads);
+            let lines = part.div_ceil(8).div_ceil(self.tuning.ll_thread_lines);
+            let grid = (lines, self.tuning.ll_blocks, self.ll_threads);
             // (No control warp: 2x H200, graph, with / without, 8 KiB 2.92-2.94 / 2.89-2.90
             // us, 16 KiB 3.03-3.06 / 2.91-2.97, 64 KiB 3.25-3.26 / 2.98-3.02.)
             let stride = Some(count as u64);

@@ -104,9 +104,9 @@ impl GpuColl<'_> {
         let extra = Some(root as u64);
         let ll = self.ll_early(ll);
         let cap = if kind == MOVE_A2A {
-            ll_a2a_grid_cap(lines, self.ll_threads, self.ll_a2a_blocks)
+            ll_a2a_grid_cap(lines, self.ll_threads, self.tuning.ll_a2a_blocks)
         } else {
-            self.ll_a2a_blocks
+            self.tuning.ll_a2a_blocks
         };
         self.ll_launch(
             s,
@@ -133,7 +133,7 @@ impl GpuColl<'_> {
         let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
         let blocks = bytes
             .div_ceil(per_block)
-            .clamp(1, self.pull_blocks as usize);
+            .clamp(1, self.tuning.pull_blocks as usize);
         (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
     }
 
@@ -154,9 +154,9 @@ impl GpuColl<'_> {
             && share > 0
             && share.is_multiple_of(16)
             && (src | dst).is_multiple_of(16)
-            && total <= self.pull_a2a_bytes;
+            && total <= self.tuning.pull_all_to_all;
         let remote = share * (dt.size.max(1) as usize - 1);
-        self.pull_grid(dt, fits, remote, self.pull_block_bytes[0])
+        self.pull_grid(dt, fits, remote, self.tuning.pull_block_bytes)
     }
 
     /// The LL argument and grid when an all_reduce of `bytes` on `dt` runs the pull way (a
@@ -176,15 +176,15 @@ impl GpuColl<'_> {
         two_ok: bool,
     ) -> Option<(LlArg, u32, u64)> {
         let members = dt.size.max(0) as usize;
-        let two = two_ok && self.two_shot_pull.reached(members, bytes);
+        let two = two_ok && self.tuning.two_shot_pull.reached(members, bytes);
         let fits = !in_place
             && bytes > self.ll_ar_max(dt)
-            && (two || bytes <= self.pull_all_reduce.of(members))
+            && (two || bytes <= self.tuning.pull_all_reduce.of(members))
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
         // The two-shot's blocks each fold 1/members of their bytes: half the one-shot's bytes
         // per block, so a call spreads over more SMs.
-        let per_block = self.pull_block_bytes[1] / if two { 2 } else { 1 };
+        let per_block = self.tuning.pull_all_reduce_block_bytes / if two { 2 } else { 1 };
         let (ll, blocks) = self.pull_grid(dt, fits, bytes, per_block.max(16))?;
         let mode = if two {
             PULL_AR_TWO_SHOT
@@ -213,22 +213,22 @@ impl GpuColl<'_> {
         let fits = !in_place
             && part > 0
             && self.ll_a2a_arg(dt, part).is_none()
-            && total <= self.pull_rs_bytes
+            && total <= self.tuning.pull_reduce_scatter
             && part.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
-        self.pull_grid(dt, fits, total, self.pull_block_bytes[1])
+        self.pull_grid(dt, fits, total, self.tuning.pull_all_reduce_block_bytes)
     }
 
     /// Whether a pull all_reduce of `bytes` on `dt` moves its data by stores (a pair, from
     /// [`GpuColl::push_all_reduce_bytes`]).
     pub(super) fn pushes(&self, dt: DeviceTeam, bytes: usize) -> bool {
-        dt.size == 2 && self.push_all_reduce > 0 && bytes >= self.push_all_reduce
+        dt.size == 2 && self.tuning.push_all_reduce > 0 && bytes >= self.tuning.push_all_reduce
     }
 
     /// Whether a pull all_to_all or all_gather of `total` bytes (all shares) stores its shares
     /// ([`GpuColl::push_a2a_bytes`]).
     pub(super) fn pushes_a2a(&self, total: usize) -> bool {
-        self.push_a2a > 0 && total >= self.push_a2a
+        self.tuning.push_all_to_all > 0 && total >= self.tuning.push_all_to_all
     }
 
     /// The check argument of an LL call with signature `sig` (marked LL; its barrier count,
@@ -312,11 +312,11 @@ impl GpuColl<'_> {
         let fits = self.config.algo.is_none()
             && bytes > 0
             && self.ll_bcast_arg(dt, bytes).is_none()
-            && bytes <= self.pull_bcast.of(dt.size.max(0) as usize)
+            && bytes <= self.tuning.pull_broadcast.of(dt.size.max(0) as usize)
             && bytes.is_multiple_of(16)
             && (src | dst).is_multiple_of(16);
-        let (ll, blocks) = self.pull_grid(dt, fits, bytes, self.pull_block_bytes[0])?;
-        let chain = dt.size > 2 && bytes > self.chain_bcast;
+        let (ll, blocks) = self.pull_grid(dt, fits, bytes, self.tuning.pull_block_bytes)?;
+        let chain = dt.size > 2 && bytes > self.tuning.chain_broadcast;
         let lines = SIG_WORDS + blocks as usize * if chain { 2 } else { 1 };
         (ll.lines as usize >= lines).then_some((ll, blocks, chain))
     }

@@ -7,7 +7,7 @@ use super::ll::{
     LL_LINES_PER_THREAD, LL_MAX_BLOCKS, LL_THREADS, LL_THREAD_LINES, PULL_AR_BLOCK_BYTES,
     PULL_BLOCK_BYTES, PULL_MAX_BLOCKS,
 };
-use crate::backend::cuda::knobs::knob_from_env;
+use crate::backend::cuda::knobs::{knob_from_env, nvrtc_options};
 use crate::error::{Error, Result};
 
 /// Default of [`CollTuning::fused_bytes`].
@@ -239,17 +239,15 @@ impl CollTuning {
         let size = |name: &str, default: usize| -> Result<usize> {
             Ok(crate::config::env_size(name)?.unwrap_or(default))
         };
-        let blocks = blocks_from_env;
-        let block_bytes = block_bytes_from_env;
         let t = CollTuning {
             ll_all_reduce: crate::config::env_size("RSHMEM_CUDA_COLL_LL_BYTES")?,
             ll_all_to_all: crate::config::env_size("RSHMEM_CUDA_COLL_LL_A2A_BYTES")?,
-            ll_blocks: blocks(
+            ll_blocks: blocks_from_env(
                 "RSHMEM_CUDA_COLL_LL_BLOCKS",
                 d.ll_blocks,
                 LL_KERNEL_MAX_BLOCKS,
             )?,
-            ll_a2a_blocks: blocks(
+            ll_a2a_blocks: blocks_from_env(
                 "RSHMEM_CUDA_COLL_LL_A2A_BLOCKS",
                 d.ll_a2a_blocks,
                 LL_KERNEL_MAX_BLOCKS / 2,
@@ -274,13 +272,16 @@ impl CollTuning {
                 |v| v <= 1 << 20,
                 "0 to 1M lines",
             )?,
-            pull_blocks: blocks(
+            pull_blocks: blocks_from_env(
                 "RSHMEM_CUDA_COLL_PULL_BLOCKS",
                 d.pull_blocks,
                 LL_KERNEL_MAX_BLOCKS,
             )?,
-            pull_block_bytes: block_bytes("RSHMEM_CUDA_COLL_PULL_BLOCK_BYTES", d.pull_block_bytes)?,
-            pull_all_reduce_block_bytes: block_bytes(
+            pull_block_bytes: block_bytes_from_env(
+                "RSHMEM_CUDA_COLL_PULL_BLOCK_BYTES",
+                d.pull_block_bytes,
+            )?,
+            pull_all_reduce_block_bytes: block_bytes_from_env(
                 "RSHMEM_CUDA_COLL_PULL_AR_BLOCK_BYTES",
                 d.pull_all_reduce_block_bytes,
             )?,
@@ -302,7 +303,10 @@ impl CollTuning {
             chain_broadcast: size("RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES", d.chain_broadcast)?,
             pull_reduce_scatter: size("RSHMEM_CUDA_COLL_PULL_RS_BYTES", d.pull_reduce_scatter)?,
             fused_bytes: size("RSHMEM_CUDA_COLL_FUSED_BYTES", d.fused_bytes)?,
-            nvrtc_options: nvrtc_options_from_env("RSHMEM_CUDA_COLL_NVRTC_OPTS")?,
+            nvrtc_options: nvrtc_options_value(
+                "RSHMEM_CUDA_COLL_NVRTC_OPTS",
+                &std::env::var("RSHMEM_CUDA_COLL_NVRTC_OPTS").unwrap_or_default(),
+            )?,
         };
         t.check()?;
         Ok(t)
@@ -413,25 +417,8 @@ pub const WRONG_RESULT_SWITCHES: &[&str] = &[
     "RSHMEMI_PULL_FENCES",
 ];
 
-/// Space-separated NVRTC options from `name`; an error naming the variable for a `-D` of a
-/// switch in [`WRONG_RESULT_SWITCHES`].
-fn nvrtc_options_from_env(name: &str) -> Result<Vec<String>> {
-    let v = std::env::var(name).unwrap_or_default();
-    nvrtc_options_value(name, &v)
-}
-
 fn nvrtc_options_value(name: &str, v: &str) -> Result<Vec<String>> {
-    let opts: Vec<String> = v.split_whitespace().map(str::to_string).collect();
-    for o in &opts {
-        let def = o.strip_prefix("-D").unwrap_or("");
-        let switch = def.split('=').next().unwrap_or("");
-        if WRONG_RESULT_SWITCHES.contains(&switch) {
-            return Err(Error::invalid(format!(
-                "{name}: {o} gives wrong results on purpose (a switch for rshmem's own tests)"
-            )));
-        }
-    }
-    Ok(opts)
+    nvrtc_options(name, v, WRONG_RESULT_SWITCHES)
 }
 
 #[cfg(test)]

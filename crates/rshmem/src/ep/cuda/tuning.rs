@@ -148,24 +148,8 @@ impl EpTuning {
     }
 }
 
-/// Space-separated NVRTC options from variable `name`'s value `v`; an error naming the
-/// variable for a `-D` of a switch in [`EP_WRONG_RESULT_SWITCHES`].
 fn nvrtc_options_value(name: &str, v: &str) -> Result<Vec<String>> {
-    let opts: Vec<String> = v.split_whitespace().map(str::to_string).collect();
-    for o in &opts {
-        let switch = o
-            .strip_prefix("-D")
-            .unwrap_or("")
-            .split('=')
-            .next()
-            .unwrap_or("");
-        if EP_WRONG_RESULT_SWITCHES.contains(&switch) {
-            return Err(Error::invalid(format!(
-                "{name}: {o} gives wrong results on purpose (a switch for rshmem's own tests)"
-            )));
-        }
-    }
-    Ok(opts)
+    knobs::nvrtc_options(name, v, EP_WRONG_RESULT_SWITCHES)
 }
 
 #[cfg(test)]
