@@ -3,6 +3,7 @@
 use crate::elem::Elem;
 use crate::error::{Error, Result};
 use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
 
 /// The untyped identity of a symmetric range, as operations see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +82,17 @@ impl<T: Elem> Sym<T> {
         self.raw.offset
     }
 
+    /// The elements `range` of this object, as a view that the one-sided and collective calls
+    /// take wherever they take the object (`x.slice(16..32)?`: elements 16 to 31).
+    ///
+    /// A range past the end (or reversed) is [`Error::OutOfBounds`] (in elements).
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<SymView<'_, T>> {
+        Ok(SymView {
+            raw: self.raw.slice(range, std::mem::size_of::<T>())?,
+            _t: PhantomData,
+        })
+    }
+
     /// Views `len` elements of `U` starting `byte_offset` bytes into this object.
     ///
     /// A `byte_offset` that is not a multiple of `U`'s size is [`Error::Misaligned`]; a window
@@ -113,7 +125,7 @@ impl<T: Elem> Sym<T> {
     }
 }
 
-impl<T: Elem> SymView<'_, T> {
+impl<'a, T: Elem> SymView<'a, T> {
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.raw.len
@@ -121,6 +133,45 @@ impl<T: Elem> SymView<'_, T> {
     /// True when it has no elements.
     pub fn is_empty(&self) -> bool {
         self.raw.len == 0
+    }
+    /// Byte offset in the symmetric heap (the same on every PE).
+    pub fn offset(&self) -> usize {
+        self.raw.offset
+    }
+    /// The elements `range` of this view (as [`Sym::slice`]).
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<SymView<'a, T>> {
+        Ok(SymView {
+            raw: self.raw.slice(range, std::mem::size_of::<T>())?,
+            _t: PhantomData,
+        })
+    }
+}
+
+impl RawSym {
+    /// The elements `range` of this range (elements of `elem_bytes` bytes).
+    fn slice(self, range: impl RangeBounds<usize>, elem_bytes: usize) -> Result<RawSym> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.len,
+        };
+        if start > end || end > self.len {
+            return Err(Error::OutOfBounds {
+                start,
+                end,
+                len: self.len,
+            });
+        }
+        Ok(RawSym {
+            offset: self.offset + start * elem_bytes,
+            len: end - start,
+            ..self
+        })
     }
 }
 

@@ -10,7 +10,7 @@
 #[path = "harness/mod.rs"]
 mod harness;
 
-use rshmem::coll::{Algo, AllToAllV, Coll, CollConfig, ReduceOp};
+use rshmem::coll::{Algo, AllToAllV, Coll, CollConfig, ReduceOp, ToRoot};
 use rshmem::{bf16, f16, Elem, Error, Pe, Result, Sym, Team};
 
 #[macro_use]
@@ -174,7 +174,8 @@ fn reduce_t<T: TElem>(pe: &Pe, cs: &[Coll<'_>; 2], teams: &Teams) -> Result<()> 
             pe.local_fill(&dst, T::poison())?;
             let obj = if c.in_place { &dst } else { &src };
             pe.local_write(obj, 0, &mine)?;
-            c.coll.reduce(c.team, &dst, obj, c.count, op, root)?;
+            c.coll
+                .reduce(c.team, &dst, obj, c.count, ToRoot { op, root })?;
             let want: Vec<T> = if c.team.my_pe() == root {
                 let ins: Vec<Vec<T>> = m.iter().map(|&w| T::gen(w, s, MAXC, op)).collect();
                 let mut w: Vec<T> = (0..c.count)
@@ -612,7 +613,16 @@ fn bad_body(pe: &Pe) -> Result<()> {
         matches!(r, Err(Error::PeOutOfRange { pe, .. }) if pe == n),
         "{r:?}"
     );
-    let r = coll.reduce(w, &b, &a, 4, ReduceOp::Max, n + 5);
+    let r = coll.reduce(
+        w,
+        &b,
+        &a,
+        4,
+        ToRoot {
+            op: ReduceOp::Max,
+            root: n + 5,
+        },
+    );
     assert!(
         matches!(r, Err(Error::PeOutOfRange { pe, n_pes, what: "team" }) if pe == n + 5 && n_pes == n),
         "{r:?}"

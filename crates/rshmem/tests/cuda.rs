@@ -364,11 +364,15 @@ fn host_api(pe: &Pe) -> Result<()> {
     let g = CudaPe::new(pe)?;
     let st = g.stream()?;
     assert!(matches!(
-        g.put_on_stream(&st, &d, 60, &d, 0, 8, 1),
+        g.put_on_stream(&st, &d.slice(60..)?, &d.slice(..8)?, 1),
         Err(Error::OutOfBounds { .. })
     ));
     assert!(matches!(
-        g.put_on_stream(&st, &d, 0, &d, 0, 8, 5),
+        g.get_on_stream(&st, &d.slice(..8)?, &d.slice(60..)?, 1),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        g.put_on_stream(&st, &d, &d.slice(..8)?, 5),
         Err(Error::PeOutOfRange { .. })
     ));
     assert!(matches!(
@@ -417,9 +421,9 @@ fn stream_ops(pe: &Pe) -> Result<()> {
     pe.local_fill(&back, -1.0)?;
     pe.local_fill(&sig, 0)?;
     pe.barrier_all()?;
-    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, Signal::set(&sig, 0, 1), next)?;
+    g.put_signal_on_stream(&s, &dst, &src, Signal::set(&sig, 0, 1), next)?;
     g.wait_until_on_stream(&s, &sig, 0, Cmp::Eq, 1)?;
-    g.get_on_stream(&s, &back, 0, &dst, 0, len, next)?; // my own data back from the next PE
+    g.get_on_stream(&s, &back, &dst, next)?; // my own data back from the next PE
     g.signal_on_stream(&s, &sig, 1, 5, SignalOp::Add, next)?;
     g.wait_until_on_stream(&s, &sig, 1, Cmp::Gt, 4)?; // kernel path
     g.barrier_on_stream(&s)?;
@@ -458,7 +462,7 @@ fn graph_replay(pe: &Pe) -> Result<()> {
     s.begin_capture()?;
     assert!(s.is_capturing()?);
     g.barrier_on_stream(&s)?;
-    g.put_signal_on_stream(&s, &dst, 0, &src, 0, len, Signal::set(&sig, 0, 1), next)?;
+    g.put_signal_on_stream(&s, &dst, &src, Signal::set(&sig, 0, 1), next)?;
     g.wait_until_on_stream(&s, &sig, 0, Cmp::Eq, 1)?;
     g.signal_on_stream(&s, &sig, 0, 0, SignalOp::Set, me)?;
     g.barrier_on_stream(&s)?;
@@ -1266,7 +1270,7 @@ fn many_pes(pe: &Pe) -> Result<()> {
     pe.local_fill(&word, u64::MAX)?;
     pe.local_fill(&mine, 5000 + me as u64)?;
     pe.barrier_all()?;
-    g.put_on_stream(&s, &word, 0, &mine, 0, 1, (me + 1) % n)?;
+    g.put_on_stream(&s, &word, &mine, (me + 1) % n)?;
     s.synchronize()?;
     g.barrier_on_stream(&s)?;
     s.synchronize()?;

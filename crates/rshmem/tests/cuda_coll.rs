@@ -18,8 +18,8 @@ mod harness;
 mod coll_data;
 use coll_data::{check, mix, TElem};
 
-use rshmem::coll::{Algo, AllToAllV, CollConfig, CollKind, ReduceOp};
-use rshmem::cuda::{self, CollPath, CollTuning, CudaPe, GpuColl, PerTeam, Stream};
+use rshmem::coll::{Algo, AllToAllV, CollConfig, CollKind, Fold, ReduceOp, ToRoot};
+use rshmem::cuda::{self, CollPath, CollTuning, CudaPe, DeviceCounts, GpuColl, PerTeam, Stream};
 use rshmem::{bf16, f16, BackendKind, Config, Error, HeapKind, Pe, Result, Team};
 use std::time::Duration;
 
@@ -220,8 +220,17 @@ fn reductions_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
                 let mine = T::gen(pe.my_pe(), s, count, op);
                 pe.local_fill(&dst, T::poison())?;
                 pe.local_write(obj, 0, &mine)?;
-                c.coll
-                    .all_reduce_with(&c.s, team, &dst, obj, count, op, algo)?;
+                c.coll.all_reduce(
+                    &c.s,
+                    team,
+                    &dst,
+                    obj,
+                    count,
+                    Fold {
+                        op,
+                        algo: Some(algo),
+                    },
+                )?;
                 c.done()?;
                 let x = ins::<T>(team, s, count, op);
                 let mut want: Vec<T> = (0..count).map(|i| fold_at(op, &x, i)).collect();
@@ -237,7 +246,8 @@ fn reductions_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
             let mine = T::gen(pe.my_pe(), s + 1, count, op);
             pe.local_fill(&dst, T::poison())?;
             pe.local_write(obj, 0, &mine)?;
-            c.coll.reduce(&c.s, team, &dst, obj, count, op, root)?;
+            c.coll
+                .reduce(&c.s, team, &dst, obj, count, ToRoot { op, root })?;
             c.done()?;
             let mut want = if me == root {
                 let x = ins::<T>(team, s + 1, count, op);
@@ -471,8 +481,17 @@ fn graph_body(pe: &Pe) -> Result<()> {
             .all_gather(s, w, &g_dst, &a_src.view::<i32>(0, C1)?, C1)?;
         c.coll.all_to_all(s, w, &t_dst, &t_src, 300)?;
         if let Some(t) = strided {
-            c.coll
-                .all_reduce_with(s, t, &p, &p, C1, ReduceOp::Xor, Algo::OneShot)?;
+            c.coll.all_reduce(
+                s,
+                t,
+                &p,
+                &p,
+                C1,
+                Fold {
+                    op: ReduceOp::Xor,
+                    algo: Some(Algo::OneShot),
+                },
+            )?;
         }
         Ok(())
     })?;
@@ -583,8 +602,16 @@ fn a2av_device_body(pe: &Pe) -> Result<()> {
         let cnt = |i: usize, j: usize| dev_counts(i, j, r);
         set(r, &cnt)?;
         trace(&format!("round {r} launch"));
-        c.coll
-            .all_to_all_v_device(s, w, &dst, &src, &counts, &recv)?;
+        c.coll.all_to_all_v_device(
+            s,
+            w,
+            &dst,
+            &src,
+            DeviceCounts {
+                send: &counts,
+                recv: &recv,
+            },
+        )?;
         c.done()?;
         trace(&format!("round {r} done"));
         check_round(r, &cnt)?;
@@ -594,7 +621,16 @@ fn a2av_device_body(pe: &Pe) -> Result<()> {
     // before any launches (instantiation may wait for kernels running on the GPU).
     pe.barrier_all()?;
     s.begin_capture()?;
-    let cap_r = c.coll.all_to_all_v_device(s, w, &dst, &src, &counts, &recv);
+    let cap_r = c.coll.all_to_all_v_device(
+        s,
+        w,
+        &dst,
+        &src,
+        DeviceCounts {
+            send: &counts,
+            recv: &recv,
+        },
+    );
     let graph = s.end_capture();
     trace(&format!(
         "captured: {:?} / {:?}",
@@ -699,7 +735,17 @@ fn bad_body(pe: &Pe) -> Result<()> {
         "root outside the team",
     );
     is_err(
-        c.coll.reduce(s, w, &y, &x, 10, ReduceOp::Min, n + 3),
+        c.coll.reduce(
+            s,
+            w,
+            &y,
+            &x,
+            10,
+            ToRoot {
+                op: ReduceOp::Min,
+                root: n + 3,
+            },
+        ),
         "reduce root outside the team",
     );
     is_err(
@@ -753,13 +799,30 @@ fn bad_body(pe: &Pe) -> Result<()> {
         "all_to_all_v counts beyond src",
     );
     is_err(
-        c.coll
-            .all_to_all_v_device(s, w, &y, &y, &pe.alloc::<u64>(n)?, &pe.alloc::<u64>(n)?),
+        c.coll.all_to_all_v_device(
+            s,
+            w,
+            &y,
+            &y,
+            DeviceCounts {
+                send: &pe.alloc::<u64>(n)?,
+                recv: &pe.alloc::<u64>(n)?,
+            },
+        ),
         "device all_to_all_v in place",
     );
     let small = pe.alloc::<u64>(n - 1)?;
     is_err(
-        c.coll.all_to_all_v_device(s, w, &y, &x, &small, &small),
+        c.coll.all_to_all_v_device(
+            s,
+            w,
+            &y,
+            &x,
+            DeviceCounts {
+                send: &small,
+                recv: &small,
+            },
+        ),
         "device counts object too small",
     );
     // Nothing was launched: the stream is idle, and a good call still works.
@@ -983,7 +1046,17 @@ fn mismatch_body(pe: &Pe, fused: bool) -> Result<()> {
     let ctx = format!("reduce root mismatch (fused {fused})");
     let v = arm(pe, &src, &dst, seed.get())?;
     let root = if me == 3 { 1 } else { 0 };
-    c.coll.reduce(s, w, &dst, &src, 100, ReduceOp::Sum, root)?;
+    c.coll.reduce(
+        s,
+        w,
+        &dst,
+        &src,
+        100,
+        ToRoot {
+            op: ReduceOp::Sum,
+            root,
+        },
+    )?;
     expect_mismatch(&c, 3, "root 1 ", "root 0 ", &ctx);
     after(&c, &ctx, &v)?;
     let ctx = format!("broadcast root mismatch (fused {fused})");
@@ -1098,8 +1171,17 @@ fn ll_mismatch_body(pe: &Pe) -> Result<()> {
     let v = arm(pe, &src, &dst, seed.get())?;
     // (Past the LL size an out-of-place all_reduce would run the pull way: forced two-shot.)
     if me == 0 {
-        c.coll
-            .all_reduce_with(s, w, &dst, &src, N, ReduceOp::Sum, Algo::TwoShot)?;
+        c.coll.all_reduce(
+            s,
+            w,
+            &dst,
+            &src,
+            N,
+            Fold {
+                op: ReduceOp::Sum,
+                algo: Some(Algo::TwoShot),
+            },
+        )?;
     } else {
         c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
     }
@@ -2268,12 +2350,30 @@ fn mismatch_graph_body(pe: &Pe) -> Result<()> {
     let bad = capture(s, || {
         let n = if me == 1 { N - 1 } else { N };
         c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
-        c.coll
-            .all_reduce_with(s, w, &dst, &src, n, ReduceOp::Sum, Algo::TwoShot)
+        c.coll.all_reduce(
+            s,
+            w,
+            &dst,
+            &src,
+            n,
+            Fold {
+                op: ReduceOp::Sum,
+                algo: Some(Algo::TwoShot),
+            },
+        )
     })?;
     let good = capture(s, || {
-        c.coll
-            .all_reduce_with(s, w, &dst, &src, N, ReduceOp::Sum, Algo::TwoShot)
+        c.coll.all_reduce(
+            s,
+            w,
+            &dst,
+            &src,
+            N,
+            Fold {
+                op: ReduceOp::Sum,
+                algo: Some(Algo::TwoShot),
+            },
+        )
     })?;
     pe.barrier_all()?; // every PE has its graphs before any launches
     for r in 0..4u64 {
@@ -2358,8 +2458,16 @@ fn a2av_chunks_body(pe: &Pe) -> Result<()> {
     pe.local_fill(&recv, u64::MAX)?;
     pe.local_fill(&dst, f32::poison())?;
     if me == 3 {
-        c.coll
-            .all_to_all_v_device(&c.s, w, &dst, &src, &counts, &recv)?;
+        c.coll.all_to_all_v_device(
+            &c.s,
+            w,
+            &dst,
+            &src,
+            DeviceCounts {
+                send: &counts,
+                recv: &recv,
+            },
+        )?;
     } else {
         c.coll.all_to_all(&c.s, w, &dst, &src, 1)?;
     }
@@ -2426,8 +2534,16 @@ fn big_world_body(pe: &Pe) -> Result<()> {
     if n <= c.coll.all_to_all_v_device_max_team() {
         pe.local_write(&counts, 0, &(0..n).map(|k| cnt(me, k)).collect::<Vec<_>>())?;
         arm(pe, &src, &dst, 6003)?;
-        c.coll
-            .all_to_all_v_device(&c.s, w, &dst, &src, &counts, &recv)?;
+        c.coll.all_to_all_v_device(
+            &c.s,
+            w,
+            &dst,
+            &src,
+            DeviceCounts {
+                send: &counts,
+                recv: &recv,
+            },
+        )?;
         c.done()?;
         let mut want = Vec::new();
         for j in 0..n {

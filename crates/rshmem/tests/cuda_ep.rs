@@ -234,9 +234,9 @@ fn dispatch<T: Elem>(
 ) -> Result<Dispatch> {
     let x = inp.view(&inp.x)?;
     if st.i64_ids {
-        buf.dispatch(pe, s, &x, &inp.ids64, &inp.w, st.t, st.k)
+        buf.dispatch(pe, s, &x, &inp.ids64.slice(..st.t * st.k)?, &inp.w, st.k)
     } else {
-        buf.dispatch(pe, s, &x, &inp.ids32, &inp.w, st.t, st.k)
+        buf.dispatch(pe, s, &x, &inp.ids32.slice(..st.t * st.k)?, &inp.w, st.k)
     }
 }
 
@@ -1437,7 +1437,6 @@ fn bad_inputs_body(pe: &Pe) -> Result<()> {
     let buf = GpuBuffer::<f32>::new(pe, pe.world_team(), c, &ep_tuning())?;
     let inp = inputs::<f32>(pe, &c, n)?;
     let small = pe.alloc::<f32>(10)?;
-    let small_i = pe.alloc::<i32>(3)?;
     let good = Step {
         case: Case::Random,
         t: 10,
@@ -1463,17 +1462,17 @@ fn bad_inputs_body(pe: &Pe) -> Result<()> {
         pe.barrier_all()?;
         let r = if me == 0 {
             match case {
-                0 => buf.dispatch(pe, &s, &inp.x, &inp.ids32, &inp.w, 10, 0),
-                1 => buf.dispatch(pe, &s, &inp.x, &inp.ids32, &inp.w, 10, 9),
-                2 => buf.dispatch(pe, &s, &inp.x, &inp.ids32, &inp.w, 41, 4),
-                3 => buf.dispatch(pe, &s, &small, &inp.ids32, &inp.w, 10, 4),
-                _ => buf.dispatch(pe, &s, &inp.x, &inp.ids32, &inp.w, 10, 4),
+                0 => buf.dispatch(pe, &s, &inp.x, &inp.ids32.slice(..0)?, &inp.w, 0),
+                1 => buf.dispatch(pe, &s, &inp.x, &inp.ids32.slice(..90)?, &inp.w, 9),
+                2 => buf.dispatch(pe, &s, &inp.x, &inp.ids32.slice(..164)?, &inp.w, 4),
+                3 => buf.dispatch(pe, &s, &small, &inp.ids32.slice(..40)?, &inp.w, 4),
+                _ => buf.dispatch(pe, &s, &inp.x, &inp.ids32.slice(..40)?, &inp.w, 4),
             }
         } else if case == 3 {
-            // A short ids buffer on PE 1 instead.
-            buf.dispatch(pe, &s, &inp.x, &small_i, &inp.w, 10, 4)
+            // ids that are not a whole number of tokens on PE 1 instead.
+            buf.dispatch(pe, &s, &inp.x, &inp.ids32.slice(..39)?, &inp.w, 4)
         } else {
-            buf.dispatch(pe, &s, &inp.x, &inp.ids32, &inp.w, 10, 4)
+            buf.dispatch(pe, &s, &inp.x, &inp.ids32.slice(..40)?, &inp.w, 4)
         };
         match r {
             Err(Error::InvalidArgument(_)) | Err(Error::LengthMismatch { .. }) => {}
@@ -1510,7 +1509,6 @@ fn bad_inputs_body(pe: &Pe) -> Result<()> {
     verify(pe, &c, &buf, &inp, &good, d2.rows())?;
     pe.barrier_all()?;
     other.free(pe)?;
-    pe.free(small_i)?;
     pe.free(small)?;
     free_inputs(pe, inp)?;
     buf.free(pe)

@@ -139,3 +139,49 @@ fn same_offset(pe: &Pe) -> Result<()> {
     Ok(())
 }
 mode_test!(repeated_alloc_same_offset, [1, 3], same_offset);
+
+/// Slices of a symmetric object address its elements: a put into `x.slice(5..9)` lands in
+/// `x[5..9]` of the target and nowhere else, a get from a slice reads those elements, slices of
+/// slices compose, and ranges past the end or reversed are `OutOfBounds`.
+fn slices(pe: &Pe) -> Result<()> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let next = (me + 1) % n;
+    let x = pe.alloc::<u32>(16)?;
+    pe.local_fill(&x, u32::MAX)?;
+    pe.barrier_all()?;
+    let part = x.slice(5..9)?;
+    assert_eq!((part.len(), part.offset()), (4, x.offset() + 20));
+    pe.put(
+        &part,
+        0,
+        &[10, 11, 12, 13].map(|v| v + 100 * me as u32),
+        next,
+    )?;
+    pe.barrier_all()?;
+    let prev = (me + n - 1) % n;
+    let mut want = vec![u32::MAX; 16];
+    for (k, w) in want[5..9].iter_mut().enumerate() {
+        *w = 10 + k as u32 + 100 * prev as u32;
+    }
+    check_eq("x after a put into x[5..9]", &pe.local_vec(&x)?, &want);
+    let mut got = [0u32; 2];
+    pe.get(&part.slice(1..=2)?, 0, &mut got, me)?;
+    check_eq("get from x[6..8]", &got, &want[6..8]);
+    for bad in [
+        x.slice(10..17).map(|_| ()),
+        x.slice(..17).map(|_| ()),
+        part.slice(3..5).map(|_| ()),
+    ] {
+        assert!(
+            matches!(bad, Err(rshmem::Error::OutOfBounds { .. })),
+            "{bad:?}"
+        );
+    }
+    #[allow(clippy::reversed_empty_ranges)]
+    let reversed = x.slice(9..5).map(|_| ());
+    assert!(matches!(reversed, Err(rshmem::Error::OutOfBounds { .. })));
+    assert!(pe.put(&x.slice(14..)?, 0, &[1, 2, 3], next).is_err());
+    pe.barrier_all()?;
+    pe.free(x)
+}
+mode_test!(slices_address_their_elements, [1, 3], slices);

@@ -11,7 +11,7 @@
 
 use super::host::{AllToAllV, Coll};
 use super::plan::CollKind;
-use super::reduce::ReduceOp;
+use super::reduce::{ReduceOp, ToRoot};
 use crate::error::Result;
 use crate::team::Team;
 use std::time::Instant;
@@ -80,7 +80,16 @@ pub fn run(
         };
         let once = || match kind {
             CollKind::Broadcast => coll.broadcast(team, &dst, &src, total, 0),
-            CollKind::Reduce => coll.reduce(team, &dst, &src, total, ReduceOp::Sum, 0),
+            CollKind::Reduce => coll.reduce(
+                team,
+                &dst,
+                &src,
+                total,
+                ToRoot {
+                    op: ReduceOp::Sum,
+                    root: 0,
+                },
+            ),
             CollKind::AllReduce => coll.all_reduce(team, &dst, &src, total, ReduceOp::Sum),
             CollKind::AllGather => coll.all_gather(team, &dst, &src, per),
             CollKind::ReduceScatter => coll.reduce_scatter(team, &dst, &src, per, ReduceOp::Sum),

@@ -2,7 +2,7 @@
 //! argument on one member into an error on all, and a plan run with get/put/team_sync.
 
 use super::plan::{self, Algo, Buf, CollKind, Plan, Shape, Step, VRecv};
-use super::reduce::{combine, ReduceOp};
+use super::reduce::{combine, ReduceOp, ToRoot};
 use super::CollConfig;
 use crate::elem::Elem;
 use crate::error::{Error, Result};
@@ -208,17 +208,17 @@ impl<'pe> Coll<'pe> {
         )
     }
 
-    /// Folds every member's `src[..count]` with `op` into member `root`'s `dst[..count]`;
-    /// other members' `dst` is not written.
+    /// Folds every member's `src[..count]` with `to.op` into member `to.root`'s
+    /// `dst[..count]`; other members' `dst` is not written.
     pub fn reduce<T: Elem>(
         &self,
         team: &Team,
         dst: &(impl AsSym<T> + ?Sized),
         src: &(impl AsSym<T> + ?Sized),
         count: usize,
-        op: ReduceOp,
-        root: usize,
+        to: ToRoot,
     ) -> Result<()> {
+        let ToRoot { op, root } = to;
         self.run::<T>(
             team,
             self.call(CollKind::Reduce, Some(op), root, count, src, dst),

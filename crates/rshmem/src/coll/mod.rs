@@ -70,7 +70,7 @@ mod reduce;
 
 pub use host::{AllToAllV, Coll};
 pub use plan::{Algo, CollKind};
-pub use reduce::ReduceOp;
+pub use reduce::{Fold, ReduceOp, ToRoot};
 
 use crate::config::env_size;
 use crate::error::{Error, Result};

@@ -34,6 +34,33 @@ pub enum ReduceOp {
     Xor,
 }
 
+/// A reduce's operation and the member that receives the result
+/// ([`Coll::reduce`](crate::coll::Coll::reduce), `cuda::GpuColl::reduce`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToRoot {
+    /// The fold.
+    pub op: ReduceOp,
+    /// The receiving member (team index).
+    pub root: usize,
+}
+
+/// An all_reduce's operation and, where a test or a measurement forces one, its algorithm
+/// (`cuda::GpuColl::all_reduce`). A plain [`ReduceOp`] converts into one that lets the
+/// library choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fold {
+    /// The fold.
+    pub op: ReduceOp,
+    /// The algorithm, or `None` for the library's choice.
+    pub algo: Option<crate::coll::Algo>,
+}
+
+impl From<ReduceOp> for Fold {
+    fn from(op: ReduceOp) -> Fold {
+        Fold { op, algo: None }
+    }
+}
+
 impl ReduceOp {
     /// Every operation.
     pub const ALL: [ReduceOp; 7] = [
@@ -89,7 +116,7 @@ impl ReduceOp {
 
 /// Element types with a fold: one implementation per concrete type, reached from generic code
 /// through [`combine`].
-trait Fold: Copy + 'static {
+trait FoldElem: Copy + 'static {
     /// `out = rows[0] op rows[1] op …`, `rows` holding `k` rows of `out.len()` elements.
     fn fold(op: ReduceOp, k: usize, rows: &[Self], out: &mut [Self]) -> Result<()>;
 }
@@ -106,7 +133,7 @@ fn zip_rows<T: Copy>(k: usize, rows: &[T], out: &mut [T], f: impl Fn(T, T) -> T)
 
 macro_rules! fold_int {
     ($($t:ty),*) => {$(
-        impl Fold for $t {
+        impl FoldElem for $t {
             fn fold(op: ReduceOp, k: usize, rows: &[Self], out: &mut [Self]) -> Result<()> {
                 match op {
                     ReduceOp::Sum => zip_rows(k, rows, out, <$t>::wrapping_add),
@@ -126,7 +153,7 @@ fold_int!(i8, i16, i32, i64, u8, u16, u32, u64);
 
 macro_rules! fold_float {
     ($($t:ty),*) => {$(
-        impl Fold for $t {
+        impl FoldElem for $t {
             fn fold(op: ReduceOp, k: usize, rows: &[Self], out: &mut [Self]) -> Result<()> {
                 match op {
                     ReduceOp::Sum => zip_rows(k, rows, out, |a, b| a + b),
@@ -144,14 +171,14 @@ fold_float!(f32, f64);
 
 macro_rules! fold_half {
     ($($t:ty),*) => {$(
-        impl Fold for $t {
+        impl FoldElem for $t {
             fn fold(op: ReduceOp, k: usize, rows: &[Self], out: &mut [Self]) -> Result<()> {
                 op.check(<$t as Elem>::KIND)?;
                 let l = out.len();
                 let mut wide = vec![0f32; k * l];
                 rows[..k * l].convert_to_f32_slice(&mut wide);
                 let mut acc = vec![0f32; l];
-                <f32 as Fold>::fold(op, k, &wide, &mut acc)?;
+                <f32 as FoldElem>::fold(op, k, &wide, &mut acc)?;
                 out.convert_from_f32_slice(&acc);
                 Ok(())
             }
@@ -160,7 +187,7 @@ macro_rules! fold_half {
 }
 fold_half!(f16, bf16);
 
-fn try_fold<U: Fold>(
+fn try_fold<U: FoldElem>(
     op: ReduceOp,
     k: usize,
     rows: &dyn Any,
@@ -252,7 +279,7 @@ mod tests {
     fn min_max_ignore_nan_unless_all_are() {
         // IEEE minNum/maxNum as documented, the same for every float type: [NaN, 2, 1] folds to
         // 1 (min) and 2 (max); a column of NaNs stays NaN.
-        fn check<T: Elem + Fold>(f: impl Fn(f32) -> T, back: impl Fn(T) -> f32) {
+        fn check<T: Elem + FoldElem>(f: impl Fn(f32) -> T, back: impl Fn(T) -> f32) {
             let rows: Vec<T> = [f32::NAN, f32::NAN, 2.0, f32::NAN, 1.0, f32::NAN]
                 .into_iter()
                 .map(&f)

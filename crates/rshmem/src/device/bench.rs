@@ -228,7 +228,7 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
                 g.launch(&k_get_bulk, &s, bulk_blocks, 32, 0, &args_bulk)
             })?;
             let t_stream = time_stream(&g, &s, iters, || {
-                g.put_on_stream(&s, &dst, 0, &src, 0, n, 1)
+                g.put_on_stream(&s, &dst.slice(..n)?, &src.slice(..n)?, 1)
             })?;
             let b = "cuMemcpyPeerAsync";
             out.push(rec("device_put", "device", n, iters, t_put, b, ce_put));

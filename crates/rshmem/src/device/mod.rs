@@ -23,7 +23,7 @@ use std::sync::Arc;
 /// let x = pe.alloc::<f32>(1024)?;
 /// let s = gpu.stream()?;
 /// let peer = (pe.my_pe() + 1) % pe.n_pes();
-/// gpu.put_on_stream(&s, &x, 0, &x, 0, 1024, peer)?;  // my copy → the peer's, copy engine
+/// gpu.put_on_stream(&s, &x, &x, peer)?;  // my copy → the peer's, copy engine
 /// gpu.barrier_on_stream(&s)?;
 /// s.synchronize()?;
 /// # Ok(()) }
@@ -389,22 +389,21 @@ impl<'a> CudaPe<'a> {
         }
     }
 
-    /// Stream-ordered put: `count` elements of this PE's `src` (from `src_at`) into PE `pe`'s
-    /// `dst` (from `dst_at`), by the copy engine.
-    #[allow(clippy::too_many_arguments)]
+    /// Stream-ordered put: this PE's `src` (all of it) into the start of PE `pe`'s `dst`, by
+    /// the copy engine. Ranges come from [`Sym::slice`](crate::Sym::slice):
+    /// `put_on_stream(&s, &x.slice(8..)?, &y.slice(..4)?, 1)` copies `y[0..4]` into PE 1's
+    /// `x[8..12]`.
     pub fn put_on_stream<T: Elem>(
         &self,
         s: &Stream,
         dst: &(impl AsSym<T> + ?Sized),
-        dst_at: usize,
         src: &(impl AsSym<T> + ?Sized),
-        src_at: usize,
-        count: usize,
         pe: usize,
     ) -> Result<()> {
         self.check_stream(s)?;
-        let d = self.loc::<T>(dst.raw(), dst_at, count, pe)?;
-        let so = self.loc::<T>(src.raw(), src_at, count, self.b.me)?;
+        let count = src.raw().len;
+        let d = self.loc::<T>(dst.raw(), 0, count, pe)?;
+        let so = self.loc::<T>(src.raw(), 0, count, self.b.me)?;
         self.copy(
             s,
             self.b.addr(pe, d),
@@ -413,21 +412,18 @@ impl<'a> CudaPe<'a> {
         )
     }
 
-    /// Stream-ordered get: `count` elements of PE `pe`'s `src` into this PE's `dst`.
-    #[allow(clippy::too_many_arguments)]
+    /// Stream-ordered get: the start of PE `pe`'s `src` into this PE's `dst` (all of it).
     pub fn get_on_stream<T: Elem>(
         &self,
         s: &Stream,
         dst: &(impl AsSym<T> + ?Sized),
-        dst_at: usize,
         src: &(impl AsSym<T> + ?Sized),
-        src_at: usize,
-        count: usize,
         pe: usize,
     ) -> Result<()> {
         self.check_stream(s)?;
-        let d = self.loc::<T>(dst.raw(), dst_at, count, self.b.me)?;
-        let so = self.loc::<T>(src.raw(), src_at, count, pe)?;
+        let count = dst.raw().len;
+        let d = self.loc::<T>(dst.raw(), 0, count, self.b.me)?;
+        let so = self.loc::<T>(src.raw(), 0, count, pe)?;
         self.copy(
             s,
             self.b.addr(self.b.me, d),
@@ -498,23 +494,20 @@ impl<'a> CudaPe<'a> {
         }
     }
 
-    /// Stream-ordered put with signal: `count` elements of `src` from `src_at` into `dst` at
-    /// `dst_at` on PE `pe`, then `signal` there (visible only after the data).
-    #[allow(clippy::too_many_arguments)]
+    /// Stream-ordered put with signal: this PE's `src` into the start of PE `pe`'s `dst` (as
+    /// [`put_on_stream`](Self::put_on_stream)), then `signal` there (visible only after the
+    /// data).
     pub fn put_signal_on_stream<T: Elem>(
         &self,
         s: &Stream,
         dst: &(impl AsSym<T> + ?Sized),
-        dst_at: usize,
         src: &(impl AsSym<T> + ?Sized),
-        src_at: usize,
-        count: usize,
         signal: Signal,
         pe: usize,
     ) -> Result<()> {
         let sig = signal.object();
         self.loc::<u64>(signal.sym, signal.at, 1, pe)?;
-        self.put_on_stream(s, dst, dst_at, src, src_at, count, pe)?;
+        self.put_on_stream(s, dst, src, pe)?;
         self.signal_on_stream(s, &sig, signal.at, signal.value, signal.op, pe)
     }
 

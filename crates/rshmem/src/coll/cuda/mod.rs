@@ -32,7 +32,7 @@ pub use tuning::{
 use crate::backend::cuda::ffi;
 use crate::backend::cuda::gpu::{self, DevBuf, Func, Module, RawStream};
 use crate::coll::plan::{self, Algo, Buf, CollKind, Plan, Shape, Step};
-use crate::coll::{AllToAllV, CollConfig, ReduceOp};
+use crate::coll::{AllToAllV, CollConfig, Fold, ReduceOp, ToRoot};
 use crate::device::{CudaPe, DeviceTeam, Stream};
 use crate::elem::{Elem, ElemKind};
 use crate::error::{Error, Result};
@@ -424,8 +424,8 @@ impl<'a> GpuColl<'a> {
         self.exec(s, dt, &plan, sr, d, es, None, sig)
     }
 
-    /// The fold of every member's `src[..count]` into member `root`'s `dst[..count]`.
-    #[allow(clippy::too_many_arguments)]
+    /// The fold (`to.op`) of every member's `src[..count]` into member `to.root`'s
+    /// `dst[..count]`.
     pub fn reduce<T: Elem>(
         &self,
         s: &Stream,
@@ -433,9 +433,9 @@ impl<'a> GpuColl<'a> {
         dst: &(impl AsSym<T> + ?Sized),
         src: &(impl AsSym<T> + ?Sized),
         count: usize,
-        op: ReduceOp,
-        root: usize,
+        to: ToRoot,
     ) -> Result<()> {
+        let ToRoot { op, root } = to;
         let dt = self.team(s, team)?;
         check_root(root, dt)?;
         let f = self.reduce_func::<T>(op)?;
@@ -456,7 +456,8 @@ impl<'a> GpuColl<'a> {
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
     }
 
-    /// The fold of every member's `src[..count]` into every member's `dst[..count]`.
+    /// The fold of every member's `src[..count]` into every member's `dst[..count]`: `op` a
+    /// [`ReduceOp`], or a [`Fold`] with the algorithm forced (`Fold { op, algo: Some(a) }`).
     pub fn all_reduce<T: Elem>(
         &self,
         s: &Stream,
@@ -464,29 +465,14 @@ impl<'a> GpuColl<'a> {
         dst: &(impl AsSym<T> + ?Sized),
         src: &(impl AsSym<T> + ?Sized),
         count: usize,
-        op: ReduceOp,
+        op: impl Into<Fold>,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
-        self.all_reduce_on(s, dt, dst, src, count, op, None)
+        let Fold { op, algo } = op.into();
+        self.all_reduce_on(s, dt, dst, src, count, op, algo)
     }
 
-    /// [`GpuColl::all_reduce`] with a forced algorithm.
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce_with<T: Elem>(
-        &self,
-        s: &Stream,
-        team: &Team,
-        dst: &(impl AsSym<T> + ?Sized),
-        src: &(impl AsSym<T> + ?Sized),
-        count: usize,
-        op: ReduceOp,
-        algo: Algo,
-    ) -> Result<()> {
-        let dt = self.team(s, team)?;
-        self.all_reduce_on(s, dt, dst, src, count, op, Some(algo))
-    }
-
-    /// [`GpuColl::all_reduce_with`] on a team already resolved and checked against `s`; no
+    /// [`GpuColl::all_reduce`] on a team already resolved and checked against `s`; no
     /// algorithm: the pull path where it serves the call, else [`GpuColl::all_reduce_algo`].
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_on<T: Elem>(
@@ -785,26 +771,28 @@ impl<'a> GpuColl<'a> {
         max_bytes.div_ceil(THREADS as u64 * 64).clamp(1, limit) as u32
     }
 
-    /// All-to-all with counts known only on the GPU: member j sends `send_counts[k]` (this
-    /// PE's copy of the symmetric `send_counts`, ≥ team-size u64 words, written by earlier
+    /// All-to-all with counts known only on the GPU: member j sends `counts.send[k]` (this
+    /// PE's copy of the symmetric `counts.send`, ≥ team-size u64 words, written by earlier
     /// stream work) elements to member k, packed in member order from `src[0]`; member k
     /// receives them packed in member order from `dst[0]` and gets the per-sender counts in its
-    /// `recv_counts` (≥ team-size words). The counts are exchanged on the device (each member
+    /// `counts.recv` (≥ team-size words). The counts are exchanged on the device (each member
     /// reads every member's counts after a barrier), so the call captures into a graph; the
     /// capacity bound is the objects' lengths. If any sender's total exceeds `src`'s length or
     /// any receiver's total exceeds `dst`'s, every member copies nothing, writes the counts it
-    /// saw to `recv_counts`, and raises a device flag: [`GpuColl::check_errors`] (after a
+    /// saw to `counts.recv`, and raises a device flag: [`GpuColl::check_errors`] (after a
     /// synchronize, outside capture) returns [`Error::Capacity`]. Never an out-of-bounds write.
-    #[allow(clippy::too_many_arguments)]
     pub fn all_to_all_v_device<T: Elem>(
         &self,
         s: &Stream,
         team: &Team,
         dst: &(impl AsSym<T> + ?Sized),
         src: &(impl AsSym<T> + ?Sized),
-        send_counts: &(impl AsSym<u64> + ?Sized),
-        recv_counts: &(impl AsSym<u64> + ?Sized),
+        counts: DeviceCounts<'_>,
     ) -> Result<()> {
+        let DeviceCounts {
+            send: send_counts,
+            recv: recv_counts,
+        } = counts;
         let dt = self.team(s, team)?;
         let n = dt.size as usize;
         if n > self.a2av_dev_max {
@@ -868,4 +856,15 @@ impl<'a> GpuColl<'a> {
         };
         self.sync(s, dt)
     }
+}
+
+/// The symmetric count arrays of [`GpuColl::all_to_all_v_device`]: what this PE sends to each
+/// member (written by earlier stream work) and, written by the call, what it receives from
+/// each.
+#[derive(Clone, Copy)]
+pub struct DeviceCounts<'a> {
+    /// Elements to each member, one u64 per member.
+    pub send: &'a dyn AsSym<u64>,
+    /// Elements from each member, one u64 per member (written by the call).
+    pub recv: &'a dyn AsSym<u64>,
 }

@@ -339,7 +339,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 let (td, tc) = if mode == EpMode::Normal {
                     let mut last = None;
                     let td = time_stream(&g, &s, args.iters, || {
-                        last = Some(buf.dispatch(pe, &s, &x, &ids, &w, t, k)?);
+                        last = Some(buf.dispatch(pe, &s, &x, &ids.slice(..t * k)?, &w, k)?);
                         Ok(())
                     })?;
                     let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
@@ -347,12 +347,12 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                     (td, tc)
                 } else {
                     // Capture one dispatch and one combine, replay each.
-                    buf.dispatch(pe, &s, &x, &ids, &w, t, k)?;
+                    buf.dispatch(pe, &s, &x, &ids.slice(..t * k)?, &w, k)?;
                     s.synchronize()?;
                     buf.check(pe)?;
                     pe.barrier_all()?;
                     s.begin_capture()?;
-                    let d = buf.dispatch(pe, &s, &x, &ids, &w, t, k);
+                    let d = buf.dispatch(pe, &s, &x, &ids.slice(..t * k)?, &w, k);
                     let gd = s.end_capture()?;
                     let d = d?;
                     s.begin_capture()?;
@@ -417,7 +417,15 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
                     let mut last = None;
                     let dt = stage_times(&g, &s, args.iters, |m| {
-                        last = Some(buf.dispatch_marked(pe, &s, &x, &ids, &w, t, k, m)?);
+                        last = Some(buf.dispatch_marked(
+                            pe,
+                            &s,
+                            &x,
+                            &ids.slice(..t * k)?,
+                            &w,
+                            k,
+                            m,
+                        )?);
                         Ok(())
                     })?;
                     let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;

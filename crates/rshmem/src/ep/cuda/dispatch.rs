@@ -27,6 +27,13 @@ impl<T: Elem> GpuBuffer<T> {
                 c.max_topk
             )));
         }
+        if !ids.raw().len.is_multiple_of(top_k) {
+            return Err(Error::invalid(format!(
+                "ep: topk_ids has {} elements, not a whole number of tokens of top_k {top_k} \
+                 (pass a slice of tokens * top_k elements)",
+                ids.raw().len
+            )));
+        }
         if t > c.max_tokens {
             return Err(Error::invalid(format!(
                 "ep: {t} tokens exceed max_tokens {} of the buffer",
@@ -51,9 +58,10 @@ impl<T: Elem> GpuBuffer<T> {
         Ok((g.ptr(x)?, g.ptr(ids)?, g.ptr(w)?))
     }
 
-    /// Dispatches this PE's `num_tokens` tokens (see the [module docs](super)): `x [T, H]`,
-    /// `topk_ids [T, top_k]`, `topk_weights [T, top_k]`, all symmetric objects of this PE's
-    /// heap, on stream `s`. Collective over the team.
+    /// Dispatches this PE's tokens (see the [module docs](super)): `topk_ids [T, top_k]` (its
+    /// length gives T: pass `ids.slice(..t * top_k)?` for fewer tokens than the object holds),
+    /// `x [T, H]` and `topk_weights [T, top_k]` (at least that long), all symmetric objects of
+    /// this PE's heap, on stream `s`. Collective over the team.
     ///
     /// Normal mode waits until the rows and the counts arrived (every dispatch kernel has
     /// ended; `s` itself is not synchronised) and returns errors found on the device at once,
@@ -61,7 +69,6 @@ impl<T: Elem> GpuBuffer<T> {
     /// capturable mode never synchronises (call [`check`](Self::check) after synchronising).
     /// The expert-major rows are in [`expert_x`](Self::expert_x) once `s` reaches the end of
     /// the queued work.
-    #[allow(clippy::too_many_arguments)]
     pub fn dispatch<I: TopkId + Elem>(
         &self,
         pe: &Pe,
@@ -69,19 +76,9 @@ impl<T: Elem> GpuBuffer<T> {
         x: &(impl AsSym<T> + ?Sized),
         topk_ids: &(impl AsSym<I> + ?Sized),
         topk_weights: &(impl AsSym<f32> + ?Sized),
-        num_tokens: usize,
         top_k: usize,
     ) -> Result<Dispatch> {
-        self.dispatch_marked(
-            pe,
-            s,
-            x,
-            topk_ids,
-            topk_weights,
-            num_tokens,
-            top_k,
-            &mut || Ok(()),
-        )
+        self.dispatch_marked(pe, s, x, topk_ids, topk_weights, top_k, &mut || Ok(()))
     }
 
     /// [`dispatch`](Self::dispatch) calling `mark` after each kernel launch (for timelines).
@@ -93,11 +90,12 @@ impl<T: Elem> GpuBuffer<T> {
         x: &(impl AsSym<T> + ?Sized),
         topk_ids: &(impl AsSym<I> + ?Sized),
         topk_weights: &(impl AsSym<f32> + ?Sized),
-        num_tokens: usize,
         top_k: usize,
         mark: &mut dyn FnMut() -> Result<()>,
     ) -> Result<Dispatch> {
         self.check_pe(pe)?;
+        // (A top_k of 0 is refused with the other inputs below, after the team learns of it.)
+        let num_tokens = topk_ids.raw().len.checked_div(top_k).unwrap_or(0);
         let g = CudaPe::new(pe)?;
         if s.device() != g.device() {
             return Err(Error::invalid("ep: stream of another GPU"));

@@ -429,7 +429,7 @@ pub struct HostHandle {
 /// pe.local_fill(&ones, 1.0)?;
 /// let g = CudaPe::new(pe)?;
 /// let s = g.stream()?;
-/// let d = buf.dispatch(pe, &s, &x, &ids, &w, t, k)?;
+/// let d = buf.dispatch(pe, &s, &x, &ids.slice(..t * k)?, &w, k)?;
 /// // d.recv_tokens_per_pe(): tokens from each source in buf.recv_x();
 /// // buf.expert_src(): for each expert-major row, its receive row * k + slot.
 /// buf.scale_experts(pe, &s, &buf.recv_x()?, &y, &ones)?;
