@@ -49,7 +49,7 @@ pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use launch::{init, init_with, launch, launch_with, launched, threads, threads_with};
 pub use nbi::{Completion, OpHandle, OpId, OpKind};
-pub use pe::Pe;
+pub use pe::{Free, Pe};
 pub use sym::{AsSym, RawSym, Signal, Sym, SymView};
 pub use team::Team;
 pub use world::{Mode, Placement, PROTOCOL_VERSION};

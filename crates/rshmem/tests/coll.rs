@@ -413,8 +413,8 @@ macro_rules! coll_body {
             let cs = colls(pe)?;
             each_type!($f(pe, &cs, &teams));
             let [a, b] = cs;
-            a.free()?;
-            b.free()?;
+            pe.free(a)?;
+            pe.free(b)?;
             teams.destroy(pe)
         }
     };
@@ -459,7 +459,7 @@ fn auto_body(pe: &Pe) -> Result<()> {
         check(&pe.local_vec(&x)?, &ins[root], "auto broadcast");
     }
     pe.free(x)?;
-    coll.free()
+    pe.free(coll)
 }
 
 mode_test!(coll_auto_large, [2, 3], auto_body);
@@ -603,7 +603,7 @@ fn bad_body(pe: &Pe) -> Result<()> {
         let other = Coll::new(pe, CollConfig::default().algo(Some(algo)))?;
         let r = other.all_reduce(w, &b, &a, 4, ReduceOp::Sum);
         assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
-        other.free()?;
+        pe.free(other)?;
         untouched()?;
     }
 
@@ -733,7 +733,7 @@ fn bad_body(pe: &Pe) -> Result<()> {
     pe.free(f)?;
     pe.free(b)?;
     pe.free(a)?;
-    coll.free()
+    pe.free(coll)
 }
 
 mode_test!(coll_bad_inputs, [1, 2, 3, 4], bad_body);
@@ -742,7 +742,7 @@ fn scratch_body(pe: &Pe) -> Result<()> {
     let coll = Coll::new(pe, CollConfig::default())?;
     assert_eq!(coll.scratch_bytes(), 8 * (16 + 2 * pe.n_pes()));
     coll.barrier(pe.world_team())?;
-    coll.free()
+    pe.free(coll)
 }
 
 mode_test!(coll_scratch_size, [1, 4], scratch_body);
@@ -765,7 +765,7 @@ fn empty_views_body(pe: &Pe) -> Result<()> {
     coll.all_to_all(w, &e, &x, 0)?;
     assert_eq!(pe.local_vec(&x)?, vec![7; 8 * n]);
     pe.free(x)?;
-    coll.free()
+    pe.free(coll)
 }
 
 mode_test!(coll_empty_views, [1, 3], empty_views_body);
@@ -848,7 +848,7 @@ fn in_place_views_body(pe: &Pe) -> Result<()> {
         guards(len)?;
         pe.barrier_all()?;
         pe.free(x)?;
-        c.free()?;
+        pe.free(c)?;
     }
     Ok(())
 }
@@ -876,7 +876,7 @@ fn a2av_alone_body(pe: &Pe) -> Result<()> {
     assert_eq!(pe.local_vec(&x)?, want);
     pe.free(x)?;
     pe.team_destroy(me)?;
-    coll.free()
+    pe.free(coll)
 }
 
 mode_test!(coll_all_to_all_v_alone_in_place, [1, 2], a2av_alone_body);
@@ -920,8 +920,8 @@ fn concurrent_teams_body(pe: &Pe) -> Result<()> {
     })?;
     pe.free(y)?;
     pe.free(x)?;
-    c2.free()?;
-    c1.free()?;
+    pe.free(c2)?;
+    pe.free(c1)?;
     pe.team_destroy(copy)
 }
 

@@ -569,7 +569,7 @@ fn routings_body_with<T: Elem>(
         }
     }
     free_inputs(pe, inp)?;
-    buf.free(pe)
+    pe.free(buf)
 }
 
 #[test]
@@ -783,7 +783,7 @@ fn split_combine_body(pe: &Pe, mode: EpMode) -> Result<()> {
         }
     }
     free_inputs(pe, inp)?;
-    buf.free(pe)
+    pe.free(buf)
 }
 
 #[test]
@@ -891,7 +891,7 @@ fn dispatch_sentinel_body(pe: &Pe) -> Result<()> {
     buf.check(pe)?;
     drop(graph);
     free_inputs(pe, inp)?;
-    buf.free(pe)
+    pe.free(buf)
 }
 
 #[test]
@@ -982,7 +982,7 @@ fn dispatch_all_ones_body<T: Elem>(pe: &Pe, ones: T, canon: T, bits: fn(T) -> u3
         pe.barrier_all()?;
         free_inputs(pe, inp)?;
     }
-    buf.free(pe)
+    pe.free(buf)
 }
 
 #[test]
@@ -1069,7 +1069,7 @@ fn overflow_body(pe: &Pe) -> Result<()> {
         run_step(pe, &s, &c, &buf, &inp, &st)?;
     }
     free_inputs(pe, inp)?;
-    buf.free(pe)
+    pe.free(buf)
 }
 
 #[test]
@@ -1161,7 +1161,7 @@ fn peer_timeout_body_mode(pe: &Pe, mode: EpMode) -> Result<()> {
     run_step(pe, &s, &c, &buf, &inp, &st)?;
     pe.free(never)?;
     free_inputs(pe, inp)?;
-    buf.free(pe)
+    pe.free(buf)
 }
 
 /// `body` on 2 thread-PEs of this process whose device waits time out after 2 s.
@@ -1269,7 +1269,7 @@ fn graph_body_mode(pe: &Pe, mode: EpMode, layout: RecvLayout) -> Result<()> {
     pe.barrier_all()?;
     drop(graph);
     free_inputs(pe, inp)?;
-    buf.free(pe)
+    pe.free(buf)
 }
 
 #[test]
@@ -1390,7 +1390,7 @@ fn graph_overflow_body(pe: &Pe) -> Result<()> {
     }
     drop(graph);
     free_inputs(pe, inp)?;
-    buf.free(pe)
+    pe.free(buf)
 }
 
 #[test]
@@ -1508,10 +1508,10 @@ fn bad_inputs_body(pe: &Pe) -> Result<()> {
     buf.check(pe)?;
     verify(pe, &c, &buf, &inp, &good, d2.rows())?;
     pe.barrier_all()?;
-    other.free(pe)?;
+    pe.free(other)?;
     pe.free(small)?;
     free_inputs(pe, inp)?;
-    buf.free(pe)
+    pe.free(buf)
 }
 
 #[test]
@@ -1805,7 +1805,7 @@ fn combine_tokens_body(pe: &Pe) -> Result<()> {
         }
         pe.free(yt)?;
         free_inputs(pe, inp)?;
-        buf.free(pe)?;
+        pe.free(buf)?;
     }
     Ok(())
 }
@@ -1875,7 +1875,7 @@ fn overlap_beyond_temp_rows(pe: &Pe) -> Result<()> {
     pe.barrier_all()?;
     pe.free(big)?;
     free_inputs(pe, inp)?;
-    buf.free(pe)
+    pe.free(buf)
 }
 
 fn combine_tokens_graph_with(pe: &Pe, how: TokensCombine) -> Result<()> {
@@ -1947,7 +1947,7 @@ fn combine_tokens_graph_with(pe: &Pe, how: TokensCombine) -> Result<()> {
     }
     drop(graph);
     free_inputs(pe, inp)?;
-    buf.free(pe)
+    pe.free(buf)
 }
 
 #[test]

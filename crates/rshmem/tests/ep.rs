@@ -435,7 +435,7 @@ fn body_all_cases_in<T: Elem, I: TopkId + FromI64>(pe: &Pe, cfg: EpConfig) -> Re
     for (i, case) in all_cases().iter().enumerate() {
         run_case::<T, I>(pe, &mut buf, case, i % 2 == 0)?;
     }
-    buf.free(pe)
+    pe.free(buf)
 }
 
 fn f32_i64_normal(pe: &Pe) -> Result<()> {
@@ -523,7 +523,7 @@ fn identity_sum_of_weights(pe: &Pe) -> Result<()> {
             assert_eq!(out[t * H + c], x[t * H + c] * sw, "token {t}");
         }
     }
-    buf.free(pe)
+    pe.free(buf)
 }
 mode_test!(
     identity_combine_is_x_times_weight_sum,
@@ -549,7 +549,7 @@ fn split_teams(pe: &Pe) -> Result<()> {
         };
         run_case_in::<f32, i32>(pe, &mut buf, &case, i % 2 == 1, (me, n))?;
     }
-    buf.free(pe)?;
+    pe.free(buf)?;
     pe.team_destroy(team)
 }
 mode_test!(split_team_dispatch_combine, [4], split_teams);
@@ -809,8 +809,8 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
         // The buffer is still usable, with exact results.
         run_case::<f32, i64>(pe, &mut buf, &good_case(100 + i as u64), true)?;
     }
-    other.free(pe)?;
-    buf.free(pe)
+    pe.free(other)?;
+    pe.free(buf)
 }
 mode_test!(bad_inputs_fail_on_every_pe, [1, 2, 3], bad_inputs);
 
@@ -900,7 +900,7 @@ fn bad_configs(pe: &Pe) -> Result<()> {
         let mut b = HostBuffer::<f32>::new(pe, w, c)?;
         let r = b.dispatch::<i32>(pe, &[], &[], &[], 1);
         assert!(matches!(r, Err(Error::CollectiveMismatch { .. })), "{r:?}");
-        b.free(pe)?;
+        pe.free(b)?;
     }
     let r = HostBuffer::<i32>::new(pe, w, good);
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "dtype: {r:?}");
@@ -934,7 +934,7 @@ fn bad_configs(pe: &Pe) -> Result<()> {
     assert_eq!(b.recv_rows(), n * MAX_T);
     let want = n * MAX_T * H * 2 + n * MAX_T * (1 + 2 * MAX_K) * 4 + MAX_T * MAX_K * H * 2;
     assert!(b.bytes() >= want && b.bytes() < want + 4096);
-    b.free(pe)
+    pe.free(b)
 }
 mode_test!(bad_configs_rejected, [1, 2, 3], bad_configs);
 
@@ -960,7 +960,7 @@ fn empty_slot_weights(pe: &Pe) -> Result<()> {
     let y = buf.combine(pe, &d.handle, &d.x)?;
     let want: Vec<f32> = x.iter().map(|v| 0.5 * v).collect();
     assert_eq!(y, want);
-    buf.free(pe)
+    pe.free(buf)
 }
 
 mode_test!(
@@ -1030,7 +1030,7 @@ fn capacity(pe: &Pe) -> Result<()> {
     let d = buf.dispatch(pe, &x, &ids, &w, 1)?;
     let out = buf.combine(pe, &d.handle, &d.x)?;
     assert_eq!(out, x.iter().map(|v| v * 0.5).collect::<Vec<_>>());
-    buf.free(pe)
+    pe.free(buf)
 }
 mode_test!(capturable_overflow_is_an_error, [1, 2, 3, 4], capacity);
 

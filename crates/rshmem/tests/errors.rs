@@ -841,7 +841,7 @@ fn handle_of_another_pe() {
         coll.all_reduce(pe.world_team(), &z, &z, 2, ReduceOp::Sum)?;
         assert_eq!(pe.local_vec(&z)?, [18, 18], "collectives work afterwards");
         pe.free(z)?;
-        coll.free()?;
+        pe.free(coll)?;
         let not_member = |e: &Error| matches!(e, Error::Team(m) if m.contains("not a member"));
         expect_err("team barrier", pe.team_barrier(&their_team), not_member);
         expect_err("team sync", pe.team_sync(&their_team), not_member);
@@ -919,7 +919,7 @@ fn handles_of_an_ended_world() {
             coll.all_reduce(&t, &y, &y, 4, ReduceOp::Sum),
             ended,
         );
-        coll.free()?;
+        pe.free(coll)?;
         // an expert-parallel buffer for the old team: an error, and no symmetric memory kept
         let used = pe.heap_usage().1;
         let ep = EpConfig {

@@ -201,7 +201,7 @@ pub fn run(pe: &Pe, mode: &str, o: &CollOpts, pb: Option<&ProgressBar>) -> CliRe
     let f = pe
         .free(ctl)
         .and_then(|_| pe.free(slots))
-        .and_then(|_| coll.free());
+        .and_then(|_| pe.free(coll));
     r?;
     f?;
     Ok(out)

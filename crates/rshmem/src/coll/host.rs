@@ -167,11 +167,6 @@ impl<'pe> Coll<'pe> {
         })
     }
 
-    /// Releases the scratch (a collective over the world like [`Pe::free`]).
-    pub fn free(self) -> Result<()> {
-        self.pe.free(self.scratch)
-    }
-
     /// Bytes of symmetric scratch this object holds on every PE: `8·(16 + 2·n_pes)`.
     pub fn scratch_bytes(&self) -> usize {
         self.scratch.len() * 8
@@ -632,5 +627,21 @@ impl<'pe> Coll<'pe> {
             }
         }
         Ok(())
+    }
+}
+
+impl crate::pe::sealed::Sealed for Coll<'_> {}
+/// `pe.free(coll)` releases the scratch (a collective over the world); `pe` must be the PE
+/// the object was made for.
+impl crate::pe::Free for Coll<'_> {
+    fn free_with(self, pe: &Pe) -> Result<()> {
+        if pe.my_pe() != self.pe.my_pe() {
+            return Err(Error::invalid(format!(
+                "free of the collectives of PE {} by PE {}",
+                self.pe.my_pe(),
+                pe.my_pe()
+            )));
+        }
+        pe.free(self.scratch)
     }
 }

@@ -259,8 +259,8 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
     };
     let r = run();
     if let Some(b) = base {
-        b.free(pe)?;
+        pe.free(b)?;
     }
-    buf.free(pe)?;
+    pe.free(buf)?;
     r
 }

@@ -85,7 +85,7 @@
 //!     let d = buf.dispatch(pe, &x, &ids, &w, 2)?;
 //!     // identity experts: send back what came in
 //!     let y = buf.combine(pe, &d.handle, &d.x)?;
-//!     buf.free(pe)?;
+//!     pe.free(buf)?;
 //!     Ok(y)
 //! }).unwrap();
 //! for y in r {

@@ -1,6 +1,9 @@
 //! The PE handle: allocation, one-sided operations, atomics, signals, waits, barriers, teams.
 
 mod atomics;
+mod free;
+pub(crate) use free::sealed;
+pub use free::Free;
 
 use crate::backend::AtomicOp;
 use crate::bootstrap::Bootstrap;
@@ -366,8 +369,8 @@ impl Pe {
         }))
     }
 
-    /// Collectively frees an object (every PE frees the same one, checked).
-    pub fn free<T: Elem>(&self, sym: Sym<T>) -> Result<()> {
+    /// [`Pe::free`] of a symmetric object.
+    pub(crate) fn free_sym<T: Elem>(&self, sym: Sym<T>) -> Result<()> {
         let _exch = self.take_exchange(TAG_FREE)?;
         // A foreign handle still takes part in the exchange, so the others see a mismatch
         // instead of waiting for this PE.

@@ -471,7 +471,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                         },
                     });
                 }
-                buf.free(pe)?;
+                pe.free(buf)?;
             }
         }
         pe.free(y)?;

@@ -766,11 +766,6 @@ impl<T: Elem> GpuBuffer<T> {
         self.view(self.plan.row_src, self.plan.rmax)
     }
 
-    /// Releases the symmetric area (collective over the world, like [`Pe::free`]).
-    pub fn free(self, pe: &Pe) -> Result<()> {
-        pe.free(self.area)
-    }
-
     fn params_ptr(&self, g: &CudaPe) -> Result<u64> {
         Ok(g.ptr(&self.area)? + self.plan.params as u64)
     }
@@ -784,5 +779,13 @@ impl<T: Elem> GpuBuffer<T> {
             )));
         }
         Ok(())
+    }
+}
+
+impl<T: Elem> crate::pe::sealed::Sealed for GpuBuffer<T> {}
+/// `pe.free(buf)` releases the symmetric area (collective over the world).
+impl<T: Elem> crate::pe::Free for GpuBuffer<T> {
+    fn free_with(self, pe: &Pe) -> Result<()> {
+        pe.free(self.area)
     }
 }

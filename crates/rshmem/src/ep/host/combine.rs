@@ -111,7 +111,7 @@ impl<T: Elem> HostBuffer<T> {
     ///         row.iter_mut().for_each(|v| *v *= f);
     ///     }
     ///     let out = buf.combine_tokens(pe, &h, &y)?;
-    ///     buf.free(pe)?;
+    ///     pe.free(buf)?;
     ///     Ok(out)
     /// }).unwrap();
     /// for out in r {

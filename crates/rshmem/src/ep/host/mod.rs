@@ -280,11 +280,6 @@ impl<T: Elem> HostBuffer<T> {
         self.rows
     }
 
-    /// Releases the symmetric areas (collective over the world, like [`Pe::free`]).
-    pub fn free(self, pe: &Pe) -> Result<()> {
-        pe.free(self.area)
-    }
-
     fn mode_word(&self) -> u64 {
         match self.cfg.mode {
             EpMode::Normal => 0,
@@ -465,4 +460,12 @@ impl<T: Elem> HostBuffer<T> {
     }
 
     // ----- dispatch -----
+}
+
+impl<T: Elem> crate::pe::sealed::Sealed for HostBuffer<T> {}
+/// `pe.free(buf)` releases the symmetric areas (collective over the world).
+impl<T: Elem> crate::pe::Free for HostBuffer<T> {
+    fn free_with(self, pe: &Pe) -> Result<()> {
+        pe.free(self.area)
+    }
 }
