@@ -6,9 +6,10 @@
 //! and VMM heaps; this file the `Backend` implementation for the host API; the public modules
 //! the stream-ordered API, the device API (kernels compiled by NVRTC), `info` and benchmarks.
 //!
-//! Device choice: `Config::devices` / `RSHMEM_DEVICES` (world rank → GPU ordinal), else the
-//! world rank modulo the number of visible GPUs (one node: the PE's index among its process's
-//! PEs in thread mode, the local rank in process mode), so PEs beyond the GPU count share GPUs.
+//! Device choice: `Config::devices` (`RSHMEM_DEVICES` through `Config::from_env`; world rank →
+//! GPU ordinal), else the world rank modulo the number of visible GPUs (one node: the PE's
+//! index among its process's PEs in thread mode, the local rank in process mode), so PEs
+//! beyond the GPU count share GPUs.
 //!
 //! # Sizes
 //! Nothing is compiled in: each PE's GPU heap is the user heap followed by a sync area sized
@@ -60,7 +61,6 @@ pub use info::{info, GpuInfo, Info};
 use super::{AtomicOp, Backend};
 use crate::bootstrap::agree;
 use crate::bootstrap::Bootstrap;
-use crate::config::parse_devices;
 use crate::config::{BackendKind, Config, HeapKind};
 use crate::error::{Error, Result};
 use gpu::{DevBuf, Func, Gpu, Module, RawStream};
@@ -283,18 +283,8 @@ fn same_context_pes(pids: &[u32], ords: &[usize], me: usize) -> Vec<usize> {
 }
 
 fn pick_device(config: &Config, me: usize, pids: &[u32]) -> Result<usize> {
-    let from_env = std::env::var("RSHMEM_DEVICES")
-        .ok()
-        .filter(|v| !v.trim().is_empty());
-    let map = match (&config.devices, from_env) {
-        (Some(m), _) => Some(m.clone()),
-        (None, Some(v)) => Some(parse_devices(&v).ok_or_else(|| {
-            Error::invalid(format!(
-                "RSHMEM_DEVICES={v:?}: expected GPU ordinals like 0,1,2,3"
-            ))
-        })?),
-        _ => None,
-    };
+    // The map is the configuration's (Config::from_env reads RSHMEM_DEVICES at the edge).
+    let map = config.devices.clone();
     // One node: world rank modulo the visible GPUs. In thread mode that is the PE's index among
     // its process's PEs; in process mode the local rank (also right when each process sees
     // only its own GPU through CUDA_VISIBLE_DEVICES).

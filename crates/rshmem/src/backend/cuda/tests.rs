@@ -1,4 +1,5 @@
 use super::*;
+use crate::config::parse_devices;
 use std::time::Duration;
 
 /// Every region in its place, no overlap, the documented size, the stream slot after
