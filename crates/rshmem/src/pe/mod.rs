@@ -22,7 +22,7 @@ use std::time::Duration;
 ///
 /// ```
 /// // Two PEs as threads; each writes its rank into the next PE's copy of `x`.
-/// let out = rshmem::threads(2, |pe| -> rshmem::Result<u64> {
+/// let out = rshmem::Launch::new().threads().run(2, |pe| -> rshmem::Result<u64> {
 ///     let x = pe.alloc::<u64>(1)?;
 ///     let next = (pe.my_pe() + 1) % pe.n_pes();
 ///     pe.p(&x, 0, pe.my_pe() as u64 + 100, next)?;
@@ -30,7 +30,7 @@ use std::time::Duration;
 ///     let v = pe.g(&x, 0, pe.my_pe())?;
 ///     pe.free(x)?;
 ///     Ok(v)
-/// }).unwrap();
+/// }).values().unwrap();
 /// assert_eq!(out.into_iter().collect::<rshmem::Result<Vec<_>>>().unwrap(), vec![101, 100]);
 /// ```
 ///
@@ -788,10 +788,10 @@ impl Pe {
     /// The world team is only lent (`&Team`), so it cannot even be passed here:
     ///
     /// ```compile_fail,E0507
-    /// rshmem::threads(1, |pe| {
+    /// rshmem::Launch::new().threads().run(1, |pe| {
     ///     let world: rshmem::Team = *pe.world_team(); // cannot move out of a reference
     ///     pe.team_destroy(world)
-    /// });
+    /// }).values();
     /// ```
     pub fn team_destroy(&self, team: Team) -> Result<()> {
         self.check_team(&team)?;

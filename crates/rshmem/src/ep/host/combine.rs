@@ -92,7 +92,7 @@ impl<T: Elem> HostBuffer<T> {
     ///
     /// ```
     /// use rshmem::ep::{HostBuffer, EpConfig, EpMode, RecvLayout};
-    /// let r = rshmem::threads(2, |pe| -> rshmem::Result<Vec<f32>> {
+    /// let r = rshmem::Launch::new().threads().run(2, |pe| -> rshmem::Result<Vec<f32>> {
     ///     let cfg = EpConfig { num_experts: 4, max_tokens: 2, hidden: 2, max_topk: 2,
     ///                          mode: EpMode::Normal, layout: RecvLayout::TokenMajor };
     ///     let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg)?;
@@ -113,7 +113,7 @@ impl<T: Elem> HostBuffer<T> {
     ///     let out = buf.combine_tokens(pe, &h, &y)?;
     ///     buf.free(pe)?;
     ///     Ok(out)
-    /// }).unwrap();
+    /// }).values().unwrap();
     /// for out in r {
     ///     // token 0: x * (0.5 + 0.25) from two PEs; token 1: x * 1.0 from PE 0
     ///     assert_eq!(out.unwrap(), vec![0.75, 1.5, 3.0, 4.0]);
