@@ -172,6 +172,7 @@ impl Drop for PeInner {
     fn drop(&mut self) {
         if !self.finalized.load(Ordering::Acquire) {
             // Ending without finalize: peers waiting on this PE learn it is lost.
+            self.record_cause();
             self.ctrls[self.me]
                 .word(control::W_STATE)
                 .store(control::STATE_FAILED, Ordering::Release);
@@ -222,9 +223,36 @@ impl PeInner {
     #[inline]
     pub fn check_peer(&self, pe: usize, op: &'static str) -> Result<()> {
         if self.any_lost.load(Ordering::Relaxed) && self.lost[pe].load(Ordering::Acquire) {
-            return Err(Error::PeerLost { pe, op });
+            return Err(Error::PeerLost {
+                pe: self.root_cause(pe),
+                op,
+            });
         }
         Ok(())
+    }
+
+    /// Publishes, before this PE ends, the lost peer it had seen (if any), so that peers
+    /// blame that PE rather than this one.
+    pub fn record_cause(&self) {
+        if let Some(c) = self.first_lost() {
+            self.ctrls[self.me]
+                .word(control::W_CAUSE)
+                .store(c as u64 + 1, Ordering::Release);
+        }
+    }
+
+    /// The PE whose loss made `pe` end: follows the causes the ended PEs published, up to a PE
+    /// that ended (or died) on its own.
+    pub fn root_cause(&self, pe: usize) -> usize {
+        let mut p = pe;
+        for _ in 0..self.n {
+            match self.ctrls[p].word(control::W_CAUSE).load(Ordering::Acquire) {
+                0 => break,
+                c if c as usize - 1 == p || c as usize > self.n => break,
+                c => p = c as usize - 1,
+            }
+        }
+        p
     }
 
     /// `PeerLost` naming the first lost peer, if any (quiet).
@@ -260,9 +288,20 @@ impl PeInner {
     }
 
     fn mark_lost(&self, pe: usize) {
-        let _ =
-            self.first_lost
-                .compare_exchange(0, pe as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
+        let root = self.root_cause(pe);
+        if root != pe && root != self.me && !self.lost[root].swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                pe = self.me,
+                lost = root,
+                "peer lost (seen through PE {pe})"
+            );
+        }
+        let _ = self.first_lost.compare_exchange(
+            0,
+            root as u64 + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         if !self.lost[pe].swap(true, Ordering::AcqRel) {
             tracing::warn!(
                 pe = self.me,
@@ -347,7 +386,10 @@ impl PeInner {
                 if cond() {
                     return Ok(());
                 }
-                return Err(Error::PeerLost { pe, op });
+                return Err(Error::PeerLost {
+                    pe: self.root_cause(pe),
+                    op,
+                });
             }
             if el >= timeout {
                 return Err(Error::Timeout {

@@ -436,13 +436,13 @@ impl<'pe> Coll<'pe> {
                 .collect();
             pe.local_write(&self.scratch, H_WORDS, &words)?;
         }
-        pe.team_sync(team)?; // plan step 0
+        pe.team_sync_as(team, c.kind.call())?; // plan step 0
         let verdict = self.compare(team, c, &rec, local);
         let in_place = match verdict {
             Ok(p) => p,
             Err(e) => {
                 // Every member reached the same verdict; wait until all have read the records.
-                pe.team_sync(team)?;
+                pe.team_sync_as(team, c.kind.call())?;
                 return Err(e);
             }
         };
@@ -532,7 +532,7 @@ impl<'pe> Coll<'pe> {
             });
         }
         pe.local_write(&self.scratch, H_FLAG, &[u64::from(bad.is_some())])?;
-        pe.team_sync(team)?;
+        pe.team_sync_as(team, c.kind.call())?;
         if let Some((i, sent, expected)) = bad {
             return Err(Error::invalid(format!(
                 "all_to_all_v: team member {i} (PE {}) sends {sent} elements to member {me}, which expects {expected}",
@@ -567,7 +567,7 @@ impl<'pe> Coll<'pe> {
         let internal = |what: &str| Error::invalid(format!("internal: bad plan step ({what})"));
         for step in p.steps.iter().skip(1) {
             match *step {
-                Step::Sync => pe.team_sync(team)?,
+                Step::Sync => pe.team_sync_as(team, c.kind.call())?,
                 Step::Copy {
                     peer,
                     from,

@@ -1,6 +1,9 @@
 //! The PE handle: allocation, one-sided operations, atomics, signals, waits, barriers, teams.
 
 mod atomics;
+mod calls;
+
+pub(crate) use calls::CallKind;
 
 use crate::backend::AtomicOp;
 use crate::bootstrap::Bootstrap;
@@ -10,7 +13,7 @@ use crate::elem::{AtomicElem, Cmp, Elem, SignalOp};
 use crate::error::{Error, Result};
 use crate::nbi::{Completion, OpHandle, OpKind};
 use crate::sym::{as_bytes, as_bytes_mut, AsSym, RawSym, Signal, Sym};
-use crate::sync::{dissemination_barrier, SyncMem};
+use crate::sync::{checked_barrier, SyncMem};
 use crate::team::{color_groups, strided_members, Team};
 use crate::world::{self, Mode, PeInner};
 use std::marker::PhantomData;
@@ -137,6 +140,20 @@ impl SyncMem for TeamMem<'_> {
             .word(w)
             .load(Ordering::Acquire)
     }
+    #[inline]
+    fn set_call(&self, parity: usize, word: u64) {
+        let w = self.inner.layout.call_word(self.team.slot, parity);
+        self.inner.ctrls[self.inner.me]
+            .word(w)
+            .store(word, Ordering::Relaxed);
+    }
+    #[inline]
+    fn call_of(&self, member: usize, parity: usize) -> u64 {
+        let w = self.inner.layout.call_word(self.team.slot, parity);
+        self.inner.ctrls[self.team.members[member]]
+            .word(w)
+            .load(Ordering::Relaxed)
+    }
 }
 
 impl Pe {
@@ -154,7 +171,10 @@ impl Pe {
     /// Finalizes this PE: quiet, a barrier with every PE, then the PE is gone. Peers waiting on
     /// a PE that ends without finalize see [`Error::PeerLost`].
     pub fn finalize(self) -> Result<()> {
-        let r = self.quiet().and_then(|_| self.sync_all());
+        let r = self.quiet().and_then(|_| {
+            self.team_sync_op(&self.inner.world_team, OP_SYNC_ALL, CallKind::Finalize)
+        });
+        self.inner.record_cause();
         self.inner.finalized.store(true, Ordering::Release);
         self.inner.ctrls[self.inner.me]
             .word(crate::control::W_STATE)
@@ -265,7 +285,7 @@ impl Pe {
     /// Exchanges a record with every member of `team` (collective); returns all records. The
     /// caller holds the exchange area ([`take_exchange`](Self::take_exchange)); the team's slot
     /// is held here, before the record is written, for both barriers.
-    fn exchange(&self, team: &Team, rec: &[u64]) -> Result<Vec<Vec<u64>>> {
+    fn exchange(&self, team: &Team, rec: &[u64], call: CallKind) -> Result<Vec<Vec<u64>>> {
         self.check_team(team)?;
         let inner = &*self.inner;
         let mut slot = Held::take(&inner.team_epochs[team.slot], rec[0])?;
@@ -276,7 +296,7 @@ impl Pe {
         for (i, w) in rec.iter().enumerate() {
             my.word(base + i).store(*w, Ordering::Relaxed);
         }
-        self.barrier_held(team, &mut slot, "collective exchange")?;
+        self.barrier_held(team, &mut slot, call)?;
         let out = team
             .members
             .iter()
@@ -286,7 +306,7 @@ impl Pe {
                     .collect()
             })
             .collect();
-        self.barrier_held(team, &mut slot, "collective exchange")?;
+        self.barrier_held(team, &mut slot, call)?;
         Ok(out)
     }
 
@@ -335,7 +355,7 @@ impl Pe {
             T::KIND as u64,
         ];
         let world = &self.inner.world_team;
-        let all = self.exchange(world, &rec)?;
+        let all = self.exchange(world, &rec, CallKind::Alloc)?;
         self.check_same(world, &rec, &all, |r| {
             if r[0] == TAG_ALLOC {
                 format!(
@@ -380,7 +400,7 @@ impl Pe {
         let seq = self.inner.world_seq.load(Ordering::Relaxed);
         let rec = [TAG_FREE, seq, off, 0, 0];
         let world = &self.inner.world_team;
-        let all = self.exchange(world, &rec)?;
+        let all = self.exchange(world, &rec, CallKind::Free)?;
         local?;
         self.check_same(world, &rec, &all, |r| match (r[0], r[2]) {
             (TAG_FREE, u64::MAX) => format!("free #{} of a foreign handle", r[1]),
@@ -578,50 +598,101 @@ impl Pe {
 
     // ----- barriers -----
 
-    /// One barrier of `team` as operation `code` (the slot is held for its duration).
-    fn team_sync_op(&self, team: &Team, code: u64) -> Result<()> {
+    /// One barrier of `team` as operation `code` (the slot is held for its duration), carrying
+    /// `call`.
+    fn team_sync_op(&self, team: &Team, code: u64, call: CallKind) -> Result<()> {
         // A team handle of another PE would make this PE act as that member.
         self.check_team(team)?;
         let mut slot = Held::take(&self.inner.team_epochs[team.slot], code)?;
-        self.barrier_held(team, &mut slot, tag_name(code))
+        self.barrier_held(team, &mut slot, call)
     }
 
-    /// One barrier of `team`, whose slot this thread holds (`slot`: it advances the epoch).
-    fn barrier_held(&self, team: &Team, slot: &mut Held<'_>, op: &'static str) -> Result<()> {
+    /// One barrier of `team`, whose slot this thread holds (`slot`: it advances the epoch),
+    /// carrying `call`: a member inside another kind of call makes it a
+    /// [`Error::CollectiveMismatch`] on every member, after which the team stays in step.
+    fn barrier_held(&self, team: &Team, slot: &mut Held<'_>, call: CallKind) -> Result<()> {
         let inner = &*self.inner;
         let epoch = (slot.idle >> OP_BITS) + 1;
         slot.idle = epoch << OP_BITS;
         let mem = TeamMem { inner, team };
         let timeout = inner.config.timeout;
-        dissemination_barrier(
+        let differs = checked_barrier(
             &mem,
             team.my_index,
             team.members.len(),
             epoch,
+            call.code(),
             |from, ready| {
                 let pe = team.members[from];
-                inner.wait_for(op, timeout, ready, || Some(pe), true)
+                inner.wait_for(call.name(), timeout, ready, || Some(pe), true)
             },
         )
+        .map_err(|e| match e {
+            // The member waited for may itself wait for the one that never came: name a
+            // member whose arrival is missing.
+            Error::Timeout { op, pe, after } => Error::Timeout {
+                op,
+                pe: self.missing_arrival(team, epoch).or(pe),
+                after,
+            },
+            e => e,
+        })?;
+        match differs {
+            None => Ok(()),
+            Some(d) => Err(Error::CollectiveMismatch {
+                op: call.name(),
+                pe: team.members[d.member],
+                mine: CallKind::describe(crate::sync::call_word(call.code(), epoch)),
+                theirs: CallKind::describe(d.word),
+            }),
+        }
+    }
+
+    /// The first member of `team` that has not arrived at barrier `epoch`: member `m`'s first
+    /// signal of a barrier goes to member `m + 1`'s round-0 counter, which each barrier raises
+    /// by exactly one.
+    fn missing_arrival(&self, team: &Team, epoch: u64) -> Option<usize> {
+        let inner = &*self.inner;
+        let n = team.members.len();
+        let w = inner.layout.barrier_word(team.slot, 0);
+        (0..n)
+            .filter(|&m| m != team.my_index)
+            .find(|&m| {
+                inner.ctrls[team.members[(m + 1) % n]]
+                    .word(w)
+                    .load(Ordering::Acquire)
+                    < epoch
+            })
+            .map(|m| team.members[m])
+    }
+
+    /// A team sync that is part of collective `call` (the collectives' and MoE's steps).
+    pub(crate) fn team_sync_as(&self, team: &Team, call: CallKind) -> Result<()> {
+        self.team_sync_op(team, OP_TEAM_SYNC, call)
+    }
+
+    /// A team barrier (quiet, then sync) that is part of collective `call`.
+    pub(crate) fn team_barrier_as(&self, team: &Team, call: CallKind) -> Result<()> {
+        self.quiet()?;
+        self.team_sync_op(team, OP_TEAM_BARRIER, call)
     }
 
     /// Barrier of every PE, after completing this PE's outstanding operations.
     pub fn barrier_all(&self) -> Result<()> {
         self.quiet()?;
-        self.team_sync_op(&self.inner.world_team, OP_BARRIER_ALL)
+        self.team_sync_op(&self.inner.world_team, OP_BARRIER_ALL, CallKind::BarrierAll)
     }
     /// Synchronises every PE (no quiet).
     pub fn sync_all(&self) -> Result<()> {
-        self.team_sync_op(&self.inner.world_team, OP_SYNC_ALL)
+        self.team_sync_op(&self.inner.world_team, OP_SYNC_ALL, CallKind::SyncAll)
     }
     /// Barrier of a team's PEs, after quiet.
     pub fn team_barrier(&self, team: &Team) -> Result<()> {
-        self.quiet()?;
-        self.team_sync_op(team, OP_TEAM_BARRIER)
+        self.team_barrier_as(team, CallKind::TeamBarrier)
     }
     /// Synchronises a team's PEs (no quiet).
     pub fn team_sync(&self, team: &Team) -> Result<()> {
-        self.team_sync_op(team, OP_TEAM_SYNC)
+        self.team_sync_as(team, CallKind::TeamSync)
     }
 
     // ----- teams -----
@@ -716,7 +787,7 @@ impl Pe {
             TAG_SPLIT_STRIDED,
             [start as u64, stride as u64, size as u64, 0],
         );
-        let all = self.exchange(parent, &rec)?;
+        let all = self.exchange(parent, &rec, CallKind::TeamSplitStrided)?;
         for (i, r) in all.iter().enumerate() {
             if r[..5] != rec[..5] {
                 return Err(Error::CollectiveMismatch {
@@ -757,7 +828,7 @@ impl Pe {
         let _exch = self.take_exchange(TAG_SPLIT_COLOR)?;
         let c = color.map_or(u64::MAX, u64::from);
         let rec = self.split_record(TAG_SPLIT_COLOR, [c, key as u64, 0, 0]);
-        let all = self.exchange(parent, &rec)?;
+        let all = self.exchange(parent, &rec, CallKind::TeamSplit)?;
         if let Some(i) = all.iter().position(|r| r[0] != TAG_SPLIT_COLOR) {
             return Err(Error::CollectiveMismatch {
                 op: "team_split",
@@ -800,7 +871,7 @@ impl Pe {
         }
         let _exch = self.take_exchange(TAG_DESTROY)?;
         let rec = self.split_record(TAG_DESTROY, [0; 4]);
-        let all = self.exchange(&team, &rec[..EXCH_FIXED])?;
+        let all = self.exchange(&team, &rec[..EXCH_FIXED], CallKind::TeamDestroy)?;
         if let Some(i) = all.iter().position(|r| r[0] != TAG_DESTROY) {
             return Err(Error::CollectiveMismatch {
                 op: "team_destroy",

@@ -221,7 +221,7 @@ impl<T: Elem> HostBuffer<T> {
         // before everyone cleared.
         pe.local_fill(&buf.sig()?, 0)?;
         pe.local_fill(&buf.done()?, 0)?;
-        pe.team_barrier(team)?;
+        pe.team_barrier_as(team, crate::pe::CallKind::EpBufferNew)?;
         tracing::debug!(
             pe = pe.my_pe(),
             bytes = buf.bytes(),
