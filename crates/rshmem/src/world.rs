@@ -155,6 +155,9 @@ pub(crate) struct PeInner {
     pub any_lost: AtomicBool,
     /// 1 + the first PE found lost (0: none yet).
     pub first_lost: AtomicU64,
+    /// Set once a barrier or collective of this PE ended in a timeout or a lost peer: the
+    /// world cannot complete a barrier any more, so finalize waits only a short grace.
+    pub faulted: AtomicBool,
     _regions: Vec<Arc<Region>>,
 }
 
@@ -386,12 +389,16 @@ impl PeInner {
                 if cond() {
                     return Ok(());
                 }
+                self.faulted.store(true, Ordering::Release);
                 return Err(Error::PeerLost {
                     pe: self.root_cause(pe),
                     op,
                 });
             }
             if el >= timeout {
+                if strict {
+                    self.faulted.store(true, Ordering::Release);
+                }
                 return Err(Error::Timeout {
                     op,
                     pe: w,
@@ -621,6 +628,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         lost: (0..n).map(|_| AtomicBool::new(false)).collect(),
         any_lost: AtomicBool::new(false),
         first_lost: AtomicU64::new(0),
+        faulted: AtomicBool::new(false),
         placements,
         config,
         bootstrap: boot,

@@ -987,17 +987,31 @@ fn bad_configurations() {
     expect_err("0 PEs", run(cfg(), 0), |e| {
         matches!(e, Error::InvalidArgument(_))
     });
-    // a heap smaller than one granule: every allocation fails, nothing panics
+    // a heap below the minimum is refused, naming the minimum (not accepted as 0 bytes)
+    for tiny in [1, 10, 4095] {
+        expect_err(
+            "tiny heap",
+            run(cfg().heap_size(tiny), 2),
+            |e| matches!(e, Error::InvalidArgument(m) if m.contains(&format!("{tiny} bytes is below the minimum of 4096 bytes"))),
+        );
+    }
+    // the smallest heap works, and running out of it is an error naming its size
     let r = all_ok(
         rshmem::Launch::new()
-            .config(cfg().heap_size(10))
+            .config(cfg().heap_size(4096))
             .threads()
-            .run(2, |pe| Ok(pe.alloc::<u8>(1).map(|_| ())))
+            .run(2, |pe| Ok(pe.alloc::<u8>(8192).map(|_| ())))
             .values(),
     );
     for x in r {
-        expect_err("tiny heap", x, |e| {
-            matches!(e, Error::HeapExhausted { heap_size: 0, .. })
+        expect_err("exhausted", x, |e| {
+            matches!(
+                e,
+                Error::HeapExhausted {
+                    heap_size: 4096,
+                    ..
+                }
+            )
         });
     }
 }

@@ -165,3 +165,36 @@ fn kinds_never_match(pe: &Pe) -> Result<()> {
 fn kinds_never_match_all_modes() {
     harness::all_modes("kinds_never_match_all_modes", 4, kinds_never_match);
 }
+
+/// Mismatch messages name element types by name (`u32`, `f32`), not by an internal tag.
+#[test]
+fn type_mismatch_names_the_types() {
+    let r = rshmem::Launch::new()
+        .config(harness::config())
+        .threads()
+        .run(2, |pe| {
+            if pe.my_pe() == 0 {
+                pe.alloc::<u32>(4).map(|_| ())
+            } else {
+                pe.alloc::<f32>(4).map(|_| ())
+            }
+        })
+        .values()
+        .expect("world");
+    for (me, x) in r.into_iter().enumerate() {
+        let (mine, theirs) = if me == 0 {
+            ("u32", "f32")
+        } else {
+            ("f32", "u32")
+        };
+        match x {
+            Err(Error::CollectiveMismatch {
+                mine: m, theirs: t, ..
+            }) => assert!(
+                m.ends_with(&format!("type {mine}")) && t.ends_with(&format!("type {theirs}")),
+                "PE {me}: {m:?} / {t:?}"
+            ),
+            other => panic!("PE {me}: {other:?}"),
+        }
+    }
+}

@@ -494,9 +494,13 @@ impl<'pe> Coll<'pe> {
         }
         if let Some(i) = all.iter().position(|r| r != rec) {
             let show = |r: &[u64; H_CMP]| {
+                // The element type is stored plus one, so that 0 means no record.
+                let elem = r[1]
+                    .checked_sub(1)
+                    .map_or_else(|| "none".into(), crate::elem::ElemKind::tag_name);
                 format!(
-                    "kind {} elem {} op {} root {} count {} src {}+{} dst {}+{} algo {} team {:x}",
-                    r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]
+                    "kind {} type {elem} op {} root {} count {} src {}+{} dst {}+{} algo {} team {:x}",
+                    r[0], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]
                 )
             };
             return Err(Error::CollectiveMismatch {

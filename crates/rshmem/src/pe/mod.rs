@@ -69,6 +69,9 @@ const OP_SYNC_ALL: u64 = 7;
 const OP_TEAM_BARRIER: u64 = 8;
 const OP_TEAM_SYNC: u64 = 9;
 
+/// The most finalize waits for its peers once a barrier of this PE failed.
+const FINALIZE_GRACE: Duration = Duration::from_millis(500);
+
 /// Low bits of a team slot's word ([`PeInner::team_epochs`]) holding the code of the operation
 /// a thread of this PE is inside (0: none); the slot's barrier epoch is above them.
 pub(crate) const OP_BITS: u32 = 4;
@@ -159,7 +162,7 @@ impl SyncMem for TeamMem<'_> {
 impl Pe {
     /// Joins a world through `bootstrap` (collective over every rank of the bootstrap).
     ///
-    /// Most programs use [`threads`](crate::threads) or [`init`](crate::init) instead; this is
+    /// Most programs use [`launch`](crate::launch) or [`init`](crate::init) instead; this is
     /// the entry for threads the application owns: every thread calls it with its endpoint of a
     /// shared [`InProcBootstrap`](crate::InProcBootstrap).
     pub fn init(config: Config, bootstrap: Box<dyn Bootstrap>) -> Result<Pe> {
@@ -172,7 +175,15 @@ impl Pe {
     /// a PE that ends without finalize see [`Error::PeerLost`].
     pub fn finalize(self) -> Result<()> {
         let r = self.quiet().and_then(|_| {
-            self.team_sync_op(&self.inner.world_team, OP_SYNC_ALL, CallKind::Finalize)
+            let world = &self.inner.world_team;
+            if self.inner.faulted.load(Ordering::Acquire) {
+                // A barrier already failed: the peers that can still meet here do so within a
+                // short grace; a stuck or lost one would otherwise cost a second full timeout.
+                let grace = self.inner.config.timeout.min(FINALIZE_GRACE);
+                self.team_sync_within(world, OP_SYNC_ALL, CallKind::Finalize, grace)
+            } else {
+                self.team_sync_op(world, OP_SYNC_ALL, CallKind::Finalize)
+            }
         });
         self.inner.record_cause();
         self.inner.finalized.store(true, Ordering::Release);
@@ -359,8 +370,11 @@ impl Pe {
         self.check_same(world, &rec, &all, |r| {
             if r[0] == TAG_ALLOC {
                 format!(
-                    "alloc #{} of {} bytes, align {}, type tag {}",
-                    r[1], r[2], r[3], r[4]
+                    "alloc #{} of {} bytes, align {}, type {}",
+                    r[1],
+                    r[2],
+                    r[3],
+                    crate::elem::ElemKind::tag_name(r[4])
                 )
             } else {
                 format!("{} #{}", tag_name(r[0]), r[1])
@@ -601,21 +615,41 @@ impl Pe {
     /// One barrier of `team` as operation `code` (the slot is held for its duration), carrying
     /// `call`.
     fn team_sync_op(&self, team: &Team, code: u64, call: CallKind) -> Result<()> {
+        self.team_sync_within(team, code, call, self.inner.config.timeout)
+    }
+
+    /// As [`team_sync_op`](Self::team_sync_op), waiting at most `timeout`.
+    fn team_sync_within(
+        &self,
+        team: &Team,
+        code: u64,
+        call: CallKind,
+        timeout: Duration,
+    ) -> Result<()> {
         // A team handle of another PE would make this PE act as that member.
         self.check_team(team)?;
         let mut slot = Held::take(&self.inner.team_epochs[team.slot], code)?;
-        self.barrier_held(team, &mut slot, call)
+        self.barrier_within(team, &mut slot, call, timeout)
     }
 
     /// One barrier of `team`, whose slot this thread holds (`slot`: it advances the epoch),
     /// carrying `call`: a member inside another kind of call makes it a
     /// [`Error::CollectiveMismatch`] on every member, after which the team stays in step.
     fn barrier_held(&self, team: &Team, slot: &mut Held<'_>, call: CallKind) -> Result<()> {
+        self.barrier_within(team, slot, call, self.inner.config.timeout)
+    }
+
+    fn barrier_within(
+        &self,
+        team: &Team,
+        slot: &mut Held<'_>,
+        call: CallKind,
+        timeout: Duration,
+    ) -> Result<()> {
         let inner = &*self.inner;
         let epoch = (slot.idle >> OP_BITS) + 1;
         slot.idle = epoch << OP_BITS;
         let mem = TeamMem { inner, team };
-        let timeout = inner.config.timeout;
         let differs = checked_barrier(
             &mem,
             team.my_index,
