@@ -9,8 +9,8 @@ pub(crate) const MAGIC: u64 = 0x7273_686d_656d_0001; // "rshmem" v1
 pub(crate) const W_MAGIC: usize = 0;
 pub(crate) const W_PID: usize = 1;
 pub(crate) const W_STATE: usize = 2;
-/// The PE (plus one) whose loss this PE had seen when it ended, 0 if none: a PE ending because
-/// a peer died is not reported as the lost one.
+/// The PE (plus one) whose loss (or, failing that, whose missing arrival) this PE had seen when
+/// it ended, 0 if none: a PE ending because of a peer is not reported as the lost one.
 pub(crate) const W_CAUSE: usize = 3;
 
 /// PE states in the header (0: starting).

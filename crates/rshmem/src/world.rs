@@ -158,6 +158,9 @@ pub(crate) struct PeInner {
     /// Set once a barrier or collective of this PE ended in a timeout or a lost peer: the
     /// world cannot complete a barrier any more, so finalize waits only a short grace.
     pub faulted: AtomicBool,
+    /// 1 + the PE the latest timeout of this PE named (0: none): the cause this PE publishes
+    /// when it ends without having seen a loss.
+    pub blamed: AtomicU64,
     _regions: Vec<Arc<Region>>,
 }
 
@@ -237,11 +240,20 @@ impl PeInner {
     /// Publishes, before this PE ends, the lost peer it had seen (if any), so that peers
     /// blame that PE rather than this one.
     pub fn record_cause(&self) {
-        if let Some(c) = self.first_lost() {
+        let cause = match self.first_lost.load(Ordering::Acquire) {
+            0 => self.blamed.load(Ordering::Acquire),
+            c => c,
+        };
+        if cause != 0 {
             self.ctrls[self.me]
                 .word(control::W_CAUSE)
-                .store(c as u64 + 1, Ordering::Release);
+                .store(cause, Ordering::Release);
         }
+    }
+
+    /// Notes that a timeout of this PE named `pe` (see [`PeInner::record_cause`]).
+    pub fn blame(&self, pe: usize) {
+        self.blamed.store(pe as u64 + 1, Ordering::Release);
     }
 
     /// The PE whose loss made `pe` end: follows the causes the ended PEs published, up to a PE
@@ -398,6 +410,9 @@ impl PeInner {
             if el >= timeout {
                 if strict {
                     self.faulted.store(true, Ordering::Release);
+                }
+                if let Some(p) = w {
+                    self.blame(p);
                 }
                 return Err(Error::Timeout {
                     op,
@@ -629,6 +644,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         any_lost: AtomicBool::new(false),
         first_lost: AtomicU64::new(0),
         faulted: AtomicBool::new(false),
+        blamed: AtomicU64::new(0),
         placements,
         config,
         bootstrap: boot,

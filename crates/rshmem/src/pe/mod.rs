@@ -664,11 +664,13 @@ impl Pe {
         .map_err(|e| match e {
             // The member waited for may itself wait for the one that never came: name a
             // member whose arrival is missing.
-            Error::Timeout { op, pe, after } => Error::Timeout {
-                op,
-                pe: self.missing_arrival(team, epoch).or(pe),
-                after,
-            },
+            Error::Timeout { op, pe, after } => {
+                let pe = self.missing_arrival(team, epoch).or(pe);
+                if let Some(p) = pe {
+                    inner.blame(p);
+                }
+                Error::Timeout { op, pe, after }
+            }
             e => e,
         })?;
         match differs {

@@ -151,7 +151,7 @@ impl<T: Elem> HostBuffer<T> {
             (None, true) => self.combine_token_counts(handle),
             (None, false) => self.combine_counts(handle),
         };
-        let rec = self.exchange(pe, |d| {
+        let rec = self.exchange(pe, "ep combine", |d| {
             self.record(
                 op,
                 status,
