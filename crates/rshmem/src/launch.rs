@@ -32,7 +32,9 @@ pub fn launched() -> bool {
 /// Without a launcher it runs `RSHMEM_PES` (or `pes`) thread-PEs. Launched, it runs this
 /// process's PEs of the job (one, or `RSHMEM_THREADS` in mixed mode); `pes` is then ignored.
 /// Each PE is finalized after `f` returns; a PE whose finalize fails (a peer died) keeps its
-/// value. [`Outcomes::values`] turns the outcomes into the values or the first error.
+/// value. [`Outcomes::values`] turns the outcomes into the values or the first error. A PE
+/// whose `f` panics is a bug, not a fault: its peers see it as lost, and the panic is resumed
+/// here once every PE of this process has ended.
 ///
 /// ```
 /// let v = rshmem::launch(2, |pe| pe.my_pe() * 10).values().unwrap();
