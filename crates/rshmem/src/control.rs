@@ -12,6 +12,8 @@ pub(crate) const W_STATE: usize = 2;
 /// The PE (plus one) whose loss (or, failing that, whose missing arrival) this PE had seen when
 /// it ended, 0 if none: a PE ending because of a peer is not reported as the lost one.
 pub(crate) const W_CAUSE: usize = 3;
+/// Flag of a [`W_CAUSE`] that is a missing PE (a timeout), not a lost one.
+pub(crate) const CAUSE_TIMEOUT: u64 = 1 << 63;
 
 /// PE states in the header (0: starting).
 pub(crate) const STATE_ALIVE: u64 = 1;

@@ -237,11 +237,14 @@ impl PeInner {
         Ok(())
     }
 
-    /// Publishes, before this PE ends, the lost peer it had seen (if any), so that peers
-    /// blame that PE rather than this one.
+    /// Publishes, before this PE ends, the lost peer it had seen (if any; else the peer its
+    /// latest timeout named, flagged as such), so that peers blame that PE rather than this one.
     pub fn record_cause(&self) {
         let cause = match self.first_lost.load(Ordering::Acquire) {
-            0 => self.blamed.load(Ordering::Acquire),
+            0 => match self.blamed.load(Ordering::Acquire) {
+                0 => 0,
+                b => b | control::CAUSE_TIMEOUT,
+            },
             c => c,
         };
         if cause != 0 {
@@ -251,23 +254,36 @@ impl PeInner {
         }
     }
 
+    /// The PE whose loss made `pe` end: follows the causes the ended PEs published, up to a PE
+    /// that ended (or died) on its own. The flag is true when the last cause was a timeout
+    /// (that PE was missing, not known dead).
+    pub fn root_cause_of(&self, pe: usize) -> (usize, bool) {
+        let mut p = pe;
+        let mut timed_out = false;
+        for _ in 0..self.n {
+            let w = self.ctrls[p].word(control::W_CAUSE).load(Ordering::Acquire);
+            let c = (w & !control::CAUSE_TIMEOUT) as usize;
+            if c == 0 || c - 1 == p || c > self.n {
+                break;
+            }
+            timed_out = w & control::CAUSE_TIMEOUT != 0;
+            if c - 1 == self.me {
+                // It gave up on this PE (late, not dead): `p` is as far as the chain goes.
+                break;
+            }
+            p = c - 1;
+        }
+        (p, timed_out)
+    }
+
+    /// [`PeInner::root_cause_of`] without the flag.
+    pub fn root_cause(&self, pe: usize) -> usize {
+        self.root_cause_of(pe).0
+    }
+
     /// Notes that a timeout of this PE named `pe` (see [`PeInner::record_cause`]).
     pub fn blame(&self, pe: usize) {
         self.blamed.store(pe as u64 + 1, Ordering::Release);
-    }
-
-    /// The PE whose loss made `pe` end: follows the causes the ended PEs published, up to a PE
-    /// that ended (or died) on its own.
-    pub fn root_cause(&self, pe: usize) -> usize {
-        let mut p = pe;
-        for _ in 0..self.n {
-            match self.ctrls[p].word(control::W_CAUSE).load(Ordering::Acquire) {
-                0 => break,
-                c if c as usize - 1 == p || c as usize > self.n => break,
-                c => p = c as usize - 1,
-            }
-        }
-        p
     }
 
     /// `PeerLost` naming the first lost peer, if any (quiet).
@@ -303,8 +319,12 @@ impl PeInner {
     }
 
     fn mark_lost(&self, pe: usize) {
-        let root = self.root_cause(pe);
-        if root != pe && root != self.me && !self.lost[root].swap(true, Ordering::AcqRel) {
+        let (root, timed_out) = self.root_cause_of(pe);
+        if root != pe
+            && root != self.me
+            && !timed_out
+            && !self.lost[root].swap(true, Ordering::AcqRel)
+        {
             tracing::warn!(
                 pe = self.me,
                 lost = root,
@@ -402,9 +422,15 @@ impl PeInner {
                     return Ok(());
                 }
                 self.faulted.store(true, Ordering::Release);
-                return Err(Error::PeerLost {
-                    pe: self.root_cause(pe),
-                    op,
+                // A peer that ended after giving up on a missing one (maybe this one, late):
+                // that one is at fault, and it was missing, not known dead.
+                return Err(match self.root_cause_of(pe) {
+                    (root, true) => Error::Timeout {
+                        op,
+                        pe: Some(root),
+                        after: el,
+                    },
+                    (root, _) => Error::PeerLost { pe: root, op },
                 });
             }
             if el >= timeout {

@@ -118,3 +118,62 @@ fn peer_lost_names_the_dead_pe_not_a_survivor() {
         }
     }
 }
+
+/// PE 3 stays out of a barrier; PEs 0 and 1 time out in it and finalize. PE 2 enters the same
+/// barrier only then, and waits on PE 0, which has ended: its error must be a timeout naming
+/// PE 3 (missing, not dead), not a lost PE 0.
+#[test]
+fn a_peer_that_gave_up_passes_on_whom_it_waited_for() {
+    let hub = InProcBootstrap::new(4, Duration::from_secs(20)).unwrap();
+    let gave_up = std::sync::Barrier::new(3);
+    let done = std::sync::Barrier::new(4);
+    let r: Vec<Result<()>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|rank| {
+                let (hub, gave_up, done) = (hub.clone(), &gave_up, &done);
+                s.spawn(move || -> Result<()> {
+                    let pe = Pe::init(cfg(Duration::from_millis(500)), Box::new(hub.join(rank)?))?;
+                    pe.barrier_all()?;
+                    let r = match rank {
+                        3 => Ok(()),
+                        2 => {
+                            gave_up.wait();
+                            pe.barrier_all()
+                        }
+                        _ => {
+                            let b = pe.barrier_all();
+                            let _ = pe.finalize();
+                            gave_up.wait();
+                            done.wait();
+                            return b;
+                        }
+                    };
+                    done.wait();
+                    let _ = pe.finalize();
+                    r
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .collect()
+    });
+    // PEs 0 and 1 found both 2 and 3 missing.
+    for (rank, r) in r.iter().enumerate().take(2) {
+        assert!(
+            matches!(
+                r,
+                Err(Error::Timeout {
+                    pe: Some(2 | 3),
+                    ..
+                })
+            ),
+            "PE {rank}: {r:?}"
+        );
+    }
+    assert!(
+        matches!(r[2], Err(Error::Timeout { pe: Some(3), .. })),
+        "PE 2: {:?}",
+        r[2]
+    );
+}

@@ -548,11 +548,6 @@ fn judge(s: &Schedule, me: usize, end: &End) -> &'static str {
             assert!(*i >= at, "failed before the fault: {}", ctx());
             "timeout"
         }
-        (Fault::Stall, End::Failed(i, Error::PeerLost { pe, .. })) if *pe == s.victim => {
-            // A peer that gave up on the stalled PE published it as its cause.
-            assert!(*i >= at, "failed before the fault: {}", ctx());
-            "peer_lost(stalled)"
-        }
         _ => panic!("wrong outcome: {}", ctx()),
     }
 }
