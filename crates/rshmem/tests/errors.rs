@@ -1,7 +1,7 @@
 //! Every misuse returns the crate's error, on every PE that must know, and leaves the world
 //! usable: PE out of range, ranges outside the object (overflow included), heap exhausted,
 //! bad alignments and misaligned views, wait timeouts, mismatched collectives, handles of
-//! another PE, handles of an ended world, bad configurations.
+//! another PE, handles of an ended world (bad configurations: `config_env.rs`).
 
 #[path = "harness/mod.rs"]
 mod harness;
@@ -960,60 +960,6 @@ fn handles_of_an_ended_world() {
             })
             .values(),
     );
-}
-
-#[test]
-fn bad_configurations() {
-    let run = |c: Config, n: usize| {
-        rshmem::Launch::new()
-            .config(c)
-            .threads()
-            .run(n, |_| ())
-            .values()
-            .map(|_| ())
-    };
-    expect_err("heap 0", run(cfg().heap_size(0), 2), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("teams 0", run(cfg().max_teams(0), 2), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("teams 5000", run(cfg().max_teams(5000), 1), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("timeout 0", run(cfg().timeout(Duration::ZERO), 2), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("0 PEs", run(cfg(), 0), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    // a heap below the minimum is refused, naming the minimum (not accepted as 0 bytes)
-    for tiny in [1, 10, 4095] {
-        expect_err(
-            "tiny heap",
-            run(cfg().heap_size(tiny), 2),
-            |e| matches!(e, Error::InvalidArgument(m) if m.contains(&format!("{tiny} bytes is below the minimum of 4096 bytes"))),
-        );
-    }
-    // the smallest heap works, and running out of it is an error naming its size
-    let r = all_ok(
-        rshmem::Launch::new()
-            .config(cfg().heap_size(4096))
-            .threads()
-            .run(2, |pe| Ok(pe.alloc::<u8>(8192).map(|_| ())))
-            .values(),
-    );
-    for x in r {
-        expect_err("exhausted", x, |e| {
-            matches!(
-                e,
-                Error::HeapExhausted {
-                    heap_size: 4096,
-                    ..
-                }
-            )
-        });
-    }
 }
 
 #[test]
