@@ -21,7 +21,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub prefix: bool,
     /// Seconds the other processes may still run after one failed, before they are stopped.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = launcher::DEFAULT_GRACE.as_secs_f64())]
     pub grace: f64,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
@@ -51,6 +51,9 @@ pub fn run(a: RunArgs) -> i32 {
         job.prefix = a.prefix;
         job.forward_signals = true;
         let out = launcher::run(&job).map_err(|e| e.to_string())?;
+        if let Some(line) = out.report() {
+            eprintln!("rshmem run: {line}");
+        }
         if out.leftover_segments > 0 {
             tracing::info!(
                 n = out.leftover_segments,

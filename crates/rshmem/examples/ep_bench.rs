@@ -75,10 +75,13 @@ fn main() -> rshmem::Result<()> {
     };
     // Without a launcher: PES thread-PEs (RSHMEM_PES overrides); launched: this process's PEs.
     let cfg = Config::from_env()?.heap_size(4 << 30);
-    let per_pe = rshmem::launch_with(cfg, get(4, 2), |pe| {
-        let r = bench::<bf16>(pe, &args)?;
-        gather(pe, &r)
-    })?;
+    let per_pe = rshmem::Launch::new()
+        .config(cfg)
+        .run(get(4, 2), |pe| {
+            let r = bench::<bf16>(pe, &args)?;
+            gather(pe, &r)
+        })
+        .values()?;
     for r in per_pe {
         let Some(r) = r? else { continue };
         let pes = r.len();

@@ -64,6 +64,7 @@ fn main() -> Result<()> {
             );
         }
         Ok(())
-    })?;
+    })
+    .values()?;
     out.into_iter().collect()
 }

@@ -46,7 +46,8 @@ fn main() -> std::process::ExitCode {
             })
         };
         run().unwrap_or_else(|e| Err(format!("PE {}: {e}", pe.my_pe())))
-    });
+    })
+    .values();
     let results = match results {
         Ok(r) => r,
         Err(e) => {

@@ -72,7 +72,7 @@ impl Default for Config {
 pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_HEAP_SIZE",
-        "symmetric heap bytes per PE (K/M/G suffixes), default 128M",
+        "symmetric heap bytes per PE (K/M/G/T suffixes, at least 4K), default 128M",
     ),
     (
         "RSHMEM_TIMEOUT",
@@ -124,13 +124,19 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Parses sizes like `4096`, `64K`, `256M`, `2G` (binary units).
+/// The smallest symmetric heap: one page.
+pub const MIN_HEAP_SIZE: usize = 4096;
+/// The largest symmetric heap (64T).
+pub const MAX_HEAP_SIZE: usize = 1 << 46;
+
+/// Parses sizes like `4096`, `64K`, `256M`, `2G`, `1T` (binary units).
 pub fn parse_size(s: &str) -> Option<usize> {
     let s = s.trim();
     let (num, mul) = match s.char_indices().last()? {
         (i, 'k' | 'K') => (&s[..i], 1usize << 10),
         (i, 'm' | 'M') => (&s[..i], 1 << 20),
         (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        (i, 't' | 'T') => (&s[..i], 1 << 40),
         _ => (s, 1),
     };
     num.trim().parse::<usize>().ok()?.checked_mul(mul)
@@ -151,6 +157,8 @@ impl Config {
         if let Some(v) = env("RSHMEM_HEAP_SIZE") {
             c.heap_size =
                 parse_size(&v).ok_or_else(|| bad("RSHMEM_HEAP_SIZE", &v, "a size like 256M"))?;
+            check_heap_size(c.heap_size)
+                .map_err(|why| Error::invalid(format!("RSHMEM_HEAP_SIZE={v:?}: {why}")))?;
         }
         if let Some(v) = env("RSHMEM_TIMEOUT") {
             let s: f64 = v
@@ -237,12 +245,8 @@ impl Config {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
-        if self.heap_size == 0 || self.heap_size > (1usize << 46) {
-            return Err(Error::invalid(format!(
-                "heap size {} bytes is out of range",
-                self.heap_size
-            )));
-        }
+        check_heap_size(self.heap_size)
+            .map_err(|why| Error::invalid(format!("heap size: {why}")))?;
         if self.max_teams == 0 || self.max_teams > 4096 {
             return Err(Error::invalid(format!(
                 "max_teams {} is out of range 1..=4096",
@@ -254,6 +258,21 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Why `bytes` cannot be a heap size, if it cannot.
+fn check_heap_size(bytes: usize) -> std::result::Result<(), String> {
+    if bytes < MIN_HEAP_SIZE {
+        return Err(format!(
+            "{bytes} bytes is below the minimum of {MIN_HEAP_SIZE} bytes (4K)"
+        ));
+    }
+    if bytes > MAX_HEAP_SIZE {
+        return Err(format!(
+            "{bytes} bytes is above the maximum of {MAX_HEAP_SIZE} bytes (64T)"
+        ));
+    }
+    Ok(())
 }
 
 /// A size variable (`64K`, `1M`, bytes); unset or empty: `None`; malformed: an error.
@@ -283,6 +302,8 @@ mod tests {
         assert_eq!(parse_size("4096"), Some(4096));
         assert_eq!(parse_size("64K"), Some(65536));
         assert_eq!(parse_size("2g"), Some(2 << 30));
+        assert_eq!(parse_size("3T"), Some(3 << 40));
+        assert_eq!(parse_size("1t"), Some(1 << 40));
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_size(""), None);
         assert_eq!(parse_size("99999999999999999999G"), None);

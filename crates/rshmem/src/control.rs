@@ -1,6 +1,6 @@
 //! The control block at the start of every PE's segment: header (pid, state), the exchange
-//! area used by collective bookkeeping (allocation checks, team splits), and the team barrier
-//! counters. All of it is 64-bit atomics in CPU shared memory, whatever the data backend.
+//! area used by collective bookkeeping (allocation checks, team splits), the team barrier
+//! counters, and per team slot the call words its barriers carry (two, by epoch parity). All of it is 64-bit atomics in CPU shared memory, whatever the data backend.
 
 use crate::sync::rounds;
 use std::sync::atomic::AtomicU64;
@@ -9,6 +9,11 @@ pub(crate) const MAGIC: u64 = 0x7273_686d_656d_0001; // "rshmem" v1
 pub(crate) const W_MAGIC: usize = 0;
 pub(crate) const W_PID: usize = 1;
 pub(crate) const W_STATE: usize = 2;
+/// The PE (plus one) whose loss (or, failing that, whose missing arrival) this PE had seen when
+/// it ended, 0 if none: a PE ending because of a peer is not reported as the lost one.
+pub(crate) const W_CAUSE: usize = 3;
+/// Flag of a [`W_CAUSE`] that is a missing PE (a timeout), not a lost one.
+pub(crate) const CAUSE_TIMEOUT: u64 = 1 << 63;
 
 /// PE states in the header (0: starting).
 pub(crate) const STATE_ALIVE: u64 = 1;
@@ -25,6 +30,7 @@ pub(crate) struct CtrlLayout {
     pub exch: usize,
     pub exch_words: usize,
     pub teams: usize,
+    pub calls: usize,
     pub words: usize,
 }
 
@@ -35,12 +41,14 @@ impl CtrlLayout {
         let exch_words = EXCH_FIXED + max_teams.div_ceil(64);
         let teams = exch + exch_words.div_ceil(line) * line;
         let rounds = rounds(n_pes).max(1);
-        let words = teams + max_teams * rounds * line;
+        let calls = teams + max_teams * rounds * line;
+        let words = calls + max_teams * line;
         CtrlLayout {
             rounds,
             exch,
             exch_words,
             teams,
+            calls,
             words,
         }
     }
@@ -51,6 +59,10 @@ impl CtrlLayout {
     /// Word of team slot `slot`'s round-`r` barrier counter.
     pub fn barrier_word(&self, slot: usize, r: usize) -> usize {
         self.teams + (slot * self.rounds + r) * 8
+    }
+    /// Word of team slot `slot`'s call word for barriers of epoch parity `parity`.
+    pub fn call_word(&self, slot: usize, parity: usize) -> usize {
+        self.calls + slot * 8 + parity
     }
 }
 
@@ -98,6 +110,8 @@ mod tests {
             assert!(l.exch + l.exch_words <= l.teams);
             assert!(l.barrier_word(63, l.rounds - 1) < l.words);
             assert!(l.barrier_word(0, 0) >= l.teams);
+            assert!(l.barrier_word(63, l.rounds - 1) < l.call_word(0, 0));
+            assert!(l.call_word(63, 1) < l.words);
             assert_eq!(l.bytes() % 4096, 0);
         }
     }

@@ -39,6 +39,49 @@ pub enum ElemKind {
 }
 
 impl ElemKind {
+    /// Every kind, in declaration order (`kind as usize` is its index).
+    pub const ALL: [ElemKind; 12] = [
+        ElemKind::I8,
+        ElemKind::I16,
+        ElemKind::I32,
+        ElemKind::I64,
+        ElemKind::U8,
+        ElemKind::U16,
+        ElemKind::U32,
+        ElemKind::U64,
+        ElemKind::F16,
+        ElemKind::Bf16,
+        ElemKind::F32,
+        ElemKind::F64,
+    ];
+
+    /// The name of the kind whose `kind as u64` is `tag`, as records exchanged between PEs
+    /// carry it; `type tag N` for a tag no kind has.
+    pub fn tag_name(tag: u64) -> String {
+        usize::try_from(tag)
+            .ok()
+            .and_then(|i| ElemKind::ALL.get(i))
+            .map_or_else(|| format!("type tag {tag}"), |k| k.rust_name().to_string())
+    }
+
+    /// The Rust type's name (`u32`, `bf16`).
+    pub const fn rust_name(self) -> &'static str {
+        match self {
+            ElemKind::I8 => "i8",
+            ElemKind::I16 => "i16",
+            ElemKind::I32 => "i32",
+            ElemKind::I64 => "i64",
+            ElemKind::U8 => "u8",
+            ElemKind::U16 => "u16",
+            ElemKind::U32 => "u32",
+            ElemKind::U64 => "u64",
+            ElemKind::F16 => "f16",
+            ElemKind::Bf16 => "bf16",
+            ElemKind::F32 => "f32",
+            ElemKind::F64 => "f64",
+        }
+    }
+
     /// Size in bytes.
     pub const fn size(self) -> usize {
         match self {
@@ -224,6 +267,20 @@ pub enum SignalOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tags_name_the_kinds() {
+        for (i, k) in ElemKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+            assert_eq!(ElemKind::tag_name(i as u64), k.rust_name());
+        }
+        assert_eq!(ElemKind::tag_name(12), "type tag 12");
+        assert_eq!(
+            ElemKind::tag_name(u64::MAX),
+            format!("type tag {}", u64::MAX)
+        );
+    }
+
     #[test]
     fn sizes_match_kinds() {
         macro_rules! check {

@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// [`Job::grace`] unless set.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(1);
+
 /// What to launch.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -34,7 +37,8 @@ pub struct Job {
     /// Prefix every output line with `[pe k]` (`[pe a-b]` for a mixed-mode process).
     pub prefix: bool,
     /// How long the others may still run after one process failed, before SIGTERM (then SIGKILL
-    /// after the same grace again).
+    /// after the same grace again). Survivors see a lost peer within milliseconds and a
+    /// finalize after a failure waits at most half a second, so a short grace suffices.
     pub grace: Duration,
     /// Install SIGINT/SIGTERM handlers in this process and forward those signals to the job
     /// (the previous actions are put back when [`run`] returns; one such job at a time).
@@ -42,7 +46,7 @@ pub struct Job {
 }
 
 impl Job {
-    /// `n_pes` processes of `program` with default settings (no prefix, 3 s grace, no limit).
+    /// `n_pes` processes of `program` with default settings (no prefix, 1 s grace, no limit).
     pub fn new(n_pes: usize, program: impl Into<OsString>) -> Job {
         Job {
             n_pes,
@@ -52,7 +56,7 @@ impl Job {
             env: Vec::new(),
             timeout: None,
             prefix: false,
-            grace: Duration::from_secs(3),
+            grace: DEFAULT_GRACE,
             forward_signals: false,
         }
     }
@@ -84,6 +88,40 @@ impl Exit {
     }
 }
 
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Exit::Code(c) => write!(f, "exited with status {c}"),
+            Exit::Signal(s) => write!(f, "was killed by {}", signal_name(s)),
+        }
+    }
+}
+
+/// `SIGKILL` for 9, and so on; `signal N` for a signal without a name here.
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
 /// What happened to a job.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -101,6 +139,66 @@ pub struct Outcome {
     pub timed_out: bool,
     /// The signal forwarded to the job, if any.
     pub signal: Option<i32>,
+    /// The process that failed first, if one did before the launcher stopped any (of the
+    /// processes whose failure the launcher saw in the same poll, one killed by a signal, as a
+    /// crash is the cause and its peers' error exits the consequence; then the lowest index).
+    pub first_failure: Option<usize>,
+    /// Per process: true when the launcher had already signalled it (grace over, time limit,
+    /// forwarded signal) when it ended.
+    pub stopped: Vec<bool>,
+    /// PEs per process.
+    pub threads_per_proc: usize,
+}
+
+impl Outcome {
+    fn pes(&self, p: usize) -> String {
+        let t = self.threads_per_proc;
+        if t == 1 {
+            format!("PE {p}")
+        } else {
+            format!("process {p} (PEs {}-{})", p * t, p * t + t - 1)
+        }
+    }
+
+    /// One line saying which PE failed first and how, and which others ended abnormally; `None`
+    /// when every process exited with status 0.
+    pub fn report(&self) -> Option<String> {
+        let bad = |p: usize| self.exits[p] != Exit::Code(0);
+        if !(0..self.exits.len()).any(bad) && !self.timed_out {
+            return None;
+        }
+        let mut line = String::new();
+        if self.timed_out {
+            line.push_str("time limit reached");
+        } else if let Some(s) = self.signal {
+            line.push_str(&format!("{} forwarded to the job", signal_name(s)));
+        }
+        if let Some(f) = self.first_failure {
+            if !line.is_empty() {
+                line.push_str("; ");
+            }
+            line.push_str(&format!(
+                "{} {} (first failure)",
+                self.pes(f),
+                self.exits[f]
+            ));
+        }
+        let others: Vec<String> = (0..self.exits.len())
+            .filter(|&p| bad(p) && Some(p) != self.first_failure)
+            .map(|p| {
+                let by = if self.stopped[p] {
+                    " (stopped by the launcher)"
+                } else {
+                    ""
+                };
+                format!("{} {}{by}", self.pes(p), self.exits[p])
+            })
+            .collect();
+        if !others.is_empty() {
+            line.push_str(&format!("; then {}", others.join(", ")));
+        }
+        Some(line)
+    }
 }
 
 /// A handle to ask a running job to receive a signal (what the signal handlers do).
@@ -214,6 +312,13 @@ fn kill_all(children: &[Option<Child>], sig: i32) {
     }
 }
 
+/// Orders the failures seen in one poll, the one to report as first in front: which of them
+/// ended first is unknown, and a crash (a signal) is the cause that its peers' error exits
+/// follow; then by process index, so the same fault gives the same report every time.
+fn blame_order(failed: &mut [(usize, Exit)]) {
+    failed.sort_by_key(|&(p, e)| (!matches!(e, Exit::Signal(_)), p));
+}
+
 /// Runs `job` to the end (see the module documentation).
 pub fn run(job: &Job) -> Result<Outcome> {
     run_with(job, &Signaller::new())
@@ -248,17 +353,27 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
             .env("RSHMEM_JOB", format!("{job_id:016x}"))
             .stdin(Stdio::null())
             .process_group(0);
-        // SAFETY: runs in the forked child before exec; prctl is async-signal-safe. Should the
-        // launcher die (even by SIGKILL), the job's processes get SIGTERM.
+        // SAFETY: runs in the forked child before exec; prctl, getppid and kill are
+        // async-signal-safe. Should the launcher die (even by SIGKILL), each process of the job
+        // gets SIGKILL: one that ignores SIGTERM must not outlive it (its segments were
+        // unlinked once every PE had mapped them). If the launcher died before the prctl, the
+        // parent is already another process: die now.
+        let launcher_pid = std::process::id() as libc::pid_t;
         unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(
+            cmd.pre_exec(move || {
+                if libc::prctl(
                     libc::PR_SET_PDEATHSIG,
-                    libc::SIGTERM as libc::c_ulong,
+                    libc::SIGKILL as libc::c_ulong,
                     0,
                     0,
                     0,
-                );
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != launcher_pid {
+                    libc::kill(libc::getpid(), libc::SIGKILL);
+                }
                 Ok(())
             });
         }
@@ -309,6 +424,8 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
     drop(listener);
     let start = Instant::now();
     let mut exits: Vec<Option<Exit>> = vec![None; procs];
+    let mut stopped = vec![false; procs];
+    let mut first_failure: Option<usize> = None;
     let mut code = 0;
     let mut failed_at: Option<Instant> = None;
     let mut termed_at: Option<Instant> = None;
@@ -322,18 +439,18 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
     }
     loop {
         let mut running = 0;
+        let signalled = termed_at.is_some() || forwarded.is_some();
+        let mut failed_now: Vec<(usize, Exit)> = Vec::new();
         for (p, slot) in children.iter_mut().enumerate() {
             let Some(c) = slot.as_mut() else { continue };
             match c.try_wait() {
                 Ok(Some(st)) => {
                     let e = Exit::from_status(st);
                     exits[p] = Some(e);
+                    stopped[p] = signalled;
                     *slot = None;
                     if e.code() != 0 {
-                        if code == 0 {
-                            code = e.code();
-                        }
-                        failed_at.get_or_insert_with(Instant::now);
+                        failed_now.push((p, e));
                     }
                 }
                 Ok(None) => running += 1,
@@ -342,6 +459,16 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
                     *slot = None;
                 }
             }
+        }
+        blame_order(&mut failed_now);
+        if let Some(&(p, e)) = failed_now.first() {
+            if code == 0 {
+                code = e.code();
+                if !signalled {
+                    first_failure = Some(p);
+                }
+            }
+            failed_at.get_or_insert_with(Instant::now);
         }
         if running == 0 {
             break;
@@ -409,5 +536,73 @@ pub fn run_with(job: &Job, signaller: &Signaller) -> Result<Outcome> {
         leftover_segments: leftover,
         timed_out,
         signal: forwarded,
+        first_failure,
+        stopped,
+        threads_per_proc: t,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crash_is_blamed_before_the_exits_it_caused() {
+        let mut f = vec![
+            (0, Exit::Code(4)),
+            (1, Exit::Code(1)),
+            (3, Exit::Signal(libc::SIGABRT)),
+            (2, Exit::Signal(libc::SIGKILL)),
+        ];
+        blame_order(&mut f);
+        assert_eq!(
+            f,
+            vec![
+                (2, Exit::Signal(libc::SIGKILL)),
+                (3, Exit::Signal(libc::SIGABRT)),
+                (0, Exit::Code(4)),
+                (1, Exit::Code(1)),
+            ]
+        );
+    }
+
+    #[test]
+    fn report_names_first_failure_and_the_others() {
+        let out = Outcome {
+            code: 137,
+            exits: vec![
+                Exit::Code(4),
+                Exit::Code(0),
+                Exit::Signal(libc::SIGKILL),
+                Exit::Signal(libc::SIGTERM),
+            ],
+            job: 1,
+            leftover_segments: 0,
+            timed_out: false,
+            signal: None,
+            first_failure: Some(2),
+            stopped: vec![false, false, false, true],
+            threads_per_proc: 1,
+        };
+        assert_eq!(
+            out.report().as_deref(),
+            Some(
+                "PE 2 was killed by SIGKILL (first failure); then PE 0 exited with status 4, \
+                 PE 3 was killed by SIGTERM (stopped by the launcher)"
+            )
+        );
+        let mixed = Outcome {
+            threads_per_proc: 2,
+            exits: vec![Exit::Code(0), Exit::Signal(libc::SIGSEGV)],
+            stopped: vec![false, false],
+            first_failure: Some(1),
+            code: 139,
+            ..out
+        };
+        assert_eq!(
+            mixed.report().as_deref(),
+            Some("process 1 (PEs 2-3) was killed by SIGSEGV (first failure)")
+        );
+        assert_eq!(signal_name(64), "signal 64");
+    }
 }

@@ -6,12 +6,12 @@
 //! peer's copy with one-sided operations.
 //!
 //! ```
-//! let sums = rshmem::threads(4, |pe| -> rshmem::Result<u64> {
+//! let sums = rshmem::Launch::new().threads().run(4, |pe| -> rshmem::Result<u64> {
 //!     let x = pe.alloc::<u64>(1)?;                       // collective, same offset everywhere
 //!     pe.atomic_fetch_add(&x, 0, pe.my_pe() as u64, 0)?; // everyone adds into PE 0's copy
 //!     pe.barrier_all()?;
 //!     pe.g(&x, 0, 0)
-//! }).unwrap();
+//! }).values().unwrap();
 //! assert!(sums.into_iter().all(|s| s.unwrap() == 0 + 1 + 2 + 3));
 //! ```
 //!
@@ -47,7 +47,7 @@ pub use config::{BackendKind, Config, HeapKind};
 pub use elem::{AtomicElem, Cmp, Elem, ElemKind, SignalOp};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
-pub use launch::{init, init_with, launch, launch_with, launched, threads, threads_with};
+pub use launch::{init, launch, launched, Launch, Outcome, Outcomes};
 pub use nbi::{Completion, OpHandle, OpId, OpKind};
 pub use pe::{Free, Pe};
 pub use sym::{AsSym, RawSym, Signal, Sym, SymView};

@@ -6,6 +6,12 @@
 //!   barrier's epoch. Counters only grow and each receives exactly one increment per barrier and
 //!   round, so a fast member's early signal for the next barrier never breaks the current one
 //!   (the reset race of seed 004's barrier cannot happen: nothing is ever reset).
+//! * [`checked_barrier`]: the dissemination barrier, each member first publishing a call word
+//!   (what it called and the barrier's epoch) in the slot of the epoch's parity. Passing the
+//!   barrier orders every member's word before the reads, so every member reads the same words
+//!   and reaches the same verdict: a barrier is never satisfied by another kind of call. Two
+//!   parities suffice: a member cannot publish epoch `e + 2` before every member arrived at
+//!   `e + 1`, which each does only after reading the words of `e`.
 //! * put-with-signal: data first, then a release store or add on the signal word; the waiter
 //!   reads the signal with acquire ordering, then the data.
 
@@ -17,6 +23,50 @@ pub(crate) trait SyncMem {
     fn add(&self, member: usize, round: usize, v: u64);
     /// Loads my own round-`round` counter (acquire).
     fn load_own(&self, round: usize) -> u64;
+    /// Stores my call word for barriers of epoch parity `parity`.
+    fn set_call(&self, parity: usize, word: u64);
+    /// Loads member `member`'s call word of epoch parity `parity`.
+    fn call_of(&self, member: usize, parity: usize) -> u64;
+}
+
+/// Bits of a call word holding the epoch; the call's kind is above them.
+pub(crate) const CALL_EPOCH_BITS: u32 = 56;
+
+/// The call word of a barrier of kind `kind` at `epoch`.
+pub(crate) fn call_word(kind: u64, epoch: u64) -> u64 {
+    (kind << CALL_EPOCH_BITS) | (epoch & ((1 << CALL_EPOCH_BITS) - 1))
+}
+
+/// A member whose call word differs from this member's after a barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Differs {
+    /// Its index among the members.
+    pub member: usize,
+    /// Its call word.
+    pub word: u64,
+}
+
+/// [`dissemination_barrier`] carrying this member's call `kind`: returns the first member
+/// whose call word for this epoch differs (the same verdict on every member), if any.
+pub(crate) fn checked_barrier<M: SyncMem>(
+    mem: &M,
+    me: usize,
+    n: usize,
+    epoch: u64,
+    kind: u64,
+    wait: impl FnMut(usize, &dyn Fn() -> bool) -> Result<()>,
+) -> Result<Option<Differs>> {
+    let parity = (epoch % 2) as usize;
+    let mine = call_word(kind, epoch);
+    // Published by the release of this member's first signal of the barrier.
+    mem.set_call(parity, mine);
+    dissemination_barrier(mem, me, n, epoch, wait)?;
+    Ok((0..n)
+        .map(|m| Differs {
+            member: m,
+            word: mem.call_of(m, parity),
+        })
+        .find(|d| d.word != mine))
 }
 
 /// Rounds of a dissemination barrier over `n` members.
@@ -81,6 +131,12 @@ mod tests {
             fn load_own(&self, w: usize) -> u64 {
                 self.words[self.me][w].load(Ordering::Acquire)
             }
+            fn set_call(&self, parity: usize, word: u64) {
+                self.words[self.me][6 + parity].store(word, Ordering::Relaxed);
+            }
+            fn call_of(&self, m: usize, parity: usize) -> u64 {
+                self.words[m][6 + parity].load(Ordering::Relaxed)
+            }
         }
         for n in 1..=9 {
             let words: Vec<Vec<AtomicU64>> = (0..n)
@@ -94,13 +150,25 @@ mod tests {
                     s.spawn(move || {
                         let m = Mem { words, me };
                         for epoch in 1..=50u64 {
-                            dissemination_barrier(&m, me, n, epoch, |_, ready| {
+                            // Every member calls kind 1, except at epoch 7, where the last
+                            // member calls kind 2: every member must see exactly that.
+                            let odd = epoch == 7 && me == n - 1 && n > 1;
+                            let kind = if odd { 2 } else { 1 };
+                            let d = checked_barrier(&m, me, n, epoch, kind, |_, ready| {
                                 while !ready() {
                                     std::thread::yield_now();
                                 }
                                 Ok(())
                             })
                             .unwrap();
+                            let want = (epoch == 7 && n > 1).then(|| {
+                                let (member, k) = if me == n - 1 { (0, 1) } else { (n - 1, 2) };
+                                Differs {
+                                    member,
+                                    word: call_word(k, epoch),
+                                }
+                            });
+                            assert_eq!(d, want, "member {me} of {n}, barrier {epoch}");
                             // Everyone must have arrived at this epoch before anyone passed it.
                             let p = passed.fetch_add(1, Ordering::SeqCst);
                             assert!(
@@ -124,6 +192,7 @@ mod loom_models {
 
     struct Mem {
         words: Arc<Vec<AtomicU64>>,
+        calls: Arc<Vec<AtomicU64>>,
         stride: usize,
         me: usize,
     }
@@ -134,6 +203,60 @@ mod loom_models {
         fn load_own(&self, w: usize) -> u64 {
             self.words[self.me * self.stride + w].load(Ordering::Acquire)
         }
+        fn set_call(&self, parity: usize, word: u64) {
+            self.calls[self.me * 2 + parity].store(word, Ordering::Relaxed);
+        }
+        fn call_of(&self, m: usize, parity: usize) -> u64 {
+            self.calls[m * 2 + parity].load(Ordering::Relaxed)
+        }
+    }
+
+    #[test]
+    fn loom_barrier_call_words() {
+        // Two members, three barriers; at the second, member 1 calls another kind. Both must
+        // see the mismatch at that barrier and agree at the others, whatever the interleaving
+        // (a member publishing the third barrier's word early must not spoil the second).
+        // Preemptions bounded as in `models/`: the spin-waits make the full space too large.
+        let mut b = loom::model::Builder::new();
+        if b.preemption_bound.is_none() {
+            b.preemption_bound = Some(3);
+        }
+        b.check(|| {
+            let words = Arc::new((0..2).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+            let calls = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+            let hs: Vec<_> = (0..2)
+                .map(|me| {
+                    let (words, calls) = (words.clone(), calls.clone());
+                    loom::thread::spawn(move || {
+                        let m = Mem {
+                            words,
+                            calls,
+                            stride: 1,
+                            me,
+                        };
+                        for epoch in 1..=3u64 {
+                            let kind = if epoch == 2 && me == 1 { 9 } else { 4 };
+                            let d = checked_barrier(&m, me, 2, epoch, kind, |_, ready| {
+                                while !ready() {
+                                    loom::thread::yield_now();
+                                }
+                                Ok(())
+                            })
+                            .unwrap();
+                            let other = if epoch == 2 && me == 0 { 9 } else { 4 };
+                            let want = (epoch == 2).then_some(Differs {
+                                member: 1 - me,
+                                word: call_word(other, epoch),
+                            });
+                            assert_eq!(d, want, "member {me}, barrier {epoch}");
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+        });
     }
 
     #[test]
@@ -150,6 +273,7 @@ mod loom_models {
                     loom::thread::spawn(move || {
                         let m = Mem {
                             words,
+                            calls: Arc::new(Vec::new()),
                             stride: 2,
                             me,
                         };

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// Protocol version checked at start-up; PEs of different versions refuse to form a world.
-pub const PROTOCOL_VERSION: u64 = 3;
+pub const PROTOCOL_VERSION: u64 = 4;
 
 /// How the PEs of a world are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +155,12 @@ pub(crate) struct PeInner {
     pub any_lost: AtomicBool,
     /// 1 + the first PE found lost (0: none yet).
     pub first_lost: AtomicU64,
+    /// Set once a barrier or collective of this PE ended in a timeout or a lost peer: the
+    /// world cannot complete a barrier any more, so finalize waits only a short grace.
+    pub faulted: AtomicBool,
+    /// 1 + the PE the latest timeout of this PE named (0: none): the cause this PE publishes
+    /// when it ends without having seen a loss.
+    pub blamed: AtomicU64,
     _regions: Vec<Arc<Region>>,
 }
 
@@ -172,6 +178,7 @@ impl Drop for PeInner {
     fn drop(&mut self) {
         if !self.finalized.load(Ordering::Acquire) {
             // Ending without finalize: peers waiting on this PE learn it is lost.
+            self.record_cause();
             self.ctrls[self.me]
                 .word(control::W_STATE)
                 .store(control::STATE_FAILED, Ordering::Release);
@@ -222,9 +229,61 @@ impl PeInner {
     #[inline]
     pub fn check_peer(&self, pe: usize, op: &'static str) -> Result<()> {
         if self.any_lost.load(Ordering::Relaxed) && self.lost[pe].load(Ordering::Acquire) {
-            return Err(Error::PeerLost { pe, op });
+            return Err(Error::PeerLost {
+                pe: self.root_cause(pe),
+                op,
+            });
         }
         Ok(())
+    }
+
+    /// Publishes, before this PE ends, the lost peer it had seen (if any; else the peer its
+    /// latest timeout named, flagged as such), so that peers blame that PE rather than this one.
+    pub fn record_cause(&self) {
+        let cause = match self.first_lost.load(Ordering::Acquire) {
+            0 => match self.blamed.load(Ordering::Acquire) {
+                0 => 0,
+                b => b | control::CAUSE_TIMEOUT,
+            },
+            c => c,
+        };
+        if cause != 0 {
+            self.ctrls[self.me]
+                .word(control::W_CAUSE)
+                .store(cause, Ordering::Release);
+        }
+    }
+
+    /// The PE whose loss made `pe` end: follows the causes the ended PEs published, up to a PE
+    /// that ended (or died) on its own. The flag is true when the last cause was a timeout
+    /// (that PE was missing, not known dead).
+    pub fn root_cause_of(&self, pe: usize) -> (usize, bool) {
+        let mut p = pe;
+        let mut timed_out = false;
+        for _ in 0..self.n {
+            let w = self.ctrls[p].word(control::W_CAUSE).load(Ordering::Acquire);
+            let c = (w & !control::CAUSE_TIMEOUT) as usize;
+            if c == 0 || c - 1 == p || c > self.n {
+                break;
+            }
+            timed_out = w & control::CAUSE_TIMEOUT != 0;
+            if c - 1 == self.me {
+                // It gave up on this PE (late, not dead): `p` is as far as the chain goes.
+                break;
+            }
+            p = c - 1;
+        }
+        (p, timed_out)
+    }
+
+    /// [`PeInner::root_cause_of`] without the flag.
+    pub fn root_cause(&self, pe: usize) -> usize {
+        self.root_cause_of(pe).0
+    }
+
+    /// Notes that a timeout of this PE named `pe` (see [`PeInner::record_cause`]).
+    pub fn blame(&self, pe: usize) {
+        self.blamed.store(pe as u64 + 1, Ordering::Release);
     }
 
     /// `PeerLost` naming the first lost peer, if any (quiet).
@@ -260,9 +319,24 @@ impl PeInner {
     }
 
     fn mark_lost(&self, pe: usize) {
-        let _ =
-            self.first_lost
-                .compare_exchange(0, pe as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
+        let (root, timed_out) = self.root_cause_of(pe);
+        if root != pe
+            && root != self.me
+            && !timed_out
+            && !self.lost[root].swap(true, Ordering::AcqRel)
+        {
+            tracing::warn!(
+                pe = self.me,
+                lost = root,
+                "peer lost (seen through PE {pe})"
+            );
+        }
+        let _ = self.first_lost.compare_exchange(
+            0,
+            root as u64 + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         if !self.lost[pe].swap(true, Ordering::AcqRel) {
             tracing::warn!(
                 pe = self.me,
@@ -347,9 +421,25 @@ impl PeInner {
                 if cond() {
                     return Ok(());
                 }
-                return Err(Error::PeerLost { pe, op });
+                self.faulted.store(true, Ordering::Release);
+                // A peer that ended after giving up on a missing one (maybe this one, late):
+                // that one is at fault, and it was missing, not known dead.
+                return Err(match self.root_cause_of(pe) {
+                    (root, true) => Error::Timeout {
+                        op,
+                        pe: Some(root),
+                        after: el,
+                    },
+                    (root, _) => Error::PeerLost { pe: root, op },
+                });
             }
             if el >= timeout {
+                if strict {
+                    self.faulted.store(true, Ordering::Release);
+                }
+                if let Some(p) = w {
+                    self.blame(p);
+                }
                 return Err(Error::Timeout {
                     op,
                     pe: w,
@@ -579,6 +669,8 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         lost: (0..n).map(|_| AtomicBool::new(false)).collect(),
         any_lost: AtomicBool::new(false),
         first_lost: AtomicU64::new(0),
+        faulted: AtomicBool::new(false),
+        blamed: AtomicU64::new(0),
         placements,
         config,
         bootstrap: boot,

@@ -166,13 +166,17 @@ fn nvrtc_compiles_every_kernel() {
 
 #[test]
 fn cuda_pe_of_a_shm_world_is_an_error() {
-    let r = rshmem::threads_with(harness::config(), 2, |pe| match CudaPe::new(pe) {
-        Err(Error::Backend {
-            backend: "cuda", ..
-        }) => Ok(()),
-        other => Err(format!("expected a cuda backend error, got {other:?}")),
-    })
-    .unwrap();
+    let r = rshmem::Launch::new()
+        .config(harness::config())
+        .threads()
+        .run(2, |pe| match CudaPe::new(pe) {
+            Err(Error::Backend {
+                backend: "cuda", ..
+            }) => Ok(()),
+            other => Err(format!("expected a cuda backend error, got {other:?}")),
+        })
+        .values()
+        .unwrap();
     for x in r {
         x.unwrap();
     }
@@ -198,7 +202,11 @@ fn no_driver_gives_a_backend_error() {
         ),
         "{e}"
     );
-    let r = rshmem::threads_with(harness::config().backend(BackendKind::Cuda), 2, |_| ());
+    let r = rshmem::Launch::new()
+        .config(harness::config().backend(BackendKind::Cuda))
+        .threads()
+        .run(2, |_| ())
+        .values();
     match r {
         Err(Error::Backend {
             backend: "cuda", ..
@@ -803,7 +811,12 @@ fn gpu_device_api_vmm() {
 /// or check one PE's device error state), failing the test on any PE's error.
 fn in_this_process(cfg: Config, n: usize, body: impl Fn(&Pe) -> Result<()> + Sync) {
     let _gpu = harness::gpu_world();
-    let r = rshmem::threads_with(cfg, n, body).expect("world");
+    let r = rshmem::Launch::new()
+        .config(cfg)
+        .threads()
+        .run(n, body)
+        .values()
+        .expect("world");
     harness::expect_all_ok(&format!("{n} PEs"), r);
 }
 
@@ -841,14 +854,16 @@ fn gpu_device_team_of_an_ended_world_is_refused() {
     // A team split in a world that then ended...
     let old = {
         let _gpu = harness::gpu_world();
-        rshmem::threads_with(cfg.clone(), 1, |pe| {
-            pe.team_split_strided(pe.world_team(), 0, 1, 1)
-        })
-        .expect("world")
-        .pop()
-        .expect("one PE")
-        .expect("split")
-        .expect("member")
+        rshmem::Launch::new()
+            .config(cfg.clone())
+            .threads()
+            .run(1, |pe| pe.team_split_strided(pe.world_team(), 0, 1, 1))
+            .values()
+            .expect("world")
+            .pop()
+            .expect("one PE")
+            .expect("split")
+            .expect("member")
     };
     // ...names a slot whose device counters belong to the next world's teams.
     in_this_process(cfg, 1, |pe| {
@@ -987,7 +1002,12 @@ fn gpu_bench_report() {
     let max = *sizes.iter().max().unwrap();
     let cfg = gpu_config(HeapKind::Static).heap_size(2 * max + (64 << 20));
     let _gpu = harness::gpu_world();
-    let r = rshmem::threads_with(cfg, 2, |pe| cuda::bench(pe, &sizes, 20000)).expect("world");
+    let r = rshmem::Launch::new()
+        .config(cfg)
+        .threads()
+        .run(2, |pe| cuda::bench(pe, &sizes, 20000))
+        .values()
+        .expect("world");
     for rec in r.into_iter().next().unwrap().unwrap() {
         println!(
             "BENCH {} bytes={} time_us={:.3} gbps={:.1} baseline={} baseline_us={:.3} ratio={:.3}",
@@ -1363,7 +1383,12 @@ fn gpu_many_pes_ring_and_barriers() {
         .heap_size(2 << 20)
         .max_teams(MANY_TEAMS);
     let n = many_pes_count();
-    let r = rshmem::threads_with(cfg, n, many_pes).expect("world");
+    let r = rshmem::Launch::new()
+        .config(cfg)
+        .threads()
+        .run(n, many_pes)
+        .values()
+        .expect("world");
     for (pe, x) in r.into_iter().enumerate() {
         if let Err(e) = x {
             panic!("PE {pe} of {n}: {e}");

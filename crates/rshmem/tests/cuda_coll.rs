@@ -860,7 +860,12 @@ fn gpu_coll_bench_report() {
     eprintln!("NCCL: {:?}", lib.as_ref().map(|l| l.path));
     let sz = sizes.clone();
     let _gpu = harness::gpu_world();
-    let r = rshmem::threads_with(cfg, 2, move |pe| cuda::coll_bench(pe, &sz, 50)).expect("world");
+    let r = rshmem::Launch::new()
+        .config(cfg)
+        .threads()
+        .run(2, move |pe| cuda::coll_bench(pe, &sz, 50))
+        .values()
+        .expect("world");
     let mut recs = Vec::new();
     for (pe, x) in r.into_iter().enumerate() {
         match x {

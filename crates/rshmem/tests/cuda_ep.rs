@@ -1168,7 +1168,12 @@ fn peer_timeout_body_mode(pe: &Pe, mode: EpMode) -> Result<()> {
 fn on_two_pes_timing_out(what: &str, body: fn(&Pe) -> Result<()>) {
     let _gpu = harness::gpu_world();
     let cfg = gpu_config(2).timeout(Duration::from_secs(2));
-    let r = rshmem::threads_with(cfg, 2, body).expect("world");
+    let r = rshmem::Launch::new()
+        .config(cfg)
+        .threads()
+        .run(2, body)
+        .values()
+        .expect("world");
     harness::expect_all_ok(what, r);
 }
 
@@ -1550,17 +1555,21 @@ fn bench_rows_wanted(ts: &[usize]) -> Vec<(usize, &'static str, &'static str)> {
 fn gpu_ep_bench_report() {
     // Small sizes here (timings are not checked); the full sizes run through ep_bench directly.
     let _gpu = harness::gpu_world();
-    let r = rshmem::threads_with(gpu_config(2), 2, |pe| {
-        let args = ep::EpBenchArgs {
-            tokens: vec![64, 8],
-            hidden: 256,
-            top_k: 4,
-            experts: 8,
-            iters: 3,
-        };
-        ep::ep_bench(pe, &args)
-    })
-    .expect("world");
+    let r = rshmem::Launch::new()
+        .config(gpu_config(2))
+        .threads()
+        .run(2, |pe| {
+            let args = ep::EpBenchArgs {
+                tokens: vec![64, 8],
+                hidden: 256,
+                top_k: 4,
+                experts: 8,
+                iters: 3,
+            };
+            ep::ep_bench(pe, &args)
+        })
+        .values()
+        .expect("world");
     let recs = r.into_iter().next().unwrap().expect("bench");
     assert_eq!(bench_rows(&recs), bench_rows_wanted(&[64, 8]));
     for rec in &recs {
@@ -1577,7 +1586,11 @@ fn gpu_ep_bench_full() {
     }
     let cfg = gpu_config(2).heap_size(6 << 30);
     let _gpu = harness::gpu_world();
-    let r = rshmem::threads_with(cfg, 2, |pe| ep::ep_bench(pe, &ep::EpBenchArgs::default()))
+    let r = rshmem::Launch::new()
+        .config(cfg)
+        .threads()
+        .run(2, |pe| ep::ep_bench(pe, &ep::EpBenchArgs::default()))
+        .values()
         .expect("world");
     let recs = r.into_iter().next().unwrap().expect("bench");
     for x in recs {
@@ -1604,7 +1617,12 @@ fn gpu_ep_bench_scalar_rows_and_baseline() {
         iters: 2,
     };
     let cfg = gpu_config(2).heap_size(ep::ep_bench_heap_bytes(&args, 2).unwrap());
-    let r = rshmem::threads_with(cfg, 2, |pe| ep::ep_bench(pe, &args)).expect("world");
+    let r = rshmem::Launch::new()
+        .config(cfg)
+        .threads()
+        .run(2, |pe| ep::ep_bench(pe, &args))
+        .values()
+        .expect("world");
     let mut per_pe = r.into_iter();
     let recs = per_pe.next().unwrap().expect("bench on PE 0");
     assert!(per_pe.next().unwrap().expect("bench on PE 1").is_empty());

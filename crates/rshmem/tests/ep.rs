@@ -1074,22 +1074,26 @@ fn peer_lost_during_dispatch_is_an_error() {
     let n = 3;
     let cfg = harness::config().timeout(std::time::Duration::from_secs(10));
     let r = std::panic::catch_unwind(|| {
-        rshmem::threads_with(cfg, n, |pe| -> Result<()> {
-            let mut buf =
-                HostBuffer::<f32>::new(pe, pe.world_team(), self::cfg(n, EpMode::Normal))?;
-            run_case::<f32, i64>(pe, &mut buf, &good_case(1), true)?;
-            if pe.my_pe() == n - 1 {
-                panic!("PE {} dies on purpose", pe.my_pe());
-            }
-            let case = good_case(2);
-            let (ids, w) = routing(&case, pe.my_pe(), n);
-            let x: Vec<f32> = hidden(&case, pe.my_pe());
-            let r = buf.dispatch(pe, &x, &ids, &w, case.k);
-            SEEN.lock()
-                .unwrap()
-                .push((pe.my_pe(), format!("{:?}", r.map(|_| ()))));
-            Ok(())
-        })
+        rshmem::Launch::new()
+            .config(cfg)
+            .threads()
+            .run(n, |pe| -> Result<()> {
+                let mut buf =
+                    HostBuffer::<f32>::new(pe, pe.world_team(), self::cfg(n, EpMode::Normal))?;
+                run_case::<f32, i64>(pe, &mut buf, &good_case(1), true)?;
+                if pe.my_pe() == n - 1 {
+                    panic!("PE {} dies on purpose", pe.my_pe());
+                }
+                let case = good_case(2);
+                let (ids, w) = routing(&case, pe.my_pe(), n);
+                let x: Vec<f32> = hidden(&case, pe.my_pe());
+                let r = buf.dispatch(pe, &x, &ids, &w, case.k);
+                SEEN.lock()
+                    .unwrap()
+                    .push((pe.my_pe(), format!("{:?}", r.map(|_| ()))));
+                Ok(())
+            })
+            .values()
     });
     let msg = harness::resumed_panic(r);
     assert!(msg.contains("dies on purpose"), "resumed panic: {msg:?}");

@@ -1,7 +1,7 @@
 //! Every misuse returns the crate's error, on every PE that must know, and leaves the world
 //! usable: PE out of range, ranges outside the object (overflow included), heap exhausted,
 //! bad alignments and misaligned views, wait timeouts, mismatched collectives, handles of
-//! another PE, handles of an ended world, bad configurations.
+//! another PE, handles of an ended world (bad configurations: `config_env.rs`).
 
 #[path = "harness/mod.rs"]
 mod harness;
@@ -796,7 +796,7 @@ fn all_ok<R>(r: Result<Vec<Result<R>>>) -> Vec<R> {
 fn handle_of_another_pe() {
     let syms: Mutex<Vec<Option<Sym<u64>>>> = Mutex::new(vec![None, None]);
     let teams: Mutex<Vec<Option<Team>>> = Mutex::new(vec![None, None]);
-    all_ok(rshmem::threads_with(cfg(), 2, |pe| -> Result<()> {
+    all_ok(rshmem::Launch::new().config(cfg()).threads().run(2, |pe| -> Result<()> {
         let me = pe.my_pe();
         let x = pe.alloc::<u64>(2)?;
         let y = pe.alloc::<u64>(2)?;
@@ -866,121 +866,100 @@ fn handle_of_another_pe() {
         }
         pe.barrier_all()?;
         Ok(())
-    }));
+    }).values());
 }
 
 #[test]
 fn handles_of_an_ended_world() {
     // the first world hands out its objects and teams; the second uses them
-    let old = all_ok(rshmem::threads_with(
-        cfg(),
-        2,
-        |pe| -> Result<(Sym<u64>, Team)> {
-            let x = pe.alloc::<u64>(4)?;
-            let t = pe
-                .team_split_strided(pe.world_team(), 0, 1, 2)?
-                .expect("team");
-            Ok((x, t))
-        },
-    ));
+    let old = all_ok(
+        rshmem::Launch::new()
+            .config(cfg())
+            .threads()
+            .run(2, |pe| -> Result<(Sym<u64>, Team)> {
+                let x = pe.alloc::<u64>(4)?;
+                let t = pe
+                    .team_split_strided(pe.world_team(), 0, 1, 2)?
+                    .expect("team");
+                Ok((x, t))
+            })
+            .values(),
+    );
     let old = Mutex::new(old.into_iter().map(Some).collect::<Vec<_>>());
-    all_ok(rshmem::threads_with(cfg(), 2, |pe| -> Result<()> {
-        let me = pe.my_pe();
-        let (x, t) = old.lock().unwrap()[me].take().expect("old handles");
-        let y = pe.alloc::<u64>(4)?; // possibly the same offset as x
-        pe.local_fill(&y, 3)?;
-        pe.barrier_all()?;
-        let ended = |e: &Error| matches!(e, Error::WorldEnded);
-        expect_err("put", pe.put(&x, 0, &[1], 1 - me), ended);
-        expect_err("get", pe.get(&x, 0, &mut [0], 1 - me), ended);
-        expect_err("p", pe.p(&x, 0, 1, me), ended);
-        expect_err("g", pe.g(&x, 0, me), ended);
-        expect_err("atomic", pe.atomic_fetch_add(&x, 0, 1, 1 - me), ended);
-        expect_err(
-            "signal",
-            pe.put_signal(&y, 0, &[1], Signal::set(&x, 0, 1), 1 - me),
-            ended,
-        );
-        expect_err("wait", pe.wait_until(&x, 0, Cmp::Eq, 0), ended);
-        expect_err("view", pe.atomic_fetch(&x.view::<u64>(8, 1)?, 0, me), ended);
-        expect_err("local_vec", pe.local_vec(&x), ended);
-        expect_err("local_write", pe.local_write(&x, 0, &[1]), ended);
-        expect_err("local_fill", pe.local_fill(&x, 1), ended);
-        // collectives with the old world's object or team
-        let coll = Coll::new(pe, CollConfig::default())?;
-        expect_err(
-            "coll old object",
-            coll.all_reduce(pe.world_team(), &y, &x, 4, ReduceOp::Sum),
-            ended,
-        );
-        expect_err("coll old team", coll.barrier(&t), ended);
-        expect_err(
-            "coll old team all_reduce",
-            coll.all_reduce(&t, &y, &y, 4, ReduceOp::Sum),
-            ended,
-        );
-        pe.free(coll)?;
-        // an expert-parallel buffer for the old team: an error, and no symmetric memory kept
-        let used = pe.heap_usage().1;
-        let ep = EpConfig {
-            num_experts: 4,
-            max_tokens: 4,
-            hidden: 8,
-            max_topk: 2,
-            mode: EpMode::Normal,
-            layout: RecvLayout::ExpertMajor,
-        };
-        expect_err(
-            "ep buffer old team",
-            HostBuffer::<f32>::new(pe, &t, ep),
-            ended,
-        );
-        assert_eq!(
-            pe.heap_usage().1,
-            used,
-            "a failed ep::HostBuffer::new kept memory"
-        );
-        expect_err("team barrier", pe.team_barrier(&t), ended);
-        expect_err("team split", pe.team_split_strided(&t, 0, 1, 1), ended);
-        expect_err("team destroy", pe.team_destroy(t), ended);
-        expect_err("free", pe.free(x), ended);
-        pe.barrier_all()?;
-        assert_eq!(
-            pe.local_vec(&y)?,
-            [3; 4],
-            "the new world's object is untouched"
-        );
-        pe.free(y)
-    }));
-}
-
-#[test]
-fn bad_configurations() {
-    let run = |c: Config, n: usize| rshmem::threads_with(c, n, |_| ()).map(|_| ());
-    expect_err("heap 0", run(cfg().heap_size(0), 2), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("teams 0", run(cfg().max_teams(0), 2), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("teams 5000", run(cfg().max_teams(5000), 1), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("timeout 0", run(cfg().timeout(Duration::ZERO), 2), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("0 PEs", run(cfg(), 0), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    // a heap smaller than one granule: every allocation fails, nothing panics
-    let r = all_ok(rshmem::threads_with(cfg().heap_size(10), 2, |pe| {
-        Ok(pe.alloc::<u8>(1).map(|_| ()))
-    }));
-    for x in r {
-        expect_err("tiny heap", x, |e| {
-            matches!(e, Error::HeapExhausted { heap_size: 0, .. })
-        });
-    }
+    all_ok(
+        rshmem::Launch::new()
+            .config(cfg())
+            .threads()
+            .run(2, |pe| -> Result<()> {
+                let me = pe.my_pe();
+                let (x, t) = old.lock().unwrap()[me].take().expect("old handles");
+                let y = pe.alloc::<u64>(4)?; // possibly the same offset as x
+                pe.local_fill(&y, 3)?;
+                pe.barrier_all()?;
+                let ended = |e: &Error| matches!(e, Error::WorldEnded);
+                expect_err("put", pe.put(&x, 0, &[1], 1 - me), ended);
+                expect_err("get", pe.get(&x, 0, &mut [0], 1 - me), ended);
+                expect_err("p", pe.p(&x, 0, 1, me), ended);
+                expect_err("g", pe.g(&x, 0, me), ended);
+                expect_err("atomic", pe.atomic_fetch_add(&x, 0, 1, 1 - me), ended);
+                expect_err(
+                    "signal",
+                    pe.put_signal(&y, 0, &[1], Signal::set(&x, 0, 1), 1 - me),
+                    ended,
+                );
+                expect_err("wait", pe.wait_until(&x, 0, Cmp::Eq, 0), ended);
+                expect_err("view", pe.atomic_fetch(&x.view::<u64>(8, 1)?, 0, me), ended);
+                expect_err("local_vec", pe.local_vec(&x), ended);
+                expect_err("local_write", pe.local_write(&x, 0, &[1]), ended);
+                expect_err("local_fill", pe.local_fill(&x, 1), ended);
+                // collectives with the old world's object or team
+                let coll = Coll::new(pe, CollConfig::default())?;
+                expect_err(
+                    "coll old object",
+                    coll.all_reduce(pe.world_team(), &y, &x, 4, ReduceOp::Sum),
+                    ended,
+                );
+                expect_err("coll old team", coll.barrier(&t), ended);
+                expect_err(
+                    "coll old team all_reduce",
+                    coll.all_reduce(&t, &y, &y, 4, ReduceOp::Sum),
+                    ended,
+                );
+                pe.free(coll)?;
+                // an expert-parallel buffer for the old team: an error, and no symmetric memory kept
+                let used = pe.heap_usage().1;
+                let ep = EpConfig {
+                    num_experts: 4,
+                    max_tokens: 4,
+                    hidden: 8,
+                    max_topk: 2,
+                    mode: EpMode::Normal,
+                    layout: RecvLayout::ExpertMajor,
+                };
+                expect_err(
+                    "ep buffer old team",
+                    HostBuffer::<f32>::new(pe, &t, ep),
+                    ended,
+                );
+                assert_eq!(
+                    pe.heap_usage().1,
+                    used,
+                    "a failed ep::HostBuffer::new kept memory"
+                );
+                expect_err("team barrier", pe.team_barrier(&t), ended);
+                expect_err("team split", pe.team_split_strided(&t, 0, 1, 1), ended);
+                expect_err("team destroy", pe.team_destroy(t), ended);
+                expect_err("free", pe.free(x), ended);
+                pe.barrier_all()?;
+                assert_eq!(
+                    pe.local_vec(&y)?,
+                    [3; 4],
+                    "the new world's object is untouched"
+                );
+                pe.free(y)
+            })
+            .values(),
+    );
 }
 
 #[test]
@@ -1029,17 +1008,21 @@ fn mismatched_configurations_fail_everywhere() {
 #[test]
 fn huge_timeout_does_not_panic() {
     // Duration::MAX: no deadline anywhere (the bootstrap once added it to an Instant and panicked)
-    let r = rshmem::threads_with(cfg().timeout(Duration::MAX), 3, |pe| -> Result<u64> {
-        let x = pe.alloc::<u64>(1)?;
-        pe.local_fill(&x, 0)?;
-        pe.barrier_all()?;
-        pe.atomic_inc(&x, 0, 0)?;
-        pe.barrier_all()?;
-        let v = pe.g(&x, 0, 0)?;
-        pe.barrier_all()?;
-        pe.free(x)?;
-        Ok(v)
-    });
+    let r = rshmem::Launch::new()
+        .config(cfg().timeout(Duration::MAX))
+        .threads()
+        .run(3, |pe| -> Result<u64> {
+            let x = pe.alloc::<u64>(1)?;
+            pe.local_fill(&x, 0)?;
+            pe.barrier_all()?;
+            pe.atomic_inc(&x, 0, 0)?;
+            pe.barrier_all()?;
+            let v = pe.g(&x, 0, 0)?;
+            pe.barrier_all()?;
+            pe.free(x)?;
+            Ok(v)
+        })
+        .values();
     assert_eq!(all_ok(r), [3, 3, 3]);
 }
 
@@ -1047,50 +1030,58 @@ fn huge_timeout_does_not_panic() {
 /// written); draining makes room; capacity 0 records nothing and never refuses.
 #[test]
 fn completion_queue_is_bounded() {
-    let r = rshmem::threads_with(cfg().completion_queue(3), 2, |pe| -> Result<()> {
-        let x = pe.alloc::<u32>(8)?;
-        pe.local_fill(&x, 0)?;
-        pe.barrier_all()?;
-        let peer = 1 - pe.my_pe();
-        let vals: Vec<u32> = (0..8).map(|i| 100 * pe.my_pe() as u32 + i + 1).collect();
-        for i in 0..3 {
-            pe.put_nbi(&x, i, &vals[i..i + 1], peer, i as u64)?.wait()?;
-        }
-        let full = pe.put_nbi(&x, 3, &vals[3..4], peer, 3);
-        assert!(
-            matches!(full, Err(Error::QueueFull { capacity: 3 })),
-            "{full:?}"
-        );
-        let mut dst = [7u32; 1];
-        let full = pe.get_nbi(&x, 0, &mut dst, peer, 9);
-        assert!(matches!(full, Err(Error::QueueFull { .. })), "{full:?}");
-        assert_eq!(dst, [7], "a refused get wrote its destination");
-        let mut done = Vec::new();
-        assert_eq!(pe.completions(&mut done), 3);
-        let tags: Vec<u64> = done.iter().map(|c| c.tag).collect();
-        assert_eq!(tags, [0, 1, 2]);
-        pe.put_nbi(&x, 4, &vals[4..5], peer, 4)?.wait()?;
-        pe.barrier_all()?;
-        let got = pe.local_vec(&x)?;
-        let p = 100 * peer as u32;
-        assert_eq!(
-            got,
-            [p + 1, p + 2, p + 3, 0, p + 5, 0, 0, 0],
-            "PE {}",
-            pe.my_pe()
-        );
-        Ok(())
-    });
+    let r = rshmem::Launch::new()
+        .config(cfg().completion_queue(3))
+        .threads()
+        .run(2, |pe| -> Result<()> {
+            let x = pe.alloc::<u32>(8)?;
+            pe.local_fill(&x, 0)?;
+            pe.barrier_all()?;
+            let peer = 1 - pe.my_pe();
+            let vals: Vec<u32> = (0..8).map(|i| 100 * pe.my_pe() as u32 + i + 1).collect();
+            for i in 0..3 {
+                pe.put_nbi(&x, i, &vals[i..i + 1], peer, i as u64)?.wait()?;
+            }
+            let full = pe.put_nbi(&x, 3, &vals[3..4], peer, 3);
+            assert!(
+                matches!(full, Err(Error::QueueFull { capacity: 3 })),
+                "{full:?}"
+            );
+            let mut dst = [7u32; 1];
+            let full = pe.get_nbi(&x, 0, &mut dst, peer, 9);
+            assert!(matches!(full, Err(Error::QueueFull { .. })), "{full:?}");
+            assert_eq!(dst, [7], "a refused get wrote its destination");
+            let mut done = Vec::new();
+            assert_eq!(pe.completions(&mut done), 3);
+            let tags: Vec<u64> = done.iter().map(|c| c.tag).collect();
+            assert_eq!(tags, [0, 1, 2]);
+            pe.put_nbi(&x, 4, &vals[4..5], peer, 4)?.wait()?;
+            pe.barrier_all()?;
+            let got = pe.local_vec(&x)?;
+            let p = 100 * peer as u32;
+            assert_eq!(
+                got,
+                [p + 1, p + 2, p + 3, 0, p + 5, 0, 0, 0],
+                "PE {}",
+                pe.my_pe()
+            );
+            Ok(())
+        })
+        .values();
     all_ok(r);
-    let r = rshmem::threads_with(cfg().completion_queue(0), 1, |pe| -> Result<()> {
-        let x = pe.alloc::<u32>(1)?;
-        for i in 0..10 {
-            pe.put_nbi(&x, 0, &[i], 0, 0)?.wait()?;
-        }
-        assert_eq!(pe.local_vec(&x)?, [9]);
-        let mut done = Vec::new();
-        assert_eq!(pe.completions(&mut done), 0);
-        Ok(())
-    });
+    let r = rshmem::Launch::new()
+        .config(cfg().completion_queue(0))
+        .threads()
+        .run(1, |pe| -> Result<()> {
+            let x = pe.alloc::<u32>(1)?;
+            for i in 0..10 {
+                pe.put_nbi(&x, 0, &[i], 0, 0)?.wait()?;
+            }
+            assert_eq!(pe.local_vec(&x)?, [9]);
+            let mut done = Vec::new();
+            assert_eq!(pe.completions(&mut done), 0);
+            Ok(())
+        })
+        .values();
     all_ok(r);
 }

@@ -123,7 +123,8 @@ fn kill_during_barrier_mixed() {
             other => panic!("expected PeerLost of PE 2 or 3, got {other:?}"),
         }
         assert!(el < NOT_THE_TIMEOUT, "{el:?}");
-    });
+    })
+    .values();
     assert!(
         matches!(r, Err(Error::PeerLost { .. })),
         "finalize fails too: {r:?}"
@@ -618,7 +619,10 @@ fn init_without_launcher_is_one_pe() {
     if harness::is_child() || rshmem::launched() {
         return;
     }
-    let pe = rshmem::init_with(harness::config()).unwrap();
+    let pe = rshmem::Launch::new()
+        .config(harness::config())
+        .init()
+        .unwrap();
     assert_eq!((pe.my_pe(), pe.n_pes(), pe.mode()), (0, 1, Mode::Threads));
     let x = pe.alloc::<i32>(3).unwrap();
     pe.put(&x, 0, &[1, -2, 3], 0).unwrap();
@@ -831,7 +835,7 @@ fn bad_pes_count_is_refused() {
     if harness::is_child() {
         // launch without a launcher environment takes its PE count from RSHMEM_PES
         let want = std::env::var("EXPECT").unwrap();
-        match rshmem::launch(2, |pe| pe.my_pe()) {
+        match rshmem::launch(2, |pe| pe.my_pe()).values() {
             Err(Error::InvalidArgument(msg)) => assert!(msg.contains(&want), "{msg}"),
             other => panic!("expected an invalid-argument error ({want}), got {other:?}"),
         }

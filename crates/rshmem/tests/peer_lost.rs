@@ -1,6 +1,6 @@
 //! Lost peers in thread mode: a PE that panics, or drops its handle without finalize, makes the
 //! others' barriers, waits and collectives end in `Error::PeerLost` (not a timeout, not a hang),
-//! and `threads_with` resumes the panic after every PE has ended.
+//! and `Launch::run` resumes the panic after every PE has ended.
 //!
 //! The configured timeout is long (20 s), so a detection that fell back to the timeout would
 //! show as `Error::Timeout` and fail the test; nothing here measures time.
@@ -21,31 +21,35 @@ fn cfg() -> Config {
 type Op = fn(&Pe, &Sym<u64>) -> Result<()>;
 
 /// Runs `op` on every PE but `victim`, which panics instead; returns what `op` returned on each
-/// survivor and checks that `threads_with` resumed the victim's panic.
+/// survivor and checks that `Launch::run` resumed the victim's panic.
 fn with_panicking_pe(n: usize, victim: usize, op: Op) -> Vec<Option<Result<()>>> {
     let seen: Mutex<Vec<Option<Result<()>>>> = Mutex::new(vec![None; n]);
     // Survivors that have left the first barrier: the victim dies only after all have (a PE
     // still inside that barrier when the victim is lost would end it with PeerLost too).
     let left = std::sync::atomic::AtomicUsize::new(0);
     let r = catch_unwind(AssertUnwindSafe(|| {
-        rshmem::threads_with(cfg(), n, |pe| {
-            // a healthy start: one collective and a barrier with everyone
-            let x = pe.alloc::<u64>(4).expect("alloc");
-            pe.local_fill(&x, 0).expect("fill");
-            pe.barrier_all().expect("first barrier");
-            if pe.my_pe() == victim {
-                let t0 = std::time::Instant::now();
-                while left.load(std::sync::atomic::Ordering::Acquire) < n - 1
-                    && t0.elapsed() < Duration::from_secs(10)
-                {
-                    std::thread::yield_now();
+        rshmem::Launch::new()
+            .config(cfg())
+            .threads()
+            .run(n, |pe| {
+                // a healthy start: one collective and a barrier with everyone
+                let x = pe.alloc::<u64>(4).expect("alloc");
+                pe.local_fill(&x, 0).expect("fill");
+                pe.barrier_all().expect("first barrier");
+                if pe.my_pe() == victim {
+                    let t0 = std::time::Instant::now();
+                    while left.load(std::sync::atomic::Ordering::Acquire) < n - 1
+                        && t0.elapsed() < Duration::from_secs(10)
+                    {
+                        std::thread::yield_now();
+                    }
+                    panic!("PE {victim} gives up on purpose");
                 }
-                panic!("PE {victim} gives up on purpose");
-            }
-            left.fetch_add(1, std::sync::atomic::Ordering::Release);
-            let r = op(pe, &x);
-            seen.lock().unwrap()[pe.my_pe()] = Some(r);
-        })
+                left.fetch_add(1, std::sync::atomic::Ordering::Release);
+                let r = op(pe, &x);
+                seen.lock().unwrap()[pe.my_pe()] = Some(r);
+            })
+            .values()
     }));
     let msg = harness::resumed_panic(r);
     assert!(
@@ -161,10 +165,25 @@ fn finalized_pe_leaves_barriers() {
                     let pe = Pe::init(cfg(), Box::new(hub.join(rank)?))?;
                     let x = pe.alloc::<u64>(1)?;
                     pe.local_fill(&x, 0)?;
+                    // Finalize is a collective of its own kind: against PE 0's sync_all it is a
+                    // mismatch on both, and PE 1 has ended all the same.
+                    let mm = |e: &Error, mine: &str, theirs: &str| {
+                        matches!(e, Error::CollectiveMismatch { mine: m, theirs: t, .. }
+                            if m.starts_with(mine) && t.starts_with(theirs))
+                    };
                     if rank == 1 {
-                        return pe.finalize(); // pairs with PE 0's sync_all below
+                        let r = pe.finalize();
+                        assert!(
+                            r.as_ref().is_err_and(|e| mm(e, "finalize", "sync_all")),
+                            "{r:?}"
+                        );
+                        return Ok(());
                     }
-                    pe.sync_all()?;
+                    let r = pe.sync_all();
+                    assert!(
+                        r.as_ref().is_err_and(|e| mm(e, "sync_all", "finalize")),
+                        "{r:?}"
+                    );
                     match pe.barrier_all() {
                         Err(Error::PeerLost { pe: 1, .. }) => {}
                         other => panic!("barrier with a finalized peer: {other:?}"),

@@ -10,18 +10,22 @@ fn cfg() -> Config {
 #[test]
 fn ring_put_get() {
     for n in [1, 2, 3, 8] {
-        let r = threads_with(cfg(), n, |pe| -> Result<Vec<u32>> {
-            let x = pe.alloc::<u32>(5)?;
-            pe.local_fill(&x, 0xdead)?;
-            pe.barrier_all()?;
-            let next = (pe.my_pe() + 1) % pe.n_pes();
-            pe.put(&x, 1, &[pe.my_pe() as u32; 3], next)?;
-            pe.barrier_all()?;
-            let v = pe.local_vec(&x)?;
-            pe.free(x)?;
-            Ok(v)
-        })
-        .unwrap();
+        let r = rshmem::Launch::new()
+            .config(cfg())
+            .threads()
+            .run(n, |pe| -> Result<Vec<u32>> {
+                let x = pe.alloc::<u32>(5)?;
+                pe.local_fill(&x, 0xdead)?;
+                pe.barrier_all()?;
+                let next = (pe.my_pe() + 1) % pe.n_pes();
+                pe.put(&x, 1, &[pe.my_pe() as u32; 3], next)?;
+                pe.barrier_all()?;
+                let v = pe.local_vec(&x)?;
+                pe.free(x)?;
+                Ok(v)
+            })
+            .values()
+            .unwrap();
         for (i, v) in r.into_iter().enumerate() {
             let prev = ((i + n - 1) % n) as u32;
             assert_eq!(v.unwrap(), vec![0xdead, prev, prev, prev, 0xdead]);
@@ -31,11 +35,15 @@ fn ring_put_get() {
 
 #[test]
 fn alloc_mismatch_detected() {
-    let r = threads_with(cfg(), 3, |pe| {
-        pe.alloc::<u8>(if pe.my_pe() == 1 { 10 } else { 20 })
-            .map(|_| ())
-    })
-    .unwrap();
+    let r = rshmem::Launch::new()
+        .config(cfg())
+        .threads()
+        .run(3, |pe| {
+            pe.alloc::<u8>(if pe.my_pe() == 1 { 10 } else { 20 })
+                .map(|_| ())
+        })
+        .values()
+        .unwrap();
     for (p, x) in r.into_iter().enumerate() {
         // PE 1 names PE 0, the others name PE 1
         let other = usize::from(p != 1);
@@ -50,27 +58,31 @@ type Pair = Option<(usize, usize)>;
 
 #[test]
 fn teams_split() {
-    let r = threads_with(cfg(), 6, |pe| -> Result<(Pair, Pair)> {
-        let w = pe.world_team();
-        let odd = pe.team_split_strided(w, 1, 2, 3)?;
-        let col = pe.team_split(w, Some((pe.my_pe() % 3) as u32), -(pe.my_pe() as i64))?;
-        if let Some(t) = &odd {
-            pe.team_barrier(t)?;
-        }
-        if let Some(t) = &col {
-            pe.team_barrier(t)?;
-        }
-        let a = odd.as_ref().map(|t| (t.my_pe(), t.n_pes()));
-        let b = col.as_ref().map(|t| (t.my_pe(), t.n_pes()));
-        if let Some(t) = odd {
-            pe.team_destroy(t)?;
-        }
-        if let Some(t) = col {
-            pe.team_destroy(t)?;
-        }
-        Ok((a, b))
-    })
-    .unwrap();
+    let r = rshmem::Launch::new()
+        .config(cfg())
+        .threads()
+        .run(6, |pe| -> Result<(Pair, Pair)> {
+            let w = pe.world_team();
+            let odd = pe.team_split_strided(w, 1, 2, 3)?;
+            let col = pe.team_split(w, Some((pe.my_pe() % 3) as u32), -(pe.my_pe() as i64))?;
+            if let Some(t) = &odd {
+                pe.team_barrier(t)?;
+            }
+            if let Some(t) = &col {
+                pe.team_barrier(t)?;
+            }
+            let a = odd.as_ref().map(|t| (t.my_pe(), t.n_pes()));
+            let b = col.as_ref().map(|t| (t.my_pe(), t.n_pes()));
+            if let Some(t) = odd {
+                pe.team_destroy(t)?;
+            }
+            if let Some(t) = col {
+                pe.team_destroy(t)?;
+            }
+            Ok((a, b))
+        })
+        .values()
+        .unwrap();
     let r: Vec<_> = r.into_iter().map(|x| x.unwrap()).collect();
     // odd PEs 1, 3, 5 in order; colors {0,3},{1,4},{2,5}, ordered by descending PE (key = -pe)
     let want: Vec<(Pair, Pair)> = (0..6)

@@ -378,11 +378,15 @@ mode_test!(split_errors_everywhere, [1, 2, 3, 8], split_errors);
 fn slot_exhaustion_small_max_teams() {
     for (slots, n) in [(1, 2), (2, 3), (3, 3), (4, 8)] {
         let cfg = harness::config().max_teams(slots);
-        let r = rshmem::threads_with(cfg, n, |pe| {
-            assert_eq!(pe.config().max_teams, slots);
-            exhaustion(pe)
-        })
-        .expect("world");
+        let r = rshmem::Launch::new()
+            .config(cfg)
+            .threads()
+            .run(n, |pe| {
+                assert_eq!(pe.config().max_teams, slots);
+                exhaustion(pe)
+            })
+            .values()
+            .expect("world");
         harness::expect_all_ok(&format!("max_teams {slots}, {n} PEs"), r);
     }
 }

@@ -89,9 +89,11 @@ pub(super) fn run_cuda(
             for j in i + 1..map.len() {
                 let (a, b) = (map[i], map[j]);
                 pb.set_message(format!("p2p GPU {a} <-> GPU {b}"));
-                let per_pe = rshmem::threads_with(config.clone().devices(vec![a, b]), 2, |pe| {
-                    rshmem::cuda::bench(pe, &sizes, iters)
-                })?;
+                let per_pe = rshmem::Launch::new()
+                    .config(config.clone().devices(vec![a, b]))
+                    .threads()
+                    .run(2, |pe| rshmem::cuda::bench(pe, &sizes, iters))
+                    .values()?;
                 for r in per_pe {
                     out.extend(r?.iter().map(|b2| Record {
                         mode: format!("gpu{a}-gpu{b}"),
@@ -103,9 +105,11 @@ pub(super) fn run_cuda(
         }
     } else if groups.contains(&SuiteArg::P2p) {
         pb.set_message(format!("p2p device put/get, {pes} PEs"));
-        let per_pe = rshmem::threads_with(config.clone(), pes, |pe| {
-            rshmem::cuda::bench(pe, &sizes, iters)
-        })?;
+        let per_pe = rshmem::Launch::new()
+            .config(config.clone())
+            .threads()
+            .run(pes, |pe| rshmem::cuda::bench(pe, &sizes, iters))
+            .values()?;
         for r in per_pe {
             out.extend(r?.iter().map(from_cuda));
         }
@@ -124,9 +128,11 @@ pub(super) fn run_cuda(
             report::human_bytes(heap)
         ));
         pb.set_message(format!("ep dispatch/combine, {pes} PEs"));
-        let per_pe = rshmem::threads_with(config.clone().heap_size(heap), pes, |pe| {
-            rshmem::cuda::ep::ep_bench(pe, &ep_args)
-        })?;
+        let per_pe = rshmem::Launch::new()
+            .config(config.clone().heap_size(heap))
+            .threads()
+            .run(pes, |pe| rshmem::cuda::ep::ep_bench(pe, &ep_args))
+            .values()?;
         for r in per_pe {
             out.extend(r?.iter().map(|b| from_cuda_ep(b, &ep_args)));
         }
@@ -155,9 +161,11 @@ pub(super) fn run_cuda(
         let coll_sizes: Vec<usize> = ladder.into_iter().filter(|&s| s <= big.max(8)).collect();
         let iters = if full { 200 } else { 50 };
         pb.set_message(format!("coll, {pes} PEs, {} sizes", coll_sizes.len()));
-        let per_pe = rshmem::threads_with(config, pes, |pe| {
-            rshmem::cuda::coll_bench(pe, &coll_sizes, iters)
-        })?;
+        let per_pe = rshmem::Launch::new()
+            .config(config)
+            .threads()
+            .run(pes, |pe| rshmem::cuda::coll_bench(pe, &coll_sizes, iters))
+            .values()?;
         for r in per_pe {
             out.extend(r?.iter().map(from_cuda_coll));
         }

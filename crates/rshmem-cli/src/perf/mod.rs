@@ -267,9 +267,12 @@ pub fn worker(spec: &str) -> CliResult<()> {
     let config = Config::from_env()?
         .backend(BackendKind::Shm)
         .heap_size(spec.heap);
-    let per_pe = rshmem::launch_with(config, 2, |pe| {
-        run_parts(pe, &spec, shared.as_ref().map(|s| s.flags()), None).map(|r| (pe.my_pe(), r))
-    })?;
+    let per_pe = rshmem::Launch::new()
+        .config(config)
+        .run(2, |pe| {
+            run_parts(pe, &spec, shared.as_ref().map(|s| s.flags()), None).map(|r| (pe.my_pe(), r))
+        })
+        .values()?;
     for r in per_pe {
         let (me, recs) = r?;
         if me == 0 {
@@ -292,7 +295,11 @@ fn run_world(
     let config = config.clone().heap_size(spec.heap);
     let tpp = match mode {
         ModeArg::Threads | ModeArg::All => {
-            let per_pe = rshmem::threads_with(config, n, |pe| run_parts(pe, spec, None, Some(pb)))?;
+            let per_pe = rshmem::Launch::new()
+                .config(config)
+                .threads()
+                .run(n, |pe| run_parts(pe, spec, None, Some(pb)))
+                .values()?;
             let mut out = Vec::new();
             for r in per_pe {
                 out.extend(r?);

@@ -1,5 +1,5 @@
 //! The CPU-backend suite. It runs on every PE of a world, given the PE and a mode label, so the
-//! same code serves thread mode (`rshmem::threads_with`) and process or mixed mode
+//! same code serves thread mode (`rshmem::Launch::new().threads()`) and process or mixed mode
 //! (`rshmem::launch`, started by `rshmem perf` through the launcher). PE 0 measures and returns
 //! the records; its peer (PE 1, or in mixed mode the first PE of another process) serves the
 //! ping-pongs and is the target of puts and gets; every PE joins the barriers.

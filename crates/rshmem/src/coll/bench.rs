@@ -2,10 +2,10 @@
 //!
 //! ```
 //! use rshmem::coll::{bench, Coll, CollConfig, CollKind};
-//! let r = rshmem::threads(2, |pe| -> rshmem::Result<bench::BenchResult> {
+//! let r = rshmem::Launch::new().threads().run(2, |pe| -> rshmem::Result<bench::BenchResult> {
 //!     let coll = Coll::new(pe, CollConfig::default())?;
 //!     bench::run(&coll, pe.world_team(), CollKind::AllReduce, 4096, 1, 3)
-//! }).unwrap();
+//! }).values().unwrap();
 //! assert!(r.into_iter().all(|x| x.unwrap().time_s > 0.0));
 //! ```
 

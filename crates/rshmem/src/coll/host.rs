@@ -431,13 +431,13 @@ impl<'pe> Coll<'pe> {
                 .collect();
             pe.local_write(&self.scratch, H_WORDS, &words)?;
         }
-        pe.team_sync(team)?; // plan step 0
+        pe.team_sync_as(team, c.kind.call())?; // plan step 0
         let verdict = self.compare(team, c, &rec, local);
         let in_place = match verdict {
             Ok(p) => p,
             Err(e) => {
                 // Every member reached the same verdict; wait until all have read the records.
-                pe.team_sync(team)?;
+                pe.team_sync_as(team, c.kind.call())?;
                 return Err(e);
             }
         };
@@ -489,9 +489,13 @@ impl<'pe> Coll<'pe> {
         }
         if let Some(i) = all.iter().position(|r| r != rec) {
             let show = |r: &[u64; H_CMP]| {
+                // The element type is stored plus one, so that 0 means no record.
+                let elem = r[1]
+                    .checked_sub(1)
+                    .map_or_else(|| "none".into(), crate::elem::ElemKind::tag_name);
                 format!(
-                    "kind {} elem {} op {} root {} count {} src {}+{} dst {}+{} algo {} team {:x}",
-                    r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]
+                    "kind {} type {elem} op {} root {} count {} src {}+{} dst {}+{} algo {} team {:x}",
+                    r[0], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]
                 )
             };
             return Err(Error::CollectiveMismatch {
@@ -527,7 +531,7 @@ impl<'pe> Coll<'pe> {
             });
         }
         pe.local_write(&self.scratch, H_FLAG, &[u64::from(bad.is_some())])?;
-        pe.team_sync(team)?;
+        pe.team_sync_as(team, c.kind.call())?;
         if let Some((i, sent, expected)) = bad {
             return Err(Error::invalid(format!(
                 "all_to_all_v: team member {i} (PE {}) sends {sent} elements to member {me}, which expects {expected}",
@@ -562,7 +566,7 @@ impl<'pe> Coll<'pe> {
         let internal = |what: &str| Error::invalid(format!("internal: bad plan step ({what})"));
         for step in p.steps.iter().skip(1) {
             match *step {
-                Step::Sync => pe.team_sync(team)?,
+                Step::Sync => pe.team_sync_as(team, c.kind.call())?,
                 Step::Copy {
                     peer,
                     from,

@@ -2,13 +2,13 @@
 //!
 //! ```
 //! use rshmem::coll::{Coll, CollConfig, ReduceOp};
-//! let out = rshmem::threads(3, |pe| -> rshmem::Result<Vec<i32>> {
+//! let out = rshmem::Launch::new().threads().run(3, |pe| -> rshmem::Result<Vec<i32>> {
 //!     let coll = Coll::new(pe, CollConfig::default())?;     // world collective
 //!     let x = pe.alloc::<i32>(4)?;
 //!     pe.local_write(&x, 0, &[pe.my_pe() as i32; 4])?;
 //!     coll.all_reduce(pe.world_team(), &x, &x, 4, ReduceOp::Sum)?; // in place
 //!     pe.local_vec(&x)
-//! }).unwrap();
+//! }).values().unwrap();
 //! assert!(out.into_iter().all(|v| v.unwrap() == vec![0 + 1 + 2; 4]));
 //! ```
 //!

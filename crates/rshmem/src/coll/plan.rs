@@ -65,6 +65,22 @@ pub enum CollKind {
 }
 
 impl CollKind {
+    /// The kind a team barrier of this collective carries.
+    pub(crate) fn call(self) -> crate::pe::CallKind {
+        use crate::pe::CallKind as K;
+        match self {
+            CollKind::Broadcast => K::Broadcast,
+            CollKind::Reduce => K::Reduce,
+            CollKind::AllReduce => K::AllReduce,
+            CollKind::AllGather => K::AllGather,
+            CollKind::ReduceScatter => K::ReduceScatter,
+            CollKind::AllToAll => K::AllToAll,
+            CollKind::AllToAllV => K::AllToAllV,
+        }
+    }
+}
+
+impl CollKind {
     /// Every kind.
     pub const ALL: [CollKind; 7] = [
         CollKind::Broadcast,

@@ -75,7 +75,7 @@
 //!
 //! ```
 //! use rshmem::ep::{HostBuffer, EpConfig, EpMode, RecvLayout};
-//! let r = rshmem::threads(2, |pe| -> rshmem::Result<Vec<f32>> {
+//! let r = rshmem::Launch::new().threads().run(2, |pe| -> rshmem::Result<Vec<f32>> {
 //!     let cfg = EpConfig { num_experts: 4, max_tokens: 2, hidden: 3, max_topk: 2, mode: EpMode::Normal,
 //!                          layout: RecvLayout::ExpertMajor };
 //!     let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg)?;
@@ -87,7 +87,7 @@
 //!     let y = buf.combine(pe, &d.handle, &d.x)?;
 //!     pe.free(buf)?;
 //!     Ok(y)
-//! }).unwrap();
+//! }).values().unwrap();
 //! for y in r {
 //!     assert_eq!(y.unwrap(), vec![0.75, 1.5, 2.25, 4.0, 5.0, 6.0]);
 //! }

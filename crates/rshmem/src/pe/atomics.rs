@@ -206,13 +206,42 @@ impl Pe {
         value: T,
         timeout: Duration,
     ) -> Result<T> {
+        self.wait_until_on(sym, at, cmp, value, timeout, None, "wait_until")
+    }
+
+    /// As [`wait_until`](Self::wait_until) for a value PE `from` writes: a timeout names it,
+    /// and `op` names the operation waiting.
+    pub(crate) fn wait_until_from<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        cmp: Cmp,
+        value: T,
+        from: usize,
+        op: &'static str,
+    ) -> Result<T> {
+        let timeout = self.inner.config.timeout;
+        self.wait_until_on(sym, at, cmp, value, timeout, Some(from), op)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn wait_until_on<T: AtomicElem>(
+        &self,
+        sym: &(impl AsSym<T> + ?Sized),
+        at: usize,
+        cmp: Cmp,
+        value: T,
+        timeout: Duration,
+        from: Option<usize>,
+        op: &'static str,
+    ) -> Result<T> {
         let me = self.inner.me;
         let off = self.locate(sym, at, 1, me)?;
         let b = &self.inner.backend;
         let mut seen = T::ZERO;
         let mut err = None;
         self.inner.wait_for(
-            "wait_until",
+            op,
             timeout,
             || match b.atomic(me, off, T::WIDE, AtomicOp::Fetch) {
                 Ok(v) => {
@@ -224,7 +253,7 @@ impl Pe {
                     true
                 }
             },
-            || None,
+            || from,
             false,
         )?;
         match err {

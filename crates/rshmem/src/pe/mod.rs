@@ -1,7 +1,10 @@
 //! The PE handle: allocation, one-sided operations, atomics, signals, waits, barriers, teams.
 
 mod atomics;
+mod calls;
 mod free;
+
+pub(crate) use calls::CallKind;
 pub(crate) use free::sealed;
 pub use free::Free;
 
@@ -13,7 +16,7 @@ use crate::elem::{AtomicElem, Cmp, Elem, SignalOp};
 use crate::error::{Error, Result};
 use crate::nbi::{Completion, OpHandle, OpKind};
 use crate::sym::{as_bytes, as_bytes_mut, AsSym, RawSym, Signal, Sym};
-use crate::sync::{dissemination_barrier, SyncMem};
+use crate::sync::{checked_barrier, SyncMem};
 use crate::team::{color_groups, strided_members, Team};
 use crate::world::{self, Mode, PeInner};
 use std::marker::PhantomData;
@@ -25,7 +28,7 @@ use std::time::Duration;
 ///
 /// ```
 /// // Two PEs as threads; each writes its rank into the next PE's copy of `x`.
-/// let out = rshmem::threads(2, |pe| -> rshmem::Result<u64> {
+/// let out = rshmem::Launch::new().threads().run(2, |pe| -> rshmem::Result<u64> {
 ///     let x = pe.alloc::<u64>(1)?;
 ///     let next = (pe.my_pe() + 1) % pe.n_pes();
 ///     pe.p(&x, 0, pe.my_pe() as u64 + 100, next)?;
@@ -33,7 +36,7 @@ use std::time::Duration;
 ///     let v = pe.g(&x, 0, pe.my_pe())?;
 ///     pe.free(x)?;
 ///     Ok(v)
-/// }).unwrap();
+/// }).values().unwrap();
 /// assert_eq!(out.into_iter().collect::<rshmem::Result<Vec<_>>>().unwrap(), vec![101, 100]);
 /// ```
 ///
@@ -68,6 +71,9 @@ const OP_BARRIER_ALL: u64 = 6;
 const OP_SYNC_ALL: u64 = 7;
 const OP_TEAM_BARRIER: u64 = 8;
 const OP_TEAM_SYNC: u64 = 9;
+
+/// The most finalize waits for its peers once a barrier of this PE failed.
+const FINALIZE_GRACE: Duration = Duration::from_millis(500);
 
 /// Low bits of a team slot's word ([`PeInner::team_epochs`]) holding the code of the operation
 /// a thread of this PE is inside (0: none); the slot's barrier epoch is above them.
@@ -140,12 +146,26 @@ impl SyncMem for TeamMem<'_> {
             .word(w)
             .load(Ordering::Acquire)
     }
+    #[inline]
+    fn set_call(&self, parity: usize, word: u64) {
+        let w = self.inner.layout.call_word(self.team.slot, parity);
+        self.inner.ctrls[self.inner.me]
+            .word(w)
+            .store(word, Ordering::Relaxed);
+    }
+    #[inline]
+    fn call_of(&self, member: usize, parity: usize) -> u64 {
+        let w = self.inner.layout.call_word(self.team.slot, parity);
+        self.inner.ctrls[self.team.members[member]]
+            .word(w)
+            .load(Ordering::Relaxed)
+    }
 }
 
 impl Pe {
     /// Joins a world through `bootstrap` (collective over every rank of the bootstrap).
     ///
-    /// Most programs use [`threads`](crate::threads) or [`init`](crate::init) instead; this is
+    /// Most programs use [`launch`](crate::launch) or [`init`](crate::init) instead; this is
     /// the entry for threads the application owns: every thread calls it with its endpoint of a
     /// shared [`InProcBootstrap`](crate::InProcBootstrap).
     pub fn init(config: Config, bootstrap: Box<dyn Bootstrap>) -> Result<Pe> {
@@ -157,7 +177,18 @@ impl Pe {
     /// Finalizes this PE: quiet, a barrier with every PE, then the PE is gone. Peers waiting on
     /// a PE that ends without finalize see [`Error::PeerLost`].
     pub fn finalize(self) -> Result<()> {
-        let r = self.quiet().and_then(|_| self.sync_all());
+        let r = self.quiet().and_then(|_| {
+            let world = &self.inner.world_team;
+            if self.inner.faulted.load(Ordering::Acquire) {
+                // A barrier already failed: the peers that can still meet here do so within a
+                // short grace; a stuck or lost one would otherwise cost a second full timeout.
+                let grace = self.inner.config.timeout.min(FINALIZE_GRACE);
+                self.team_sync_within(world, OP_SYNC_ALL, CallKind::Finalize, grace)
+            } else {
+                self.team_sync_op(world, OP_SYNC_ALL, CallKind::Finalize)
+            }
+        });
+        self.inner.record_cause();
         self.inner.finalized.store(true, Ordering::Release);
         self.inner.ctrls[self.inner.me]
             .word(crate::control::W_STATE)
@@ -268,7 +299,7 @@ impl Pe {
     /// Exchanges a record with every member of `team` (collective); returns all records. The
     /// caller holds the exchange area ([`take_exchange`](Self::take_exchange)); the team's slot
     /// is held here, before the record is written, for both barriers.
-    fn exchange(&self, team: &Team, rec: &[u64]) -> Result<Vec<Vec<u64>>> {
+    fn exchange(&self, team: &Team, rec: &[u64], call: CallKind) -> Result<Vec<Vec<u64>>> {
         self.check_team(team)?;
         let inner = &*self.inner;
         let mut slot = Held::take(&inner.team_epochs[team.slot], rec[0])?;
@@ -279,7 +310,7 @@ impl Pe {
         for (i, w) in rec.iter().enumerate() {
             my.word(base + i).store(*w, Ordering::Relaxed);
         }
-        self.barrier_held(team, &mut slot, "collective exchange")?;
+        self.barrier_held(team, &mut slot, call)?;
         let out = team
             .members
             .iter()
@@ -289,7 +320,7 @@ impl Pe {
                     .collect()
             })
             .collect();
-        self.barrier_held(team, &mut slot, "collective exchange")?;
+        self.barrier_held(team, &mut slot, call)?;
         Ok(out)
     }
 
@@ -338,12 +369,15 @@ impl Pe {
             T::KIND as u64,
         ];
         let world = &self.inner.world_team;
-        let all = self.exchange(world, &rec)?;
+        let all = self.exchange(world, &rec, CallKind::Alloc)?;
         self.check_same(world, &rec, &all, |r| {
             if r[0] == TAG_ALLOC {
                 format!(
-                    "alloc #{} of {} bytes, align {}, type tag {}",
-                    r[1], r[2], r[3], r[4]
+                    "alloc #{} of {} bytes, align {}, type {}",
+                    r[1],
+                    r[2],
+                    r[3],
+                    crate::elem::ElemKind::tag_name(r[4])
                 )
             } else {
                 format!("{} #{}", tag_name(r[0]), r[1])
@@ -383,7 +417,7 @@ impl Pe {
         let seq = self.inner.world_seq.load(Ordering::Relaxed);
         let rec = [TAG_FREE, seq, off, 0, 0];
         let world = &self.inner.world_team;
-        let all = self.exchange(world, &rec)?;
+        let all = self.exchange(world, &rec, CallKind::Free)?;
         local?;
         self.check_same(world, &rec, &all, |r| match (r[0], r[2]) {
             (TAG_FREE, u64::MAX) => format!("free #{} of a foreign handle", r[1]),
@@ -581,50 +615,123 @@ impl Pe {
 
     // ----- barriers -----
 
-    /// One barrier of `team` as operation `code` (the slot is held for its duration).
-    fn team_sync_op(&self, team: &Team, code: u64) -> Result<()> {
+    /// One barrier of `team` as operation `code` (the slot is held for its duration), carrying
+    /// `call`.
+    fn team_sync_op(&self, team: &Team, code: u64, call: CallKind) -> Result<()> {
+        self.team_sync_within(team, code, call, self.inner.config.timeout)
+    }
+
+    /// As [`team_sync_op`](Self::team_sync_op), waiting at most `timeout`.
+    fn team_sync_within(
+        &self,
+        team: &Team,
+        code: u64,
+        call: CallKind,
+        timeout: Duration,
+    ) -> Result<()> {
         // A team handle of another PE would make this PE act as that member.
         self.check_team(team)?;
         let mut slot = Held::take(&self.inner.team_epochs[team.slot], code)?;
-        self.barrier_held(team, &mut slot, tag_name(code))
+        self.barrier_within(team, &mut slot, call, timeout)
     }
 
-    /// One barrier of `team`, whose slot this thread holds (`slot`: it advances the epoch).
-    fn barrier_held(&self, team: &Team, slot: &mut Held<'_>, op: &'static str) -> Result<()> {
+    /// One barrier of `team`, whose slot this thread holds (`slot`: it advances the epoch),
+    /// carrying `call`: a member inside another kind of call makes it a
+    /// [`Error::CollectiveMismatch`] on every member, after which the team stays in step.
+    fn barrier_held(&self, team: &Team, slot: &mut Held<'_>, call: CallKind) -> Result<()> {
+        self.barrier_within(team, slot, call, self.inner.config.timeout)
+    }
+
+    fn barrier_within(
+        &self,
+        team: &Team,
+        slot: &mut Held<'_>,
+        call: CallKind,
+        timeout: Duration,
+    ) -> Result<()> {
         let inner = &*self.inner;
         let epoch = (slot.idle >> OP_BITS) + 1;
         slot.idle = epoch << OP_BITS;
         let mem = TeamMem { inner, team };
-        let timeout = inner.config.timeout;
-        dissemination_barrier(
+        let differs = checked_barrier(
             &mem,
             team.my_index,
             team.members.len(),
             epoch,
+            call.code(),
             |from, ready| {
                 let pe = team.members[from];
-                inner.wait_for(op, timeout, ready, || Some(pe), true)
+                inner.wait_for(call.name(), timeout, ready, || Some(pe), true)
             },
         )
+        .map_err(|e| match e {
+            // The member waited for may itself wait for the one that never came: name a
+            // member whose arrival is missing.
+            Error::Timeout { op, pe, after } => {
+                let pe = self.missing_arrival(team, epoch).or(pe);
+                if let Some(p) = pe {
+                    inner.blame(p);
+                }
+                Error::Timeout { op, pe, after }
+            }
+            e => e,
+        })?;
+        match differs {
+            None => Ok(()),
+            Some(d) => Err(Error::CollectiveMismatch {
+                op: call.name(),
+                pe: team.members[d.member],
+                mine: CallKind::describe(crate::sync::call_word(call.code(), epoch)),
+                theirs: CallKind::describe(d.word),
+            }),
+        }
+    }
+
+    /// The first member of `team` that has not arrived at barrier `epoch`: member `m`'s first
+    /// signal of a barrier goes to member `m + 1`'s round-0 counter, which each barrier raises
+    /// by exactly one.
+    fn missing_arrival(&self, team: &Team, epoch: u64) -> Option<usize> {
+        let inner = &*self.inner;
+        let n = team.members.len();
+        let w = inner.layout.barrier_word(team.slot, 0);
+        (0..n)
+            .filter(|&m| m != team.my_index)
+            .find(|&m| {
+                inner.ctrls[team.members[(m + 1) % n]]
+                    .word(w)
+                    .load(Ordering::Acquire)
+                    < epoch
+            })
+            .map(|m| team.members[m])
+    }
+
+    /// A team sync that is part of collective `call` (the collectives' and MoE's steps).
+    pub(crate) fn team_sync_as(&self, team: &Team, call: CallKind) -> Result<()> {
+        self.team_sync_op(team, OP_TEAM_SYNC, call)
+    }
+
+    /// A team barrier (quiet, then sync) that is part of collective `call`.
+    pub(crate) fn team_barrier_as(&self, team: &Team, call: CallKind) -> Result<()> {
+        self.quiet()?;
+        self.team_sync_op(team, OP_TEAM_BARRIER, call)
     }
 
     /// Barrier of every PE, after completing this PE's outstanding operations.
     pub fn barrier_all(&self) -> Result<()> {
         self.quiet()?;
-        self.team_sync_op(&self.inner.world_team, OP_BARRIER_ALL)
+        self.team_sync_op(&self.inner.world_team, OP_BARRIER_ALL, CallKind::BarrierAll)
     }
     /// Synchronises every PE (no quiet).
     pub fn sync_all(&self) -> Result<()> {
-        self.team_sync_op(&self.inner.world_team, OP_SYNC_ALL)
+        self.team_sync_op(&self.inner.world_team, OP_SYNC_ALL, CallKind::SyncAll)
     }
     /// Barrier of a team's PEs, after quiet.
     pub fn team_barrier(&self, team: &Team) -> Result<()> {
-        self.quiet()?;
-        self.team_sync_op(team, OP_TEAM_BARRIER)
+        self.team_barrier_as(team, CallKind::TeamBarrier)
     }
     /// Synchronises a team's PEs (no quiet).
     pub fn team_sync(&self, team: &Team) -> Result<()> {
-        self.team_sync_op(team, OP_TEAM_SYNC)
+        self.team_sync_as(team, CallKind::TeamSync)
     }
 
     // ----- teams -----
@@ -719,7 +826,7 @@ impl Pe {
             TAG_SPLIT_STRIDED,
             [start as u64, stride as u64, size as u64, 0],
         );
-        let all = self.exchange(parent, &rec)?;
+        let all = self.exchange(parent, &rec, CallKind::TeamSplitStrided)?;
         for (i, r) in all.iter().enumerate() {
             if r[..5] != rec[..5] {
                 return Err(Error::CollectiveMismatch {
@@ -760,7 +867,7 @@ impl Pe {
         let _exch = self.take_exchange(TAG_SPLIT_COLOR)?;
         let c = color.map_or(u64::MAX, u64::from);
         let rec = self.split_record(TAG_SPLIT_COLOR, [c, key as u64, 0, 0]);
-        let all = self.exchange(parent, &rec)?;
+        let all = self.exchange(parent, &rec, CallKind::TeamSplit)?;
         if let Some(i) = all.iter().position(|r| r[0] != TAG_SPLIT_COLOR) {
             return Err(Error::CollectiveMismatch {
                 op: "team_split",
@@ -791,10 +898,10 @@ impl Pe {
     /// The world team is only lent (`&Team`), so it cannot even be passed here:
     ///
     /// ```compile_fail,E0507
-    /// rshmem::threads(1, |pe| {
+    /// rshmem::Launch::new().threads().run(1, |pe| {
     ///     let world: rshmem::Team = *pe.world_team(); // cannot move out of a reference
     ///     pe.team_destroy(world)
-    /// });
+    /// }).values();
     /// ```
     pub fn team_destroy(&self, team: Team) -> Result<()> {
         self.check_team(&team)?;
@@ -803,7 +910,7 @@ impl Pe {
         }
         let _exch = self.take_exchange(TAG_DESTROY)?;
         let rec = self.split_record(TAG_DESTROY, [0; 4]);
-        let all = self.exchange(&team, &rec[..EXCH_FIXED])?;
+        let all = self.exchange(&team, &rec[..EXCH_FIXED], CallKind::TeamDestroy)?;
         if let Some(i) = all.iter().position(|r| r[0] != TAG_DESTROY) {
             return Err(Error::CollectiveMismatch {
                 op: "team_destroy",

@@ -1,7 +1,7 @@
 //! One harness that runs a test body on every mode: threads; processes and mixed by
 //! re-executing this test binary (`--exact <test>`) through the launcher
 //! ([`rshmem::launcher`]) with [`CHILD_VAR`] set, the child running the body through
-//! [`rshmem::launch_with`] as its PEs of the job.
+//! [`rshmem::Launch::run`] as its PEs of the job.
 //!
 //! A body is `fn(&Pe) -> Result<()>` that checks its data itself (assert on exact expected
 //! values, computed from seeded randomness every PE can reproduce).
@@ -141,7 +141,7 @@ pub fn processes(test: &str, n: usize, threads: usize, body: fn(&Pe) -> Result<(
 pub fn resumed_panic<T: std::fmt::Debug>(r: std::thread::Result<T>) -> String {
     let payload = match r {
         Err(p) => p,
-        Ok(v) => panic!("threads_with returned {v:?} instead of resuming the panic"),
+        Ok(v) => panic!("Launch::run returned {v:?} instead of resuming the panic"),
     };
     payload
         .downcast_ref::<String>()
@@ -183,9 +183,13 @@ fn run_child(
         }
         Ok(())
     };
-    let r = rshmem::launch_with(config, n, run).unwrap_or_else(|e| {
-        panic!("{test} ({want_mode:?}, {n} PEs): this process's PEs could not start: {e}")
-    });
+    let r = rshmem::Launch::new()
+        .config(config)
+        .run(n, run)
+        .values()
+        .unwrap_or_else(|e| {
+            panic!("{test} ({want_mode:?}, {n} PEs): this process's PEs could not start: {e}")
+        });
     expect_all_ok(
         &format!("{test} ({want_mode:?}, {n} PEs): threads of this process"),
         r,
@@ -232,7 +236,12 @@ pub fn expect_all_ok<R>(what: &str, results: Vec<Result<R>>) {
 
 /// Runs `body` on `n` PEs in thread mode; panics (failing the test) on any error.
 pub fn threads(n: usize, body: fn(&Pe) -> Result<()>) {
-    let r = rshmem::threads_with(config(), n, body).expect("world");
+    let r = rshmem::Launch::new()
+        .config(config())
+        .threads()
+        .run(n, body)
+        .values()
+        .expect("world");
     expect_all_ok(&format!("{n} PEs (threads)"), r);
 }
 

@@ -652,7 +652,7 @@ impl<T: Elem> GpuBuffer<T> {
                 team.world_pe(i)?,
             )?;
         }
-        pe.team_barrier(team)?;
+        pe.team_barrier_as(team, crate::pe::CallKind::EpBufferNew)?;
         let agreed = pe.local_vec(&slots)?;
         let grid = agreed
             .iter()
@@ -718,7 +718,7 @@ impl<T: Elem> GpuBuffer<T> {
         pe.local_fill(&buf.view::<u32>(p.acc, cfg.num_experts + n + 2)?, 0)?;
         pe.local_fill(&buf.view::<u64>(p.ctl, 48)?, 0)?;
         pe.local_fill(&buf.view::<u32>(p.expert_off, cfg.num_experts / n + 1)?, 0)?;
-        pe.team_barrier(team)?;
+        pe.team_barrier_as(team, crate::pe::CallKind::EpBufferNew)?;
         tracing::debug!(
             pe = pe.my_pe(),
             bytes = p.total,

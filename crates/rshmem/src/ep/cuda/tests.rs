@@ -7,20 +7,24 @@ use crate::ep::EpMode;
 
 #[test]
 fn overlap_of_objects_and_views() {
-    let r = crate::threads_with(crate::Config::default(), 1, |pe| -> Result<()> {
-        let a = pe.alloc::<u16>(100)?;
-        let b = pe.alloc::<u16>(100)?;
-        assert!(overlaps::<u16>(&a, &a));
-        assert!(!overlaps::<u16>(&a, &b) && !overlaps::<u16>(&b, &a));
-        // Views in bytes: [20, 60) and [58, 100) share bytes 58..60, [60, 100) none.
-        let v = a.view::<u16>(20, 20)?;
-        assert!(overlaps::<u16>(&v, &a.view::<u16>(58, 21)?));
-        assert!(!overlaps::<u16>(&v, &a.view::<u16>(60, 20)?));
-        // An empty view overlaps nothing.
-        assert!(!overlaps::<u16>(&a.view::<u16>(30, 0)?, &a));
-        Ok(())
-    })
-    .expect("world");
+    let r = crate::Launch::new()
+        .config(crate::Config::default())
+        .threads()
+        .run(1, |pe| -> Result<()> {
+            let a = pe.alloc::<u16>(100)?;
+            let b = pe.alloc::<u16>(100)?;
+            assert!(overlaps::<u16>(&a, &a));
+            assert!(!overlaps::<u16>(&a, &b) && !overlaps::<u16>(&b, &a));
+            // Views in bytes: [20, 60) and [58, 100) share bytes 58..60, [60, 100) none.
+            let v = a.view::<u16>(20, 20)?;
+            assert!(overlaps::<u16>(&v, &a.view::<u16>(58, 21)?));
+            assert!(!overlaps::<u16>(&v, &a.view::<u16>(60, 20)?));
+            // An empty view overlaps nothing.
+            assert!(!overlaps::<u16>(&a.view::<u16>(30, 0)?, &a));
+            Ok(())
+        })
+        .values()
+        .expect("world");
     for x in r {
         x.expect("PE");
     }

@@ -1,6 +1,7 @@
 //! Combine: the rows back to their tokens' PEs, weighted sums in f32, rounded once.
 
 use super::*;
+use crate::pe::CallKind;
 
 impl<T: Elem> HostBuffer<T> {
     // ----- combine -----
@@ -92,7 +93,7 @@ impl<T: Elem> HostBuffer<T> {
     ///
     /// ```
     /// use rshmem::ep::{HostBuffer, EpConfig, EpMode, RecvLayout};
-    /// let r = rshmem::threads(2, |pe| -> rshmem::Result<Vec<f32>> {
+    /// let r = rshmem::Launch::new().threads().run(2, |pe| -> rshmem::Result<Vec<f32>> {
     ///     let cfg = EpConfig { num_experts: 4, max_tokens: 2, hidden: 2, max_topk: 2,
     ///                          mode: EpMode::Normal, layout: RecvLayout::TokenMajor };
     ///     let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg)?;
@@ -113,7 +114,7 @@ impl<T: Elem> HostBuffer<T> {
     ///     let out = buf.combine_tokens(pe, &h, &y)?;
     ///     pe.free(buf)?;
     ///     Ok(out)
-    /// }).unwrap();
+    /// }).values().unwrap();
     /// for out in r {
     ///     // token 0: x * (0.5 + 0.25) from two PEs; token 1: x * 1.0 from PE 0
     ///     assert_eq!(out.unwrap(), vec![0.75, 1.5, 3.0, 4.0]);
@@ -150,7 +151,7 @@ impl<T: Elem> HostBuffer<T> {
             (None, true) => self.combine_token_counts(handle),
             (None, false) => self.combine_counts(handle),
         };
-        let rec = self.exchange(pe, |d| {
+        let rec = self.exchange(pe, "ep combine", |d| {
             self.record(
                 op,
                 status,
@@ -261,7 +262,7 @@ impl<T: Elem> HostBuffer<T> {
         let mut cnt_rec = layout.tokens_per_pe().to_vec();
         cnt_rec.push(tokens);
         // Counts per destination, plus T (needed to check token indices).
-        let m = self.a2av_counts(pe, team, &cnt_rec)?;
+        let m = self.a2av_counts(pe, team, &cnt_rec, CallKind::EpDispatch)?;
         let off = |s: usize, d: usize| -> usize { (0..s).map(|q| m[q][d]).sum() };
         let mut stage_x: Vec<T> = Vec::new();
         let mut stage_m: Vec<u32> = Vec::new();
@@ -286,7 +287,7 @@ impl<T: Elem> HostBuffer<T> {
             pe.put(&self.recv_x()?, base * h, &stage_x, self.members[d])?;
             pe.put(&self.recv_meta()?, base * rmw, &stage_m, self.members[d])?;
         }
-        pe.team_barrier(team)?;
+        pe.team_barrier_as(team, CallKind::EpDispatch)?;
         let total: usize = (0..n).map(|s| m[s][self.me]).sum();
         let mut all_x = vec![T::ZERO; total * h];
         let mut all_m = vec![0u32; total * rmw];
@@ -333,16 +334,17 @@ impl<T: Elem> HostBuffer<T> {
         pe: &Pe,
         team: &Team,
         row: &[usize],
+        call: CallKind,
     ) -> Result<Vec<Vec<usize>>> {
         // The record area holds 2 * n * mw >= n * (n + 1) words.
         let n = self.n;
         let w = row.len();
-        pe.team_barrier(team)?;
+        pe.team_barrier_as(team, call)?;
         let r: Vec<u64> = row.iter().map(|&c| c as u64).collect();
         for d in 0..n {
             pe.put(&self.meta()?, self.me * w, &r, self.members[d])?;
         }
-        pe.team_barrier(team)?;
+        pe.team_barrier_as(team, call)?;
         let mut all = vec![0u64; n * w];
         pe.get(&self.meta()?, 0, &mut all, pe.my_pe())?;
         Ok(all
@@ -399,7 +401,7 @@ impl<T: Elem> HostBuffer<T> {
         } else {
             self.combine_counts(handle)
         };
-        let m = self.a2av_counts(pe, team, &send)?;
+        let m = self.a2av_counts(pe, team, &send, CallKind::EpCombine)?;
         let off = |s: usize, d: usize| -> usize { (0..s).map(|q| m[q][d]).sum() };
         // Expert row of each (received token, slot).
         let mut row_of = vec![usize::MAX; handle.num_recv_tokens() * k];
@@ -426,7 +428,7 @@ impl<T: Elem> HostBuffer<T> {
             first += cnt;
             pe.put(&self.comb()?, off(self.me, s) * h, &stage, self.members[s])?;
         }
-        pe.team_barrier(team)?;
+        pe.team_barrier_as(team, CallKind::EpCombine)?;
         let total: usize = expect.iter().sum();
         let mut got = vec![T::ZERO; total * h];
         pe.get(&self.comb()?, 0, &mut got, pe.my_pe())?;

@@ -98,7 +98,7 @@ impl<T: Elem> HostBuffer<T> {
         let zeros = vec![0usize; n];
         let cnt = layout.as_ref().map_or(&zeros[..], |l| l.tokens_per_pe());
         let tokens = layout.as_ref().map_or(0, |l| l.num_tokens());
-        let rec = self.exchange(pe, |d| {
+        let rec = self.exchange(pe, "ep dispatch", |d| {
             self.record(
                 OP_DISPATCH,
                 status,

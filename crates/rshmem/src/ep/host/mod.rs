@@ -221,7 +221,7 @@ impl<T: Elem> HostBuffer<T> {
         // before everyone cleared.
         pe.local_fill(&buf.sig()?, 0)?;
         pe.local_fill(&buf.done()?, 0)?;
-        pe.team_barrier(team)?;
+        pe.team_barrier_as(team, crate::pe::CallKind::EpBufferNew)?;
         tracing::debug!(
             pe = pe.my_pe(),
             bytes = buf.bytes(),
@@ -290,7 +290,12 @@ impl<T: Elem> HostBuffer<T> {
     // ----- agreement -----
 
     /// Puts this PE's record to every team PE and collects everyone's.
-    fn exchange(&self, pe: &Pe, row: impl Fn(usize) -> Vec<u64>) -> Result<Records> {
+    fn exchange(
+        &self,
+        pe: &Pe,
+        op: &'static str,
+        row: impl Fn(usize) -> Vec<u64>,
+    ) -> Result<Records> {
         let n = self.n;
         let parity = (self.epoch % 2) as usize;
         for k in 0..n {
@@ -306,7 +311,8 @@ impl<T: Elem> HostBuffer<T> {
             )?;
         }
         for s in 0..n {
-            pe.wait_until(&self.sig()?, parity * n + s, Cmp::Ge, self.epoch)?;
+            let (sig, at) = (self.sig()?, parity * n + s);
+            pe.wait_until_from(&sig, at, Cmp::Ge, self.epoch, self.members[s], op)?;
         }
         let mut all = vec![0u64; n * self.mw];
         pe.get(&self.meta()?, parity * n * self.mw, &mut all, pe.my_pe())?;
