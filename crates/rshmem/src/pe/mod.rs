@@ -1,6 +1,7 @@
 //! The PE handle: allocation, one-sided operations, atomics, signals, waits, barriers, teams.
 
 mod atomics;
+mod ptr;
 
 use crate::backend::AtomicOp;
 use crate::bootstrap::Bootstrap;
