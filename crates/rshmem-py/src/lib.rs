@@ -10,6 +10,7 @@ mod elem;
 mod ep;
 mod errors;
 mod gpu;
+mod gpu_ep;
 mod ops;
 mod registry;
 mod world;
@@ -25,6 +26,9 @@ fn _rshmem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ep::HostEp>()?;
     m.add_class::<ep::HostEpHandle>()?;
     m.add_class::<gpu::UserKernel>()?;
+    m.add_class::<gpu_ep::GpuEp>()?;
+    m.add_class::<gpu_ep::GpuEpHandle>()?;
+    m.add_class::<gpu_ep::AreaView>()?;
     m.add_function(wrap_pyfunction!(world::unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(world::launched, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

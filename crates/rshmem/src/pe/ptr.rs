@@ -38,10 +38,14 @@ impl Pe {
     ) -> Result<*mut T> {
         // One past the last element is a valid address (an empty range at the end).
         let off = self.locate(sym, at, 0, pe)?;
-        let base = self.inner.backend.host_base(pe).ok_or_else(|| Error::Backend {
-            backend: self.inner.backend.kind().name(),
-            msg: "this backend's heap is not addressable by host loads and stores".into(),
-        })?;
+        let base = self
+            .inner
+            .backend
+            .host_base(pe)
+            .ok_or_else(|| Error::Backend {
+                backend: self.inner.backend.kind().name(),
+                msg: "this backend's heap is not addressable by host loads and stores".into(),
+            })?;
         // SAFETY (of the add): `locate` checked that the offset lies in the object, which lies
         // in the heap that `base` maps.
         Ok(unsafe { base.add(off) } as *mut T)
