@@ -131,10 +131,12 @@ def writable(a: Any, what: str) -> None:
 
 
 def shape_of(shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
-    if isinstance(shape, int):
+    import operator
+
+    if isinstance(shape, int) or hasattr(shape, "__index__"):
         shape = (shape,)
     try:
-        s = tuple(int(d) for d in shape)
+        s = tuple(operator.index(d) for d in shape)
     except TypeError:
         raise InvalidArgument(f"shape {shape!r} is not a sequence of ints") from None
     if any(d < 0 for d in s):

@@ -32,6 +32,8 @@ def stream_ptr(w: Any, stream: Any) -> int:
 def _pe(w: Any, pe: Any) -> int:
     if not isinstance(pe, int) or isinstance(pe, bool):
         raise InvalidArgument(f"PE must be an int, not {type(pe).__name__}")
+    if not 0 <= pe < w.n_pes:
+        raise InvalidArgument(f"PE {pe} is out of range: the world has {w.n_pes} PEs")
     return pe
 
 
@@ -134,7 +136,10 @@ def wait_until(
             raise InvalidArgument("a stream-ordered wait takes a uint64 or int64 word")
         w.wait_until_dev(i.addr, c, int(value) & 0xFFFF_FFFF_FFFF_FFFF, stream_ptr(w, stream))
         return None
-    return w.wait_until(i.addr, i.dtype, c, value, timeout)
+    try:
+        return w.wait_until(i.addr, i.dtype, c, value, timeout)
+    except (OverflowError, TypeError) as e:
+        raise InvalidArgument(f"wait_until on {i.dtype}: {e}") from None
 
 
 def _atomic(t: Any, op: str, pe: int, value: Any = None, cond: Any = None) -> Any:
@@ -142,7 +147,10 @@ def _atomic(t: Any, op: str, pe: int, value: Any = None, cond: Any = None) -> An
     i = A.info(t, "atomic target")
     if i.numel < 1:
         raise InvalidArgument("atomic target is empty")
-    return w.atomic(i.addr, i.dtype, op, _pe(w, pe), value, cond)
+    try:
+        return w.atomic(i.addr, i.dtype, op, _pe(w, pe), value, cond)
+    except (OverflowError, TypeError) as e:
+        raise InvalidArgument(f"atomic {op} on {i.dtype}: {e}") from None
 
 
 def atomic_fetch(t: Any, pe: int) -> int:
