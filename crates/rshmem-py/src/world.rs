@@ -475,6 +475,17 @@ impl World {
         Export::new(py, loc.block, l.arc(), at, shape, typestr, self.cuda)
     }
 
+    /// (address, bytes) of the live allocation holding `[addr, addr + nbytes)`.
+    fn block_of(&self, addr: u64, nbytes: usize) -> PyResult<(u64, usize)> {
+        let loc = self
+            .reg
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .locate(addr, nbytes, "the tensor")
+            .py()?;
+        Ok((loc.block.addr, loc.block.nbytes))
+    }
+
     /// Finalizes this PE (collective): quiet, a barrier, the PE is gone. Where any PE still
     /// has array views of the heap, the heaps stay mapped until those views end (the PEs are
     /// then released without the finalize mark, as nothing waits on them any more). The GIL

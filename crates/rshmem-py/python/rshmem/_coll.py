@@ -195,7 +195,15 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None,
         outs = _equal(drows, n, "output")
     sc = [x * row for x in ins]
     rc = [x * row for x in outs]
-    args = (d.dtype, d.addr, d.nbytes, s.addr, s.nbytes, sc, _prefix(sc), rc, _prefix(rc))
+    # The parts used may differ in size across PEs, but the objects must be the same on every
+    # PE: the whole allocations, with the parts' offsets in the displacements.
+    es = A.DTYPES[d.dtype][0]
+    (da, dn), (sa, sn) = w.block_of(d.addr, d.nbytes), w.block_of(s.addr, s.nbytes)
+    if (d.addr - da) % es or (s.addr - sa) % es:
+        raise InvalidArgument("all_to_all_single: tensors not aligned to their elements")
+    dd, sd = (d.addr - da) // es, (s.addr - sa) // es
+    args = (d.dtype, da, dn - dn % es, sa, sn - sn % es, sc, [x + sd for x in _prefix(sc)], rc,
+            [x + dd for x in _prefix(rc)])
     if device:
         w.all_to_all_v_dev(*args, stream_ptr(w, stream))
     else:
