@@ -73,7 +73,7 @@ from .errors import (
     Timeout,
     WorldEnded,
 )
-from . import ep, numpy  # noqa: E402  (submodules that use the names above)
+from . import cuda, ep, numpy  # noqa: E402  (submodules that use the names above)
 
 __version__ = _rshmem.__version__
 
@@ -89,5 +89,5 @@ __all__ = [
     "Error", "InvalidArgument", "Timeout", "PeerLost", "CollectiveMismatch", "CapacityError",
     "HeapExhausted", "QueueFull", "WorldEnded", "TeamError", "Busy", "BootstrapError",
     "BackendError", "OsError",
-    "ep", "numpy",
+    "cuda", "ep", "numpy",
 ]

@@ -38,6 +38,10 @@ def _alloc(shape: Any, dtype: Any, device: Any, like: Optional[str]) -> Any:
     name = A.dtype_name(dtype)
     _check_device(device, w)
     want = _want(device, like, w.backend)
+    if w.backend == "cuda" and want == "numpy":
+        raise InvalidArgument("the CUDA backend's heap is GPU memory: numpy cannot view it")
+    if want == "torch" and not A.HAVE_TORCH:
+        raise InvalidArgument("torch is not importable: use rshmem.numpy")
     nbytes = A.numel(s) * A.DTYPES[name][0]
     addr = w.alloc(nbytes, A.shape_hash(s, name, ""))
     return A.view(w, addr, nbytes, s, name, want)
