@@ -97,6 +97,33 @@ impl World {
         })
     }
 
+    /// Benchmark baseline: `iters` stream-ordered puts issued by a Rust loop (the same call
+    /// `put_dev` makes); returns the host seconds per call (the GIL released).
+    #[allow(clippy::too_many_arguments)]
+    fn put_dev_loop(
+        &self,
+        py: Python<'_>,
+        dst: u64,
+        src: u64,
+        nbytes: usize,
+        pe: usize,
+        stream_ptr: usize,
+        iters: usize,
+    ) -> PyResult<f64> {
+        self.run_cuda(py, |_, g| {
+            let st = stream(&g, stream_ptr);
+            let t0 = std::time::Instant::now();
+            for _ in 0..iters {
+                let h = self.hold(&[(dst, nbytes, "destination"), (src, nbytes, "source")])?;
+                let gd = h.guards();
+                let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;
+                let s = sym(&gd[1])?.view::<u8>(h.offset(1), nbytes)?;
+                g.put_on_stream(&st, &d, 0, &s, 0, nbytes, pe)?;
+            }
+            Ok(t0.elapsed().as_secs_f64() / iters.max(1) as f64)
+        })
+    }
+
     /// Stream-ordered get of `nbytes` of PE `pe`'s symmetric `src` into this PE's `dst`.
     fn get_dev(
         &self,

@@ -231,6 +231,56 @@ impl GpuEp {
         })
     }
 
+    /// Benchmark baseline: `iters` dispatch + combine_tokens steps on symmetric operands
+    /// issued by a Rust loop on `stream_ptr` (`y` one row per receive row); returns the seconds
+    /// per step, the stream synchronised (the GIL released).
+    #[allow(clippy::too_many_arguments)]
+    fn step_loop(
+        &self,
+        py: Python<'_>,
+        x: (u64, usize),
+        topk_ids: (u64, usize),
+        topk_weights: (u64, usize),
+        y: (u64, usize),
+        out: (u64, usize),
+        num_tokens: usize,
+        top_k: usize,
+        stream_ptr: usize,
+        iters: usize,
+    ) -> PyResult<f64> {
+        let w = self.world.get();
+        w.run(py, |pe| {
+            let g = CudaPe::new(pe)?;
+            let h = w.hold(&[
+                (x.0, x.1, "x"),
+                (topk_ids.0, topk_ids.1, "topk_idx"),
+                (topk_weights.0, topk_weights.1, "topk_weights"),
+                (y.0, y.1, "y"),
+                (out.0, out.1, "out"),
+            ])?;
+            let gd = h.guards();
+            let b = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+            let b = b.as_ref().ok_or(Error::WorldEnded)?;
+            let s = stream(&g, stream_ptr);
+            let wv = sym(&gd[2])?.view::<f32>(h.offset(2), elems(topk_weights.1, 4, "w")?)?;
+            let iv = sym(&gd[1])?.view::<i64>(h.offset(1), elems(topk_ids.1, 8, "ids")?)?;
+            with_buf!(b, b, T => {
+                let es = std::mem::size_of::<T>();
+                let xv = sym(&gd[0])?.view::<T>(h.offset(0), elems(x.1, es, "x")?)?;
+                let yv = sym(&gd[3])?.view::<T>(h.offset(3), elems(y.1, es, "y")?)?;
+                let ov = sym(&gd[4])?.view::<T>(h.offset(4), elems(out.1, es, "out")?)?;
+                s.synchronize()?;
+                let t0 = std::time::Instant::now();
+                for _ in 0..iters {
+                    let d = b.dispatch(pe, &s, &xv, &iv, &wv, num_tokens, top_k)?;
+                    b.combine_tokens(pe, &s, &d, &yv, &ov)?;
+                }
+                s.synchronize()?;
+                Ok(t0.elapsed().as_secs_f64() / iters.max(1) as f64)
+            })
+        })
+    }
+
     /// Raises errors latched on the device (capacity, invalid input, timeouts); call after
     /// synchronising.
     fn check(&self, py: Python<'_>) -> PyResult<()> {

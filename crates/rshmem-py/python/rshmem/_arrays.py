@@ -96,30 +96,41 @@ def is_torch(a: Any) -> bool:
     return HAVE_TORCH and isinstance(a, torch.Tensor)
 
 
+# dtype object -> rshmem name, filled on first sight (a dict lookup per call after that).
+_NAMES: dict = {}
+
+
+def _name_of(dt: Any) -> str:
+    n = _NAMES.get(dt)
+    if n is None:
+        if HAVE_TORCH and isinstance(dt, torch.dtype):
+            n = "bool" if dt == torch.bool else dtype_name(dt)
+        elif _NP_BF16 is not None and dt == _NP_BF16:
+            n = "bfloat16"
+        else:
+            n = dtype_name(dt.name)
+        _NAMES[dt] = n
+    return n
+
+
 def info(a: Any, what: str = "tensor") -> Info:
     """The address, size and type of a contiguous numpy array or torch tensor."""
-    if is_torch(a):
+    if HAVE_TORCH and isinstance(a, torch.Tensor):
         if not a.is_contiguous():
             raise InvalidArgument(f"{what} is not contiguous (call .contiguous() first)")
-        if a.dtype == torch.bool:
+        name = _name_of(a.dtype)
+        if name == "bool":
             raise InvalidArgument(f"{what}: bool tensors are not supported (use uint8)")
-        name = dtype_name(a.dtype)
-        return Info(
-            a.data_ptr(),
-            a.numel() * a.element_size(),
-            name,
-            a.is_cuda,
-            a.device.index if a.is_cuda else None,
-            a.numel(),
-            tuple(a.shape),
-        )
+        cuda = a.is_cuda
+        n = a.numel()
+        return Info(a.data_ptr(), n * a.element_size(), name, cuda,
+                    a.get_device() if cuda else None, n, tuple(a.shape))
     if isinstance(a, np.ndarray):
-        if not a.flags["C_CONTIGUOUS"]:
+        if not a.flags.c_contiguous:
             raise InvalidArgument(f"{what} is not contiguous (np.ascontiguousarray first)")
-        name = "bfloat16" if (_NP_BF16 is not None and a.dtype == _NP_BF16) else a.dtype.name
-        name = dtype_name(name)
+        name = _name_of(a.dtype)
         return Info(a.__array_interface__["data"][0], a.nbytes, name, False, None, a.size,
-                    tuple(a.shape))
+                    a.shape)
     raise InvalidArgument(
         f"{what} must be a numpy array or a torch tensor, not {type(a).__name__}"
     )

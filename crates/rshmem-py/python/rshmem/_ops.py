@@ -19,7 +19,8 @@ def stream_ptr(w: Any, stream: Any) -> int:
     import torch
 
     if stream is None:
-        stream = torch.cuda.current_stream(w.device)
+        # The raw handle without building a Stream object (as Triton reads it).
+        return torch._C._cuda_getCurrentRawStream(w.device)
     if not isinstance(stream, torch.cuda.Stream):
         raise InvalidArgument(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
     if stream.device.index != w.device:
