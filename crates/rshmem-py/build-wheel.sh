@@ -10,6 +10,9 @@ command -v maturin >/dev/null || "$PY" -m pip install -q "maturin>=1.5,<2"
 rm -rf .whl/rshmem-*.whl
 maturin build -q --release -m crates/rshmem-py/Cargo.toml -o .whl
 mkdir -p .whl/py
-"$PY" -m pip download -q --no-deps -d .whl/py pytest pluggy iniconfig packaging \
+rm -rf .whl/py
+# Pure-Python wheels that install on any CPython from 3.9 on.
+"$PY" -m pip download -q --no-deps --only-binary=:all: --implementation py --abi none \
+  --platform any --python-version 3.9 -d .whl/py pytest pluggy iniconfig packaging \
   exceptiongroup tomli typing_extensions
 ls -1 .whl .whl/py

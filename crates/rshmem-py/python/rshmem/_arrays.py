@@ -9,7 +9,7 @@ view exists, even after ``free``.
 
 import hashlib
 import math
-from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -80,16 +80,27 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(DTYPES[name][1])
 
 
-class Info(NamedTuple):
-    """What a native call needs to know about an array."""
+class Info:
+    """What a native call needs to know about an array (shape and element count computed on
+    demand: the hot paths need only address, size, type and device)."""
 
-    addr: int
-    nbytes: int
-    dtype: str
-    cuda: bool
-    device: Optional[int]
-    numel: int
-    shape: Tuple[int, ...]
+    __slots__ = ("addr", "nbytes", "dtype", "cuda", "device", "_a")
+
+    def __init__(self, addr: int, nbytes: int, dtype: str, device: int, a: Any) -> None:
+        self.addr = addr
+        self.nbytes = nbytes
+        self.dtype = dtype
+        self.cuda = device >= 0
+        self.device = device if device >= 0 else None
+        self._a = a
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self._a.shape)
+
+    @property
+    def numel(self) -> int:
+        return self.nbytes // DTYPES[self.dtype][0]
 
 
 def is_torch(a: Any) -> bool:
@@ -121,16 +132,12 @@ def info(a: Any, what: str = "tensor") -> Info:
         name = _name_of(a.dtype)
         if name == "bool":
             raise InvalidArgument(f"{what}: bool tensors are not supported (use uint8)")
-        cuda = a.is_cuda
-        n = a.numel()
-        return Info(a.data_ptr(), n * a.element_size(), name, cuda,
-                    a.get_device() if cuda else None, n, tuple(a.shape))
+        return Info(a.data_ptr(), a.nbytes, name, a.get_device(), a)
     if isinstance(a, np.ndarray):
         if not a.flags.c_contiguous:
             raise InvalidArgument(f"{what} is not contiguous (np.ascontiguousarray first)")
         name = _name_of(a.dtype)
-        return Info(a.__array_interface__["data"][0], a.nbytes, name, False, None, a.size,
-                    a.shape)
+        return Info(a.__array_interface__["data"][0], a.nbytes, name, -1, a)
     raise InvalidArgument(
         f"{what} must be a numpy array or a torch tensor, not {type(a).__name__}"
     )
