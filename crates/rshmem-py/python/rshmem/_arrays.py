@@ -183,7 +183,9 @@ def view(
         if want != "torch":
             raise InvalidArgument("the CUDA backend's heap is GPU memory: numpy cannot view it")
         exp = w.export(addr, nbytes, [nbytes], "|u1", pe)
-        t = torch.as_tensor(exp, device=f"cuda:{w.device}")
+        # No device argument: torch places the view on the GPU that owns the memory (a peer's
+        # GPU for a thread-PE's copy), where asking for another device would copy it.
+        t = torch.as_tensor(exp)
         return t.view(torch_dtype(dtype)).view(shape)
     if want == "torch":
         exp = w.export(addr, nbytes, [nbytes], "|u1", pe)
