@@ -66,7 +66,15 @@ def ops_and_collectives():
 
 def main():
     mode = sys.argv[1]
-    if mode == "explicit":
+    if mode == "uid0":
+        # Rank 0 makes the unique id (its process keeps the port) and hands it out on stdout.
+        uid = rshmem.unique_id()
+        print(f"UID {uid}", flush=True)
+        rshmem.init(rank=0, world_size=2, unique_id=uid, heap_size=32 << 20, timeout=30.0)
+    elif mode == "uid":
+        rshmem.init(rank=int(sys.argv[2]), world_size=2, unique_id=sys.argv[3],
+                    heap_size=32 << 20, timeout=30.0)
+    elif mode == "explicit":
         rshmem.init(rank=int(sys.argv[2]), world_size=int(sys.argv[3]), address=sys.argv[4],
                     heap_size=32 << 20, timeout=30.0)
     else:

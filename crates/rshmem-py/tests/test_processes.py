@@ -69,6 +69,18 @@ def test_explicit_address():
         assert rc == 0 and "OK explicit" in out, out
 
 
+def test_unique_id_made_by_rank_0():
+    p0 = subprocess.Popen([sys.executable, WORKER, "uid0"], env=clean_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = p0.stdout.readline()
+    assert first.startswith("UID rshmem1:"), first
+    p1 = subprocess.Popen([sys.executable, WORKER, "uid", "1", first.split()[1]],
+                          env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    for rc, out in wait_all([p0, p1]):
+        assert rc == 0 and "OK uid" in out, out
+
+
 def rshmem_cli():
     root = HERE.parents[2]
     for c in (os.environ.get("RSHMEM_CLI"), os.environ.get("CARGO_TARGET_DIR"),
