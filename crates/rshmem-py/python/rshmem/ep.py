@@ -136,6 +136,7 @@ class Buffer:
         self._native: Any = None
         self._key: Optional[Tuple[Any, ...]] = None
         self._stage: Any = None
+        self._views: dict = {}
 
     # ----- DeepEP's static helpers -----
 
@@ -161,6 +162,7 @@ class Buffer:
 
     def destroy(self) -> None:
         """Collectively releases the symmetric memory (every PE calls it)."""
+        self._views = {}
         if self._native is not None:
             self._native.free()
             self._native = None
@@ -195,7 +197,7 @@ class Buffer:
             raise InvalidArgument(f"{num_experts} experts cannot be split evenly over {n} PEs")
         epp = num_experts // n
         valid = topk_idx >= 0
-        if bool((topk_idx >= num_experts).any()) or bool((topk_idx < -1).any()):
+        if bool(((topk_idx >= num_experts) | (topk_idx < -1)).any()):
             raise InvalidArgument(f"topk_idx holds ids outside -1..{num_experts - 1}")
         rank_of = xp.where(valid, topk_idx // epp, -1)
         cols = [(rank_of == r).any(1) for r in range(n)]
@@ -286,10 +288,25 @@ class Buffer:
             return recv_x, None, None, None, hd, EventOverlap()
         recv_idx = recv_idx.astype(topk_idx.dtype) if isinstance(recv_idx, np.ndarray) else \
             recv_idx.to(topk_idx.dtype)
-        el = self.num_experts // self.group_size
-        counts = [int((recv_idx == e).any(1).sum()) for e in range(el)]
+        counts = self._tokens_per_local_expert(recv_idx)
         counts = [-(-c // expert_alignment) * expert_alignment for c in counts]
         return recv_x, recv_idx, recv_w, counts, hd, EventOverlap()
+
+    def _tokens_per_local_expert(self, recv_idx: Any) -> List[int]:
+        """Received tokens per local expert (a token with an expert twice counts once), with
+        one host read."""
+        el = self.num_experts // self.group_size
+        r = recv_idx.shape[0]
+        if isinstance(recv_idx, np.ndarray):
+            hit = np.zeros((r, el + 1), bool)
+            np.put_along_axis(hit, np.where(recv_idx >= 0, recv_idx, el), True, axis=1)
+            return [int(c) for c in hit[:, :el].sum(0)]
+        import torch
+
+        hit = torch.zeros((r, el + 1), dtype=torch.bool, device=recv_idx.device)
+        ids = torch.where(recv_idx >= 0, recv_idx, torch.full_like(recv_idx, el)).long()
+        hit.scatter_(1, ids, True)
+        return [int(c) for c in hit[:, :el].sum(0).tolist()]
 
     def _ensure(self, dtype: str, t: int, h: int, k: int, cuda: bool) -> None:
         """Makes the native buffer at the first dispatch (collective), sized for this call."""
@@ -350,9 +367,13 @@ class Buffer:
         )
 
     def _area(self, which: str, dtype: Any) -> Any:
+        """A view of the native buffer's area (made once: the areas do not move)."""
         import torch
 
-        t = torch.as_tensor(self._native.view(which), device=f"cuda:{self.world.device}")
+        t = self._views.get(which)
+        if t is None:
+            t = torch.as_tensor(self._native.view(which))
+            self._views[which] = t
         return t.view(dtype)
 
     def _dispatch_gpu(self, x: Any, topk_idx: Any, topk_weights: Any, t: int,
