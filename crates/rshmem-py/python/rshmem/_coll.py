@@ -243,8 +243,16 @@ def _a2a_device(w: Any, d: A.Info, s: A.Info, splits: Any, row: int, stream: Any
         counts = (empty(w.n_pes, torch.int64), empty(w.n_pes, torch.int64))
         _A2A_COUNTS[w] = counts
     send, recv = counts
+    # The same objects on every PE: the whole allocations, which the parts must start.
+    (da, dn), (sa, sn) = w.block_of(d.addr, d.nbytes), w.block_of(s.addr, s.nbytes)
+    if da != d.addr or sa != s.addr:
+        raise InvalidArgument(
+            "all_to_all_single with split sizes on the GPU: input and output must start at "
+            "the start of their symmetric tensors (the device packs from element 0)"
+        )
+    es = A.DTYPES[d.dtype][0]
     send.copy_(splits.to(torch.int64) * row)
-    w.all_to_all_v_device(d.dtype, d.addr, d.nbytes, s.addr, s.nbytes, send.data_ptr(),
+    w.all_to_all_v_device(d.dtype, da, dn - dn % es, sa, sn - sn % es, send.data_ptr(),
                           recv.data_ptr(), stream_ptr(w, stream))
 
 
