@@ -181,3 +181,73 @@ impl Drop for Export {
         self.block.exports.fetch_sub(1, Ordering::AcqRel);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(addr: u64, nbytes: usize, seq: u64) -> Arc<Block> {
+        Arc::new(Block {
+            sym: RwLock::new(None),
+            addr,
+            nbytes,
+            seq,
+            released: AtomicBool::new(false),
+            exports: AtomicUsize::new(0),
+        })
+    }
+
+    /// Addresses inside an allocation are found with their offset; anything outside, past the
+    /// end or in a released allocation is refused.
+    #[test]
+    fn locate_by_address() {
+        let mut r = Registry::default();
+        r.insert(block(0x1000, 256, 0));
+        r.insert(block(0x1100, 0, 1));
+        r.insert(block(0x2000, 64, 2));
+        let at = |a: u64, n: usize| r.locate(a, n, "t").map(|l| (l.block.seq, l.offset));
+        assert_eq!(at(0x1000, 256).ok(), Some((0, 0)));
+        assert_eq!(at(0x1010, 16).ok(), Some((0, 16)));
+        assert_eq!(at(0x10ff, 1).ok(), Some((0, 255)));
+        assert_eq!(at(0x1100, 0).ok(), Some((1, 0)));
+        assert_eq!(at(0x2040, 0).ok(), Some((2, 64)));
+        for (a, n) in [
+            (0x0fff, 1),
+            (0x10f0, 17),
+            (0x1100, 1),
+            (0x1200, 4),
+            (0x2030, 17),
+        ] {
+            assert!(
+                matches!(at(a, n), Err(Error::InvalidArgument(_))),
+                "{a:#x}+{n}"
+            );
+        }
+        r.blocks[&0x2000].released.store(true, Ordering::Release);
+        let e = at(0x2000, 8)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("freed"), "{e}");
+    }
+
+    /// Released allocations are reclaimable only while nothing views them, flagged by their
+    /// place in release order.
+    #[test]
+    fn reclaimable_mask_follows_views() {
+        let mut r = Registry::default();
+        let (a, b, c) = (
+            block(0x1000, 8, 0),
+            block(0x2000, 8, 1),
+            block(0x3000, 8, 2),
+        );
+        b.exports.store(2, Ordering::Release);
+        r.zombies = vec![a, b.clone(), c];
+        assert_eq!(r.reclaimable_mask(), 0b101);
+        b.exports.store(0, Ordering::Release);
+        assert_eq!(r.reclaimable_mask(), 0b111);
+        r.zombies = (0..70).map(|i| block(0x1000 * (i + 1), 8, i)).collect();
+        assert_eq!(r.reclaimable_mask(), u64::MAX);
+        assert!(!r.has_views());
+    }
+}
