@@ -67,7 +67,7 @@ def test_put_signal_then_wait(kind):
 @pytest.mark.parametrize("dtype", ["int32", "uint32", "int64", "uint64"])
 def test_atomics(dtype):
     def f():
-        me, n = rshmem.my_pe(), rshmem.n_pes()
+        me = rshmem.my_pe()
         w = rshmem.numpy.zeros(4, dtype)
         rshmem.atomic_fetch_add(w[0:1], me + 1, 0)
         rshmem.atomic_fetch_or(w[1:2], 1 << me, 0)

@@ -4,7 +4,6 @@ A process started by torchrun or ``rshmem run`` holds one PE (``init()``); threa
 Python threads as n PEs of one world (``launch(n, fn)``), each thread seeing its own PE.
 """
 
-import os
 import threading
 from typing import Any, Callable, List, Optional
 
@@ -124,7 +123,6 @@ def launch(
         return [r]
     if not isinstance(n, int) or n < 1:
         raise InvalidArgument(f"rshmem.launch: n must be a positive int, not {n!r}")
-    n = int(os.environ.get("RSHMEM_PES", n))
     hub = _rshmem.Hub(n, heap_size, timeout, backend)
     results: List[Any] = [None] * n
     errors: List[Optional[BaseException]] = [None] * n
