@@ -68,13 +68,19 @@ def put(dst: Any, src: Any, pe: int, *, stream: Any = None) -> None:
     contiguous slice of a symmetric tensor). Host: returns when ``src`` may be reused
     (delivery by ``quiet`` or ``barrier``); GPU: ``src`` must be symmetric too, stream-ordered."""
     w = current()
-    pe = _pe(w, pe)
     d, s = A.info(dst, "dst"), A.info(src, "src")
-    _same(d, s, "put")
-    if _device_side(w, d, s):
-        w.put_dev(d.addr, s.addr, d.nbytes, pe, stream_ptr(w, stream))
-    else:
-        w.put(d.addr, s.addr, s.nbytes, pe)
+    if d.dtype != s.dtype or d.nbytes != s.nbytes:
+        _same(d, s, "put")
+    if type(pe) is not int:
+        pe = _pe(w, pe)
+    try:
+        if d.cuda or s.cuda or w.backend == "cuda":
+            _device_side(w, d, s)
+            w.put_dev(d.addr, s.addr, d.nbytes, pe, stream_ptr(w, stream))
+        else:
+            w.put(d.addr, s.addr, s.nbytes, pe)
+    except OverflowError:
+        raise InvalidArgument(f"PE {pe} is out of range: the world has {w.n_pes} PEs") from None
 
 
 def get(dst: Any, src: Any, pe: int, *, stream: Any = None) -> None:
