@@ -228,9 +228,10 @@ class Buffer:
             supported); ``num_tokens`` may differ between PEs.
         :param handle: a previous dispatch's handle: dispatch ``x`` again with that routing
             (DeepEP's cached mode); then only ``recv_x`` is returned (the rest None).
-        :param num_tokens_per_rank: from ``get_dispatch_layout``; accepted, recomputed.
+        :param num_tokens_per_rank: from ``get_dispatch_layout``; accepted, not needed (the
+            layout is computed again inside dispatch).
         :param num_tokens_per_rdma_rank: must be None (no RDMA).
-        :param is_token_in_rank: from ``get_dispatch_layout``; accepted, recomputed.
+        :param is_token_in_rank: from ``get_dispatch_layout``; accepted, not needed.
         :param num_tokens_per_expert: from ``get_dispatch_layout``; its length gives the
             number of experts (else the last ``get_dispatch_layout``'s).
         :param topk_idx: ``[num_tokens, num_topk]`` int64/int32 expert ids, -1 for none.
