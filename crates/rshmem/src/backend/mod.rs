@@ -37,6 +37,11 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     fn fence(&self);
     /// Completes every outstanding operation of this PE.
     fn quiet(&self) -> Result<()>;
+    /// Base of PE `pe`'s heap in this process's address space, where this process's loads and
+    /// stores reach it (the CPU backend maps every PE's heap); `None` otherwise.
+    fn host_base(&self, _pe: usize) -> Option<*mut u8> {
+        None
+    }
     /// The CUDA backend, when this is it (for the CUDA-specific public API).
     fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
         None

@@ -96,6 +96,9 @@ impl Backend for ShmBackend {
     fn fence(&self) {
         fence(Ordering::SeqCst);
     }
+    fn host_base(&self, pe: usize) -> Option<*mut u8> {
+        self.bases.get(pe).copied()
+    }
     fn quiet(&self) -> Result<()> {
         fence(Ordering::SeqCst);
         Ok(())

@@ -3,6 +3,7 @@
 mod atomics;
 mod calls;
 mod free;
+mod ptr;
 
 pub(crate) use calls::CallKind;
 pub(crate) use free::sealed;

@@ -766,6 +766,16 @@ impl<T: Elem> GpuBuffer<T> {
         self.view(self.plan.row_src, self.plan.rmax)
     }
 
+    /// The row records of the receive area on the device, `[n * C, 1 + 2 * max_topk]` `u32`:
+    /// for receive row `s*C + i` (valid for `i < recv_tokens_per_pe[s]`), the token's index
+    /// on its source PE, its `max_topk` global expert ids (`i32` bits; `-1` for none and for
+    /// the slots beyond the dispatch's `top_k`), then its `max_topk` weights (`f32` bits). What
+    /// DeepEP-style callers read the received tokens' routing from; valid until the next
+    /// dispatch.
+    pub fn recv_records(&self) -> Result<SymView<'_, u32>> {
+        self.view(self.plan.recv_meta, self.recv_rows() * self.plan.rmw)
+    }
+
     fn params_ptr(&self, g: &CudaPe) -> Result<u64> {
         Ok(g.ptr(&self.area)? + self.plan.params as u64)
     }

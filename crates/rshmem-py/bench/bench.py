@@ -1,0 +1,180 @@
+"""The Python package's figures beside their baselines, as JSON (rank 0 prints it).
+
+GPU machine (2 GPUs, torch with CUDA):
+
+    torchrun --nproc-per-node 2 crates/rshmem-py/bench/bench.py [--quick] [--json out.json]
+
+CPU only (no torch.distributed baseline; the per-call overhead only):
+
+    python crates/rshmem-py/bench/bench.py --cpu
+
+Records:
+* ``call_overhead``: host microseconds per ``rshmem.put`` call from Python against the same
+  operation issued by a Rust loop in the same process (8 bytes; GPU: stream-ordered, not
+  synchronised). Target: Python - Rust <= 2 us.
+* ``all_reduce``: GPU microseconds per in-place all_reduce (float32 and bfloat16, 4 KiB to
+  1 MiB) for rshmem and torch.distributed (NCCL) on the same stream; ratio = rshmem / NCCL.
+  Target: <= 0.5 for small sizes.
+* ``moe``: microseconds per dispatch + combine step through ``rshmem.ep.Buffer`` (DeepEP's
+  interface: staging copies, packing the received rows) against the same step issued by a
+  Rust loop on the symmetric operands (``GpuBuffer::dispatch`` + ``combine_tokens``);
+  T = 4096, H = 7168, bf16, top-8 of 256 experts (``--quick``: T = 512). Target: within 5%.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+import rshmem
+
+
+def timed(fn, iters, sync=lambda: None):
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / iters
+
+
+def call_overhead_cpu():
+    """Thread mode, 2 PEs, host heap."""
+
+    def f():
+        me = rshmem.my_pe()
+        dst = rshmem.numpy.zeros(1, np.int64)
+        src = np.ones(1, np.int64)
+        if me == 1:  # PE 1 waits in a barrier (without the GIL) while PE 0 measures
+            rshmem.barrier()
+            return None
+        iters = 200_000
+        py = timed(lambda: rshmem.put(dst, src, 1), iters)
+        rs = rshmem._world.current().put_loop(dst.__array_interface__["data"][0],
+                                              src.__array_interface__["data"][0], 8, 1, iters)
+        rshmem.barrier()
+        return {"python_us": py * 1e6, "rust_us": rs * 1e6, "overhead_us": (py - rs) * 1e6}
+
+    return rshmem.launch(2, f)[0]
+
+
+def call_overhead_gpu(torch):
+    w = rshmem._world.current()
+    me = rshmem.my_pe()
+    dst = rshmem.zeros(1, torch.int64)
+    src = rshmem.zeros(1, torch.int64)
+    iters = 20_000
+    s = torch.cuda.current_stream()
+    py = timed(lambda: rshmem.put(dst, src, 1 - me), iters)
+    s.synchronize()
+    rs = w.put_dev_loop(dst.data_ptr(), src.data_ptr(), 8, 1 - me, s.cuda_stream, iters)
+    torch.cuda.synchronize()
+    rshmem.barrier()
+    torch.cuda.synchronize()
+    return {"python_us": py * 1e6, "rust_us": rs * 1e6, "overhead_us": (py - rs) * 1e6}
+
+
+def gpu_time(torch, fn, iters):
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / iters  # us
+
+
+def all_reduce(torch, dist, quick):
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for nbytes in (4 << 10, 32 << 10, 256 << 10, 1 << 20):
+            count = nbytes // torch.tensor([], dtype=dtype).element_size()
+            x = rshmem.zeros(count, dtype)
+            y = torch.zeros(count, dtype=dtype, device=x.device)
+            iters = 200 if quick else 2000
+            r = gpu_time(torch, lambda: rshmem.all_reduce(x), iters)
+            n = gpu_time(torch, lambda: dist.all_reduce(y), iters)
+            rshmem.check_errors()
+            out.append({"dtype": str(dtype).replace("torch.", ""), "bytes": nbytes,
+                        "rshmem_us": r, "nccl_us": n, "ratio": r / n})
+            rshmem.free(x)
+    return out
+
+
+def moe(torch, quick):
+    from rshmem.ep import Buffer
+
+    t, h, k, e = (512 if quick else 4096), 7168, 8, 256
+    me = rshmem.my_pe()
+    dev = torch.device("cuda", rshmem.device())
+    g = torch.Generator().manual_seed(me)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16).to(dev)
+    scores = torch.rand(t, e, generator=g)
+    idx = scores.topk(k, dim=1).indices.to(dev)
+    w = torch.rand(t, k, generator=g).to(dev)
+    b = Buffer(None, 0, max_tokens=t)
+    ntpr, _, ntpe, itir, _ = b.get_dispatch_layout(idx, e)
+
+    def step():
+        rx, _, rw, _, hd, _ = b.dispatch(x, topk_idx=idx, topk_weights=w,
+                                         num_tokens_per_expert=ntpe)
+        b.combine(rx, hd)
+
+    iters = 5 if quick else 50
+    py = timed(step, iters, torch.cuda.synchronize)
+    xs, ids, ws, ys, outs = b._stage
+    xs[:t].copy_(x)
+    ids[:t].copy_(idx)
+    ws[:t].copy_(w)
+    torch.cuda.synchronize()
+    es = xs.element_size()
+    rs = b._native.step_loop((xs.data_ptr(), t * h * es), (ids.data_ptr(), t * k * 8),
+                             (ws.data_ptr(), t * k * 4), (ys.data_ptr(), ys.numel() * es),
+                             (outs.data_ptr(), t * h * es), t, k,
+                             torch.cuda.current_stream().cuda_stream, iters)
+    rshmem.check_errors()
+    b.destroy()
+    return {"tokens": t, "hidden": h, "topk": k, "experts": e, "python_us": py * 1e6,
+            "rust_us": rs * 1e6, "ratio": py / rs}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cpu", action="store_true", help="host heap, thread mode, no NCCL")
+    ap.add_argument("--json", help="also write the records to this file")
+    a = ap.parse_args()
+    if a.cpu:
+        rec = {"backend": "shm", "call_overhead": call_overhead_cpu()}
+    else:
+        import torch
+        import torch.distributed as dist
+
+        rshmem.init(backend="cuda", heap_size=4 << 30)
+        dev = torch.device("cuda", rshmem.device())
+        dist.init_process_group("nccl", device_id=dev)
+        rec = {"backend": "cuda", "n_pes": rshmem.n_pes(),
+               "gpu": torch.cuda.get_device_name(dev),
+               "call_overhead": call_overhead_gpu(torch),
+               "all_reduce": all_reduce(torch, dist, a.quick),
+               "moe": moe(torch, a.quick)}
+        me = rshmem.my_pe()
+        dist.destroy_process_group()
+        rshmem.finalize()
+        if me != 0:
+            return 0
+    text = json.dumps(rec, indent=2)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

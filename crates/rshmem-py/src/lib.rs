@@ -1,0 +1,36 @@
+//! `rshmem._rshmem`: the native half of the Python package. The Python half (`python/rshmem`)
+//! turns numpy arrays and torch tensors into the addresses and buffers these functions take,
+//! and builds the public API (torch.distributed-like collectives, DeepEP-like MoE) on them.
+//!
+//! Every call that can wait for another PE releases the GIL, so thread-PEs of one interpreter
+//! make progress while one of them waits.
+
+mod coll;
+mod elem;
+mod ep;
+mod errors;
+mod gpu;
+mod gpu_ep;
+mod ops;
+mod registry;
+mod world;
+
+use pyo3::prelude::*;
+
+/// The native module; its classes are documented in `_rshmem.pyi`.
+#[pymodule]
+fn _rshmem(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<world::World>()?;
+    m.add_class::<world::Hub>()?;
+    m.add_class::<registry::Export>()?;
+    m.add_class::<ep::HostEp>()?;
+    m.add_class::<ep::HostEpHandle>()?;
+    m.add_class::<gpu::UserKernel>()?;
+    m.add_class::<gpu_ep::GpuEp>()?;
+    m.add_class::<gpu_ep::GpuEpHandle>()?;
+    m.add_class::<gpu_ep::AreaView>()?;
+    m.add_function(wrap_pyfunction!(world::unique_id, m)?)?;
+    m.add_function(wrap_pyfunction!(world::launched, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
