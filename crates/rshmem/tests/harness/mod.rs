@@ -48,6 +48,17 @@ pub fn spawn_self(
     )
 }
 
+/// As [`spawn_self`] for an `#[ignore]`d test (a GPU test): the children run it anyway.
+pub fn spawn_self_ignored(
+    test: &str,
+    n: usize,
+    threads: usize,
+    env: &[(&str, &str)],
+    grace: Duration,
+) -> Outcome {
+    spawn_job(test, n, threads, env, grace, true, Duration::from_secs(120))
+}
+
 /// As [`spawn_self`]; `ignored`: the test is `#[ignore]`d (the children run it anyway), and the
 /// job is stopped after `limit`.
 fn spawn_job(
