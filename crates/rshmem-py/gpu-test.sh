@@ -13,6 +13,8 @@ what=${1:-all}
 PY=${PY:-/opt/torch/.venv/bin/python}
 export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0
+# Before torch initialises CUDA (see rshmem/__init__.py): no lazy kernel loads behind waiting kernels.
+export CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-EAGER}
 out=${OUT:-/tmp/rshmem-py-gpu}
 mkdir -p "$out"
 site=$(mktemp -d)

@@ -16,7 +16,17 @@ MoE tokens with DeepEP's ``Buffer`` interface (``rshmem.ep``).
 Works without torch (numpy arrays on the CPU backend: ``rshmem.numpy``).
 """
 
-from . import _rshmem
+import os as _os
+
+# The driver loads a kernel lazily on first use by default, and a lazy load waits for the
+# context's queued work to drain: a PE whose GPU runs a kernel waiting for a peer, while the
+# peer's thread loads a kernel (one of torch's, or rshmem's) behind its own waiting kernel,
+# deadlocks until the timeout. The library sets EAGER before cuInit when it initialises CUDA
+# first; under torch, CUDA is usually initialised first, so set it at import (before torch
+# initialises CUDA) unless the user chose a mode.
+_os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+
+from . import _rshmem  # noqa: E402
 from ._coll import (
     ReduceOp,
     all_gather_into_tensor,
