@@ -8,20 +8,12 @@ mod harness;
 #[path = "common/mod.rs"]
 mod common;
 
-use common::expect_err;
-use rshmem::{Config, Error, Result};
+use common::{all_ok, expect_err};
+use rshmem::{Config, Error};
 use std::time::Duration;
 
 fn cfg() -> Config {
     harness::config().timeout(Duration::from_secs(20))
-}
-
-fn all_ok<R>(r: Result<Vec<Result<R>>>) -> Vec<R> {
-    r.expect("world")
-        .into_iter()
-        .enumerate()
-        .map(|(pe, x)| x.unwrap_or_else(|e| panic!("PE {pe}: {e}")))
-        .collect()
 }
 
 #[test]

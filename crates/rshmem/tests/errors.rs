@@ -9,7 +9,7 @@ mod harness;
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{check_eq, expect_err, poison};
+use common::{all_ok, check_eq, expect_err, poison};
 use harness::rand_vec;
 use rshmem::coll::{Coll, CollConfig, ReduceOp};
 use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
@@ -782,14 +782,6 @@ mode_test!(overlapping_calls_are_refused, [2, 4], overlapping_calls);
 
 fn cfg() -> Config {
     harness::config().timeout(Duration::from_secs(20))
-}
-
-fn all_ok<R>(r: Result<Vec<Result<R>>>) -> Vec<R> {
-    r.expect("world")
-        .into_iter()
-        .enumerate()
-        .map(|(pe, x)| x.unwrap_or_else(|e| panic!("PE {pe}: {e}")))
-        .collect()
 }
 
 #[test]

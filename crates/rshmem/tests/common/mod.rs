@@ -86,3 +86,12 @@ pub fn expect_err<T: std::fmt::Debug>(what: &str, r: Result<T>, pred: impl Fn(&E
         other => panic!("{what}: unexpected {other:?}"),
     }
 }
+
+/// Every PE's value of a world's results, panicking with the PE's error otherwise.
+pub fn all_ok<R>(r: Result<Vec<Result<R>>>) -> Vec<R> {
+    r.expect("world")
+        .into_iter()
+        .enumerate()
+        .map(|(pe, x)| x.unwrap_or_else(|e| panic!("PE {pe}: {e}")))
+        .collect()
+}

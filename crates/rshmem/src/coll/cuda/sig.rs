@@ -205,20 +205,8 @@ pub(super) struct Check {
     pub(super) err: u64,
 }
 
-pub(super) const ELEMS: [ElemKind; 12] = [
-    ElemKind::I8,
-    ElemKind::I16,
-    ElemKind::I32,
-    ElemKind::I64,
-    ElemKind::U8,
-    ElemKind::U16,
-    ElemKind::U32,
-    ElemKind::U64,
-    ElemKind::F16,
-    ElemKind::Bf16,
-    ElemKind::F32,
-    ElemKind::F64,
-];
+/// Every element kind, in the order the kernels' tables use.
+pub(super) const ELEMS: [ElemKind; 12] = ElemKind::ALL;
 
 pub(super) fn reduce_name(k: ElemKind, op: ReduceOp) -> String {
     format!("rshmemi_coll_reduce_{}_{}", k.name(), op.name())
