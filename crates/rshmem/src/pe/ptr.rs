@@ -18,7 +18,7 @@ impl Pe {
     /// `rshmem::cuda::CudaPe::peer_ptr`), an [`Error::Backend`].
     ///
     /// ```
-    /// let out = rshmem::threads(2, |pe| -> rshmem::Result<u32> {
+    /// let out = rshmem::Launch::new().threads().run(2, |pe| -> rshmem::Result<u32> {
     ///     let x = pe.alloc::<u32>(4)?;
     ///     pe.local_write(&x, 0, &[pe.my_pe() as u32 + 7; 4])?;
     ///     pe.barrier_all()?;
@@ -27,7 +27,7 @@ impl Pe {
     ///     let v = unsafe { other.read_volatile() };
     ///     pe.barrier_all()?;
     ///     Ok(v)
-    /// }).unwrap();
+    /// }).values().unwrap();
     /// assert_eq!(out.into_iter().map(|v| v.unwrap()).collect::<Vec<_>>(), vec![8, 7]);
     /// ```
     pub fn host_ptr<T: Elem>(
