@@ -728,51 +728,6 @@ fn device_api(pe: &Pe) -> Result<()> {
         "PE {me}: all-SM put wrong"
     );
     pe.barrier_all()?;
-    // The benchmark copies, block scope by SM and bulk (TMA), put then get, sizes a multiple
-    // of 16 but not of the bulk stage: each block a contiguous share (piece 0), or pieces of
-    // 64 KiB taken by the blocks in turn (the last one short).
-    let nb = (8usize << 20) + 48;
-    let kernels = [
-        ("rshmemi_bench_put", false),
-        ("rshmemi_bench_get", true),
-        ("rshmemi_bench_put_bulk", false),
-        ("rshmemi_bench_get_bulk", true),
-    ];
-    for (name, get) in kernels {
-        let k = g.kernel(cuda::nvrtc::INTERNAL_KERNELS, name, &[])?;
-        for piece in [0u64, 64 << 10] {
-            pe.local_fill(&bdst, 0)?;
-            pe.barrier_all()?;
-            let args = [
-                g.arg(&bdst)?,
-                g.arg(&bsrc)?,
-                KernelArg::U64(nb as u64),
-                KernelArg::I32(next as i32),
-                KernelArg::U64(piece),
-            ];
-            let threads = if name.ends_with("bulk") { 32 } else { 256 };
-            // SAFETY: rshmemi_bench_{put,get}{,_bulk}(char*, const char*, u64, int, u64);
-            // nb bytes fit; pieces a multiple of the bulk stage.
-            unsafe { g.launch(&k, &s, 7, threads, 0, &args)? };
-            s.synchronize()?;
-            pe.barrier_all()?;
-            let got = pe.local_vec(&bdst)?;
-            let w = nb / 8;
-            // put: the previous PE's data arrived here; get: the next PE's source was read.
-            assert!(
-                got[..w]
-                    .iter()
-                    .enumerate()
-                    .all(from(if get { next } else { prev })),
-                "PE {me}: {name} (pieces {piece}) wrong"
-            );
-            assert!(
-                got[w..].iter().all(|&x| x == 0),
-                "PE {me}: {name} (pieces {piece}) wrote past the end"
-            );
-            pe.barrier_all()?;
-        }
-    }
     // Bad inputs on the device side.
     let t3 = pe.team_split(pe.world_team(), Some(0), -(me as i64))?;
     if let Some(t) = t3 {
@@ -966,35 +921,6 @@ fn gpu_device_error_is_taken_once() {
         pe.atomic_set(&done, 0, 1u64, 1)?;
         pe.barrier_all()
     });
-}
-
-#[test]
-#[ignore = "needs a GPU"]
-fn gpu_bench_report() {
-    let sizes: Vec<usize> = std::env::var("RSHMEM_BENCH_MAX")
-        .ok()
-        .and_then(|v| rshmem::config::parse_size(&v))
-        .map(|m| {
-            let mut v = vec![];
-            let mut s = 4096;
-            while s <= m {
-                v.push(s);
-                s *= 4;
-            }
-            v
-        })
-        .unwrap_or_else(|| vec![4096, 1 << 20]);
-    let max = *sizes.iter().max().unwrap();
-    let cfg = gpu_config(HeapKind::Static).heap_size(2 * max + (64 << 20));
-    let _gpu = harness::gpu_world();
-    let r = rshmem::threads_with(cfg, 2, |pe| cuda::bench(pe, &sizes, 20000)).expect("world");
-    for rec in r.into_iter().next().unwrap().unwrap() {
-        println!(
-            "BENCH {} bytes={} time_us={:.3} gbps={:.1} baseline={} baseline_us={:.3} ratio={:.3}",
-            rec.op, rec.bytes, rec.time_us, rec.gbps, rec.baseline, rec.baseline_time_us, rec.ratio
-        );
-        assert!(rec.time_us > 0.0);
-    }
 }
 
 // ---------- processes and mixed mode ----------

@@ -1,4 +1,4 @@
-//! The same-run baseline of [`super::ep_bench`] — dispatch and combine done with NCCL
+//! The same-run baseline of [`crate::ep_cuda::ep_bench`] — dispatch and combine done with NCCL
 //! all-to-all-v, the path used before symmetric memory (e.g. nvFuser) — and the benchmark's
 //! data checks.
 //!
@@ -27,20 +27,33 @@
 //! checksums (exact: inputs and weights are small dyadic numbers, every f32 sum is exact, and
 //! the reference rounds where the kernels do).
 
-use super::{kernel_options, EP_KERNELS};
-use crate::backend::cuda::ffi;
-use crate::device::nccl::{DataType, NcclComm, P2p};
-use crate::device::{CudaPe, Kernel, KernelArg, Stream};
-use crate::elem::ElemKind;
-use crate::error::{Error, Result};
-use crate::sym::{AsSym, Sym};
-use crate::{bf16, Pe};
+use crate::nccl::{err, DataType, NcclComm, P2p};
+use rshmem::cuda::ep::{EP_KERNELS, MAX_GPU_EP_PES, MAX_GPU_EXPERTS};
+use rshmem::cuda::{CudaPe, Kernel, KernelArg, Stream};
+use rshmem::{bf16, AsSym, ElemKind, Error, Pe, Result, Sym};
 
 const BLOCK: u32 = 512;
 
+/// The baseline's kernels (`epb_*`, `kernels/ep_baseline.cu`). They reuse the MoE kernels'
+/// types and helpers (`ep_t`, row loads and stores, the f32 sums: the same arithmetic in the
+/// same order), so they are compiled after the library's MoE source ([`kernel_source`]).
+pub const EP_BASELINE_KERNELS: &str = include_str!("kernels/ep_baseline.cu");
+
+/// The whole module the baseline loads: the library's MoE kernels ([`EP_KERNELS`]) followed by
+/// [`EP_BASELINE_KERNELS`] (compiled with the rshmem device header prepended).
+pub fn kernel_source() -> String {
+    format!("{EP_KERNELS}{EP_BASELINE_KERNELS}")
+}
+
+/// NVRTC options of the baseline's module (bf16 hidden states, `i32` expert ids) with the MoE
+/// tuning's `extra` options.
+pub fn kernel_options(extra: &[String]) -> Result<Vec<String>> {
+    rshmem::cuda::ep::kernel_options(ElemKind::Bf16, ElemKind::I32, extra)
+}
+
 /// The baseline's and the checks' kernels.
 #[derive(Debug, Clone)]
-pub(super) struct Kernels {
+pub struct Kernels {
     layout: Kernel,
     pack: Kernel,
     permute: Kernel,
@@ -50,10 +63,13 @@ pub(super) struct Kernels {
 }
 
 impl Kernels {
-    pub(super) fn load(g: &CudaPe, extra: &[String]) -> Result<Kernels> {
-        let o = kernel_options(ElemKind::Bf16, ElemKind::I32, extra)?;
+    /// Compiles (or finds in the cache) and loads the module on this PE's GPU; `extra`: the
+    /// MoE tuning's NVRTC options.
+    pub fn load(g: &CudaPe, extra: &[String]) -> Result<Kernels> {
+        let o = kernel_options(extra)?;
         let o: Vec<&str> = o.iter().map(|s| s.as_str()).collect();
-        let k = |name: &str| g.kernel(EP_KERNELS, name, &o);
+        let src = kernel_source();
+        let k = |name: &str| g.kernel(&src, name, &o);
         Ok(Kernels {
             layout: k("epb_layout")?,
             pack: k("epb_pack")?,
@@ -84,13 +100,13 @@ fn row_hash(row: impl Iterator<Item = bf16>) -> u64 {
 
 /// Hidden state `i` (flat index `t * H + h`) of PE `p`'s benchmark input (`reference` relies
 /// on its form: an integer in -8..=8 depending on `(7 i + p) mod 17`).
-pub(super) fn x_val(p: usize, i: usize) -> bf16 {
+pub(crate) fn x_val(p: usize, i: usize) -> bf16 {
     bf16::from_f64(((i * 7 + p) % 17) as f64 - 8.0)
 }
 
 /// What PE `me` must receive and compute, from every PE's routing.
 #[derive(Debug, Clone)]
-pub(super) struct Reference {
+pub(crate) struct Reference {
     /// Rows per local expert.
     pub counts: Vec<usize>,
     /// Sum of the row checksums per local expert.
@@ -107,7 +123,7 @@ pub(super) struct Reference {
 /// benchmark's inputs (integers in -8..=8, weights m/8, m in 1..=8) every product and sum is
 /// exact in f32, so the partial equals `(sum_j w_j) * x`: one value per distinct `x` (17) and
 /// PE, computed once per token.
-pub(super) fn reference(
+pub(crate) fn reference(
     routes: &[(Vec<i32>, Vec<f32>)],
     me: usize,
     t: usize,
@@ -179,7 +195,7 @@ pub(super) fn reference(
 /// Combine-output checksums of PE `me`'s tokens when every PE the token went to sends back the
 /// token's own hidden state (`combine_tokens` with the receive rows as the per-token results):
 /// `x * (number of PEs the token went to)`, exact in bf16 for the benchmark's inputs.
-pub(super) fn reference_token_combine(
+pub(crate) fn reference_token_combine(
     routes: &[(Vec<i32>, Vec<f32>)],
     me: usize,
     t: usize,
@@ -211,7 +227,7 @@ pub(super) fn reference_token_combine(
 /// Checksums of the first `rows` rows (`h` elements each) of `src` into `hashes` (at least
 /// `rows` words), read back after synchronising `s`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn row_hashes(
+pub(crate) fn row_hashes(
     pe: &Pe,
     g: &CudaPe,
     s: &Stream,
@@ -223,9 +239,7 @@ pub(super) fn row_hashes(
     grid: u32,
 ) -> Result<Vec<u64>> {
     if rows * h > src.raw().len || rows > hashes.len() {
-        return Err(ffi::err(
-            "ep bench: row checksums of more rows than allocated",
-        ));
+        return Err(err("ep bench: row checksums of more rows than allocated"));
     }
     if rows == 0 {
         return Ok(Vec::new());
@@ -253,7 +267,7 @@ pub(super) fn row_hashes(
 
 /// Checks expert-major rows (checksums `hashes`, expert offsets `off`) against `r`; `Err` with
 /// a description of the first difference.
-pub(super) fn check_dispatch(
+pub(crate) fn check_dispatch(
     what: &str,
     off: &[usize],
     hashes: &[u64],
@@ -280,7 +294,7 @@ pub(super) fn check_dispatch(
 }
 
 /// Checks combine output checksums against `r`.
-pub(super) fn check_combine(
+pub(crate) fn check_combine(
     what: &str,
     hashes: &[u64],
     r: &Reference,
@@ -300,7 +314,7 @@ pub(super) fn check_combine(
 
 /// The baseline's buffers for `t` tokens (symmetric objects of every PE's heap, same sizes on
 /// every PE; used as plain device memory).
-pub(super) struct NcclBase<'c> {
+pub(crate) struct NcclBase<'c> {
     comm: &'c NcclComm<'c>,
     k: &'c Kernels,
     t: usize,
@@ -338,7 +352,7 @@ impl std::fmt::Debug for NcclBase<'_> {
 }
 
 /// Symmetric bytes [`NcclBase::new`] allocates per PE (upper bound, before alignment).
-pub(super) fn base_bytes(
+pub(crate) fn base_bytes(
     n: usize,
     t: usize,
     h: usize,
@@ -360,7 +374,7 @@ pub(super) fn base_bytes(
 impl<'c> NcclBase<'c> {
     /// Allocates the buffers (collective). `rows_cap`: most expert-major rows on any PE.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
+    pub(crate) fn new(
         pe: &Pe,
         comm: &'c NcclComm<'c>,
         k: &'c Kernels,
@@ -373,11 +387,10 @@ impl<'c> NcclBase<'c> {
     ) -> Result<NcclBase<'c>> {
         let n = pe.n_pes();
         // epb_layout: destinations are bits of a 64-bit mask, pairs per expert in shared memory.
-        if n > super::MAX_GPU_EP_PES || e > super::MAX_GPU_EXPERTS || !e.is_multiple_of(n) {
-            return Err(Error::invalid(format!(
+        if n > MAX_GPU_EP_PES || e > MAX_GPU_EXPERTS || !e.is_multiple_of(n) {
+            return Err(Error::InvalidArgument(format!(
                 "ep baseline: {e} experts on {n} PEs (at most {} PEs, {} experts, split evenly)",
-                super::MAX_GPU_EP_PES,
-                super::MAX_GPU_EXPERTS
+                MAX_GPU_EP_PES, MAX_GPU_EXPERTS
             )));
         }
         let el = e / n;
@@ -414,7 +427,7 @@ impl<'c> NcclBase<'c> {
     }
 
     /// Frees the buffers (collective).
-    pub(super) fn free(self, pe: &Pe) -> Result<()> {
+    pub(crate) fn free(self, pe: &Pe) -> Result<()> {
         pe.free(self.out)?;
         pe.free(self.tok_rows)?;
         pe.free(self.row_src)?;
@@ -431,7 +444,7 @@ impl<'c> NcclBase<'c> {
     }
 
     /// One dispatch of `x [T, H]`, `ids [T, k]`, `w [T, k]` (this PE's symmetric objects).
-    pub(super) fn dispatch(
+    pub(crate) fn dispatch(
         &mut self,
         pe: &Pe,
         g: &CudaPe,
@@ -443,7 +456,9 @@ impl<'c> NcclBase<'c> {
         let (t, h, k, n, el) = (self.t, self.h, self.topk, self.n, self.el);
         let rmw = 1 + 2 * k;
         if x.len() < t * h || ids.len() < t * k || w.len() < t * k {
-            return Err(Error::invalid("ep baseline: inputs shorter than T rows"));
+            return Err(Error::InvalidArgument(
+                "ep baseline: inputs shorter than T rows".into(),
+            ));
         }
         let p = |sym: u64| KernelArg::Ptr(sym);
         let (tp, sc, rc) = (
@@ -493,7 +508,7 @@ impl<'c> NcclBase<'c> {
             .map(|(q, e)| rcv[q * (1 + el) + 1 + e].max(0) as usize)
             .sum();
         if sent.iter().chain(&recv).any(|&c| c > t) || pairs > self.rows_cap {
-            return Err(ffi::err(format!(
+            return Err(err(format!(
                 "ep baseline: inconsistent counts (sent {sent:?}, received {recv:?}, {pairs} rows for {} allocated)",
                 self.rows_cap
             )));
@@ -584,7 +599,7 @@ impl<'c> NcclBase<'c> {
     }
 
     /// Expert offsets of the last dispatch (after a synchronisation).
-    pub(super) fn offsets(&self, pe: &Pe) -> Result<Vec<usize>> {
+    pub(crate) fn offsets(&self, pe: &Pe) -> Result<Vec<usize>> {
         Ok(pe
             .local_vec(&self.off)?
             .into_iter()
@@ -593,10 +608,12 @@ impl<'c> NcclBase<'c> {
     }
 
     /// One combine of the last dispatch's expert-major rows (`ex`, identity experts) into `out`.
-    pub(super) fn combine(&self, g: &CudaPe, s: &Stream) -> Result<()> {
+    pub(crate) fn combine(&self, g: &CudaPe, s: &Stream) -> Result<()> {
         let (t, h, k, n, el) = (self.t, self.h, self.topk, self.n, self.el);
         if self.sent.len() != n {
-            return Err(Error::invalid("ep baseline: combine before dispatch"));
+            return Err(Error::InvalidArgument(
+                "ep baseline: combine before dispatch".into(),
+            ));
         }
         let p = |sym: u64| KernelArg::Ptr(sym);
         let (sx, rx) = (g.ptr(&self.sx)?, g.ptr(&self.rx)?);
@@ -712,7 +729,7 @@ mod tests {
     fn reference_matches_the_direct_sums() {
         let (n, t, h, k, e) = (2, 23, 37, 8, 16);
         let routes: Vec<_> = (0..n)
-            .map(|p| super::super::bench_routing(p, t, k, e))
+            .map(|p| crate::ep_cuda::bench_routing(p, t, k, e))
             .collect();
         let epp = e / n;
         for me in 0..n {
