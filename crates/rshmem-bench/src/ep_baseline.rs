@@ -686,6 +686,71 @@ impl<'c> NcclBase<'c> {
 mod tests {
     use super::*;
 
+    /// `(name, parameter list)` of every `extern "C"` kernel of `src`, launch bounds skipped.
+    fn kernels(src: &str) -> Vec<(&str, &str)> {
+        src.split("extern \"C\" __global__")
+            .skip(1)
+            .map(|d| {
+                let d = d.trim_start().trim_start_matches("void").trim_start();
+                let d = match d.strip_prefix("__launch_bounds__(") {
+                    Some(r) => r[r.find(')').expect("launch bounds") + 1..].trim_start(),
+                    None => d,
+                };
+                let open = d.find('(').expect("parameter list");
+                let close = d.find(')').expect("parameter list");
+                (d[..open].trim(), &d[open + 1..close])
+            })
+            .collect()
+    }
+
+    /// Parameter types of a list: pointers as `ptr`, `const` dropped.
+    fn param_types(list: &str) -> Vec<String> {
+        list.split(',')
+            .map(|p| {
+                let p = p.split_whitespace().collect::<Vec<_>>().join(" ");
+                let ty = p.rsplit_once(' ').map_or(p.as_str(), |(t, _)| t);
+                if p.contains('*') {
+                    "ptr".to_string()
+                } else {
+                    ty.trim_start_matches("const ").to_string()
+                }
+            })
+            .collect()
+    }
+
+    /// Every kernel of the baseline's source takes the parameters its launch site here passes,
+    /// in order (the driver reads as many bytes per parameter as the kernel declares):
+    /// `KernelArg::Ptr` ↔ pointer, `I32` ↔ `int`, `I64` ↔ `long long`; and the source holds
+    /// no other kernel.
+    #[test]
+    fn launches_match_the_kernel_signatures() {
+        let (p, i, l) = ("ptr", "int", "long long");
+        let launches: [(&str, Vec<&str>); 6] = [
+            ("epb_layout", vec![p, i, i, i, i, p, p, p]),
+            ("epb_pack", vec![p, p, p, p, i, i, i, l, p, p]),
+            (
+                "epb_permute",
+                vec![p, i, i, i, i, i, l, p, p, p, p, p, p, p],
+            ),
+            ("epb_csum", vec![p, i, i, i, i, l, p, p, p, p]),
+            ("epb_crecv", vec![p, i, i, l, p, p]),
+            ("epb_rowhash", vec![p, l, l, p]),
+        ];
+        let all = kernels(EP_BASELINE_KERNELS);
+        assert_eq!(all.len(), launches.len());
+        for (name, want) in &launches {
+            let (_, list) = all
+                .iter()
+                .find(|k| k.0 == *name)
+                .unwrap_or_else(|| panic!("kernel {name} not declared"));
+            assert_eq!(&param_types(list), want, "{name}");
+        }
+        // The module the baseline loads is the library's MoE source, then these kernels.
+        assert!(kernel_source().starts_with(EP_KERNELS));
+        assert!(kernel_source().ends_with(EP_BASELINE_KERNELS));
+        assert!(kernels(EP_KERNELS).iter().all(|k| !k.0.starts_with("epb_")));
+    }
+
     #[test]
     fn reference_counts_and_hashes() {
         // 2 PEs, 4 experts, 2 tokens, k = 2: PE 0 sends token 0 to experts 0, 3; token 1 to 1.
