@@ -165,6 +165,7 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
 /// check on any PE is an error on that PE. `settings.ep_breakdown` (`RSHMEM_EP_BREAKDOWN`)
 /// adds per-kernel times and clock stamps on stderr.
 pub fn ep_bench(pe: &Pe, args: &EpBenchArgs, settings: &Settings) -> Result<Vec<EpBenchRecord>> {
+    use crate::ep_check as ck;
     use baseline::{self as eb, NcclBase};
     use rshmem::bf16 as Bf16;
     let g = CudaPe::new(pe)?;
@@ -234,12 +235,12 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs, settings: &Settings) -> Result<Vec<
             .max()
             .unwrap_or(1)
             .max(1);
-        let reference = eb::reference(&routes, me, t, h, k, e);
+        let reference = ck::reference(&routes, me, t, h, k, e);
         let x = pe.alloc_aligned::<Bf16>((t * h).max(1), 256)?;
         let ids = pe.alloc::<i32>((t * k).max(1))?;
         let w = pe.alloc::<f32>((t * k).max(1))?;
         let hashes = pe.alloc::<u64>(rows_cap.max(n * t).max(t).max(1))?;
-        let xs: Vec<Bf16> = (0..t * h).map(|i| eb::x_val(me, i)).collect();
+        let xs: Vec<Bf16> = (0..t * h).map(|i| ck::x_val(me, i)).collect();
         pe.local_write(&x, 0, &xs)?;
         pe.local_write(&ids, 0, &routes[me].0)?;
         pe.local_write(&w, 0, &routes[me].1)?;
@@ -255,14 +256,14 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs, settings: &Settings) -> Result<Vec<
                 s.synchronize()?;
                 let off = b.offsets(pe)?;
                 let rows = off.last().copied().unwrap_or(0).min(rows_cap);
-                let hs = eb::row_hashes(pe, &g, &s, &kernels, &b.ex, rows, h, &hashes, grid)?;
-                if let Err(m) = eb::check_dispatch("nccl baseline dispatch", &off, &hs, &reference)
+                let hs = ck::row_hashes(pe, &g, &s, &kernels, &b.ex, rows, h, &hashes, grid)?;
+                if let Err(m) = ck::check_dispatch("nccl baseline dispatch", &off, &hs, &reference)
                 {
                     bad.push(format!("T={t}: {m}"));
                 }
                 base_c = time_stream(&g, &s, args.iters, || b.combine(&g, &s))?;
-                let hs = eb::row_hashes(pe, &g, &s, &kernels, &b.out, t, h, &hashes, grid)?;
-                if let Err(m) = eb::check_combine("nccl baseline combine", &hs, &reference) {
+                let hs = ck::row_hashes(pe, &g, &s, &kernels, &b.out, t, h, &hashes, grid)?;
+                if let Err(m) = ck::check_combine("nccl baseline combine", &hs, &reference) {
                     bad.push(format!("T={t}: {m}"));
                 }
                 Ok(())
@@ -341,7 +342,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs, settings: &Settings) -> Result<Vec<
                 let dispatch_hashes = if tokens {
                     let recv_rows = buf.recv_rows();
                     let hs =
-                        eb::row_hashes(pe, &g, &s, &kernels, &yin, recv_rows, h, &hashes, grid)?;
+                        ck::row_hashes(pe, &g, &s, &kernels, &yin, recv_rows, h, &hashes, grid)?;
                     let index = buf.expert_src()?;
                     let src = pe.local_vec(&index.slice(..rows.min(buf.max_rows()))?)?;
                     src.iter()
@@ -349,7 +350,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs, settings: &Settings) -> Result<Vec<
                         .collect()
                 } else {
                     let rows = rows.min(rows_cap);
-                    Some(eb::row_hashes(
+                    Some(ck::row_hashes(
                         pe, &g, &s, &kernels, &yin, rows, h, &hashes, grid,
                     )?)
                 };
@@ -360,22 +361,22 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs, settings: &Settings) -> Result<Vec<
                     )),
                     Some(hs) => {
                         if let Err(m) =
-                            eb::check_dispatch(&what, &hh.expert_offsets, &hs, &reference)
+                            ck::check_dispatch(&what, &hh.expert_offsets, &hs, &reference)
                         {
                             bad.push(format!("T={t}: {m}"));
                         }
                     }
                 }
                 let want = if tokens {
-                    eb::Reference {
-                        out_hash: eb::reference_token_combine(&routes, me, t, h, k, e),
+                    ck::Reference {
+                        out_hash: ck::reference_token_combine(&routes, me, t, h, k, e),
                         ..reference.clone()
                     }
                 } else {
                     reference.clone()
                 };
-                let hs = eb::row_hashes(pe, &g, &s, &kernels, &y, t, h, &hashes, grid)?;
-                if let Err(m) = eb::check_combine(&format!("rshmem combine ({name})"), &hs, &want) {
+                let hs = ck::row_hashes(pe, &g, &s, &kernels, &y, t, h, &hashes, grid)?;
+                if let Err(m) = ck::check_combine(&format!("rshmem combine ({name})"), &hs, &want) {
                     bad.push(format!("T={t}: {m}"));
                 }
                 pe.barrier_all()?;

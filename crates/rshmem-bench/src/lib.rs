@@ -21,6 +21,7 @@ pub mod coll;
 pub mod coll_cuda;
 pub mod ep;
 pub mod ep_baseline;
+mod ep_check;
 pub mod ep_cuda;
 pub mod nccl;
 pub mod p2p;
