@@ -42,6 +42,11 @@ fn compile(arch: &str) -> perf::CliResult<()> {
     for (name, bytes) in rshmem::cuda::precompile(arch)? {
         println!("{name}: {bytes} bytes ({arch})");
     }
+    // The benchmarks' own kernels (`rshmem perf`).
+    let settings = rshmem_bench::Settings::from_env()?;
+    for (name, bytes) in rshmem_bench::precompile(arch, &settings)? {
+        println!("{name}: {bytes} bytes ({arch})");
+    }
     Ok(())
 }
 

@@ -128,8 +128,9 @@ fn bad_arguments_fail_cleanly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("RSHMEM_TIMEOUT"));
 }
 
-/// `rshmem compile` fills the kernel cache with every module rshmem loads (8: internal,
-/// collectives, 6 MoE variants), each a non-empty cubin named for its architecture; a second
+/// `rshmem compile` fills the kernel cache with every module rshmem loads (10: internal,
+/// collectives, 6 MoE variants, and rshmem-bench's point-to-point kernels and MoE baseline),
+/// each a non-empty cubin named for its architecture; a second
 /// run finds them all there and adds none. Needs NVRTC (CI has it; elsewhere it says so).
 #[test]
 fn compile_fills_the_kernel_cache() {
@@ -139,6 +140,7 @@ fn compile_fills_the_kernel_cache() {
             .args(["compile", "--arch", "sm_90"])
             .env("RSHMEM_CACHE_DIR", &dir)
             .env_remove("RSHMEM_CUDA_COLL_NVRTC_OPTS")
+            .env_remove("RSHMEM_BENCH_NVRTC_OPTS")
             .output()
             .unwrap()
     };
@@ -150,12 +152,14 @@ fn compile_fills_the_kernel_cache() {
     }
     assert!(out.status.success(), "{err}");
     let s = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(s.lines().count(), 8, "{s}");
+    assert_eq!(s.lines().count(), 10, "{s}");
     for m in [
         "internal:",
         "coll:",
         "ep (bfloat16, int32):",
         "ep (half, int64):",
+        "bench p2p:",
+        "bench ep baseline (bf16, i32):",
     ] {
         assert!(s.lines().any(|l| l.starts_with(m)), "{m} missing: {s}");
     }
@@ -172,7 +176,7 @@ fn compile_fills_the_kernel_cache() {
         v
     };
     let first = files();
-    assert_eq!(first.len(), 8, "{first:?}");
+    assert_eq!(first.len(), 10, "{first:?}");
     assert!(first
         .iter()
         .all(|(n, len)| n.ends_with("-sm_90.cubin") && *len > 0));

@@ -6,18 +6,19 @@
 
 use crate::error::Result;
 
-// The backend: stream-ordered and device-initiated operations, kernels, facts, benchmarks.
+// The backend: stream-ordered and device-initiated operations, kernels, events, facts.
 pub use crate::backend::cuda::nvrtc;
 pub use crate::backend::cuda::{info, GpuInfo, Info};
-pub use crate::device::{bench, nccl};
-pub use crate::device::{BenchRecord, CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
+pub use crate::device::{
+    ContextGuard, CudaPe, DeviceTeam, Event, Graph, Kernel, KernelArg, Stream,
+};
 // The collectives on GPUs.
 pub use crate::coll::cuda::{
-    coll_bench, coll_kernel_names, default_ll_sizes, CollBenchRecord, CollPath, CollTuning,
-    DeviceCounts, GpuColl, LlSizes, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES,
-    COLL_KERNELS, COLL_LL_A2A_BYTES, COLL_LL_BYTES, COLL_PULL_A2A_BYTES,
-    COLL_PULL_ALL_REDUCE_BYTES, COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES,
-    COLL_PULL_RS_BYTES, COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
+    coll_kernel_names, default_ll_sizes, CollPath, CollTuning, DeviceCounts, GpuColl, LlSizes,
+    PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_KERNELS, COLL_LL_A2A_BYTES,
+    COLL_LL_BYTES, COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES,
+    COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES, COLL_PULL_RS_BYTES,
+    COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
     COLL_TWO_SHOT_PULL_PAIR_BYTES, LL_MAX_MEMBERS, WRONG_RESULT_SWITCHES,
 };
 // MoE dispatch/combine on GPUs.

@@ -4,9 +4,7 @@
 #[path = "harness/mod.rs"]
 mod harness;
 
-use rshmem::ep::{
-    bench, BenchArgs, Dispatched, EpConfig, EpMode, HostBuffer, Layout, RecvLayout, TopkId,
-};
+use rshmem::ep::{Dispatched, EpConfig, EpMode, HostBuffer, Layout, RecvLayout, TopkId};
 use rshmem::{bf16, Elem, Error, Pe, Result};
 
 const MAX_T: usize = 24;
@@ -1033,37 +1031,6 @@ fn capacity(pe: &Pe) -> Result<()> {
     pe.free(buf)
 }
 mode_test!(capturable_overflow_is_an_error, [1, 2, 3, 4], capacity);
-
-// ----- benchmark entry point (tiny; checks its baseline agrees, no timing asserts) -----
-
-fn bench_small(pe: &Pe) -> Result<()> {
-    let n = pe.n_pes();
-    let modes = [EpMode::Normal, EpMode::Capturable { capacity: 16 }];
-    let layouts = [RecvLayout::ExpertMajor, RecvLayout::TokenMajor];
-    for (mode, layout) in modes.into_iter().flat_map(|m| layouts.map(|l| (m, l))) {
-        let args = BenchArgs {
-            tokens: 16,
-            hidden: 8,
-            top_k: 3,
-            num_experts: 2 * n.max(2),
-            warmup: 0,
-            iters: 2,
-            seed: 3,
-            mode,
-            layout,
-        };
-        let r = bench::<bf16>(pe, &args)?;
-        assert!(r.dispatch_s > 0.0 && r.combine_s > 0.0);
-        assert!(r.a2av_dispatch_s > 0.0 && r.a2av_combine_s > 0.0);
-        if n == 1 {
-            assert_eq!((r.dispatch_bytes, r.combine_bytes), (0, 0));
-        } else {
-            assert!(r.dispatch_bytes > 0 && r.dispatch_bytes % (8 * 2) == 0);
-        }
-    }
-    Ok(())
-}
-mode_test!(bench_entry_point_runs, [1, 2, 3], bench_small);
 
 // ----- a peer that dies mid-step: the others end in an error, they do not hang -----
 

@@ -1,12 +1,13 @@
-//! Collectives on the CPU backend (`rshmem::coll::bench`), nccl-tests style: time, algbw and
+//! Collectives on the CPU backend (`rshmem_bench::coll`), nccl-tests style: time, algbw and
 //! busbw of each collective beside the same-run `memcpy` of the same bytes.
 
 use super::measure::{self, calibrate, median, sample, AlignedBuf, Timing};
 use super::record::Record;
 use super::suite::{CliResult, MEMCPY_NAME};
 use indicatif::ProgressBar;
-use rshmem::coll::{bench, Coll, CollConfig, CollKind};
+use rshmem::coll::{Coll, CollConfig, CollKind};
 use rshmem::Pe;
+use rshmem_bench::coll as bench;
 
 /// The collectives measured, in report order.
 pub const KINDS: [CollKind; 5] = [

@@ -29,7 +29,7 @@ pub(super) fn cuda_pes(args: &PerfArgs, gpus: usize) -> CliResult<usize> {
     Ok(n)
 }
 
-/// The CUDA suites (`rshmem::cuda::bench`, `coll_bench`, `ep::ep_bench`; `--gpus` thread-PEs,
+/// The CUDA suites (`rshmem_bench::p2p`, `coll_cuda`, `ep_cuda`; `--gpus` thread-PEs,
 /// default 2, one per GPU), as perf records.
 pub(super) fn run_cuda(
     args: &PerfArgs,
@@ -38,6 +38,8 @@ pub(super) fn run_cuda(
 ) -> CliResult<Vec<Record>> {
     let full = args.full;
     let pes = cuda_pes(args, gpus)?;
+    // The benchmarks' RSHMEM_BENCH_* / RSHMEM_EP_BREAKDOWN, read once here.
+    let settings = rshmem_bench::Settings::from_env()?;
     let max = args
         .max_size
         .unwrap_or(if full { 1 << 30 } else { 64 << 20 });
@@ -92,7 +94,9 @@ pub(super) fn run_cuda(
                 let per_pe = rshmem::Launch::new()
                     .config(config.clone().devices(vec![a, b]))
                     .threads()
-                    .run(2, |pe| rshmem::cuda::bench(pe, &sizes, iters))
+                    .run(2, |pe| {
+                        rshmem_bench::p2p::bench(pe, &sizes, iters, &settings)
+                    })
                     .values()?;
                 for r in per_pe {
                     out.extend(r?.iter().map(|b2| Record {
@@ -108,7 +112,9 @@ pub(super) fn run_cuda(
         let per_pe = rshmem::Launch::new()
             .config(config.clone())
             .threads()
-            .run(pes, |pe| rshmem::cuda::bench(pe, &sizes, iters))
+            .run(pes, |pe| {
+                rshmem_bench::p2p::bench(pe, &sizes, iters, &settings)
+            })
             .values()?;
         for r in per_pe {
             out.extend(r?.iter().map(from_cuda));
@@ -117,7 +123,7 @@ pub(super) fn run_cuda(
     }
     if groups.contains(&SuiteArg::Ep) {
         let ep_args = cuda_ep_args(args, pes)?;
-        let heap = rshmem::cuda::ep::ep_bench_heap_bytes(&ep_args, pes)?;
+        let heap = rshmem_bench::ep_cuda::ep_bench_heap_bytes(&ep_args, pes)?;
         pb.suspend(|| eprintln!(
             "rshmem perf: CUDA MoE dispatch/combine, {pes} PEs, T={:?} H={} k={} E={}, {} calls each, heap {} per PE",
             ep_args.tokens,
@@ -131,7 +137,9 @@ pub(super) fn run_cuda(
         let per_pe = rshmem::Launch::new()
             .config(config.clone().heap_size(heap))
             .threads()
-            .run(pes, |pe| rshmem::cuda::ep::ep_bench(pe, &ep_args))
+            .run(pes, |pe| {
+                rshmem_bench::ep_cuda::ep_bench(pe, &ep_args, &settings)
+            })
             .values()?;
         for r in per_pe {
             out.extend(r?.iter().map(|b| from_cuda_ep(b, &ep_args)));
@@ -164,7 +172,9 @@ pub(super) fn run_cuda(
         let per_pe = rshmem::Launch::new()
             .config(config)
             .threads()
-            .run(pes, |pe| rshmem::cuda::coll_bench(pe, &coll_sizes, iters))
+            .run(pes, |pe| {
+                rshmem_bench::coll_cuda::coll_bench(pe, &coll_sizes, iters, &settings)
+            })
             .values()?;
         for r in per_pe {
             out.extend(r?.iter().map(from_cuda_coll));
@@ -180,9 +190,9 @@ pub(super) fn run_cuda(
 pub(super) fn cuda_ep_args(
     args: &PerfArgs,
     pes: usize,
-) -> CliResult<rshmem::cuda::ep::EpBenchArgs> {
+) -> CliResult<rshmem_bench::ep_cuda::EpBenchArgs> {
     let full = args.full;
-    let a = rshmem::cuda::ep::EpBenchArgs {
+    let a = rshmem_bench::ep_cuda::EpBenchArgs {
         tokens: if args.ep_tokens.is_empty() {
             if full {
                 vec![4096, 128]
@@ -217,8 +227,8 @@ pub(super) fn cuda_ep_args(
 /// buffer, its combine through `combine_tokens`; the PEs are threads), the
 /// baseline NCCL all-to-all-v (missing: ratio 0 and a note).
 pub(super) fn from_cuda_ep(
-    b: &rshmem::cuda::ep::EpBenchRecord,
-    a: &rshmem::cuda::ep::EpBenchArgs,
+    b: &rshmem_bench::ep_cuda::EpBenchRecord,
+    a: &rshmem_bench::ep_cuda::EpBenchArgs,
 ) -> Record {
     let mut r = Record {
         op: b.op.into(),
@@ -266,7 +276,7 @@ pub(super) fn from_cuda_ep(
 }
 
 /// A record of the CUDA collectives (NCCL baseline; missing baseline: ratio 0 and a note).
-pub(super) fn from_cuda_coll(b: &rshmem::cuda::CollBenchRecord) -> Record {
+pub(super) fn from_cuda_coll(b: &rshmem_bench::coll_cuda::CollBenchRecord) -> Record {
     Record {
         op: b.op.into(),
         api: "stream".into(),
@@ -293,7 +303,7 @@ pub(super) fn from_cuda_coll(b: &rshmem::cuda::CollBenchRecord) -> Record {
 }
 
 /// A record of the CUDA suite as a perf record (same fields; no baseline: ratio 0).
-pub(super) fn from_cuda(b: &rshmem::cuda::BenchRecord) -> Record {
+pub(super) fn from_cuda(b: &rshmem_bench::p2p::BenchRecord) -> Record {
     let mut r = Record {
         op: b.op.into(),
         api: b.api.into(),

@@ -1,10 +1,11 @@
-//! MoE dispatch/combine on the CPU backend (`rshmem::ep::bench`) beside the same-run
+//! MoE dispatch/combine on the CPU backend (`rshmem_bench::ep`) beside the same-run
 //! all-to-all-v baseline.
 
 use super::record::Record;
 use super::suite::CliResult;
-use rshmem::ep::{bench, BenchArgs, EpConfig, EpMode, HostBuffer, RecvLayout};
+use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
 use rshmem::{bf16, Pe};
+use rshmem_bench::ep::{bench, BenchArgs};
 
 /// What to measure (bf16 hidden states, identity experts, random routing).
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]

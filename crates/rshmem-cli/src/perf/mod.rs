@@ -627,7 +627,7 @@ mod tests {
 
     #[test]
     fn cuda_records_convert() {
-        let b = rshmem::cuda::BenchRecord {
+        let b = rshmem_bench::p2p::BenchRecord {
             op: "device_put",
             api: "device",
             backend: "cuda",
@@ -654,7 +654,7 @@ mod tests {
         assert_eq!((r.pes, r.bytes, r.iters), (2, 1 << 20, 100));
         assert_eq!(r.kind(), record::Kind::Bandwidth);
         assert!((r.gbps - b.gbps).abs() < 1e-9 && (r.ratio - 1.25).abs() < 1e-12);
-        let bar = rshmem::cuda::BenchRecord {
+        let bar = rshmem_bench::p2p::BenchRecord {
             op: "device_barrier",
             bytes: 0,
             baseline: "none",
@@ -672,8 +672,8 @@ mod tests {
 
     #[test]
     fn cuda_ep_records_convert() {
-        let a = rshmem::cuda::ep::EpBenchArgs::default();
-        let b = rshmem::cuda::ep::EpBenchRecord {
+        let a = rshmem_bench::ep_cuda::EpBenchArgs::default();
+        let b = rshmem_bench::ep_cuda::EpBenchRecord {
             op: "ep_dispatch",
             api: "device",
             backend: "cuda",
@@ -684,7 +684,7 @@ mod tests {
             iters: 20,
             time_us: 200.0,
             gbps: 290.0,
-            baseline: rshmem::cuda::ep::EP_BASELINE.into(),
+            baseline: rshmem_bench::ep_cuda::EP_BASELINE.into(),
             baseline_note: None,
             baseline_time_us: 500.0,
             ratio: 2.5,
@@ -696,7 +696,7 @@ mod tests {
         );
         assert!((r.gbps - 290.0).abs() < 1e-9 && (r.ratio - 2.5).abs() < 1e-12);
         assert!(r.note.contains("T=4096 H=7168 k=8 E=256") && r.note.contains("graph"));
-        let missing = rshmem::cuda::ep::EpBenchRecord {
+        let missing = rshmem_bench::ep_cuda::EpBenchRecord {
             baseline_note: Some("PEs share a GPU".into()),
             baseline_time_us: 0.0,
             ratio: 0.0,

@@ -62,7 +62,6 @@
 //! team (the world), so it cannot run out; collectives on different teams share it safely
 //! because every call synchronises its team before it writes and after its last read.
 
-pub mod bench;
 pub(crate) mod cuda;
 mod host;
 pub mod plan;

@@ -1,10 +1,9 @@
 //! The public CUDA API: stream-ordered operations, CUDA graphs, and kernels compiled by NVRTC
 //! with the rshmem device header.
 
-pub mod bench;
-pub mod nccl;
+mod event;
 
-pub use bench::{bench, BenchRecord};
+pub use event::{ContextGuard, Event};
 
 use crate::backend::cuda::gpu::{self, Func, Module, RawStream};
 use crate::backend::cuda::{ffi, nvrtc, set_state, CudaBackend};

@@ -43,8 +43,11 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// True when both handles describe the same routing (ignoring which buffer and call made them).
-    pub(crate) fn same_routing(&self, o: &Handle) -> bool {
+    /// True when both handles describe the same routing (ignoring which buffer and call made
+    /// them). A benchmark hook, not part of the supported API.
+    // for rshmem-bench: checks its all-to-all-v baseline against dispatch.
+    #[doc(hidden)]
+    pub fn same_routing(&self, o: &Handle) -> bool {
         let mut a = self.clone();
         a.buffer_id = o.buffer_id;
         a.epoch = o.epoch;

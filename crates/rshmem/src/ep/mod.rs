@@ -93,14 +93,12 @@
 //! }
 //! ```
 
-mod bench;
 #[doc(hidden)]
 pub mod cuda;
 mod handle;
 mod host;
 mod layout;
 
-pub use bench::{bench, BenchArgs, BenchReport};
 pub use handle::{Dispatched, Handle};
 pub use host::HostBuffer;
 pub use layout::Layout;

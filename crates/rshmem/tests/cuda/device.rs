@@ -241,51 +241,6 @@ pub(crate) fn device_api(pe: &Pe) -> Result<()> {
         "PE {me}: all-SM put wrong"
     );
     pe.barrier_all()?;
-    // The benchmark copies, block scope by SM and bulk (TMA), put then get, sizes a multiple
-    // of 16 but not of the bulk stage: each block a contiguous share (piece 0), or pieces of
-    // 64 KiB taken by the blocks in turn (the last one short).
-    let nb = (8usize << 20) + 48;
-    let kernels = [
-        ("rshmemi_bench_put", false),
-        ("rshmemi_bench_get", true),
-        ("rshmemi_bench_put_bulk", false),
-        ("rshmemi_bench_get_bulk", true),
-    ];
-    for (name, get) in kernels {
-        let k = g.kernel(cuda::nvrtc::INTERNAL_KERNELS, name, &[])?;
-        for piece in [0u64, 64 << 10] {
-            pe.local_fill(&bdst, 0)?;
-            pe.barrier_all()?;
-            let args = [
-                g.arg(&bdst)?,
-                g.arg(&bsrc)?,
-                KernelArg::U64(nb as u64),
-                KernelArg::I32(next as i32),
-                KernelArg::U64(piece),
-            ];
-            let threads = if name.ends_with("bulk") { 32 } else { 256 };
-            // SAFETY: rshmemi_bench_{put,get}{,_bulk}(char*, const char*, u64, int, u64);
-            // nb bytes fit; pieces a multiple of the bulk stage.
-            unsafe { g.launch(&k, &s, 7, threads, 0, &args)? };
-            s.synchronize()?;
-            pe.barrier_all()?;
-            let got = pe.local_vec(&bdst)?;
-            let w = nb / 8;
-            // put: the previous PE's data arrived here; get: the next PE's source was read.
-            assert!(
-                got[..w]
-                    .iter()
-                    .enumerate()
-                    .all(from(if get { next } else { prev })),
-                "PE {me}: {name} (pieces {piece}) wrong"
-            );
-            assert!(
-                got[w..].iter().all(|&x| x == 0),
-                "PE {me}: {name} (pieces {piece}) wrote past the end"
-            );
-            pe.barrier_all()?;
-        }
-    }
     // Bad inputs on the device side.
     let t3 = pe.team_split(pe.world_team(), Some(0), -(me as i64))?;
     if let Some(t) = t3 {

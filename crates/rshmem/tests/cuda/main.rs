@@ -679,40 +679,6 @@ fn gpu_device_error_is_taken_once() {
     });
 }
 
-#[test]
-#[ignore = "needs a GPU"]
-fn gpu_bench_report() {
-    let sizes: Vec<usize> = std::env::var("RSHMEM_BENCH_MAX")
-        .ok()
-        .and_then(|v| rshmem::config::parse_size(&v))
-        .map(|m| {
-            let mut v = vec![];
-            let mut s = 4096;
-            while s <= m {
-                v.push(s);
-                s *= 4;
-            }
-            v
-        })
-        .unwrap_or_else(|| vec![4096, 1 << 20]);
-    let max = *sizes.iter().max().unwrap();
-    let cfg = gpu_config(HeapKind::Static).heap_size(2 * max + (64 << 20));
-    let _gpu = harness::gpu_world();
-    let r = rshmem::Launch::new()
-        .config(cfg)
-        .threads()
-        .run(2, |pe| cuda::bench(pe, &sizes, 20000))
-        .values()
-        .expect("world");
-    for rec in r.into_iter().next().unwrap().unwrap() {
-        println!(
-            "BENCH {} bytes={} time_us={:.3} gbps={:.1} baseline={} baseline_us={:.3} ratio={:.3}",
-            rec.op, rec.bytes, rec.time_us, rec.gbps, rec.baseline, rec.baseline_time_us, rec.ratio
-        );
-        assert!(rec.time_us > 0.0);
-    }
-}
-
 // ---------- processes and mixed mode ----------
 //
 // The bodies above again, as 2 launched processes (TCP bootstrap) and as 2 processes of 2

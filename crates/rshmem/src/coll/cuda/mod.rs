@@ -5,11 +5,10 @@
 //! the path of a call (LL, pull, push, two-shot, chain) and launches the LL-handshake kernels;
 //! `exec` runs the host collectives' plans on the GPU (barrier, copy and reduce kernels);
 //! `sig` the call signatures every member's call is checked against; `ll` the LL and pull
-//! paths' constants and area; `tuning` the typed tuning ([`CollTuning`]); `bench` the
-//! benchmark against NCCL; `kernels/` the CUDA sources, one file per family over shared
-//! headers, assembled into one module ([`COLL_KERNELS`]).
+//! paths' constants and area; `tuning` the typed tuning ([`CollTuning`]); `kernels/` the CUDA
+//! sources, one file per family over shared headers, assembled into one module
+//! ([`COLL_KERNELS`]). The benchmark against NCCL is the `rshmem-bench` crate's.
 
-mod bench;
 mod exec;
 mod ll;
 mod paths;
@@ -18,7 +17,6 @@ mod sig;
 mod tests;
 mod tuning;
 
-pub use bench::{coll_bench, CollBenchRecord};
 pub use ll::{default_ll_sizes, LlSizes, COLL_LL_A2A_BYTES, COLL_LL_BYTES, LL_MAX_MEMBERS};
 pub use paths::CollPath;
 pub use sig::coll_kernel_names;

@@ -43,8 +43,13 @@ impl<T: Elem> GpuBuffer<T> {
         self.combine_marked(pe, s, handle, y, out, true, &mut || Ok(()))
     }
 
+    // for rshmem-bench: its RSHMEM_EP_BREAKDOWN timeline (events between the kernels).
+    /// [`combine`](Self::combine) (`tokens` false) or [`combine_tokens`](Self::combine_tokens)
+    /// (`tokens` true) calling `mark` after each kernel launch (for timelines). A benchmark
+    /// hook, not part of the supported API.
+    #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn combine_marked(
+    pub fn combine_marked(
         &self,
         pe: &Pe,
         s: &Stream,

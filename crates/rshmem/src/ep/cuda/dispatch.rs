@@ -81,9 +81,12 @@ impl<T: Elem> GpuBuffer<T> {
         self.dispatch_marked(pe, s, x, topk_ids, topk_weights, top_k, &mut || Ok(()))
     }
 
+    // for rshmem-bench: its RSHMEM_EP_BREAKDOWN timeline (events between the kernels).
     /// [`dispatch`](Self::dispatch) calling `mark` after each kernel launch (for timelines).
+    /// A benchmark hook, not part of the supported API.
+    #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn dispatch_marked<I: TopkId + Elem>(
+    pub fn dispatch_marked<I: TopkId + Elem>(
         &self,
         pe: &Pe,
         s: &Stream,

@@ -179,17 +179,16 @@
 //! # Status
 //! Run on 2x H200 (one PE per GPU, and 4 thread-PEs on the 2 GPUs), on 4x H200 and on one GPU
 //! shared by the PEs: as threads, as processes and mixed (`tests/cuda_ep.rs`, 30 tests).
-//! [`ep_bench`] measures beside the same-run NCCL all-to-all-v baseline (`baseline.rs`; missing
-//! where PEs share a GPU or NCCL is absent) and checks both paths' data;
-//! `RSHMEM_EP_BREAKDOWN=1` makes it print per-kernel times (stream events between launches).
+//! The `rshmem-bench` crate measures it beside a same-run NCCL all-to-all-v baseline (missing
+//! where PEs share a GPU or NCCL is absent) and checks both paths' data; with
+//! `RSHMEM_EP_BREAKDOWN=1` it prints per-kernel times through hooks kept for it alone
+//! (`GpuBuffer::dispatch_marked`, `combine_marked`, `stamps`, `grid`: hidden from the docs).
 //!
 //! # GpuBuffer sizing (bytes per PE, [`GpuBuffer::bytes_for`])
 //! `n*C*H*s` receive rows + `n*C*(1+2k)*4` row records + `2*n*C*H*s` combine rows +
 //! `n*C*k*H*s` expert-major rows (none for [`RecvLayout::TokenMajor`]) + small bookkeeping
 //! (`s` = element size).
 
-mod baseline;
-mod bench;
 mod check;
 mod combine;
 mod dispatch;
@@ -208,9 +207,6 @@ use crate::team::Team;
 use crate::Pe;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use bench::{
-    bench_routing, ep_bench, ep_bench_heap_bytes, EpBenchArgs, EpBenchRecord, EP_BASELINE,
-};
 use params::{param_words, plan, readback_len, Plan, PARAM_WORDS};
 pub use tuning::{EpTuning, EP_WRONG_RESULT_SWITCHES};
 
@@ -234,14 +230,12 @@ pub const EP_KERNELS: &str = concat!(
     include_str!("kernels/combine.cu"),
     // The split combine: ep_csplit.
     include_str!("kernels/split.cu"),
-    // The source side's sum (ep_sum_rows, shared with the baseline) and ep_crecv.
+    // The source side's sum (ep_sum_rows; rshmem-bench's baseline uses it too) and ep_crecv.
     include_str!("kernels/crecv.cu"),
     // The pull combine of combine_tokens: ep_cready, ep_cpull, ep_cdone, ep_ccopy.
     include_str!("kernels/pull.cu"),
     // The stand-in expert computation: ep_scale_experts.
     include_str!("kernels/experts.cu"),
-    // The benchmark's NCCL baseline (baseline.rs): epb_* kernels.
-    include_str!("kernels/baseline.cu"),
 );
 
 /// Most blocks of the grid kernels. Their grid is one block per SM (512 threads, up to 128
@@ -730,6 +724,22 @@ impl<T: Elem> GpuBuffer<T> {
 
     fn view<U: Elem>(&self, off: usize, len: usize) -> Result<SymView<'_, U>> {
         self.area.view(off, len)
+    }
+
+    // for rshmem-bench: its RSHMEM_EP_BREAKDOWN timeline.
+    /// The clock stamps of the last dispatch and combine (control words 16..40, which
+    /// `kernels/common.cuh` describes; all zero unless the kernels were built with
+    /// `-DEP_STAMPS=1`). A benchmark hook, not part of the supported API.
+    #[doc(hidden)]
+    pub fn stamps(&self, pe: &Pe) -> Result<Vec<u64>> {
+        pe.local_vec(&self.view::<u64>(self.plan.ctl + 16 * 8, 24)?)
+    }
+
+    // for rshmem-bench: printed beside its per-kernel times.
+    /// Blocks of the grid kernels, agreed by the team at creation. A benchmark hook.
+    #[doc(hidden)]
+    pub fn grid(&self) -> u32 {
+        self.grid
     }
 
     /// The expert-major dispatch output area (`[max_rows, H]`; the first `rows` are valid).

@@ -240,7 +240,11 @@ impl<T: Elem> HostBuffer<T> {
     /// exchanged between barriers, payload packed per destination into a staging copy and put in
     /// one piece per destination, a barrier, then local reordering. Inputs must be valid on every
     /// PE (a benchmark baseline: an error here may leave peers waiting until the timeout).
-    pub(crate) fn dispatch_a2av<I: TopkId>(
+    /// A benchmark hook, not part of the supported API.
+    // for rshmem-bench: the host MoE benchmark's same-run baseline (it works in this buffer's
+    // areas and builds a Handle, so it stays beside them).
+    #[doc(hidden)]
+    pub fn dispatch_a2av<I: TopkId>(
         &mut self,
         pe: &Pe,
         team: &Team,
@@ -383,8 +387,10 @@ impl<T: Elem> HostBuffer<T> {
     /// [`combine_tokens`](Self::combine_tokens)), the all-to-all-v way: counts exchanged, the
     /// rows for each source packed (token, slot order; one row per token with `tokens`) and put
     /// in one piece, a barrier, then the source scatters them to their slots and reduces.
-    /// Baseline for benchmarks.
-    pub(crate) fn combine_a2av(
+    /// Baseline for benchmarks; a benchmark hook, not part of the supported API.
+    // for rshmem-bench: as dispatch_a2av.
+    #[doc(hidden)]
+    pub fn combine_a2av(
         &mut self,
         pe: &Pe,
         team: &Team,

@@ -1,9 +1,25 @@
 //! A tiny run-time binding of NCCL (`libnccl.so.2` or `libnccl.so`), the benchmarks' baseline.
 //! Absent library → [`Error::Backend`]; nothing is ever emulated.
+//!
+//! Hand-written rather than cudarc's `nccl` module (cudarc 0.19, the workspace's): cudarc's
+//! dynamic loading looks for `libnccl.so` and `libnccl.so.<CUDA major>` (13, 12, ...), never
+//! `libnccl.so.2`, the only name NCCL's runtime packages install (pip `nvidia-nccl-cu*`,
+//! Debian's `libnccl2`); and it panics where the library or a symbol is missing, where the
+//! benchmarks report the baseline missing with the reason. Its safe layer works on cudarc's
+//! own contexts, streams and slices, while the benchmarks hold rshmem streams and symmetric
+//! addresses.
 
-use crate::backend::cuda::ffi;
-use crate::error::{Error, Result};
+use rshmem::cuda::CudaPe;
+use rshmem::{Error, Pe, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
+
+/// A CUDA backend error (what NCCL failures and failed data checks are reported as).
+pub(crate) fn err(msg: impl Into<String>) -> Error {
+    Error::Backend {
+        backend: "cuda",
+        msg: msg.into(),
+    }
+}
 
 /// `ncclUniqueId`.
 #[repr(C)]
@@ -85,7 +101,7 @@ impl std::fmt::Debug for Nccl {
 }
 
 fn missing(msg: String) -> Error {
-    ffi::err(format!("NCCL unavailable: {msg}"))
+    err(format!("NCCL unavailable: {msg}"))
 }
 
 impl Nccl {
@@ -136,7 +152,7 @@ impl Nccl {
         let s = unsafe { CStr::from_ptr((self.error_string)(r)) }
             .to_string_lossy()
             .into_owned();
-        Err(ffi::err(format!("{what} failed: NCCL error {r}: {s}")))
+        Err(err(format!("{what} failed: NCCL error {r}: {s}")))
     }
 
     /// `ncclGetUniqueId`.
@@ -381,8 +397,8 @@ impl NcclComm<'_> {
 /// `Ok((None, why))` when the baseline cannot run (NCCL missing somewhere, or PEs sharing a
 /// GPU: NCCL needs one GPU per rank).
 pub fn world_comm<'a>(
-    pe: &crate::Pe,
-    g: &super::CudaPe<'_>,
+    pe: &Pe,
+    g: &CudaPe<'_>,
     lib: &'a Result<Nccl>,
 ) -> Result<(Option<NcclComm<'a>>, Option<String>)> {
     let n = pe.n_pes();
@@ -424,8 +440,8 @@ pub fn world_comm<'a>(
             pe.barrier_all()?;
             let mut id = [0u8; 128];
             pe.get(&idsym, 0, &mut id, 0)?;
-            let gpu = crate::backend::cuda::gpu::gpu(g.device())?;
-            let _b = gpu.bind()?;
+            // ncclCommInitRank joins the current device.
+            let _ctx = g.make_current()?;
             nc.comm(n, UniqueId(id), me).map(Some)
         })(),
         _ => pe.barrier_all().map(|_| None),

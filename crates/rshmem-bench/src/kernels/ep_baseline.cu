@@ -1,4 +1,5 @@
-// ----- The benchmark's same-run baseline (cuda::ep::ep_bench): dispatch and combine through
+// ----- rshmem-bench's same-run MoE baseline (ep_cuda.rs, ep_baseline.rs), compiled after the library's
+// MoE kernels (EP_KERNELS: it uses their types and helpers): dispatch and combine through
 // NCCL all-to-all-v on plain per-PE buffers (no peer access). C = T rows per (source,
 // destination); counts per destination: [tokens, (token, slot) pairs per local expert of the
 // destination] = 1 + El ints. The host exchanges them with an NCCL all-to-all, reads them, then
@@ -191,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(512) epb_crecv(const int* tok_pos, 
 }
 
 // Row checksums (the benchmark's data checks): h[r] = sum over i of mix(bits of element i, i)
-// mod 2^64, one warp per row. The host computes the same (ep.rs, row_hash).
+// mod 2^64, one warp per row. The host computes the same (ep_baseline.rs, row_hash).
 __device__ __forceinline__ unsigned long long ep_mix(unsigned long long b, unsigned long long i) {
     unsigned long long z = (b << 32) ^ i;
     z *= 0x9E3779B97F4A7C15ull;

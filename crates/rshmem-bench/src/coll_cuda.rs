@@ -1,14 +1,13 @@
 //! Benchmarks of the stream-ordered collectives ([`GpuColl`]) against NCCL on the same
 //! buffers in the same run (nccl-tests conventions).
 
-use super::GpuColl;
-use crate::coll::bench::bus_factor;
-use crate::coll::{CollConfig, CollKind, ReduceOp};
-use crate::device::bench::{time_graph, time_stream};
-use crate::device::nccl::{self, DataType, Nccl};
-use crate::device::{CudaPe, Stream};
-use crate::error::{Error, Result};
-use crate::Pe;
+use crate::coll::bus_factor;
+use crate::nccl::{self, DataType, Nccl};
+use crate::timing::{time_graph, time_stream};
+use crate::Settings;
+use rshmem::coll::{CollConfig, CollKind, ReduceOp};
+use rshmem::cuda::{CollTuning, CudaPe, GpuColl, Stream};
+use rshmem::{Error, Pe, Result};
 
 /// One collective measurement against its NCCL baseline.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,18 +55,24 @@ const OPS: [CollKind; 5] = [
 /// buffers. Collective over the world; the heap must hold two buffers of the largest size.
 /// NCCL is loaded at run time (`libnccl.so.2`, `libnccl.so`); when it is absent, or the PEs do
 /// not have distinct GPUs (NCCL refuses duplicates), the baseline is reported missing with the
-/// reason. Returns PE 0's records (the other PEs return an empty list).
-pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenchRecord>> {
+/// reason. `settings` say which collectives ([`Settings::coll_ops`]) and how they are timed
+/// ([`Settings::graph`]). Returns PE 0's records (the other PEs return an empty list).
+pub fn coll_bench(
+    pe: &Pe,
+    sizes: &[usize],
+    iters: usize,
+    settings: &Settings,
+) -> Result<Vec<CollBenchRecord>> {
     let n = pe.n_pes();
     if n < 2 {
-        return Err(Error::invalid(
-            "the collective benchmarks need at least 2 PEs",
+        return Err(Error::InvalidArgument(
+            "the collective benchmarks need at least 2 PEs".into(),
         ));
     }
     let iters = iters.max(1);
     let g = CudaPe::new(pe)?;
     let config = CollConfig::from_env()?;
-    let coll = GpuColl::new(g, config, super::CollTuning::from_env()?)?;
+    let coll = GpuColl::new(g, config, CollTuning::from_env()?)?;
     let unit = 4 * n;
     let max = sizes.iter().copied().max().unwrap_or(0).max(unit) / unit * unit;
     let src = pe.alloc_aligned::<f32>(max / 4, 4096)?;
@@ -83,7 +88,7 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
 
     // RSHMEM_BENCH_GRAPH=1: both sides timed as replays of a captured graph of `iters` calls
     // (no host work per call), else as calls issued back to back (nccl-tests' default).
-    let graph = std::env::var("RSHMEM_BENCH_GRAPH").is_ok_and(|v| v == "1");
+    let graph = settings.graph;
     let timer = |g: &CudaPe<'_>,
                  s: &Stream,
                  iters: usize,
@@ -95,16 +100,10 @@ pub fn coll_bench(pe: &Pe, sizes: &[usize], iters: usize) -> Result<Vec<CollBenc
             time_stream(g, s, iters, f)
         }
     };
-    // RSHMEM_BENCH_COLL_OPS: the collectives to time (comma separated names), default all.
-    let only = std::env::var("RSHMEM_BENCH_COLL_OPS").unwrap_or_default();
-    let only: Vec<&str> = only
-        .split(',')
-        .map(str::trim)
-        .filter(|o| !o.is_empty())
-        .collect();
+    // RSHMEM_BENCH_COLL_OPS: the collectives to time, default all.
     let mut out = Vec::new();
     for kind in OPS {
-        if !only.is_empty() && !only.contains(&kind.name()) {
+        if !settings.times_coll(kind.name()) {
             continue;
         }
         for &size in sizes {

@@ -1,9 +1,9 @@
-//! Benchmark entry point: dispatch and combine against an all-to-all-v baseline, same run.
+//! The host MoE benchmark (CPU backend, `rshmem perf --ep`): dispatch and combine of
+//! [`HostBuffer`] against the all-to-all-v path (`HostBuffer::dispatch_a2av`, a hook the
+//! library keeps for this benchmark), same run, both paths' results compared.
 
-use super::{EpConfig, EpMode, HostBuffer, RecvLayout};
-use crate::elem::Elem;
-use crate::error::{Error, Result};
-use crate::pe::Pe;
+use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
+use rshmem::{Elem, Error, Pe, Result};
 use std::time::Instant;
 
 /// What to measure (every PE passes the same).
@@ -99,7 +99,7 @@ impl Rng {
 }
 
 /// Random routing of `tokens` tokens: `top_k` distinct experts each, random weights in (0, 1].
-pub(crate) fn random_routing(
+fn random_routing(
     seed: u64,
     tokens: usize,
     top_k: usize,
@@ -137,13 +137,15 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
     let team = pe.world_team();
     let n = team.n_pes();
     if args.top_k == 0 || args.top_k > args.num_experts {
-        return Err(Error::invalid(format!(
+        return Err(Error::InvalidArgument(format!(
             "ep bench: top_k {} must be in 1..=num_experts {}",
             args.top_k, args.num_experts
         )));
     }
     if args.iters == 0 {
-        return Err(Error::invalid("ep bench: iters must be at least 1"));
+        return Err(Error::InvalidArgument(
+            "ep bench: iters must be at least 1".into(),
+        ));
     }
     let cfg = EpConfig::new(
         args.num_experts,
@@ -207,8 +209,8 @@ pub fn bench<T: Elem>(pe: &Pe, args: &BenchArgs) -> Result<BenchReport> {
 
             if it == 0 {
                 if da.x != d.x || !da.handle.same_routing(&d.handle) || ya != y {
-                    return Err(Error::invalid(
-                        "ep bench: the all-to-all-v baseline and dispatch/combine disagree",
+                    return Err(Error::InvalidArgument(
+                        "ep bench: the all-to-all-v baseline and dispatch/combine disagree".into(),
                     ));
                 }
                 let me = team.my_pe();

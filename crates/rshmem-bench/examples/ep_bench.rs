@@ -1,14 +1,15 @@
 //! MoE dispatch/combine benchmark on the CPU backend (`rshmem perf --ep` measures the same
-//! through `rshmem::ep::bench`):
-//! `cargo run --release -p rshmem --example ep_bench -- T H K E [PES] [ITERS]`, or as a job:
+//! through `rshmem_bench::ep::bench`):
+//! `cargo run --release -p rshmem-bench --example ep_bench -- T H K E [PES] [ITERS]`, or as a job:
 //! `rshmem run -n 2 target/release/examples/ep_bench T H K E` (PES is then the job's size).
 //!
 //! Prints (PE 0), over all PEs of the world, the slowest PE's median times and the bandwidth
 //! (hidden-state bytes sent to other PEs, mean over PEs / time) of dispatch and combine, and of
 //! the all-to-all-v baseline.
 
-use rshmem::ep::{bench, BenchArgs, BenchReport, EpMode, RecvLayout};
+use rshmem::ep::{EpMode, RecvLayout};
 use rshmem::{bf16, Config, Pe};
+use rshmem_bench::ep::{bench, BenchArgs, BenchReport};
 
 /// Gathers every PE's report on PE 0 (a collective); `Some(reports)` on PE 0.
 fn gather(pe: &Pe, r: &BenchReport) -> rshmem::Result<Option<Vec<BenchReport>>> {

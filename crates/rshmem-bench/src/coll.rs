@@ -1,19 +1,18 @@
-//! A small benchmark entry point for the command-line tool: times one collective on one team.
+//! The host collectives' benchmark (CPU backend, `rshmem perf --coll`): times one collective
+//! on one team; nccl-tests' bus factors.
 //!
 //! ```
-//! use rshmem::coll::{bench, Coll, CollConfig, CollKind};
-//! let r = rshmem::Launch::new().threads().run(2, |pe| -> rshmem::Result<bench::BenchResult> {
-//!     let coll = Coll::new(pe, CollConfig::default())?;
-//!     bench::run(&coll, pe.world_team(), CollKind::AllReduce, 4096, 1, 3)
+//! use rshmem::coll::{Coll, CollConfig, CollKind};
+//! use rshmem_bench::coll;
+//! let r = rshmem::Launch::new().threads().run(2, |pe| -> rshmem::Result<coll::BenchResult> {
+//!     let c = Coll::new(pe, CollConfig::default())?;
+//!     coll::run(&c, pe.world_team(), CollKind::AllReduce, 4096, 1, 3)
 //! }).values().unwrap();
 //! assert!(r.into_iter().all(|x| x.unwrap().time_s > 0.0));
 //! ```
 
-use super::host::{AllToAllV, Coll};
-use super::plan::CollKind;
-use super::reduce::{ReduceOp, ToRoot};
-use crate::error::Result;
-use crate::team::Team;
+use rshmem::coll::{AllToAllV, Coll, CollKind, ReduceOp, ToRoot};
+use rshmem::{Result, Team};
 use std::time::Instant;
 
 /// One measurement, as seen by this PE.

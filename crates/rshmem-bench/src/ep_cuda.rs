@@ -1,16 +1,19 @@
 //! The MoE benchmark (`rshmem perf --backend cuda --ep`): dispatch and combine timed beside
-//! the same-run NCCL baseline of `baseline.rs`, with both paths' data checked.
+//! the same-run NCCL baseline of [`ep_baseline`](crate::ep_baseline), with both paths' data
+//! checked.
 
-use super::{baseline, Dispatch, GpuBuffer, MAX_GRID};
-use crate::backend::cuda::ffi::{self, cu};
-use crate::backend::cuda::gpu;
-use crate::device::bench::{time_stream, Ev};
-use crate::device::nccl;
-use crate::device::{CudaPe, Stream};
-use crate::elem::Elem;
-use crate::ep::{EpConfig, EpMode, RecvLayout};
-use crate::error::{Error, Result};
-use crate::Pe;
+use crate::ep_baseline as baseline;
+use crate::nccl;
+use crate::timing::{stage_times, time_stream};
+use crate::Settings;
+use rshmem::cuda::ep::{Dispatch, EpTuning, GpuBuffer};
+use rshmem::cuda::CudaPe;
+use rshmem::ep::{EpConfig, EpMode, RecvLayout};
+use rshmem::{Elem, Error, Pe, Result};
+
+/// Most blocks of the baseline's and the checks' grid kernels (one per SM), as the MoE
+/// kernels' grid.
+const MAX_GRID: u32 = 1024;
 
 /// One EP measurement (the `rshmem perf` JSON schema plus the token count).
 #[derive(Debug, Clone, PartialEq)]
@@ -103,7 +106,7 @@ pub fn bench_routing(pe: usize, t: usize, k: usize, e: usize) -> (Vec<i32>, Vec<
 /// With `-DEP_STAMPS=1` (RSHMEM_CUDA_EP_NVRTC_OPTS): prints the last dispatch's and combine's
 /// clock stamps (control words 16.., `kernels/common.cuh` says which); nothing when they were not compiled in.
 fn print_stamps<T: Elem>(pe: &Pe, buf: &GpuBuffer<T>, what: &str) -> Result<()> {
-    let c = pe.local_vec(&buf.view::<u64>(buf.plan.ctl + 16 * 8, 24)?)?;
+    let c = buf.stamps(pe)?;
     if c[0] == 0 {
         return Ok(());
     }
@@ -129,45 +132,6 @@ fn print_stamps<T: Elem>(pe: &Pe, buf: &GpuBuffer<T>, what: &str) -> Result<()> 
     Ok(())
 }
 
-/// Per-stage times (µs, averaged over `iters`) of calls made by `f`, which calls the mark it
-/// is given after each kernel launch.
-fn stage_times(
-    g: &CudaPe<'_>,
-    s: &Stream,
-    iters: usize,
-    mut f: impl FnMut(&mut dyn FnMut() -> Result<()>) -> Result<()>,
-) -> Result<Vec<f64>> {
-    let gpu = gpu::gpu(g.device())?;
-    let _b = gpu.bind()?;
-    let raw = s.raw() as cu::CUstream;
-    let mut sums: Vec<f64> = Vec::new();
-    for _ in 0..iters {
-        let first = Ev::new()?;
-        // SAFETY: a live event and stream of the current context.
-        ffi::check(unsafe { cu::cuEventRecord(first.0, raw) }, "cuEventRecord")?;
-        let mut evs = vec![first];
-        f(&mut || {
-            let e = Ev::new()?;
-            // SAFETY: as above.
-            ffi::check(unsafe { cu::cuEventRecord(e.0, raw) }, "cuEventRecord")?;
-            evs.push(e);
-            Ok(())
-        })?;
-        s.synchronize()?;
-        sums.resize(sums.len().max(evs.len() - 1), 0.0);
-        for i in 1..evs.len() {
-            let mut ms = 0f32;
-            // SAFETY: both events recorded and complete.
-            ffi::check(
-                unsafe { cu::cuEventElapsedTime_v2(&mut ms, evs[i - 1].0, evs[i].0) },
-                "cuEventElapsedTime",
-            )?;
-            sums[i - 1] += ms as f64 * 1e3;
-        }
-    }
-    Ok(sums.iter().map(|v| v / iters.max(1) as f64).collect())
-}
-
 /// The baseline's name in the records.
 pub const EP_BASELINE: &str = "nccl-a2av";
 
@@ -176,8 +140,8 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
     let mut most = 0usize;
     for &t in &args.tokens {
         let cfg = EpConfig::new(args.experts, t.max(1), args.hidden, args.top_k);
-        let es = std::mem::size_of::<crate::bf16>();
-        let buf = GpuBuffer::<crate::bf16>::bytes_for(&cfg, n)?;
+        let es = std::mem::size_of::<rshmem::bf16>();
+        let buf = GpuBuffer::<rshmem::bf16>::bytes_for(&cfg, n)?;
         let rows_cap = n * t * args.top_k;
         let io = 2 * t * args.hidden * es
             + 2 * t * args.top_k * 4
@@ -198,14 +162,16 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
 /// must hold [`ep_bench_heap_bytes`]. The baseline is reported missing (with the reason in
 /// `baseline`, time and ratio 0) when NCCL cannot be loaded on some PE or the PEs share a GPU
 /// (NCCL needs one GPU per rank). Returns PE 0's records (others an empty list); a failed data
-/// check on any PE is an error on that PE.
-pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
-    use crate::bf16 as Bf16;
+/// check on any PE is an error on that PE. `settings.ep_breakdown` (`RSHMEM_EP_BREAKDOWN`)
+/// adds per-kernel times and clock stamps on stderr.
+pub fn ep_bench(pe: &Pe, args: &EpBenchArgs, settings: &Settings) -> Result<Vec<EpBenchRecord>> {
+    use crate::ep_check as ck;
     use baseline::{self as eb, NcclBase};
+    use rshmem::bf16 as Bf16;
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
     let n = pe.n_pes();
-    let tuning = super::EpTuning::from_env()?;
+    let tuning = EpTuning::from_env()?;
     let me = pe.my_pe();
     let h = args.hidden;
     let k = args.top_k;
@@ -269,12 +235,12 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
             .max()
             .unwrap_or(1)
             .max(1);
-        let reference = eb::reference(&routes, me, t, h, k, e);
+        let reference = ck::reference(&routes, me, t, h, k, e);
         let x = pe.alloc_aligned::<Bf16>((t * h).max(1), 256)?;
         let ids = pe.alloc::<i32>((t * k).max(1))?;
         let w = pe.alloc::<f32>((t * k).max(1))?;
         let hashes = pe.alloc::<u64>(rows_cap.max(n * t).max(t).max(1))?;
-        let xs: Vec<Bf16> = (0..t * h).map(|i| eb::x_val(me, i)).collect();
+        let xs: Vec<Bf16> = (0..t * h).map(|i| ck::x_val(me, i)).collect();
         pe.local_write(&x, 0, &xs)?;
         pe.local_write(&ids, 0, &routes[me].0)?;
         pe.local_write(&w, 0, &routes[me].1)?;
@@ -290,14 +256,14 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 s.synchronize()?;
                 let off = b.offsets(pe)?;
                 let rows = off.last().copied().unwrap_or(0).min(rows_cap);
-                let hs = eb::row_hashes(pe, &g, &s, &kernels, &b.ex, rows, h, &hashes, grid)?;
-                if let Err(m) = eb::check_dispatch("nccl baseline dispatch", &off, &hs, &reference)
+                let hs = ck::row_hashes(pe, &g, &s, &kernels, &b.ex, rows, h, &hashes, grid)?;
+                if let Err(m) = ck::check_dispatch("nccl baseline dispatch", &off, &hs, &reference)
                 {
                     bad.push(format!("T={t}: {m}"));
                 }
                 base_c = time_stream(&g, &s, args.iters, || b.combine(&g, &s))?;
-                let hs = eb::row_hashes(pe, &g, &s, &kernels, &b.out, t, h, &hashes, grid)?;
-                if let Err(m) = eb::check_combine("nccl baseline combine", &hs, &reference) {
+                let hs = ck::row_hashes(pe, &g, &s, &kernels, &b.out, t, h, &hashes, grid)?;
+                if let Err(m) = ck::check_combine("nccl baseline combine", &hs, &reference) {
                     bad.push(format!("T={t}: {m}"));
                 }
                 Ok(())
@@ -342,7 +308,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                         last = Some(buf.dispatch(pe, &s, &x, &ids.slice(..t * k)?, &w, k)?);
                         Ok(())
                     })?;
-                    let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
+                    let d = last.ok_or_else(|| Error::InvalidArgument("no dispatch".into()))?;
                     let tc = time_stream(&g, &s, args.iters, || combine(&d, &mut || Ok(())))?;
                     (td, tc)
                 } else {
@@ -365,7 +331,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 };
                 s.synchronize()?;
                 buf.check(pe)?;
-                if me == 0 && std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
+                if me == 0 && settings.ep_breakdown {
                     // The timed calls' own stamps (no events between their kernels).
                     print_stamps(pe, &buf, &format!("T={t} {name} timed"))?;
                 }
@@ -376,15 +342,15 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                 let dispatch_hashes = if tokens {
                     let recv_rows = buf.recv_rows();
                     let hs =
-                        eb::row_hashes(pe, &g, &s, &kernels, &yin, recv_rows, h, &hashes, grid)?;
-                    let src =
-                        pe.local_vec(&buf.view::<u32>(buf.plan.row_src, rows.min(buf.plan.rmax))?)?;
+                        ck::row_hashes(pe, &g, &s, &kernels, &yin, recv_rows, h, &hashes, grid)?;
+                    let index = buf.expert_src()?;
+                    let src = pe.local_vec(&index.slice(..rows.min(buf.max_rows()))?)?;
                     src.iter()
                         .map(|&v| hs.get(v as usize / k).copied())
                         .collect()
                 } else {
                     let rows = rows.min(rows_cap);
-                    Some(eb::row_hashes(
+                    Some(ck::row_hashes(
                         pe, &g, &s, &kernels, &yin, rows, h, &hashes, grid,
                     )?)
                 };
@@ -395,26 +361,26 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                     )),
                     Some(hs) => {
                         if let Err(m) =
-                            eb::check_dispatch(&what, &hh.expert_offsets, &hs, &reference)
+                            ck::check_dispatch(&what, &hh.expert_offsets, &hs, &reference)
                         {
                             bad.push(format!("T={t}: {m}"));
                         }
                     }
                 }
                 let want = if tokens {
-                    eb::Reference {
-                        out_hash: eb::reference_token_combine(&routes, me, t, h, k, e),
+                    ck::Reference {
+                        out_hash: ck::reference_token_combine(&routes, me, t, h, k, e),
                         ..reference.clone()
                     }
                 } else {
                     reference.clone()
                 };
-                let hs = eb::row_hashes(pe, &g, &s, &kernels, &y, t, h, &hashes, grid)?;
-                if let Err(m) = eb::check_combine(&format!("rshmem combine ({name})"), &hs, &want) {
+                let hs = ck::row_hashes(pe, &g, &s, &kernels, &y, t, h, &hashes, grid)?;
+                if let Err(m) = ck::check_combine(&format!("rshmem combine ({name})"), &hs, &want) {
                     bad.push(format!("T={t}: {m}"));
                 }
                 pe.barrier_all()?;
-                if std::env::var_os("RSHMEM_EP_BREAKDOWN").is_some() {
+                if settings.ep_breakdown {
                     let mut last = None;
                     let dt = stage_times(&g, &s, args.iters, |m| {
                         last = Some(buf.dispatch_marked(
@@ -428,14 +394,14 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
                         )?);
                         Ok(())
                     })?;
-                    let d = last.ok_or_else(|| Error::invalid("no dispatch"))?;
+                    let d = last.ok_or_else(|| Error::InvalidArgument("no dispatch".into()))?;
                     let ct = stage_times(&g, &s, args.iters, |m| combine(&d, m))?;
                     if me == 0 {
                         print_stamps(pe, &buf, &format!("T={t} {name} marked"))?;
                         let last = if tokens { "index" } else { "permute" };
                         eprintln!(
                             "ep breakdown T={t} {name} grid={}: dispatch layout/send/wait/{last} {dt:.1?} us; combine csend/wait/crecv {ct:.1?} us",
-                            buf.grid
+                            buf.grid()
                         );
                     }
                     s.synchronize()?;
@@ -487,7 +453,7 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs) -> Result<Vec<EpBenchRecord>> {
         let msg = format!("ep bench: data check failed on PE {me}: {}", bad.join("; "));
         // The environment cannot build kernels that are wrong on purpose (EpTuning refuses
         // those switches), so a failed check is an error whatever the options.
-        return Err(ffi::err(msg));
+        return Err(nccl::err(msg));
     }
     Ok(if me == 0 { out } else { Vec::new() })
 }
