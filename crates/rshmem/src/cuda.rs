@@ -13,11 +13,11 @@ pub use crate::device::{bench, nccl};
 pub use crate::device::{BenchRecord, CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 // The collectives on GPUs.
 pub use crate::coll::cuda::{
-    coll_bench, coll_kernel_names, default_ll_sizes, CollBenchRecord, CollPath, CollTuning,
-    GpuColl, LlSizes, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_KERNELS,
-    COLL_LL_A2A_BYTES, COLL_LL_BYTES, COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES,
-    COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES, COLL_PULL_RS_BYTES,
-    COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
+    coll_bench, coll_kernel_names, default_ll_sizes, CallFacts, CollBenchRecord, CollPath,
+    CollTuning, GpuColl, LlSizes, PathRules, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES,
+    COLL_KERNELS, COLL_LL_A2A_BYTES, COLL_LL_BYTES, COLL_PULL_A2A_BYTES,
+    COLL_PULL_ALL_REDUCE_BYTES, COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES,
+    COLL_PULL_RS_BYTES, COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
     COLL_TWO_SHOT_PULL_PAIR_BYTES, LL_MAX_MEMBERS, WRONG_RESULT_SWITCHES,
 };
 // MoE dispatch/combine on GPUs.

@@ -10,6 +10,7 @@
 //! headers, assembled into one module ([`COLL_KERNELS`]).
 
 mod bench;
+mod choice;
 mod exec;
 mod ll;
 mod paths;
@@ -19,6 +20,7 @@ mod tests;
 mod tuning;
 
 pub use bench::{coll_bench, CollBenchRecord};
+pub use choice::{CallFacts, PathRules};
 pub use ll::{default_ll_sizes, LlSizes, COLL_LL_A2A_BYTES, COLL_LL_BYTES, LL_MAX_MEMBERS};
 pub use paths::CollPath;
 pub use sig::coll_kernel_names;
