@@ -12,6 +12,7 @@ pub use crate::backend::cuda::{info, GpuInfo, Info};
 pub use crate::device::{bench, nccl};
 pub use crate::device::{BenchRecord, CudaPe, DeviceTeam, Graph, Kernel, KernelArg, Stream};
 // The collectives on GPUs.
+pub use crate::coll::cuda::traffic;
 pub use crate::coll::cuda::{
     coll_bench, coll_kernel_names, default_ll_sizes, CallFacts, CollBenchRecord, CollPath,
     CollTuning, GpuColl, LlSizes, PathRules, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES,

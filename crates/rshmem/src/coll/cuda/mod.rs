@@ -17,6 +17,7 @@ mod paths;
 mod sig;
 #[cfg(test)]
 mod tests;
+pub mod traffic;
 mod tuning;
 
 pub use bench::{coll_bench, CollBenchRecord};
