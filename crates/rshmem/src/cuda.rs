@@ -21,6 +21,7 @@ pub use crate::coll::cuda::{
     COLL_PULL_RS_BYTES, COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
     COLL_TWO_SHOT_PULL_PAIR_BYTES, LL_MAX_MEMBERS, WRONG_RESULT_SWITCHES,
 };
+pub use crate::coll::cuda::{copy_grid, plan_fused, reduce_grid, PLAN_COPIES_PER_KERNEL};
 // MoE dispatch/combine on GPUs.
 #[doc(inline)]
 pub use crate::ep::cuda as ep;

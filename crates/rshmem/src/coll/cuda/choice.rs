@@ -3,11 +3,12 @@
 //! it launches and for [`super::GpuColl::path`]; the simulator (`crates/rshmem-sim`) asks the
 //! same functions without a GPU, so both follow one set of rules.
 
+use super::exec::fusable;
 use super::ll::{ll_lines, LlSizes, LL_MAX_MEMBERS, PULL_AR_PUSH, PULL_AR_TWO_SHOT};
 use super::paths::CollPath;
-use super::sig::SIG_WORDS;
+use super::sig::{MAX_COPIES, SIG_WORDS, THREADS};
 use super::tuning::CollTuning;
-use crate::coll::plan::{Algo, CollKind};
+use crate::coll::plan::{Algo, CollKind, Plan};
 use crate::coll::CollConfig;
 
 /// What decides a call's path besides the call itself: the plans' configuration, the GPU
@@ -275,6 +276,31 @@ impl PathRules<'_> {
             _ => plan,
         }
     }
+}
+
+/// Most copy steps of a plan that the GPU plan executor gathers into one copy kernel.
+pub const PLAN_COPIES_PER_KERNEL: usize = MAX_COPIES;
+
+/// Blocks of the GPU plan executor's copy kernel for `copies` copies of at most `max_bytes`
+/// each on a GPU of `sms` SMs: a block per 64 threads' 16-byte vectors of the largest,
+/// at most four blocks per SM over all copies.
+pub fn copy_grid(copies: usize, max_bytes: u64, sms: u32) -> u32 {
+    let per_block = (THREADS as u64) * 64;
+    let limit = ((4 * sms) as usize / copies.max(1)).max(1) as u64;
+    copies as u32 * max_bytes.div_ceil(per_block).clamp(1, limit) as u32
+}
+
+/// Blocks of the GPU plan executor's reduce kernel for `bytes` of output on a GPU of `sms`
+/// SMs: a thread per 16-byte vector, at most four blocks per SM.
+pub fn reduce_grid(bytes: usize, sms: u32) -> u32 {
+    let vecs = (bytes / 16 + 1) as u64;
+    vecs.div_ceil(THREADS as u64).clamp(1, 4 * sms as u64) as u32
+}
+
+/// Whether the GPU plan executor runs `plan` (elements of `elem_size` bytes) as one kernel of
+/// one block with both barriers inside ([`CollTuning::fused_bytes`]).
+pub fn plan_fused(plan: &Plan, elem_size: usize, tuning: &CollTuning) -> bool {
+    fusable(plan, elem_size, tuning.fused_bytes)
 }
 
 #[cfg(test)]

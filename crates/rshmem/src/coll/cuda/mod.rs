@@ -21,7 +21,9 @@ pub mod traffic;
 mod tuning;
 
 pub use bench::{coll_bench, CollBenchRecord};
-pub use choice::{CallFacts, PathRules};
+pub use choice::{
+    copy_grid, plan_fused, reduce_grid, CallFacts, PathRules, PLAN_COPIES_PER_KERNEL,
+};
 pub use ll::{default_ll_sizes, LlSizes, COLL_LL_A2A_BYTES, COLL_LL_BYTES, LL_MAX_MEMBERS};
 pub use paths::CollPath;
 pub use sig::coll_kernel_names;
