@@ -212,8 +212,15 @@ fn run_calibration(a: &SimArgs) -> CliResult<()> {
     let setup = Setup::default();
     let (model, rows) = calibrate::fit(&topos, &setup, &cases, start)?;
     println!(
-        "fitted: launch_us = {:.3}, block_gbps = {:.3}, fence_us = {:.3}, ep_fixed_us = {:.3}",
-        model.launch_us, model.block_gbps, model.fence_us, model.ep_fixed_us
+        "[model]\nlaunch_us = {:.3}\nblock_gbps = {:.3}\nfence_us = {:.3}\npeer_us = {:.3}\n\
+         ll_efficiency = {:.3}\nep_dispatch_us = {:.3}\nep_combine_us = {:.3}\n",
+        model.launch_us,
+        model.block_gbps,
+        model.fence_us,
+        model.peer_us,
+        model.ll_efficiency,
+        model.ep_dispatch_us,
+        model.ep_combine_us
     );
     println!(
         "| op | GPUs | bytes | variant | measured us | simulated us | path now | error | set |"

@@ -2,12 +2,13 @@
 //!
 //! The records of a size (the same operation, PEs, bytes and MoE layout) count once, at their
 //! median time. The fit uses a fixed part of them ([`is_training`]: all_reduce and all_to_all
-//! on 2 GPUs at 8 B, 64 KiB, 16 MiB and 1 GiB, and the token-major T = 4096 dispatch on 2
-//! GPUs); every other record validates. It fits the [`Model`]'s four parameters, shared by
-//! every topology, by coordinate descent on the squared log error (multiplicative steps that
-//! halve when no step helps): deterministic, and enough for four parameters. A record whose
-//! path note differs from the path the current library picks is left out and counted: it
-//! times a path the library no longer takes.
+//! at 8 B or 4 KiB, 64 KiB, 16 MiB and 1 GiB, and the token-major dispatch and combine on 2
+//! GPUs); every other record validates: the other sizes, the other collectives, the
+//! expert-major MoE calls and MoE on 4 GPUs. It fits six of the [`Model`]'s parameters (the
+//! fence cost is measured), shared by every topology, by coordinate descent on the squared log
+//! error (multiplicative steps that halve when no step helps): deterministic, and enough for
+//! six parameters. A record whose path note differs from the path the current library picks
+//! is left out and counted: it times a path the library no longer takes.
 
 use crate::schedule::{build, EpSpec, Op, Setup};
 use crate::sim::simulate;
@@ -56,10 +57,9 @@ impl Case {
 
 /// Whether `c` belongs to the fit (the rest validates).
 pub fn is_training(c: &Case) -> bool {
-    let sizes = [8, 64 << 10, 16 << 20, 1 << 30];
-    c.pes == 2
-        && ((matches!(c.op.as_str(), "all_reduce" | "all_to_all") && sizes.contains(&c.bytes))
-            || (c.op == "ep_dispatch" && c.tokens == 4096 && c.token_major))
+    let sizes = [8, 4 << 10, 64 << 10, 16 << 20, 1 << 30];
+    (matches!(c.op.as_str(), "all_reduce" | "all_to_all") && sizes.contains(&c.bytes))
+        || (c.pes == 2 && c.op.starts_with("ep_") && c.token_major)
 }
 
 fn num_after(note: &str, key: &str) -> Option<usize> {
@@ -71,12 +71,22 @@ fn num_after(note: &str, key: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
+/// Grouping key of a record: operation, GPUs, bytes, MoE tokens, token-major.
+type Key = (String, usize, usize, usize, bool);
+
 /// The cases of `rshmem perf --json` files: CUDA records of the collectives and of MoE
 /// dispatch/combine (graph replays only, as the collectives' runs are), grouped by size at
-/// their median time.
+/// their median time. A file named `FILE@A|B` gives only the records of runs whose name
+/// starts with `A` or `B`. A size that a later file also measured counts only from the later
+/// file (list files oldest first: later runs time the current code).
 pub fn load_cases(paths: &[String]) -> Result<Vec<Case>> {
-    let mut groups: BTreeMap<(String, usize, usize, usize, bool), Vec<Case>> = BTreeMap::new();
-    for path in paths {
+    let mut groups: BTreeMap<Key, (usize, Vec<Case>)> = BTreeMap::new();
+    for (index, spec) in paths.iter().enumerate() {
+        let (path, runs) = match spec.split_once('@') {
+            Some((p, r)) => (p.to_string(), r.split('|').map(str::to_string).collect()),
+            None => (spec.clone(), Vec::new()),
+        };
+        let path = &path;
         let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
             path: path.clone(),
             source,
@@ -111,6 +121,10 @@ pub fn load_cases(paths: &[String]) -> Result<Vec<Case>> {
             let Some(time_us) = r.get("time_us").and_then(|x| x.as_f64()) else {
                 continue;
             };
+            let run = s("run");
+            if !runs.is_empty() && !runs.iter().any(|p: &String| run.starts_with(p.as_str())) {
+                continue;
+            }
             let tokens = if ep {
                 num_after(&note, "T=").unwrap_or(0)
             } else {
@@ -132,12 +146,16 @@ pub fn load_cases(paths: &[String]) -> Result<Vec<Case>> {
                 runs: 1,
             };
             let key = (op, c.pes, c.bytes, tokens, c.token_major);
-            groups.entry(key).or_default().push(c);
+            let g = groups.entry(key).or_insert((index, Vec::new()));
+            if g.0 < index {
+                *g = (index, Vec::new());
+            }
+            g.1.push(c);
         }
     }
     Ok(groups
         .into_values()
-        .map(|mut g| {
+        .map(|(_, mut g)| {
             g.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
             let mut c = g[g.len() / 2].clone();
             if g.len() % 2 == 0 {
@@ -215,16 +233,26 @@ fn loss(rows: &[Row]) -> f64 {
         .sum()
 }
 
-fn params(m: &Model) -> [f64; 4] {
-    [m.launch_us, m.block_gbps, m.fence_us, m.ep_fixed_us]
+fn params(m: &Model) -> [f64; 6] {
+    [
+        m.launch_us,
+        m.block_gbps,
+        m.peer_us,
+        m.ll_efficiency,
+        m.ep_dispatch_us,
+        m.ep_combine_us,
+    ]
 }
 
-fn with(p: [f64; 4]) -> Model {
+fn with(base: Model, p: [f64; 6]) -> Model {
     Model {
         launch_us: p[0],
         block_gbps: p[1],
-        fence_us: p[2],
-        ep_fixed_us: p[3],
+        peer_us: p[2],
+        ll_efficiency: p[3].min(1.0),
+        ep_dispatch_us: p[4],
+        ep_combine_us: p[5],
+        ..base
     }
 }
 
@@ -238,7 +266,7 @@ pub fn fit(
 ) -> Result<(Model, Vec<Row>)> {
     let train: Vec<Case> = cases.iter().filter(|c| is_training(c)).cloned().collect();
     let mut p = params(&start);
-    let mut best = loss(&evaluate(topos, setup, &train, with(p))?);
+    let mut best = loss(&evaluate(topos, setup, &train, with(start, p))?);
     let mut step = 0.5f64;
     while step > 0.005 {
         let mut improved = false;
@@ -246,7 +274,7 @@ pub fn fit(
             for f in [1.0 + step, 1.0 / (1.0 + step)] {
                 let mut q = p;
                 q[i] *= f;
-                let l = loss(&evaluate(topos, setup, &train, with(q))?);
+                let l = loss(&evaluate(topos, setup, &train, with(start, q))?);
                 if l < best {
                     best = l;
                     p = q;
@@ -258,7 +286,7 @@ pub fn fit(
             step /= 2.0;
         }
     }
-    let model = with(p);
+    let model = with(start, p);
     Ok((model, evaluate(topos, setup, cases, model)?))
 }
 

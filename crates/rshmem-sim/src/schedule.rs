@@ -271,6 +271,12 @@ impl Builder<'_> {
         }
     }
 
+    /// What a kernel that waits for every other member spends on them beyond the flags'
+    /// latency.
+    fn peers_us(&self) -> f64 {
+        (self.n - 1) as f64 * self.topo.model.peer_us
+    }
+
     fn block_gbps(&self) -> f64 {
         self.topo.model.block_gbps
     }
@@ -281,7 +287,7 @@ impl Builder<'_> {
         let path = rules.path(kind, facts, bytes);
         let phases = match path {
             CollPath::Plan(algo) => self.plan(kind, algo, bytes)?,
-            _ => vec![self.one_kernel(&rules, facts, path, kind, bytes)?],
+            _ => self.one_kernel(&rules, facts, path, kind, bytes)?,
         };
         Ok(self.program(Op::Coll(kind), bytes, path.name().to_string(), phases))
     }
@@ -295,7 +301,7 @@ impl Builder<'_> {
         path: CollPath,
         kind: CollKind,
         bytes: usize,
-    ) -> Result<Phase> {
+    ) -> Result<Vec<Phase>> {
         let n = self.n;
         let t = &self.setup.tuning;
         let part = bytes / n;
@@ -325,31 +331,54 @@ impl Builder<'_> {
         let traffic = path_traffic(path, kind, n, bytes, 0, blocks).ok_or_else(|| {
             SimError::Invalid(format!("{} has no {} path", kind.name(), path.name()))
         })?;
-        let mut xfers = Vec::with_capacity(traffic.moves.len());
-        for m in &traffic.moves {
-            let wire = if m.mover == Mover::LlStore { 2 } else { 1 } * m.bytes;
-            let port = match (m.from == m.to, m.mover) {
-                (true, _) => Port::Hbm,
-                (false, Mover::Load) => Port::Load,
-                (false, _) => Port::Store,
-            };
-            xfers.push(Xfer {
-                src: m.from as u32,
-                dst: m.to as u32,
-                bytes: wire as f32,
-                cap_gbps: 0.0,
-                port,
+        let model = &self.topo.model;
+        let last = traffic.rounds.len().saturating_sub(1);
+        let mut phases = Vec::with_capacity(traffic.rounds.len());
+        for (r, moves) in traffic.rounds.iter().enumerate() {
+            let mut xfers = Vec::with_capacity(moves.len());
+            for m in moves {
+                // An LL line carries 8 data bytes in 16, and line stores reach only a part of
+                // what bulk stores do.
+                let wire = if m.mover == Mover::LlStore {
+                    2.0 * m.bytes as f64 / model.ll_efficiency
+                } else {
+                    m.bytes as f64
+                };
+                let port = match (m.from == m.to, m.mover) {
+                    (true, _) => Port::Hbm,
+                    (false, Mover::Load) => Port::Load,
+                    (false, _) => Port::Store,
+                };
+                xfers.push(Xfer {
+                    src: m.from as u32,
+                    dst: m.to as u32,
+                    bytes: wire as f32,
+                    cap_gbps: 0.0,
+                    port,
+                });
+            }
+            self.share_grid(&mut xfers, blocks);
+            phases.push(Phase {
+                what: path.name(),
+                before_us: if r == 0 {
+                    model.launch_us + self.peers_us() + traffic.handshakes as f64 * self.lat
+                } else {
+                    0.0
+                },
+                after_us: if r == last {
+                    traffic.fences as f64 * (model.fence_us + self.lat)
+                } else {
+                    0.0
+                },
+                beside_us: if r == 0 {
+                    traffic.fold_bytes as f64 / (self.topo.gpu.hbm_gbps * 1e3)
+                } else {
+                    0.0
+                },
+                xfers,
             });
         }
-        self.share_grid(&mut xfers, blocks);
-        let model = &self.topo.model;
-        Ok(Phase {
-            what: path.name(),
-            before_us: model.launch_us + traffic.handshakes as f64 * self.lat,
-            after_us: traffic.fences as f64 * (model.fence_us + self.lat),
-            beside_us: traffic.fold_bytes as f64 / (self.topo.gpu.hbm_gbps * 1e3),
-            xfers,
-        })
+        Ok(phases)
     }
 
     /// Splits a kernel of `blocks` blocks (each at the model's block rate) over the remote
@@ -383,7 +412,7 @@ impl Builder<'_> {
         };
         let model = self.topo.model;
         let sms = self.topo.gpu.sms;
-        let barrier = model.launch_us + 2.0 * self.lat;
+        let barrier = model.launch_us + self.peers_us() + 2.0 * self.lat;
         // segments[s][k]: the transfers of every member's k-th kernel after barrier s.
         let mut segments: Vec<Vec<Vec<Xfer>>> = Vec::new();
         let mut fused_all = true;
@@ -480,7 +509,7 @@ impl Builder<'_> {
             let xfers = segments.into_iter().flatten().flatten().collect();
             phases.push(Phase {
                 what: "fused plan",
-                before_us: model.launch_us + 2.0 * self.lat,
+                before_us: model.launch_us + self.peers_us() + 2.0 * self.lat,
                 after_us: 2.0 * self.lat,
                 beside_us: 0.0,
                 xfers,
@@ -632,7 +661,12 @@ impl Builder<'_> {
             } else {
                 "combine"
             },
-            before_us: self.topo.model.ep_fixed_us + 2.0 * self.lat,
+            before_us: if op == Op::Dispatch {
+                self.topo.model.ep_dispatch_us
+            } else {
+                self.topo.model.ep_combine_us
+            } + self.peers_us()
+                + 2.0 * self.lat,
             after_us: self.topo.model.fence_us + self.lat,
             beside_us: local,
             xfers,

@@ -51,11 +51,19 @@ pub struct Model {
     /// One block's copy rate into or from a peer, GB/s: a kernel of b blocks moves at most
     /// b times this.
     pub block_gbps: f64,
-    /// A system-scope fence and the flag after it, beyond the flag's own latency, µs.
+    /// A system-scope fence and the flag after it, beyond the flag's own latency, µs
+    /// (measured, not fitted: data, fence and flag took 1.72 µs one way where a flag took 0.74).
     pub fence_us: f64,
-    /// The fixed work of a MoE dispatch or combine besides its rows (layout kernel, count
-    /// exchange, read-back), µs.
-    pub ep_fixed_us: f64,
+    /// What a kernel that meets its peers (a barrier, an LL or pull kernel) spends per peer
+    /// beyond the flags' latency, µs.
+    pub peer_us: f64,
+    /// The part of the bulk store rate that LL line stores reach.
+    pub ll_efficiency: f64,
+    /// The fixed work of a MoE dispatch besides its rows (layout kernel, count exchange,
+    /// read-back), µs.
+    pub ep_dispatch_us: f64,
+    /// The fixed work of a MoE combine besides its rows, µs.
+    pub ep_combine_us: f64,
 }
 
 impl Default for Model {
@@ -63,8 +71,11 @@ impl Default for Model {
         Model {
             launch_us: 2.0,
             block_gbps: 16.0,
-            fence_us: 1.0,
-            ep_fixed_us: 20.0,
+            fence_us: 0.98,
+            peer_us: 0.5,
+            ll_efficiency: 1.0,
+            ep_dispatch_us: 20.0,
+            ep_combine_us: 10.0,
         }
     }
 }

@@ -39,8 +39,9 @@ pub struct PathTraffic {
     /// One-way flag exchanges every member waits for before data moves (the pull handshake
     /// through the LL headers: 1; the LL paths carry their header with the data: 0).
     pub handshakes: usize,
-    /// The transfers, all in flight together (the kernel's blocks run them side by side).
-    pub moves: Vec<Move>,
+    /// The transfers in rounds: those of a round are in flight together (the kernel's blocks
+    /// run them side by side), a round starts when the one before has ended.
+    pub rounds: Vec<Vec<Move>>,
     /// Bytes each member reads locally to fold (reductions: every input of its part).
     pub fold_bytes: usize,
     /// System-scope fences each followed by a flag a peer waits for, after the data: the pull
@@ -105,7 +106,7 @@ pub fn path_traffic(
     let t = |handshakes, moves, fold_bytes, fences| {
         Some(PathTraffic {
             handshakes,
-            moves,
+            rounds: vec![moves],
             fold_bytes,
             fences,
         })
@@ -132,10 +133,11 @@ pub fn path_traffic(
         }
         (CollPath::Pull, CollKind::Broadcast) => t(1, from_root(Mover::Load), 0, 1),
         (CollPath::PullTwoShot, CollKind::AllReduce) => {
-            // Member i folds part i of every input, then stores it into every member's dst.
-            let mut moves = pairs(part, Mover::Load, false);
-            moves.extend(pairs(part, Mover::Store, false));
-            t(1, moves, n * part, 1)
+            // Member i folds part i of every input, then stores it into every member's dst:
+            // each block loads, then stores.
+            let mut x = t(1, pairs(part, Mover::Load, false), n * part, 1)?;
+            x.rounds.push(pairs(part, Mover::Store, false));
+            Some(x)
         }
         (CollPath::Push, CollKind::AllReduce) => t(
             1,
