@@ -504,6 +504,11 @@ impl Builder<'_> {
             close(&mut kernel, &mut kernels, false);
             flush_seg(seg, &mut kernels, &mut segments);
         }
+        // Every sync is a barrier kernel: the first, then one after each segment's kernels
+        // (the segment after the last sync holds none).
+        while segments.last().is_some_and(|s| s.is_empty()) {
+            segments.pop();
+        }
         let mut phases = Vec::new();
         if fused_all {
             let xfers = segments.into_iter().flatten().flatten().collect();
@@ -536,8 +541,6 @@ impl Builder<'_> {
                 ..Phase::default()
             });
         }
-        // The plan ends with a sync: the last barrier is already there.
-        phases.pop();
         Ok(phases)
     }
 
