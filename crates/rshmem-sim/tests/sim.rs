@@ -340,11 +340,7 @@ fn moe_traffic_follows_the_routing() {
     setup.ep.experts = 4;
     setup.ep.hidden = 8;
     // PE p's tokens go to experts (p, p+1) and (2, 3): PEs p and p+1, then PEs 2 and 3.
-    setup.ep.routing = Some(
-        (0..4)
-            .map(|p| vec![p as i32, ((p + 1) % 4) as i32, 2, 3])
-            .collect(),
-    );
+    setup.ep.routing = Some((0..4).map(|p: i32| vec![p, (p + 1) % 4, 2, 3]).collect());
     let p = build(&t, &setup, Op::Dispatch, 4, 0).expect("schedule");
     // PE 0 sends token 0 to PE 1 and token 1 to PEs 2 and 3: three rows of 16 bytes.
     assert_eq!(p.bytes, 3 * 16);
@@ -354,7 +350,7 @@ fn moe_traffic_follows_the_routing() {
         .filter(|x| x.src == 0)
         .map(|x| (x.src, x.dst, x.bytes))
         .collect();
-    pairs.sort_by(|a, b| a.1.cmp(&b.1));
+    pairs.sort_by_key(|a| a.1);
     assert_eq!(
         pairs,
         [(0, 0, 16.0), (0, 1, 16.0), (0, 2, 16.0), (0, 3, 16.0)]
