@@ -105,10 +105,17 @@ pub struct Engine {
     pub events: u64,
     /// Most flows in flight at once.
     pub peak_flows: usize,
+    /// Flows ending within this part of the time since the run's first start of the next
+    /// end, end with it (0: every end is an event of its own).
+    pub tolerance: f64,
     n: Vec<u32>,
     left: Vec<f64>,
-    share: Vec<f64>,
     touched: Vec<u32>,
+    /// Per touched link, where its flows start in `on`, and how many.
+    at: Vec<u32>,
+    deg: Vec<u32>,
+    on: Vec<u32>,
+    frozen: Vec<bool>,
 }
 
 impl Engine {
@@ -122,10 +129,14 @@ impl Engine {
             link_busy_us: vec![0.0; k],
             events: 0,
             peak_flows: 0,
+            tolerance: 0.0,
             n: vec![0; k],
             left: vec![0.0; k],
-            share: vec![0.0; k],
             touched: Vec::new(),
+            at: vec![0; k],
+            deg: vec![0; k],
+            on: Vec::new(),
+            frozen: Vec::new(),
         }
     }
 
@@ -141,6 +152,8 @@ impl Engine {
             .collect();
         let mut active: Vec<u32> = Vec::new();
         let mut t = heap.peek().map_or(0.0, |p| p.0);
+        let t0 = t;
+        self.frozen.resize(count, false);
         loop {
             // Every start due now joins.
             let mut changed = false;
@@ -180,13 +193,14 @@ impl Engine {
                 self.link_busy_us[l as usize] += span;
             }
             let finishing_all = t + dt <= next;
+            let slack = dt * 1e-9 + self.tolerance * (t_next - t0);
             let mut ended = false;
             active.retain(|&f| {
                 let fu = f as usize;
                 let lb = &mut left_bytes[fu];
                 *lb -= rate[fu] * span;
                 let done =
-                    *lb <= flows.bytes[fu] * 1e-9 || (finishing_all && *lb / rate[fu] <= dt * 1e-9);
+                    *lb <= flows.bytes[fu] * 1e-9 || (finishing_all && *lb / rate[fu] <= slack);
                 if done {
                     end[fu] = t_next;
                     ended = true;
@@ -207,7 +221,12 @@ impl Engine {
     }
 
     /// Max-min fair rates of the `active` flows into `rate` (progressive filling); leaves
-    /// `touched` holding the links the flows cross.
+    /// `touched` holding the links the flows cross. The links wait in a heap by their share
+    /// per unfrozen flow; the smallest fixes the rate of its unfrozen flows, which leave every
+    /// link they cross. A link's share only grows as flows leave it (they leave at most its
+    /// share), so an entry whose share has grown since it was pushed is pushed again. A flow's
+    /// own cap is an entry of its own. Each flow is frozen once: the cost is the flows' links
+    /// plus a heap operation per link and per change of its share.
     fn rates(&mut self, flows: &Flows, active: &[u32], rate: &mut [f64]) {
         for &l in &self.touched {
             self.n[l as usize] = 0;
@@ -223,43 +242,81 @@ impl Engine {
                 self.n[li] += 1;
             }
         }
-        let mut unfrozen: Vec<u32> = active.to_vec();
-        let mut frozen: Vec<u32> = Vec::new();
-        while !unfrozen.is_empty() {
-            let mut m = f64::INFINITY;
-            for &l in &self.touched {
+        // Each touched link's flows, contiguous in `on` from `at[l]`, `deg[l]` of them.
+        let mut total = 0u32;
+        for &l in &self.touched {
+            let li = l as usize;
+            self.at[li] = total;
+            self.deg[li] = self.n[li];
+            total += self.n[li];
+        }
+        self.on.clear();
+        self.on.resize(total as usize, 0);
+        for &f in active {
+            for &l in flows.path(f as usize) {
                 let li = l as usize;
-                self.share[li] = if self.n[li] > 0 {
-                    self.left[li].max(0.0) / self.n[li] as f64
-                } else {
-                    f64::INFINITY
-                };
-                m = m.min(self.share[li]);
+                self.on[self.at[li] as usize] = f;
+                self.at[li] += 1;
             }
-            for &f in &unfrozen {
-                m = m.min(flows.cap[f as usize]);
+            self.frozen[f as usize] = false;
+        }
+        for &l in &self.touched {
+            let li = l as usize;
+            self.at[li] -= self.deg[li];
+        }
+        // Min-heap (Pending pops the smallest first): entries below `base` are links, the
+        // others flows' caps.
+        let base = self.cap.len() as u32;
+        let mut heap: BinaryHeap<Pending> = self
+            .touched
+            .iter()
+            .map(|&l| Pending(self.left[l as usize] / self.n[l as usize] as f64, l))
+            .collect();
+        for &f in active {
+            let c = flows.cap[f as usize];
+            if c.is_finite() {
+                heap.push(Pending(c, base + f));
             }
-            let limit = m * (1.0 + 1e-12);
-            frozen.clear();
-            unfrozen.retain(|&f| {
-                let fu = f as usize;
-                let hit = flows.cap[fu] <= limit
-                    || flows
-                        .path(fu)
-                        .iter()
-                        .any(|&l| self.share[l as usize] <= limit);
-                if hit {
-                    rate[fu] = m;
-                    frozen.push(f);
+        }
+        let mut unfrozen = active.len();
+        while unfrozen > 0 {
+            let Some(Pending(share, e)) = heap.pop() else {
+                break;
+            };
+            if e >= base {
+                let f = e - base;
+                if !self.frozen[f as usize] {
+                    self.freeze(flows, f, share, rate);
+                    unfrozen -= 1;
                 }
-                !hit
-            });
-            for &f in &frozen {
-                for &l in flows.path(f as usize) {
-                    self.left[l as usize] -= m;
-                    self.n[l as usize] -= 1;
+                continue;
+            }
+            let li = e as usize;
+            if self.n[li] == 0 {
+                continue;
+            }
+            let now = self.left[li].max(0.0) / self.n[li] as f64;
+            if now > share * (1.0 + 1e-12) {
+                heap.push(Pending(now, e));
+                continue;
+            }
+            let (a, d) = (self.at[li] as usize, self.deg[li] as usize);
+            for k in a..a + d {
+                let f = self.on[k];
+                if !self.frozen[f as usize] {
+                    self.freeze(flows, f, now, rate);
+                    unfrozen -= 1;
                 }
             }
+        }
+    }
+
+    fn freeze(&mut self, flows: &Flows, f: u32, m: f64, rate: &mut [f64]) {
+        self.frozen[f as usize] = true;
+        rate[f as usize] = m;
+        for &l in flows.path(f as usize) {
+            self.left[l as usize] -= m;
+            self.n[l as usize] -= 1;
         }
     }
 }
