@@ -54,7 +54,7 @@ pub fn run(topo: &Topology, setup: &Setup, op: Op, pes: usize, bytes: usize) -> 
     };
     let prog = build(topo, &setup, op, pes, bytes)?;
     let time_us = simulate(topo, &prog, &mut |_, _| {})?.time_us;
-    let config = setup.config.clone();
+    let config = setup.config;
     let counts = rshmem::launch(pes, |pe| -> Result<usize> {
         match op {
             Op::Coll(kind) => coll(pe, &config, kind, bytes),
@@ -87,7 +87,7 @@ fn coll(pe: &Pe, config: &CollConfig, kind: CollKind, bytes: usize) -> Result<us
     let n = pe.n_pes();
     let me = pe.my_pe();
     let world = pe.world_team();
-    let c = Coll::new(pe, config.clone())?;
+    let c = Coll::new(pe, *config)?;
     let per = |b: usize| (b / 8).max(1);
     // count: the call's count argument; input and output lengths in elements.
     let (count, src_len, dst_len) = match kind {
