@@ -365,8 +365,10 @@ impl Builder<'_> {
                 } else {
                     0.0
                 },
-                after_us: if r == last {
-                    traffic.fences as f64 * (model.fence_us + self.lat)
+                // A block's fence stalls its next step; the flags after the fences travel
+                // beside the data, and only the last one's latency shows.
+                after_us: if r == last && traffic.fences > 0 {
+                    traffic.fences as f64 * model.fence_us + self.lat
                 } else {
                     0.0
                 },
