@@ -317,7 +317,9 @@ impl Builder<'_> {
                 lines.div_ceil(t.ll_threads as usize).clamp(1, cap as usize) as u32
             }
             CollPath::Pull | CollPath::PullTwoShot | CollPath::Push => match kind {
-                CollKind::AllReduce => rules.pull_all_reduce(f, bytes, true).map(|x| x.0),
+                CollKind::AllReduce => rules
+                    .pull_all_reduce(f, bytes, self.setup.config.algo.is_none())
+                    .map(|x| x.0),
                 CollKind::ReduceScatter => rules.pull_reduce_scatter(f, part),
                 CollKind::Broadcast => rules.pull_broadcast(f, bytes).map(|x| x.0),
                 _ => rules.pull_all_to_all(f, part),
