@@ -223,7 +223,7 @@ fn run_calibration(a: &SimArgs) -> CliResult<()> {
         model.ep_combine_us
     );
     println!(
-        "| op | GPUs | bytes | variant | measured us | simulated us | path now | error | set |"
+        "| op | GPUs | bytes | variant | measured us | simulated us | path taken | error | set |"
     );
     println!("| --- | ---: | ---: | --- | ---: | ---: | --- | ---: | --- |");
     for r in &rows {

@@ -174,13 +174,13 @@ pub struct Row {
     pub case: Case,
     /// Simulated time, µs.
     pub sim_us: f64,
-    /// The path the library picks now.
+    /// The path the library picks for the case.
     pub path: String,
     /// sim / measured - 1.
     pub error: f64,
     /// In the fit.
     pub train: bool,
-    /// The noted path is another than the one the library picks now.
+    /// The noted path is another than the one the library picks.
     pub stale: bool,
 }
 

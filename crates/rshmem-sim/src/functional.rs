@@ -55,7 +55,7 @@ pub fn run(topo: &Topology, setup: &Setup, op: Op, pes: usize, bytes: usize) -> 
     let prog = build(topo, &setup, op, pes, bytes)?;
     let time_us = simulate(topo, &prog, &mut |_, _| {})?.time_us;
     let config = setup.config;
-    let counts = rshmem::launch(pes, |pe| -> Result<usize> {
+    let counts = rshmem::threads(pes, |pe| -> Result<usize> {
         match op {
             Op::Coll(kind) => coll(pe, &config, kind, bytes),
             Op::Dispatch => dispatch(pe, &ep),

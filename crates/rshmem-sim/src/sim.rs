@@ -13,6 +13,12 @@ pub const LARGE_PHASE: usize = 10_000;
 /// that early lose at most this part of their time.
 pub const TOLERANCE: f64 = 0.002;
 
+/// Flows in a phase beyond which ends within [`HUGE_TOLERANCE`] come together.
+pub const HUGE_PHASE: usize = 4_000_000;
+
+/// The part of a huge phase's elapsed time within which ends come together.
+pub const HUGE_TOLERANCE: f64 = 0.01;
+
 /// A link's use over a run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LinkUse {
@@ -118,7 +124,9 @@ pub fn simulate(
         // Past LARGE_PHASE flows, ends within TOLERANCE of the phase's elapsed time come
         // together: a random routing gives every pair its own size, and an event per end
         // would recompute the rates of a million flows a million times.
-        engine.tolerance = if flows.len() > LARGE_PHASE {
+        engine.tolerance = if flows.len() > HUGE_PHASE {
+            HUGE_TOLERANCE
+        } else if flows.len() > LARGE_PHASE {
             TOLERANCE
         } else {
             0.0
