@@ -112,13 +112,26 @@ pub fn run(a: SimArgs) -> CliResult<()> {
     for &bytes in &sizes {
         let wall = std::time::Instant::now();
         let prog = build(&topo, &setup, op, pes, bytes)?;
-        let bar = indicatif::ProgressBar::new(prog.phases.len() as u64);
-        bar.set_style(indicatif::ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} phases, {elapsed}",
-        )?);
-        if prog.phases.len() < 8 {
-            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-        }
+        // Phases count the progress of a plan; a call of one or a few phases (a MoE call on
+        // many PEs) shows a spinner and the time spent.
+        let bar = if prog.phases.len() >= 8 {
+            let b = indicatif::ProgressBar::new(prog.phases.len() as u64);
+            b.set_style(indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} phases, {elapsed}",
+            )?);
+            b
+        } else {
+            let b = indicatif::ProgressBar::new_spinner();
+            b.set_style(indicatif::ProgressStyle::with_template(
+                "{spinner} simulating {msg}, {elapsed}",
+            )?);
+            b.set_message(format!(
+                "{} flows",
+                prog.phases.iter().map(|p| p.xfers.len()).sum::<usize>()
+            ));
+            b.enable_steady_tick(std::time::Duration::from_millis(200));
+            b
+        };
         let r = simulate(&topo, &prog, &mut |d, _| bar.set_position(d as u64))?;
         bar.finish_and_clear();
         let ms = wall.elapsed().as_secs_f64() * 1e3;
