@@ -3,6 +3,7 @@
 mod info;
 mod perf;
 mod run;
+mod sim;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -23,6 +24,8 @@ enum Command {
     Perf(perf::PerfArgs),
     /// Run a program as a job of N PEs (processes, or processes of threads).
     Run(run::RunArgs),
+    /// Times rshmem's collective and MoE schedules on a modelled topology.
+    Sim(sim::SimArgs),
     /// Compile rshmem's CUDA kernels into the kernel cache (`RSHMEM_CACHE_DIR`) ahead of a
     /// first run; needs NVRTC, not a GPU.
     Compile {
@@ -65,6 +68,7 @@ fn main() -> std::process::ExitCode {
         Command::Perf(args) => perf::run(args),
         Command::PerfWorker { spec } => perf::worker(&spec),
         Command::Compile { arch } => compile(&arch),
+        Command::Sim(args) => sim::run(args),
         Command::Run(args) => {
             return std::process::ExitCode::from(run::run(args).clamp(0, 255) as u8)
         }

@@ -13,14 +13,16 @@ pub use crate::device::{
     ContextGuard, CudaPe, DeviceTeam, Event, Graph, Kernel, KernelArg, Stream,
 };
 // The collectives on GPUs.
+pub use crate::coll::cuda::traffic;
 pub use crate::coll::cuda::{
-    coll_kernel_names, default_ll_sizes, CollPath, CollTuning, DeviceCounts, GpuColl, LlSizes,
-    PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_KERNELS, COLL_LL_A2A_BYTES,
-    COLL_LL_BYTES, COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES,
+    coll_kernel_names, default_ll_sizes, CallFacts, CollPath, CollTuning, DeviceCounts, GpuColl,
+    LlSizes, PathRules, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_KERNELS,
+    COLL_LL_A2A_BYTES, COLL_LL_BYTES, COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES,
     COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES, COLL_PULL_RS_BYTES,
     COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
     COLL_TWO_SHOT_PULL_PAIR_BYTES, LL_MAX_MEMBERS, WRONG_RESULT_SWITCHES,
 };
+pub use crate::coll::cuda::{copy_grid, plan_fused, reduce_grid, PLAN_COPIES_PER_KERNEL};
 // MoE dispatch/combine on GPUs.
 #[doc(inline)]
 pub use crate::ep::cuda as ep;

@@ -209,10 +209,11 @@ impl GpuColl<'_> {
         }
         let n = copies.len();
         let max = copies.iter().map(|c| c.bytes).max().unwrap_or(0);
-        let per_block = (THREADS as u64) * 64;
-        let limit = ((4 * self.sms) as usize / n).max(1) as u64;
-        let per = max.div_ceil(per_block).clamp(1, limit) as u32;
-        let grid = if fused { 1 } else { n as u32 * per };
+        let grid = if fused {
+            1
+        } else {
+            copy_grid(n, max, self.sms)
+        };
         let (mut t, mut fu, mut k) = (dt, fused as i32, ck);
         let mut c = Copies {
             d: [CopyDesc::default(); MAX_COPIES],
@@ -247,9 +248,11 @@ impl GpuColl<'_> {
         fused: bool,
         ck: Check,
     ) -> Result<()> {
-        let vecs = (len * es / 16 + 1) as u64;
-        let blocks = vecs.div_ceil(THREADS as u64).clamp(1, 4 * self.sms as u64) as u32;
-        let blocks = if fused { 1 } else { blocks };
+        let blocks = if fused {
+            1
+        } else {
+            reduce_grid(len * es, self.sms)
+        };
         let (mut d, mut sr, mut n, mut t) = (dst, src, len as u64, dt);
         let (mut fu, mut k) = (fused as i32, ck);
         let mut p = [

@@ -9,14 +9,19 @@
 //! sources, one file per family over shared headers, assembled into one module
 //! ([`COLL_KERNELS`]). The benchmark against NCCL is the `rshmem-bench` crate's.
 
+mod choice;
 mod exec;
 mod ll;
 mod paths;
 mod sig;
 #[cfg(test)]
 mod tests;
+pub mod traffic;
 mod tuning;
 
+pub use choice::{
+    copy_grid, plan_fused, reduce_grid, CallFacts, PathRules, PLAN_COPIES_PER_KERNEL,
+};
 pub use ll::{default_ll_sizes, LlSizes, COLL_LL_A2A_BYTES, COLL_LL_BYTES, LL_MAX_MEMBERS};
 pub use paths::CollPath;
 pub use sig::coll_kernel_names;

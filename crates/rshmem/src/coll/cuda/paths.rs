@@ -1,6 +1,7 @@
 //! Which path serves a call (LL, pull, push, two-shot, chain) and the launches of the
 //! LL-handshake kernels.
 
+use super::choice::{CallFacts, PathRules};
 use super::*;
 
 impl GpuColl<'_> {
@@ -54,8 +55,9 @@ impl GpuColl<'_> {
     /// The LL argument when an all_reduce of `bytes` on `dt` runs the LL way: the message
     /// within the LL size, not forced two-shot, the team served ([`GpuColl::ll_team_arg`]).
     pub(super) fn ll_arg(&self, dt: DeviceTeam, bytes: usize, algo: Algo) -> Option<LlArg> {
-        let fits = bytes > 0 && bytes <= self.ll_ar_max(dt) && algo == Algo::OneShot;
-        fits.then(|| self.ll_team_arg(dt)).flatten()
+        let ll = self.ll_team_arg(dt)?;
+        let f = self.facts(dt, true, false, 0);
+        self.rules().ll_all_reduce(f, bytes, algo).then_some(ll)
     }
 
     /// The LL argument when a data movement whose members each send `share` bytes per pair
@@ -63,21 +65,18 @@ impl GpuColl<'_> {
     /// the LL way: all of them together within the LL all_to_all size, a share within a
     /// region, the team served.
     pub(super) fn ll_a2a_arg(&self, dt: DeviceTeam, share: usize) -> Option<LlArg> {
-        let total = share.checked_mul(dt.size.max(0) as usize)?;
-        let fits =
-            share > 0 && total <= self.ll_sizes.all_to_all && share <= self.ll_sizes.region();
-        fits.then(|| self.ll_team_arg(dt)).flatten()
+        let ll = self.ll_team_arg(dt)?;
+        let f = self.facts(dt, true, false, 0);
+        self.rules().ll_all_to_all(f, share).then_some(ll)
     }
 
     /// The LL argument when a broadcast of `bytes` on `dt` runs the LL way: within the LL
     /// all_reduce size (the same traffic: one message to every member), no algorithm forced,
     /// the team served.
     pub(super) fn ll_bcast_arg(&self, dt: DeviceTeam, bytes: usize) -> Option<LlArg> {
-        let fits = self.config.algo.is_none()
-            && bytes > 0
-            && bytes <= self.ll_sizes.all_reduce
-            && bytes <= self.ll_sizes.region();
-        fits.then(|| self.ll_team_arg(dt)).flatten()
+        let ll = self.ll_team_arg(dt)?;
+        let f = self.facts(dt, true, false, 0);
+        self.rules().ll_broadcast(f, bytes).then_some(ll)
     }
 
     /// Launches `rshmemi_coll_ll_move_*` (`kind`: MOVE_A2A, MOVE_GATHER, MOVE_BCAST) for shares
@@ -120,21 +119,37 @@ impl GpuColl<'_> {
         )
     }
 
-    /// The LL argument and grid of a pull kernel whose call `fits` its path: a block per
-    /// `per_block` of the `bytes` it reads (at most the pull block cap), the team served by the
-    /// LL paths with a line per block after the header in its regions.
-    pub(super) fn pull_grid(
+    /// The rules every path choice follows ([`PathRules`]), with this PE's tuning.
+    pub(super) fn rules(&self) -> PathRules<'_> {
+        PathRules {
+            config: &self.config,
+            tuning: &self.tuning,
+            ll_sizes: self.ll_sizes,
+        }
+    }
+
+    /// The facts of a call on `dt`: `served` by the LL paths, `in_place`, the buffers'
+    /// addresses or-ed together in `addrs` (for their alignment).
+    pub(super) fn facts(
         &self,
         dt: DeviceTeam,
-        fits: bool,
-        bytes: usize,
-        per_block: usize,
-    ) -> Option<(LlArg, u32)> {
-        let ll = fits.then(|| self.ll_team_arg(dt)).flatten()?;
-        let blocks = bytes
-            .div_ceil(per_block)
-            .clamp(1, self.tuning.pull_blocks as usize);
-        (ll.lines as usize >= SIG_WORDS + blocks).then_some((ll, blocks as u32))
+        served: bool,
+        in_place: bool,
+        addrs: u64,
+    ) -> CallFacts {
+        CallFacts {
+            members: dt.size.max(0) as usize,
+            served,
+            in_place,
+            aligned: addrs.is_multiple_of(16),
+        }
+    }
+
+    /// The facts of an out-of-place call between 4096-aligned buffers on `team` (what
+    /// [`GpuColl::path`] reports), if the team is a device team.
+    fn team_facts(&self, team: &Team) -> Option<CallFacts> {
+        let dt = self.g.device_team(team).ok()?;
+        Some(self.facts(dt, self.ll_team_arg(dt).is_some(), false, 0))
     }
 
     /// The LL argument and grid when an all_to_all of `share` bytes per pair on `dt` runs
@@ -149,14 +164,9 @@ impl GpuColl<'_> {
         src: u64,
         dst: u64,
     ) -> Option<(LlArg, u32)> {
-        let total = share.checked_mul(dt.size.max(0) as usize)?;
-        let fits = !in_place
-            && share > 0
-            && share.is_multiple_of(16)
-            && (src | dst).is_multiple_of(16)
-            && total <= self.tuning.pull_all_to_all;
-        let remote = share * (dt.size.max(1) as usize - 1);
-        self.pull_grid(dt, fits, remote, self.tuning.pull_block_bytes)
+        let ll = self.ll_team_arg(dt)?;
+        let f = self.facts(dt, true, in_place, src | dst);
+        Some((ll, self.rules().pull_all_to_all(f, share)?))
     }
 
     /// The LL argument and grid when an all_reduce of `bytes` on `dt` runs the pull way (a
@@ -175,24 +185,9 @@ impl GpuColl<'_> {
         (src, dst): (u64, u64),
         two_ok: bool,
     ) -> Option<(LlArg, u32, u64)> {
-        let members = dt.size.max(0) as usize;
-        let two = two_ok && self.tuning.two_shot_pull.reached(members, bytes);
-        let fits = !in_place
-            && bytes > self.ll_ar_max(dt)
-            && (two || bytes <= self.tuning.pull_all_reduce.of(members))
-            && bytes.is_multiple_of(16)
-            && (src | dst).is_multiple_of(16);
-        // The two-shot's blocks each fold 1/members of their bytes: half the one-shot's bytes
-        // per block, so a call spreads over more SMs.
-        let per_block = self.tuning.pull_all_reduce_block_bytes / if two { 2 } else { 1 };
-        let (ll, blocks) = self.pull_grid(dt, fits, bytes, per_block.max(16))?;
-        let mode = if two {
-            PULL_AR_TWO_SHOT
-        } else if self.pushes(dt, bytes) {
-            PULL_AR_PUSH
-        } else {
-            0
-        };
+        let ll = self.ll_team_arg(dt)?;
+        let f = self.facts(dt, true, in_place, src | dst);
+        let (blocks, mode) = self.rules().pull_all_reduce(f, bytes, two_ok)?;
         Some((ll, blocks, mode))
     }
 
@@ -209,26 +204,15 @@ impl GpuColl<'_> {
         in_place: bool,
         (src, dst): (u64, u64),
     ) -> Option<(LlArg, u32)> {
-        let total = part.checked_mul(dt.size.max(0) as usize)?;
-        let fits = !in_place
-            && part > 0
-            && self.ll_a2a_arg(dt, part).is_none()
-            && total <= self.tuning.pull_reduce_scatter
-            && part.is_multiple_of(16)
-            && (src | dst).is_multiple_of(16);
-        self.pull_grid(dt, fits, total, self.tuning.pull_all_reduce_block_bytes)
-    }
-
-    /// Whether a pull all_reduce of `bytes` on `dt` moves its data by stores (a pair, from
-    /// [`GpuColl::push_all_reduce_bytes`]).
-    pub(super) fn pushes(&self, dt: DeviceTeam, bytes: usize) -> bool {
-        dt.size == 2 && self.tuning.push_all_reduce > 0 && bytes >= self.tuning.push_all_reduce
+        let ll = self.ll_team_arg(dt)?;
+        let f = self.facts(dt, true, in_place, src | dst);
+        Some((ll, self.rules().pull_reduce_scatter(f, part)?))
     }
 
     /// Whether a pull all_to_all or all_gather of `total` bytes (all shares) stores its shares
     /// ([`GpuColl::push_a2a_bytes`]).
     pub(super) fn pushes_a2a(&self, total: usize) -> bool {
-        self.tuning.push_all_to_all > 0 && total >= self.tuning.push_all_to_all
+        self.rules().pushes_all_to_all(total)
     }
 
     /// The check argument of an LL call with signature `sig` (marked LL; its barrier count,
@@ -242,57 +226,13 @@ impl GpuColl<'_> {
         self.check(dt, sig.pack()?)
     }
 
-    /// Whether an all_reduce of `bytes` on `team` runs the LL way (what the benchmarks report).
-    pub(super) fn all_reduce_uses_ll(&self, team: &Team, bytes: usize) -> bool {
-        self.g.device_team(team).is_ok_and(|dt| {
-            let algo = self.all_reduce_algo(dt, bytes);
-            self.ll_arg(dt, bytes, algo).is_some()
-        })
-    }
-
     /// The algorithm of an all_reduce of `bytes` on `dt`: the configured choice, except that a
     /// message within the LL size on a team the LL path serves runs one-shot (the LL path)
     /// unless an algorithm is forced ([`CollConfig::algo`]): the LL path beats the barrier-based
     /// two-shot up to its size.
     pub(super) fn all_reduce_algo(&self, dt: DeviceTeam, bytes: usize) -> Algo {
-        let chosen = self.config.choose(CollKind::AllReduce, bytes);
-        let ll = self.config.algo.is_none()
-            && bytes > 0
-            && bytes <= self.ll_ar_max(dt)
-            && self.ll_team_arg(dt).is_some();
-        if ll {
-            Algo::OneShot
-        } else {
-            chosen
-        }
-    }
-
-    /// Whether an all_to_all of `bytes` (all shares) on `team` between 4096-aligned buffers
-    /// runs the LL way (what the benchmarks report).
-    pub(super) fn all_to_all_uses_ll(&self, team: &Team, bytes: usize) -> bool {
-        self.g.device_team(team).is_ok_and(|dt| {
-            let share = bytes / (dt.size.max(1) as usize);
-            share * dt.size as usize == bytes && self.ll_a2a_arg(dt, share).is_some()
-        })
-    }
-
-    /// Whether a collective of nccl-tests' size `bytes` (the all_gather output, the
-    /// reduce_scatter input, the all_to_all buffer, the message otherwise) on `team` runs the
-    /// LL way (what the benchmarks report).
-    pub(super) fn uses_ll(&self, kind: CollKind, team: &Team, bytes: usize) -> bool {
-        let Ok(dt) = self.g.device_team(team) else {
-            return false;
-        };
-        let n = dt.size.max(1) as usize;
-        match kind {
-            CollKind::AllReduce => self.all_reduce_uses_ll(team, bytes),
-            CollKind::AllToAll => self.all_to_all_uses_ll(team, bytes),
-            CollKind::AllGather | CollKind::ReduceScatter => {
-                bytes.is_multiple_of(n) && self.ll_a2a_arg(dt, bytes / n).is_some()
-            }
-            CollKind::Broadcast => self.ll_bcast_arg(dt, bytes).is_some(),
-            _ => false,
-        }
+        let f = self.facts(dt, self.ll_team_arg(dt).is_some(), false, 0);
+        self.rules().all_reduce_algo(f, bytes)
     }
 
     /// The LL argument, grid and way when a broadcast of `bytes` on `dt` runs the pull way
@@ -309,84 +249,10 @@ impl GpuColl<'_> {
         src: u64,
         dst: u64,
     ) -> Option<(LlArg, u32, bool)> {
-        let fits = self.config.algo.is_none()
-            && bytes > 0
-            && self.ll_bcast_arg(dt, bytes).is_none()
-            && bytes <= self.tuning.pull_broadcast.of(dt.size.max(0) as usize)
-            && bytes.is_multiple_of(16)
-            && (src | dst).is_multiple_of(16);
-        let (ll, blocks) = self.pull_grid(dt, fits, bytes, self.tuning.pull_block_bytes)?;
-        let chain = dt.size > 2 && bytes > self.tuning.chain_broadcast;
-        let lines = SIG_WORDS + blocks as usize * if chain { 2 } else { 1 };
-        (ll.lines as usize >= lines).then_some((ll, blocks, chain))
-    }
-
-    /// Whether a broadcast of `bytes` on `team` between 4096-aligned buffers runs the pull
-    /// way (what the benchmarks report).
-    pub(super) fn broadcast_uses_pull(&self, team: &Team, bytes: usize) -> bool {
-        self.g
-            .device_team(team)
-            .is_ok_and(|dt| self.pull_bcast_arg(dt, bytes, 0, 0).is_some())
-    }
-
-    /// Whether a broadcast of `bytes` on `team` between 4096-aligned buffers runs the pull
-    /// way along a chain.
-    pub(super) fn broadcast_uses_chain(&self, team: &Team, bytes: usize) -> bool {
-        self.g
-            .device_team(team)
-            .is_ok_and(|dt| self.pull_bcast_arg(dt, bytes, 0, 0).is_some_and(|a| a.2))
-    }
-
-    /// Whether an out-of-place reduce_scatter of `bytes` (every member's part) on `team`
-    /// between 4096-aligned buffers runs the pull way (what the benchmarks report).
-    pub(super) fn reduce_scatter_uses_pull(&self, team: &Team, bytes: usize) -> bool {
-        self.g.device_team(team).is_ok_and(|dt| {
-            let n = dt.size.max(1) as usize;
-            bytes.is_multiple_of(n) && self.pull_rs_arg(dt, bytes / n, false, (0, 0)).is_some()
-        })
-    }
-
-    /// The pull kernel's mode word of an out-of-place all_reduce of `bytes` on `team` between
-    /// 4096-aligned buffers, if it runs the pull way.
-    pub(super) fn all_reduce_pull_mode(&self, team: &Team, bytes: usize) -> Option<u64> {
-        let dt = self.g.device_team(team).ok()?;
-        if !matches!(self.config.algo, None | Some(Algo::OneShot))
-            || self.all_reduce_uses_ll(team, bytes)
-        {
-            return None;
-        }
-        let two_ok = self.config.algo.is_none();
-        self.pull_ar_arg(dt, bytes, false, (0, 0), two_ok)
-            .map(|a| a.2)
-    }
-
-    /// Whether an out-of-place all_to_all of `bytes` (all shares) on `team` between
-    /// 4096-aligned buffers runs the pull way (what the benchmarks report).
-    pub(super) fn all_to_all_uses_pull(&self, team: &Team, bytes: usize) -> bool {
-        self.g.device_team(team).is_ok_and(|dt| {
-            let share = bytes / (dt.size.max(1) as usize);
-            share * dt.size as usize == bytes
-                && self.ll_a2a_arg(dt, share).is_none()
-                && self.pull_a2a_arg(dt, share, false, 0, 0).is_some()
-        })
-    }
-
-    /// Bytes up to which an all_reduce on a team of `members` runs the LL way: the LL size on
-    /// a pair, `2 / members` of it on larger teams (rounded down to 16 bytes). Each member
-    /// pushes its whole message, twice its size with the flags, to every other member, so the
-    /// LL path's traffic grows with the team where the two-shot pull's stays about twice the
-    /// message: the size where the pull overtakes it shrinks as the team grows (BENCHMARKS.md,
-    /// 4x H200).
-    pub(super) fn ll_all_reduce_bytes(&self, members: usize) -> usize {
-        if members <= 2 {
-            self.ll_sizes.all_reduce
-        } else {
-            self.ll_sizes.all_reduce * 2 / members / 16 * 16
-        }
-    }
-
-    pub(super) fn ll_ar_max(&self, dt: DeviceTeam) -> usize {
-        self.ll_all_reduce_bytes(dt.size.max(0) as usize)
+        let ll = self.ll_team_arg(dt)?;
+        let f = self.facts(dt, true, false, src | dst);
+        let (blocks, chain) = self.rules().pull_broadcast(f, bytes)?;
+        Some((ll, blocks, chain))
     }
 
     /// The LL paths' sizes ([`CollTuning::ll_sizes`]).
@@ -479,34 +345,12 @@ impl GpuColl<'_> {
     /// between out-of-place, 4096-aligned buffers: what the benchmarks report and the tests
     /// check. Every member of a team computes the same path from the same tuning.
     pub fn path(&self, kind: CollKind, team: &Team, bytes: usize) -> CollPath {
-        if self.uses_ll(kind, team, bytes) {
-            return CollPath::Ll;
-        }
-        let plan = CollPath::Plan(match kind {
-            CollKind::AllReduce => self
-                .g
-                .device_team(team)
-                .map_or(Algo::OneShot, |dt| self.all_reduce_algo(dt, bytes)),
-            _ => self.config.choose(kind, bytes),
-        });
-        match kind {
-            CollKind::AllReduce => match self.all_reduce_pull_mode(team, bytes) {
-                Some(PULL_AR_TWO_SHOT) => CollPath::PullTwoShot,
-                Some(PULL_AR_PUSH) => CollPath::Push,
-                Some(_) => CollPath::Pull,
-                None => plan,
-            },
-            CollKind::AllToAll | CollKind::AllGather if self.all_to_all_uses_pull(team, bytes) => {
-                if self.pushes_a2a(bytes) {
-                    CollPath::Push
-                } else {
-                    CollPath::Pull
-                }
-            }
-            CollKind::ReduceScatter if self.reduce_scatter_uses_pull(team, bytes) => CollPath::Pull,
-            CollKind::Broadcast if self.broadcast_uses_chain(team, bytes) => CollPath::Chain,
-            CollKind::Broadcast if self.broadcast_uses_pull(team, bytes) => CollPath::Pull,
-            _ => plan,
+        match self.team_facts(team) {
+            Some(f) => self.rules().path(kind, f, bytes),
+            None => CollPath::Plan(match kind {
+                CollKind::AllReduce => Algo::OneShot,
+                _ => self.config.choose(kind, bytes),
+            }),
         }
     }
 }

@@ -1,3 +1,4 @@
+// The bytes these kernels move, as data the simulator reads: coll/cuda/traffic.rs.
 // Data line l (0-based) is pushed, folded and written by the same thread (lines l0 + u·gn in
 // batches of U): in place (src == dst) no thread overwrites a line another thread has yet to
 // push.

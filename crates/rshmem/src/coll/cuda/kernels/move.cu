@@ -1,3 +1,4 @@
+// The bytes these kernels move, as data the simulator reads: coll/cuda/traffic.rs.
 // Bytes l·8 .. l·8+8 of a share of nb bytes at d (those below nb), from a line's payload.
 __device__ __forceinline__ void rshmemi_ll_unpack(char* d, rshmem_u64 nb, rshmem_u64 l, rshmem_u64 v) {
     char* p = d + l * 8;

@@ -1,0 +1,83 @@
+//! Calibration input: records grouped by size at their median, later files winning, run
+//! filters; the error table.
+
+use rshmem_sim::calibrate::{is_training, load_cases, table, Case, Row};
+
+fn record(op: &str, bytes: usize, t: f64, run: &str) -> String {
+    format!(
+        r#"{{"op":"{op}","backend":"cuda","pes":2,"bytes":{bytes},"time_us":{t},"note":"ll","run":"{run}"}}"#
+    )
+}
+
+#[test]
+fn cases_from_perf_json() {
+    let dir = std::env::temp_dir().join(format!("rshmem-sim-cal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let a = dir.join("a.json");
+    let b = dir.join("b.json");
+    let recs = [
+        record("all_reduce", 8, 3.0, "x1"),
+        record("all_reduce", 8, 5.0, "x2"),
+        record("all_to_all", 8, 9.0, "x1"),
+        record("put", 8, 1.0, "x1"),
+    ];
+    std::fs::write(&a, format!("[{}]", recs.join(","))).expect("write");
+    let recs = [
+        record("all_to_all", 8, 4.0, "keep"),
+        record("all_to_all", 8, 40.0, "drop"),
+    ];
+    std::fs::write(&b, format!("[{}]", recs.join(","))).expect("write");
+    let a = a.to_string_lossy().to_string();
+    let b = format!("{}@keep", b.to_string_lossy());
+    let cases = load_cases(&[a, b]).expect("cases");
+    let got: Vec<(String, f64, usize)> = cases
+        .iter()
+        .map(|c| (c.op.clone(), c.time_us, c.runs))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("all_reduce".to_string(), 4.0, 2),
+            ("all_to_all".to_string(), 4.0, 1)
+        ]
+    );
+    assert!(is_training(&cases[0]));
+    std::fs::remove_dir_all(&dir).expect("clean");
+}
+
+#[test]
+fn error_table() {
+    let case = |op: &str, bytes| Case {
+        op: op.to_string(),
+        pes: 2,
+        bytes,
+        tokens: 0,
+        ep: (0, 0, 0),
+        token_major: false,
+        time_us: 10.0,
+        note: "ll".to_string(),
+        runs: 1,
+    };
+    let row = |c: Case, error: f64, stale| Row {
+        train: is_training(&c),
+        case: c,
+        sim_us: 10.0 * (1.0 + error),
+        path: "ll".to_string(),
+        error,
+        stale,
+    };
+    let rows = [
+        row(case("all_gather", 8), 0.10, false),
+        row(case("all_gather", 16), -0.02, false),
+        row(case("all_gather", 32), 0.04, false),
+        row(case("all_gather", 64), 0.5, true),
+        row(case("all_reduce", 8), 0.01, false),
+    ];
+    assert_eq!(
+        table(&rows),
+        "| op | GPUs | validation cases | median abs. error | max abs. error | fit cases | median | max | left out (path changed) |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n\
+         | all_gather | 2 | 3 | 4.0 % | 10.0 % | 0 | – | – | 1 |\n\
+         | all_reduce | 2 | 0 | – | – | 1 | 1.0 % | 1.0 % | 0 |\n"
+    );
+}

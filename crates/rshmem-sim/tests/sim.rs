@@ -1,0 +1,358 @@
+//! The simulator against closed forms, and its invariants: monotonic in size, conservation,
+//! determinism, the shipped topologies, the library's paths.
+
+use rshmem::coll::CollKind;
+use rshmem_sim::fluid::{Engine, Flows};
+use rshmem_sim::schedule::{build, Op, Setup};
+use rshmem_sim::{simulate, Topology};
+
+fn topo_file(name: &str) -> Topology {
+    let path = format!("{}/topologies/{name}", env!("CARGO_MANIFEST_DIR"));
+    Topology::load(&path).expect("shipped topology")
+}
+
+/// A topology of `fabric` whose ports never limit and whose kernels cost nothing.
+fn bare(fabric: &str) -> Topology {
+    let text = format!(
+        r#"
+name = "bare"
+[gpu]
+sms = 132
+hbm_gbps = 1e9
+copy_engines = 1
+ce_gbps = 1e9
+local_copy_gbps = 1e9
+store_gbps = 1e9
+load_gbps = 1e9
+[fabric]
+{fabric}
+[model]
+launch_us = 0.0
+block_gbps = 1e9
+fence_us = 0.0
+peer_us = 0.0
+ll_efficiency = 1.0
+ep_dispatch_us = 0.0
+ep_combine_us = 0.0
+"#
+    );
+    Topology::parse(&text).expect("topology")
+}
+
+fn time(topo: &Topology, op: Op, pes: usize, bytes: usize) -> f64 {
+    let p = build(topo, &Setup::default(), op, pes, bytes).expect("schedule");
+    simulate(topo, &p, &mut |_, _| {})
+        .expect("simulate")
+        .time_us
+}
+
+#[test]
+fn one_transfer_is_latency_plus_bytes_over_bandwidth() {
+    let t = bare("kind = \"mesh\"\ngpus = 2\nlink = { gbps = 100.0, latency_us = 2.0, per_message_us = 0.5 }");
+    for bytes in [1usize << 10, 1 << 20, 1 << 30] {
+        let want = 2.0 + 0.5 + bytes as f64 / 100e3;
+        let got = time(&t, Op::Put, 2, bytes);
+        assert!(
+            (got - want).abs() <= want * 1e-6,
+            "{bytes}: {got} against {want}"
+        );
+        assert_eq!(time(&t, Op::Get, 2, bytes), got);
+    }
+}
+
+#[test]
+fn ring_all_reduce_matches_its_closed_form() {
+    for n in [2usize, 4, 8] {
+        let t = bare(&format!(
+            "kind = \"ring\"\ngpus = {n}\nlink = {{ gbps = 50.0, latency_us = 1.5 }}"
+        ));
+        for bytes in [1usize << 20, 64 << 20] {
+            let nf = n as f64;
+            let want = 2.0 * (nf - 1.0) / nf * bytes as f64 / 50e3 + 2.0 * (nf - 1.0) * 1.5;
+            let got = time(&t, Op::RingAllReduce, n, bytes);
+            assert!(
+                (got - want).abs() <= want * 0.01,
+                "{n} {bytes}: {got} against {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn flows_share_links_max_min_fairly() {
+    // Link 0 (10 GB/s) carries flows a and b; link 1 (2 GB/s) carries b: b gets 2, a the other
+    // 8 until b ends, then all 10.
+    let mut e = Engine::new([10.0, 2.0]);
+    let mut f = Flows::new();
+    f.add(0.0, 80e3, f64::INFINITY, &[0]);
+    f.add(0.0, 20e3, f64::INFINITY, &[0, 1]);
+    let end = e.run(&f);
+    assert_eq!(end[1], 10.0);
+    assert!((end[0] - 10.0).abs() < 1e-9, "{}", end[0]);
+    // A later start joins at its time and ends when its bytes have drained.
+    let mut f = Flows::new();
+    f.add(0.0, 100e3, f64::INFINITY, &[0]);
+    f.add(5.0, 10e3, f64::INFINITY, &[0]);
+    let end = e.run(&f);
+    assert!((end[1] - 7.0).abs() < 1e-9, "{}", end[1]);
+    assert!((end[0] - 11.0).abs() < 1e-9, "{}", end[0]);
+    assert_eq!(e.link_bytes, vec![80e3 + 20e3 + 100e3 + 10e3, 20e3]);
+}
+
+/// Time never falls as the size grows on one path. Across a change of path it may: on 64 PEs
+/// of the fat tree the plans' two-shot at 256 KiB beats their one-shot at 64 KiB, so the
+/// one-shot limit (`RSHMEM_COLL_TWO_SHOT_BYTES`) is too high there.
+#[test]
+fn time_grows_with_size() {
+    let cases = [
+        ("h200x2.toml", 2),
+        ("h200x4.toml", 4),
+        ("nvswitch8.toml", 8),
+        ("torus8x8.toml", 64),
+        ("railfat4096.toml", 64),
+    ];
+    for (file, pes) in cases {
+        let t = topo_file(file);
+        for kind in [CollKind::AllReduce, CollKind::AllToAll, CollKind::AllGather] {
+            let mut last: std::collections::HashMap<String, f64> = Default::default();
+            let (mut first, mut end) = (0.0, 0.0);
+            for s in 0..=13 {
+                let bytes = (pes * 16) << (2 * s);
+                let p = build(&t, &Setup::default(), Op::Coll(kind), pes, bytes).expect("plan");
+                let got = simulate(&t, &p, &mut |_, _| {}).expect("simulate").time_us;
+                let before = last.insert(p.path.clone(), got).unwrap_or(0.0);
+                assert!(
+                    got >= before,
+                    "{file} {kind:?} {bytes} {}: {got} after {before}",
+                    p.path
+                );
+                if s == 0 {
+                    first = got;
+                }
+                end = got;
+            }
+            assert!(end > 100.0 * first, "{file} {kind:?}: {first} to {end}");
+        }
+    }
+    let t = topo_file("railfat4096.toml");
+    let one = time(&t, Op::Coll(CollKind::AllReduce), 64, 64 << 10);
+    let two = time(&t, Op::Coll(CollKind::AllReduce), 64, 256 << 10);
+    assert!(two < one, "{two} against {one}");
+}
+
+#[test]
+fn every_link_carries_what_the_schedule_sends() {
+    let t = topo_file("railfat4096.toml");
+    let setup = Setup::default();
+    for (op, bytes) in [
+        (Op::Coll(CollKind::AllToAll), 64 << 20),
+        (Op::Coll(CollKind::AllReduce), 8 << 20),
+    ] {
+        let p = build(&t, &setup, op, 32, bytes).expect("schedule");
+        let r = simulate(&t, &p, &mut |_, _| {}).expect("simulate");
+        let mut want = vec![0.0f64; t.links().len()];
+        let mut sent = 0.0;
+        for x in p.phases.iter().flat_map(|ph| &ph.xfers) {
+            if x.src == x.dst {
+                continue;
+            }
+            sent += x.bytes as f64;
+            for l in t.route(x.src as usize, x.dst as usize).expect("route") {
+                want[l as usize] += x.bytes as f64;
+            }
+        }
+        let fabric: Vec<f64> = (0..want.len())
+            .map(|l| if t.is_port(l) { 0.0 } else { r.link_bytes[l] })
+            .collect();
+        for (l, (w, g)) in want.iter().zip(&fabric).enumerate() {
+            assert!(
+                (w - g).abs() <= w * 1e-9,
+                "link {}: {g} against {w}",
+                t.link_name(l)
+            );
+        }
+        // Conservation at every node: what enters less what leaves is what it receives less
+        // what it sends (0 at switches; a GPU forwarding for PXN passes its bytes on).
+        let nodes = t
+            .links()
+            .iter()
+            .map(|k| k.from.max(k.to) as usize)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let mut net = vec![0.0f64; nodes];
+        for (l, k) in t.links().iter().enumerate().filter(|(l, _)| !t.is_port(*l)) {
+            net[k.to as usize] += r.link_bytes[l];
+            net[k.from as usize] -= r.link_bytes[l];
+        }
+        let mut want_net = vec![0.0f64; nodes];
+        for x in p
+            .phases
+            .iter()
+            .flat_map(|ph| &ph.xfers)
+            .filter(|x| x.src != x.dst)
+        {
+            want_net[x.dst as usize] += x.bytes as f64;
+            want_net[x.src as usize] -= x.bytes as f64;
+        }
+        for v in 0..nodes {
+            let d = (net[v] - want_net[v]).abs();
+            assert!(
+                d <= sent * 1e-12,
+                "node {v}: {} against {}",
+                net[v],
+                want_net[v]
+            );
+        }
+    }
+}
+
+#[test]
+fn same_inputs_same_timeline() {
+    let t = topo_file("torus8x8.toml");
+    let run = || {
+        let p = build(
+            &t,
+            &Setup::default(),
+            Op::Coll(CollKind::AllToAll),
+            64,
+            16 << 20,
+        )
+        .expect("schedule");
+        simulate(&t, &p, &mut |_, _| {}).expect("simulate")
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a.time_us.to_bits(), b.time_us.to_bits());
+    assert_eq!(a.phases, b.phases);
+    assert_eq!(a.link_bytes, b.link_bytes);
+    assert_eq!(a.events, b.events);
+}
+
+#[test]
+fn shipped_topologies_and_routes() {
+    for (file, gpus) in [
+        ("h200x2.toml", 2),
+        ("h200x4.toml", 4),
+        ("nvswitch8.toml", 8),
+        ("nvl72.toml", 72),
+        ("pcie8.toml", 8),
+        ("railfat4096.toml", 4096),
+        ("torus8x8.toml", 64),
+        ("ring8.toml", 8),
+    ] {
+        assert_eq!(topo_file(file).gpus(), gpus, "{file}");
+    }
+    let hops = |file: &str, a: usize, b: usize| topo_file(file).route(a, b).expect("route").len();
+    assert_eq!(hops("torus8x8.toml", 0, 36), 8);
+    assert_eq!(hops("torus8x8.toml", 0, 7), 1);
+    assert_eq!(hops("ring8.toml", 1, 6), 3);
+    assert_eq!(hops("pcie8.toml", 0, 3), 2);
+    assert_eq!(hops("pcie8.toml", 0, 4), 4);
+    assert_eq!(hops("nvswitch8.toml", 2, 5), 2);
+    // Same node; same rail and leaf; another rail (PXN hop first); another leaf.
+    assert_eq!(hops("railfat4096.toml", 0, 7), 2);
+    assert_eq!(hops("railfat4096.toml", 0, 8), 2);
+    assert_eq!(hops("railfat4096.toml", 0, 9), 4);
+    assert_eq!(hops("railfat4096.toml", 0, 8 * 32), 4);
+    assert_eq!(hops("railfat4096.toml", 1, 8 * 32 + 2), 6);
+    let t = topo_file("railfat4096.toml");
+    let r = t.route(1, 8 * 32 + 2).expect("route");
+    let names: Vec<String> = r.iter().map(|&l| t.link_name(l as usize)).collect();
+    assert_eq!(
+        names,
+        [
+            "gpu1 -> nvswitch0",
+            "nvswitch0 -> gpu2",
+            "gpu2 -> leaf0.rail2",
+            "leaf0.rail2 -> spine.rail2",
+            "spine.rail2 -> leaf1.rail2",
+            "leaf1.rail2 -> gpu258"
+        ]
+    );
+}
+
+#[test]
+fn explicit_links_route_by_fewest_hops() {
+    let t = bare(
+        r#"kind = "links"
+gpus = 3
+nodes = ["sw"]
+links = [
+  { from = "gpu0", to = "sw", gbps = 10.0, latency_us = 1.0, both = true },
+  { from = "gpu1", to = "sw", gbps = 10.0, latency_us = 1.0, both = true },
+  { from = "gpu2", to = "sw", gbps = 10.0, latency_us = 1.0, both = true },
+  { from = "gpu0", to = "gpu1", gbps = 5.0, latency_us = 3.0 },
+]"#,
+    );
+    assert_eq!(t.route(0, 1).expect("route"), vec![6]);
+    assert_eq!(t.route(1, 0).expect("route"), vec![2, 1]);
+    assert_eq!(t.route(0, 2).expect("route"), vec![0, 5]);
+    let bad = Topology::parse("name = \"x\"\n[gpu]\nsms = 1");
+    assert!(bad.is_err());
+}
+
+#[test]
+fn paths_are_the_librarys() {
+    let t = topo_file("h200x2.toml");
+    let path = |kind, bytes| {
+        build(&t, &Setup::default(), Op::Coll(kind), 2, bytes)
+            .expect("schedule")
+            .path
+    };
+    assert_eq!(path(CollKind::AllReduce, 8), "ll");
+    assert_eq!(path(CollKind::AllReduce, 1 << 20), "pull");
+    assert_eq!(path(CollKind::AllReduce, 256 << 20), "push");
+    assert_eq!(path(CollKind::AllToAll, 16 << 20), "push");
+    assert_eq!(path(CollKind::ReduceScatter, 16 << 20), "one_shot");
+    let t = topo_file("nvswitch8.toml");
+    let p = build(
+        &t,
+        &Setup::default(),
+        Op::Coll(CollKind::AllReduce),
+        8,
+        64 << 20,
+    )
+    .expect("plan");
+    assert_eq!(p.path, "pull_two_shot");
+    let t = topo_file("railfat4096.toml");
+    let p = build(
+        &t,
+        &Setup::default(),
+        Op::Coll(CollKind::AllReduce),
+        64,
+        64 << 20,
+    )
+    .expect("plan");
+    assert_eq!(p.path, "two_shot");
+    // Two-shot plan: barrier, reduce kernel, barrier, a copy kernel (63 copies), barrier.
+    let whats: Vec<&str> = p.phases.iter().map(|ph| ph.what).collect();
+    assert_eq!(whats, ["barrier", "kernel", "barrier", "kernel", "barrier"]);
+    assert_eq!(p.phases[1].xfers.len(), 64 * 64);
+    assert_eq!(p.phases[3].xfers.len(), 64 * 63);
+}
+
+#[test]
+fn moe_traffic_follows_the_routing() {
+    let t = topo_file("h200x4.toml");
+    let mut setup = Setup::default();
+    setup.ep.tokens = 2;
+    setup.ep.topk = 2;
+    setup.ep.experts = 4;
+    setup.ep.hidden = 8;
+    // PE p's tokens go to experts (p, p+1) and (2, 3): PEs p and p+1, then PEs 2 and 3.
+    setup.ep.routing = Some((0..4).map(|p: i32| vec![p, (p + 1) % 4, 2, 3]).collect());
+    let p = build(&t, &setup, Op::Dispatch, 4, 0).expect("schedule");
+    // PE 0 sends token 0 to PE 1 and token 1 to PEs 2 and 3: three rows of 16 bytes.
+    assert_eq!(p.bytes, 3 * 16);
+    let mut pairs: Vec<(u32, u32, f32)> = p.phases[0]
+        .xfers
+        .iter()
+        .filter(|x| x.src == 0)
+        .map(|x| (x.src, x.dst, x.bytes))
+        .collect();
+    pairs.sort_by_key(|a| a.1);
+    assert_eq!(
+        pairs,
+        [(0, 0, 16.0), (0, 1, 16.0), (0, 2, 16.0), (0, 3, 16.0)]
+    );
+}
