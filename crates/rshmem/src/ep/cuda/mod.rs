@@ -193,7 +193,8 @@
 //!   signals to the peers' combine counts), so the buffer's counters differ between PEs and a
 //!   later call may time out again or pass a wait too early. The re-synchronisation above
 //!   assumes every PE made the same calls; after calls of different kinds, free the buffer
-//!   (every PE, after [`GpuBuffer::check`]) and create a new one.
+//!   (every PE, after [`GpuBuffer::check`]) and create a new one (`tests/cuda_ep`,
+//!   `gpu_ep_dispatch_against_combine_times_out`).
 //! * **Device barriers.** [`CudaPe::barrier_on_stream`](crate::cuda::CudaPe::barrier_on_stream)
 //!   counts on a slot of its own that no collective, team barrier or MoE kernel uses: against
 //!   any of them, both sides' device waits time out. [`GpuColl::barrier`](crate::cuda::GpuColl::barrier)
