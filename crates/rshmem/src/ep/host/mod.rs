@@ -306,6 +306,7 @@ impl<T: Elem> HostBuffer<T> {
             pe.put(&self.meta()?, at, &rows[d], self.members[d])?;
         }
         if let Err(e) = pe.team_barrier_as(&self.team, call) {
+            self.epoch -= 1;
             if matches!(e, Error::CollectiveMismatch { .. }) {
                 // Every member saw the mismatch and reads no record of this call; a member
                 // reads this half again only after a barrier this PE reaches after the clear.
@@ -314,7 +315,6 @@ impl<T: Elem> HostBuffer<T> {
                     pe.put(&self.meta()?, at, &zeros, self.members[d])?;
                 }
             }
-            self.epoch -= 1;
             return Err(e);
         }
         let parity = (self.epoch % 2) as usize;
