@@ -532,9 +532,13 @@ pub struct fid_ep {
     pub collective: *mut c_void,
 }
 
-/// `(name, size, [(field, offset)])` of every struct above, for the ABI test.
+/// A struct's name, size and `(field, offset)` pairs.
 #[cfg(test)]
-pub(crate) fn layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+pub(crate) type Layout = (&'static str, usize, Vec<(&'static str, usize)>);
+
+/// The layout of every struct above, for the ABI test.
+#[cfg(test)]
+pub(crate) fn layouts() -> Vec<Layout> {
     use std::mem::{offset_of, size_of};
     macro_rules! l {
         ($t:ident; $($f:ident),*) => {

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 
-/// The library's file name (the SONAME of libfabric 1.x).
+/// The library's file name (the SONAME of libfabric 1.x), loaded at run time.
 pub const LIBRARY: &str = "libfabric.so.1";
 
 type GetInfo = unsafe extern "C" fn(
@@ -105,6 +105,20 @@ pub(crate) fn lib() -> Result<&'static Lib> {
 }
 
 /// Whether libfabric can be loaded here (tests skip when it cannot).
-pub fn available() -> bool {
+#[cfg(test)]
+pub(crate) fn available() -> bool {
     lib().is_ok()
+}
+
+/// Loads libfabric (once per process) and checks its version: `Ok` when worlds spanning nodes
+/// can be formed here, else [`Error::Backend`] naming the library and what is missing.
+///
+/// ```
+/// match rshmem::transport::fabric::probe() {
+///     Ok(()) => println!("libfabric is here"),
+///     Err(e) => println!("no fabric between nodes: {e}"),
+/// }
+/// ```
+pub fn probe() -> Result<()> {
+    lib().map(|_| ())
 }

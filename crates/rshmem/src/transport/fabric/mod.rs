@@ -5,17 +5,23 @@
 //!   functions, loaded at run time.
 //! * `endpoint.rs`: fabric, domain, CQ, AV, endpoint; put, get, atomics, quiet.
 //! * `mr.rs`: registrations and the `Remote` record a peer needs.
+//! * `net.rs`: a world's fabric (`Net`: control words of peers on other nodes) and the
+//!   backend that sends heap operations for those peers over it (`FabricBackend`).
 
 mod endpoint;
 mod ffi;
 mod loader;
 mod mr;
+mod net;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use endpoint::{Endpoint, FabricConfig};
-pub(crate) use loader::{available, LIBRARY};
+#[cfg(test)]
+use loader::available;
+pub use loader::{probe, LIBRARY};
 pub(crate) use mr::{MemoryRegion, Remote};
+pub(crate) use net::{FabricBackend, Net};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
