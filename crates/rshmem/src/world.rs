@@ -14,6 +14,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+/// How long the monitor's read of a peer's header over the fabric may take before the peer is
+/// taken as lost (at most the configured timeout).
+const HEADER_PROBE: Duration = Duration::from_secs(3);
+
 /// Protocol version checked at start-up; PEs of different versions refuse to form a world.
 pub const PROTOCOL_VERSION: u64 = 5;
 
@@ -283,7 +287,7 @@ impl PeInner {
     pub fn ctrl_read(&self, pe: usize, w: usize, n: usize) -> Result<Vec<u64>> {
         match &self.net {
             Some(net) if net.is_remote(pe) => net
-                .ctrl_read(pe, w, n)
+                .ctrl_read(pe, w, n, self.config.timeout)
                 .inspect_err(|e| self.fabric_failed(pe, e)),
             _ => Ok((0..n)
                 .map(|i| self.ctrls[pe].word(w + i).load(Ordering::Relaxed))
@@ -292,8 +296,9 @@ impl PeInner {
     }
 
     /// Copies the header words (state, cause) of every peer on another node into this PE's
-    /// local copy of its control block; a peer the fabric cannot reach any more is lost
-    /// (unless it had finalized).
+    /// local copy of its control block. A peer the fabric cannot reach any more is lost
+    /// (unless it had finalized), and so is one whose header read does not complete within
+    /// [`HEADER_PROBE`]: a provider may retry a dead peer's connection for ever.
     pub(crate) fn refresh_remote_headers(&self) {
         let Some(net) = &self.net else { return };
         for pe in (0..self.n).filter(|&p| net.is_remote(p)) {
@@ -303,7 +308,12 @@ impl PeInner {
             {
                 continue;
             }
-            match net.ctrl_read(pe, control::W_STATE, 2) {
+            match net.ctrl_read(
+                pe,
+                control::W_STATE,
+                2,
+                self.config.timeout.min(HEADER_PROBE),
+            ) {
                 Ok(w) => {
                     self.ctrls[pe]
                         .word(control::W_CAUSE)
@@ -442,6 +452,9 @@ impl PeInner {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+        if let Some(net) = &self.net {
+            net.mark_lost(pe);
+        }
         if !self.lost[pe].swap(true, Ordering::AcqRel) {
             tracing::warn!(
                 pe = self.me,

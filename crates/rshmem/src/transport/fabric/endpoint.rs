@@ -13,6 +13,7 @@ use super::loader::{lib, Lib};
 use super::mr::{MemoryRegion, Remote};
 use crate::backend::AtomicOp;
 use crate::error::{Error, Result};
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_void, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -55,11 +56,12 @@ struct Handles {
 pub(super) struct State {
     lib: &'static Lib,
     h: Handles,
-    /// Operations posted and completed so far.
-    posted: u64,
-    completed: u64,
-    /// The first failed completion not yet reported: (peer, message).
-    failed: Option<(Option<usize>, String)>,
+    /// Id of the next operation posted (its completion context; never 0).
+    next_id: u64,
+    /// Completed operations not yet collected by their waiter: id → error text, if it failed.
+    done: HashMap<u64, Option<String>>,
+    /// Operations whose waiter gave up (peer lost, deadline): their completions are dropped.
+    abandoned: HashSet<u64>,
     /// Addresses of the peers, by peer index (after `insert_peers`).
     peers: Vec<fi_addr_t>,
 }
@@ -83,6 +85,9 @@ pub(crate) struct Endpoint {
     /// wants local buffers registered, the staging of puts and gets).
     bounce: Mutex<Option<MemoryRegion>>,
     timeout: Duration,
+    /// Peers known lost (`mark_lost`): operations waiting on them give up at once.
+    lost: Mutex<HashSet<usize>>,
+    any_lost: AtomicBool,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -156,7 +161,12 @@ impl State {
                 ((*(*self.h.cq).ops).read)(self.h.cq, entries.as_mut_ptr().cast(), entries.len())
             };
             if n > 0 {
-                self.completed += n as u64;
+                for e in &entries[..n as usize] {
+                    let id = e.op_context as u64;
+                    if !self.abandoned.remove(&id) {
+                        self.done.insert(id, None);
+                    }
+                }
                 continue;
             }
             if n == -FI_EAVAIL {
@@ -165,8 +175,7 @@ impl State {
                 // SAFETY: open CQ, valid entry to fill.
                 let r = unsafe { ((*(*self.h.cq).ops).readerr)(self.h.cq, &mut e, 0) };
                 if r > 0 {
-                    self.completed += 1;
-                    let peer = (e.op_context as usize).checked_sub(1);
+                    let id = e.op_context as u64;
                     // SAFETY: open CQ; the provider returns a string valid until the next read.
                     let prov = unsafe {
                         let p = ((*(*self.h.cq).ops).strerror)(
@@ -183,8 +192,8 @@ impl State {
                         }
                     };
                     let msg = format!("{} (provider: {prov})", lib.strerror(e.err as isize));
-                    if self.failed.is_none() {
-                        self.failed = Some((peer, msg));
+                    if !self.abandoned.remove(&id) {
+                        self.done.insert(id, Some(msg));
                     }
                     continue;
                 }
@@ -228,9 +237,9 @@ impl Endpoint {
         let state = Arc::new(Mutex::new(State {
             lib,
             h,
-            posted: 0,
-            completed: 0,
-            failed: None,
+            next_id: 1,
+            done: HashMap::new(),
+            abandoned: HashSet::new(),
             peers: Vec::new(),
         }));
         let stop = Arc::new(AtomicBool::new(false));
@@ -259,6 +268,8 @@ impl Endpoint {
             provider,
             bounce: Mutex::new(None),
             timeout: config.timeout,
+            lost: Mutex::new(HashSet::new()),
+            any_lost: AtomicBool::new(false),
         };
         let buf = vec![0u8; BOUNCE].into_boxed_slice();
         let mr = MemoryRegion::register_owned(&ep, buf)?;
@@ -426,75 +437,151 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Posts one operation with `post` (retrying while the provider's queue is full), then
-    /// reaps completions until every operation posted on this endpoint has completed.
-    fn run(
+    /// Takes `pe` as lost: operations waiting for it give up (their memory is left to the
+    /// provider), and new ones to it fail at once.
+    pub fn mark_lost(&self, pe: usize) {
+        self.lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pe);
+        self.any_lost.store(true, Ordering::Release);
+    }
+
+    fn is_lost(&self, pe: usize) -> bool {
+        self.any_lost.load(Ordering::Acquire)
+            && self
+                .lost
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&pe)
+    }
+
+    /// Posts one operation with `post` (retrying while the provider's queue is full) and waits
+    /// for its completion, at most `timeout`, giving up early when `pe` is lost. The lock is
+    /// held only to post and to read the queue, so a wait on a dead peer holds up no other.
+    ///
+    /// On an error the operation may still be in the provider's hands: the caller must then
+    /// leave every buffer it passed alive for good (`std::mem::forget`).
+    fn op(
         &self,
         op: &'static str,
         pe: usize,
+        timeout: Duration,
         mut post: impl FnMut(&State, fi_addr_t, *mut c_void) -> isize,
     ) -> Result<()> {
-        let mut s = self.lock();
-        let addr = *s
-            .peers
-            .get(pe)
-            .ok_or_else(|| fail(op, Some(pe), "peer has no fabric address".into()))?;
         let start = Instant::now();
-        let ctx = (pe + 1) as *mut c_void;
-        loop {
-            let rc = post(&s, addr, ctx);
-            if rc == 0 {
-                break;
-            }
-            if rc != -FI_EAGAIN {
-                return Err(fail(op, Some(pe), self.lib.strerror(rc)));
-            }
-            s.reap(self.lib);
-            if start.elapsed() > self.timeout {
-                return Err(Error::Timeout {
+        let gave_up = |lost: bool| {
+            if lost {
+                fail(op, Some(pe), "the peer is lost".into())
+            } else {
+                Error::Timeout {
                     op,
                     pe: Some(pe),
                     after: start.elapsed(),
-                });
+                }
             }
-        }
-        s.posted += 1;
-        self.drain(&mut s, op, Some(pe), start)
-    }
-
-    fn drain(
-        &self,
-        s: &mut State,
-        op: &'static str,
-        pe: Option<usize>,
-        start: Instant,
-    ) -> Result<()> {
+        };
+        let id = {
+            let mut s = self.lock();
+            let addr = *s
+                .peers
+                .get(pe)
+                .ok_or_else(|| fail(op, Some(pe), "peer has no fabric address".into()))?;
+            loop {
+                let id = s.next_id;
+                let rc = post(&s, addr, id as *mut c_void);
+                if rc == 0 {
+                    s.next_id += 1;
+                    break id;
+                }
+                if rc != -FI_EAGAIN {
+                    return Err(fail(op, Some(pe), self.lib.strerror(rc)));
+                }
+                s.reap(self.lib);
+                let lost = self.is_lost(pe);
+                if lost || start.elapsed() > timeout {
+                    return Err(gave_up(lost));
+                }
+            }
+        };
         let mut i = 0u32;
-        while s.completed < s.posted {
-            s.reap(self.lib);
+        loop {
+            {
+                let mut s = self.lock();
+                if !s.done.contains_key(&id) {
+                    s.reap(self.lib);
+                }
+                if let Some(r) = s.done.remove(&id) {
+                    return match r {
+                        None => Ok(()),
+                        Some(msg) => Err(fail(op, Some(pe), msg)),
+                    };
+                }
+                if i.is_multiple_of(64) {
+                    let lost = self.is_lost(pe);
+                    if lost || start.elapsed() > timeout {
+                        s.abandoned.insert(id);
+                        return Err(gave_up(lost));
+                    }
+                }
+            }
             i = i.wrapping_add(1);
-            if i.is_multiple_of(256) && start.elapsed() > self.timeout {
-                return Err(Error::Timeout {
-                    op,
-                    pe,
-                    after: start.elapsed(),
-                });
+            if i > 256 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
             }
         }
-        if let Some((peer, msg)) = s.failed.take() {
-            return Err(fail(op, peer.or(pe), msg));
-        }
-        Ok(())
     }
 
-    /// Completes every operation posted on this endpoint (OpenSHMEM quiet).
+    /// Completes every operation posted on this endpoint (OpenSHMEM quiet): every operation
+    /// waits for its own completion before it returns, so nothing is outstanding here.
     pub fn quiet(&self) -> Result<()> {
-        let mut s = self.lock();
-        self.drain(&mut s, "quiet", None, Instant::now())
+        Ok(())
     }
 
     fn needs_local_mr(&self) -> bool {
         self.mr_mode & FI_MR_LOCAL != 0
+    }
+
+    /// Runs `f` with staging memory of `n` bytes and its descriptor: the registered bounce
+    /// buffer where the provider wants local buffers registered (lost for good when `f` fails,
+    /// since the provider may still use it), else a fresh allocation (leaked when `f` fails).
+    fn staged<R>(
+        &self,
+        op: &'static str,
+        pe: usize,
+        n: usize,
+        f: impl FnOnce(&mut [u8], *mut c_void) -> Result<R>,
+    ) -> Result<R> {
+        if self.needs_local_mr() {
+            let mut bounce = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
+            let b = bounce.as_mut().ok_or_else(|| {
+                fail(
+                    op,
+                    Some(pe),
+                    "the staging buffer was lost with an abandoned operation".into(),
+                )
+            })?;
+            let desc = b.desc();
+            let r = f(&mut b.bytes_mut()[..n], desc);
+            if r.is_err() {
+                std::mem::forget(bounce.take());
+            }
+            r
+        } else {
+            let mut buf = vec![0u8; n];
+            let r = f(&mut buf, std::ptr::null_mut());
+            if r.is_err() {
+                std::mem::forget(buf);
+            }
+            r
+        }
+    }
+
+    /// Largest chunk one operation moves.
+    fn chunk(&self) -> usize {
+        self.max_msg.min(BOUNCE)
     }
 
     /// Writes `src` to `offset` of `remote` on peer `pe`; `delivery` asks for delivery
@@ -508,87 +595,78 @@ impl Endpoint {
         delivery: bool,
     ) -> Result<()> {
         let flags = FI_COMPLETION | if delivery { FI_DELIVERY_COMPLETE } else { 0 };
-        let mut done = 0;
-        while done < src.len() {
-            let n = (src.len() - done)
-                .min(self.max_msg)
-                .min(if self.needs_local_mr() {
-                    BOUNCE
-                } else {
-                    usize::MAX
-                });
-            let chunk = &src[done..done + n];
-            let raddr = remote.addr(offset + done);
-            let mut bounce = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
-            let (ptr, desc) = match (self.needs_local_mr(), bounce.as_mut()) {
-                (true, Some(b)) => {
-                    b.bytes_mut()[..n].copy_from_slice(chunk);
-                    (b.ptr() as *const c_void, b.desc())
-                }
-                _ => (chunk.as_ptr() as *const c_void, std::ptr::null_mut()),
-            };
-            let iov = iovec {
-                iov_base: ptr as *mut c_void,
-                iov_len: n,
-            };
-            let rma = fi_rma_iov {
-                addr: raddr,
-                len: n,
-                key: remote.key,
-            };
-            let mut d = desc;
-            self.run("fabric put", pe, |s, addr, ctx| {
-                let msg = fi_msg_rma {
-                    msg_iov: &iov,
-                    desc: &mut d,
-                    iov_count: 1,
-                    addr,
-                    rma_iov: &rma,
-                    rma_iov_count: 1,
-                    context: ctx,
-                    data: 0,
+        for (k, chunk) in src.chunks(self.chunk()).enumerate() {
+            let raddr = remote.addr(offset + k * self.chunk());
+            self.staged("fabric put", pe, chunk.len(), |buf, desc| {
+                buf.copy_from_slice(chunk);
+                let iov = iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: buf.len(),
                 };
-                // SAFETY: enabled endpoint; iov and rma describe live memory for the call, and
-                // run() waits for the completion before the buffers go away.
-                unsafe { ((*(*s.h.ep).rma).writemsg)(s.h.ep, &msg, flags) }
+                let rma = fi_rma_iov {
+                    addr: raddr,
+                    len: buf.len(),
+                    key: remote.key,
+                };
+                let mut d = desc;
+                self.op("fabric put", pe, self.timeout, |s, addr, ctx| {
+                    let msg = fi_msg_rma {
+                        msg_iov: &iov,
+                        desc: &mut d,
+                        iov_count: 1,
+                        addr,
+                        rma_iov: &rma,
+                        rma_iov_count: 1,
+                        context: ctx,
+                        data: 0,
+                    };
+                    // SAFETY: enabled endpoint; the message is read during the call; the
+                    // staging memory outlives the operation (kept on failure by `staged`).
+                    unsafe { ((*(*s.h.ep).rma).writemsg)(s.h.ep, &msg, flags) }
+                })
             })?;
-            done += n;
         }
         Ok(())
     }
 
     /// Reads from `offset` of `remote` on peer `pe` into `dst`.
     pub fn read(&self, pe: usize, remote: &Remote, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let mut done = 0;
-        while done < dst.len() {
-            let n = (dst.len() - done)
-                .min(self.max_msg)
-                .min(if self.needs_local_mr() {
-                    BOUNCE
-                } else {
-                    usize::MAX
-                });
-            let raddr = remote.addr(offset + done);
-            let mut bounce = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
-            let staged = self.needs_local_mr() && bounce.is_some();
-            let (ptr, desc) = match (staged, bounce.as_mut()) {
-                (true, Some(b)) => (b.ptr(), b.desc()),
-                _ => (
-                    dst[done..].as_mut_ptr() as *mut c_void,
-                    std::ptr::null_mut(),
-                ),
-            };
-            self.run("fabric get", pe, |s, addr, ctx| {
-                // SAFETY: enabled endpoint; ptr holds n writable bytes until the completion
-                // that run() waits for.
-                unsafe {
-                    ((*(*s.h.ep).rma).read)(s.h.ep, ptr, n, desc, addr, raddr, remote.key, ctx)
-                }
+        self.read_within(pe, remote, offset, dst, self.timeout)
+    }
+
+    /// [`read`](Self::read) with its own deadline.
+    pub fn read_within(
+        &self,
+        pe: usize,
+        remote: &Remote,
+        offset: usize,
+        dst: &mut [u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        let chunk = self.chunk();
+        for (k, out) in dst.chunks_mut(chunk).enumerate() {
+            let raddr = remote.addr(offset + k * chunk);
+            self.staged("fabric get", pe, out.len(), |buf, desc| {
+                let (ptr, n) = (buf.as_mut_ptr(), buf.len());
+                self.op("fabric get", pe, timeout, |s, addr, ctx| {
+                    // SAFETY: enabled endpoint; the staging memory holds n bytes and outlives
+                    // the operation (kept on failure by `staged`).
+                    unsafe {
+                        ((*(*s.h.ep).rma).read)(
+                            s.h.ep,
+                            ptr.cast(),
+                            n,
+                            desc,
+                            addr,
+                            raddr,
+                            remote.key,
+                            ctx,
+                        )
+                    }
+                })?;
+                out.copy_from_slice(buf);
+                Ok(())
             })?;
-            if let (true, Some(b)) = (staged, bounce.as_ref()) {
-                dst[done..done + n].copy_from_slice(&b.bytes()[..n]);
-            }
-            done += n;
         }
         Ok(())
     }
@@ -606,24 +684,6 @@ impl Endpoint {
         let dt = if wide { FI_UINT64 } else { FI_UINT32 };
         let raddr = remote.addr(offset);
         let key = remote.key;
-        let mut bounce = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
-        let b = bounce
-            .as_mut()
-            .ok_or_else(|| fail("fabric atomic", Some(pe), "no bounce buffer".into()))?;
-        let desc = b.desc();
-        let base = b.ptr() as *mut u8;
-        // Operand at 0, compare at 8, result at 16: all in registered memory.
-        let (operand, compare, result) = (base, base.wrapping_add(8), base.wrapping_add(16));
-        let put = |p: *mut u8, v: u64| {
-            // SAFETY: p points into the 1 MiB bounce buffer, 8-byte aligned.
-            unsafe {
-                if wide {
-                    (p as *mut u64).write(v)
-                } else {
-                    (p as *mut u32).write(v as u32)
-                }
-            }
-        };
         let (fop, v, cond, fetch) = match op {
             AtomicOp::Fetch => (FI_ATOMIC_READ, 0, None, true),
             AtomicOp::Set(v) => (FI_ATOMIC_WRITE, v, None, false),
@@ -634,70 +694,76 @@ impl Endpoint {
             AtomicOp::FetchOr(v) => (FI_BOR, v, None, true),
             AtomicOp::FetchXor(v) => (FI_BXOR, v, None, true),
         };
-        put(operand, v);
-        put(result, 0);
-        if let Some(c) = cond {
-            put(compare, c);
-        }
-        self.run("fabric atomic", pe, |s, addr, ctx| {
-            // SAFETY: enabled endpoint; operand, compare and result lie in the registered
-            // bounce buffer, which the held lock keeps for this operation until run() has
-            // reaped its completion.
-            unsafe {
-                let a = &*(*s.h.ep).atomic;
-                match (cond, fetch) {
-                    (Some(_), _) => (a.compwrite)(
-                        s.h.ep,
-                        operand.cast(),
-                        1,
-                        desc,
-                        compare.cast(),
-                        desc,
-                        result.cast(),
-                        desc,
-                        addr,
-                        raddr,
-                        key,
-                        dt,
-                        fop,
-                        ctx,
-                    ),
-                    (None, true) => (a.readwrite)(
-                        s.h.ep,
-                        operand.cast(),
-                        1,
-                        desc,
-                        result.cast(),
-                        desc,
-                        addr,
-                        raddr,
-                        key,
-                        dt,
-                        fop,
-                        ctx,
-                    ),
-                    (None, false) => (a.write)(
-                        s.h.ep,
-                        operand.cast(),
-                        1,
-                        desc,
-                        addr,
-                        raddr,
-                        key,
-                        dt,
-                        fop,
-                        ctx,
-                    ),
+        // Operand at 0, compare at 8, result at 16, each in the byte order of the host.
+        self.staged("fabric atomic", pe, 24, |buf, desc| {
+            let put = |b: &mut [u8], at: usize, x: u64| {
+                if wide {
+                    b[at..at + 8].copy_from_slice(&x.to_ne_bytes());
+                } else {
+                    b[at..at + 4].copy_from_slice(&(x as u32).to_ne_bytes());
                 }
-            }
-        })?;
-        // SAFETY: result lies in the bounce buffer; the operation completed.
-        Ok(unsafe {
-            if wide {
-                (result as *const u64).read()
+            };
+            put(buf, 0, v);
+            put(buf, 8, cond.unwrap_or(0));
+            put(buf, 16, 0);
+            let base = buf.as_mut_ptr();
+            let (operand, compare, result) = (base, base.wrapping_add(8), base.wrapping_add(16));
+            self.op("fabric atomic", pe, self.timeout, |s, addr, ctx| {
+                // SAFETY: enabled endpoint; operand, compare and result lie in the staging
+                // memory, which outlives the operation (kept on failure by `staged`).
+                unsafe {
+                    let a = &*(*s.h.ep).atomic;
+                    match (cond, fetch) {
+                        (Some(_), _) => (a.compwrite)(
+                            s.h.ep,
+                            operand.cast(),
+                            1,
+                            desc,
+                            compare.cast(),
+                            desc,
+                            result.cast(),
+                            desc,
+                            addr,
+                            raddr,
+                            key,
+                            dt,
+                            fop,
+                            ctx,
+                        ),
+                        (None, true) => (a.readwrite)(
+                            s.h.ep,
+                            operand.cast(),
+                            1,
+                            desc,
+                            result.cast(),
+                            desc,
+                            addr,
+                            raddr,
+                            key,
+                            dt,
+                            fop,
+                            ctx,
+                        ),
+                        (None, false) => (a.write)(
+                            s.h.ep,
+                            operand.cast(),
+                            1,
+                            desc,
+                            addr,
+                            raddr,
+                            key,
+                            dt,
+                            fop,
+                            ctx,
+                        ),
+                    }
+                }
+            })?;
+            Ok(if wide {
+                u64::from_ne_bytes(buf[16..24].try_into().unwrap_or([0; 8]))
             } else {
-                (result as *const u32).read() as u64
-            }
+                u32::from_ne_bytes(buf[16..20].try_into().unwrap_or([0; 4])) as u64
+            })
         })
     }
 }

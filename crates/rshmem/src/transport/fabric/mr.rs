@@ -47,6 +47,7 @@ impl Remote {
 /// closed only after every registration.
 pub(crate) struct MemoryRegion {
     mr: *mut fid_mr,
+    #[cfg_attr(not(test), allow(dead_code))]
     ptr: *mut u8,
     len: usize,
     remote: Remote,
@@ -150,10 +151,12 @@ impl MemoryRegion {
         unsafe { (*self.mr).mem_desc }
     }
     /// Start of the range.
+    #[cfg(test)]
     pub fn ptr(&self) -> *mut c_void {
         self.ptr.cast()
     }
     /// The range, for owned registrations (empty otherwise).
+    #[cfg(test)]
     pub fn bytes(&self) -> &[u8] {
         self._owned.as_deref().unwrap_or(&[])
     }

@@ -8,6 +8,7 @@ use crate::backend::{AtomicOp, Backend};
 use crate::bootstrap::Bootstrap;
 use crate::config::BackendKind;
 use crate::error::Result;
+use std::time::Duration;
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -53,6 +54,11 @@ impl Net {
         })
     }
 
+    /// Takes PE `pe` as lost: fabric operations waiting on it give up.
+    pub fn mark_lost(&self, pe: usize) {
+        self.ep.mark_lost(pe);
+    }
+
     /// Whether PE `pe` runs on another node.
     #[inline]
     pub fn is_remote(&self, pe: usize) -> bool {
@@ -69,10 +75,17 @@ impl Net {
         self.ep.atomic(pe, &self.segments[pe], word * 8, true, op)
     }
 
-    /// `n` control words of PE `pe` from `word` on.
-    pub fn ctrl_read(&self, pe: usize, word: usize, n: usize) -> Result<Vec<u64>> {
+    /// `n` control words of PE `pe` from `word` on, within `timeout`.
+    pub fn ctrl_read(
+        &self,
+        pe: usize,
+        word: usize,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<u64>> {
         let mut b = vec![0u8; n * 8];
-        self.ep.read(pe, &self.segments[pe], word * 8, &mut b)?;
+        self.ep
+            .read_within(pe, &self.segments[pe], word * 8, &mut b, timeout)?;
         Ok(b.chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
             .collect())
