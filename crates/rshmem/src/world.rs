@@ -253,10 +253,18 @@ impl PeInner {
         self.mark_lost(pe);
     }
 
+    /// Whether control words of PE `pe` are reached over the fabric, which is left alone once
+    /// a peer is lost: no barrier can complete any more, and a provider may block (in a
+    /// connect to a peer that is going away) where this PE must report the loss instead.
+    fn via_fabric(&self, pe: usize) -> Option<&crate::transport::fabric::Net> {
+        self.net.as_deref().filter(|n| n.is_remote(pe))
+    }
+
     /// Adds `v` to control word `w` of PE `pe` (acquire-release).
     pub fn ctrl_add(&self, pe: usize, w: usize, v: u64) {
-        match &self.net {
-            Some(net) if net.is_remote(pe) => {
+        match self.via_fabric(pe) {
+            Some(_) if self.any_lost.load(Ordering::Acquire) => {}
+            Some(net) => {
                 if let Err(e) = net.ctrl_atomic(pe, w, crate::backend::AtomicOp::FetchAdd(v)) {
                     self.fabric_failed(pe, &e);
                 }
@@ -269,24 +277,27 @@ impl PeInner {
 
     /// Control word `w` of PE `pe` (acquire); 0 when the fabric failed (the peer is then lost).
     pub fn ctrl_load(&self, pe: usize, w: usize) -> u64 {
-        match &self.net {
-            Some(net) if net.is_remote(pe) => {
-                match net.ctrl_atomic(pe, w, crate::backend::AtomicOp::Fetch) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        self.fabric_failed(pe, &e);
-                        0
-                    }
+        match self.via_fabric(pe) {
+            Some(_) if self.any_lost.load(Ordering::Acquire) => 0,
+            Some(net) => match net.ctrl_atomic(pe, w, crate::backend::AtomicOp::Fetch) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.fabric_failed(pe, &e);
+                    0
                 }
-            }
+            },
             _ => self.ctrls[pe].word(w).load(Ordering::Acquire),
         }
     }
 
     /// `n` control words of PE `pe` from `w` on.
     pub fn ctrl_read(&self, pe: usize, w: usize, n: usize) -> Result<Vec<u64>> {
-        match &self.net {
-            Some(net) if net.is_remote(pe) => net
+        match self.via_fabric(pe) {
+            Some(_) if self.any_lost.load(Ordering::Acquire) => Err(Error::PeerLost {
+                pe: self.first_lost().unwrap_or(pe),
+                op: "exchange",
+            }),
+            Some(net) => net
                 .ctrl_read(pe, w, n, self.config.timeout)
                 .inspect_err(|e| self.fabric_failed(pe, e)),
             _ => Ok((0..n)
@@ -301,6 +312,9 @@ impl PeInner {
     /// [`HEADER_PROBE`]: a provider may retry a dead peer's connection for ever.
     pub(crate) fn refresh_remote_headers(&self) {
         let Some(net) = &self.net else { return };
+        if self.any_lost.load(Ordering::Acquire) {
+            return;
+        }
         for pe in (0..self.n).filter(|&p| net.is_remote(p)) {
             let shadow = self.ctrls[pe].word(control::W_STATE);
             if self.lost[pe].load(Ordering::Relaxed)
