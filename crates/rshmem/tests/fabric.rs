@@ -270,6 +270,28 @@ fn teams_collectives_moe(pe: &Pe) -> Result<()> {
         matches!(r, Err(Error::CollectiveMismatch { .. })),
         "alloc mismatch: {r:?}"
     );
+    // Calls of different kinds meet in a barrier: the call words (read over the fabric for
+    // the other node) make it a mismatch on every PE, naming both calls.
+    let r = if me == n - 1 {
+        pe.sync_all()
+    } else {
+        pe.barrier_all()
+    };
+    match &r {
+        Err(Error::CollectiveMismatch { mine, theirs, .. }) => {
+            let both = format!("{mine} {theirs}");
+            assert!(
+                both.contains("sync_all") && both.contains("barrier"),
+                "{both}"
+            );
+        }
+        other => panic!("barrier against sync_all across nodes: {other:?}"),
+    }
+    // The world stays usable: data still moves across nodes.
+    pe.barrier_all()?;
+    pe.put(&x, 0, &[me as u64 + 1], (me + 2) % n)?;
+    pe.barrier_all()?;
+    assert_eq!(pe.g(&x, 0, me)?, ((me + n - 2) % n) as u64 + 1);
     // MoE: identity experts, token t of PE s goes to expert (s + t) % E and to -1 or
     // expert (s * 3 + t) % E; combine gives x·(w0 + w1) exactly.
     let e = 2 * n;
