@@ -364,6 +364,21 @@ mod tests {
         assert_eq!(parse_size("99999999999999999999G"), None);
     }
     #[test]
+    fn fabric_names_are_checked() {
+        let ok = Config::default()
+            .node("rack3-n7")
+            .fabric_provider("tcp")
+            .fabric_domain("lo");
+        assert!(ok.validate().is_ok());
+        for bad in [
+            Config::default().node(""),
+            Config::default().fabric_provider("tc\0p"),
+            Config::default().fabric_domain(""),
+        ] {
+            assert!(matches!(bad.validate(), Err(Error::InvalidArgument(_))));
+        }
+    }
+    #[test]
     fn huge_timeout_is_an_error_not_a_panic() {
         // The only test of the crate that touches RSHMEM_TIMEOUT.
         std::env::set_var("RSHMEM_TIMEOUT", "1e30");
