@@ -109,13 +109,8 @@ pub fn fi_pingpong(target: &FabricTarget, bytes: usize, iters: usize) -> Result<
 }
 
 /// Runs the suite (collective over every PE; PE 0 and PE 1 take part, the others only
-/// synchronise). Returns PE 0's records; the baseline runs on PE 0 after the world's part.
-pub fn bench(
-    pe: &Pe,
-    sizes: &[usize],
-    latency_iters: usize,
-    target: &FabricTarget,
-) -> Result<Vec<BenchRecord>> {
+/// synchronise). Returns PE 0's records, without their baseline ([`add_baseline`]).
+pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<BenchRecord>> {
     if pe.n_pes() < 2 || pe.placement(0)?.node == pe.placement(1)?.node {
         return Err(Error::InvalidArgument(
             "the fabric suite needs PE 0 and PE 1 on different nodes".into(),
@@ -179,14 +174,9 @@ pub fn bench(
     if me != 0 {
         return Ok(Vec::new());
     }
-    let mut out = Vec::new();
-    for (op, bytes, iters, t) in mine {
-        let base = if op == "put_latency" {
-            fi_pingpong(target, 8, latency_iters.max(10))?.usec_per_xfer
-        } else {
-            fi_pingpong(target, bytes, (8usize << 20).div_ceil(bytes).clamp(5, 100))?.usec_per_xfer
-        };
-        out.push(BenchRecord {
+    Ok(mine
+        .into_iter()
+        .map(|(op, bytes, iters, t)| BenchRecord {
             op,
             api: "host",
             backend: "fabric",
@@ -201,11 +191,38 @@ pub fn bench(
                 bytes as f64 / (t * 1e3)
             },
             baseline: "fi_pingpong",
-            baseline_time_us: base,
-            ratio: if t > 0.0 { base / t } else { 0.0 },
-        });
+            baseline_time_us: 0.0,
+            ratio: 0.0,
+        })
+        .collect())
+}
+
+/// Fills in the baseline of every record: `fi_pingpong`'s one-way time for the record's size
+/// (8 bytes for the latency). Run it when no PE of the world is left spinning, so that the
+/// baseline has the machine to itself as the world had.
+pub fn add_baseline(
+    records: &mut [BenchRecord],
+    latency_iters: usize,
+    target: &FabricTarget,
+) -> Result<()> {
+    for r in records.iter_mut() {
+        let (bytes, iters) = if r.op == "put_latency" {
+            (8, latency_iters.max(10))
+        } else {
+            (
+                r.bytes,
+                (8usize << 20).div_ceil(r.bytes.max(1)).clamp(5, 100),
+            )
+        };
+        let base = fi_pingpong(target, bytes, iters)?.usec_per_xfer;
+        r.baseline_time_us = base;
+        r.ratio = if r.time_us > 0.0 {
+            base / r.time_us
+        } else {
+            0.0
+        };
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]

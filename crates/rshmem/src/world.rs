@@ -501,6 +501,12 @@ impl PeInner {
             if cond() {
                 return Ok(());
             }
+            // A PE waiting for a peer of another node drives the fabric's progress itself
+            // (incoming writes and atomics move only while someone reads the completion
+            // queue), rather than waiting for the progress thread's next turn.
+            if let Some(net) = &self.net {
+                net.progress();
+            }
             i = i.wrapping_add(1);
             if i < 128 {
                 std::hint::spin_loop();

@@ -24,9 +24,10 @@ pub(super) fn run_fabric(args: &PerfArgs) -> CliResult<Vec<Record>> {
     let max = args
         .max_size
         .unwrap_or(if args.full { 64 << 20 } else { 4 << 20 });
+    let latency_iters = if args.full { 2000 } else { 300 };
     let opts = FabricOpts {
         sizes: sizes(args.full, max),
-        latency_iters: if args.full { 2000 } else { 300 },
+        latency_iters,
         provider: args.fabric_provider.clone(),
         domain: args.fabric_domain.clone(),
     };
@@ -58,10 +59,20 @@ pub(super) fn run_fabric(args: &PerfArgs) -> CliResult<Vec<Record>> {
     if o.code != 0 {
         return Err(format!("the fabric world failed (exit status {})", o.code).into());
     }
-    let recs: Vec<Record> = serde_json::from_str(
+    let recs: Vec<rshmem_bench::p2p::BenchRecord> = serde_json::from_str::<Vec<Record>>(
         &read.map_err(|e| format!("reading the records of the fabric world: {e}"))?,
-    )?;
-    Ok(recs)
+    )?
+    .iter()
+    .map(to_bench)
+    .collect::<CliResult<_>>()?;
+    // The baseline runs now, with the world gone: no PE spins beside it.
+    let mut recs = recs;
+    let target = rshmem_bench::fabric::FabricTarget {
+        provider: args.fabric_provider.clone(),
+        domain: args.fabric_domain.clone(),
+    };
+    rshmem_bench::fabric::add_baseline(&mut recs, latency_iters, &target)?;
+    Ok(recs.iter().map(cuda::from_cuda).collect())
 }
 
 /// The worker side: this process is the node named by its rank.
@@ -76,11 +87,7 @@ pub(super) fn worker(spec: &Spec, f: &FabricOpts) -> CliResult<()> {
         config = config.fabric_domain(d.clone());
     }
     let pe = rshmem::Launch::new().config(config).init()?;
-    let target = rshmem_bench::fabric::FabricTarget {
-        provider: f.provider.clone(),
-        domain: f.domain.clone(),
-    };
-    let recs = rshmem_bench::fabric::bench(&pe, &f.sizes, f.latency_iters, &target)?;
+    let recs = rshmem_bench::fabric::bench(&pe, &f.sizes, f.latency_iters)?;
     if pe.my_pe() == 0 {
         let recs: Vec<Record> = recs.iter().map(cuda::from_cuda).collect();
         if let Some(out) = &spec.out {
@@ -89,4 +96,28 @@ pub(super) fn worker(spec: &Spec, f: &FabricOpts) -> CliResult<()> {
     }
     pe.finalize()?;
     Ok(())
+}
+
+/// A record of the world back in the suite's form, for the baseline.
+fn to_bench(r: &Record) -> CliResult<rshmem_bench::p2p::BenchRecord> {
+    let op = match r.op.as_str() {
+        "put_latency" => "put_latency",
+        "put" => "put",
+        "get" => "get",
+        o => return Err(format!("unexpected record {o:?} from the fabric world").into()),
+    };
+    Ok(rshmem_bench::p2p::BenchRecord {
+        op,
+        api: "host",
+        backend: "fabric",
+        mode: "processes",
+        pes: r.pes,
+        bytes: r.bytes,
+        iters: r.iters as usize,
+        time_us: r.time_us,
+        gbps: r.gbps,
+        baseline: "fi_pingpong",
+        baseline_time_us: 0.0,
+        ratio: 0.0,
+    })
 }

@@ -437,6 +437,13 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Reads the completion queue if no other thread holds the endpoint (never blocks).
+    pub fn progress(&self) {
+        if let Ok(mut s) = self.state.try_lock() {
+            s.reap(self.lib);
+        }
+    }
+
     /// Takes `pe` as lost: operations waiting for it give up (their memory is left to the
     /// provider), and new ones to it fail at once.
     pub fn mark_lost(&self, pe: usize) {

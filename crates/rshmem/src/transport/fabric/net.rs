@@ -54,6 +54,11 @@ impl Net {
         })
     }
 
+    /// Reads the completion queue if no other thread is doing so (never blocks).
+    pub fn progress(&self) {
+        self.ep.progress();
+    }
+
     /// Takes PE `pe` as lost: fabric operations waiting on it give up.
     pub fn mark_lost(&self, pe: usize) {
         self.ep.mark_lost(pe);
