@@ -408,3 +408,63 @@ fn killing_a_whole_node_is_peer_lost_naming_it_on_every_other_pe() {
     assert!(matches!(r, Err(Error::PeerLost { .. })), "alloc: {r:?}");
     assert!(t0.elapsed() < Duration::from_secs(15));
 }
+
+#[test]
+fn a_world_across_nodes_with_the_cuda_backend_is_refused_on_every_pe() {
+    // Thread-PEs naming two nodes: the check comes before any CUDA or fabric call.
+    let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
+    std::thread::scope(|s| {
+        for r in 0..2 {
+            let hub = &hub;
+            s.spawn(move || {
+                let config = Config::default()
+                    .heap_size(1 << 20)
+                    .backend(BackendKind::Cuda)
+                    .node(format!("n{r}"));
+                let e = Pe::init(config, Box::new(hub.join(r).expect("join")))
+                    .expect_err("CUDA across nodes");
+                assert!(
+                    matches!(&e, Error::Backend { msg, .. } if msg.contains("2 nodes")),
+                    "{e}"
+                );
+            });
+        }
+    });
+}
+
+#[test]
+fn thread_pes_on_two_nodes_share_memory_inside_and_use_the_fabric_across() {
+    if skip() {
+        return;
+    }
+    let hub = InProcBootstrap::new(4, Duration::from_secs(30)).expect("hub");
+    std::thread::scope(|s| {
+        for r in 0..4 {
+            let hub = &hub;
+            s.spawn(move || {
+                let config = Config::default()
+                    .heap_size(1 << 20)
+                    .timeout(Duration::from_secs(20))
+                    .node(format!("n{}", r / 2))
+                    .fabric_provider("tcp")
+                    .fabric_domain("lo");
+                let pe = Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
+                let nodes: Vec<usize> = pe.placements().iter().map(|p| p.node).collect();
+                assert_eq!(nodes, [0, 0, 1, 1]);
+                let x = pe.alloc::<u64>(4).expect("alloc");
+                pe.barrier_all().expect("barrier");
+                for t in 0..4 {
+                    pe.p(&x, r, (r * 10 + t) as u64, t).expect("p");
+                }
+                pe.barrier_all().expect("barrier");
+                let got = pe.local_vec(&x).expect("read");
+                assert_eq!(got, (0..4).map(|s| (s * 10 + r) as u64).collect::<Vec<_>>());
+                // Host pointers reach PEs of this node only.
+                assert!(pe.host_ptr(&x, 0, r ^ 1).is_ok());
+                assert!(pe.host_ptr(&x, 0, (r + 2) % 4).is_err());
+                pe.free(x).expect("free");
+                pe.finalize().expect("finalize");
+            });
+        }
+    });
+}
