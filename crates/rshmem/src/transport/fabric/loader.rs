@@ -56,15 +56,20 @@ impl Lib {
 }
 
 fn open() -> Result<Lib, String> {
+    open_named(LIBRARY)
+}
+
+/// Loads the library `name` (a test passes one that does not exist).
+fn open_named(name: &str) -> Result<Lib, String> {
     // SAFETY: loading libfabric runs its constructors, which only initialise its own state.
-    let lib = unsafe { libloading::Library::new(LIBRARY) }
-        .map_err(|e| format!("{LIBRARY} could not be loaded ({e}); install libfabric (Debian/Ubuntu: apt-get install libfabric1 or libfabric-dev)"))?;
+    let lib = unsafe { libloading::Library::new(name) }
+        .map_err(|e| format!("{name} could not be loaded ({e}); install libfabric (Debian/Ubuntu: apt-get install libfabric1 or libfabric-dev)"))?;
     macro_rules! sym {
         ($name:literal, $t:ty) => {{
             // SAFETY: the symbol's C signature is the one declared by `$t` (libfabric 1.x ABI,
             // stable across 1.x releases).
             let s: libloading::Symbol<$t> = unsafe { lib.get(concat!($name, "\0").as_bytes()) }
-                .map_err(|e| format!("{LIBRARY} lacks {}: {e}", $name))?;
+                .map_err(|e| format!("{name} lacks {}: {e}", $name))?;
             *s
         }};
     }
@@ -121,4 +126,19 @@ pub(crate) fn available() -> bool {
 /// ```
 pub fn probe() -> Result<()> {
     lib().map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_missing_library_is_an_error_naming_it() {
+        let e = super::open_named("libfabric-absent.so.1").expect_err("no such library");
+        assert!(
+            e.contains("libfabric-absent.so.1") && e.contains("install libfabric"),
+            "{e}"
+        );
+        // A library without libfabric's symbols: the missing symbol is named.
+        let e = super::open_named("libc.so.6").expect_err("libc is no libfabric");
+        assert!(e.contains("lacks fi_version"), "{e}");
+    }
 }
