@@ -80,6 +80,23 @@ fn every_operation(pe: &Pe) -> Result<()> {
         pe.get(&x, s * len, &mut back, t)?;
         assert_eq!(back, rand_u64(s, 1, len), "get from PE {t}");
     }
+    // Non-blocking put and get across nodes, completed by quiet.
+    let far = (me + 2) % n;
+    let blk = rand_u64(me, 3, 1000);
+    pe.barrier_all()?;
+    pe.put_nbi(&x, me * len, &blk, far, 7)?;
+    pe.quiet()?;
+    pe.barrier_all()?;
+    let from = (me + n - 2) % n;
+    assert_eq!(
+        pe.local_vec(&x)?[from * len..from * len + 1000],
+        rand_u64(from, 3, 1000)[..]
+    );
+    let mut back = vec![0u64; 1000];
+    pe.get_nbi(&x, me * len, &mut back, far, 8)?;
+    pe.quiet()?;
+    assert_eq!(back, blk, "get_nbi of what this PE put");
+    pe.barrier_all()?;
     // p / g of single elements, u8 at odd places.
     let b = pe.alloc::<u8>(n * 3)?;
     pe.barrier_all()?;
@@ -166,7 +183,6 @@ fn every_operation(pe: &Pe) -> Result<()> {
     assert_eq!(pe.local_vec(&data)?[..16], [left as u64 + 99; 16]);
     pe.barrier_all()?;
     // Bad inputs stay errors across nodes.
-    let far = (me + 2) % n;
     assert!(matches!(
         pe.put(&data, 4095, &[1, 2], far),
         Err(Error::OutOfBounds { .. })
