@@ -84,8 +84,9 @@ fn every_operation(pe: &Pe) -> Result<()> {
     let far = (me + 2) % n;
     let blk = rand_u64(me, 3, 1000);
     pe.barrier_all()?;
-    pe.put_nbi(&x, me * len, &blk, far, 7)?;
+    let h = pe.put_nbi(&x, me * len, &blk, far, 7)?;
     pe.quiet()?;
+    assert!(h.is_done(), "quiet completes the put");
     pe.barrier_all()?;
     let from = (me + n - 2) % n;
     assert_eq!(
@@ -93,8 +94,7 @@ fn every_operation(pe: &Pe) -> Result<()> {
         rand_u64(from, 3, 1000)[..]
     );
     let mut back = vec![0u64; 1000];
-    pe.get_nbi(&x, me * len, &mut back, far, 8)?;
-    pe.quiet()?;
+    pe.get_nbi(&x, me * len, &mut back, far, 8)?.wait()?;
     assert_eq!(back, blk, "get_nbi of what this PE put");
     pe.barrier_all()?;
     // p / g of single elements, u8 at odd places.
