@@ -10,6 +10,7 @@
 //! | [`p2p`] | CUDA device and stream put/get, put-with-signal latency, device barrier | `cuMemcpyPeerAsync`, a raw flag ping-pong kernel |
 //! | [`coll_cuda`] | CUDA collectives (`rshmem::cuda::GpuColl`) | NCCL on the same buffers |
 //! | [`ep_cuda`] | CUDA MoE dispatch/combine (`rshmem::cuda::ep::GpuBuffer`) | NCCL all-to-all-v with its own kernels ([`ep_baseline`]) |
+//! | [`fabric`] | put/get bandwidth and 8 B latency between PEs on different nodes (libfabric) | `fi_pingpong` on the same provider |
 //!
 //! [`nccl`] binds NCCL at run time; [`timing`] times stream work with CUDA events;
 //! [`Settings`] holds the `RSHMEM_BENCH_*` variables, read once by [`Settings::from_env`].
@@ -23,6 +24,7 @@ pub mod ep;
 pub mod ep_baseline;
 mod ep_check;
 pub mod ep_cuda;
+pub mod fabric;
 pub mod nccl;
 pub mod p2p;
 mod settings;

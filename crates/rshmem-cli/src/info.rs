@@ -265,6 +265,14 @@ pub fn report() -> String {
         "  shm   available (CPU shared memory; {cpus} CPUs available to this process)"
     );
     s.push_str(&cuda_report());
+    let _ = match rshmem::transport::fabric::probe() {
+        Ok(()) => writeln!(
+            s,
+            "  fabric available ({}: PEs on other nodes, RSHMEM_NODE / RSHMEM_FABRIC_PROVIDER)",
+            rshmem::transport::fabric::LIBRARY
+        ),
+        Err(e) => writeln!(s, "  fabric not available: {e}"),
+    };
     let d = Config::default();
     let _ = writeln!(s, "\nDefaults:");
     let _ = writeln!(s, "  heap size   {} bytes per PE", d.heap_size);

@@ -156,7 +156,7 @@ fn flags_a_backend_cannot_honour_are_errors() {
         ),
         (
             &["--backend", "shm", "--ep", "--max-size", "1M"],
-            "--max-size 1 MiB: it sizes the p2p and coll groups",
+            "--max-size 1 MiB: it sizes the p2p, coll and fabric groups",
         ),
         (
             &["--backend", "shm", "--ops", "put", "--barrier-pes", "3"],

@@ -33,7 +33,7 @@ fn class_name(e: &Error) -> &'static str {
         Error::Team(_) => "TeamError",
         Error::Busy { .. } => "Busy",
         Error::Bootstrap { .. } => "BootstrapError",
-        Error::Backend { .. } => "BackendError",
+        Error::Backend { .. } | Error::Fabric { .. } => "BackendError",
         Error::Capacity { .. } => "CapacityError",
         Error::Os { .. } => "OsError",
         _ => "Error",
@@ -44,7 +44,7 @@ fn class_name(e: &Error) -> &'static str {
 fn named_pe(e: &Error) -> Option<usize> {
     match e {
         Error::PeerLost { pe, .. } | Error::CollectiveMismatch { pe, .. } => Some(*pe),
-        Error::Timeout { pe, .. } | Error::Bootstrap { pe, .. } => *pe,
+        Error::Timeout { pe, .. } | Error::Bootstrap { pe, .. } | Error::Fabric { pe, .. } => *pe,
         _ => None,
     }
 }

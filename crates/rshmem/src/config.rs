@@ -52,6 +52,15 @@ pub struct Config {
     /// fails with [`Error::QueueFull`] (`RSHMEM_COMPLETION_QUEUE`); 0 records nothing.
     /// Default 65 536 (2 MiB per PE at most).
     pub completion_queue: usize,
+    /// Name of the node this PE runs on (`RSHMEM_NODE`). PEs of one node share memory; PEs of
+    /// different nodes reach each other over the fabric. Default: the host name.
+    pub node: Option<String>,
+    /// libfabric provider for PEs on other nodes (`RSHMEM_FABRIC_PROVIDER`, e.g. `tcp`,
+    /// `verbs`, `efa`, `cxi`). Default: the first provider `fi_getinfo` offers.
+    pub fabric_provider: Option<String>,
+    /// libfabric domain, i.e. the interface or device (`RSHMEM_FABRIC_DOMAIN`, e.g. `lo`,
+    /// `eth0`, `mlx5_0`). Default: the provider's first.
+    pub fabric_domain: Option<String>,
 }
 
 impl Default for Config {
@@ -64,6 +73,9 @@ impl Default for Config {
             max_teams: 64,
             devices: None,
             completion_queue: 1 << 16,
+            node: None,
+            fabric_provider: None,
+            fabric_domain: None,
         }
     }
 }
@@ -88,6 +100,18 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_COMPLETION_QUEUE",
         "entries of the non-blocking completion queue (0 = off), default 65536",
+    ),
+    (
+        "RSHMEM_NODE",
+        "node name: PEs of one node share memory, others use the fabric; default the host name",
+    ),
+    (
+        "RSHMEM_FABRIC_PROVIDER",
+        "libfabric provider between nodes (tcp, verbs, efa, cxi, ...), default fi_getinfo's first",
+    ),
+    (
+        "RSHMEM_FABRIC_DOMAIN",
+        "libfabric domain (interface or device, e.g. lo, eth0, mlx5_0), default the provider's first",
     ),
     (
         "RSHMEM_CACHE_DIR",
@@ -204,6 +228,9 @@ impl Config {
                     .ok_or_else(|| bad("RSHMEM_DEVICES", &v, "GPU ordinals like 0,1,2,3"))?,
             );
         }
+        c.node = env("RSHMEM_NODE").map(|v| v.trim().to_string());
+        c.fabric_provider = env("RSHMEM_FABRIC_PROVIDER").map(|v| v.trim().to_string());
+        c.fabric_domain = env("RSHMEM_FABRIC_DOMAIN").map(|v| v.trim().to_string());
         c.validate()?;
         Ok(c)
     }
@@ -238,6 +265,21 @@ impl Config {
         self.completion_queue = entries;
         self
     }
+    /// Sets the name of this PE's node (see [`Config::node`]).
+    pub fn node(mut self, name: impl Into<String>) -> Self {
+        self.node = Some(name.into());
+        self
+    }
+    /// Sets the libfabric provider used between nodes.
+    pub fn fabric_provider(mut self, name: impl Into<String>) -> Self {
+        self.fabric_provider = Some(name.into());
+        self
+    }
+    /// Sets the libfabric domain (interface or device) used between nodes.
+    pub fn fabric_domain(mut self, name: impl Into<String>) -> Self {
+        self.fabric_domain = Some(name.into());
+        self
+    }
     /// Sets the most teams alive at once.
     pub fn max_teams(mut self, n: usize) -> Self {
         self.max_teams = n;
@@ -255,6 +297,19 @@ impl Config {
         }
         if self.timeout.is_zero() {
             return Err(Error::invalid("timeout must be positive"));
+        }
+        for (what, v) in [
+            ("node name", &self.node),
+            ("fabric provider", &self.fabric_provider),
+            ("fabric domain", &self.fabric_domain),
+        ] {
+            if let Some(v) = v {
+                if v.is_empty() || v.contains('\0') {
+                    return Err(Error::invalid(format!(
+                        "{what} {v:?} is empty or holds a NUL"
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -307,6 +362,21 @@ mod tests {
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_size(""), None);
         assert_eq!(parse_size("99999999999999999999G"), None);
+    }
+    #[test]
+    fn fabric_names_are_checked() {
+        let ok = Config::default()
+            .node("rack3-n7")
+            .fabric_provider("tcp")
+            .fabric_domain("lo");
+        assert!(ok.validate().is_ok());
+        for bad in [
+            Config::default().node(""),
+            Config::default().fabric_provider("tc\0p"),
+            Config::default().fabric_domain(""),
+        ] {
+            assert!(matches!(bad.validate(), Err(Error::InvalidArgument(_))));
+        }
     }
     #[test]
     fn huge_timeout_is_an_error_not_a_panic() {

@@ -152,6 +152,16 @@ pub enum Error {
         /// Rows available.
         capacity: usize,
     },
+    /// The fabric (libfabric transport between nodes) failed an operation.
+    #[error("fabric error in {op}{}: {msg}", pe.map(|p| format!(" with PE {p}")).unwrap_or_default())]
+    Fabric {
+        /// The operation.
+        op: &'static str,
+        /// The peer concerned, when known.
+        pe: Option<usize>,
+        /// The provider's and libfabric's account.
+        msg: String,
+    },
     /// An operating-system call failed.
     #[error("{op} failed: {msg}")]
     Os {

@@ -152,6 +152,7 @@ impl Launch {
     ) -> Result<Vec<Outcome<R>>> {
         let config = self.take_config()?;
         let le = if self.threads { None } else { env::detect()? };
+        let config = launch_node(config, le.as_ref());
         let Some(le) = le else {
             let n = if self.threads {
                 pes
@@ -189,6 +190,7 @@ impl Launch {
     pub fn init(mut self) -> Result<Pe> {
         let config = self.take_config()?;
         let le = if self.threads { None } else { env::detect()? };
+        let config = launch_node(config, le.as_ref());
         match le {
             None => {
                 let hub = InProcBootstrap::new(1, config.timeout)?;
@@ -216,6 +218,17 @@ fn pes_from_env(default: usize) -> Result<usize> {
         },
         Err(_) => Ok(default),
     }
+}
+
+/// The node name from the launcher's node index (`SLURM_NODEID`) when the configuration
+/// names none: nodes are then the launcher's, not host names.
+fn launch_node(mut config: Config, le: Option<&LaunchEnv>) -> Config {
+    if config.node.is_none() {
+        if let Some(i) = le.and_then(|le| le.node) {
+            config.node = Some(format!("{}-node-{i}", le.map_or("", |le| le.source)));
+        }
+    }
+    config
 }
 
 fn connect(le: &LaunchEnv, config: &Config) -> Result<TcpBootstrap> {

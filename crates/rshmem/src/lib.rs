@@ -40,6 +40,7 @@ pub mod segment;
 mod sym;
 mod sync;
 mod team;
+pub mod transport;
 mod world;
 
 pub use bootstrap::{unique_id, Bootstrap, InProcBootstrap, Locality, TcpBootstrap};

@@ -14,8 +14,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+/// How long the monitor's read of a peer's header over the fabric may take before the peer is
+/// taken as lost (at most the configured timeout).
+const HEADER_PROBE: Duration = Duration::from_secs(3);
+
 /// Protocol version checked at start-up; PEs of different versions refuse to form a world.
-pub const PROTOCOL_VERSION: u64 = 4;
+pub const PROTOCOL_VERSION: u64 = 5;
 
 /// How the PEs of a world are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +100,31 @@ pub(crate) fn process_map(
     (peers, mode)
 }
 
+/// The node this PE runs on, as a number: a hash of `name` (the configured node name) or of
+/// the host name.
+fn node_id(name: Option<&str>) -> u64 {
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => hostname(),
+    };
+    // FNV-1a: stable across processes and builds (std's hasher is seeded per process).
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// This machine's host name (empty when it cannot be read: all PEs then share one node).
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length; gethostname NUL-terminates within it on success.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
 /// Two PEs of different processes with the same pid (different PID namespaces), if any: the
 /// CUDA backend tells its same-process peers by pid.
 fn pid_collision(pids: &[u32], nonces: &[u64]) -> Option<(usize, usize)> {
@@ -120,6 +149,10 @@ pub struct Placement {
     pub device: usize,
     /// Operating-system id of its process.
     pub pid: u32,
+    /// Index of its node among the job's nodes, in order of their lowest PE (nodes are told
+    /// apart by [`Config::node`](crate::Config::node), the host name by default). PEs of one
+    /// node share memory; PEs of different nodes use the fabric.
+    pub node: usize,
 }
 
 /// The state of one PE: its view of the world.
@@ -164,6 +197,9 @@ pub(crate) struct PeInner {
     /// 1 + the PE the latest timeout of this PE named (0: none): the cause this PE publishes
     /// when it ends without having seen a loss.
     pub blamed: AtomicU64,
+    /// The fabric, when the world spans nodes: control words of peers on other nodes go
+    /// through it (their `ctrls` entry is a local copy of their header, kept by the monitor).
+    pub net: Option<Arc<crate::transport::fabric::Net>>,
     _regions: Vec<Arc<Region>>,
 }
 
@@ -213,6 +249,99 @@ fn process_alive(pid: u32) -> bool {
 }
 
 impl PeInner {
+    /// A fabric failure on a control word of `pe`: the peer is taken as lost, which every
+    /// wait reports as [`Error::PeerLost`] naming it.
+    fn fabric_failed(&self, pe: usize, e: &Error) {
+        tracing::warn!(pe = self.me, peer = pe, %e, "fabric operation on a peer's control block failed");
+        self.mark_lost(pe);
+    }
+
+    /// Whether control words of PE `pe` are reached over the fabric, which is left alone once
+    /// a peer is lost: no barrier can complete any more, and a provider may block (in a
+    /// connect to a peer that is going away) where this PE must report the loss instead.
+    fn via_fabric(&self, pe: usize) -> Option<&crate::transport::fabric::Net> {
+        self.net.as_deref().filter(|n| n.is_remote(pe))
+    }
+
+    /// Adds `v` to control word `w` of PE `pe` (acquire-release).
+    pub fn ctrl_add(&self, pe: usize, w: usize, v: u64) {
+        match self.via_fabric(pe) {
+            Some(_) if self.any_lost.load(Ordering::Acquire) => {}
+            Some(net) => {
+                if let Err(e) = net.ctrl_atomic(pe, w, crate::backend::AtomicOp::FetchAdd(v)) {
+                    self.fabric_failed(pe, &e);
+                }
+            }
+            _ => {
+                self.ctrls[pe].word(w).fetch_add(v, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Control word `w` of PE `pe` (acquire); 0 when the fabric failed (the peer is then lost).
+    pub fn ctrl_load(&self, pe: usize, w: usize) -> u64 {
+        match self.via_fabric(pe) {
+            Some(_) if self.any_lost.load(Ordering::Acquire) => 0,
+            Some(net) => match net.ctrl_atomic(pe, w, crate::backend::AtomicOp::Fetch) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.fabric_failed(pe, &e);
+                    0
+                }
+            },
+            _ => self.ctrls[pe].word(w).load(Ordering::Acquire),
+        }
+    }
+
+    /// `n` control words of PE `pe` from `w` on.
+    pub fn ctrl_read(&self, pe: usize, w: usize, n: usize) -> Result<Vec<u64>> {
+        match self.via_fabric(pe) {
+            Some(_) if self.any_lost.load(Ordering::Acquire) => Err(Error::PeerLost {
+                pe: self.first_lost().unwrap_or(pe),
+                op: "exchange",
+            }),
+            Some(net) => net
+                .ctrl_read(pe, w, n, self.config.timeout)
+                .inspect_err(|e| self.fabric_failed(pe, e)),
+            _ => Ok((0..n)
+                .map(|i| self.ctrls[pe].word(w + i).load(Ordering::Relaxed))
+                .collect()),
+        }
+    }
+
+    /// Copies the header words (state, cause) of every peer on another node into this PE's
+    /// local copy of its control block. A peer the fabric cannot reach any more is lost
+    /// (unless it had finalized), and so is one whose header read does not complete within
+    /// [`HEADER_PROBE`]: a provider may retry a dead peer's connection for ever.
+    pub(crate) fn refresh_remote_headers(&self) {
+        let Some(net) = &self.net else { return };
+        if self.any_lost.load(Ordering::Acquire) {
+            return;
+        }
+        for pe in (0..self.n).filter(|&p| net.is_remote(p)) {
+            let shadow = self.ctrls[pe].word(control::W_STATE);
+            if self.lost[pe].load(Ordering::Relaxed)
+                || shadow.load(Ordering::Acquire) == control::STATE_FINALIZED
+            {
+                continue;
+            }
+            match net.ctrl_read(
+                pe,
+                control::W_STATE,
+                2,
+                self.config.timeout.min(HEADER_PROBE),
+            ) {
+                Ok(w) => {
+                    self.ctrls[pe]
+                        .word(control::W_CAUSE)
+                        .store(w[1], Ordering::Release);
+                    shadow.store(w[0], Ordering::Release);
+                }
+                Err(e) => self.fabric_failed(pe, &e),
+            }
+        }
+    }
+
     pub fn liveness(&self, pe: usize) -> Liveness {
         match self.ctrls[pe]
             .word(control::W_STATE)
@@ -340,6 +469,9 @@ impl PeInner {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+        if let Some(net) = &self.net {
+            net.mark_lost(pe);
+        }
         if !self.lost[pe].swap(true, Ordering::AcqRel) {
             tracing::warn!(
                 pe = self.me,
@@ -371,6 +503,12 @@ impl PeInner {
         loop {
             if cond() {
                 return Ok(());
+            }
+            // A PE waiting for a peer of another node drives the fabric's progress itself
+            // (incoming writes and atomics move only while someone reads the completion
+            // queue), rather than waiting for the progress thread's next turn.
+            if let Some(net) = &self.net {
+                net.progress();
             }
             i = i.wrapping_add(1);
             if i < 128 {
@@ -495,6 +633,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         loc.job.unwrap_or(0),
         process_nonce(),
         pid_namespace(),
+        node_id(config.node.as_deref()),
     ];
     let all: Vec<Vec<u64>> = boot.allgather(&enc(&rec))?.iter().map(|b| dec(b)).collect();
     let names = ["protocol version", "heap size", "max teams", "backend"];
@@ -534,11 +673,44 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
             thread: r[7] as usize,
             device: r[8] as usize,
             pid: r[4] as u32,
+            node: 0,
         })
         .collect();
+    // Nodes in order of their lowest PE.
+    let node_ids: Vec<u64> = all.iter().map(|r| r[12]).collect();
+    let mut distinct_nodes: Vec<u64> = Vec::new();
+    let mut placements = placements;
+    for (pe, id) in node_ids.iter().enumerate() {
+        let idx = distinct_nodes
+            .iter()
+            .position(|d| d == id)
+            .unwrap_or_else(|| {
+                distinct_nodes.push(*id);
+                distinct_nodes.len() - 1
+            });
+        placements[pe].node = idx;
+    }
+    let remote: Vec<bool> = node_ids.iter().map(|id| *id != node_ids[me]).collect();
+    let multi_node = distinct_nodes.len() > 1;
     let nonces: Vec<u64> = all.iter().map(|r| r[10]).collect();
     let namespaces: Vec<u64> = all.iter().map(|r| r[11]).collect();
-    let (peers, mode) = process_map(me, &pids, &nonces, &namespaces);
+    let (mut peers, mode) = process_map(me, &pids, &nonces, &namespaces);
+    for (p, info) in peers.iter_mut().enumerate() {
+        if remote[p] {
+            // A pid of another node means nothing here: liveness comes from the fabric.
+            info.pid_visible = false;
+            info.same_process = false;
+        }
+    }
+    if multi_node && config.backend != BackendKind::Shm {
+        return Err(Error::Backend {
+            backend: config.backend.name(),
+            msg: format!(
+                "the world spans {} nodes; PEs on other nodes are reached over the fabric only with the shm backend (GPU heaps across nodes are not done yet)",
+                distinct_nodes.len()
+            ),
+        });
+    }
     if config.backend == BackendKind::Cuda {
         if let Some((a, b)) = pid_collision(&pids, &nonces) {
             return Err(Error::Bootstrap {
@@ -594,6 +766,9 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
     for (pe, info) in peers.iter().enumerate() {
         let r = if pe == me {
             Ok(mine.clone())
+        } else if remote[pe] {
+            // Another node: a local copy of its control block's header (see `net`).
+            Region::anonymous(ctrl_bytes).map(Arc::new)
         } else if info.same_process {
             registry()
                 .lock()
@@ -632,14 +807,57 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
     c.word(control::W_STATE)
         .store(control::STATE_ALIVE, Ordering::Release);
 
+    let net = if multi_node {
+        let fc = crate::transport::fabric::FabricConfig {
+            provider: config.fabric_provider.clone(),
+            domain: config.fabric_domain.clone(),
+            timeout: config.timeout,
+        };
+        // SAFETY: this PE's segment stays mapped as long as `regions` (kept by PeInner, which
+        // also holds the Net).
+        let net = unsafe {
+            crate::transport::fabric::Net::open(
+                &fc,
+                boot.as_ref(),
+                mine.ptr(),
+                seg_len,
+                ctrl_bytes,
+                remote.clone(),
+            )
+        }?;
+        tracing::debug!(
+            pe = me,
+            provider = net.provider(),
+            nodes = distinct_nodes.len(),
+            "fabric up"
+        );
+        Some(Arc::new(net))
+    } else {
+        None
+    };
     let backend: Box<dyn Backend> = match config.backend {
         BackendKind::Shm => {
-            // SAFETY: the heap follows the control block inside each region.
+            // SAFETY: the heap follows the control block inside each region of this node;
+            // peers of other nodes are never reached through a base (null here).
             let bases = regions
                 .iter()
-                .map(|r| unsafe { r.ptr().add(ctrl_bytes) })
+                .enumerate()
+                .map(|(p, r)| {
+                    if remote[p] {
+                        std::ptr::null_mut()
+                    } else {
+                        unsafe { r.ptr().add(ctrl_bytes) }
+                    }
+                })
                 .collect();
-            Box::new(ShmBackend::new(bases, regions.clone()))
+            let shm = Box::new(ShmBackend::new(bases, regions.clone()));
+            match &net {
+                Some(net) => Box::new(crate::transport::fabric::FabricBackend::new(
+                    shm,
+                    net.clone(),
+                )),
+                None => shm,
+            }
         }
         BackendKind::Cuda => Box::new(crate::backend::cuda::CudaBackend::create(
             &config,
@@ -675,6 +893,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         first_lost: AtomicU64::new(0),
         faulted: AtomicBool::new(false),
         blamed: AtomicU64::new(0),
+        net,
         placements,
         config,
         bootstrap: boot,
@@ -689,8 +908,9 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         job = format_args!("{job:016x}"),
         "rshmem world up"
     );
+    inner.refresh_remote_headers();
     let inner = Arc::new(inner);
-    if mode != Mode::Threads {
+    if mode != Mode::Threads || inner.net.is_some() {
         monitor::watch(&inner);
     }
     Ok(inner)
@@ -802,6 +1022,13 @@ mod monitor {
             let mut dead = HashSet::new();
             {
                 let Some(worlds) = upgrade_all() else { return };
+                // Peers on other nodes: their header words, read over the fabric.
+                for w in worlds
+                    .iter()
+                    .filter(|w| !w.finalized.load(Ordering::Acquire))
+                {
+                    w.refresh_remote_headers();
+                }
                 let mut want = HashSet::new();
                 for w in &worlds {
                     if w.finalized.load(Ordering::Acquire) {

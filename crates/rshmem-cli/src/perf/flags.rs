@@ -29,6 +29,7 @@ pub(super) fn group_names(groups: &[SuiteArg]) -> String {
             SuiteArg::P2p => "p2p",
             SuiteArg::Coll => "coll",
             SuiteArg::Ep => "ep",
+            SuiteArg::Fabric => "fabric",
         })
         .collect::<Vec<_>>()
         .join(",")
@@ -78,9 +79,9 @@ pub(super) fn check_group_flags(args: &PerfArgs) -> CliResult<()> {
         }
     }
     if let Some(m) = args.max_size {
-        if !has(SuiteArg::P2p) && !has(SuiteArg::Coll) {
+        if !has(SuiteArg::P2p) && !has(SuiteArg::Coll) && !has(SuiteArg::Fabric) {
             return Err(format!(
-                "--max-size {}: it sizes the p2p and coll groups, which this run leaves out (groups {names}); the MoE sizes are the --ep-* flags",
+                "--max-size {}: it sizes the p2p, coll and fabric groups, which this run leaves out (groups {names}); the MoE sizes are the --ep-* flags",
                 report::human_bytes(m)
             )
             .into());

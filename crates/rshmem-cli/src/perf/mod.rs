@@ -10,6 +10,7 @@
 pub mod coll;
 mod cuda;
 pub mod ep;
+mod fabric;
 mod flags;
 pub mod measure;
 pub mod record;
@@ -79,6 +80,10 @@ pub enum SuiteArg {
     Coll,
     /// MoE dispatch and combine (`--ep-*`).
     Ep,
+    /// put/get bandwidth and 8 B latency between two processes playing two nodes over
+    /// libfabric, beside `fi_pingpong` on the same provider (`--fabric-provider`,
+    /// `--fabric-domain`); only when asked for.
+    Fabric,
 }
 
 /// Arguments of `rshmem perf`.
@@ -141,6 +146,12 @@ pub struct PerfArgs {
     /// instead of once between the first two.
     #[arg(long)]
     pub pairs: bool,
+    /// Fabric group: libfabric provider (`fi_info -l`).
+    #[arg(long, default_value = "tcp")]
+    pub fabric_provider: String,
+    /// Fabric group: libfabric domain, the interface or device (default `lo`: loopback).
+    #[arg(long, default_value = "lo")]
+    pub fabric_domain: Option<String>,
     /// Write the records as a JSON list to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -199,6 +210,9 @@ pub struct Spec {
     pub coll: Option<coll::CollOpts>,
     /// MoE dispatch/combine.
     pub ep: Option<ep::EpOpts>,
+    /// The fabric group (a world of its own).
+    #[serde(default)]
+    pub fabric: Option<fabric::FabricOpts>,
     /// Raw thread ping-pong measured before the world, one way, microseconds.
     pub outside_pp_us: f64,
     /// Symmetric heap bytes per PE.
@@ -256,6 +270,9 @@ pub fn worker(spec: &str) -> CliResult<()> {
     let spec: Spec = serde_json::from_str(spec).map_err(|e| format!("perf-worker spec: {e}"))?;
     if !rshmem::launched() {
         return Err("perf-worker runs only as a process started by `rshmem perf`".into());
+    }
+    if let Some(f) = &spec.fabric {
+        return fabric::worker(&spec, f);
     }
     let shared = match &spec.pp {
         Some(p) => Some(
@@ -379,6 +396,15 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
     // is loaded: a flag the chosen backend would not honour is an error, never ignored.
     check_group_flags(&args)?;
     let mut groups = groups(&args);
+    // The fabric group is a world of its own, whatever the backend of the others.
+    let mut fabric_records = Vec::new();
+    if groups.contains(&SuiteArg::Fabric) {
+        fabric_records = fabric::run_fabric(&args)?;
+        groups.retain(|&g| g != SuiteArg::Fabric);
+        if groups.is_empty() {
+            return report_records(&args, &fabric_records);
+        }
+    }
     // The backend, its GPUs, and why `auto` fell back to shm.
     let (backend, gpus, auto_note) = match args.backend {
         BackendArg::Shm => (Backend::Shm, 0, None),
@@ -425,6 +451,14 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
             run_shm(&args, &groups)?
         }
     };
+    let mut records = records;
+    records.extend(fabric_records);
+    report_records(&args, &records)
+}
+
+/// Prints the table (and Markdown) and writes the files asked for.
+fn report_records(args: &PerfArgs, records: &[Record]) -> CliResult<()> {
+    let records = records.to_vec();
     print!("{}", report::table(&records));
     if args.markdown {
         print!("\n{}", report::markdown(&records));
@@ -550,6 +584,7 @@ fn run_shm(args: &PerfArgs, groups: &[SuiteArg]) -> CliResult<Vec<Record>> {
                 suite,
                 coll: coll_opts.clone(),
                 ep: ep_opts,
+                fabric: None,
                 outside_pp_us: 0.0,
                 heap,
                 pp: None,
@@ -566,6 +601,7 @@ fn run_shm(args: &PerfArgs, groups: &[SuiteArg]) -> CliResult<Vec<Record>> {
                         suite: Some(barrier_opts.clone()),
                         coll: None,
                         ep: None,
+                        fabric: None,
                         outside_pp_us: 0.0,
                         heap: barrier_opts.heap_bytes(),
                         pp: None,
@@ -820,6 +856,7 @@ mod tests {
             suite: Some(opts),
             coll: None,
             ep: None,
+            fabric: None,
             outside_pp_us: 1.0,
             pp: None,
             out: None,

@@ -10,12 +10,23 @@
 //!    `RSHMEM_WORLD_SIZE` a multiple of T. `RSHMEM_LOCAL_RANK` is the process's index on its
 //!    node (default: its process index).
 //! 2. **torchrun**: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`.
-//! 3. **Open MPI**: `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`.
+//! 3. **Open MPI**: `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`
+//!    (before Slurm: `mpirun` inside an allocation inherits the allocation's `SLURM_PROCID`).
+//! 4. **Slurm** (`srun`): `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NODEID`.
+//! 5. **PMI** (MPICH's Hydra, PMIx launchers): `PMI_RANK` (or `PMIX_RANK`), `PMI_SIZE`,
+//!    `PMI_LOCAL_RANK` (or `MPI_LOCALRANKID`).
 //!
-//! The torchrun and Open MPI variables **count processes**, as those launchers define them:
+//! The node index (`SLURM_NODEID`) names this process's node when [`Config::node`]
+//! (`RSHMEM_NODE`) is not set; otherwise nodes are told apart by host name.
+//!
+//! [`Config::node`]: crate::Config::node
+//!
+//! The torchrun, Open MPI, Slurm and PMI variables **count processes**, as those launchers define them:
 //! with `RSHMEM_THREADS = T` the job has `WORLD_SIZE * T` PEs and process `RANK` hosts PEs
 //! `RANK * T .. RANK * T + T`. Their bootstrap address is `RSHMEM_BOOTSTRAP` when set, else
-//! `MASTER_ADDR:(MASTER_PORT + 1)` — torch's own store already listens on `MASTER_PORT`.
+//! `MASTER_ADDR:(MASTER_PORT + 1)` — torch's own store already listens on `MASTER_PORT`
+//! (under Slurm or PMI set `RSHMEM_BOOTSTRAP`, or `MASTER_ADDR` and `MASTER_PORT`, in the job
+//! script: those launchers publish no address of rank 0).
 //!
 //! In every convention PE `p * T + t` is thread `t` of process `p`.
 
@@ -24,7 +35,7 @@ use crate::error::{Error, Result};
 /// What the environment says about this process's place in a launched job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchEnv {
-    /// Which convention was found: "rshmem", "torchrun" or "openmpi".
+    /// Which convention was found: "rshmem", "torchrun", "openmpi", "slurm" or "pmi".
     pub source: &'static str,
     /// This process's index among the job's processes.
     pub process: usize,
@@ -38,6 +49,8 @@ pub struct LaunchEnv {
     pub bootstrap: Option<String>,
     /// Job id chosen by the launcher (`RSHMEM_JOB`, hex), when given.
     pub job: Option<u64>,
+    /// Index of this process's node among the job's nodes (`SLURM_NODEID`), when given.
+    pub node: Option<usize>,
 }
 
 impl LaunchEnv {
@@ -113,6 +126,14 @@ fn detect_in(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> 
     } else if let Some(rank) = num("OMPI_COMM_WORLD_RANK")? {
         let size = need("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")?;
         ("openmpi", rank, size, num("OMPI_COMM_WORLD_LOCAL_RANK")?)
+    } else if let Some(rank) = num("SLURM_PROCID")? {
+        let size = need("SLURM_NTASKS", "SLURM_PROCID")?;
+        ("slurm", rank, size, num("SLURM_LOCALID")?)
+    } else if let Some(rank) = num("PMI_RANK")?.map_or_else(|| num("PMIX_RANK"), |r| Ok(Some(r)))? {
+        let size = need("PMI_SIZE", "PMI_RANK")?;
+        let local =
+            num("PMI_LOCAL_RANK")?.map_or_else(|| num("MPI_LOCALRANKID"), |r| Ok(Some(r)))?;
+        ("pmi", rank, size, local)
     } else {
         return Ok(None);
     };
@@ -131,6 +152,8 @@ fn detect_in(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> 
         let var = match source {
             "rshmem" => "RSHMEM_LOCAL_RANK",
             "torchrun" => "LOCAL_RANK",
+            "slurm" => "SLURM_LOCALID",
+            "pmi" => "PMI_LOCAL_RANK",
             _ => "OMPI_COMM_WORLD_LOCAL_RANK",
         };
         return Err(Error::invalid(format!(
@@ -158,6 +181,11 @@ fn detect_in(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> 
             _ => None,
         },
     };
+    let node = if source == "slurm" {
+        num("SLURM_NODEID")?
+    } else {
+        None
+    };
     Ok(Some(LaunchEnv {
         source,
         process,
@@ -166,6 +194,7 @@ fn detect_in(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> 
         local_rank,
         bootstrap,
         job,
+        node,
     }))
 }
 
@@ -200,6 +229,76 @@ mod tests {
         assert_eq!(le.bootstrap.as_deref(), Some("node0:29501"));
         assert_eq!((le.source, le.process, le.n_processes), ("torchrun", 1, 2));
         assert_eq!(detect_with(&[]).unwrap(), None);
+    }
+
+    #[test]
+    fn slurm_pmi_and_their_precedence() {
+        let slurm = [
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NODEID", "2"),
+            ("MASTER_ADDR", "n0"),
+            ("MASTER_PORT", "4000"),
+        ];
+        let le = detect_with(&slurm).unwrap().unwrap();
+        assert_eq!(
+            (
+                le.source,
+                le.process,
+                le.n_processes,
+                le.local_rank,
+                le.node
+            ),
+            ("slurm", 5, 8, 1, Some(2))
+        );
+        assert_eq!(le.bootstrap.as_deref(), Some("n0:4001"));
+        // Without an address the error says what to set.
+        let le = detect_with(&slurm[..4]).unwrap().unwrap();
+        assert!(le.bootstrap_address().is_err());
+        // mpirun inside an allocation: Open MPI's variables win over the inherited SLURM_*.
+        let mut both = slurm.to_vec();
+        both.extend([("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "4")]);
+        let le = detect_with(&both).unwrap().unwrap();
+        assert_eq!(
+            (le.source, le.process, le.n_processes, le.node),
+            ("openmpi", 3, 4, None)
+        );
+        // torchrun under srun: torchrun's.
+        let mut torch = slurm.to_vec();
+        torch.extend([("RANK", "1"), ("WORLD_SIZE", "2")]);
+        assert_eq!(detect_with(&torch).unwrap().unwrap().source, "torchrun");
+        // PMI (Hydra) and PMIx ranks.
+        let le = detect_with(&[
+            ("PMI_RANK", "2"),
+            ("PMI_SIZE", "3"),
+            ("MPI_LOCALRANKID", "0"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (le.source, le.process, le.n_processes, le.local_rank),
+            ("pmi", 2, 3, 0)
+        );
+        let le = detect_with(&[("PMIX_RANK", "1"), ("PMI_SIZE", "2")])
+            .unwrap()
+            .unwrap();
+        assert_eq!((le.source, le.process, le.local_rank), ("pmi", 1, 1));
+        // Bad values name their variable.
+        invalid_naming(detect_with(&[("SLURM_PROCID", "0")]), "SLURM_NTASKS");
+        invalid_naming(
+            detect_with(&[
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "2"),
+                ("SLURM_NODEID", "x"),
+            ]),
+            "SLURM_NODEID",
+        );
+        invalid_naming(
+            detect_with(&[("SLURM_PROCID", "2"), ("SLURM_NTASKS", "2")]),
+            "slurm",
+        );
+        invalid_naming(detect_with(&[("PMI_RANK", "0")]), "PMI_SIZE");
     }
 
     #[test]

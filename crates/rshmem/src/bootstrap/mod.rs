@@ -86,6 +86,17 @@ pub(crate) fn agree(boot: &dyn Bootstrap, local: Result<()>, step: &str) -> Resu
     Ok(())
 }
 
+/// [`agree`] on a step that yields a value: every rank gets its value or the same error.
+pub(crate) fn agree_value<T>(boot: &dyn Bootstrap, local: Result<T>, step: &str) -> Result<T> {
+    match local {
+        Ok(v) => agree(boot, Ok(()), step).map(|()| v),
+        Err(e) => {
+            agree(boot, Err(e.clone()), step)?;
+            Err(e)
+        }
+    }
+}
+
 /// 64 random bits (`/dev/urandom`, else the clock and the pid): job ids and tokens.
 pub(crate) fn random_u64() -> u64 {
     let mut b = [0u8; 8];

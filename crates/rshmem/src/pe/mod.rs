@@ -136,9 +136,7 @@ impl SyncMem for TeamMem<'_> {
     #[inline]
     fn add(&self, member: usize, round: usize, v: u64) {
         let w = self.inner.layout.barrier_word(self.team.slot, round);
-        self.inner.ctrls[self.team.members[member]]
-            .word(w)
-            .fetch_add(v, Ordering::AcqRel);
+        self.inner.ctrl_add(self.team.members[member], w, v);
     }
     #[inline]
     fn load_own(&self, round: usize) -> u64 {
@@ -157,9 +155,7 @@ impl SyncMem for TeamMem<'_> {
     #[inline]
     fn call_of(&self, member: usize, parity: usize) -> u64 {
         let w = self.inner.layout.call_word(self.team.slot, parity);
-        self.inner.ctrls[self.team.members[member]]
-            .word(w)
-            .load(Ordering::Relaxed)
+        self.inner.ctrl_load(self.team.members[member], w)
     }
 }
 
@@ -188,6 +184,13 @@ impl Pe {
             } else {
                 self.team_sync_op(world, OP_SYNC_ALL, CallKind::Finalize)
             }
+        });
+        // Across nodes, a peer's last read of this PE's control block (the final barrier's
+        // call word) goes over the fabric, which closes with this process: every PE leaves only
+        // once all have passed the barrier, met on the bootstrap, which uses no fabric.
+        let r = r.and_then(|()| match &self.inner.net {
+            Some(_) => self.inner.bootstrap.barrier(),
+            None => Ok(()),
         });
         self.inner.record_cause();
         self.inner.finalized.store(true, Ordering::Release);
@@ -325,12 +328,17 @@ impl Pe {
         let out = team
             .members
             .iter()
-            .map(|&p| {
-                (0..rec.len())
-                    .map(|i| inner.ctrls[p].word(base + i).load(Ordering::Relaxed))
-                    .collect()
-            })
-            .collect();
+            .map(|&p| inner.ctrl_read(p, base, rec.len()))
+            .collect::<Result<Vec<_>>>();
+        let out = match out {
+            Ok(o) => o,
+            Err(e) => {
+                // A peer's record could not be read: the second barrier ends in PeerLost
+                // naming it (the read marked it lost); failing that, the read's own error.
+                self.barrier_held(team, &mut slot, call)?;
+                return Err(e);
+            }
+        };
         self.barrier_held(team, &mut slot, call)?;
         Ok((out, slot))
     }
@@ -709,12 +717,7 @@ impl Pe {
         let w = inner.layout.barrier_word(team.slot, 0);
         (0..n)
             .filter(|&m| m != team.my_index)
-            .find(|&m| {
-                inner.ctrls[team.members[(m + 1) % n]]
-                    .word(w)
-                    .load(Ordering::Acquire)
-                    < epoch
-            })
+            .find(|&m| inner.ctrl_load(team.members[(m + 1) % n], w) < epoch)
             .map(|m| team.members[m])
     }
 

@@ -1,0 +1,246 @@
+//! The fabric suite: put and get bandwidth and 8-byte latency between two PEs on different
+//! nodes (the world's PE 0 and PE 1 must be on different nodes), beside libfabric's own
+//! `fi_pingpong` (Debian's `libfabric-bin`) run in the same process on the same provider and
+//! domain, over loopback.
+//!
+//! `fi_pingpong` is a message ping-pong on an RDM endpoint; its `usec/xfer` (one way, one
+//! transfer of the size) is the baseline time of every figure. rshmem's latency is half a
+//! round trip of 8-byte puts each waited for by its target (`p` then `wait_until`), and its
+//! bandwidth that of back-to-back blocking puts (or gets) of one size. Data is checked after
+//! each timed loop.
+
+use crate::p2p::BenchRecord;
+use rshmem::{Cmp, Error, Pe, Result};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where the baseline runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FabricTarget {
+    /// Provider name for `fi_pingpong -p` (e.g. `tcp`).
+    pub provider: String,
+    /// Domain for `fi_pingpong -d` (e.g. `lo`), when set.
+    pub domain: Option<String>,
+}
+
+/// One `fi_pingpong` result: microseconds per one-way transfer and MB/s (10^6 B/s).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PingPong {
+    /// One-way time of one transfer, microseconds.
+    pub usec_per_xfer: f64,
+    /// Bandwidth as `fi_pingpong` reports it, MB/s.
+    pub mb_per_s: f64,
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Os {
+        op: "bind",
+        msg: e.to_string(),
+    })?;
+    l.local_addr().map(|a| a.port()).map_err(|e| Error::Os {
+        op: "local_addr",
+        msg: e.to_string(),
+    })
+}
+
+/// Parses the last line of `fi_pingpong`'s table (`bytes #sent #ack total time MB/sec
+/// usec/xfer Mxfers/sec`).
+pub fn parse_pingpong(out: &str) -> Option<PingPong> {
+    let line = out.lines().rev().find(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() == 8 && f[5].parse::<f64>().is_ok() && f[6].parse::<f64>().is_ok()
+    })?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    Some(PingPong {
+        mb_per_s: f[5].parse().ok()?,
+        usec_per_xfer: f[6].parse().ok()?,
+    })
+}
+
+/// Runs `fi_pingpong` (server and client on loopback) for one size; an error naming the tool
+/// when it is not installed or fails.
+pub fn fi_pingpong(target: &FabricTarget, bytes: usize, iters: usize) -> Result<PingPong> {
+    let fail = |msg: String| Error::Backend {
+        backend: "fabric",
+        msg: format!("fi_pingpong (libfabric-bin): {msg}"),
+    };
+    let port = free_port()?.to_string();
+    let mut common = vec![
+        "-p".to_string(),
+        target.provider.clone(),
+        "-e".into(),
+        "rdm".into(),
+        "-I".into(),
+        iters.to_string(),
+        "-S".into(),
+        bytes.to_string(),
+    ];
+    if let Some(d) = &target.domain {
+        common.extend(["-d".to_string(), d.clone()]);
+    }
+    let mut server = Command::new("fi_pingpong")
+        .args(&common)
+        .args(["-B", &port])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start it: {e}")))?;
+    // The server needs a moment to listen: the client retries a refused connection.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let client = loop {
+        let out = Command::new("fi_pingpong")
+            .args(&common)
+            .args(["-P", &port, "127.0.0.1"])
+            .output()
+            .map_err(|e| fail(format!("cannot start the client: {e}")))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !text.contains("refused") || Instant::now() > deadline {
+            break (out.status.success(), text);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    if !client.0 {
+        return Err(fail(format!("client failed: {}", client.1.trim())));
+    }
+    parse_pingpong(&client.1).ok_or_else(|| fail(format!("unreadable output: {}", client.1.trim())))
+}
+
+/// Runs the suite (collective over every PE; PE 0 and PE 1 take part, the others only
+/// synchronise). Returns PE 0's records, without their baseline ([`add_baseline`]).
+pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<BenchRecord>> {
+    if pe.n_pes() < 2 || pe.placement(0)?.node == pe.placement(1)?.node {
+        return Err(Error::InvalidArgument(
+            "the fabric suite needs PE 0 and PE 1 on different nodes".into(),
+        ));
+    }
+    let me = pe.my_pe();
+    let max = sizes.iter().copied().max().unwrap_or(8).max(8);
+    let buf = pe.alloc_aligned::<u8>(max, 4096)?;
+    let flag = pe.alloc::<u64>(1)?;
+    let mode = pe.mode().name();
+    let mut mine: Vec<(&'static str, usize, usize, f64)> = Vec::new();
+    pe.barrier_all()?;
+    // Latency: 8-byte ping-pong of puts, each waited for by its target.
+    if me < 2 {
+        let other = 1 - me;
+        let iters = latency_iters.max(1);
+        let t0 = Instant::now();
+        for i in 1..=iters as u64 {
+            if me == 0 {
+                pe.p(&flag, 0, i, other)?;
+                pe.wait_until(&flag, 0, Cmp::Ge, i)?;
+            } else {
+                pe.wait_until(&flag, 0, Cmp::Ge, i)?;
+                pe.p(&flag, 0, i, other)?;
+            }
+        }
+        let one_way = t0.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64);
+        mine.push(("put_latency", 8, iters, one_way));
+    }
+    pe.barrier_all()?;
+    // Bandwidth: PE 0 puts (then gets) `n` bytes to PE 1 back to back.
+    if me == 0 {
+        let data: Vec<u8> = (0..max).map(|i| (i * 7 + 3) as u8).collect();
+        for &n in sizes {
+            let iters = (64usize << 20).div_ceil(n.max(1)).clamp(3, 200);
+            pe.put(&buf, 0, &data[..n], 1)?;
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                pe.put(&buf, 0, &data[..n], 1)?;
+            }
+            pe.quiet()?;
+            let t = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            mine.push(("put", n, iters, t));
+            let mut back = vec![0u8; n];
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                pe.get(&buf, 0, &mut back, 1)?;
+            }
+            let t = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            if back[..] != data[..n] {
+                return Err(Error::InvalidArgument(format!(
+                    "fabric suite: the {n} bytes read back differ from those put"
+                )));
+            }
+            mine.push(("get", n, iters, t));
+        }
+    }
+    pe.barrier_all()?;
+    pe.free(flag)?;
+    pe.free(buf)?;
+    if me != 0 {
+        return Ok(Vec::new());
+    }
+    Ok(mine
+        .into_iter()
+        .map(|(op, bytes, iters, t)| BenchRecord {
+            op,
+            api: "host",
+            backend: "fabric",
+            mode,
+            pes: pe.n_pes(),
+            bytes: if op == "put_latency" { 0 } else { bytes },
+            iters,
+            time_us: t,
+            gbps: if op == "put_latency" {
+                0.0
+            } else {
+                bytes as f64 / (t * 1e3)
+            },
+            baseline: "fi_pingpong",
+            baseline_time_us: 0.0,
+            ratio: 0.0,
+        })
+        .collect())
+}
+
+/// Fills in the baseline of every record: `fi_pingpong`'s one-way time for the record's size
+/// (8 bytes for the latency). Run it when no PE of the world is left spinning, so that the
+/// baseline has the machine to itself as the world had.
+pub fn add_baseline(
+    records: &mut [BenchRecord],
+    latency_iters: usize,
+    target: &FabricTarget,
+) -> Result<()> {
+    for r in records.iter_mut() {
+        let (bytes, iters) = if r.op == "put_latency" {
+            (8, latency_iters.max(10))
+        } else {
+            (
+                r.bytes,
+                (8usize << 20).div_ceil(r.bytes.max(1)).clamp(5, 100),
+            )
+        };
+        let base = fi_pingpong(target, bytes, iters)?.usec_per_xfer;
+        r.baseline_time_us = base;
+        r.ratio = if r.time_us > 0.0 {
+            base / r.time_us
+        } else {
+            0.0
+        };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pingpong_table_is_read() {
+        let out =
+            "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n\
+                   8       1k      =1k      15k         0.63s      0.03     314.63       0.00\n";
+        assert_eq!(
+            parse_pingpong(out),
+            Some(PingPong {
+                usec_per_xfer: 314.63,
+                mb_per_s: 0.03
+            })
+        );
+        assert_eq!(parse_pingpong("error: nothing"), None);
+    }
+}

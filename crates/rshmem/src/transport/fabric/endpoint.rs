@@ -1,0 +1,796 @@
+//! One reliable-datagram endpoint (`FI_EP_RDM`) with its fabric, domain, address vector and
+//! completion queue, and the one-sided operations on it.
+//!
+//! Every posted operation carries the index of its peer as its context, so a failed completion
+//! names the peer. Blocking operations post and then reap completions until everything this
+//! endpoint posted has completed (a quiet), each wait bounded by the configured deadline.
+//! Providers with manual data progress (tcp;ofi_rxm) only move incoming RMA and atomics while
+//! someone reads the completion queue, so a progress thread reads it whenever no operation of
+//! this endpoint is doing so.
+
+use super::ffi::*;
+use super::loader::{lib, Lib};
+use super::mr::{MemoryRegion, Remote};
+use crate::backend::AtomicOp;
+use crate::error::{Error, Result};
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_int, c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How the fabric is chosen and how long its operations may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FabricConfig {
+    /// Provider name as `fi_info` prints it (`tcp`, `verbs`, `efa`, `cxi`, `shm`); `None`:
+    /// the first one `fi_getinfo` offers.
+    pub provider: Option<String>,
+    /// Domain (interface) name, e.g. `lo` for loopback tcp; `None`: the provider's first.
+    pub domain: Option<String>,
+    /// Deadline of every wait for a completion.
+    pub timeout: Duration,
+}
+
+impl Default for FabricConfig {
+    fn default() -> Self {
+        FabricConfig {
+            provider: None,
+            domain: None,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The raw handles, closed in reverse order of opening.
+struct Handles {
+    info: *mut fi_info,
+    fabric: *mut fid_fabric,
+    domain: *mut fid_domain,
+    av: *mut fid_av,
+    cq: *mut fid_cq,
+    ep: *mut fid_ep,
+}
+
+/// Mutable state behind the endpoint's lock: the handles are used by one thread at a time
+/// (libfabric's FI_THREAD_DOMAIN contract, the cheapest every provider offers).
+pub(super) struct State {
+    lib: &'static Lib,
+    h: Handles,
+    /// Id of the next operation posted (its completion context; never 0).
+    next_id: u64,
+    /// Completed operations not yet collected by their waiter: id → error text, if it failed.
+    done: HashMap<u64, Option<String>>,
+    /// Operations whose waiter gave up (peer lost, deadline): their completions are dropped.
+    abandoned: HashSet<u64>,
+    /// Addresses of the peers, by peer index (after `insert_peers`).
+    peers: Vec<fi_addr_t>,
+}
+
+// SAFETY: the raw handles are only used under the endpoint's mutex.
+unsafe impl Send for State {}
+
+/// An open endpoint; see the module documentation.
+pub(crate) struct Endpoint {
+    lib: &'static Lib,
+    state: Arc<Mutex<State>>,
+    stop: Arc<AtomicBool>,
+    progress: Option<std::thread::JoinHandle<()>>,
+    /// The domain's memory-registration mode (FI_MR_* bits).
+    pub mr_mode: c_int,
+    /// Largest message the endpoint carries in one operation.
+    max_msg: usize,
+    /// Name of the provider chosen.
+    pub provider: String,
+    /// A small registered buffer for atomic operands and results (and, where the provider
+    /// wants local buffers registered, the staging of puts and gets).
+    bounce: Mutex<Option<MemoryRegion>>,
+    timeout: Duration,
+    /// Peers known lost (`mark_lost`): operations waiting on them give up at once.
+    lost: Mutex<HashSet<usize>>,
+    any_lost: AtomicBool,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("provider", &self.provider)
+            .field("mr_mode", &self.mr_mode)
+            .finish()
+    }
+}
+
+/// Bytes of the bounce buffer.
+const BOUNCE: usize = 1 << 20;
+
+fn fail(op: &'static str, pe: Option<usize>, msg: String) -> Error {
+    Error::Fabric { op, pe, msg }
+}
+
+fn check(lib: &Lib, op: &'static str, rc: isize) -> Result<()> {
+    if rc < 0 {
+        return Err(fail(op, None, lib.strerror(rc)));
+    }
+    Ok(())
+}
+
+impl Handles {
+    /// Closes what is open, endpoint first.
+    fn close(&mut self, lib: &Lib) {
+        let fids: [*mut fid; 5] = [
+            self.ep.cast(),
+            self.av.cast(),
+            self.cq.cast(),
+            self.domain.cast(),
+            self.fabric.cast(),
+        ];
+        for f in fids {
+            if !f.is_null() {
+                // SAFETY: an open fid (every fid starts with `struct fid`), closed once.
+                unsafe { ((*(*f).ops).close)(f) };
+            }
+        }
+        self.ep = std::ptr::null_mut();
+        self.av = std::ptr::null_mut();
+        self.cq = std::ptr::null_mut();
+        self.domain = std::ptr::null_mut();
+        self.fabric = std::ptr::null_mut();
+        if !self.info.is_null() {
+            // SAFETY: returned by fi_getinfo, freed once.
+            unsafe { (lib.freeinfo)(self.info) };
+            self.info = std::ptr::null_mut();
+        }
+    }
+}
+
+impl State {
+    /// The open domain.
+    pub(super) fn domain(&self) -> *mut fid_domain {
+        self.h.domain
+    }
+
+    /// Reads completions until none is ready; records the first error.
+    fn reap(&mut self, lib: &Lib) {
+        let mut entries = [const {
+            fi_cq_entry {
+                op_context: std::ptr::null_mut(),
+            }
+        }; 16];
+        loop {
+            // SAFETY: an open CQ of format CONTEXT; the buffer holds 16 entries.
+            let n = unsafe {
+                ((*(*self.h.cq).ops).read)(self.h.cq, entries.as_mut_ptr().cast(), entries.len())
+            };
+            if n > 0 {
+                for e in &entries[..n as usize] {
+                    let id = e.op_context as u64;
+                    if !self.abandoned.remove(&id) {
+                        self.done.insert(id, None);
+                    }
+                }
+                continue;
+            }
+            if n == -FI_EAVAIL {
+                // SAFETY: zeroed is a valid error entry (plain data and null pointers).
+                let mut e: fi_cq_err_entry = unsafe { std::mem::zeroed() };
+                // SAFETY: open CQ, valid entry to fill.
+                let r = unsafe { ((*(*self.h.cq).ops).readerr)(self.h.cq, &mut e, 0) };
+                if r > 0 {
+                    let id = e.op_context as u64;
+                    // SAFETY: open CQ; the provider returns a string valid until the next read.
+                    let prov = unsafe {
+                        let p = ((*(*self.h.cq).ops).strerror)(
+                            self.h.cq,
+                            e.prov_errno,
+                            e.err_data,
+                            std::ptr::null_mut(),
+                            0,
+                        );
+                        if p.is_null() {
+                            String::new()
+                        } else {
+                            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+                        }
+                    };
+                    let msg = format!("{} (provider: {prov})", lib.strerror(e.err as isize));
+                    if !self.abandoned.remove(&id) {
+                        self.done.insert(id, Some(msg));
+                    }
+                    continue;
+                }
+            }
+            return;
+        }
+    }
+}
+
+impl Endpoint {
+    /// Opens fabric, domain, completion queue, address vector and an enabled RDM endpoint on
+    /// the provider `config` names.
+    pub fn open(config: &FabricConfig) -> Result<Endpoint> {
+        let lib = lib()?;
+        let mut h = Handles {
+            info: std::ptr::null_mut(),
+            fabric: std::ptr::null_mut(),
+            domain: std::ptr::null_mut(),
+            av: std::ptr::null_mut(),
+            cq: std::ptr::null_mut(),
+            ep: std::ptr::null_mut(),
+        };
+        match Self::open_handles(lib, config, &mut h) {
+            Ok(()) => {}
+            Err(e) => {
+                h.close(lib);
+                return Err(e);
+            }
+        }
+        // SAFETY: info is valid until freed in close.
+        let (mr_mode, provider, max_msg) = unsafe {
+            let i = &*h.info;
+            (
+                (*i.domain_attr).mr_mode,
+                std::ffi::CStr::from_ptr((*i.fabric_attr).prov_name)
+                    .to_string_lossy()
+                    .into_owned(),
+                (*i.ep_attr).max_msg_size.max(4096),
+            )
+        };
+        let state = Arc::new(Mutex::new(State {
+            lib,
+            h,
+            next_id: 1,
+            done: HashMap::new(),
+            abandoned: HashSet::new(),
+            peers: Vec::new(),
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let progress = {
+            let state = state.clone();
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("rshmem-fabric".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        if let Ok(mut s) = state.try_lock() {
+                            s.reap(lib);
+                        }
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                })
+                .map_err(|e| fail("starting the progress thread", None, e.to_string()))?
+        };
+        let mut ep = Endpoint {
+            lib,
+            state,
+            stop,
+            progress: Some(progress),
+            mr_mode,
+            max_msg,
+            provider,
+            bounce: Mutex::new(None),
+            timeout: config.timeout,
+            lost: Mutex::new(HashSet::new()),
+            any_lost: AtomicBool::new(false),
+        };
+        let buf = vec![0u8; BOUNCE].into_boxed_slice();
+        let mr = MemoryRegion::register_owned(&ep, buf)?;
+        ep.bounce = Mutex::new(Some(mr));
+        Ok(ep)
+    }
+
+    fn open_handles(lib: &'static Lib, config: &FabricConfig, h: &mut Handles) -> Result<()> {
+        // SAFETY: fi_dupinfo(NULL) allocates zeroed hints with every attr struct.
+        let hints = unsafe { (lib.dupinfo)(std::ptr::null()) };
+        if hints.is_null() {
+            return Err(fail("fi_allocinfo", None, "out of memory".into()));
+        }
+        struct FreeHints(&'static Lib, *mut fi_info);
+        impl Drop for FreeHints {
+            fn drop(&mut self) {
+                // SAFETY: allocated by fi_dupinfo; strings in it were strdup'ed.
+                unsafe { (self.0.freeinfo)(self.1) };
+            }
+        }
+        let _free = FreeHints(lib, hints);
+        let dup = |s: &str| -> Result<*mut std::ffi::c_char> {
+            let c = CString::new(s).map_err(|_| Error::invalid(format!("NUL in {s:?}")))?;
+            // SAFETY: strdup of a valid C string; fi_freeinfo frees it.
+            Ok(unsafe { libc::strdup(c.as_ptr()) })
+        };
+        // SAFETY: hints and its attr structs were allocated by fi_dupinfo.
+        unsafe {
+            let i = &mut *hints;
+            i.caps =
+                FI_RMA | FI_ATOMIC | FI_MSG | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+            (*i.ep_attr).type_ = FI_EP_RDM;
+            let d = &mut *i.domain_attr;
+            d.mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+            d.threading = 3; // FI_THREAD_DOMAIN: the endpoint's mutex serialises every call
+            d.av_type = FI_AV_TABLE;
+            if let Some(name) = &config.domain {
+                d.name = dup(name)?;
+            }
+            if let Some(p) = &config.provider {
+                (*i.fabric_attr).prov_name = dup(p)?;
+            }
+        }
+        let mut info = std::ptr::null_mut();
+        // SAFETY: valid hints; info receives a list freed in Handles::close.
+        let rc = unsafe {
+            (lib.getinfo)(
+                fi_version(FI_MAJOR_VERSION, FI_MINOR_VERSION),
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                hints,
+                &mut info,
+            )
+        };
+        if rc != 0 || info.is_null() {
+            return Err(fail(
+                "fi_getinfo",
+                None,
+                format!(
+                    "no RDM endpoint with RMA and atomics from provider {} on domain {}: {}",
+                    config.provider.as_deref().unwrap_or("(any)"),
+                    config.domain.as_deref().unwrap_or("(any)"),
+                    lib.strerror(rc as isize)
+                ),
+            ));
+        }
+        h.info = info;
+        // SAFETY: every call below gets handles opened just before, and valid out-pointers;
+        // each result code is checked before the handle is used.
+        unsafe {
+            let i = &mut *info;
+            let rc = (lib.fabric)(i.fabric_attr, &mut h.fabric, std::ptr::null_mut());
+            check(lib, "fi_fabric", rc as isize)?;
+            let rc =
+                ((*(*h.fabric).ops).domain)(h.fabric, info, &mut h.domain, std::ptr::null_mut());
+            check(lib, "fi_domain", rc as isize)?;
+            let mut cq_attr: fi_cq_attr = std::mem::zeroed();
+            cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+            cq_attr.wait_obj = FI_WAIT_NONE;
+            cq_attr.size = 0;
+            let rc = ((*(*h.domain).ops).cq_open)(
+                h.domain,
+                &mut cq_attr,
+                &mut h.cq,
+                std::ptr::null_mut(),
+            );
+            check(lib, "fi_cq_open", rc as isize)?;
+            let mut av_attr: fi_av_attr = std::mem::zeroed();
+            av_attr.type_ = FI_AV_TABLE;
+            let rc = ((*(*h.domain).ops).av_open)(
+                h.domain,
+                &mut av_attr,
+                &mut h.av,
+                std::ptr::null_mut(),
+            );
+            check(lib, "fi_av_open", rc as isize)?;
+            let rc = ((*(*h.domain).ops).endpoint)(h.domain, info, &mut h.ep, std::ptr::null_mut());
+            check(lib, "fi_endpoint", rc as isize)?;
+            let epf: *mut fid = h.ep.cast();
+            let rc = ((*(*epf).ops).bind)(epf, h.cq.cast(), FI_TRANSMIT | FI_RECV);
+            check(lib, "fi_ep_bind(cq)", rc as isize)?;
+            let rc = ((*(*epf).ops).bind)(epf, h.av.cast(), 0);
+            check(lib, "fi_ep_bind(av)", rc as isize)?;
+            let rc = ((*(*epf).ops).control)(epf, FI_ENABLE, std::ptr::null_mut());
+            check(lib, "fi_enable", rc as isize)?;
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The shared state (memory registrations keep it, so the domain outlives them).
+    pub(super) fn state(&self) -> &Arc<Mutex<State>> {
+        &self.state
+    }
+
+    /// The library (for error texts).
+    pub(super) fn lib(&self) -> &'static Lib {
+        self.lib
+    }
+
+    /// This endpoint's address, to hand to the peers.
+    pub fn name(&self) -> Result<Vec<u8>> {
+        let s = self.lock();
+        let mut buf = vec![0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: an enabled endpoint; buf holds len bytes.
+        let rc =
+            unsafe { ((*(*s.h.ep).cm).getname)(s.h.ep.cast(), buf.as_mut_ptr().cast(), &mut len) };
+        check(self.lib, "fi_getname", rc as isize)?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    /// Inserts every peer's address (by peer index; this endpoint's own included).
+    pub fn insert_peers(&self, names: &[Vec<u8>]) -> Result<()> {
+        let mut s = self.lock();
+        let mut out = Vec::with_capacity(names.len());
+        for (pe, n) in names.iter().enumerate() {
+            let mut a: fi_addr_t = u64::MAX;
+            // SAFETY: open AV; the address bytes are the peer's getname output.
+            let rc = unsafe {
+                ((*(*s.h.av).ops).insert)(
+                    s.h.av,
+                    n.as_ptr().cast(),
+                    1,
+                    &mut a,
+                    0,
+                    std::ptr::null_mut(),
+                )
+            };
+            if rc != 1 {
+                return Err(fail(
+                    "fi_av_insert",
+                    Some(pe),
+                    format!("address of {} bytes not accepted ({rc})", n.len()),
+                ));
+            }
+            out.push(a);
+        }
+        s.peers = out;
+        Ok(())
+    }
+
+    /// Reads the completion queue if no other thread holds the endpoint (never blocks).
+    pub fn progress(&self) {
+        if let Ok(mut s) = self.state.try_lock() {
+            s.reap(self.lib);
+        }
+    }
+
+    /// Takes `pe` as lost: operations waiting for it give up (their memory is left to the
+    /// provider), and new ones to it fail at once.
+    pub fn mark_lost(&self, pe: usize) {
+        self.lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pe);
+        self.any_lost.store(true, Ordering::Release);
+    }
+
+    fn is_lost(&self, pe: usize) -> bool {
+        self.any_lost.load(Ordering::Acquire)
+            && self
+                .lost
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&pe)
+    }
+
+    /// Posts one operation with `post` (retrying while the provider's queue is full) and waits
+    /// for its completion, at most `timeout`, giving up early when `pe` is lost. The lock is
+    /// held only to post and to read the queue, so a wait on a dead peer holds up no other.
+    ///
+    /// On an error the operation may still be in the provider's hands: the caller must then
+    /// leave every buffer it passed alive for good (`std::mem::forget`).
+    fn op(
+        &self,
+        op: &'static str,
+        pe: usize,
+        timeout: Duration,
+        mut post: impl FnMut(&State, fi_addr_t, *mut c_void) -> isize,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let gave_up = |lost: bool| {
+            if lost {
+                fail(op, Some(pe), "the peer is lost".into())
+            } else {
+                Error::Timeout {
+                    op,
+                    pe: Some(pe),
+                    after: start.elapsed(),
+                }
+            }
+        };
+        let id = {
+            let mut s = self.lock();
+            let addr = *s
+                .peers
+                .get(pe)
+                .ok_or_else(|| fail(op, Some(pe), "peer has no fabric address".into()))?;
+            loop {
+                let id = s.next_id;
+                let rc = post(&s, addr, id as *mut c_void);
+                if rc == 0 {
+                    s.next_id += 1;
+                    break id;
+                }
+                if rc != -FI_EAGAIN {
+                    return Err(fail(op, Some(pe), self.lib.strerror(rc)));
+                }
+                s.reap(self.lib);
+                let lost = self.is_lost(pe);
+                if lost || start.elapsed() > timeout {
+                    return Err(gave_up(lost));
+                }
+            }
+        };
+        let mut i = 0u32;
+        loop {
+            {
+                let mut s = self.lock();
+                if !s.done.contains_key(&id) {
+                    s.reap(self.lib);
+                }
+                if let Some(r) = s.done.remove(&id) {
+                    return match r {
+                        None => Ok(()),
+                        Some(msg) => Err(fail(op, Some(pe), msg)),
+                    };
+                }
+                if i.is_multiple_of(64) {
+                    let lost = self.is_lost(pe);
+                    if lost || start.elapsed() > timeout {
+                        s.abandoned.insert(id);
+                        return Err(gave_up(lost));
+                    }
+                }
+            }
+            i = i.wrapping_add(1);
+            if i > 256 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Completes every operation posted on this endpoint (OpenSHMEM quiet): every operation
+    /// waits for its own completion before it returns, so nothing is outstanding here.
+    pub fn quiet(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn needs_local_mr(&self) -> bool {
+        self.mr_mode & FI_MR_LOCAL != 0
+    }
+
+    /// Runs `f` with staging memory of `n` bytes and its descriptor: the registered bounce
+    /// buffer where the provider wants local buffers registered (lost for good when `f` fails,
+    /// since the provider may still use it), else a fresh allocation (leaked when `f` fails).
+    fn staged<R>(
+        &self,
+        op: &'static str,
+        pe: usize,
+        n: usize,
+        f: impl FnOnce(&mut [u8], *mut c_void) -> Result<R>,
+    ) -> Result<R> {
+        if self.needs_local_mr() {
+            let mut bounce = self.bounce.lock().unwrap_or_else(|e| e.into_inner());
+            let b = bounce.as_mut().ok_or_else(|| {
+                fail(
+                    op,
+                    Some(pe),
+                    "the staging buffer was lost with an abandoned operation".into(),
+                )
+            })?;
+            let desc = b.desc();
+            let r = f(&mut b.bytes_mut()[..n], desc);
+            if r.is_err() {
+                std::mem::forget(bounce.take());
+            }
+            r
+        } else {
+            let mut buf = vec![0u8; n];
+            let r = f(&mut buf, std::ptr::null_mut());
+            if r.is_err() {
+                std::mem::forget(buf);
+            }
+            r
+        }
+    }
+
+    /// Largest chunk one operation moves.
+    fn chunk(&self) -> usize {
+        self.max_msg.min(BOUNCE)
+    }
+
+    /// Writes `src` to `offset` of `remote` on peer `pe`; `delivery` asks for delivery
+    /// completion (the data is in the target's memory when this returns).
+    pub fn write(
+        &self,
+        pe: usize,
+        remote: &Remote,
+        offset: usize,
+        src: &[u8],
+        delivery: bool,
+    ) -> Result<()> {
+        let flags = FI_COMPLETION | if delivery { FI_DELIVERY_COMPLETE } else { 0 };
+        for (k, chunk) in src.chunks(self.chunk()).enumerate() {
+            let raddr = remote.addr(offset + k * self.chunk());
+            self.staged("fabric put", pe, chunk.len(), |buf, desc| {
+                buf.copy_from_slice(chunk);
+                let iov = iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: buf.len(),
+                };
+                let rma = fi_rma_iov {
+                    addr: raddr,
+                    len: buf.len(),
+                    key: remote.key,
+                };
+                let mut d = desc;
+                self.op("fabric put", pe, self.timeout, |s, addr, ctx| {
+                    let msg = fi_msg_rma {
+                        msg_iov: &iov,
+                        desc: &mut d,
+                        iov_count: 1,
+                        addr,
+                        rma_iov: &rma,
+                        rma_iov_count: 1,
+                        context: ctx,
+                        data: 0,
+                    };
+                    // SAFETY: enabled endpoint; the message is read during the call; the
+                    // staging memory outlives the operation (kept on failure by `staged`).
+                    unsafe { ((*(*s.h.ep).rma).writemsg)(s.h.ep, &msg, flags) }
+                })
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Reads from `offset` of `remote` on peer `pe` into `dst`.
+    pub fn read(&self, pe: usize, remote: &Remote, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.read_within(pe, remote, offset, dst, self.timeout)
+    }
+
+    /// [`read`](Self::read) with its own deadline.
+    pub fn read_within(
+        &self,
+        pe: usize,
+        remote: &Remote,
+        offset: usize,
+        dst: &mut [u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        let chunk = self.chunk();
+        for (k, out) in dst.chunks_mut(chunk).enumerate() {
+            let raddr = remote.addr(offset + k * chunk);
+            self.staged("fabric get", pe, out.len(), |buf, desc| {
+                let (ptr, n) = (buf.as_mut_ptr(), buf.len());
+                self.op("fabric get", pe, timeout, |s, addr, ctx| {
+                    // SAFETY: enabled endpoint; the staging memory holds n bytes and outlives
+                    // the operation (kept on failure by `staged`).
+                    unsafe {
+                        ((*(*s.h.ep).rma).read)(
+                            s.h.ep,
+                            ptr.cast(),
+                            n,
+                            desc,
+                            addr,
+                            raddr,
+                            remote.key,
+                            ctx,
+                        )
+                    }
+                })?;
+                out.copy_from_slice(buf);
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// An atomic on the 8-byte (`wide`) or 4-byte word at `offset` of `remote` on peer `pe`;
+    /// returns the old value (0 for `Set`).
+    pub fn atomic(
+        &self,
+        pe: usize,
+        remote: &Remote,
+        offset: usize,
+        wide: bool,
+        op: AtomicOp,
+    ) -> Result<u64> {
+        let dt = if wide { FI_UINT64 } else { FI_UINT32 };
+        let raddr = remote.addr(offset);
+        let key = remote.key;
+        let (fop, v, cond, fetch) = match op {
+            AtomicOp::Fetch => (FI_ATOMIC_READ, 0, None, true),
+            AtomicOp::Set(v) => (FI_ATOMIC_WRITE, v, None, false),
+            AtomicOp::Swap(v) => (FI_ATOMIC_WRITE, v, None, true),
+            AtomicOp::CompareSwap { cond, value } => (FI_CSWAP, value, Some(cond), true),
+            AtomicOp::FetchAdd(v) => (FI_SUM, v, None, true),
+            AtomicOp::FetchAnd(v) => (FI_BAND, v, None, true),
+            AtomicOp::FetchOr(v) => (FI_BOR, v, None, true),
+            AtomicOp::FetchXor(v) => (FI_BXOR, v, None, true),
+        };
+        // Operand at 0, compare at 8, result at 16, each in the byte order of the host.
+        self.staged("fabric atomic", pe, 24, |buf, desc| {
+            let put = |b: &mut [u8], at: usize, x: u64| {
+                if wide {
+                    b[at..at + 8].copy_from_slice(&x.to_ne_bytes());
+                } else {
+                    b[at..at + 4].copy_from_slice(&(x as u32).to_ne_bytes());
+                }
+            };
+            put(buf, 0, v);
+            put(buf, 8, cond.unwrap_or(0));
+            put(buf, 16, 0);
+            let base = buf.as_mut_ptr();
+            let (operand, compare, result) = (base, base.wrapping_add(8), base.wrapping_add(16));
+            self.op("fabric atomic", pe, self.timeout, |s, addr, ctx| {
+                // SAFETY: enabled endpoint; operand, compare and result lie in the staging
+                // memory, which outlives the operation (kept on failure by `staged`).
+                unsafe {
+                    let a = &*(*s.h.ep).atomic;
+                    match (cond, fetch) {
+                        (Some(_), _) => (a.compwrite)(
+                            s.h.ep,
+                            operand.cast(),
+                            1,
+                            desc,
+                            compare.cast(),
+                            desc,
+                            result.cast(),
+                            desc,
+                            addr,
+                            raddr,
+                            key,
+                            dt,
+                            fop,
+                            ctx,
+                        ),
+                        (None, true) => (a.readwrite)(
+                            s.h.ep,
+                            operand.cast(),
+                            1,
+                            desc,
+                            result.cast(),
+                            desc,
+                            addr,
+                            raddr,
+                            key,
+                            dt,
+                            fop,
+                            ctx,
+                        ),
+                        (None, false) => (a.write)(
+                            s.h.ep,
+                            operand.cast(),
+                            1,
+                            desc,
+                            addr,
+                            raddr,
+                            key,
+                            dt,
+                            fop,
+                            ctx,
+                        ),
+                    }
+                }
+            })?;
+            Ok(if wide {
+                u64::from_ne_bytes(buf[16..24].try_into().unwrap_or([0; 8]))
+            } else {
+                u32::from_ne_bytes(buf[16..20].try_into().unwrap_or([0; 4])) as u64
+            })
+        })
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.progress.take() {
+            let _ = t.join();
+        }
+        // The handles close when the last registration holding them is gone (State's drop).
+        self.bounce
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        self.h.close(self.lib);
+    }
+}

@@ -1,0 +1,155 @@
+//! A world's fabric: this PE's endpoint, its whole segment (control block and heap) registered
+//! as one range, every peer's `Remote`, and which peers live on other nodes. The control block
+//! words of a peer on another node (barrier counters, call words, exchange area, header) are
+//! reached through it; so are its heap bytes (`FabricBackend`).
+
+use super::{exchange, Endpoint, FabricConfig, MemoryRegion, Remote};
+use crate::backend::{AtomicOp, Backend};
+use crate::bootstrap::Bootstrap;
+use crate::config::BackendKind;
+use crate::error::Result;
+use std::time::Duration;
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct Net {
+    ep: Endpoint,
+    /// Kept registered for the life of the world (dropped before `ep`'s handles close).
+    _segment: MemoryRegion,
+    /// Each PE's registered segment.
+    segments: Vec<Remote>,
+    /// Per PE: true when it runs on another node.
+    remote: Vec<bool>,
+    /// Bytes of the control block at the start of each segment (the heap follows it).
+    ctrl_bytes: usize,
+}
+
+impl Net {
+    /// Opens this PE's endpoint, registers its segment and exchanges addresses and keys with
+    /// every PE (collective over `boot`).
+    ///
+    /// # Safety
+    /// `segment..segment + len` must stay mapped for the life of the returned value.
+    pub unsafe fn open(
+        config: &FabricConfig,
+        boot: &dyn Bootstrap,
+        segment: *mut u8,
+        len: usize,
+        ctrl_bytes: usize,
+        remote: Vec<bool>,
+    ) -> Result<Net> {
+        let ep = Endpoint::open(config);
+        let ep = crate::bootstrap::agree_value(boot, ep, "opening the fabric endpoint")?;
+        // SAFETY: the caller's contract.
+        let mr = unsafe { MemoryRegion::register(&ep, segment, len) };
+        let mr =
+            crate::bootstrap::agree_value(boot, mr, "registering the segment with the fabric")?;
+        let all = exchange(boot, &ep, &[&mr])?;
+        Ok(Net {
+            ep,
+            _segment: mr,
+            segments: all.into_iter().map(|r| r[0]).collect(),
+            remote,
+            ctrl_bytes,
+        })
+    }
+
+    /// Reads the completion queue if no other thread is doing so (never blocks).
+    pub fn progress(&self) {
+        self.ep.progress();
+    }
+
+    /// Takes PE `pe` as lost: fabric operations waiting on it give up.
+    pub fn mark_lost(&self, pe: usize) {
+        self.ep.mark_lost(pe);
+    }
+
+    /// Whether PE `pe` runs on another node.
+    #[inline]
+    pub fn is_remote(&self, pe: usize) -> bool {
+        self.remote.get(pe).copied().unwrap_or(false)
+    }
+
+    /// The provider in use.
+    pub fn provider(&self) -> &str {
+        &self.ep.provider
+    }
+
+    /// Atomic on control word `word` of PE `pe`.
+    pub fn ctrl_atomic(&self, pe: usize, word: usize, op: AtomicOp) -> Result<u64> {
+        self.ep.atomic(pe, &self.segments[pe], word * 8, true, op)
+    }
+
+    /// `n` control words of PE `pe` from `word` on, within `timeout`.
+    pub fn ctrl_read(
+        &self,
+        pe: usize,
+        word: usize,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<u64>> {
+        let mut b = vec![0u8; n * 8];
+        self.ep
+            .read_within(pe, &self.segments[pe], word * 8, &mut b, timeout)?;
+        Ok(b.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect())
+    }
+}
+
+/// The CPU backend of a world spanning nodes: peers of this node through their mappings (the
+/// shm backend), peers of other nodes through the fabric. Every fabric put is
+/// delivery-complete, so it is in the target's memory when the call returns: a signal (or any
+/// later operation) issued after it is seen after the data, and fence and quiet have nothing
+/// left to wait for on the fabric side.
+#[derive(Debug)]
+pub(crate) struct FabricBackend {
+    local: Box<dyn Backend>,
+    net: std::sync::Arc<Net>,
+}
+
+impl FabricBackend {
+    pub fn new(local: Box<dyn Backend>, net: std::sync::Arc<Net>) -> Self {
+        FabricBackend { local, net }
+    }
+}
+
+impl Backend for FabricBackend {
+    fn kind(&self) -> BackendKind {
+        self.local.kind()
+    }
+    fn put(&self, pe: usize, offset: usize, src: &[u8]) -> Result<()> {
+        if !self.net.is_remote(pe) {
+            return self.local.put(pe, offset, src);
+        }
+        let n = &self.net;
+        n.ep.write(pe, &n.segments[pe], n.ctrl_bytes + offset, src, true)
+    }
+    fn get(&self, pe: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if !self.net.is_remote(pe) {
+            return self.local.get(pe, offset, dst);
+        }
+        let n = &self.net;
+        n.ep.read(pe, &n.segments[pe], n.ctrl_bytes + offset, dst)
+    }
+    fn atomic(&self, pe: usize, offset: usize, wide: bool, op: AtomicOp) -> Result<u64> {
+        if !self.net.is_remote(pe) {
+            return self.local.atomic(pe, offset, wide, op);
+        }
+        let n = &self.net;
+        n.ep.atomic(pe, &n.segments[pe], n.ctrl_bytes + offset, wide, op)
+    }
+    fn fence(&self) {
+        self.local.fence();
+    }
+    fn quiet(&self) -> Result<()> {
+        self.net.ep.quiet()?;
+        self.local.quiet()
+    }
+    fn host_base(&self, pe: usize) -> Option<*mut u8> {
+        if self.net.is_remote(pe) {
+            return None;
+        }
+        self.local.host_base(pe)
+    }
+}

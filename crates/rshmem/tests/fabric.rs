@@ -1,0 +1,486 @@
+//! PEs on several "nodes" of this machine, reaching each other over libfabric's tcp provider on
+//! loopback: every node of 2 PEs shares memory inside, and uses the fabric across. Each test
+//! re-executes this binary through the launcher; a child names its node from its rank
+//! (`Config::node`), so one machine plays several nodes. Without libfabric the tests say so and
+//! pass.
+
+#[path = "harness/mod.rs"]
+mod harness;
+
+use rshmem::coll::{Coll, CollConfig, ReduceOp};
+use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
+use rshmem::launcher::Exit;
+use rshmem::*;
+use std::time::{Duration, Instant};
+
+const ENV: &[(&str, &str)] = &[
+    (harness::CHILD_VAR, "fabric"),
+    ("RSHMEM_TIMEOUT", "20"),
+    ("RSHMEM_HEAP_SIZE", "8M"),
+];
+
+fn skip() -> bool {
+    if let Err(e) = rshmem::transport::fabric::probe() {
+        eprintln!("SKIPPED: libfabric is not usable here ({e})");
+        return true;
+    }
+    false
+}
+
+/// The world of a child: PEs of `pes_per_node` consecutive ranks form one node; loopback tcp.
+fn config(pes_per_node: usize) -> Config {
+    let rank: usize = std::env::var("RSHMEM_RANK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect("RSHMEM_RANK from the launcher");
+    Config::from_env()
+        .expect("config")
+        .node(format!("node{}", rank / pes_per_node))
+        .fabric_provider("tcp")
+        .fabric_domain("lo")
+}
+
+/// Runs `test` as `procs` processes of `threads` PEs; every process must exit 0.
+fn run_job(test: &str, procs: usize, threads: usize) {
+    let out = harness::spawn_self(test, procs * threads, threads, ENV, Duration::from_secs(5));
+    assert_eq!(out.code, 0, "{test}: {:?}", out.exits);
+}
+
+fn rand_u64(pe: usize, stream: u64, len: usize) -> Vec<u64> {
+    harness::rand_vec::<u64>(pe, stream, len)
+}
+
+/// Every host operation between every pair of PEs, with exact checks.
+fn every_operation(pe: &Pe) -> Result<()> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let nodes: std::collections::BTreeSet<usize> = pe.placements().iter().map(|p| p.node).collect();
+    assert_eq!(nodes.len(), n / 2, "two PEs per node");
+    // put: a random block into slot `me` of every PE; 70_000 u64s cross several messages.
+    let len = 70_000;
+    let x = pe.alloc::<u64>(len * n)?;
+    pe.local_write(&x, 0, &vec![u64::MAX; len * n])?;
+    pe.barrier_all()?;
+    let mine = rand_u64(me, 1, len);
+    for t in 0..n {
+        pe.put(&x, me * len, &mine, t)?;
+    }
+    pe.barrier_all()?;
+    let got = pe.local_vec(&x)?;
+    for s in 0..n {
+        assert_eq!(
+            &got[s * len..(s + 1) * len],
+            &rand_u64(s, 1, len)[..],
+            "PE {me}: block from PE {s}"
+        );
+    }
+    // get: read every PE's copy of the block PE (t+1)%n wrote, compare.
+    for t in 0..n {
+        let mut back = vec![0u64; len];
+        let s = (t + 1) % n;
+        pe.get(&x, s * len, &mut back, t)?;
+        assert_eq!(back, rand_u64(s, 1, len), "get from PE {t}");
+    }
+    // Non-blocking put and get across nodes, completed by quiet.
+    let far = (me + 2) % n;
+    let blk = rand_u64(me, 3, 1000);
+    pe.barrier_all()?;
+    let h = pe.put_nbi(&x, me * len, &blk, far, 7)?;
+    pe.quiet()?;
+    assert!(h.is_done(), "quiet completes the put");
+    pe.barrier_all()?;
+    let from = (me + n - 2) % n;
+    assert_eq!(
+        pe.local_vec(&x)?[from * len..from * len + 1000],
+        rand_u64(from, 3, 1000)[..]
+    );
+    let mut back = vec![0u64; 1000];
+    pe.get_nbi(&x, me * len, &mut back, far, 8)?.wait()?;
+    assert_eq!(back, blk, "get_nbi of what this PE put");
+    pe.barrier_all()?;
+    // p / g of single elements, u8 at odd places.
+    let b = pe.alloc::<u8>(n * 3)?;
+    pe.barrier_all()?;
+    for t in 0..n {
+        pe.p(&b, me * 3 + 1, (me * 16 + t) as u8, t)?;
+    }
+    pe.barrier_all()?;
+    for t in 0..n {
+        for s in 0..n {
+            assert_eq!(
+                pe.g(&b, s * 3 + 1, t)?,
+                (s * 16 + t) as u8,
+                "g({s}) at PE {t}"
+            );
+            assert_eq!(pe.g(&b, s * 3, t)?, 0, "neighbours untouched");
+        }
+    }
+    // Atomics: every PE adds into every PE's counters (u64 and u32), then swaps and
+    // compare-swaps in its own slots.
+    let c64 = pe.alloc::<u64>(1 + n)?;
+    let c32 = pe.alloc::<u32>(1 + n)?;
+    pe.barrier_all()?;
+    for t in 0..n {
+        for _ in 0..5 {
+            pe.atomic_fetch_add(&c64, 0, (me + 1) as u64, t)?;
+            pe.atomic_add(&c32, 0, (me + 1) as u32 * 1000, t)?;
+        }
+        let v = rand_u64(me, 2 + t as u64, 1)[0];
+        pe.atomic_set(&c64, 1 + me, v, t)?;
+        assert_eq!(pe.atomic_fetch(&c64, 1 + me, t)?, v);
+        assert_eq!(pe.atomic_swap(&c64, 1 + me, v ^ 1, t)?, v);
+        assert_eq!(
+            pe.atomic_compare_swap(&c64, 1 + me, v, 7, t)?,
+            v ^ 1,
+            "failing cas"
+        );
+        assert_eq!(
+            pe.atomic_compare_swap(&c64, 1 + me, v ^ 1, 7, t)?,
+            v ^ 1,
+            "cas"
+        );
+        assert_eq!(pe.atomic_fetch_xor(&c64, 1 + me, 0xf0, t)?, 7);
+        assert_eq!(pe.atomic_fetch_and(&c64, 1 + me, 0x3f, t)?, 0xf7);
+        assert_eq!(pe.atomic_fetch_or(&c64, 1 + me, 0x100, t)?, 0x37);
+        pe.atomic_set(&c32, 1 + me, u32::MAX - me as u32, t)?;
+        assert_eq!(pe.atomic_fetch_inc(&c32, 1 + me, t)?, u32::MAX - me as u32);
+    }
+    pe.barrier_all()?;
+    let tri = (n * (n + 1) / 2) as u64;
+    assert_eq!(pe.local_vec(&c64)?[0], 5 * tri);
+    assert_eq!(pe.local_vec(&c32)?[0] as u64, 5 * tri * 1000);
+    let v64 = pe.local_vec(&c64)?;
+    let v32 = pe.local_vec(&c32)?;
+    for s in 0..n {
+        assert_eq!(v64[1 + s], 0x137, "slot of PE {s}");
+        assert_eq!(v32[1 + s], (u32::MAX - s as u32).wrapping_add(1));
+    }
+    // put_signal: each PE sends a block to its right neighbour with a signal added after it;
+    // the receiver waits on its own signal word, then checks the block.
+    let right = (me + 1) % n;
+    let left = (me + n - 1) % n;
+    let data = pe.alloc::<u64>(4096)?;
+    let sig = pe.alloc::<u64>(1)?;
+    pe.barrier_all()?;
+    for round in 0..3u64 {
+        let blk = rand_u64(me, 10 + round, 4096);
+        pe.put_signal(&data, 0, &blk, Signal::add(&sig, 0, 1), right)?;
+        pe.wait_until(&sig, 0, Cmp::Ge, round + 1)?;
+        assert_eq!(
+            pe.local_vec(&data)?,
+            rand_u64(left, 10 + round, 4096),
+            "round {round}"
+        );
+        pe.barrier_all()?;
+    }
+    // fence and quiet: a put then a flag, fenced; the flag's reader sees the data.
+    let flag = pe.alloc::<u64>(1)?;
+    pe.barrier_all()?;
+    pe.put(&data, 0, &[me as u64 + 99; 16], right)?;
+    pe.fence();
+    pe.atomic_set(&flag, 0, 1, right)?;
+    pe.quiet()?;
+    pe.wait_until(&flag, 0, Cmp::Eq, 1)?;
+    assert_eq!(pe.local_vec(&data)?[..16], [left as u64 + 99; 16]);
+    pe.barrier_all()?;
+    // Bad inputs stay errors across nodes.
+    assert!(matches!(
+        pe.put(&data, 4095, &[1, 2], far),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        pe.get(&data, 0, &mut [0u64; 1], n),
+        Err(Error::PeOutOfRange { .. })
+    ));
+    assert!(matches!(
+        pe.atomic_fetch_add(&data, 4096, 1, far),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(
+        pe.host_ptr(&data, 0, far).is_err(),
+        "no host pointer into another node"
+    );
+    assert!(
+        pe.host_ptr(&data, 0, me ^ 1).is_ok(),
+        "host pointer into a PE of this node"
+    );
+    pe.free(flag)?;
+    pe.free(sig)?;
+    pe.free(data)?;
+    pe.free(c32)?;
+    pe.free(c64)?;
+    pe.free(b)?;
+    pe.free(x)?;
+    Ok(())
+}
+
+#[test]
+fn every_operation_across_two_nodes_of_two_processes() {
+    if skip() {
+        return;
+    }
+    if !harness::is_child() {
+        return run_job("every_operation_across_two_nodes_of_two_processes", 4, 1);
+    }
+    let pe = Launch::new().config(config(2)).init().expect("init");
+    every_operation(&pe).expect("operations");
+    pe.finalize().expect("finalize");
+}
+
+#[test]
+fn every_operation_across_three_nodes_of_two_threads() {
+    if skip() {
+        return;
+    }
+    if !harness::is_child() {
+        return run_job("every_operation_across_three_nodes_of_two_threads", 3, 2);
+    }
+    let r = Launch::new()
+        .config(config(2))
+        .run(6, every_operation)
+        .values()
+        .expect("world");
+    for v in r {
+        v.expect("operations");
+    }
+}
+
+/// Teams, allocation checks, collectives and MoE dispatch/combine across nodes.
+fn teams_collectives_moe(pe: &Pe) -> Result<()> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    // A team of one PE per node (the even ranks), and its barrier and allocation.
+    let evens = pe.team_split_strided(pe.world_team(), 0, 2, n / 2)?;
+    if let Some(t) = &evens {
+        assert_eq!(t.n_pes(), n / 2);
+        pe.team_barrier(t)?;
+    }
+    // An all-reduce and a broadcast over the world, random integers, checked exactly.
+    let coll = Coll::new(pe, CollConfig::default())?;
+    let len = 3000;
+    let x = pe.alloc::<u64>(len)?;
+    let y = pe.alloc::<u64>(len)?;
+    pe.local_write(&x, 0, &rand_u64(me, 50, len))?;
+    coll.all_reduce(pe.world_team(), &y, &x, len, ReduceOp::Sum)?;
+    let mut want = vec![0u64; len];
+    for s in 0..n {
+        for (w, v) in want.iter_mut().zip(rand_u64(s, 50, len)) {
+            *w = w.wrapping_add(v);
+        }
+    }
+    assert_eq!(pe.local_vec(&y)?, want, "all_reduce");
+    coll.broadcast(pe.world_team(), &y, &x, len, n - 1)?;
+    assert_eq!(pe.local_vec(&y)?, rand_u64(n - 1, 50, len), "broadcast");
+    coll.all_gather(pe.world_team(), &y, &x, len / n)?;
+    let got = pe.local_vec(&y)?;
+    for s in 0..n {
+        let part = &got[s * (len / n)..(s + 1) * (len / n)];
+        assert_eq!(
+            part,
+            &rand_u64(s, 50, len)[..len / n],
+            "all_gather from PE {s}"
+        );
+    }
+    // A collective allocation whose size differs on one PE of another node: an error
+    // naming a PE, on every PE.
+    let r = pe.alloc::<u8>(if me == n - 1 { 64 } else { 32 });
+    assert!(
+        matches!(r, Err(Error::CollectiveMismatch { .. })),
+        "alloc mismatch: {r:?}"
+    );
+    // Calls of different kinds meet in a barrier: the call words (read over the fabric for
+    // the other node) make it a mismatch on every PE, naming both calls.
+    let r = if me == n - 1 {
+        pe.sync_all()
+    } else {
+        pe.barrier_all()
+    };
+    match &r {
+        Err(Error::CollectiveMismatch { mine, theirs, .. }) => {
+            let both = format!("{mine} {theirs}");
+            assert!(
+                both.contains("sync_all") && both.contains("barrier"),
+                "{both}"
+            );
+        }
+        other => panic!("barrier against sync_all across nodes: {other:?}"),
+    }
+    // The world stays usable: data still moves across nodes.
+    pe.barrier_all()?;
+    pe.put(&x, 0, &[me as u64 + 1], (me + 2) % n)?;
+    pe.barrier_all()?;
+    assert_eq!(pe.g(&x, 0, me)?, ((me + n - 2) % n) as u64 + 1);
+    // MoE: identity experts, token t of PE s goes to expert (s + t) % E and to -1 or
+    // expert (s * 3 + t) % E; combine gives x·(w0 + w1) exactly.
+    let e = 2 * n;
+    let (tokens, h) = (6, 5);
+    let cfg = EpConfig {
+        num_experts: e,
+        max_tokens: tokens,
+        hidden: h,
+        max_topk: 2,
+        mode: EpMode::Normal,
+        layout: RecvLayout::ExpertMajor,
+    };
+    let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg)?;
+    let xs: Vec<f32> = (0..tokens * h)
+        .map(|i| ((me * 131 + i * 7) % 64) as f32 / 8.0)
+        .collect();
+    let mut ids = Vec::new();
+    let mut ws = Vec::new();
+    for t in 0..tokens {
+        ids.push(((me + t) % e) as i32);
+        ids.push(if t % 3 == 0 {
+            -1
+        } else {
+            ((me * 3 + t + 1) % e) as i32
+        });
+        ws.extend([0.5f32, 0.25]);
+    }
+    let d = buf.dispatch(pe, &xs, &ids, &ws, 2)?;
+    let out = buf.combine(pe, &d.handle, &d.x)?;
+    for t in 0..tokens {
+        let scale: f32 = if t % 3 == 0 { 0.5 } else { 0.75 };
+        for j in 0..h {
+            assert_eq!(
+                out[t * h + j],
+                xs[t * h + j] * scale,
+                "token {t} element {j}"
+            );
+        }
+    }
+    pe.free(buf)?;
+    pe.free(x)?;
+    pe.free(y)?;
+    if let Some(t) = evens {
+        pe.team_destroy(t)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn teams_collectives_and_moe_across_two_nodes() {
+    if skip() {
+        return;
+    }
+    if !harness::is_child() {
+        return run_job("teams_collectives_and_moe_across_two_nodes", 4, 1);
+    }
+    let pe = Launch::new().config(config(2)).init().expect("init");
+    teams_collectives_moe(&pe).expect("teams, collectives, MoE");
+    pe.finalize().expect("finalize");
+}
+
+#[test]
+fn killing_a_whole_node_is_peer_lost_naming_it_on_every_other_pe() {
+    if skip() {
+        return;
+    }
+    let test = "killing_a_whole_node_is_peer_lost_naming_it_on_every_other_pe";
+    if !harness::is_child() {
+        let env = [
+            (harness::CHILD_VAR, "kill"),
+            ("RSHMEM_TIMEOUT", "30"),
+            ("RSHMEM_HEAP_SIZE", "1M"),
+        ];
+        let out = harness::spawn_self(test, 6, 1, &env, Duration::from_secs(15));
+        for (p, e) in out.exits.iter().enumerate() {
+            if p == 2 || p == 3 {
+                assert_eq!(*e, Exit::Signal(9), "process {p} of the killed node");
+            } else {
+                assert_eq!(
+                    *e,
+                    Exit::Code(0),
+                    "survivor {p} did not see the loss in time: {:?}",
+                    out.exits
+                );
+            }
+        }
+        return;
+    }
+    // Three nodes of two processes; node 1 (PEs 2 and 3) is killed during a barrier.
+    let pe = Launch::new().config(config(2)).init().expect("init");
+    pe.barrier_all().expect("first barrier");
+    if pe.my_pe() / 2 == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: plain syscall on this process.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        std::process::abort();
+    }
+    let t0 = Instant::now();
+    let r = pe.barrier_all();
+    let el = t0.elapsed();
+    match r {
+        Err(Error::PeerLost { pe: lost, .. }) => assert!(lost == 2 || lost == 3, "lost {lost}"),
+        other => panic!("expected PeerLost of PE 2 or 3, got {other:?} after {el:?}"),
+    }
+    assert!(
+        el < Duration::from_secs(15),
+        "loss noticed after {el:?}, not by the timeout"
+    );
+    // Later calls fail too, at once, never a hang.
+    let t0 = Instant::now();
+    let r = pe.quiet();
+    assert!(matches!(r, Err(Error::PeerLost { .. })), "quiet: {r:?}");
+    let r = pe.alloc::<u64>(4);
+    assert!(matches!(r, Err(Error::PeerLost { .. })), "alloc: {r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(15));
+}
+
+#[test]
+fn a_world_across_nodes_with_the_cuda_backend_is_refused_on_every_pe() {
+    // Thread-PEs naming two nodes: the check comes before any CUDA or fabric call.
+    let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
+    std::thread::scope(|s| {
+        for r in 0..2 {
+            let hub = &hub;
+            s.spawn(move || {
+                let config = Config::default()
+                    .heap_size(1 << 20)
+                    .backend(BackendKind::Cuda)
+                    .node(format!("n{r}"));
+                let e = Pe::init(config, Box::new(hub.join(r).expect("join")))
+                    .expect_err("CUDA across nodes");
+                assert!(
+                    matches!(&e, Error::Backend { msg, .. } if msg.contains("2 nodes")),
+                    "{e}"
+                );
+            });
+        }
+    });
+}
+
+#[test]
+fn thread_pes_on_two_nodes_share_memory_inside_and_use_the_fabric_across() {
+    if skip() {
+        return;
+    }
+    let hub = InProcBootstrap::new(4, Duration::from_secs(30)).expect("hub");
+    std::thread::scope(|s| {
+        for r in 0..4 {
+            let hub = &hub;
+            s.spawn(move || {
+                let config = Config::default()
+                    .heap_size(1 << 20)
+                    .timeout(Duration::from_secs(20))
+                    .node(format!("n{}", r / 2))
+                    .fabric_provider("tcp")
+                    .fabric_domain("lo");
+                let pe = Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
+                let nodes: Vec<usize> = pe.placements().iter().map(|p| p.node).collect();
+                assert_eq!(nodes, [0, 0, 1, 1]);
+                let x = pe.alloc::<u64>(4).expect("alloc");
+                pe.barrier_all().expect("barrier");
+                for t in 0..4 {
+                    pe.p(&x, r, (r * 10 + t) as u64, t).expect("p");
+                }
+                pe.barrier_all().expect("barrier");
+                let got = pe.local_vec(&x).expect("read");
+                assert_eq!(got, (0..4).map(|s| (s * 10 + r) as u64).collect::<Vec<_>>());
+                // Host pointers reach PEs of this node only.
+                assert!(pe.host_ptr(&x, 0, r ^ 1).is_ok());
+                assert!(pe.host_ptr(&x, 0, (r + 2) % 4).is_err());
+                pe.free(x).expect("free");
+                pe.finalize().expect("finalize");
+            });
+        }
+    });
+}
