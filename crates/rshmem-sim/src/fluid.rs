@@ -92,6 +92,11 @@ impl PartialOrd for Pending {
     }
 }
 
+/// A flow's state within a run.
+const PENDING: u8 = 0;
+const ACTIVE: u8 = 1;
+const DONE: u8 = 2;
+
 /// The engine over a fixed set of links; link statistics add up over every [`Engine::run`].
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -108,14 +113,20 @@ pub struct Engine {
     /// Flows ending within this part of the time since the run's first start of the next
     /// end, end with it (0: every end is an event of its own).
     pub tolerance: f64,
+    /// Active flows on each link.
+    active_on: Vec<u32>,
+    /// Unfrozen flows on each link during a rate computation.
     n: Vec<u32>,
+    /// Capacity not yet given out on each link during a rate computation.
     left: Vec<f64>,
+    /// Links with active flows.
     touched: Vec<u32>,
-    /// Per touched link, where its flows start in `on`, and how many.
+    /// Each link's flows, not yet ended, contiguous in `on` from `at[l]` to `at[l + 1]`.
     at: Vec<u32>,
-    deg: Vec<u32>,
     on: Vec<u32>,
-    frozen: Vec<bool>,
+    /// The rate computation in which each flow was frozen.
+    frozen: Vec<u32>,
+    epoch: u32,
 }
 
 impl Engine {
@@ -130,13 +141,14 @@ impl Engine {
             events: 0,
             peak_flows: 0,
             tolerance: 0.0,
+            active_on: vec![0; k],
             n: vec![0; k],
             left: vec![0.0; k],
             touched: Vec::new(),
-            at: vec![0; k],
-            deg: vec![0; k],
+            at: vec![0; k + 1],
             on: Vec::new(),
             frozen: Vec::new(),
+            epoch: 0,
         }
     }
 
@@ -147,46 +159,71 @@ impl Engine {
         let mut end = vec![f64::NAN; count];
         let mut left_bytes = flows.bytes.clone();
         let mut rate = vec![0.0; count];
-        let mut heap: BinaryHeap<Pending> = (0..count)
-            .map(|f| Pending(flows.start[f], f as u32))
+        let mut state = vec![PENDING; count];
+        // Starts in (time, index) order, so ties break the same way on every run.
+        let mut starts: Vec<u32> = (0..count as u32).collect();
+        starts.sort_by(|&a, &b| {
+            flows.start[a as usize]
+                .total_cmp(&flows.start[b as usize])
+                .then(a.cmp(&b))
+        });
+        // Flows with a cap of their own, smallest cap first (ties by index).
+        let mut capped: Vec<u32> = (0..count as u32)
+            .filter(|&f| flows.cap[f as usize].is_finite())
             .collect();
+        capped.sort_by(|&a, &b| {
+            flows.cap[a as usize]
+                .total_cmp(&flows.cap[b as usize])
+                .then(a.cmp(&b))
+        });
+        self.index(flows, &state);
+        self.frozen.clear();
+        self.frozen.resize(count, 0);
+        self.epoch = 0;
+        let mut ended_since_index = 0usize;
+        let mut next_start = 0usize;
         let mut active: Vec<u32> = Vec::new();
-        let mut t = heap.peek().map_or(0.0, |p| p.0);
+        let mut t = starts.first().map_or(0.0, |&f| flows.start[f as usize]);
         let t0 = t;
-        self.frozen.resize(count, false);
         loop {
             // Every start due now joins.
             let mut changed = false;
-            while heap.peek().is_some_and(|p| p.0 <= t) {
-                let Some(Pending(_, f)) = heap.pop() else {
-                    break;
-                };
-                if flows.bytes[f as usize] <= 0.0 {
-                    end[f as usize] = t.max(flows.start[f as usize]);
+            while next_start < count && flows.start[starts[next_start] as usize] <= t {
+                let f = starts[next_start];
+                next_start += 1;
+                let fu = f as usize;
+                if flows.bytes[fu] <= 0.0 {
+                    end[fu] = t.max(flows.start[fu]);
+                    state[fu] = DONE;
+                    ended_since_index += 1;
                 } else {
                     active.push(f);
+                    state[fu] = ACTIVE;
+                    for &l in flows.path(fu) {
+                        self.active_on[l as usize] += 1;
+                    }
                     changed = true;
                 }
             }
+            let next = starts
+                .get(next_start)
+                .map_or(f64::INFINITY, |&f| flows.start[f as usize]);
             if active.is_empty() {
-                match heap.peek() {
-                    Some(p) => {
-                        t = p.0;
-                        continue;
-                    }
-                    None => break,
+                if next.is_finite() {
+                    t = next;
+                    continue;
                 }
+                break;
             }
             if changed {
                 self.events += 1;
             }
             self.peak_flows = self.peak_flows.max(active.len());
-            self.rates(flows, &active, &mut rate);
+            self.rates(flows, &active, &state, &capped, &mut rate);
             let mut dt = f64::INFINITY;
             for &f in &active {
                 dt = dt.min(left_bytes[f as usize] / rate[f as usize]);
             }
-            let next = heap.peek().map_or(f64::INFINITY, |p| p.0);
             let t_next = (t + dt).min(next);
             let span = t_next - t;
             for &l in &self.touched {
@@ -195,6 +232,7 @@ impl Engine {
             let finishing_all = t + dt <= next;
             let slack = dt * 1e-9 + self.tolerance * (t_next - t0);
             let mut ended = false;
+            let active_on = &mut self.active_on;
             active.retain(|&f| {
                 let fu = f as usize;
                 let lb = &mut left_bytes[fu];
@@ -203,12 +241,22 @@ impl Engine {
                     *lb <= flows.bytes[fu] * 1e-9 || (finishing_all && *lb / rate[fu] <= slack);
                 if done {
                     end[fu] = t_next;
+                    state[fu] = DONE;
+                    for &l in flows.path(fu) {
+                        active_on[l as usize] -= 1;
+                    }
+                    ended_since_index += 1;
                     ended = true;
                 }
                 !done
             });
             if ended {
                 self.events += 1;
+            }
+            // Ended flows stay in the link index until they outnumber the others.
+            if ended_since_index > count - ended_since_index {
+                self.index(flows, &state);
+                ended_since_index = 0;
             }
             t = t_next;
         }
@@ -220,77 +268,86 @@ impl Engine {
         end
     }
 
+    /// Indexes the flows not yet ended by the links they cross (`at`, `on`).
+    fn index(&mut self, flows: &Flows, state: &[u8]) {
+        let k = self.cap.len();
+        self.at.clear();
+        self.at.resize(k + 1, 0);
+        let live = |f: usize| state[f] != DONE;
+        for f in (0..flows.len()).filter(|&f| live(f)) {
+            for &l in flows.path(f) {
+                self.at[l as usize + 1] += 1;
+            }
+        }
+        for l in 0..k {
+            self.at[l + 1] += self.at[l];
+        }
+        let mut fill = self.at.clone();
+        self.on.clear();
+        self.on.resize(self.at[k] as usize, 0);
+        for f in (0..flows.len()).filter(|&f| live(f)) {
+            for &l in flows.path(f) {
+                let li = l as usize;
+                self.on[fill[li] as usize] = f as u32;
+                fill[li] += 1;
+            }
+        }
+    }
+
     /// Max-min fair rates of the `active` flows into `rate` (progressive filling); leaves
     /// `touched` holding the links the flows cross. The links wait in a heap by their share
     /// per unfrozen flow; the smallest fixes the rate of its unfrozen flows, which leave every
     /// link they cross. A link's share only grows as flows leave it (they leave at most its
-    /// share), so an entry whose share has grown since it was pushed is pushed again. A flow's
-    /// own cap is an entry of its own. Each flow is frozen once: the cost is the flows' links
-    /// plus a heap operation per link and per change of its share.
-    fn rates(&mut self, flows: &Flows, active: &[u32], rate: &mut [f64]) {
-        for &l in &self.touched {
-            self.n[l as usize] = 0;
-        }
+    /// share), so an entry whose share has grown since it was pushed is pushed again. The
+    /// flows' own caps (`capped`, smallest first) merge with the heap, a link winning a tie.
+    /// Each flow is frozen once: the cost is the flows' links plus a heap operation per link
+    /// and per change of its share, with no work per flow outside its links.
+    fn rates(
+        &mut self,
+        flows: &Flows,
+        active: &[u32],
+        state: &[u8],
+        capped: &[u32],
+        rate: &mut [f64],
+    ) {
+        self.epoch += 1;
+        let epoch = self.epoch;
         self.touched.clear();
-        for &f in active {
-            for &l in flows.path(f as usize) {
-                let li = l as usize;
-                if self.n[li] == 0 {
-                    self.touched.push(l);
-                    self.left[li] = self.cap[li];
-                }
-                self.n[li] += 1;
-            }
-        }
-        // Each touched link's flows, contiguous in `on` from `at[l]`, `deg[l]` of them.
-        let mut total = 0u32;
-        for &l in &self.touched {
-            let li = l as usize;
-            self.at[li] = total;
-            self.deg[li] = self.n[li];
-            total += self.n[li];
-        }
-        self.on.clear();
-        self.on.resize(total as usize, 0);
-        for &f in active {
-            for &l in flows.path(f as usize) {
-                let li = l as usize;
-                self.on[self.at[li] as usize] = f;
-                self.at[li] += 1;
-            }
-            self.frozen[f as usize] = false;
-        }
-        for &l in &self.touched {
-            let li = l as usize;
-            self.at[li] -= self.deg[li];
-        }
-        // Min-heap (Pending pops the smallest first): entries below `base` are links, the
-        // others flows' caps.
-        let base = self.cap.len() as u32;
-        let mut heap: BinaryHeap<Pending> = self
-            .touched
-            .iter()
-            .map(|&l| Pending(self.left[l as usize] / self.n[l as usize] as f64, l))
-            .collect();
-        for &f in active {
-            let c = flows.cap[f as usize];
-            if c.is_finite() {
-                heap.push(Pending(c, base + f));
+        let mut heap: BinaryHeap<Pending> = BinaryHeap::new();
+        for l in 0..self.cap.len() {
+            let c = self.active_on[l];
+            self.n[l] = c;
+            if c > 0 {
+                self.touched.push(l as u32);
+                self.left[l] = self.cap[l];
+                heap.push(Pending(self.cap[l] / c as f64, l as u32));
             }
         }
         let mut unfrozen = active.len();
+        let mut next_cap = 0usize;
         while unfrozen > 0 {
+            while next_cap < capped.len() {
+                let f = capped[next_cap] as usize;
+                if state[f] == ACTIVE && self.frozen[f] != epoch {
+                    break;
+                }
+                next_cap += 1;
+            }
+            let cap = capped
+                .get(next_cap)
+                .map_or(f64::INFINITY, |&f| flows.cap[f as usize]);
+            let link_first = heap.peek().is_some_and(|p| p.0 <= cap);
+            if !link_first {
+                if next_cap == capped.len() {
+                    break;
+                }
+                self.freeze(flows, capped[next_cap], cap, rate);
+                unfrozen -= 1;
+                continue;
+            }
             let Some(Pending(share, e)) = heap.pop() else {
                 break;
             };
-            if e >= base {
-                let f = e - base;
-                if !self.frozen[f as usize] {
-                    self.freeze(flows, f, share, rate);
-                    unfrozen -= 1;
-                }
-                continue;
-            }
             let li = e as usize;
             if self.n[li] == 0 {
                 continue;
@@ -300,10 +357,10 @@ impl Engine {
                 heap.push(Pending(now, e));
                 continue;
             }
-            let (a, d) = (self.at[li] as usize, self.deg[li] as usize);
-            for k in a..a + d {
+            for k in self.at[li] as usize..self.at[li + 1] as usize {
                 let f = self.on[k];
-                if !self.frozen[f as usize] {
+                let fu = f as usize;
+                if state[fu] == ACTIVE && self.frozen[fu] != epoch {
                     self.freeze(flows, f, now, rate);
                     unfrozen -= 1;
                 }
@@ -312,7 +369,7 @@ impl Engine {
     }
 
     fn freeze(&mut self, flows: &Flows, f: u32, m: f64, rate: &mut [f64]) {
-        self.frozen[f as usize] = true;
+        self.frozen[f as usize] = self.epoch;
         rate[f as usize] = m;
         for &l in flows.path(f as usize) {
             self.left[l as usize] -= m;
