@@ -6,9 +6,18 @@
 //! starting or a flow ending. At each event the rates are the max-min fair allocation
 //! (progressive filling): the link with the smallest share per unfrozen flow fixes the rate of
 //! every flow crossing it, which is then taken off every link it crosses, until every flow has
-//! a rate. A flow's own cap (a kernel's blocks) acts as a link of its own. Pending starts wait
-//! in a binary heap ordered by (time, sequence number), so ties break the same way on every
-//! run and the timeline is a function of the inputs alone.
+//! a rate. A flow's own cap (a kernel's blocks) acts as a link of its own. Starts are taken in
+//! (time, index) order, so ties break the same way on every run and the timeline is a function
+//! of the inputs alone.
+//!
+//! What an event costs: the flows' links are indexed once per run (each link's flows, rebuilt
+//! without the ended ones once they outnumber the rest), each link's count of active flows
+//! follows the starts and ends, the caps are sorted once and merged with the links' heap, and a
+//! bit per flow marks the unfrozen ones. A rate computation then freezes each active flow once
+//! (its links updated) plus a heap operation per busy link: no sorting, allocation or index
+//! building per event. Phases of many flows may end nearby flows together
+//! ([`Engine::tolerance`]); that is the engine's one approximation, bounded and tested
+//! (`tests/sim.rs`: `end_tolerance_bounds_every_end`).
 //!
 //! Why our own queue rather than a simulation crate (nexosim, for example): the model has one
 //! kind of process (a flow) and two kinds of event, the rates must be recomputed for all flows
@@ -74,28 +83,24 @@ impl Flows {
     }
 }
 
-/// A pending start: ordered by time, then by flow index (earliest first from the max-heap).
+/// A link in the rate computation's heap: ordered by share, then by index (smallest first
+/// from the max-heap).
 #[derive(Clone, Copy, PartialEq)]
-struct Pending(f64, u32);
+struct Entry(f64, u32);
 
-impl Eq for Pending {}
+impl Eq for Entry {}
 
-impl Ord for Pending {
+impl Ord for Entry {
     fn cmp(&self, o: &Self) -> Ordering {
         o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
     }
 }
 
-impl PartialOrd for Pending {
+impl PartialOrd for Entry {
     fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
         Some(self.cmp(o))
     }
 }
-
-/// A flow's state within a run.
-const PENDING: u8 = 0;
-const ACTIVE: u8 = 1;
-const DONE: u8 = 2;
 
 /// The engine over a fixed set of links; link statistics add up over every [`Engine::run`].
 #[derive(Clone, Debug)]
@@ -111,7 +116,9 @@ pub struct Engine {
     /// Most flows in flight at once.
     pub peak_flows: usize,
     /// Flows ending within this part of the time since the run's first start of the next
-    /// end, end with it (0: every end is an event of its own).
+    /// end, end with it (0: every end is an event of its own). Against the exact run the last
+    /// end moves by at most about this part of its time since the first start, any other end
+    /// by at most about three times it (`end_tolerance_bounds_every_end`).
     pub tolerance: f64,
     /// Active flows on each link.
     active_on: Vec<u32>,
@@ -124,9 +131,10 @@ pub struct Engine {
     /// Each link's flows, not yet ended, contiguous in `on` from `at[l]` to `at[l + 1]`.
     at: Vec<u32>,
     on: Vec<u32>,
-    /// The rate computation in which each flow was frozen.
-    frozen: Vec<u32>,
-    epoch: u32,
+    /// During a rate computation, a bit per flow: active and not yet frozen. A bit set rather
+    /// than a mark per flow: the link lists visit their flows out of order, and the bits of
+    /// millions of flows stay in cache.
+    free: Vec<u64>,
 }
 
 impl Engine {
@@ -147,8 +155,7 @@ impl Engine {
             touched: Vec::new(),
             at: vec![0; k + 1],
             on: Vec::new(),
-            frozen: Vec::new(),
-            epoch: 0,
+            free: Vec::new(),
         }
     }
 
@@ -159,7 +166,6 @@ impl Engine {
         let mut end = vec![f64::NAN; count];
         let mut left_bytes = flows.bytes.clone();
         let mut rate = vec![0.0; count];
-        let mut state = vec![PENDING; count];
         // Starts in (time, index) order, so ties break the same way on every run.
         let mut starts: Vec<u32> = (0..count as u32).collect();
         starts.sort_by(|&a, &b| {
@@ -176,10 +182,9 @@ impl Engine {
                 .total_cmp(&flows.cap[b as usize])
                 .then(a.cmp(&b))
         });
-        self.index(flows, &state);
-        self.frozen.clear();
-        self.frozen.resize(count, 0);
-        self.epoch = 0;
+        self.free.clear();
+        self.free.resize(count.div_ceil(64), 0);
+        self.index(flows, &end);
         let mut ended_since_index = 0usize;
         let mut next_start = 0usize;
         let mut active: Vec<u32> = Vec::new();
@@ -194,11 +199,9 @@ impl Engine {
                 let fu = f as usize;
                 if flows.bytes[fu] <= 0.0 {
                     end[fu] = t.max(flows.start[fu]);
-                    state[fu] = DONE;
                     ended_since_index += 1;
                 } else {
                     active.push(f);
-                    state[fu] = ACTIVE;
                     for &l in flows.path(fu) {
                         self.active_on[l as usize] += 1;
                     }
@@ -219,7 +222,7 @@ impl Engine {
                 self.events += 1;
             }
             self.peak_flows = self.peak_flows.max(active.len());
-            self.rates(flows, &active, &state, &capped, &mut rate);
+            self.rates(flows, &active, &capped, &mut rate);
             let mut dt = f64::INFINITY;
             for &f in &active {
                 dt = dt.min(left_bytes[f as usize] / rate[f as usize]);
@@ -241,7 +244,6 @@ impl Engine {
                     *lb <= flows.bytes[fu] * 1e-9 || (finishing_all && *lb / rate[fu] <= slack);
                 if done {
                     end[fu] = t_next;
-                    state[fu] = DONE;
                     for &l in flows.path(fu) {
                         active_on[l as usize] -= 1;
                     }
@@ -255,7 +257,7 @@ impl Engine {
             }
             // Ended flows stay in the link index until they outnumber the others.
             if ended_since_index > count - ended_since_index {
-                self.index(flows, &state);
+                self.index(flows, &end);
                 ended_since_index = 0;
             }
             t = t_next;
@@ -269,11 +271,11 @@ impl Engine {
     }
 
     /// Indexes the flows not yet ended by the links they cross (`at`, `on`).
-    fn index(&mut self, flows: &Flows, state: &[u8]) {
+    fn index(&mut self, flows: &Flows, end: &[f64]) {
         let k = self.cap.len();
         self.at.clear();
         self.at.resize(k + 1, 0);
-        let live = |f: usize| state[f] != DONE;
+        let live = |f: usize| end[f].is_nan();
         for f in (0..flows.len()).filter(|&f| live(f)) {
             for &l in flows.path(f) {
                 self.at[l as usize + 1] += 1;
@@ -302,25 +304,19 @@ impl Engine {
     /// flows' own caps (`capped`, smallest first) merge with the heap, a link winning a tie.
     /// Each flow is frozen once: the cost is the flows' links plus a heap operation per link
     /// and per change of its share, with no work per flow outside its links.
-    fn rates(
-        &mut self,
-        flows: &Flows,
-        active: &[u32],
-        state: &[u8],
-        capped: &[u32],
-        rate: &mut [f64],
-    ) {
-        self.epoch += 1;
-        let epoch = self.epoch;
+    fn rates(&mut self, flows: &Flows, active: &[u32], capped: &[u32], rate: &mut [f64]) {
+        for &f in active {
+            self.free[f as usize / 64] |= 1 << (f % 64);
+        }
         self.touched.clear();
-        let mut heap: BinaryHeap<Pending> = BinaryHeap::new();
+        let mut heap: BinaryHeap<Entry> = BinaryHeap::new();
         for l in 0..self.cap.len() {
             let c = self.active_on[l];
             self.n[l] = c;
             if c > 0 {
                 self.touched.push(l as u32);
                 self.left[l] = self.cap[l];
-                heap.push(Pending(self.cap[l] / c as f64, l as u32));
+                heap.push(Entry(self.cap[l] / c as f64, l as u32));
             }
         }
         let mut unfrozen = active.len();
@@ -328,7 +324,7 @@ impl Engine {
         while unfrozen > 0 {
             while next_cap < capped.len() {
                 let f = capped[next_cap] as usize;
-                if state[f] == ACTIVE && self.frozen[f] != epoch {
+                if self.is_free(f) {
                     break;
                 }
                 next_cap += 1;
@@ -345,7 +341,7 @@ impl Engine {
                 unfrozen -= 1;
                 continue;
             }
-            let Some(Pending(share, e)) = heap.pop() else {
+            let Some(Entry(share, e)) = heap.pop() else {
                 break;
             };
             let li = e as usize;
@@ -354,13 +350,13 @@ impl Engine {
             }
             let now = self.left[li].max(0.0) / self.n[li] as f64;
             if now > share * (1.0 + 1e-12) {
-                heap.push(Pending(now, e));
+                heap.push(Entry(now, e));
                 continue;
             }
             for k in self.at[li] as usize..self.at[li + 1] as usize {
                 let f = self.on[k];
                 let fu = f as usize;
-                if state[fu] == ACTIVE && self.frozen[fu] != epoch {
+                if self.is_free(fu) {
                     self.freeze(flows, f, now, rate);
                     unfrozen -= 1;
                 }
@@ -368,8 +364,12 @@ impl Engine {
         }
     }
 
+    fn is_free(&self, f: usize) -> bool {
+        self.free[f / 64] >> (f % 64) & 1 == 1
+    }
+
     fn freeze(&mut self, flows: &Flows, f: u32, m: f64, rate: &mut [f64]) {
-        self.frozen[f as usize] = self.epoch;
+        self.free[f as usize / 64] &= !(1 << (f % 64));
         rate[f as usize] = m;
         for &l in flows.path(f as usize) {
             self.left[l as usize] -= m;

@@ -222,6 +222,53 @@ fn engine_matches_textbook_max_min() {
     }
 }
 
+/// Ending flows within a tolerance of the next end together (what large phases do): against
+/// the exact run, the last end (the phase's time) moves by at most 1.5 times the tolerance and
+/// any flow's end by at most 3 times, as parts of their time since the first start. An
+/// all-to-all of random sizes among 64 GPUs behind a switch, each pair with its own size.
+#[test]
+fn end_tolerance_bounds_every_end() {
+    let n = 64u32;
+    // Links: GPU g's uplink 2g, downlink 2g + 1, at 50 GB/s.
+    let caps = vec![50.0; 2 * n as usize];
+    let mut s = 11u64;
+    let mut f = Flows::new();
+    for a in 0..n {
+        for b in (0..n).filter(|&b| b != a) {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let bytes = (1 + (s >> 33) % 40) as f64 * 14336.0;
+            f.add(
+                ((a + b) % 3) as f64,
+                bytes,
+                f64::INFINITY,
+                &[2 * a, 2 * b + 1],
+            );
+        }
+    }
+    let exact = Engine::new(caps.clone()).run(&f);
+    let last = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    for tol in [0.002, 0.01] {
+        let mut e = Engine::new(caps.clone());
+        e.tolerance = tol;
+        let got = e.run(&f);
+        let mut worst = 0.0f64;
+        for (g, x) in got.iter().zip(&exact) {
+            worst = worst.max((g - x).abs() / x);
+        }
+        let phase = (last(&got) - last(&exact)).abs() / last(&exact);
+        assert!(
+            worst <= 3.0 * tol,
+            "tolerance {tol}: an end moved by {worst} of its time"
+        );
+        assert!(
+            phase <= 1.5 * tol,
+            "tolerance {tol}: the last end moved by {phase}"
+        );
+    }
+}
+
 /// Time never falls as the size grows on one path. Across a change of path it may: on 64 PEs
 /// of the fat tree the plans' two-shot at 256 KiB beats their one-shot at 64 KiB, so the
 /// one-shot limit (`RSHMEM_COLL_TWO_SHOT_BYTES`) is too high there.
