@@ -1,7 +1,7 @@
 //! Calibration input: records grouped by size at their median, later files winning, run
 //! filters; the error table.
 
-use rshmem_sim::calibrate::{is_training, load_cases, table, Case, Row};
+use rshmem_sim::calibrate::{is_training, load_cases, table, tokens_of, Case, Row};
 
 fn record(op: &str, bytes: usize, t: f64, run: &str) -> String {
     format!(
@@ -42,6 +42,45 @@ fn cases_from_perf_json() {
         ]
     );
     assert!(is_training(&cases[0]));
+    std::fs::remove_dir_all(&dir).expect("clean");
+}
+
+/// MoE records without a note: graph replays and layout from the mode, T from the bytes.
+#[test]
+fn noteless_moe_records() {
+    // rshmem perf's 2x and 4x H200 runs (T = 4096 and 128, H = 7168, k = 8, E = 256).
+    assert_eq!(tokens_of(58_476_544, 2), 4096);
+    assert_eq!(tokens_of(1_835_008, 2), 128);
+    assert_eq!(tokens_of(158_613_504, 4), 4096);
+    assert_eq!(tokens_of(4_902_912, 4), 128);
+    assert_eq!(tokens_of(0, 2), 0);
+    let dir = std::env::temp_dir().join(format!("rshmem-sim-noteless-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let a = dir.join("a.json");
+    let rec = |mode: &str, t: f64| {
+        format!(
+            r#"{{"op":"ep_dispatch","backend":"cuda","mode":"{mode}","pes":2,"bytes":1835008,"time_us":{t},"run":"r"}}"#
+        )
+    };
+    let recs = [
+        rec("normal", 1.0),
+        rec("normal+tokens", 2.0),
+        rec("capturable", 3.0),
+        rec("capturable+tokens", 4.0),
+    ];
+    std::fs::write(&a, format!("[{}]", recs.join(","))).expect("write");
+    let cases = load_cases(&[a.to_string_lossy().to_string()]).expect("cases");
+    let got: Vec<(usize, (usize, usize, usize), bool, f64)> = cases
+        .iter()
+        .map(|c| (c.tokens, c.ep, c.token_major, c.time_us))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (128, (7168, 8, 256), false, 3.0),
+            (128, (7168, 8, 256), true, 4.0)
+        ]
+    );
     std::fs::remove_dir_all(&dir).expect("clean");
 }
 
