@@ -8,7 +8,8 @@
 //! fence cost is measured), shared by every topology, by coordinate descent on the squared log
 //! error (multiplicative steps that halve when no step helps): deterministic, and enough for
 //! six parameters. A record whose path note differs from the path the current library picks
-//! is left out and counted: it times a path the library no longer takes.
+//! is left out and counted: it times a path the library no longer takes; so is a record of a
+//! path whose kernels changed after its file was measured (`FILE!PATH`, [`load_cases`]).
 
 use crate::schedule::{build, EpSpec, Op, Setup};
 use crate::sim::simulate;
@@ -37,6 +38,8 @@ pub struct Case {
     pub note: String,
     /// Records behind the median.
     pub runs: usize,
+    /// The path's kernels changed after the measurement (the file's `!` list): left out.
+    pub superseded: bool,
 }
 
 impl Case {
@@ -101,13 +104,20 @@ type Key = (String, usize, usize, usize, bool);
 /// case, with the layout and graph replays read from their mode and T from their bytes
 /// ([`tokens_of`]). A file named `FILE@A|B` gives only the records of runs whose name
 /// starts with `A` or `B`. A size that a later file also measured counts only from the later
-/// file (list files oldest first: later runs time the current code).
+/// file (list files oldest first: later runs time the current code). A file named `FILE!P|Q`
+/// (after any `@` list) times paths `P` and `Q` (noted collective paths, or the MoE layouts
+/// `expert_major`, `token_major`; `OP:P` for one operation only) with kernels the library has
+/// since replaced: those records are left out and counted.
 pub fn load_cases(paths: &[String]) -> Result<Vec<Case>> {
     let mut groups: BTreeMap<Key, (usize, Vec<Case>)> = BTreeMap::new();
     for (index, spec) in paths.iter().enumerate() {
+        let (spec, superseded): (&str, Vec<&str>) = match spec.split_once('!') {
+            Some((f, l)) => (f, l.split('|').collect()),
+            None => (spec.as_str(), Vec::new()),
+        };
         let (path, runs) = match spec.split_once('@') {
             Some((p, r)) => (p.to_string(), r.split('|').map(str::to_string).collect()),
-            None => (spec.clone(), Vec::new()),
+            None => (spec.to_string(), Vec::new()),
         };
         let path = &path;
         let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
@@ -170,6 +180,17 @@ pub fn load_cases(paths: &[String]) -> Result<Vec<Case>> {
                 ),
                 (true, false) => (tokens_of(u("bytes"), pes), PERF_EP),
             };
+            let variant = match (
+                ep,
+                note.contains("token-major") || mode.ends_with("+tokens"),
+            ) {
+                (false, _) => note.as_str(),
+                (true, true) => "token_major",
+                (true, false) => "expert_major",
+            };
+            let superseded = superseded
+                .iter()
+                .any(|x| *x == variant || *x == format!("{op}:{variant}"));
             let c = Case {
                 op: op.clone(),
                 pes,
@@ -180,6 +201,7 @@ pub fn load_cases(paths: &[String]) -> Result<Vec<Case>> {
                 time_us,
                 note: if ep { String::new() } else { note },
                 runs: 1,
+                superseded,
             };
             let key = (op, c.pes, c.bytes, tokens, c.token_major);
             let g = groups.entry(key).or_insert((index, Vec::new()));
@@ -249,7 +271,7 @@ pub fn evaluate(
         let op = Op::parse(&c.op)?;
         let prog = build(&topo, &setup, op, c.pes, c.bytes)?;
         let r = simulate(&topo, &prog, &mut |_, _| {})?;
-        let stale = c.tokens == 0 && !c.note.is_empty() && c.note != r.path;
+        let stale = c.superseded || (c.tokens == 0 && !c.note.is_empty() && c.note != r.path);
         rows.push(Row {
             case: c.clone(),
             sim_us: r.time_us,
@@ -360,7 +382,7 @@ pub fn table(rows: &[Row]) -> String {
         )
     };
     let mut s = String::from(
-        "| op | GPUs | validation cases | median abs. error | max abs. error | fit cases | median | max | left out (path changed) |\n\
+        "| op | GPUs | validation cases | median abs. error | max abs. error | fit cases | median | max | left out (path or kernel changed) |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for ((op, pes), (mut v, mut t, stale)) in groups {

@@ -29,7 +29,18 @@ fn cases_from_perf_json() {
     std::fs::write(&b, format!("[{}]", recs.join(","))).expect("write");
     let a = a.to_string_lossy().to_string();
     let b = format!("{}@keep", b.to_string_lossy());
-    let cases = load_cases(&[a, b]).expect("cases");
+    let cases = load_cases(&[a.clone(), b.clone()]).expect("cases");
+    assert!(cases.iter().all(|c| !c.superseded));
+    // `!all_reduce:ll` on the first file: its all_reduce records on ll time replaced kernels.
+    let old = load_cases(&[format!("{a}!all_reduce:ll"), b]).expect("cases");
+    let flags: Vec<(String, bool)> = old.iter().map(|c| (c.op.clone(), c.superseded)).collect();
+    assert_eq!(
+        flags,
+        [
+            ("all_reduce".to_string(), true),
+            ("all_to_all".to_string(), false)
+        ]
+    );
     let got: Vec<(String, f64, usize)> = cases
         .iter()
         .map(|c| (c.op.clone(), c.time_us, c.runs))
@@ -96,6 +107,7 @@ fn error_table() {
         time_us: 10.0,
         note: "ll".to_string(),
         runs: 1,
+        superseded: false,
     };
     let row = |c: Case, error: f64, stale| Row {
         train: is_training(&c),
@@ -114,7 +126,7 @@ fn error_table() {
     ];
     assert_eq!(
         table(&rows),
-        "| op | GPUs | validation cases | median abs. error | max abs. error | fit cases | median | max | left out (path changed) |\n\
+        "| op | GPUs | validation cases | median abs. error | max abs. error | fit cases | median | max | left out (path or kernel changed) |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n\
          | all_gather | 2 | 3 | 4.0 % | 10.0 % | 0 | – | – | 1 |\n\
          | all_reduce | 2 | 0 | – | – | 1 | 1.0 % | 1.0 % | 0 |\n"
