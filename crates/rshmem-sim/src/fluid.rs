@@ -185,7 +185,7 @@ impl Engine {
         self.free.clear();
         self.free.resize(count.div_ceil(64), 0);
         self.index(flows, &end);
-        let mut ended_since_index = 0usize;
+        let (mut ended_before_index, mut ended_since_index) = (0usize, 0usize);
         let mut next_start = 0usize;
         let mut active: Vec<u32> = Vec::new();
         let mut t = starts.first().map_or(0.0, |&f| flows.start[f as usize]);
@@ -256,8 +256,9 @@ impl Engine {
                 self.events += 1;
             }
             // Ended flows stay in the link index until they outnumber the others.
-            if ended_since_index > count - ended_since_index {
+            if ended_since_index > count - ended_before_index - ended_since_index {
                 self.index(flows, &end);
+                ended_before_index += ended_since_index;
                 ended_since_index = 0;
             }
             t = t_next;
