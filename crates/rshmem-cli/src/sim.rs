@@ -57,7 +57,9 @@ pub struct SimArgs {
     /// MoE routing from a file: a JSON list per PE of its tokens' top-k expert ids.
     #[arg(long)]
     ep_routing: Option<String>,
-    /// Fit the model to these `rshmem perf --json` files and print the error table.
+    /// Fit the model to these `rshmem perf --json` files, oldest first, and print the error
+    /// table. `FILE@A|B` keeps the runs named A… or B…; `FILE!P|Q` leaves out the file's
+    /// records of paths P and Q (or `OP:P`) whose kernels changed after it was measured.
     #[arg(long, num_args = 1.., value_delimiter = ',')]
     calibrate: Vec<String>,
     /// Pick the tuning thresholds (LL sizes, pull or push) for the topology.

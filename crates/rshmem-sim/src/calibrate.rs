@@ -8,7 +8,8 @@
 //! fence cost is measured), shared by every topology, by coordinate descent on the squared log
 //! error (multiplicative steps that halve when no step helps): deterministic, and enough for
 //! six parameters. A record whose path note differs from the path the current library picks
-//! is left out and counted: it times a path the library no longer takes.
+//! is left out and counted: it times a path the library no longer takes; so is a record of a
+//! path whose kernels changed after its file was measured (`FILE!PATH`, [`load_cases`]).
 
 use crate::schedule::{build, EpSpec, Op, Setup};
 use crate::sim::simulate;
@@ -37,6 +38,8 @@ pub struct Case {
     pub note: String,
     /// Records behind the median.
     pub runs: usize,
+    /// The path's kernels changed after the measurement (the file's `!` list): left out.
+    pub superseded: bool,
 }
 
 impl Case {
@@ -71,20 +74,50 @@ fn num_after(note: &str, key: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
+/// `rshmem perf`'s GPU MoE case (H, k, E; bf16), what its records without a note ran.
+const PERF_EP: (usize, usize, usize) = (7168, 8, 256);
+
+/// The tokens per PE of a note-less MoE record of `bytes` (the hidden-state bytes PE 0 sends to
+/// the other PEs) on `pes` PEs: the power of two nearest the rows sent over the rows expected
+/// per token (a token goes to a given peer unless none of its k experts lives there). `rshmem
+/// perf` runs powers of two, and the routing's spread is far below a factor of 1.4.
+pub fn tokens_of(bytes: usize, pes: usize) -> usize {
+    let (h, k, e) = PERF_EP;
+    if pes < 2 || bytes == 0 {
+        return 0;
+    }
+    let rows = bytes as f64 / (h * 2) as f64;
+    let other = (e - e / pes) as f64;
+    let none_here: f64 = (0..k)
+        .map(|i| (other - i as f64) / (e as f64 - i as f64))
+        .product();
+    let t = rows / ((pes - 1) as f64 * (1.0 - none_here));
+    1usize << t.max(1.0).log2().round() as u32
+}
+
 /// Grouping key of a record: operation, GPUs, bytes, MoE tokens, token-major.
 type Key = (String, usize, usize, usize, bool);
 
 /// The cases of `rshmem perf --json` files: CUDA records of the collectives and of MoE
 /// dispatch/combine (graph replays only, as the collectives' runs are), grouped by size at
-/// their median time. A file named `FILE@A|B` gives only the records of runs whose name
+/// their median time. MoE records without a note (runs that wrote none) are `rshmem perf`'s GPU
+/// case, with the layout and graph replays read from their mode and T from their bytes
+/// ([`tokens_of`]). A file named `FILE@A|B` gives only the records of runs whose name
 /// starts with `A` or `B`. A size that a later file also measured counts only from the later
-/// file (list files oldest first: later runs time the current code).
+/// file (list files oldest first: later runs time the current code). A file named `FILE!P|Q`
+/// (after any `@` list) times paths `P` and `Q` (noted collective paths, or the MoE layouts
+/// `expert_major`, `token_major`; `OP:P` for one operation only) with kernels the library has
+/// since replaced: those records are left out and counted.
 pub fn load_cases(paths: &[String]) -> Result<Vec<Case>> {
     let mut groups: BTreeMap<Key, (usize, Vec<Case>)> = BTreeMap::new();
     for (index, spec) in paths.iter().enumerate() {
+        let (spec, superseded): (&str, Vec<&str>) = match spec.split_once('!') {
+            Some((f, l)) => (f, l.split('|').collect()),
+            None => (spec.as_str(), Vec::new()),
+        };
         let (path, runs) = match spec.split_once('@') {
             Some((p, r)) => (p.to_string(), r.split('|').map(str::to_string).collect()),
-            None => (spec.clone(), Vec::new()),
+            None => (spec.to_string(), Vec::new()),
         };
         let path = &path;
         let text = std::fs::read_to_string(path).map_err(|source| SimError::Io {
@@ -115,7 +148,16 @@ pub fn load_cases(paths: &[String]) -> Result<Vec<Case>> {
             if s("backend") != "cuda" || !(coll.contains(&op.as_str()) || ep) {
                 continue;
             }
-            if ep && !note.contains("graph replays") {
+            // MoE records of runs that wrote no note say graph replays and the layout in their
+            // mode (`capturable`, `+tokens`).
+            let mode = s("mode");
+            let noted = !note.is_empty();
+            let graph = if noted {
+                note.contains("graph replays")
+            } else {
+                mode.starts_with("capturable")
+            };
+            if ep && !graph {
                 continue;
             }
             let Some(time_us) = r.get("time_us").and_then(|x| x.as_f64()) else {
@@ -125,25 +167,41 @@ pub fn load_cases(paths: &[String]) -> Result<Vec<Case>> {
             if !runs.is_empty() && !runs.iter().any(|p: &String| run.starts_with(p.as_str())) {
                 continue;
             }
-            let tokens = if ep {
-                num_after(&note, "T=").unwrap_or(0)
-            } else {
-                0
+            let pes = u("pes");
+            let (tokens, shape) = match (ep, noted) {
+                (false, _) => (0, (0, 0, 0)),
+                (true, true) => (
+                    num_after(&note, "T=").unwrap_or(0),
+                    (
+                        num_after(&note, "H=").unwrap_or(0),
+                        num_after(&note, "k=").unwrap_or(0),
+                        num_after(&note, "E=").unwrap_or(0),
+                    ),
+                ),
+                (true, false) => (tokens_of(u("bytes"), pes), PERF_EP),
             };
+            let variant = match (
+                ep,
+                note.contains("token-major") || mode.ends_with("+tokens"),
+            ) {
+                (false, _) => note.as_str(),
+                (true, true) => "token_major",
+                (true, false) => "expert_major",
+            };
+            let superseded = superseded
+                .iter()
+                .any(|x| *x == variant || *x == format!("{op}:{variant}"));
             let c = Case {
                 op: op.clone(),
-                pes: u("pes"),
+                pes,
                 bytes: u("bytes"),
                 tokens,
-                ep: (
-                    num_after(&note, "H=").unwrap_or(0),
-                    num_after(&note, "k=").unwrap_or(0),
-                    num_after(&note, "E=").unwrap_or(0),
-                ),
-                token_major: note.contains("token-major"),
+                ep: shape,
+                token_major: note.contains("token-major") || mode.ends_with("+tokens"),
                 time_us,
                 note: if ep { String::new() } else { note },
                 runs: 1,
+                superseded,
             };
             let key = (op, c.pes, c.bytes, tokens, c.token_major);
             let g = groups.entry(key).or_insert((index, Vec::new()));
@@ -213,7 +271,7 @@ pub fn evaluate(
         let op = Op::parse(&c.op)?;
         let prog = build(&topo, &setup, op, c.pes, c.bytes)?;
         let r = simulate(&topo, &prog, &mut |_, _| {})?;
-        let stale = c.tokens == 0 && !c.note.is_empty() && c.note != r.path;
+        let stale = c.superseded || (c.tokens == 0 && !c.note.is_empty() && c.note != r.path);
         rows.push(Row {
             case: c.clone(),
             sim_us: r.time_us,
@@ -324,7 +382,7 @@ pub fn table(rows: &[Row]) -> String {
         )
     };
     let mut s = String::from(
-        "| op | GPUs | validation cases | median abs. error | max abs. error | fit cases | median | max | left out (path changed) |\n\
+        "| op | GPUs | validation cases | median abs. error | max abs. error | fit cases | median | max | left out (path or kernel changed) |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for ((op, pes), (mut v, mut t, stale)) in groups {

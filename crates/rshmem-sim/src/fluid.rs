@@ -6,9 +6,18 @@
 //! starting or a flow ending. At each event the rates are the max-min fair allocation
 //! (progressive filling): the link with the smallest share per unfrozen flow fixes the rate of
 //! every flow crossing it, which is then taken off every link it crosses, until every flow has
-//! a rate. A flow's own cap (a kernel's blocks) acts as a link of its own. Pending starts wait
-//! in a binary heap ordered by (time, sequence number), so ties break the same way on every
-//! run and the timeline is a function of the inputs alone.
+//! a rate. A flow's own cap (a kernel's blocks) acts as a link of its own. Starts are taken in
+//! (time, index) order, so ties break the same way on every run and the timeline is a function
+//! of the inputs alone.
+//!
+//! What an event costs: the flows' links are indexed once per run (each link's flows, rebuilt
+//! without the ended ones once they outnumber the rest), each link's count of active flows
+//! follows the starts and ends, the caps are sorted once and merged with the links' heap, and a
+//! bit per flow marks the unfrozen ones. A rate computation then freezes each active flow once
+//! (its links updated) plus a heap operation per busy link: no sorting, allocation or index
+//! building per event. Phases of many flows may end nearby flows together
+//! ([`Engine::tolerance`]); that is the engine's one approximation, bounded and tested
+//! (`tests/sim.rs`: `end_tolerance_bounds_every_end`).
 //!
 //! Why our own queue rather than a simulation crate (nexosim, for example): the model has one
 //! kind of process (a flow) and two kinds of event, the rates must be recomputed for all flows
@@ -74,19 +83,20 @@ impl Flows {
     }
 }
 
-/// A pending start: ordered by time, then by flow index (earliest first from the max-heap).
+/// A link in the rate computation's heap: ordered by share, then by index (smallest first
+/// from the max-heap).
 #[derive(Clone, Copy, PartialEq)]
-struct Pending(f64, u32);
+struct Entry(f64, u32);
 
-impl Eq for Pending {}
+impl Eq for Entry {}
 
-impl Ord for Pending {
+impl Ord for Entry {
     fn cmp(&self, o: &Self) -> Ordering {
         o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
     }
 }
 
-impl PartialOrd for Pending {
+impl PartialOrd for Entry {
     fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
         Some(self.cmp(o))
     }
@@ -106,16 +116,25 @@ pub struct Engine {
     /// Most flows in flight at once.
     pub peak_flows: usize,
     /// Flows ending within this part of the time since the run's first start of the next
-    /// end, end with it (0: every end is an event of its own).
+    /// end, end with it (0: every end is an event of its own). Against the exact run the last
+    /// end moves by at most about this part of its time since the first start, any other end
+    /// by at most about three times it (`end_tolerance_bounds_every_end`).
     pub tolerance: f64,
+    /// Active flows on each link.
+    active_on: Vec<u32>,
+    /// Unfrozen flows on each link during a rate computation.
     n: Vec<u32>,
+    /// Capacity not yet given out on each link during a rate computation.
     left: Vec<f64>,
+    /// Links with active flows.
     touched: Vec<u32>,
-    /// Per touched link, where its flows start in `on`, and how many.
+    /// Each link's flows, not yet ended, contiguous in `on` from `at[l]` to `at[l + 1]`.
     at: Vec<u32>,
-    deg: Vec<u32>,
     on: Vec<u32>,
-    frozen: Vec<bool>,
+    /// During a rate computation, a bit per flow: active and not yet frozen. A bit set rather
+    /// than a mark per flow: the link lists visit their flows out of order, and the bits of
+    /// millions of flows stay in cache.
+    free: Vec<u64>,
 }
 
 impl Engine {
@@ -130,13 +149,13 @@ impl Engine {
             events: 0,
             peak_flows: 0,
             tolerance: 0.0,
+            active_on: vec![0; k],
             n: vec![0; k],
             left: vec![0.0; k],
             touched: Vec::new(),
-            at: vec![0; k],
-            deg: vec![0; k],
+            at: vec![0; k + 1],
             on: Vec::new(),
-            frozen: Vec::new(),
+            free: Vec::new(),
         }
     }
 
@@ -147,46 +166,67 @@ impl Engine {
         let mut end = vec![f64::NAN; count];
         let mut left_bytes = flows.bytes.clone();
         let mut rate = vec![0.0; count];
-        let mut heap: BinaryHeap<Pending> = (0..count)
-            .map(|f| Pending(flows.start[f], f as u32))
+        // Starts in (time, index) order, so ties break the same way on every run.
+        let mut starts: Vec<u32> = (0..count as u32).collect();
+        starts.sort_by(|&a, &b| {
+            flows.start[a as usize]
+                .total_cmp(&flows.start[b as usize])
+                .then(a.cmp(&b))
+        });
+        // Flows with a cap of their own, smallest cap first (ties by index).
+        let mut capped: Vec<u32> = (0..count as u32)
+            .filter(|&f| flows.cap[f as usize].is_finite())
             .collect();
+        capped.sort_by(|&a, &b| {
+            flows.cap[a as usize]
+                .total_cmp(&flows.cap[b as usize])
+                .then(a.cmp(&b))
+        });
+        self.free.clear();
+        self.free.resize(count.div_ceil(64), 0);
+        self.index(flows, &end);
+        let (mut ended_before_index, mut ended_since_index) = (0usize, 0usize);
+        let mut next_start = 0usize;
         let mut active: Vec<u32> = Vec::new();
-        let mut t = heap.peek().map_or(0.0, |p| p.0);
+        let mut t = starts.first().map_or(0.0, |&f| flows.start[f as usize]);
         let t0 = t;
-        self.frozen.resize(count, false);
         loop {
             // Every start due now joins.
             let mut changed = false;
-            while heap.peek().is_some_and(|p| p.0 <= t) {
-                let Some(Pending(_, f)) = heap.pop() else {
-                    break;
-                };
-                if flows.bytes[f as usize] <= 0.0 {
-                    end[f as usize] = t.max(flows.start[f as usize]);
+            while next_start < count && flows.start[starts[next_start] as usize] <= t {
+                let f = starts[next_start];
+                next_start += 1;
+                let fu = f as usize;
+                if flows.bytes[fu] <= 0.0 {
+                    end[fu] = t.max(flows.start[fu]);
+                    ended_since_index += 1;
                 } else {
                     active.push(f);
+                    for &l in flows.path(fu) {
+                        self.active_on[l as usize] += 1;
+                    }
                     changed = true;
                 }
             }
+            let next = starts
+                .get(next_start)
+                .map_or(f64::INFINITY, |&f| flows.start[f as usize]);
             if active.is_empty() {
-                match heap.peek() {
-                    Some(p) => {
-                        t = p.0;
-                        continue;
-                    }
-                    None => break,
+                if next.is_finite() {
+                    t = next;
+                    continue;
                 }
+                break;
             }
             if changed {
                 self.events += 1;
             }
             self.peak_flows = self.peak_flows.max(active.len());
-            self.rates(flows, &active, &mut rate);
+            self.rates(flows, &active, &capped, &mut rate);
             let mut dt = f64::INFINITY;
             for &f in &active {
                 dt = dt.min(left_bytes[f as usize] / rate[f as usize]);
             }
-            let next = heap.peek().map_or(f64::INFINITY, |p| p.0);
             let t_next = (t + dt).min(next);
             let span = t_next - t;
             for &l in &self.touched {
@@ -195,6 +235,7 @@ impl Engine {
             let finishing_all = t + dt <= next;
             let slack = dt * 1e-9 + self.tolerance * (t_next - t0);
             let mut ended = false;
+            let active_on = &mut self.active_on;
             active.retain(|&f| {
                 let fu = f as usize;
                 let lb = &mut left_bytes[fu];
@@ -203,12 +244,22 @@ impl Engine {
                     *lb <= flows.bytes[fu] * 1e-9 || (finishing_all && *lb / rate[fu] <= slack);
                 if done {
                     end[fu] = t_next;
+                    for &l in flows.path(fu) {
+                        active_on[l as usize] -= 1;
+                    }
+                    ended_since_index += 1;
                     ended = true;
                 }
                 !done
             });
             if ended {
                 self.events += 1;
+            }
+            // Ended flows stay in the link index until they outnumber the others.
+            if ended_since_index > count - ended_before_index - ended_since_index {
+                self.index(flows, &end);
+                ended_before_index += ended_since_index;
+                ended_since_index = 0;
             }
             t = t_next;
         }
@@ -220,90 +271,93 @@ impl Engine {
         end
     }
 
+    /// Indexes the flows not yet ended by the links they cross (`at`, `on`).
+    fn index(&mut self, flows: &Flows, end: &[f64]) {
+        let k = self.cap.len();
+        self.at.clear();
+        self.at.resize(k + 1, 0);
+        let live = |f: usize| end[f].is_nan();
+        for f in (0..flows.len()).filter(|&f| live(f)) {
+            for &l in flows.path(f) {
+                self.at[l as usize + 1] += 1;
+            }
+        }
+        for l in 0..k {
+            self.at[l + 1] += self.at[l];
+        }
+        let mut fill = self.at.clone();
+        self.on.clear();
+        self.on.resize(self.at[k] as usize, 0);
+        for f in (0..flows.len()).filter(|&f| live(f)) {
+            for &l in flows.path(f) {
+                let li = l as usize;
+                self.on[fill[li] as usize] = f as u32;
+                fill[li] += 1;
+            }
+        }
+    }
+
     /// Max-min fair rates of the `active` flows into `rate` (progressive filling); leaves
     /// `touched` holding the links the flows cross. The links wait in a heap by their share
     /// per unfrozen flow; the smallest fixes the rate of its unfrozen flows, which leave every
     /// link they cross. A link's share only grows as flows leave it (they leave at most its
-    /// share), so an entry whose share has grown since it was pushed is pushed again. A flow's
-    /// own cap is an entry of its own. Each flow is frozen once: the cost is the flows' links
-    /// plus a heap operation per link and per change of its share.
-    fn rates(&mut self, flows: &Flows, active: &[u32], rate: &mut [f64]) {
-        for &l in &self.touched {
-            self.n[l as usize] = 0;
+    /// share), so an entry whose share has grown since it was pushed is pushed again. The
+    /// flows' own caps (`capped`, smallest first) merge with the heap, a link winning a tie.
+    /// Each flow is frozen once: the cost is the flows' links plus a heap operation per link
+    /// and per change of its share, with no work per flow outside its links.
+    fn rates(&mut self, flows: &Flows, active: &[u32], capped: &[u32], rate: &mut [f64]) {
+        for &f in active {
+            self.free[f as usize / 64] |= 1 << (f % 64);
         }
         self.touched.clear();
-        for &f in active {
-            for &l in flows.path(f as usize) {
-                let li = l as usize;
-                if self.n[li] == 0 {
-                    self.touched.push(l);
-                    self.left[li] = self.cap[li];
-                }
-                self.n[li] += 1;
-            }
-        }
-        // Each touched link's flows, contiguous in `on` from `at[l]`, `deg[l]` of them.
-        let mut total = 0u32;
-        for &l in &self.touched {
-            let li = l as usize;
-            self.at[li] = total;
-            self.deg[li] = self.n[li];
-            total += self.n[li];
-        }
-        self.on.clear();
-        self.on.resize(total as usize, 0);
-        for &f in active {
-            for &l in flows.path(f as usize) {
-                let li = l as usize;
-                self.on[self.at[li] as usize] = f;
-                self.at[li] += 1;
-            }
-            self.frozen[f as usize] = false;
-        }
-        for &l in &self.touched {
-            let li = l as usize;
-            self.at[li] -= self.deg[li];
-        }
-        // Min-heap (Pending pops the smallest first): entries below `base` are links, the
-        // others flows' caps.
-        let base = self.cap.len() as u32;
-        let mut heap: BinaryHeap<Pending> = self
-            .touched
-            .iter()
-            .map(|&l| Pending(self.left[l as usize] / self.n[l as usize] as f64, l))
-            .collect();
-        for &f in active {
-            let c = flows.cap[f as usize];
-            if c.is_finite() {
-                heap.push(Pending(c, base + f));
+        let mut heap: BinaryHeap<Entry> = BinaryHeap::new();
+        for l in 0..self.cap.len() {
+            let c = self.active_on[l];
+            self.n[l] = c;
+            if c > 0 {
+                self.touched.push(l as u32);
+                self.left[l] = self.cap[l];
+                heap.push(Entry(self.cap[l] / c as f64, l as u32));
             }
         }
         let mut unfrozen = active.len();
+        let mut next_cap = 0usize;
         while unfrozen > 0 {
-            let Some(Pending(share, e)) = heap.pop() else {
-                break;
-            };
-            if e >= base {
-                let f = e - base;
-                if !self.frozen[f as usize] {
-                    self.freeze(flows, f, share, rate);
-                    unfrozen -= 1;
+            while next_cap < capped.len() {
+                let f = capped[next_cap] as usize;
+                if self.is_free(f) {
+                    break;
                 }
+                next_cap += 1;
+            }
+            let cap = capped
+                .get(next_cap)
+                .map_or(f64::INFINITY, |&f| flows.cap[f as usize]);
+            let link_first = heap.peek().is_some_and(|p| p.0 <= cap);
+            if !link_first {
+                if next_cap == capped.len() {
+                    break;
+                }
+                self.freeze(flows, capped[next_cap], cap, rate);
+                unfrozen -= 1;
                 continue;
             }
+            let Some(Entry(share, e)) = heap.pop() else {
+                break;
+            };
             let li = e as usize;
             if self.n[li] == 0 {
                 continue;
             }
             let now = self.left[li].max(0.0) / self.n[li] as f64;
             if now > share * (1.0 + 1e-12) {
-                heap.push(Pending(now, e));
+                heap.push(Entry(now, e));
                 continue;
             }
-            let (a, d) = (self.at[li] as usize, self.deg[li] as usize);
-            for k in a..a + d {
+            for k in self.at[li] as usize..self.at[li + 1] as usize {
                 let f = self.on[k];
-                if !self.frozen[f as usize] {
+                let fu = f as usize;
+                if self.is_free(fu) {
                     self.freeze(flows, f, now, rate);
                     unfrozen -= 1;
                 }
@@ -311,8 +365,12 @@ impl Engine {
         }
     }
 
+    fn is_free(&self, f: usize) -> bool {
+        self.free[f / 64] >> (f % 64) & 1 == 1
+    }
+
     fn freeze(&mut self, flows: &Flows, f: u32, m: f64, rate: &mut [f64]) {
-        self.frozen[f as usize] = true;
+        self.free[f as usize / 64] &= !(1 << (f % 64));
         rate[f as usize] = m;
         for &l in flows.path(f as usize) {
             self.left[l as usize] -= m;

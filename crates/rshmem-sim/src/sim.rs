@@ -9,8 +9,9 @@ use crate::Result;
 /// Flows in a phase beyond which nearby ends are handled together.
 pub const LARGE_PHASE: usize = 10_000;
 
-/// The part of a large phase's elapsed time within which ends come together: flows that end
-/// that early lose at most this part of their time.
+/// The part of a large phase's elapsed time within which ends come together: the phase's time
+/// moves by at most about this part of it, a flow's end by at most about three times
+/// ([`Engine::tolerance`]).
 pub const TOLERANCE: f64 = 0.002;
 
 /// Flows in a phase beyond which ends within [`HUGE_TOLERANCE`] come together.

@@ -99,6 +99,176 @@ fn flows_share_links_max_min_fairly() {
     assert_eq!(e.link_bytes, vec![80e3 + 20e3 + 100e3 + 10e3, 20e3]);
 }
 
+/// Max-min fair rates by the textbook progressive filling: raise every unfrozen flow's rate
+/// together until a link (or a flow's cap) is full, freeze the flows there, repeat.
+fn reference_rates(caps: &[f64], paths: &[Vec<u32>], flow_cap: &[f64], on: &[usize]) -> Vec<f64> {
+    let mut rate = vec![0.0; paths.len()];
+    let mut frozen: Vec<bool> = (0..paths.len()).map(|f| !on.contains(&f)).collect();
+    let mut left = caps.to_vec();
+    while frozen.iter().any(|x| !x) {
+        let mut inc = f64::INFINITY;
+        for (l, c) in left.iter().enumerate() {
+            let n = (0..paths.len())
+                .filter(|&f| !frozen[f] && paths[f].contains(&(l as u32)))
+                .count();
+            if n > 0 {
+                inc = inc.min(c / n as f64);
+            }
+        }
+        for f in (0..paths.len()).filter(|&f| !frozen[f]) {
+            inc = inc.min(flow_cap[f] - rate[f]);
+        }
+        for f in (0..paths.len()).filter(|&f| !frozen[f]) {
+            rate[f] += inc;
+            for &l in &paths[f] {
+                left[l as usize] -= inc;
+            }
+        }
+        for f in 0..paths.len() {
+            let full = paths[f]
+                .iter()
+                .any(|&l| left[l as usize] <= caps[l as usize] * 1e-12);
+            if !frozen[f] && (full || rate[f] >= flow_cap[f] * (1.0 - 1e-12)) {
+                frozen[f] = true;
+            }
+        }
+    }
+    rate
+}
+
+/// The engine's end times against a plain event loop over [`reference_rates`], on random
+/// flows with random starts, sizes, caps and paths.
+#[test]
+fn engine_matches_textbook_max_min() {
+    let mut s = 7u64;
+    let mut next = move |m: u64| {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 33) % m
+    };
+    for _ in 0..20 {
+        let links = 1 + next(6) as usize;
+        let caps: Vec<f64> = (0..links).map(|_| 1.0 + next(20) as f64).collect();
+        let count = 1 + next(25) as usize;
+        let mut f = Flows::new();
+        let (mut starts, mut bytes, mut flow_cap, mut paths) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..count {
+            let mut p: Vec<u32> = (0..links as u32).filter(|_| next(2) == 0).collect();
+            if p.is_empty() {
+                p.push(next(links as u64) as u32);
+            }
+            let st = next(4) as f64 * 3.0;
+            let b = (next(50) * 1000) as f64;
+            let c = if next(3) == 0 {
+                0.5 + next(10) as f64
+            } else {
+                f64::INFINITY
+            };
+            f.add(st, b, c, &p);
+            starts.push(st);
+            bytes.push(b);
+            flow_cap.push(c * 1e3);
+            paths.push(p);
+        }
+        let got = Engine::new(caps.clone()).run(&f);
+        // The reference event loop, bytes per µs.
+        let caps_us: Vec<f64> = caps.iter().map(|c| c * 1e3).collect();
+        let mut left = bytes.clone();
+        let mut want = vec![f64::NAN; count];
+        let mut t = 0.0f64;
+        loop {
+            let on: Vec<usize> = (0..count)
+                .filter(|&i| want[i].is_nan() && starts[i] <= t && left[i] > 0.0)
+                .collect();
+            for i in 0..count {
+                if want[i].is_nan() && starts[i] <= t && left[i] <= 0.0 {
+                    want[i] = starts[i];
+                }
+            }
+            let later = (0..count)
+                .filter(|&i| want[i].is_nan() && starts[i] > t)
+                .map(|i| starts[i])
+                .fold(f64::INFINITY, f64::min);
+            if on.is_empty() {
+                if later.is_finite() {
+                    t = later;
+                    continue;
+                }
+                break;
+            }
+            let r = reference_rates(&caps_us, &paths, &flow_cap, &on);
+            let dt = on
+                .iter()
+                .map(|&i| left[i] / r[i])
+                .fold(f64::INFINITY, f64::min);
+            let step = dt.min(later - t);
+            for &i in &on {
+                left[i] -= r[i] * step;
+                if left[i] <= bytes[i] * 1e-9 {
+                    want[i] = t + step;
+                }
+            }
+            t += step;
+        }
+        for i in 0..count {
+            assert!(
+                (got[i] - want[i]).abs() <= 1e-6 * want[i].max(1.0),
+                "flow {i}: {} against {}",
+                got[i],
+                want[i]
+            );
+        }
+    }
+}
+
+/// Ending flows within a tolerance of the next end together (what large phases do): against
+/// the exact run, the last end (the phase's time) moves by at most 1.5 times the tolerance and
+/// any flow's end by at most 3 times, as parts of their time since the first start. An
+/// all-to-all of random sizes among 64 GPUs behind a switch, each pair with its own size.
+#[test]
+fn end_tolerance_bounds_every_end() {
+    let n = 64u32;
+    // Links: GPU g's uplink 2g, downlink 2g + 1, at 50 GB/s.
+    let caps = vec![50.0; 2 * n as usize];
+    let mut s = 11u64;
+    let mut f = Flows::new();
+    for a in 0..n {
+        for b in (0..n).filter(|&b| b != a) {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let bytes = (1 + (s >> 33) % 40) as f64 * 14336.0;
+            f.add(
+                ((a + b) % 3) as f64,
+                bytes,
+                f64::INFINITY,
+                &[2 * a, 2 * b + 1],
+            );
+        }
+    }
+    let exact = Engine::new(caps.clone()).run(&f);
+    let last = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    for tol in [0.002, 0.01] {
+        let mut e = Engine::new(caps.clone());
+        e.tolerance = tol;
+        let got = e.run(&f);
+        let mut worst = 0.0f64;
+        for (g, x) in got.iter().zip(&exact) {
+            worst = worst.max((g - x).abs() / x);
+        }
+        let phase = (last(&got) - last(&exact)).abs() / last(&exact);
+        assert!(
+            worst <= 3.0 * tol,
+            "tolerance {tol}: an end moved by {worst} of its time"
+        );
+        assert!(
+            phase <= 1.5 * tol,
+            "tolerance {tol}: the last end moved by {phase}"
+        );
+    }
+}
+
 /// Time never falls as the size grows on one path. Across a change of path it may: on 64 PEs
 /// of the fat tree the plans' two-shot at 256 KiB beats their one-shot at 64 KiB, so the
 /// one-shot limit (`RSHMEM_COLL_TWO_SHOT_BYTES`) is too high there.
