@@ -1,0 +1,89 @@
+// Low-latency MoE combine (after ll_dispatch.cu in the same program).
+
+// Send side (grid of any size, LL_BLOCK threads): every received row of half h's dispatch,
+// taken from the expert outputs y ([L][n*M][H] bf16, the receive layout), goes back to its
+// source into the combine area at (token, first slot naming the row's expert): a warp per row,
+// items in row-major order over experts so the rows that exist come first. Then the last block
+// sets this PE's combine flag of half h on every member (each waits for all of them).
+extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_combine_send(const ll_params* P, const rshmem_bfloat16* y, int h) {
+    const long long n = P->n, M = P->M, H = P->H, K = P->k, L = P->L, me = P->me, nM = n * M;
+    const unsigned lane = threadIdx.x & 31;
+    const long long gw = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nw = ((long long)gridDim.x * blockDim.x) >> 5;
+    const int* counts = (const int*)P->count + h * L;
+    for (long long i = gw; i < L * nM; i += nw) {
+        const long long r = i / L, e = i % L;
+        if (r >= counts[e]) continue;
+        const int sv = ((const int*)P->src)[(h * L + e) * nM + r];
+        const long long s = sv / M, t = sv % M;
+        const int* ids = (const int*)P->meta + ((h * n + s) * M + t) * K;
+        const unsigned b = __ballot_sync(0xffffffffu, lane < K && ids[lane] == (int)(me * L + e));
+        // b != 0: the row was placed because a slot names e.
+        const long long j = b ? __ffs(b) - 1 : 0;
+        rshmem_bfloat16* to = (rshmem_bfloat16*)P->comb + ((h * M + t) * K + j) * H;
+        uint4* dst = (uint4*)rshmem_ptr(to, ll_pe(P, s));
+        const uint4* from = (const uint4*)(y + ((e * nM) + r) * H);
+        for (long long v = lane; v < H / 8; v += 32) dst[v] = from[v];
+    }
+    if (ll_last_block(P, 2, h)) {
+        for (long long d = 0; d < n; d++) {
+            unsigned long long* f = (unsigned long long*)P->cflag + h * n + me;
+            rshmemi_st_release((unsigned long long*)rshmem_ptr(f, ll_pe(P, d)), 1ull);
+        }
+    }
+}
+
+// Receive side (grid of any size, LL_BLOCK threads): waits for every member's combine rows of
+// half h, then out[t] = sum over the used slots j of token t (ascending, f32, multiply and add
+// rounded separately) of w[t, j] * row(t, first slot naming id j), rounded once to bf16. Slots
+// whose id was -1 or invalid add nothing. The last block clears the combine flags of half h.
+extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_combine_recv(const ll_params* P, const float* w,
+                                                                      rshmem_bfloat16* out, int T, int topk, int h) {
+    const long long n = P->n, M = P->M, H = P->H, K = P->k;
+    unsigned long long* flags = (unsigned long long*)P->cflag + h * n;
+    __shared__ int s_j[LL_MAX_TOPK];
+    __shared__ float s_w[LL_MAX_TOPK];
+    const bool ok = ll_wait_flags(P, flags, (int)n);
+    for (long long t = blockIdx.x; ok && t < T; t += gridDim.x) {
+        if (threadIdx.x < K) {
+            const int j = threadIdx.x;
+            const int* ids = (const int*)P->my_ids + (h * M + t) * K;
+            const int id = ids[j];
+            int first = -1;
+            if (id >= 0 && j < topk)
+                for (int q = 0; q <= j; q++)
+                    if (ids[q] == id) { first = q; break; }
+            s_j[j] = first;
+            s_w[j] = first >= 0 ? w[t * topk + j] : 0.0f;
+        }
+        __syncthreads();
+        const rshmem_bfloat16* rows = (const rshmem_bfloat16*)P->comb + (h * M + t) * K * H;
+        for (long long v = threadIdx.x; v < H / 8; v += blockDim.x) {
+            float acc[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) acc[q] = 0.0f;
+            for (int j = 0; j < (int)K; j++) {
+                const int f = s_j[j];
+                if (f < 0) continue;
+                const uint4 u = ((const uint4*)(rows + f * H))[v];
+                const unsigned wd[4] = {u.x, u.y, u.z, u.w};
+                const float wj = s_w[j];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    acc[2 * q] = __fadd_rn(acc[2 * q], __fmul_rn(wj, __uint_as_float(wd[q] << 16)));
+                    acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], __fmul_rn(wj, __uint_as_float(wd[q] & 0xffff0000u)));
+                }
+            }
+            unsigned o[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                o[q] = (unsigned)rshmem_float_to_bfloat16(acc[2 * q]).bits |
+                       ((unsigned)rshmem_float_to_bfloat16(acc[2 * q + 1]).bits << 16);
+            ((uint4*)(out + t * H))[v] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+        __syncthreads();
+    }
+    if (ll_last_block(P, 3, h)) {
+        for (long long s = 0; s < n; s++) ((volatile unsigned long long*)flags)[s] = 0;
+    }
+}
