@@ -8,6 +8,7 @@
 mod harness;
 
 mod fp8;
+mod put_signal;
 mod reference;
 
 use reference::{Routing, Step};
@@ -19,16 +20,17 @@ use std::time::Duration;
 #[test]
 fn nvrtc_compiles_ll_kernels() {
     let ci = std::env::var_os("CI").is_some();
-    let src = cuda::nvrtc::with_header(ep::LL_KERNELS);
-    match cuda::nvrtc::compile_uncached(&src, "sm_90", &[]) {
-        Ok(cubin) => assert!(cubin.len() > 100, "empty cubin"),
-        Err(e) => {
-            let missing = format!("{e}").contains("was not found");
-            if missing && !ci {
-                eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
-                return;
+    for src in [ep::LL_KERNELS, put_signal::SRC] {
+        match cuda::nvrtc::compile_uncached(&cuda::nvrtc::with_header(src), "sm_90", &[]) {
+            Ok(cubin) => assert!(cubin.len() > 100, "empty cubin"),
+            Err(e) => {
+                let missing = format!("{e}").contains("was not found");
+                if missing && !ci {
+                    eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
+                    return;
+                }
+                panic!("{e}");
             }
-            panic!("{e}");
         }
     }
 }
@@ -645,3 +647,16 @@ fn fp8_reference_round_trips_and_rounds_to_even() {
     assert!(q.iter().all(|&b| b == 0));
     assert_eq!(s, 1e-4 / 448.0);
 }
+
+gpu_mode_test!(
+    ll_put_signal_echo,
+    gpu_config(),
+    put_signal::echo,
+    [threads(2), processes(2)]
+);
+gpu_mode_test!(
+    ll_put_signal_never_sent,
+    short_timeout(),
+    put_signal::never_sent,
+    [processes(2)]
+);

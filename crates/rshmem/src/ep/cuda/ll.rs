@@ -44,8 +44,10 @@
 //! waits give up after the device timeout). Every area exists twice; dispatches alternate
 //! between the halves (the host flips a parity per dispatch, a combine uses its dispatch's
 //! half), so two micro-batches can be in flight: dispatch A, dispatch B, combine A, combine B
-//! need no barrier. The rule that makes reuse safe without one: **a PE's dispatch `c + 2` must
-//! follow its combine `c`** (at most two dispatches without their combine). A peer writes half
+//! need no barrier. The rules that make reuse safe without one: **a PE's dispatch `c + 2` is
+//! queued after the receive of its combine `c`**, in stream order (at most two dispatches
+//! without their combine), and a combine's send is stream-ordered after its dispatch's receive
+//! (it reads the counts and sources that the receive writes). A peer writes half
 //! `h` of this PE only in a dispatch or combine that follows, on the peer, a receive that
 //! waited for this PE's send of the previous call of that half, which this PE issued after it
 //! had read that half. Flags are cleared by the receive kernel that read them. A CUDA graph

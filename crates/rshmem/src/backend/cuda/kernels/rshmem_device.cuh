@@ -476,6 +476,78 @@ __device__ __forceinline__ void rshmem_putmem_signal_block(void* dest, const voi
     __syncthreads();
 }
 
+// ----- put-with-signal, the flag in the data (small messages) -----
+// A message of `n` bytes (a multiple of 8, at most RSHMEM_LL_MAX_BYTES) travels as n / 8 lines
+// of 16 bytes {data lo, flag, data hi, flag}, each written by one 16-byte store and read by one
+// 16-byte load, so a line that carries the flag carries its data: the receiver sees data and
+// signal together after one one-way trip, with no fence and no separate flag store. `area`: a
+// symmetric buffer of rshmem_ll_area_bytes(n) bytes, 16-byte aligned, written by one sender at
+// a time; `flag`: non-zero and different from the area's previous message's (a sequence
+// number 1, 2, ...). The sender must not reuse the area before the receiver has read the
+// message (e.g. wait for its reply).
+#define RSHMEM_LL_MAX_BYTES 4096
+__host__ __device__ __forceinline__ size_t_rshmem rshmem_ll_area_bytes(size_t_rshmem n) { return 2 * n; }
+__device__ __forceinline__ void rshmemi_ll_line_store(void* p, rshmem_u64 v, unsigned flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((unsigned)v), "r"(flag),
+                 "r"((unsigned)(v >> 32)), "r"(flag) : "memory");
+}
+__device__ __forceinline__ bool rshmemi_ll_line_load(const void* p, unsigned flag, rshmem_u64* v) {
+    unsigned a, f1, b, f2;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(f1), "=r"(b), "=r"(f2) : "l"(p) : "memory");
+    *v = (rshmem_u64)a | ((rshmem_u64)b << 32);
+    return f1 == flag && f2 == flag;
+}
+// Thread `tid` of `nth` puts its share of the lines of `src` (`n` bytes, 8-byte aligned) into
+// PE `pe`'s `area` with `flag`.
+__device__ __forceinline__ void rshmemi_putmem_signal_ll(void* area, const void* src, size_t_rshmem n, unsigned flag,
+                                                         int pe, unsigned tid, unsigned nth) {
+    char* r = (char*)rshmem_ptr(area, pe);
+    for (size_t_rshmem l = tid; l < n / 8; l += nth) rshmemi_ll_line_store(r + 16 * l, ((const rshmem_u64*)src)[l], flag);
+}
+// Thread `tid` of `nth` waits for its share of the lines of this PE's `area` to carry `flag`
+// and copies their data to `dst`; false when the wait timed out (the host reports it).
+__device__ __forceinline__ bool rshmemi_signal_wait_ll(const void* area, void* dst, size_t_rshmem n, unsigned flag,
+                                                       unsigned tid, unsigned nth) {
+    for (size_t_rshmem l = tid; l < n / 8; l += nth) {
+        rshmem_u64 v;
+        const char* p = (const char*)area + 16 * l;
+        if (!rshmemi_ll_line_load(p, flag, &v)) {
+            if (rshmemi_failed()) return false;
+            const rshmem_u64 t0 = rshmemi_now();
+            unsigned spins = 0;
+            while (!rshmemi_ll_line_load(p, flag, &v)) {
+                if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                    rshmemi_flag_timeout();
+                    return false;
+                }
+            }
+        }
+        ((rshmem_u64*)dst)[l] = v;
+    }
+    return true;
+}
+// One thread puts the whole message.
+__device__ __forceinline__ void rshmem_putmem_signal_ll(void* area, const void* src, size_t_rshmem n, unsigned flag, int pe) {
+    rshmemi_putmem_signal_ll(area, src, n, flag, pe, 0, 1);
+}
+// The calling warp (all 32 lanes) puts the message, a line per lane at a time.
+__device__ __forceinline__ void rshmem_putmem_signal_ll_warp(void* area, const void* src, size_t_rshmem n, unsigned flag,
+                                                             int pe) {
+    rshmemi_putmem_signal_ll(area, src, n, flag, pe, rshmemi_lane(), 32);
+}
+// One thread waits for the message in this PE's `area` and copies it to `dst`; false on a
+// timeout.
+__device__ __forceinline__ bool rshmem_signal_wait_ll(const void* area, void* dst, size_t_rshmem n, unsigned flag) {
+    return rshmemi_signal_wait_ll(area, dst, n, flag, 0, 1);
+}
+// The calling warp (all 32 lanes) waits for the message and copies it to `dst`; the data is in
+// `dst` for every lane when it returns (true), false on a timeout (in every lane).
+__device__ __forceinline__ bool rshmem_signal_wait_ll_warp(const void* area, void* dst, size_t_rshmem n, unsigned flag) {
+    const bool ok = rshmemi_signal_wait_ll(area, dst, n, flag, rshmemi_lane(), 32);
+    __syncwarp();  // every lane's copies visible to the warp
+    return __all_sync(0xffffffffu, ok);
+}
+
 // ----- typed one-sided operations: one list of types, every form generated -----
 
 #define RSHMEM_FOR_EACH_TYPE(X)                                         \

@@ -56,11 +56,18 @@ __device__ __forceinline__ bool ll_last_block(const ll_params* P, int which, int
 // Waits (the block) until flag word s of `flags` (half h's group of n) is non-zero for every
 // member s < upto; false when a wait timed out (this PE's device error flag is set then).
 __device__ __forceinline__ bool ll_wait_flags(const ll_params* P, const unsigned long long* flags, int upto) {
+    __shared__ int s_ok;
     for (int s = threadIdx.x; s < upto; s += blockDim.x) rshmemi_wait64(flags + s, RSHMEM_CMP_NE, 0, ll_pe(P, s));
     __syncthreads();
-    if (threadIdx.x == 0) asm volatile("fence.acq_rel.sys;" ::: "memory");
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        s_ok = !rshmemi_failed();
+    }
     __syncthreads();
-    return !rshmemi_failed();
+    // One verdict for the whole block (the error word may change while threads read it).
+    const bool ok = s_ok;
+    __syncthreads();
+    return ok;
 }
 
 // e4m3 of two floats (round to nearest, saturating): a in the high byte, b in the low one.
