@@ -561,17 +561,19 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
         }
     }
     pe.barrier_all()?;
-    // Host-side refusals that launch nothing.
-    assert!(buf
-        .dispatch(
-            pe,
-            &s,
-            &io.x,
-            &io.ids32.slice(..m * 4)?,
-            0,
-            LlDispatchOpts::default()
-        )
-        .is_err());
+    // A refused top-k on every PE: each sends and receives an empty dispatch, and reports it.
+    let r = buf.dispatch(
+        pe,
+        &s,
+        &io.x,
+        &io.ids32.slice(..m * 4)?,
+        0,
+        LlDispatchOpts::default(),
+    );
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    s.synchronize()?;
+    assert!(matches!(buf.check(pe), Err(Error::InvalidArgument(_))));
+    pe.barrier_all()?;
     let other = new_buf(pe)?;
     let io2 = &io;
     let st2 = Step::random(m, 4, 702);
@@ -589,6 +591,25 @@ fn bad_inputs(pe: &Pe) -> Result<()> {
     buf.check(pe)?;
     verify_out(pe, &buf, &io, &st2, true)?;
     pe.barrier_all()?;
+    // Weights too short: the rows went out, the receive writes nothing but still takes them
+    // in, so the next steps of both halves are exact.
+    let d = dispatch(pe, &s, &buf, io2, &st2)?;
+    let r = buf.combine(pe, &s, &d, &buf.recv_x(&d)?, &io.w.slice(..1)?, &io.out);
+    assert!(matches!(r, Err(Error::LengthMismatch { .. })), "{r:?}");
+    s.synchronize()?;
+    buf.check(pe)?;
+    pe.barrier_all()?;
+    for seed in [703, 704] {
+        let st3 = Step::random(m, 4, seed);
+        write_inputs(pe, &buf, io2, &st3)?;
+        pe.barrier_all()?;
+        let d = dispatch(pe, &s, &buf, io2, &st3)?;
+        buf.combine(pe, &s, &d, &buf.recv_x(&d)?, &io.w, &io.out)?;
+        s.synchronize()?;
+        buf.check(pe)?;
+        verify_out(pe, &buf, &io, &st3, true)?;
+        pe.barrier_all()?;
+    }
     pe.free(other)?;
     pe.free(big)?;
     free_io(pe, io)?;

@@ -275,6 +275,17 @@ fn ll_plan(c: &LlConfig, n: usize) -> Result<LlPlan> {
     })
 }
 
+/// `p` when it is 16-byte aligned (the kernels move rows in 16-byte vectors).
+fn aligned16(what: &str, p: u64) -> Result<u64> {
+    if !p.is_multiple_of(16) {
+        return Err(Error::invalid(format!(
+            "ep low latency: {what} must start on a 16-byte boundary (a view at an offset of \
+             a multiple of 16 bytes)"
+        )));
+    }
+    Ok(p)
+}
+
 /// A low-latency (decode) expert-parallel buffer for bf16 rows: fixed receive buffers per local
 /// expert, no host synchronisation, send/receive hooks, optional FP8 dispatch (see the
 /// [module docs](self)). Created collectively; every call is collective over its team, in the
@@ -581,7 +592,7 @@ impl LowLatencyBuffer {
                     expected: t * c.hidden,
                 });
             }
-            Ok((t, g.ptr(x)?, g.ptr(topk_ids)?))
+            Ok((t, aligned16("x", g.ptr(x)?)?, g.ptr(topk_ids)?))
         })();
         let half = self.parity.get();
         let (t, xp, ip, bad) = match &checked {
@@ -703,7 +714,7 @@ impl LowLatencyBuffer {
                 0,
                 &[
                     self.params(&g)?,
-                    KernelArg::Ptr(g.ptr(y)?),
+                    KernelArg::Ptr(aligned16("y", g.ptr(y)?)?),
                     KernelArg::I32(d.half as i32),
                 ],
             )?;
@@ -712,7 +723,8 @@ impl LowLatencyBuffer {
     }
 
     /// The receive half of a combine: queues on `s` (any stream of this PE's GPU) the kernel
-    /// that waits for every PE's rows and writes `out [T, H]` (`topk_weights [T, top_k]`).
+    /// that waits for every PE's rows and writes `out [T, H]` (`topk_weights [T, top_k]`). On
+    /// an input error it still receives (writing nothing) and returns the error.
     pub fn combine_recv(
         &self,
         pe: &Pe,
@@ -725,6 +737,7 @@ impl LowLatencyBuffer {
         let d = sent.0;
         self.check_handle(&d)?;
         let (t, k, h) = (d.num_tokens, d.top_k, self.cfg.hidden);
+        let g = CudaPe::new(pe)?;
         let need = |what: &'static str, got: usize, expected: usize| {
             if got < expected {
                 Err(Error::LengthMismatch {
@@ -736,32 +749,43 @@ impl LowLatencyBuffer {
                 Ok(())
             }
         };
-        need(
-            "topk_weights (tokens * top_k)",
-            topk_weights.raw().len,
-            t * k,
-        )?;
-        need("out (tokens * hidden)", out.raw().len, t * h)?;
-        let g = CudaPe::new(pe)?;
+        let checked = (|| {
+            need(
+                "topk_weights (tokens * top_k)",
+                topk_weights.raw().len,
+                t * k,
+            )?;
+            need("out (tokens * hidden)", out.raw().len, t * h)?;
+            Ok((g.ptr(topk_weights)?, aligned16("out", g.ptr(out)?)?))
+        })();
+        // Refused inputs still launch the receive with no tokens: it waits for the peers' rows
+        // and clears their flags, so the next combine of this half does not take them for its
+        // own.
+        let (wp, op, tt) = match &checked {
+            Ok((wp, op)) => (*wp, *op, t),
+            Err(_) => (0, 0, 0),
+        };
         // SAFETY: ll_combine_recv(const ll_params*, const float*, bf16*, int, int, int): the
-        // weights hold T*top_k elements and out T*H (checked); any grid, LL_BLOCK threads.
+        // weights hold T*top_k elements and out T*H (checked; T = 0 and null pointers when
+        // refused: neither is touched); any grid, LL_BLOCK threads.
         unsafe {
             g.launch(
                 &self.crecv,
                 s,
-                self.grid.min(t.max(1) as u32),
+                self.grid.min(tt.max(1) as u32),
                 LL_BLOCK,
                 0,
                 &[
                     self.params(&g)?,
-                    KernelArg::Ptr(g.ptr(topk_weights)?),
-                    KernelArg::Ptr(g.ptr(out)?),
-                    KernelArg::I32(t as i32),
+                    KernelArg::Ptr(wp),
+                    KernelArg::Ptr(op),
+                    KernelArg::I32(tt as i32),
                     KernelArg::I32(k as i32),
                     KernelArg::I32(d.half as i32),
                 ],
-            )
+            )?;
         }
+        checked.map(|_| ())
     }
 
     /// Reports errors latched on the device by earlier calls (call after synchronising the
