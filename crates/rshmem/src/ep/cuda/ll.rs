@@ -670,6 +670,8 @@ impl LowLatencyBuffer {
     /// Combines the expert outputs `y` (`[L, n*M, H]` bf16, the layout of `recv_x`; at least
     /// that many elements) of dispatch `d` into `out [T, H]` with `topk_weights [T, top_k]`
     /// (`f32`): [`combine_send`](Self::combine_send) then [`combine_recv`](Self::combine_recv).
+    /// One combine per dispatch, on every PE (a second one would wait for rows no peer sends,
+    /// until the device timeout).
     pub fn combine(
         &self,
         pe: &Pe,
