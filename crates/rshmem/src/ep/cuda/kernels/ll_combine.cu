@@ -22,8 +22,7 @@ extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_combine_send(const ll_
         const long long j = b ? __ffs(b) - 1 : 0;
         rshmem_bfloat16* to = (rshmem_bfloat16*)P->comb + ((h * M + t) * K + j) * H;
         uint4* dst = (uint4*)rshmem_ptr(to, ll_pe(P, s));
-        const uint4* from = (const uint4*)(y + ((e * nM) + r) * H);
-        for (long long v = lane; v < H / 8; v += 32) dst[v] = from[v];
+        ll_copy(dst, (const uint4*)(y + ((e * nM) + r) * H), H / 8, lane, 32);
     }
     if (ll_last_block(P, 2, h)) {
         for (long long d = 0; d < n; d++) {
@@ -62,16 +61,25 @@ extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_combine_recv(const ll_
             float acc[8];
 #pragma unroll
             for (int q = 0; q < 8; q++) acc[q] = 0.0f;
-            for (int j = 0; j < (int)K; j++) {
-                const int f = s_j[j];
-                if (f < 0) continue;
-                const uint4 u = ((const uint4*)(rows + f * H))[v];
-                const unsigned wd[4] = {u.x, u.y, u.z, u.w};
-                const float wj = s_w[j];
+            // LL_BATCH slots' vectors loaded before any is summed (in slot order).
+            for (int j0 = 0; j0 < (int)K; j0 += LL_BATCH) {
+                uint4 u[LL_BATCH];
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    acc[2 * q] = __fadd_rn(acc[2 * q], __fmul_rn(wj, __uint_as_float(wd[q] << 16)));
-                    acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], __fmul_rn(wj, __uint_as_float(wd[q] & 0xffff0000u)));
+                for (int q = 0; q < LL_BATCH; q++) {
+                    const int j = j0 + q;
+                    if (j < (int)K && s_j[j] >= 0) u[q] = ((const uint4*)(rows + s_j[j] * H))[v];
+                }
+#pragma unroll
+                for (int q = 0; q < LL_BATCH; q++) {
+                    const int j = j0 + q;
+                    if (j >= (int)K || s_j[j] < 0) continue;
+                    const unsigned wd[4] = {u[q].x, u[q].y, u[q].z, u[q].w};
+                    const float wj = s_w[j];
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        acc[2 * c] = __fadd_rn(acc[2 * c], __fmul_rn(wj, __uint_as_float(wd[c] << 16)));
+                        acc[2 * c + 1] = __fadd_rn(acc[2 * c + 1], __fmul_rn(wj, __uint_as_float(wd[c] & 0xffff0000u)));
+                    }
                 }
             }
             unsigned o[4];

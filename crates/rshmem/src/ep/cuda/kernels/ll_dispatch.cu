@@ -77,6 +77,26 @@ __device__ __forceinline__ unsigned short ll_e4m3x2(float a, float b) {
     return r;
 }
 
+// Thread `tid` of `nth` copies its share of `nv` 16-byte vectors from `src` to `dst`, loading
+// LL_BATCH of them before storing any (the loads overlap instead of each waiting for the store
+// before it).
+#define LL_BATCH 8
+__device__ __forceinline__ void ll_copy(uint4* dst, const uint4* src, long long nv, unsigned tid, unsigned nth) {
+    for (long long v0 = tid; v0 < nv; v0 += (long long)nth * LL_BATCH) {
+        uint4 r[LL_BATCH];
+#pragma unroll
+        for (int q = 0; q < LL_BATCH; q++) {
+            const long long v = v0 + (long long)q * nth;
+            if (v < nv) r[q] = src[v];
+        }
+#pragma unroll
+        for (int q = 0; q < LL_BATCH; q++) {
+            const long long v = v0 + (long long)q * nth;
+            if (v < nv) dst[v] = r[q];
+        }
+    }
+}
+
 // Send side (grid of any size, LL_BLOCK threads): for each of this PE's T tokens, its ids are
 // checked (an id outside -1, 0..E is taken as -1 and latches LL_ERR_MINE) and kept in my_ids;
 // its ids go to every member's meta (row of this PE, token t) and its row to each member that
@@ -122,10 +142,19 @@ extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_dispatch_send(const ll
         unsigned char* stage = (unsigned char*)P->stage + ((h * n + me) * M + t) * rb;
         if (!fp8) {
             const uint4* src = (const uint4*)(x + t * H);
-            for (long long v = threadIdx.x; v < H / 8; v += blockDim.x) {
-                const uint4 val = src[v];
-                for (long long d = 0; d < n; d++)
-                    if (mask >> d & 1) ((uint4*)rshmem_ptr(stage, ll_pe(P, d)))[v] = val;
+            const long long nv = H / 8, nth = blockDim.x;
+            for (long long v0 = threadIdx.x; v0 < nv; v0 += nth * LL_BATCH) {
+                uint4 r[LL_BATCH];
+#pragma unroll
+                for (int q = 0; q < LL_BATCH; q++)
+                    if (v0 + q * nth < nv) r[q] = src[v0 + q * nth];
+                for (long long d = 0; d < n; d++) {
+                    if (!(mask >> d & 1)) continue;
+                    uint4* to = (uint4*)rshmem_ptr(stage, ll_pe(P, d));
+#pragma unroll
+                    for (int q = 0; q < LL_BATCH; q++)
+                        if (v0 + q * nth < nv) to[v0 + q * nth] = r[q];
+                }
             }
         } else {
             // A warp per group of 128 elements, 4 per lane.
@@ -164,9 +193,17 @@ extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_dispatch_send(const ll
 // Whether token t of source s (half h) names global expert ge in one of its slots.
 __device__ __forceinline__ bool ll_hits(const ll_params* P, int h, long long s, long long t, int ge) {
     const int* m = (const int*)P->meta + ((h * P->n + s) * P->M + t) * P->k;
-    for (int j = 0; j < (int)P->k; j++)
-        if (m[j] == ge) return true;
-    return false;
+    const int K = (int)P->k;
+    bool hit = false;
+    // Eight ids loaded before any is compared (one load latency per eight slots).
+    for (int j0 = 0; j0 < K; j0 += 8) {
+        int v[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) v[q] = j0 + q < K ? m[j0 + q] : -1;
+#pragma unroll
+        for (int q = 0; q < 8; q++) hit |= v[q] == ge;
+    }
+    return hit;
 }
 
 // Receive side (grid of any size, LL_BLOCK threads): a block per (local expert e, source s)
@@ -221,11 +258,11 @@ extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_dispatch_recv(const ll
             const uint4* from = (const uint4*)(stage + t * rb);
             if (!fp8) {
                 uint4* to = (uint4*)((rshmem_bfloat16*)P->recv_x + ((h * L + e) * nM + slot) * H);
-                for (long long v = lane; v < H / 8; v += 32) to[v] = from[v];
+                ll_copy(to, from, H / 8, lane, 32);
             } else {
                 unsigned char* base = (unsigned char*)P->recv_x + h * L * nM * H * 2;
                 uint4* to = (uint4*)(base + (e * nM + slot) * H);
-                for (long long v = lane; v < H / 16; v += 32) to[v] = from[v];
+                ll_copy(to, from, H / 16, lane, 32);
                 float* sc = (float*)(base + L * nM * H) + (e * nM + slot) * (H / 128);
                 const float* fs = (const float*)(stage + t * rb + H);
                 for (long long g = lane; g < H / 128; g += 32) sc[g] = fs[g];
