@@ -48,6 +48,7 @@ fn ll_config_is_checked_and_sized() {
         LlConfig::new(4, 128, 7, 2),
         LlConfig::new(4, 128, 8, 0),
         LlConfig::new(4, 128, 8, ep::LL_MAX_TOPK + 1),
+        LlConfig::new(4, 128, 2 * (ep::LL_MAX_LOCAL_EXPERTS + 1), 2),
     ] {
         assert!(
             matches!(

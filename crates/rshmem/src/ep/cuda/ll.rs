@@ -31,8 +31,9 @@
 //!   sources up to its own, counts the earlier sources' tokens for its expert from the
 //!   metadata (the first row), and expands each of its source's rows into the expert's slots
 //!   (a row that names two local experts is copied twice here, not sent twice).
-//! * `ll_combine_send` (grid): a warp per received row sends it back to its source's combine
-//!   area at (token, first slot naming the expert); the last block sets a flag on every PE.
+//! * `ll_combine_send` (grid): each block turns the experts' counts into row offsets, then a
+//!   warp per received row sends it back to its source's combine area at (token, first slot
+//!   naming the expert); the last block sets a flag on every PE.
 //! * `ll_combine_recv` (grid): waits for every PE's flag and sums each token's slots.
 //!
 //! # Hooks and double buffering
@@ -90,6 +91,8 @@ pub const LL_KERNELS: &str = concat!(
 const LL_BLOCK: u32 = 256;
 /// Most top-k slots (`LL_MAX_TOPK`).
 pub const LL_MAX_TOPK: usize = 32;
+/// Most experts per PE (`LL_MAX_LOCAL_EXPERTS`).
+pub const LL_MAX_LOCAL_EXPERTS: usize = 4096;
 const LL_ERR_MINE: u64 = 1;
 const PARAM_WORDS: usize = 20;
 const CTL_WORDS: usize = 16;
@@ -223,6 +226,12 @@ fn ll_plan(c: &LlConfig, n: usize) -> Result<LlPlan> {
         return bad("max_tokens is 0".into());
     }
     let l = c.num_experts / n;
+    if l > LL_MAX_LOCAL_EXPERTS {
+        return bad(format!(
+            "{l} experts per PE (at most {LL_MAX_LOCAL_EXPERTS}: the combine keeps their row \
+             offsets in shared memory)"
+        ));
+    }
     let (m, h, k) = (c.max_tokens, c.hidden, c.max_topk);
     let of = || Error::invalid("ep low latency: buffer size overflows");
     let nm = n.checked_mul(m).ok_or_else(of)?;

@@ -210,7 +210,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use ll::{
     LlCombineSent, LlConfig, LlDispatch, LlDispatchOpts, LlDispatchSent, LowLatencyBuffer,
-    LL_KERNELS, LL_MAX_TOPK,
+    LL_KERNELS, LL_MAX_LOCAL_EXPERTS, LL_MAX_TOPK,
 };
 use params::{param_words, plan, readback_len, Plan, PARAM_WORDS};
 pub use tuning::{EpTuning, EP_WRONG_RESULT_SWITCHES};

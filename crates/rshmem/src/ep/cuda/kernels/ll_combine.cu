@@ -1,19 +1,72 @@
 // Low-latency MoE combine (after ll_dispatch.cu in the same program).
 
+// Most local experts (the combine send keeps their row offsets in shared memory; the host
+// checks it).
+#define LL_MAX_LOCAL_EXPERTS 4096
+
+// Block-wide exclusive scan of one value per thread (LL_BLOCK threads, all calling); *total
+// gets the sum.
+__device__ __forceinline__ int ll_block_scan(int v, int* total) {
+    __shared__ int s_w[LL_BLOCK / 32];
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= (unsigned)o) incl += u;
+    }
+    if (lane == 31) s_w[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        const int x = lane < LL_BLOCK / 32 ? s_w[lane] : 0;
+        int c = x;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, c, o);
+            if (lane >= (unsigned)o) c += u;
+        }
+        if (lane < LL_BLOCK / 32) s_w[lane] = c - x;
+        if (lane == 31) *total = c;
+    }
+    __syncthreads();
+    const int r = s_w[warp] + incl - v;
+    __syncthreads();
+    return r;
+}
+
 // Send side (grid of any size, LL_BLOCK threads): every received row of half h's dispatch,
 // taken from the expert outputs y ([L][n*M][H] bf16, the receive layout), goes back to its
-// source into the combine area at (token, first slot naming the row's expert): a warp per row,
-// items in row-major order over experts so the rows that exist come first. Then the last block
-// sets this PE's combine flag of half h on every member (each waits for all of them).
+// source into the combine area at (token, first slot naming the row's expert): each block
+// turns the experts' counts into row offsets (shared memory), then its warps take the rows
+// that exist, a warp per row. Then the last block sets this PE's combine flag of half h on
+// every member (each waits for all of them).
 extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_combine_send(const ll_params* P, const rshmem_bfloat16* y, int h) {
     const long long n = P->n, M = P->M, H = P->H, K = P->k, L = P->L, me = P->me, nM = n * M;
     const unsigned lane = threadIdx.x & 31;
     const long long gw = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nw = ((long long)gridDim.x * blockDim.x) >> 5;
     const int* counts = (const int*)P->count + h * L;
-    for (long long i = gw; i < L * nM; i += nw) {
-        const long long r = i / L, e = i % L;
-        if (r >= counts[e]) continue;
+    __shared__ int s_off[LL_MAX_LOCAL_EXPERTS + 1];
+    __shared__ int s_total;
+    {
+        const long long per = (L + blockDim.x - 1) / blockDim.x, e0 = threadIdx.x * per;
+        const long long e1 = e0 + per < L ? e0 + per : L;
+        int sum = 0;
+        for (long long e = e0; e < e1; e++) sum += counts[e];
+        int at = ll_block_scan(sum, &s_total);
+        for (long long e = e0; e < e1; e++) {
+            s_off[e] = at;
+            at += counts[e];
+        }
+        if (threadIdx.x == 0) s_off[L] = s_total;
+        __syncthreads();
+    }
+    const long long total = s_off[L];
+    for (long long q = gw; q < total; q += nw) {
+        long long lo = 0, hi = L;  // expert e with s_off[e] <= q < s_off[e + 1]
+        while (hi - lo > 1) {
+            const long long mid = (lo + hi) / 2;
+            if (s_off[mid] <= q) lo = mid; else hi = mid;
+        }
+        const long long e = lo, r = q - s_off[e];
         const int sv = ((const int*)P->src)[(h * L + e) * nM + r];
         const long long s = sv / M, t = sv % M;
         const int* ids = (const int*)P->meta + ((h * n + s) * M + t) * K;
