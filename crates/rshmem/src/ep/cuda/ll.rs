@@ -832,3 +832,28 @@ impl crate::pe::Free for LowLatencyBuffer {
         pe.free(self.area)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_areas_are_aligned_disjoint_and_hold_the_worst_case() {
+        let c = LlConfig::new(128, 7168, 256, 8);
+        let (n, l) = (2, 128);
+        let p = ll_plan(&c, n).unwrap();
+        let offs = [
+            p.stage, p.meta, p.dflag, p.recv_x, p.count, p.src, p.layout, p.comb, p.cflag,
+            p.my_ids, p.ctl, p.params, p.total,
+        ];
+        assert!(offs.windows(2).all(|w| w[0] < w[1]), "{offs:?}");
+        assert!(offs.iter().all(|o| o % 256 == 0), "{offs:?}");
+        // Each half of the receive area holds every PE's every token for each local expert,
+        // and an FP8 half (bytes, then a scale per 128 elements) fits in a bf16 half.
+        let rows = l * n * c.max_tokens;
+        assert!(p.count - p.recv_x >= 2 * rows * c.hidden * 2);
+        assert!(rows * c.hidden + rows * c.hidden / 128 * 4 <= rows * c.hidden * 2);
+        assert!(p.comb + 2 * c.max_tokens * c.max_topk * c.hidden * 2 <= p.cflag);
+        assert_eq!(LowLatencyBuffer::bytes_for(&c, n).unwrap(), p.total);
+    }
+}
