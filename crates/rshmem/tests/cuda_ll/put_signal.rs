@@ -141,6 +141,10 @@ pub fn never_sent(pe: &Pe) -> Result<()> {
         assert_eq!(pe.local_vec(&ok)?, [0]);
         let r = g.check_device_errors();
         assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    } else {
+        // Host waits time out as device waits do: meet PE 1 after its wait has given up (the
+        // 2 s device timeout), well within its host timeout.
+        std::thread::sleep(std::time::Duration::from_millis(2600));
     }
     pe.barrier_all()?;
     pe.free(ok)?;
