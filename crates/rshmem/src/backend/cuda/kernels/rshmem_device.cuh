@@ -491,38 +491,69 @@ __device__ __forceinline__ void rshmemi_ll_line_store(void* p, rshmem_u64 v, uns
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((unsigned)v), "r"(flag),
                  "r"((unsigned)(v >> 32)), "r"(flag) : "memory");
 }
-__device__ __forceinline__ bool rshmemi_ll_line_load(const void* p, unsigned flag, rshmem_u64* v) {
-    unsigned a, f1, b, f2;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(f1), "=r"(b), "=r"(f2) : "l"(p) : "memory");
-    *v = (rshmem_u64)a | ((rshmem_u64)b << 32);
-    return f1 == flag && f2 == flag;
-}
+// Lines each thread keeps in flight: its next RSHMEMI_LL_BATCH lines' sources are loaded (put) or
+// the lines themselves polled (wait) before any is stored or compared, so a message costs a few
+// load latencies, not one per line.
+#define RSHMEMI_LL_BATCH 8
 // Thread `tid` of `nth` puts its share of the lines of `src` (`n` bytes, 8-byte aligned) into
 // PE `pe`'s `area` with `flag`.
 __device__ __forceinline__ void rshmemi_putmem_signal_ll(void* area, const void* src, size_t_rshmem n, unsigned flag,
                                                          int pe, unsigned tid, unsigned nth) {
     char* r = (char*)rshmem_ptr(area, pe);
-    for (size_t_rshmem l = tid; l < n / 8; l += nth) rshmemi_ll_line_store(r + 16 * l, ((const rshmem_u64*)src)[l], flag);
+    const rshmem_u64* s = (const rshmem_u64*)src;
+    const size_t_rshmem nl = n / 8;
+    for (size_t_rshmem l0 = tid; l0 < nl; l0 += (size_t_rshmem)nth * RSHMEMI_LL_BATCH) {
+        rshmem_u64 v[RSHMEMI_LL_BATCH];
+#pragma unroll
+        for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+            if (l0 + q * nth < nl) v[q] = s[l0 + q * nth];
+#pragma unroll
+        for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+            if (l0 + q * nth < nl) rshmemi_ll_line_store(r + 16 * (l0 + q * nth), v[q], flag);
+    }
 }
 // Thread `tid` of `nth` waits for its share of the lines of this PE's `area` to carry `flag`
 // and copies their data to `dst`; false when the wait timed out (the host reports it).
 __device__ __forceinline__ bool rshmemi_signal_wait_ll(const void* area, void* dst, size_t_rshmem n, unsigned flag,
                                                        unsigned tid, unsigned nth) {
-    for (size_t_rshmem l = tid; l < n / 8; l += nth) {
-        rshmem_u64 v;
-        const char* p = (const char*)area + 16 * l;
-        if (!rshmemi_ll_line_load(p, flag, &v)) {
-            if (rshmemi_failed()) return false;
-            const rshmem_u64 t0 = rshmemi_now();
-            unsigned spins = 0;
-            while (!rshmemi_ll_line_load(p, flag, &v)) {
-                if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
-                    rshmemi_flag_timeout();
-                    return false;
+    const size_t_rshmem nl = n / 8;
+    for (size_t_rshmem l0 = tid; l0 < nl; l0 += (size_t_rshmem)nth * RSHMEMI_LL_BATCH) {
+        unsigned todo = 0;  // bit q: line l0 + q * nth still to come
+#pragma unroll
+        for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+            if (l0 + q * nth < nl) todo |= 1u << q;
+        rshmem_u64 v[RSHMEMI_LL_BATCH];
+        rshmem_u64 t0 = 0;
+        unsigned spins = 0;
+        for (bool first = true;; first = false) {
+            unsigned a[RSHMEMI_LL_BATCH], f1[RSHMEMI_LL_BATCH], b[RSHMEMI_LL_BATCH], f2[RSHMEMI_LL_BATCH];
+            // Every missing line loaded before any is looked at.
+#pragma unroll
+            for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+                if (todo >> q & 1)
+                    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                                 : "=r"(a[q]), "=r"(f1[q]), "=r"(b[q]), "=r"(f2[q])
+                                 : "l"((const char*)area + 16 * (l0 + q * nth))
+                                 : "memory");
+#pragma unroll
+            for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+                if ((todo >> q & 1) && f1[q] == flag && f2[q] == flag) {
+                    v[q] = (rshmem_u64)a[q] | ((rshmem_u64)b[q] << 32);
+                    todo &= ~(1u << q);
                 }
+            if (!todo) break;
+            if (first) {
+                // After a timeout on this PE, later waits give up at once.
+                if (rshmemi_failed()) return false;
+                t0 = rshmemi_now();
+            } else if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout();
+                return false;
             }
         }
-        ((rshmem_u64*)dst)[l] = v;
+#pragma unroll
+        for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+            if (l0 + q * nth < nl) ((rshmem_u64*)dst)[l0 + q * nth] = v[q];
     }
     return true;
 }
