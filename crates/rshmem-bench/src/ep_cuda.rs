@@ -1,6 +1,6 @@
 //! The MoE benchmark (`rshmem perf --backend cuda --ep`): dispatch and combine timed beside
 //! the same-run NCCL baseline of [`ep_baseline`](crate::ep_baseline), with both paths' data
-//! checked.
+//! checked; at decode sizes also the low-latency buffer ([`ep_ll`](crate::ep_ll)).
 
 use crate::ep_baseline as baseline;
 use crate::nccl;
@@ -147,7 +147,9 @@ pub fn ep_bench_heap_bytes(args: &EpBenchArgs, n: usize) -> Result<usize> {
             + 2 * t * args.top_k * 4
             + (rows_cap.max(n * t).max(t) + 1) * 8;
         let base = baseline::base_bytes(n, t, args.hidden, args.top_k, args.experts, rows_cap);
-        most = most.max(buf + io + base);
+        // The low-latency buffer, at decode sizes (it is freed before the other modes' run).
+        let ll = crate::ep_ll::ll_heap_bytes(t, args.hidden, args.experts, args.top_k, n)?;
+        most = most.max(buf.max(ll) + io + base);
     }
     Ok(most + (64 << 20))
 }
@@ -439,6 +441,31 @@ pub fn ep_bench(pe: &Pe, args: &EpBenchArgs, settings: &Settings) -> Result<Vec<
                 }
                 pe.free(buf)?;
             }
+        }
+        if crate::ep_ll::measured(t, h) {
+            let run = crate::ep_ll::LlRun {
+                pe,
+                g: &g,
+                s: &s,
+                x: &x,
+                ids: &ids,
+                w: &w,
+                out: &y,
+                routes: &routes,
+                t,
+                h,
+                k,
+                e,
+                iters: args.iters,
+                nvrtc_options: &tuning.nvrtc_options,
+                dbytes,
+                cbytes,
+                base_d,
+                base_c,
+                baseline: EP_BASELINE,
+                why: why.clone(),
+            };
+            out.extend(run.run(&mut bad)?);
         }
         pe.free(y)?;
         pe.free(hashes)?;

@@ -24,6 +24,7 @@ pub mod ep;
 pub mod ep_baseline;
 mod ep_check;
 pub mod ep_cuda;
+pub mod ep_ll;
 pub mod fabric;
 pub mod nccl;
 pub mod p2p;

@@ -11,10 +11,15 @@ use std::time::Instant;
 /// The suite's kernels (`rshmemi_bench_*`), compiled with the rshmem device header.
 pub const P2P_KERNELS: &str = include_str!("kernels/p2p.cu");
 
+/// Message sizes of `device_put_signal_ll` (bytes; at most the device header's
+/// `RSHMEM_LL_MAX_BYTES`).
+const LL_SIZES: [usize; 5] = [8, 64, 512, 1024, 4096];
+
 /// One measurement (the `rshmem perf` JSON schema).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchRecord {
-    /// Operation: device_put, device_get, stream_put, device_put_signal, device_barrier.
+    /// Operation: device_put, device_get, stream_put, device_put_signal,
+    /// device_put_signal_ll, device_barrier.
     pub op: &'static str,
     /// API: "device" or "stream".
     pub api: &'static str,
@@ -56,7 +61,7 @@ pub fn bench(
         ));
     }
     let g = CudaPe::new(pe)?;
-    let max = sizes.iter().copied().max().unwrap_or(0).max(64);
+    let max = sizes.iter().copied().max().unwrap_or(0).max(64 << 10);
     let src = pe.alloc_aligned::<u8>(max, 4096)?;
     let dst = pe.alloc_aligned::<u8>(max, 4096)?;
     let sig = pe.alloc::<u64>(8)?;
@@ -224,6 +229,41 @@ pub fn bench(
     };
     let raw = pingpong(false)?;
     let sigd = pingpong(true)?;
+    // The flag in the data: messages of these sizes (bytes), the same ping-pong.
+    let k_ll = g.kernel(P2P_KERNELS, "rshmemi_bench_pingpong_ll", &opts)?;
+    let mut ll = Vec::new();
+    for bytes in LL_SIZES {
+        pe.local_fill(&dst, 0)?;
+        pe.barrier_all()?;
+        if me > 1 {
+            pe.barrier_all()?;
+            continue;
+        }
+        let t = Instant::now();
+        // SAFETY: matches rshmemi_bench_pingpong_ll(char*, char*, int, int, int, int); dst
+        // (the LL area, 2 * bytes) and src (bytes) are symmetric and at least 64 KiB long, the
+        // area zeroed on both PEs before the barrier above (no stale flag).
+        unsafe {
+            g.launch(
+                &k_ll,
+                &s,
+                1,
+                32,
+                0,
+                &[
+                    g.arg(&dst)?,
+                    g.arg(&src)?,
+                    KernelArg::I32(bytes as i32),
+                    KernelArg::I32(iters as i32),
+                    KernelArg::I32(me as i32),
+                    KernelArg::I32(1 - me as i32),
+                ],
+            )?;
+        }
+        s.synchronize()?;
+        ll.push((bytes, t.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0));
+        pe.barrier_all()?;
+    }
     pe.barrier_all()?;
     let t = Instant::now();
     // SAFETY: rshmemi_bench_barrier(int); every PE launches it.
@@ -242,6 +282,17 @@ pub fn bench(
             "raw flag ping-pong kernel",
             raw,
         ));
+        for &(bytes, us) in &ll {
+            out.push(rec(
+                "device_put_signal_ll",
+                "device",
+                bytes,
+                iters,
+                us,
+                "raw flag ping-pong kernel",
+                raw,
+            ));
+        }
         out.push(rec("device_barrier", "device", 0, iters, bar, "none", 0.0));
     }
     pe.free(sig)?;

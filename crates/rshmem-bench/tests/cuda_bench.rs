@@ -8,7 +8,7 @@ mod harness;
 
 use rshmem::cuda::{self, CudaPe, KernelArg};
 use rshmem::{BackendKind, Config, HeapKind, Pe, Result};
-use rshmem_bench::{coll_cuda, ep_baseline, ep_cuda as ep, nccl, p2p, Settings};
+use rshmem_bench::{coll_cuda, ep_baseline, ep_cuda as ep, ep_ll, nccl, p2p, Settings};
 use std::time::Duration;
 
 // ---------- CI tests (no GPU needed) ----------
@@ -305,9 +305,10 @@ fn bench_rows(recs: &[ep::EpBenchRecord]) -> Vec<(usize, &'static str, &'static 
     recs.iter().map(|r| (r.tokens, r.op, r.mode)).collect()
 }
 
-/// The records `ep_bench` returns for token counts `ts`: per count and mode, dispatch and
-/// combine, then token-major dispatch and combine_tokens.
-fn bench_rows_wanted(ts: &[usize]) -> Vec<(usize, &'static str, &'static str)> {
+/// The records `ep_bench` returns for token counts `ts` of `hidden` elements: per count and
+/// mode, dispatch and combine, then token-major dispatch and combine_tokens, then the
+/// low-latency buffer's (bf16, its hooks, and FP8 where hidden is a multiple of 128).
+fn bench_rows_wanted(ts: &[usize], hidden: usize) -> Vec<(usize, &'static str, &'static str)> {
     let mut v = Vec::new();
     for &t in ts {
         for m in ["normal", "capturable"] {
@@ -320,6 +321,25 @@ fn bench_rows_wanted(ts: &[usize]) -> Vec<(usize, &'static str, &'static str)> {
             };
             v.push((t, "ep_dispatch", tm));
             v.push((t, "ep_combine", tm));
+        }
+        if ep_ll::measured(t, hidden) {
+            let hooks = [
+                "ep_dispatch_send",
+                "ep_dispatch_recv",
+                "ep_combine_send",
+                "ep_combine_recv",
+            ];
+            v.push((t, "ep_dispatch", "low_latency"));
+            v.push((t, "ep_combine", "low_latency"));
+            v.extend(hooks.iter().map(|&op| (t, op, "low_latency+hooks")));
+            if hidden.is_multiple_of(128) {
+                v.push((t, "ep_dispatch", "low_latency+fp8"));
+                v.extend(
+                    hooks[..2]
+                        .iter()
+                        .map(|&op| (t, op, "low_latency+fp8+hooks")),
+                );
+            }
         }
     }
     v
@@ -342,7 +362,7 @@ fn gpu_ep_bench_report() {
     })
     .expect("world");
     let recs = r.into_iter().next().unwrap().expect("bench");
-    assert_eq!(bench_rows(&recs), bench_rows_wanted(&[64, 8]));
+    assert_eq!(bench_rows(&recs), bench_rows_wanted(&[64, 8], 256));
     for rec in &recs {
         assert!(rec.time_us > 0.0 && rec.bytes > 0, "{rec:?}");
     }
@@ -390,7 +410,7 @@ fn gpu_ep_bench_scalar_rows_and_baseline() {
     let mut per_pe = r.into_iter();
     let recs = per_pe.next().unwrap().expect("bench on PE 0");
     assert!(per_pe.next().unwrap().expect("bench on PE 1").is_empty());
-    assert_eq!(bench_rows(&recs), bench_rows_wanted(&[96, 5]));
+    assert_eq!(bench_rows(&recs), bench_rows_wanted(&[96, 5], 196));
     for rec in &recs {
         assert_eq!(rec.baseline, ep::EP_BASELINE);
         match &rec.baseline_note {
@@ -417,10 +437,12 @@ fn ep_bench_one_pe_body(pe: &Pe) -> Result<()> {
             iters: 2,
         };
         let recs = ep::ep_bench(pe, &args, &settings())?;
-        assert_eq!(bench_rows(&recs), bench_rows_wanted(&[96, 5]));
+        assert_eq!(bench_rows(&recs), bench_rows_wanted(&[96, 5], hidden));
         for r in &recs {
             assert_eq!(r.baseline_note, None, "NCCL baseline missing: {r:?}");
-            assert!(r.baseline_time_us > 0.0 && r.ratio > 0.0, "{r:?}");
+            // The hook halves have no baseline of their own.
+            let half = r.op.ends_with("_send") || r.op.ends_with("_recv");
+            assert!(half || (r.baseline_time_us > 0.0 && r.ratio > 0.0), "{r:?}");
             assert!(r.time_us > 0.0, "{r:?}");
         }
     }

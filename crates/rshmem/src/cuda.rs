@@ -57,5 +57,10 @@ pub fn precompile(arch: &str) -> Result<Vec<(String, usize)>> {
             out.push((format!("ep ({}, {})", t.name(), id.name()), m.len()));
         }
     }
+    // The low-latency buffer's, with the options LowLatencyBuffer::new is given by programs
+    // that pass EpTuning's.
+    let o: Vec<&str> = et.nvrtc_options.iter().map(|s| s.as_str()).collect();
+    let m = nvrtc::compile(&nvrtc::with_header(ep::LL_KERNELS), arch, &o)?;
+    out.push(("ep low latency".to_string(), m.len()));
     Ok(out)
 }

@@ -69,6 +69,21 @@ extern "C" __global__ void rshmemi_bench_pingpong_raw(volatile unsigned* my_flag
         }
     }
 }
+// Put-with-signal with the flag in the data (rshmem_putmem_signal_ll_warp): a warp's ping-pong
+// of `bytes`-byte messages through the symmetric LL area `area`, the receiver copying each
+// message out (rshmem_signal_wait_ll_warp) before it replies.
+extern "C" __global__ void rshmemi_bench_pingpong_ll(char* area, char* buf, int bytes, int iters, int role, int peer) {
+    if (blockIdx.x != 0 || threadIdx.x >= 32) return;
+    for (int i = 1; i <= iters; i++) {
+        if (role == 0) {
+            rshmem_putmem_signal_ll_warp(area, buf, bytes, (unsigned)i, peer);
+            if (!rshmem_signal_wait_ll_warp(area, buf, bytes, (unsigned)i)) return;
+        } else {
+            if (!rshmem_signal_wait_ll_warp(area, buf, bytes, (unsigned)i)) return;
+            rshmem_putmem_signal_ll_warp(area, buf, bytes, (unsigned)i, peer);
+        }
+    }
+}
 extern "C" __global__ void rshmemi_bench_barrier(int iters) {
     for (int i = 0; i < iters; i++) rshmem_sync_all_block();
 }

@@ -259,6 +259,8 @@ pub(super) fn from_cuda_ep(
             },
             if b.mode.ends_with("+tokens") {
                 "; token-major layout: each token once per PE plus the expert-major index, no expanded copy; its combine is combine_tokens (per-token rows from each PE)"
+            } else if b.mode.starts_with("low_latency") {
+                "; LowLatencyBuffer (per-expert receive buffers, no host work per call); +fp8: e4m3 rows with a f32 scale per 128 elements; +hooks: the send and receive halves as separate graphs (ep_*_send / ep_*_recv, no baseline)"
             } else {
                 ""
             },

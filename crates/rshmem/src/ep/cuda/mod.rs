@@ -226,6 +226,7 @@
 mod check;
 mod combine;
 mod dispatch;
+mod ll;
 mod params;
 #[cfg(test)]
 mod tests;
@@ -241,6 +242,10 @@ use crate::team::Team;
 use crate::Pe;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use ll::{
+    LlCombineSent, LlConfig, LlDispatch, LlDispatchOpts, LlDispatchSent, LowLatencyBuffer,
+    LL_KERNELS, LL_MAX_LOCAL_EXPERTS, LL_MAX_TOPK,
+};
 use params::{param_words, plan, readback_len, Plan, PARAM_WORDS};
 pub use tuning::{EpTuning, EP_WRONG_RESULT_SWITCHES};
 

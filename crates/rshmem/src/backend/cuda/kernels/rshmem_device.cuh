@@ -476,6 +476,109 @@ __device__ __forceinline__ void rshmem_putmem_signal_block(void* dest, const voi
     __syncthreads();
 }
 
+// ----- put-with-signal, the flag in the data (small messages) -----
+// A message of `n` bytes (a multiple of 8, at most RSHMEM_LL_MAX_BYTES) travels as n / 8 lines
+// of 16 bytes {data lo, flag, data hi, flag}, each written by one 16-byte store and read by one
+// 16-byte load, so a line that carries the flag carries its data: the receiver sees data and
+// signal together after one one-way trip, with no fence and no separate flag store. `area`: a
+// symmetric buffer of rshmem_ll_area_bytes(n) bytes, 16-byte aligned, written by one sender at
+// a time; `flag`: non-zero and different from the area's previous message's (a sequence
+// number 1, 2, ...). The sender must not reuse the area before the receiver has read the
+// message (e.g. wait for its reply).
+#define RSHMEM_LL_MAX_BYTES 4096
+__host__ __device__ __forceinline__ size_t_rshmem rshmem_ll_area_bytes(size_t_rshmem n) { return 2 * n; }
+__device__ __forceinline__ void rshmemi_ll_line_store(void* p, rshmem_u64 v, unsigned flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"((unsigned)v), "r"(flag),
+                 "r"((unsigned)(v >> 32)), "r"(flag) : "memory");
+}
+// Lines each thread keeps in flight: its next RSHMEMI_LL_BATCH lines' sources are loaded (put) or
+// the lines themselves polled (wait) before any is stored or compared, so a message costs a few
+// load latencies, not one per line.
+#define RSHMEMI_LL_BATCH 8
+// Thread `tid` of `nth` puts its share of the lines of `src` (`n` bytes, 8-byte aligned) into
+// PE `pe`'s `area` with `flag`.
+__device__ __forceinline__ void rshmemi_putmem_signal_ll(void* area, const void* src, size_t_rshmem n, unsigned flag,
+                                                         int pe, unsigned tid, unsigned nth) {
+    char* r = (char*)rshmem_ptr(area, pe);
+    const rshmem_u64* s = (const rshmem_u64*)src;
+    const size_t_rshmem nl = n / 8;
+    for (size_t_rshmem l0 = tid; l0 < nl; l0 += (size_t_rshmem)nth * RSHMEMI_LL_BATCH) {
+        rshmem_u64 v[RSHMEMI_LL_BATCH];
+#pragma unroll
+        for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+            if (l0 + q * nth < nl) v[q] = s[l0 + q * nth];
+#pragma unroll
+        for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+            if (l0 + q * nth < nl) rshmemi_ll_line_store(r + 16 * (l0 + q * nth), v[q], flag);
+    }
+}
+// Thread `tid` of `nth` waits for its share of the lines of this PE's `area` to carry `flag`
+// and copies their data to `dst`; false when the wait timed out (the host reports it).
+__device__ __forceinline__ bool rshmemi_signal_wait_ll(const void* area, void* dst, size_t_rshmem n, unsigned flag,
+                                                       unsigned tid, unsigned nth) {
+    const size_t_rshmem nl = n / 8;
+    for (size_t_rshmem l0 = tid; l0 < nl; l0 += (size_t_rshmem)nth * RSHMEMI_LL_BATCH) {
+        unsigned todo = 0;  // bit q: line l0 + q * nth still to come
+#pragma unroll
+        for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+            if (l0 + q * nth < nl) todo |= 1u << q;
+        rshmem_u64 v[RSHMEMI_LL_BATCH];
+        rshmem_u64 t0 = 0;
+        unsigned spins = 0;
+        for (bool first = true;; first = false) {
+            unsigned a[RSHMEMI_LL_BATCH], f1[RSHMEMI_LL_BATCH], b[RSHMEMI_LL_BATCH], f2[RSHMEMI_LL_BATCH];
+            // Every missing line loaded before any is looked at.
+#pragma unroll
+            for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+                if (todo >> q & 1)
+                    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                                 : "=r"(a[q]), "=r"(f1[q]), "=r"(b[q]), "=r"(f2[q])
+                                 : "l"((const char*)area + 16 * (l0 + q * nth))
+                                 : "memory");
+#pragma unroll
+            for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+                if ((todo >> q & 1) && f1[q] == flag && f2[q] == flag) {
+                    v[q] = (rshmem_u64)a[q] | ((rshmem_u64)b[q] << 32);
+                    todo &= ~(1u << q);
+                }
+            if (!todo) break;
+            if (first) {
+                // After a timeout on this PE, later waits give up at once.
+                if (rshmemi_failed()) return false;
+                t0 = rshmemi_now();
+            } else if ((++spins & 1023) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+                rshmemi_flag_timeout();
+                return false;
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < RSHMEMI_LL_BATCH; q++)
+            if (l0 + q * nth < nl) ((rshmem_u64*)dst)[l0 + q * nth] = v[q];
+    }
+    return true;
+}
+// One thread puts the whole message.
+__device__ __forceinline__ void rshmem_putmem_signal_ll(void* area, const void* src, size_t_rshmem n, unsigned flag, int pe) {
+    rshmemi_putmem_signal_ll(area, src, n, flag, pe, 0, 1);
+}
+// The calling warp (all 32 lanes) puts the message, a line per lane at a time.
+__device__ __forceinline__ void rshmem_putmem_signal_ll_warp(void* area, const void* src, size_t_rshmem n, unsigned flag,
+                                                             int pe) {
+    rshmemi_putmem_signal_ll(area, src, n, flag, pe, rshmemi_lane(), 32);
+}
+// One thread waits for the message in this PE's `area` and copies it to `dst`; false on a
+// timeout.
+__device__ __forceinline__ bool rshmem_signal_wait_ll(const void* area, void* dst, size_t_rshmem n, unsigned flag) {
+    return rshmemi_signal_wait_ll(area, dst, n, flag, 0, 1);
+}
+// The calling warp (all 32 lanes) waits for the message and copies it to `dst`; the data is in
+// `dst` for every lane when it returns (true), false on a timeout (in every lane).
+__device__ __forceinline__ bool rshmem_signal_wait_ll_warp(const void* area, void* dst, size_t_rshmem n, unsigned flag) {
+    const bool ok = rshmemi_signal_wait_ll(area, dst, n, flag, rshmemi_lane(), 32);
+    __syncwarp();  // every lane's copies visible to the warp
+    return __all_sync(0xffffffffu, ok);
+}
+
 // ----- typed one-sided operations: one list of types, every form generated -----
 
 #define RSHMEM_FOR_EACH_TYPE(X)                                         \
