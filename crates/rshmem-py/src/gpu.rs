@@ -79,7 +79,7 @@ pub struct UserKernel {
 #[pymethods]
 impl World {
     /// Stream-ordered put of `nbytes` from this PE's symmetric `src` into PE `pe`'s `dst`.
-    fn put_dev(
+    pub(crate) fn put_dev(
         &self,
         py: Python<'_>,
         dst: u64,
@@ -125,7 +125,7 @@ impl World {
     }
 
     /// Stream-ordered get of `nbytes` of PE `pe`'s symmetric `src` into this PE's `dst`.
-    fn get_dev(
+    pub(crate) fn get_dev(
         &self,
         py: Python<'_>,
         dst: u64,

@@ -9,6 +9,7 @@ mod coll;
 mod elem;
 mod ep;
 mod errors;
+mod fast;
 mod gpu;
 mod gpu_ep;
 mod ops;

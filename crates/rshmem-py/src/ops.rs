@@ -160,7 +160,14 @@ macro_rules! with_atomic {
 impl World {
     /// Copies the host array at `src` (`nbytes`) into PE `pe`'s copy of the symmetric bytes at
     /// `dst`.
-    fn put(&self, py: Python<'_>, dst: u64, src: usize, nbytes: usize, pe: usize) -> PyResult<()> {
+    pub(crate) fn put(
+        &self,
+        py: Python<'_>,
+        dst: u64,
+        src: usize,
+        nbytes: usize,
+        pe: usize,
+    ) -> PyResult<()> {
         let s = HostBytes::new(src, nbytes)?;
         self.run(py, |p| {
             let h = self.hold(&[(dst, s.len(), "destination")])?;
@@ -198,7 +205,14 @@ impl World {
 
     /// Copies PE `pe`'s copy of the symmetric bytes at `src` into the writable host array at
     /// `dst` (`nbytes`).
-    fn get(&self, py: Python<'_>, dst: usize, nbytes: usize, src: u64, pe: usize) -> PyResult<()> {
+    pub(crate) fn get(
+        &self,
+        py: Python<'_>,
+        dst: usize,
+        nbytes: usize,
+        src: u64,
+        pe: usize,
+    ) -> PyResult<()> {
         let d = HostBytes::new(dst, nbytes)?;
         self.run(py, |p| {
             let h = self.hold(&[(src, d.len(), "source")])?;

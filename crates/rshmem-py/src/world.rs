@@ -59,6 +59,8 @@ pub struct World {
     me: usize,
     n: usize,
     cuda: bool,
+    /// This PE's GPU ordinal (CUDA backend).
+    ordinal: Option<usize>,
     ended: AtomicBool,
 }
 
@@ -127,6 +129,11 @@ impl World {
     /// the collectives' scratch).
     fn start(pe: Pe) -> rshmem::Result<World> {
         let (me, n, cuda) = (pe.my_pe(), pe.n_pes(), pe.backend() == BackendKind::Cuda);
+        let ordinal = if cuda {
+            Some(rshmem::cuda::CudaPe::new(&pe)?.device())
+        } else {
+            None
+        };
         let meta = pe.alloc::<u64>(n * W)?;
         let live = Live::try_new(pe, |pe| -> rshmem::Result<Deps<'_>> {
             Ok(Deps {
@@ -143,8 +150,24 @@ impl World {
             me,
             n,
             cuda,
+            ordinal,
             ended: AtomicBool::new(false),
         })
+    }
+
+    /// The number of PEs.
+    pub(crate) fn world_size(&self) -> usize {
+        self.n
+    }
+
+    /// Whether the heap is GPU memory.
+    pub(crate) fn is_cuda(&self) -> bool {
+        self.cuda
+    }
+
+    /// This PE's GPU ordinal (CUDA backend), else None.
+    pub(crate) fn ordinal(&self) -> Option<usize> {
+        self.ordinal
     }
 
     /// The live PE (read-locked for the duration of a call), or `WorldEnded`.

@@ -12,6 +12,10 @@ pub struct Team {
     pub(crate) members: Arc<[usize]>,
     pub(crate) my_index: usize,
     pub(crate) job: u64,
+    /// The slot's generation when this team got it (`PeInner::team_gens`): a copy kept by an
+    /// object built on the team ([`tracked_copy`](Self::tracked_copy)) is refused once the
+    /// team is destroyed, even after its slot went to another team.
+    pub(crate) generation: u64,
 }
 
 impl Team {
@@ -21,6 +25,22 @@ impl Team {
             members: (0..n).collect(),
             my_index: me,
             job,
+            generation: 0,
+        }
+    }
+
+    /// A copy for an object built on this team that uses the team's barriers in later calls
+    /// (the host MoE buffer). Safe where a public `Clone` would not be: every use of a team
+    /// (`Pe::check_team`, and each barrier with the slot held) compares its generation with
+    /// the slot's, which [`Pe::team_destroy`](crate::Pe::team_destroy) advances, so the copy
+    /// of a destroyed team is an [`Error::Team`], never a barrier on a reused slot.
+    pub(crate) fn tracked_copy(&self) -> Team {
+        Team {
+            slot: self.slot,
+            members: self.members.clone(),
+            my_index: self.my_index,
+            job: self.job,
+            generation: self.generation,
         }
     }
     /// Number of PEs in the team.

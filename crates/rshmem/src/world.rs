@@ -143,6 +143,9 @@ pub(crate) struct PeInner {
     /// running through the exchange area (0: none). Taken and released by `pe::Held`.
     pub exch_busy: AtomicU64,
     pub team_used: Mutex<Vec<bool>>,
+    /// Per team slot: advanced when a team gets the slot and when it is destroyed, so a copy
+    /// of a destroyed team (`Team::tracked_copy`) is refused ([`Team::generation`]).
+    pub team_gens: Vec<AtomicU64>,
     pub cq: CompletionQueue,
     pub next_op: AtomicU64,
     pub finalized: AtomicBool,
@@ -662,6 +665,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
         team_epochs: (0..config.max_teams).map(|_| AtomicU64::new(0)).collect(),
         exch_busy: AtomicU64::new(0),
         team_used: Mutex::new(team_used),
+        team_gens: (0..config.max_teams).map(|_| AtomicU64::new(0)).collect(),
         cq: CompletionQueue::new(config.completion_queue),
         next_op: AtomicU64::new(1),
         finalized: AtomicBool::new(false),

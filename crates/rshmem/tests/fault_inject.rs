@@ -73,7 +73,8 @@ enum Op {
 }
 
 impl Op {
-    /// Starts with a collective (nothing one-sided before it): where a mismatch may be injected.
+    /// Its first wait is a collective's barrier (MoE puts its records into the buffer's own
+    /// areas before it, which no peer waits on): where a mismatch may be injected.
     fn collective_first(self) -> bool {
         matches!(
             self,
@@ -84,6 +85,7 @@ impl Op {
                 | Op::Broadcast { .. }
                 | Op::AllocFree { .. }
                 | Op::Split
+                | Op::Moe
         )
     }
 }

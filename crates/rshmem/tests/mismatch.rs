@@ -1,7 +1,9 @@
 //! Collectives of different kinds never match each other: every barrier carries its call's
 //! kind, so one PE calling `alloc` while the others call `barrier_all` (or any other pair) is a
 //! `CollectiveMismatch` on every PE naming both calls, and the world stays usable afterwards
-//! (same heap on every PE, data moves correctly). Threads, processes and mixed mode.
+//! (same heap on every PE, data moves correctly). Threads, processes and mixed mode. The host
+//! MoE calls too: a dispatch or combine against `barrier_all`, `alloc`, an all-reduce or the
+//! other MoE call, after which the same buffer dispatches and combines exactly.
 
 #[path = "harness/mod.rs"]
 mod harness;
@@ -10,6 +12,7 @@ mod harness;
 mod common;
 
 use rshmem::coll::{Coll, CollConfig, ReduceOp};
+use rshmem::ep::{Dispatched, EpConfig, EpMode, HostBuffer, RecvLayout};
 use rshmem::{Error, Pe, Result, Sym};
 
 /// A collective call a PE makes in a mismatch round.
@@ -164,6 +167,201 @@ fn kinds_never_match(pe: &Pe) -> Result<()> {
 #[test]
 fn kinds_never_match_all_modes() {
     harness::all_modes("kinds_never_match_all_modes", 4, kinds_never_match);
+}
+
+/// Asserts that `r` is a `CollectiveMismatch` of this PE's call `mine` naming `culprit` inside
+/// `theirs`.
+fn assert_mismatch<T: std::fmt::Debug>(
+    r: Result<T>,
+    (mine, theirs): (&str, &str),
+    culprit: usize,
+    what: &str,
+) {
+    match r {
+        Err(Error::CollectiveMismatch {
+            op,
+            pe: p,
+            mine: m,
+            theirs: t,
+        }) => assert!(
+            op == mine && p == culprit && m.starts_with(mine) && t.starts_with(theirs),
+            "{what}: mismatch in {op} naming PE {p}: mine {m:?}, theirs {t:?}"
+        ),
+        other => panic!(
+            "{what}: expected a CollectiveMismatch naming {mine} and {theirs} (PE {culprit}), \
+             got {other:?}"
+        ),
+    }
+}
+
+/// A host MoE call, or a call of another kind, in a mismatch round.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum M {
+    BarrierAll,
+    Alloc,
+    AllReduce,
+    Dispatch,
+    Combine,
+}
+
+impl M {
+    fn name(self) -> &'static str {
+        match self {
+            M::BarrierAll => "barrier_all",
+            M::Alloc => "alloc",
+            M::AllReduce => "all_reduce",
+            M::Dispatch => "ep dispatch",
+            M::Combine => "ep combine",
+        }
+    }
+}
+
+/// (PE 0's call, every other PE's call).
+const MOE_PAIRS: &[(M, M)] = &[
+    (M::Dispatch, M::BarrierAll),
+    (M::BarrierAll, M::Dispatch),
+    (M::Combine, M::Alloc),
+    (M::Alloc, M::Combine),
+    (M::Dispatch, M::Combine),
+    (M::Combine, M::Dispatch),
+    (M::Dispatch, M::AllReduce),
+];
+
+const MOE_T: usize = 6;
+const MOE_H: usize = 4;
+const MOE_E: usize = 8;
+
+fn moe_cfg() -> EpConfig {
+    EpConfig {
+        num_experts: MOE_E,
+        max_tokens: 8,
+        hidden: MOE_H,
+        max_topk: 2,
+        mode: EpMode::Normal,
+        layout: RecvLayout::ExpertMajor,
+    }
+}
+
+/// PE `s`'s routing in round `round`: token `t` goes to two different experts, weights 1/2
+/// and 1/4.
+fn moe_ids(s: usize, round: usize) -> Vec<i32> {
+    (0..MOE_T)
+        .flat_map(|t| {
+            let e = (s + t + round) % MOE_E;
+            [e as i32, ((e + 1 + t % 3) % MOE_E) as i32]
+        })
+        .collect()
+}
+
+/// PE `s`'s hidden state of token `t` in round `round` (exact in f32, also times 3/4).
+fn moe_x(s: usize, t: usize, round: usize) -> Vec<f32> {
+    (0..MOE_H)
+        .map(|h| ((round * 7 + s * 3 + t) % 50) as f32 + h as f32 * 0.5)
+        .collect()
+}
+
+/// A dispatch of round `round`'s routing on every PE, its rows checked against every PE's
+/// routing: each (expert, source, token, slot) once, carrying the source's row.
+fn moe_dispatch(pe: &Pe, buf: &mut HostBuffer<f32>, round: usize) -> Result<Dispatched<f32>> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let x: Vec<f32> = (0..MOE_T).flat_map(|t| moe_x(me, t, round)).collect();
+    let w: Vec<f32> = (0..MOE_T).flat_map(|_| [0.5, 0.25]).collect();
+    let d = buf.dispatch(pe, &x, &moe_ids(me, round), &w, 2)?;
+    let epp = MOE_E / n;
+    let mut want = Vec::new();
+    for s in 0..n {
+        for (i, &e) in moe_ids(s, round).iter().enumerate() {
+            if e as usize / epp == me {
+                want.push((e as usize, s, i / 2, i % 2));
+            }
+        }
+    }
+    want.sort_unstable();
+    let h = &d.handle;
+    let offs = h.expert_offsets();
+    let mut got = Vec::new();
+    for r in 0..h.num_rows() {
+        let e = me * epp + (0..epp).find(|&l| offs[l] <= r && r < offs[l + 1]).unwrap();
+        let i = h.row_token()[r] as usize;
+        let (s, t) = (h.recv_src_pe()[i] as usize, h.recv_src_token()[i] as usize);
+        common::check_eq(
+            &format!("round {round}: row {r} (PE {s} token {t})"),
+            &d.x[r * MOE_H..(r + 1) * MOE_H],
+            &moe_x(s, t, round),
+        );
+        got.push((e, s, t, h.row_slot()[r] as usize));
+    }
+    got.sort_unstable();
+    assert_eq!(got, want, "PE {me} round {round}: rows received");
+    Ok(d)
+}
+
+/// Combine of `d` with identity experts: each token comes back as x * (1/2 + 1/4), exactly.
+fn moe_combine(
+    pe: &Pe,
+    buf: &mut HostBuffer<f32>,
+    d: &Dispatched<f32>,
+    round: usize,
+) -> Result<()> {
+    let out = buf.combine(pe, &d.handle, &d.x)?;
+    let want: Vec<f32> = (0..MOE_T)
+        .flat_map(|t| moe_x(pe.my_pe(), t, round))
+        .map(|v| v * 0.75)
+        .collect();
+    common::check_eq(&format!("round {round}: combine"), &out, &want);
+    Ok(())
+}
+
+/// Dispatch and combine of one buffer against barrier-type calls and each other: every PE gets
+/// a `CollectiveMismatch` naming both calls, nothing moves, and the buffer and the world work
+/// afterwards (the pending dispatch combines, a new round dispatches and combines, data checked).
+fn moe_kinds_never_match(pe: &Pe) -> Result<()> {
+    let me = pe.my_pe();
+    let coll = Coll::new(pe, CollConfig::default())?;
+    let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), moe_cfg())?;
+    let obj = pe.alloc::<u64>(4)?;
+    let out = pe.alloc::<u64>(4)?;
+    pe.local_write(&obj, 0, &[1, 2, 3, 4])?;
+    for (k, &(odd, rest)) in MOE_PAIRS.iter().enumerate() {
+        let round = 2 * k;
+        let d = moe_dispatch(pe, &mut buf, round)?;
+        let (_, used) = pe.heap_usage();
+        let (mine, theirs, culprit) = if me == 0 {
+            (odd, rest, 1)
+        } else {
+            (rest, odd, 0)
+        };
+        let x: Vec<f32> = (0..MOE_T).flat_map(|t| moe_x(me, t, round + 1)).collect();
+        let w = vec![0.5f32; 2 * MOE_T];
+        let r = match mine {
+            M::BarrierAll => pe.barrier_all(),
+            M::Alloc => pe.alloc::<u64>(128).map(|_| ()),
+            M::AllReduce => coll.all_reduce(pe.world_team(), &out, &obj, 4, ReduceOp::Sum),
+            M::Dispatch => buf
+                .dispatch(pe, &x, &moe_ids(me, round + 1), &w, 2)
+                .map(|_| ()),
+            M::Combine => buf.combine(pe, &d.handle, &d.x).map(|_| ()),
+        };
+        let what = format!("round {k} ({odd:?} on PE 0 against {rest:?}), PE {me}");
+        assert_mismatch(r, (mine.name(), theirs.name()), culprit, &what);
+        assert_eq!(pe.heap_usage().1, used, "{what}: heap in use");
+        // The team is in step: the dispatch before the mismatch combines, the buffer carries
+        // a new round, and the world moves data.
+        moe_combine(pe, &mut buf, &d, round)?;
+        let d = moe_dispatch(pe, &mut buf, round + 1)?;
+        moe_combine(pe, &mut buf, &d, round + 1)?;
+        pe.barrier_all()?;
+        usable(pe, &coll, round)?;
+    }
+    pe.free(out)?;
+    pe.free(obj)?;
+    pe.free(buf)?;
+    pe.free(coll)
+}
+
+#[test]
+fn moe_kinds_never_match_all_modes() {
+    harness::all_modes("moe_kinds_never_match_all_modes", 4, moe_kinds_never_match);
 }
 
 /// Mismatch messages name element types by name (`u32`, `f32`), not by an internal tag.

@@ -1,5 +1,6 @@
 //! Teams: strided splits, color/key splits, nested splits, index translation, team barriers
-//! that order data, slot recycling and exhaustion, and the split errors.
+//! that order data, slot recycling and exhaustion, the split errors, and an MoE buffer that
+//! outlives its team.
 
 #[path = "harness/mod.rs"]
 mod harness;
@@ -9,6 +10,7 @@ mod common;
 
 use common::{check_eq, expect_err};
 use harness::rand_vec;
+use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
 use rshmem::{Error, Pe, Result, Team};
 
 /// Each member puts a random block into the next member of `team`, a team barrier, then checks
@@ -252,6 +254,63 @@ fn recycle(pe: &Pe) -> Result<()> {
     pe.free(x)
 }
 mode_test!(slot_recycling, [1, 2, 3, 8], recycle);
+
+/// An MoE buffer keeps its team's barriers for later calls: once the team is destroyed, and
+/// even after a new team got its slot, the buffer's calls are an `Error::Team` on every PE
+/// (never a barrier on the new team's counters); the new team works and the buffer frees.
+fn buffer_outlives_team(pe: &Pe) -> Result<()> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let w = pe.world_team();
+    let t = pe.team_split_strided(w, 0, 1, n)?.expect("member");
+    let cfg = EpConfig {
+        num_experts: 2 * n,
+        max_tokens: 4,
+        hidden: 2,
+        max_topk: 1,
+        mode: EpMode::Normal,
+        layout: RecvLayout::ExpertMajor,
+    };
+    let mut buf = HostBuffer::<f32>::new(pe, &t, cfg)?;
+    // One token to the next PE's first expert, while the team lives.
+    let x = [me as f32 + 1.0, 0.5];
+    let ids = [(2 * ((me + 1) % n)) as i32];
+    let d = buf.dispatch(pe, &x, &ids, &[1.0], 1)?;
+    check_eq(
+        "dispatched row",
+        &d.x,
+        &[((me + n - 1) % n) as f32 + 1.0, 0.5],
+    );
+    check_eq("combined", &buf.combine(pe, &d.handle, &d.x)?, &x);
+    pe.team_destroy(t)?;
+    let destroyed = |e: &Error| matches!(e, Error::Team(m) if m.contains("destroyed"));
+    expect_err(
+        "dispatch on a destroyed team",
+        buf.dispatch(pe, &x, &ids, &[1.0], 1),
+        destroyed,
+    );
+    // The next team takes the freed slot.
+    let t2 = pe.team_split_strided(w, 0, 1, n)?.expect("member");
+    expect_err(
+        "dispatch on a reused slot",
+        buf.dispatch(pe, &x, &ids, &[1.0], 1),
+        destroyed,
+    );
+    expect_err(
+        "combine on a reused slot",
+        buf.combine(pe, &d.handle, &d.x),
+        destroyed,
+    );
+    let y = pe.alloc::<u32>(5)?;
+    team_ring(pe, &t2, &y, 11, 2)?;
+    pe.team_destroy(t2)?;
+    pe.free(y)?;
+    pe.free(buf)
+}
+mode_test!(
+    ep_buffer_outliving_its_team,
+    [1, 2, 3],
+    buffer_outlives_team
+);
 
 /// Splitting until the slots run out: exactly `max_teams - 1` teams beside the world, then an
 /// error on every PE; after destroying them, splitting works again.

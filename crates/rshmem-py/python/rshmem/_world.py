@@ -10,13 +10,20 @@ from typing import Any, Callable, List, Optional
 from . import _rshmem
 from .errors import InvalidArgument, PeerLost, WorldEnded
 
-_local = threading.local()
+
+class _Local(threading.local):
+    # A class default, so that a thread without a PE of its own reads None without the
+    # AttributeError that getattr(..., None) raises and catches inside (a microsecond a call).
+    world: Optional[_rshmem.World] = None
+
+
+_local = _Local()
 _global: Optional[_rshmem.World] = None
 
 
 def current() -> _rshmem.World:
     """The calling thread's PE (set by ``launch``), else the process's (set by ``init``)."""
-    w = getattr(_local, "world", None) or _global
+    w = _local.world or _global
     if w is None or w.ended:
         raise WorldEnded(
             "no rshmem world: call rshmem.init() (torchrun, rshmem run, or explicit arguments) "
@@ -81,7 +88,7 @@ def finalize() -> None:
     try:
         w.finalize()
     finally:
-        if getattr(_local, "world", None) is w:
+        if _local.world is w:
             _local.world = None
         if _global is w:
             _global = None
@@ -89,7 +96,7 @@ def finalize() -> None:
 
 def is_initialized() -> bool:
     """Whether the calling thread has a live PE."""
-    w = getattr(_local, "world", None) or _global
+    w = _local.world or _global
     return w is not None and not w.ended
 
 

@@ -24,20 +24,30 @@
 //!
 //! # Protocol (both modes, every call)
 //! 1. *Validate locally* (shapes, dtype, expert ids, k, T, handle): nothing moves yet.
-//! 2. *Agree*: every PE puts a small record to every PE (`put_signal`, the signal carries the
-//!    call's epoch): its status, its k/H/E, and its per-destination counts (and per-local-expert
-//!    counts of the destination). Every PE then holds the whole count matrix and every status, so
-//!    every PE reaches the same decision: if any PE's input is invalid, or (capturable mode) a
+//! 2. *Agree*: every PE puts a small record into every PE's record area (the call's number, its
+//!    status, its k/H/E, its per-destination counts and the destination's per-local-expert
+//!    counts), then passes one barrier of the buffer's team carrying the call's kind
+//!    (`ep dispatch` or `ep combine`, as every host collective's barrier carries its own), then
+//!    reads every record. Every PE then holds the whole count matrix and every status, so every
+//!    PE reaches the same decision: if any PE's input is invalid, or (capturable mode) a
 //!    (source, destination) count exceeds the capacity, **every** PE returns an error and no
-//!    payload moves. The buffer stays usable for the next call.
+//!    payload moves. The buffer stays usable for the next call. A member inside another kind
+//!    of call (`barrier_all`, `alloc`, a [`Coll`](crate::coll::Coll) call, the other MoE call)
+//!    makes the barrier an [`Error::CollectiveMismatch`] on every member naming both calls; the
+//!    call then did not happen (its number goes back, and this PE clears its records in the
+//!    peers' areas), and the team and the buffer stay in step. A buffer whose team was
+//!    destroyed refuses every call ([`Error::Team`]).
 //! 3. *Move*: payload rows by puts straight from the caller's slices into the destination's
 //!    receive buffer, then a `put_signal` per destination carrying the number of rows sent.
 //! 4. *Complete*: `wait_until` on one signal per source (timeouts and lost peers end in errors);
 //!    received row counts are checked against the agreed matrix, then the local reordering.
 //!
-//! The record area is double-buffered by epoch parity, so a PE that finished call `e` can start
-//! call `e+1` while a slow peer still reads call `e`'s records; the payload areas need no double
-//! buffering because step 2 of call `e+1` cannot complete before every PE finished call `e`.
+//! The record area is double-buffered by call parity, so a PE that finished call `e` can put
+//! call `e+1`'s records while a slow peer still reads call `e`'s. One barrier is enough: every
+//! record of a call is in place before any member passes its barrier, and a PE writes the same
+//! half again (call `e+2`) only after passing call `e+1`'s barrier, which every member reaches
+//! only after reading call `e`'s records. The payload areas need no double buffering because no
+//! PE passes call `e+1`'s barrier before every PE finished call `e`.
 //!
 //! # Modes
 //! * [`EpMode::Normal`]: rows from each source are packed at offsets computed from the agreed
@@ -55,7 +65,7 @@
 //! * receive rows: `R * H * size_of::<T>()`
 //! * receive row records: `R * (1 + 2k) * 4` (source token index, k expert ids, k weights)
 //! * combine area: `max_tokens * k * H * size_of::<T>()` (one row per (token, slot))
-//! * agreement records: `2 * n * (8 + 2n + El) * 8`, signals and row counts: `(3n) * 8 + n * 8`
+//! * agreement records: `2 * n * (8 + 2n + El) * 8`, signals and row counts: `n * 8 + n * 8`
 //!
 //! all in one symmetric allocation, each area rounded up to 256 bytes. Example: `T = 4096`,
 //! `H = 7168` bf16, `k = 8`, `E = 256`, 2 PEs, normal mode: 117 MB receive rows + 0.6 MB row
@@ -66,8 +76,8 @@
 //! (a GPU computes the same arrays in a kernel), the record format and the decisions taken from
 //! it (status, mismatches, capacity), the placement rule (`base(s, d)`: prefix of counts in
 //! normal mode, `s * C` in capturable mode), the row-record format and the [`Handle`] arrays.
-//! Backend-specific: only the movement — the record puts and waits (device `put_signal` /
-//! `wait_until` instead of host calls), the payload puts (one warp per (token, destination)
+//! Backend-specific: only the movement — the record puts and how a PE knows they are in (the
+//! host's team barrier; device `put_signal` / `wait_until` on a GPU, see [`crate::cuda::ep`]), the payload puts (one warp per (token, destination)
 //! instead of one `put` per row), and the expert-major permutation and weighted reduction
 //! (kernels over the handle arrays). In capturable mode on a GPU the capacity decision is taken
 //! on the device from the same records; an overflow writes nothing and latches an error flag the

@@ -301,6 +301,16 @@ impl Pe {
     /// caller holds the exchange area ([`take_exchange`](Self::take_exchange)); the team's slot
     /// is held here, before the record is written, for both barriers.
     fn exchange(&self, team: &Team, rec: &[u64], call: CallKind) -> Result<Vec<Vec<u64>>> {
+        self.exchange_held(team, rec, call).map(|(all, _)| all)
+    }
+
+    /// [`exchange`](Self::exchange), returning the team's slot still held.
+    fn exchange_held(
+        &self,
+        team: &Team,
+        rec: &[u64],
+        call: CallKind,
+    ) -> Result<(Vec<Vec<u64>>, Held<'_>)> {
         self.check_team(team)?;
         let inner = &*self.inner;
         let mut slot = Held::take(&inner.team_epochs[team.slot], rec[0])?;
@@ -322,7 +332,7 @@ impl Pe {
             })
             .collect();
         self.barrier_held(team, &mut slot, call)?;
-        Ok(out)
+        Ok((out, slot))
     }
 
     /// Checks that every member passed the same record; the first that differs is an error.
@@ -651,6 +661,8 @@ impl Pe {
         timeout: Duration,
     ) -> Result<()> {
         let inner = &*self.inner;
+        // Checked with the slot held: team_destroy advances the generation while it holds it.
+        self.check_generation(team)?;
         let epoch = (slot.idle >> OP_BITS) + 1;
         slot.idle = epoch << OP_BITS;
         let mem = TeamMem { inner, team };
@@ -779,11 +791,13 @@ impl Pe {
             .lock()
             .unwrap_or_else(|e| e.into_inner())[slot] = true;
         self.inner.team_epochs[slot].store(0, Ordering::Relaxed);
+        let generation = self.inner.team_gens[slot].fetch_add(1, Ordering::AcqRel) + 1;
         Team {
             slot,
             members,
             my_index,
             job: self.inner.job,
+            generation,
         }
     }
 
@@ -798,6 +812,16 @@ impl Pe {
                 "PE {} is not a member of this team",
                 self.inner.me
             )));
+        }
+        self.check_generation(team)
+    }
+
+    /// A copy of a destroyed team ([`Team::tracked_copy`]) is an [`Error::Team`].
+    fn check_generation(&self, team: &Team) -> Result<()> {
+        if self.inner.team_gens[team.slot].load(Ordering::Acquire) != team.generation {
+            return Err(Error::Team(
+                "the team was destroyed (an object built on it outlived it)".into(),
+            ));
         }
         Ok(())
     }
@@ -911,7 +935,7 @@ impl Pe {
         }
         let _exch = self.take_exchange(TAG_DESTROY)?;
         let rec = self.split_record(TAG_DESTROY, [0; 4]);
-        let all = self.exchange(&team, &rec[..EXCH_FIXED], CallKind::TeamDestroy)?;
+        let (all, _slot) = self.exchange_held(&team, &rec[..EXCH_FIXED], CallKind::TeamDestroy)?;
         if let Some(i) = all.iter().position(|r| r[0] != TAG_DESTROY) {
             return Err(Error::CollectiveMismatch {
                 op: "team_destroy",
@@ -923,6 +947,8 @@ impl Pe {
         // Every signal addressed to this PE in this slot has arrived (all barriers completed),
         // so its counters can be reset for the slot's next team.
         let inner = &*self.inner;
+        // Still holding the slot: no copy of the team passes a barrier from here on.
+        inner.team_gens[team.slot].fetch_add(1, Ordering::AcqRel);
         for r in 0..inner.layout.rounds {
             inner.ctrls[inner.me]
                 .word(inner.layout.barrier_word(team.slot, r))

@@ -525,3 +525,63 @@ fn gpu_ep_peer_timeout_stops_every_pe_normal_mode() {
         peer_timeout_normal_body,
     );
 }
+
+/// A dispatch on PE 0 against a combine on PE 1 (`rshmem::cuda::ep`, "Calls of different
+/// kinds"): neither call passes the other, both PEs' device waits time out, `check` reports a
+/// timeout on both and PE 0's dispatch is stopped; the buffer is then freed and a new one
+/// dispatches and combines exactly.
+fn kinds_body(pe: &Pe) -> Result<()> {
+    let n = pe.n_pes();
+    let me = pe.my_pe();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let c = cfg(n, EpMode::Capturable { capacity: 40 });
+    let buf = GpuBuffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    let inp = inputs::<bf16>(pe, &c, n)?;
+    let st = Step {
+        case: Case::Random,
+        t: 40,
+        k: 3,
+        seed: 91,
+        i64_ids: false,
+        scale: true,
+    };
+    // A dispatch on every PE first, which PE 1 then combines alone.
+    write_inputs(pe, &c, &inp, &st)?;
+    pe.barrier_all()?;
+    let d = dispatch(pe, &s, &buf, &inp, &st)?;
+    s.synchronize()?;
+    buf.check(pe)?;
+    pe.barrier_all()?;
+    if me == 0 {
+        dispatch(pe, &s, &buf, &inp, &Step { seed: 92, ..st })?;
+    } else {
+        expert_and_combine(pe, &s, &buf, &inp, &d, st.scale)?;
+    }
+    s.synchronize()?;
+    match buf.check(pe) {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("PE {me}: expected a timeout, got {other:?}"),
+    }
+    if me == 0 {
+        assert!(
+            !buf.last_dispatch_ok(pe)?,
+            "PE 0: the dispatch passed a combine"
+        );
+    }
+    // Every stream is idle after this barrier: flags that arrived late are cleared here.
+    pe.barrier_all()?;
+    let _ = buf.check(pe);
+    pe.barrier_all()?;
+    pe.free(buf)?;
+    let buf = GpuBuffer::<bf16>::new(pe, pe.world_team(), c, &ep_tuning())?;
+    run_step(pe, &s, &c, &buf, &inp, &Step { seed: 93, ..st })?;
+    free_inputs(pe, inp)?;
+    pe.free(buf)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ep_dispatch_against_combine_times_out() {
+    on_two_pes_timing_out("dispatch against combine, 2 PEs", kinds_body);
+}

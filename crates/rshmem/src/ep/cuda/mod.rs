@@ -176,6 +176,40 @@
 //! on that PE; its peers' combine then ends in [`Error::Timeout`] (device waits time out), never
 //! in silently wrong sums.
 //!
+//! # Calls of different kinds
+//! What holds when team members make different calls (the host buffer
+//! [`crate::ep::HostBuffer`] does better: a [`Error::CollectiveMismatch`] on every PE):
+//! * **GPU MoE calls carry no call kind, and no call passes another.** Each waits only for words
+//!   in this buffer's own area that the same call writes on the peers: a dispatch for their
+//!   ready words (set to the dispatch's number), records and row counts; a pushing combine for
+//!   their combine counts; a pulling `combine_tokens` for their pull-ready words (set to the
+//!   combine's number). No other call writes them (another buffer, a device barrier, a
+//!   [`GpuColl`](crate::cuda::GpuColl) collective, a host call), so with calls in step until
+//!   then, a dispatch against a combine (or any other call) ends in device wait timeouts on
+//!   every PE that waits: [`Error::Timeout`] from [`GpuBuffer::check`] (or from a normal-mode
+//!   dispatch), nothing combined, as under "Device wait timeouts" above. It is not a
+//!   [`Error::CollectiveMismatch`], and the buffer is not usable afterwards: the PE in dispatch
+//!   counted a dispatch, the PE in combine counted a combine (and, pushing, added its rows'
+//!   signals to the peers' combine counts), so the buffer's counters differ between PEs and a
+//!   later call may time out again or pass a wait too early. The re-synchronisation above
+//!   assumes every PE made the same calls; after calls of different kinds, free the buffer
+//!   (every PE, after [`GpuBuffer::check`]) and create a new one (`tests/cuda_ep`,
+//!   `gpu_ep_dispatch_against_combine_times_out`).
+//! * **Device barriers.** [`CudaPe::barrier_on_stream`](crate::cuda::CudaPe::barrier_on_stream)
+//!   counts on a slot of its own that no collective, team barrier or MoE kernel uses: against
+//!   any of them, both sides' device waits time out. [`GpuColl::barrier`](crate::cuda::GpuColl::barrier)
+//!   and a kernel's `rshmem_team_sync_block` / `rshmem_barrier_all_block` count on the team
+//!   slot's device counters, which the collectives' barrier kernels share, and carry no
+//!   signature. Against a collective whose first barrier is a barrier kernel (the plan paths),
+//!   the barrier's members pass without an error while the collective's members get
+//!   [`Error::CollectiveMismatch`] from [`GpuColl::check_errors`](crate::cuda::GpuColl::check_errors)
+//!   and move no data; the collective's remaining barriers then pair with whatever the others
+//!   call next, so the team's device barrier counts are not in step afterwards. Against a call
+//!   that carries its signature in LL headers instead (the LL and pull paths), both sides'
+//!   device waits time out. Collectives of different kinds or arguments against each other are
+//!   a [`Error::CollectiveMismatch`] on every member with the counters in step (see
+//!   [`GpuColl`](crate::cuda::GpuColl)).
+//!
 //! # Status
 //! Run on 2x H200 (one PE per GPU, and 4 thread-PEs on the 2 GPUs), on 4x H200 and on one GPU
 //! shared by the PEs: as threads, as processes and mixed (`tests/cuda_ep.rs`, 30 tests).

@@ -151,19 +151,22 @@ impl<T: Elem> HostBuffer<T> {
             (None, true) => self.combine_token_counts(handle),
             (None, false) => self.combine_counts(handle),
         };
-        let rec = self.exchange(pe, "ep combine", |d| {
-            self.record(
-                op,
-                status,
-                handle.top_k,
-                handle.num_tokens,
-                handle.epoch,
-                &send,
-                &expect,
-                None,
-                d,
-            )
-        })?;
+        let recs: Vec<Vec<u64>> = (0..n)
+            .map(|d| {
+                self.record(
+                    op,
+                    status,
+                    handle.top_k,
+                    handle.num_tokens,
+                    handle.epoch,
+                    &send,
+                    &expect,
+                    None,
+                    d,
+                )
+            })
+            .collect();
+        let rec = self.exchange(pe, CallKind::EpCombine, &recs)?;
         self.decide(op, &rec, mine)?;
         for s in 0..n {
             for d in 0..n {

@@ -98,19 +98,22 @@ impl<T: Elem> HostBuffer<T> {
         let zeros = vec![0usize; n];
         let cnt = layout.as_ref().map_or(&zeros[..], |l| l.tokens_per_pe());
         let tokens = layout.as_ref().map_or(0, |l| l.num_tokens());
-        let rec = self.exchange(pe, "ep dispatch", |d| {
-            self.record(
-                OP_DISPATCH,
-                status,
-                top_k,
-                tokens,
-                0,
-                cnt,
-                &zeros,
-                layout.as_ref(),
-                d,
-            )
-        })?;
+        let rows: Vec<Vec<u64>> = (0..n)
+            .map(|d| {
+                self.record(
+                    OP_DISPATCH,
+                    status,
+                    top_k,
+                    tokens,
+                    0,
+                    cnt,
+                    &zeros,
+                    layout.as_ref(),
+                    d,
+                )
+            })
+            .collect();
+        let rec = self.exchange(pe, CallKind::EpDispatch, &rows)?;
         self.decide(OP_DISPATCH, &rec, mine)?;
         self.check_capacity("ep dispatch", &rec)?;
         let layout = layout.ok_or_else(|| Error::invalid("ep: internal: no layout"))?;

@@ -1,6 +1,7 @@
-//! The expert-parallel buffer: symmetric areas, the agreement protocol, dispatch and combine
-//! with the CPU data movement (puts from the caller's slices, signals per source). Dispatch in
-//! `dispatch`, combine in `combine`.
+//! The expert-parallel buffer: symmetric areas, the agreement (records, then one team barrier
+//! carrying the call's kind: see [`crate::ep`]), dispatch and combine with the CPU data
+//! movement (puts from the caller's slices, signals per source). Dispatch in `dispatch`,
+//! combine in `combine`.
 
 mod combine;
 mod dispatch;
@@ -10,7 +11,7 @@ use super::layout::Layout;
 use super::{check_dtype, EpConfig, EpMode, RecvLayout, TopkId};
 use crate::elem::{Cmp, Elem, ElemKind};
 use crate::error::{Error, Result};
-use crate::pe::Pe;
+use crate::pe::{CallKind, Pe};
 use crate::sym::{Signal, Sym, SymView};
 use crate::team::Team;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +77,8 @@ impl Records {
 pub struct HostBuffer<T: Elem> {
     cfg: EpConfig,
     id: u64,
+    /// The team the buffer was made for; every agreement passes its barrier.
+    team: Team,
     n: usize,
     me: usize,
     members: Vec<usize>,
@@ -115,7 +118,7 @@ struct Plan {
     comb_off: usize,
     /// `[2, n, mw]` of u64: agreement records by parity.
     rec_off: usize,
-    /// `[3n]` of u64: record signals by parity, then data signals.
+    /// `[n]` of u64: data signals, one per source.
     sig_off: usize,
     /// `[n]` of u64: rows sent by each source in the current call.
     done_off: usize,
@@ -136,7 +139,7 @@ fn plan(cfg: &EpConfig, n: usize, elem: usize) -> Result<Plan> {
         mul(mul(rows, rmw)?, 4)?,
         mul(mul(mul(cfg.max_tokens, cfg.max_topk)?, cfg.hidden)?, elem)?,
         mul(mul(2 * n, mw)?, 8)?,
-        mul(3 * n, 8)?,
+        mul(n, 8)?,
         mul(n, 8)?,
     ];
     let mut offs = [0usize; 6];
@@ -205,6 +208,7 @@ impl<T: Elem> HostBuffer<T> {
         let buf = HostBuffer {
             cfg,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            team: team.tracked_copy(),
             n,
             me,
             members: team.members().to_vec(),
@@ -259,7 +263,7 @@ impl<T: Elem> HostBuffer<T> {
         self.area.view(self.plan.rec_off, 2 * self.n * self.plan.mw)
     }
     fn sig(&self) -> Result<SymView<'_, u64>> {
-        self.area.view(self.plan.sig_off, 3 * self.n)
+        self.area.view(self.plan.sig_off, self.n)
     }
     fn done(&self) -> Result<SymView<'_, u64>> {
         self.area.view(self.plan.done_off, self.n)
@@ -289,31 +293,31 @@ impl<T: Elem> HostBuffer<T> {
 
     // ----- agreement -----
 
-    /// Puts this PE's record to every team PE and collects everyone's.
-    fn exchange(
-        &self,
-        pe: &Pe,
-        op: &'static str,
-        row: impl Fn(usize) -> Vec<u64>,
-    ) -> Result<Records> {
+    /// Puts this PE's record for each member (`rows[d]` for member `d`) into that member's
+    /// record area, passes the team barrier of `call`, and collects everyone's (the
+    /// agreement: see the module docs). When the barrier fails, the call did not happen: the
+    /// call count goes back, and after a mismatch this PE's records are cleared again.
+    fn exchange(&mut self, pe: &Pe, call: CallKind, rows: &[Vec<u64>]) -> Result<Records> {
         let n = self.n;
-        let parity = (self.epoch % 2) as usize;
+        let at = ((self.epoch % 2) as usize * n + self.me) * self.mw;
         for k in 0..n {
             let d = (self.me + k) % n;
-            let r = row(d);
-            debug_assert_eq!(r.len(), self.mw);
-            pe.put_signal(
-                &self.meta()?,
-                (parity * n + self.me) * self.mw,
-                &r,
-                Signal::set(&self.sig()?, parity * n + self.me, self.epoch),
-                self.members[d],
-            )?;
+            debug_assert_eq!(rows[d].len(), self.mw);
+            pe.put(&self.meta()?, at, &rows[d], self.members[d])?;
         }
-        for s in 0..n {
-            let (sig, at) = (self.sig()?, parity * n + s);
-            pe.wait_until_from(&sig, at, Cmp::Ge, self.epoch, self.members[s], op)?;
+        if let Err(e) = pe.team_barrier_as(&self.team, call) {
+            self.epoch -= 1;
+            if matches!(e, Error::CollectiveMismatch { .. }) {
+                // Every member saw the mismatch and reads no record of this call; a member
+                // reads this half again only after a barrier this PE reaches after the clear.
+                let zeros = vec![0u64; self.mw];
+                for d in 0..n {
+                    pe.put(&self.meta()?, at, &zeros, self.members[d])?;
+                }
+            }
+            return Err(e);
         }
+        let parity = (self.epoch % 2) as usize;
         let mut all = vec![0u64; n * self.mw];
         pe.get(&self.meta()?, parity * n * self.mw, &mut all, pe.my_pe())?;
         Ok(Records {
@@ -435,10 +439,11 @@ impl<T: Elem> HostBuffer<T> {
     }
 
     /// Waits for every source's completion signal and checks its row count.
-    fn wait_data(&self, pe: &Pe, rec: &Records, what: &str) -> Result<()> {
+    fn wait_data(&self, pe: &Pe, rec: &Records, what: &'static str) -> Result<()> {
         let n = self.n;
         for s in 0..n {
-            pe.wait_until(&self.sig()?, 2 * n + s, Cmp::Ge, self.epoch)?;
+            let from = self.members[s];
+            pe.wait_until_from(&self.sig()?, s, Cmp::Ge, self.epoch, from, what)?;
         }
         let mut done = vec![0u64; n];
         pe.get(&self.done()?, 0, &mut done, pe.my_pe())?;
@@ -460,7 +465,7 @@ impl<T: Elem> HostBuffer<T> {
             &self.done()?,
             self.me,
             &[rows as u64],
-            Signal::set(&self.sig()?, 2 * self.n + self.me, self.epoch),
+            Signal::set(&self.sig()?, self.me, self.epoch),
             self.members[d],
         )
     }

@@ -1,0 +1,171 @@
+//! The fast path of `put` and `get` on torch tensors: the operands are read here (address,
+//! bytes, dtype, device, contiguity) and the call goes straight to the library, with no Python
+//! code in between, so a call from Python costs little more than the same call from Rust.
+//! Anything unusual (not a contiguous torch tensor, `torch.bool`, dtypes or sizes that differ,
+//! another device, a PE that is not a plain in-range `int`) answers `False` and the Python layer
+//! takes its checked path, which raises the precise error. Errors of the call itself (an operand
+//! off the symmetric heap, a freed tensor) are the same on both paths: they come from the same
+//! Rust calls.
+
+use crate::world::World;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyInt, PyType};
+
+/// The torch objects the fast path needs, looked up once.
+struct Torch {
+    tensor: Py<PyType>,
+    bool_: Py<PyAny>,
+    /// `torch._C._cuda_getCurrentRawStream` (absent from CPU-only builds).
+    raw_stream: Option<Py<PyAny>>,
+}
+
+static TORCH: GILOnceCell<Option<Torch>> = GILOnceCell::new();
+
+fn torch(py: Python<'_>) -> Option<&'static Torch> {
+    TORCH
+        .get_or_init(py, || {
+            // The package imports torch where it is installed; without it there is no fast path.
+            let m = py.import("torch").ok()?;
+            let tensor = m.getattr("Tensor").ok()?.downcast_into::<PyType>().ok()?;
+            let bool_ = m.getattr("bool").ok()?;
+            let raw_stream = m
+                .getattr("_C")
+                .and_then(|c| c.getattr("_cuda_getCurrentRawStream"))
+                .ok()
+                .map(Bound::unbind);
+            Some(Torch {
+                tensor: tensor.unbind(),
+                bool_: bool_.unbind(),
+                raw_stream,
+            })
+        })
+        .as_ref()
+}
+
+/// What a call needs to know about a tensor.
+struct Operand {
+    addr: u64,
+    nbytes: usize,
+    /// The dtype object (torch's dtypes are singletons: the same dtype is the same object).
+    dtype: usize,
+    /// `get_device()`: -1 on the host.
+    device: i64,
+}
+
+/// The operand `a`, or `None` where the checked path must decide.
+fn operand(py: Python<'_>, t: &Torch, a: &Bound<'_, PyAny>) -> PyResult<Option<Operand>> {
+    if !a.is_instance(t.tensor.bind(py))? {
+        return Ok(None);
+    }
+    if !a.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
+        return Ok(None);
+    }
+    let dtype = a.getattr(intern!(py, "dtype"))?;
+    if dtype.is(t.bool_.bind(py)) {
+        return Ok(None);
+    }
+    Ok(Some(Operand {
+        addr: a.call_method0(intern!(py, "data_ptr"))?.extract()?,
+        nbytes: a.getattr(intern!(py, "nbytes"))?.extract()?,
+        dtype: dtype.as_ptr() as usize,
+        device: a.call_method0(intern!(py, "get_device"))?.extract()?,
+    }))
+}
+
+/// A plain `int` PE in `0..n`, else `None`.
+fn plain_pe(pe: &Bound<'_, PyAny>, n: usize) -> Option<usize> {
+    let i = pe.downcast_exact::<PyInt>().ok()?;
+    i.extract::<usize>().ok().filter(|&p| p < n)
+}
+
+/// A pair of operands of the same dtype and size on this world's kind of memory, with torch's
+/// current stream of their GPU on the CUDA backend (0 on the host).
+struct Pair {
+    dst: Operand,
+    src: Operand,
+    pe: usize,
+    stream: usize,
+}
+
+impl World {
+    fn pair(
+        &self,
+        py: Python<'_>,
+        dst: &Bound<'_, PyAny>,
+        src: &Bound<'_, PyAny>,
+        pe: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Pair>> {
+        let Some(t) = torch(py) else { return Ok(None) };
+        let Some(pe) = plain_pe(pe, self.world_size()) else {
+            return Ok(None);
+        };
+        let (Some(d), Some(s)) = (operand(py, t, dst)?, operand(py, t, src)?) else {
+            return Ok(None);
+        };
+        if d.dtype != s.dtype || d.nbytes != s.nbytes {
+            return Ok(None);
+        }
+        let on_gpu = d.device >= 0 && s.device == d.device;
+        let on_host = d.device < 0 && s.device < 0;
+        let stream = match (self.is_cuda(), on_gpu, on_host, &t.raw_stream) {
+            (true, true, _, Some(raw)) => {
+                if Some(d.device as usize) != self.ordinal() {
+                    return Ok(None);
+                }
+                raw.bind(py).call1((d.device,))?.extract()?
+            }
+            (false, _, true, _) => 0,
+            _ => return Ok(None),
+        };
+        Ok(Some(Pair {
+            dst: d,
+            src: s,
+            pe,
+            stream,
+        }))
+    }
+}
+
+#[pymethods]
+impl World {
+    /// `put(dst, src, pe)` on torch's current stream (CUDA) or from host memory (shm), when
+    /// the operands are plain: returns whether it ran (`False`: take the checked path).
+    fn put_fast(
+        &self,
+        py: Python<'_>,
+        dst: &Bound<'_, PyAny>,
+        src: &Bound<'_, PyAny>,
+        pe: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let Some(p) = self.pair(py, dst, src, pe)? else {
+            return Ok(false);
+        };
+        if self.is_cuda() {
+            self.put_dev(py, p.dst.addr, p.src.addr, p.dst.nbytes, p.pe, p.stream)?;
+        } else {
+            self.put(py, p.dst.addr, p.src.addr as usize, p.src.nbytes, p.pe)?;
+        }
+        Ok(true)
+    }
+
+    /// `get(dst, src, pe)` as [`put_fast`](Self::put_fast) does `put`.
+    fn get_fast(
+        &self,
+        py: Python<'_>,
+        dst: &Bound<'_, PyAny>,
+        src: &Bound<'_, PyAny>,
+        pe: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let Some(p) = self.pair(py, dst, src, pe)? else {
+            return Ok(false);
+        };
+        if self.is_cuda() {
+            self.get_dev(py, p.dst.addr, p.src.addr, p.dst.nbytes, p.pe, p.stream)?;
+        } else {
+            self.get(py, p.dst.addr as usize, p.dst.nbytes, p.src.addr, p.pe)?;
+        }
+        Ok(true)
+    }
+}
