@@ -15,7 +15,8 @@ M, H, E, K = 32, 256, 8, 4
 def inputs(rank, step, t):
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = (torch.randn(t, H, generator=g) * 4).to(torch.bfloat16)
-    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(t)])
+    perms = [torch.randperm(E, generator=g)[:K] for _ in range(t)]
+    idx = torch.stack(perms) if perms else torch.zeros(0, K, dtype=torch.int64)
     idx[torch.rand(t, K, generator=g) < 0.15] = -1          # slots without an expert
     w = torch.rand(t, K, generator=g)
     return x, idx, w
