@@ -12,6 +12,7 @@ mod errors;
 mod fast;
 mod gpu;
 mod gpu_ep;
+mod gpu_ll;
 mod ops;
 mod registry;
 mod world;
@@ -30,6 +31,9 @@ fn _rshmem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<gpu_ep::GpuEp>()?;
     m.add_class::<gpu_ep::GpuEpHandle>()?;
     m.add_class::<gpu_ep::AreaView>()?;
+    m.add_class::<gpu_ll::GpuLlEp>()?;
+    m.add_class::<gpu_ll::LlHandle>()?;
+    m.add_class::<gpu_ll::LlPending>()?;
     m.add_function(wrap_pyfunction!(world::unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(world::launched, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -127,12 +127,27 @@ def test_bad_inputs_raise_on_every_pe():
 
 def test_unsupported_modes_raise():
     def f():
-        for kw in (dict(low_latency_mode=True), dict(num_rdma_bytes=1 << 20),
-                   dict(max_tokens=0)):
+        for kw in (dict(num_rdma_bytes=1 << 20), dict(max_tokens=0)):
             with pytest.raises(rshmem.InvalidArgument):
                 Buffer(None, **kw)
-        with pytest.raises(rshmem.InvalidArgument):
-            rshmem.ep.get_low_latency_rdma_size_hint(128, 7168, 2, 256)
+        # DeepEP's low-latency construction is accepted; its calls need GPUs.
+        b = Buffer(None, 0, 1 << 30, low_latency_mode=True)
+        with pytest.raises(rshmem.InvalidArgument, match="CUDA backend"):
+            b.low_latency_dispatch(np.zeros((4, 8), np.float32), np.zeros((4, 2), np.int64), 128, 4)
+        b.destroy()
         return True
 
     assert all(run(2, f))
+
+
+def test_low_latency_size_hint_covers_the_buffers():
+    hint = rshmem.ep.get_low_latency_rdma_size_hint
+    m, h, n, e, k = 128, 7168, 2, 256, 8
+    got = hint(m, h, n, e)
+    # At least the two halves of received rows and of the combine staging, each
+    # [E/n, n*M, H] bf16, and the inputs' staging.
+    rows = (e // n) * n * m * h * 2
+    assert got >= 4 * rows + m * h * 2
+    assert hint(2 * m, h, n, e) > got and hint(m, h, n, e, num_topk=16) > got
+    with pytest.raises(rshmem.InvalidArgument):
+        hint(m, h, n, e, num_topk=0)

@@ -25,8 +25,9 @@ Differences from DeepEP (each one documented where it applies):
   ``max_tokens`` the largest token count of any PE rounded up to a power of two (at least
   64), unless the constructor's ``max_tokens`` says otherwise. A later call with more tokens,
   another hidden size, top-k, dtype or expert count raises ``InvalidArgument`` on every PE.
-* Low-latency mode (``low_latency_mode=True``, ``low_latency_dispatch``/``combine``), FP8 inputs
-  (``x`` as a tuple), ``num_worst_tokens`` and internode (RDMA) are not supported: they raise.
+* Low-latency mode (``low_latency_dispatch``/``low_latency_combine``, GPUs only) has its own
+  list of differences in ``rshmem._ep_ll``. In the normal mode FP8 inputs (``x`` as a tuple),
+  ``num_worst_tokens`` and internode (RDMA) are not supported: they raise.
 * ``previous_event``, ``async_finish``, ``allocate_on_comm_stream`` and ``config`` are accepted;
   the work is ordered on the current stream and the returned ``EventOverlap`` holds no event.
 * ``combined_topk_weights`` is each source token's own dispatched weights where a slot has an
@@ -44,6 +45,7 @@ import numpy as np
 
 from . import _arrays as A
 from . import _rshmem
+from ._ep_ll import LlHandle, LowLatency, get_low_latency_rdma_size_hint
 from ._ops import stream_ptr
 from ._world import current
 from .errors import InvalidArgument
@@ -95,7 +97,7 @@ class _Handle:
         self.recv_rows = recv_rows
 
 
-class Buffer:
+class Buffer(LowLatency):
     """A DeepEP-compatible expert-parallel communication buffer (see the module docs)."""
 
     num_sms: int = 20
@@ -108,8 +110,8 @@ class Buffer:
 
         :param group: None, or a torch.distributed group whose size equals the world's.
         :param num_nvl_bytes: accepted, ignored (rshmem sizes by tokens).
-        :param num_rdma_bytes: must be 0 (no internode transport).
-        :param low_latency_mode: must be False (no low-latency mode).
+        :param num_rdma_bytes: must be 0 unless ``low_latency_mode`` (no internode transport).
+        :param low_latency_mode: accepted; the low-latency calls work on any buffer (GPUs).
         :param num_qps_per_rank: ignored.
         :param allow_nvlink_for_low_latency_mode: ignored.
         :param allow_mnnvl: ignored.
@@ -121,9 +123,8 @@ class Buffer:
         n = self.world.n_pes
         if group is not None and hasattr(group, "size") and group.size() != n:
             raise InvalidArgument(f"group of {group.size()} ranks, the rshmem world has {n} PEs")
-        if low_latency_mode:
-            raise InvalidArgument("rshmem.ep.Buffer: low-latency mode is not supported")
-        if num_rdma_bytes:
+        # Low-latency mode: num_rdma_bytes is DeepEP's size hint, not a request for RDMA.
+        if num_rdma_bytes and not low_latency_mode:
             raise InvalidArgument("rshmem.ep.Buffer: internode (RDMA) is not supported")
         if max_tokens is not None and max_tokens < 1:
             raise InvalidArgument(f"max_tokens {max_tokens} must be at least 1")
@@ -162,6 +163,7 @@ class Buffer:
 
     def destroy(self) -> None:
         """Collectively releases the symmetric memory (every PE calls it)."""
+        self._ll_destroy()
         self._views = {}
         if self._native is not None:
             self._native.free()
@@ -476,9 +478,4 @@ class Buffer:
         return outs[:t].clone()
 
 
-def get_low_latency_rdma_size_hint(*args: Any, **kwargs: Any) -> int:
-    """Low-latency mode is not supported: always raises."""
-    raise InvalidArgument("rshmem.ep: low-latency mode is not supported")
-
-
-__all__ = ["Buffer", "Config", "EventOverlap"]
+__all__ = ["Buffer", "Config", "EventOverlap", "LlHandle", "get_low_latency_rdma_size_hint"]

@@ -142,6 +142,14 @@ pub struct LlDispatchOpts {
 #[must_use = "a sent dispatch must be received (dispatch_recv)"]
 pub struct LlDispatchSent(LlDispatch);
 
+impl LlDispatchSent {
+    /// The dispatch this send belongs to: which half its outputs will be in (they hold its
+    /// rows only after [`LowLatencyBuffer::dispatch_recv`] has run on the stream).
+    pub fn dispatch(&self) -> &LlDispatch {
+        &self.0
+    }
+}
+
 /// A dispatch received (or queued to be): which half of the buffer holds its outputs, and what
 /// [`LowLatencyBuffer::combine`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
