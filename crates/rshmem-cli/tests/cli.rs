@@ -128,8 +128,9 @@ fn bad_arguments_fail_cleanly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("RSHMEM_TIMEOUT"));
 }
 
-/// `rshmem compile` fills the kernel cache with every module rshmem loads (10: internal,
-/// collectives, 6 MoE variants, and rshmem-bench's point-to-point kernels and MoE baseline),
+/// `rshmem compile` fills the kernel cache with every module rshmem loads (11: internal,
+/// collectives, 6 MoE variants, the low-latency MoE kernels, and rshmem-bench's point-to-point
+/// kernels and MoE baseline),
 /// each a non-empty cubin named for its architecture; a second
 /// run finds them all there and adds none. Needs NVRTC (CI has it; elsewhere it says so).
 #[test]
@@ -152,12 +153,13 @@ fn compile_fills_the_kernel_cache() {
     }
     assert!(out.status.success(), "{err}");
     let s = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(s.lines().count(), 10, "{s}");
+    assert_eq!(s.lines().count(), 11, "{s}");
     for m in [
         "internal:",
         "coll:",
         "ep (bfloat16, int32):",
         "ep (half, int64):",
+        "ep low latency:",
         "bench p2p:",
         "bench ep baseline (bf16, i32):",
     ] {
@@ -176,7 +178,7 @@ fn compile_fills_the_kernel_cache() {
         v
     };
     let first = files();
-    assert_eq!(first.len(), 10, "{first:?}");
+    assert_eq!(first.len(), 11, "{first:?}");
     assert!(first
         .iter()
         .all(|(n, len)| n.ends_with("-sm_90.cubin") && *len > 0));
