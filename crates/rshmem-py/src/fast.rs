@@ -128,6 +128,21 @@ impl World {
     }
 }
 
+impl World {
+    /// Runs `op` on the plain pair, if it is one: whether it ran.
+    fn with_pair(
+        &self,
+        py: Python<'_>,
+        (dst, src, pe): (&Bound<'_, PyAny>, &Bound<'_, PyAny>, &Bound<'_, PyAny>),
+        op: impl FnOnce(Pair) -> PyResult<()>,
+    ) -> PyResult<bool> {
+        match self.pair(py, dst, src, pe)? {
+            Some(p) => op(p).map(|()| true),
+            None => Ok(false),
+        }
+    }
+}
+
 #[pymethods]
 impl World {
     /// `put(dst, src, pe)` on torch's current stream (CUDA) or from host memory (shm), when
@@ -139,15 +154,13 @@ impl World {
         src: &Bound<'_, PyAny>,
         pe: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        let Some(p) = self.pair(py, dst, src, pe)? else {
-            return Ok(false);
-        };
-        if self.is_cuda() {
-            self.put_dev(py, p.dst.addr, p.src.addr, p.dst.nbytes, p.pe, p.stream)?;
-        } else {
-            self.put(py, p.dst.addr, p.src.addr as usize, p.src.nbytes, p.pe)?;
-        }
-        Ok(true)
+        self.with_pair(py, (dst, src, pe), |p| {
+            if self.is_cuda() {
+                self.put_dev(py, p.dst.addr, p.src.addr, p.dst.nbytes, p.pe, p.stream)
+            } else {
+                self.put(py, p.dst.addr, p.src.addr as usize, p.src.nbytes, p.pe)
+            }
+        })
     }
 
     /// `get(dst, src, pe)` as [`put_fast`](Self::put_fast) does `put`.
@@ -158,14 +171,12 @@ impl World {
         src: &Bound<'_, PyAny>,
         pe: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        let Some(p) = self.pair(py, dst, src, pe)? else {
-            return Ok(false);
-        };
-        if self.is_cuda() {
-            self.get_dev(py, p.dst.addr, p.src.addr, p.dst.nbytes, p.pe, p.stream)?;
-        } else {
-            self.get(py, p.dst.addr as usize, p.dst.nbytes, p.src.addr, p.pe)?;
-        }
-        Ok(true)
+        self.with_pair(py, (dst, src, pe), |p| {
+            if self.is_cuda() {
+                self.get_dev(py, p.dst.addr, p.src.addr, p.dst.nbytes, p.pe, p.stream)
+            } else {
+                self.get(py, p.dst.addr as usize, p.dst.nbytes, p.src.addr, p.pe)
+            }
+        })
     }
 }
