@@ -50,12 +50,18 @@ struct Operand {
     nbytes: usize,
     /// The dtype object (torch's dtypes are singletons: the same dtype is the same object).
     dtype: usize,
-    /// `get_device()`: -1 on the host.
+    /// `get_device()`: -1 on the host (asked on the host backend only).
     device: i64,
 }
 
-/// The operand `a`, or `None` where the checked path must decide.
-fn operand(py: Python<'_>, t: &Torch, a: &Bound<'_, PyAny>) -> PyResult<Option<Operand>> {
+/// The operand `a`, or `None` where the checked path must decide. `device` is asked only
+/// where `ask_device` (on the CUDA backend an address on the heap settles the device).
+fn operand(
+    py: Python<'_>,
+    t: &Torch,
+    a: &Bound<'_, PyAny>,
+    ask_device: bool,
+) -> PyResult<Option<Operand>> {
     if !a.is_instance(t.tensor.bind(py))? {
         return Ok(None);
     }
@@ -70,7 +76,11 @@ fn operand(py: Python<'_>, t: &Torch, a: &Bound<'_, PyAny>) -> PyResult<Option<O
         addr: a.call_method0(intern!(py, "data_ptr"))?.extract()?,
         nbytes: a.getattr(intern!(py, "nbytes"))?.extract()?,
         dtype: dtype.as_ptr() as usize,
-        device: a.call_method0(intern!(py, "get_device"))?.extract()?,
+        device: if ask_device {
+            a.call_method0(intern!(py, "get_device"))?.extract()?
+        } else {
+            0
+        },
     }))
 }
 
@@ -101,22 +111,23 @@ impl World {
         let Some(pe) = plain_pe(pe, self.world_size()) else {
             return Ok(None);
         };
-        let (Some(d), Some(s)) = (operand(py, t, dst)?, operand(py, t, src)?) else {
+        let cuda = self.is_cuda();
+        let (Some(d), Some(s)) = (operand(py, t, dst, !cuda)?, operand(py, t, src, !cuda)?) else {
             return Ok(None);
         };
         if d.dtype != s.dtype || d.nbytes != s.nbytes {
             return Ok(None);
         }
-        let on_gpu = d.device >= 0 && s.device == d.device;
-        let on_host = d.device < 0 && s.device < 0;
-        let stream = match (self.is_cuda(), on_gpu, on_host, &t.raw_stream) {
-            (true, true, _, Some(raw)) => {
-                if Some(d.device as usize) != self.ordinal() {
+        let stream = match (cuda, self.ordinal(), &t.raw_stream) {
+            // Both operands must be symmetric, so on this PE's GPU: an address outside the
+            // heap (another device, host memory) goes to the checked path and its error.
+            (true, Some(dev), Some(raw)) => {
+                if !self.on_heap(d.addr, d.nbytes) || !self.on_heap(s.addr, s.nbytes) {
                     return Ok(None);
                 }
-                raw.bind(py).call1((d.device,))?.extract()?
+                raw.bind(py).call1((dev,))?.extract()?
             }
-            (false, _, true, _) => 0,
+            (false, _, _) if d.device < 0 && s.device < 0 => 0,
             _ => return Ok(None),
         };
         Ok(Some(Pair {

@@ -4,7 +4,7 @@
 
 use crate::coll::elems;
 use crate::elem::{kind, reduce_op, with_elem};
-use crate::errors::invalid;
+use crate::errors::{invalid, IntoPy};
 use crate::ops::{signal_op, sym};
 use crate::world::{Live, World};
 use pyo3::prelude::*;
@@ -60,6 +60,24 @@ impl World {
         })
     }
 
+    /// Runs `f`, which only enqueues work on a stream (it never waits for a peer), with the
+    /// PE's CUDA side: the GIL is kept where this process has no other PE (releasing and
+    /// taking it back is a good part of such a call's cost from Python), else released (a
+    /// stream whose queue is full blocks the call, and a thread-PE that the stream waits for
+    /// may need the GIL to get there).
+    fn enqueue_cuda<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl for<'a> FnOnce(&'a Pe, CudaPe<'a>) -> rshmem::Result<R> + Send,
+    ) -> PyResult<R> {
+        if !crate::world::only_pe_in_process() {
+            return self.run_cuda(py, f);
+        }
+        let l = self.live().py()?;
+        let pe = l.get().borrow_owner();
+        CudaPe::new(pe).and_then(|g| f(pe, g)).py()
+    }
+
     /// Runs `f` with the PE's CUDA side only (no collectives made), the GIL released.
     fn run_cuda<R: Send>(
         &self,
@@ -88,7 +106,7 @@ impl World {
         pe: usize,
         stream_ptr: usize,
     ) -> PyResult<()> {
-        self.run_cuda(py, |_, g| {
+        self.enqueue_cuda(py, |_, g| {
             let h = self.hold(&[(dst, nbytes, "destination"), (src, nbytes, "source")])?;
             let gd = h.guards();
             let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;
@@ -134,7 +152,7 @@ impl World {
         pe: usize,
         stream_ptr: usize,
     ) -> PyResult<()> {
-        self.run_cuda(py, |_, g| {
+        self.enqueue_cuda(py, |_, g| {
             let h = self.hold(&[(dst, nbytes, "destination"), (src, nbytes, "source")])?;
             let gd = h.guards();
             let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;

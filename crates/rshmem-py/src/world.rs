@@ -62,6 +62,33 @@ pub struct World {
     /// This PE's GPU ordinal (CUDA backend).
     ordinal: Option<usize>,
     ended: AtomicBool,
+    _count: PeCount,
+}
+
+/// PEs of this process whose `World` object exists.
+static PES_IN_PROCESS: AtomicUsize = AtomicUsize::new(0);
+
+/// One count in [`PES_IN_PROCESS`] while its `World` exists (over-counting a finalized PE
+/// only makes calls release the GIL where they need not).
+struct PeCount;
+
+impl PeCount {
+    fn new() -> PeCount {
+        PES_IN_PROCESS.fetch_add(1, Ordering::Relaxed);
+        PeCount
+    }
+}
+
+impl Drop for PeCount {
+    fn drop(&mut self) {
+        PES_IN_PROCESS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether this process holds one PE only: then no other PE's thread here needs the GIL to
+/// make progress, so a call that only enqueues work on a stream may keep it.
+pub(crate) fn only_pe_in_process() -> bool {
+    PES_IN_PROCESS.load(Ordering::Relaxed) == 1
 }
 
 /// An in-process hub that `n` Python threads join, one PE each (thread mode).
@@ -152,6 +179,7 @@ impl World {
             cuda,
             ordinal,
             ended: AtomicBool::new(false),
+            _count: PeCount::new(),
         })
     }
 
@@ -496,6 +524,12 @@ impl World {
             Some(p) => self.peer_address(l.get(), &loc.block, loc.offset, p).py()?,
         };
         Export::new(py, loc.block, l.arc(), at, shape, typestr, self.cuda)
+    }
+
+    /// Whether `[addr, addr + nbytes)` lies inside one live symmetric allocation of this PE.
+    pub(crate) fn on_heap(&self, addr: u64, nbytes: usize) -> bool {
+        let reg = self.reg.lock().unwrap_or_else(|e| e.into_inner());
+        reg.locate(addr, nbytes, "").is_ok()
     }
 
     /// (address, bytes) of the live allocation holding `[addr, addr + nbytes)`.

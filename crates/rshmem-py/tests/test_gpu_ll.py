@@ -1,8 +1,9 @@
-"""DeepEP's low-latency pair (rshmem.ep.Buffer.low_latency_dispatch / low_latency_combine)
-under torchrun with 2 processes: bf16 and FP8 rows, hooks with work between send and
-receive, empty and uneven token counts, identity experts through combine, the cumulative
-statistics; every value checked against a reference (tests/gpu_ll_worker.py). Two processes
-share the GPU where there is one. Skipped without torch or without a CUDA GPU."""
+"""rshmem.ep.Buffer under torchrun with 2 processes: the normal pair (tests/gpu_ep_worker.py)
+and DeepEP's low-latency pair (low_latency_dispatch / low_latency_combine): bf16 and FP8 rows,
+hooks with work between send and receive, empty and uneven token counts, identity experts
+through combine, the cumulative statistics; every value checked against a reference
+(tests/gpu_ll_worker.py). Two processes share the GPU where there is one. Skipped without
+torch or without a CUDA GPU."""
 
 import os
 import subprocess
@@ -24,6 +25,21 @@ def test_low_latency_dispatch_combine_under_torchrun():
     env = clean_env()
     port = free_port_pair()
     worker = Path(__file__).parent / "gpu_ll_worker.py"
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(port), str(worker)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+        cwd=os.path.dirname(worker))
+    assert r.returncode == 0, r.stdout
+    assert r.stdout.count("OK rank") == 2, r.stdout
+
+
+def test_normal_dispatch_combine_under_torchrun():
+    """Normal mode through rshmem.ep.Buffer (tests/gpu_ep_worker.py): staged and in-place
+    inputs, a rank without tokens, exact outputs."""
+    env = clean_env()
+    port = free_port_pair()
+    worker = Path(__file__).parent / "gpu_ep_worker.py"
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(port), str(worker)],

@@ -33,9 +33,14 @@ Differences from DeepEP (each one documented where it applies):
 * ``combined_topk_weights`` is each source token's own dispatched weights where a slot has an
   expert (0 elsewhere): what DeepEP's sum of ``recv_topk_weights`` over ranks gives; weights
   passed to ``combine`` are checked for shape only.
-* Every input may live anywhere: on GPUs they are copied into the buffer's symmetric staging
-  tensors (one copy of ``x``; ``dispatch`` then waits on the host for the counts, as DeepEP's
-  normal mode does).
+* Every input may live anywhere. On GPUs, inputs that are contiguous symmetric tensors of the
+  right dtype (``rshmem.empty``) are used in place; others are copied into the buffer's
+  symmetric staging tensors first (one copy of ``x``). ``dispatch`` waits on the host for the
+  counts, as DeepEP's normal mode does. ``recv_x`` is packed from the buffer's receive area
+  (one copy of the received rows), and ``combine`` copies ``x`` into the area's layout (one
+  copy): rshmem's kernels keep each source's rows at a fixed offset.
+* ``num_recv_tokens_per_expert_list`` counts (token, top-k slot) pairs per local expert, as
+  DeepEP's layout counts do (a token naming one expert twice counts twice).
 * numpy arrays work in place of CPU tensors (the ``shm`` backend).
 """
 
@@ -89,12 +94,13 @@ class _Handle:
     """What dispatch hands to combine (opaque to callers, as DeepEP's handle tuple)."""
 
     def __init__(self, native: Any, topk_idx: Any, topk_weights: Any, num_tokens: int,
-                 recv_rows: Any = None) -> None:
+                 segments: Optional[List[Tuple[int, int]]] = None) -> None:
         self.native = native
         self.topk_idx = topk_idx
         self.topk_weights = topk_weights
         self.num_tokens = num_tokens
-        self.recv_rows = recv_rows
+        # GPU: (first receive-area row, rows) per source PE with rows, in recv_x's order.
+        self.segments = segments
 
 
 class Buffer(LowLatency):
@@ -285,31 +291,25 @@ class Buffer(LowLatency):
             out = self._dispatch_gpu(x, topk_idx, topk_weights, t, k)
         else:
             out = self._dispatch_host(x, topk_idx, topk_weights, xi, ii, wi, t, k)
-        recv_x, recv_idx, recv_w, native, rows = out
-        hd = _Handle(native, topk_idx, topk_weights, t, rows)
+        recv_x, recv_idx, recv_w, native, segments = out
+        hd = _Handle(native, topk_idx, topk_weights, t, segments)
         if cached:
             return recv_x, None, None, None, hd, EventOverlap()
-        recv_idx = recv_idx.astype(topk_idx.dtype) if isinstance(recv_idx, np.ndarray) else \
-            recv_idx.to(topk_idx.dtype)
-        counts = self._tokens_per_local_expert(recv_idx)
+        if isinstance(recv_idx, np.ndarray):
+            recv_idx = recv_idx.astype(topk_idx.dtype)
+            counts = self._tokens_per_local_expert(recv_idx)
+        else:
+            recv_idx = recv_idx.to(topk_idx.dtype)
+            # Read back with the receive counts (no second host synchronisation).
+            counts = list(native.expert_counts)
         counts = [-(-c // expert_alignment) * expert_alignment for c in counts]
         return recv_x, recv_idx, recv_w, counts, hd, EventOverlap()
 
     def _tokens_per_local_expert(self, recv_idx: Any) -> List[int]:
-        """Received tokens per local expert (a token with an expert twice counts once), with
-        one host read."""
+        """(token, slot) pairs per local expert of the host path's ``recv_idx``."""
         el = self.num_experts // self.group_size
-        r = recv_idx.shape[0]
-        if isinstance(recv_idx, np.ndarray):
-            hit = np.zeros((r, el + 1), bool)
-            np.put_along_axis(hit, np.where(recv_idx >= 0, recv_idx, el), True, axis=1)
-            return [int(c) for c in hit[:, :el].sum(0)]
-        import torch
-
-        hit = torch.zeros((r, el + 1), dtype=torch.bool, device=recv_idx.device)
-        ids = torch.where(recv_idx >= 0, recv_idx, torch.full_like(recv_idx, el)).long()
-        hit.scatter_(1, ids, True)
-        return [int(c) for c in hit[:, :el].sum(0).tolist()]
+        ids = recv_idx[recv_idx >= 0].astype(np.int64)
+        return [int(c) for c in np.bincount(ids, minlength=el)[:el]]
 
     def _ensure(self, dtype: str, t: int, h: int, k: int, cuda: bool) -> None:
         """Makes the native buffer at the first dispatch (collective), sized for this call."""
@@ -329,6 +329,7 @@ class Buffer(LowLatency):
         w = self.world
         if cuda:
             self._native = _rshmem.GpuEp(w, dtype, self.num_experts, mt, h, k, True, None)
+            self._cap = self._native.areas()[3]
             self._make_stage(dtype, mt, h, k)
         else:
             self._native = _rshmem.HostEp(w, dtype, self.num_experts, mt, h, k, True, None)
@@ -379,31 +380,47 @@ class Buffer(LowLatency):
             self._views[which] = t
         return t.view(dtype)
 
+    def _symmetric(self, a: Any, stage: Any, n: int) -> Any:
+        """``a`` itself where it is a contiguous symmetric tensor of ``stage``'s dtype, else
+        ``stage`` holding a copy of ``a`` in its first ``n`` rows."""
+        if a.dtype == stage.dtype and a.is_contiguous() and \
+                self.world.on_heap(a.data_ptr(), a.nbytes):
+            return a
+        stage[:n].copy_(a)
+        return stage
+
     def _dispatch_gpu(self, x: Any, topk_idx: Any, topk_weights: Any, t: int,
                       k: int) -> Tuple[Any, ...]:
         import torch
 
         w = self.world
         xs, ids, wts, _, _ = self._stage
-        xs[:t].copy_(x)
-        ids[:t].copy_(topk_idx)
-        wts[:t].copy_(topk_weights)
+        if topk_idx.dtype == torch.int32 and topk_idx.is_contiguous() and \
+                w.on_heap(topk_idx.data_ptr(), topk_idx.nbytes):
+            ids, id_dtype = topk_idx, "int32"
+        else:
+            ids, id_dtype = self._symmetric(topk_idx, ids, t), "int64"
+        xs = self._symmetric(x, xs, t)
+        wts = self._symmetric(topk_weights, wts, t)
         es = xs.element_size()
-        hd = self._native.dispatch((xs.data_ptr(), t * x.shape[1] * es),
-                                   (ids.data_ptr(), t * k * 8), "int64",
+        h = x.shape[1]
+        hd = self._native.dispatch((xs.data_ptr(), t * h * es),
+                                   (ids.data_ptr(), t * k * ids.element_size()), id_dtype,
                                    (wts.data_ptr(), t * k * 4), t, k, stream_ptr(w, None))
         counts = hd.recv_tokens_per_pe
         if counts is None:
             raise InvalidArgument("rshmem.ep.Buffer.dispatch cannot run under graph capture")
-        cap = self._native.areas()[3]
-        dev = xs.device
-        rows = torch.cat([torch.arange(s * cap, s * cap + c, device=dev)
-                          for s, c in enumerate(counts)]) if counts else \
-            torch.zeros(0, dtype=torch.int64, device=dev)
-        h = x.shape[1]
-        recv_x = self._area("recv_x", xs.dtype).view(-1, h).index_select(0, rows)
+        cap = self._cap
+        segments = [(s * cap, c) for s, c in enumerate(counts) if c]
         kmax = self._key[2]
-        rec = self._area("records", torch.int32).view(-1, 1 + 2 * kmax).index_select(0, rows)
+        area = self._area("recv_x", xs.dtype).view(-1, h)
+        records = self._area("records", torch.int32).view(-1, 1 + 2 * kmax)
+        if segments:
+            # One copy each: the received rows packed in recv_x's order (by source PE).
+            recv_x = torch.cat([area[a:a + c] for a, c in segments])
+            rec = torch.cat([records[a:a + c] for a, c in segments])
+        else:
+            recv_x, rec = area[:0].clone(), records[:0].clone()
         gid = rec[:, 1:1 + k].to(torch.int64)
         wt = rec[:, 1 + kmax:1 + kmax + k].contiguous().view(torch.float32)
         el = self.num_experts // self.group_size
@@ -411,7 +428,7 @@ class Buffer(LowLatency):
         mine = (gid >= lo) & (gid < lo + el)
         local = torch.where(mine, gid - lo, torch.full_like(gid, -1))
         wt = torch.where(mine, wt, torch.zeros_like(wt))
-        return recv_x, local, wt, hd, rows
+        return recv_x, local, wt, hd, segments
 
     # ----- combine -----
 
@@ -466,11 +483,14 @@ class Buffer(LowLatency):
     def _combine_gpu(self, x: Any, handle: _Handle) -> Any:
         w = self.world
         _, _, _, ys, outs = self._stage
-        if x.shape[0] != handle.recv_rows.shape[0]:
-            raise InvalidArgument(
-                f"combine: x has {x.shape[0]} rows, the dispatch received {handle.recv_rows.shape[0]}"
-            )
-        ys.index_copy_(0, handle.recv_rows, x)
+        received = sum(c for _, c in handle.segments)
+        if x.shape[0] != received:
+            raise InvalidArgument(f"combine: x has {x.shape[0]} rows, the dispatch received {received}")
+        # Each source's rows back at its offset of the receive area's layout (one copy each).
+        at = 0
+        for a, c in handle.segments:
+            ys[a:a + c].copy_(x[at:at + c])
+            at += c
         t = handle.num_tokens
         es = ys.element_size()
         self._native.combine(handle.native, (ys.data_ptr(), ys.numel() * es),
