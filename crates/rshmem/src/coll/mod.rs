@@ -85,6 +85,10 @@ pub struct CollConfig {
     pub two_shot_bytes: usize,
     /// Most bytes per copy or reduce step (`RSHMEM_COLL_CHUNK`, default 256 KiB).
     pub chunk_bytes: usize,
+    /// On teams that span nodes (with a node of more than one member), all_reduce,
+    /// all_gather and broadcast run the hierarchical plans of [`plan::hier`]
+    /// (`RSHMEM_COLL_HIER`, default on). Alike on every PE (checked).
+    pub hierarchical: bool,
 }
 
 impl Default for CollConfig {
@@ -93,6 +97,7 @@ impl Default for CollConfig {
             algo: None,
             two_shot_bytes: 256 << 10,
             chunk_bytes: 256 << 10,
+            hierarchical: true,
         }
     }
 }
@@ -110,6 +115,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_COLL_CHUNK",
         "bytes per copy/reduce step of the collectives, default 256K",
+    ),
+    (
+        "RSHMEM_COLL_HIER",
+        "1 | 0: hierarchical plans on teams spanning nodes, default 1",
     ),
 ];
 
@@ -142,6 +151,17 @@ impl CollConfig {
         if c.chunk_bytes == 0 {
             return Err(Error::invalid("RSHMEM_COLL_CHUNK must be at least 1 byte"));
         }
+        if let Some(v) = env("RSHMEM_COLL_HIER") {
+            c.hierarchical = match v.trim() {
+                "1" | "on" | "true" => true,
+                "0" | "off" | "false" => false,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "RSHMEM_COLL_HIER={v:?}: expected 1 or 0"
+                    )))
+                }
+            };
+        }
         Ok(c)
     }
     /// Forces an algorithm (`None`: by size).
@@ -153,6 +173,20 @@ impl CollConfig {
     pub fn two_shot_bytes(mut self, b: usize) -> Self {
         self.two_shot_bytes = b;
         self
+    }
+    /// Turns the hierarchical plans on teams spanning nodes on or off.
+    pub fn hierarchical(mut self, on: bool) -> Self {
+        self.hierarchical = on;
+        self
+    }
+    /// True when a `kind` call on a team placed as `nodes` runs a hierarchical plan.
+    pub fn is_hierarchical(&self, kind: CollKind, nodes: &crate::NodeMap) -> bool {
+        self.hierarchical
+            && nodes.is_hierarchical()
+            && matches!(
+                kind,
+                CollKind::AllReduce | CollKind::AllGather | CollKind::Broadcast
+            )
     }
     /// Sets the chunk size in bytes (at least one element is used).
     pub fn chunk_bytes(mut self, b: usize) -> Self {
@@ -207,6 +241,7 @@ mod tests {
             ("RSHMEM_COLL_TWO_SHOT_BYTES", "big"),
             ("RSHMEM_COLL_CHUNK", "1.5K"),
             ("RSHMEM_COLL_CHUNK", "0"),
+            ("RSHMEM_COLL_HIER", "maybe"),
         ] {
             std::env::set_var(var, v);
             let r = CollConfig::from_env();
@@ -219,16 +254,25 @@ mod tests {
         std::env::set_var("RSHMEM_COLL_ALGO", "two_shot");
         std::env::set_var("RSHMEM_COLL_CHUNK", "2K");
         std::env::set_var("RSHMEM_COLL_TWO_SHOT_BYTES", "0");
+        std::env::set_var("RSHMEM_COLL_HIER", "0");
         let c = CollConfig::from_env();
         for var in [
             "RSHMEM_COLL_ALGO",
             "RSHMEM_COLL_CHUNK",
             "RSHMEM_COLL_TWO_SHOT_BYTES",
+            "RSHMEM_COLL_HIER",
         ] {
             std::env::remove_var(var);
         }
         let c = c.unwrap();
         assert_eq!(c.choose(CollKind::AllReduce, 1), Algo::TwoShot);
         assert_eq!(c.chunk_elems(4), 512);
+        assert!(!c.hierarchical);
+        let nodes = crate::NodeMap::from_nodes(&[0, 0, 1, 1]);
+        assert!(!c.is_hierarchical(CollKind::AllReduce, &nodes));
+        let d = CollConfig::default();
+        assert!(d.is_hierarchical(CollKind::AllReduce, &nodes));
+        assert!(!d.is_hierarchical(CollKind::AllToAll, &nodes));
+        assert!(!d.is_hierarchical(CollKind::AllReduce, &crate::NodeMap::from_nodes(&[0, 0])));
     }
 }

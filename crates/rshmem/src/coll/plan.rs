@@ -19,6 +19,8 @@
 //!   `chunk / n` (n inputs each), which bounds an executor's staging memory to about two chunks
 //!   and gives a GPU executor its pipeline units.
 
+pub mod hier;
+
 /// How a collective moves its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algo {
@@ -158,6 +160,22 @@ pub enum Step {
         /// Elements.
         len: usize,
     },
+    /// As `Reduce`, over the members of [`Plan::groups`]`[group]` only, folded in that
+    /// order (hierarchical plans: the members of one node, or one member per node).
+    ReduceGroup {
+        /// Index into [`Plan::groups`].
+        group: usize,
+        /// Buffer read on every member of the group.
+        from: Buf,
+        /// First element read.
+        from_at: usize,
+        /// Buffer written (this member's).
+        to: Buf,
+        /// First element written.
+        to_at: usize,
+        /// Elements.
+        len: usize,
+    },
 }
 
 /// Who plans: the team size, this member, the buffers' relation, the chunk size.
@@ -186,6 +204,8 @@ pub struct Plan {
     pub temp_len: usize,
     /// The steps, starting with a [`Step::Sync`]; every member's plan has as many syncs.
     pub steps: Vec<Step>,
+    /// Member lists the [`Step::ReduceGroup`] steps fold over (empty in flat plans).
+    pub groups: Vec<Vec<usize>>,
 }
 
 impl Plan {
@@ -216,6 +236,7 @@ pub fn part(k: usize, n: usize, count: usize) -> (usize, usize) {
 struct Builder {
     shape: Shape,
     steps: Vec<Step>,
+    groups: Vec<Vec<usize>>,
     temp_len: usize,
     /// The steps after the last sync touch only this member's memory: no final sync needed.
     local_tail: bool,
@@ -229,6 +250,7 @@ impl Builder {
                 ..shape
             },
             steps: vec![Step::Sync],
+            groups: Vec::new(),
             temp_len: 0,
             local_tail: false,
         }
@@ -274,6 +296,36 @@ impl Builder {
             });
         }
     }
+    /// As `reduce` over `members` only (in that order).
+    fn reduce_group(
+        &mut self,
+        members: Vec<usize>,
+        from: Buf,
+        from_at: usize,
+        to: Buf,
+        to_at: usize,
+        len: usize,
+    ) {
+        self.note_temp(to, to_at + len);
+        let c = (self.shape.chunk / members.len().max(1)).max(1);
+        let group = match self.groups.iter().position(|g| *g == members) {
+            Some(g) => g,
+            None => {
+                self.groups.push(members);
+                self.groups.len() - 1
+            }
+        };
+        for o in (0..len).step_by(c) {
+            self.steps.push(Step::ReduceGroup {
+                group,
+                from,
+                from_at: from_at + o,
+                to,
+                to_at: to_at + o,
+                len: c.min(len - o),
+            });
+        }
+    }
     /// True when the two buffers are the same memory on this member.
     fn same(&self, a: Buf, b: Buf) -> bool {
         a == b || (self.shape.in_place && a != Buf::Temp && b != Buf::Temp)
@@ -293,6 +345,7 @@ impl Builder {
             shape: self.shape,
             temp_len: self.temp_len,
             steps: self.steps,
+            groups: self.groups,
         }
     }
 }
@@ -526,6 +579,20 @@ mod tests {
                                 }
                                 writes.push((m, self.obj(to), to_at..to_at + len));
                             }
+                            Step::ReduceGroup {
+                                group,
+                                from,
+                                from_at,
+                                to,
+                                to_at,
+                                len,
+                            } => {
+                                assert_ne!(from, Buf::Temp);
+                                for &p in &plans[m].groups[group] {
+                                    reads.push((m, p, self.obj(from), from_at..from_at + len));
+                                }
+                                writes.push((m, self.obj(to), to_at..to_at + len));
+                            }
                             Step::Sync => unreachable!(),
                         }
                     }
@@ -567,6 +634,23 @@ mod tests {
                             } => {
                                 let mut acc = self.read(0, from, from_at, len, &temp);
                                 for p in 1..n {
+                                    let x = self.read(p, from, from_at, len, &temp);
+                                    for (a, b) in acc.iter_mut().zip(x) {
+                                        *a = a.wrapping_add(b);
+                                    }
+                                }
+                                self.write(m, to, to_at, &acc, &mut temp);
+                            }
+                            Step::ReduceGroup {
+                                group,
+                                from,
+                                from_at,
+                                to,
+                                to_at,
+                                len,
+                            } => {
+                                let mut acc = vec![0i64; len];
+                                for &p in &plans[m].groups[group] {
                                     let x = self.read(p, from, from_at, len, &temp);
                                     for (a, b) in acc.iter_mut().zip(x) {
                                         *a = a.wrapping_add(b);
@@ -714,6 +798,161 @@ mod tests {
         }
     }
 
+    /// Runs the hierarchical plan of `kind` on the model for members on `nodes`.
+    fn model_hier(
+        kind: CollKind,
+        nodes: &crate::team::NodeMap,
+        count: usize,
+        in_place: bool,
+        chunk: usize,
+        root: usize,
+    ) -> (Vec<Vec<i64>>, Vec<Plan>) {
+        let n = nodes.n_pes();
+        let len = match kind {
+            CollKind::AllGather => n * count,
+            _ => count,
+        };
+        let mut md = Model {
+            n,
+            in_place,
+            src: (0..n)
+                .map(|m| (0..len).map(|i| input(m, i)).collect())
+                .collect(),
+            dst: (0..n).map(|_| vec![-1; len]).collect(),
+        };
+        if in_place && kind == CollKind::AllGather {
+            for m in 0..n {
+                let v: Vec<i64> = (0..count).map(|i| input(m, i)).collect();
+                md.src[m][m * count..(m + 1) * count].copy_from_slice(&v);
+            }
+        }
+        let plans: Vec<Plan> = (0..n)
+            .map(|me| {
+                let s = Shape {
+                    n,
+                    me,
+                    in_place,
+                    chunk,
+                };
+                match kind {
+                    CollKind::AllReduce => hier::all_reduce(s, nodes, count),
+                    CollKind::AllGather => hier::all_gather(s, nodes, count),
+                    CollKind::Broadcast => hier::broadcast(s, nodes, root, count),
+                    _ => unreachable!(),
+                }
+            })
+            .collect();
+        md.run(&plans);
+        (if in_place { md.src } else { md.dst }, plans)
+    }
+
+    /// Elements member `m` reads from members of other nodes in `plan`.
+    fn cross_node_reads(plan: &Plan, nodes: &crate::team::NodeMap) -> usize {
+        let me = plan.shape.me;
+        let far = |p: usize| nodes.node(p) != nodes.node(me);
+        plan.steps
+            .iter()
+            .map(|st| match *st {
+                Step::Copy { peer, len, .. } if far(peer) => len,
+                Step::Reduce { len, .. } => len * (0..plan.shape.n).filter(|&p| far(p)).count(),
+                Step::ReduceGroup { group, len, .. } => {
+                    len * plan.groups[group].iter().filter(|&&p| far(p)).count()
+                }
+                _ => 0,
+            })
+            .sum()
+    }
+
+    #[test]
+    fn hierarchical_plans_are_correct_hazard_free_and_cross_less() {
+        use crate::team::NodeMap;
+        let topologies: [&[usize]; 7] = [
+            &[0, 0, 1, 1],
+            &[0, 0, 1, 1, 2, 2],
+            &[0, 1, 0, 1],
+            &[0, 0, 0, 1],
+            &[0, 1, 1, 1],
+            &[0, 0, 1, 2, 2, 2],
+            &[3, 1, 3, 1, 1],
+        ];
+        for topo in topologies {
+            let nodes = NodeMap::from_nodes(topo);
+            let n = topo.len();
+            for count in [0, 1, 3, 7, 20] {
+                for in_place in [false, true] {
+                    for chunk in [1, 3, 1 << 20] {
+                        let ctx =
+                            format!("{topo:?} count {count} in_place {in_place} chunk {chunk}");
+                        let sum = |i: usize| (0..n).map(|m| input(m, i)).sum::<i64>();
+                        let (d, plans) =
+                            model_hier(CollKind::AllReduce, &nodes, count, in_place, chunk, 0);
+                        for m in 0..n {
+                            let want: Vec<i64> = (0..count).map(sum).collect();
+                            assert_eq!(d[m][..count], want[..], "all_reduce {ctx}");
+                        }
+                        // Fewer elements cross nodes than in the flat plans.
+                        if count >= 7 && chunk == 1 << 20 {
+                            let cross: usize =
+                                plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                            for algo in [Algo::OneShot, Algo::TwoShot] {
+                                let flat: usize = (0..n)
+                                    .map(|me| {
+                                        let s = Shape {
+                                            n,
+                                            me,
+                                            in_place,
+                                            chunk,
+                                        };
+                                        cross_node_reads(&all_reduce(s, count, algo), &nodes)
+                                    })
+                                    .sum();
+                                assert!(
+                                    cross < flat,
+                                    "all_reduce {ctx}: {cross} vs {algo:?} {flat}"
+                                );
+                            }
+                            assert_eq!(
+                                cross,
+                                nodes.n_nodes() * (nodes.n_nodes() - 1) * count,
+                                "{ctx}"
+                            );
+                        }
+                        let (d, plans) =
+                            model_hier(CollKind::AllGather, &nodes, count, in_place, chunk, 0);
+                        let want: Vec<i64> = (0..n * count)
+                            .map(|i| input(i / count.max(1), i % count.max(1)))
+                            .collect();
+                        for m in 0..n {
+                            assert_eq!(d[m][..n * count], want[..], "all_gather {ctx}");
+                        }
+                        let cross: usize = plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                        let per_node: usize = (0..nodes.n_nodes())
+                            .map(|k| (n - nodes.members(k).len()) * count)
+                            .sum();
+                        assert_eq!(cross, per_node, "all_gather crossings {ctx}");
+                        for root in 0..n {
+                            let (d, plans) = model_hier(
+                                CollKind::Broadcast,
+                                &nodes,
+                                count,
+                                in_place,
+                                chunk,
+                                root,
+                            );
+                            let want: Vec<i64> = (0..count).map(|i| input(root, i)).collect();
+                            for m in 0..n {
+                                assert_eq!(d[m][..count], want[..], "broadcast root {root} {ctx}");
+                            }
+                            let cross: usize =
+                                plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                            assert_eq!(cross, (nodes.n_nodes() - 1) * count, "broadcast {ctx}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn all_to_all_v_in_place_alone_with_shifted_ranges() {
         // A team of one, in place, receive range after (or before) the overlapping send range,
@@ -778,7 +1017,8 @@ mod tests {
         );
         assert_eq!(p.syncs(), 2);
         assert!(p.steps.iter().all(|s| match s {
-            Step::Reduce { len, .. } | Step::Copy { len, .. } => *len <= 4,
+            Step::Reduce { len, .. } | Step::ReduceGroup { len, .. } | Step::Copy { len, .. } =>
+                *len <= 4,
             Step::Sync => true,
         }));
         assert_eq!(p.temp_len, 0);
