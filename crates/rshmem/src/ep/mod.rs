@@ -109,6 +109,7 @@ mod handle;
 mod host;
 mod layout;
 
+pub(crate) use handle::Forward;
 pub use handle::{Dispatched, Handle};
 pub use host::HostBuffer;
 pub use layout::Layout;
