@@ -79,7 +79,7 @@ fn collectives(pe: &Pe) -> Result<()> {
     let world = pe.world_team();
     let nm = pe.node_map(world);
     assert!(nm.is_hierarchical(), "{nm:?}");
-    let hier = Coll::new(pe, CollConfig::default())?;
+    let hier = Coll::new(pe, CollConfig::default().hier_bytes(0))?;
     let flat = Coll::new(pe, CollConfig::default().hierarchical(false))?;
     // Several chunks (64 KiB chunk) and a count not divisible by the parts.
     for (ci, count) in [1usize, 1001, 40_003].into_iter().enumerate() {

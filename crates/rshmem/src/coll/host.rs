@@ -426,7 +426,8 @@ impl<'pe> Coll<'pe> {
             .config
             .choose(c.kind, c.count.saturating_mul(std::mem::size_of::<T>()));
         let nodes = pe.node_map(team);
-        let hier = self.config.is_hierarchical(c.kind, &nodes);
+        let bytes = c.count.saturating_mul(std::mem::size_of::<T>());
+        let hier = self.config.is_hierarchical(c.kind, bytes, &nodes);
         let rec = Self::record::<T>(team, c, algo, hier, local.is_ok());
         pe.quiet()?;
         pe.local_write(&self.scratch, 0, &rec)?;

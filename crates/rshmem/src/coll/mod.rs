@@ -53,7 +53,19 @@
 //! in-place one-shot all_reduce and in-place all_to_all(v) also stage the result privately
 //! (count, resp. the received elements). Environment:
 //! `RSHMEM_COLL_ALGO=auto|one_shot|two_shot`, `RSHMEM_COLL_TWO_SHOT_BYTES`,
-//! `RSHMEM_COLL_CHUNK` (sizes with K/M/G suffixes).
+//! `RSHMEM_COLL_CHUNK` (sizes with K/M/G suffixes), `RSHMEM_COLL_HIER=1|0`,
+//! `RSHMEM_COLL_HIER_BYTES`.
+//!
+//! # Across nodes
+//! On a team that spans nodes with a node of several members ([`NodeMap`](crate::NodeMap),
+//! [`Pe::node_map`](crate::Pe::node_map)), all_reduce, all_gather and broadcast run the
+//! hierarchical plans of [`plan::hier`] ([`CollConfig::hierarchical`], default on, from
+//! [`CollConfig::hier_bytes`], default 1 MiB, per member vector): inside a
+//! node over shared memory, across nodes each local index with the same index on the other
+//! nodes, so every element crosses between two nodes once. Their reductions fold inside each
+//! node in team order, then over the nodes' results in node order: every member still gets
+//! the same bits and integers the flat result, but float sums group their terms by node (and
+//! `f16`/`bf16` round once per level). Teams of one node keep the flat plans unchanged.
 //!
 //! # Scratch
 //! [`Coll::new`] allocates, collectively over the world, one symmetric `u64` object of
@@ -87,8 +99,13 @@ pub struct CollConfig {
     pub chunk_bytes: usize,
     /// On teams that span nodes (with a node of more than one member), all_reduce,
     /// all_gather and broadcast run the hierarchical plans of [`plan::hier`]
-    /// (`RSHMEM_COLL_HIER`, default on). Alike on every PE (checked).
+    /// (`RSHMEM_COLL_HIER`, default on), from [`hier_bytes`](Self::hier_bytes) up. Alike on
+    /// every PE (checked).
     pub hierarchical: bool,
+    /// Message size in bytes (per member vector) from which the hierarchical plans run
+    /// (`RSHMEM_COLL_HIER_BYTES`, default 1 MiB): they take five (all_reduce) or three team
+    /// syncs, which cost more than the bytes they save on small messages.
+    pub hier_bytes: usize,
 }
 
 impl Default for CollConfig {
@@ -98,6 +115,7 @@ impl Default for CollConfig {
             two_shot_bytes: 256 << 10,
             chunk_bytes: 256 << 10,
             hierarchical: true,
+            hier_bytes: 1 << 20,
         }
     }
 }
@@ -119,6 +137,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_COLL_HIER",
         "1 | 0: hierarchical plans on teams spanning nodes, default 1",
+    ),
+    (
+        "RSHMEM_COLL_HIER_BYTES",
+        "message bytes from which the hierarchical plans run, default 1M",
     ),
 ];
 
@@ -151,6 +173,9 @@ impl CollConfig {
         if c.chunk_bytes == 0 {
             return Err(Error::invalid("RSHMEM_COLL_CHUNK must be at least 1 byte"));
         }
+        if let Some(b) = env_size("RSHMEM_COLL_HIER_BYTES")? {
+            c.hier_bytes = b;
+        }
         if let Some(v) = env("RSHMEM_COLL_HIER") {
             c.hierarchical = match v.trim() {
                 "1" | "on" | "true" => true,
@@ -179,9 +204,16 @@ impl CollConfig {
         self.hierarchical = on;
         self
     }
-    /// True when a `kind` call on a team placed as `nodes` runs a hierarchical plan.
-    pub fn is_hierarchical(&self, kind: CollKind, nodes: &crate::NodeMap) -> bool {
+    /// Sets the size from which the hierarchical plans run.
+    pub fn hier_bytes(mut self, b: usize) -> Self {
+        self.hier_bytes = b;
+        self
+    }
+    /// True when a `kind` call moving `bytes` per member vector on a team placed as `nodes`
+    /// runs a hierarchical plan.
+    pub fn is_hierarchical(&self, kind: CollKind, bytes: usize, nodes: &crate::NodeMap) -> bool {
         self.hierarchical
+            && bytes >= self.hier_bytes
             && nodes.is_hierarchical()
             && matches!(
                 kind,
@@ -242,6 +274,7 @@ mod tests {
             ("RSHMEM_COLL_CHUNK", "1.5K"),
             ("RSHMEM_COLL_CHUNK", "0"),
             ("RSHMEM_COLL_HIER", "maybe"),
+            ("RSHMEM_COLL_HIER_BYTES", "lots"),
         ] {
             std::env::set_var(var, v);
             let r = CollConfig::from_env();
@@ -269,10 +302,15 @@ mod tests {
         assert_eq!(c.chunk_elems(4), 512);
         assert!(!c.hierarchical);
         let nodes = crate::NodeMap::from_nodes(&[0, 0, 1, 1]);
-        assert!(!c.is_hierarchical(CollKind::AllReduce, &nodes));
+        assert!(!c.is_hierarchical(CollKind::AllReduce, 1 << 30, &nodes));
         let d = CollConfig::default();
-        assert!(d.is_hierarchical(CollKind::AllReduce, &nodes));
-        assert!(!d.is_hierarchical(CollKind::AllToAll, &nodes));
-        assert!(!d.is_hierarchical(CollKind::AllReduce, &crate::NodeMap::from_nodes(&[0, 0])));
+        assert!(d.is_hierarchical(CollKind::AllReduce, 1 << 20, &nodes));
+        assert!(!d.is_hierarchical(CollKind::AllReduce, (1 << 20) - 1, &nodes));
+        assert!(!d.is_hierarchical(CollKind::AllToAll, 1 << 30, &nodes));
+        let one = crate::NodeMap::from_nodes(&[0, 0]);
+        assert!(!d.is_hierarchical(CollKind::AllReduce, 1 << 30, &one));
+        assert!(d
+            .hier_bytes(0)
+            .is_hierarchical(CollKind::AllGather, 0, &nodes));
     }
 }
