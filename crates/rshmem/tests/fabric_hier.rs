@@ -328,6 +328,11 @@ fn moe_case(pe: &Pe, mode: EpMode, layout: RecvLayout) -> Result<()> {
         HostBuffer::<f32>::bytes_for_nodes(&cfg, &nm)?,
         "internode areas"
     );
+    // A bad expert id on one PE: an error on every PE before anything moves; the buffer
+    // stays usable (the rounds below).
+    let bad = if me == n - 1 { e as i32 } else { 0 };
+    let r = hb.dispatch(pe, &[1f32; 24], &[bad, -1, -1], &[1.0, 0.0, 0.0], k);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "bad id: {r:?}");
     for round in 0..3usize {
         let tokens = (me + round * 2) % (max_t + 1);
         let x: Vec<f32> = harness::rand_vec::<f32>(me, 30 + round as u64, tokens * h)
@@ -503,4 +508,59 @@ fn hierarchical_collectives_and_moe_on_interleaved_nodes_of_thread_pes() {
             });
         }
     });
+}
+
+#[test]
+fn a_node_killed_before_an_internode_dispatch_is_an_error_on_every_survivor() {
+    if skip() {
+        return;
+    }
+    let test = "a_node_killed_before_an_internode_dispatch_is_an_error_on_every_survivor";
+    let nodes = [0, 0, 1, 1, 2, 2];
+    if !harness::is_child() {
+        let env = [
+            (harness::CHILD_VAR, "fabric_hier_kill"),
+            ("RSHMEM_TIMEOUT", "30"),
+            ("RSHMEM_HEAP_SIZE", "4M"),
+        ];
+        let out = harness::spawn_self(test, 6, 1, &env, Duration::from_secs(15));
+        for (p, e) in out.exits.iter().enumerate() {
+            let want = if nodes[p] == 1 {
+                rshmem::launcher::Exit::Signal(9)
+            } else {
+                rshmem::launcher::Exit::Code(0)
+            };
+            assert_eq!(*e, want, "process {p}: {:?}", out.exits);
+        }
+        return;
+    }
+    let pe = Launch::new()
+        .config(config_for(rank(), &nodes))
+        .init()
+        .expect("init");
+    let cfg = EpConfig::new(12, 4, 8, 2);
+    let mut buf = HostBuffer::<f32>::new(&pe, pe.world_team(), cfg).expect("buffer");
+    assert!(buf.is_hierarchical());
+    pe.barrier_all().expect("barrier");
+    if nodes[pe.my_pe()] == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: plain syscall on this process.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        std::process::abort();
+    }
+    // Every token goes to every node.
+    let ids: Vec<i32> = (0..4).flat_map(|t| [t % 4, 4 + t % 4]).collect();
+    let t0 = std::time::Instant::now();
+    let r = buf.dispatch(&pe, &[1f32; 32], &ids, &[1.0; 8], 2);
+    match &r {
+        Err(Error::PeerLost { pe: lost, .. }) => assert!(*lost == 2 || *lost == 3, "{r:?}"),
+        Err(Error::Fabric { .. }) => {}
+        other => panic!("dispatch with a node gone: {other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(25), "{:?}", t0.elapsed());
+    // Stay a while: a survivor of another node that exits at once can be taken for lost
+    // itself by a PE still waiting on it (its header, with the cause it saw, is then
+    // unreadable across nodes), and be named instead of the dead node.
+    std::thread::sleep(Duration::from_secs(3));
+    drop(buf);
 }
