@@ -11,6 +11,7 @@
 //! | [`coll_cuda`] | CUDA collectives (`rshmem::cuda::GpuColl`) | NCCL on the same buffers |
 //! | [`ep_cuda`] | CUDA MoE dispatch/combine (`rshmem::cuda::ep::GpuBuffer`) | NCCL all-to-all-v with its own kernels ([`ep_baseline`]) |
 //! | [`fabric`] | put/get bandwidth and 8 B latency between PEs on different nodes (libfabric) | `fi_pingpong` on the same provider |
+//! | [`hier`] | host all_reduce and MoE dispatch/combine across nodes on the hierarchical paths | the flat paths, call by call in the same run |
 //!
 //! [`nccl`] binds NCCL at run time; [`timing`] times stream work with CUDA events;
 //! [`Settings`] holds the `RSHMEM_BENCH_*` variables, read once by [`Settings::from_env`].
@@ -26,6 +27,7 @@ mod ep_check;
 pub mod ep_cuda;
 pub mod ep_ll;
 pub mod fabric;
+pub mod hier;
 pub mod nccl;
 pub mod p2p;
 mod settings;

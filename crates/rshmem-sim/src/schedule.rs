@@ -503,6 +503,13 @@ impl Builder<'_> {
                         }
                         close(&mut kernel, &mut kernels, true);
                     }
+                    Step::ReduceGroup { group, len, .. } => {
+                        close(&mut kernel, &mut kernels, false);
+                        for &j in &p.groups[group] {
+                            kernel.push(self.xfer(j, me, len * es));
+                        }
+                        close(&mut kernel, &mut kernels, true);
+                    }
                 }
             }
             close(&mut kernel, &mut kernels, false);

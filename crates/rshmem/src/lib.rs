@@ -52,7 +52,7 @@ pub use launch::{init, launch, launched, Launch, Outcome, Outcomes};
 pub use nbi::{Completion, OpHandle, OpId, OpKind};
 pub use pe::{Free, Pe};
 pub use sym::{AsSym, RawSym, Signal, Sym, SymView};
-pub use team::Team;
+pub use team::{NetTraffic, NodeMap, Team};
 pub use world::{Mode, Placement, PROTOCOL_VERSION};
 
 /// The README's examples, compiled and run as doctests.

@@ -77,6 +77,115 @@ impl Team {
     }
 }
 
+/// Where a team's members run, node by node: the topology hierarchical collectives and the
+/// internode MoE path follow ([`Pe::node_map`](crate::Pe::node_map)).
+///
+/// Nodes are numbered in order of their lowest team member; a member's *local index* is its
+/// rank among its node's members in team order; the *leader* of a node is its local index 0.
+/// Nodes may differ in size (3 PEs on one, 1 on another). The *peer* of local index `l` on a
+/// node of `L` members is its member of local index `l % L`: the PE that carries traffic for
+/// local index `l` of every other node, so that every local index (and NIC) of a node has a
+/// share of the cross-node work.
+///
+/// ```
+/// use rshmem::NodeMap;
+/// // world nodes of the members, in team order: 3 PEs on node 5, 1 on node 2
+/// let m = NodeMap::from_nodes(&[5, 5, 2, 5]);
+/// assert_eq!(m.n_nodes(), 2);
+/// assert_eq!((m.node(3), m.local(3)), (0, 2));
+/// assert_eq!(m.members(1), &[2]);
+/// assert_eq!(m.leader(0), 0);
+/// assert_eq!(m.peer(1, 2), 2); // local index 2 of node 0 talks to node 1 through member 2
+/// assert!(!m.is_single_node());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeMap {
+    node: Vec<usize>,
+    local: Vec<usize>,
+    members: Vec<Vec<usize>>,
+}
+
+impl NodeMap {
+    /// The map of a team whose member `i` runs on node `nodes[i]` (any node numbering, such as
+    /// the world's [`Placement::node`](crate::Placement::node)).
+    pub fn from_nodes(nodes: &[usize]) -> NodeMap {
+        let mut ids: Vec<usize> = Vec::new();
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        let mut node = Vec::with_capacity(nodes.len());
+        let mut local = Vec::with_capacity(nodes.len());
+        for (i, id) in nodes.iter().enumerate() {
+            let k = match ids.iter().position(|x| x == id) {
+                Some(k) => k,
+                None => {
+                    ids.push(*id);
+                    members.push(Vec::new());
+                    ids.len() - 1
+                }
+            };
+            node.push(k);
+            local.push(members[k].len());
+            members[k].push(i);
+        }
+        NodeMap {
+            node,
+            local,
+            members,
+        }
+    }
+    /// Number of team members.
+    pub fn n_pes(&self) -> usize {
+        self.node.len()
+    }
+    /// Number of nodes the team spans.
+    pub fn n_nodes(&self) -> usize {
+        self.members.len()
+    }
+    /// True when every member runs on one node (or the team is empty).
+    pub fn is_single_node(&self) -> bool {
+        self.members.len() <= 1
+    }
+    /// True when the team spans several nodes and some node holds more than one member: the
+    /// case where hierarchical algorithms save cross-node traffic.
+    pub fn is_hierarchical(&self) -> bool {
+        self.members.len() > 1 && self.members.len() < self.node.len()
+    }
+    /// Node of member `i` (panics when `i` is not a member).
+    pub fn node(&self, i: usize) -> usize {
+        self.node[i]
+    }
+    /// Local index of member `i` within its node.
+    pub fn local(&self, i: usize) -> usize {
+        self.local[i]
+    }
+    /// The members of node `k`, in team order.
+    pub fn members(&self, k: usize) -> &[usize] {
+        &self.members[k]
+    }
+    /// The leader (local index 0) of node `k`.
+    pub fn leader(&self, k: usize) -> usize {
+        self.members[k][0]
+    }
+    /// Most members on one node.
+    pub fn max_local(&self) -> usize {
+        self.members.iter().map(Vec::len).max().unwrap_or(0)
+    }
+    /// The member of node `k` with local index `l % L` (`L` members there): the peer there of
+    /// local index `l` of any other node.
+    pub fn peer(&self, k: usize, l: usize) -> usize {
+        let m = &self.members[k];
+        m[l % m.len()]
+    }
+}
+
+/// Heap traffic of one PE across nodes ([`Pe::net_traffic`](crate::Pe::net_traffic)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NetTraffic {
+    /// Puts and gets to PEs of other nodes (a put of several fabric messages counts once).
+    pub ops: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
 /// The members (parent indices) of a strided split, or an error for a bad shape.
 pub(crate) fn strided_members(
     parent_n: usize,
@@ -140,6 +249,30 @@ mod tests {
             );
         }
     }
+    #[test]
+    fn node_maps() {
+        let m = NodeMap::from_nodes(&[7, 3, 7, 3, 9]);
+        assert_eq!(m.n_nodes(), 3);
+        assert_eq!(
+            (0..5).map(|i| m.node(i)).collect::<Vec<_>>(),
+            [0, 1, 0, 1, 2]
+        );
+        assert_eq!(
+            (0..5).map(|i| m.local(i)).collect::<Vec<_>>(),
+            [0, 0, 1, 1, 0]
+        );
+        assert_eq!(m.members(1), &[1, 3]);
+        assert_eq!(m.leader(2), 4);
+        assert_eq!((m.peer(2, 1), m.peer(0, 3)), (4, 2));
+        assert_eq!(m.max_local(), 2);
+        assert!(m.is_hierarchical());
+        let one = NodeMap::from_nodes(&[4, 4, 4]);
+        assert!(one.is_single_node() && !one.is_hierarchical());
+        // one PE per node: nothing to gain inside nodes
+        assert!(!NodeMap::from_nodes(&[0, 1, 2]).is_hierarchical());
+        assert!(NodeMap::from_nodes(&[]).is_single_node());
+    }
+
     #[test]
     fn colors() {
         let g = color_groups(&[Some(1), None, Some(0), Some(1)], &[5, 0, 0, -1]);

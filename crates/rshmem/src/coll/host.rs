@@ -381,7 +381,13 @@ impl<'pe> Coll<'pe> {
         Ok(in_place)
     }
 
-    fn record<T: Elem>(team: &Team, c: &Call<'_>, algo: Algo, ok: bool) -> [u64; H_CMP] {
+    fn record<T: Elem>(
+        team: &Team,
+        c: &Call<'_>,
+        algo: Algo,
+        hier: bool,
+        ok: bool,
+    ) -> [u64; H_CMP] {
         let mut h = [0u64; H_CMP];
         h[0] = c.kind.code();
         h[1] = T::KIND as u64 + 1;
@@ -392,7 +398,7 @@ impl<'pe> Coll<'pe> {
         h[6] = c.src.len as u64;
         h[7] = c.dst.offset as u64;
         h[8] = c.dst.len as u64;
-        h[9] = algo.code();
+        h[9] = algo.code() | u64::from(hier) << 8;
         h[10] = team_hash(team);
         h[H_STATUS] = u64::from(!ok);
         h
@@ -419,7 +425,10 @@ impl<'pe> Coll<'pe> {
         let algo = self
             .config
             .choose(c.kind, c.count.saturating_mul(std::mem::size_of::<T>()));
-        let rec = Self::record::<T>(team, c, algo, local.is_ok());
+        let nodes = pe.node_map(team);
+        let bytes = c.count.saturating_mul(std::mem::size_of::<T>());
+        let hier = self.config.is_hierarchical(c.kind, bytes, &nodes);
+        let rec = Self::record::<T>(team, c, algo, hier, local.is_ok());
         pe.quiet()?;
         pe.local_write(&self.scratch, 0, &rec)?;
         if let (Some(v), Ok(_)) = (c.v, &local) {
@@ -448,6 +457,9 @@ impl<'pe> Coll<'pe> {
             chunk: self.config.chunk_elems(std::mem::size_of::<T>()),
         };
         let p = match c.kind {
+            CollKind::Broadcast if hier => plan::hier::broadcast(shape, &nodes, c.root, c.count),
+            CollKind::AllReduce if hier => plan::hier::all_reduce(shape, &nodes, c.count),
+            CollKind::AllGather if hier => plan::hier::all_gather(shape, &nodes, c.count),
             CollKind::Broadcast => plan::broadcast(shape, c.root, c.count, algo),
             CollKind::Reduce => plan::reduce(shape, c.root, c.count),
             CollKind::AllReduce => plan::all_reduce(shape, c.count, algo),
@@ -460,6 +472,7 @@ impl<'pe> Coll<'pe> {
             pe = pe.my_pe(),
             kind = c.kind.name(),
             ?algo,
+            hier,
             steps = p.steps.len(),
             "collective"
         );
@@ -620,6 +633,39 @@ impl<'pe> Coll<'pe> {
                     }
                     out.resize(len, T::ZERO);
                     combine(op, n, &rows, &mut out)?;
+                    if to == Buf::Temp {
+                        temp.get_mut(to_at..to_at + len)
+                            .ok_or_else(|| internal("temp range"))?
+                            .copy_from_slice(&out);
+                    } else {
+                        pe.put(sym(to), to_at, &out, me)?;
+                    }
+                }
+                Step::ReduceGroup {
+                    group,
+                    from,
+                    from_at,
+                    to,
+                    to_at,
+                    len,
+                } => {
+                    let op = c.op.ok_or_else(|| internal("reduce without op"))?;
+                    let g = p.groups.get(group).ok_or_else(|| internal("group"))?;
+                    if from == Buf::Temp || g.is_empty() {
+                        return Err(internal("reduce group"));
+                    }
+                    rows.resize(g.len() * len, T::ZERO);
+                    // Start after this member where it is in the group (spreads the load).
+                    let at = g
+                        .iter()
+                        .position(|&m| m == team.my_pe())
+                        .map_or(0, |i| i + 1);
+                    for k in (0..g.len()).map(|i| (at + i) % g.len()) {
+                        let w = *members.get(g[k]).ok_or_else(|| internal("peer"))?;
+                        pe.get(sym(from), from_at, &mut rows[k * len..(k + 1) * len], w)?;
+                    }
+                    out.resize(len, T::ZERO);
+                    combine(op, g.len(), &rows, &mut out)?;
                     if to == Buf::Temp {
                         temp.get_mut(to_at..to_at + len)
                             .ok_or_else(|| internal("temp range"))?

@@ -53,7 +53,19 @@
 //! in-place one-shot all_reduce and in-place all_to_all(v) also stage the result privately
 //! (count, resp. the received elements). Environment:
 //! `RSHMEM_COLL_ALGO=auto|one_shot|two_shot`, `RSHMEM_COLL_TWO_SHOT_BYTES`,
-//! `RSHMEM_COLL_CHUNK` (sizes with K/M/G suffixes).
+//! `RSHMEM_COLL_CHUNK` (sizes with K/M/G suffixes), `RSHMEM_COLL_HIER=1|0`,
+//! `RSHMEM_COLL_HIER_BYTES`.
+//!
+//! # Across nodes
+//! On a team that spans nodes with a node of several members ([`NodeMap`](crate::NodeMap),
+//! [`Pe::node_map`](crate::Pe::node_map)), all_reduce, all_gather and broadcast run the
+//! hierarchical plans of [`plan::hier`] ([`CollConfig::hierarchical`], default on, from
+//! [`CollConfig::hier_bytes`], default 1 MiB, per member vector): inside a
+//! node over shared memory, across nodes each local index with the same index on the other
+//! nodes, so every element crosses between two nodes once. Their reductions fold inside each
+//! node in team order, then over the nodes' results in node order: every member still gets
+//! the same bits and integers the flat result, but float sums group their terms by node (and
+//! `f16`/`bf16` round once per level). Teams of one node keep the flat plans unchanged.
 //!
 //! # Scratch
 //! [`Coll::new`] allocates, collectively over the world, one symmetric `u64` object of
@@ -85,6 +97,15 @@ pub struct CollConfig {
     pub two_shot_bytes: usize,
     /// Most bytes per copy or reduce step (`RSHMEM_COLL_CHUNK`, default 256 KiB).
     pub chunk_bytes: usize,
+    /// On teams that span nodes (with a node of more than one member), all_reduce,
+    /// all_gather and broadcast run the hierarchical plans of [`plan::hier`]
+    /// (`RSHMEM_COLL_HIER`, default on), from [`hier_bytes`](Self::hier_bytes) up. Alike on
+    /// every PE (checked).
+    pub hierarchical: bool,
+    /// Message size in bytes (per member vector) from which the hierarchical plans run
+    /// (`RSHMEM_COLL_HIER_BYTES`, default 1 MiB): they take five (all_reduce) or three team
+    /// syncs, which cost more than the bytes they save on small messages.
+    pub hier_bytes: usize,
 }
 
 impl Default for CollConfig {
@@ -93,6 +114,8 @@ impl Default for CollConfig {
             algo: None,
             two_shot_bytes: 256 << 10,
             chunk_bytes: 256 << 10,
+            hierarchical: true,
+            hier_bytes: 1 << 20,
         }
     }
 }
@@ -110,6 +133,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_COLL_CHUNK",
         "bytes per copy/reduce step of the collectives, default 256K",
+    ),
+    (
+        "RSHMEM_COLL_HIER",
+        "1 | 0: hierarchical plans on teams spanning nodes, default 1",
+    ),
+    (
+        "RSHMEM_COLL_HIER_BYTES",
+        "message bytes from which the hierarchical plans run, default 1M",
     ),
 ];
 
@@ -142,6 +173,20 @@ impl CollConfig {
         if c.chunk_bytes == 0 {
             return Err(Error::invalid("RSHMEM_COLL_CHUNK must be at least 1 byte"));
         }
+        if let Some(b) = env_size("RSHMEM_COLL_HIER_BYTES")? {
+            c.hier_bytes = b;
+        }
+        if let Some(v) = env("RSHMEM_COLL_HIER") {
+            c.hierarchical = match v.trim() {
+                "1" | "on" | "true" => true,
+                "0" | "off" | "false" => false,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "RSHMEM_COLL_HIER={v:?}: expected 1 or 0"
+                    )))
+                }
+            };
+        }
         Ok(c)
     }
     /// Forces an algorithm (`None`: by size).
@@ -153,6 +198,27 @@ impl CollConfig {
     pub fn two_shot_bytes(mut self, b: usize) -> Self {
         self.two_shot_bytes = b;
         self
+    }
+    /// Turns the hierarchical plans on teams spanning nodes on or off.
+    pub fn hierarchical(mut self, on: bool) -> Self {
+        self.hierarchical = on;
+        self
+    }
+    /// Sets the size from which the hierarchical plans run.
+    pub fn hier_bytes(mut self, b: usize) -> Self {
+        self.hier_bytes = b;
+        self
+    }
+    /// True when a `kind` call moving `bytes` per member vector on a team placed as `nodes`
+    /// runs a hierarchical plan.
+    pub fn is_hierarchical(&self, kind: CollKind, bytes: usize, nodes: &crate::NodeMap) -> bool {
+        self.hierarchical
+            && bytes >= self.hier_bytes
+            && nodes.is_hierarchical()
+            && matches!(
+                kind,
+                CollKind::AllReduce | CollKind::AllGather | CollKind::Broadcast
+            )
     }
     /// Sets the chunk size in bytes (at least one element is used).
     pub fn chunk_bytes(mut self, b: usize) -> Self {
@@ -207,6 +273,8 @@ mod tests {
             ("RSHMEM_COLL_TWO_SHOT_BYTES", "big"),
             ("RSHMEM_COLL_CHUNK", "1.5K"),
             ("RSHMEM_COLL_CHUNK", "0"),
+            ("RSHMEM_COLL_HIER", "maybe"),
+            ("RSHMEM_COLL_HIER_BYTES", "lots"),
         ] {
             std::env::set_var(var, v);
             let r = CollConfig::from_env();
@@ -219,16 +287,30 @@ mod tests {
         std::env::set_var("RSHMEM_COLL_ALGO", "two_shot");
         std::env::set_var("RSHMEM_COLL_CHUNK", "2K");
         std::env::set_var("RSHMEM_COLL_TWO_SHOT_BYTES", "0");
+        std::env::set_var("RSHMEM_COLL_HIER", "0");
         let c = CollConfig::from_env();
         for var in [
             "RSHMEM_COLL_ALGO",
             "RSHMEM_COLL_CHUNK",
             "RSHMEM_COLL_TWO_SHOT_BYTES",
+            "RSHMEM_COLL_HIER",
         ] {
             std::env::remove_var(var);
         }
         let c = c.unwrap();
         assert_eq!(c.choose(CollKind::AllReduce, 1), Algo::TwoShot);
         assert_eq!(c.chunk_elems(4), 512);
+        assert!(!c.hierarchical);
+        let nodes = crate::NodeMap::from_nodes(&[0, 0, 1, 1]);
+        assert!(!c.is_hierarchical(CollKind::AllReduce, 1 << 30, &nodes));
+        let d = CollConfig::default();
+        assert!(d.is_hierarchical(CollKind::AllReduce, 1 << 20, &nodes));
+        assert!(!d.is_hierarchical(CollKind::AllReduce, (1 << 20) - 1, &nodes));
+        assert!(!d.is_hierarchical(CollKind::AllToAll, 1 << 30, &nodes));
+        let one = crate::NodeMap::from_nodes(&[0, 0]);
+        assert!(!d.is_hierarchical(CollKind::AllReduce, 1 << 30, &one));
+        assert!(d
+            .hier_bytes(0)
+            .is_hierarchical(CollKind::AllGather, 0, &nodes));
     }
 }

@@ -19,6 +19,8 @@
 //!   `chunk / n` (n inputs each), which bounds an executor's staging memory to about two chunks
 //!   and gives a GPU executor its pipeline units.
 
+pub mod hier;
+
 /// How a collective moves its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algo {
@@ -158,6 +160,22 @@ pub enum Step {
         /// Elements.
         len: usize,
     },
+    /// As `Reduce`, over the members of [`Plan::groups`]`[group]` only, folded in that
+    /// order (hierarchical plans: the members of one node, or one member per node).
+    ReduceGroup {
+        /// Index into [`Plan::groups`].
+        group: usize,
+        /// Buffer read on every member of the group.
+        from: Buf,
+        /// First element read.
+        from_at: usize,
+        /// Buffer written (this member's).
+        to: Buf,
+        /// First element written.
+        to_at: usize,
+        /// Elements.
+        len: usize,
+    },
 }
 
 /// Who plans: the team size, this member, the buffers' relation, the chunk size.
@@ -186,6 +204,8 @@ pub struct Plan {
     pub temp_len: usize,
     /// The steps, starting with a [`Step::Sync`]; every member's plan has as many syncs.
     pub steps: Vec<Step>,
+    /// Member lists the [`Step::ReduceGroup`] steps fold over (empty in flat plans).
+    pub groups: Vec<Vec<usize>>,
 }
 
 impl Plan {
@@ -216,6 +236,7 @@ pub fn part(k: usize, n: usize, count: usize) -> (usize, usize) {
 struct Builder {
     shape: Shape,
     steps: Vec<Step>,
+    groups: Vec<Vec<usize>>,
     temp_len: usize,
     /// The steps after the last sync touch only this member's memory: no final sync needed.
     local_tail: bool,
@@ -229,6 +250,7 @@ impl Builder {
                 ..shape
             },
             steps: vec![Step::Sync],
+            groups: Vec::new(),
             temp_len: 0,
             local_tail: false,
         }
@@ -274,6 +296,36 @@ impl Builder {
             });
         }
     }
+    /// As `reduce` over `members` only (in that order).
+    fn reduce_group(
+        &mut self,
+        members: Vec<usize>,
+        from: Buf,
+        from_at: usize,
+        to: Buf,
+        to_at: usize,
+        len: usize,
+    ) {
+        self.note_temp(to, to_at + len);
+        let c = (self.shape.chunk / members.len().max(1)).max(1);
+        let group = match self.groups.iter().position(|g| *g == members) {
+            Some(g) => g,
+            None => {
+                self.groups.push(members);
+                self.groups.len() - 1
+            }
+        };
+        for o in (0..len).step_by(c) {
+            self.steps.push(Step::ReduceGroup {
+                group,
+                from,
+                from_at: from_at + o,
+                to,
+                to_at: to_at + o,
+                len: c.min(len - o),
+            });
+        }
+    }
     /// True when the two buffers are the same memory on this member.
     fn same(&self, a: Buf, b: Buf) -> bool {
         a == b || (self.shape.in_place && a != Buf::Temp && b != Buf::Temp)
@@ -293,6 +345,7 @@ impl Builder {
             shape: self.shape,
             temp_len: self.temp_len,
             steps: self.steps,
+            groups: self.groups,
         }
     }
 }
@@ -437,373 +490,4 @@ pub fn all_to_all_v(s: Shape, recv: &[VRecv]) -> Plan {
 }
 
 #[cfg(test)]
-#[allow(clippy::needless_range_loop)] // member indices index several tables
-mod tests {
-    use super::*;
-    use std::ops::Range;
-
-    /// A model of n members' memory: runs plans phase by phase, checks that no member writes
-    /// what another reads in the same phase, and returns every member's Dst.
-    struct Model {
-        n: usize,
-        in_place: bool,
-        src: Vec<Vec<i64>>,
-        dst: Vec<Vec<i64>>,
-    }
-
-    fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
-        a.start < b.end && b.start < a.end && !a.is_empty() && !b.is_empty()
-    }
-
-    impl Model {
-        /// The memory a (member, buf) names: Src and Dst are one object in place.
-        fn obj(&self, b: Buf) -> u8 {
-            match b {
-                Buf::Src => 0,
-                Buf::Dst if self.in_place => 0,
-                Buf::Dst => 1,
-                Buf::Temp => 2,
-            }
-        }
-        fn read(&self, m: usize, b: Buf, at: usize, len: usize, temp: &[Vec<i64>]) -> Vec<i64> {
-            let v = match self.obj(b) {
-                0 => &self.src[m],
-                1 => &self.dst[m],
-                _ => &temp[m],
-            };
-            v[at..at + len].to_vec()
-        }
-        fn write(&mut self, m: usize, b: Buf, at: usize, x: &[i64], temp: &mut [Vec<i64>]) {
-            let v = match self.obj(b) {
-                0 => &mut self.src[m],
-                1 => &mut self.dst[m],
-                _ => &mut temp[m],
-            };
-            v[at..at + x.len()].copy_from_slice(x);
-        }
-
-        fn run(&mut self, plans: &[Plan]) {
-            let n = self.n;
-            let mut temp: Vec<Vec<i64>> = plans.iter().map(|p| vec![0; p.temp_len]).collect();
-            let phases: Vec<Vec<&[Step]>> = plans
-                .iter()
-                .map(|p| {
-                    assert_eq!(p.steps[0], Step::Sync, "{p:?}");
-                    p.steps.split(|s| *s == Step::Sync).collect()
-                })
-                .collect();
-            let np = phases[0].len();
-            assert!(phases.iter().all(|p| p.len() == np), "sync counts differ");
-            for ph in 0..np {
-                // (reader, owner, object, range) and (owner, object, range)
-                let mut reads = Vec::new();
-                let mut writes = Vec::new();
-                for m in 0..n {
-                    for st in phases[m][ph] {
-                        match *st {
-                            Step::Copy {
-                                peer,
-                                from,
-                                from_at,
-                                to,
-                                to_at,
-                                len,
-                            } => {
-                                assert!(from != Buf::Temp || peer == m);
-                                reads.push((m, peer, self.obj(from), from_at..from_at + len));
-                                writes.push((m, self.obj(to), to_at..to_at + len));
-                            }
-                            Step::Reduce {
-                                from,
-                                from_at,
-                                to,
-                                to_at,
-                                len,
-                            } => {
-                                assert_ne!(from, Buf::Temp);
-                                for p in 0..n {
-                                    reads.push((m, p, self.obj(from), from_at..from_at + len));
-                                }
-                                writes.push((m, self.obj(to), to_at..to_at + len));
-                            }
-                            Step::Sync => unreachable!(),
-                        }
-                    }
-                }
-                if ph == np - 1 {
-                    // after the last sync nobody reads peer memory any more
-                    assert!(
-                        reads.iter().all(|(rm, ro, _, _)| rm == ro),
-                        "reads after the last sync"
-                    );
-                }
-                for (wm, wo, wr) in &writes {
-                    for (rm, ro, oo, rr) in &reads {
-                        if rm != wm && ro == wm && oo == wo && *wo != 2 {
-                            assert!(!overlap(wr, rr), "hazard: member {wm} writes {wo}:{wr:?} while member {rm} reads it (phase {ph})");
-                        }
-                    }
-                }
-                for m in 0..n {
-                    for st in phases[m][ph] {
-                        match *st {
-                            Step::Copy {
-                                peer,
-                                from,
-                                from_at,
-                                to,
-                                to_at,
-                                len,
-                            } => {
-                                let x = self.read(peer, from, from_at, len, &temp);
-                                self.write(m, to, to_at, &x, &mut temp);
-                            }
-                            Step::Reduce {
-                                from,
-                                from_at,
-                                to,
-                                to_at,
-                                len,
-                            } => {
-                                let mut acc = self.read(0, from, from_at, len, &temp);
-                                for p in 1..n {
-                                    let x = self.read(p, from, from_at, len, &temp);
-                                    for (a, b) in acc.iter_mut().zip(x) {
-                                        *a = a.wrapping_add(b);
-                                    }
-                                }
-                                self.write(m, to, to_at, &acc, &mut temp);
-                            }
-                            Step::Sync => unreachable!(),
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn input(m: usize, i: usize) -> i64 {
-        (m as i64 + 1) * 1000 + i as i64
-    }
-
-    /// Runs `kind` on the model and returns each member's destination object.
-    fn model(
-        kind: CollKind,
-        n: usize,
-        count: usize,
-        in_place: bool,
-        algo: Algo,
-        chunk: usize,
-        root: usize,
-    ) -> Vec<Vec<i64>> {
-        let (src_len, dst_len) = match kind {
-            CollKind::Broadcast | CollKind::Reduce | CollKind::AllReduce => (count, count),
-            CollKind::AllGather => (count, n * count),
-            CollKind::ReduceScatter => (n * count, count),
-            _ => (n * count, n * count),
-        };
-        let len = src_len.max(dst_len);
-        let mut md = Model {
-            n,
-            in_place,
-            src: (0..n)
-                .map(|m| (0..len).map(|i| input(m, i)).collect())
-                .collect(),
-            dst: (0..n).map(|_| vec![-1; len]).collect(),
-        };
-        if in_place && kind == CollKind::AllGather {
-            // the input sits at the member's part of the object
-            for m in 0..n {
-                let v: Vec<i64> = (0..count).map(|i| input(m, i)).collect();
-                md.src[m][m * count..(m + 1) * count].copy_from_slice(&v);
-            }
-        }
-        let plans: Vec<Plan> = (0..n)
-            .map(|me| {
-                let s = Shape {
-                    n,
-                    me,
-                    in_place,
-                    chunk,
-                };
-                match kind {
-                    CollKind::Broadcast => broadcast(s, root, count, algo),
-                    CollKind::Reduce => reduce(s, root, count),
-                    CollKind::AllReduce => all_reduce(s, count, algo),
-                    CollKind::AllGather => all_gather(s, count),
-                    CollKind::ReduceScatter => reduce_scatter(s, count),
-                    CollKind::AllToAll => all_to_all(s, count),
-                    CollKind::AllToAllV => unreachable!(),
-                }
-            })
-            .collect();
-        md.run(&plans);
-        if in_place {
-            md.src
-        } else {
-            md.dst
-        }
-    }
-
-    #[test]
-    fn plans_are_correct_and_hazard_free() {
-        for n in 1..=5 {
-            for count in [0, 1, 3, 7, 20] {
-                for in_place in [false, true] {
-                    for algo in [Algo::OneShot, Algo::TwoShot] {
-                        for chunk in [1, 3, 1 << 20] {
-                            let sum = |i: usize| (0..n).map(|m| input(m, i)).sum::<i64>();
-                            let ctx = format!(
-                                "n {n} count {count} in_place {in_place} {algo:?} chunk {chunk}"
-                            );
-                            for root in 0..n {
-                                let d = model(
-                                    CollKind::Broadcast,
-                                    n,
-                                    count,
-                                    in_place,
-                                    algo,
-                                    chunk,
-                                    root,
-                                );
-                                for m in 0..n {
-                                    let want: Vec<i64> =
-                                        (0..count).map(|i| input(root, i)).collect();
-                                    assert_eq!(
-                                        d[m][..count],
-                                        want[..],
-                                        "broadcast root {root} {ctx}"
-                                    );
-                                }
-                                let d =
-                                    model(CollKind::Reduce, n, count, in_place, algo, chunk, root);
-                                let want: Vec<i64> = (0..count).map(sum).collect();
-                                assert_eq!(d[root][..count], want[..], "reduce {ctx}");
-                            }
-                            let d = model(CollKind::AllReduce, n, count, in_place, algo, chunk, 0);
-                            for m in 0..n {
-                                let want: Vec<i64> = (0..count).map(sum).collect();
-                                assert_eq!(d[m][..count], want[..], "all_reduce {ctx}");
-                            }
-                            let d = model(CollKind::AllGather, n, count, in_place, algo, chunk, 0);
-                            let want: Vec<i64> = (0..n * count)
-                                .map(|i| input(i / count.max(1), i % count.max(1)))
-                                .collect();
-                            for m in 0..n {
-                                assert_eq!(d[m][..n * count], want[..], "all_gather {ctx}");
-                            }
-                            let d =
-                                model(CollKind::ReduceScatter, n, count, in_place, algo, chunk, 0);
-                            for m in 0..n {
-                                let want: Vec<i64> =
-                                    (m * count..(m + 1) * count).map(sum).collect();
-                                let at = if in_place { m * count } else { 0 };
-                                assert_eq!(d[m][at..at + count], want[..], "reduce_scatter {ctx}");
-                            }
-                            let d = model(CollKind::AllToAll, n, count, in_place, algo, chunk, 0);
-                            for m in 0..n {
-                                let want: Vec<i64> = (0..n * count)
-                                    .map(|i| input(i / count.max(1), m * count + i % count.max(1)))
-                                    .collect();
-                                assert_eq!(d[m][..n * count], want[..], "all_to_all {ctx}");
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn all_to_all_v_in_place_alone_with_shifted_ranges() {
-        // A team of one, in place, receive range after (or before) the overlapping send range,
-        // copied in chunks: every chunk must read the original data.
-        for (src_at, dst_at) in [(0, 2), (2, 0), (1, 1)] {
-            for chunk in [1, 3, 1 << 20] {
-                let s = Shape {
-                    n: 1,
-                    me: 0,
-                    in_place: true,
-                    chunk,
-                };
-                let recv = [VRecv {
-                    count: 5,
-                    src_at,
-                    dst_at,
-                }];
-                let orig: Vec<i64> = (0..8).map(|i| input(0, i)).collect();
-                let mut md = Model {
-                    n: 1,
-                    in_place: true,
-                    src: vec![orig.clone()],
-                    dst: vec![vec![-1; 8]],
-                };
-                md.run(&[all_to_all_v(s, &recv)]);
-                let mut want = orig.clone();
-                want[dst_at..dst_at + 5].copy_from_slice(&orig[src_at..src_at + 5]);
-                assert_eq!(
-                    md.src[0], want,
-                    "src_at {src_at} dst_at {dst_at} chunk {chunk}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn parts_cover() {
-        for n in 1..7 {
-            for c in [0, 1, 5, 100] {
-                let mut next = 0;
-                for k in 0..n {
-                    let (at, len) = part(k, n, c);
-                    assert_eq!(at, next);
-                    next += len;
-                }
-                assert_eq!(next, c);
-            }
-        }
-    }
-
-    #[test]
-    fn chunking_bounds_steps() {
-        let p = all_reduce(
-            Shape {
-                n: 3,
-                me: 1,
-                in_place: false,
-                chunk: 4,
-            },
-            10,
-            Algo::OneShot,
-        );
-        assert_eq!(p.syncs(), 2);
-        assert!(p.steps.iter().all(|s| match s {
-            Step::Reduce { len, .. } | Step::Copy { len, .. } => *len <= 4,
-            Step::Sync => true,
-        }));
-        assert_eq!(p.temp_len, 0);
-        let p = all_reduce(
-            Shape {
-                n: 3,
-                me: 1,
-                in_place: true,
-                chunk: 4,
-            },
-            10,
-            Algo::OneShot,
-        );
-        assert_eq!(p.temp_len, 10);
-        assert_eq!(p.syncs(), 2);
-        let p = all_reduce(
-            Shape {
-                n: 3,
-                me: 1,
-                in_place: true,
-                chunk: 4,
-            },
-            10,
-            Algo::TwoShot,
-        );
-        assert_eq!((p.temp_len, p.syncs()), (0, 3));
-    }
-}
+mod tests;

@@ -1,8 +1,11 @@
 //! Reduction operations and the element-wise fold that every executor on the host uses.
 //!
-//! Semantics (the same on every backend, so results do not depend on the algorithm):
+//! Semantics (the same on every backend; on one node they do not depend on the algorithm):
 //! * the result is the left fold `x_0 op x_1 op … op x_{n-1}` over the team's members in team
 //!   order, whichever member computes it, so every member gets bit-identical results;
+//!   on a team spanning nodes the hierarchical plans fold each node's members in team order,
+//!   then the nodes' results ([`plan::hier`](super::plan::hier)): still the same bits on every
+//!   member, and the same integers, but float terms grouped by node;
 //! * integers: `Sum` and `Prod` wrap (two's complement, like `wrapping_add`/`wrapping_mul`);
 //!   `And`, `Or`, `Xor` are bitwise;
 //! * floats: `f32` accumulates in `f32`, `f64` in `f64`; `f16` and `bf16` are widened to `f32`,

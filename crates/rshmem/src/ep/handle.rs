@@ -40,6 +40,21 @@ pub struct Handle {
     pub(crate) expert_offsets: Vec<usize>,
     pub(crate) row_token: Vec<u32>,
     pub(crate) row_slot: Vec<u32>,
+    // ----- this PE as a forwarder (internode path) -----
+    /// The tokens of other nodes' sources this PE forwarded to PEs of its node, by source,
+    /// then token: combine folds their partials here and sends one row back.
+    pub(crate) fwd: Vec<Forward>,
+}
+
+/// One token a PE forwarded in an internode dispatch.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Forward {
+    /// Source (team index) and its token index.
+    pub src: u32,
+    pub token: u32,
+    /// (destination team index, the token's rank among those it received from `src`),
+    /// destinations ascending.
+    pub to: Vec<(u32, u32)>,
 }
 
 impl Handle {
@@ -51,6 +66,7 @@ impl Handle {
         let mut a = self.clone();
         a.buffer_id = o.buffer_id;
         a.epoch = o.epoch;
+        a.fwd.clone_from(&o.fwd);
         a == *o
     }
     /// Team size.

@@ -49,6 +49,19 @@
 //! only after reading call `e`'s records. The payload areas need no double buffering because no
 //! PE passes call `e+1`'s barrier before every PE finished call `e`.
 //!
+//! # Across nodes
+//! On a team spanning nodes with a node of several members, calls take DeepEP's internode
+//! path ([`HostBuffer::is_hierarchical`]): a token whose destination PEs are on another node
+//! crosses the network once, to the PE of its source's local index there
+//! ([`NodeMap::peer`](crate::NodeMap::peer)), which forwards it over shared memory into the
+//! destination PEs' receive rows with the records and signals the source would have put, so
+//! dispatch returns exactly what the flat path does. Combine is the reverse: each PE folds its
+//! rows of each such token in `f32`, the forwarding PE sums its node's partials and sends one
+//! row per token back; the source adds each node's partial where that node's first slot (PE,
+//! for `combine_tokens`) comes and rounds once. Only the grouping of the float additions
+//! differs from the flat path. [`HostBuffer::set_hierarchical`] turns it off (a measurement
+//! knob); the forwarding areas' size is in [`HostBuffer::bytes_for_nodes`].
+//!
 //! # Modes
 //! * [`EpMode::Normal`]: rows from each source are packed at offsets computed from the agreed
 //!   counts (prefix over sources), so the receive area is `n * max_tokens` rows, the worst case,
@@ -109,6 +122,7 @@ mod handle;
 mod host;
 mod layout;
 
+pub(crate) use handle::Forward;
 pub use handle::{Dispatched, Handle};
 pub use host::HostBuffer;
 pub use layout::Layout;

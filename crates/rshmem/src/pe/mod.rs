@@ -238,6 +238,20 @@ impl Pe {
     pub fn placements(&self) -> &[crate::Placement] {
         &self.inner.placements
     }
+    /// The nodes `team`'s members run on ([`NodeMap`](crate::NodeMap)), from the placement
+    /// map the world agreed at start-up.
+    pub fn node_map(&self, team: &Team) -> crate::NodeMap {
+        let p = &self.inner.placements;
+        let nodes: Vec<usize> = team.members().iter().map(|&m| p[m].node).collect();
+        crate::NodeMap::from_nodes(&nodes)
+    }
+    /// Heap data this PE moved to or from PEs of other nodes since the world started: puts and
+    /// gets (each collective or MoE step counts as the operations it issues) and their bytes.
+    /// Barrier, signal and atomic words are not counted. `(0, 0)` in a world of one node.
+    pub fn net_traffic(&self) -> crate::NetTraffic {
+        let (ops, bytes) = self.inner.net.as_ref().map_or((0, 0), |n| n.traffic());
+        crate::NetTraffic { ops, bytes }
+    }
     /// True when world PE `pe` lives in this process (direct pointers, no mapping).
     pub fn is_same_process(&self, pe: usize) -> Result<bool> {
         self.check_pe(pe)?;

@@ -282,6 +282,12 @@ impl GpuColl<'_> {
         reduce: Option<Func>,
         sig: CallSig,
     ) -> Result<()> {
+        if !plan.groups.is_empty() {
+            // Hierarchical plans are for teams spanning nodes, which GPU heaps do not reach.
+            return Err(Error::invalid(
+                "internal: hierarchical collective plans run on the host executor only",
+            ));
+        }
         if plan.steps.first() != Some(&Step::Sync) || plan.syncs() < 2 {
             return Err(Error::invalid(
                 "internal: a collective plan must start with a barrier and have two",
@@ -374,6 +380,11 @@ impl GpuColl<'_> {
                         )?;
                     }
                 }
+                Step::ReduceGroup { .. } => {
+                    return Err(Error::invalid(
+                        "internal: hierarchical collective plans run on the host executor only",
+                    ))
+                }
             }
         }
         self.flush(s, &mut copies, dt, fused, ck)
@@ -449,7 +460,7 @@ pub(super) fn fusable(plan: &Plan, es: usize, limit: usize) -> bool {
     let (mut bytes, mut copies, mut reduces) = (0usize, 0, 0);
     for x in &st[1..st.len() - 1] {
         match *x {
-            Step::Sync => return false,
+            Step::Sync | Step::ReduceGroup { .. } => return false,
             Step::Copy { len, .. } => {
                 copies += 1;
                 bytes = bytes.saturating_add(len.saturating_mul(es));

@@ -187,6 +187,9 @@ impl<T: Elem> HostBuffer<T> {
                 }
             }
         }
+        if self.hier {
+            return self.combine_internode(pe, handle, rows, tokens, &rec);
+        }
         let h = self.cfg.hidden;
         let k = handle.top_k;
         if tokens {

@@ -118,36 +118,25 @@ impl<T: Elem> HostBuffer<T> {
         self.check_capacity("ep dispatch", &rec)?;
         let layout = layout.ok_or_else(|| Error::invalid("ep: internal: no layout"))?;
 
-        // Move: each token once to each PE it goes to, straight from `x`.
+        // Move: each token once to each PE it goes to, straight from `x` (internode: once to
+        // each other node, which forwards it).
         let h = self.cfg.hidden;
         let rmw = self.rmw;
-        let mut meta_rows: Vec<u32> = Vec::new();
-        for k in 0..n {
-            let d = (self.me + 1 + k) % n;
-            let wd = self.members[d];
-            let base = self.base(&rec, self.me, d);
-            meta_rows.clear();
-            let mut r = 0;
-            for t in 0..tokens {
-                if !layout.is_token_in_pe(t, d) {
-                    continue;
-                }
-                pe.put(&self.recv_x()?, (base + r) * h, &x[t * h..(t + 1) * h], wd)?;
-                let at = meta_rows.len();
-                meta_rows.resize(at + rmw, 0);
-                let m = &mut meta_rows[at..];
-                m[0] = t as u32;
-                for j in 0..top_k {
-                    m[1 + j] = topk_ids[t * top_k + j].to_i64() as i32 as u32;
-                    m[1 + top_k + j] = topk_weights[t * top_k + j].to_bits();
-                }
-                r += 1;
+        let src = Src {
+            x,
+            layout: &layout,
+            ids: topk_ids,
+            weights: topk_weights,
+            top_k,
+        };
+        let fwd = if self.hier {
+            self.send_internode(pe, &rec, &src)?
+        } else {
+            for k in 0..n {
+                self.send_direct(pe, &rec, &src, (self.me + 1 + k) % n)?;
             }
-            if r > 0 {
-                pe.put(&self.recv_meta()?, base * rmw, &meta_rows, wd)?;
-            }
-            self.signal_done(pe, d, r)?;
-        }
+            Vec::new()
+        };
         self.wait_data(pe, &rec, "ep dispatch")?;
 
         // Complete: read the row records, group by local expert.
@@ -164,6 +153,7 @@ impl<T: Elem> HostBuffer<T> {
         handle.src_weights = topk_weights.to_vec();
         handle.src_slot_pe = layout.slot_pes().to_vec();
         handle.num_tokens = tokens;
+        handle.fwd = fwd;
         let mut first_of = Vec::with_capacity(n + 1);
         first_of.push(0usize);
         for s in 0..n {
@@ -204,6 +194,39 @@ impl<T: Elem> HostBuffer<T> {
         Ok(Dispatched { x: out, handle })
     }
 
+    /// Puts this PE's tokens for member `d` (rows, then their records) into `d`'s receive
+    /// area, then the signal carrying their number.
+    pub(super) fn send_direct<I: TopkId>(
+        &self,
+        pe: &Pe,
+        rec: &Records,
+        src: &Src<'_, T, I>,
+        d: usize,
+    ) -> Result<()> {
+        let (h, rmw) = (self.cfg.hidden, self.rmw);
+        let wd = self.members[d];
+        let base = self.base(rec, self.me, d);
+        let mut meta_rows: Vec<u32> = Vec::new();
+        let mut r = 0;
+        for t in 0..src.layout.num_tokens() {
+            if !src.layout.is_token_in_pe(t, d) {
+                continue;
+            }
+            pe.put(
+                &self.recv_x()?,
+                (base + r) * h,
+                &src.x[t * h..(t + 1) * h],
+                wd,
+            )?;
+            src.record(t, rmw, &mut meta_rows);
+            r += 1;
+        }
+        if r > 0 {
+            pe.put(&self.recv_meta()?, base * rmw, &meta_rows, wd)?;
+        }
+        self.signal_done(pe, d, r)
+    }
+
     /// Builds the receive side of the handle from the row records of each source (`rows[s]` is
     /// `cnt(s, me) * rmw` words, in the sender's token order). Checks them against the records.
     pub(crate) fn assemble(&self, rec: &Records, rows: &[&[u32]], top_k: usize) -> Result<Handle> {
@@ -230,6 +253,7 @@ impl<T: Elem> HostBuffer<T> {
             expert_offsets: vec![0; epp + 1],
             row_token: Vec::new(),
             row_slot: Vec::new(),
+            fwd: Vec::new(),
         };
         let mut counts = vec![0usize; epp];
         let corrupt = |s: usize, why: &str| {
@@ -298,5 +322,29 @@ impl<T: Elem> HostBuffer<T> {
             }
         }
         Ok(h)
+    }
+}
+
+/// One PE's dispatch inputs, checked.
+pub(super) struct Src<'a, T, I> {
+    pub x: &'a [T],
+    pub layout: &'a Layout,
+    pub ids: &'a [I],
+    pub weights: &'a [f32],
+    pub top_k: usize,
+}
+
+impl<T, I: TopkId> Src<'_, T, I> {
+    /// Appends token `t`'s row record (token index, k ids, k weights; `rmw` words).
+    pub fn record(&self, t: usize, rmw: usize, out: &mut Vec<u32>) {
+        let k = self.top_k;
+        let at = out.len();
+        out.resize(at + rmw, 0);
+        let m = &mut out[at..];
+        m[0] = t as u32;
+        for j in 0..k {
+            m[1 + j] = self.ids[t * k + j].to_i64() as i32 as u32;
+            m[1 + k + j] = self.weights[t * k + j].to_bits();
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 mod combine;
 mod dispatch;
+mod hier;
 
 use super::handle::{Dispatched, Handle};
 use super::layout::Layout;
@@ -13,7 +14,7 @@ use crate::elem::{Cmp, Elem, ElemKind};
 use crate::error::{Error, Result};
 use crate::pe::{CallKind, Pe};
 use crate::sym::{Signal, Sym, SymView};
-use crate::team::Team;
+use crate::team::{NodeMap, Team};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -91,6 +92,11 @@ pub struct HostBuffer<T: Elem> {
     rmw: usize,
     epoch: u64,
     plan: Plan,
+    /// The team's nodes.
+    nodes: NodeMap,
+    /// Calls take the internode path (`hier.rs`): the team spans nodes, a node holds more
+    /// than one member, and [`set_hierarchical`](Self::set_hierarchical) did not turn it off.
+    hier: bool,
     /// All areas in one symmetric allocation (one collective, nothing half-allocated).
     area: Sym<u8>,
     _t: std::marker::PhantomData<fn() -> T>,
@@ -122,10 +128,23 @@ struct Plan {
     sig_off: usize,
     /// `[n]` of u64: rows sent by each source in the current call.
     done_off: usize,
+    /// The internode areas (`hier.rs`), present on teams that span nodes with a node of
+    /// several members (else empty, at `total`).
+    /// `[n * max_tokens, H]` of 4-byte elements: rows to forward, by source (dispatch, as T);
+    /// node partials coming back, by node (combine, as f32).
+    fx_off: usize,
+    /// `[n * max_tokens, rmw]` of u32: records of the rows to forward, by source.
+    fm_off: usize,
+    /// `[n * max_tokens, H]` of f32: this PE's partial of each token received, by source.
+    px_off: usize,
+    /// `[3, n]` of u64: signals and row counts of the forwarding steps, partials-ready flags.
+    fsig_off: usize,
+    /// Rows of the forwarding areas (`n * max_tokens`, or 0 without them).
+    fwd_rows: usize,
     total: usize,
 }
 
-fn plan(cfg: &EpConfig, n: usize, elem: usize) -> Result<Plan> {
+fn plan(cfg: &EpConfig, n: usize, elem: usize, internode: bool) -> Result<Plan> {
     cfg.validate(n)?;
     let per_pair = match cfg.mode {
         EpMode::Normal => cfg.max_tokens,
@@ -134,6 +153,11 @@ fn plan(cfg: &EpConfig, n: usize, elem: usize) -> Result<Plan> {
     let rows = mul(n, per_pair)?;
     let mw = R_FIXED + 2 * n + cfg.num_experts / n;
     let rmw = 1 + 2 * cfg.max_topk;
+    let fwd_rows = if internode {
+        mul(n, cfg.max_tokens)?
+    } else {
+        0
+    };
     let sizes = [
         mul(mul(rows, cfg.hidden)?, elem)?,
         mul(mul(rows, rmw)?, 4)?,
@@ -141,8 +165,12 @@ fn plan(cfg: &EpConfig, n: usize, elem: usize) -> Result<Plan> {
         mul(mul(2 * n, mw)?, 8)?,
         mul(n, 8)?,
         mul(n, 8)?,
+        mul(mul(fwd_rows, cfg.hidden)?, 4)?,
+        mul(mul(fwd_rows, rmw)?, 4)?,
+        mul(mul(fwd_rows, cfg.hidden)?, 4)?,
+        if internode { mul(3 * n, 8)? } else { 0 },
     ];
-    let mut offs = [0usize; 6];
+    let mut offs = [0usize; 10];
     let mut at = 0usize;
     for (o, sz) in offs.iter_mut().zip(sizes) {
         *o = at;
@@ -161,6 +189,11 @@ fn plan(cfg: &EpConfig, n: usize, elem: usize) -> Result<Plan> {
         rec_off: offs[3],
         sig_off: offs[4],
         done_off: offs[5],
+        fx_off: offs[6],
+        fm_off: offs[7],
+        px_off: offs[8],
+        fsig_off: offs[9],
+        fwd_rows,
         total: at,
     })
 }
@@ -189,7 +222,12 @@ impl<T: Elem> HostBuffer<T> {
                     pe.my_pe()
                 )));
             }
-            plan(&cfg, n, std::mem::size_of::<T>())
+            plan(
+                &cfg,
+                n,
+                std::mem::size_of::<T>(),
+                pe.node_map(team).is_hierarchical(),
+            )
         });
         let plan = match prepared {
             Ok(p) => p,
@@ -218,6 +256,8 @@ impl<T: Elem> HostBuffer<T> {
             rmw: plan.rmw,
             epoch: 0,
             plan,
+            nodes: pe.node_map(team),
+            hier: plan.fwd_rows > 0,
             area,
             _t: std::marker::PhantomData,
         };
@@ -225,6 +265,9 @@ impl<T: Elem> HostBuffer<T> {
         // before everyone cleared.
         pe.local_fill(&buf.sig()?, 0)?;
         pe.local_fill(&buf.done()?, 0)?;
+        if plan.fwd_rows > 0 {
+            pe.local_fill(&buf.fsig()?, 0)?;
+        }
         pe.team_barrier_as(team, crate::pe::CallKind::EpBufferNew)?;
         tracing::debug!(
             pe = pe.my_pe(),
@@ -236,9 +279,35 @@ impl<T: Elem> HostBuffer<T> {
         Ok(buf)
     }
 
-    /// Symmetric bytes per PE a buffer of `cfg` on a team of `n_pes` takes.
+    /// Symmetric bytes per PE a buffer of `cfg` on a team of `n_pes` on one node takes. On a
+    /// team spanning nodes with a node of several members, the internode areas add
+    /// `n_pes · max_tokens · (8·H + 4·(1 + 2·max_topk))` bytes and `24 · n_pes` of signals
+    /// ([`bytes_for_nodes`](Self::bytes_for_nodes)).
     pub fn bytes_for(cfg: &EpConfig, n_pes: usize) -> Result<usize> {
-        Ok(plan(cfg, n_pes, std::mem::size_of::<T>())?.total)
+        Ok(plan(cfg, n_pes, std::mem::size_of::<T>(), false)?.total)
+    }
+
+    /// Symmetric bytes per PE a buffer of `cfg` on a team placed as `nodes`
+    /// ([`Pe::node_map`](crate::Pe::node_map)) takes.
+    pub fn bytes_for_nodes(cfg: &EpConfig, nodes: &NodeMap) -> Result<usize> {
+        let (n, inter) = (nodes.n_pes(), nodes.is_hierarchical());
+        Ok(plan(cfg, n, std::mem::size_of::<T>(), inter)?.total)
+    }
+
+    /// Takes the internode path (the default where it applies) or the flat one, in which
+    /// every token crosses the network once per destination PE: a measurement knob, results
+    /// are the same but for the grouping of float additions in combine. Alike on every PE
+    /// (checked: a difference is [`Error::CollectiveMismatch`] on every PE at the next call).
+    /// Without effect on teams of one node or of one PE per node.
+    pub fn set_hierarchical(&mut self, on: bool) {
+        self.hier = on && self.plan.fwd_rows > 0;
+    }
+
+    /// True when calls take the internode path: a token crosses the network once per
+    /// destination node, to the PE of its source's local index there
+    /// ([`NodeMap::peer`]), which forwards it to the destination PEs of its node.
+    pub fn is_hierarchical(&self) -> bool {
+        self.hier
     }
 
     /// Symmetric bytes per PE this buffer takes.
@@ -267,6 +336,23 @@ impl<T: Elem> HostBuffer<T> {
     }
     fn done(&self) -> Result<SymView<'_, u64>> {
         self.area.view(self.plan.done_off, self.n)
+    }
+    /// The forwarding rows as `U` (T in dispatch, f32 in combine).
+    fn fx<U: Elem>(&self) -> Result<SymView<'_, U>> {
+        self.area
+            .view(self.plan.fx_off, self.plan.fwd_rows * self.cfg.hidden)
+    }
+    fn fm(&self) -> Result<SymView<'_, u32>> {
+        self.area
+            .view(self.plan.fm_off, self.plan.fwd_rows * self.plan.rmw)
+    }
+    fn px(&self) -> Result<SymView<'_, f32>> {
+        self.area
+            .view(self.plan.px_off, self.plan.fwd_rows * self.cfg.hidden)
+    }
+    /// `[fsig n | fdone n | psig n]`.
+    fn fsig(&self) -> Result<SymView<'_, u64>> {
+        self.area.view(self.plan.fsig_off, 3 * self.n)
     }
 
     /// The configuration.
@@ -347,7 +433,9 @@ impl<T: Elem> HostBuffer<T> {
         r[R_TOPK] = top_k as u64;
         r[R_TOKENS] = tokens as u64;
         r[R_HIDDEN] = self.cfg.hidden as u64;
-        r[R_EXPERTS] = self.cfg.num_experts as u64 | (self.mode_word() << 32);
+        // Bit 31 (experts fit in 31 bits): the internode path, which every PE must take alike.
+        r[R_EXPERTS] =
+            self.cfg.num_experts as u64 | u64::from(self.hier) << 31 | (self.mode_word() << 32);
         r[R_AUX] = aux;
         for (i, c) in cnt.iter().enumerate() {
             r[R_FIXED + i] = *c as u64;
@@ -460,12 +548,18 @@ impl<T: Elem> HostBuffer<T> {
     }
 
     fn signal_done(&self, pe: &Pe, d: usize, rows: usize) -> Result<()> {
+        self.signal_done_as(pe, self.me, d, rows)
+    }
+
+    /// Tells member `d` that the `rows` rows of source `s` (this PE, or a source of another
+    /// node whose rows this PE forwarded) are in place.
+    fn signal_done_as(&self, pe: &Pe, s: usize, d: usize, rows: usize) -> Result<()> {
         pe.fence();
         pe.put_signal(
             &self.done()?,
-            self.me,
+            s,
             &[rows as u64],
-            Signal::set(&self.sig()?, self.me, self.epoch),
+            Signal::set(&self.sig()?, s, self.epoch),
             self.members[d],
         )
     }

@@ -8,6 +8,7 @@ use crate::backend::{AtomicOp, Backend};
 use crate::bootstrap::Bootstrap;
 use crate::config::BackendKind;
 use crate::error::Result;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 /// See the module documentation.
@@ -22,6 +23,10 @@ pub(crate) struct Net {
     remote: Vec<bool>,
     /// Bytes of the control block at the start of each segment (the heap follows it).
     ctrl_bytes: usize,
+    /// Heap puts and gets to other nodes, and their bytes ([`Pe::net_traffic`]).
+    ///
+    /// [`Pe::net_traffic`]: crate::Pe::net_traffic
+    traffic: [std::sync::atomic::AtomicU64; 2],
 }
 
 impl Net {
@@ -51,7 +56,19 @@ impl Net {
             segments: all.into_iter().map(|r| r[0]).collect(),
             remote,
             ctrl_bytes,
+            traffic: Default::default(),
         })
+    }
+
+    /// (operations, bytes) of heap puts and gets this PE sent to other nodes.
+    pub fn traffic(&self) -> (u64, u64) {
+        let [ops, bytes] = &self.traffic;
+        (ops.load(Relaxed), bytes.load(Relaxed))
+    }
+
+    fn count(&self, bytes: usize) {
+        self.traffic[0].fetch_add(1, Relaxed);
+        self.traffic[1].fetch_add(bytes as u64, Relaxed);
     }
 
     /// Reads the completion queue if no other thread is doing so (never blocks).
@@ -123,6 +140,7 @@ impl Backend for FabricBackend {
             return self.local.put(pe, offset, src);
         }
         let n = &self.net;
+        n.count(src.len());
         n.ep.write(pe, &n.segments[pe], n.ctrl_bytes + offset, src, true)
     }
     fn get(&self, pe: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
@@ -130,6 +148,7 @@ impl Backend for FabricBackend {
             return self.local.get(pe, offset, dst);
         }
         let n = &self.net;
+        n.count(dst.len());
         n.ep.read(pe, &n.segments[pe], n.ctrl_bytes + offset, dst)
     }
     fn atomic(&self, pe: usize, offset: usize, wide: bool, op: AtomicOp) -> Result<u64> {
