@@ -21,29 +21,23 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_low_latency_dispatch_combine_under_torchrun():
-    env = clean_env()
-    port = free_port_pair()
-    worker = Path(__file__).parent / "gpu_ll_worker.py"
+def torchrun(worker):
+    """Runs tests/``worker`` under torchrun with 2 processes; both must print OK."""
+    path = Path(__file__).parent / worker
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(port), str(worker)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-        cwd=os.path.dirname(worker))
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port_pair()), str(path)],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=600, cwd=os.path.dirname(path))
     assert r.returncode == 0, r.stdout
     assert r.stdout.count("OK rank") == 2, r.stdout
+
+
+def test_low_latency_dispatch_combine_under_torchrun():
+    torchrun("gpu_ll_worker.py")
 
 
 def test_normal_dispatch_combine_under_torchrun():
     """Normal mode through rshmem.ep.Buffer (tests/gpu_ep_worker.py): staged and in-place
     inputs, a rank without tokens, exact outputs."""
-    env = clean_env()
-    port = free_port_pair()
-    worker = Path(__file__).parent / "gpu_ep_worker.py"
-    r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(port), str(worker)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-        cwd=os.path.dirname(worker))
-    assert r.returncode == 0, r.stdout
-    assert r.stdout.count("OK rank") == 2, r.stdout
+    torchrun("gpu_ep_worker.py")
