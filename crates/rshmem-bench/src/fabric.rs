@@ -281,13 +281,15 @@ pub fn parse_fabtests(out: &str) -> Option<PingPong> {
 }
 
 /// Runs a fabtests RMA tool (server and client on loopback, addresses exchanged out of band)
-/// for one operation (`write`, `read`) and size; the client's figure.
+/// for one operation (`write`, `read`) and size, `window` transfers in flight where the tool
+/// takes one (`-W`); the client's figure.
 pub fn fabtests_rma(
     tool: &str,
     target: &FabricTarget,
     op: &str,
     bytes: usize,
     iters: usize,
+    window: Option<usize>,
 ) -> Result<PingPong> {
     let fail = |msg: String| Error::Backend {
         backend: "fabric",
@@ -309,6 +311,9 @@ pub fn fabtests_rma(
     ];
     if let Some(d) = &target.domain {
         common.extend(["-d".to_string(), d.clone()]);
+    }
+    if let Some(w) = window {
+        common.extend(["-W".to_string(), w.to_string()]);
     }
     let mut server = Command::new(tool)
         .args(&common)
@@ -424,12 +429,15 @@ pub fn add_baselines(
                 Baseline::FiPingpong => fi_pingpong(target, bytes, iters)?.usec_per_xfer,
                 Baseline::FiRmaBw => {
                     let op = if r.op == "get" { "read" } else { "write" };
-                    // Enough transfers for several of its windows (64 by default).
-                    let iters = (256usize << 20).div_ceil(bytes).clamp(200, 2000);
-                    fabtests_rma("fi_rma_bw", target, op, bytes, iters)?.usec_per_xfer
+                    // Its default window (64) but at most 256 MiB in flight (each side holds
+                    // a window of buffers), and several windows of transfers.
+                    let window = (256usize << 20).div_ceil(bytes).clamp(1, 64);
+                    let iters = (256usize << 20).div_ceil(bytes).max(4 * window).min(2000);
+                    fabtests_rma("fi_rma_bw", target, op, bytes, iters, Some(window))?.usec_per_xfer
                 }
                 Baseline::FiRmaPingpong => {
-                    fabtests_rma("fi_rma_pingpong", target, "write", bytes, iters)?.usec_per_xfer
+                    fabtests_rma("fi_rma_pingpong", target, "write", bytes, iters, None)?
+                        .usec_per_xfer
                 }
                 Baseline::OpenShmem => shmem
                     .iter()

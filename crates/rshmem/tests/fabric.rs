@@ -465,7 +465,10 @@ fn a_node_killed_mid_transfer_ends_the_transfer_in_an_error_naming_it() {
             break e;
         }
         assert!(back == data, "data read back");
-        assert!(t0.elapsed() < Duration::from_secs(60), "no error after the kill");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no error after the kill"
+        );
     };
     let el = t0.elapsed();
     assert!(
