@@ -112,7 +112,7 @@ pub fn fi_pingpong(target: &FabricTarget, bytes: usize, iters: usize) -> Result<
 }
 
 /// Runs the suite (collective over every PE; PE 0 and PE 1 take part, the others only
-/// synchronise). Returns PE 0's records, without their baseline ([`add_baseline`]).
+/// synchronise). Returns PE 0's records, without their baselines ([`add_baselines`]).
 pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<BenchRecord>> {
     if pe.n_pes() < 2 || pe.placement(0)?.node == pe.placement(1)?.node {
         return Err(Error::InvalidArgument(
