@@ -240,7 +240,7 @@ impl Endpoint {
                     .into_owned(),
                 max_msg,
                 (*i.tx_attr).size,
-                (*i.tx_attr).msg_order & FI_ORDER_WAW != 0
+                (*i.tx_attr).msg_order & (FI_ORDER_WAW | FI_ORDER_RMA_WAW) != 0
                     && (*i.ep_attr).max_order_waw_size >= max_msg.min(CHUNK),
             )
         };

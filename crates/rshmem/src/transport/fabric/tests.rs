@@ -537,6 +537,7 @@ fn abi_constants() -> Vec<(&'static str, i64)> {
         ("FI_COMPLETION", ffi::FI_COMPLETION as i64),
         ("FI_REMOTE_WRITE", ffi::FI_REMOTE_WRITE as i64),
         ("FI_ORDER_WAW", ffi::FI_ORDER_WAW as i64),
+        ("FI_ORDER_RMA_WAW", ffi::FI_ORDER_RMA_WAW as i64),
         ("FI_MAJOR_VERSION", ffi::FI_MAJOR_VERSION as i64),
     ]
 }

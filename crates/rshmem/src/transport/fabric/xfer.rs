@@ -3,11 +3,13 @@
 //! and the window refilled, so copying, posting and the wire overlap.
 //!
 //! A put that must be delivered when it returns asks for delivery completion on its last chunk
-//! only when the provider places RMA writes to one peer in the order they were posted
-//! (`FI_ORDER_WAW` in the endpoint's message order, with `max_order_waw_size` covering a
-//! chunk): the last chunk's data is then in the target's memory after every earlier chunk's,
-//! and the earlier chunks need only transmit completion (their staging slot is free to reuse).
-//! Otherwise every chunk asks for delivery completion.
+//! only when the provider places the data of RMA writes to one peer in the order they were
+//! posted (`FI_ORDER_WAW` or `FI_ORDER_RMA_WAW` in the endpoint's message order, and
+//! `max_order_waw_size`, the data-placement ordering, covering a chunk): the last chunk's data
+//! is then in the target's memory after every earlier chunk's, and the earlier chunks need
+//! only transmit completion. Otherwise every chunk asks for delivery completion (tcp;ofi_rxm
+//! reports message ordering but a `max_order_waw_size` of 0, and offers no endpoint with
+//! atomics when `FI_ORDER_WAW` is asked for).
 //!
 //! A wait that gives up (deadline, lost peer, a failed chunk) leaves the slots still in flight
 //! to the provider for good (they are leaked, never reused), since a late completion could
