@@ -85,7 +85,7 @@ pub(crate) struct Endpoint {
     /// Chunks of one put or get in flight at once.
     window: usize,
     /// The provider places RMA writes to a peer in posting order (see `xfer.rs`).
-    ordered_writes: bool,
+    ordered_writes: AtomicBool,
     /// Staging slots of puts and gets, free for reuse.
     pool: Mutex<Vec<Slot>>,
     /// A small registered buffer for atomic operands and results.
@@ -278,7 +278,7 @@ impl Endpoint {
             provider,
             // A queue of unknown size (0) still takes one operation at a time.
             window: WINDOW.min(tx_size).max(1),
-            ordered_writes,
+            ordered_writes: AtomicBool::new(ordered_writes),
             pool: Mutex::new(Vec::new()),
             bounce: Mutex::new(None),
             timeout: config.timeout,
@@ -612,7 +612,14 @@ impl Endpoint {
 
     /// Whether the provider places RMA writes to a peer in posting order.
     pub(super) fn ordered_writes(&self) -> bool {
-        self.ordered_writes
+        self.ordered_writes.load(Ordering::Relaxed)
+    }
+
+    /// Takes the provider's writes as ordered whatever it declares, to exercise the
+    /// transmit-complete path on a provider that declares none.
+    #[cfg(test)]
+    pub(super) fn assume_ordered_writes(&self) {
+        self.ordered_writes.store(true, Ordering::Relaxed);
     }
 
     /// The pool of free staging slots.

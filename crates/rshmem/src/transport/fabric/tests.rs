@@ -389,7 +389,13 @@ fn pipelined_puts_and_gets_of_many_windows_and_odd_sizes_move_exact_bytes() {
     let len = big + 64;
     with_pes(2, len, |me, ep, mr, heaps, boot| {
         let peer = 1 - me;
-        for (i, &n) in sizes.iter().enumerate() {
+        // Each size twice: with the completion semantics the provider's ordering allows, then
+        // with transmit completion on all but the last chunk (tcp declares no data-placement
+        // ordering, but its one stream per peer places writes in order).
+        for (i, &n) in sizes.iter().chain(sizes.iter()).enumerate() {
+            if i == sizes.len() {
+                ep.assume_ordered_writes();
+            }
             // The target's heap is poisoned, then PE 0 puts n random bytes at odd offset 3.
             mr.bytes_mut().fill(0xEE);
             boot.barrier().expect("barrier");
