@@ -9,7 +9,9 @@
 #
 # The source is Debian's (`apt-get source`; a deb-src line for the archives the binary packages
 # come from is added when none is configured), or, with LIBFABRIC_GIT, a clone of the upstream
-# repository at the tag of the installed version (v1.17.0 for 1.17.0-3): the same fabtests.
+# repository at the tag of the installed version (v1.17.0 for 1.17.0-3): the same fabtests
+# (LIBFABRIC_TAG picks another tag, e.g. v1.21.0 for fi_rma_pingpong, where it builds against
+# the installed headers).
 # Needs root for apt, a C compiler, make and autotools (for the git tree). The binaries link the system's libfabric.so.1
 # only: carrying OUT_DIR/bin to a machine with libfabric1 installed is enough.
 set -euo pipefail
@@ -29,7 +31,7 @@ command -v make >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y 
 
 cd "$work"
 if [ -n "${LIBFABRIC_GIT:-}" ]; then
-  tag="v${ver%%-*}"
+  tag="${LIBFABRIC_TAG:-v${ver%%-*}}"
   mkdir libfabric
   git -C "$LIBFABRIC_GIT" archive "$tag" fabtests | tar -x -C libfabric
 else

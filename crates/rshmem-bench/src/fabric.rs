@@ -207,7 +207,7 @@ pub enum Baseline {
     FiPingpong,
     /// Fabtests' `fi_rma_bw -e rdm -o write|read`: windowed RMA bandwidth.
     FiRmaBw,
-    /// Fabtests' `fi_rma_pingpong -e rdm -o write` (libfabric 1.18 on; not in 1.17).
+    /// Fabtests' `fi_rma_pingpong -e rdm -o write` (libfabric 1.21 on; not in 1.17).
     FiRmaPingpong,
     /// Open MPI's OpenSHMEM (`oshrun` and `rshmem-oshmem-fabric-bench` from
     /// `bench/openshmem-build.sh`), UCX on tcp over loopback.
