@@ -41,7 +41,10 @@ else
       > /etc/apt/sources.list.d/rshmem-deb-src.sources
   fi
   apt-get update -qq
-  apt-get source -qq --download-only "libfabric=$ver"
+  apt-get source -qq --download-only "libfabric=$ver" || {
+    echo "no Debian source of libfabric $ver here: set LIBFABRIC_GIT to a clone of the upstream libfabric repository" >&2
+    exit 1
+  }
   dpkg-source -x --no-check libfabric_*.dsc libfabric >/dev/null
 fi
 cd libfabric/fabtests
