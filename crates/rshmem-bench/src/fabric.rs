@@ -4,7 +4,10 @@
 //! domain, over loopback.
 //!
 //! `fi_pingpong` is a message ping-pong on an RDM endpoint; its `usec/xfer` (one way, one
-//! transfer of the size) is the baseline time of every figure. rshmem's latency is half a
+//! transfer of the size) is the baseline time of every figure. Fabtests' `fi_rma_bw` (windowed
+//! RMA writes or reads, `bench/fabtests-build.sh`), `fi_rma_pingpong` and Open MPI's OpenSHMEM
+//! (`bench/openshmem-build.sh`) are further baselines when they are on `PATH`, each record
+//! repeated per baseline ([`add_baselines`]). rshmem's latency is half a
 //! round trip of 8-byte puts each waited for by its target (`p` then `wait_until`), and its
 //! bandwidth that of back-to-back blocking puts (or gets) of one size. Data is checked after
 //! each timed loop.
@@ -109,7 +112,7 @@ pub fn fi_pingpong(target: &FabricTarget, bytes: usize, iters: usize) -> Result<
 }
 
 /// Runs the suite (collective over every PE; PE 0 and PE 1 take part, the others only
-/// synchronise). Returns PE 0's records, without their baseline ([`add_baseline`]).
+/// synchronise). Returns PE 0's records, without their baselines ([`add_baselines`]).
 pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<BenchRecord>> {
     if pe.n_pes() < 2 || pe.placement(0)?.node == pe.placement(1)?.node {
         return Err(Error::InvalidArgument(
@@ -197,32 +200,286 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
         .collect())
 }
 
-/// Fills in the baseline of every record: `fi_pingpong`'s one-way time for the record's size
-/// (8 bytes for the latency). Run it when no PE of the world is left spinning, so that the
-/// baseline has the machine to itself as the world had.
-pub fn add_baseline(
-    records: &mut [BenchRecord],
+/// A baseline tool that may be on `PATH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Baseline {
+    /// `fi_pingpong -e rdm` (Debian's `libfabric-bin`): a message ping-pong.
+    FiPingpong,
+    /// Fabtests' `fi_rma_bw -e rdm -o write|read`: windowed RMA bandwidth.
+    FiRmaBw,
+    /// Fabtests' `fi_rma_pingpong -e rdm -o write` (libfabric 1.21 on; not in 1.17).
+    FiRmaPingpong,
+    /// Open MPI's OpenSHMEM (`oshrun` and `rshmem-oshmem-fabric-bench` from
+    /// `bench/openshmem-build.sh`), UCX on tcp over loopback.
+    OpenShmem,
+}
+
+impl Baseline {
+    /// Every baseline, in the order they run.
+    pub const ALL: [Baseline; 4] = [
+        Baseline::FiPingpong,
+        Baseline::FiRmaBw,
+        Baseline::FiRmaPingpong,
+        Baseline::OpenShmem,
+    ];
+
+    /// The name in records and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Baseline::FiPingpong => "fi_pingpong",
+            Baseline::FiRmaBw => "fi_rma_bw",
+            Baseline::FiRmaPingpong => "fi_rma_pingpong",
+            Baseline::OpenShmem => "openshmem",
+        }
+    }
+
+    /// The programs it needs.
+    fn programs(self) -> &'static [&'static str] {
+        match self {
+            Baseline::FiPingpong => &["fi_pingpong"],
+            Baseline::FiRmaBw => &["fi_rma_bw"],
+            Baseline::FiRmaPingpong => &["fi_rma_pingpong"],
+            Baseline::OpenShmem => &["oshrun", OSHMEM_BENCH],
+        }
+    }
+
+    /// Whether it has a figure for `op` (`put_latency`, `put`, `get`).
+    fn covers(self, op: &str) -> bool {
+        match self {
+            Baseline::FiPingpong | Baseline::OpenShmem => true,
+            Baseline::FiRmaBw => op != "put_latency",
+            Baseline::FiRmaPingpong => op != "get",
+        }
+    }
+}
+
+/// The OpenSHMEM program `bench/openshmem-build.sh` builds.
+pub const OSHMEM_BENCH: &str = "rshmem-oshmem-fabric-bench";
+
+/// Whether `prog` is an executable file in a folder of `PATH`.
+pub fn on_path(prog: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p).any(|d| {
+            let f = d.join(prog);
+            std::fs::metadata(&f).is_ok_and(|m| m.is_file())
+        })
+    })
+}
+
+/// Parses the last line of a fabtests table (`bytes iters total time MB/sec usec/xfer
+/// Mxfers/sec`).
+pub fn parse_fabtests(out: &str) -> Option<PingPong> {
+    let line = out.lines().rev().find(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() == 7 && f[4].parse::<f64>().is_ok() && f[5].parse::<f64>().is_ok()
+    })?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    Some(PingPong {
+        mb_per_s: f[4].parse().ok()?,
+        usec_per_xfer: f[5].parse().ok()?,
+    })
+}
+
+/// Runs a fabtests RMA tool (server and client on loopback, addresses exchanged out of band)
+/// for one operation (`write`, `read`) and size, `window` transfers in flight where the tool
+/// takes one (`-W`); the client's figure.
+pub fn fabtests_rma(
+    tool: &str,
+    target: &FabricTarget,
+    op: &str,
+    bytes: usize,
+    iters: usize,
+    window: Option<usize>,
+) -> Result<PingPong> {
+    let fail = |msg: String| Error::Backend {
+        backend: "fabric",
+        msg: format!("{tool} (fabtests): {msg}"),
+    };
+    let (oob, port) = (free_port()?.to_string(), free_port()?.to_string());
+    let mut common = vec![
+        "-p".to_string(),
+        target.provider.clone(),
+        "-e".into(),
+        "rdm".into(),
+        "-o".into(),
+        op.into(),
+        "-I".into(),
+        iters.to_string(),
+        "-S".into(),
+        bytes.to_string(),
+        format!("-E={oob}"),
+    ];
+    if let Some(d) = &target.domain {
+        common.extend(["-d".to_string(), d.clone()]);
+    }
+    if let Some(w) = window {
+        common.extend(["-W".to_string(), w.to_string()]);
+    }
+    let mut server = Command::new(tool)
+        .args(&common)
+        .args(["-B", &port])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start it: {e}")))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let client = loop {
+        let out = Command::new("timeout")
+            .arg("120")
+            .arg(tool)
+            .args(&common)
+            .args(["-P", &port, "127.0.0.1"])
+            .output()
+            .map_err(|e| fail(format!("cannot start the client: {e}")))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !text.contains("refused") || Instant::now() > deadline {
+            break (out.status.success(), text);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    if !client.0 {
+        return Err(fail(format!("client failed: {}", client.1.trim())));
+    }
+    parse_fabtests(&client.1).ok_or_else(|| fail(format!("unreadable output: {}", client.1.trim())))
+}
+
+/// Runs the OpenSHMEM program on 2 PEs (UCX on tcp over the loopback interface, as the
+/// fabric world runs) for the latency and every size; its lines `op bytes usec`.
+pub fn openshmem(latency_iters: usize, sizes: &[usize]) -> Result<Vec<(String, usize, f64)>> {
+    let out = Command::new("timeout")
+        .args(["600", "oshrun", "-n", "2", "--oversubscribe", OSHMEM_BENCH])
+        .arg(latency_iters.to_string())
+        .args(sizes.iter().map(|s| s.to_string()))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("UCX_TLS", "tcp,self")
+        .env("UCX_NET_DEVICES", "lo")
+        .output()
+        .map_err(|e| Error::Backend {
+            backend: "fabric",
+            msg: format!("oshrun: {e}"),
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Open MPI 4.1.4's OSHMEM may crash in shmem_finalize after printing every figure: the
+    // figures count when all of them are there.
+    let figs: Vec<(String, usize, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f[..] {
+                [op, b, t] => Some((op.to_string(), b.parse().ok()?, t.parse().ok()?)),
+                _ => None,
+            }
+        })
+        .collect();
+    if figs.len() != 1 + 2 * sizes.len() {
+        return Err(Error::Backend {
+            backend: "fabric",
+            msg: format!(
+                "oshrun {OSHMEM_BENCH}: {} figures of {} (exit {:?}): {}",
+                figs.len(),
+                1 + 2 * sizes.len(),
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(figs)
+}
+
+/// One copy of `records` per baseline found on `PATH`, each with that baseline's time for the
+/// record's operation and size (8 bytes for the latency) and the ratio (baseline time / ours),
+/// figures a baseline has none for left out. A baseline that is absent is skipped with a
+/// message on stderr; a run of one that fails leaves its figure at 0 (no ratio), saying so. Run it when no PE of the world is left
+/// spinning, so that each baseline has the machine to itself as the world had.
+pub fn add_baselines(
+    records: &[BenchRecord],
     latency_iters: usize,
     target: &FabricTarget,
-) -> Result<()> {
-    for r in records.iter_mut() {
-        let (bytes, iters) = if r.op == "put_latency" {
-            (8, latency_iters.max(10))
+) -> Vec<BenchRecord> {
+    let mut out = Vec::new();
+    for b in Baseline::ALL {
+        if let Some(p) = b.programs().iter().find(|p| !on_path(p)) {
+            eprintln!("rshmem perf: {} skipped ({p} is not on PATH)", b.name());
+            continue;
+        }
+        let shmem = if b == Baseline::OpenShmem {
+            let mut sizes: Vec<usize> = records
+                .iter()
+                .filter(|r| r.op != "put_latency")
+                .map(|r| r.bytes)
+                .collect();
+            sizes.dedup();
+            match openshmem(latency_iters, &sizes) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("rshmem perf: openshmem skipped: {e}");
+                    continue;
+                }
+            }
         } else {
-            (
-                r.bytes,
-                (8usize << 20).div_ceil(r.bytes.max(1)).clamp(5, 100),
-            )
+            Vec::new()
         };
-        let base = fi_pingpong(target, bytes, iters)?.usec_per_xfer;
-        r.baseline_time_us = base;
-        r.ratio = if r.time_us > 0.0 {
-            base / r.time_us
-        } else {
-            0.0
-        };
+        for r in records.iter().filter(|r| b.covers(r.op)) {
+            let lat = r.op == "put_latency";
+            let bytes = if lat { 8 } else { r.bytes };
+            let iters = if lat {
+                latency_iters.max(10)
+            } else {
+                (8usize << 20).div_ceil(bytes.max(1)).clamp(5, 100)
+            };
+            let base = match b {
+                Baseline::FiPingpong => fi_pingpong(target, bytes, iters).map(|p| p.usec_per_xfer),
+                Baseline::FiRmaBw => {
+                    let op = if r.op == "get" { "read" } else { "write" };
+                    // Its default window (64) but at most 256 MiB in flight (each side holds
+                    // a window of buffers), and several windows of transfers.
+                    let window = (256usize << 20).div_ceil(bytes).clamp(1, 64);
+                    let iters = (256usize << 20).div_ceil(bytes).max(4 * window).min(2000);
+                    fabtests_rma("fi_rma_bw", target, op, bytes, iters, Some(window))
+                        .map(|p| p.usec_per_xfer)
+                }
+                Baseline::FiRmaPingpong => {
+                    fabtests_rma("fi_rma_pingpong", target, "write", bytes, iters, None)
+                        .map(|p| p.usec_per_xfer)
+                }
+                Baseline::OpenShmem => Ok(shmem
+                    .iter()
+                    .find(|(op, n, _)| op == r.op && (lat || *n == bytes))
+                    .map(|f| f.2)
+                    .unwrap_or(0.0)),
+            };
+            // One failed baseline run (a port taken meanwhile, a crash) costs its figure, not
+            // the world's figures measured before it.
+            let base = base.unwrap_or_else(|e| {
+                eprintln!(
+                    "rshmem perf: {} for {} of {bytes} B failed: {e}",
+                    b.name(),
+                    r.op
+                );
+                0.0
+            });
+            let mut rec = r.clone();
+            rec.baseline = b.name();
+            rec.baseline_time_us = base;
+            rec.ratio = if r.time_us > 0.0 && base > 0.0 {
+                base / r.time_us
+            } else {
+                0.0
+            };
+            out.push(rec);
+        }
     }
-    Ok(())
+    if out.is_empty() {
+        out.extend(records.iter().cloned().map(|mut r| {
+            r.baseline = "";
+            r
+        }));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -242,5 +499,28 @@ mod tests {
             })
         );
         assert_eq!(parse_pingpong("error: nothing"), None);
+    }
+
+    #[test]
+    fn fabtests_table_is_read() {
+        let out = "bytes   iters   total       time     MB/sec    usec/xfer   Mxfers/sec\n\
+                   1m      40      40m         0.02s   2221.09     472.10       0.00\n";
+        assert_eq!(
+            parse_fabtests(out),
+            Some(PingPong {
+                usec_per_xfer: 472.10,
+                mb_per_s: 2221.09
+            })
+        );
+        assert_eq!(parse_fabtests(out.lines().next().unwrap_or("")), None);
+    }
+
+    #[test]
+    fn baselines_cover_their_figures() {
+        assert!(!Baseline::FiRmaBw.covers("put_latency"));
+        assert!(Baseline::FiRmaBw.covers("get"));
+        assert!(!Baseline::FiRmaPingpong.covers("get"));
+        assert!(Baseline::OpenShmem.covers("put_latency"));
+        assert!(!on_path("rshmem-no-such-program"));
     }
 }

@@ -426,6 +426,64 @@ fn killing_a_whole_node_is_peer_lost_naming_it_on_every_other_pe() {
 }
 
 #[test]
+fn a_node_killed_mid_transfer_ends_the_transfer_in_an_error_naming_it() {
+    if skip() {
+        return;
+    }
+    let test = "a_node_killed_mid_transfer_ends_the_transfer_in_an_error_naming_it";
+    if !harness::is_child() {
+        let env = [
+            (harness::CHILD_VAR, "kill-mid-transfer"),
+            ("RSHMEM_TIMEOUT", "30"),
+            ("RSHMEM_HEAP_SIZE", "16M"),
+        ];
+        let out = harness::spawn_self(test, 2, 1, &env, Duration::from_secs(15));
+        assert_eq!(out.exits[1], Exit::Signal(9), "{:?}", out.exits);
+        assert_eq!(out.exits[0], Exit::Code(0), "survivor: {:?}", out.exits);
+        return;
+    }
+    // Two nodes of one process; node 1 is killed while PE 0 puts and gets 8 MiB (many windows
+    // of chunks) to and from it, over and over.
+    let pe = Launch::new().config(config(1)).init().expect("init");
+    let n = 8 << 20;
+    let buf = pe.alloc::<u8>(n).expect("alloc");
+    pe.barrier_all().expect("first barrier");
+    if pe.my_pe() == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: plain syscall on this process.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        std::process::abort();
+    }
+    let data = harness::rand_vec::<u8>(0, 1, n);
+    let mut back = vec![0u8; n];
+    let t0 = Instant::now();
+    let e = loop {
+        if let Err(e) = pe.put(&buf, 0, &data, 1) {
+            break e;
+        }
+        if let Err(e) = pe.get(&buf, 0, &mut back, 1) {
+            break e;
+        }
+        assert!(back == data, "data read back");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no error after the kill"
+        );
+    };
+    let el = t0.elapsed();
+    assert!(
+        matches!(
+            e,
+            Error::PeerLost { pe: 1, .. }
+                | Error::Fabric { pe: Some(1), .. }
+                | Error::Timeout { pe: Some(1), .. }
+        ),
+        "{e:?}"
+    );
+    assert!(el < Duration::from_secs(25), "error after {el:?}");
+}
+
+#[test]
 fn a_world_across_nodes_with_the_cuda_backend_is_refused_on_every_pe() {
     // Thread-PEs naming two nodes: the check comes before any CUDA or fabric call.
     let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");

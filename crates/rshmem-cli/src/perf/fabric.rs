@@ -1,6 +1,7 @@
 //! The fabric group: two processes that play two nodes (`RSHMEM_NODE` from their rank) over
 //! libfabric on one provider and domain (default tcp on loopback), and `fi_pingpong` on the
-//! same provider as the baseline (`rshmem_bench::fabric`).
+//! same provider as the baselines (`fi_pingpong`, fabtests' `fi_rma_bw` / `fi_rma_pingpong`
+//! and Open MPI's OpenSHMEM where they are on PATH; `rshmem_bench::fabric`).
 
 use super::*;
 
@@ -66,12 +67,11 @@ pub(super) fn run_fabric(args: &PerfArgs) -> CliResult<Vec<Record>> {
     .map(to_bench)
     .collect::<CliResult<_>>()?;
     // The baseline runs now, with the world gone: no PE spins beside it.
-    let mut recs = recs;
     let target = rshmem_bench::fabric::FabricTarget {
         provider: args.fabric_provider.clone(),
         domain: args.fabric_domain.clone(),
     };
-    rshmem_bench::fabric::add_baseline(&mut recs, latency_iters, &target)?;
+    let recs = rshmem_bench::fabric::add_baselines(&recs, latency_iters, &target);
     Ok(recs.iter().map(cuda::from_cuda).collect())
 }
 

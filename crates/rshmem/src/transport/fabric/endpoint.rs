@@ -11,6 +11,7 @@
 use super::ffi::*;
 use super::loader::{lib, Lib};
 use super::mr::{MemoryRegion, Remote};
+use super::xfer::{Dir, Slot, CHUNK, WINDOW};
 use crate::backend::AtomicOp;
 use crate::error::{Error, Result};
 use std::collections::{HashMap, HashSet};
@@ -42,28 +43,28 @@ impl Default for FabricConfig {
 }
 
 /// The raw handles, closed in reverse order of opening.
-struct Handles {
+pub(super) struct Handles {
     info: *mut fi_info,
     fabric: *mut fid_fabric,
     domain: *mut fid_domain,
     av: *mut fid_av,
     cq: *mut fid_cq,
-    ep: *mut fid_ep,
+    pub(super) ep: *mut fid_ep,
 }
 
 /// Mutable state behind the endpoint's lock: the handles are used by one thread at a time
 /// (libfabric's FI_THREAD_DOMAIN contract, the cheapest every provider offers).
 pub(super) struct State {
     lib: &'static Lib,
-    h: Handles,
+    pub(super) h: Handles,
     /// Id of the next operation posted (its completion context; never 0).
-    next_id: u64,
+    pub(super) next_id: u64,
     /// Completed operations not yet collected by their waiter: id → error text, if it failed.
-    done: HashMap<u64, Option<String>>,
+    pub(super) done: HashMap<u64, Option<String>>,
     /// Operations whose waiter gave up (peer lost, deadline): their completions are dropped.
-    abandoned: HashSet<u64>,
+    pub(super) abandoned: HashSet<u64>,
     /// Addresses of the peers, by peer index (after `insert_peers`).
-    peers: Vec<fi_addr_t>,
+    pub(super) peers: Vec<fi_addr_t>,
 }
 
 // SAFETY: the raw handles are only used under the endpoint's mutex.
@@ -81,8 +82,13 @@ pub(crate) struct Endpoint {
     max_msg: usize,
     /// Name of the provider chosen.
     pub provider: String,
-    /// A small registered buffer for atomic operands and results (and, where the provider
-    /// wants local buffers registered, the staging of puts and gets).
+    /// Chunks of one put or get in flight at once.
+    window: usize,
+    /// The provider places RMA writes to a peer in posting order (see `xfer.rs`).
+    ordered_writes: AtomicBool,
+    /// Staging slots of puts and gets, free for reuse.
+    pool: Mutex<Vec<Slot>>,
+    /// A small registered buffer for atomic operands and results.
     bounce: Mutex<Option<MemoryRegion>>,
     timeout: Duration,
     /// Peers known lost (`mark_lost`): operations waiting on them give up at once.
@@ -99,10 +105,10 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-/// Bytes of the bounce buffer.
-const BOUNCE: usize = 1 << 20;
+/// Bytes of the bounce buffer (atomic operands and results).
+const BOUNCE: usize = 4096;
 
-fn fail(op: &'static str, pe: Option<usize>, msg: String) -> Error {
+pub(super) fn fail(op: &'static str, pe: Option<usize>, msg: String) -> Error {
     Error::Fabric { op, pe, msg }
 }
 
@@ -149,7 +155,7 @@ impl State {
     }
 
     /// Reads completions until none is ready; records the first error.
-    fn reap(&mut self, lib: &Lib) {
+    pub(super) fn reap(&mut self, lib: &Lib) {
         let mut entries = [const {
             fi_cq_entry {
                 op_context: std::ptr::null_mut(),
@@ -224,14 +230,18 @@ impl Endpoint {
             }
         }
         // SAFETY: info is valid until freed in close.
-        let (mr_mode, provider, max_msg) = unsafe {
+        let (mr_mode, provider, max_msg, tx_size, ordered_writes) = unsafe {
             let i = &*h.info;
+            let max_msg = (*i.ep_attr).max_msg_size.max(4096);
             (
                 (*i.domain_attr).mr_mode,
                 std::ffi::CStr::from_ptr((*i.fabric_attr).prov_name)
                     .to_string_lossy()
                     .into_owned(),
-                (*i.ep_attr).max_msg_size.max(4096),
+                max_msg,
+                (*i.tx_attr).size,
+                (*i.tx_attr).msg_order & (FI_ORDER_WAW | FI_ORDER_RMA_WAW) != 0
+                    && (*i.ep_attr).max_order_waw_size >= max_msg.min(CHUNK),
             )
         };
         let state = Arc::new(Mutex::new(State {
@@ -266,6 +276,10 @@ impl Endpoint {
             mr_mode,
             max_msg,
             provider,
+            // A queue of unknown size (0) still takes one operation at a time.
+            window: WINDOW.min(tx_size).max(1),
+            ordered_writes: AtomicBool::new(ordered_writes),
+            pool: Mutex::new(Vec::new()),
             bounce: Mutex::new(None),
             timeout: config.timeout,
             lost: Mutex::new(HashSet::new()),
@@ -380,7 +394,7 @@ impl Endpoint {
         Ok(())
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -454,7 +468,7 @@ impl Endpoint {
         self.any_lost.store(true, Ordering::Release);
     }
 
-    fn is_lost(&self, pe: usize) -> bool {
+    pub(super) fn is_lost(&self, pe: usize) -> bool {
         self.any_lost.load(Ordering::Acquire)
             && self
                 .lost
@@ -547,7 +561,7 @@ impl Endpoint {
         Ok(())
     }
 
-    fn needs_local_mr(&self) -> bool {
+    pub(super) fn needs_local_mr(&self) -> bool {
         self.mr_mode & FI_MR_LOCAL != 0
     }
 
@@ -587,8 +601,30 @@ impl Endpoint {
     }
 
     /// Largest chunk one operation moves.
-    fn chunk(&self) -> usize {
-        self.max_msg.min(BOUNCE)
+    pub(super) fn chunk(&self) -> usize {
+        self.max_msg.min(CHUNK)
+    }
+
+    /// Chunks of one transfer in flight at once.
+    pub(super) fn window(&self) -> usize {
+        self.window
+    }
+
+    /// Whether the provider places RMA writes to a peer in posting order.
+    pub(super) fn ordered_writes(&self) -> bool {
+        self.ordered_writes.load(Ordering::Relaxed)
+    }
+
+    /// Takes the provider's writes as ordered whatever it declares, to exercise the
+    /// transmit-complete path on a provider that declares none.
+    #[cfg(test)]
+    pub(super) fn assume_ordered_writes(&self) {
+        self.ordered_writes.store(true, Ordering::Relaxed);
+    }
+
+    /// The pool of free staging slots.
+    pub(super) fn pool(&self) -> MutexGuard<'_, Vec<Slot>> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Writes `src` to `offset` of `remote` on peer `pe`; `delivery` asks for delivery
@@ -601,39 +637,8 @@ impl Endpoint {
         src: &[u8],
         delivery: bool,
     ) -> Result<()> {
-        let flags = FI_COMPLETION | if delivery { FI_DELIVERY_COMPLETE } else { 0 };
-        for (k, chunk) in src.chunks(self.chunk()).enumerate() {
-            let raddr = remote.addr(offset + k * self.chunk());
-            self.staged("fabric put", pe, chunk.len(), |buf, desc| {
-                buf.copy_from_slice(chunk);
-                let iov = iovec {
-                    iov_base: buf.as_mut_ptr().cast(),
-                    iov_len: buf.len(),
-                };
-                let rma = fi_rma_iov {
-                    addr: raddr,
-                    len: buf.len(),
-                    key: remote.key,
-                };
-                let mut d = desc;
-                self.op("fabric put", pe, self.timeout, |s, addr, ctx| {
-                    let msg = fi_msg_rma {
-                        msg_iov: &iov,
-                        desc: &mut d,
-                        iov_count: 1,
-                        addr,
-                        rma_iov: &rma,
-                        rma_iov_count: 1,
-                        context: ctx,
-                        data: 0,
-                    };
-                    // SAFETY: enabled endpoint; the message is read during the call; the
-                    // staging memory outlives the operation (kept on failure by `staged`).
-                    unsafe { ((*(*s.h.ep).rma).writemsg)(s.h.ep, &msg, flags) }
-                })
-            })?;
-        }
-        Ok(())
+        let dir = Dir::Put { src, delivery };
+        self.transfer("fabric put", pe, remote, offset, dir, self.timeout)
     }
 
     /// Reads from `offset` of `remote` on peer `pe` into `dst`.
@@ -650,32 +655,7 @@ impl Endpoint {
         dst: &mut [u8],
         timeout: Duration,
     ) -> Result<()> {
-        let chunk = self.chunk();
-        for (k, out) in dst.chunks_mut(chunk).enumerate() {
-            let raddr = remote.addr(offset + k * chunk);
-            self.staged("fabric get", pe, out.len(), |buf, desc| {
-                let (ptr, n) = (buf.as_mut_ptr(), buf.len());
-                self.op("fabric get", pe, timeout, |s, addr, ctx| {
-                    // SAFETY: enabled endpoint; the staging memory holds n bytes and outlives
-                    // the operation (kept on failure by `staged`).
-                    unsafe {
-                        ((*(*s.h.ep).rma).read)(
-                            s.h.ep,
-                            ptr.cast(),
-                            n,
-                            desc,
-                            addr,
-                            raddr,
-                            remote.key,
-                            ctx,
-                        )
-                    }
-                })?;
-                out.copy_from_slice(buf);
-                Ok(())
-            })?;
-        }
-        Ok(())
+        self.transfer("fabric get", pe, remote, offset, Dir::Get { dst }, timeout)
     }
 
     /// An atomic on the 8-byte (`wide`) or 4-byte word at `offset` of `remote` on peer `pe`;
@@ -782,6 +762,10 @@ impl Drop for Endpoint {
             let _ = t.join();
         }
         // The handles close when the last registration holding them is gone (State's drop).
+        self.pool
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         self.bounce
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())

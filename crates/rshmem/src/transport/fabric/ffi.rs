@@ -52,6 +52,7 @@ pub const FI_ORDER_RAW: u64 = 1 << 1;
 pub const FI_ORDER_WAW: u64 = 1 << 4;
 pub const FI_ORDER_SAW: u64 = 1 << 7;
 pub const FI_ORDER_SAS: u64 = 1 << 8;
+pub const FI_ORDER_RMA_WAW: u64 = 1 << 35;
 
 // Enumerations, as C ints.
 pub const FI_EP_RDM: c_int = 3;

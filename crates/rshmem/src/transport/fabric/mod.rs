@@ -3,7 +3,8 @@
 //!
 //! * `ffi.rs`: the 1.17 structs and ops tables, by hand; `loader.rs`: the six exported
 //!   functions, loaded at run time.
-//! * `endpoint.rs`: fabric, domain, CQ, AV, endpoint; put, get, atomics, quiet.
+//! * `endpoint.rs`: fabric, domain, CQ, AV, endpoint; atomics, quiet.
+//! * `xfer.rs`: puts and gets, pipelined in a window of staged chunks.
 //! * `mr.rs`: registrations and the `Remote` record a peer needs.
 //! * `net.rs`: a world's fabric (`Net`: control words of peers on other nodes) and the
 //!   backend that sends heap operations for those peers over it (`FabricBackend`).
@@ -15,6 +16,7 @@ mod mr;
 mod net;
 #[cfg(test)]
 mod tests;
+mod xfer;
 
 pub(crate) use endpoint::{Endpoint, FabricConfig};
 #[cfg(test)]

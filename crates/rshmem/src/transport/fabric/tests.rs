@@ -369,6 +369,152 @@ fn a_peer_that_is_gone_ends_in_an_error_not_a_hang() {
     });
 }
 
+#[test]
+fn pipelined_puts_and_gets_of_many_windows_and_odd_sizes_move_exact_bytes() {
+    if skip() {
+        return;
+    }
+    let window_bytes = xfer::WINDOW * xfer::CHUNK;
+    // Past three windows plus a remainder, then sizes around one chunk.
+    let big = 3 * window_bytes + 12_345;
+    let sizes = [
+        big,
+        1,
+        7,
+        xfer::CHUNK - 1,
+        xfer::CHUNK,
+        xfer::CHUNK + 1,
+        2 * xfer::CHUNK + 3,
+    ];
+    let len = big + 64;
+    with_pes(2, len, |me, ep, mr, heaps, boot| {
+        let peer = 1 - me;
+        // Each size twice: with the completion semantics the provider's ordering allows, then
+        // with transmit completion on all but the last chunk (tcp declares no data-placement
+        // ordering, but its one stream per peer places writes in order).
+        for (i, &n) in sizes.iter().chain(sizes.iter()).enumerate() {
+            if i == sizes.len() {
+                ep.assume_ordered_writes();
+            }
+            // The target's heap is poisoned, then PE 0 puts n random bytes at odd offset 3.
+            mr.bytes_mut().fill(0xEE);
+            boot.barrier().expect("barrier");
+            let data = random_bytes(i as u64 * 31 + 5, n);
+            if me == 0 {
+                ep.write(peer, &heaps[peer], 3, &data, true).expect("put");
+            }
+            // Delivery-complete: in the target's memory once the put returned.
+            boot.barrier().expect("barrier");
+            if me == 1 {
+                let b = mr.bytes();
+                assert!(b[..3].iter().all(|&x| x == 0xEE), "{n} B: before the put");
+                assert!(b[3..3 + n] == data[..], "{n} B: the data put");
+                assert!(
+                    b[3 + n..].iter().all(|&x| x == 0xEE),
+                    "{n} B: after the put"
+                );
+            }
+            // PE 1 gets the same bytes back from PE 0's heap, which PE 0 wrote itself.
+            if me == 0 {
+                mr.bytes_mut()[3..3 + n].copy_from_slice(&data);
+            }
+            boot.barrier().expect("barrier");
+            if me == 1 {
+                let mut got = vec![0x55u8; n + 2];
+                ep.read(peer, &heaps[peer], 2, &mut got).expect("get");
+                assert_eq!(got[0], 0xEE, "{n} B: byte before");
+                assert!(got[1..1 + n] == data[..], "{n} B: the data got");
+                assert_eq!(got[n + 1], 0xEE, "{n} B: byte after");
+            }
+            boot.barrier().expect("barrier");
+        }
+        // Transfers from several threads of one PE at once share the endpoint's window slots.
+        let parts = 3;
+        let part = window_bytes / 2 + 1001;
+        if me == 0 {
+            std::thread::scope(|s| {
+                for t in 0..parts {
+                    s.spawn(move || {
+                        let d = random_bytes(100 + t as u64, part);
+                        ep.write(peer, &heaps[peer], t * part, &d, true)
+                            .expect("threaded put");
+                    });
+                }
+            });
+        }
+        boot.barrier().expect("barrier");
+        if me == 1 {
+            for t in 0..parts {
+                let d = random_bytes(100 + t as u64, part);
+                assert!(mr.bytes()[t * part..(t + 1) * part] == d[..], "thread {t}");
+            }
+        }
+    });
+}
+
+#[test]
+fn a_peer_closed_mid_window_ends_the_transfer_in_an_error_within_the_deadline() {
+    if skip() {
+        return;
+    }
+    let deadline = Duration::from_secs(2);
+    let big = 4 * xfer::WINDOW * xfer::CHUNK;
+    for get in [false, true] {
+        let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
+        std::thread::scope(|s| {
+            for r in 0..2 {
+                let hub = &hub;
+                s.spawn(move || {
+                    let boot = hub.join(r).expect("join");
+                    let ep = Endpoint::open(&loopback(deadline)).expect("open");
+                    let mr = MemoryRegion::register_owned(&ep, vec![0u8; big].into_boxed_slice())
+                        .expect("reg");
+                    let remotes = exchange(&boot, &ep, &[&mr]).expect("exchange");
+                    boot.barrier().expect("barrier");
+                    if r == 1 {
+                        // Close while PE 0's transfers are in flight.
+                        std::thread::sleep(Duration::from_millis(30));
+                        drop(mr);
+                        drop(ep);
+                        boot.barrier().expect("barrier");
+                        return;
+                    }
+                    let t = std::time::Instant::now();
+                    let data = random_bytes(9, big);
+                    let mut back = vec![0u8; big];
+                    let mut err = None;
+                    // Transfer until the closed peer makes one fail (every one is many
+                    // windows long, so the close lands in the middle of one).
+                    for _ in 0..10_000 {
+                        let res = if get {
+                            ep.read(1, &remotes[1][0], 0, &mut back)
+                        } else {
+                            ep.write(1, &remotes[1][0], 0, &data, true)
+                        };
+                        if let Err(e) = res {
+                            err = Some(e);
+                            break;
+                        }
+                        if t.elapsed() > Duration::from_secs(20) {
+                            break;
+                        }
+                    }
+                    let e = err.expect("a transfer to a closed peer must fail");
+                    assert!(
+                        matches!(
+                            e,
+                            Error::Fabric { pe: Some(1), .. } | Error::Timeout { pe: Some(1), .. }
+                        ),
+                        "{e}"
+                    );
+                    assert!(t.elapsed() < Duration::from_secs(25), "bounded");
+                    boot.barrier().expect("barrier");
+                });
+            }
+        });
+    }
+}
+
 /// The libfabric constants the FFI declares, by their C names.
 fn abi_constants() -> Vec<(&'static str, i64)> {
     vec![
@@ -397,6 +543,7 @@ fn abi_constants() -> Vec<(&'static str, i64)> {
         ("FI_COMPLETION", ffi::FI_COMPLETION as i64),
         ("FI_REMOTE_WRITE", ffi::FI_REMOTE_WRITE as i64),
         ("FI_ORDER_WAW", ffi::FI_ORDER_WAW as i64),
+        ("FI_ORDER_RMA_WAW", ffi::FI_ORDER_RMA_WAW as i64),
         ("FI_MAJOR_VERSION", ffi::FI_MAJOR_VERSION as i64),
     ]
 }

@@ -1,0 +1,320 @@
+//! Pipelined puts and gets: a transfer is cut into chunks, each staged in a slot the endpoint
+//! owns, and up to a window of them is in flight at once; completions are reaped as they come
+//! and the window refilled, so copying, posting and the wire overlap.
+//!
+//! A put that must be delivered when it returns asks for delivery completion on its last chunk
+//! only when the provider places the data of RMA writes to one peer in the order they were
+//! posted (`FI_ORDER_WAW` or `FI_ORDER_RMA_WAW` in the endpoint's message order, and
+//! `max_order_waw_size`, the data-placement ordering, covering a chunk): the last chunk's data
+//! is then in the target's memory after every earlier chunk's, and the earlier chunks need
+//! only transmit completion. Otherwise every chunk asks for delivery completion (tcp;ofi_rxm
+//! reports message ordering but a `max_order_waw_size` of 0, and offers no endpoint with
+//! atomics when `FI_ORDER_WAW` is asked for).
+//!
+//! A wait that gives up (deadline, lost peer, a failed chunk) leaves the slots still in flight
+//! to the provider for good (they are leaked, never reused), since a late completion could
+//! still read or write them.
+
+use super::endpoint::{fail, Endpoint};
+use super::ffi::*;
+use super::mr::{MemoryRegion, Remote};
+use crate::error::{Error, Result};
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+/// Largest chunk one operation moves.
+pub(super) const CHUNK: usize = 256 << 10;
+/// Most chunks of one transfer in flight (further bounded by the provider's transmit queue).
+pub(super) const WINDOW: usize = 16;
+/// Staging slots the endpoint keeps for reuse (more are allocated while transfers of several
+/// threads overlap, and freed when they end).
+const POOL: usize = 2 * WINDOW;
+
+/// Staging memory of one chunk: plain memory, or a registration where the provider wants
+/// local buffers registered (`FI_MR_LOCAL`).
+pub(super) enum Slot {
+    Plain(Box<[u8]>),
+    Registered(MemoryRegion),
+}
+
+impl Slot {
+    fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            Slot::Plain(b) => b,
+            Slot::Registered(m) => m.bytes_mut(),
+        }
+    }
+    fn desc(&self) -> *mut c_void {
+        match self {
+            Slot::Plain(_) => std::ptr::null_mut(),
+            Slot::Registered(m) => m.desc(),
+        }
+    }
+}
+
+/// Which way a transfer goes.
+pub(super) enum Dir<'a> {
+    /// Write `src`; `delivery`: the data must be in the target's memory on return.
+    Put { src: &'a [u8], delivery: bool },
+    /// Read into `dst`.
+    Get { dst: &'a mut [u8] },
+}
+
+impl Dir<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Dir::Put { src, .. } => src.len(),
+            Dir::Get { dst } => dst.len(),
+        }
+    }
+}
+
+/// A posted chunk: its completion id, its index and its staging.
+struct Flight {
+    id: u64,
+    k: usize,
+    len: usize,
+    slot: Slot,
+}
+
+impl Endpoint {
+    /// A free staging slot of `CHUNK` bytes (taken from the pool or made). Never called with
+    /// the state locked (a registration locks it).
+    fn take_slot(&self) -> Result<Slot> {
+        if let Some(s) = self.pool().pop() {
+            return Ok(s);
+        }
+        let buf = vec![0u8; CHUNK].into_boxed_slice();
+        if self.needs_local_mr() {
+            Ok(Slot::Registered(MemoryRegion::register_owned(self, buf)?))
+        } else {
+            Ok(Slot::Plain(buf))
+        }
+    }
+
+    /// Returns a slot whose operation completed. Never called with the state locked (dropping
+    /// a registration locks it).
+    fn give_slot(&self, s: Slot) {
+        let mut pool = self.pool();
+        if pool.len() < POOL {
+            pool.push(s);
+        } else {
+            drop(pool);
+            drop(s);
+        }
+    }
+
+    /// Moves `dir`'s bytes to or from `offset` of `remote` on peer `pe`, a window of chunks
+    /// in flight. Each wait for a completion is bounded by `timeout` (counted from the last
+    /// completion, so a long transfer that keeps moving is not cut short) and ends early when
+    /// `pe` is lost.
+    pub(super) fn transfer(
+        &self,
+        op: &'static str,
+        pe: usize,
+        remote: &Remote,
+        offset: usize,
+        mut dir: Dir<'_>,
+        timeout: Duration,
+    ) -> Result<()> {
+        let len = dir.len();
+        if len == 0 {
+            return Ok(());
+        }
+        let chunk = self.chunk();
+        let chunks = len.div_ceil(chunk);
+        let window = self.window();
+        let (put, delivery) = match &dir {
+            Dir::Put { delivery, .. } => (true, *delivery),
+            Dir::Get { .. } => (false, false),
+        };
+        let flags_of = |k: usize| {
+            let dc = delivery && (k + 1 == chunks || !self.ordered_writes());
+            FI_COMPLETION
+                | if dc {
+                    FI_DELIVERY_COMPLETE
+                } else {
+                    FI_TRANSMIT_COMPLETE
+                }
+        };
+        let addr = {
+            let s = self.lock();
+            *s.peers
+                .get(pe)
+                .ok_or_else(|| fail(op, Some(pe), "peer has no fabric address".into()))?
+        };
+        let mut flights: Vec<Flight> = Vec::with_capacity(window);
+        // A chunk staged but refused for a full queue, posted first on the next turn.
+        let mut pending: Option<(usize, Slot)> = None;
+        let mut next = 0usize;
+        let mut last_progress = Instant::now();
+        let mut idle = 0u32;
+        let result: Result<()> = 'run: loop {
+            // Fill the window.
+            while (pending.is_some() || next < chunks) && flights.len() < window {
+                let (k, mut slot) = match pending.take() {
+                    Some(p) => p,
+                    None => {
+                        let k = next;
+                        next += 1;
+                        let mut slot = match self.take_slot() {
+                            Ok(s) => s,
+                            Err(e) => break 'run Err(e),
+                        };
+                        if let Dir::Put { src, .. } = &dir {
+                            let lo = k * chunk;
+                            let hi = (lo + chunk).min(len);
+                            slot.bytes()[..hi - lo].copy_from_slice(&src[lo..hi]);
+                        }
+                        (k, slot)
+                    }
+                };
+                let lo = k * chunk;
+                let n = (lo + chunk).min(len) - lo;
+                let raddr = remote.addr(offset + lo);
+                let desc = slot.desc();
+                let ptr = slot.bytes().as_mut_ptr();
+                let mut s = self.lock();
+                let id = s.next_id;
+                let ctx = id as *mut c_void;
+                let rc = if put {
+                    let iov = iovec {
+                        iov_base: ptr.cast(),
+                        iov_len: n,
+                    };
+                    let rma = fi_rma_iov {
+                        addr: raddr,
+                        len: n,
+                        key: remote.key,
+                    };
+                    let mut d = desc;
+                    let msg = fi_msg_rma {
+                        msg_iov: &iov,
+                        desc: &mut d,
+                        iov_count: 1,
+                        addr,
+                        rma_iov: &rma,
+                        rma_iov_count: 1,
+                        context: ctx,
+                        data: 0,
+                    };
+                    // SAFETY: enabled endpoint; the message is read during the call; the slot
+                    // holds n bytes and stays alive until the chunk completes (leaked if the
+                    // transfer gives up first).
+                    unsafe { ((*(*s.h.ep).rma).writemsg)(s.h.ep, &msg, flags_of(k)) }
+                } else {
+                    // SAFETY: as above; the provider writes n bytes into the slot.
+                    unsafe {
+                        ((*(*s.h.ep).rma).read)(
+                            s.h.ep,
+                            ptr.cast(),
+                            n,
+                            desc,
+                            addr,
+                            raddr,
+                            remote.key,
+                            ctx,
+                        )
+                    }
+                };
+                if rc == 0 {
+                    s.next_id += 1;
+                    flights.push(Flight {
+                        id,
+                        k,
+                        len: n,
+                        slot,
+                    });
+                    continue;
+                }
+                drop(s);
+                if rc == -FI_EAGAIN {
+                    pending = Some((k, slot));
+                    break;
+                }
+                // Refused outright: the slot was never handed over.
+                self.give_slot(slot);
+                break 'run Err(fail(op, Some(pe), self.lib().strerror(rc)));
+            }
+            if flights.is_empty() && pending.is_none() && next >= chunks {
+                break Ok(());
+            }
+            // Reap what completed.
+            let mut finished = Vec::new();
+            let mut failed = None;
+            {
+                let mut s = self.lock();
+                s.reap(self.lib());
+                let mut i = 0;
+                while i < flights.len() {
+                    match s.done.remove(&flights[i].id) {
+                        Some(r) => {
+                            if let Some(msg) = r {
+                                failed.get_or_insert(msg);
+                            }
+                            finished.push(flights.swap_remove(i));
+                        }
+                        None => i += 1,
+                    }
+                }
+            }
+            let progressed = !finished.is_empty();
+            for mut f in finished {
+                if let Dir::Get { dst } = &mut dir {
+                    let lo = f.k * chunk;
+                    dst[lo..lo + f.len].copy_from_slice(&f.slot.bytes()[..f.len]);
+                }
+                self.give_slot(f.slot);
+            }
+            if let Some(msg) = failed {
+                break Err(fail(op, Some(pe), msg));
+            }
+            if progressed {
+                last_progress = Instant::now();
+                idle = 0;
+                continue;
+            }
+            idle = idle.wrapping_add(1);
+            if idle.is_multiple_of(64) {
+                if self.is_lost(pe) {
+                    break Err(fail(op, Some(pe), "the peer is lost".into()));
+                }
+                if last_progress.elapsed() > timeout {
+                    break Err(Error::Timeout {
+                        op,
+                        pe: Some(pe),
+                        after: last_progress.elapsed(),
+                    });
+                }
+            }
+            if idle > 256 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        };
+        if let Some((_, slot)) = pending {
+            // Never posted: safe to reuse.
+            self.give_slot(slot);
+        }
+        if result.is_err() && !flights.is_empty() {
+            // Still in the provider's hands: drop their completions and leak their memory.
+            let mut done = Vec::new();
+            {
+                let mut s = self.lock();
+                for f in flights {
+                    if s.done.remove(&f.id).is_some() {
+                        done.push(f.slot);
+                    } else {
+                        s.abandoned.insert(f.id);
+                        std::mem::forget(f.slot);
+                    }
+                }
+            }
+            for slot in done {
+                self.give_slot(slot);
+            }
+        }
+        result
+    }
+}
