@@ -375,8 +375,12 @@ impl Builder<'_> {
             }
             phases.push(Phase {
                 what: path.name(),
+                // A handshake's header follows a system-scope release fence (the caller's
+                // writes before the call reach the members that read them).
                 before_us: if r == 0 {
-                    model.launch_us + self.peers_us() + traffic.handshakes as f64 * self.lat
+                    model.launch_us
+                        + self.peers_us()
+                        + traffic.handshakes as f64 * (self.lat + model.fence_us)
                 } else {
                     0.0
                 },
@@ -467,7 +471,11 @@ impl Builder<'_> {
                     }
                 }
                 done += chunk;
-                if done >= bytes && first.port == Port::Store && traffic.fold_bytes > 0 {
+                if done >= bytes
+                    && !traffic.ordered
+                    && first.port == Port::Store
+                    && traffic.fold_bytes > 0
+                {
                     // A pair's stores: the last step's fold (both inputs read, the sum
                     // written: a local copy and a half) follows them.
                     out.push(Xfer {
