@@ -455,6 +455,11 @@ impl Builder<'_> {
                 } else {
                     sources.len()
                 };
+                // The next wave waits for the last of the group: a remote read, not the
+                // member's own.
+                if group > 1 {
+                    sources.sort_by_key(|x| x.port != Port::Hbm);
+                }
                 for (i, x) in sources.iter().enumerate() {
                     out.push(Xfer {
                         bytes: chunk as f32,
