@@ -2,7 +2,8 @@
 //! deterministic event queue.
 //!
 //! A flow starts at its start time (the sender's issue time plus the route's latency and
-//! per-message costs) and drains its bytes at a rate that changes only at events: a flow
+//! per-message costs), or that long after another flow of the set ends (a kernel's thread
+//! that issues its next loads once the last ones are in), and drains its bytes at a rate that changes only at events: a flow
 //! starting or a flow ending. At each event the rates are the max-min fair allocation
 //! (progressive filling): the link with the smallest share per unfrozen flow fixes the rate of
 //! every flow crossing it, which is then taken off every link it crosses, until every flow has
@@ -35,7 +36,12 @@ pub struct Flows {
     cap: Vec<f64>,
     path_at: Vec<u32>,
     hops: Vec<u32>,
+    /// The flow each one waits for ([`NONE`]: none; its start is then absolute).
+    after: Vec<u32>,
 }
+
+/// No flow to wait for.
+const NONE: u32 = u32::MAX;
 
 impl Flows {
     /// No flows.
@@ -46,6 +52,35 @@ impl Flows {
     /// Adds a flow of `bytes` starting at `start_us` over `path` (link indices), at most
     /// `cap_gbps` (infinite: no cap of its own); returns its index.
     pub fn add(&mut self, start_us: f64, bytes: f64, cap_gbps: f64, path: &[u32]) -> usize {
+        self.push(NONE, start_us, bytes, cap_gbps, path)
+    }
+
+    /// Adds a flow like [`Flows::add`] that starts `delay_us` after flow `pred` (added before
+    /// it) ends; returns its index.
+    ///
+    /// # Panics
+    /// If `pred` is not a flow of the set.
+    pub fn add_after(
+        &mut self,
+        pred: usize,
+        delay_us: f64,
+        bytes: f64,
+        cap_gbps: f64,
+        path: &[u32],
+    ) -> usize {
+        assert!(pred < self.len(), "flow {pred} is not in the set");
+        self.push(pred as u32, delay_us, bytes, cap_gbps, path)
+    }
+
+    fn push(
+        &mut self,
+        after: u32,
+        start_us: f64,
+        bytes: f64,
+        cap_gbps: f64,
+        path: &[u32],
+    ) -> usize {
+        self.after.push(after);
         if self.path_at.is_empty() {
             self.path_at.push(0);
         }
@@ -79,7 +114,8 @@ impl Flows {
 
     /// Bytes of memory the flows hold.
     pub fn footprint(&self) -> usize {
-        self.start.capacity() * 8 * 3 + (self.path_at.capacity() + self.hops.capacity()) * 4
+        self.start.capacity() * 8 * 3
+            + (self.path_at.capacity() + self.hops.capacity() + self.after.capacity()) * 4
     }
 }
 
@@ -166,13 +202,36 @@ impl Engine {
         let mut end = vec![f64::NAN; count];
         let mut left_bytes = flows.bytes.clone();
         let mut rate = vec![0.0; count];
-        // Starts in (time, index) order, so ties break the same way on every run.
-        let mut starts: Vec<u32> = (0..count as u32).collect();
+        // Absolute starts in (time, index) order, so ties break the same way on every run.
+        let mut starts: Vec<u32> = (0..count as u32)
+            .filter(|&f| flows.after[f as usize] == NONE)
+            .collect();
         starts.sort_by(|&a, &b| {
             flows.start[a as usize]
                 .total_cmp(&flows.start[b as usize])
                 .then(a.cmp(&b))
         });
+        // The flows waiting for each flow (a list through `next_waiter`), and the starts they
+        // got once it ended, earliest first (ties by index).
+        let mut first_waiter = vec![NONE; count];
+        let mut next_waiter = vec![NONE; count];
+        for f in (0..count).rev() {
+            let p = flows.after[f];
+            if p != NONE {
+                next_waiter[f] = first_waiter[p as usize];
+                first_waiter[p as usize] = f as u32;
+            }
+        }
+        let mut due: BinaryHeap<Entry> = BinaryHeap::new();
+        let mut start_at = flows.start.clone();
+        let release = |f: usize, t: f64, due: &mut BinaryHeap<Entry>, start_at: &mut [f64]| {
+            let mut w = first_waiter[f];
+            while w != NONE {
+                start_at[w as usize] = t + flows.start[w as usize];
+                due.push(Entry(start_at[w as usize], w));
+                w = next_waiter[w as usize];
+            }
+        };
         // Flows with a cap of their own, smallest cap first (ties by index).
         let mut capped: Vec<u32> = (0..count as u32)
             .filter(|&f| flows.cap[f as usize].is_finite())
@@ -191,15 +250,23 @@ impl Engine {
         let mut t = starts.first().map_or(0.0, |&f| flows.start[f as usize]);
         let t0 = t;
         loop {
-            // Every start due now joins.
+            // Every start due now joins: the absolute ones, then those released by ends.
             let mut changed = false;
-            while next_start < count && flows.start[starts[next_start] as usize] <= t {
-                let f = starts[next_start];
-                next_start += 1;
+            loop {
+                let f =
+                    if next_start < starts.len() && flows.start[starts[next_start] as usize] <= t {
+                        next_start += 1;
+                        starts[next_start - 1]
+                    } else if due.peek().is_some_and(|e| e.0 <= t) {
+                        due.pop().map_or(NONE, |e| e.1)
+                    } else {
+                        break;
+                    };
                 let fu = f as usize;
                 if flows.bytes[fu] <= 0.0 {
-                    end[fu] = t.max(flows.start[fu]);
+                    end[fu] = t.max(start_at[fu]);
                     ended_since_index += 1;
+                    release(fu, end[fu], &mut due, &mut start_at);
                 } else {
                     active.push(f);
                     for &l in flows.path(fu) {
@@ -210,7 +277,8 @@ impl Engine {
             }
             let next = starts
                 .get(next_start)
-                .map_or(f64::INFINITY, |&f| flows.start[f as usize]);
+                .map_or(f64::INFINITY, |&f| flows.start[f as usize])
+                .min(due.peek().map_or(f64::INFINITY, |e| e.0));
             if active.is_empty() {
                 if next.is_finite() {
                     t = next;
@@ -236,6 +304,7 @@ impl Engine {
             let slack = dt * 1e-9 + self.tolerance * (t_next - t0);
             let mut ended = false;
             let active_on = &mut self.active_on;
+            let released = &mut Vec::new();
             active.retain(|&f| {
                 let fu = f as usize;
                 let lb = &mut left_bytes[fu];
@@ -249,9 +318,15 @@ impl Engine {
                     }
                     ended_since_index += 1;
                     ended = true;
+                    if first_waiter[fu] != NONE {
+                        released.push(fu);
+                    }
                 }
                 !done
             });
+            for &f in released.iter() {
+                release(f, t_next, &mut due, &mut start_at);
+            }
             if ended {
                 self.events += 1;
             }

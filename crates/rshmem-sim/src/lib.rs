@@ -6,14 +6,16 @@
 //!   trees, and the route between any two GPUs.
 //! * [`fluid`]: the engine. Transfers are fluid flows that share every link they cross by
 //!   max-min fairness; an event queue ordered by (time, sequence) starts and ends them, so the
-//!   same inputs give the same timeline. Why flows and not packets: a packet model of a 1 GiB
+//!   same inputs give the same timeline. A flow may start a delay after another ends: a
+//!   kernel's threads that load or store in waves, each issued once the last one is in. Why flows and not packets: a packet model of a 1 GiB
 //!   all-to-all on 4096 PEs would need about 10^13 events, while flows need a few per
 //!   transfer, and on NVLink and InfiniBand with credit flow control the max-min share is what
 //!   long transfers converge to. What flows miss (queueing of single packets, congestion
 //!   control transients) is below the calibrated errors at the sizes rshmem times.
 //! * [`schedule`]: the schedule of one call, from the library's own code: the path a GPU call
 //!   takes ([`rshmem::cuda::PathRules`]), each one-kernel path's traffic
-//!   ([`rshmem::cuda::traffic`]), the barrier-based plans ([`rshmem::coll::plan`]) and the MoE
+//!   ([`rshmem::cuda::traffic`], with the waves its kernels move in: a fold's loads in
+//!   flight, member after member, a pair's fenced steps), the barrier-based plans ([`rshmem::coll::plan`]) and the MoE
 //!   routing layout ([`rshmem::ep::Layout`]).
 //! * [`sim`]: runs a schedule on a topology: phases, per-link bytes and busy time.
 //! * [`calibrate`]: fits the model's few parameters to `rshmem perf --json` records and reports

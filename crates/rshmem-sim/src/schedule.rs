@@ -12,7 +12,7 @@ use crate::topology::{Port, Topology};
 use crate::{Result, SimError};
 use rshmem::coll::plan::{self, Algo, CollKind, Shape, Step};
 use rshmem::coll::CollConfig;
-use rshmem::cuda::traffic::{path_traffic, Mover};
+use rshmem::cuda::traffic::{path_traffic, Mover, PathTraffic};
 use rshmem::cuda::{
     copy_grid, plan_fused, reduce_grid, CallFacts, CollPath, CollTuning, PathRules,
     PLAN_COPIES_PER_KERNEL,
@@ -166,6 +166,15 @@ pub struct Xfer {
     pub cap_gbps: f32,
     /// Whose SMs move it: the sender's stores, the receiver's loads, or a local copy.
     pub port: Port,
+    /// The transfer of the same phase (an index into its transfers, before this one) whose end
+    /// this one waits for, a route's latency after it ([`Xfer::FIRST`]: none, it starts with
+    /// the phase): a thread's next loads, issued once its last ones are in.
+    pub after: u32,
+}
+
+impl Xfer {
+    /// [`Xfer::after`] of a transfer that waits for none.
+    pub const FIRST: u32 = u32::MAX;
 }
 
 /// One phase: a fixed cost, the transfers side by side, then a fixed cost after them.
@@ -357,13 +366,21 @@ impl Builder<'_> {
                     bytes: wire as f32,
                     cap_gbps: 0.0,
                     port,
+                    after: Xfer::FIRST,
                 });
             }
             self.share_grid(&mut xfers, blocks);
+            if traffic.wave > 0 {
+                xfers = self.waves(&xfers, &traffic, blocks);
+            }
             phases.push(Phase {
                 what: path.name(),
+                // A handshake's header follows a system-scope release fence (the caller's
+                // writes before the call reach the members that read them).
                 before_us: if r == 0 {
-                    model.launch_us + self.peers_us() + traffic.handshakes as f64 * self.lat
+                    model.launch_us
+                        + self.peers_us()
+                        + traffic.handshakes as f64 * (self.lat + model.fence_us)
                 } else {
                     0.0
                 },
@@ -383,6 +400,101 @@ impl Builder<'_> {
             });
         }
         Ok(phases)
+    }
+
+    /// A kernel's remote transfers in waves ([`PathTraffic::wave`]): every member moves a
+    /// wave's bytes from or to its members (reads in team order, its own input among them,
+    /// when [`PathTraffic::ordered`]; else all together), each waiting for the one before it,
+    /// and the next wave after the last, until every member's bytes have moved. Its local
+    /// copies (none in an ordered fold) stay as they are.
+    fn waves(&self, xfers: &[Xfer], traffic: &PathTraffic, blocks: u32) -> Vec<Xfer> {
+        let folds = traffic.ordered && xfers.iter().any(|x| x.port == Port::Load);
+        let mut out: Vec<Xfer> = xfers
+            .iter()
+            .filter(|x| x.port == Port::Hbm && !folds)
+            .copied()
+            .collect();
+        let grid = (blocks as f64 * self.block_gbps()) as f32;
+        for to in 0..self.n as u32 {
+            let mut sources: Vec<Xfer> = xfers
+                .iter()
+                .filter(|x| match x.port {
+                    Port::Load => x.dst == to,
+                    Port::Store => x.src == to,
+                    Port::Hbm => false,
+                })
+                .copied()
+                .collect();
+            let Some(first) = sources.first().copied() else {
+                continue;
+            };
+            let ordered = traffic.ordered && first.port == Port::Load;
+            if ordered {
+                // One member read at a time, at the whole grid's rate; its own input too.
+                for x in &mut sources {
+                    x.cap_gbps = grid;
+                }
+                sources.push(Xfer {
+                    src: to,
+                    port: Port::Hbm,
+                    cap_gbps: f32::INFINITY,
+                    ..first
+                });
+                sources.sort_by_key(|x| x.src);
+            }
+            let bytes = first.bytes as f64;
+            let wave = traffic.wave as f64;
+            let mut last = Xfer::FIRST;
+            let mut done = 0.0;
+            while done < bytes {
+                let chunk = wave.min(bytes - done);
+                // Only the first wave's threads read in step; later ones have drifted apart,
+                // so their reads spread over the members.
+                let group = if ordered && done == 0.0 {
+                    1
+                } else {
+                    sources.len()
+                };
+                // The next wave waits for the last of the group: a remote read, not the
+                // member's own.
+                if group > 1 {
+                    sources.sort_by_key(|x| x.port != Port::Hbm);
+                }
+                for (i, x) in sources.iter().enumerate() {
+                    out.push(Xfer {
+                        bytes: chunk as f32,
+                        after: last,
+                        cap_gbps: if ordered && group > 1 {
+                            x.cap_gbps / group as f32
+                        } else {
+                            x.cap_gbps
+                        },
+                        ..*x
+                    });
+                    if (i + 1) % group == 0 {
+                        last = (out.len() - 1) as u32;
+                    }
+                }
+                done += chunk;
+                if done >= bytes
+                    && !traffic.ordered
+                    && first.port == Port::Store
+                    && traffic.fold_bytes > 0
+                {
+                    // A pair's stores: the last step's fold (both inputs read, the sum
+                    // written: a local copy and a half) follows them.
+                    out.push(Xfer {
+                        src: to,
+                        dst: to,
+                        bytes: (1.5 * chunk) as f32,
+                        cap_gbps: f32::INFINITY,
+                        port: Port::Hbm,
+                        after: last,
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// Splits a kernel of `blocks` blocks (each at the model's block rate) over the remote
@@ -563,6 +675,7 @@ impl Builder<'_> {
             bytes: bytes as f32,
             cap_gbps: f32::INFINITY,
             port: if from == to { Port::Hbm } else { Port::Load },
+            after: Xfer::FIRST,
         }
     }
 
@@ -579,6 +692,7 @@ impl Builder<'_> {
             bytes: bytes as f32,
             cap_gbps: f32::INFINITY,
             port,
+            after: Xfer::FIRST,
         }];
         let phase = Phase {
             what: "copy",
@@ -602,6 +716,7 @@ impl Builder<'_> {
                         bytes: part as f32,
                         cap_gbps: f32::INFINITY,
                         port: Port::Store,
+                        after: Xfer::FIRST,
                     })
                     .collect(),
                 ..Phase::default()
@@ -653,6 +768,7 @@ impl Builder<'_> {
                     bytes: (tokens as f64 * row) as f32,
                     cap_gbps: f32::INFINITY,
                     port: if s == d { Port::Hbm } else { Port::Store },
+                    after: Xfer::FIRST,
                 });
             }
             for (p, c) in pairs_in.iter_mut().enumerate() {

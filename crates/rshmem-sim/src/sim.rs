@@ -2,7 +2,7 @@
 //! driving GPU's port and its route, in the [`Engine`].
 
 use crate::fluid::{Engine, Flows};
-use crate::schedule::{route_latency, Program};
+use crate::schedule::{route_latency, Program, Xfer};
 use crate::topology::{Port, Topology};
 use crate::Result;
 
@@ -119,7 +119,18 @@ pub fn simulate(
                 lat = route_latency(topo, &route);
                 path.extend_from_slice(&route);
             }
-            flows.add(start + lat, x.bytes as f64, x.cap_gbps as f64, &path);
+            if x.after == Xfer::FIRST {
+                flows.add(start + lat, x.bytes as f64, x.cap_gbps as f64, &path);
+            } else {
+                // Its first byte a route's latency after the last one of the transfer before.
+                flows.add_after(
+                    x.after as usize,
+                    lat,
+                    x.bytes as f64,
+                    x.cap_gbps as f64,
+                    &path,
+                );
+            }
         }
         flows_n += flows.len() as u64;
         // Past LARGE_PHASE flows, ends within TOLERANCE of the phase's elapsed time come

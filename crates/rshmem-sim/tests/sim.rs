@@ -99,6 +99,34 @@ fn flows_share_links_max_min_fairly() {
     assert_eq!(e.link_bytes, vec![80e3 + 20e3 + 100e3 + 10e3, 20e3]);
 }
 
+#[test]
+fn chained_flows_start_after_their_predecessor() {
+    // Link 0 at 10 GB/s: a (40 KB) ends at 4 µs; b waits for a, 1 µs, then has the link to
+    // itself (20 KB: 2 µs), ending at 7; c waits for b with no delay and shares the link with
+    // d, which starts on its own at 7 (both 10 KB at 5 GB/s: 2 µs). An empty flow after d ends
+    // when d ends, and e after it shares nothing: 10 KB from 9 + 0.5 at 10 GB/s.
+    let mut e = Engine::new([10.0]);
+    let mut f = Flows::new();
+    let a = f.add(0.0, 40e3, f64::INFINITY, &[0]);
+    let b = f.add_after(a, 1.0, 20e3, f64::INFINITY, &[0]);
+    let c = f.add_after(b, 0.0, 10e3, f64::INFINITY, &[0]);
+    let d = f.add(7.0, 10e3, f64::INFINITY, &[0]);
+    let z = f.add_after(d, 0.0, 0.0, f64::INFINITY, &[0]);
+    let g = f.add_after(z, 0.5, 10e3, f64::INFINITY, &[0]);
+    let end = e.run(&f);
+    let want = [4.0, 7.0, 9.0, 9.0, 9.0, 10.5];
+    for (i, w) in [a, b, c, d, z, g].into_iter().zip(want) {
+        assert!(
+            (end[i] - w).abs() < 1e-9,
+            "flow {i}: {} against {w}",
+            end[i]
+        );
+    }
+    assert_eq!(e.link_bytes, vec![90e3]);
+    // The same set again: the same ends, bit for bit.
+    assert_eq!(Engine::new([10.0]).run(&f), end);
+}
+
 /// Max-min fair rates by the textbook progressive filling: raise every unfrozen flow's rate
 /// together until a link (or a flow's cap) is full, freeze the flows there, repeat.
 fn reference_rates(caps: &[f64], paths: &[Vec<u32>], flow_cap: &[f64], on: &[usize]) -> Vec<f64> {
@@ -525,4 +553,79 @@ fn moe_traffic_follows_the_routing() {
         pairs,
         [(0, 0, 16.0), (0, 1, 16.0), (0, 2, 16.0), (0, 3, 16.0)]
     );
+}
+
+/// The pull folds' loads and a pair's steps by stores run in waves of the grid's loads in
+/// flight (`PathTraffic::wave`), each after the one before.
+#[test]
+fn folds_and_push_steps_run_in_waves() {
+    use rshmem_sim::schedule::Xfer;
+    use rshmem_sim::topology::Port;
+    // A pair's pull all_reduce of 16 MiB: 128 blocks of 256 threads, 128 bytes in flight
+    // each: 4 MiB waves, 4 per member, each after the last.
+    let t = topo_file("h200x2.toml");
+    let p = build(
+        &t,
+        &Setup::default(),
+        Op::Coll(CollKind::AllReduce),
+        2,
+        16 << 20,
+    )
+    .expect("schedule");
+    let x = &p.phases[0].xfers;
+    assert_eq!(x.len(), 8);
+    for (i, x) in x.iter().enumerate() {
+        assert_eq!((x.port, x.bytes), (Port::Load, (4 << 20) as f32));
+        let after = if i % 4 == 0 {
+            Xfer::FIRST
+        } else {
+            i as u32 - 1
+        };
+        assert_eq!(x.after, after, "transfer {i}");
+    }
+    // Four members' two-shot of 16 MiB: one wave, each member reading its part (4 MiB) of
+    // every member in team order, its own among them; then the stores.
+    let t = topo_file("h200x4.toml");
+    let p = build(
+        &t,
+        &Setup::default(),
+        Op::Coll(CollKind::AllReduce),
+        4,
+        16 << 20,
+    )
+    .expect("schedule");
+    assert_eq!(p.path, "pull_two_shot");
+    let loads = &p.phases[0].xfers;
+    assert_eq!(loads.len(), 16);
+    for (i, x) in loads.iter().enumerate() {
+        let (reader, from) = (i / 4, i % 4);
+        assert_eq!((x.dst as usize, x.src as usize), (reader, from));
+        let port = if reader == from {
+            Port::Hbm
+        } else {
+            Port::Load
+        };
+        assert_eq!((x.port, x.bytes), (port, (4 << 20) as f32));
+        let after = if from == 0 { Xfer::FIRST } else { i as u32 - 1 };
+        assert_eq!(x.after, after, "load {i}");
+    }
+    assert!(p.phases[1].xfers.iter().all(|x| x.port == Port::Store));
+    // A pair's 256 MiB by stores: steps of 8192 vectors of 128 blocks (16 MiB) one after the
+    // other, then the last step's fold.
+    let t = topo_file("h200x2.toml");
+    let p = build(
+        &t,
+        &Setup::default(),
+        Op::Coll(CollKind::AllReduce),
+        2,
+        256 << 20,
+    )
+    .expect("schedule");
+    assert_eq!(p.path, "push");
+    let x: Vec<&Xfer> = p.phases[0].xfers.iter().filter(|x| x.src == 0).collect();
+    assert_eq!(x.len(), 17);
+    assert!(x[..16]
+        .iter()
+        .all(|x| x.port == Port::Store && x.bytes == (16 << 20) as f32));
+    assert_eq!((x[16].port, x[16].bytes), (Port::Hbm, (24 << 20) as f32));
 }

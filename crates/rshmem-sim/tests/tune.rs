@@ -11,14 +11,14 @@ fn picks_on_two_h200() {
     let p = pick(&topo, &Setup::default(), 2).expect("picks");
     // The hardware chose: LL all_reduce up to 512 KiB (the same), LL all_to_all up to 1 MiB
     // (the model: one doubling more), a pair's all_reduce pushing from 256 MiB, where stores
-    // and loads tied within 0.5 % (one doubling more), and all_to_all pushing at every pull
-    // size, from 2 MiB (one doubling more).
+    // and loads tied within 0.5 % (the same), and all_to_all pushing at every pull size, from
+    // 2 MiB (one doubling more).
     assert_eq!(
         p,
         Picks {
             ll_all_reduce: 512 << 10,
             ll_all_to_all: 2 << 20,
-            push_all_reduce: 512 << 20,
+            push_all_reduce: 256 << 20,
             push_all_to_all: 4 << 20,
         }
     );

@@ -4,6 +4,7 @@
 //! description to time them, so a change to a kernel's traffic belongs here too. The
 //! barrier-based plans need no such description: they are data already ([`crate::coll::plan`]).
 
+use super::ll::LL_THREADS;
 use super::paths::CollPath;
 use crate::coll::plan::CollKind;
 
@@ -47,15 +48,36 @@ pub struct PathTraffic {
     /// System-scope fences each followed by a flag a peer waits for, after the data: the pull
     /// paths' done lines (1), a push pair's steps, a chain's hops.
     pub fences: usize,
+    /// The transfers in waves: the grid moves this many bytes to or from a member and waits for
+    /// them before its next ones (0: they stream). A fold's thread keeps a few vectors per
+    /// member in flight ([`PULL_FOLD_THREAD_BYTES`]) and folds them before loading more; a
+    /// pair's pull all_reduce by stores fences every step ([`push_step_vecs`]) before the
+    /// next.
+    pub wave: usize,
+    /// A wave reads its members one after the other, in team order, the member's own input
+    /// among them (`rshmemi_pull_fold`); else all of them at once (a pair's
+    /// `rshmemi_pair_fold`).
+    pub ordered: bool,
 }
+
+/// Bytes one thread of a pull fold (`rshmemi_pull_fold`, `rshmemi_pair_fold` of
+/// `kernels/all_reduce.cu`) has in flight from each member: `U` = 8 16-byte vectors of a 32-bit
+/// type (fewer for narrower ones).
+pub const PULL_FOLD_THREAD_BYTES: usize = 128;
 
 /// Steps of one block of a pair's pull all_reduce by stores, each published by a fence and a
 /// count: a sixteenth of the block's vectors, 4096 to 16384 vectors a step
 /// (`RSHMEMI_PUSH_MIN_VECS`, `RSHMEMI_PUSH_MAX_VECS` of `kernels/all_reduce.cu`).
 pub fn push_steps(bytes: usize, blocks: u32) -> usize {
     let vecs = bytes.div_ceil(16).div_ceil(blocks.max(1) as usize);
-    let step = (vecs / 16).clamp(4096, 16384);
-    vecs.div_ceil(step).max(1)
+    vecs.div_ceil(push_step_vecs(bytes, blocks)).max(1)
+}
+
+/// 16-byte vectors of one step of one block of a pair's pull all_reduce by stores
+/// ([`push_steps`]).
+pub fn push_step_vecs(bytes: usize, blocks: u32) -> usize {
+    let vecs = bytes.div_ceil(16).div_ceil(blocks.max(1) as usize);
+    (vecs / 16).clamp(4096, 16384)
 }
 
 /// Steps of one block of a chain broadcast: an eighth of its part (`kernels/move.cu`).
@@ -109,7 +131,15 @@ pub fn path_traffic(
             rounds: vec![moves],
             fold_bytes,
             fences,
+            wave: 0,
+            ordered: false,
         })
+    };
+    // The pull folds' threads: one per vector of a wave, over the whole grid.
+    let fold = |mut x: PathTraffic, ordered: bool| {
+        x.wave = blocks.max(1) as usize * LL_THREADS as usize * PULL_FOLD_THREAD_BYTES;
+        x.ordered = ordered;
+        Some(x)
     };
     match (path, kind) {
         (CollPath::Ll, CollKind::AllReduce) => {
@@ -123,13 +153,13 @@ pub fn path_traffic(
         }
         (CollPath::Ll, CollKind::Broadcast) => t(0, from_root(Mover::LlStore), 0, 0),
         (CollPath::Pull, CollKind::AllReduce) => {
-            t(1, pairs(bytes, Mover::Load, false), n * bytes, 1)
+            fold(t(1, pairs(bytes, Mover::Load, false), n * bytes, 1)?, n > 2)
         }
         (CollPath::Pull, CollKind::AllToAll | CollKind::AllGather) => {
             t(1, pairs(part, Mover::Load, true), 0, 1)
         }
         (CollPath::Pull, CollKind::ReduceScatter) => {
-            t(1, pairs(part, Mover::Load, false), n * part, 1)
+            fold(t(1, pairs(part, Mover::Load, false), n * part, 1)?, true)
         }
         (CollPath::Pull, CollKind::Broadcast) => t(1, from_root(Mover::Load), 0, 1),
         (CollPath::PullTwoShot, CollKind::AllReduce) => {
@@ -137,14 +167,20 @@ pub fn path_traffic(
             // each block loads, then stores.
             let mut x = t(1, pairs(part, Mover::Load, false), n * part, 1)?;
             x.rounds.push(pairs(part, Mover::Store, false));
+            fold(x, true)
+        }
+        (CollPath::Push, CollKind::AllReduce) => {
+            // A step's stores wait for the one before to be fenced: they run in waves of a
+            // step of every block.
+            let mut x = t(
+                1,
+                pairs(bytes, Mover::Store, false),
+                n * bytes,
+                push_steps(bytes, blocks),
+            )?;
+            x.wave = push_step_vecs(bytes, blocks) * 16 * blocks.max(1) as usize;
             Some(x)
         }
-        (CollPath::Push, CollKind::AllReduce) => t(
-            1,
-            pairs(bytes, Mover::Store, false),
-            n * bytes,
-            push_steps(bytes, blocks),
-        ),
         (CollPath::Push, CollKind::AllToAll | CollKind::AllGather) => {
             t(1, pairs(part, Mover::Store, true), 0, 1)
         }
