@@ -454,7 +454,7 @@ impl Endpoint {
         self.any_lost.store(true, Ordering::Release);
     }
 
-    fn is_lost(&self, pe: usize) -> bool {
+    pub(super) fn is_lost(&self, pe: usize) -> bool {
         self.any_lost.load(Ordering::Acquire)
             && self
                 .lost
