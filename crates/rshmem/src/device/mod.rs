@@ -6,7 +6,7 @@ mod event;
 pub use event::{ContextGuard, Event};
 
 use crate::backend::cuda::gpu::{self, Func, Module, RawStream};
-use crate::backend::cuda::remote::{RingSignal, OP_GET, OP_PUT, OP_PUT_SIGNAL, OP_SIGNAL};
+use crate::backend::cuda::remote::{RingRequest, RingSignal};
 use crate::backend::cuda::{ffi, nvrtc, set_state, CudaBackend};
 use crate::elem::{Cmp, Elem, SignalOp};
 use crate::error::{Error, Result};
@@ -425,7 +425,14 @@ impl<'a> CudaPe<'a> {
         if self.b.is_remote(pe) {
             let src = self.b.addr(self.b.me, so);
             let len = count * std::mem::size_of::<T>();
-            return self.remote(s, OP_PUT, pe, d as u64, src, len, None);
+            let req = RingRequest::Put {
+                pe,
+                dst: d,
+                src,
+                len,
+                signal: None,
+            };
+            return self.remote(s, req);
         }
         self.copy(
             s,
@@ -450,7 +457,15 @@ impl<'a> CudaPe<'a> {
         if self.b.is_remote(pe) {
             let dst = self.b.addr(self.b.me, d);
             let len = count * std::mem::size_of::<T>();
-            return self.remote(s, OP_GET, pe, dst, so as u64, len, None);
+            return self.remote(
+                s,
+                RingRequest::Get {
+                    pe,
+                    dst,
+                    src: so,
+                    len,
+                },
+            );
         }
         self.copy(
             s,
@@ -460,24 +475,18 @@ impl<'a> CudaPe<'a> {
         )
     }
 
-    /// A stream-ordered request to PE `pe` on another node through this PE's proxy (see
+    /// A stream-ordered request to a PE on another node through this PE's proxy (see
     /// `backend/cuda/remote.rs`): complete at the target before the stream's later work.
-    #[allow(clippy::too_many_arguments)]
-    fn remote(
-        &self,
-        s: &Stream,
-        op: u64,
-        pe: usize,
-        dst: u64,
-        src: u64,
-        len: usize,
-        signal: Option<RingSignal>,
-    ) -> Result<()> {
-        if len == 0 && signal.is_none() {
-            return Ok(());
+    fn remote(&self, s: &Stream, req: RingRequest) -> Result<()> {
+        match req {
+            RingRequest::Put {
+                len: 0,
+                signal: None,
+                ..
+            }
+            | RingRequest::Get { len: 0, .. } => Ok(()),
+            _ => self.b.proxy_on_stream(&s.raw, req),
         }
-        self.b
-            .proxy_on_stream(&s.raw, op, pe, dst, src, len, signal)
     }
 
     /// Stream-ordered copy between raw device addresses (both mapped on this GPU).
@@ -518,7 +527,7 @@ impl<'a> CudaPe<'a> {
                 value,
                 add: op == SignalOp::Add,
             };
-            return self.remote(s, OP_SIGNAL, pe, 0, 0, 0, Some(sig));
+            return self.remote(s, RingRequest::Signal { pe, signal: sig });
         }
         let mut addr = self.b.addr(pe, off);
         match op {
@@ -576,7 +585,14 @@ impl<'a> CudaPe<'a> {
             };
             let src = self.b.addr(self.b.me, so);
             let len = count * std::mem::size_of::<T>();
-            return self.remote(s, OP_PUT_SIGNAL, pe, d as u64, src, len, Some(sig));
+            let req = RingRequest::Put {
+                pe,
+                dst: d,
+                src,
+                len,
+                signal: Some(sig),
+            };
+            return self.remote(s, req);
         }
         self.put_on_stream(s, dst, src, pe)?;
         self.signal_on_stream(s, &sig, signal.at, signal.value, signal.op, pe)

@@ -117,8 +117,7 @@ impl RingRequest {
     }
 
     /// The entry words a kernel writes for `self` (what the header's `rshmemi_proxy_post`
-    /// stores; the tests post through it).
-    #[cfg(test)]
+    /// stores; the tag word is left 0).
     pub fn encode(&self) -> [u64; ENTRY_WORDS] {
         let op = |code: u64, add: bool, pe: usize| code | (add as u64) << 8 | (pe as u64) << 32;
         match *self {
@@ -338,30 +337,14 @@ impl super::CudaBackend {
         self.remote.get(pe).copied().unwrap_or(false)
     }
 
-    /// Enqueues on `stream` one request to PE `pe` through this PE's proxy, waited for on the
-    /// stream (a one-thread kernel posts it and waits for its completion, so the stream's
-    /// later work starts after it; the launch is a kernel node when captured in a graph). `op`
-    /// is an `OP_*` kind, with `signal` (heap offset, value, add) for put-with-signal and
-    /// signal; `dst` and `src` as the ring's entries carry them.
-    pub(crate) fn proxy_on_stream(
-        &self,
-        stream: &RawStream,
-        op: u64,
-        pe: usize,
-        dst: u64,
-        src: u64,
-        len: usize,
-        signal: Option<RingSignal>,
-    ) -> Result<()> {
-        let s = signal.unwrap_or(RingSignal {
-            offset: 0,
-            value: 0,
-            add: false,
-        });
-        let mut op = op | (s.add as u64) << 8;
-        let mut pe = pe as i32;
-        let (mut dst, mut src, mut len) = (dst, src, len as u64);
-        let (mut so, mut sv) = (s.offset as u64, s.value);
+    /// Enqueues on `stream` `req`, a request to a PE on another node through this PE's proxy,
+    /// waited for on the stream: a one-thread kernel posts it and waits for its completion, so
+    /// the stream's later work starts after it (a kernel node when captured in a graph).
+    pub(crate) fn proxy_on_stream(&self, stream: &RawStream, req: RingRequest) -> Result<()> {
+        let w = req.encode();
+        let mut op = w[1] & 0xffff_ffff;
+        let mut pe = (w[1] >> 32) as i32;
+        let [_, _, mut dst, mut src, mut len, mut so, mut sv, _] = w;
         let mut p = [
             &mut op as *mut u64 as *mut std::ffi::c_void,
             &mut pe as *mut i32 as *mut _,
@@ -372,8 +355,8 @@ impl super::CudaBackend {
             &mut sv as *mut u64 as *mut _,
         ];
         // SAFETY: the parameters match rshmemi_proxy_op(u64, int, u64, u64, u64, u64, u64);
-        // the proxy checks the target's range there, and `src`/`dst` device addresses are the
-        // caller's checked symmetric ranges of this PE.
+        // the target's proxy checks the range there, and this PE's device addresses are the
+        // caller's checked symmetric ranges.
         unsafe { super::gpu::launch(stream, self.f_proxy, 1, 32, 0, &mut p) }
     }
 }
