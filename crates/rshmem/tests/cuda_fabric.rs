@@ -474,10 +474,19 @@ fn a_killed_node_is_peer_lost_for_host_and_device_operations() {
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         std::process::abort();
     }
-    std::thread::sleep(Duration::from_millis(600));
+    // The loss is noticed within the monitor's probe (3 s at most), not the timeout (30 s).
     let t0 = Instant::now();
-    // A host put to the dead node: PeerLost naming it, within the loss detection, not the
-    // timeout (30 s).
+    loop {
+        match pe.quiet() {
+            Err(Error::PeerLost { pe: 1, .. }) => break,
+            Ok(()) if t0.elapsed() < Duration::from_secs(15) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            other => panic!("quiet while PE 1 dies: {other:?} after {:?}", t0.elapsed()),
+        }
+    }
+    eprintln!("PE 1 lost after {:?}", t0.elapsed());
+    // A host put to the dead node: PeerLost naming it at once.
     let r = pe.put(&x, 0, &[1u64; 1 << 16], 1);
     assert!(
         matches!(r, Err(Error::PeerLost { pe: 1, .. })),
