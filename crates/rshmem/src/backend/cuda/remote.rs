@@ -279,6 +279,15 @@ impl std::fmt::Debug for DeviceRing {
 // stream is used under its mutex.
 unsafe impl Sync for DeviceRing {}
 
+/// Copies between this PE's GPU and host memory, as the proxy makes them for ring requests (a
+/// put's source out of the GPU, a get's data into it).
+pub(crate) trait DeviceCopy {
+    /// `dst.len()` bytes from device address `src`.
+    fn copy_from_device(&self, src: u64, dst: &mut [u8]) -> Result<()>;
+    /// `src` to device address `dst`.
+    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()>;
+}
+
 impl DeviceRing {
     /// A zeroed ring on `gpu`.
     pub fn new(gpu: &Arc<Gpu>) -> Result<DeviceRing> {
@@ -295,10 +304,11 @@ impl DeviceRing {
             stream: Mutex::new(RawStream::new(gpu)?),
         })
     }
+}
 
-    /// Copies `dst.len()` bytes from device address `src` of this GPU (on the proxy's own
-    /// stream, which runs beside waiting kernels).
-    pub fn copy_from_device(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+impl DeviceCopy for DeviceRing {
+    /// Copies on the proxy's own stream, which runs beside waiting kernels.
+    fn copy_from_device(&self, src: u64, dst: &mut [u8]) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
@@ -314,8 +324,7 @@ impl DeviceRing {
         s.sync()
     }
 
-    /// Copies `src` to device address `dst` of this GPU (the proxy's stream).
-    pub fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
+    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
         if src.is_empty() {
             return Ok(());
         }

@@ -17,7 +17,7 @@
 //! requests are completed without being carried out.
 
 use super::staging::Staged;
-use crate::backend::cuda::remote::{DeviceRing, RingRequest, RingSignal};
+use crate::backend::cuda::remote::{DeviceCopy, Ring, RingRequest, RingSignal};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{AtomicOp, Backend};
 use crate::config::BackendKind;
@@ -137,28 +137,38 @@ fn ring_loop(
     failed: &Mutex<Option<Error>>,
 ) {
     let Some(ring) = &cuda.ring else { return };
-    poll(stop, || {
-        let Some(req) = ring.ring.next() else {
-            return false;
-        };
-        if ring.ring.failed().is_none() {
-            if let Err((pe, e)) = carry_out(ring, staged, req) {
-                tracing::warn!(pe = cuda.me, peer = pe, %e, "a device request to another node failed");
-                ring.ring.fail(pe);
-                failed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get_or_insert(e);
-            }
+    poll(stop, || drain_one(&ring.ring, ring, staged, failed));
+}
+
+/// Takes the next request of `ring`, if one is posted, carries it out (unless the ring has
+/// failed) and completes it; false when none was posted. A failure fails the ring, naming the
+/// PE, and is kept in `failed` (the first one) for quiet.
+pub(super) fn drain_one(
+    ring: &Ring,
+    copies: &dyn DeviceCopy,
+    staged: &Staged,
+    failed: &Mutex<Option<Error>>,
+) -> bool {
+    let Some(req) = ring.next() else {
+        return false;
+    };
+    if ring.failed().is_none() {
+        if let Err((pe, e)) = carry_out(copies, staged, req) {
+            tracing::warn!(pe = staged.me(), peer = pe, %e, "a device request to another node failed");
+            ring.fail(pe);
+            failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
         }
-        ring.ring.complete();
-        true
-    });
+    }
+    ring.complete();
+    true
 }
 
 /// Carries out one ring request; on failure, the PE it was for and the error.
-pub(crate) fn carry_out(
-    ring: &DeviceRing,
+fn carry_out(
+    copies: &dyn DeviceCopy,
     staged: &Staged,
     req: RingRequest,
 ) -> std::result::Result<(), (usize, Error)> {
@@ -179,7 +189,7 @@ pub(crate) fn carry_out(
         } => {
             let r = (|| {
                 let mut buf = vec![0u8; len];
-                ring.copy_from_device(src, &mut buf)?;
+                copies.copy_from_device(src, &mut buf)?;
                 staged.put(pe, dst, &buf)?;
                 match sig {
                     Some(s) => signal(pe, s),
@@ -193,7 +203,7 @@ pub(crate) fn carry_out(
             let r = (|| {
                 let mut buf = vec![0u8; len];
                 staged.get(pe, src, &mut buf)?;
-                ring.copy_to_device(dst, &buf)
+                copies.copy_to_device(dst, &buf)
             })();
             r.map_err(|e| (pe, e))
         }

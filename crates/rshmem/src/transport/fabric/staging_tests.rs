@@ -375,3 +375,137 @@ fn a_lost_peer_ends_a_waiting_request_naming_it() {
         assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     });
 }
+
+/// Device memory stand-in for the proxy's copies: "device addresses" are host addresses of
+/// buffers the test owns.
+struct HostCopies;
+
+impl crate::backend::cuda::remote::DeviceCopy for HostCopies {
+    fn copy_from_device(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: the tests post addresses of live buffers at least as long as they post.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: as above; nothing else touches the buffer until the request completed.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+}
+
+#[test]
+fn the_proxy_carries_out_ring_requests_in_order_with_the_signal_after_the_data() {
+    use crate::backend::cuda::remote::{Ring, RingRequest, RingSignal, RING_WORDS};
+    use crate::transport::fabric::proxy::drain_one;
+    if skip() {
+        return;
+    }
+    let heap = 4 << 20;
+    with_staged(2, heap, &[], |me, st, heaps, boot| {
+        let other = 1 - me;
+        let mut mem = vec![0u64; RING_WORDS];
+        // SAFETY: `mem` holds RING_WORDS words and outlives the ring.
+        let ring = unsafe { Ring::new(mem.as_mut_ptr()) };
+        let src = rand_bytes(me as u64 + 40, 700_001);
+        let mut dst = vec![0x33u8; 5000];
+        let dst_addr = dst.as_mut_ptr() as u64;
+        let failed = Mutex::new(None);
+        let signal = |offset, value, add| RingSignal { offset, value, add };
+        // A put with a signal, a signal alone, then a get of what the put wrote.
+        ring.post(
+            0,
+            RingRequest::Put {
+                pe: other,
+                dst: 64,
+                src: src.as_ptr() as u64,
+                len: src.len(),
+                signal: Some(signal(8, 5, true)),
+            },
+        );
+        ring.post(
+            1,
+            RingRequest::Signal {
+                pe: other,
+                signal: signal(16, 9, false),
+            },
+        );
+        ring.post(
+            2,
+            RingRequest::Get {
+                pe: other,
+                dst: dst_addr,
+                src: 64,
+                len: 5000,
+            },
+        );
+        while ring.done() < 3 {
+            drain_one(&ring, &HostCopies, st, &failed);
+        }
+        assert!(
+            failed.lock().unwrap().is_none(),
+            "{:?}",
+            failed.lock().unwrap()
+        );
+        assert_eq!(ring.failed(), None);
+        assert_eq!(dst, src[..5000], "the get saw the put before it");
+        boot.barrier().expect("barrier");
+        let h = heaps[me].bytes();
+        let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().unwrap());
+        assert_eq!(
+            &h[64..64 + 700_001],
+            &rand_bytes(other as u64 + 40, 700_001)[..]
+        );
+        assert_eq!(
+            word(8),
+            0xeeee_eeee_eeee_eeee_u64.wrapping_add(5),
+            "signal add"
+        );
+        assert_eq!(word(16), 9, "signal set");
+        assert!(
+            h[..8].iter().all(|&b| b == 0xee),
+            "bytes before the put untouched"
+        );
+    });
+}
+
+#[test]
+fn a_failed_ring_request_fails_the_ring_naming_the_peer_and_drains_the_rest() {
+    use crate::backend::cuda::remote::{Ring, RingRequest, RING_WORDS};
+    use crate::transport::fabric::proxy::drain_one;
+    if skip() {
+        return;
+    }
+    with_staged(2, 1 << 16, &[1], |me, st, _, _| {
+        if me != 0 {
+            return;
+        }
+        let mut mem = vec![0u64; RING_WORDS];
+        // SAFETY: `mem` holds RING_WORDS words and outlives the ring.
+        let ring = unsafe { Ring::new(mem.as_mut_ptr()) };
+        let src = [7u8; 256];
+        let put = RingRequest::Put {
+            pe: 1,
+            dst: 0,
+            src: src.as_ptr() as u64,
+            len: src.len(),
+            signal: None,
+        };
+        ring.post(0, put);
+        ring.post(1, put);
+        let failed = Mutex::new(None);
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                st.net().mark_lost(1);
+            });
+            while ring.done() < 2 {
+                drain_one(&ring, &HostCopies, st, &failed);
+            }
+        });
+        assert_eq!(ring.failed(), Some(1), "the ring names the lost PE");
+        let e = failed.lock().unwrap().clone();
+        assert!(matches!(e, Some(Error::PeerLost { pe: 1, .. })), "{e:?}");
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    });
+}
