@@ -205,6 +205,33 @@ fn host_and_stream(pe: &Pe) -> Result<()> {
         "put_signal_on_stream"
     );
     pe.barrier_all()?;
+    // The same requests captured in a graph and replayed: each replay carries the data the
+    // source holds then, its signal after it.
+    pe.local_fill(&sig, 0)?;
+    pe.barrier_all()?;
+    s.begin_capture()?;
+    g.put_signal_on_stream(
+        &s,
+        &x.slice(..part)?,
+        &y.slice(..part)?,
+        Signal::add(&sig, 2, 1),
+        other,
+    )?;
+    let graph = s.end_capture()?;
+    for k in 0..3u64 {
+        pe.local_write(&y, 0, &rand_u64(me, 60 + k, part))?;
+        pe.barrier_all()?;
+        graph.launch(&s)?;
+        pe.wait_until(&sig, 2, Cmp::Ge, k + 1)?;
+        assert_eq!(
+            pe.local_vec(&x)?[..part],
+            rand_u64(other, 60 + k, part)[..],
+            "replay {k}"
+        );
+        s.synchronize()?;
+        pe.barrier_all()?;
+    }
+    pe.quiet()?;
     Ok(())
 }
 
