@@ -75,7 +75,7 @@ use std::sync::{Arc, Mutex};
 /// | --- | --- |
 /// | `slots × n_pes` from [`bar`](Self::bar) | barrier counters: slot `s`, member `p` at `s × n_pes + p` |
 /// | `slots × n_pes` from [`exp`](Self::exp) | barrier expectations, same indexing |
-/// | 8 from [`err`](Self::err) | the device error word (`RSHMEM_ERR_*` bits), 7 reserved |
+/// | 8 from [`err`](Self::err) | the device error word (`RSHMEM_ERR_*` bits), the PE a timed-out wait named, the proxy ring's address and head (`remote.rs`), 4 reserved |
 /// | `n_pes` from [`bases`](Self::bases) | this PE's table of heap bases as mapped on its GPU |
 ///
 /// `slots` is `max_teams + 1`: a slot per host team slot (slot 0 the world's) plus the last,

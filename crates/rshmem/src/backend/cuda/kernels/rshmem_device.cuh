@@ -12,7 +12,8 @@
 //   sync_bar: team_slots x n_pes barrier counters (slot s, member p: s * n_pes + p)
 //   sync_exp: team_slots x n_pes barrier expectations (same indexing)
 //   sync_err: the error word (RSHMEM_ERR_* bits); then the PE that the first timed-out wait
-//   naming one waited for, plus 1 (0: none named); then 6 reserved words
+//   naming one waited for, plus 1 (0: none named); then the address of the proxy's request
+//   ring (0 in a world on one node) and the ring's head; then 4 reserved words
 //   then n_pes words: the table of heap bases `base` points to (this PE's area only)
 // Slot 0 is the world's, the last (stream_slot) rshmem's stream barrier's.
 #ifndef RSHMEM_DEVICE_CUH
