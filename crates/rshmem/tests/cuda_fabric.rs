@@ -41,6 +41,15 @@ extern "C" __global__ void f_put_signal_block(unsigned long long* dst, const uns
     rshmem_putmem_signal_block(dst, src, n * 8, sig, v, RSHMEM_SIGNAL_SET, pe);
     rshmem_quiet();
 }
+// Single elements to PE `pe` from 64 threads at once: u64 words, then u8 bytes after them.
+extern "C" __global__ void f_p(unsigned long long* dst, unsigned long long base, int pe) {
+    unsigned i = threadIdx.x;
+    if (i < 64) {
+        rshmem_uint64_p(dst + i, base + i, pe);
+        rshmem_uint8_p((unsigned char*)(dst + 64) + i, (unsigned char)(base + 3 * i), pe);
+    }
+    rshmem_quiet();
+}
 // n words of PE `pe`'s src into this PE's dst.
 extern "C" __global__ void f_get(unsigned long long* dst, const unsigned long long* src, unsigned long long n, int pe) {
     if (threadIdx.x == 0) rshmem_getmem(dst, src, n * 8, pe);
@@ -247,6 +256,7 @@ fn device_initiated(pe: &Pe) -> Result<()> {
     let k_sigb = g.kernel(KERNELS, "f_put_signal_block", &[])?;
     let k_get = g.kernel(KERNELS, "f_get", &[])?;
     let k_lat = g.kernel(KERNELS, "f_put_latency", &[])?;
+    let k_p = g.kernel(KERNELS, "f_p", &[])?;
     let len = 100_001;
     let src = pe.alloc::<u64>(len)?;
     let dst = pe.alloc::<u64>(len)?;
@@ -340,6 +350,29 @@ fn device_initiated(pe: &Pe) -> Result<()> {
         rand_u64(other, 21, part)[..],
         "device get"
     );
+    pe.barrier_all()?;
+    // Device p of u64 and u8 elements from 64 threads.
+    pe.local_fill(&dst, POISON)?;
+    pe.barrier_all()?;
+    let base = 1000 * (me as u64 + 1);
+    let args = [
+        g.arg(&dst)?,
+        KernelArg::U64(base),
+        KernelArg::I32(other as i32),
+    ];
+    // SAFETY: matches f_p(u64*, u64, int).
+    unsafe { g.launch(&k_p, &s, 1, 96, 0, &args)? };
+    s.synchronize()?;
+    pe.quiet()?;
+    pe.barrier_all()?;
+    let got = pe.local_vec(&dst)?;
+    let theirs = 1000 * (other as u64 + 1);
+    let words: Vec<u64> = (0..64).map(|i| theirs + i).collect();
+    assert_eq!(got[..64], words[..], "device p of u64");
+    let bytes: Vec<u8> = got[64..72].iter().flat_map(|w| w.to_le_bytes()).collect();
+    let want: Vec<u8> = (0..64u64).map(|i| (theirs + 3 * i) as u8).collect();
+    assert_eq!(bytes, want, "device p of u8");
+    assert!(got[72..].iter().all(|&v| v == POISON), "past the p range");
     pe.barrier_all()?;
     // Latency: 8-byte blocking puts, device-initiated through the proxy and from the host.
     // Printed for the record (BENCHMARKS.md), never a pass/fail condition.

@@ -53,6 +53,7 @@ pub(crate) const OP_PUT: u64 = 1;
 pub(crate) const OP_PUT_SIGNAL: u64 = 2;
 pub(crate) const OP_SIGNAL: u64 = 3;
 pub(crate) const OP_GET: u64 = 4;
+pub(crate) const OP_PUT_INLINE: u64 = 5;
 
 /// A request a kernel posted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +66,14 @@ pub(crate) enum RingRequest {
         src: u64,
         len: usize,
         signal: Option<RingSignal>,
+    },
+    /// `len` (at most 8) bytes carried in the request (`value`, little-endian) into PE `pe`'s
+    /// heap at offset `dst` (device `p`).
+    PutInline {
+        pe: usize,
+        dst: usize,
+        value: u64,
+        len: usize,
     },
     /// The signal alone.
     Signal { pe: usize, signal: RingSignal },
@@ -104,6 +113,12 @@ impl RingRequest {
                 src: w[3],
                 len: w[4] as usize,
                 signal: (op == OP_PUT_SIGNAL).then_some(signal),
+            },
+            OP_PUT_INLINE if w[4] <= 8 => RingRequest::PutInline {
+                pe,
+                dst: w[2] as usize,
+                value: w[3],
+                len: w[4] as usize,
             },
             OP_SIGNAL => RingRequest::Signal { pe, signal },
             OP_GET => RingRequest::Get {
@@ -149,6 +164,21 @@ impl RingRequest {
                     0,
                 ]
             }
+            RingRequest::PutInline {
+                pe,
+                dst,
+                value,
+                len,
+            } => [
+                0,
+                op(OP_PUT_INLINE, false, pe),
+                dst as u64,
+                value,
+                len as u64,
+                0,
+                0,
+                0,
+            ],
             RingRequest::Signal { pe, signal: s } => [
                 0,
                 op(OP_SIGNAL, s.add, pe),
@@ -407,6 +437,12 @@ mod tests {
                     add: false,
                 },
             },
+            RingRequest::PutInline {
+                pe: 2,
+                dst: 6,
+                value: 0xabcd,
+                len: 2,
+            },
             RingRequest::Get {
                 pe: 1,
                 dst: 0x1234_5678_9abc,
@@ -421,6 +457,14 @@ mod tests {
             RingRequest::decode(&RingRequest::Malformed.encode()),
             RingRequest::Malformed
         );
+        // An inline put longer than its 8-byte carrier is malformed, not a read past it.
+        let long = RingRequest::PutInline {
+            pe: 0,
+            dst: 0,
+            value: 0,
+            len: 9,
+        };
+        assert_eq!(RingRequest::decode(&long.encode()), RingRequest::Malformed);
     }
 
     #[test]
@@ -489,6 +533,7 @@ mod tests {
             ("RSHMEMI_OP_PUT_SIGNAL", OP_PUT_SIGNAL as usize),
             ("RSHMEMI_OP_SIGNAL", OP_SIGNAL as usize),
             ("RSHMEMI_OP_GET", OP_GET as usize),
+            ("RSHMEMI_OP_PUT_INLINE", OP_PUT_INLINE as usize),
         ] {
             let line = format!("#define {name} {v}\n");
             assert!(h.contains(&line), "the header lacks `{}`", line.trim());

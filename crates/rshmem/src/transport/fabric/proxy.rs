@@ -198,6 +198,16 @@ fn carry_out(
             })();
             r.map_err(|e| (pe, e))
         }
+        RingRequest::PutInline {
+            pe,
+            dst,
+            value,
+            len,
+        } => {
+            let bytes = value.to_le_bytes();
+            let len = len.min(bytes.len());
+            staged.put(pe, dst, &bytes[..len]).map_err(|e| (pe, e))
+        }
         RingRequest::Signal { pe, signal: s } => signal(pe, s).map_err(|e| (pe, e)),
         RingRequest::Get { pe, dst, src, len } => {
             let r = (|| {

@@ -438,7 +438,15 @@ fn the_proxy_carries_out_ring_requests_in_order_with_the_signal_after_the_data()
                 len: 5000,
             },
         );
-        while ring.done() < 3 {
+        // A device `p` of two bytes, carried in the entry, at an odd offset.
+        let inline = RingRequest::PutInline {
+            pe: other,
+            dst: 33,
+            value: 0x1234_5678_9abc_def0,
+            len: 2,
+        };
+        ring.post(3, inline);
+        while ring.done() < 4 {
             drain_one(&ring, &HostCopies, st, &failed);
         }
         assert!(
@@ -464,6 +472,11 @@ fn the_proxy_carries_out_ring_requests_in_order_with_the_signal_after_the_data()
         assert!(
             h[..8].iter().all(|&b| b == 0xee),
             "bytes before the put untouched"
+        );
+        assert_eq!(
+            &h[32..36],
+            &[0xee, 0xf0, 0xde, 0xee],
+            "p: 2 bytes, little-endian"
         );
     });
 }

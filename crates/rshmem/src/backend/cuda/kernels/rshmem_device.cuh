@@ -386,6 +386,7 @@ __device__ __forceinline__ void rshmemi_bulk_copy_block(void* d, const void* s, 
 #define RSHMEMI_OP_PUT_SIGNAL 2
 #define RSHMEMI_OP_SIGNAL 3
 #define RSHMEMI_OP_GET 4
+#define RSHMEMI_OP_PUT_INLINE 5
 #define RSHMEMI_NO_TICKET 0xffffffffffffffffull
 
 // Whether PE `pe` lies on another node (reached through the proxy, not by loads and stores).
@@ -453,6 +454,11 @@ __device__ __forceinline__ void rshmemi_proxy_put(void* dest, const void* src, s
 __device__ __forceinline__ void rshmemi_proxy_get(void* dest, const void* src, size_t_rshmem n, int pe, bool wait) {
     rshmem_u64 t = rshmemi_proxy_post(RSHMEMI_OP_GET, pe, (rshmem_u64)dest, rshmemi_offset(src), n, 0, 0);
     if (wait && t != RSHMEMI_NO_TICKET) rshmemi_proxy_wait(t, pe);
+}
+// A put of `n` <= 8 bytes carried in the request itself (`bits`, little-endian): nothing for the
+// proxy to copy out of the GPU, and the value is this thread's to reuse at once.
+__device__ __forceinline__ void rshmemi_proxy_p(void* dest, rshmem_u64 bits, unsigned n, int pe) {
+    rshmemi_proxy_post(RSHMEMI_OP_PUT_INLINE, pe, rshmemi_offset(dest), bits, n, 0, 0);
 }
 // The data, then the signal (set or add) once the data is in the target's GPU memory.
 __device__ __forceinline__ void rshmemi_proxy_put_signal(void* dest, const void* src, size_t_rshmem n, rshmem_u64* sig,
@@ -770,7 +776,14 @@ template <typename T> __device__ __forceinline__ T rshmemi_vld(const T* p) {
     __device__ __forceinline__ void rshmem_##NAME##_get_nbi_block(T* d, const T* s, size_t_rshmem n, int pe) \
     { rshmem_getmem_nbi_block(d, s, n * sizeof(T), pe); }                                           \
     __device__ __forceinline__ void rshmem_##NAME##_p(T* d, T v, int pe)                            \
-    { rshmemi_vst((T*)rshmem_ptr(d, pe), v); }                                                       \
+    {                                                                                                \
+        if (rshmemi_remote(pe)) {                                                                    \
+            typedef typename rshmemi_bits<T, sizeof(T)>::U U;                                        \
+            rshmemi_proxy_p(d, (rshmem_u64)*(U*)&v, sizeof(T), pe);                                  \
+            return;                                                                                  \
+        }                                                                                            \
+        rshmemi_vst((T*)rshmem_ptr(d, pe), v);                                                       \
+    }                                                                                                \
     __device__ __forceinline__ T rshmem_##NAME##_g(const T* s, int pe)                              \
     { return rshmemi_vld((const T*)rshmem_ptr(s, pe)); }                                             \
     __device__ __forceinline__ void rshmem_##NAME##_put_signal(T* d, const T* s, size_t_rshmem n,   \
