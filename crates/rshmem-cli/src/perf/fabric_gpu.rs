@@ -47,7 +47,8 @@ pub(super) fn run_fabric_gpu(args: &PerfArgs) -> CliResult<Vec<Record>> {
     )?;
     for r in recs.iter().filter(|r| r.api == "device") {
         eprintln!(
-            "  device-initiated 8 B put to the other node: {:.2} us, {:.2} us above the host's",
+            "  {} (device-initiated, 8 B to the other node): {:.2} us, {:.2} us above the host's",
+            r.op,
             r.time_us,
             r.time_us - r.baseline_time_us
         );

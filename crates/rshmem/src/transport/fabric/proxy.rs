@@ -26,9 +26,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long an idle proxy thread keeps polling before it sleeps between polls.
-const BUSY: Duration = Duration::from_millis(2);
-/// The sleep between polls of an idle proxy thread.
+/// How long a proxy thread keeps spinning after its last request (more may follow at once:
+/// a kernel's puts back to back) before it sleeps between polls.
+const BUSY: Duration = Duration::from_millis(20);
+/// The sleep between polls of an idle proxy thread (what bounds its CPU use when idle).
 const IDLE_SLEEP: Duration = Duration::from_micros(20);
 
 /// See the module documentation.
@@ -103,17 +104,24 @@ impl Drop for GpuFabricBackend {
     }
 }
 
-/// Polls with `work` until `stop`: busy while there was work within [`BUSY`], then sleeping
-/// [`IDLE_SLEEP`] between polls (the proxy shares the CPU with the application).
+/// Polls with `work` until `stop`: spinning while there was work within [`BUSY`] (yielding
+/// now and then to threads waiting for the core), then sleeping [`IDLE_SLEEP`] between polls.
 fn poll(stop: &AtomicBool, mut work: impl FnMut() -> bool) {
     let mut last = Instant::now();
+    let mut idle = 0u32;
     while !stop.load(Ordering::Acquire) {
         if work() {
             last = Instant::now();
-        } else if last.elapsed() < BUSY {
+            idle = 0;
+            continue;
+        }
+        idle = idle.wrapping_add(1);
+        if last.elapsed() >= BUSY {
+            std::thread::sleep(IDLE_SLEEP);
+        } else if idle.is_multiple_of(64) {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(IDLE_SLEEP);
+            std::hint::spin_loop();
         }
     }
 }
