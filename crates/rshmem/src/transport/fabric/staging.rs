@@ -31,6 +31,10 @@ pub(crate) const STAGE_BYTES: usize = 512 << 10;
 const SLOT_HEAD: usize = 64;
 /// Bytes of a reply line: acknowledgement, value, status (a cache line).
 const REPLY_LINE: usize = 64;
+/// The sequence number of a pair whose last request went unanswered (timeout, lost peer, a
+/// failed fabric operation): its slot may still be written or served late, so no further
+/// request to that PE is sent.
+const UNANSWERED: u64 = u64::MAX;
 
 /// Where things lie in a PE's staging area (byte offsets from its start).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -297,7 +301,7 @@ impl Staged {
     }
 
     /// One request to PE `pe` with `payload` for its slot, under `seq` (the pair's lock); the
-    /// reply's value.
+    /// reply's value. A request that goes unanswered closes the pair ([`UNANSWERED`]).
     fn call(
         &self,
         seq: &mut u64,
@@ -306,8 +310,36 @@ impl Staged {
         payload: &[u8],
         op: &'static str,
     ) -> Result<u64> {
-        *seq += 1;
-        let s = *seq;
+        if *seq == UNANSWERED {
+            return Err(self.lost_or(
+                pe,
+                op,
+                Error::Fabric {
+                    op,
+                    pe: Some(pe),
+                    msg: format!(
+                        "an earlier staged request to PE {pe} went unanswered; none is sent after it"
+                    ),
+                },
+            ));
+        }
+        let last = *seq;
+        *seq = UNANSWERED;
+        let value = self.round_trip(last + 1, pe, req, payload, op)?;
+        *seq = last + 1;
+        value
+    }
+
+    /// Request number `s` to PE `pe` and its reply (see [`call`](Self::call)): `Err` only when it
+    /// went unanswered; the reply's own status is the inner result.
+    fn round_trip(
+        &self,
+        s: u64,
+        pe: usize,
+        req: Request,
+        payload: &[u8],
+        op: &'static str,
+    ) -> Result<Result<u64>> {
         let l = &self.layout;
         let r = l.reply(pe);
         self.area.word(r + 8).store(0, Ordering::Relaxed);
@@ -350,7 +382,7 @@ impl Staged {
             }
         }
         let value = self.area.word(r + 8).load(Ordering::Acquire);
-        match self.area.word(r + 16).load(Ordering::Acquire) {
+        Ok(match self.area.word(r + 16).load(Ordering::Acquire) {
             STATUS_OK => Ok(value),
             STATUS_REFUSED => Err(Error::Fabric {
                 op,
@@ -362,7 +394,7 @@ impl Staged {
                 pe: Some(pe),
                 msg: format!("PE {pe} failed the staged request {req:?} on its GPU"),
             }),
-        }
+        })
     }
 
     /// `PeerLost` naming `pe` when it is known lost (a fabric operation that gave up on it),

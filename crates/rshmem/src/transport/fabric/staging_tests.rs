@@ -371,6 +371,11 @@ fn a_lost_peer_ends_a_waiting_request_naming_it() {
             });
             let e = st.put(1, 0, &[7u8; 64]).expect_err("nobody serves");
             assert!(matches!(e, Error::PeerLost { pe: 1, .. }), "{e}");
+            // The pair is closed: the next request fails at once, never reusing the slot.
+            let e = st
+                .atomic(1, 0, true, AtomicOp::Fetch)
+                .expect_err("closed pair");
+            assert!(matches!(e, Error::PeerLost { pe: 1, .. }), "{e}");
         });
         assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     });
