@@ -11,6 +11,7 @@
 //! | [`coll_cuda`] | CUDA collectives (`rshmem::cuda::GpuColl`) | NCCL on the same buffers |
 //! | [`ep_cuda`] | CUDA MoE dispatch/combine (`rshmem::cuda::ep::GpuBuffer`) | NCCL all-to-all-v with its own kernels ([`ep_baseline`]) |
 //! | [`fabric`] | put/get bandwidth and 8 B latency between PEs on different nodes (libfabric) | `fi_pingpong` on the same provider |
+//! | [`fabric_gpu`] | 8 B put latency to a GPU on another node, device-initiated (through the proxy) | the same put from the host |
 //! | [`hier`] | host all_reduce and MoE dispatch/combine across nodes on the hierarchical paths | the flat paths, call by call in the same run |
 //!
 //! [`nccl`] binds NCCL at run time; [`timing`] times stream work with CUDA events;
@@ -27,6 +28,7 @@ mod ep_check;
 pub mod ep_cuda;
 pub mod ep_ll;
 pub mod fabric;
+pub mod fabric_gpu;
 pub mod hier;
 pub mod nccl;
 pub mod p2p;
@@ -52,5 +54,7 @@ pub fn precompile(arch: &str, settings: &Settings) -> Result<Vec<(String, usize)
     let src = ep_baseline::kernel_source();
     let b = nvrtc::compile(&nvrtc::with_header(&src), arch, &o)?;
     out.push(("bench ep baseline (bf16, i32)".to_string(), b.len()));
+    let f = nvrtc::compile(&nvrtc::with_header(fabric_gpu::PROXY_KERNELS), arch, &[])?;
+    out.push(("bench fabric-gpu".to_string(), f.len()));
     Ok(out)
 }

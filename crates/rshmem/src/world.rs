@@ -702,15 +702,6 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
             info.same_process = false;
         }
     }
-    if multi_node && config.backend != BackendKind::Shm {
-        return Err(Error::Backend {
-            backend: config.backend.name(),
-            msg: format!(
-                "the world spans {} nodes; PEs on other nodes are reached over the fabric only with the shm backend (GPU heaps across nodes are not done yet)",
-                distinct_nodes.len()
-            ),
-        });
-    }
     if config.backend == BackendKind::Cuda {
         if let Some((a, b)) = pid_collision(&pids, &nonces) {
             return Err(Error::Bootstrap {
@@ -728,6 +719,9 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
     let seg_len = ctrl_bytes
         + if heap_in_segment {
             config.heap_size.div_ceil(4096) * 4096
+        } else if multi_node {
+            // GPU heaps of other nodes are reached through this registered staging area.
+            crate::transport::fabric::staging_bytes(n)
         } else {
             0
         };
@@ -859,13 +853,31 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
                 None => shm,
             }
         }
-        BackendKind::Cuda => Box::new(crate::backend::cuda::CudaBackend::create(
-            &config,
-            me,
-            n,
-            &pids,
-            boot.as_ref(),
-        )?),
+        BackendKind::Cuda => {
+            let cuda = crate::backend::cuda::CudaBackend::create(
+                &config,
+                me,
+                n,
+                &pids,
+                &remote,
+                boot.as_ref(),
+            )?;
+            match &net {
+                // SAFETY: the staging area follows the control block in this PE's segment,
+                // registered with `net` and mapped as long as `regions` (kept by PeInner,
+                // which drops the backend first).
+                Some(net) => Box::new(unsafe {
+                    crate::transport::fabric::gpu_backend(
+                        cuda,
+                        net.clone(),
+                        mine.ptr().add(ctrl_bytes),
+                        ctrl_bytes,
+                        config.timeout,
+                    )
+                }?),
+                None => Box::new(cuda),
+            }
+        }
     };
     let mut team_used = vec![false; config.max_teams];
     team_used[0] = true;

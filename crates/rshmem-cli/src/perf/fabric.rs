@@ -16,6 +16,9 @@ pub struct FabricOpts {
     pub provider: String,
     /// libfabric domain.
     pub domain: Option<String>,
+    /// The fabric-gpu group (CUDA backend, the proxy latency figure) rather than this one.
+    #[serde(default)]
+    pub gpu: bool,
 }
 
 /// Runs the fabric group: a 2-process world started through the launcher; PE 0's records.
@@ -31,6 +34,7 @@ pub(super) fn run_fabric(args: &PerfArgs) -> CliResult<Vec<Record>> {
         latency_iters,
         provider: args.fabric_provider.clone(),
         domain: args.fabric_domain.clone(),
+        gpu: false,
     };
     let heap = (max + (1 << 20)).next_power_of_two().max(4 << 20);
     let out = tempfile_path("fabric.json");

@@ -30,6 +30,7 @@ pub(super) fn group_names(groups: &[SuiteArg]) -> String {
             SuiteArg::Coll => "coll",
             SuiteArg::Ep => "ep",
             SuiteArg::Fabric => "fabric",
+            SuiteArg::FabricGpu => "fabric-gpu",
         })
         .collect::<Vec<_>>()
         .join(",")

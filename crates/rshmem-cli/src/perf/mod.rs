@@ -11,6 +11,7 @@ pub mod coll;
 mod cuda;
 pub mod ep;
 mod fabric;
+mod fabric_gpu;
 mod flags;
 pub mod measure;
 pub mod record;
@@ -84,6 +85,10 @@ pub enum SuiteArg {
     /// libfabric, beside `fi_pingpong` on the same provider (`--fabric-provider`,
     /// `--fabric-domain`); only when asked for.
     Fabric,
+    /// 8 B put latency to a GPU on another node, device-initiated through the proxy beside
+    /// host-initiated (two processes as two nodes, CUDA backend, `--fabric-provider`,
+    /// `--fabric-domain`); only when asked for.
+    FabricGpu,
 }
 
 /// Arguments of `rshmem perf`.
@@ -272,7 +277,10 @@ pub fn worker(spec: &str) -> CliResult<()> {
         return Err("perf-worker runs only as a process started by `rshmem perf`".into());
     }
     if let Some(f) = &spec.fabric {
-        return fabric::worker(&spec, f);
+        return match f.gpu {
+            true => fabric_gpu::worker(&spec, f),
+            false => fabric::worker(&spec, f),
+        };
     }
     let shared = match &spec.pp {
         Some(p) => Some(
@@ -401,9 +409,13 @@ pub fn run(args: PerfArgs) -> CliResult<()> {
     if groups.contains(&SuiteArg::Fabric) {
         fabric_records = fabric::run_fabric(&args)?;
         groups.retain(|&g| g != SuiteArg::Fabric);
-        if groups.is_empty() {
-            return report_records(&args, &fabric_records);
-        }
+    }
+    if groups.contains(&SuiteArg::FabricGpu) {
+        fabric_records.extend(fabric_gpu::run_fabric_gpu(&args)?);
+        groups.retain(|&g| g != SuiteArg::FabricGpu);
+    }
+    if groups.is_empty() {
+        return report_records(&args, &fabric_records);
     }
     // The backend, its GPUs, and why `auto` fell back to shm.
     let (backend, gpus, auto_note) = match args.backend {

@@ -6,6 +6,7 @@ mod event;
 pub use event::{ContextGuard, Event};
 
 use crate::backend::cuda::gpu::{self, Func, Module, RawStream};
+use crate::backend::cuda::remote::{RingRequest, RingSignal};
 use crate::backend::cuda::{ffi, nvrtc, set_state, CudaBackend};
 use crate::elem::{Cmp, Elem, SignalOp};
 use crate::error::{Error, Result};
@@ -287,6 +288,19 @@ impl<'a> CudaPe<'a> {
         self.b.gpu.ordinal
     }
 
+    /// [`Error::Backend`] when one of `members` (world PEs) runs on another node: `what`'s
+    /// kernels reach peers by loads and stores into their mapped heaps, which only PEs of
+    /// this node have (device put, put-with-signal, get and quiet reach other nodes through
+    /// the proxy).
+    pub(crate) fn check_one_node(&self, members: &[usize], what: &str) -> Result<()> {
+        match members.iter().find(|&&p| self.b.is_remote(p)) {
+            Some(p) => Err(ffi::err(format!(
+                "{what} needs every member on this PE's node; PE {p} runs on another node"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Whether no other PE of the world runs on this PE's GPU.
     pub(crate) fn gpu_alone(&self) -> bool {
         self.b.gpu_alone()
@@ -357,6 +371,11 @@ impl<'a> CudaPe<'a> {
         pe: usize,
     ) -> Result<u64> {
         let off = self.loc::<T>(sym.raw(), at, 0, pe)?;
+        if self.b.is_remote(pe) {
+            return Err(Error::invalid(format!(
+                "PE {pe} runs on another node: its heap has no address on this GPU"
+            )));
+        }
         Ok(self.b.addr(pe, off))
     }
 
@@ -403,6 +422,18 @@ impl<'a> CudaPe<'a> {
         let count = src.raw().len;
         let d = self.loc::<T>(dst.raw(), 0, count, pe)?;
         let so = self.loc::<T>(src.raw(), 0, count, self.b.me)?;
+        if self.b.is_remote(pe) {
+            let src = self.b.addr(self.b.me, so);
+            let len = count * std::mem::size_of::<T>();
+            let req = RingRequest::Put {
+                pe,
+                dst: d,
+                src,
+                len,
+                signal: None,
+            };
+            return self.remote(s, req);
+        }
         self.copy(
             s,
             self.b.addr(pe, d),
@@ -423,12 +454,39 @@ impl<'a> CudaPe<'a> {
         let count = dst.raw().len;
         let d = self.loc::<T>(dst.raw(), 0, count, self.b.me)?;
         let so = self.loc::<T>(src.raw(), 0, count, pe)?;
+        if self.b.is_remote(pe) {
+            let dst = self.b.addr(self.b.me, d);
+            let len = count * std::mem::size_of::<T>();
+            return self.remote(
+                s,
+                RingRequest::Get {
+                    pe,
+                    dst,
+                    src: so,
+                    len,
+                },
+            );
+        }
         self.copy(
             s,
             self.b.addr(self.b.me, d),
             self.b.addr(pe, so),
             count * std::mem::size_of::<T>(),
         )
+    }
+
+    /// A stream-ordered request to a PE on another node through this PE's proxy (see
+    /// `backend/cuda/remote.rs`): complete at the target before the stream's later work.
+    fn remote(&self, s: &Stream, req: RingRequest) -> Result<()> {
+        match req {
+            RingRequest::Put {
+                len: 0,
+                signal: None,
+                ..
+            }
+            | RingRequest::Get { len: 0, .. } => Ok(()),
+            _ => self.b.proxy_on_stream(&s.raw, req),
+        }
     }
 
     /// Stream-ordered copy between raw device addresses (both mapped on this GPU).
@@ -463,6 +521,14 @@ impl<'a> CudaPe<'a> {
     ) -> Result<()> {
         self.check_stream(s)?;
         let off = self.loc::<u64>(sig.raw(), sig_at, 1, pe)?;
+        if self.b.is_remote(pe) {
+            let sig = RingSignal {
+                offset: off,
+                value,
+                add: op == SignalOp::Add,
+            };
+            return self.remote(s, RingRequest::Signal { pe, signal: sig });
+        }
         let mut addr = self.b.addr(pe, off);
         match op {
             SignalOp::Set => {
@@ -505,7 +571,29 @@ impl<'a> CudaPe<'a> {
         pe: usize,
     ) -> Result<()> {
         let sig = signal.object();
-        self.loc::<u64>(signal.sym, signal.at, 1, pe)?;
+        let soff = self.loc::<u64>(signal.sym, signal.at, 1, pe)?;
+        if self.b.is_remote(pe) {
+            // One request: the proxy applies the signal once the data is in the target's GPU.
+            self.check_stream(s)?;
+            let count = src.raw().len;
+            let d = self.loc::<T>(dst.raw(), 0, count, pe)?;
+            let so = self.loc::<T>(src.raw(), 0, count, self.b.me)?;
+            let sig = RingSignal {
+                offset: soff,
+                value: signal.value,
+                add: signal.op == SignalOp::Add,
+            };
+            let src = self.b.addr(self.b.me, so);
+            let len = count * std::mem::size_of::<T>();
+            let req = RingRequest::Put {
+                pe,
+                dst: d,
+                src,
+                len,
+                signal: Some(sig),
+            };
+            return self.remote(s, req);
+        }
         self.put_on_stream(s, dst, src, pe)?;
         self.signal_on_stream(s, &sig, signal.at, signal.value, signal.op, pe)
     }

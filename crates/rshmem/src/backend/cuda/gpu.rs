@@ -407,6 +407,11 @@ impl HostBuf {
         w.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// The buffer's host address (for owners that reach it by atomic words only).
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
     /// The bytes, as the kernels launched last left them once their stream was synchronised
     /// (or once their last word, read with [`word`](Self::word), said they were in).
     pub fn bytes(&self) -> &[u8] {

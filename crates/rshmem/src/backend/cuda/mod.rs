@@ -53,6 +53,7 @@ mod heap;
 mod info;
 pub(crate) mod knobs;
 pub mod nvrtc;
+pub(crate) mod remote;
 #[cfg(test)]
 pub(crate) mod srcparse;
 
@@ -74,7 +75,7 @@ use std::sync::{Arc, Mutex};
 /// | --- | --- |
 /// | `slots × n_pes` from [`bar`](Self::bar) | barrier counters: slot `s`, member `p` at `s × n_pes + p` |
 /// | `slots × n_pes` from [`exp`](Self::exp) | barrier expectations, same indexing |
-/// | 8 from [`err`](Self::err) | the device error word (`RSHMEM_ERR_*` bits), 7 reserved |
+/// | 8 from [`err`](Self::err) | the device error word (`RSHMEM_ERR_*` bits), the PE a timed-out wait named, the proxy ring's address and head (`remote.rs`), 4 reserved |
 /// | `n_pes` from [`bases`](Self::bases) | this PE's table of heap bases as mapped on its GPU |
 ///
 /// `slots` is `max_teams + 1`: a slot per host team slot (slot 0 the world's) plus the last,
@@ -235,6 +236,13 @@ pub(crate) struct CudaBackend {
     pub f_signal_add: Func,
     pub f_wait: Func,
     pub f_team_sync: Func,
+    /// `rshmemi_proxy_op`: a stream-ordered request to a PE on another node.
+    pub f_proxy: Func,
+    /// Per PE: true when it runs on another node (base 0 in the table; reached through the
+    /// proxy's ring).
+    pub remote: Vec<bool>,
+    /// The ring kernels post requests for PEs on other nodes into (a world on several nodes).
+    pub ring: Option<remote::DeviceRing>,
     /// `rshmemi_take_error`: takes the device error word and its info word atomically.
     f_take_error: Func,
     lock: Mutex<()>,
@@ -368,6 +376,7 @@ impl CudaBackend {
         me: usize,
         n: usize,
         pids: &[u32],
+        remote: &[bool],
         boot: &dyn Bootstrap,
     ) -> Result<CudaBackend> {
         // Step 1: device choice, exchanged so VMM heaps can grant same-process peers access.
@@ -459,6 +468,8 @@ impl CudaBackend {
                 }
                 if p == me {
                     bases[p] = own.ptr;
+                } else if remote.get(p).copied().unwrap_or(false) {
+                    // Another node: reached through the proxy (base 0 tells kernels so).
                 } else if pids[p] == my_pid {
                     bases[p] = word(r, 0);
                     if kind == HeapKind::Static {
@@ -497,6 +508,31 @@ impl CudaBackend {
             )?;
             stream.sync()?;
             drop(_g);
+            let ring = match remote.iter().any(|&r| r) {
+                true => Some(remote::DeviceRing::new(&gpu)?),
+                false => None,
+            };
+            if let Some(ring) = &ring {
+                // The ring's address and a zero head, in this PE's error line.
+                let words = enc(&[ring.dev, 0]);
+                let at =
+                    bases[me] + (heap_size + (layout.err() + remote::ERR_LINE_RING) * 8) as u64;
+                let _g = gpu.bind()?;
+                // SAFETY: two words of this PE's own error line (reserved words, inside its heap
+                // allocation); the source lives until the synchronised copy is done.
+                ffi::check(
+                    unsafe {
+                        ffi::cu::cuMemcpyHtoDAsync_v2(
+                            at,
+                            words.as_ptr() as *const _,
+                            words.len(),
+                            stream.raw,
+                        )
+                    },
+                    "cuMemcpyHtoDAsync (proxy ring address)",
+                )?;
+                stream.sync()?;
+            }
             let internal = Arc::new(load_internal(&gpu, &state)?);
             let scratch = DevBuf::zeroed(&gpu, 64)?;
             Ok((
@@ -505,6 +541,8 @@ impl CudaBackend {
                 internal.func("rshmemi_wait")?,
                 internal.func("rshmemi_team_sync")?,
                 internal.func("rshmemi_take_error")?,
+                internal.func("rshmemi_proxy_op")?,
+                ring,
                 internal,
                 stream,
                 scratch,
@@ -515,8 +553,18 @@ impl CudaBackend {
             rest.as_ref().map(|_| ()).map_err(Clone::clone),
             "loading rshmem's kernels",
         )?;
-        let (f_amo, f_signal_add, f_wait, f_team_sync, f_take_error, internal, stream, scratch) =
-            rest?;
+        let (
+            f_amo,
+            f_signal_add,
+            f_wait,
+            f_team_sync,
+            f_take_error,
+            f_proxy,
+            ring,
+            internal,
+            stream,
+            scratch,
+        ) = rest?;
         tracing::debug!(
             pe = me,
             gpu = gpu.ordinal,
@@ -555,6 +603,9 @@ impl CudaBackend {
             f_wait,
             f_team_sync,
             f_take_error,
+            f_proxy,
+            remote: remote.to_vec(),
+            ring,
             lock: Mutex::new(()),
             modules: Mutex::new(Default::default()),
             _peers: peers,

@@ -246,6 +246,8 @@ impl<'a> GpuColl<'a> {
     /// (reported in the log); sizes whose area does not fit the heap are an allocation error
     /// here.
     pub fn new(g: CudaPe<'a>, config: CollConfig, tuning: CollTuning) -> Result<GpuColl<'a>> {
+        let world: Vec<usize> = (0..g.pe_ref().n_pes()).collect();
+        g.check_one_node(&world, "GpuColl")?;
         tuning.check()?;
         let ll_sizes = tuning.ll_sizes(g.backend().heap_size, g.pe_ref().n_pes());
         let names = coll_kernel_names();

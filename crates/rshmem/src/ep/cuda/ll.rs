@@ -378,6 +378,7 @@ impl LowLatencyBuffer {
         nvrtc_options: &[String],
     ) -> Result<LowLatencyBuffer> {
         let g = CudaPe::new(pe)?;
+        g.check_one_node(&team.members, "cuda::ep::LowLatencyBuffer")?;
         let n = team.n_pes();
         let prepared = (|| {
             let plan = ll_plan(&cfg, n)?;

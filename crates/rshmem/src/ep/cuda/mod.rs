@@ -589,6 +589,7 @@ impl<T: Elem> GpuBuffer<T> {
     /// `EpTuning::from_env()` at a program's edge, or `EpTuning::default()`).
     pub fn new(pe: &Pe, team: &Team, cfg: EpConfig, tuning: &EpTuning) -> Result<GpuBuffer<T>> {
         let g = CudaPe::new(pe)?;
+        g.check_one_node(&team.members, "cuda::ep::GpuBuffer")?;
         let n = team.n_pes();
         let prepared = (|| {
             tuning.check()?;

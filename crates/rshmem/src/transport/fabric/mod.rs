@@ -8,12 +8,17 @@
 //! * `mr.rs`: registrations and the `Remote` record a peer needs.
 //! * `net.rs`: a world's fabric (`Net`: control words of peers on other nodes) and the
 //!   backend that sends heap operations for those peers over it (`FabricBackend`).
+//! * `staging.rs`: GPU heaps of peers on other nodes, reached by requests staged through
+//!   registered host memory; `proxy.rs`: the CUDA backend of such a world and its proxy
+//!   threads (serving other nodes' requests, draining the device's request ring).
 
 mod endpoint;
 mod ffi;
 mod loader;
 mod mr;
 mod net;
+mod proxy;
+mod staging;
 #[cfg(test)]
 mod tests;
 mod xfer;
@@ -24,6 +29,32 @@ use loader::available;
 pub use loader::{probe, LIBRARY};
 pub(crate) use mr::{MemoryRegion, Remote};
 pub(crate) use net::{FabricBackend, Net};
+
+/// Bytes of the staging area a PE of a CUDA world spanning nodes adds to its registered
+/// segment (after the control block), for `n` PEs.
+pub(crate) fn staging_bytes(n: usize) -> usize {
+    staging::StageLayout::new(n).bytes()
+}
+
+/// The CUDA backend of PE `cuda.me` in a world spanning nodes: `cuda` for PEs of this node,
+/// staged requests over `net` for the others, and the proxy threads.
+///
+/// # Safety
+/// `area` must be this PE's staging area (`staging_bytes(n)` bytes at `base` in its segment
+/// registered with `net`), mapped for the life of the returned backend.
+pub(crate) unsafe fn gpu_backend(
+    cuda: crate::backend::cuda::CudaBackend,
+    net: std::sync::Arc<Net>,
+    area: *mut u8,
+    base: usize,
+    timeout: std::time::Duration,
+) -> Result<proxy::GpuFabricBackend> {
+    let (me, n) = (cuda.me, cuda.n);
+    // SAFETY: the caller's contract (the segment is page-aligned, `base` a multiple of pages).
+    let area = unsafe { staging::Area::new(area, staging_bytes(n)) };
+    let staged = staging::Staged::new(net, me, n, area, base, timeout);
+    proxy::GpuFabricBackend::start(cuda, staged)
+}
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};

@@ -87,6 +87,21 @@ impl Net {
         self.remote.get(pe).copied().unwrap_or(false)
     }
 
+    /// Whether PE `pe` is known lost (`mark_lost`).
+    pub fn is_lost(&self, pe: usize) -> bool {
+        self.ep.is_lost(pe)
+    }
+
+    /// This PE's endpoint (the staged transport's requests and replies).
+    pub(super) fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// PE `pe`'s registered segment.
+    pub(super) fn segment(&self, pe: usize) -> &Remote {
+        &self.segments[pe]
+    }
+
     /// The provider in use.
     pub fn provider(&self) -> &str {
         &self.ep.provider

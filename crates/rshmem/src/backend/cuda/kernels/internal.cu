@@ -65,3 +65,13 @@ extern "C" __global__ void rshmemi_take_error(rshmem_u64* out) {
     out[1] = atomicExch(w + 1, 0ull);
 }
 
+
+// Stream-ordered operation on a PE on another node: one request to this PE's proxy (kind and
+// signal bit in `op`, fields as the ring's entries carry them), waited for, so the stream's
+// later work starts once it is complete at the target.
+extern "C" __global__ void rshmemi_proxy_op(rshmem_u64 op, int pe, rshmem_u64 dst, rshmem_u64 src, rshmem_u64 len,
+                                            rshmem_u64 sig_off, rshmem_u64 sig_val) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    rshmem_u64 t = rshmemi_proxy_post(op, pe, dst, src, len, sig_off, sig_val);
+    if (t != RSHMEMI_NO_TICKET) rshmemi_proxy_wait(t, pe);
+}

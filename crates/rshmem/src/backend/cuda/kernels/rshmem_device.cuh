@@ -12,7 +12,8 @@
 //   sync_bar: team_slots x n_pes barrier counters (slot s, member p: s * n_pes + p)
 //   sync_exp: team_slots x n_pes barrier expectations (same indexing)
 //   sync_err: the error word (RSHMEM_ERR_* bits); then the PE that the first timed-out wait
-//   naming one waited for, plus 1 (0: none named); then 6 reserved words
+//   naming one waited for, plus 1 (0: none named); then the address of the proxy's request
+//   ring (0 in a world on one node) and the ring's head; then 4 reserved words
 //   then n_pes words: the table of heap bases `base` points to (this PE's area only)
 // Slot 0 is the world's, the last (stream_slot) rshmem's stream barrier's.
 #ifndef RSHMEM_DEVICE_CUH
@@ -147,8 +148,6 @@ __device__ __forceinline__ void rshmemi_red_add_release(rshmem_u64* p, rshmem_u6
 
 // Orders this thread's earlier puts and atomics before its later ones (to every PE).
 __device__ __forceinline__ void rshmem_fence() { asm volatile("fence.sc.sys;" ::: "memory"); }
-// Completes this thread's earlier puts: on NVLink stores are complete once ordered system-wide.
-__device__ __forceinline__ void rshmem_quiet() { asm volatile("fence.sc.sys;" ::: "memory"); }
 
 __device__ __forceinline__ bool rshmemi_cmp(rshmem_u64 a, int cmp, rshmem_u64 b) {
     switch (cmp) {
@@ -368,6 +367,126 @@ __device__ __forceinline__ void rshmemi_bulk_copy_block(void* d, const void* s, 
     rshmemi_bulk_copy_pieces(d, s, n, 0, 0, 1);
 }
 
+// ----- PEs on other nodes: requests to this PE's proxy thread -----
+// A PE on another node has base 0 in the base table. Operations on it go to a ring of requests
+// in mapped host memory that this PE's proxy thread drains, carrying each over the fabric (its
+// data staged through host memory) until it is complete at the target; then it advances the
+// ring's `done` counter. Layout (64-bit words; `backend/cuda/remote.rs`): `done` at
+// RSHMEMI_RING_DONE, the error word (0, or 1 + the PE a failed request was for) at
+// RSHMEMI_RING_ERR, entries of 8 words from RSHMEMI_RING_FIRST: tag (ticket + 1), op word (kind,
+// bit 8 signal add, PE in the high half), dst, src, len, signal offset, signal value. The ring's
+// address and the head (tickets issued) are words of this PE's error line.
+#define RSHMEMI_RING_DONE 0
+#define RSHMEMI_RING_ERR 8
+#define RSHMEMI_RING_FIRST 16
+#define RSHMEMI_RING_ENTRIES 256
+#define RSHMEMI_RING_ERR_LINE_RING 2
+#define RSHMEMI_RING_ERR_LINE_HEAD 3
+#define RSHMEMI_OP_PUT 1
+#define RSHMEMI_OP_PUT_SIGNAL 2
+#define RSHMEMI_OP_SIGNAL 3
+#define RSHMEMI_OP_GET 4
+#define RSHMEMI_OP_PUT_INLINE 5
+#define RSHMEMI_NO_TICKET 0xffffffffffffffffull
+
+// Whether PE `pe` lies on another node (reached through the proxy, not by loads and stores).
+__device__ __forceinline__ bool rshmemi_remote(int pe) { return rshmemi_base(pe) == 0; }
+// This PE's ring (0 in a world on one node).
+__device__ __forceinline__ rshmem_u64* rshmemi_ring() {
+    return (rshmem_u64*)__ldg(rshmemi_err_word() + RSHMEMI_RING_ERR_LINE_RING);
+}
+
+// Waits until the proxy completed ticket `t`; false (flagged as a timeout naming the PE, which
+// the host reports) when the proxy failed a request or the device timeout passed.
+__device__ __forceinline__ bool rshmemi_proxy_wait(rshmem_u64 t, int pe) {
+    rshmem_u64* r = rshmemi_ring();
+    if (r == 0) return false;
+    if (rshmemi_ld_acquire(r + RSHMEMI_RING_DONE) > t) return true;
+    const rshmem_u64 t0 = rshmemi_now();
+    unsigned spins = 0;
+    while (rshmemi_ld_acquire(r + RSHMEMI_RING_DONE) <= t) {
+        const rshmem_u64 e = rshmemi_ld_relaxed(r + RSHMEMI_RING_ERR);
+        if (e != 0) { rshmemi_flag_timeout((int)(e - 1)); return false; }
+        if (rshmemi_failed()) return false;
+        if ((++spins & 255) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+            rshmemi_flag_timeout(pe);
+            return false;
+        }
+#if __CUDA_ARCH__ >= 700
+        __nanosleep(100);
+#endif
+    }
+    return true;
+}
+
+// Posts one request (kind and signal bit in `op`); its ticket, or RSHMEMI_NO_TICKET when the
+// ring failed or had no room within the timeout (flagged). What this thread wrote before (a
+// put's source) is visible to the proxy's copy.
+__device__ __forceinline__ rshmem_u64 rshmemi_proxy_post(rshmem_u64 op, int pe, rshmem_u64 dst, rshmem_u64 src,
+                                                         rshmem_u64 len, rshmem_u64 sig_off, rshmem_u64 sig_val) {
+    rshmem_u64* r = rshmemi_ring();
+    if (r == 0 || rshmemi_failed()) {
+        if (r == 0) rshmemi_flag_timeout(pe);
+        return RSHMEMI_NO_TICKET;
+    }
+    asm volatile("fence.sc.sys;" ::: "memory");
+    const rshmem_u64 t = atomicAdd((unsigned long long*)(rshmemi_err_word() + RSHMEMI_RING_ERR_LINE_HEAD), 1ull);
+    if (t >= RSHMEMI_RING_ENTRIES && !rshmemi_proxy_wait(t - RSHMEMI_RING_ENTRIES, pe)) return RSHMEMI_NO_TICKET;
+    volatile rshmem_u64* e = (volatile rshmem_u64*)(r + RSHMEMI_RING_FIRST + (t % RSHMEMI_RING_ENTRIES) * 8);
+    e[1] = op | ((rshmem_u64)(unsigned)pe << 32);
+    e[2] = dst;
+    e[3] = src;
+    e[4] = len;
+    e[5] = sig_off;
+    e[6] = sig_val;
+    rshmemi_st_release((rshmem_u64*)e, t + 1);
+    return t;
+}
+
+// The heap offset of this PE's symmetric address `p` (the same on every PE).
+__device__ __forceinline__ rshmem_u64 rshmemi_offset(const void* p) { return (rshmem_u64)p - rshmem_dstate.my_base; }
+
+// Thread-scope operations on a PE on another node; `wait`: return once complete at the target.
+__device__ __forceinline__ void rshmemi_proxy_put(void* dest, const void* src, size_t_rshmem n, int pe, bool wait) {
+    rshmem_u64 t = rshmemi_proxy_post(RSHMEMI_OP_PUT, pe, rshmemi_offset(dest), (rshmem_u64)src, n, 0, 0);
+    if (wait && t != RSHMEMI_NO_TICKET) rshmemi_proxy_wait(t, pe);
+}
+__device__ __forceinline__ void rshmemi_proxy_get(void* dest, const void* src, size_t_rshmem n, int pe, bool wait) {
+    rshmem_u64 t = rshmemi_proxy_post(RSHMEMI_OP_GET, pe, (rshmem_u64)dest, rshmemi_offset(src), n, 0, 0);
+    if (wait && t != RSHMEMI_NO_TICKET) rshmemi_proxy_wait(t, pe);
+}
+// A put of `n` <= 8 bytes carried in the request itself (`bits`, little-endian): nothing for the
+// proxy to copy out of the GPU, and the value is this thread's to reuse at once.
+__device__ __forceinline__ void rshmemi_proxy_p(void* dest, rshmem_u64 bits, unsigned n, int pe) {
+    rshmemi_proxy_post(RSHMEMI_OP_PUT_INLINE, pe, rshmemi_offset(dest), bits, n, 0, 0);
+}
+// The data, then the signal (set or add) once the data is in the target's GPU memory.
+__device__ __forceinline__ void rshmemi_proxy_put_signal(void* dest, const void* src, size_t_rshmem n, rshmem_u64* sig,
+                                                         rshmem_u64 value, int op, int pe, bool wait) {
+    rshmem_u64 k = RSHMEMI_OP_PUT_SIGNAL | ((rshmem_u64)(op == RSHMEM_SIGNAL_ADD) << 8);
+    rshmem_u64 t = rshmemi_proxy_post(k, pe, rshmemi_offset(dest), (rshmem_u64)src, n, rshmemi_offset(sig), value);
+    if (wait && t != RSHMEMI_NO_TICKET) rshmemi_proxy_wait(t, pe);
+}
+// A signal update at heap offset `off` (the sync area after the heap included).
+__device__ __forceinline__ void rshmemi_proxy_signal_at(rshmem_u64 off, rshmem_u64 value, int op, int pe) {
+    rshmem_u64 k = RSHMEMI_OP_SIGNAL | ((rshmem_u64)(op == RSHMEM_SIGNAL_ADD) << 8);
+    rshmemi_proxy_post(k, pe, 0, 0, 0, off, value);
+}
+// Every request this PE posted so far is complete.
+__device__ __forceinline__ void rshmemi_proxy_quiet() {
+    rshmem_u64* r = rshmemi_ring();
+    if (r == 0) return;
+    const rshmem_u64 h = *(volatile rshmem_u64*)(rshmemi_err_word() + RSHMEMI_RING_ERR_LINE_HEAD);
+    if (h != 0) rshmemi_proxy_wait(h - 1, -1);
+}
+
+// Completes this thread's earlier puts: on NVLink stores are complete once ordered system-wide;
+// requests to PEs on other nodes once the proxy has carried them out.
+__device__ __forceinline__ void rshmem_quiet() {
+    asm volatile("fence.sc.sys;" ::: "memory");
+    rshmemi_proxy_quiet();
+}
+
 // ----- untyped put/get (bytes) -----
 // Thread scope: the calling thread copies. Warp scope: every thread of the warp calls with the
 // same arguments. Block scope: every thread of the block calls with the same arguments.
@@ -375,43 +494,55 @@ __device__ __forceinline__ void rshmemi_bulk_copy_block(void* d, const void* s, 
 // completion to the peer is ensured by rshmem_quiet or a barrier.
 
 __device__ __forceinline__ void rshmem_putmem_nbi(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_proxy_put(dest, src, n, pe, false); return; }
     rshmemi_copy(rshmem_ptr(dest, pe), src, n, 0, 1);
 }
 __device__ __forceinline__ void rshmem_putmem(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_proxy_put(dest, src, n, pe, true); return; }
     rshmem_putmem_nbi(dest, src, n, pe);
 }
 __device__ __forceinline__ void rshmem_getmem_nbi(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_proxy_get(dest, src, n, pe, false); return; }
     rshmemi_copy(dest, rshmem_ptr(src, pe), n, 0, 1);
 }
 __device__ __forceinline__ void rshmem_getmem(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_proxy_get(dest, src, n, pe, true); return; }
     rshmem_getmem_nbi(dest, src, n, pe);
 }
 __device__ __forceinline__ void rshmem_putmem_nbi_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_syncwarp(); if (rshmemi_lane() == 0) rshmemi_proxy_put(dest, src, n, pe, false); rshmemi_syncwarp(); return; }
     rshmemi_copy(rshmem_ptr(dest, pe), src, n, rshmemi_lane(), rshmemi_warp_width());
     rshmemi_syncwarp();
 }
 __device__ __forceinline__ void rshmem_putmem_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_syncwarp(); if (rshmemi_lane() == 0) rshmemi_proxy_put(dest, src, n, pe, true); rshmemi_syncwarp(); return; }
     rshmem_putmem_nbi_warp(dest, src, n, pe);
 }
 __device__ __forceinline__ void rshmem_getmem_nbi_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_syncwarp(); if (rshmemi_lane() == 0) rshmemi_proxy_get(dest, src, n, pe, false); rshmemi_syncwarp(); return; }
     rshmemi_copy(dest, rshmem_ptr(src, pe), n, rshmemi_lane(), rshmemi_warp_width());
     rshmemi_syncwarp();
 }
 __device__ __forceinline__ void rshmem_getmem_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_syncwarp(); if (rshmemi_lane() == 0) rshmemi_proxy_get(dest, src, n, pe, true); rshmemi_syncwarp(); return; }
     rshmem_getmem_nbi_warp(dest, src, n, pe);
 }
 __device__ __forceinline__ void rshmem_putmem_nbi_block(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { __syncthreads(); if (rshmemi_tid() == 0) rshmemi_proxy_put(dest, src, n, pe, false); __syncthreads(); return; }
     rshmemi_copy(rshmem_ptr(dest, pe), src, n, rshmemi_tid(), rshmemi_nthreads());
     __syncthreads();
 }
 __device__ __forceinline__ void rshmem_putmem_block(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { __syncthreads(); if (rshmemi_tid() == 0) rshmemi_proxy_put(dest, src, n, pe, true); __syncthreads(); return; }
     rshmem_putmem_nbi_block(dest, src, n, pe);
 }
 __device__ __forceinline__ void rshmem_getmem_nbi_block(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { __syncthreads(); if (rshmemi_tid() == 0) rshmemi_proxy_get(dest, src, n, pe, false); __syncthreads(); return; }
     rshmemi_copy(dest, rshmem_ptr(src, pe), n, rshmemi_tid(), rshmemi_nthreads());
     __syncthreads();
 }
 __device__ __forceinline__ void rshmem_getmem_block(void* dest, const void* src, size_t_rshmem n, int pe) {
+    if (rshmemi_remote(pe)) { __syncthreads(); if (rshmemi_tid() == 0) rshmemi_proxy_get(dest, src, n, pe, true); __syncthreads(); return; }
     rshmem_getmem_nbi_block(dest, src, n, pe);
 }
 
@@ -425,6 +556,7 @@ __device__ __forceinline__ void rshmem_getmem_block(void* dest, const void* src,
 #define RSHMEMI_SIGNAL_MODE 0
 #endif
 __device__ __forceinline__ void rshmem_signal_op(rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_proxy_signal_at(rshmemi_offset(sig), value, op, pe); return; }
     rshmem_u64* r = (rshmem_u64*)rshmem_ptr(sig, pe);
 #if RSHMEMI_SIGNAL_MODE == 0
     if (op == RSHMEM_SIGNAL_ADD) rshmemi_red_add_release(r, value);
@@ -456,21 +588,35 @@ __device__ __forceinline__ rshmem_u64 rshmem_signal_wait_until(const rshmem_u64*
 }
 __device__ __forceinline__ void rshmem_putmem_signal(void* dest, const void* src, size_t_rshmem n,
                                                      rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_proxy_put_signal(dest, src, n, sig, value, op, pe, true); return; }
     rshmem_putmem(dest, src, n, pe);
     rshmem_signal_op(sig, value, op, pe);
 }
 __device__ __forceinline__ void rshmem_putmem_signal_nbi(void* dest, const void* src, size_t_rshmem n,
                                                          rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_proxy_put_signal(dest, src, n, sig, value, op, pe, false); return; }
     rshmem_putmem_signal(dest, src, n, sig, value, op, pe);
 }
 __device__ __forceinline__ void rshmem_putmem_signal_warp(void* dest, const void* src, size_t_rshmem n,
                                                           rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    if (rshmemi_remote(pe)) {
+        rshmemi_syncwarp();
+        if (rshmemi_lane() == 0) rshmemi_proxy_put_signal(dest, src, n, sig, value, op, pe, true);
+        rshmemi_syncwarp();
+        return;
+    }
     rshmem_putmem_nbi_warp(dest, src, n, pe);
     if (rshmemi_lane() == 0) rshmemi_signal_op_collective(sig, value, op, pe);
     rshmemi_syncwarp();
 }
 __device__ __forceinline__ void rshmem_putmem_signal_block(void* dest, const void* src, size_t_rshmem n,
                                                            rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
+    if (rshmemi_remote(pe)) {
+        __syncthreads();
+        if (rshmemi_tid() == 0) rshmemi_proxy_put_signal(dest, src, n, sig, value, op, pe, true);
+        __syncthreads();
+        return;
+    }
     rshmem_putmem_nbi_block(dest, src, n, pe);
     if (rshmemi_tid() == 0) rshmemi_signal_op_collective(sig, value, op, pe);
     __syncthreads();
@@ -630,7 +776,14 @@ template <typename T> __device__ __forceinline__ T rshmemi_vld(const T* p) {
     __device__ __forceinline__ void rshmem_##NAME##_get_nbi_block(T* d, const T* s, size_t_rshmem n, int pe) \
     { rshmem_getmem_nbi_block(d, s, n * sizeof(T), pe); }                                           \
     __device__ __forceinline__ void rshmem_##NAME##_p(T* d, T v, int pe)                            \
-    { rshmemi_vst((T*)rshmem_ptr(d, pe), v); }                                                       \
+    {                                                                                                \
+        if (rshmemi_remote(pe)) {                                                                    \
+            typedef typename rshmemi_bits<T, sizeof(T)>::U U;                                        \
+            rshmemi_proxy_p(d, (rshmem_u64)*(U*)&v, sizeof(T), pe);                                  \
+            return;                                                                                  \
+        }                                                                                            \
+        rshmemi_vst((T*)rshmem_ptr(d, pe), v);                                                       \
+    }                                                                                                \
     __device__ __forceinline__ T rshmem_##NAME##_g(const T* s, int pe)                              \
     { return rshmemi_vld((const T*)rshmem_ptr(s, pe)); }                                             \
     __device__ __forceinline__ void rshmem_##NAME##_put_signal(T* d, const T* s, size_t_rshmem n,   \
@@ -717,7 +870,12 @@ __device__ __forceinline__ void rshmem_team_sync_block(rshmem_team team) {
 #endif
     for (int i = rshmemi_tid(); i < team.size; i += rshmemi_nthreads()) {
         int pe = team.start + i * team.stride;
-        rshmemi_red_add_release(rshmemi_sync(pe) + bar + me, 1);
+        if (rshmemi_remote(pe)) {
+            // After this block's earlier proxied requests (the ring is carried out in order).
+            rshmemi_proxy_signal_at(rshmem_dstate.heap_size + (bar + me) * 8, 1, RSHMEM_SIGNAL_ADD, pe);
+        } else {
+            rshmemi_red_add_release(rshmemi_sync(pe) + bar + me, 1);
+        }
     }
     for (int i = rshmemi_tid(); i < team.size; i += rshmemi_nthreads()) {
         int pe = team.start + i * team.stride;

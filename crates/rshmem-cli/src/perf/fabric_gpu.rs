@@ -1,0 +1,81 @@
+//! The fabric-gpu group: two processes that play two nodes over libfabric (as the fabric group)
+//! with the CUDA backend, timing an 8-byte put to the other node's GPU issued by a kernel
+//! through the proxy beside the same put from the host (`rshmem_bench::fabric_gpu`).
+
+use super::*;
+
+/// Runs the group: a 2-process CUDA world started through the launcher; PE 0's records.
+pub(super) fn run_fabric_gpu(args: &PerfArgs) -> CliResult<Vec<Record>> {
+    rshmem::transport::fabric::probe()
+        .map_err(|e| format!("the fabric-gpu group needs libfabric: {e}"))?;
+    let opts = fabric::FabricOpts {
+        sizes: vec![8],
+        latency_iters: if args.full { 2000 } else { 300 },
+        provider: args.fabric_provider.clone(),
+        domain: args.fabric_domain.clone(),
+        gpu: true,
+    };
+    let out = tempfile_path("fabric-gpu.json");
+    let spec = Spec {
+        label: "2 nodes".into(),
+        suite: None,
+        coll: None,
+        ep: None,
+        fabric: Some(opts),
+        outside_pp_us: 0.0,
+        heap: 4 << 20,
+        pp: None,
+        out: Some(out.clone()),
+    };
+    eprintln!(
+        "rshmem perf: fabric-gpu group, 2 processes as 2 nodes (CUDA backend), provider {}, domain {}",
+        args.fabric_provider,
+        args.fabric_domain.as_deref().unwrap_or("(first)")
+    );
+    let exe = std::env::current_exe().map_err(|e| format!("finding the rshmem binary: {e}"))?;
+    let mut job = Job::new(2, exe);
+    job.args = vec!["perf-worker".into(), serde_json::to_string(&spec)?.into()];
+    job.timeout = Some(Duration::from_secs(600));
+    let o = launcher::run(&job)?;
+    let read = std::fs::read_to_string(&out);
+    let _ = std::fs::remove_file(&out);
+    if o.code != 0 {
+        return Err(format!("the fabric-gpu world failed (exit status {})", o.code).into());
+    }
+    let recs = serde_json::from_str::<Vec<Record>>(
+        &read.map_err(|e| format!("reading the records of the fabric-gpu world: {e}"))?,
+    )?;
+    for r in recs.iter().filter(|r| r.api == "device") {
+        eprintln!(
+            "  {} (device-initiated, 8 B to the other node): {:.2} us, {:.2} us above the host's",
+            r.op,
+            r.time_us,
+            r.time_us - r.baseline_time_us
+        );
+    }
+    Ok(recs)
+}
+
+/// The worker side: this process is the node named by its rank, on the CUDA backend (PEs
+/// share GPUs round robin where there are fewer GPUs than PEs).
+pub(super) fn worker(spec: &Spec, f: &fabric::FabricOpts) -> CliResult<()> {
+    let rank = std::env::var("RSHMEM_RANK").unwrap_or_default();
+    let mut config = Config::from_env()?
+        .backend(BackendKind::Cuda)
+        .heap_size(spec.heap)
+        .node(format!("perf-node-{rank}"))
+        .fabric_provider(f.provider.clone());
+    if let Some(d) = &f.domain {
+        config = config.fabric_domain(d.clone());
+    }
+    let pe = rshmem::Launch::new().config(config).init()?;
+    let recs = rshmem_bench::fabric_gpu::bench(&pe, f.latency_iters)?;
+    if pe.my_pe() == 0 {
+        let recs: Vec<Record> = recs.iter().map(cuda::from_cuda).collect();
+        if let Some(out) = &spec.out {
+            report::write_json(out, &recs)?;
+        }
+    }
+    pe.finalize()?;
+    Ok(())
+}
