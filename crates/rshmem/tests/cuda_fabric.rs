@@ -4,13 +4,14 @@
 //! proxy's request ring. The first test runs everywhere (NVRTC compiles the kernels); the
 //! others need a GPU (`--include-ignored`) and libfabric.
 
+#[path = "harness/fabric_data.rs"]
+mod fabric_data;
 #[path = "harness/mod.rs"]
 mod harness;
 
 use harness::GpuMode;
 use rshmem::coll::{Coll, CollConfig, ReduceOp};
 use rshmem::cuda::{self, CudaPe, KernelArg};
-use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
 use rshmem::launcher::Exit;
 use rshmem::*;
 use std::time::{Duration, Instant};
@@ -63,14 +64,6 @@ extern "C" __global__ void f_put_latency(unsigned long long* dst, const unsigned
     out[0] = (rshmemi_now() - t0) / (unsigned long long)iters;
 }
 "#;
-
-fn skip() -> bool {
-    if let Err(e) = rshmem::transport::fabric::probe() {
-        eprintln!("SKIPPED: libfabric is not usable here ({e})");
-        return true;
-    }
-    false
-}
 
 /// Each process its own node (from its rank), both PEs on GPU 0, loopback tcp.
 fn config() -> Config {
@@ -435,45 +428,7 @@ fn collective_and_moe(pe: &Pe) -> Result<()> {
         "GpuColl across nodes: {:?}",
         r.err()
     );
-    // MoE: token t of PE s goes to expert (s + t) % E and to none or expert (3s + t + 1) % E;
-    // identity experts, so combine gives x·(w0 + w1) exactly.
-    let e = 2 * n;
-    let (tokens, h) = (9, 16);
-    let cfg = EpConfig {
-        num_experts: e,
-        max_tokens: tokens,
-        hidden: h,
-        max_topk: 2,
-        mode: EpMode::Normal,
-        layout: RecvLayout::ExpertMajor,
-    };
-    let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg)?;
-    let xs: Vec<f32> = (0..tokens * h)
-        .map(|i| ((me * 131 + i * 7) % 64) as f32 / 8.0)
-        .collect();
-    let mut ids = Vec::new();
-    let mut ws = Vec::new();
-    for t in 0..tokens {
-        ids.push(((me + t) % e) as i32);
-        ids.push(if t % 3 == 0 {
-            -1
-        } else {
-            ((me * 3 + t + 1) % e) as i32
-        });
-        ws.extend([0.5f32, 0.25]);
-    }
-    let d = buf.dispatch(pe, &xs, &ids, &ws, 2)?;
-    let out = buf.combine(pe, &d.handle, &d.x)?;
-    for t in 0..tokens {
-        let scale: f32 = if t % 3 == 0 { 0.5 } else { 0.75 };
-        for j in 0..h {
-            assert_eq!(
-                out[t * h + j],
-                xs[t * h + j] * scale,
-                "token {t} element {j}"
-            );
-        }
-    }
+    fabric_data::moe_identity(pe, 9, 16)?;
     pe.barrier_all()?;
     Ok(())
 }
@@ -481,7 +436,7 @@ fn collective_and_moe(pe: &Pe) -> Result<()> {
 #[test]
 #[ignore = "needs a GPU"]
 fn host_and_stream_operations_across_two_nodes() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let t = "host_and_stream_operations_across_two_nodes";
@@ -491,7 +446,7 @@ fn host_and_stream_operations_across_two_nodes() {
 #[test]
 #[ignore = "needs a GPU"]
 fn device_initiated_puts_through_the_proxy_across_two_nodes() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let t = "device_initiated_puts_through_the_proxy_across_two_nodes";
@@ -501,7 +456,7 @@ fn device_initiated_puts_through_the_proxy_across_two_nodes() {
 #[test]
 #[ignore = "needs a GPU"]
 fn all_reduce_and_moe_across_two_nodes_on_gpu_heaps() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let t = "all_reduce_and_moe_across_two_nodes_on_gpu_heaps";
@@ -511,7 +466,7 @@ fn all_reduce_and_moe_across_two_nodes_on_gpu_heaps() {
 #[test]
 #[ignore = "needs a GPU"]
 fn a_killed_node_is_peer_lost_for_host_and_device_operations() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let test = "a_killed_node_is_peer_lost_for_host_and_device_operations";

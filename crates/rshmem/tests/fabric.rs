@@ -4,11 +4,12 @@
 //! (`Config::node`), so one machine plays several nodes. Without libfabric the tests say so and
 //! pass.
 
+#[path = "harness/fabric_data.rs"]
+mod fabric_data;
 #[path = "harness/mod.rs"]
 mod harness;
 
 use rshmem::coll::{Coll, CollConfig, ReduceOp};
-use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
 use rshmem::launcher::Exit;
 use rshmem::*;
 use std::time::{Duration, Instant};
@@ -18,14 +19,6 @@ const ENV: &[(&str, &str)] = &[
     ("RSHMEM_TIMEOUT", "20"),
     ("RSHMEM_HEAP_SIZE", "8M"),
 ];
-
-fn skip() -> bool {
-    if let Err(e) = rshmem::transport::fabric::probe() {
-        eprintln!("SKIPPED: libfabric is not usable here ({e})");
-        return true;
-    }
-    false
-}
 
 /// The world of a child: PEs of `pes_per_node` consecutive ranks form one node; loopback tcp.
 fn config(pes_per_node: usize) -> Config {
@@ -215,7 +208,7 @@ fn every_operation(pe: &Pe) -> Result<()> {
 
 #[test]
 fn every_operation_across_two_nodes_of_two_processes() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     if !harness::is_child() {
@@ -228,7 +221,7 @@ fn every_operation_across_two_nodes_of_two_processes() {
 
 #[test]
 fn every_operation_across_three_nodes_of_two_threads() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     if !harness::is_child() {
@@ -308,46 +301,7 @@ fn teams_collectives_moe(pe: &Pe) -> Result<()> {
     pe.put(&x, 0, &[me as u64 + 1], (me + 2) % n)?;
     pe.barrier_all()?;
     assert_eq!(pe.g(&x, 0, me)?, ((me + n - 2) % n) as u64 + 1);
-    // MoE: identity experts, token t of PE s goes to expert (s + t) % E and to -1 or
-    // expert (s * 3 + t) % E; combine gives x·(w0 + w1) exactly.
-    let e = 2 * n;
-    let (tokens, h) = (6, 5);
-    let cfg = EpConfig {
-        num_experts: e,
-        max_tokens: tokens,
-        hidden: h,
-        max_topk: 2,
-        mode: EpMode::Normal,
-        layout: RecvLayout::ExpertMajor,
-    };
-    let mut buf = HostBuffer::<f32>::new(pe, pe.world_team(), cfg)?;
-    let xs: Vec<f32> = (0..tokens * h)
-        .map(|i| ((me * 131 + i * 7) % 64) as f32 / 8.0)
-        .collect();
-    let mut ids = Vec::new();
-    let mut ws = Vec::new();
-    for t in 0..tokens {
-        ids.push(((me + t) % e) as i32);
-        ids.push(if t % 3 == 0 {
-            -1
-        } else {
-            ((me * 3 + t + 1) % e) as i32
-        });
-        ws.extend([0.5f32, 0.25]);
-    }
-    let d = buf.dispatch(pe, &xs, &ids, &ws, 2)?;
-    let out = buf.combine(pe, &d.handle, &d.x)?;
-    for t in 0..tokens {
-        let scale: f32 = if t % 3 == 0 { 0.5 } else { 0.75 };
-        for j in 0..h {
-            assert_eq!(
-                out[t * h + j],
-                xs[t * h + j] * scale,
-                "token {t} element {j}"
-            );
-        }
-    }
-    pe.free(buf)?;
+    fabric_data::moe_identity(pe, 6, 5)?;
     pe.free(x)?;
     pe.free(y)?;
     if let Some(t) = evens {
@@ -358,7 +312,7 @@ fn teams_collectives_moe(pe: &Pe) -> Result<()> {
 
 #[test]
 fn teams_collectives_and_moe_across_two_nodes() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     if !harness::is_child() {
@@ -371,7 +325,7 @@ fn teams_collectives_and_moe_across_two_nodes() {
 
 #[test]
 fn killing_a_whole_node_is_peer_lost_naming_it_on_every_other_pe() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let test = "killing_a_whole_node_is_peer_lost_naming_it_on_every_other_pe";
@@ -427,7 +381,7 @@ fn killing_a_whole_node_is_peer_lost_naming_it_on_every_other_pe() {
 
 #[test]
 fn a_node_killed_mid_transfer_ends_the_transfer_in_an_error_naming_it() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let test = "a_node_killed_mid_transfer_ends_the_transfer_in_an_error_naming_it";
@@ -513,7 +467,7 @@ fn a_world_across_nodes_with_the_cuda_backend_gets_past_the_node_check() {
 
 #[test]
 fn thread_pes_on_two_nodes_share_memory_inside_and_use_the_fabric_across() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let hub = InProcBootstrap::new(4, Duration::from_secs(30)).expect("hub");

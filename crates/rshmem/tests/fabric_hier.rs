@@ -6,6 +6,8 @@
 //! and the network traffic of each is counted ([`Pe::net_traffic`]). Without libfabric the
 //! tests say so and pass.
 
+#[path = "harness/fabric_data.rs"]
+mod fabric_data;
 #[path = "harness/mod.rs"]
 mod harness;
 
@@ -19,14 +21,6 @@ const ENV: &[(&str, &str)] = &[
     ("RSHMEM_TIMEOUT", "30"),
     ("RSHMEM_HEAP_SIZE", "16M"),
 ];
-
-fn skip() -> bool {
-    if let Err(e) = rshmem::transport::fabric::probe() {
-        eprintln!("SKIPPED: libfabric is not usable here ({e})");
-        return true;
-    }
-    false
-}
 
 /// Node of each rank: `nodes[rank]`.
 fn config_for(rank: usize, nodes: &[usize]) -> Config {
@@ -451,7 +445,7 @@ fn everything(pe: &Pe) -> Result<()> {
 
 #[test]
 fn hierarchical_collectives_and_moe_on_two_nodes_of_two_processes() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     processes(
@@ -463,7 +457,7 @@ fn hierarchical_collectives_and_moe_on_two_nodes_of_two_processes() {
 
 #[test]
 fn hierarchical_collectives_and_moe_on_three_nodes_of_two_processes() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     processes(
@@ -475,7 +469,7 @@ fn hierarchical_collectives_and_moe_on_three_nodes_of_two_processes() {
 
 #[test]
 fn hierarchical_collectives_and_moe_on_a_node_of_one_beside_a_node_of_three() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     processes(
@@ -487,7 +481,7 @@ fn hierarchical_collectives_and_moe_on_a_node_of_one_beside_a_node_of_three() {
 
 #[test]
 fn hierarchical_collectives_and_moe_on_interleaved_nodes_of_thread_pes() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     // Team order alternates nodes (PEs 0 and 2 on one node, 1 and 3 on the other).
@@ -512,7 +506,7 @@ fn hierarchical_collectives_and_moe_on_interleaved_nodes_of_thread_pes() {
 
 #[test]
 fn a_node_killed_before_an_internode_dispatch_is_an_error_on_every_survivor() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let test = "a_node_killed_before_an_internode_dispatch_is_an_error_on_every_survivor";
