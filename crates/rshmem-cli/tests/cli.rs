@@ -128,9 +128,9 @@ fn bad_arguments_fail_cleanly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("RSHMEM_TIMEOUT"));
 }
 
-/// `rshmem compile` fills the kernel cache with every module rshmem loads (11: internal,
+/// `rshmem compile` fills the kernel cache with every module rshmem loads (12: internal,
 /// collectives, 6 MoE variants, the low-latency MoE kernels, and rshmem-bench's point-to-point
-/// kernels and MoE baseline),
+/// kernels, MoE baseline and proxy-path kernels),
 /// each a non-empty cubin named for its architecture; a second
 /// run finds them all there and adds none. Needs NVRTC (CI has it; elsewhere it says so).
 #[test]
@@ -153,7 +153,7 @@ fn compile_fills_the_kernel_cache() {
     }
     assert!(out.status.success(), "{err}");
     let s = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(s.lines().count(), 11, "{s}");
+    assert_eq!(s.lines().count(), 12, "{s}");
     for m in [
         "internal:",
         "coll:",
@@ -162,6 +162,7 @@ fn compile_fills_the_kernel_cache() {
         "ep low latency:",
         "bench p2p:",
         "bench ep baseline (bf16, i32):",
+        "bench fabric-gpu:",
     ] {
         assert!(s.lines().any(|l| l.starts_with(m)), "{m} missing: {s}");
     }
