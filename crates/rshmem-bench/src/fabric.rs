@@ -81,34 +81,8 @@ pub fn fi_pingpong(target: &FabricTarget, bytes: usize, iters: usize) -> Result<
     if let Some(d) = &target.domain {
         common.extend(["-d".to_string(), d.clone()]);
     }
-    let mut server = Command::new("fi_pingpong")
-        .args(&common)
-        .args(["-B", &port])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| fail(format!("cannot start it: {e}")))?;
-    // The server needs a moment to listen: the client retries a refused connection.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let client = loop {
-        let out = Command::new("fi_pingpong")
-            .args(&common)
-            .args(["-P", &port, "127.0.0.1"])
-            .output()
-            .map_err(|e| fail(format!("cannot start the client: {e}")))?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        if out.status.success() || !text.contains("refused") || Instant::now() > deadline {
-            break (out.status.success(), text);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let _ = server.kill();
-    let _ = server.wait();
-    if !client.0 {
-        return Err(fail(format!("client failed: {}", client.1.trim())));
-    }
-    parse_pingpong(&client.1).ok_or_else(|| fail(format!("unreadable output: {}", client.1.trim())))
+    let text = server_and_client("fi_pingpong", &common, &port, &fail)?;
+    parse_pingpong(&text).ok_or_else(|| fail(format!("unreadable output: {}", text.trim())))
 }
 
 /// Runs the suite (collective over every PE; PE 0 and PE 1 take part, the others only
@@ -315,9 +289,22 @@ pub fn fabtests_rma(
     if let Some(w) = window {
         common.extend(["-W".to_string(), w.to_string()]);
     }
+    let text = server_and_client(tool, &common, &port, &fail)?;
+    parse_fabtests(&text).ok_or_else(|| fail(format!("unreadable output: {}", text.trim())))
+}
+
+/// Runs `tool` as a server (`-B port`) and as a client against it on loopback with the same
+/// `args`, retrying the client while the server is not listening yet (up to 30 s; each client
+/// run at most 120 s): the client's output, or an error made by `fail`.
+fn server_and_client(
+    tool: &str,
+    args: &[String],
+    port: &str,
+    fail: &dyn Fn(String) -> Error,
+) -> Result<String> {
     let mut server = Command::new(tool)
-        .args(&common)
-        .args(["-B", &port])
+        .args(args)
+        .args(["-B", port])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -327,10 +314,18 @@ pub fn fabtests_rma(
         let out = Command::new("timeout")
             .arg("120")
             .arg(tool)
-            .args(&common)
-            .args(["-P", &port, "127.0.0.1"])
+            .args(args)
+            .args(["-P", port, "127.0.0.1"])
             .output()
-            .map_err(|e| fail(format!("cannot start the client: {e}")))?;
+            .map_err(|e| fail(format!("cannot start the client: {e}")));
+        let out = match out {
+            Ok(o) => o,
+            Err(e) => {
+                let _ = server.kill();
+                let _ = server.wait();
+                return Err(e);
+            }
+        };
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
         if out.status.success() || !text.contains("refused") || Instant::now() > deadline {
@@ -343,7 +338,7 @@ pub fn fabtests_rma(
     if !client.0 {
         return Err(fail(format!("client failed: {}", client.1.trim())));
     }
-    parse_fabtests(&client.1).ok_or_else(|| fail(format!("unreadable output: {}", client.1.trim())))
+    Ok(client.1)
 }
 
 /// Runs the OpenSHMEM program on 2 PEs (UCX on tcp over the loopback interface, as the

@@ -37,39 +37,10 @@ pub(super) fn run_fabric(args: &PerfArgs) -> CliResult<Vec<Record>> {
         gpu: false,
     };
     let heap = (max + (1 << 20)).next_power_of_two().max(4 << 20);
-    let out = tempfile_path("fabric.json");
-    let spec = Spec {
-        label: "2 nodes".into(),
-        suite: None,
-        coll: None,
-        ep: None,
-        fabric: Some(opts),
-        outside_pp_us: 0.0,
-        heap,
-        pp: None,
-        out: Some(out.clone()),
-    };
-    eprintln!(
-        "rshmem perf: fabric group, 2 processes as 2 nodes, provider {}, domain {}",
-        args.fabric_provider,
-        args.fabric_domain.as_deref().unwrap_or("(first)")
-    );
-    let exe = std::env::current_exe().map_err(|e| format!("finding the rshmem binary: {e}"))?;
-    let mut job = Job::new(2, exe);
-    job.args = vec!["perf-worker".into(), serde_json::to_string(&spec)?.into()];
-    job.timeout = Some(Duration::from_secs(900));
-    let o = launcher::run(&job)?;
-    let read = std::fs::read_to_string(&out);
-    let _ = std::fs::remove_file(&out);
-    if o.code != 0 {
-        return Err(format!("the fabric world failed (exit status {})", o.code).into());
-    }
-    let recs: Vec<rshmem_bench::p2p::BenchRecord> = serde_json::from_str::<Vec<Record>>(
-        &read.map_err(|e| format!("reading the records of the fabric world: {e}"))?,
-    )?
-    .iter()
-    .map(to_bench)
-    .collect::<CliResult<_>>()?;
+    let recs: Vec<rshmem_bench::p2p::BenchRecord> = run_two_nodes(args, opts, heap, "fabric", 900)?
+        .iter()
+        .map(to_bench)
+        .collect::<CliResult<_>>()?;
     // The baseline runs now, with the world gone: no PE spins beside it.
     let target = rshmem_bench::fabric::FabricTarget {
         provider: args.fabric_provider.clone(),
@@ -124,4 +95,46 @@ fn to_bench(r: &Record) -> CliResult<rshmem_bench::p2p::BenchRecord> {
         baseline_time_us: 0.0,
         ratio: 0.0,
     })
+}
+
+/// Starts the 2-process world of a fabric group (`what`: "fabric" or "fabric-gpu") through the
+/// launcher, each process the node named by its rank, and returns PE 0's records.
+pub(super) fn run_two_nodes(
+    args: &PerfArgs,
+    opts: FabricOpts,
+    heap: usize,
+    what: &str,
+    timeout_s: u64,
+) -> CliResult<Vec<Record>> {
+    let out = tempfile_path(&format!("{what}.json"));
+    let backend = if opts.gpu { " (CUDA backend)" } else { "" };
+    let spec = Spec {
+        label: "2 nodes".into(),
+        suite: None,
+        coll: None,
+        ep: None,
+        fabric: Some(opts),
+        outside_pp_us: 0.0,
+        heap,
+        pp: None,
+        out: Some(out.clone()),
+    };
+    eprintln!(
+        "rshmem perf: {what} group, 2 processes as 2 nodes{backend}, provider {}, domain {}",
+        args.fabric_provider,
+        args.fabric_domain.as_deref().unwrap_or("(first)")
+    );
+    let exe = std::env::current_exe().map_err(|e| format!("finding the rshmem binary: {e}"))?;
+    let mut job = Job::new(2, exe);
+    job.args = vec!["perf-worker".into(), serde_json::to_string(&spec)?.into()];
+    job.timeout = Some(Duration::from_secs(timeout_s));
+    let o = launcher::run(&job)?;
+    let read = std::fs::read_to_string(&out);
+    let _ = std::fs::remove_file(&out);
+    if o.code != 0 {
+        return Err(format!("the {what} world failed (exit status {})", o.code).into());
+    }
+    Ok(serde_json::from_str::<Vec<Record>>(&read.map_err(
+        |e| format!("reading the records of the {what} world: {e}"),
+    )?)?)
 }

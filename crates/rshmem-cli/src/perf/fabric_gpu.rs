@@ -15,36 +15,7 @@ pub(super) fn run_fabric_gpu(args: &PerfArgs) -> CliResult<Vec<Record>> {
         domain: args.fabric_domain.clone(),
         gpu: true,
     };
-    let out = tempfile_path("fabric-gpu.json");
-    let spec = Spec {
-        label: "2 nodes".into(),
-        suite: None,
-        coll: None,
-        ep: None,
-        fabric: Some(opts),
-        outside_pp_us: 0.0,
-        heap: 4 << 20,
-        pp: None,
-        out: Some(out.clone()),
-    };
-    eprintln!(
-        "rshmem perf: fabric-gpu group, 2 processes as 2 nodes (CUDA backend), provider {}, domain {}",
-        args.fabric_provider,
-        args.fabric_domain.as_deref().unwrap_or("(first)")
-    );
-    let exe = std::env::current_exe().map_err(|e| format!("finding the rshmem binary: {e}"))?;
-    let mut job = Job::new(2, exe);
-    job.args = vec!["perf-worker".into(), serde_json::to_string(&spec)?.into()];
-    job.timeout = Some(Duration::from_secs(600));
-    let o = launcher::run(&job)?;
-    let read = std::fs::read_to_string(&out);
-    let _ = std::fs::remove_file(&out);
-    if o.code != 0 {
-        return Err(format!("the fabric-gpu world failed (exit status {})", o.code).into());
-    }
-    let recs = serde_json::from_str::<Vec<Record>>(
-        &read.map_err(|e| format!("reading the records of the fabric-gpu world: {e}"))?,
-    )?;
+    let recs = fabric::run_two_nodes(args, opts, 4 << 20, "fabric-gpu", 600)?;
     for r in recs.iter().filter(|r| r.api == "device") {
         eprintln!(
             "  {} (device-initiated, 8 B to the other node): {:.2} us, {:.2} us above the host's",
