@@ -10,7 +10,7 @@ use crate::world::{Live, World};
 use pyo3::prelude::*;
 use rshmem::coll::{AllToAllV, CollConfig, ToRoot};
 use rshmem::cuda::{CollTuning, CudaPe, DeviceCounts, GpuColl, Kernel, KernelArg, Stream};
-use rshmem::{Cmp, Error, Pe, Signal};
+use rshmem::{Cmp, Error, Pe, Signal, SymView};
 use std::sync::MutexGuard;
 
 /// Per-PE CUDA state that borrows the PE (made by the first GPU collective: collective).
@@ -19,7 +19,7 @@ pub(crate) struct GpuSide<'a> {
 }
 
 /// The caller's `CUstream` wrapped for `g`'s GPU.
-fn stream(g: &CudaPe<'_>, raw: usize) -> Stream {
+pub(crate) fn stream(g: &CudaPe<'_>, raw: usize) -> Stream {
     // SAFETY: the Python layer passes torch's stream of this PE's device (it checks the
     // device), alive for the call; the wrapper does not destroy it.
     unsafe { g.stream_from_raw(raw as *mut std::ffi::c_void) }
@@ -58,6 +58,22 @@ impl World {
                 f(pe, g, &s.coll)
             })
         })
+    }
+
+    /// Runs `f` with this PE's byte views of symmetric `dst` and `src` (`nbytes` each), the
+    /// allocations held against a concurrent free for the duration.
+    fn with_views<R>(
+        &self,
+        dst: u64,
+        src: u64,
+        nbytes: usize,
+        f: impl FnOnce(&SymView<'_, u8>, &SymView<'_, u8>) -> rshmem::Result<R>,
+    ) -> rshmem::Result<R> {
+        let h = self.hold(&[(dst, nbytes, "destination"), (src, nbytes, "source")])?;
+        let gd = h.guards();
+        let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;
+        let s = sym(&gd[1])?.view::<u8>(h.offset(1), nbytes)?;
+        f(&d, &s)
     }
 
     /// Runs `f`, which only enqueues work on a stream (it never waits for a peer), with the
@@ -107,11 +123,9 @@ impl World {
         stream_ptr: usize,
     ) -> PyResult<()> {
         self.enqueue_cuda(py, |_, g| {
-            let h = self.hold(&[(dst, nbytes, "destination"), (src, nbytes, "source")])?;
-            let gd = h.guards();
-            let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;
-            let s = sym(&gd[1])?.view::<u8>(h.offset(1), nbytes)?;
-            g.put_on_stream(&stream(&g, stream_ptr), &d, &s, pe)
+            self.with_views(dst, src, nbytes, |d, s| {
+                g.put_on_stream(&stream(&g, stream_ptr), d, s, pe)
+            })
         })
     }
 
@@ -132,11 +146,7 @@ impl World {
             let st = stream(&g, stream_ptr);
             let t0 = std::time::Instant::now();
             for _ in 0..iters {
-                let h = self.hold(&[(dst, nbytes, "destination"), (src, nbytes, "source")])?;
-                let gd = h.guards();
-                let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;
-                let s = sym(&gd[1])?.view::<u8>(h.offset(1), nbytes)?;
-                g.put_on_stream(&st, &d, &s, pe)?;
+                self.with_views(dst, src, nbytes, |d, s| g.put_on_stream(&st, d, s, pe))?;
             }
             Ok(t0.elapsed().as_secs_f64() / iters.max(1) as f64)
         })
@@ -153,11 +163,9 @@ impl World {
         stream_ptr: usize,
     ) -> PyResult<()> {
         self.enqueue_cuda(py, |_, g| {
-            let h = self.hold(&[(dst, nbytes, "destination"), (src, nbytes, "source")])?;
-            let gd = h.guards();
-            let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;
-            let s = sym(&gd[1])?.view::<u8>(h.offset(1), nbytes)?;
-            g.get_on_stream(&stream(&g, stream_ptr), &d, &s, pe)
+            self.with_views(dst, src, nbytes, |d, s| {
+                g.get_on_stream(&stream(&g, stream_ptr), d, s, pe)
+            })
         })
     }
 

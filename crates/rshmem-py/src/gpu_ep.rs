@@ -3,6 +3,7 @@
 
 use crate::coll::elems;
 use crate::errors::invalid;
+use crate::gpu::stream;
 use crate::ops::sym;
 use crate::world::World;
 use pyo3::prelude::*;
@@ -52,11 +53,6 @@ pub struct GpuEpHandle {
 
 /// A device area: its address and length in elements.
 type Area = (u64, usize);
-
-fn stream(g: &CudaPe<'_>, raw: usize) -> rshmem::cuda::Stream {
-    // SAFETY: the Python layer passes torch's stream of this PE's device, alive for the call.
-    unsafe { g.stream_from_raw(raw as *mut std::ffi::c_void) }
-}
 
 #[pymethods]
 impl GpuEp {

@@ -4,13 +4,14 @@
 
 use crate::coll::elems;
 use crate::errors::invalid;
+use crate::gpu::stream;
 use crate::ops::sym;
 use crate::world::World;
 use pyo3::prelude::*;
 use rshmem::cuda::ep::{
     LlCombineSent, LlConfig, LlDispatch, LlDispatchOpts, LlDispatchSent, LowLatencyBuffer,
 };
-use rshmem::cuda::{CudaPe, Stream};
+use rshmem::cuda::CudaPe;
 use rshmem::{Error, SymView};
 use std::sync::Mutex;
 
@@ -68,11 +69,6 @@ impl LlPending {
             d: d.dispatch().clone(),
         })
     }
-}
-
-fn stream(g: &CudaPe<'_>, raw: usize) -> Stream {
-    // SAFETY: the Python layer passes torch's stream of this PE's device, alive for the call.
-    unsafe { g.stream_from_raw(raw as *mut std::ffi::c_void) }
 }
 
 /// (address, bytes) of a view on this PE's GPU.

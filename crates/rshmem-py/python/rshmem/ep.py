@@ -380,11 +380,14 @@ class Buffer(LowLatency):
             self._views[which] = t
         return t.view(dtype)
 
+    def _on_heap(self, a: Any) -> bool:
+        """Whether ``a`` is a contiguous tensor on this PE's symmetric heap (usable in place)."""
+        return a.is_contiguous() and self.world.on_heap(a.data_ptr(), a.nbytes)
+
     def _symmetric(self, a: Any, stage: Any, n: int) -> Any:
-        """``a`` itself where it is a contiguous symmetric tensor of ``stage``'s dtype, else
-        ``stage`` holding a copy of ``a`` in its first ``n`` rows."""
-        if a.dtype == stage.dtype and a.is_contiguous() and \
-                self.world.on_heap(a.data_ptr(), a.nbytes):
+        """``a`` itself where it is a symmetric tensor of ``stage``'s dtype usable in place,
+        else ``stage`` holding a copy of ``a`` in its first ``n`` rows."""
+        if a.dtype == stage.dtype and self._on_heap(a):
             return a
         stage[:n].copy_(a)
         return stage
@@ -395,8 +398,7 @@ class Buffer(LowLatency):
 
         w = self.world
         xs, ids, wts, _, _ = self._stage
-        if topk_idx.dtype == torch.int32 and topk_idx.is_contiguous() and \
-                w.on_heap(topk_idx.data_ptr(), topk_idx.nbytes):
+        if topk_idx.dtype == torch.int32 and self._on_heap(topk_idx):
             ids, id_dtype = topk_idx, "int32"
         else:
             ids, id_dtype = self._symmetric(topk_idx, ids, t), "int64"

@@ -23,6 +23,38 @@ pub(crate) enum AtomicOp {
     FetchXor(u64),
 }
 
+impl AtomicOp {
+    /// The op as (code, first operand, second operand): the encoding that the CUDA backend's
+    /// `rshmemi_host_amo` kernel and the fabric's staged requests share.
+    pub(crate) fn encode(self) -> (u64, u64, u64) {
+        match self {
+            AtomicOp::Fetch => (0, 0, 0),
+            AtomicOp::Set(v) => (1, v, 0),
+            AtomicOp::Swap(v) => (2, v, 0),
+            AtomicOp::CompareSwap { cond, value } => (3, cond, value),
+            AtomicOp::FetchAdd(v) => (4, v, 0),
+            AtomicOp::FetchAnd(v) => (5, v, 0),
+            AtomicOp::FetchOr(v) => (6, v, 0),
+            AtomicOp::FetchXor(v) => (7, v, 0),
+        }
+    }
+
+    /// The op that [`encode`](Self::encode) gave `(code, a, b)`; `None` for an unknown code.
+    pub(crate) fn decode(code: u64, a: u64, b: u64) -> Option<AtomicOp> {
+        Some(match code {
+            0 => AtomicOp::Fetch,
+            1 => AtomicOp::Set(a),
+            2 => AtomicOp::Swap(a),
+            3 => AtomicOp::CompareSwap { cond: a, value: b },
+            4 => AtomicOp::FetchAdd(a),
+            5 => AtomicOp::FetchAnd(a),
+            6 => AtomicOp::FetchOr(a),
+            7 => AtomicOp::FetchXor(a),
+            _ => return None,
+        })
+    }
+}
+
 /// Memory of the symmetric heap and the engines that move data between PEs.
 pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     /// Which backend this is.

@@ -782,16 +782,8 @@ impl Backend for CudaBackend {
         self.stream.sync()
     }
     fn atomic(&self, pe: usize, offset: usize, wide: bool, op: AtomicOp) -> Result<u64> {
-        let (code, a, b): (i32, u64, u64) = match op {
-            AtomicOp::Fetch => (0, 0, 0),
-            AtomicOp::Set(v) => (1, v, 0),
-            AtomicOp::Swap(v) => (2, v, 0),
-            AtomicOp::CompareSwap { cond, value } => (3, cond, value),
-            AtomicOp::FetchAdd(v) => (4, v, 0),
-            AtomicOp::FetchAnd(v) => (5, v, 0),
-            AtomicOp::FetchOr(v) => (6, v, 0),
-            AtomicOp::FetchXor(v) => (7, v, 0),
-        };
+        let (code, a, b) = op.encode();
+        let code = code as i32;
         let mut addr = self.addr(pe, offset);
         let mut wide_i = wide as i32;
         let (mut code, mut a, mut b) = (code, a, b);

@@ -98,16 +98,7 @@ impl Request {
             Request::Put { offset, len } => [1, offset as u64, len as u64, 0, 0, 0],
             Request::Get { offset, len } => [2, offset as u64, len as u64, 0, 0, 0],
             Request::Atomic { offset, wide, op } => {
-                let (code, a, b) = match op {
-                    AtomicOp::Fetch => (0, 0, 0),
-                    AtomicOp::Set(v) => (1, v, 0),
-                    AtomicOp::Swap(v) => (2, v, 0),
-                    AtomicOp::CompareSwap { cond, value } => (3, cond, value),
-                    AtomicOp::FetchAdd(v) => (4, v, 0),
-                    AtomicOp::FetchAnd(v) => (5, v, 0),
-                    AtomicOp::FetchOr(v) => (6, v, 0),
-                    AtomicOp::FetchXor(v) => (7, v, 0),
-                };
+                let (code, a, b) = op.encode();
                 [3 | code << 8, offset as u64, wide as u64, a, b, 0]
             }
         }
@@ -120,25 +111,11 @@ impl Request {
         Some(match w[0] & 0xff {
             1 => Request::Put { offset, len },
             2 => Request::Get { offset, len },
-            3 => {
-                let (a, b) = (w[3], w[4]);
-                let op = match w[0] >> 8 {
-                    0 => AtomicOp::Fetch,
-                    1 => AtomicOp::Set(a),
-                    2 => AtomicOp::Swap(a),
-                    3 => AtomicOp::CompareSwap { cond: a, value: b },
-                    4 => AtomicOp::FetchAdd(a),
-                    5 => AtomicOp::FetchAnd(a),
-                    6 => AtomicOp::FetchOr(a),
-                    7 => AtomicOp::FetchXor(a),
-                    _ => return None,
-                };
-                Request::Atomic {
-                    offset,
-                    wide: w[2] != 0,
-                    op,
-                }
-            }
+            3 => Request::Atomic {
+                offset,
+                wide: w[2] != 0,
+                op: AtomicOp::decode(w[0] >> 8, w[3], w[4])?,
+            },
             _ => return None,
         })
     }

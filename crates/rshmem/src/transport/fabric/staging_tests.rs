@@ -5,7 +5,7 @@
 use super::*;
 use crate::bootstrap::{Bootstrap, InProcBootstrap};
 use crate::config::BackendKind;
-use crate::transport::fabric::{loader::available, FabricConfig, LIBRARY};
+use crate::transport::fabric::tests::{loopback, random_bytes, skip};
 use std::sync::atomic::AtomicBool;
 
 /// A heap in host memory behind the backend calls the proxy makes on its own GPU heap.
@@ -66,18 +66,6 @@ impl Backend for HostHeap {
     fn quiet(&self) -> Result<()> {
         Ok(())
     }
-}
-
-fn rand_bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 #[test]
@@ -145,7 +133,7 @@ fn the_layout_keeps_slots_and_replies_apart() {
 fn serving_moves_exact_bytes_and_refuses_what_lies_outside() {
     let heap = HostHeap::new(1 << 16);
     let limit = 1 << 16;
-    let mut slot = rand_bytes(1, 4096);
+    let mut slot = random_bytes(1, 4096);
     let data = slot.clone();
     let ok = Reply {
         value: 0,
@@ -216,14 +204,6 @@ fn serving_moves_exact_bytes_and_refuses_what_lies_outside() {
     assert_eq!(heap.bytes(), before, "a refused request changes nothing");
 }
 
-fn skip() -> bool {
-    if !available() {
-        eprintln!("SKIPPED: {LIBRARY} is not installed here");
-        return true;
-    }
-    false
-}
-
 /// Bytes of the control-block stand-in before the staging area.
 const CTRL: usize = 4096;
 
@@ -245,11 +225,7 @@ fn with_staged(
                 let boot = hub.join(r).expect("join");
                 let len = CTRL + StageLayout::new(n).bytes();
                 let seg = crate::segment::Region::anonymous(len).expect("segment");
-                let cfg = FabricConfig {
-                    provider: Some("tcp".into()),
-                    domain: Some("lo".into()),
-                    timeout: Duration::from_secs(20),
-                };
+                let cfg = loopback(Duration::from_secs(20));
                 let remote = (0..n).map(|p| p != r).collect();
                 // SAFETY: the segment outlives the Net (dropped at the end of this closure).
                 let net = unsafe { Net::open(&cfg, &boot, seg.ptr(), len, CTRL, remote) };
@@ -290,7 +266,7 @@ fn staged_put_get_and_atomics_reach_the_peers_heap_exactly() {
     with_staged(n, heap, &[], |me, st, heaps, boot| {
         // A block spanning several requests, at an odd offset, into every other PE.
         let block = 2 * STAGE_BYTES + 12_345;
-        let data = rand_bytes(me as u64 + 10, block);
+        let data = random_bytes(me as u64 + 10, block);
         let at = 7 + me * block;
         for t in (0..n).filter(|&t| t != me) {
             st.put(t, at, &data).expect("staged put");
@@ -411,7 +387,7 @@ fn the_proxy_carries_out_ring_requests_in_order_with_the_signal_after_the_data()
         let mut mem = vec![0u64; RING_WORDS];
         // SAFETY: `mem` holds RING_WORDS words and outlives the ring.
         let ring = unsafe { Ring::new(mem.as_mut_ptr()) };
-        let src = rand_bytes(me as u64 + 40, 700_001);
+        let src = random_bytes(me as u64 + 40, 700_001);
         let mut dst = vec![0x33u8; 5000];
         let dst_addr = dst.as_mut_ptr() as u64;
         let failed = Mutex::new(None);
@@ -466,7 +442,7 @@ fn the_proxy_carries_out_ring_requests_in_order_with_the_signal_after_the_data()
         let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().unwrap());
         assert_eq!(
             &h[64..64 + 700_001],
-            &rand_bytes(other as u64 + 40, 700_001)[..]
+            &random_bytes(other as u64 + 40, 700_001)[..]
         );
         assert_eq!(
             word(8),

@@ -7,7 +7,8 @@ use crate::backend::AtomicOp;
 use crate::bootstrap::InProcBootstrap;
 use std::time::Duration;
 
-fn skip() -> bool {
+/// Whether libfabric is missing here (the test then says so and passes).
+pub(super) fn skip() -> bool {
     if !available() {
         eprintln!("SKIPPED: {LIBRARY} is not installed here (apt-get install libfabric-dev libfabric-bin)");
         return true;
@@ -15,7 +16,8 @@ fn skip() -> bool {
     false
 }
 
-fn loopback(timeout: Duration) -> FabricConfig {
+/// tcp over loopback with `timeout`.
+pub(super) fn loopback(timeout: Duration) -> FabricConfig {
     FabricConfig {
         provider: Some("tcp".into()),
         domain: Some("lo".into()),
@@ -24,7 +26,7 @@ fn loopback(timeout: Duration) -> FabricConfig {
 }
 
 /// xorshift: reproducible random bytes without a dependency in unit tests.
-fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
+pub(super) fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
     let mut x = seed | 1;
     (0..n)
         .map(|_| {
