@@ -744,7 +744,8 @@ impl Builder<'_> {
     /// the link (one flow on its HBM port), and the step ends the expansion's tail after the
     /// last row is in ([`crate::Model::ep_expand_tail_us`]). An expert-major combine reads
     /// every served slot's expert output to sum a token's partial row before it sends it;
-    /// that and the summing of the rows that land are its HBM flow.
+    /// that and the summing of the rows that land are its HBM flow. A token-major combine
+    /// past the pulling threshold loads its rows from the peers.
     fn moe(&self, op: Op) -> Result<Program> {
         let n = self.n;
         let ep = &self.setup.ep;
@@ -760,6 +761,7 @@ impl Builder<'_> {
         // Rows each PE sends to its peers, and receives from them.
         let mut rows_out = vec![0usize; n];
         let mut peer_rows_in = vec![0usize; n];
+        let mut max_pair = 0usize;
         let mut ids = vec![0i32; ep.tokens * ep.topk];
         for me in 0..n {
             match &ep.routing {
@@ -784,6 +786,9 @@ impl Builder<'_> {
                 if me == 0 && dst != 0 {
                     sent0 += tokens * ep.hidden * ep.elem;
                 }
+                if me != dst {
+                    max_pair = max_pair.max(tokens);
+                }
                 rows_in[d] += tokens;
                 if s != d {
                     rows_out[s] += tokens;
@@ -803,6 +808,17 @@ impl Builder<'_> {
             }
             for (p, c) in pairs_in.iter_mut().enumerate() {
                 *c += layout.pairs_to_pe(p);
+            }
+        }
+        // A token-major combine (`combine_tokens`) reads its tokens' rows from the peers'
+        // `y` where a pair's rows reach the pulling threshold (the benchmark's capacity: the
+        // most tokens a PE sends one peer), behind a ready and before a done handshake.
+        let pulls = op == Op::Combine
+            && ep.token_major
+            && max_pair as f64 * row >= rshmem::cuda::ep::PULL_MIN_PAIR_BYTES as f64;
+        if pulls {
+            for x in xfers.iter_mut().filter(|x| x.port == Port::Store) {
+                x.port = Port::Load;
             }
         }
         let blocks = self.topo.gpu.sms;
@@ -848,9 +864,9 @@ impl Builder<'_> {
             } else {
                 model.ep_combine_us
             } + self.peers_us()
-                + 2.0 * self.lat,
+                + if pulls { 3.0 } else { 2.0 } * self.lat,
             after_us: model.fence_us
-                + self.lat
+                + if pulls { 2.0 } else { 1.0 } * self.lat
                 + if expands {
                     model.ep_expand_tail_us
                 } else {
