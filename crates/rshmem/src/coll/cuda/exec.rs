@@ -417,12 +417,13 @@ impl GpuColl<'_> {
                 x.ll_ctrl_lines,
                 x.early_launch,
                 x.nvrtc_options.clone(),
+                x.net_chunk_bytes,
             )
         };
         if fixed(&t) != fixed(&self.tuning) {
             return Err(Error::invalid(
-                "GpuColl::retune: the LL sizes, ll_threads, ll_ctrl_lines, early_launch and \
-                 nvrtc_options are fixed when the GpuColl is created",
+                "GpuColl::retune: the LL sizes, ll_threads, ll_ctrl_lines, early_launch, \
+                 nvrtc_options and net_chunk_bytes are fixed when the GpuColl is created",
             ));
         }
         self.tuning = t;

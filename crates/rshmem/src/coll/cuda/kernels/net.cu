@@ -1,0 +1,86 @@
+// ----- teams spanning nodes (rshmem::cuda::GpuColl, coll/cuda/net.rs) -----
+// Inside a node the other kernels of this module run on the node's members; between nodes a
+// call is a sequence of rounds, each one launch of rshmemi_coll_net_round by one thread: it
+// posts this PE's puts of the round, each with a signal, into the request ring of its proxy
+// (rshmem_putmem_signal_nbi: the proxy applies the signal once the data is in the target's GPU
+// memory), waits for them to complete (its sources may be overwritten by the next kernel), then
+// waits for the signals of the PEs whose data this round brings.
+//
+// The first launch of a call (begin) exchanges a ready arrival with every partner of the call:
+// a PE puts into a partner's memory only after the partner reached the call on its stream (its
+// earlier work on those buffers is done). As the device barrier's, arrivals count per pair of
+// PEs: `exp[p]` (private, per team slot and world PE) is how many calls this PE has had with p,
+// equal on both sides while their calls match, whatever other teams used the slot before. A
+// data signal carries (exp[p] << 32) | (round + 1): new for every round of every call, so a
+// captured graph replays with new values and a signal of an earlier call (one that gave up)
+// never satisfies a wait of a later one.
+//
+// Signal words of a team slot (symmetric, 2 · n_pes): [p] data from world PE p, [n_pes + p]
+// ready arrivals from p. Reductions fold the node partials in node order
+// (rshmemi_coll_net_fold).
+#define RSHMEMI_NET_MAX 64
+struct rshmemi_net_puts {
+    rshmem_u64 dst[RSHMEMI_NET_MAX];  // symmetric address (this PE's copy) at the target
+    rshmem_u64 src[RSHMEMI_NET_MAX];  // this PE's device address
+    int pe[RSHMEMI_NET_MAX];          // world PE
+};
+struct rshmemi_net_waits {
+    int pe[RSHMEMI_NET_MAX];
+};
+
+extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* sig, int n_pes, int begin,
+                                                  unsigned round, rshmem_u64 bytes, rshmemi_net_puts p, int np,
+                                                  rshmemi_net_waits w, int nw) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const int me = rshmem_my_pe();
+    if (begin) {
+        for (int i = 0; i < nw; i++) rshmem_signal_op(sig + n_pes + me, 1, RSHMEM_SIGNAL_ADD, w.pe[i]);
+        rshmem_quiet();
+        for (int i = 0; i < nw; i++) {
+            volatile rshmem_u64* e = exp + w.pe[i];
+            const rshmem_u64 want = *e + 1;
+            *e = want;
+            rshmemi_wait64(sig + n_pes + w.pe[i], RSHMEM_CMP_GE, want, w.pe[i]);
+        }
+        return;
+    }
+    for (int i = 0; i < np; i++) {
+        const rshmem_u64 v = (*(volatile rshmem_u64*)(exp + p.pe[i]) << 32) | (rshmem_u64)(round + 1);
+        rshmem_putmem_signal_nbi((void*)p.dst[i], (const void*)p.src[i], bytes, sig + me, v, RSHMEM_SIGNAL_SET,
+                                 p.pe[i]);
+    }
+    rshmem_quiet();
+    for (int i = 0; i < nw; i++) {
+        const rshmem_u64 v = (*(volatile rshmem_u64*)(exp + w.pe[i]) << 32) | (rshmem_u64)(round + 1);
+        rshmemi_wait64(sig + w.pe[i], RSHMEM_CMP_GE, v, w.pe[i]);
+    }
+}
+
+// dst[0..n) = fold over i = 0..k-1 (node order) of s.p[i][0..n), where s.p[i] == 0 stands for
+// dst itself (this node's partial). Each element is read from every source before it is written.
+struct rshmemi_net_srcs {
+    rshmem_u64 p[RSHMEMI_NET_MAX];
+};
+template <typename T, typename A, int OP>
+__device__ __forceinline__ void rshmemi_net_fold(T* dst, const rshmemi_net_srcs& s, int k, rshmem_u64 n) {
+    const rshmem_u64 tid = blockIdx.x * (rshmem_u64)blockDim.x + threadIdx.x;
+    const rshmem_u64 nth = (rshmem_u64)gridDim.x * blockDim.x;
+    for (rshmem_u64 j = tid; j < n; j += nth) {
+        const T* a = s.p[0] ? (const T*)s.p[0] : dst;
+        A acc = rshmemi_cvt<T, A>::in(a[j]);
+        for (int i = 1; i < k; i++) {
+            const T* b = s.p[i] ? (const T*)s.p[i] : dst;
+            acc = rshmemi_apply<A, OP>(acc, rshmemi_cvt<T, A>::in(b[j]));
+        }
+        dst[j] = rshmemi_cvt<T, A>::out(acc);
+    }
+}
+#define RSHMEMI_COLL_NET_FOLD_KERNEL(NAME, T, A, OPN, OP)                                              \
+    extern "C" __global__ void rshmemi_coll_net_fold_##NAME##_##OPN(T* dst, rshmemi_net_srcs s, int k, \
+                                                                     rshmem_u64 n) {                   \
+        if (!rshmemi_coll_gave_up()) rshmemi_net_fold<T, A, OP>(dst, s, k, n);                         \
+    }
+#define RSHMEMI_COLL_INT_NET_FOLD(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_NET_FOLD_KERNEL, NAME, T, A)
+#define RSHMEMI_COLL_FLOAT_NET_FOLD(NAME, T, A) RSHMEMI_COLL_FLOAT_OPS(RSHMEMI_COLL_NET_FOLD_KERNEL, NAME, T, A)
+RSHMEMI_COLL_INT_TYPES(RSHMEMI_COLL_INT_NET_FOLD)
+RSHMEMI_COLL_FLOAT_TYPES(RSHMEMI_COLL_FLOAT_NET_FOLD)
