@@ -40,6 +40,10 @@ pub(crate) struct NetPut {
     pub dst: NetTo,
 }
 
+/// A fold source per node: `None` this member's own `dst`, else its scratch slot of
+/// (member, parity).
+pub(crate) type FoldSrcs = Vec<Option<(usize, usize)>>;
+
 /// One round of the cross-node phase as this member runs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Round {
@@ -52,7 +56,7 @@ pub(crate) struct Round {
     pub waits: Vec<usize>,
     /// Reductions: `dst[at..at+len]` becomes the fold in node order of, per node, this
     /// member's `dst` (`None`, its own node) or its scratch slot of (member, parity).
-    pub fold: Option<(usize, Vec<Option<(usize, usize)>>)>,
+    pub fold: Option<(usize, FoldSrcs)>,
 }
 
 /// The cross-node phase and the node phase after it, for one member of one call.

@@ -184,13 +184,16 @@ fn check_pairing(scheds: &[NetSched]) {
     assert!(puts.values().all(|&c| c == 1));
 }
 
+/// What member m's puts read, given every member's `dst`.
+type Input<'a> = &'a dyn Fn(usize, &[Vec<u64>]) -> Vec<u64>;
+
 /// Runs the rounds of every member in round order, then the node phase, on host vectors.
 /// `dst[m]` is member m's output, `input(m)` what its puts read.
 fn run_rounds(
     map: &NodeMap,
     scheds: &[NetSched],
     dst: &mut [Vec<u64>],
-    input: &dyn Fn(usize, &[Vec<u64>]) -> Vec<u64>,
+    input: Input<'_>,
     src: &[Vec<u64>],
 ) {
     let n = scheds.len();
@@ -279,7 +282,7 @@ fn run_rounds(
 
 fn vals(m: usize, count: usize) -> Vec<u64> {
     (0..count)
-        .map(|i| (m as u64 + 1) * 1_000_003 ^ (i as u64 * 0x9e37_79b9))
+        .map(|i| ((m as u64 + 1) * 1_000_003) ^ (i as u64 * 0x9e37_79b9))
         .collect()
 }
 

@@ -28,6 +28,28 @@ struct rshmemi_net_waits {
     int pe[RSHMEMI_NET_MAX];
 };
 
+// Waits until this PE's word `p` >= `v` (what PE `pe` signals); gives up, flagged as a timeout
+// naming `pe`, after the device timeout, at once once an earlier wait of this PE gave up, and as
+// soon as the proxy failed a request (a lost node: its PE is named).
+__device__ __forceinline__ void rshmemi_net_wait(const rshmem_u64* p, rshmem_u64 v, int pe) {
+    if (rshmemi_ld_acquire(p) >= v) return;
+    const rshmem_u64* ring = rshmemi_ring();
+    const rshmem_u64 t0 = rshmemi_now();
+    unsigned spins = 0;
+    while (rshmemi_ld_acquire(p) < v) {
+        if (rshmemi_failed()) return;
+        const rshmem_u64 e = ring ? rshmemi_ld_relaxed(ring + RSHMEMI_RING_ERR) : 0;
+        if (e != 0) { rshmemi_flag_timeout((int)(e - 1)); return; }
+        if ((++spins & 255) == 0 && rshmemi_now() - t0 > rshmem_dstate.timeout_ns) {
+            rshmemi_flag_timeout(pe);
+            return;
+        }
+#if __CUDA_ARCH__ >= 700
+        __nanosleep(100);
+#endif
+    }
+}
+
 extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* sig, int n_pes, int begin,
                                                   unsigned round, rshmem_u64 bytes, rshmemi_net_puts p, int np,
                                                   rshmemi_net_waits w, int nw) {
@@ -40,7 +62,7 @@ extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* s
             volatile rshmem_u64* e = exp + w.pe[i];
             const rshmem_u64 want = *e + 1;
             *e = want;
-            rshmemi_wait64(sig + n_pes + w.pe[i], RSHMEM_CMP_GE, want, w.pe[i]);
+            rshmemi_net_wait(sig + n_pes + w.pe[i], want, w.pe[i]);
         }
         return;
     }
@@ -52,7 +74,7 @@ extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* s
     rshmem_quiet();
     for (int i = 0; i < nw; i++) {
         const rshmem_u64 v = (*(volatile rshmem_u64*)(exp + w.pe[i]) << 32) | (rshmem_u64)(round + 1);
-        rshmemi_wait64(sig + w.pe[i], RSHMEM_CMP_GE, v, w.pe[i]);
+        rshmemi_net_wait(sig + w.pe[i], v, w.pe[i]);
     }
 }
 
