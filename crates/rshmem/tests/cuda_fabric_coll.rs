@@ -103,10 +103,23 @@ impl<'a> Ctx<'a> {
     }
 }
 
-fn want_fold<T: TElem>(n: usize, op: ReduceOp, stream: u64, count: usize) -> Vec<T> {
-    let ins: Vec<Vec<T>> = (0..n).map(|p| T::gen(p, stream, count, op)).collect();
+/// The fold across nodes: each node's members folded in team order (rounded to `T`, as the
+/// node-local all_reduce leaves it), then the nodes' partials in node order.
+fn want_fold<T: TElem>(pe: &Pe, op: ReduceOp, stream: u64, count: usize) -> Vec<T> {
+    let map = pe.node_map(pe.world_team());
+    let ins: Vec<Vec<T>> = (0..pe.n_pes())
+        .map(|p| T::gen(p, stream, count, op))
+        .collect();
     (0..count)
-        .map(|i| T::fold(op, &ins.iter().map(|v| v[i]).collect::<Vec<_>>()))
+        .map(|i| {
+            let partials: Vec<T> = (0..map.n_nodes())
+                .map(|k| {
+                    let xs: Vec<T> = map.members(k).iter().map(|&m| ins[m][i]).collect();
+                    T::fold(op, &xs)
+                })
+                .collect();
+            T::fold(op, &partials)
+        })
         .collect()
 }
 
@@ -114,7 +127,7 @@ fn want_fold<T: TElem>(n: usize, op: ReduceOp, stream: u64, count: usize) -> Vec
 /// spanning several rounds plus a remainder).
 fn all_reduce_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
     let (pe, w) = (c.pe, c.pe.world_team());
-    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let me = pe.my_pe();
     let big = 3 * CHUNK / std::mem::size_of::<T>() + 5;
     let src = pe.alloc::<T>(big)?;
     let dst = pe.alloc::<T>(big)?;
@@ -132,7 +145,7 @@ fn all_reduce_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
                 "{} all_reduce {op:?} of {count}, in place {in_place}",
                 T::KIND.name()
             );
-            coll_data::check(&got[..count], &want_fold::<T>(n, op, stream, count), &ctx);
+            coll_data::check(&got[..count], &want_fold::<T>(pe, op, stream, count), &ctx);
             if !in_place {
                 let rest = vec![T::poison(); big - count];
                 coll_data::check(&got[count..], &rest, &format!("{ctx}: past the count"));
