@@ -4,8 +4,9 @@
 //! tcp, every PE on GPU 0 (`RSHMEM_DEVICES` is not needed: the configurations name GPU 0).
 //! Random inputs, poisoned outputs, exact values (integers, and floats whose every fold is
 //! exact in any grouping), in and out of place, every element type and operation, every
-//! broadcast root, sizes spanning several rounds of a small `net_chunk_bytes`, a captured graph
-//! replayed with new data, the collectives not served across nodes refused, and a killed node.
+//! broadcast root, all_to_all, sizes spanning several rounds of a small `net_chunk_bytes`, a
+//! captured graph replayed with new data, the collectives not served across nodes refused, and
+//! a killed node.
 //! The first test runs everywhere (NVRTC compiles the kernels); the others need a GPU
 //! (`--include-ignored`) and libfabric.
 
@@ -212,6 +213,30 @@ fn movement(c: &Ctx<'_>) -> Result<()> {
     Ok(())
 }
 
+/// all_to_all out of place, over several rounds.
+fn all_to_all(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    for count in [1, 2 * CHUNK / 2 + 5] {
+        let src = pe.alloc::<u16>(n * count)?;
+        let dst = pe.alloc::<u16>(n * count)?;
+        let stream = 600 + count as u64;
+        pe.local_write(&src, 0, &harness::rand_vec::<u16>(me, stream, n * count))?;
+        pe.local_fill(&dst, 0xa5a5)?;
+        pe.barrier_all()?;
+        c.coll.all_to_all(&c.s, w, &dst, &src, count)?;
+        c.done()?;
+        let want: Vec<u16> = (0..n)
+            .flat_map(|j| {
+                harness::rand_vec::<u16>(j, stream, n * count)[me * count..][..count].to_vec()
+            })
+            .collect();
+        assert_eq!(pe.local_vec(&dst)?, want, "all_to_all of {count}");
+        pe.barrier_all()?;
+    }
+    Ok(())
+}
+
 /// A stream barrier across nodes: every PE's put to every PE before it has landed after it.
 fn barrier(c: &Ctx<'_>) -> Result<()> {
     let (pe, w) = (c.pe, c.pe.world_team());
@@ -287,14 +312,15 @@ fn graph(c: &Ctx<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The collectives not served across nodes are errors before anything is launched.
+/// The collectives not served across nodes (and in-place all_to_all) are errors before
+/// anything is launched.
 fn refused(c: &Ctx<'_>) -> Result<()> {
     let (pe, w) = (c.pe, c.pe.world_team());
     let n = pe.n_pes();
     let x = pe.alloc::<u32>(4 * n)?;
     let y = pe.alloc::<u32>(4 * n)?;
     let rs = c.coll.reduce_scatter(&c.s, w, &y, &x, 4, ReduceOp::Sum);
-    let a2a = c.coll.all_to_all(&c.s, w, &y, &x, 4);
+    let a2a = c.coll.all_to_all(&c.s, w, &x, &x, 4);
     let red = c.coll.reduce(
         &c.s,
         w,
@@ -306,7 +332,11 @@ fn refused(c: &Ctx<'_>) -> Result<()> {
             root: 0,
         },
     );
-    for (what, r) in [("reduce_scatter", rs), ("all_to_all", a2a), ("reduce", red)] {
+    for (what, r) in [
+        ("reduce_scatter", rs),
+        ("all_to_all in place", a2a),
+        ("reduce", red),
+    ] {
         match r {
             Err(Error::Backend { ref msg, .. }) if msg.contains("spanning nodes") => {}
             other => panic!("{what} across nodes: {other:?}"),
@@ -321,6 +351,7 @@ fn everything(pe: &Pe) -> Result<()> {
     barrier(&c)?;
     each_type!(all_reduce_t(&c));
     movement(&c)?;
+    all_to_all(&c)?;
     graph(&c)?;
     refused(&c)?;
     pe.quiet()
@@ -334,6 +365,7 @@ fn sample(pe: &Pe) -> Result<()> {
     all_reduce_t::<bf16>(&c)?;
     all_reduce_t::<f32>(&c)?;
     movement(&c)?;
+    all_to_all(&c)?;
     graph(&c)?;
     refused(&c)?;
     pe.quiet()

@@ -147,13 +147,14 @@ pub const COLL_KERNELS: &str = concat!(
 ///   all_to_all_v of two teams running at once on two streams would overwrite each other's).
 ///   Collectives of different teams that run concurrently need a [`GpuColl`] per stream.
 /// * **Teams spanning nodes** (a world whose PEs name several nodes: `docs/fabric.md`):
-///   all_reduce, all_gather, broadcast and barrier decompose along the team's
-///   [`NodeMap`](crate::NodeMap): the node-local paths above on the node's members of the team
-///   (on the team's slot; they must be evenly strided, as every device team), and between
+///   all_reduce, all_gather, broadcast, all_to_all (out of place) and barrier decompose along
+///   the team's [`NodeMap`](crate::NodeMap): the node-local paths above on the node's members
+///   of the team (on the team's slot; they must be evenly strided, as every device team), and
+///   between
 ///   nodes rounds of puts with signals through the proxy, each member of a node carrying a
 ///   share, chunked by [`CollTuning::net_chunk_bytes`] (all_reduce folds the nodes' partials
 ///   in node order, so floats group their terms by node). Graph-capturable like the rest.
-///   reduce, reduce_scatter and the all_to_all family are an [`Error::Backend`] on such teams;
+///   reduce, reduce_scatter and all_to_all_v(_device) are an [`Error::Backend`] on such teams;
 ///   differing calls on members of different nodes time out rather than report a mismatch;
 ///   [`GpuColl::check_errors`] reports a lost node as [`Error::PeerLost`].
 /// * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
@@ -703,7 +704,9 @@ impl<'a> GpuColl<'a> {
         count: usize,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
-        self.net_refuse(team, "all_to_all")?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_all_to_all(s, &nt, dst, src, count);
+        }
         let n = dt.size as usize;
         let ip = Self::in_place(src, dst)?;
         let d = self.buf(dst, mul(n, count)?)?;

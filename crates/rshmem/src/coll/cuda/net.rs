@@ -317,6 +317,55 @@ pub(crate) fn all_gather_sched(
     ))
 }
 
+/// all_to_all, out of place: each share for a member of another node goes straight into its
+/// `dst`; the shares of the node's members (this member's own included) are copied inside
+/// the node.
+pub(crate) fn all_to_all_sched(
+    map: &NodeMap,
+    me: usize,
+    count: usize,
+    chunk: usize,
+) -> Result<NetSched> {
+    let n = map.n_pes();
+    let mine = map.node(me);
+    let far: Vec<usize> = (0..n).filter(|&j| map.node(j) != mine).collect();
+    let mut after = Vec::new();
+    if count > 0 {
+        for &m in map.members(mine) {
+            after.push(Step::Copy {
+                peer: map.local(m),
+                from: Buf::Src,
+                from_at: me * count,
+                to: Buf::Dst,
+                to_at: m * count,
+                len: count,
+            });
+        }
+    }
+    let mut rounds = Vec::new();
+    let mut r = 0u32;
+    for (a, len) in chunks(0, count, chunk) {
+        let index = next_round(&mut r)?;
+        let puts = far
+            .iter()
+            .map(|&j| NetPut {
+                to: j,
+                from_at: j * count + a,
+                dst: NetTo::Dst(me * count + a),
+            })
+            .collect();
+        rounds.push(Round {
+            index,
+            len,
+            puts,
+            waits: far.clone(),
+            fold: None,
+        });
+    }
+    let partners = if count > 0 { far } else { Vec::new() };
+    Ok(finish(partners, rounds, after, count > 0))
+}
+
 /// A team spanning nodes as this PE runs its calls.
 #[derive(Debug, Clone)]
 pub(super) struct NetTeam {
@@ -463,8 +512,8 @@ impl GpuColl<'_> {
         match team.members().iter().find(|&&p| b.is_remote(p)) {
             Some(p) => Err(ffi::err(format!(
                 "GpuColl::{what} is not supported on teams spanning nodes (PE {p} runs on \
-                 another node); across nodes GpuColl serves all_reduce, all_gather, broadcast \
-                 and barrier"
+                 another node); across nodes GpuColl serves all_reduce, all_gather, broadcast, \
+                 all_to_all and barrier"
             ))),
             None => Ok(()),
         }
@@ -723,6 +772,43 @@ impl GpuColl<'_> {
             nt.node,
         );
         self.net_after(s, nt, &sched, CollKind::Broadcast, (sr, d, es), ip, sig)
+    }
+
+    /// [`GpuColl::all_to_all`] on a team spanning nodes (out of place): the shares for other
+    /// nodes' members through the proxy, then the node's own shares inside the node.
+    pub(super) fn net_all_to_all<T: Elem>(
+        &self,
+        s: &Stream,
+        nt: &NetTeam,
+        dst: &(impl AsSym<T> + ?Sized),
+        src: &(impl AsSym<T> + ?Sized),
+        count: usize,
+    ) -> Result<()> {
+        let n = nt.members.len();
+        if Self::in_place(src, dst)? {
+            return Err(ffi::err(
+                "GpuColl::all_to_all in place is not supported on teams spanning nodes (a \
+                 member of another node may write a share before this member sent its own \
+                 from the same place); use different src and dst",
+            ));
+        }
+        let d = self.buf(dst, mul(n, count)?)?;
+        let sr = self.buf(src, mul(n, count)?)?;
+        let es = std::mem::size_of::<T>();
+        let sched = all_to_all_sched(&nt.map, nt.me, count, self.net_chunk::<T>())?;
+        self.net_rounds(s, nt, &sched, sr, d, es, None)?;
+        let sig = call_sig::<T>(
+            CollKind::AllToAll,
+            None,
+            None,
+            false,
+            count,
+            0,
+            src,
+            dst,
+            nt.node,
+        );
+        self.net_after(s, nt, &sched, CollKind::AllToAll, (sr, d, es), false, sig)
     }
 
     /// [`GpuColl::all_gather`] on a team spanning nodes: each input once to every other node,

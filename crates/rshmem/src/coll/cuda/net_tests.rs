@@ -390,6 +390,56 @@ fn the_model_broadcasts_and_gathers_exactly_on_every_layout() {
 }
 
 #[test]
+fn the_model_all_to_alls_exactly_on_every_layout() {
+    const POISON: u64 = 0xdead_beef;
+    for nodes in LAYOUTS {
+        let map = NodeMap::from_nodes(nodes);
+        let n = map.n_pes();
+        for count in [0, 1, 2, 5, 17] {
+            for chunk in [1, 3, 100] {
+                let src: Vec<Vec<u64>> = (0..n).map(|m| vals(m, n * count)).collect();
+                let scheds: Vec<NetSched> = (0..n)
+                    .map(|m| all_to_all_sched(&map, m, count, chunk).unwrap())
+                    .collect();
+                check_pairing(&scheds);
+                let mut dst = vec![vec![POISON; n * count]; n];
+                run_rounds(&map, &scheds, &mut dst, &|m, _| src[m].clone(), &src);
+                for (m, d) in dst.iter().enumerate() {
+                    let want: Vec<u64> = (0..n)
+                        .flat_map(|j| src[j][m * count..(m + 1) * count].to_vec())
+                        .collect();
+                    assert_eq!(d, &want, "{nodes:?} {count}/{chunk} member {m}");
+                }
+            }
+        }
+    }
+    // Two nodes of one: one put per round to the other member, the own share copied.
+    let map = NodeMap::from_nodes(&[0, 1]);
+    let s = all_to_all_sched(&map, 1, 4, 3).unwrap();
+    assert_eq!(s.partners, [0]);
+    assert_eq!(
+        s.rounds[1].puts,
+        [NetPut {
+            to: 0,
+            from_at: 3,
+            dst: NetTo::Dst(4 + 3)
+        }]
+    );
+    assert_eq!((s.rounds[1].len, s.rounds[1].waits.clone()), (1, vec![0]));
+    assert_eq!(
+        s.after,
+        [Step::Copy {
+            peer: 0,
+            from: Buf::Src,
+            from_at: 4,
+            to: Buf::Dst,
+            to_at: 4,
+            len: 4
+        }]
+    );
+}
+
+#[test]
 fn node_teams_are_strided_on_the_teams_slot() {
     // World PEs 0..6 on nodes a b a b a b: node a holds 0, 2, 4 (stride 2).
     let map = NodeMap::from_nodes(&[0, 1, 0, 1, 0, 1]);
