@@ -86,7 +86,10 @@ struct Ctx<'a> {
 impl<'a> Ctx<'a> {
     fn new(pe: &'a Pe) -> Result<Ctx<'a>> {
         let g = CudaPe::new(pe)?;
+        let t0 = Instant::now();
         let coll = GpuColl::new(g, CollConfig::default(), tuning())?;
+        // Progress for the logs (a cold kernel cache compiles the collectives' module here).
+        eprintln!("PE {}: GpuColl::new took {:?}", pe.my_pe(), t0.elapsed());
         coll.reserve(1 << 20)?;
         let nodes: std::collections::BTreeSet<usize> =
             pe.placements().iter().map(|p| p.node).collect();
@@ -346,28 +349,38 @@ fn refused(c: &Ctx<'_>) -> Result<()> {
     pe.barrier_all()
 }
 
+/// Prints how long the part took (progress for the logs).
+fn step(pe: &Pe, what: &str, t0: Instant, r: Result<()>) -> Result<()> {
+    eprintln!("PE {}: {what} done after {:?}", pe.my_pe(), t0.elapsed());
+    r
+}
+
 fn everything(pe: &Pe) -> Result<()> {
     let c = Ctx::new(pe)?;
-    barrier(&c)?;
+    let t0 = Instant::now();
+    step(pe, "barrier", t0, barrier(&c))?;
+    step(pe, "all_reduce u64", t0, all_reduce_t::<u64>(&c))?;
     each_type!(all_reduce_t(&c));
-    movement(&c)?;
-    all_to_all(&c)?;
-    graph(&c)?;
-    refused(&c)?;
+    step(pe, "all_reduce of every type", t0, Ok(()))?;
+    step(pe, "all_gather, broadcast", t0, movement(&c))?;
+    step(pe, "all_to_all", t0, all_to_all(&c))?;
+    step(pe, "graph", t0, graph(&c))?;
+    step(pe, "refusals", t0, refused(&c))?;
     pe.quiet()
 }
 
 /// On three PEs the node of two runs the node-local kernels too: a sample of the types.
 fn sample(pe: &Pe) -> Result<()> {
     let c = Ctx::new(pe)?;
-    barrier(&c)?;
-    all_reduce_t::<u64>(&c)?;
+    let t0 = Instant::now();
+    step(pe, "barrier", t0, barrier(&c))?;
+    step(pe, "all_reduce u64", t0, all_reduce_t::<u64>(&c))?;
     all_reduce_t::<bf16>(&c)?;
-    all_reduce_t::<f32>(&c)?;
-    movement(&c)?;
-    all_to_all(&c)?;
-    graph(&c)?;
-    refused(&c)?;
+    step(pe, "all_reduce bf16, f32", t0, all_reduce_t::<f32>(&c))?;
+    step(pe, "all_gather, broadcast", t0, movement(&c))?;
+    step(pe, "all_to_all", t0, all_to_all(&c))?;
+    step(pe, "graph", t0, graph(&c))?;
+    step(pe, "refusals", t0, refused(&c))?;
     pe.quiet()
 }
 
@@ -437,7 +450,9 @@ fn a_node_killed_before_a_gpu_all_reduce_is_peer_lost() {
     }
     let pe = Launch::new().config(config()).init().expect("init");
     let g = CudaPe::new(&pe).expect("cuda pe");
+    let t0 = Instant::now();
     let coll = GpuColl::new(g, CollConfig::default(), tuning()).expect("GpuColl");
+    eprintln!("PE {}: GpuColl::new took {:?}", pe.my_pe(), t0.elapsed());
     let count = 3 * CHUNK / 8;
     let x = pe.alloc::<u64>(count).expect("alloc");
     let y = pe.alloc::<u64>(count).expect("alloc");
@@ -450,6 +465,7 @@ fn a_node_killed_before_a_gpu_all_reduce_is_peer_lost() {
         .expect("launch");
     s.synchronize().expect("synchronize");
     coll.check_errors().expect("first all_reduce");
+    eprintln!("PE {}: first all_reduce done", pe.my_pe());
     assert_eq!(pe.local_vec(&y).expect("read"), vec![3u64; count]);
     pe.barrier_all().expect("second barrier");
     if pe.my_pe() == 1 {
