@@ -349,6 +349,38 @@ fn refused(c: &Ctx<'_>) -> Result<()> {
     pe.barrier_all()
 }
 
+/// PE 0 passes another count than the others: every PE whose partner across nodes differs
+/// reports `CollectiveMismatch` naming a PE of the other kind of call; the next matching call
+/// moves exact data.
+fn mismatch(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let x = pe.alloc::<u32>(1000)?;
+    let y = pe.alloc::<u32>(1000)?;
+    pe.local_write(&x, 0, &harness::rand_vec::<u32>(me, 700, 1000))?;
+    pe.barrier_all()?;
+    let count = if me == 0 { 1000 } else { 999 };
+    c.coll.all_reduce(&c.s, w, &y, &x, count, ReduceOp::Sum)?;
+    c.s.synchronize()?;
+    match c.coll.check_errors() {
+        Err(Error::CollectiveMismatch { pe: other, .. }) => {
+            assert_ne!(other == 0, me == 0, "PE {me} names PE {other}");
+        }
+        r => panic!("PE {me}: all_reduce of another count across nodes: {r:?}"),
+    }
+    pe.barrier_all()?;
+    c.coll.all_reduce(&c.s, w, &y, &x, 1000, ReduceOp::Sum)?;
+    c.done()?;
+    let mut want = vec![0u32; 1000];
+    for p in 0..n {
+        for (a, v) in want.iter_mut().zip(harness::rand_vec::<u32>(p, 700, 1000)) {
+            *a = a.wrapping_add(v);
+        }
+    }
+    assert_eq!(pe.local_vec(&y)?, want, "the call after the mismatch");
+    pe.barrier_all()
+}
+
 /// Prints how long the part took (progress for the logs).
 fn step(pe: &Pe, what: &str, t0: Instant, r: Result<()>) -> Result<()> {
     eprintln!("PE {}: {what} done after {:?}", pe.my_pe(), t0.elapsed());
@@ -366,6 +398,7 @@ fn everything(pe: &Pe) -> Result<()> {
     step(pe, "all_to_all", t0, all_to_all(&c))?;
     step(pe, "graph", t0, graph(&c))?;
     step(pe, "refusals", t0, refused(&c))?;
+    step(pe, "mismatch", t0, mismatch(&c))?;
     pe.quiet()
 }
 
@@ -381,6 +414,7 @@ fn sample(pe: &Pe) -> Result<()> {
     step(pe, "all_to_all", t0, all_to_all(&c))?;
     step(pe, "graph", t0, graph(&c))?;
     step(pe, "refusals", t0, refused(&c))?;
+    step(pe, "mismatch", t0, mismatch(&c))?;
     pe.quiet()
 }
 

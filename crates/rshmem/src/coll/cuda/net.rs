@@ -532,19 +532,18 @@ impl GpuColl<'_> {
             .ok_or_else(|| Error::invalid("no fold kernel for this type"))
     }
 
-    /// Runs `sched`'s rounds on the stream: the ready handshake, then each round's puts,
-    /// waits and fold. `input`: where puts read (`from_at` elements on); `dst` the call's
-    /// output (fold targets, `NetTo::Dst` offsets).
-    #[allow(clippy::too_many_arguments)]
+    /// Runs `sched`'s rounds on the stream: the ready handshake carrying the call's signature
+    /// (`sig`, on the whole team), then each round's puts, waits and fold. `input`: where puts
+    /// read (`from_at` elements on); `dst` the call's output (fold targets, `NetTo::Dst`
+    /// offsets).
     pub(super) fn net_rounds(
         &self,
         s: &Stream,
         nt: &NetTeam,
         sched: &NetSched,
-        input: u64,
-        dst: u64,
-        es: usize,
+        (input, dst, es): (u64, u64, usize),
         fold: Option<Func>,
+        sig: CallSig,
     ) -> Result<()> {
         let net = self
             .net
@@ -564,6 +563,7 @@ impl GpuColl<'_> {
                 "GpuColl across nodes: more than {NET_MAX} partners of one PE in one call"
             )));
         }
+        let ck = self.check(nt.dt, sig.pack()?)?;
         let n = self.n_pes;
         let sig = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 2 * n * 8) as u64;
         let exp = net.exp.ptr + (nt.dt.slot as usize * n * 8) as u64;
@@ -590,6 +590,7 @@ impl GpuColl<'_> {
             0,
             waits(&sched.partners),
             sched.partners.len(),
+            ck,
         )?;
         for r in &sched.rounds {
             let bytes = r.len * es;
@@ -604,7 +605,7 @@ impl GpuColl<'_> {
             }
             let w = waits(&r.waits);
             let args = (exp, sig, n, false, r.index, bytes as u64);
-            self.net_launch(s, net.f_round, args, p, r.puts.len(), w, r.waits.len())?;
+            self.net_launch(s, net.f_round, args, p, r.puts.len(), w, r.waits.len(), ck)?;
             if let Some((at, srcs)) = &r.fold {
                 let f = fold.ok_or_else(|| Error::invalid("internal: a fold without op"))?;
                 let mut list = NetSrcs { p: [0; NET_MAX] };
@@ -639,6 +640,7 @@ impl GpuColl<'_> {
         np: usize,
         mut waits: NetWaits,
         nw: usize,
+        mut ck: Check,
     ) -> Result<()> {
         let (mut e, mut sg, mut ni, mut b) = (exp, sig, n as i32, begin as i32);
         let (mut r, mut by, mut npi, mut nwi) = (round, bytes, np as i32, nw as i32);
@@ -653,11 +655,13 @@ impl GpuColl<'_> {
             &mut npi as *mut i32 as *mut _,
             &mut waits as *mut NetWaits as *mut _,
             &mut nwi as *mut i32 as *mut _,
+            &mut ck as *mut Check as *mut _,
         ];
         // SAFETY: matches rshmemi_coll_net_round(u64*, u64*, int, int, unsigned, u64,
-        // rshmemi_net_puts, int, rshmemi_net_waits, int) (repr(C) lists of NET_MAX); `exp`
-        // and `sig` are this slot's rows of the net state, every put a checked range of a
-        // symmetric object (its destination translated by the target's proxy).
+        // rshmemi_net_puts, int, rshmemi_net_waits, int, rshmemi_check) (repr(C) lists of
+        // NET_MAX); `exp` and `sig` are this slot's rows of the net state, `ck` the slot's
+        // signature row and our error record, every put a checked range of a symmetric object
+        // (its destination translated by the target's proxy).
         unsafe { gpu::launch(&s.raw, f, 1, 32, 0, &mut a) }
     }
 
@@ -720,7 +724,18 @@ impl GpuColl<'_> {
         } else if !ip {
             self.g.copy_raw_on_stream(s, d, sr, count * es)?;
         }
-        self.net_rounds(s, nt, &sched, d, d, es, Some(f))?;
+        let whole = call_sig::<T>(
+            CollKind::AllReduce,
+            Some(op),
+            algo,
+            ip,
+            count,
+            0,
+            src,
+            dst,
+            nt.dt,
+        );
+        self.net_rounds(s, nt, &sched, (d, d, es), Some(f), whole)?;
         let sig = call_sig::<T>(
             CollKind::AllReduce,
             Some(op),
@@ -759,7 +774,18 @@ impl GpuColl<'_> {
                 self.g.copy_raw_on_stream(s, d, sr, count * es)?;
             }
         }
-        self.net_rounds(s, nt, &sched, d, d, es, None)?;
+        let whole = call_sig::<T>(
+            CollKind::Broadcast,
+            None,
+            None,
+            ip,
+            count,
+            root,
+            src,
+            dst,
+            nt.dt,
+        );
+        self.net_rounds(s, nt, &sched, (d, d, es), None, whole)?;
         let sig = call_sig::<T>(
             CollKind::Broadcast,
             None,
@@ -796,7 +822,18 @@ impl GpuColl<'_> {
         let sr = self.buf(src, mul(n, count)?)?;
         let es = std::mem::size_of::<T>();
         let sched = all_to_all_sched(&nt.map, nt.me, count, self.net_chunk::<T>())?;
-        self.net_rounds(s, nt, &sched, sr, d, es, None)?;
+        let whole = call_sig::<T>(
+            CollKind::AllToAll,
+            None,
+            None,
+            false,
+            count,
+            0,
+            src,
+            dst,
+            nt.dt,
+        );
+        self.net_rounds(s, nt, &sched, (sr, d, es), None, whole)?;
         let sig = call_sig::<T>(
             CollKind::AllToAll,
             None,
@@ -832,7 +869,18 @@ impl GpuColl<'_> {
             sr
         };
         let sched = all_gather_sched(&nt.map, nt.me, count, self.net_chunk::<T>(), ip)?;
-        self.net_rounds(s, nt, &sched, input, d, es, None)?;
+        let whole = call_sig::<T>(
+            CollKind::AllGather,
+            None,
+            None,
+            ip,
+            count,
+            0,
+            src,
+            dst,
+            nt.dt,
+        );
+        self.net_rounds(s, nt, &sched, (input, d, es), None, whole)?;
         let sig = call_sig::<T>(
             CollKind::AllGather,
             None,

@@ -8,7 +8,11 @@
 //
 // The first launch of a call (begin) exchanges a ready arrival with every partner of the call:
 // a PE puts into a partner's memory only after the partner reached the call on its stream (its
-// earlier work on those buffers is done). As the device barrier's, arrivals count per pair of
+// earlier work on those buffers is done). Before its arrival it puts the call's signature into
+// the partner's signature slot of it (requests to one PE are carried out in order), and after
+// each partner's arrival it compares the partner's signature with its own: on a difference it
+// records the mismatch (as rshmemi_sig_sync does) and flags this PE's waits as given up, so the
+// call's later kernels neither wait nor move data and the host reports CollectiveMismatch. As the device barrier's, arrivals count per pair of
 // PEs: `exp[p]` (private, per team slot and world PE) is how many calls this PE has had with p,
 // equal on both sides while their calls match, whatever other teams used the slot before. A
 // data signal carries (exp[p] << 32) | (round + 1): new for every round of every call, so a
@@ -52,18 +56,42 @@ __device__ __forceinline__ void rshmemi_net_wait(const rshmem_u64* p, rshmem_u64
 
 extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* sig, int n_pes, int begin,
                                                   unsigned round, rshmem_u64 bytes, rshmemi_net_puts p, int np,
-                                                  rshmemi_net_waits w, int nw) {
+                                                  rshmemi_net_waits w, int nw, rshmemi_check ck) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const int me = rshmem_my_pe();
     if (begin) {
-        for (int i = 0; i < nw; i++) rshmem_signal_op(sig + n_pes + me, 1, RSHMEM_SIGNAL_ADD, w.pe[i]);
-        rshmem_quiet();
+        rshmem_u64* mine = ck.slots + (rshmem_u64)me * RSHMEMI_SIG_WORDS;
         for (int i = 0; i < nw; i++) {
-            volatile rshmem_u64* e = exp + w.pe[i];
+            for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) rshmem_uint64_p(mine + k, ck.sig.w[k], w.pe[i]);
+            rshmem_signal_op(sig + n_pes + me, 1, RSHMEM_SIGNAL_ADD, w.pe[i]);
+        }
+        rshmem_quiet();
+        int bad = -1;
+        for (int i = 0; i < nw; i++) {
+            const int pe = w.pe[i];
+            volatile rshmem_u64* e = exp + pe;
             const rshmem_u64 want = *e + 1;
             *e = want;
-            rshmemi_net_wait(sig + n_pes + w.pe[i], want, w.pe[i]);
+            rshmemi_net_wait(sig + n_pes + pe, want, pe);
+            if (rshmemi_failed()) continue;
+            volatile rshmem_u64* theirs = ck.slots + (rshmem_u64)pe * RSHMEMI_SIG_WORDS;
+            bool eq = true;
+            for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) eq = eq && theirs[k] == ck.sig.w[k];
+            if (!eq && bad < 0) {
+                bad = pe;
+                unsigned long long old = atomicOr((unsigned long long*)ck.err, RSHMEMI_ERR_MISMATCH);
+                if (!(old & RSHMEMI_ERR_MISMATCH)) {
+                    ck.err[RSHMEMI_ERR_MM_PE] = pe;
+                    for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) {
+                        ck.err[RSHMEMI_ERR_MM_MINE + k] = ck.sig.w[k];
+                        ck.err[RSHMEMI_ERR_MM_THEIRS + k] = theirs[k];
+                    }
+                }
+            }
+            // Consumed: the partner writes it again only in a later call, after this PE's puts.
+            for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) theirs[k] = 0;
         }
+        if (bad >= 0) rshmemi_flag_timeout(bad);
         return;
     }
     for (int i = 0; i < np; i++) {
