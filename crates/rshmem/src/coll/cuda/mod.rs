@@ -155,7 +155,8 @@ pub const COLL_KERNELS: &str = concat!(
 ///   share, chunked by [`CollTuning::net_chunk_bytes`] (all_reduce folds the nodes' partials
 ///   in node order, so floats group their terms by node). Graph-capturable like the rest.
 ///   reduce, reduce_scatter and all_to_all_v(_device) are an [`Error::Backend`] on such teams;
-///   differing calls on members of different nodes time out rather than report a mismatch;
+///   the signature check covers members of other nodes too (carried with each call's first
+///   exchange between two PEs);
 ///   [`GpuColl::check_errors`] reports a lost node as [`Error::PeerLost`].
 /// * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
 ///   matrix lives in one block's shared memory: about 170 members on H100/H200; an explicit
