@@ -19,7 +19,6 @@ mod fabric_data;
 mod harness;
 
 use coll_data::TElem;
-use harness::GpuMode;
 use rshmem::coll::{CollConfig, ReduceOp, ToRoot};
 use rshmem::cuda::{self, CollTuning, CudaPe, GpuColl, Stream};
 use rshmem::launcher::Exit;
@@ -48,7 +47,7 @@ fn config() -> Config {
 fn base_config(n: usize) -> Config {
     Config::default()
         .heap_size(64 << 20)
-        .timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(20))
         .backend(BackendKind::Cuda)
         .devices(vec![0; n])
         .fabric_provider("tcp")
@@ -418,14 +417,51 @@ fn sample(pe: &Pe) -> Result<()> {
     pe.quiet()
 }
 
+/// Compiles the collectives' module into the kernel cache (for an sm_90 GPU, H100/H200) in the
+/// test's own process, before its job starts: a cold cache otherwise compiles it in every PE
+/// inside `GpuColl::new`, within the job's time limit.
+fn warm_kernel_cache() {
+    let t0 = Instant::now();
+    let src = cuda::nvrtc::with_header(cuda::COLL_KERNELS);
+    match cuda::nvrtc::compile(&src, "sm_90", &[]) {
+        Ok(_) => eprintln!(
+            "collectives' module in the kernel cache after {:?}",
+            t0.elapsed()
+        ),
+        Err(e) => eprintln!("kernel cache not warmed ({e}); GpuColl::new compiles"),
+    }
+}
+
+/// Runs this test as a job of `n` processes of `threads` PEs, stopped after `limit`; every
+/// process must exit 0.
+fn job(test: &str, n: usize, threads: usize, tag: &str, limit: u64) {
+    warm_kernel_cache();
+    let env = [(harness::CHILD_VAR, tag)];
+    let grace = Duration::from_secs(10);
+    let out = harness::spawn_self_ignored_within(
+        test,
+        n,
+        threads,
+        &env,
+        grace,
+        Duration::from_secs(limit),
+    );
+    assert_eq!(out.code, 0, "{test}: {:?}", out.exits);
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_collectives_across_two_nodes_of_one_pe() {
     if fabric_data::skip() {
         return;
     }
-    let t = "gpu_collectives_across_two_nodes_of_one_pe";
-    harness::gpu_run(t, GpuMode::Processes, 2, config(), everything);
+    let test = "gpu_collectives_across_two_nodes_of_one_pe";
+    if !harness::is_child() {
+        return job(test, 2, 1, "two", 100);
+    }
+    let pe = Launch::new().config(config()).init().expect("init");
+    everything(&pe).unwrap_or_else(|e| panic!("PE {}: {e}", pe.my_pe()));
+    pe.finalize().expect("finalize");
 }
 
 #[test]
@@ -437,10 +473,7 @@ fn gpu_collectives_across_a_node_of_one_beside_a_node_of_two() {
     let test = "gpu_collectives_across_a_node_of_one_beside_a_node_of_two";
     if !harness::is_child() {
         // A fresh process (and CUDA context) for the world of three thread-PEs.
-        let env = [(harness::CHILD_VAR, "three")];
-        let out = harness::spawn_self_ignored(test, 1, 1, &env, Duration::from_secs(10));
-        assert_eq!(out.exits, [Exit::Code(0)], "{test}");
-        return;
+        return job(test, 1, 1, "three", 100);
     }
     let hub = InProcBootstrap::new(3, Duration::from_secs(30)).expect("hub");
     std::thread::scope(|s| {
@@ -472,8 +505,10 @@ fn a_node_killed_before_a_gpu_all_reduce_is_peer_lost() {
     }
     let test = "a_node_killed_before_a_gpu_all_reduce_is_peer_lost";
     if !harness::is_child() {
+        warm_kernel_cache();
         let env = [(harness::CHILD_VAR, "kill")];
-        let out = harness::spawn_self_ignored(test, 2, 1, &env, Duration::from_secs(20));
+        let (grace, limit) = (Duration::from_secs(20), Duration::from_secs(60));
+        let out = harness::spawn_self_ignored_within(test, 2, 1, &env, grace, limit);
         assert_eq!(out.exits[1], Exit::Signal(9), "the killed node");
         assert_eq!(
             out.exits[0],
