@@ -564,6 +564,8 @@ impl GpuColl<'_> {
             )));
         }
         let ck = self.check(nt.dt, sig.pack()?)?;
+        // The slot's skip flag: set by the first launch when a partner's call differs.
+        let skip = self.err.ptr + ((ERR_SKIP + nt.dt.slot as usize) * 8) as u64;
         let n = self.n_pes;
         let sig = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 2 * n * 8) as u64;
         let exp = net.exp.ptr + (nt.dt.slot as usize * n * 8) as u64;
@@ -590,7 +592,7 @@ impl GpuColl<'_> {
             0,
             waits(&sched.partners),
             sched.partners.len(),
-            ck,
+            (ck, skip),
         )?;
         for r in &sched.rounds {
             let bytes = r.len * es;
@@ -605,7 +607,8 @@ impl GpuColl<'_> {
             }
             let w = waits(&r.waits);
             let args = (exp, sig, n, false, r.index, bytes as u64);
-            self.net_launch(s, net.f_round, args, p, r.puts.len(), w, r.waits.len(), ck)?;
+            let (np, nw) = (r.puts.len(), r.waits.len());
+            self.net_launch(s, net.f_round, args, p, np, w, nw, (ck, skip))?;
             if let Some((at, srcs)) = &r.fold {
                 let f = fold.ok_or_else(|| Error::invalid("internal: a fold without op"))?;
                 let mut list = NetSrcs { p: [0; NET_MAX] };
@@ -613,17 +616,19 @@ impl GpuColl<'_> {
                     list.p[i] = src.map_or(0, |(m, parity)| scratch + slot_of(world(m), parity));
                 }
                 let mut d = dst + (at * es) as u64;
-                let (mut k, mut len) = (srcs.len() as i32, r.len as u64);
+                let (mut k, mut len, mut sk) = (srcs.len() as i32, r.len as u64, skip);
                 let mut a = [
                     &mut d as *mut u64 as *mut std::ffi::c_void,
                     &mut list as *mut NetSrcs as *mut _,
                     &mut k as *mut i32 as *mut _,
                     &mut len as *mut u64 as *mut _,
+                    &mut sk as *mut u64 as *mut _,
                 ];
                 let blocks = reduce_grid(bytes * srcs.len(), self.sms);
-                // SAFETY: matches rshmemi_coll_net_fold_*(T*, rshmemi_net_srcs, int, u64): the
-                // range is a checked range of this PE's dst, the sources scratch halves of
-                // `net.chunk` bytes holding at least `len` elements.
+                // SAFETY: matches rshmemi_coll_net_fold_*(T*, rshmemi_net_srcs, int, u64,
+                // const u64*): the range is a checked range of this PE's dst, the sources
+                // scratch halves of `net.chunk` bytes holding at least `len` elements, `sk` a
+                // word of our error record.
                 unsafe { gpu::launch(&s.raw, f, blocks, THREADS, 0, &mut a)? };
             }
         }
@@ -640,7 +645,7 @@ impl GpuColl<'_> {
         np: usize,
         mut waits: NetWaits,
         nw: usize,
-        mut ck: Check,
+        (mut ck, mut skip): (Check, u64),
     ) -> Result<()> {
         let (mut e, mut sg, mut ni, mut b) = (exp, sig, n as i32, begin as i32);
         let (mut r, mut by, mut npi, mut nwi) = (round, bytes, np as i32, nw as i32);
@@ -656,12 +661,14 @@ impl GpuColl<'_> {
             &mut waits as *mut NetWaits as *mut _,
             &mut nwi as *mut i32 as *mut _,
             &mut ck as *mut Check as *mut _,
+            &mut skip as *mut u64 as *mut _,
         ];
         // SAFETY: matches rshmemi_coll_net_round(u64*, u64*, int, int, unsigned, u64,
-        // rshmemi_net_puts, int, rshmemi_net_waits, int, rshmemi_check) (repr(C) lists of
-        // NET_MAX); `exp` and `sig` are this slot's rows of the net state, `ck` the slot's
-        // signature row and our error record, every put a checked range of a symmetric object
-        // (its destination translated by the target's proxy).
+        // rshmemi_net_puts, int, rshmemi_net_waits, int, rshmemi_check, u64*) (repr(C) lists
+        // of NET_MAX); `exp` and `sig` are this slot's rows of the net state, `ck` the slot's
+        // signature row and our error record, `skip` the slot's skip flag in that record,
+        // every put a checked range of a symmetric object (its destination translated by the
+        // target's proxy).
         unsafe { gpu::launch(&s.raw, f, 1, 32, 0, &mut a) }
     }
 

@@ -11,8 +11,11 @@
 // earlier work on those buffers is done). Before its arrival it puts the call's signature into
 // the partner's signature slot of it (requests to one PE are carried out in order), and after
 // each partner's arrival it compares the partner's signature with its own: on a difference it
-// records the mismatch (as rshmemi_sig_sync does) and flags this PE's waits as given up, so the
-// call's later kernels neither wait nor move data and the host reports CollectiveMismatch. As the device barrier's, arrivals count per pair of
+// records the mismatch (as rshmemi_sig_sync does) and sets the team slot's skip flag, so the
+// call's later rounds and folds neither put, wait nor fold (on the partner too, which sees the
+// difference as well) and the host reports CollectiveMismatch. Every begin sets the flag anew.
+// (Not the device's gave-up flag: the node phase's barrier would then leave the node's
+// signature slots written, and the next call on the node would take them for a mismatch.) As the device barrier's, arrivals count per pair of
 // PEs: `exp[p]` (private, per team slot and world PE) is how many calls this PE has had with p,
 // equal on both sides while their calls match, whatever other teams used the slot before. A
 // data signal carries (exp[p] << 32) | (round + 1): new for every round of every call, so a
@@ -56,7 +59,8 @@ __device__ __forceinline__ void rshmemi_net_wait(const rshmem_u64* p, rshmem_u64
 
 extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* sig, int n_pes, int begin,
                                                   unsigned round, rshmem_u64 bytes, rshmemi_net_puts p, int np,
-                                                  rshmemi_net_waits w, int nw, rshmemi_check ck) {
+                                                  rshmemi_net_waits w, int nw, rshmemi_check ck,
+                                                  rshmem_u64* skip) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const int me = rshmem_my_pe();
     if (begin) {
@@ -91,9 +95,10 @@ extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* s
             // Consumed: the partner writes it again only in a later call, after this PE's puts.
             for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) theirs[k] = 0;
         }
-        if (bad >= 0) rshmemi_flag_timeout(bad);
+        *(volatile rshmem_u64*)skip = bad >= 0 ? 1 : 0;
         return;
     }
+    if (*(volatile rshmem_u64*)skip) return;
     for (int i = 0; i < np; i++) {
         const rshmem_u64 v = (*(volatile rshmem_u64*)(exp + p.pe[i]) << 32) | (rshmem_u64)(round + 1);
         rshmem_putmem_signal_nbi((void*)p.dst[i], (const void*)p.src[i], bytes, sig + me, v, RSHMEM_SIGNAL_SET,
@@ -127,8 +132,10 @@ __device__ __forceinline__ void rshmemi_net_fold(T* dst, const rshmemi_net_srcs&
 }
 #define RSHMEMI_COLL_NET_FOLD_KERNEL(NAME, T, A, OPN, OP)                                              \
     extern "C" __global__ void rshmemi_coll_net_fold_##NAME##_##OPN(T* dst, rshmemi_net_srcs s, int k, \
-                                                                     rshmem_u64 n) {                   \
-        if (!rshmemi_coll_gave_up()) rshmemi_net_fold<T, A, OP>(dst, s, k, n);                         \
+                                                                     rshmem_u64 n,                     \
+                                                                     const rshmem_u64* skip) {         \
+        if (!rshmemi_coll_gave_up() && !*(volatile const rshmem_u64*)skip)                             \
+            rshmemi_net_fold<T, A, OP>(dst, s, k, n);                                                  \
     }
 #define RSHMEMI_COLL_INT_NET_FOLD(NAME, T, A) RSHMEMI_COLL_INT_OPS(RSHMEMI_COLL_NET_FOLD_KERNEL, NAME, T, A)
 #define RSHMEMI_COLL_FLOAT_NET_FOLD(NAME, T, A) RSHMEMI_COLL_FLOAT_OPS(RSHMEMI_COLL_NET_FOLD_KERNEL, NAME, T, A)
