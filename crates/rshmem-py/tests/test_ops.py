@@ -145,6 +145,7 @@ def test_bad_inputs_raise_and_leave_the_world_usable(kind):
             cases.append(lambda: rshmem.put(s, np.zeros(64, np.bool_), 0))
             cases.append(lambda: rshmem.put(s, np.zeros(8, np.complex64), 0))
             cases.append(lambda: rshmem.get(np.zeros(8, np.complex64), s, 0))
+            cases.append(lambda: rshmem.put(s, np.zeros(16, ">f4"), 0))     # byte-swapped
         for i, c in enumerate(cases):
             with pytest.raises(rshmem.InvalidArgument):
                 c()
