@@ -379,6 +379,27 @@ pub(super) struct NetTeam {
     pub me: usize,
 }
 
+impl NetTeam {
+    /// A call's signatures: on the whole team (the cross-node rounds check it, with the
+    /// caller's `algo`) and on this node's members (the node phase after the rounds, copies:
+    /// no algorithm).
+    #[allow(clippy::too_many_arguments)]
+    fn sigs<T: Elem>(
+        &self,
+        kind: CollKind,
+        op: Option<ReduceOp>,
+        algo: Option<Algo>,
+        in_place: bool,
+        count: usize,
+        aux: usize,
+        src: &(impl AsSym<T> + ?Sized),
+        dst: &(impl AsSym<T> + ?Sized),
+    ) -> (CallSig, CallSig) {
+        let sig = |algo, dt| call_sig::<T>(kind, op, algo, in_place, count, aux, src, dst, dt);
+        (sig(algo, self.dt), sig(None, self.node))
+    }
+}
+
 /// The node-local members of `members` (world PEs, team order) on node `k` of `map` as a
 /// device team on `slot`, or an error when they are not evenly strided.
 pub(super) fn node_team(
@@ -731,29 +752,9 @@ impl GpuColl<'_> {
         } else if !ip {
             self.g.copy_raw_on_stream(s, d, sr, count * es)?;
         }
-        let whole = call_sig::<T>(
-            CollKind::AllReduce,
-            Some(op),
-            algo,
-            ip,
-            count,
-            0,
-            src,
-            dst,
-            nt.dt,
-        );
+        let (whole, sig) =
+            nt.sigs::<T>(CollKind::AllReduce, Some(op), algo, ip, count, 0, src, dst);
         self.net_rounds(s, nt, &sched, (d, d, es), Some(f), whole)?;
-        let sig = call_sig::<T>(
-            CollKind::AllReduce,
-            Some(op),
-            None,
-            ip,
-            count,
-            0,
-            src,
-            dst,
-            nt.node,
-        );
         self.net_after(s, nt, &sched, CollKind::AllReduce, (sr, d, es), ip, sig)
     }
 
@@ -781,29 +782,8 @@ impl GpuColl<'_> {
                 self.g.copy_raw_on_stream(s, d, sr, count * es)?;
             }
         }
-        let whole = call_sig::<T>(
-            CollKind::Broadcast,
-            None,
-            None,
-            ip,
-            count,
-            root,
-            src,
-            dst,
-            nt.dt,
-        );
+        let (whole, sig) = nt.sigs::<T>(CollKind::Broadcast, None, None, ip, count, root, src, dst);
         self.net_rounds(s, nt, &sched, (d, d, es), None, whole)?;
-        let sig = call_sig::<T>(
-            CollKind::Broadcast,
-            None,
-            None,
-            ip,
-            count,
-            root,
-            src,
-            dst,
-            nt.node,
-        );
         self.net_after(s, nt, &sched, CollKind::Broadcast, (sr, d, es), ip, sig)
     }
 
@@ -829,29 +809,8 @@ impl GpuColl<'_> {
         let sr = self.buf(src, mul(n, count)?)?;
         let es = std::mem::size_of::<T>();
         let sched = all_to_all_sched(&nt.map, nt.me, count, self.net_chunk::<T>())?;
-        let whole = call_sig::<T>(
-            CollKind::AllToAll,
-            None,
-            None,
-            false,
-            count,
-            0,
-            src,
-            dst,
-            nt.dt,
-        );
+        let (whole, sig) = nt.sigs::<T>(CollKind::AllToAll, None, None, false, count, 0, src, dst);
         self.net_rounds(s, nt, &sched, (sr, d, es), None, whole)?;
-        let sig = call_sig::<T>(
-            CollKind::AllToAll,
-            None,
-            None,
-            false,
-            count,
-            0,
-            src,
-            dst,
-            nt.node,
-        );
         self.net_after(s, nt, &sched, CollKind::AllToAll, (sr, d, es), false, sig)
     }
 
@@ -876,29 +835,8 @@ impl GpuColl<'_> {
             sr
         };
         let sched = all_gather_sched(&nt.map, nt.me, count, self.net_chunk::<T>(), ip)?;
-        let whole = call_sig::<T>(
-            CollKind::AllGather,
-            None,
-            None,
-            ip,
-            count,
-            0,
-            src,
-            dst,
-            nt.dt,
-        );
+        let (whole, sig) = nt.sigs::<T>(CollKind::AllGather, None, None, ip, count, 0, src, dst);
         self.net_rounds(s, nt, &sched, (input, d, es), None, whole)?;
-        let sig = call_sig::<T>(
-            CollKind::AllGather,
-            None,
-            None,
-            ip,
-            count,
-            0,
-            src,
-            dst,
-            nt.node,
-        );
         self.net_after(s, nt, &sched, CollKind::AllGather, (sr, d, es), ip, sig)
     }
 }

@@ -45,6 +45,26 @@ impl Model {
         v[at..at + x.len()].copy_from_slice(x);
     }
 
+    /// `n` members' objects of `len` elements: `src` holds member inputs, `dst` is poisoned;
+    /// an in-place all_gather's input sits at the member's part of the object.
+    fn with_inputs(kind: CollKind, n: usize, count: usize, len: usize, in_place: bool) -> Model {
+        let mut md = Model {
+            n,
+            in_place,
+            src: (0..n)
+                .map(|m| (0..len).map(|i| input(m, i)).collect())
+                .collect(),
+            dst: (0..n).map(|_| vec![-1; len]).collect(),
+        };
+        if in_place && kind == CollKind::AllGather {
+            for m in 0..n {
+                let v: Vec<i64> = (0..count).map(|i| input(m, i)).collect();
+                md.src[m][m * count..(m + 1) * count].copy_from_slice(&v);
+            }
+        }
+        md
+    }
+
     fn run(&mut self, plans: &[Plan]) {
         let n = self.n;
         let mut temp: Vec<Vec<i64>> = plans.iter().map(|p| vec![0; p.temp_len]).collect();
@@ -196,22 +216,7 @@ fn model(
         CollKind::ReduceScatter => (n * count, count),
         _ => (n * count, n * count),
     };
-    let len = src_len.max(dst_len);
-    let mut md = Model {
-        n,
-        in_place,
-        src: (0..n)
-            .map(|m| (0..len).map(|i| input(m, i)).collect())
-            .collect(),
-        dst: (0..n).map(|_| vec![-1; len]).collect(),
-    };
-    if in_place && kind == CollKind::AllGather {
-        // the input sits at the member's part of the object
-        for m in 0..n {
-            let v: Vec<i64> = (0..count).map(|i| input(m, i)).collect();
-            md.src[m][m * count..(m + 1) * count].copy_from_slice(&v);
-        }
-    }
+    let mut md = Model::with_inputs(kind, n, count, src_len.max(dst_len), in_place);
     let plans: Vec<Plan> = (0..n)
         .map(|me| {
             let s = Shape {
@@ -307,20 +312,7 @@ fn model_hier(
         CollKind::AllGather | CollKind::ReduceScatter => n * count,
         _ => count,
     };
-    let mut md = Model {
-        n,
-        in_place,
-        src: (0..n)
-            .map(|m| (0..len).map(|i| input(m, i)).collect())
-            .collect(),
-        dst: (0..n).map(|_| vec![-1; len]).collect(),
-    };
-    if in_place && kind == CollKind::AllGather {
-        for m in 0..n {
-            let v: Vec<i64> = (0..count).map(|i| input(m, i)).collect();
-            md.src[m][m * count..(m + 1) * count].copy_from_slice(&v);
-        }
-    }
+    let mut md = Model::with_inputs(kind, n, count, len, in_place);
     let plans: Vec<Plan> = (0..n)
         .map(|me| {
             let s = Shape {
