@@ -824,3 +824,62 @@ fn a_node_killed_before_an_internode_dispatch_is_an_error_on_every_survivor() {
     std::thread::sleep(Duration::from_secs(3));
     drop(buf);
 }
+
+/// A PE that stays out of a barrier across nodes (alive, asleep) is named by every other PE's
+/// timeout, whether it is a node's leader, another member, or alone on its node: the
+/// hierarchical barrier finds the member whose first signal is missing (in its node, or to the
+/// next node's leader), not the member this PE happened to wait on.
+#[test]
+fn a_pe_missing_from_a_barrier_across_nodes_is_named_by_every_timeout() {
+    if fabric_data::skip() {
+        return;
+    }
+    let cases: [(&[usize], usize); 4] = [
+        (&[0, 0, 1, 1, 2, 2], 0),
+        (&[0, 0, 1, 1, 2, 2], 3),
+        (&[0, 1, 1, 1], 0),
+        (&[0, 1, 1, 1], 2),
+    ];
+    for (layout, sleeper) in cases {
+        let n = layout.len();
+        let hub = InProcBootstrap::new(n, Duration::from_secs(30)).expect("hub");
+        let done = std::sync::Barrier::new(n);
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|r| {
+                    let (hub, done) = (&hub, &done);
+                    s.spawn(move || {
+                        let config = Config::default()
+                            .heap_size(1 << 20)
+                            .timeout(Duration::from_millis(1500))
+                            .node(format!("n{}", layout[r]))
+                            .fabric_provider("tcp")
+                            .fabric_domain("lo");
+                        let pe =
+                            Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
+                        pe.barrier_all().expect("first barrier");
+                        let res = if r == sleeper {
+                            Ok(())
+                        } else {
+                            pe.barrier_all()
+                        };
+                        // The sleeper wakes only once every other PE has its error.
+                        done.wait();
+                        let _ = pe.finalize();
+                        res
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        for (p, r) in results.iter().enumerate() {
+            if p == sleeper {
+                continue;
+            }
+            assert!(
+                matches!(r, Err(Error::Timeout { op: "barrier_all", pe: Some(q), .. }) if *q == sleeper),
+                "{layout:?}: PE {p} expected a timeout naming PE {sleeper}, got {r:?}"
+            );
+        }
+    }
+}
