@@ -104,9 +104,10 @@ pub struct CollConfig {
     /// Most bytes per copy or reduce step (`RSHMEM_COLL_CHUNK`, default 256 KiB).
     pub chunk_bytes: usize,
     /// On teams that span nodes (with a node of more than one member), all_reduce,
-    /// all_gather and broadcast run the hierarchical plans of [`plan::hier`]
-    /// (`RSHMEM_COLL_HIER`, default on), from [`hier_bytes`](Self::hier_bytes) up. Alike on
-    /// every PE (checked).
+    /// all_gather, broadcast, reduce and reduce_scatter run the hierarchical plans of
+    /// [`plan::hier`] (`RSHMEM_COLL_HIER`, default on), from [`hier_bytes`](Self::hier_bytes)
+    /// up. Alike on every PE (checked). Barriers are hierarchical on such teams whatever this
+    /// says (they belong to the team, not to the collectives).
     pub hierarchical: bool,
     /// Message size in bytes (per member vector) from which the hierarchical plans run
     /// (`RSHMEM_COLL_HIER_BYTES`, default 1 MiB): they take five (all_reduce) or three team
@@ -343,7 +344,10 @@ mod tests {
         let spread = crate::NodeMap::from_nodes(&[0, 1, 2]);
         for kind in CollKind::ALL {
             for map in [&one, &spread] {
-                assert!(!d.hier_bytes(0).is_hierarchical(kind, 1 << 30, map), "{kind:?}");
+                assert!(
+                    !d.hier_bytes(0).is_hierarchical(kind, 1 << 30, map),
+                    "{kind:?}"
+                );
             }
         }
         assert!(d
