@@ -168,32 +168,30 @@ pub(crate) fn hier_checked_barrier<M: NoteMem>(
     disseminate(mem, |i| local[i], l, ln, 0, epoch, &mut wait)?;
     let leader = local[0];
     if me == leader {
-        let first = |found: Option<usize>, word: &dyn Fn(usize) -> u64| {
-            found.map_or((0, 0), |m| (m as u64 + 1, word(m)))
-        };
         let call = |m: usize| mem.call_of(m, parity);
-        let node = first(local.iter().copied().find(|&m| call(m) != mine), &call);
-        mem.set_note(Note::Node, parity, node.0, node.1);
+        let node = local.iter().find(|&&m| call(m) != mine).map(|&m| Differs {
+            member: m,
+            word: call(m),
+        });
+        let (m, w) = note(node);
+        mem.set_note(Note::Node, parity, m, w);
         let nn = nodes.n_nodes();
         disseminate(mem, |j| nodes.leader(j), k, nn, 1, epoch, &mut wait)?;
-        // The team's first member (in team order) whose word differs from mine.
+        // The team's first member (in team order) whose word differs from mine: a node's
+        // leader is its first member, and its note names the first one differing from it.
         let mut team: Option<Differs> = None;
         for j in 0..nn {
             let lj = nodes.leader(j);
-            let (word, (m, w)) = if j == k {
+            let (word, differs) = if j == k {
                 (mine, node)
             } else {
-                mem.leader_of(lj, parity)?
+                let (word, n) = mem.leader_of(lj, parity)?;
+                (word, from_note(n))
             };
             let found = if word != mine {
                 Some(Differs { member: lj, word })
-            } else if m != 0 {
-                Some(Differs {
-                    member: m as usize - 1,
-                    word: w,
-                })
             } else {
-                None
+                differs
             };
             if let Some(d) = found {
                 if team.is_none_or(|t| d.member < t.member) {
@@ -201,7 +199,7 @@ pub(crate) fn hier_checked_barrier<M: NoteMem>(
                 }
             }
         }
-        let (m, w) = team.map_or((0, 0), |d| (d.member as u64 + 1, d.word));
+        let (m, w) = note(team);
         mem.set_note(Note::Team, parity, m, w);
     }
     disseminate(mem, |i| local[i], l, ln, 2, epoch, &mut wait)?;
@@ -216,11 +214,19 @@ pub(crate) fn hier_checked_barrier<M: NoteMem>(
             word: theirs,
         }));
     }
-    let (m, w) = mem.note_of(leader, Note::Team, parity);
-    Ok((m != 0).then(|| Differs {
+    Ok(from_note(mem.note_of(leader, Note::Team, parity)))
+}
+
+/// A note's two words: the member plus one (0: none) and its call word.
+fn note(d: Option<Differs>) -> (u64, u64) {
+    d.map_or((0, 0), |d| (d.member as u64 + 1, d.word))
+}
+
+fn from_note((m, word): (u64, u64)) -> Option<Differs> {
+    (m != 0).then(|| Differs {
         member: m as usize - 1,
-        word: w,
-    }))
+        word,
+    })
 }
 
 #[cfg(test)]
