@@ -1,5 +1,6 @@
-//! Hierarchical against flat collectives and MoE across nodes (`rshmem_bench::hier`), in one
-//! run: 4 processes as 2 nodes of 2 PEs over libfabric's tcp provider on loopback.
+//! Hierarchical against flat collectives (barrier, all_reduce, reduce, reduce_scatter) and MoE
+//! across nodes (`rshmem_bench::hier`), in one run: 4 processes as 2 nodes of 2 PEs over
+//! libfabric's tcp provider on loopback.
 //!
 //! `cargo run --release -p rshmem-bench --example fabric_hier [-- ITERS [quick]]` (`quick`:
 //! one small size of each, a smaller heap).
@@ -56,11 +57,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let recs = bench(&pe, &opts)?;
     if pe.my_pe() == 0 {
-        println!("| op | bytes per PE | path | time (µs) | bytes across nodes per PE |");
-        println!("| --- | ---: | --- | ---: | ---: |");
+        println!(
+            "| op | bytes per PE | path | time (µs) | bytes across nodes per PE | messages across nodes per PE |"
+        );
+        println!("| --- | ---: | --- | ---: | ---: | ---: |");
         for r in &recs {
+            let msgs = if r.net_msgs.is_nan() {
+                "–".to_string()
+            } else {
+                format!("{:.1}", r.net_msgs)
+            };
             println!(
-                "| {} | {} | {} | {:.1} | {:.0} |",
+                "| {} | {} | {} | {:.1} | {:.0} | {msgs} |",
                 r.op, r.bytes, r.path, r.time_us, r.net_bytes
             );
         }

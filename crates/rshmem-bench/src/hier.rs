@@ -1,5 +1,6 @@
-//! Hierarchical against flat across nodes, in one world and one run: the host all_reduce
-//! (`CollConfig::hierarchical` on and off) and MoE dispatch/combine
+//! Hierarchical against flat across nodes, in one world and one run: the host all_reduce,
+//! reduce and out-of-place reduce_scatter (`CollConfig::hierarchical` on and off), the team
+//! barrier (hierarchical on both: barriers follow the team), and MoE dispatch/combine
 //! (`HostBuffer::set_hierarchical`), alternating call by call on the same inputs. Needs a
 //! world whose team spans nodes with a node of several PEs (`examples/fabric_hier.rs` starts
 //! 2 nodes of 2 processes over loopback tcp).
@@ -8,7 +9,7 @@
 //! mean over PEs of the heap bytes a call moved to or from other nodes
 //! ([`Pe::net_traffic`]). Results are checked against each other after each timed loop.
 
-use rshmem::coll::{Coll, CollConfig, ReduceOp};
+use rshmem::coll::{Coll, CollConfig, ReduceOp, ToRoot};
 use rshmem::ep::{EpConfig, HostBuffer};
 use rshmem::{bf16, Error, Pe, Result};
 use std::time::Instant;
@@ -16,9 +17,10 @@ use std::time::Instant;
 /// One measured (operation, size, path).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HierRecord {
-    /// `all_reduce`, `dispatch` or `combine`.
+    /// `barrier`, `all_reduce`, `reduce`, `reduce_scatter`, `dispatch` or `combine`.
     pub op: &'static str,
-    /// all_reduce: vector bytes; MoE: hidden-state bytes this PE dispatches (`T·H·2`).
+    /// Collectives: vector bytes (reduce_scatter: the result per PE; barrier: 0); MoE:
+    /// hidden-state bytes this PE dispatches (`T·H·2`).
     pub bytes: usize,
     /// `hier` or `flat`.
     pub path: &'static str,
@@ -26,6 +28,10 @@ pub struct HierRecord {
     pub time_us: f64,
     /// Mean over PEs of the bytes one call moved across nodes.
     pub net_bytes: f64,
+    /// Mean over PEs of the messages one call sent across nodes: heap puts and gets, and
+    /// control-block operations (barrier arrivals, call-word reads); NaN where not counted
+    /// (MoE).
+    pub net_msgs: f64,
 }
 
 /// What to run.
@@ -57,6 +63,64 @@ fn across(pe: &Pe, c: &Coll<'_>, t: f64, b: f64) -> Result<(f64, f64)> {
     Ok((tmax, bsum / pe.n_pes() as f64))
 }
 
+/// Times `call(coll, k)` on the hierarchical (`k` = 0) and the flat (`k` = 1) collectives,
+/// alternating call by call; returns per path the slowest PE's median time and the mean over
+/// PEs of the bytes and messages across nodes of one call.
+fn timed(
+    pe: &Pe,
+    o: &HierOpts,
+    colls: [&Coll<'_>; 2],
+    mut call: impl FnMut(&Coll<'_>, usize) -> Result<()>,
+) -> Result<[(f64, f64, f64); 2]> {
+    let mut times = [Vec::new(), Vec::new()];
+    let mut net = [(0u64, 0u64); 2];
+    for it in 0..o.iters + 1 {
+        for (k, c) in colls.into_iter().enumerate() {
+            pe.barrier_all()?;
+            let b0 = pe.net_traffic();
+            let t0 = Instant::now();
+            call(c, k)?;
+            let dt = t0.elapsed().as_secs_f64() * 1e6;
+            let b1 = pe.net_traffic();
+            if it > 0 {
+                times[k].push(dt);
+                net[k].0 += b1.bytes - b0.bytes;
+                net[k].1 += b1.ops + b1.ctrl_ops - b0.ops - b0.ctrl_ops;
+            }
+        }
+    }
+    let mut out = [(0.0, 0.0, 0.0); 2];
+    for k in 0..2 {
+        let per = |x: u64| x as f64 / o.iters.max(1) as f64;
+        let (t, b) = across(
+            pe,
+            colls[1],
+            median(std::mem::take(&mut times[k])),
+            per(net[k].0),
+        )?;
+        let (_, m) = across(pe, colls[1], 0.0, per(net[k].1))?;
+        out[k] = (t, b, m);
+    }
+    Ok(out)
+}
+
+fn record(out: &mut Vec<HierRecord>, op: &'static str, bytes: usize, r: [(f64, f64, f64); 2]) {
+    for (k, path) in ["hier", "flat"].into_iter().enumerate() {
+        out.push(HierRecord {
+            op,
+            bytes,
+            path,
+            time_us: r[k].0,
+            net_bytes: r[k].1,
+            net_msgs: r[k].2,
+        });
+    }
+}
+
+fn differ(what: &str) -> Error {
+    Error::InvalidArgument(format!("hier suite: {what} results differ"))
+}
+
 /// Runs the suite (collective over the world); every PE returns the same records.
 pub fn bench(pe: &Pe, o: &HierOpts) -> Result<Vec<HierRecord>> {
     let world = pe.world_team();
@@ -68,46 +132,46 @@ pub fn bench(pe: &Pe, o: &HierOpts) -> Result<Vec<HierRecord>> {
     let (me, n) = (pe.my_pe(), pe.n_pes());
     let hier = Coll::new(pe, CollConfig::default().hier_bytes(0))?;
     let flat = Coll::new(pe, CollConfig::default().hierarchical(false))?;
+    let colls = [&hier, &flat];
     let mut out = Vec::new();
+    // The team barrier: hierarchical on both (barriers follow the team, not the
+    // collectives' configuration); its messages across nodes are the leaders'.
+    let r = timed(pe, o, colls, |c, _| c.barrier(world))?;
+    record(&mut out, "barrier", 0, r);
     for &bytes in &o.sizes {
         let count = (bytes / 4).max(1);
-        let x = pe.alloc::<f32>(count)?;
+        let x = pe.alloc::<f32>(count * n)?;
         let ys = [pe.alloc::<f32>(count)?, pe.alloc::<f32>(count)?];
-        let input: Vec<f32> = (0..count)
+        let input: Vec<f32> = (0..count * n)
             .map(|i| ((i * 7 + me * 13) % 64) as f32)
             .collect();
         pe.local_write(&x, 0, &input)?;
-        let mut times = [Vec::new(), Vec::new()];
-        let mut net = [0u64; 2];
-        for it in 0..o.iters + 1 {
-            for (k, c) in [&hier, &flat].into_iter().enumerate() {
-                pe.barrier_all()?;
-                let b0 = pe.net_traffic().bytes;
-                let t0 = Instant::now();
-                c.all_reduce(world, &ys[k], &x, count, ReduceOp::Sum)?;
-                let dt = t0.elapsed().as_secs_f64() * 1e6;
-                if it > 0 {
-                    times[k].push(dt);
-                    net[k] += pe.net_traffic().bytes - b0;
-                }
-            }
-        }
+        let r = timed(pe, o, colls, |c, k| {
+            c.all_reduce(world, &ys[k], &x, count, ReduceOp::Sum)
+        })?;
         if pe.local_vec(&ys[0])? != pe.local_vec(&ys[1])? {
-            return Err(Error::InvalidArgument(
-                "hier suite: all_reduce results differ".into(),
-            ));
+            return Err(differ("all_reduce"));
         }
-        for (k, path) in ["hier", "flat"].into_iter().enumerate() {
-            let per = net[k] as f64 / o.iters.max(1) as f64;
-            let (t, b) = across(pe, &flat, median(std::mem::take(&mut times[k])), per)?;
-            out.push(HierRecord {
-                op: "all_reduce",
-                bytes,
-                path,
-                time_us: t,
-                net_bytes: b,
-            });
+        record(&mut out, "all_reduce", bytes, r);
+        // reduce to the last PE (another node than PE 0's).
+        let root = n - 1;
+        let to = ToRoot {
+            op: ReduceOp::Sum,
+            root,
+        };
+        let r = timed(pe, o, colls, |c, k| c.reduce(world, &ys[k], &x, count, to))?;
+        if me == root && pe.local_vec(&ys[0])? != pe.local_vec(&ys[1])? {
+            return Err(differ("reduce"));
         }
+        record(&mut out, "reduce", bytes, r);
+        // reduce_scatter out of place: `bytes` of result per PE.
+        let r = timed(pe, o, colls, |c, k| {
+            c.reduce_scatter(world, &ys[k], &x, count, ReduceOp::Sum)
+        })?;
+        if pe.local_vec(&ys[0])? != pe.local_vec(&ys[1])? {
+            return Err(differ("reduce_scatter"));
+        }
+        record(&mut out, "reduce_scatter", bytes, r);
         let [y0, y1] = ys;
         pe.free(y0)?;
         pe.free(y1)?;
@@ -181,6 +245,7 @@ pub fn bench(pe: &Pe, o: &HierOpts) -> Result<Vec<HierRecord>> {
                     path,
                     time_us: tm,
                     net_bytes: b,
+                    net_msgs: f64::NAN,
                 });
             }
         }

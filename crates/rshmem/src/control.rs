@@ -2,7 +2,7 @@
 //! area used by collective bookkeeping (allocation checks, team splits), the team barrier
 //! counters, and per team slot the call words its barriers carry (two, by epoch parity). All of it is 64-bit atomics in CPU shared memory, whatever the data backend.
 
-use crate::sync::rounds;
+use crate::sync::{rounds, Note};
 use std::sync::atomic::AtomicU64;
 
 pub(crate) const MAGIC: u64 = 0x7273_686d_656d_0001; // "rshmem" v1
@@ -64,6 +64,16 @@ impl CtrlLayout {
     pub fn call_word(&self, slot: usize, parity: usize) -> usize {
         self.calls + slot * 8 + parity
     }
+    /// First of the two words (member plus one, call word) of a node leader's note of epoch
+    /// parity `parity` in a hierarchical barrier of team slot `slot`: the node note beside the
+    /// call words (other leaders read both at once), the team note in the round-0 counter
+    /// line after the counter lanes.
+    pub fn note_word(&self, slot: usize, note: Note, parity: usize) -> usize {
+        match note {
+            Note::Node => self.call_word(slot, 2 + 2 * parity),
+            Note::Team => self.barrier_word(slot, 0) + 4 + 2 * parity,
+        }
+    }
 }
 
 /// A view of one PE's control block.
@@ -103,6 +113,7 @@ impl Ctrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::LANES;
     #[test]
     fn layout_disjoint() {
         for n in [1, 2, 3, 8, 1000] {
@@ -112,6 +123,13 @@ mod tests {
             assert!(l.barrier_word(0, 0) >= l.teams);
             assert!(l.barrier_word(63, l.rounds - 1) < l.call_word(0, 0));
             assert!(l.call_word(63, 1) < l.words);
+            // Counter lanes, node notes and team notes stay inside their lines.
+            const { assert!(LANES <= 4) };
+            for p in 0..2 {
+                assert!(l.note_word(63, Note::Node, p) + 1 < l.words);
+                assert_eq!(l.note_word(5, Note::Node, p) / 8, l.call_word(5, 0) / 8);
+                assert_eq!(l.note_word(5, Note::Team, p) / 8, l.barrier_word(5, 0) / 8);
+            }
             assert_eq!(l.bytes() % 4096, 0);
         }
     }

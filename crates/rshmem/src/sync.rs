@@ -12,21 +12,54 @@
 //!   and reaches the same verdict: a barrier is never satisfied by another kind of call. Two
 //!   parities suffice: a member cannot publish epoch `e + 2` before every member arrived at
 //!   `e + 1`, which each does only after reading the words of `e`.
+//! * [`hier_checked_barrier`]: the same contract on a team spanning nodes, with messages across
+//!   nodes only between node leaders: a dissemination inside each node (lane 0), one among the
+//!   nodes' leaders (lane 1), then another inside each node (lane 2), which nobody passes before
+//!   its leader arrived, and the leader arrives only after the leaders' phase. Call words are
+//!   checked the same way: each leader notes the first member of its node whose word differs
+//!   from its own, reads the other leaders' words and notes (one read per node) and notes the
+//!   team's verdict, which its node's members read after the last phase. Every counter still
+//!   takes one increment per barrier and is waited on only by its owner.
 //! * put-with-signal: data first, then a release store or add on the signal word; the waiter
 //!   reads the signal with acquire ordering, then the data.
 
 use crate::error::Result;
+use crate::team::NodeMap;
 
 /// Words of remote memory as the protocols see them.
 pub(crate) trait SyncMem {
-    /// Adds `v` to the round-`round` counter of member `member` (release).
-    fn add(&self, member: usize, round: usize, v: u64);
-    /// Loads my own round-`round` counter (acquire).
-    fn load_own(&self, round: usize) -> u64;
+    /// Adds `v` to the round-`round` counter of lane `lane` of member `member` (release).
+    fn add(&self, member: usize, lane: usize, round: usize, v: u64);
+    /// Loads my own round-`round` counter of lane `lane` (acquire).
+    fn load_own(&self, lane: usize, round: usize) -> u64;
     /// Stores my call word for barriers of epoch parity `parity`.
     fn set_call(&self, parity: usize, word: u64);
     /// Loads member `member`'s call word of epoch parity `parity`.
     fn call_of(&self, member: usize, parity: usize) -> u64;
+}
+
+/// Counter lanes a hierarchical barrier uses (the flat one uses lane 0 only).
+pub(crate) const LANES: usize = 3;
+
+/// A note a node leader publishes in a hierarchical barrier, per epoch parity: a member (plus
+/// one; 0 for none) and its call word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Note {
+    /// The first member of the leader's node whose call word differs from the leader's.
+    Node,
+    /// The first member of the team whose call word differs from the leader's.
+    Team,
+}
+
+/// What the hierarchical barrier needs beyond [`SyncMem`]: the leaders' notes.
+pub(crate) trait NoteMem: SyncMem {
+    /// Stores my note `note` of epoch parity `parity`: `member` (plus one, 0 for none), `word`.
+    fn set_note(&self, note: Note, parity: usize, member: u64, word: u64);
+    /// Member `member`'s note `note` of parity `parity` (a member of my node).
+    fn note_of(&self, member: usize, note: Note, parity: usize) -> (u64, u64);
+    /// Leader `member`'s call word and [`Note::Node`] of parity `parity` (a leader of another
+    /// node: one read across nodes).
+    fn leader_of(&self, member: usize, parity: usize) -> Result<(u64, (u64, u64))>;
 }
 
 /// Bits of a call word holding the epoch; the call's kind is above them.
@@ -88,18 +121,112 @@ pub(crate) fn dissemination_barrier<M: SyncMem>(
     epoch: u64,
     mut wait: impl FnMut(usize, &dyn Fn() -> bool) -> Result<()>,
 ) -> Result<()> {
+    disseminate(mem, |i| i, me, n, 0, epoch, &mut wait)
+}
+
+/// A dissemination among `n` members (member `i` of the group is `member(i)` of the team) on
+/// counter lane `lane`; `at` is this member's index in the group.
+fn disseminate<M: SyncMem>(
+    mem: &M,
+    member: impl Fn(usize) -> usize,
+    at: usize,
+    n: usize,
+    lane: usize,
+    epoch: u64,
+    wait: &mut impl FnMut(usize, &dyn Fn() -> bool) -> Result<()>,
+) -> Result<()> {
     let mut dist = 1usize;
     for r in 0..rounds(n) {
-        let to = (me + dist) % n;
-        let from = (me + n - dist) % n;
-        mem.add(to, r, 1);
-        let ready = || mem.load_own(r) >= epoch;
+        mem.add(member((at + dist) % n), lane, r, 1);
+        let ready = || mem.load_own(lane, r) >= epoch;
         if !ready() {
-            wait(from, &ready)?;
+            wait(member((at + n - dist) % n), &ready)?;
         }
         dist <<= 1;
     }
     Ok(())
+}
+
+/// [`checked_barrier`] of member `me` of a team placed as `nodes`, crossing nodes only between
+/// the nodes' leaders (see the module documentation). Every member gets an error verdict when
+/// any call word differs: a member whose word differs from its leader's names the leader,
+/// the others the member the leader's verdict names.
+pub(crate) fn hier_checked_barrier<M: NoteMem>(
+    mem: &M,
+    nodes: &NodeMap,
+    me: usize,
+    epoch: u64,
+    kind: u64,
+    mut wait: impl FnMut(usize, &dyn Fn() -> bool) -> Result<()>,
+) -> Result<Option<Differs>> {
+    let parity = (epoch % 2) as usize;
+    let mine = call_word(kind, epoch);
+    mem.set_call(parity, mine);
+    let k = nodes.node(me);
+    let local = nodes.members(k);
+    let (l, ln) = (nodes.local(me), local.len());
+    disseminate(mem, |i| local[i], l, ln, 0, epoch, &mut wait)?;
+    let leader = local[0];
+    if me == leader {
+        let call = |m: usize| mem.call_of(m, parity);
+        let node = local.iter().find(|&&m| call(m) != mine).map(|&m| Differs {
+            member: m,
+            word: call(m),
+        });
+        let (m, w) = note(node);
+        mem.set_note(Note::Node, parity, m, w);
+        let nn = nodes.n_nodes();
+        disseminate(mem, |j| nodes.leader(j), k, nn, 1, epoch, &mut wait)?;
+        // The team's first member (in team order) whose word differs from mine: a node's
+        // leader is its first member, and its note names the first one differing from it.
+        let mut team: Option<Differs> = None;
+        for j in 0..nn {
+            let lj = nodes.leader(j);
+            let (word, differs) = if j == k {
+                (mine, node)
+            } else {
+                let (word, n) = mem.leader_of(lj, parity)?;
+                (word, from_note(n))
+            };
+            let found = if word != mine {
+                Some(Differs { member: lj, word })
+            } else {
+                differs
+            };
+            if let Some(d) = found {
+                if team.is_none_or(|t| d.member < t.member) {
+                    team = Some(d);
+                }
+            }
+        }
+        let (m, w) = note(team);
+        mem.set_note(Note::Team, parity, m, w);
+    }
+    disseminate(mem, |i| local[i], l, ln, 2, epoch, &mut wait)?;
+    let theirs = if me == leader {
+        mine
+    } else {
+        mem.call_of(leader, parity)
+    };
+    if theirs != mine {
+        return Ok(Some(Differs {
+            member: leader,
+            word: theirs,
+        }));
+    }
+    Ok(from_note(mem.note_of(leader, Note::Team, parity)))
+}
+
+/// A note's two words: the member plus one (0: none) and its call word.
+fn note(d: Option<Differs>) -> (u64, u64) {
+    d.map_or((0, 0), |d| (d.member as u64 + 1, d.word))
+}
+
+fn from_note((m, word): (u64, u64)) -> Option<Differs> {
+    (m != 0).then(|| Differs {
+        member: m as usize - 1,
+        word,
+    })
 }
 
 #[cfg(test)]
@@ -125,10 +252,10 @@ mod tests {
             me: usize,
         }
         impl SyncMem for Mem<'_> {
-            fn add(&self, m: usize, w: usize, v: u64) {
+            fn add(&self, m: usize, _lane: usize, w: usize, v: u64) {
                 self.words[m][w].fetch_add(v, Ordering::Release);
             }
-            fn load_own(&self, w: usize) -> u64 {
+            fn load_own(&self, _lane: usize, w: usize) -> u64 {
                 self.words[self.me][w].load(Ordering::Acquire)
             }
             fn set_call(&self, parity: usize, word: u64) {
@@ -181,6 +308,138 @@ mod tests {
             });
         }
     }
+    /// The hierarchical barrier on threads: nobody passes early, every member sees a mismatch
+    /// at exactly the barrier where one member calls another kind (naming the PE the protocol
+    /// says), and only leaders touch other nodes' words.
+    #[test]
+    fn hierarchical_barrier_never_passes_early_and_agrees_on_mismatches() {
+        use std::sync::atomic::AtomicBool;
+        // Per member: lanes × rounds counters, 2 call words, 2 notes × 2 parities × 2 words.
+        const R: usize = 4;
+        const CALL: usize = LANES * R;
+        const NOTE: usize = CALL + 2;
+        struct Mem<'a> {
+            words: &'a [Vec<AtomicU64>],
+            nodes: &'a NodeMap,
+            me: usize,
+            crossed: &'a AtomicBool,
+        }
+        impl Mem<'_> {
+            fn far(&self, m: usize) {
+                if self.nodes.node(m) != self.nodes.node(self.me) {
+                    assert_eq!(self.nodes.leader(self.nodes.node(self.me)), self.me);
+                    self.crossed.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        impl SyncMem for Mem<'_> {
+            fn add(&self, m: usize, lane: usize, r: usize, v: u64) {
+                self.far(m);
+                self.words[m][lane * R + r].fetch_add(v, Ordering::Release);
+            }
+            fn load_own(&self, lane: usize, r: usize) -> u64 {
+                self.words[self.me][lane * R + r].load(Ordering::Acquire)
+            }
+            fn set_call(&self, parity: usize, word: u64) {
+                self.words[self.me][CALL + parity].store(word, Ordering::Relaxed);
+            }
+            fn call_of(&self, m: usize, parity: usize) -> u64 {
+                assert_eq!(
+                    self.nodes.node(m),
+                    self.nodes.node(self.me),
+                    "call word across"
+                );
+                self.words[m][CALL + parity].load(Ordering::Relaxed)
+            }
+        }
+        impl NoteMem for Mem<'_> {
+            fn set_note(&self, note: Note, parity: usize, member: u64, word: u64) {
+                let at = NOTE + 4 * (note as usize) + 2 * parity;
+                self.words[self.me][at].store(member, Ordering::Relaxed);
+                self.words[self.me][at + 1].store(word, Ordering::Relaxed);
+            }
+            fn note_of(&self, m: usize, note: Note, parity: usize) -> (u64, u64) {
+                let at = NOTE + 4 * (note as usize) + 2 * parity;
+                let w = &self.words[m];
+                (
+                    w[at].load(Ordering::Relaxed),
+                    w[at + 1].load(Ordering::Relaxed),
+                )
+            }
+            fn leader_of(&self, m: usize, parity: usize) -> Result<(u64, (u64, u64))> {
+                self.far(m);
+                let call = self.words[m][CALL + parity].load(Ordering::Relaxed);
+                Ok((call, self.note_of(m, Note::Node, parity)))
+            }
+        }
+        let layouts: [&[usize]; 8] = [
+            &[0, 0, 1, 1],
+            &[0, 0, 1, 1, 2, 2],
+            &[0, 1, 0, 1],
+            &[0, 0, 0, 1],
+            &[0, 1, 1, 1],
+            &[0, 0, 1, 2, 2, 2],
+            &[3, 1, 3, 1, 1],
+            &[0, 1, 2],
+        ];
+        for layout in layouts {
+            let nodes = NodeMap::from_nodes(layout);
+            let n = layout.len();
+            let words: Vec<Vec<AtomicU64>> = (0..n)
+                .map(|_| (0..NOTE + 8).map(|_| AtomicU64::new(0)).collect())
+                .collect();
+            let passed = AtomicU64::new(0);
+            let crossed = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                for me in 0..n {
+                    let (words, passed, nodes) = (&words, &passed, &nodes);
+                    let crossed = &crossed;
+                    s.spawn(move || {
+                        let m = Mem {
+                            words,
+                            nodes,
+                            me,
+                            crossed,
+                        };
+                        let odd_one = n - 1;
+                        let own_leader = nodes.leader(nodes.node(me));
+                        for epoch in 1..=40u64 {
+                            let odd = epoch == 7 && me == odd_one;
+                            let kind = if odd { 2 } else { 1 };
+                            let d = hier_checked_barrier(&m, nodes, me, epoch, kind, |_, ready| {
+                                while !ready() {
+                                    std::thread::yield_now();
+                                }
+                                Ok(())
+                            })
+                            .unwrap();
+                            let want = (epoch == 7).then(|| {
+                                if me != odd_one {
+                                    Differs {
+                                        member: odd_one,
+                                        word: call_word(2, epoch),
+                                    }
+                                } else {
+                                    let member = if own_leader == me { 0 } else { own_leader };
+                                    Differs {
+                                        member,
+                                        word: call_word(1, epoch),
+                                    }
+                                }
+                            });
+                            assert_eq!(d, want, "{layout:?}: member {me}, barrier {epoch}");
+                            let p = passed.fetch_add(1, Ordering::SeqCst);
+                            assert!(
+                                p >= (epoch - 1) * n as u64,
+                                "{layout:?}: member {me} passed barrier {epoch} early"
+                            );
+                        }
+                    });
+                }
+            });
+            assert!(crossed.load(Ordering::Relaxed), "{layout:?}");
+        }
+    }
 }
 
 #[cfg(all(test, loom))]
@@ -197,10 +456,10 @@ mod loom_models {
         me: usize,
     }
     impl SyncMem for Mem {
-        fn add(&self, m: usize, w: usize, v: u64) {
+        fn add(&self, m: usize, _lane: usize, w: usize, v: u64) {
             self.words[m * self.stride + w].fetch_add(v, Ordering::Release);
         }
-        fn load_own(&self, w: usize) -> u64 {
+        fn load_own(&self, _lane: usize, w: usize) -> u64 {
             self.words[self.me * self.stride + w].load(Ordering::Acquire)
         }
         fn set_call(&self, parity: usize, word: u64) {

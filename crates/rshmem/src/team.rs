@@ -184,6 +184,9 @@ pub struct NetTraffic {
     pub ops: u64,
     /// Their bytes.
     pub bytes: u64,
+    /// Operations on control blocks of PEs of other nodes: barrier arrivals, call-word and
+    /// note reads, exchange-record reads (each one message across nodes).
+    pub ctrl_ops: u64,
 }
 
 /// The members (parent indices) of a strided split, or an error for a bad shape.

@@ -268,6 +268,7 @@ impl PeInner {
         match self.via_fabric(pe) {
             Some(_) if self.any_lost.load(Ordering::Acquire) => {}
             Some(net) => {
+                net.count_ctrl();
                 if let Err(e) = net.ctrl_atomic(pe, w, crate::backend::AtomicOp::FetchAdd(v)) {
                     self.fabric_failed(pe, &e);
                 }
@@ -282,13 +283,16 @@ impl PeInner {
     pub fn ctrl_load(&self, pe: usize, w: usize) -> u64 {
         match self.via_fabric(pe) {
             Some(_) if self.any_lost.load(Ordering::Acquire) => 0,
-            Some(net) => match net.ctrl_atomic(pe, w, crate::backend::AtomicOp::Fetch) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.fabric_failed(pe, &e);
-                    0
+            Some(net) => {
+                net.count_ctrl();
+                match net.ctrl_atomic(pe, w, crate::backend::AtomicOp::Fetch) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.fabric_failed(pe, &e);
+                        0
+                    }
                 }
-            },
+            }
             _ => self.ctrls[pe].word(w).load(Ordering::Acquire),
         }
     }
@@ -300,9 +304,11 @@ impl PeInner {
                 pe: self.first_lost().unwrap_or(pe),
                 op: "exchange",
             }),
-            Some(net) => net
-                .ctrl_read(pe, w, n, self.config.timeout)
-                .inspect_err(|e| self.fabric_failed(pe, e)),
+            Some(net) => {
+                net.count_ctrl();
+                net.ctrl_read(pe, w, n, self.config.timeout)
+                    .inspect_err(|e| self.fabric_failed(pe, e))
+            }
             _ => Ok((0..n)
                 .map(|i| self.ctrls[pe].word(w + i).load(Ordering::Relaxed))
                 .collect()),

@@ -11,7 +11,7 @@ mod fabric_data;
 #[path = "harness/mod.rs"]
 mod harness;
 
-use rshmem::coll::{Coll, CollConfig, ReduceOp};
+use rshmem::coll::{Coll, CollConfig, ReduceOp, ToRoot};
 use rshmem::ep::{Dispatched, EpConfig, EpMode, HostBuffer, RecvLayout};
 use rshmem::*;
 use std::time::Duration;
@@ -65,6 +65,227 @@ fn record_bytes(pe: &Pe) -> u64 {
     far as u64 * 12 * 8
 }
 
+/// Bytes of the hierarchical collectives' partials scratch in these tests.
+const SCRATCH: usize = 4 << 10;
+
+/// Part `q` of `p` of `count` elements: its length (as `coll::plan::part`).
+fn part_len(q: usize, p: usize, count: usize) -> usize {
+    (q + 1) * count / p - q * count / p
+}
+
+/// reduce from every root and out-of-place reduce_scatter, hierarchical (through the partials
+/// scratch, in several windows) and flat: random integers and exactly representable f32,
+/// poisoned outputs (a non-root's stays poisoned), the bytes each PE reads across nodes exact
+/// for both paths, and fewer in all for the hierarchical one.
+fn reductions(pe: &Pe, hier: &Coll<'_>, flat: &Coll<'_>) -> Result<()> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let world = pe.world_team();
+    let nm = pe.node_map(world);
+    let (nn, p) = (nm.n_nodes(), nm.max_local());
+    let mine = nm.node(me);
+    let ln = nm.members(mine).len();
+    let owned: Vec<usize> = (0..p).filter(|q| q % ln == nm.local(me)).collect();
+    // Bytes the hierarchical reduce of `count` elements of `es` bytes reads across nodes on
+    // this PE: its parts of every window of the root's node, from each other node.
+    let hier_reduce = |root: usize, count: usize, es: usize| -> u64 {
+        if nm.node(root) != mine {
+            return 0;
+        }
+        let w = SCRATCH / es;
+        let elems: usize = (0..count)
+            .step_by(w)
+            .map(|a| {
+                let len = w.min(count - a);
+                owned.iter().map(|&q| part_len(q, p, len)).sum::<usize>()
+            })
+            .sum();
+        ((nn - 1) * elems * es) as u64
+    };
+    let far = |pe_k: usize| n - nm.members(nm.node(pe_k)).len();
+    for count in [1usize, 1001, 3000] {
+        let x = pe.alloc::<u64>(count)?;
+        let y = pe.alloc::<u64>(count)?;
+        let want = (0..n).fold(vec![0u64; count], |mut acc, s| {
+            for (a, v) in acc.iter_mut().zip(harness::rand_vec::<u64>(s, 40, count)) {
+                *a = a.wrapping_add(v);
+            }
+            acc
+        });
+        pe.local_write(&x, 0, &harness::rand_vec::<u64>(me, 40, count))?;
+        let (mut total_hier, mut total_flat) = (0u64, 0u64);
+        for root in 0..n {
+            for (name, coll) in [("hier", hier), ("flat", flat)] {
+                pe.local_fill(&y, u64::MAX)?; // poison
+                let before = traffic(pe);
+                coll.reduce(
+                    world,
+                    &y,
+                    &x,
+                    count,
+                    ToRoot {
+                        op: ReduceOp::Sum,
+                        root,
+                    },
+                )?;
+                let moved = traffic(pe) - before - record_bytes(pe);
+                let got = pe.local_vec(&y)?;
+                if me == root {
+                    assert_eq!(got, want, "{name} reduce of {count} to {root}");
+                } else {
+                    assert!(
+                        got.iter().all(|&v| v == u64::MAX),
+                        "{name}: non-root written"
+                    );
+                }
+                let expect = if name == "hier" {
+                    hier_reduce(root, count, 8)
+                } else if me == root {
+                    (far(root) * count * 8) as u64
+                } else {
+                    0
+                };
+                assert_eq!(
+                    moved, expect,
+                    "{name} reduce bytes across nodes, root {root}"
+                );
+            }
+            // In all, over the team: each other node's partial once, against every PE of
+            // other nodes once.
+            total_hier += ((nn - 1) * count * 8) as u64;
+            total_flat += (far(root) * count * 8) as u64;
+            // In place, the root's input is overwritten with the result.
+            pe.local_write(&y, 0, &harness::rand_vec::<u64>(me, 40, count))?;
+            hier.reduce(
+                world,
+                &y,
+                &y,
+                count,
+                ToRoot {
+                    op: ReduceOp::Sum,
+                    root,
+                },
+            )?;
+            let got = pe.local_vec(&y)?;
+            if me == root {
+                assert_eq!(got, want, "hier in-place reduce to {root}");
+            } else {
+                assert_eq!(got, harness::rand_vec::<u64>(me, 40, count), "input kept");
+            }
+        }
+        assert!(total_hier < total_flat, "{total_hier} vs {total_flat}");
+        pe.free(y)?;
+        pe.free(x)?;
+    }
+    // f32 (exact values): reduce to every root, and reduce_scatter out of place.
+    let count = 1500;
+    let f = pe.alloc::<f32>(count * n)?;
+    let g = pe.alloc::<f32>(count)?;
+    let ins: Vec<Vec<f32>> = (0..n)
+        .map(|s| harness::rand_vec::<f32>(s, 41, count * n))
+        .collect();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    pe.local_write(&f, 0, &ins[me])?;
+    for (name, coll) in [("hier", hier), ("flat", flat)] {
+        for root in 0..n {
+            pe.local_fill(&g, f32::NAN)?;
+            coll.reduce(
+                world,
+                &g,
+                &f,
+                count,
+                ToRoot {
+                    op: ReduceOp::Sum,
+                    root,
+                },
+            )?;
+            if me == root {
+                let want: Vec<f32> = (0..count).map(|i| ins.iter().map(|v| v[i]).sum()).collect();
+                assert_eq!(bits(&pe.local_vec(&g)?), bits(&want), "{name} f32 reduce");
+            }
+        }
+        pe.local_fill(&g, f32::NAN)?;
+        let before = traffic(pe);
+        coll.reduce_scatter(world, &g, &f, count, ReduceOp::Sum)?;
+        let moved = traffic(pe) - before - record_bytes(pe);
+        let want: Vec<f32> = (0..count)
+            .map(|i| ins.iter().map(|v| v[me * count + i]).sum())
+            .collect();
+        assert_eq!(
+            bits(&pe.local_vec(&g)?),
+            bits(&want),
+            "{name} f32 reduce_scatter"
+        );
+        // Each block crosses to its member once per other node (hier), once per PE of
+        // another node (flat).
+        let expect = if name == "hier" {
+            (nn - 1) * count * 4
+        } else {
+            far(me) * count * 4
+        };
+        assert_eq!(
+            moved, expect as u64,
+            "{name} reduce_scatter bytes across nodes"
+        );
+    }
+    pe.free(g)?;
+    pe.free(f)?;
+    Ok(())
+}
+
+/// Barriers across nodes: only the node leaders touch other nodes' control blocks, one
+/// arrival per round of their dissemination and one read per other node, fewer messages
+/// in all than the flat dissemination (an arrival per round whose partner is on another node,
+/// a call-word read per member of other nodes); puts before a barrier are seen after it.
+fn barriers(pe: &Pe) -> Result<()> {
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let world = pe.world_team();
+    let nm = pe.node_map(world);
+    let nn = nm.n_nodes();
+    let rounds = |k: usize| (usize::BITS - k.saturating_sub(1).leading_zeros()) as usize;
+    let hier_msgs = |m: usize| {
+        if nm.leader(nm.node(m)) == m {
+            rounds(nn) + nn - 1
+        } else {
+            0
+        }
+    };
+    let flat_msgs = |m: usize| {
+        let k = nm.node(m);
+        let arrivals = (0..rounds(n))
+            .filter(|&r| nm.node((m + (1 << r)) % n) != k)
+            .count();
+        arrivals + n - nm.members(k).len()
+    };
+    let total_hier: usize = (0..n).map(hier_msgs).sum();
+    let total_flat: usize = (0..n).map(flat_msgs).sum();
+    assert!(total_hier < total_flat, "{total_hier} vs {total_flat}");
+    let x = pe.alloc::<u64>(n)?;
+    for round in 0..3u64 {
+        for (name, ctrl_ops) in [("barrier_all", 0), ("team_barrier", 1), ("sync_all", 2)] {
+            // Each PE puts its mark into slot `me` of every PE, then the barrier.
+            for t in 0..n {
+                pe.put(&x, me, &[round * 100 + me as u64 + ctrl_ops], t)?;
+            }
+            let before = pe.net_traffic().ctrl_ops;
+            match ctrl_ops {
+                0 => pe.barrier_all()?,
+                1 => pe.team_barrier(world)?,
+                _ => {
+                    pe.quiet()?;
+                    pe.sync_all()?
+                }
+            }
+            let msgs = pe.net_traffic().ctrl_ops - before;
+            assert_eq!(msgs, hier_msgs(me) as u64, "{name}: messages across nodes");
+            let want: Vec<u64> = (0..n).map(|s| round * 100 + s as u64 + ctrl_ops).collect();
+            assert_eq!(pe.local_vec(&x)?, want, "{name}: puts before it");
+            pe.barrier_all()?; // nobody writes the next marks before everyone read these
+        }
+    }
+    pe.free(x)?;
+    Ok(())
+}
+
 /// all_reduce, all_gather, broadcast and reduce_scatter, hierarchical and flat, checked
 /// exactly; the hierarchical all_reduce reads exactly its parts' node partials across nodes,
 /// fewer bytes than the flat plan.
@@ -73,8 +294,18 @@ fn collectives(pe: &Pe) -> Result<()> {
     let world = pe.world_team();
     let nm = pe.node_map(world);
     assert!(nm.is_hierarchical(), "{nm:?}");
-    let hier = Coll::new(pe, CollConfig::default().hier_bytes(0))?;
+    // A small partials scratch, so reduce and reduce_scatter run in several windows.
+    let hier = Coll::new(
+        pe,
+        CollConfig::default()
+            .hier_bytes(0)
+            .hier_scratch_bytes(SCRATCH),
+    )?;
     let flat = Coll::new(pe, CollConfig::default().hierarchical(false))?;
+    // Only the hierarchical collectives hold the partials scratch.
+    assert_eq!(flat.scratch_bytes(), 8 * (16 + 2 * n));
+    assert_eq!(hier.scratch_bytes(), 8 * (16 + 2 * n) + SCRATCH);
+    reductions(pe, &hier, &flat)?;
     // Several chunks (64 KiB chunk) and a count not divisible by the parts.
     for (ci, count) in [1usize, 1001, 40_003].into_iter().enumerate() {
         let stream = 100 + ci as u64;
@@ -473,6 +704,7 @@ fn moe(pe: &Pe) -> Result<()> {
 }
 
 fn everything(pe: &Pe) -> Result<()> {
+    barriers(pe)?;
     collectives(pe)?;
     moe(pe)
 }
@@ -591,4 +823,63 @@ fn a_node_killed_before_an_internode_dispatch_is_an_error_on_every_survivor() {
     // unreadable across nodes), and be named instead of the dead node.
     std::thread::sleep(Duration::from_secs(3));
     drop(buf);
+}
+
+/// A PE that stays out of a barrier across nodes (alive, asleep) is named by every other PE's
+/// timeout, whether it is a node's leader, another member, or alone on its node: the
+/// hierarchical barrier finds the member whose first signal is missing (in its node, or to the
+/// next node's leader), not the member this PE happened to wait on.
+#[test]
+fn a_pe_missing_from_a_barrier_across_nodes_is_named_by_every_timeout() {
+    if fabric_data::skip() {
+        return;
+    }
+    let cases: [(&[usize], usize); 4] = [
+        (&[0, 0, 1, 1, 2, 2], 0),
+        (&[0, 0, 1, 1, 2, 2], 3),
+        (&[0, 1, 1, 1], 0),
+        (&[0, 1, 1, 1], 2),
+    ];
+    for (layout, sleeper) in cases {
+        let n = layout.len();
+        let hub = InProcBootstrap::new(n, Duration::from_secs(30)).expect("hub");
+        let done = std::sync::Barrier::new(n);
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|r| {
+                    let (hub, done) = (&hub, &done);
+                    s.spawn(move || {
+                        let config = Config::default()
+                            .heap_size(1 << 20)
+                            .timeout(Duration::from_millis(1500))
+                            .node(format!("n{}", layout[r]))
+                            .fabric_provider("tcp")
+                            .fabric_domain("lo");
+                        let pe =
+                            Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
+                        pe.barrier_all().expect("first barrier");
+                        let res = if r == sleeper {
+                            Ok(())
+                        } else {
+                            pe.barrier_all()
+                        };
+                        // The sleeper wakes only once every other PE has its error.
+                        done.wait();
+                        let _ = pe.finalize();
+                        res
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        for (p, r) in results.iter().enumerate() {
+            if p == sleeper {
+                continue;
+            }
+            assert!(
+                matches!(r, Err(Error::Timeout { op: "barrier_all", pe: Some(q), .. }) if *q == sleeper),
+                "{layout:?}: PE {p} expected a timeout naming PE {sleeper}, got {r:?}"
+            );
+        }
+    }
 }

@@ -95,6 +95,9 @@ impl AllToAllV<'_> {
 pub struct Coll<'pe> {
     pe: &'pe Pe,
     scratch: Sym<u64>,
+    /// The node partials of the hierarchical reduce and out-of-place reduce_scatter (plans
+    /// whose `Temp` is shared); only in worlds where a team can be hierarchical.
+    partials: Option<Sym<u64>>,
     config: CollConfig,
     /// Not `Sync`: concurrent calls would overwrite each other's argument records.
     _one_thread: PhantomData<std::cell::Cell<()>>,
@@ -153,23 +156,50 @@ impl<'pe> Coll<'pe> {
             ));
         }
         let scratch = pe.alloc::<u64>(H_WORDS + 2 * pe.n_pes())?;
+        // A team can be hierarchical only where the world is (a team's nodes and their
+        // members are a subset of the world's): the same answer on every PE.
+        let words = config.hier_scratch_bytes / 8;
+        let partials =
+            if config.hierarchical && words > 0 && pe.node_map(pe.world_team()).is_hierarchical() {
+                match pe.alloc::<u64>(words) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        // Every PE failed the allocation alike: release the first one together.
+                        let _ = pe.free(scratch);
+                        return Err(e);
+                    }
+                }
+            } else {
+                None
+            };
+        let coll = Coll {
+            pe,
+            scratch,
+            partials,
+            config,
+            _one_thread: PhantomData,
+        };
         tracing::debug!(
             pe = pe.my_pe(),
-            bytes = scratch.len() * 8,
+            bytes = coll.scratch_bytes(),
             ?config,
             "collectives ready"
         );
-        Ok(Coll {
-            pe,
-            scratch,
-            config,
-            _one_thread: PhantomData,
-        })
+        Ok(coll)
     }
 
-    /// Bytes of symmetric scratch this object holds on every PE: `8·(16 + 2·n_pes)`.
+    /// Bytes of symmetric scratch this object holds on every PE: `8·(16 + 2·n_pes)`, plus
+    /// [`CollConfig::hier_scratch_bytes`] (rounded down to 8) in a world spanning nodes with
+    /// a node of several PEs (see the [module documentation](super#scratch)).
     pub fn scratch_bytes(&self) -> usize {
-        self.scratch.len() * 8
+        (self.scratch.len() + self.partials.as_ref().map_or(0, Sym::len)) * 8
+    }
+
+    /// Elements of `T` the partials scratch holds (0 without it).
+    fn partial_elems<T: Elem>(&self) -> usize {
+        self.partials
+            .as_ref()
+            .map_or(0, |p| p.len() * 8 / std::mem::size_of::<T>())
     }
 
     /// The configuration in force.
@@ -427,7 +457,12 @@ impl<'pe> Coll<'pe> {
             .choose(c.kind, c.count.saturating_mul(std::mem::size_of::<T>()));
         let nodes = pe.node_map(team);
         let bytes = c.count.saturating_mul(std::mem::size_of::<T>());
-        let hier = self.config.is_hierarchical(c.kind, bytes, &nodes);
+        // Reduce and out-of-place reduce_scatter keep their node partials in the scratch.
+        let same_object = c.src.offset == c.dst.offset && c.src.len == c.dst.len;
+        let needs_scratch =
+            c.kind == CollKind::Reduce || (c.kind == CollKind::ReduceScatter && !same_object);
+        let hier = self.config.is_hierarchical(c.kind, bytes, &nodes)
+            && (!needs_scratch || self.partial_elems::<T>() >= n.max(1));
         let rec = Self::record::<T>(team, c, algo, hier, local.is_ok());
         pe.quiet()?;
         pe.local_write(&self.scratch, 0, &rec)?;
@@ -462,6 +497,12 @@ impl<'pe> Coll<'pe> {
             CollKind::AllGather if hier => plan::hier::all_gather(shape, &nodes, c.count),
             CollKind::ReduceScatter if hier && in_place => {
                 plan::hier::reduce_scatter(shape, &nodes, c.count)
+            }
+            CollKind::ReduceScatter if hier => {
+                plan::hier::reduce_scatter_out(shape, &nodes, c.count, self.partial_elems::<T>())
+            }
+            CollKind::Reduce if hier => {
+                plan::hier::reduce(shape, &nodes, c.root, c.count, self.partial_elems::<T>())
             }
             CollKind::Broadcast => plan::broadcast(shape, c.root, c.count, algo),
             CollKind::Reduce => plan::reduce(shape, c.root, c.count),
@@ -574,12 +615,27 @@ impl<'pe> Coll<'pe> {
         let me = pe.my_pe();
         let src = Raw::<T>(c.src, PhantomData);
         let dst = Raw::<T>(c.dst, PhantomData);
-        let sym = |b: Buf| if b == Buf::Src { &src } else { &dst };
-        let mut temp = vec![T::ZERO; p.temp_len];
+        let internal = |what: &str| Error::invalid(format!("internal: bad plan step ({what})"));
+        // Shared `Temp`: the partials scratch, as an object of `T`.
+        let shared = match (p.temp_shared() && p.temp_len > 0, &self.partials) {
+            (false, _) => None,
+            (true, Some(s)) if p.temp_len <= self.partial_elems::<T>() => {
+                let mut r = s.raw();
+                r.len = self.partial_elems::<T>();
+                Some(Raw::<T>(r, PhantomData))
+            }
+            (true, _) => return Err(internal("shared temp beyond the scratch")),
+        };
+        // The symmetric object a buffer names; `None` for private `Temp`.
+        let sym = |b: Buf| match b {
+            Buf::Src => Some(&src),
+            Buf::Dst => Some(&dst),
+            Buf::Temp => shared.as_ref(),
+        };
+        let mut temp = vec![T::ZERO; if shared.is_some() { 0 } else { p.temp_len }];
         let mut stage: Vec<T> = Vec::new();
         let mut rows: Vec<T> = Vec::new();
         let mut out: Vec<T> = Vec::new();
-        let internal = |what: &str| Error::invalid(format!("internal: bad plan step ({what})"));
         for step in p.steps.iter().skip(1) {
             match *step {
                 Step::Sync => pe.team_sync_as(team, c.kind.call())?,
@@ -592,24 +648,24 @@ impl<'pe> Coll<'pe> {
                     len,
                 } => {
                     let w = *members.get(peer).ok_or_else(|| internal("peer"))?;
-                    match (from, to) {
-                        (Buf::Temp, Buf::Temp) => return Err(internal("temp to temp")),
-                        (Buf::Temp, _) => {
+                    match (sym(from), sym(to)) {
+                        (None, None) => return Err(internal("temp to temp")),
+                        (None, Some(t)) => {
                             let s = temp
                                 .get(from_at..from_at + len)
                                 .ok_or_else(|| internal("temp range"))?;
-                            pe.put(sym(to), to_at, s, me)?;
+                            pe.put(t, to_at, s, me)?;
                         }
-                        (_, Buf::Temp) => {
+                        (Some(f), None) => {
                             let d = temp
                                 .get_mut(to_at..to_at + len)
                                 .ok_or_else(|| internal("temp range"))?;
-                            pe.get(sym(from), from_at, d, w)?;
+                            pe.get(f, from_at, d, w)?;
                         }
-                        _ => {
+                        (Some(f), Some(t)) => {
                             stage.resize(len, T::ZERO);
-                            pe.get(sym(from), from_at, &mut stage, w)?;
-                            pe.put(sym(to), to_at, &stage, me)?;
+                            pe.get(f, from_at, &mut stage, w)?;
+                            pe.put(t, to_at, &stage, me)?;
                         }
                     }
                 }
@@ -621,27 +677,20 @@ impl<'pe> Coll<'pe> {
                     len,
                 } => {
                     let op = c.op.ok_or_else(|| internal("reduce without op"))?;
-                    if from == Buf::Temp {
-                        return Err(internal("reduce from temp"));
-                    }
+                    let from = sym(from).ok_or_else(|| internal("reduce from temp"))?;
                     rows.resize(n * len, T::ZERO);
                     // Start at the next member (spreads the load), store in team order.
                     for k in (0..n).map(|i| (team.my_pe() + 1 + i) % n) {
-                        pe.get(
-                            sym(from),
-                            from_at,
-                            &mut rows[k * len..(k + 1) * len],
-                            members[k],
-                        )?;
+                        pe.get(from, from_at, &mut rows[k * len..(k + 1) * len], members[k])?;
                     }
                     out.resize(len, T::ZERO);
                     combine(op, n, &rows, &mut out)?;
-                    if to == Buf::Temp {
-                        temp.get_mut(to_at..to_at + len)
+                    match sym(to) {
+                        Some(t) => pe.put(t, to_at, &out, me)?,
+                        None => temp
+                            .get_mut(to_at..to_at + len)
                             .ok_or_else(|| internal("temp range"))?
-                            .copy_from_slice(&out);
-                    } else {
-                        pe.put(sym(to), to_at, &out, me)?;
+                            .copy_from_slice(&out),
                     }
                 }
                 Step::ReduceGroup {
@@ -654,8 +703,9 @@ impl<'pe> Coll<'pe> {
                 } => {
                     let op = c.op.ok_or_else(|| internal("reduce without op"))?;
                     let g = p.groups.get(group).ok_or_else(|| internal("group"))?;
-                    if from == Buf::Temp || g.is_empty() {
-                        return Err(internal("reduce group"));
+                    let from = sym(from).ok_or_else(|| internal("reduce group from temp"))?;
+                    if g.is_empty() {
+                        return Err(internal("empty reduce group"));
                     }
                     rows.resize(g.len() * len, T::ZERO);
                     // Start after this member where it is in the group (spreads the load).
@@ -665,16 +715,16 @@ impl<'pe> Coll<'pe> {
                         .map_or(0, |i| i + 1);
                     for k in (0..g.len()).map(|i| (at + i) % g.len()) {
                         let w = *members.get(g[k]).ok_or_else(|| internal("peer"))?;
-                        pe.get(sym(from), from_at, &mut rows[k * len..(k + 1) * len], w)?;
+                        pe.get(from, from_at, &mut rows[k * len..(k + 1) * len], w)?;
                     }
                     out.resize(len, T::ZERO);
                     combine(op, g.len(), &rows, &mut out)?;
-                    if to == Buf::Temp {
-                        temp.get_mut(to_at..to_at + len)
+                    match sym(to) {
+                        Some(t) => pe.put(t, to_at, &out, me)?,
+                        None => temp
+                            .get_mut(to_at..to_at + len)
                             .ok_or_else(|| internal("temp range"))?
-                            .copy_from_slice(&out);
-                    } else {
-                        pe.put(sym(to), to_at, &out, me)?;
+                            .copy_from_slice(&out),
                     }
                 }
             }
@@ -695,6 +745,10 @@ impl crate::pe::Free for Coll<'_> {
                 pe.my_pe()
             )));
         }
-        pe.free(self.scratch)
+        let r = pe.free(self.scratch);
+        match self.partials {
+            Some(p) => r.and(pe.free(p)),
+            None => r,
+        }
     }
 }

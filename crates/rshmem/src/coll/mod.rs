@@ -58,11 +58,14 @@
 //!
 //! # Across nodes
 //! On a team that spans nodes with a node of several members ([`NodeMap`](crate::NodeMap),
-//! [`Pe::node_map`](crate::Pe::node_map)), all_reduce, all_gather and broadcast run the
-//! hierarchical plans of [`plan::hier`] ([`CollConfig::hierarchical`], default on, from
-//! [`CollConfig::hier_bytes`], default 1 MiB, per member vector): inside a
+//! [`Pe::node_map`](crate::Pe::node_map)), all_reduce, all_gather, broadcast, reduce and
+//! reduce_scatter run the hierarchical plans of [`plan::hier`] ([`CollConfig::hierarchical`],
+//! default on, from [`CollConfig::hier_bytes`], default 1 MiB, per member vector): inside a
 //! node over shared memory, across nodes each local index with the same index on the other
-//! nodes, so every element crosses between two nodes once. Their reductions fold inside each
+//! nodes, so every element crosses between two nodes once (reduce and out-of-place
+//! reduce_scatter through the scratch below). all_to_all(v) stay flat: every share has one
+//! destination, so it crosses once either way. Barriers and the collectives' team syncs on
+//! such teams are hierarchical too (inside each node, then among the nodes' leaders). Their reductions fold inside each
 //! node in team order, then over the nodes' results in node order: every member still gets
 //! the same bits and integers the flat result, but float sums group their terms by node (and
 //! `f16`/`bf16` round once per level). Teams of one node keep the flat plans unchanged.
@@ -72,7 +75,10 @@
 //! `16 + 2·n_pes` words ([`Coll::scratch_bytes`]; 192 bytes for 4 PEs): a 16-word argument
 //! record and the all_to_all_v send counts and displacements. It is sized for the largest
 //! team (the world), so it cannot run out; collectives on different teams share it safely
-//! because every call synchronises its team before it writes and after its last read.
+//! because every call synchronises its team before it writes and after its last read. Where
+//! the world spans nodes with a node of several PEs (and [`CollConfig::hierarchical`] is on),
+//! it also allocates [`CollConfig::hier_scratch_bytes`] (default 4 MiB) for the node
+//! partials of the hierarchical reduce and out-of-place reduce_scatter, shared the same way.
 
 pub(crate) mod cuda;
 mod host;
@@ -98,14 +104,23 @@ pub struct CollConfig {
     /// Most bytes per copy or reduce step (`RSHMEM_COLL_CHUNK`, default 256 KiB).
     pub chunk_bytes: usize,
     /// On teams that span nodes (with a node of more than one member), all_reduce,
-    /// all_gather and broadcast run the hierarchical plans of [`plan::hier`]
-    /// (`RSHMEM_COLL_HIER`, default on), from [`hier_bytes`](Self::hier_bytes) up. Alike on
-    /// every PE (checked).
+    /// all_gather, broadcast, reduce and reduce_scatter run the hierarchical plans of
+    /// [`plan::hier`] (`RSHMEM_COLL_HIER`, default on), from [`hier_bytes`](Self::hier_bytes)
+    /// up. Alike on every PE (checked). Barriers are hierarchical on such teams whatever this
+    /// says (they belong to the team, not to the collectives).
     pub hierarchical: bool,
     /// Message size in bytes (per member vector) from which the hierarchical plans run
     /// (`RSHMEM_COLL_HIER_BYTES`, default 1 MiB): they take five (all_reduce) or three team
     /// syncs, which cost more than the bytes they save on small messages.
     pub hier_bytes: usize,
+    /// Bytes of symmetric scratch per PE for the node partials of the hierarchical reduce and
+    /// out-of-place reduce_scatter (`RSHMEM_COLL_HIER_SCRATCH`, default 4 MiB), allocated by
+    /// [`Coll::new`] where the world spans nodes with a node of several PEs and
+    /// [`hierarchical`](Self::hierarchical) is on. Larger vectors run in windows of it
+    /// (reduce_scatter: `1/n` of it per block), each window three (reduce) or two team syncs.
+    /// Where it holds less than one element per member, those calls run flat. Alike on every
+    /// PE (checked by the allocation).
+    pub hier_scratch_bytes: usize,
 }
 
 impl Default for CollConfig {
@@ -116,6 +131,7 @@ impl Default for CollConfig {
             chunk_bytes: 256 << 10,
             hierarchical: true,
             hier_bytes: 1 << 20,
+            hier_scratch_bytes: 4 << 20,
         }
     }
 }
@@ -141,6 +157,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_COLL_HIER_BYTES",
         "message bytes from which the hierarchical plans run, default 1M",
+    ),
+    (
+        "RSHMEM_COLL_HIER_SCRATCH",
+        "symmetric scratch bytes per PE of the hierarchical reduce and out-of-place reduce_scatter, default 4M",
     ),
 ];
 
@@ -176,6 +196,9 @@ impl CollConfig {
         if let Some(b) = env_size("RSHMEM_COLL_HIER_BYTES")? {
             c.hier_bytes = b;
         }
+        if let Some(b) = env_size("RSHMEM_COLL_HIER_SCRATCH")? {
+            c.hier_scratch_bytes = b;
+        }
         if let Some(v) = env("RSHMEM_COLL_HIER") {
             c.hierarchical = match v.trim() {
                 "1" | "on" | "true" => true,
@@ -210,19 +233,19 @@ impl CollConfig {
         self
     }
     /// True when a `kind` call moving `bytes` per member vector on a team placed as `nodes`
-    /// runs a hierarchical plan (all_reduce, all_gather, broadcast; reduce_scatter when in
-    /// place, where the buffer can hold the partials: out of place it runs the flat plan).
+    /// runs a hierarchical plan: all_reduce, all_gather, broadcast, reduce and reduce_scatter
+    /// (reduce and reduce_scatter out of place also need the scratch to hold an element per
+    /// member, [`hier_scratch_bytes`](Self::hier_scratch_bytes)); all_to_all(v) stay flat.
     pub fn is_hierarchical(&self, kind: CollKind, bytes: usize, nodes: &crate::NodeMap) -> bool {
         self.hierarchical
             && bytes >= self.hier_bytes
             && nodes.is_hierarchical()
-            && matches!(
-                kind,
-                CollKind::AllReduce
-                    | CollKind::AllGather
-                    | CollKind::Broadcast
-                    | CollKind::ReduceScatter
-            )
+            && !matches!(kind, CollKind::AllToAll | CollKind::AllToAllV)
+    }
+    /// Sets the scratch of the hierarchical reduce and out-of-place reduce_scatter.
+    pub fn hier_scratch_bytes(mut self, b: usize) -> Self {
+        self.hier_scratch_bytes = b;
+        self
     }
     /// Sets the chunk size in bytes (at least one element is used).
     pub fn chunk_bytes(mut self, b: usize) -> Self {
@@ -279,6 +302,7 @@ mod tests {
             ("RSHMEM_COLL_CHUNK", "0"),
             ("RSHMEM_COLL_HIER", "maybe"),
             ("RSHMEM_COLL_HIER_BYTES", "lots"),
+            ("RSHMEM_COLL_HIER_SCRATCH", "some"),
         ] {
             std::env::set_var(var, v);
             let r = CollConfig::from_env();
@@ -311,8 +335,21 @@ mod tests {
         assert!(d.is_hierarchical(CollKind::AllReduce, 1 << 20, &nodes));
         assert!(!d.is_hierarchical(CollKind::AllReduce, (1 << 20) - 1, &nodes));
         assert!(!d.is_hierarchical(CollKind::AllToAll, 1 << 30, &nodes));
+        assert!(!d.is_hierarchical(CollKind::AllToAllV, 1 << 30, &nodes));
+        assert!(d.is_hierarchical(CollKind::Reduce, 1 << 20, &nodes));
+        assert!(d.is_hierarchical(CollKind::ReduceScatter, 1 << 20, &nodes));
+        assert_eq!(d.hier_scratch_bytes, 4 << 20);
+        // A team on one node (or one PE per node) keeps the flat plans of every kind.
         let one = crate::NodeMap::from_nodes(&[0, 0]);
-        assert!(!d.is_hierarchical(CollKind::AllReduce, 1 << 30, &one));
+        let spread = crate::NodeMap::from_nodes(&[0, 1, 2]);
+        for kind in CollKind::ALL {
+            for map in [&one, &spread] {
+                assert!(
+                    !d.hier_bytes(0).is_hierarchical(kind, 1 << 30, map),
+                    "{kind:?}"
+                );
+            }
+        }
         assert!(d
             .hier_bytes(0)
             .is_hierarchical(CollKind::AllGather, 0, &nodes));

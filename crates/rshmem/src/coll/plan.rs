@@ -6,7 +6,10 @@
 //! Conventions every plan follows:
 //! * members are team indices `0..n`; offsets and lengths are in elements;
 //! * data moves by *pull*: a member reads peers' symmetric buffers (`Src`, `Dst`) and writes
-//!   only its own (`Dst`, `Temp`); `Temp` is private to the member and never read by peers;
+//!   only its own (`Dst`, `Temp`); `Temp` is private to the member and never read by peers,
+//!   except where [`Plan::temp_shared`] says it is symmetric scratch (the hierarchical reduce
+//!   and out-of-place reduce_scatter, whose node partials wait there for readers on other
+//!   nodes);
 //! * the first step is a [`Step::Sync`] (all inputs are ready; the host executor checks the
 //!   members' arguments across it) and between two syncs no member writes a range that another
 //!   member reads in the same phase; the last sync comes after every read of peer memory, so
@@ -121,7 +124,8 @@ pub enum Buf {
     Src,
     /// The destination object (symmetric; the same memory as `Src` in place).
     Dst,
-    /// Private staging memory of [`Plan::temp_len`] elements (never read by peers).
+    /// Staging memory of [`Plan::temp_len`] elements: private (never read by peers), or
+    /// symmetric scratch that peers read where [`Plan::temp_shared`] says so.
     Temp,
 }
 
@@ -200,7 +204,7 @@ pub struct Plan {
     pub algo: Algo,
     /// Team size, member, in place, chunk.
     pub shape: Shape,
-    /// Elements of private staging memory the plan needs.
+    /// Elements of staging memory the plan needs.
     pub temp_len: usize,
     /// The steps, starting with a [`Step::Sync`]; every member's plan has as many syncs.
     pub steps: Vec<Step>,
@@ -212,6 +216,18 @@ impl Plan {
     /// Number of synchronisations.
     pub fn syncs(&self) -> usize {
         self.steps.iter().filter(|s| **s == Step::Sync).count()
+    }
+    /// True when `Temp` is symmetric scratch, the same range on every member and read by
+    /// peers, which the executor provides (the host's `Coll` holds it): in the hierarchical
+    /// reduce and out-of-place reduce_scatter ([`hier::reduce`], [`hier::reduce_scatter_out`]),
+    /// whose node partials wait there for readers on other nodes. Elsewhere `Temp` is private.
+    pub fn temp_shared(&self) -> bool {
+        let hier = !self.groups.is_empty();
+        hier && match self.kind {
+            CollKind::Reduce => true,
+            CollKind::ReduceScatter => !self.shape.in_place,
+            _ => false,
+        }
     }
 }
 

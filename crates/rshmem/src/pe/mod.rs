@@ -17,7 +17,7 @@ use crate::elem::{AtomicElem, Cmp, Elem, SignalOp};
 use crate::error::{Error, Result};
 use crate::nbi::{Completion, OpHandle, OpKind};
 use crate::sym::{as_bytes, as_bytes_mut, AsSym, RawSym, Signal, Sym};
-use crate::sync::{checked_barrier, SyncMem};
+use crate::sync::{checked_barrier, hier_checked_barrier, Note, NoteMem, SyncMem, LANES};
 use crate::team::{color_groups, strided_members, Team};
 use crate::world::{self, Mode, PeInner};
 use std::marker::PhantomData;
@@ -134,13 +134,13 @@ struct TeamMem<'a> {
 
 impl SyncMem for TeamMem<'_> {
     #[inline]
-    fn add(&self, member: usize, round: usize, v: u64) {
-        let w = self.inner.layout.barrier_word(self.team.slot, round);
+    fn add(&self, member: usize, lane: usize, round: usize, v: u64) {
+        let w = self.inner.layout.barrier_word(self.team.slot, round) + lane;
         self.inner.ctrl_add(self.team.members[member], w, v);
     }
     #[inline]
-    fn load_own(&self, round: usize) -> u64 {
-        let w = self.inner.layout.barrier_word(self.team.slot, round);
+    fn load_own(&self, lane: usize, round: usize) -> u64 {
+        let w = self.inner.layout.barrier_word(self.team.slot, round) + lane;
         self.inner.ctrls[self.inner.me]
             .word(w)
             .load(Ordering::Acquire)
@@ -156,6 +156,30 @@ impl SyncMem for TeamMem<'_> {
     fn call_of(&self, member: usize, parity: usize) -> u64 {
         let w = self.inner.layout.call_word(self.team.slot, parity);
         self.inner.ctrl_load(self.team.members[member], w)
+    }
+}
+
+impl NoteMem for TeamMem<'_> {
+    fn set_note(&self, note: Note, parity: usize, member: u64, word: u64) {
+        let w = self.inner.layout.note_word(self.team.slot, note, parity);
+        let own = &self.inner.ctrls[self.inner.me];
+        own.word(w).store(member, Ordering::Relaxed);
+        own.word(w + 1).store(word, Ordering::Relaxed);
+    }
+    fn note_of(&self, member: usize, note: Note, parity: usize) -> (u64, u64) {
+        let w = self.inner.layout.note_word(self.team.slot, note, parity);
+        let pe = self.team.members[member];
+        (self.inner.ctrl_load(pe, w), self.inner.ctrl_load(pe, w + 1))
+    }
+    fn leader_of(&self, member: usize, parity: usize) -> Result<(u64, (u64, u64))> {
+        // The call words and the node notes are adjacent: one read.
+        let l = &self.inner.layout;
+        let first = l.call_word(self.team.slot, 0);
+        let note = l.note_word(self.team.slot, Note::Node, parity) - first;
+        let v = self
+            .inner
+            .ctrl_read(self.team.members[member], first, note + 2)?;
+        Ok((v[parity], (v[note], v[note + 1])))
     }
 }
 
@@ -246,11 +270,17 @@ impl Pe {
         crate::NodeMap::from_nodes(&nodes)
     }
     /// Heap data this PE moved to or from PEs of other nodes since the world started: puts and
-    /// gets (each collective or MoE step counts as the operations it issues) and their bytes.
-    /// Barrier, signal and atomic words are not counted. `(0, 0)` in a world of one node.
+    /// gets (each collective or MoE step counts as the operations it issues) and their bytes;
+    /// and, apart, the operations on their control blocks (barrier arrivals, call words,
+    /// exchange records). Signal and atomic words of the heap are not counted. All zero in a
+    /// world of one node.
     pub fn net_traffic(&self) -> crate::NetTraffic {
-        let (ops, bytes) = self.inner.net.as_ref().map_or((0, 0), |n| n.traffic());
-        crate::NetTraffic { ops, bytes }
+        let (ops, bytes, ctrl_ops) = self.inner.net.as_ref().map_or((0, 0, 0), |n| n.traffic());
+        crate::NetTraffic {
+            ops,
+            bytes,
+            ctrl_ops,
+        }
     }
     /// True when world PE `pe` lives in this process (direct pointers, no mapping).
     pub fn is_same_process(&self, pe: usize) -> Result<bool> {
@@ -688,22 +718,29 @@ impl Pe {
         let epoch = (slot.idle >> OP_BITS) + 1;
         slot.idle = epoch << OP_BITS;
         let mem = TeamMem { inner, team };
-        let differs = checked_barrier(
-            &mem,
-            team.my_index,
-            team.members.len(),
-            epoch,
-            call.code(),
-            |from, ready| {
-                let pe = team.members[from];
-                inner.wait_for(call.name(), timeout, ready, || Some(pe), true)
-            },
-        )
+        let wait = |from: usize, ready: &dyn Fn() -> bool| {
+            let pe = team.members[from];
+            inner.wait_for(call.name(), timeout, ready, || Some(pe), true)
+        };
+        let nodes = self.barrier_nodes(team);
+        let differs = match &nodes {
+            Some(nodes) => {
+                hier_checked_barrier(&mem, nodes, team.my_index, epoch, call.code(), wait)
+            }
+            None => checked_barrier(
+                &mem,
+                team.my_index,
+                team.members.len(),
+                epoch,
+                call.code(),
+                wait,
+            ),
+        }
         .map_err(|e| match e {
             // The member waited for may itself wait for the one that never came: name a
             // member whose arrival is missing.
             Error::Timeout { op, pe, after } => {
-                let pe = self.missing_arrival(team, epoch).or(pe);
+                let pe = self.missing_arrival(team, nodes.as_ref(), epoch).or(pe);
                 if let Some(p) = pe {
                     inner.blame(p);
                 }
@@ -722,16 +759,43 @@ impl Pe {
         }
     }
 
-    /// The first member of `team` that has not arrived at barrier `epoch`: member `m`'s first
-    /// signal of a barrier goes to member `m + 1`'s round-0 counter, which each barrier raises
-    /// by exactly one.
-    fn missing_arrival(&self, team: &Team, epoch: u64) -> Option<usize> {
+    /// The placement a barrier of `team` follows when it is hierarchical: the team spans
+    /// nodes and some node holds several members (the same answer on every member).
+    fn barrier_nodes(&self, team: &Team) -> Option<crate::NodeMap> {
+        self.inner.net.as_ref()?;
+        Some(self.node_map(team)).filter(crate::NodeMap::is_hierarchical)
+    }
+
+    /// The first member of `team` that has not arrived at barrier `epoch`. Member `m`'s first
+    /// signal of a barrier goes to the round-0 counter of the next member (flat), of the next
+    /// member of its node (hierarchical, lane 0), or of the next node's leader (hierarchical,
+    /// alone on its node, lane 1): each barrier raises that counter by exactly one.
+    fn missing_arrival(
+        &self,
+        team: &Team,
+        nodes: Option<&crate::NodeMap>,
+        epoch: u64,
+    ) -> Option<usize> {
         let inner = &*self.inner;
         let n = team.members.len();
         let w = inner.layout.barrier_word(team.slot, 0);
+        let first_signal = |m: usize| match nodes {
+            None => ((m + 1) % n, 0),
+            Some(nm) => {
+                let local = nm.members(nm.node(m));
+                if local.len() > 1 {
+                    (local[(nm.local(m) + 1) % local.len()], 0)
+                } else {
+                    (nm.leader((nm.node(m) + 1) % nm.n_nodes()), 1)
+                }
+            }
+        };
         (0..n)
             .filter(|&m| m != team.my_index)
-            .find(|&m| inner.ctrl_load(team.members[(m + 1) % n], w) < epoch)
+            .find(|&m| {
+                let (to, lane) = first_signal(m);
+                inner.ctrl_load(team.members[to], w + lane) < epoch
+            })
             .map(|m| team.members[m])
     }
 
@@ -967,9 +1031,11 @@ impl Pe {
         // Still holding the slot: no copy of the team passes a barrier from here on.
         inner.team_gens[team.slot].fetch_add(1, Ordering::AcqRel);
         for r in 0..inner.layout.rounds {
-            inner.ctrls[inner.me]
-                .word(inner.layout.barrier_word(team.slot, r))
-                .store(0, Ordering::Release);
+            for lane in 0..LANES {
+                inner.ctrls[inner.me]
+                    .word(inner.layout.barrier_word(team.slot, r) + lane)
+                    .store(0, Ordering::Release);
+            }
         }
         inner.team_used.lock().unwrap_or_else(|e| e.into_inner())[team.slot] = false;
         Ok(())

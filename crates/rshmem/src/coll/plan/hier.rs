@@ -162,3 +162,94 @@ pub fn reduce_scatter(s: Shape, nodes: &NodeMap, count: usize) -> Plan {
     b.reduce_group(carriers, Buf::Dst, me * count, Buf::Dst, me * count, count);
     b.done(CollKind::ReduceScatter, Algo::OneShot)
 }
+
+/// reduce across nodes into member `root`'s `Dst`, through symmetric scratch (`Temp`,
+/// [`Plan::temp_shared`]) of `scratch` elements: the vector runs in windows of `scratch`
+/// elements; in each, (1) each member folds its parts (as in [`all_reduce`]) over its node's
+/// members into its scratch; (2) on the root's node each member folds each of its parts over
+/// the part's owners on every node, in node order, into its scratch; (3) the root copies the
+/// parts from their owners on its node. The root's node reads `(nodes - 1) · count` elements
+/// across nodes, against `(n - L) · count` for the flat plan. Non-roots' `Dst` is not written.
+pub fn reduce(s: Shape, nodes: &NodeMap, root: usize, count: usize, scratch: usize) -> Plan {
+    let mut b = Builder::new(s);
+    let me = s.me;
+    let (k, kr) = (nodes.node(me), nodes.node(root));
+    let p = nodes.max_local();
+    let mine: Vec<usize> = owned(nodes, me).collect();
+    let w = scratch.max(1);
+    for a in (0..count).step_by(w) {
+        if a > 0 {
+            b.sync(); // the last window's scratch has been read
+        }
+        let len = w.min(count - a);
+        for &q in &mine {
+            let (at, l) = part(q, p, len);
+            b.reduce_group(
+                nodes.members(k).to_vec(),
+                Buf::Src,
+                a + at,
+                Buf::Temp,
+                at,
+                l,
+            );
+        }
+        b.sync();
+        if k == kr {
+            for &q in &mine {
+                let (at, l) = part(q, p, len);
+                let owners: Vec<usize> = (0..nodes.n_nodes()).map(|j| nodes.peer(j, q)).collect();
+                // Only this member reads its own part here: it may fold in place.
+                b.reduce_group(owners, Buf::Temp, at, Buf::Temp, at, l);
+            }
+        }
+        b.sync();
+        if me == root {
+            for q in 0..p {
+                let (at, l) = part(q, p, len);
+                b.copy(nodes.peer(kr, q), Buf::Temp, at, Buf::Dst, a + at, l);
+            }
+        }
+    }
+    b.done(CollKind::Reduce, Algo::OneShot)
+}
+
+/// reduce_scatter across nodes out of place, through symmetric scratch (`Temp`,
+/// [`Plan::temp_shared`]) of `scratch` elements, which holds a window of `scratch / n`
+/// elements of every block: in each window, (1) each member folds the blocks it carries on its
+/// node (as in [`reduce_scatter`]) over its node's members into its scratch, block `x` at
+/// `x · window`; (2) each member folds its block over its carriers on every node, in node
+/// order, into its `Dst`. `(nodes - 1) · count` elements read across nodes per member, as in
+/// place. Needs `scratch >= n`.
+pub fn reduce_scatter_out(s: Shape, nodes: &NodeMap, count: usize, scratch: usize) -> Plan {
+    debug_assert!(!s.in_place && scratch >= s.n);
+    let mut b = Builder::new(s);
+    let me = s.me;
+    let k = nodes.node(me);
+    let w = (scratch / s.n.max(1)).max(1);
+    let carried: Vec<usize> = (0..s.n)
+        .filter(|&x| nodes.peer(k, nodes.local(x)) == me)
+        .collect();
+    let carriers: Vec<usize> = (0..nodes.n_nodes())
+        .map(|j| nodes.peer(j, nodes.local(me)))
+        .collect();
+    for a in (0..count).step_by(w) {
+        if a > 0 {
+            b.sync(); // the last window's scratch has been read
+        }
+        let len = w.min(count - a);
+        for &x in &carried {
+            let from = x * count + a;
+            b.reduce_group(
+                nodes.members(k).to_vec(),
+                Buf::Src,
+                from,
+                Buf::Temp,
+                x * w,
+                len,
+            );
+        }
+        b.sync();
+        b.reduce_group(carriers.clone(), Buf::Temp, me * w, Buf::Dst, a, len);
+    }
+    b.done(CollKind::ReduceScatter, Algo::OneShot)
+}

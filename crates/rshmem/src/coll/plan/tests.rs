@@ -77,6 +77,11 @@ impl Model {
             .collect();
         let np = phases[0].len();
         assert!(phases.iter().all(|p| p.len() == np), "sync counts differ");
+        // Shared Temp is symmetric: peers read it, and writes to it are hazards like any.
+        let shared = plans[0].temp_shared();
+        assert!(plans
+            .iter()
+            .all(|p| p.temp_shared() == shared || p.temp_len == 0));
         for ph in 0..np {
             // (reader, owner, object, range) and (owner, object, range)
             let mut reads = Vec::new();
@@ -92,7 +97,7 @@ impl Model {
                             to_at,
                             len,
                         } => {
-                            assert!(from != Buf::Temp || peer == m);
+                            assert!(from != Buf::Temp || peer == m || shared);
                             reads.push((m, peer, self.obj(from), from_at..from_at + len));
                             writes.push((m, self.obj(to), to_at..to_at + len));
                         }
@@ -103,7 +108,7 @@ impl Model {
                             to_at,
                             len,
                         } => {
-                            assert_ne!(from, Buf::Temp);
+                            assert!(from != Buf::Temp || shared);
                             for p in 0..n {
                                 reads.push((m, p, self.obj(from), from_at..from_at + len));
                             }
@@ -117,7 +122,7 @@ impl Model {
                             to_at,
                             len,
                         } => {
-                            assert_ne!(from, Buf::Temp);
+                            assert!(from != Buf::Temp || shared);
                             for &p in &plans[m].groups[group] {
                                 reads.push((m, p, self.obj(from), from_at..from_at + len));
                             }
@@ -136,7 +141,7 @@ impl Model {
             }
             for (wm, wo, wr) in &writes {
                 for (rm, ro, oo, rr) in &reads {
-                    if rm != wm && ro == wm && oo == wo && *wo != 2 {
+                    if rm != wm && ro == wm && oo == wo && (*wo != 2 || shared) {
                         assert!(!overlap(wr, rr), "hazard: member {wm} writes {wo}:{wr:?} while member {rm} reads it (phase {ph})");
                     }
                 }
@@ -307,6 +312,20 @@ fn model_hier(
     chunk: usize,
     root: usize,
 ) -> (Vec<Vec<i64>>, Vec<Plan>) {
+    model_hier_scratch(kind, nodes, count, in_place, chunk, root, 0)
+}
+
+/// As [`model_hier`], with `scratch` elements of shared `Temp` (reduce, reduce_scatter out of
+/// place); checks that no plan uses more.
+fn model_hier_scratch(
+    kind: CollKind,
+    nodes: &crate::team::NodeMap,
+    count: usize,
+    in_place: bool,
+    chunk: usize,
+    root: usize,
+    scratch: usize,
+) -> (Vec<Vec<i64>>, Vec<Plan>) {
     let n = nodes.n_pes();
     let len = match kind {
         CollKind::AllGather | CollKind::ReduceScatter => n * count,
@@ -325,11 +344,16 @@ fn model_hier(
                 CollKind::AllReduce => hier::all_reduce(s, nodes, count),
                 CollKind::AllGather => hier::all_gather(s, nodes, count),
                 CollKind::Broadcast => hier::broadcast(s, nodes, root, count),
-                CollKind::ReduceScatter => hier::reduce_scatter(s, nodes, count),
+                CollKind::ReduceScatter if in_place => hier::reduce_scatter(s, nodes, count),
+                CollKind::ReduceScatter => hier::reduce_scatter_out(s, nodes, count, scratch),
+                CollKind::Reduce => hier::reduce(s, nodes, root, count, scratch),
                 _ => unreachable!(),
             }
         })
         .collect();
+    for p in &plans {
+        assert!(!p.temp_shared() || p.temp_len <= scratch, "{p:?}");
+    }
     md.run(&plans);
     (if in_place { md.src } else { md.dst }, plans)
 }
@@ -457,6 +481,116 @@ fn hierarchical_plans_are_correct_hazard_free_and_cross_less() {
                         }
                         let cross: usize = plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
                         assert_eq!(cross, (nodes.n_nodes() - 1) * count, "broadcast {ctx}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn hierarchical_reduce_and_out_of_place_reduce_scatter_through_scratch() {
+    use crate::team::NodeMap;
+    let topologies: [&[usize]; 7] = [
+        &[0, 0, 1, 1],
+        &[0, 0, 1, 1, 2, 2],
+        &[0, 1, 0, 1],
+        &[0, 0, 0, 1],
+        &[0, 1, 1, 1],
+        &[0, 0, 1, 2, 2, 2],
+        &[3, 1, 3, 1, 1],
+    ];
+    for topo in topologies {
+        let nodes = NodeMap::from_nodes(topo);
+        let (n, nn) = (topo.len(), nodes.n_nodes());
+        for count in [0, 1, 3, 7, 20] {
+            for chunk in [1, 3, 1 << 20] {
+                // Scratch of one window or several, down to one element per member.
+                for scratch in [n, n + 1, 3 * n, 1 << 20] {
+                    let ctx = format!("{topo:?} count {count} chunk {chunk} scratch {scratch}");
+                    let flat_cross = |kind: CollKind, root: usize, in_place: bool| -> usize {
+                        (0..n)
+                            .map(|me| {
+                                let s = Shape {
+                                    n,
+                                    me,
+                                    in_place,
+                                    chunk,
+                                };
+                                let p = match kind {
+                                    CollKind::Reduce => reduce(s, root, count),
+                                    _ => reduce_scatter(s, count),
+                                };
+                                cross_node_reads(&p, &nodes)
+                            })
+                            .sum()
+                    };
+                    for in_place in [false, true] {
+                        for root in 0..n {
+                            let (d, plans) = model_hier_scratch(
+                                CollKind::Reduce,
+                                &nodes,
+                                count,
+                                in_place,
+                                chunk,
+                                root,
+                                scratch,
+                            );
+                            let ctx = format!("{ctx} in_place {in_place} root {root}");
+                            for m in 0..n {
+                                let want: Vec<i64> = if m == root {
+                                    (0..count)
+                                        .map(|i| (0..n).map(|p| input(p, i)).sum())
+                                        .collect()
+                                } else if in_place {
+                                    (0..count).map(|i| input(m, i)).collect() // input untouched
+                                } else {
+                                    vec![-1; count] // poison untouched
+                                };
+                                assert_eq!(d[m][..count], want[..], "reduce member {m} {ctx}");
+                            }
+                            let windows = count.div_ceil(scratch);
+                            let syncs = if windows == 0 { 2 } else { 3 * windows + 1 };
+                            assert!(plans.iter().all(|p| p.syncs() == syncs), "syncs {ctx}");
+                            let cross: usize =
+                                plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                            assert_eq!(cross, (nn - 1) * count, "reduce crossings {ctx}");
+                            // Fewer than flat where another node than the root's has
+                            // several members (else both read each other node once).
+                            let kr = nodes.node(root);
+                            let gain = (0..nn).any(|j| j != kr && nodes.members(j).len() > 1);
+                            if count >= 7 {
+                                let flat = flat_cross(CollKind::Reduce, root, in_place);
+                                assert!(cross <= flat, "reduce {ctx}: {cross} vs flat {flat}");
+                                assert_eq!(cross < flat, gain, "reduce {ctx}: {cross} vs {flat}");
+                            }
+                        }
+                    }
+                    let (d, plans) = model_hier_scratch(
+                        CollKind::ReduceScatter,
+                        &nodes,
+                        count,
+                        false,
+                        chunk,
+                        0,
+                        scratch,
+                    );
+                    for m in 0..n {
+                        let want: Vec<i64> = (0..count)
+                            .map(|i| (0..n).map(|p| input(p, m * count + i)).sum())
+                            .collect();
+                        assert_eq!(d[m][..count], want[..], "reduce_scatter member {m} {ctx}");
+                        assert!(d[m][count..].iter().all(|&v| v == -1), "beyond count {ctx}");
+                    }
+                    let cross: usize = plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                    assert_eq!(
+                        cross,
+                        n * (nn - 1) * count,
+                        "reduce_scatter crossings {ctx}"
+                    );
+                    if count >= 7 {
+                        let flat = flat_cross(CollKind::ReduceScatter, 0, false);
+                        assert!(cross < flat, "reduce_scatter {ctx}: {cross} vs flat {flat}");
                     }
                 }
             }

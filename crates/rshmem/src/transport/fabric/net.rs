@@ -23,10 +23,11 @@ pub(crate) struct Net {
     remote: Vec<bool>,
     /// Bytes of the control block at the start of each segment (the heap follows it).
     ctrl_bytes: usize,
-    /// Heap puts and gets to other nodes, and their bytes ([`Pe::net_traffic`]).
+    /// Heap puts and gets to other nodes, their bytes, and control-block operations on
+    /// other nodes' PEs ([`Pe::net_traffic`]).
     ///
     /// [`Pe::net_traffic`]: crate::Pe::net_traffic
-    traffic: [std::sync::atomic::AtomicU64; 2],
+    traffic: [std::sync::atomic::AtomicU64; 3],
 }
 
 impl Net {
@@ -60,10 +61,17 @@ impl Net {
         })
     }
 
-    /// (operations, bytes) of heap puts and gets this PE sent to other nodes.
-    pub fn traffic(&self) -> (u64, u64) {
-        let [ops, bytes] = &self.traffic;
-        (ops.load(Relaxed), bytes.load(Relaxed))
+    /// (operations, bytes) of heap puts and gets this PE sent to other nodes, and the
+    /// control-block operations ([`count_ctrl`](Self::count_ctrl)).
+    pub fn traffic(&self) -> (u64, u64, u64) {
+        let [ops, bytes, ctrl] = &self.traffic;
+        (ops.load(Relaxed), bytes.load(Relaxed), ctrl.load(Relaxed))
+    }
+
+    /// Counts one operation on a control block of another node's PE (a barrier arrival, a
+    /// call word or note read, an exchange record read).
+    pub fn count_ctrl(&self) {
+        self.traffic[2].fetch_add(1, Relaxed);
     }
 
     fn count(&self, bytes: usize) {
