@@ -16,7 +16,7 @@ from . import _ops
 from . import _world
 from ._tensors import empty, free
 from .dist import BACKEND, Options
-from .errors import CollectiveMismatch, HeapExhausted, InvalidArgument
+from .errors import CollectiveMismatch, Error, HeapExhausted, InvalidArgument
 
 _OPS = (
     (ReduceOp.SUM, "sum"),
@@ -62,11 +62,22 @@ class _Staging:
         self.pinned: List[torch.Tensor] = []
         self.captured = False
         self.users = 0
+        # Why a growth failed: the buffers may then differ across ranks.
+        self.broken: Optional[str] = None
 
     def get(self, which: int, nbytes: int, what: str) -> torch.Tensor:
         b = self.bufs[which]
         if b is None or b.numel() < nbytes:
-            b = self._grow(which, nbytes, what)
+            if self.broken is not None:
+                raise Error(
+                    "rshmem process group: its staging buffers may differ across ranks since "
+                    f"a failed growth ({self.broken}); destroy and re-create the group"
+                )
+            try:
+                b = self._grow(which, nbytes, what)
+            except Error as e:
+                self.broken = str(e)
+                raise
         return b[:nbytes]
 
     def _grow(self, which: int, nbytes: int, what: str) -> torch.Tensor:
@@ -188,6 +199,13 @@ class ProcessGroupRshmem(dist.ProcessGroup):
     def _device_types(self) -> List[torch.device]:
         return [torch.device(self._dev.type)]
 
+    # torch asks a group for its backend of a device (init_process_group's device_id, group
+    # splitting): this group is its own, and it does not split.
+    supports_splitting = False
+
+    def _get_backend(self, device: Any) -> "ProcessGroupRshmem":
+        return self
+
     def __repr__(self) -> str:
         return f"ProcessGroupRshmem(rank={self.rank()}, size={self.size()}, device={self._dev})"
 
@@ -259,6 +277,8 @@ class ProcessGroupRshmem(dist.ProcessGroup):
         op = _op_name(opts)
         self._reducible(t, op, "all_reduce")
         rop = "sum" if op == "avg" else op
+        if not t.numel():
+            return self._work(opts, [t])
         if self._sym(t):
             C.all_reduce(t, rop)
             if op == "avg":
@@ -279,6 +299,8 @@ class ProcessGroupRshmem(dist.ProcessGroup):
         self._reducible(t, op, "reduce")
         rop = "sum" if op == "avg" else op
         mine = root == self.rank()
+        if not t.numel():
+            return self._work(opts, [t])
         if self._sym(t):
             C.reduce(t, root, rop)
             if op == "avg" and mine:
@@ -300,6 +322,8 @@ class ProcessGroupRshmem(dist.ProcessGroup):
         self._reducible(out, op, what)
         rop = "sum" if op == "avg" else op
         c = out.numel()
+        if not c:
+            return self._work(opts, [out])
         if inp is not None and self._sym(out, inp) and inp.dtype == out.dtype:
             C.reduce_scatter_tensor(out, inp, rop)
             if op == "avg":
@@ -352,6 +376,8 @@ class ProcessGroupRshmem(dist.ProcessGroup):
     def broadcast(self, tensors: Any, opts: Any = None) -> _Work:
         t = self._one(tensors, "broadcast")
         root = self._root(opts.rootRank)
+        if not t.numel():
+            return self._work(opts, [t])
         if self._sym(t):
             C.broadcast(_bytes(t), root)
         else:
@@ -369,6 +395,8 @@ class ProcessGroupRshmem(dist.ProcessGroup):
             opts: Any, what: str) -> _Work:
         n, me = self.size(), self.rank()
         c = inp.nbytes
+        if not c:
+            return self._work(opts, [out] if out is not None else list(outs))
         if out is not None and self._sym(out, inp):
             C.all_gather_into_tensor(_bytes(out), _bytes(inp))
             return self._work(opts, [out])
@@ -423,6 +451,8 @@ class ProcessGroupRshmem(dist.ProcessGroup):
                     f"all_to_all_single: {inp.shape[0]} input and {out.shape[0]} output rows "
                     f"do not split in {n} equal parts"
                 )
+            if not inp.numel():
+                return self._work(opts, [out])
             if self._sym(out, inp):
                 C.all_to_all_single(_bytes(out), _bytes(inp))
                 return self._work(opts, [out])
@@ -447,13 +477,27 @@ class ProcessGroupRshmem(dist.ProcessGroup):
             C.all_to_all_single(_bytes(out).view(orows, row), _bytes(inp).view(irows, row),
                                 outs, ins)
             return self._work(opts, [out])
-        # Each rank's sizes differ: agree on the largest need so every rank grows alike.
-        need = int(self._w.max_of(max(out.nbytes, inp.nbytes)))
-        so = self._stage(0, need, what)[:out.nbytes]
-        si = self._stage(1, need, what)[:inp.nbytes]
-        si.view(inp.dtype).view(inp.shape).copy_(inp)
-        C.all_to_all_single(so.view(orows, row), si.view(irows, row), outs, ins)
-        out.copy_(so.view(out.dtype).view(out.shape))
+        return self._a2a_bytes(out, inp, [x * row for x in (outs or _equal(orows, n, what))],
+                               [x * row for x in (ins or _equal(irows, n, what))], opts, what)
+
+    def _a2a_bytes(self, out: torch.Tensor, inp: torch.Tensor, recv: List[int],
+                   send: List[int], opts: Any, what: str) -> _Work:
+        """all_to_all_v through the staging buffers, counts in bytes (the whole buffers, the
+        same objects on every rank, with the parts' offsets in the displacements)."""
+        # Each rank's sizes differ: agree on the largest need so that every rank grows alike.
+        need = max(int(self._w.max_of(max(out.nbytes, inp.nbytes))), 1)
+        so = self._stage(0, need, what)
+        si = self._stage(1, need, what)
+        if inp.nbytes:
+            si[:inp.nbytes].view(inp.dtype).view(inp.shape).copy_(inp)
+        args = ("uint8", so.data_ptr(), need, si.data_ptr(), need, send, _prefix(send), recv,
+                _prefix(recv))
+        if self._cuda:
+            self._w.all_to_all_v_dev(*args, _ops.stream_ptr(self._w, None))
+        else:
+            self._w.all_to_all_v(*args)
+        if out.nbytes:
+            out.copy_(so[:out.nbytes].view(out.dtype).view(out.shape))
         return self._work(opts, [out])
 
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> _Work:
@@ -469,17 +513,12 @@ class ProcessGroupRshmem(dist.ProcessGroup):
             raise InvalidArgument("all_to_all: every tensor must have the same dtype")
         onb = [t.nbytes for t in outs]
         inb = [t.nbytes for t in ins]
-        need = int(self._w.max_of(max(sum(onb), sum(inb))))
-        so = self._stage(0, need, "all_to_all")[:sum(onb)]
-        si = self._stage(1, need, "all_to_all")[:sum(inb)]
-        at = 0
-        for t in ins:
-            si[at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
-            at += t.nbytes
-        C.all_to_all_single(so.view(-1, 1), si.view(-1, 1), onb, inb)
+        flat_in = torch.cat([t.reshape(-1).view(torch.uint8) for t in ins]) if ins else None
+        flat_out = torch.empty(sum(onb), dtype=torch.uint8, device=self._dev)
+        self._a2a_bytes(flat_out, flat_in, onb, inb, opts, "all_to_all")
         at = 0
         for t in outs:
-            t.copy_(so[at:at + t.nbytes].view(t.dtype).view(t.shape))
+            t.copy_(flat_out[at:at + t.nbytes].view(t.dtype).view(t.shape))
             at += t.nbytes
         return self._work(opts, outs)
 
@@ -551,6 +590,20 @@ def _row_bytes(t: torch.Tensor) -> int:
     for d in t.shape[1:]:
         r *= d
     return r
+
+
+def _prefix(counts: List[int]) -> List[int]:
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
+
+
+def _equal(rows: int, n: int, what: str) -> List[int]:
+    if rows % n:
+        raise InvalidArgument(f"{what}: {rows} rows do not split in {n} equal parts")
+    return [rows // n] * n
 
 
 def _unsupported(call: str) -> NotImplementedError:
