@@ -158,7 +158,9 @@ class _Work(dist._Work):
         self.wait()
 
     def get_future(self) -> Any:
-        f = torch.futures.Future()
+        # A future holding CUDA tensors must name their device.
+        dev = self._device
+        f = torch.futures.Future(devices=[dev]) if dev is not None else torch.futures.Future()
         f.set_result(self._result)
         return f
 
