@@ -256,6 +256,24 @@ def graph(dev):
     rshmem.check_errors()
 
 
+def functional(dev):
+    """torch's functional collectives reach the group through C++ (its Python trampoline)."""
+    import torch.distributed._functional_collectives as fc
+
+    me, n = dist.get_rank(), dist.get_world_size()
+    world = dist.group.WORLD
+    xs = inputs("fc", (64,), torch.float32, n)
+    x = xs[me].to(dev)
+    check("functional all_reduce", fc.all_reduce(x, "sum", world),
+          fold(xs, ReduceOp.SUM, torch.float32))
+    check("functional all_gather_tensor", fc.all_gather_tensor(x, 0, world), torch.cat(xs))
+    check("functional reduce_scatter_tensor", fc.reduce_scatter_tensor(x, "max", 0, world),
+          fold(xs, ReduceOp.MAX, torch.float32)[me * 64 // n:(me + 1) * 64 // n])
+    check("functional all_to_all_single", fc.all_to_all_single(x, None, None, world),
+          torch.cat([xs[p][me * 64 // n:(me + 1) * 64 // n] for p in range(n)]))
+    check("original untouched", x, xs[me])
+
+
 def expect_error(name, fn, exc=Exception):
     try:
         fn()
@@ -357,6 +375,7 @@ def torchrun_main(mode):
     else:
         served(dev, gloo, (37,), (torch.bfloat16, torch.uint64))
     asynchronous(dev)
+    functional(dev)
     if dev.type == "cuda":
         graph(dev)
     dist.barrier()

@@ -192,6 +192,8 @@ class ProcessGroupRshmem(dist.ProcessGroup):
         st.users += 1
         self._st = st
         self._live = True
+        self._name = ""
+        self._desc = ""
 
     # -- identity -----------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -207,6 +209,19 @@ class ProcessGroupRshmem(dist.ProcessGroup):
 
     def _get_backend(self, device: Any) -> "ProcessGroupRshmem":
         return self
+
+    # The name and description torch gives the group (functional collectives find it by name).
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
 
     def __repr__(self) -> str:
         return f"ProcessGroupRshmem(rank={self.rank()}, size={self.size()}, device={self._dev})"
@@ -569,22 +584,45 @@ class ProcessGroupRshmem(dist.ProcessGroup):
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> _Work:
         raise _unsupported("scatter")
 
+    # Coalesced forms (functional collectives use them): the calls one after another.
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> _Work:
-        raise _unsupported("allreduce_coalesced")
+        inner = _Inner(opts)
+        for t in tensors:
+            self.allreduce([t], inner)
+        return self._work(opts, list(tensors))
+
+    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any,
+                                        opts: Any = None) -> _Work:
+        if len(outputs) != len(inputs):
+            raise InvalidArgument("allgather_into_tensor_coalesced: as many outputs as inputs")
+        inner = _Inner(opts)
+        for o, i in zip(outputs, inputs):
+            self._allgather_base(o, i, inner)
+        return self._work(opts, list(outputs))
+
+    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any,
+                                        opts: Any = None) -> _Work:
+        if len(outputs) != len(inputs):
+            raise InvalidArgument("reduce_scatter_tensor_coalesced: as many outputs as inputs")
+        inner = _Inner(opts)
+        for o, i in zip(outputs, inputs):
+            self._reduce_scatter_base(o, i, inner)
+        return self._work(opts, list(outputs))
 
     def allgather_coalesced(self, output_lists: Any, input_list: Any, opts: Any = None) -> _Work:
         raise _unsupported("allgather_coalesced")
 
-    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any,
-                                        opts: Any = None) -> _Work:
-        raise _unsupported("allgather_into_tensor_coalesced")
-
-    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any,
-                                        opts: Any = None) -> _Work:
-        raise _unsupported("reduce_scatter_tensor_coalesced")
-
     def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
         raise _unsupported("monitored_barrier")
+
+
+class _Inner:
+    """Options of one call of a coalesced group: its reduction, no Work of its own."""
+
+    asyncOp = False
+
+    def __init__(self, opts: Any) -> None:
+        self.reduceOp = getattr(opts, "reduceOp", ReduceOp.SUM)
 
 
 def _row_bytes(t: torch.Tensor) -> int:
@@ -612,7 +650,8 @@ def _unsupported(call: str) -> NotImplementedError:
     return NotImplementedError(
         f"the rshmem process group does not implement {call} (served: all_reduce, reduce, "
         "broadcast, all_gather, all_gather_into_tensor, reduce_scatter, "
-        "reduce_scatter_tensor, all_to_all_single, all_to_all, barrier)"
+        "reduce_scatter_tensor, all_to_all_single, all_to_all, barrier, and the coalesced "
+        "all_reduce, all_gather_into_tensor and reduce_scatter_tensor)"
     )
 
 
