@@ -11,10 +11,11 @@ importable, and ``dist.init_process_group("rshmem")`` starts rshmem for the job.
 
 Served calls: ``all_reduce``, ``reduce``, ``broadcast``, ``all_gather`` (list form),
 ``all_gather_into_tensor``, ``reduce_scatter`` (list form), ``reduce_scatter_tensor``,
-``all_to_all_single`` (equal or given split sizes), ``all_to_all`` (list form), ``barrier``, and
-what torch builds on them (``all_gather_object``, ``broadcast_object_list``). Anything else
-(``send``/``recv``, ``gather``, ``scatter``, coalesced calls) raises ``NotImplementedError``
-naming the call.
+``all_to_all_single`` (equal or given split sizes), ``all_to_all`` (list form), ``barrier``,
+the coalesced all_reduce / all_gather_into_tensor / reduce_scatter_tensor (one call after
+another), and what torch builds on them (``all_gather_object``, ``broadcast_object_list``, the
+functional collectives). Anything else (``send``/``recv``, ``gather``, ``scatter``) raises
+``NotImplementedError`` naming the call.
 
 **The heap.** One world per process holds either host memory (``"shm"``: CPU tensors) or this
 PE's GPU (``"cuda"``: CUDA tensors of that GPU); a tensor of the other kind raises
@@ -57,8 +58,9 @@ two streams.
 
 **Differences from NCCL**: two ranks may share a GPU (``RSHMEM_DEVICES=0,0``); mismatched
 calls end in errors on every rank (host: ``CollectiveMismatch``; GPU: raised by ``barrier`` or
-``rshmem.check_errors()``), a dead peer in ``PeerLost`` or ``Timeout`` naming it, never a
-hang; ``init_process_group``'s ``timeout`` (when given) becomes rshmem's wait timeout, else
+``rshmem.check_errors()``), after which the group still works unless the staging buffers were
+to grow (a failed growth makes every later growth raise: re-create the group), a dead peer in
+``PeerLost`` or ``Timeout`` naming it, never a hang; ``init_process_group``'s ``timeout`` (when given) becomes rshmem's wait timeout, else
 ``RSHMEM_TIMEOUT`` (60 s); ``"cpu:gloo,cuda:rshmem"`` style strings are not supported (the
 group is a Python ``ProcessGroup``, which torch does not combine with others); no
 ``send``/``recv``.
