@@ -345,6 +345,13 @@ def served(dev, gloo, counts, big_dtypes):
         movement(dev, dtype, 37, "sym", None)
     # Dtypes rshmem does not reduce still move (as bytes); objects go through them.
     me, n = dist.get_rank(), dist.get_world_size()
+    grid = torch.zeros(8, 4, device=dev)
+    col = grid[:, 1]  # not contiguous: staged through copies that follow its strides
+    col.copy_(torch.arange(8.0, device=dev) * (me + 1))
+    dist.all_reduce(col)
+    want = torch.zeros(8, 4)
+    want[:, 1] = torch.arange(8.0) * (n * (n + 1) // 2)
+    check("all_reduce of a strided view", grid, want)
     flags = torch.tensor([True, me == 0, False], device=dev)
     dist.broadcast(flags, src=1)
     check("broadcast bool", flags, torch.tensor([True, False, False]))
