@@ -60,10 +60,10 @@ two streams.
 calls end in errors on every rank (host: ``CollectiveMismatch``; GPU: raised by ``barrier`` or
 ``rshmem.check_errors()``), after which the group still works unless the staging buffers were
 to grow (a failed growth makes every later growth raise: re-create the group), a dead peer in
-``PeerLost`` or ``Timeout`` naming it, never a hang; ``init_process_group``'s ``timeout`` (when given) becomes rshmem's wait timeout, else
-``RSHMEM_TIMEOUT`` (60 s); ``"cpu:gloo,cuda:rshmem"`` style strings are not supported (the
-group is a Python ``ProcessGroup``, which torch does not combine with others); no
-``send``/``recv``.
+``PeerLost`` or ``Timeout`` naming it, never a hang; ``init_process_group``'s ``timeout``
+(when given) becomes rshmem's wait timeout, else ``RSHMEM_TIMEOUT`` (60 s);
+``"cpu:gloo,cuda:rshmem"`` style strings are not supported (the group is a Python
+``ProcessGroup``, which torch does not combine with others); no ``send``/``recv``.
 """
 
 from dataclasses import dataclass
