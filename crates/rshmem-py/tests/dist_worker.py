@@ -10,6 +10,7 @@ async_op, a captured CUDA graph (GPU), and bad inputs. Prints "OK rank R" at the
 
 import os
 import sys
+import time
 import zlib
 from datetime import timedelta
 
@@ -29,6 +30,13 @@ GLOO = (torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.
         torch.float64)
 TIMEOUT = timedelta(seconds=30)
 BAD = []
+T0 = time.monotonic()
+
+
+def progress(what):
+    """A line per phase: where a slow run (a first kernel compile) spends its time."""
+    print(f"rank {os.environ.get('RANK', sys.argv[2] if len(sys.argv) > 2 else '?')}: {what} "
+          f"at {time.monotonic() - T0:.1f} s", flush=True)
 
 
 def gen(seed, shape, dtype):
@@ -368,6 +376,7 @@ def served(dev, gloo, counts, big_dtypes):
 def torchrun_main(mode):
     opts = Options(backend="shm" if mode == "cpu" else "cuda", heap_size=256 << 20)
     dist.init_process_group("rshmem", timeout=TIMEOUT, pg_options=opts)
+    progress("group started")
     me, n = dist.get_rank(), dist.get_world_size()
     assert (rshmem.my_pe(), rshmem.n_pes()) == (me, n) and dist.get_backend() == "rshmem"
     dev = torch.device("cpu") if mode == "cpu" else torch.device("cuda", rshmem.device())
@@ -376,18 +385,22 @@ def torchrun_main(mode):
     t = torch.full((5,), float(me + 1), device=dev)
     dist.all_reduce(t, group=whole)
     check("whole-world new_group", t, torch.full((5,), float(n * (n + 1) // 2)))
+    progress("first all_reduce done")
     # Two ranks sharing one GPU take turns on it: fewer sizes there keep the run short.
     if mode == "cpu":
         served(dev, gloo, (1, 37), (torch.int8, torch.bfloat16, torch.float32, torch.uint64))
     else:
         served(dev, gloo, (37,), (torch.bfloat16, torch.uint64))
+    progress("every call, dtype and size done")
     asynchronous(dev)
     functional(dev)
     if dev.type == "cuda":
         graph(dev)
+    progress("async, functional and graph done")
     dist.barrier()
     bad_inputs(dev)
     dist.barrier()
+    progress("bad inputs done")
     if dev.type == "cuda":
         torch.cuda.synchronize()
         rshmem.check_errors()
@@ -403,6 +416,7 @@ def torchrun_main(mode):
         dist.destroy_process_group()
         assert rshmem.is_initialized()  # the process's own world outlives the group
         rshmem.finalize()
+        progress("device_id group done")
 
 
 def store_main(rank, port):
