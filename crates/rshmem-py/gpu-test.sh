@@ -20,6 +20,10 @@ mkdir -p "$out"
 site=$(mktemp -d)
 set -e
 "$PY" -m pip install -q --no-deps --no-index --target "$site" .whl/rshmem-*.whl
+# The checkout's Python files over the wheel's (the same files when the wheel was built from this
+# checkout; a wheel of another commit keeps its compiled module). A source directory put first
+# on PYTHONPATH instead would shadow the package without its compiled _rshmem module.
+cp crates/rshmem-py/python/rshmem/*.py "$site/rshmem/"
 if ! "$PY" -c "import pytest" 2>/dev/null; then
   "$PY" -m pip install -q --no-deps --no-index --target "$site" .whl/py/*.whl
 fi

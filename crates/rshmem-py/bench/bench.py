@@ -14,7 +14,8 @@ Records:
   synchronised; rank 0 alone, alternating rounds of 500 calls, medians). Target: Python - Rust <= 2 us.
 * ``all_reduce``: GPU microseconds per in-place all_reduce (float32 and bfloat16, 4 KiB to
   1 MiB) for rshmem and torch.distributed (NCCL) on the same stream; ratio = rshmem / NCCL.
-  Target: <= 0.5 for small sizes.
+  Target: <= 0.5 for small sizes. Also ``dist.all_reduce`` on a group of the "rshmem" backend
+  (``dist_rshmem_us``: a plain tensor, staged; ``dist_rshmem_symmetric_us``: the symmetric one).
 * ``moe``: microseconds per dispatch + combine step through ``rshmem.ep.Buffer`` (DeepEP's
   interface: packing the received rows, unpacking combine's input) on symmetric inputs (used
   in place) and on plain tensors (staged), against the same step issued by a Rust loop on the
@@ -138,6 +139,23 @@ def symm_all_reduce(torch, dist, dtype, count):
         return {"symm_error": f"{type(e).__name__}: {e}"[:200]}
 
 
+def dist_rshmem(torch, dist, x, y, iters):
+    """``dist.all_reduce`` through a group of the "rshmem" backend (``rshmem.dist``) on plain
+    ``y`` (staged) and symmetric ``x``: microseconds each, or the reason it could not run."""
+    try:
+        g = dist_rshmem.group
+        if g is None:
+            g = dist_rshmem.group = dist.new_group(backend="rshmem")
+        return {"dist_rshmem_us": gpu_time(torch, lambda: dist.all_reduce(y, group=g), iters),
+                "dist_rshmem_symmetric_us":
+                    gpu_time(torch, lambda: dist.all_reduce(x, group=g), iters)}
+    except Exception as e:  # say why
+        return {"dist_rshmem_error": f"{type(e).__name__}: {e}"[:200]}
+
+
+dist_rshmem.group = None
+
+
 def all_reduce(torch, dist, quick):
     """Beside torch.distributed on NCCL and ``torch.distributed._symmetric_memory``."""
     out = []
@@ -152,6 +170,7 @@ def all_reduce(torch, dist, quick):
             rec = {"dtype": str(dtype).replace("torch.", ""), "bytes": nbytes, "rshmem_us": r,
                    "nccl_us": n, "ratio": r / n}
             rec.update(symm_all_reduce(torch, dist, dtype, count))
+            rec.update(dist_rshmem(torch, dist, x, y, iters))
             if "symm_one_shot_us" in rec:
                 best = min(rec["symm_one_shot_us"], rec["symm_two_shot_us"])
                 rec["ratio_symm"] = r / best

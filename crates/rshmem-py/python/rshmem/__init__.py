@@ -13,6 +13,10 @@ MoE tokens with DeepEP's ``Buffer`` interface (``rshmem.ep``).
     torch.cuda.synchronize(); rshmem.check_errors()
     rshmem.finalize()
 
+Where torch is importable, ``import rshmem`` also registers the ``torch.distributed``
+backend ``"rshmem"``: ``dist.init_process_group("rshmem")`` serves torch's collectives on
+ordinary tensors (``rshmem.dist``).
+
 Works without torch (numpy arrays on the CPU backend: ``rshmem.numpy``).
 """
 
@@ -84,6 +88,7 @@ from .errors import (
     WorldEnded,
 )
 from . import cuda, ep, numpy  # noqa: E402  (submodules that use the names above)
+from . import dist  # noqa: E402  (registers the torch.distributed backend "rshmem")
 
 __version__ = _rshmem.__version__
 
@@ -99,5 +104,5 @@ __all__ = [
     "Error", "InvalidArgument", "Timeout", "PeerLost", "CollectiveMismatch", "CapacityError",
     "HeapExhausted", "QueueFull", "WorldEnded", "TeamError", "Busy", "BootstrapError",
     "BackendError", "OsError",
-    "cuda", "ep", "numpy",
+    "cuda", "dist", "ep", "numpy",
 ]
