@@ -13,6 +13,7 @@ mod choice;
 mod exec;
 mod ll;
 mod net;
+mod net_sched;
 #[cfg(test)]
 mod net_tests;
 mod paths;
@@ -147,15 +148,17 @@ pub const COLL_KERNELS: &str = concat!(
 ///   all_to_all_v of two teams running at once on two streams would overwrite each other's).
 ///   Collectives of different teams that run concurrently need a [`GpuColl`] per stream.
 /// * **Teams spanning nodes** (a world whose PEs name several nodes: `docs/fabric.md`):
-///   all_reduce, all_gather, broadcast, all_to_all (out of place) and barrier decompose along
-///   the team's [`NodeMap`](crate::NodeMap): the node-local paths above on the node's members
-///   of the team (on the team's slot; they must be evenly strided, as every device team), and
-///   between
-///   nodes rounds of puts with signals through the proxy, each member of a node carrying a
-///   share, chunked by [`CollTuning::net_chunk_bytes`] (all_reduce folds the nodes' partials
-///   in node order, so floats group their terms by node). Graph-capturable like the rest.
-///   reduce, reduce_scatter and all_to_all_v(_device) are an [`Error::Backend`] on such teams;
-///   the signature check covers members of other nodes too (carried with each call's first
+///   every collective but all_to_all_v(_device) decomposes along the team's
+///   [`NodeMap`](crate::NodeMap): the node-local paths above on the node's members of the
+///   team (on the team's slot; they must be evenly strided, as every device team), and
+///   between nodes rounds of puts with signals through the proxy, each member of a node
+///   carrying a share, chunked by [`CollTuning::net_chunk_bytes`] (reductions fold each
+///   node's partial first and the nodes' partials in node order, so floats group their terms
+///   by node). Graph-capturable like the rest (out-of-place reduce_scatter, reduce and
+///   in-place all_to_all use staging memory: [`GpuColl::reserve`] before capturing).
+///   all_to_all_v(_device) are an [`Error::Backend`] on such teams; teams of more than 64
+///   nodes, or calls in which a PE exchanges with more than 64 PEs of other nodes, too.
+///   The signature check covers members of other nodes too (carried with each call's first
 ///   exchange between two PEs);
 ///   [`GpuColl::check_errors`] reports a lost node as [`Error::PeerLost`].
 /// * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
@@ -485,8 +488,10 @@ impl<'a> GpuColl<'a> {
     ) -> Result<()> {
         let ToRoot { op, root } = to;
         let dt = self.team(s, team)?;
-        self.net_refuse(team, "reduce")?;
         check_root(root, dt)?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_reduce(s, &nt, dst, src, count, op, root);
+        }
         let f = self.reduce_func::<T>(op)?;
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
@@ -651,7 +656,9 @@ impl<'a> GpuColl<'a> {
         op: ReduceOp,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
-        self.net_refuse(team, "reduce_scatter")?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_reduce_scatter(s, &nt, dst, src, count, op);
+        }
         let f = self.reduce_func::<T>(op)?;
         let n = dt.size as usize;
         let ip = Self::in_place(src, dst)?;

@@ -22,17 +22,31 @@
 // captured graph replays with new values and a signal of an earlier call (one that gave up)
 // never satisfies a wait of a later one.
 //
-// Signal words of a team slot (symmetric, 2 · n_pes): [p] data from world PE p, [n_pes + p]
-// ready arrivals from p. Reductions fold the node partials in node order
-// (rshmemi_coll_net_fold).
+//
+// Reductions put a node's partial into the receiver's scratch slot of the sender's node, two
+// halves used in turn. Before a put overwrites a half whose previous contents another sender
+// put (or that nothing in the schedule shows folded), it waits for the receiver's
+// acknowledgement: at the start of its next round after the fold, the receiver sets the
+// sender's ack word of it to (exp << 32) | (folds of the slot done); the put waits until that
+// word reaches (exp << 32) | ack. Acknowledgements ride the same ring as puts, so a receiver's
+// are seen in order.
+//
+// Signal words of a team slot (symmetric, 3 · n_pes): [p] data from world PE p, [n_pes + p]
+// ready arrivals from p, [2 · n_pes + p] fold acknowledgements from p. Reductions fold the
+// node partials in node order (rshmemi_coll_net_fold).
 #define RSHMEMI_NET_MAX 64
 struct rshmemi_net_puts {
     rshmem_u64 dst[RSHMEMI_NET_MAX];  // symmetric address (this PE's copy) at the target
     rshmem_u64 src[RSHMEMI_NET_MAX];  // this PE's device address
     int pe[RSHMEMI_NET_MAX];          // world PE
+    unsigned ack[RSHMEMI_NET_MAX];    // folds the target must have acknowledged first (0: none)
 };
 struct rshmemi_net_waits {
     int pe[RSHMEMI_NET_MAX];
+};
+struct rshmemi_net_acks {
+    int pe[RSHMEMI_NET_MAX];
+    unsigned v[RSHMEMI_NET_MAX];  // folds done of the slot that PE's puts use
 };
 
 // Waits until this PE's word `p` >= `v` (what PE `pe` signals); gives up, flagged as a timeout
@@ -59,8 +73,8 @@ __device__ __forceinline__ void rshmemi_net_wait(const rshmem_u64* p, rshmem_u64
 
 extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* sig, int n_pes, int begin,
                                                   unsigned round, rshmem_u64 bytes, rshmemi_net_puts p, int np,
-                                                  rshmemi_net_waits w, int nw, rshmemi_check ck,
-                                                  rshmem_u64* skip) {
+                                                  rshmemi_net_waits w, int nw, rshmemi_net_acks a,
+                                                  int na, rshmemi_check ck, rshmem_u64* skip) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const int me = rshmem_my_pe();
     if (begin) {
@@ -99,10 +113,18 @@ extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* s
         return;
     }
     if (*(volatile rshmem_u64*)skip) return;
+    for (int i = 0; i < na; i++) {
+        const rshmem_u64 v = (*(volatile rshmem_u64*)(exp + a.pe[i]) << 32) | (rshmem_u64)a.v[i];
+        rshmem_signal_op(sig + 2 * n_pes + me, v, RSHMEM_SIGNAL_SET, a.pe[i]);
+    }
     for (int i = 0; i < np; i++) {
-        const rshmem_u64 v = (*(volatile rshmem_u64*)(exp + p.pe[i]) << 32) | (rshmem_u64)(round + 1);
-        rshmem_putmem_signal_nbi((void*)p.dst[i], (const void*)p.src[i], bytes, sig + me, v, RSHMEM_SIGNAL_SET,
-                                 p.pe[i]);
+        const rshmem_u64 call = *(volatile rshmem_u64*)(exp + p.pe[i]) << 32;
+        if (p.ack[i] != 0) {
+            rshmemi_net_wait(sig + 2 * n_pes + p.pe[i], call | (rshmem_u64)p.ack[i], p.pe[i]);
+            if (rshmemi_failed()) break;
+        }
+        rshmem_putmem_signal_nbi((void*)p.dst[i], (const void*)p.src[i], bytes, sig + me,
+                                 call | (rshmem_u64)(round + 1), RSHMEM_SIGNAL_SET, p.pe[i]);
     }
     rshmem_quiet();
     for (int i = 0; i < nw; i++) {
