@@ -523,9 +523,10 @@ fn everything(pe: &Pe) -> Result<()> {
     pe.quiet()
 }
 
-/// On three PEs the node of two runs the node-local kernels too: a sample of the types.
+/// On three PEs the node of two runs the node-local kernels too: a sample of the types; then
+/// lists of one entry per launch (PE 0 has two partners: every call and round is split).
 fn sample(pe: &Pe) -> Result<()> {
-    let c = Ctx::new(pe)?;
+    let mut c = Ctx::new(pe)?;
     let t0 = Instant::now();
     step(pe, "barrier", t0, barrier(&c))?;
     step(pe, "all_reduce u64", t0, all_reduce_t::<u64>(&c))?;
@@ -545,6 +546,12 @@ fn sample(pe: &Pe) -> Result<()> {
     step(pe, "graph", t0, graph(&c))?;
     step(pe, "refusals", t0, refused(&c))?;
     step(pe, "mismatch", t0, mismatch(&c))?;
+    assert!(c.coll.set_net_list(0).is_err() && c.coll.set_net_list(65).is_err());
+    c.coll.set_net_list(1)?;
+    reduce_scatter_t::<u64>(&c)?;
+    reduce_t::<u64>(&c)?;
+    all_to_all(&c)?;
+    step(pe, "lists of one entry", t0, graph(&c))?;
     pe.quiet()
 }
 

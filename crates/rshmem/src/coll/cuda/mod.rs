@@ -226,6 +226,8 @@ pub struct GpuColl<'a> {
     a2av_dev_max: usize,
     /// Members per all_to_all_v list launch (at most [`A2AV_CHUNK`]).
     a2av_chunk: usize,
+    /// Entries per list of a cross-node round launch (at most `net::NET_MAX`).
+    net_list: usize,
     sms: u32,
     /// Private stream for the error record (never the legacy default stream: it must not
     /// interact with other PEs' graph captures on the same GPU).
@@ -389,6 +391,7 @@ impl<'a> GpuColl<'a> {
             n_pes,
             a2av_dev_max,
             a2av_chunk: A2AV_CHUNK,
+            net_list: net::NET_MAX,
             sms: b.gpu.sms().max(1) as u32,
             own,
             ll_sizes,

@@ -21,10 +21,15 @@ use super::net_sched::*;
 use super::*;
 use crate::team::NodeMap;
 
-/// Most partners of a PE in one call, puts, waits and acknowledgements of a round, and
-/// nodes of a team (the round and fold kernels take their lists as arguments:
-/// `RSHMEMI_NET_MAX`).
+/// Entries of a round launch's lists (partners, puts, waits, acknowledgements: longer lists
+/// take several launches) and most nodes of a team (the fold kernel's sources), as
+/// `RSHMEMI_NET_MAX`.
 pub(super) const NET_MAX: usize = 64;
+/// `begin` of the round kernel: post the ready arrivals, wait for them, add to the skip flag
+/// (a later list of the same call) — `RSHMEMI_NET_POST`, `_WAIT`, `_MORE`.
+const NET_POST: u32 = 1;
+const NET_WAIT: u32 = 2;
+const NET_MORE: u32 = 4;
 
 /// A team spanning nodes as this PE runs its calls.
 #[derive(Debug, Clone)]
@@ -256,16 +261,8 @@ impl GpuColl<'_> {
             return Ok(());
         }
         let world = |m: usize| nt.members[m];
-        if sched.partners.len() > NET_MAX
-            || sched.rounds.iter().any(|r| {
-                r.puts.len() > NET_MAX || r.waits.len() > NET_MAX || r.acks.len() > NET_MAX
-            })
-        {
-            return Err(ffi::err(format!(
-                "GpuColl across nodes: more than {NET_MAX} partners of one PE in one call \
-                 (a PE exchanges with at most {NET_MAX} PEs of other nodes)"
-            )));
-        }
+        // Entries per launch list (NET_MAX; fewer in tests, to split small teams' calls).
+        let list = self.net_list.clamp(1, NET_MAX);
         let input = match sched.input {
             Buf::Src => src,
             Buf::Dst => dst,
@@ -286,12 +283,12 @@ impl GpuColl<'_> {
             }
             Ok(((node * 2 + parity) * net.chunk) as u64)
         };
-        let waits = |list: &[usize]| {
+        let waits = |l: &[usize]| {
             let mut w = NetWaits { pe: [0; NET_MAX] };
-            for (i, &m) in list.iter().enumerate() {
+            for (i, &m) in l.iter().enumerate() {
                 w.pe[i] = world(m) as i32;
             }
-            w
+            (w, l.len())
         };
         let no_puts = || NetPuts {
             dst: [0; NET_MAX],
@@ -303,43 +300,72 @@ impl GpuColl<'_> {
             pe: [0; NET_MAX],
             v: [0; NET_MAX],
         };
-        self.net_launch(
-            s,
-            net.f_round,
-            (exp, sig, n, true, 0, 0),
-            (no_puts(), 0),
-            (waits(&sched.partners), sched.partners.len()),
-            (no_acks(), 0),
-            (ck, skip),
-        )?;
+        let launch = |begin: u32, round: u32, bytes: usize, p, w, a| {
+            let args = (exp, sig, n, begin, round, bytes as u64);
+            self.net_launch(s, net.f_round, args, p, w, a, (ck, skip))
+        };
+        // The ready handshake: every arrival posted before any is waited for.
+        if sched.partners.len() <= list {
+            let w = waits(&sched.partners);
+            launch(NET_POST | NET_WAIT, 0, 0, (no_puts(), 0), w, (no_acks(), 0))?;
+        } else {
+            for c in sched.partners.chunks(list) {
+                launch(NET_POST, 0, 0, (no_puts(), 0), waits(c), (no_acks(), 0))?;
+            }
+            for (i, c) in sched.partners.chunks(list).enumerate() {
+                let more = if i > 0 { NET_MORE } else { 0 };
+                launch(
+                    NET_WAIT | more,
+                    0,
+                    0,
+                    (no_puts(), 0),
+                    waits(c),
+                    (no_acks(), 0),
+                )?;
+            }
+        }
         for r in &sched.rounds {
             let bytes = r.len * es;
-            let mut p = no_puts();
-            for (i, put) in r.puts.iter().enumerate() {
-                p.src[i] = input + (put.from_at * es) as u64;
-                p.dst[i] = match put.dst {
-                    NetTo::Dst(at) => dst + (at * es) as u64,
-                    NetTo::Scratch { node, parity } => scratch + slot_of(node, parity)?,
-                };
-                p.pe[i] = world(put.to) as i32;
-                p.ack[i] = put.ack;
+            let mut puts = Vec::with_capacity(r.puts.len().div_ceil(list));
+            for c in r.puts.chunks(list) {
+                let mut p = no_puts();
+                for (i, put) in c.iter().enumerate() {
+                    p.src[i] = input + (put.from_at * es) as u64;
+                    p.dst[i] = match put.dst {
+                        NetTo::Dst(at) => dst + (at * es) as u64,
+                        NetTo::Scratch { node, parity } => scratch + slot_of(node, parity)?,
+                    };
+                    p.pe[i] = world(put.to) as i32;
+                    p.ack[i] = put.ack;
+                }
+                puts.push((p, c.len()));
             }
-            let mut a = no_acks();
-            for (i, &(m, v)) in r.acks.iter().enumerate() {
-                a.pe[i] = world(m) as i32;
-                a.v[i] = v;
+            let mut acks = Vec::with_capacity(r.acks.len().div_ceil(list));
+            for c in r.acks.chunks(list) {
+                let mut a = no_acks();
+                for (i, &(m, v)) in c.iter().enumerate() {
+                    a.pe[i] = world(m) as i32;
+                    a.v[i] = v;
+                }
+                acks.push((a, c.len()));
             }
-            let args = (exp, sig, n, false, r.index, bytes as u64);
-            let w = (waits(&r.waits), r.waits.len());
-            self.net_launch(
-                s,
-                net.f_round,
-                args,
-                (p, r.puts.len()),
-                w,
-                (a, r.acks.len()),
-                (ck, skip),
-            )?;
+            if puts.len() <= 1 && acks.len() <= 1 && r.waits.len() <= list {
+                let p = puts.pop().unwrap_or((no_puts(), 0));
+                let a = acks.pop().unwrap_or((no_acks(), 0));
+                launch(0, r.index, bytes, p, waits(&r.waits), a)?;
+            } else {
+                // As one launch runs them: acknowledgements, puts, then waits.
+                let none = || (NetWaits { pe: [0; NET_MAX] }, 0);
+                for a in acks {
+                    launch(0, r.index, bytes, (no_puts(), 0), none(), a)?;
+                }
+                for p in puts {
+                    launch(0, r.index, bytes, p, none(), (no_acks(), 0))?;
+                }
+                for c in r.waits.chunks(list) {
+                    launch(0, r.index, bytes, (no_puts(), 0), waits(c), (no_acks(), 0))?;
+                }
+            }
             if let Some((at, srcs)) = &r.fold {
                 let f = fold.ok_or_else(|| Error::invalid("internal: a fold without op"))?;
                 let mut list = NetSrcs { p: [0; NET_MAX] };
@@ -361,8 +387,9 @@ impl GpuColl<'_> {
                 let blocks = reduce_grid(bytes * srcs.len(), self.sms);
                 // SAFETY: matches rshmemi_coll_net_fold_*(T*, rshmemi_net_srcs, int, u64,
                 // const u64*): the range is a checked range of this PE's dst, the sources
-                // scratch halves of `net.chunk` bytes holding at least `len` elements, `sk` a
-                // word of our error record.
+                // scratch halves of `net.chunk` bytes holding at least `len` elements (at most
+                // NET_MAX: the team's nodes, checked by net_team), `sk` a word of our error
+                // record.
                 unsafe { gpu::launch(&s.raw, f, blocks, THREADS, 0, &mut a)? };
             }
         }
@@ -374,7 +401,7 @@ impl GpuColl<'_> {
         &self,
         s: &Stream,
         f: Func,
-        (exp, sig, n, begin, round, bytes): (u64, u64, usize, bool, u32, u64),
+        (exp, sig, n, begin, round, bytes): (u64, u64, usize, u32, u32, u64),
         (mut puts, np): (NetPuts, usize),
         (mut waits, nw): (NetWaits, usize),
         (mut acks, na): (NetAcks, usize),

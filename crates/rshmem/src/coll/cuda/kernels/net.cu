@@ -34,7 +34,16 @@
 // Signal words of a team slot (symmetric, 3 · n_pes): [p] data from world PE p, [n_pes + p]
 // ready arrivals from p, [2 · n_pes + p] fold acknowledgements from p. Reductions fold the
 // node partials in node order (rshmemi_coll_net_fold).
+//
+// A call with more partners, or a round with more puts, waits or acknowledgements, than a
+// launch's lists hold is split into launches: the ready arrivals to every partner are posted
+// (begin = POST) before any is waited for (begin = WAIT, then WAIT | MORE, which only adds to
+// the skip flag), and a round's acknowledgements, then its puts, then its waits follow each
+// other in that order, as one launch runs them.
 #define RSHMEMI_NET_MAX 64
+#define RSHMEMI_NET_POST 1
+#define RSHMEMI_NET_WAIT 2
+#define RSHMEMI_NET_MORE 4
 struct rshmemi_net_puts {
     rshmem_u64 dst[RSHMEMI_NET_MAX];  // symmetric address (this PE's copy) at the target
     rshmem_u64 src[RSHMEMI_NET_MAX];  // this PE's device address
@@ -78,12 +87,15 @@ extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* s
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const int me = rshmem_my_pe();
     if (begin) {
-        rshmem_u64* mine = ck.slots + (rshmem_u64)me * RSHMEMI_SIG_WORDS;
-        for (int i = 0; i < nw; i++) {
-            for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) rshmem_uint64_p(mine + k, ck.sig.w[k], w.pe[i]);
-            rshmem_signal_op(sig + n_pes + me, 1, RSHMEM_SIGNAL_ADD, w.pe[i]);
+        if (begin & RSHMEMI_NET_POST) {
+            rshmem_u64* mine = ck.slots + (rshmem_u64)me * RSHMEMI_SIG_WORDS;
+            for (int i = 0; i < nw; i++) {
+                for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) rshmem_uint64_p(mine + k, ck.sig.w[k], w.pe[i]);
+                rshmem_signal_op(sig + n_pes + me, 1, RSHMEM_SIGNAL_ADD, w.pe[i]);
+            }
+            rshmem_quiet();
         }
-        rshmem_quiet();
+        if (!(begin & RSHMEMI_NET_WAIT)) return;
         int bad = -1;
         for (int i = 0; i < nw; i++) {
             const int pe = w.pe[i];
@@ -109,7 +121,8 @@ extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* s
             // Consumed: the partner writes it again only in a later call, after this PE's puts.
             for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) theirs[k] = 0;
         }
-        *(volatile rshmem_u64*)skip = bad >= 0 ? 1 : 0;
+        if (!(begin & RSHMEMI_NET_MORE)) *(volatile rshmem_u64*)skip = bad >= 0 ? 1 : 0;
+        else if (bad >= 0) *(volatile rshmem_u64*)skip = 1;
         return;
     }
     if (*(volatile rshmem_u64*)skip) return;
