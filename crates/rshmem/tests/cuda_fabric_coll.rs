@@ -433,8 +433,8 @@ fn graph(c: &Ctx<'_>) -> Result<()> {
     Ok(())
 }
 
-/// all_to_all_v and all_to_all_v_device, not served across nodes, are errors before anything
-/// is launched.
+/// all_to_all_v and all_to_all_v_device, not served across nodes, and bad arguments of the
+/// calls served are errors before anything is launched.
 fn refused(c: &Ctx<'_>) -> Result<()> {
     let (pe, w) = (c.pe, c.pe.world_team());
     let n = pe.n_pes();
@@ -461,6 +461,41 @@ fn refused(c: &Ctx<'_>) -> Result<()> {
             other => panic!("{what} across nodes: {other:?}"),
         }
     }
+    let sum = |root| ToRoot {
+        op: ReduceOp::Sum,
+        root,
+    };
+    let r = c.coll.reduce(&c.s, w, &y, &x, 4, sum(n));
+    assert!(
+        matches!(r, Err(Error::PeOutOfRange { .. })),
+        "root {n}: {r:?}"
+    );
+    let r = c.coll.reduce(&c.s, w, &y, &x, 4 * n + 1, sum(0));
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "reduce past src: {r:?}"
+    );
+    let r = c.coll.reduce_scatter(&c.s, w, &y, &x, 5, ReduceOp::Sum);
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "blocks past src: {r:?}"
+    );
+    let r = c.coll.all_to_all(&c.s, w, &x, &x, 5);
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "in place past dst: {r:?}"
+    );
+    let f = pe.alloc::<f32>(4 * n)?;
+    let xor = ToRoot {
+        op: ReduceOp::Xor,
+        root: 0,
+    };
+    assert!(
+        c.coll.reduce(&c.s, w, &f, &f, 4, xor).is_err(),
+        "xor of floats"
+    );
+    let r = c.coll.reduce_scatter(&c.s, w, &f, &f, 4, ReduceOp::Or);
+    assert!(r.is_err(), "or of floats");
     c.done()?;
     pe.barrier_all()
 }

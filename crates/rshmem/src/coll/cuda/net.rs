@@ -304,32 +304,17 @@ impl GpuColl<'_> {
             let args = (exp, sig, n, begin, round, bytes as u64);
             self.net_launch(s, net.f_round, args, p, w, a, (ck, skip))
         };
-        // The ready handshake: every arrival posted before any is waited for.
-        if sched.partners.len() <= list {
-            let w = waits(&sched.partners);
-            launch(NET_POST | NET_WAIT, 0, 0, (no_puts(), 0), w, (no_acks(), 0))?;
-        } else {
-            for c in sched.partners.chunks(list) {
-                launch(NET_POST, 0, 0, (no_puts(), 0), waits(c), (no_acks(), 0))?;
-            }
-            for (i, c) in sched.partners.chunks(list).enumerate() {
-                let more = if i > 0 { NET_MORE } else { 0 };
-                launch(
-                    NET_WAIT | more,
-                    0,
-                    0,
-                    (no_puts(), 0),
-                    waits(c),
-                    (no_acks(), 0),
-                )?;
-            }
+        for l in ready_launches(sched.partners.len(), list) {
+            let flags = [(l.post, NET_POST), (l.wait, NET_WAIT), (l.more, NET_MORE)];
+            let begin = flags.iter().filter(|f| f.0).fold(0, |b, f| b | f.1);
+            let w = waits(&sched.partners[l.range]);
+            launch(begin, 0, 0, (no_puts(), 0), w, (no_acks(), 0))?;
         }
         for r in &sched.rounds {
             let bytes = r.len * es;
-            let mut puts = Vec::with_capacity(r.puts.len().div_ceil(list));
-            for c in r.puts.chunks(list) {
+            for l in round_launches(r, list) {
                 let mut p = no_puts();
-                for (i, put) in c.iter().enumerate() {
+                for (i, put) in r.puts[l.puts.clone()].iter().enumerate() {
                     p.src[i] = input + (put.from_at * es) as u64;
                     p.dst[i] = match put.dst {
                         NetTo::Dst(at) => dst + (at * es) as u64,
@@ -338,33 +323,14 @@ impl GpuColl<'_> {
                     p.pe[i] = world(put.to) as i32;
                     p.ack[i] = put.ack;
                 }
-                puts.push((p, c.len()));
-            }
-            let mut acks = Vec::with_capacity(r.acks.len().div_ceil(list));
-            for c in r.acks.chunks(list) {
                 let mut a = no_acks();
-                for (i, &(m, v)) in c.iter().enumerate() {
+                for (i, &(m, v)) in r.acks[l.acks.clone()].iter().enumerate() {
                     a.pe[i] = world(m) as i32;
                     a.v[i] = v;
                 }
-                acks.push((a, c.len()));
-            }
-            if puts.len() <= 1 && acks.len() <= 1 && r.waits.len() <= list {
-                let p = puts.pop().unwrap_or((no_puts(), 0));
-                let a = acks.pop().unwrap_or((no_acks(), 0));
-                launch(0, r.index, bytes, p, waits(&r.waits), a)?;
-            } else {
-                // As one launch runs them: acknowledgements, puts, then waits.
-                let none = || (NetWaits { pe: [0; NET_MAX] }, 0);
-                for a in acks {
-                    launch(0, r.index, bytes, (no_puts(), 0), none(), a)?;
-                }
-                for p in puts {
-                    launch(0, r.index, bytes, p, none(), (no_acks(), 0))?;
-                }
-                for c in r.waits.chunks(list) {
-                    launch(0, r.index, bytes, (no_puts(), 0), waits(c), (no_acks(), 0))?;
-                }
+                let (np, na) = (l.puts.len(), l.acks.len());
+                let w = waits(&r.waits[l.waits]);
+                launch(0, r.index, bytes, (p, np), w, (a, na))?;
             }
             if let Some((at, srcs)) = &r.fold {
                 let f = fold.ok_or_else(|| Error::invalid("internal: a fold without op"))?;

@@ -708,3 +708,86 @@ pub(crate) fn all_to_all_sched(
     s.temp_len = temp_len;
     Ok(s)
 }
+
+/// One launch of the round kernel: ranges of a round's acknowledgements, puts and waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Launch {
+    pub acks: std::ops::Range<usize>,
+    pub puts: std::ops::Range<usize>,
+    pub waits: std::ops::Range<usize>,
+}
+
+/// A round's launches of at most `list` entries per list: one when every list fits; else the
+/// acknowledgements, then the puts, then the waits, as one launch runs them (a put may wait
+/// for an acknowledgement that a member posts only at the start of its round, and every put
+/// goes out before any wait).
+pub(crate) fn round_launches(r: &Round, list: usize) -> Vec<Launch> {
+    let list = list.max(1);
+    let (na, np, nw) = (r.acks.len(), r.puts.len(), r.waits.len());
+    if na <= list && np <= list && nw <= list {
+        return vec![Launch {
+            acks: 0..na,
+            puts: 0..np,
+            waits: 0..nw,
+        }];
+    }
+    let pieces = |n: usize| (0..n.div_ceil(list)).map(move |c| c * list..n.min((c + 1) * list));
+    let mut v = Vec::new();
+    v.extend(pieces(na).map(|acks| Launch {
+        acks,
+        puts: 0..0,
+        waits: 0..0,
+    }));
+    v.extend(pieces(np).map(|puts| Launch {
+        acks: 0..0,
+        puts,
+        waits: 0..0,
+    }));
+    v.extend(pieces(nw).map(|waits| Launch {
+        acks: 0..0,
+        puts: 0..0,
+        waits,
+    }));
+    v
+}
+
+/// One launch of the ready handshake: post this PE's arrivals to the partners in `range`,
+/// wait for theirs, and whether the wait adds to the skip flag of an earlier launch of the
+/// call (`more`) rather than setting it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ready {
+    pub post: bool,
+    pub wait: bool,
+    pub more: bool,
+    pub range: std::ops::Range<usize>,
+}
+
+/// The ready handshake with `partners` partners in launches of at most `list`: one launch
+/// when they fit; else every arrival posted before any is waited for.
+pub(crate) fn ready_launches(partners: usize, list: usize) -> Vec<Ready> {
+    let list = list.max(1);
+    if partners <= list {
+        return vec![Ready {
+            post: true,
+            wait: true,
+            more: false,
+            range: 0..partners,
+        }];
+    }
+    let pieces: Vec<_> = (0..partners.div_ceil(list))
+        .map(|c| c * list..partners.min((c + 1) * list))
+        .collect();
+    let posts = pieces.iter().map(|r| Ready {
+        post: true,
+        wait: false,
+        more: false,
+        range: r.clone(),
+    });
+    let waits = pieces.iter().enumerate().map(|(i, r)| Ready {
+        post: false,
+        wait: true,
+        more: i > 0,
+        range: r.clone(),
+    });
+    posts.chain(waits).collect()
+}

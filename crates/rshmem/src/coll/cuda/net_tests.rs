@@ -823,6 +823,83 @@ fn the_model_catches_a_reused_slot_and_a_missing_put() {
 }
 
 #[test]
+fn long_lists_split_into_launches_in_the_order_of_one() {
+    let put = |to| NetPut {
+        to,
+        from_at: 0,
+        dst: NetTo::Dst(0),
+        ack: 0,
+    };
+    let r = Round {
+        index: 3,
+        len: 1,
+        acks: vec![(1, 1), (2, 1), (3, 2)],
+        puts: (0..5).map(put).collect(),
+        waits: (0..4).collect(),
+        fold: None,
+    };
+    // Everything fits: one launch.
+    let one = round_launches(&r, 5);
+    assert_eq!(
+        one,
+        [Launch {
+            acks: 0..3,
+            puts: 0..5,
+            waits: 0..4
+        }]
+    );
+    // Lists of two: acknowledgements, then puts, then waits, each list covered once.
+    let l = round_launches(&r, 2);
+    let ranges: Vec<_> = l
+        .iter()
+        .map(|x| (x.acks.clone(), x.puts.clone(), x.waits.clone()))
+        .collect();
+    assert_eq!(
+        ranges,
+        [
+            (0..2, 0..0, 0..0),
+            (2..3, 0..0, 0..0),
+            (0..0, 0..2, 0..0),
+            (0..0, 2..4, 0..0),
+            (0..0, 4..5, 0..0),
+            (0..0, 0..0, 0..2),
+            (0..0, 0..0, 2..4),
+        ]
+    );
+    assert!(l
+        .iter()
+        .all(|x| x.acks.len() <= 2 && x.puts.len() <= 2 && x.waits.len() <= 2));
+    // The handshake: all arrivals posted, then waited for; only the first wait sets the
+    // skip flag, the later ones add to it.
+    let h = ready_launches(5, 2);
+    let flags: Vec<_> = h
+        .iter()
+        .map(|x| (x.post, x.wait, x.more, x.range.clone()))
+        .collect();
+    assert_eq!(
+        flags,
+        [
+            (true, false, false, 0..2),
+            (true, false, false, 2..4),
+            (true, false, false, 4..5),
+            (false, true, false, 0..2),
+            (false, true, true, 2..4),
+            (false, true, true, 4..5),
+        ]
+    );
+    let h = ready_launches(3, 64);
+    assert_eq!(
+        h,
+        [Ready {
+            post: true,
+            wait: true,
+            more: false,
+            range: 0..3
+        }]
+    );
+}
+
+#[test]
 fn node_teams_are_strided_on_the_teams_slot() {
     // World PEs 0..6 on nodes a b a b a b: node a holds 0, 2, 4 (stride 2).
     let map = NodeMap::from_nodes(&[0, 1, 0, 1, 0, 1]);
