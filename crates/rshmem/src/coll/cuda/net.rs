@@ -260,6 +260,11 @@ impl GpuColl<'_> {
         if sched.rounds.is_empty() {
             return Ok(());
         }
+        if nt.map.n_nodes() > net.nodes {
+            return Err(Error::invalid(
+                "internal: a team of more nodes than the world's",
+            ));
+        }
         let world = |m: usize| nt.members[m];
         // Entries per launch list (NET_MAX; fewer in tests, to split small teams' calls).
         let list = self.net_list.clamp(1, NET_MAX);
