@@ -4,9 +4,9 @@
 //! tcp, every PE on GPU 0 (`RSHMEM_DEVICES` is not needed: the configurations name GPU 0).
 //! Random inputs, poisoned outputs, exact values (integers, and floats whose every fold is
 //! exact in any grouping), in and out of place, every element type and operation, every
-//! broadcast and reduce root, reduce_scatter, all_to_all, sizes spanning several rounds of a
-//! small `net_chunk_bytes`, a captured graph replayed with new data, all_to_all_v refused, and
-//! a killed node.
+//! broadcast and reduce root, reduce_scatter, all_to_all, all_to_all_v, sizes spanning
+//! several rounds of a small `net_chunk_bytes`, captured graphs replayed with new data,
+//! all_to_all_v_device refused, and a killed node.
 //! The first test runs everywhere (NVRTC compiles the kernels); the others need a GPU
 //! (`--include-ignored`) and libfabric.
 
@@ -433,8 +433,131 @@ fn graph(c: &Ctx<'_>) -> Result<()> {
     Ok(())
 }
 
-/// all_to_all_v and all_to_all_v_device, not served across nodes, and bad arguments of the
-/// calls served are errors before anything is launched.
+/// The arrays of member `me` of an all_to_all_v among `n` in which member i sends j
+/// `cnt(i, j)` elements: send and receive layouts in different member orders, with gaps of 3;
+/// (arrays, src length, dst length).
+fn a2av_arrays(
+    me: usize,
+    n: usize,
+    cnt: &dyn Fn(usize, usize) -> usize,
+) -> ([Vec<usize>; 4], usize, usize) {
+    let layout = |counts: &[usize], rot: usize| {
+        let mut at = vec![0; n];
+        let mut next = 3;
+        for k in 0..n {
+            let j = (k + rot) % n;
+            at[j] = next;
+            next += counts[j] + 3;
+        }
+        (at, next)
+    };
+    let sc: Vec<usize> = (0..n).map(|j| cnt(me, j)).collect();
+    let rc: Vec<usize> = (0..n).map(|i| cnt(i, me)).collect();
+    let (sd, sl) = layout(&sc, me);
+    let (rd, dl) = layout(&rc, me + 1);
+    ([sc, sd, rc, rd], sl, dl)
+}
+
+/// all_to_all_v with counts known on the host: pairs of other nodes through the proxy at the
+/// receivers' displacements, over several rounds' worth of bytes and with empty pairs, the
+/// gaps left poisoned; one call captured and replayed with new data; counts that do not pair
+/// up between PE 0 and the last PE (on another node) an error on both, then a matching call
+/// exact.
+fn all_to_all_v(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let poison = 0xa5a5_a5a5u32;
+    // Some pairs of other nodes empty (1 to 0 among them), others over a few KiB.
+    let cnt = |i: usize, j: usize| {
+        if (i + 2 * j) % 3 == 1 {
+            0
+        } else {
+            ((i * 7 + j * 3) % 4) * 700 + (i + j) % 2
+        }
+    };
+    let ([sc, sd, rc, rd], sl, dl) = a2av_arrays(me, n, &cnt);
+    let src = pe.alloc::<u32>(sl)?;
+    let dst = pe.alloc::<u32>(dl + 1)?;
+    let want = |stream: u64| {
+        let mut d = vec![poison; dl + 1];
+        for i in 0..n {
+            // Sender i's src and where its share for this PE starts there.
+            let (a, isl, _) = a2av_arrays(i, n, &cnt);
+            let data = harness::rand_vec::<u32>(i, stream, isl);
+            d[rd[i]..rd[i] + rc[i]].copy_from_slice(&data[a[1][me]..][..rc[i]]);
+        }
+        d
+    };
+    let v = AllToAllV {
+        send_counts: &sc,
+        send_displs: &sd,
+        recv_counts: &rc,
+        recv_displs: &rd,
+    };
+    for stream in [1100u64, 1101] {
+        pe.local_write(&src, 0, &harness::rand_vec::<u32>(me, stream, sl))?;
+        pe.local_fill(&dst, poison)?;
+        pe.barrier_all()?;
+        c.coll.all_to_all_v(&c.s, w, &dst, &src, &v)?;
+        c.done()?;
+        assert_eq!(pe.local_vec(&dst)?, want(stream), "all_to_all_v {stream}");
+        pe.barrier_all()?;
+    }
+    c.s.begin_capture()?;
+    let captured = c.coll.all_to_all_v(&c.s, w, &dst, &src, &v);
+    let graph = c.s.end_capture();
+    captured?;
+    let graph = graph?;
+    pe.barrier_all()?;
+    for stream in [1110u64, 1111] {
+        pe.local_write(&src, 0, &harness::rand_vec::<u32>(me, stream, sl))?;
+        pe.local_fill(&dst, poison)?;
+        pe.barrier_all()?;
+        graph.launch(&c.s)?;
+        c.done()?;
+        assert_eq!(
+            pe.local_vec(&dst)?,
+            want(stream),
+            "replayed all_to_all_v {stream}"
+        );
+        pe.barrier_all()?;
+    }
+    // PE 0 expects one element more from the last PE than it sends.
+    let mut rc_bad = rc.clone();
+    if me == 0 {
+        rc_bad[n - 1] += 1;
+    }
+    let bad = AllToAllV {
+        recv_counts: &rc_bad,
+        ..v
+    };
+    c.coll.all_to_all_v(&c.s, w, &dst, &src, &bad)?;
+    c.s.synchronize()?;
+    let r = c.coll.check_errors();
+    if me == 0 || me == n - 1 {
+        assert!(
+            matches!(r, Err(Error::InvalidArgument(_))),
+            "PE {me}: {r:?}"
+        );
+    } else {
+        r?;
+    }
+    pe.barrier_all()?;
+    pe.local_write(&src, 0, &harness::rand_vec::<u32>(me, 1120, sl))?;
+    pe.local_fill(&dst, poison)?;
+    pe.barrier_all()?;
+    c.coll.all_to_all_v(&c.s, w, &dst, &src, &v)?;
+    c.done()?;
+    assert_eq!(
+        pe.local_vec(&dst)?,
+        want(1120),
+        "all_to_all_v after the mismatch"
+    );
+    pe.barrier_all()
+}
+
+/// all_to_all_v_device, not served across nodes, and bad arguments of the calls served are
+/// errors before anything is launched.
 fn refused(c: &Ctx<'_>) -> Result<()> {
     let (pe, w) = (c.pe, c.pe.world_team());
     let n = pe.n_pes();
@@ -442,25 +565,28 @@ fn refused(c: &Ctx<'_>) -> Result<()> {
     let y = pe.alloc::<u32>(4 * n)?;
     let cs = pe.alloc::<u64>(n)?;
     let cr = pe.alloc::<u64>(n)?;
-    let (counts, displs): (Vec<usize>, Vec<usize>) = (0..n).map(|j| (4, 4 * j)).unzip();
+    let dc = DeviceCounts {
+        send: &cs,
+        recv: &cr,
+    };
+    match c.coll.all_to_all_v_device(&c.s, w, &y, &x, dc) {
+        Err(Error::Backend { ref msg, .. }) if msg.contains("spanning nodes") => {}
+        other => panic!("all_to_all_v_device across nodes: {other:?}"),
+    }
+    let (counts, displs): (Vec<usize>, Vec<usize>) = (0..n).map(|j| (4, 4 * j + 1)).unzip();
     let v = AllToAllV {
         send_counts: &counts,
         send_displs: &displs,
         recv_counts: &counts,
         recv_displs: &displs,
     };
-    let host = c.coll.all_to_all_v(&c.s, w, &y, &x, &v);
-    let dc = DeviceCounts {
-        send: &cs,
-        recv: &cr,
-    };
-    let dev = c.coll.all_to_all_v_device(&c.s, w, &y, &x, dc);
-    for (what, r) in [("all_to_all_v", host), ("all_to_all_v_device", dev)] {
-        match r {
-            Err(Error::Backend { ref msg, .. }) if msg.contains("spanning nodes") => {}
-            other => panic!("{what} across nodes: {other:?}"),
-        }
-    }
+    let r = c.coll.all_to_all_v(&c.s, w, &y, &x, &v);
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "a2av past src: {r:?}"
+    );
+    let r = c.coll.all_to_all_v(&c.s, w, &x, &x, &v);
+    assert!(r.is_err(), "a2av in place");
     let sum = |root| ToRoot {
         op: ReduceOp::Sum,
         root,
@@ -552,6 +678,7 @@ fn everything(pe: &Pe) -> Result<()> {
     step(pe, "reduce u64, f16", t0, reduce_t::<f32>(&c))?;
     step(pe, "all_gather, broadcast", t0, movement(&c))?;
     step(pe, "all_to_all", t0, all_to_all(&c))?;
+    step(pe, "all_to_all_v", t0, all_to_all_v(&c))?;
     step(pe, "graph", t0, graph(&c))?;
     step(pe, "refusals", t0, refused(&c))?;
     step(pe, "mismatch", t0, mismatch(&c))?;
@@ -578,6 +705,7 @@ fn sample(pe: &Pe) -> Result<()> {
     step(pe, "reduce i64, f32", t0, reduce_t::<f32>(&c))?;
     step(pe, "all_gather, broadcast", t0, movement(&c))?;
     step(pe, "all_to_all", t0, all_to_all(&c))?;
+    step(pe, "all_to_all_v", t0, all_to_all_v(&c))?;
     step(pe, "graph", t0, graph(&c))?;
     step(pe, "refusals", t0, refused(&c))?;
     step(pe, "mismatch", t0, mismatch(&c))?;
@@ -586,6 +714,7 @@ fn sample(pe: &Pe) -> Result<()> {
     reduce_scatter_t::<u64>(&c)?;
     reduce_t::<u64>(&c)?;
     all_to_all(&c)?;
+    all_to_all_v(&c)?;
     step(pe, "lists of one entry", t0, graph(&c))?;
     pe.quiet()
 }

@@ -148,7 +148,7 @@ pub const COLL_KERNELS: &str = concat!(
 ///   all_to_all_v of two teams running at once on two streams would overwrite each other's).
 ///   Collectives of different teams that run concurrently need a [`GpuColl`] per stream.
 /// * **Teams spanning nodes** (a world whose PEs name several nodes: `docs/fabric.md`):
-///   every collective but all_to_all_v(_device) decomposes along the team's
+///   every collective but all_to_all_v_device decomposes along the team's
 ///   [`NodeMap`](crate::NodeMap): the node-local paths above on the node's members of the
 ///   team (on the team's slot; they must be evenly strided, as every device team), and
 ///   between nodes rounds of puts with signals through the proxy, each member of a node
@@ -156,8 +156,9 @@ pub const COLL_KERNELS: &str = concat!(
 ///   node's partial first and the nodes' partials in node order, so floats group their terms
 ///   by node). Graph-capturable like the rest (out-of-place reduce_scatter, reduce and
 ///   in-place all_to_all use staging memory: [`GpuColl::reserve`] before capturing).
-///   all_to_all_v(_device) are an [`Error::Backend`] on such teams; teams of more than 64
-///   nodes, or calls in which a PE exchanges with more than 64 PEs of other nodes, too.
+///   all_to_all_v puts each share for another node straight at the displacement its
+///   receiver published. all_to_all_v_device is an [`Error::Backend`] on such teams; teams of
+///   more than 64 nodes too.
 ///   The signature check covers members of other nodes too (carried with each call's first
 ///   exchange between two PEs);
 ///   [`GpuColl::check_errors`] reports a lost node as [`Error::PeerLost`].
@@ -351,7 +352,10 @@ impl<'a> GpuColl<'a> {
         let a2av_dev_max = a2av_dev_shared(&b.gpu, f_a2av_dev, n_pes)?;
         // Teams spanning nodes: every PE of such a world allocates the same objects.
         let net = if (0..n_pes).any(|p| b.is_remote(p)) {
-            let f = funcs["rshmemi_coll_net_round"];
+            let f = (
+                funcs["rshmemi_coll_net_round"],
+                funcs["rshmemi_coll_net_a2av"],
+            );
             Some(net::Net::new(&g, &own, f, tuning.net_chunk_bytes, slots)?)
         } else {
             None
@@ -760,15 +764,31 @@ impl<'a> GpuColl<'a> {
         v: &AllToAllV<'_>,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
-        self.net_refuse(team, "all_to_all_v")?;
         let n = dt.size as usize;
         if Self::in_place(src, dst)? {
             return Err(Error::invalid(
                 "cuda all_to_all_v: src and dst must be different objects",
             ));
         }
+        v.check(n, src.raw().len, dst.raw().len)?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_all_to_all_v(s, &nt, dst, src, v);
+        }
+        self.all_to_all_v_on(s, dt, dst, src, v)
+    }
+
+    /// [`GpuColl::all_to_all_v`] on a node-local team already resolved and checked against
+    /// `s`, `v` checked against the objects.
+    fn all_to_all_v_on<T: Elem>(
+        &self,
+        s: &Stream,
+        dt: DeviceTeam,
+        dst: &(impl AsSym<T> + ?Sized),
+        src: &(impl AsSym<T> + ?Sized),
+        v: &AllToAllV<'_>,
+    ) -> Result<()> {
+        let n = dt.size as usize;
         let (sl, dl) = (src.raw().len, dst.raw().len);
-        v.check(n, sl, dl)?;
         let sr = self.g.ptr(src)?;
         let d = self.g.ptr(dst)?;
         let mp = self.g.ptr(&self.meta)?;

@@ -791,3 +791,30 @@ pub(crate) fn ready_launches(partners: usize, list: usize) -> Vec<Ready> {
     });
     posts.chain(waits).collect()
 }
+
+/// all_to_all_v split along the nodes, for one member (arrays indexed by team member, as
+/// [`crate::coll::AllToAllV`]): the arrays of the node-local call on this member's node
+/// (indexed by local index), and per member of another node, in member order, (member,
+/// displacement, count) of what this member expects from it (`meta`: where it lands in `dst`)
+/// and of what it sends it (`puts`: where it starts in `src`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct A2avSplit {
+    /// send_counts, send_displs, recv_counts, recv_displs of the node's members.
+    pub node: [Vec<usize>; 4],
+    pub meta: Vec<(usize, usize, usize)>,
+    pub puts: Vec<(usize, usize, usize)>,
+}
+
+pub(crate) fn all_to_all_v_split(map: &NodeMap, me: usize, v: [&[usize]; 4]) -> A2avSplit {
+    let [sc, sd, rc, rd] = v;
+    let ms = map.members(map.node(me));
+    let pick = |a: &[usize]| ms.iter().map(|&m| a[m]).collect::<Vec<_>>();
+    let far: Vec<usize> = (0..map.n_pes())
+        .filter(|&j| map.node(j) != map.node(me))
+        .collect();
+    A2avSplit {
+        node: [pick(sc), pick(sd), pick(rc), pick(rd)],
+        meta: far.iter().map(|&j| (j, rd[j], rc[j])).collect(),
+        puts: far.iter().map(|&j| (j, sd[j], sc[j])).collect(),
+    }
+}

@@ -146,6 +146,69 @@ extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* s
     }
 }
 
+// all_to_all_v across nodes (counts known on the host). A member's data for a member of another
+// node goes straight into that member's dst, at the displacement the receiver chose, which
+// only the receiver knows: before its ready arrival each member puts, for each partner, the
+// displacement and count it expects from it into the partner's metadata row of it (META;
+// requests to one PE are carried out in order, so the row has landed when the arrival is seen;
+// the partner read the row of the previous call before it sent that call's data, which this
+// member waited for). After the handshake each member reads what each partner expects of it
+// and puts its data there with a signal (PUT); where the counts differ it puts nothing, flags
+// the error and marks the signal (round value 2), and a receiver that sees the mark flags it
+// too (WAIT). Signal words are the rounds' data signals ([p]), the call count of the pair in
+// the high half as there.
+#define RSHMEMI_NET_A2AV_META 1
+#define RSHMEMI_NET_A2AV_PUT 2
+#define RSHMEMI_NET_A2AV_WAIT 4
+struct rshmemi_net_a2av_list {
+    int pe[RSHMEMI_NET_MAX];
+    rshmem_u64 at[RSHMEMI_NET_MAX];     // META: where pe's data lands in dst; PUT: where this PE's starts in src
+    rshmem_u64 count[RSHMEMI_NET_MAX];  // elements from (META) or to (PUT) pe
+};
+extern "C" __global__ void rshmemi_coll_net_a2av(rshmem_u64* exp, rshmem_u64* sig, rshmem_u64* meta, int n_pes,
+                                                 int phase, rshmem_u64 dst, rshmem_u64 src, rshmem_u64 es,
+                                                 rshmemi_net_a2av_list l, int nl, rshmem_u64* err,
+                                                 rshmem_u64* skip) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const int me = rshmem_my_pe();
+    if (phase & RSHMEMI_NET_A2AV_META) {
+        for (int i = 0; i < nl; i++) {
+            rshmem_uint64_p(meta + 2 * (rshmem_u64)me, l.at[i], l.pe[i]);
+            rshmem_uint64_p(meta + 2 * (rshmem_u64)me + 1, l.count[i], l.pe[i]);
+        }
+        rshmem_quiet();
+        return;
+    }
+    if (rshmemi_coll_gave_up() || *(volatile rshmem_u64*)skip) return;
+    if (phase & RSHMEMI_NET_A2AV_PUT) {
+        for (int i = 0; i < nl; i++) {
+            const int pe = l.pe[i];
+            const rshmem_u64 call = *(volatile rshmem_u64*)(exp + pe) << 32;
+            volatile const rshmem_u64* m = meta + 2 * (rshmem_u64)pe;
+            const rshmem_u64 at = m[0], c = m[1];
+            if (c != l.count[i]) {
+                atomicOr((unsigned long long*)err, RSHMEMI_ERR_A2AV);
+                rshmem_signal_op(sig + me, call | 2, RSHMEM_SIGNAL_SET, pe);
+            } else if (c == 0) {
+                rshmem_signal_op(sig + me, call | 1, RSHMEM_SIGNAL_SET, pe);
+            } else {
+                rshmem_putmem_signal_nbi((void*)(dst + at * es), (const void*)(src + l.at[i] * es), c * es,
+                                         sig + me, call | 1, RSHMEM_SIGNAL_SET, pe);
+            }
+        }
+        rshmem_quiet();
+    }
+    if (phase & RSHMEMI_NET_A2AV_WAIT) {
+        for (int i = 0; i < nl; i++) {
+            const int pe = l.pe[i];
+            const rshmem_u64 call = *(volatile rshmem_u64*)(exp + pe) << 32;
+            rshmemi_net_wait(sig + pe, call | 1, pe);
+            if (!rshmemi_failed() && rshmemi_ld_acquire(sig + pe) == (call | 2))
+                atomicOr((unsigned long long*)err, RSHMEMI_ERR_A2AV);
+        }
+    }
+}
+
 // dst[0..n) = fold over i = 0..k-1 (node order) of s.p[i][0..n), where s.p[i] == 0 stands for
 // dst itself (this node's partial). Each element is read from every source before it is written.
 struct rshmemi_net_srcs {
