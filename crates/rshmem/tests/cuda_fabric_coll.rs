@@ -475,15 +475,18 @@ fn all_to_all_v(c: &Ctx<'_>) -> Result<()> {
             ((i * 7 + j * 3) % 4) * 700 + (i + j) % 2
         }
     };
-    let ([sc, sd, rc, rd], sl, dl) = a2av_arrays(me, n, &cnt);
+    let ([sc, sd, rc, rd], ..) = a2av_arrays(me, n, &cnt);
+    // Symmetric objects: the longest layout of any PE (and one element past it).
+    let sl = (0..n).map(|i| a2av_arrays(i, n, &cnt).1).max().unwrap_or(0);
+    let dl = (0..n).map(|i| a2av_arrays(i, n, &cnt).2).max().unwrap_or(0) + 1;
     let src = pe.alloc::<u32>(sl)?;
-    let dst = pe.alloc::<u32>(dl + 1)?;
+    let dst = pe.alloc::<u32>(dl)?;
     let want = |stream: u64| {
-        let mut d = vec![poison; dl + 1];
+        let mut d = vec![poison; dl];
         for i in 0..n {
             // Sender i's src and where its share for this PE starts there.
-            let (a, isl, _) = a2av_arrays(i, n, &cnt);
-            let data = harness::rand_vec::<u32>(i, stream, isl);
+            let (a, ..) = a2av_arrays(i, n, &cnt);
+            let data = harness::rand_vec::<u32>(i, stream, sl);
             d[rd[i]..rd[i] + rc[i]].copy_from_slice(&data[a[1][me]..][..rc[i]]);
         }
         d
