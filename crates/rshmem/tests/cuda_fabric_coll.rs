@@ -4,9 +4,9 @@
 //! tcp, every PE on GPU 0 (`RSHMEM_DEVICES` is not needed: the configurations name GPU 0).
 //! Random inputs, poisoned outputs, exact values (integers, and floats whose every fold is
 //! exact in any grouping), in and out of place, every element type and operation, every
-//! broadcast root, all_to_all, sizes spanning several rounds of a small `net_chunk_bytes`, a
-//! captured graph replayed with new data, the collectives not served across nodes refused, and
-//! a killed node.
+//! broadcast and reduce root, reduce_scatter, all_to_all, all_to_all_v, sizes spanning
+//! several rounds of a small `net_chunk_bytes`, captured graphs replayed with new data,
+//! all_to_all_v_device refused, and a killed node.
 //! The first test runs everywhere (NVRTC compiles the kernels); the others need a GPU
 //! (`--include-ignored`) and libfabric.
 
@@ -19,7 +19,8 @@ mod fabric_data;
 mod harness;
 
 use coll_data::TElem;
-use rshmem::coll::{CollConfig, ReduceOp, ToRoot};
+use rshmem::coll::{AllToAllV, CollConfig, ReduceOp, ToRoot};
+use rshmem::cuda::DeviceCounts;
 use rshmem::cuda::{self, CollTuning, CudaPe, GpuColl, Stream};
 use rshmem::launcher::Exit;
 use rshmem::*;
@@ -126,6 +127,84 @@ fn want_fold<T: TElem>(pe: &Pe, op: ReduceOp, stream: u64, count: usize) -> Vec<
         .collect()
 }
 
+/// reduce_scatter of `T` with every operation: out of place over several rounds with the
+/// poison past the block checked, in place a few elements (the operations alternate which is
+/// large).
+fn reduce_scatter_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let big = 2 * CHUNK / std::mem::size_of::<T>() + 3;
+    let src = pe.alloc::<T>(n * big)?;
+    let dst = pe.alloc::<T>(big + 4)?;
+    for (k, &op) in T::ops().iter().enumerate() {
+        for in_place in [false, true] {
+            let count = if (k % 2 == 0) != in_place { big } else { 7 };
+            let stream = 800 + 10 * k as u64 + in_place as u64;
+            pe.local_fill(&src, T::poison())?;
+            pe.local_write(&src, 0, &T::gen(me, stream, n * count, op))?;
+            pe.local_fill(&dst, T::poison())?;
+            pe.barrier_all()?;
+            let out = if in_place { &src } else { &dst };
+            c.coll.reduce_scatter(&c.s, w, out, &src, count, op)?;
+            c.done()?;
+            let got = pe.local_vec(out)?;
+            let all = want_fold::<T>(pe, op, stream, n * count);
+            let at = if in_place { me * count } else { 0 };
+            let ctx = format!(
+                "{} reduce_scatter {op:?} of {count}, in place {in_place}",
+                T::KIND.name()
+            );
+            coll_data::check(&got[at..at + count], &all[me * count..][..count], &ctx);
+            if !in_place {
+                let rest = vec![T::poison(); 4 + big - count];
+                coll_data::check(&got[count..], &rest, &format!("{ctx}: past the count"));
+            }
+            pe.barrier_all()?;
+        }
+    }
+    Ok(())
+}
+
+/// reduce of `T` (sum and max) to every root, in and out of place, over several rounds:
+/// the root's `dst` exact, the others' untouched.
+fn reduce_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let count = 2 * CHUNK / std::mem::size_of::<T>() + 5;
+    let src = pe.alloc::<T>(count)?;
+    let dst = pe.alloc::<T>(count)?;
+    for (k, op) in [ReduceOp::Sum, ReduceOp::Max].into_iter().enumerate() {
+        for root in 0..n {
+            for in_place in [false, true] {
+                let stream = 900 + 10 * k as u64 + 2 * root as u64 + in_place as u64;
+                let mine = T::gen(me, stream, count, op);
+                pe.local_write(&src, 0, &mine)?;
+                pe.local_fill(&dst, T::poison())?;
+                pe.barrier_all()?;
+                let out = if in_place { &src } else { &dst };
+                c.coll
+                    .reduce(&c.s, w, out, &src, count, ToRoot { op, root })?;
+                c.done()?;
+                let got = pe.local_vec(out)?;
+                let ctx = format!(
+                    "{} reduce {op:?} of {count} to {root}, in place {in_place}",
+                    T::KIND.name()
+                );
+                if me == root {
+                    coll_data::check(&got, &want_fold::<T>(pe, op, stream, count), &ctx);
+                } else if in_place {
+                    coll_data::check(&got, &mine, &format!("{ctx}: a non-root's src"));
+                } else {
+                    let poison = vec![T::poison(); count];
+                    coll_data::check(&got, &poison, &format!("{ctx}: a non-root's dst"));
+                }
+                pe.barrier_all()?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// all_reduce of `T` with every operation, out of place (1001 elements) and in place (a size
 /// spanning several rounds plus a remainder).
 fn all_reduce_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
@@ -215,26 +294,33 @@ fn movement(c: &Ctx<'_>) -> Result<()> {
     Ok(())
 }
 
-/// all_to_all out of place, over several rounds.
+/// all_to_all in and out of place, over several rounds.
 fn all_to_all(c: &Ctx<'_>) -> Result<()> {
     let (pe, w) = (c.pe, c.pe.world_team());
     let (me, n) = (pe.my_pe(), pe.n_pes());
     for count in [1, 2 * CHUNK / 2 + 5] {
         let src = pe.alloc::<u16>(n * count)?;
         let dst = pe.alloc::<u16>(n * count)?;
-        let stream = 600 + count as u64;
-        pe.local_write(&src, 0, &harness::rand_vec::<u16>(me, stream, n * count))?;
-        pe.local_fill(&dst, 0xa5a5)?;
-        pe.barrier_all()?;
-        c.coll.all_to_all(&c.s, w, &dst, &src, count)?;
-        c.done()?;
-        let want: Vec<u16> = (0..n)
-            .flat_map(|j| {
-                harness::rand_vec::<u16>(j, stream, n * count)[me * count..][..count].to_vec()
-            })
-            .collect();
-        assert_eq!(pe.local_vec(&dst)?, want, "all_to_all of {count}");
-        pe.barrier_all()?;
+        for in_place in [false, true] {
+            let stream = 600 + count as u64 + in_place as u64;
+            pe.local_write(&src, 0, &harness::rand_vec::<u16>(me, stream, n * count))?;
+            pe.local_fill(&dst, 0xa5a5)?;
+            pe.barrier_all()?;
+            let out = if in_place { &src } else { &dst };
+            c.coll.all_to_all(&c.s, w, out, &src, count)?;
+            c.done()?;
+            let want: Vec<u16> = (0..n)
+                .flat_map(|j| {
+                    harness::rand_vec::<u16>(j, stream, n * count)[me * count..][..count].to_vec()
+                })
+                .collect();
+            assert_eq!(
+                pe.local_vec(out)?,
+                want,
+                "all_to_all of {count}, in place {in_place}"
+            );
+            pe.barrier_all()?;
+        }
     }
     Ok(())
 }
@@ -266,7 +352,8 @@ fn barrier(c: &Ctx<'_>) -> Result<()> {
     Ok(())
 }
 
-/// all_reduce, all_gather and broadcast captured once and replayed with new data.
+/// all_reduce, all_gather, an in-place broadcast, reduce_scatter, reduce and an in-place
+/// all_to_all captured once and replayed with new data.
 fn graph(c: &Ctx<'_>) -> Result<()> {
     let (pe, w) = (c.pe, c.pe.world_team());
     let (me, n) = (pe.my_pe(), pe.n_pes());
@@ -275,24 +362,40 @@ fn graph(c: &Ctx<'_>) -> Result<()> {
     let b = pe.alloc::<u64>(count)?;
     let gsrc = pe.alloc::<u32>(count)?;
     let gdst = pe.alloc::<u32>(n * count)?;
+    let rsrc = pe.alloc::<u32>(n * count)?;
+    let rdst = pe.alloc::<u32>(count)?;
+    let red = pe.alloc::<u64>(count)?;
+    let x = pe.alloc::<u16>(n * count)?;
     let root = n - 1;
+    let to = ToRoot {
+        op: ReduceOp::Sum,
+        root: 0,
+    };
     pe.barrier_all()?;
     c.s.begin_capture()?;
     let captured = (|| {
         c.coll.all_reduce(&c.s, w, &b, &a, count, ReduceOp::Sum)?;
         c.coll.all_gather(&c.s, w, &gdst, &gsrc, count)?;
+        c.coll
+            .reduce_scatter(&c.s, w, &rdst, &rsrc, count, ReduceOp::Xor)?;
+        c.coll.reduce(&c.s, w, &red, &a, count, to)?;
+        c.coll.all_to_all(&c.s, w, &x, &x, count)?;
         c.coll.broadcast(&c.s, w, &a, &a, count, root)
     })();
     let graph = c.s.end_capture();
     captured?;
     let graph = graph?;
     pe.barrier_all()?; // every PE has its graph before any launches
-    for r in 0..4u64 {
+    for r in 0..3u64 {
         let st = 500 + 4 * r;
         pe.local_write(&a, 0, &harness::rand_vec::<u64>(me, st, count))?;
         pe.local_write(&gsrc, 0, &harness::rand_vec::<u32>(me, st + 1, count))?;
+        pe.local_write(&rsrc, 0, &harness::rand_vec::<u32>(me, st + 2, n * count))?;
+        pe.local_write(&x, 0, &harness::rand_vec::<u16>(me, st + 3, n * count))?;
         pe.local_fill(&b, u64::MAX)?;
+        pe.local_fill(&red, u64::MAX)?;
         pe.local_fill(&gdst, u32::MAX)?;
+        pe.local_fill(&rdst, u32::MAX)?;
         pe.barrier_all()?;
         graph.launch(&c.s)?;
         c.done()?;
@@ -307,6 +410,22 @@ fn graph(c: &Ctx<'_>) -> Result<()> {
             .flat_map(|p| harness::rand_vec::<u32>(p, st + 1, count))
             .collect();
         assert_eq!(pe.local_vec(&gdst)?, want, "replay {r}: all_gather");
+        let mut xor = vec![0u32; count];
+        for p in 0..n {
+            let v = harness::rand_vec::<u32>(p, st + 2, n * count);
+            for (s, v) in xor.iter_mut().zip(&v[me * count..][..count]) {
+                *s ^= v;
+            }
+        }
+        assert_eq!(pe.local_vec(&rdst)?, xor, "replay {r}: reduce_scatter");
+        let want = if me == 0 { sum } else { vec![u64::MAX; count] };
+        assert_eq!(pe.local_vec(&red)?, want, "replay {r}: reduce to 0");
+        let a2a: Vec<u16> = (0..n)
+            .flat_map(|j| {
+                harness::rand_vec::<u16>(j, st + 3, n * count)[me * count..][..count].to_vec()
+            })
+            .collect();
+        assert_eq!(pe.local_vec(&x)?, a2a, "replay {r}: all_to_all in place");
         let bc = harness::rand_vec::<u64>(root, st, count);
         assert_eq!(pe.local_vec(&a)?, bc, "replay {r}: broadcast in place");
         pe.barrier_all()?;
@@ -314,36 +433,198 @@ fn graph(c: &Ctx<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The collectives not served across nodes (and in-place all_to_all) are errors before
-/// anything is launched.
+/// The arrays of member `me` of an all_to_all_v among `n` in which member i sends j
+/// `cnt(i, j)` elements: send and receive layouts in different member orders, with gaps of 3;
+/// (arrays, src length, dst length).
+fn a2av_arrays(
+    me: usize,
+    n: usize,
+    cnt: &dyn Fn(usize, usize) -> usize,
+) -> ([Vec<usize>; 4], usize, usize) {
+    let layout = |counts: &[usize], rot: usize| {
+        let mut at = vec![0; n];
+        let mut next = 3;
+        for k in 0..n {
+            let j = (k + rot) % n;
+            at[j] = next;
+            next += counts[j] + 3;
+        }
+        (at, next)
+    };
+    let sc: Vec<usize> = (0..n).map(|j| cnt(me, j)).collect();
+    let rc: Vec<usize> = (0..n).map(|i| cnt(i, me)).collect();
+    let (sd, sl) = layout(&sc, me);
+    let (rd, dl) = layout(&rc, me + 1);
+    ([sc, sd, rc, rd], sl, dl)
+}
+
+/// all_to_all_v with counts known on the host: pairs of other nodes through the proxy at the
+/// receivers' displacements, over several rounds' worth of bytes and with empty pairs, the
+/// gaps left poisoned; one call captured and replayed with new data; counts that do not pair
+/// up between PE 0 and the last PE (on another node) an error on both, then a matching call
+/// exact.
+fn all_to_all_v(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let poison = 0xa5a5_a5a5u32;
+    // Some pairs of other nodes empty (1 to 0 among them), others over a few KiB.
+    let cnt = |i: usize, j: usize| {
+        if (i + 2 * j) % 3 == 1 {
+            0
+        } else {
+            ((i * 7 + j * 3) % 4) * 700 + (i + j) % 2
+        }
+    };
+    let ([sc, sd, rc, rd], ..) = a2av_arrays(me, n, &cnt);
+    // Symmetric objects: the longest layout of any PE (and one element past it).
+    let sl = (0..n).map(|i| a2av_arrays(i, n, &cnt).1).max().unwrap_or(0);
+    let dl = (0..n).map(|i| a2av_arrays(i, n, &cnt).2).max().unwrap_or(0) + 1;
+    let src = pe.alloc::<u32>(sl)?;
+    let dst = pe.alloc::<u32>(dl)?;
+    let want = |stream: u64| {
+        let mut d = vec![poison; dl];
+        for i in 0..n {
+            // Sender i's src and where its share for this PE starts there.
+            let (a, ..) = a2av_arrays(i, n, &cnt);
+            let data = harness::rand_vec::<u32>(i, stream, sl);
+            d[rd[i]..rd[i] + rc[i]].copy_from_slice(&data[a[1][me]..][..rc[i]]);
+        }
+        d
+    };
+    let v = AllToAllV {
+        send_counts: &sc,
+        send_displs: &sd,
+        recv_counts: &rc,
+        recv_displs: &rd,
+    };
+    for stream in [1100u64, 1101] {
+        pe.local_write(&src, 0, &harness::rand_vec::<u32>(me, stream, sl))?;
+        pe.local_fill(&dst, poison)?;
+        pe.barrier_all()?;
+        c.coll.all_to_all_v(&c.s, w, &dst, &src, &v)?;
+        c.done()?;
+        assert_eq!(pe.local_vec(&dst)?, want(stream), "all_to_all_v {stream}");
+        pe.barrier_all()?;
+    }
+    c.s.begin_capture()?;
+    let captured = c.coll.all_to_all_v(&c.s, w, &dst, &src, &v);
+    let graph = c.s.end_capture();
+    captured?;
+    let graph = graph?;
+    pe.barrier_all()?;
+    for stream in [1110u64, 1111] {
+        pe.local_write(&src, 0, &harness::rand_vec::<u32>(me, stream, sl))?;
+        pe.local_fill(&dst, poison)?;
+        pe.barrier_all()?;
+        graph.launch(&c.s)?;
+        c.done()?;
+        assert_eq!(
+            pe.local_vec(&dst)?,
+            want(stream),
+            "replayed all_to_all_v {stream}"
+        );
+        pe.barrier_all()?;
+    }
+    // PE 0 expects one element more from the last PE than it sends.
+    let mut rc_bad = rc.clone();
+    if me == 0 {
+        rc_bad[n - 1] += 1;
+    }
+    let bad = AllToAllV {
+        recv_counts: &rc_bad,
+        ..v
+    };
+    c.coll.all_to_all_v(&c.s, w, &dst, &src, &bad)?;
+    c.s.synchronize()?;
+    let r = c.coll.check_errors();
+    if me == 0 || me == n - 1 {
+        assert!(
+            matches!(r, Err(Error::InvalidArgument(_))),
+            "PE {me}: {r:?}"
+        );
+    } else {
+        r?;
+    }
+    pe.barrier_all()?;
+    pe.local_write(&src, 0, &harness::rand_vec::<u32>(me, 1120, sl))?;
+    pe.local_fill(&dst, poison)?;
+    pe.barrier_all()?;
+    c.coll.all_to_all_v(&c.s, w, &dst, &src, &v)?;
+    c.done()?;
+    assert_eq!(
+        pe.local_vec(&dst)?,
+        want(1120),
+        "all_to_all_v after the mismatch"
+    );
+    pe.barrier_all()
+}
+
+/// all_to_all_v_device, not served across nodes, and bad arguments of the calls served are
+/// errors before anything is launched.
 fn refused(c: &Ctx<'_>) -> Result<()> {
     let (pe, w) = (c.pe, c.pe.world_team());
     let n = pe.n_pes();
     let x = pe.alloc::<u32>(4 * n)?;
     let y = pe.alloc::<u32>(4 * n)?;
-    let rs = c.coll.reduce_scatter(&c.s, w, &y, &x, 4, ReduceOp::Sum);
-    let a2a = c.coll.all_to_all(&c.s, w, &x, &x, 4);
-    let red = c.coll.reduce(
-        &c.s,
-        w,
-        &y,
-        &x,
-        4,
-        ToRoot {
-            op: ReduceOp::Sum,
-            root: 0,
-        },
-    );
-    for (what, r) in [
-        ("reduce_scatter", rs),
-        ("all_to_all in place", a2a),
-        ("reduce", red),
-    ] {
-        match r {
-            Err(Error::Backend { ref msg, .. }) if msg.contains("spanning nodes") => {}
-            other => panic!("{what} across nodes: {other:?}"),
-        }
+    let cs = pe.alloc::<u64>(n)?;
+    let cr = pe.alloc::<u64>(n)?;
+    let dc = DeviceCounts {
+        send: &cs,
+        recv: &cr,
+    };
+    match c.coll.all_to_all_v_device(&c.s, w, &y, &x, dc) {
+        Err(Error::Backend { ref msg, .. }) if msg.contains("spanning nodes") => {}
+        other => panic!("all_to_all_v_device across nodes: {other:?}"),
     }
+    let (counts, displs): (Vec<usize>, Vec<usize>) = (0..n).map(|j| (4, 4 * j + 1)).unzip();
+    let v = AllToAllV {
+        send_counts: &counts,
+        send_displs: &displs,
+        recv_counts: &counts,
+        recv_displs: &displs,
+    };
+    let r = c.coll.all_to_all_v(&c.s, w, &y, &x, &v);
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "a2av past src: {r:?}"
+    );
+    let r = c.coll.all_to_all_v(&c.s, w, &x, &x, &v);
+    assert!(r.is_err(), "a2av in place");
+    let sum = |root| ToRoot {
+        op: ReduceOp::Sum,
+        root,
+    };
+    let r = c.coll.reduce(&c.s, w, &y, &x, 4, sum(n));
+    assert!(
+        matches!(r, Err(Error::PeOutOfRange { .. })),
+        "root {n}: {r:?}"
+    );
+    let r = c.coll.reduce(&c.s, w, &y, &x, 4 * n + 1, sum(0));
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "reduce past src: {r:?}"
+    );
+    let r = c.coll.reduce_scatter(&c.s, w, &y, &x, 5, ReduceOp::Sum);
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "blocks past src: {r:?}"
+    );
+    let r = c.coll.all_to_all(&c.s, w, &x, &x, 5);
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "in place past dst: {r:?}"
+    );
+    let f = pe.alloc::<f32>(4 * n)?;
+    let xor = ToRoot {
+        op: ReduceOp::Xor,
+        root: 0,
+    };
+    assert!(
+        c.coll.reduce(&c.s, w, &f, &f, 4, xor).is_err(),
+        "xor of floats"
+    );
+    let r = c.coll.reduce_scatter(&c.s, w, &f, &f, 4, ReduceOp::Or);
+    assert!(r.is_err(), "or of floats");
     c.done()?;
     pe.barrier_all()
 }
@@ -393,27 +674,51 @@ fn everything(pe: &Pe) -> Result<()> {
     step(pe, "all_reduce u64", t0, all_reduce_t::<u64>(&c))?;
     each_type!(all_reduce_t(&c));
     step(pe, "all_reduce of every type", t0, Ok(()))?;
+    each_type!(reduce_scatter_t(&c));
+    step(pe, "reduce_scatter of every type", t0, Ok(()))?;
+    reduce_t::<u64>(&c)?;
+    reduce_t::<f16>(&c)?;
+    step(pe, "reduce u64, f16", t0, reduce_t::<f32>(&c))?;
     step(pe, "all_gather, broadcast", t0, movement(&c))?;
     step(pe, "all_to_all", t0, all_to_all(&c))?;
+    step(pe, "all_to_all_v", t0, all_to_all_v(&c))?;
     step(pe, "graph", t0, graph(&c))?;
     step(pe, "refusals", t0, refused(&c))?;
     step(pe, "mismatch", t0, mismatch(&c))?;
     pe.quiet()
 }
 
-/// On three PEs the node of two runs the node-local kernels too: a sample of the types.
+/// On three PEs the node of two runs the node-local kernels too: a sample of the types; then
+/// lists of one entry per launch (PE 0 has two partners: every call and round is split).
 fn sample(pe: &Pe) -> Result<()> {
-    let c = Ctx::new(pe)?;
+    let mut c = Ctx::new(pe)?;
     let t0 = Instant::now();
     step(pe, "barrier", t0, barrier(&c))?;
     step(pe, "all_reduce u64", t0, all_reduce_t::<u64>(&c))?;
     all_reduce_t::<bf16>(&c)?;
     step(pe, "all_reduce bf16, f32", t0, all_reduce_t::<f32>(&c))?;
+    reduce_scatter_t::<u32>(&c)?;
+    step(
+        pe,
+        "reduce_scatter u32, bf16",
+        t0,
+        reduce_scatter_t::<bf16>(&c),
+    )?;
+    reduce_t::<i64>(&c)?;
+    step(pe, "reduce i64, f32", t0, reduce_t::<f32>(&c))?;
     step(pe, "all_gather, broadcast", t0, movement(&c))?;
     step(pe, "all_to_all", t0, all_to_all(&c))?;
+    step(pe, "all_to_all_v", t0, all_to_all_v(&c))?;
     step(pe, "graph", t0, graph(&c))?;
     step(pe, "refusals", t0, refused(&c))?;
     step(pe, "mismatch", t0, mismatch(&c))?;
+    assert!(c.coll.set_net_list(0).is_err() && c.coll.set_net_list(65).is_err());
+    c.coll.set_net_list(1)?;
+    reduce_scatter_t::<u64>(&c)?;
+    reduce_t::<u64>(&c)?;
+    all_to_all(&c)?;
+    all_to_all_v(&c)?;
+    step(pe, "lists of one entry", t0, graph(&c))?;
     pe.quiet()
 }
 
@@ -457,7 +762,7 @@ fn gpu_collectives_across_two_nodes_of_one_pe() {
     }
     let test = "gpu_collectives_across_two_nodes_of_one_pe";
     if !harness::is_child() {
-        return job(test, 2, 1, "two", 100);
+        return job(test, 2, 1, "two", 200);
     }
     let pe = Launch::new().config(config()).init().expect("init");
     everything(&pe).unwrap_or_else(|e| panic!("PE {}: {e}", pe.my_pe()));
@@ -473,7 +778,7 @@ fn gpu_collectives_across_a_node_of_one_beside_a_node_of_two() {
     let test = "gpu_collectives_across_a_node_of_one_beside_a_node_of_two";
     if !harness::is_child() {
         // A fresh process (and CUDA context) for the world of three thread-PEs.
-        return job(test, 1, 1, "three", 100);
+        return job(test, 1, 1, "three", 200);
     }
     let hub = InProcBootstrap::new(3, Duration::from_secs(30)).expect("hub");
     std::thread::scope(|s| {

@@ -471,6 +471,22 @@ impl GpuColl<'_> {
         Ok(())
     }
 
+    /// Entries per list of a cross-node round launch (partners of a call; puts, waits and
+    /// acknowledgements of a round), 1 to 64 (the default, and the most a launch's arguments
+    /// hold): longer lists take several launches. For tests, which split small teams' calls
+    /// this way.
+    #[doc(hidden)]
+    pub fn set_net_list(&mut self, entries: usize) -> Result<()> {
+        if !(1..=super::net::NET_MAX).contains(&entries) {
+            return Err(Error::invalid(format!(
+                "cross-node list of {entries} entries: 1 to {}",
+                super::net::NET_MAX
+            )));
+        }
+        self.net_list = entries;
+        Ok(())
+    }
+
     /// The largest team [`GpuColl::all_to_all_v_device`] serves on this GPU.
     pub fn all_to_all_v_device_max_team(&self) -> usize {
         self.a2av_dev_max

@@ -13,6 +13,7 @@ mod choice;
 mod exec;
 mod ll;
 mod net;
+mod net_sched;
 #[cfg(test)]
 mod net_tests;
 mod paths;
@@ -147,15 +148,18 @@ pub const COLL_KERNELS: &str = concat!(
 ///   all_to_all_v of two teams running at once on two streams would overwrite each other's).
 ///   Collectives of different teams that run concurrently need a [`GpuColl`] per stream.
 /// * **Teams spanning nodes** (a world whose PEs name several nodes: `docs/fabric.md`):
-///   all_reduce, all_gather, broadcast, all_to_all (out of place) and barrier decompose along
-///   the team's [`NodeMap`](crate::NodeMap): the node-local paths above on the node's members
-///   of the team (on the team's slot; they must be evenly strided, as every device team), and
-///   between
-///   nodes rounds of puts with signals through the proxy, each member of a node carrying a
-///   share, chunked by [`CollTuning::net_chunk_bytes`] (all_reduce folds the nodes' partials
-///   in node order, so floats group their terms by node). Graph-capturable like the rest.
-///   reduce, reduce_scatter and all_to_all_v(_device) are an [`Error::Backend`] on such teams;
-///   the signature check covers members of other nodes too (carried with each call's first
+///   every collective but all_to_all_v_device decomposes along the team's
+///   [`NodeMap`](crate::NodeMap): the node-local paths above on the node's members of the
+///   team (on the team's slot; they must be evenly strided, as every device team), and
+///   between nodes rounds of puts with signals through the proxy, each member of a node
+///   carrying a share, chunked by [`CollTuning::net_chunk_bytes`] (reductions fold each
+///   node's partial first and the nodes' partials in node order, so floats group their terms
+///   by node). Graph-capturable like the rest (out-of-place reduce_scatter, reduce and
+///   in-place all_to_all use staging memory: [`GpuColl::reserve`] before capturing).
+///   all_to_all_v puts each share for another node straight at the displacement its
+///   receiver published. all_to_all_v_device is an [`Error::Backend`] on such teams; teams of
+///   more than 64 nodes too.
+///   The signature check covers members of other nodes too (carried with each call's first
 ///   exchange between two PEs);
 ///   [`GpuColl::check_errors`] reports a lost node as [`Error::PeerLost`].
 /// * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
@@ -223,6 +227,8 @@ pub struct GpuColl<'a> {
     a2av_dev_max: usize,
     /// Members per all_to_all_v list launch (at most [`A2AV_CHUNK`]).
     a2av_chunk: usize,
+    /// Entries per list of a cross-node round launch (at most `net::NET_MAX`).
+    net_list: usize,
     sms: u32,
     /// Private stream for the error record (never the legacy default stream: it must not
     /// interact with other PEs' graph captures on the same GPU).
@@ -346,7 +352,10 @@ impl<'a> GpuColl<'a> {
         let a2av_dev_max = a2av_dev_shared(&b.gpu, f_a2av_dev, n_pes)?;
         // Teams spanning nodes: every PE of such a world allocates the same objects.
         let net = if (0..n_pes).any(|p| b.is_remote(p)) {
-            let f = funcs["rshmemi_coll_net_round"];
+            let f = (
+                funcs["rshmemi_coll_net_round"],
+                funcs["rshmemi_coll_net_a2av"],
+            );
             Some(net::Net::new(&g, &own, f, tuning.net_chunk_bytes, slots)?)
         } else {
             None
@@ -386,6 +395,7 @@ impl<'a> GpuColl<'a> {
             n_pes,
             a2av_dev_max,
             a2av_chunk: A2AV_CHUNK,
+            net_list: net::NET_MAX,
             sms: b.gpu.sms().max(1) as u32,
             own,
             ll_sizes,
@@ -485,8 +495,10 @@ impl<'a> GpuColl<'a> {
     ) -> Result<()> {
         let ToRoot { op, root } = to;
         let dt = self.team(s, team)?;
-        self.net_refuse(team, "reduce")?;
         check_root(root, dt)?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_reduce(s, &nt, dst, src, count, op, root);
+        }
         let f = self.reduce_func::<T>(op)?;
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
@@ -651,7 +663,9 @@ impl<'a> GpuColl<'a> {
         op: ReduceOp,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
-        self.net_refuse(team, "reduce_scatter")?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_reduce_scatter(s, &nt, dst, src, count, op);
+        }
         let f = self.reduce_func::<T>(op)?;
         let n = dt.size as usize;
         let ip = Self::in_place(src, dst)?;
@@ -750,15 +764,31 @@ impl<'a> GpuColl<'a> {
         v: &AllToAllV<'_>,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
-        self.net_refuse(team, "all_to_all_v")?;
         let n = dt.size as usize;
         if Self::in_place(src, dst)? {
             return Err(Error::invalid(
                 "cuda all_to_all_v: src and dst must be different objects",
             ));
         }
+        v.check(n, src.raw().len, dst.raw().len)?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_all_to_all_v(s, &nt, dst, src, v);
+        }
+        self.all_to_all_v_on(s, dt, dst, src, v)
+    }
+
+    /// [`GpuColl::all_to_all_v`] on a node-local team already resolved and checked against
+    /// `s`, `v` checked against the objects.
+    fn all_to_all_v_on<T: Elem>(
+        &self,
+        s: &Stream,
+        dt: DeviceTeam,
+        dst: &(impl AsSym<T> + ?Sized),
+        src: &(impl AsSym<T> + ?Sized),
+        v: &AllToAllV<'_>,
+    ) -> Result<()> {
+        let n = dt.size as usize;
         let (sl, dl) = (src.raw().len, dst.raw().len);
-        v.check(n, sl, dl)?;
         let sr = self.g.ptr(src)?;
         let d = self.g.ptr(dst)?;
         let mp = self.g.ptr(&self.meta)?;

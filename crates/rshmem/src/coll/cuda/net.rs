@@ -1,370 +1,39 @@
 //! [`GpuColl`] on teams spanning nodes: the node's members by the node-local paths, the nodes
 //! among each other through the proxy (DeepEP's and NCCL's hierarchy).
 //!
-//! A call on such a team runs in up to three phases on the stream:
+//! A call on such a team runs in up to three phases on the stream (its schedule:
+//! [`NetSched`], `net_sched.rs`):
 //! 1. inside each node, the existing kernels on the node's members of the team (all_reduce:
-//!    the node's partial into every member's `dst`; broadcast: the root's node gets the data);
-//! 2. across nodes, rounds of puts with signals through the proxy ([`NetSched`]): each member
-//!    of a node carries a share (part `q` of the vector is carried by the node's member of
-//!    local index `q % L`, as in [`NodeMap::peer`]), chunked through [`CollTuning::net_chunk_bytes`];
-//!    reductions put each node's partial into scratch at the other owners of the part and fold
-//!    the nodes' partials in node order;
+//!    the node's partial into every member's `dst`; broadcast: the root's node gets the data;
+//!    reduce and reduce_scatter: each part's node partial folded by its carrier);
+//! 2. across nodes, rounds of puts with signals through the proxy: each member of a node
+//!    carries a share (part `q` of the vector is carried by the node's member of local index
+//!    `q % L`, as in [`NodeMap::peer`]), chunked through [`CollTuning::net_chunk_bytes`];
+//!    reductions put each node's partial into the receiver's scratch slot of the sender's
+//!    node and fold the nodes' partials in node order;
 //! 3. inside each node, members copy the parts their node peers received (a plan of copies
 //!    between two barriers, on the GPU plan executor).
 //!
 //! The node's members meet on the team's own barrier slot: device barrier counters count per
 //! pair of PEs, so a barrier of a subset of the team keeps every pair in step.
 
+use super::net_sched::*;
 use super::*;
 use crate::team::NodeMap;
 
-/// Most partners of a PE in one call, and most nodes of a team (the round and fold kernels
-/// take their lists as arguments: `RSHMEMI_NET_MAX`).
+/// Entries of a round launch's lists (partners, puts, waits, acknowledgements: longer lists
+/// take several launches) and most nodes of a team (the fold kernel's sources), as
+/// `RSHMEMI_NET_MAX`.
 pub(super) const NET_MAX: usize = 64;
-
-/// Where a round's put lands at its target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NetTo {
-    /// The target's `dst` at this element.
-    Dst(usize),
-    /// The target's scratch slot of this PE, half `parity` (reductions).
-    Scratch(usize),
-}
-
-/// One put of a round: `len` elements of this member's input (`dst` for reductions and
-/// broadcasts, the member's own block for all_gather) from element `from_at` to member `to`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct NetPut {
-    pub to: usize,
-    pub from_at: usize,
-    pub dst: NetTo,
-}
-
-/// A fold source per node: `None` this member's own `dst`, else its scratch slot of
-/// (member, parity).
-pub(crate) type FoldSrcs = Vec<Option<(usize, usize)>>;
-
-/// One round of the cross-node phase as this member runs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Round {
-    /// Number of the round in the call (the same on every member; signal values carry it).
-    pub index: u32,
-    /// Elements each put moves.
-    pub len: usize,
-    pub puts: Vec<NetPut>,
-    /// Members whose put of this round this member waits for.
-    pub waits: Vec<usize>,
-    /// Reductions: `dst[at..at+len]` becomes the fold in node order of, per node, this
-    /// member's `dst` (`None`, its own node) or its scratch slot of (member, parity).
-    pub fold: Option<(usize, FoldSrcs)>,
-}
-
-/// The cross-node phase and the node phase after it, for one member of one call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NetSched {
-    /// Members this one exchanges with (a ready arrival each before the first put), ascending.
-    pub partners: Vec<usize>,
-    pub rounds: Vec<Round>,
-    /// Copies inside the node after the rounds (`peer`: local index on the node), run between
-    /// two barriers of the node's members when `node_phase` (on every member of the node
-    /// alike, copies or none).
-    pub after: Vec<Step>,
-    pub node_phase: bool,
-}
-
-/// Part `q` of `parts` of `count` elements: (first element, length); lengths differ by at
-/// most one.
-pub(crate) fn part(count: usize, parts: usize, q: usize) -> (usize, usize) {
-    let at = |q: usize| (q as u128 * count as u128 / parts as u128) as usize;
-    (at(q), at(q + 1) - at(q))
-}
-
-/// The chunks of `len` elements from `at`, `chunk` elements at most each.
-fn chunks(at: usize, len: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
-    let chunk = chunk.max(1);
-    (0..len.div_ceil(chunk)).map(move |c| (at + c * chunk, chunk.min(len - c * chunk)))
-}
-
-fn next_round(r: &mut u32) -> Result<u32> {
-    let i = *r;
-    *r = r
-        .checked_add(1)
-        .ok_or_else(|| Error::invalid("a collective across nodes of more than 2^32 rounds"))?;
-    Ok(i)
-}
-
-fn finish(
-    mut partners: Vec<usize>,
-    rounds: Vec<Round>,
-    after: Vec<Step>,
-    node_phase: bool,
-) -> NetSched {
-    partners.sort_unstable();
-    partners.dedup();
-    NetSched {
-        partners,
-        rounds,
-        after,
-        node_phase,
-    }
-}
-
-/// all_reduce, after every member's `dst` holds its node's partial: part `q` of
-/// `max_local` parts is folded over the nodes by its owners (one per node), then copied
-/// inside each node from its owner.
-pub(crate) fn all_reduce_sched(
-    map: &NodeMap,
-    me: usize,
-    count: usize,
-    chunk: usize,
-) -> Result<NetSched> {
-    let (nodes, parts) = (map.n_nodes(), map.max_local());
-    let mine = map.node(me);
-    let (mut partners, mut rounds, mut after) = (Vec::new(), Vec::new(), Vec::new());
-    let mut pair = vec![0usize; map.n_pes()];
-    let mut r = 0u32;
-    for q in 0..parts {
-        let (at, len) = part(count, parts, q);
-        let owners: Vec<usize> = (0..nodes).map(|k| map.peer(k, q)).collect();
-        if owners[mine] != me && len > 0 {
-            after.push(Step::Copy {
-                peer: map.local(owners[mine]),
-                from: Buf::Dst,
-                from_at: at,
-                to: Buf::Dst,
-                to_at: at,
-                len,
-            });
-        }
-        for (a, n) in chunks(at, len, chunk) {
-            let index = next_round(&mut r)?;
-            if owners[mine] != me {
-                continue;
-            }
-            let mut round = Round {
-                index,
-                len: n,
-                puts: Vec::new(),
-                waits: Vec::new(),
-                fold: None,
-            };
-            let mut fold = Vec::with_capacity(nodes);
-            for (k, &o) in owners.iter().enumerate() {
-                if k == mine {
-                    fold.push(None);
-                    continue;
-                }
-                let parity = pair[o] % 2;
-                pair[o] += 1;
-                round.puts.push(NetPut {
-                    to: o,
-                    from_at: a,
-                    dst: NetTo::Scratch(parity),
-                });
-                round.waits.push(o);
-                fold.push(Some((o, parity)));
-                partners.push(o);
-            }
-            round.fold = Some((a, fold));
-            rounds.push(round);
-        }
-    }
-    let local = map.members(mine).len();
-    Ok(finish(partners, rounds, after, count > 0 && local > 1))
-}
-
-/// broadcast from member `root`, after every member of the root's node has the data in `dst`:
-/// part `q` goes from its owner on the root's node to its owner on every other node, then
-/// inside each node from its owner.
-pub(crate) fn broadcast_sched(
-    map: &NodeMap,
-    me: usize,
-    root: usize,
-    count: usize,
-    chunk: usize,
-) -> Result<NetSched> {
-    let (nodes, parts) = (map.n_nodes(), map.max_local());
-    let (mine, from) = (map.node(me), map.node(root));
-    let (mut partners, mut rounds, mut after) = (Vec::new(), Vec::new(), Vec::new());
-    let mut r = 0u32;
-    for q in 0..parts {
-        let (at, len) = part(count, parts, q);
-        let sender = map.peer(from, q);
-        let owner = map.peer(mine, q);
-        if mine != from && owner != me && len > 0 {
-            after.push(Step::Copy {
-                peer: map.local(owner),
-                from: Buf::Dst,
-                from_at: at,
-                to: Buf::Dst,
-                to_at: at,
-                len,
-            });
-        }
-        for (a, n) in chunks(at, len, chunk) {
-            let index = next_round(&mut r)?;
-            let mut round = Round {
-                index,
-                len: n,
-                puts: Vec::new(),
-                waits: Vec::new(),
-                fold: None,
-            };
-            if sender == me {
-                for k in (0..nodes).filter(|&k| k != from) {
-                    let to = map.peer(k, q);
-                    round.puts.push(NetPut {
-                        to,
-                        from_at: a,
-                        dst: NetTo::Dst(a),
-                    });
-                    partners.push(to);
-                }
-            } else if mine != from && owner == me {
-                round.waits.push(sender);
-                partners.push(sender);
-            } else {
-                continue;
-            }
-            rounds.push(round);
-        }
-    }
-    let local = map.members(mine).len();
-    Ok(finish(
-        partners,
-        rounds,
-        after,
-        count > 0 && mine != from && local > 1,
-    ))
-}
-
-/// all_gather: each member's input goes once to every other node, to the member there of its
-/// local index (modulo the node's size), then inside each node from the member that holds it.
-/// `from_at` is relative to the member's input (`src`, or its block of `dst` in place).
-pub(crate) fn all_gather_sched(
-    map: &NodeMap,
-    me: usize,
-    count: usize,
-    chunk: usize,
-    in_place: bool,
-) -> Result<NetSched> {
-    let (nodes, n) = (map.n_nodes(), map.n_pes());
-    let (mine, l) = (map.node(me), map.local(me));
-    let (mut partners, mut rounds, mut after) = (Vec::new(), Vec::new(), Vec::new());
-    let from = |j: usize| -> Vec<usize> {
-        // Members of other nodes whose blocks this member receives.
-        (0..n)
-            .filter(|&i| map.node(i) != map.node(j) && map.peer(map.node(j), map.local(i)) == j)
-            .collect()
-    };
-    let senders = from(me);
-    if count > 0 {
-        for j in 0..n {
-            let (src, src_at) = if j == me && in_place {
-                continue;
-            } else if map.node(j) == mine {
-                if in_place {
-                    (j, j * count)
-                } else {
-                    (j, 0)
-                }
-            } else {
-                let holder = map.peer(mine, map.local(j));
-                if holder == me {
-                    continue;
-                }
-                (holder, j * count)
-            };
-            let own_src = map.node(j) == mine && !in_place;
-            after.push(Step::Copy {
-                peer: map.local(src),
-                from: if own_src { Buf::Src } else { Buf::Dst },
-                from_at: src_at,
-                to: Buf::Dst,
-                to_at: j * count,
-                len: count,
-            });
-        }
-    }
-    let mut r = 0u32;
-    for (a, len) in chunks(0, count, chunk) {
-        let index = next_round(&mut r)?;
-        let mut round = Round {
-            index,
-            len,
-            puts: Vec::new(),
-            waits: senders.clone(),
-            fold: None,
-        };
-        for k in (0..nodes).filter(|&k| k != mine) {
-            let to = map.peer(k, l);
-            round.puts.push(NetPut {
-                to,
-                from_at: a,
-                dst: NetTo::Dst(me * count + a),
-            });
-            partners.push(to);
-        }
-        partners.extend(&senders);
-        rounds.push(round);
-    }
-    let local = map.members(mine).len();
-    Ok(finish(
-        partners,
-        rounds,
-        after,
-        count > 0 && (local > 1 || !in_place),
-    ))
-}
-
-/// all_to_all, out of place: each share for a member of another node goes straight into its
-/// `dst`; the shares of the node's members (this member's own included) are copied inside
-/// the node.
-pub(crate) fn all_to_all_sched(
-    map: &NodeMap,
-    me: usize,
-    count: usize,
-    chunk: usize,
-) -> Result<NetSched> {
-    let n = map.n_pes();
-    let mine = map.node(me);
-    let far: Vec<usize> = (0..n).filter(|&j| map.node(j) != mine).collect();
-    let mut after = Vec::new();
-    if count > 0 {
-        for &m in map.members(mine) {
-            after.push(Step::Copy {
-                peer: map.local(m),
-                from: Buf::Src,
-                from_at: me * count,
-                to: Buf::Dst,
-                to_at: m * count,
-                len: count,
-            });
-        }
-    }
-    let mut rounds = Vec::new();
-    let mut r = 0u32;
-    for (a, len) in chunks(0, count, chunk) {
-        let index = next_round(&mut r)?;
-        let puts = far
-            .iter()
-            .map(|&j| NetPut {
-                to: j,
-                from_at: j * count + a,
-                dst: NetTo::Dst(me * count + a),
-            })
-            .collect();
-        rounds.push(Round {
-            index,
-            len,
-            puts,
-            waits: far.clone(),
-            fold: None,
-        });
-    }
-    let partners = if count > 0 { far } else { Vec::new() };
-    Ok(finish(partners, rounds, after, count > 0))
-}
+/// `begin` of the round kernel: post the ready arrivals, wait for them, add to the skip flag
+/// (a later list of the same call) — `RSHMEMI_NET_POST`, `_WAIT`, `_MORE`.
+const NET_POST: u32 = 1;
+const NET_WAIT: u32 = 2;
+const NET_MORE: u32 = 4;
+/// `phase` of the all_to_all_v kernel: `RSHMEMI_NET_A2AV_META`, `_PUT`, `_WAIT`.
+const A2AV_META: i32 = 1;
+const A2AV_PUT: i32 = 2;
+const A2AV_WAIT: i32 = 4;
 
 /// A team spanning nodes as this PE runs its calls.
 #[derive(Debug, Clone)]
@@ -432,15 +101,29 @@ pub(super) fn node_team(
 
 /// The cross-node state of a [`GpuColl`] whose world spans nodes.
 pub(super) struct Net {
-    /// Symmetric u64[team slots][2 · n_pes]: data signals, then ready arrivals, per world PE.
+    /// Symmetric u64[team slots][3 · n_pes]: data signals, ready arrivals and fold
+    /// acknowledgements, per world PE.
     pub sig: Sym<u64>,
-    /// Symmetric scratch of reductions: [world PE][2][chunk bytes].
+    /// Symmetric scratch of reductions: [sender's node][2][chunk bytes].
     pub scratch: Sym<u8>,
     /// Bytes of a scratch half ([`CollTuning::net_chunk_bytes`]).
     pub chunk: usize,
+    /// Scratch slots' nodes (the world's nodes).
+    pub nodes: usize,
     /// Private u64[team slots][n_pes]: calls this PE has had with each PE on each slot.
     pub exp: DevBuf,
+    /// Symmetric u64[n_pes][2]: what each PE expects of this one in all_to_all_v (where its
+    /// data lands in that PE's `dst`, and how many elements), written by that PE.
+    pub meta: Sym<u64>,
     pub f_round: Func,
+    pub f_a2av: Func,
+}
+
+#[repr(C)]
+struct NetA2av {
+    pe: [i32; NET_MAX],
+    at: [u64; NET_MAX],
+    count: [u64; NET_MAX],
 }
 
 #[repr(C)]
@@ -448,11 +131,18 @@ struct NetPuts {
     dst: [u64; NET_MAX],
     src: [u64; NET_MAX],
     pe: [i32; NET_MAX],
+    ack: [u32; NET_MAX],
 }
 
 #[repr(C)]
 struct NetWaits {
     pe: [i32; NET_MAX],
+}
+
+#[repr(C)]
+struct NetAcks {
+    pe: [i32; NET_MAX],
+    v: [u32; NET_MAX],
 }
 
 #[repr(C)]
@@ -466,16 +156,18 @@ impl Net {
     pub(super) fn new(
         g: &CudaPe<'_>,
         own: &RawStream,
-        f_round: Func,
+        (f_round, f_a2av): (Func, Func),
         chunk: usize,
         slots: usize,
     ) -> Result<Net> {
         let pe = g.pe_ref();
         let n = pe.n_pes();
-        let words = mul(mul(slots, 2)?, n)?;
+        let words = mul(mul(slots, 3)?, n)?;
         let sig = pe.alloc::<u64>(words)?;
-        let scratch = pe.alloc_aligned::<u8>(mul(mul(n, 2)?, chunk)?, 256)?;
+        let nodes = pe.node_map(pe.world_team()).n_nodes();
+        let scratch = pe.alloc_aligned::<u8>(mul(mul(nodes, 2)?, chunk)?, 256)?;
         let exp = DevBuf::zeroed_on(own, mul(slots, n)? * 8)?;
+        let meta = pe.alloc::<u64>(mul(n, 2)?)?;
         let sp = g.ptr(&sig)?;
         let b = g.backend();
         let _g = b.gpu.bind()?;
@@ -490,8 +182,11 @@ impl Net {
             sig,
             scratch,
             chunk,
+            nodes,
             exp,
+            meta,
             f_round,
+            f_a2av,
         })
     }
 }
@@ -533,8 +228,9 @@ impl GpuColl<'_> {
         match team.members().iter().find(|&&p| b.is_remote(p)) {
             Some(p) => Err(ffi::err(format!(
                 "GpuColl::{what} is not supported on teams spanning nodes (PE {p} runs on \
-                 another node); across nodes GpuColl serves all_reduce, all_gather, broadcast, \
-                 all_to_all and barrier"
+                 another node): a receiver's layout depends on every sender's count, which \
+                 would have to cross the network first; use all_to_all_v with counts known on \
+                 the host"
             ))),
             None => Ok(()),
         }
@@ -553,16 +249,25 @@ impl GpuColl<'_> {
             .ok_or_else(|| Error::invalid("no fold kernel for this type"))
     }
 
+    /// The staging memory `sched` uses (0: none); the node phases' plans name the same
+    /// (the largest buffer, which serves every size up to its own).
+    fn net_temp(&self, s: &Stream, sched: &NetSched, es: usize) -> Result<u64> {
+        if sched.temp_len == 0 {
+            return Ok(0);
+        }
+        self.temp_addr(Some(s), mul(sched.temp_len, es)?)
+    }
+
     /// Runs `sched`'s rounds on the stream: the ready handshake carrying the call's signature
-    /// (`sig`, on the whole team), then each round's puts, waits and fold. `input`: where puts
-    /// read (`from_at` elements on); `dst` the call's output (fold targets, `NetTo::Dst`
-    /// offsets).
+    /// (`sig`, on the whole team), then each round's acknowledgements, puts, waits and fold.
+    /// `src`/`dst`: the call's buffers (puts read [`NetSched::input`]; folds and
+    /// `NetTo::Dst` write `dst`).
     pub(super) fn net_rounds(
         &self,
         s: &Stream,
         nt: &NetTeam,
         sched: &NetSched,
-        (input, dst, es): (u64, u64, usize),
+        (src, dst, es): (u64, u64, usize),
         fold: Option<Func>,
         sig: CallSig,
     ) -> Result<()> {
@@ -573,68 +278,86 @@ impl GpuColl<'_> {
         if sched.rounds.is_empty() {
             return Ok(());
         }
-        let world = |m: usize| nt.members[m];
-        if sched.partners.len() > NET_MAX
-            || sched
-                .rounds
-                .iter()
-                .any(|r| r.puts.len() > NET_MAX || r.waits.len() > NET_MAX)
-        {
-            return Err(ffi::err(format!(
-                "GpuColl across nodes: more than {NET_MAX} partners of one PE in one call"
-            )));
+        if nt.map.n_nodes() > net.nodes {
+            return Err(Error::invalid(
+                "internal: a team of more nodes than the world's",
+            ));
         }
+        let world = |m: usize| nt.members[m];
+        // Entries per launch list (NET_MAX; fewer in tests, to split small teams' calls).
+        let list = self.net_list.clamp(1, NET_MAX);
+        let input = match sched.input {
+            Buf::Src => src,
+            Buf::Dst => dst,
+            Buf::Temp => self.net_temp(s, sched, es)?,
+        };
         let ck = self.check(nt.dt, sig.pack()?)?;
         // The slot's skip flag: set by the first launch when a partner's call differs.
         let skip = self.err.ptr + ((ERR_SKIP + nt.dt.slot as usize) * 8) as u64;
         let n = self.n_pes;
-        let sig = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 2 * n * 8) as u64;
+        let sig = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 3 * n * 8) as u64;
         let exp = net.exp.ptr + (nt.dt.slot as usize * n * 8) as u64;
         let scratch = self.g.ptr(&net.scratch)?;
-        let me_world = self.g.pe_ref().my_pe();
-        let slot_of = |from: usize, parity: usize| ((from * 2 + parity) * net.chunk) as u64;
-        let waits = |list: &[usize]| {
+        let slot_of = |node: usize, parity: usize| -> Result<u64> {
+            if node >= net.nodes {
+                return Err(Error::invalid(
+                    "internal: a scratch slot past the world's nodes",
+                ));
+            }
+            Ok(((node * 2 + parity) * net.chunk) as u64)
+        };
+        let waits = |l: &[usize]| {
             let mut w = NetWaits { pe: [0; NET_MAX] };
-            for (i, &m) in list.iter().enumerate() {
+            for (i, &m) in l.iter().enumerate() {
                 w.pe[i] = world(m) as i32;
             }
-            w
+            (w, l.len())
         };
         let no_puts = || NetPuts {
             dst: [0; NET_MAX],
             src: [0; NET_MAX],
             pe: [0; NET_MAX],
+            ack: [0; NET_MAX],
         };
-        self.net_launch(
-            s,
-            net.f_round,
-            (exp, sig, n, true, 0, 0),
-            no_puts(),
-            0,
-            waits(&sched.partners),
-            sched.partners.len(),
-            (ck, skip),
-        )?;
+        let no_acks = || NetAcks {
+            pe: [0; NET_MAX],
+            v: [0; NET_MAX],
+        };
+        let launch = |begin: u32, round: u32, bytes: usize, p, w, a| {
+            let args = (exp, sig, n, begin, round, bytes as u64);
+            self.net_launch(s, net.f_round, args, p, w, a, (ck, skip))
+        };
+        self.net_ready(s, nt, &sched.partners, ck, skip)?;
         for r in &sched.rounds {
             let bytes = r.len * es;
-            let mut p = no_puts();
-            for (i, put) in r.puts.iter().enumerate() {
-                p.src[i] = input + (put.from_at * es) as u64;
-                p.dst[i] = match put.dst {
-                    NetTo::Dst(at) => dst + (at * es) as u64,
-                    NetTo::Scratch(parity) => scratch + slot_of(me_world, parity),
-                };
-                p.pe[i] = world(put.to) as i32;
+            for l in round_launches(r, list) {
+                let mut p = no_puts();
+                for (i, put) in r.puts[l.puts.clone()].iter().enumerate() {
+                    p.src[i] = input + (put.from_at * es) as u64;
+                    p.dst[i] = match put.dst {
+                        NetTo::Dst(at) => dst + (at * es) as u64,
+                        NetTo::Scratch { node, parity } => scratch + slot_of(node, parity)?,
+                    };
+                    p.pe[i] = world(put.to) as i32;
+                    p.ack[i] = put.ack;
+                }
+                let mut a = no_acks();
+                for (i, &(m, v)) in r.acks[l.acks.clone()].iter().enumerate() {
+                    a.pe[i] = world(m) as i32;
+                    a.v[i] = v;
+                }
+                let (np, na) = (l.puts.len(), l.acks.len());
+                let w = waits(&r.waits[l.waits]);
+                launch(0, r.index, bytes, (p, np), w, (a, na))?;
             }
-            let w = waits(&r.waits);
-            let args = (exp, sig, n, false, r.index, bytes as u64);
-            let (np, nw) = (r.puts.len(), r.waits.len());
-            self.net_launch(s, net.f_round, args, p, np, w, nw, (ck, skip))?;
             if let Some((at, srcs)) = &r.fold {
                 let f = fold.ok_or_else(|| Error::invalid("internal: a fold without op"))?;
                 let mut list = NetSrcs { p: [0; NET_MAX] };
                 for (i, src) in srcs.iter().enumerate() {
-                    list.p[i] = src.map_or(0, |(m, parity)| scratch + slot_of(world(m), parity));
+                    list.p[i] = match *src {
+                        None => 0,
+                        Some((node, parity)) => scratch + slot_of(node, parity)?,
+                    };
                 }
                 let mut d = dst + (at * es) as u64;
                 let (mut k, mut len, mut sk) = (srcs.len() as i32, r.len as u64, skip);
@@ -648,10 +371,53 @@ impl GpuColl<'_> {
                 let blocks = reduce_grid(bytes * srcs.len(), self.sms);
                 // SAFETY: matches rshmemi_coll_net_fold_*(T*, rshmemi_net_srcs, int, u64,
                 // const u64*): the range is a checked range of this PE's dst, the sources
-                // scratch halves of `net.chunk` bytes holding at least `len` elements, `sk` a
-                // word of our error record.
+                // scratch halves of `net.chunk` bytes holding at least `len` elements (at most
+                // NET_MAX: the team's nodes, checked by net_team), `sk` a word of our error
+                // record.
                 unsafe { gpu::launch(&s.raw, f, blocks, THREADS, 0, &mut a)? };
             }
+        }
+        Ok(())
+    }
+
+    /// The ready handshake of a call with `partners` (members), carrying the call's
+    /// signature (`ck`): a partner's memory is written only after its arrival.
+    fn net_ready(
+        &self,
+        s: &Stream,
+        nt: &NetTeam,
+        partners: &[usize],
+        ck: Check,
+        skip: u64,
+    ) -> Result<()> {
+        let net = self
+            .net
+            .as_ref()
+            .ok_or_else(|| Error::invalid("internal: no cross-node state"))?;
+        let n = self.n_pes;
+        let sig = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 3 * n * 8) as u64;
+        let exp = net.exp.ptr + (nt.dt.slot as usize * n * 8) as u64;
+        let list = self.net_list.clamp(1, NET_MAX);
+        for l in ready_launches(partners.len(), list) {
+            let flags = [(l.post, NET_POST), (l.wait, NET_WAIT), (l.more, NET_MORE)];
+            let begin = flags.iter().filter(|f| f.0).fold(0, |b, f| b | f.1);
+            let mut w = NetWaits { pe: [0; NET_MAX] };
+            for (i, &m) in partners[l.range.clone()].iter().enumerate() {
+                w.pe[i] = nt.members[m] as i32;
+            }
+            let puts = NetPuts {
+                dst: [0; NET_MAX],
+                src: [0; NET_MAX],
+                pe: [0; NET_MAX],
+                ack: [0; NET_MAX],
+            };
+            let acks = NetAcks {
+                pe: [0; NET_MAX],
+                v: [0; NET_MAX],
+            };
+            let args = (exp, sig, n, begin, 0, 0);
+            let w = (w, l.range.len());
+            self.net_launch(s, net.f_round, args, (puts, 0), w, (acks, 0), (ck, skip))?;
         }
         Ok(())
     }
@@ -661,15 +427,15 @@ impl GpuColl<'_> {
         &self,
         s: &Stream,
         f: Func,
-        (exp, sig, n, begin, round, bytes): (u64, u64, usize, bool, u32, u64),
-        mut puts: NetPuts,
-        np: usize,
-        mut waits: NetWaits,
-        nw: usize,
+        (exp, sig, n, begin, round, bytes): (u64, u64, usize, u32, u32, u64),
+        (mut puts, np): (NetPuts, usize),
+        (mut waits, nw): (NetWaits, usize),
+        (mut acks, na): (NetAcks, usize),
         (mut ck, mut skip): (Check, u64),
     ) -> Result<()> {
         let (mut e, mut sg, mut ni, mut b) = (exp, sig, n as i32, begin as i32);
-        let (mut r, mut by, mut npi, mut nwi) = (round, bytes, np as i32, nw as i32);
+        let (mut r, mut by, mut npi, mut nwi, mut nai) =
+            (round, bytes, np as i32, nw as i32, na as i32);
         let mut a = [
             &mut e as *mut u64 as *mut std::ffi::c_void,
             &mut sg as *mut u64 as *mut _,
@@ -681,16 +447,99 @@ impl GpuColl<'_> {
             &mut npi as *mut i32 as *mut _,
             &mut waits as *mut NetWaits as *mut _,
             &mut nwi as *mut i32 as *mut _,
+            &mut acks as *mut NetAcks as *mut _,
+            &mut nai as *mut i32 as *mut _,
             &mut ck as *mut Check as *mut _,
             &mut skip as *mut u64 as *mut _,
         ];
         // SAFETY: matches rshmemi_coll_net_round(u64*, u64*, int, int, unsigned, u64,
-        // rshmemi_net_puts, int, rshmemi_net_waits, int, rshmemi_check, u64*) (repr(C) lists
-        // of NET_MAX); `exp` and `sig` are this slot's rows of the net state, `ck` the slot's
-        // signature row and our error record, `skip` the slot's skip flag in that record,
-        // every put a checked range of a symmetric object (its destination translated by the
-        // target's proxy).
+        // rshmemi_net_puts, int, rshmemi_net_waits, int, rshmemi_net_acks, int, rshmemi_check,
+        // u64*) (repr(C) lists of NET_MAX); `exp` and `sig` are this slot's rows of the net
+        // state, `ck` the slot's signature row and our error record, `skip` the slot's skip
+        // flag in that record, every put a checked range of a symmetric object or of our
+        // staging (its destination translated by the target's proxy).
         unsafe { gpu::launch(&s.raw, f, 1, 32, 0, &mut a) }
+    }
+
+    /// A node phase: `steps` between two barriers of the node's members (`sync`), or, without
+    /// them, copies inside this member's own buffers.
+    #[allow(clippy::too_many_arguments)]
+    fn net_node_phase(
+        &self,
+        s: &Stream,
+        nt: &NetTeam,
+        sched: &NetSched,
+        (sync, steps): (bool, &[Step]),
+        kind: CollKind,
+        (src, dst, es): (u64, u64, usize),
+        (in_place, reduce): (bool, Option<Func>),
+        sig: CallSig,
+    ) -> Result<()> {
+        if !sync {
+            let temp = self.net_temp(s, sched, es)?;
+            for st in steps {
+                let Step::Copy {
+                    from,
+                    from_at,
+                    to,
+                    to_at,
+                    len,
+                    ..
+                } = *st
+                else {
+                    return Err(Error::invalid("internal: a node step without barriers"));
+                };
+                let at = |b: Buf, i: usize| {
+                    (match b {
+                        Buf::Src => src,
+                        Buf::Dst => dst,
+                        Buf::Temp => temp,
+                    }) + (i * es) as u64
+                };
+                let (d, f) = (at(to, to_at), at(from, from_at));
+                if len > 0 && d != f {
+                    self.g.copy_raw_on_stream(s, d, f, len * es)?;
+                }
+            }
+            return Ok(());
+        }
+        let mut all = Vec::with_capacity(steps.len() + 2);
+        all.push(Step::Sync);
+        all.extend(steps.iter().copied());
+        all.push(Step::Sync);
+        let plan = Plan {
+            kind,
+            algo: Algo::OneShot,
+            shape: Shape {
+                in_place,
+                ..Self::shape(&nt.node, in_place)
+            },
+            temp_len: sched.temp_len,
+            steps: all,
+            groups: Vec::new(),
+        };
+        // The staging the rounds use, before the plan asks for it (the same buffer).
+        self.net_temp(s, sched, es)?;
+        self.exec(s, nt.node, &plan, src, dst, es, reduce, sig)
+    }
+
+    /// The node phase before the rounds, where the schedule has one.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn net_before(
+        &self,
+        s: &Stream,
+        nt: &NetTeam,
+        sched: &NetSched,
+        kind: CollKind,
+        bufs: (u64, u64, usize),
+        mode: (bool, Option<Func>),
+        sig: CallSig,
+    ) -> Result<()> {
+        if sched.before.is_empty() && !sched.before_phase {
+            return Ok(());
+        }
+        let steps = (sched.before_phase, &sched.before[..]);
+        self.net_node_phase(s, nt, sched, steps, kind, bufs, mode, sig)
     }
 
     /// The node phase after the rounds: `after`'s copies between two barriers of the node's
@@ -702,29 +551,15 @@ impl GpuColl<'_> {
         nt: &NetTeam,
         sched: &NetSched,
         kind: CollKind,
-        (src, dst, es): (u64, u64, usize),
+        bufs: (u64, u64, usize),
         in_place: bool,
         sig: CallSig,
     ) -> Result<()> {
         if !sched.node_phase {
             return Ok(());
         }
-        let mut steps = Vec::with_capacity(sched.after.len() + 2);
-        steps.push(Step::Sync);
-        steps.extend(sched.after.iter().copied());
-        steps.push(Step::Sync);
-        let plan = Plan {
-            kind,
-            algo: Algo::OneShot,
-            shape: Shape {
-                in_place,
-                ..Self::shape(&nt.node, in_place)
-            },
-            temp_len: 0,
-            steps,
-            groups: Vec::new(),
-        };
-        self.exec(s, nt.node, &plan, src, dst, es, None, sig)
+        let steps = (true, &sched.after[..]);
+        self.net_node_phase(s, nt, sched, steps, kind, bufs, (in_place, None), sig)
     }
 }
 
@@ -754,8 +589,62 @@ impl GpuColl<'_> {
         }
         let (whole, sig) =
             nt.sigs::<T>(CollKind::AllReduce, Some(op), algo, ip, count, 0, src, dst);
-        self.net_rounds(s, nt, &sched, (d, d, es), Some(f), whole)?;
+        self.net_rounds(s, nt, &sched, (sr, d, es), Some(f), whole)?;
         self.net_after(s, nt, &sched, CollKind::AllReduce, (sr, d, es), ip, sig)
+    }
+
+    /// [`GpuColl::reduce`] on a team spanning nodes: each part's node partial folded by its
+    /// carrier on every node but the root's (into staging), the root's node folded by the
+    /// root, then the other nodes' partials folded into the root's `dst` in node order.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn net_reduce<T: Elem>(
+        &self,
+        s: &Stream,
+        nt: &NetTeam,
+        dst: &(impl AsSym<T> + ?Sized),
+        src: &(impl AsSym<T> + ?Sized),
+        count: usize,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let f = self.net_fold_func::<T>(op)?;
+        let r = self.reduce_func::<T>(op)?;
+        let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
+        let ip = Self::in_place(src, dst)?;
+        let es = std::mem::size_of::<T>();
+        let chunk = self.net_chunk::<T>();
+        let sched = reduce_sched(&nt.map, nt.me, root, count, chunk, ip)?;
+        let kind = CollKind::Reduce;
+        let (whole, sig) = nt.sigs::<T>(kind, Some(op), None, ip, count, root, src, dst);
+        self.net_before(s, nt, &sched, kind, (sr, d, es), (ip, Some(r)), sig)?;
+        self.net_rounds(s, nt, &sched, (sr, d, es), Some(f), whole)
+    }
+
+    /// [`GpuColl::reduce_scatter`] on a team spanning nodes: each block's node partial folded
+    /// by its carrier on every node, then the carriers' partials folded by the block's member
+    /// in node order.
+    pub(super) fn net_reduce_scatter<T: Elem>(
+        &self,
+        s: &Stream,
+        nt: &NetTeam,
+        dst: &(impl AsSym<T> + ?Sized),
+        src: &(impl AsSym<T> + ?Sized),
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let f = self.net_fold_func::<T>(op)?;
+        let r = self.reduce_func::<T>(op)?;
+        let n = nt.members.len();
+        let ip = Self::in_place(src, dst)?;
+        let sr = self.buf(src, mul(n, count)?)?;
+        let d = self.buf(dst, if ip { mul(n, count)? } else { count })?;
+        let es = std::mem::size_of::<T>();
+        let chunk = self.net_chunk::<T>();
+        let sched = reduce_scatter_sched(&nt.map, nt.me, count, chunk, ip)?;
+        let kind = CollKind::ReduceScatter;
+        let (whole, sig) = nt.sigs::<T>(kind, Some(op), None, ip, count, 0, src, dst);
+        self.net_before(s, nt, &sched, kind, (sr, d, es), (ip, Some(r)), sig)?;
+        self.net_rounds(s, nt, &sched, (sr, d, es), Some(f), whole)
     }
 
     /// [`GpuColl::broadcast`] on a team spanning nodes: the root's node by the node-local
@@ -783,12 +672,13 @@ impl GpuColl<'_> {
             }
         }
         let (whole, sig) = nt.sigs::<T>(CollKind::Broadcast, None, None, ip, count, root, src, dst);
-        self.net_rounds(s, nt, &sched, (d, d, es), None, whole)?;
+        self.net_rounds(s, nt, &sched, (sr, d, es), None, whole)?;
         self.net_after(s, nt, &sched, CollKind::Broadcast, (sr, d, es), ip, sig)
     }
 
-    /// [`GpuColl::all_to_all`] on a team spanning nodes (out of place): the shares for other
-    /// nodes' members through the proxy, then the node's own shares inside the node.
+    /// [`GpuColl::all_to_all`] on a team spanning nodes: the shares for other nodes' members
+    /// through the proxy (in place: from a staged copy), then the node's own shares inside
+    /// the node.
     pub(super) fn net_all_to_all<T: Elem>(
         &self,
         s: &Stream,
@@ -798,20 +688,16 @@ impl GpuColl<'_> {
         count: usize,
     ) -> Result<()> {
         let n = nt.members.len();
-        if Self::in_place(src, dst)? {
-            return Err(ffi::err(
-                "GpuColl::all_to_all in place is not supported on teams spanning nodes (a \
-                 member of another node may write a share before this member sent its own \
-                 from the same place); use different src and dst",
-            ));
-        }
+        let ip = Self::in_place(src, dst)?;
         let d = self.buf(dst, mul(n, count)?)?;
         let sr = self.buf(src, mul(n, count)?)?;
         let es = std::mem::size_of::<T>();
-        let sched = all_to_all_sched(&nt.map, nt.me, count, self.net_chunk::<T>())?;
-        let (whole, sig) = nt.sigs::<T>(CollKind::AllToAll, None, None, false, count, 0, src, dst);
+        let sched = all_to_all_sched(&nt.map, nt.me, count, self.net_chunk::<T>(), ip)?;
+        let kind = CollKind::AllToAll;
+        let (whole, sig) = nt.sigs::<T>(kind, None, None, ip, count, 0, src, dst);
+        self.net_before(s, nt, &sched, kind, (sr, d, es), (ip, None), sig)?;
         self.net_rounds(s, nt, &sched, (sr, d, es), None, whole)?;
-        self.net_after(s, nt, &sched, CollKind::AllToAll, (sr, d, es), false, sig)
+        self.net_after(s, nt, &sched, kind, (sr, d, es), ip, sig)
     }
 
     /// [`GpuColl::all_gather`] on a team spanning nodes: each input once to every other node,
@@ -829,14 +715,138 @@ impl GpuColl<'_> {
         let d = self.buf(dst, mul(n, count)?)?;
         let sr = self.buf(src, if ip { mul(n, count)? } else { count })?;
         let es = std::mem::size_of::<T>();
-        let input = if ip {
-            d + (nt.me * count * es) as u64
-        } else {
-            sr
-        };
         let sched = all_gather_sched(&nt.map, nt.me, count, self.net_chunk::<T>(), ip)?;
         let (whole, sig) = nt.sigs::<T>(CollKind::AllGather, None, None, ip, count, 0, src, dst);
-        self.net_rounds(s, nt, &sched, (input, d, es), None, whole)?;
+        self.net_rounds(s, nt, &sched, (sr, d, es), None, whole)?;
         self.net_after(s, nt, &sched, CollKind::AllGather, (sr, d, es), ip, sig)
+    }
+}
+
+impl GpuColl<'_> {
+    /// [`GpuColl::all_to_all_v`] on a team spanning nodes (`v` checked against the objects):
+    /// the node's members by the node-local call, the members of other nodes by puts at the
+    /// displacements the receivers publish before their ready arrival.
+    pub(super) fn net_all_to_all_v<T: Elem>(
+        &self,
+        s: &Stream,
+        nt: &NetTeam,
+        dst: &(impl AsSym<T> + ?Sized),
+        src: &(impl AsSym<T> + ?Sized),
+        v: &AllToAllV<'_>,
+    ) -> Result<()> {
+        let net = self
+            .net
+            .as_ref()
+            .ok_or_else(|| Error::invalid("internal: no cross-node state"))?;
+        let arrays = [v.send_counts, v.send_displs, v.recv_counts, v.recv_displs];
+        let split = all_to_all_v_split(&nt.map, nt.me, arrays);
+        let (sr, d) = (self.g.ptr(src)?, self.g.ptr(dst)?);
+        let es = std::mem::size_of::<T>();
+        let me = nt.me;
+        if nt.node.size == 1 && v.send_counts[me] != v.recv_counts[me] {
+            return Err(Error::invalid(format!(
+                "all_to_all_v: member {me} sends itself {} elements but receives {}",
+                v.send_counts[me], v.recv_counts[me]
+            )));
+        }
+        let world = |m: usize| nt.members[m] as i32;
+        let list = self.net_list.clamp(1, NET_MAX);
+        let lists = |l: &[(usize, usize, usize)]| -> Vec<(NetA2av, usize)> {
+            l.chunks(list)
+                .map(|c| {
+                    let mut a = NetA2av {
+                        pe: [0; NET_MAX],
+                        at: [0; NET_MAX],
+                        count: [0; NET_MAX],
+                    };
+                    for (i, &(m, at, n)) in c.iter().enumerate() {
+                        a.pe[i] = world(m);
+                        a.at[i] = at as u64;
+                        a.count[i] = n as u64;
+                    }
+                    (a, c.len())
+                })
+                .collect()
+        };
+        let (meta_lists, put_lists) = (lists(&split.meta), lists(&split.puts));
+        let sig = call_sig::<T>(
+            CollKind::AllToAllV,
+            None,
+            None,
+            false,
+            0,
+            0,
+            src,
+            dst,
+            nt.dt,
+        );
+        let ck = self.check(nt.dt, sig.pack()?)?;
+        // Inside the node: the node-local call on the node's arrays (or the own share).
+        if nt.node.size > 1 {
+            let [sc, sd, rc, rd] = &split.node;
+            let nv = AllToAllV {
+                send_counts: sc,
+                send_displs: sd,
+                recv_counts: rc,
+                recv_displs: rd,
+            };
+            self.all_to_all_v_on(s, nt.node, dst, src, &nv)?;
+        } else if v.send_counts[me] > 0 {
+            let to = d + (v.recv_displs[me] * es) as u64;
+            let from = sr + (v.send_displs[me] * es) as u64;
+            self.g
+                .copy_raw_on_stream(s, to, from, v.send_counts[me] * es)?;
+        }
+        let n = self.n_pes;
+        let skip = self.err.ptr + ((ERR_SKIP + nt.dt.slot as usize) * 8) as u64;
+        let sigw = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 3 * n * 8) as u64;
+        let exp = net.exp.ptr + (nt.dt.slot as usize * n * 8) as u64;
+        let meta = self.g.ptr(&net.meta)?;
+        let a2av = |phase: i32, (mut l, nl): (NetA2av, usize)| -> Result<()> {
+            let (mut e, mut sg, mut m, mut ni, mut ph) = (exp, sigw, meta, n as i32, phase);
+            let (mut dd, mut ss, mut el, mut nli) = (d, sr, es as u64, nl as i32);
+            let (mut er, mut sk) = (self.err.ptr, skip);
+            let mut a = [
+                &mut e as *mut u64 as *mut std::ffi::c_void,
+                &mut sg as *mut u64 as *mut _,
+                &mut m as *mut u64 as *mut _,
+                &mut ni as *mut i32 as *mut _,
+                &mut ph as *mut i32 as *mut _,
+                &mut dd as *mut u64 as *mut _,
+                &mut ss as *mut u64 as *mut _,
+                &mut el as *mut u64 as *mut _,
+                &mut l as *mut NetA2av as *mut _,
+                &mut nli as *mut i32 as *mut _,
+                &mut er as *mut u64 as *mut _,
+                &mut sk as *mut u64 as *mut _,
+            ];
+            // SAFETY: matches rshmemi_coll_net_a2av(u64*, u64*, u64*, int, int, u64, u64, u64,
+            // rshmemi_net_a2av_list, int, u64*, u64*) (repr(C) list of NET_MAX); `exp` and
+            // `sig` are this slot's rows of the net state, `meta` the symmetric metadata rows,
+            // `er` our error record and `sk` the slot's skip flag in it; the ranges put were
+            // checked on the host against the objects (this PE's send ranges; the receivers'
+            // ranges by the receivers, whose counts must equal ours for anything to move).
+            unsafe { gpu::launch(&s.raw, net.f_a2av, 1, 32, 0, &mut a) }
+        };
+        // Publish what this PE expects from each partner, then the ready handshake, then the
+        // data (every put before any wait).
+        for l in meta_lists {
+            a2av(A2AV_META, l)?;
+        }
+        let partners: Vec<usize> = split.meta.iter().map(|x| x.0).collect();
+        self.net_ready(s, nt, &partners, ck, skip)?;
+        if put_lists.len() == 1 {
+            let l = put_lists.into_iter().next().expect("one list");
+            a2av(A2AV_PUT | A2AV_WAIT, l)?;
+        } else {
+            let waits: Vec<_> = lists(&split.puts);
+            for l in put_lists {
+                a2av(A2AV_PUT, l)?;
+            }
+            for l in waits {
+                a2av(A2AV_WAIT, l)?;
+            }
+        }
+        Ok(())
     }
 }

@@ -229,6 +229,7 @@ pub fn coll_kernel_names() -> Vec<String> {
         "rshmemi_coll_pull_a2a".to_string(),
         "rshmemi_coll_pull_bcast".to_string(),
         "rshmemi_coll_net_round".to_string(),
+        "rshmemi_coll_net_a2av".to_string(),
     ];
     for k in ELEMS {
         for op in ReduceOp::ALL {

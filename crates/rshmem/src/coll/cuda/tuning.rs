@@ -193,9 +193,10 @@ pub struct CollTuning {
     /// kernel of one block with both barriers inside (0: never).
     pub fused_bytes: usize,
     /// Bytes a member moves to another node per round of a collective on a team spanning
-    /// nodes, and of each of the two scratch halves per PE that reductions receive into
-    /// (`2 × n_pes ×` this of the symmetric heap, allocated by [`super::GpuColl::new`] in a
-    /// world spanning nodes); a multiple of 16 from 16 bytes to 1 GiB.
+    /// nodes, and of each of the two scratch halves per PE and node that reductions receive
+    /// the other nodes' partials into (`2 × nodes ×` this of the symmetric heap, allocated by
+    /// [`super::GpuColl::new`] in a world spanning nodes); a multiple of 16 from 16 bytes to
+    /// 1 GiB.
     pub net_chunk_bytes: usize,
     /// Extra NVRTC options of the collectives' module: the compile-time switches of
     /// `kernels/`, for measurements. The switches in [`WRONG_RESULT_SWITCHES`] break the

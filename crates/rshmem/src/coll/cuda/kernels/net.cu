@@ -22,17 +22,40 @@
 // captured graph replays with new values and a signal of an earlier call (one that gave up)
 // never satisfies a wait of a later one.
 //
-// Signal words of a team slot (symmetric, 2 · n_pes): [p] data from world PE p, [n_pes + p]
-// ready arrivals from p. Reductions fold the node partials in node order
-// (rshmemi_coll_net_fold).
+//
+// Reductions put a node's partial into the receiver's scratch slot of the sender's node, two
+// halves used in turn. Before a put overwrites a half whose previous contents another sender
+// put (or that nothing in the schedule shows folded), it waits for the receiver's
+// acknowledgement: at the start of its next round after the fold, the receiver sets the
+// sender's ack word of it to (exp << 32) | (folds of the slot done); the put waits until that
+// word reaches (exp << 32) | ack. Acknowledgements ride the same ring as puts, so a receiver's
+// are seen in order.
+//
+// Signal words of a team slot (symmetric, 3 · n_pes): [p] data from world PE p, [n_pes + p]
+// ready arrivals from p, [2 · n_pes + p] fold acknowledgements from p. Reductions fold the
+// node partials in node order (rshmemi_coll_net_fold).
+//
+// A call with more partners, or a round with more puts, waits or acknowledgements, than a
+// launch's lists hold is split into launches: the ready arrivals to every partner are posted
+// (begin = POST) before any is waited for (begin = WAIT, then WAIT | MORE, which only adds to
+// the skip flag), and a round's acknowledgements, then its puts, then its waits follow each
+// other in that order, as one launch runs them.
 #define RSHMEMI_NET_MAX 64
+#define RSHMEMI_NET_POST 1
+#define RSHMEMI_NET_WAIT 2
+#define RSHMEMI_NET_MORE 4
 struct rshmemi_net_puts {
     rshmem_u64 dst[RSHMEMI_NET_MAX];  // symmetric address (this PE's copy) at the target
     rshmem_u64 src[RSHMEMI_NET_MAX];  // this PE's device address
     int pe[RSHMEMI_NET_MAX];          // world PE
+    unsigned ack[RSHMEMI_NET_MAX];    // folds the target must have acknowledged first (0: none)
 };
 struct rshmemi_net_waits {
     int pe[RSHMEMI_NET_MAX];
+};
+struct rshmemi_net_acks {
+    int pe[RSHMEMI_NET_MAX];
+    unsigned v[RSHMEMI_NET_MAX];  // folds done of the slot that PE's puts use
 };
 
 // Waits until this PE's word `p` >= `v` (what PE `pe` signals); gives up, flagged as a timeout
@@ -59,17 +82,20 @@ __device__ __forceinline__ void rshmemi_net_wait(const rshmem_u64* p, rshmem_u64
 
 extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* sig, int n_pes, int begin,
                                                   unsigned round, rshmem_u64 bytes, rshmemi_net_puts p, int np,
-                                                  rshmemi_net_waits w, int nw, rshmemi_check ck,
-                                                  rshmem_u64* skip) {
+                                                  rshmemi_net_waits w, int nw, rshmemi_net_acks a,
+                                                  int na, rshmemi_check ck, rshmem_u64* skip) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const int me = rshmem_my_pe();
     if (begin) {
-        rshmem_u64* mine = ck.slots + (rshmem_u64)me * RSHMEMI_SIG_WORDS;
-        for (int i = 0; i < nw; i++) {
-            for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) rshmem_uint64_p(mine + k, ck.sig.w[k], w.pe[i]);
-            rshmem_signal_op(sig + n_pes + me, 1, RSHMEM_SIGNAL_ADD, w.pe[i]);
+        if (begin & RSHMEMI_NET_POST) {
+            rshmem_u64* mine = ck.slots + (rshmem_u64)me * RSHMEMI_SIG_WORDS;
+            for (int i = 0; i < nw; i++) {
+                for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) rshmem_uint64_p(mine + k, ck.sig.w[k], w.pe[i]);
+                rshmem_signal_op(sig + n_pes + me, 1, RSHMEM_SIGNAL_ADD, w.pe[i]);
+            }
+            rshmem_quiet();
         }
-        rshmem_quiet();
+        if (!(begin & RSHMEMI_NET_WAIT)) return;
         int bad = -1;
         for (int i = 0; i < nw; i++) {
             const int pe = w.pe[i];
@@ -95,19 +121,91 @@ extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* s
             // Consumed: the partner writes it again only in a later call, after this PE's puts.
             for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) theirs[k] = 0;
         }
-        *(volatile rshmem_u64*)skip = bad >= 0 ? 1 : 0;
+        if (!(begin & RSHMEMI_NET_MORE)) *(volatile rshmem_u64*)skip = bad >= 0 ? 1 : 0;
+        else if (bad >= 0) *(volatile rshmem_u64*)skip = 1;
         return;
     }
     if (*(volatile rshmem_u64*)skip) return;
+    for (int i = 0; i < na; i++) {
+        const rshmem_u64 v = (*(volatile rshmem_u64*)(exp + a.pe[i]) << 32) | (rshmem_u64)a.v[i];
+        rshmem_signal_op(sig + 2 * n_pes + me, v, RSHMEM_SIGNAL_SET, a.pe[i]);
+    }
     for (int i = 0; i < np; i++) {
-        const rshmem_u64 v = (*(volatile rshmem_u64*)(exp + p.pe[i]) << 32) | (rshmem_u64)(round + 1);
-        rshmem_putmem_signal_nbi((void*)p.dst[i], (const void*)p.src[i], bytes, sig + me, v, RSHMEM_SIGNAL_SET,
-                                 p.pe[i]);
+        const rshmem_u64 call = *(volatile rshmem_u64*)(exp + p.pe[i]) << 32;
+        if (p.ack[i] != 0) {
+            rshmemi_net_wait(sig + 2 * n_pes + p.pe[i], call | (rshmem_u64)p.ack[i], p.pe[i]);
+            if (rshmemi_failed()) break;
+        }
+        rshmem_putmem_signal_nbi((void*)p.dst[i], (const void*)p.src[i], bytes, sig + me,
+                                 call | (rshmem_u64)(round + 1), RSHMEM_SIGNAL_SET, p.pe[i]);
     }
     rshmem_quiet();
     for (int i = 0; i < nw; i++) {
         const rshmem_u64 v = (*(volatile rshmem_u64*)(exp + w.pe[i]) << 32) | (rshmem_u64)(round + 1);
         rshmemi_net_wait(sig + w.pe[i], v, w.pe[i]);
+    }
+}
+
+// all_to_all_v across nodes (counts known on the host). A member's data for a member of another
+// node goes straight into that member's dst, at the displacement the receiver chose, which
+// only the receiver knows: before its ready arrival each member puts, for each partner, the
+// displacement and count it expects from it into the partner's metadata row of it (META;
+// requests to one PE are carried out in order, so the row has landed when the arrival is seen;
+// the partner read the row of the previous call before it sent that call's data, which this
+// member waited for). After the handshake each member reads what each partner expects of it
+// and puts its data there with a signal (PUT); where the counts differ it puts nothing, flags
+// the error and marks the signal (round value 2), and a receiver that sees the mark flags it
+// too (WAIT). Signal words are the rounds' data signals ([p]), the call count of the pair in
+// the high half as there.
+#define RSHMEMI_NET_A2AV_META 1
+#define RSHMEMI_NET_A2AV_PUT 2
+#define RSHMEMI_NET_A2AV_WAIT 4
+struct rshmemi_net_a2av_list {
+    int pe[RSHMEMI_NET_MAX];
+    rshmem_u64 at[RSHMEMI_NET_MAX];     // META: where pe's data lands in dst; PUT: where this PE's starts in src
+    rshmem_u64 count[RSHMEMI_NET_MAX];  // elements from (META) or to (PUT) pe
+};
+extern "C" __global__ void rshmemi_coll_net_a2av(rshmem_u64* exp, rshmem_u64* sig, rshmem_u64* meta, int n_pes,
+                                                 int phase, rshmem_u64 dst, rshmem_u64 src, rshmem_u64 es,
+                                                 rshmemi_net_a2av_list l, int nl, rshmem_u64* err,
+                                                 rshmem_u64* skip) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const int me = rshmem_my_pe();
+    if (phase & RSHMEMI_NET_A2AV_META) {
+        for (int i = 0; i < nl; i++) {
+            rshmem_uint64_p(meta + 2 * (rshmem_u64)me, l.at[i], l.pe[i]);
+            rshmem_uint64_p(meta + 2 * (rshmem_u64)me + 1, l.count[i], l.pe[i]);
+        }
+        rshmem_quiet();
+        return;
+    }
+    if (rshmemi_coll_gave_up() || *(volatile rshmem_u64*)skip) return;
+    if (phase & RSHMEMI_NET_A2AV_PUT) {
+        for (int i = 0; i < nl; i++) {
+            const int pe = l.pe[i];
+            const rshmem_u64 call = *(volatile rshmem_u64*)(exp + pe) << 32;
+            volatile const rshmem_u64* m = meta + 2 * (rshmem_u64)pe;
+            const rshmem_u64 at = m[0], c = m[1];
+            if (c != l.count[i]) {
+                atomicOr((unsigned long long*)err, RSHMEMI_ERR_A2AV);
+                rshmem_signal_op(sig + me, call | 2, RSHMEM_SIGNAL_SET, pe);
+            } else if (c == 0) {
+                rshmem_signal_op(sig + me, call | 1, RSHMEM_SIGNAL_SET, pe);
+            } else {
+                rshmem_putmem_signal_nbi((void*)(dst + at * es), (const void*)(src + l.at[i] * es), c * es,
+                                         sig + me, call | 1, RSHMEM_SIGNAL_SET, pe);
+            }
+        }
+        rshmem_quiet();
+    }
+    if (phase & RSHMEMI_NET_A2AV_WAIT) {
+        for (int i = 0; i < nl; i++) {
+            const int pe = l.pe[i];
+            const rshmem_u64 call = *(volatile rshmem_u64*)(exp + pe) << 32;
+            rshmemi_net_wait(sig + pe, call | 1, pe);
+            if (!rshmemi_failed() && rshmemi_ld_acquire(sig + pe) == (call | 2))
+                atomicOr((unsigned long long*)err, RSHMEMI_ERR_A2AV);
+        }
     }
 }
 
