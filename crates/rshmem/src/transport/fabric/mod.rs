@@ -3,8 +3,9 @@
 //!
 //! * `ffi.rs`: the 1.17 structs and ops tables, by hand; `loader.rs`: the six exported
 //!   functions, loaded at run time.
-//! * `endpoint.rs`: fabric, domain, CQ, AV, endpoint; atomics, quiet.
+//! * `endpoint.rs`: fabric, domain, CQ, AV, endpoint; atomics.
 //! * `xfer.rs`: puts and gets, pipelined in a window of staged chunks.
+//! * `nbi.rs`: non-blocking puts and gets, posted and completed later; fence and quiet.
 //! * `mr.rs`: registrations and the `Remote` record a peer needs.
 //! * `net.rs`: a world's fabric (`Net`: control words of peers on other nodes) and the
 //!   backend that sends heap operations for those peers over it (`FabricBackend`).
@@ -16,6 +17,9 @@ mod endpoint;
 mod ffi;
 mod loader;
 mod mr;
+mod nbi;
+#[cfg(test)]
+mod nbi_tests;
 mod net;
 mod proxy;
 mod staging;
