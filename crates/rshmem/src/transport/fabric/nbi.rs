@@ -35,8 +35,9 @@ use std::time::Instant;
 /// Most chunks of non-blocking operations in flight on one endpoint: a post beyond it first
 /// waits for earlier ones (memory and the provider's queue stay bounded).
 const MAX_FLIGHTS: usize = 1024;
-/// Most staging bytes those chunks hold.
-const MAX_STAGED: usize = 64 << 20;
+/// Most staging bytes those chunks hold (four windows of a blocking transfer: enough in flight
+/// to keep a link busy, little memory held).
+const MAX_STAGED: usize = 4 * super::xfer::WINDOW * super::xfer::CHUNK;
 
 /// Which way a non-blocking operation goes.
 pub(crate) enum NbiDir<'a> {
