@@ -27,7 +27,7 @@ use super::ffi::*;
 use super::mr::Remote;
 use super::xfer::Slot;
 use crate::error::{Error, Result};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::MutexGuard;
 use std::time::Instant;
@@ -90,7 +90,11 @@ impl Op {
 #[derive(Default)]
 pub(crate) struct Table {
     next: u64,
+    /// Operations by key: running, or ended and not yet collected or released.
     ops: HashMap<u64, Op>,
+    /// Keys of the operations not yet ended (what quiet and the deadline checks look at; ended
+    /// ones may be many, kept until the completion queue is drained).
+    running: BTreeSet<u64>,
     /// Completion id of each live chunk → its operation.
     chunk_op: HashMap<u64, u64>,
     /// Live chunks, and the staging bytes they hold.
@@ -165,6 +169,7 @@ impl Endpoint {
                 detached: false,
             },
         );
+        t.running.insert(key);
         *t.busy.entry(pe).or_default() += 1;
         for k in 0..chunks {
             let lo = k * chunk;
@@ -393,6 +398,7 @@ impl Endpoint {
             return;
         };
         let (pe, detached) = (op.pe, op.detached);
+        t.running.remove(&key);
         if let Some(e) = &op.error {
             t.failed.get_or_insert_with(|| e.clone());
         }
@@ -483,8 +489,9 @@ impl Endpoint {
                 }
                 if i.is_multiple_of(64) {
                     let stuck: Vec<(u64, Error)> = t
-                        .ops
+                        .running
                         .iter()
+                        .filter_map(|k| t.ops.get(k).map(|o| (k, o)))
                         .filter(|(k, o)| o.left > 0 && in_scope(**k, o))
                         .filter_map(|(k, o)| {
                             if self.is_lost(o.pe) {
@@ -587,7 +594,7 @@ impl Endpoint {
         let before = self.table().next;
         self.nbi_drive(
             |k, _| k < before,
-            |t| t.ops.iter().all(|(k, o)| *k >= before || o.ended()),
+            |t| t.running.range(..before).next().is_none(),
         );
         match self.table().failed.take() {
             Some(e) => Err(e),
