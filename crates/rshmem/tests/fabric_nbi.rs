@@ -360,3 +360,41 @@ fn a_node_killed_with_non_blocking_operations_in_flight_is_an_error_naming_it() 
     assert!(matches!(r, Err(Error::PeerLost { pe: 1, .. })), "{r:?}");
     assert!(t2.elapsed() < Duration::from_secs(1));
 }
+
+#[test]
+fn a_get_handle_kept_past_the_end_of_its_world_is_exact_or_world_ended() {
+    if fabric_data::skip() {
+        return;
+    }
+    // Thread-PEs of one process on two nodes: PE 0 keeps a get's handle while it finalizes.
+    let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
+    std::thread::scope(|s| {
+        for r in 0..2 {
+            let hub = &hub;
+            s.spawn(move || {
+                let config = Config::default()
+                    .heap_size(4 << 20)
+                    .timeout(Duration::from_secs(20))
+                    .node(format!("n{r}"))
+                    .fabric_provider("tcp")
+                    .fabric_domain("lo");
+                let pe = Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
+                let n = 300_001;
+                let x = pe.alloc::<u8>(n).expect("alloc");
+                pe.local_write(&x, 0, &bytes(r as u64 + 7, n))
+                    .expect("fill");
+                pe.barrier_all().expect("barrier");
+                let mut dst = vec![0x5Au8; n];
+                let h = pe.get_nbi(&x, 0, &mut dst, 1 - r, 1).expect("get_nbi");
+                pe.finalize().expect("finalize");
+                // Finalize's quiet ended the get; its bytes land if the fabric is still there,
+                // else the handle says the world ended and the buffer is untouched.
+                match h.wait() {
+                    Ok(()) => assert!(dst == bytes((1 - r) as u64 + 7, n), "landed exactly"),
+                    Err(Error::WorldEnded) => assert!(dst.iter().all(|&b| b == 0x5A)),
+                    Err(e) => panic!("{e}"),
+                }
+            });
+        }
+    });
+}

@@ -181,7 +181,7 @@ impl Backend for FabricBackend {
         let key =
             n.ep.nbi_post(pe, &n.segments[pe], n.ctrl_bytes + offset, dir)?;
         Ok(Some(Arc::new(FabricOp {
-            net: n.clone(),
+            net: Arc::downgrade(n),
             key,
         })))
     }
@@ -200,7 +200,7 @@ impl Backend for FabricBackend {
         let key =
             n.ep.nbi_post(pe, &n.segments[pe], n.ctrl_bytes + offset, dir)?;
         Ok(Some(Arc::new(FabricOp {
-            net: n.clone(),
+            net: Arc::downgrade(n),
             key,
         })))
     }
@@ -229,27 +229,41 @@ impl Backend for FabricBackend {
 }
 
 /// A non-blocking put or get on the fabric (its key in the endpoint's table); dropping the last
-/// reference releases it (its staging goes back once it ended).
+/// reference releases it (its staging goes back once it ended). It does not keep the fabric
+/// alive: a handle kept past the end of its world finds it gone ([`Error::WorldEnded`]), and
+/// the endpoint, closing, keeps the staging of whatever was still in flight.
+///
+/// [`Error::WorldEnded`]: crate::Error::WorldEnded
 #[derive(Debug)]
 struct FabricOp {
-    net: Arc<Net>,
+    net: std::sync::Weak<Net>,
     key: u64,
 }
 
 impl InFlight for FabricOp {
     fn poll(&self, drive: bool) -> Option<Result<()>> {
-        self.net.ep.nbi_status(self.key, drive)
+        match self.net.upgrade() {
+            Some(n) => n.ep.nbi_status(self.key, drive),
+            None => Some(Err(crate::Error::WorldEnded)),
+        }
     }
     fn wait(&self) -> Result<()> {
-        self.net.ep.nbi_wait(self.key)
+        match self.net.upgrade() {
+            Some(n) => n.ep.nbi_wait(self.key),
+            None => Err(crate::Error::WorldEnded),
+        }
     }
     fn land(&self, dst: &mut [u8]) {
-        self.net.ep.nbi_land(self.key, dst)
+        if let Some(n) = self.net.upgrade() {
+            n.ep.nbi_land(self.key, dst);
+        }
     }
 }
 
 impl Drop for FabricOp {
     fn drop(&mut self) {
-        self.net.ep.nbi_release(self.key);
+        if let Some(n) = self.net.upgrade() {
+            n.ep.nbi_release(self.key);
+        }
     }
 }
