@@ -273,7 +273,8 @@ fn a_page_locked_range_copies_exactly_and_is_released_on_drop() {
         unsafe {
             let r = ffi::cu::cuMemcpyHtoDAsync_v2(dev.ptr, p.cast(), l, stream.raw);
             assert_eq!(r, ffi::cu::CUresult::CUDA_SUCCESS);
-            host.fill(0);
+            // From page-locked memory the copy is asynchronous (DMA): the bytes may be
+            // rewritten only once the stream is synchronised.
             stream.sync().expect("sync");
             host.fill(0x5A);
             let r = ffi::cu::cuMemcpyDtoHAsync_v2(p.cast(), dev.ptr, l, stream.raw);
