@@ -53,6 +53,27 @@ enum State {
 /// A submitted non-blocking operation. It borrows the source (put) or destination (get) buffer
 /// until it completes, so the buffer cannot be reused or read early.
 ///
+/// ```
+/// // Two PEs as threads: each reads its neighbour's copy of `x` without blocking, then waits.
+/// let out = rshmem::Launch::new().threads().run(2, |pe| -> rshmem::Result<Vec<u32>> {
+///     let x = pe.alloc::<u32>(4)?;
+///     pe.local_fill(&x, pe.my_pe() as u32 + 1)?;
+///     pe.barrier_all()?;
+///     let mut got = vec![0u32; 4];
+///     let h = pe.get_nbi(&x, 0, &mut got, (pe.my_pe() + 1) % 2, 7)?;
+///     h.wait()?; // `got` is borrowed until here
+///     let mut done = Vec::new();
+///     pe.completions(&mut done);
+///     assert_eq!(done.len(), 1);
+///     assert_eq!(done[0].tag, 7);
+///     pe.barrier_all()?;
+///     pe.free(x)?;
+///     Ok(got)
+/// }).values().unwrap();
+/// let out: Vec<Vec<u32>> = out.into_iter().collect::<rshmem::Result<_>>().unwrap();
+/// assert_eq!(out, vec![vec![2; 4], vec![1; 4]]);
+/// ```
+///
 /// A put's source is copied before the submission returns; a get's destination receives its
 /// bytes when this handle sees the operation end ([`is_done`](Self::is_done),
 /// [`wait`](Self::wait), or its drop, which waits for it: at most the world's timeout). After
@@ -73,10 +94,17 @@ unsafe impl Sync for OpHandle<'_> {}
 
 impl std::fmt::Debug for OpHandle<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Without polling: formatting a handle never drives the operation or fills a buffer.
+        let collected = match &self.state {
+            State::Done => true,
+            State::Flying { landed, .. } => {
+                landed.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+            }
+        };
         f.debug_struct("OpHandle")
             .field("id", &self.id)
             .field("pe", &self.pe)
-            .field("done", &self.is_done())
+            .field("collected", &collected)
             .finish()
     }
 }
