@@ -398,3 +398,79 @@ fn a_get_handle_kept_past_the_end_of_its_world_is_exact_or_world_ended() {
         }
     });
 }
+
+#[test]
+fn a_full_completion_queue_refuses_a_submission_across_nodes_before_it_starts() {
+    if fabric_data::skip() {
+        return;
+    }
+    // Thread-PEs on two nodes, a queue of 4 entries: operations in flight hold their places.
+    let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
+    std::thread::scope(|s| {
+        for r in 0..2 {
+            let hub = &hub;
+            s.spawn(move || {
+                let config = Config::default()
+                    .heap_size(4 << 20)
+                    .timeout(Duration::from_secs(20))
+                    .completion_queue(4)
+                    .node(format!("n{r}"))
+                    .fabric_provider("tcp")
+                    .fabric_domain("lo");
+                let pe = Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
+                let other = 1 - r;
+                let x = pe.alloc::<u8>(1 << 20).expect("alloc");
+                pe.local_fill(&x, POISON).expect("fill");
+                pe.barrier_all().expect("barrier");
+                let data = bytes(r as u64, 200_000);
+                let mut hs = Vec::new();
+                for i in 0..4 {
+                    hs.push(
+                        pe.put_nbi(&x, i * 200_000, &data, other, i as u64)
+                            .expect("put"),
+                    );
+                }
+                let mut dst = [7u8; 16];
+                let full = pe.get_nbi(&x, 0, &mut dst, other, 9).map(|h| h.id());
+                assert!(
+                    matches!(full, Err(Error::QueueFull { capacity: 4 })),
+                    "{full:?}"
+                );
+                assert_eq!(dst, [7u8; 16], "a refused get wrote its destination");
+                let full = pe
+                    .put_nbi(&x, 900_000, &data[..8], other, 9)
+                    .map(|h| h.id());
+                assert!(matches!(full, Err(Error::QueueFull { .. })), "{full:?}");
+                pe.quiet().expect("quiet");
+                drop(hs);
+                let mut got = Vec::new();
+                assert_eq!(pe.completions(&mut got), 4);
+                let tags: Vec<u64> = got.iter().map(|c| c.tag).collect();
+                assert_eq!(
+                    tags.iter().copied().collect::<BTreeSet<_>>(),
+                    (0..4).collect()
+                );
+                // Room again once drained.
+                pe.put_nbi(&x, 900_000, &data[..8], other, 10)
+                    .expect("room after drain")
+                    .wait()
+                    .expect("put");
+                pe.barrier_all().expect("barrier");
+                let mine = pe.local_vec(&x).expect("read");
+                let from = bytes(other as u64, 200_000);
+                for i in 0..4 {
+                    assert!(
+                        mine[i * 200_000..(i + 1) * 200_000] == from[..],
+                        "block {i}"
+                    );
+                }
+                assert_eq!(mine[900_000..900_008], from[..8]);
+                assert_eq!(
+                    mine[900_008], POISON,
+                    "the refused put moved nothing past its end"
+                );
+                pe.finalize().expect("finalize");
+            });
+        }
+    });
+}
