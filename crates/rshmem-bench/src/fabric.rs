@@ -9,8 +9,9 @@
 //! (`bench/openshmem-build.sh`) are further baselines when they are on `PATH`, each record
 //! repeated per baseline ([`add_baselines`]). rshmem's latency is half a
 //! round trip of 8-byte puts each waited for by its target (`p` then `wait_until`), and its
-//! bandwidth that of back-to-back blocking puts (or gets) of one size. Data is checked after
-//! each timed loop.
+//! bandwidth that of back-to-back blocking puts (or gets) of one size, and (`put_nbi`,
+//! `get_nbi`) of windows of non-blocking ones each ended by quiet, as `fi_rma_bw` keeps a window
+//! in flight. Data is checked after each timed loop.
 
 use crate::p2p::BenchRecord;
 use rshmem::{Cmp, Error, Pe, Result};
@@ -143,6 +144,9 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
                 )));
             }
             mine.push(("get", n, iters, t));
+            let (t, iters) = nbi_bandwidth(pe, &buf, &data[..n])?;
+            mine.push(("put_nbi", n, iters, t.0));
+            mine.push(("get_nbi", n, iters, t.1));
         }
     }
     pe.barrier_all()?;
@@ -172,6 +176,59 @@ pub fn bench(pe: &Pe, sizes: &[usize], latency_iters: usize) -> Result<Vec<Bench
             ratio: 0.0,
         })
         .collect())
+}
+
+/// Transfers of one size in flight at once in the non-blocking figures: `fi_rma_bw`'s default
+/// window (64), with at most 64 MiB in flight.
+pub fn nbi_window(bytes: usize) -> usize {
+    (64usize << 20).div_ceil(bytes.max(1)).clamp(1, 64)
+}
+
+/// Non-blocking bandwidth from PE 0 to PE 1, as `fi_rma_bw` measures it: windows of
+/// [`nbi_window`] `put_nbi` (then `get_nbi`) of `data.len()` bytes, each window ended by quiet.
+/// Microseconds per transfer (put, get) and the transfers timed; every get's bytes checked.
+fn nbi_bandwidth(pe: &Pe, buf: &rshmem::Sym<u8>, data: &[u8]) -> Result<((f64, f64), usize)> {
+    let n = data.len();
+    let window = nbi_window(n);
+    let rounds = (256usize << 20)
+        .div_ceil(n.max(1) * window)
+        .clamp(4, (20_000usize).div_ceil(window));
+    let put_window = |tag: u64| -> Result<()> {
+        for i in 0..window {
+            drop(pe.put_nbi(buf, 0, data, 1, tag + i as u64)?);
+        }
+        pe.quiet()
+    };
+    put_window(0)?;
+    let t0 = Instant::now();
+    for r in 0..rounds {
+        put_window((r * window) as u64)?;
+    }
+    let put = t0.elapsed().as_secs_f64() * 1e6 / (rounds * window) as f64;
+    let mut backs = vec![vec![0u8; n]; window];
+    let get_window = |backs: &mut [Vec<u8>]| -> Result<()> {
+        let hs = backs
+            .iter_mut()
+            .map(|b| pe.get_nbi(buf, 0, b, 1, 0))
+            .collect::<Result<Vec<_>>>()?;
+        pe.quiet()?;
+        hs.into_iter().try_for_each(|h| h.wait())
+    };
+    get_window(&mut backs)?;
+    let t0 = Instant::now();
+    for _ in 0..rounds {
+        get_window(&mut backs)?;
+    }
+    let get = t0.elapsed().as_secs_f64() * 1e6 / (rounds * window) as f64;
+    if backs.iter().any(|b| b[..] != data[..]) {
+        return Err(Error::InvalidArgument(format!(
+            "fabric suite: the {n} bytes of a get_nbi differ from those put"
+        )));
+    }
+    // The completion queue holds an entry per operation: drain it.
+    let mut done = Vec::new();
+    pe.completions(&mut done);
+    Ok(((put, get), rounds * window))
 }
 
 /// A baseline tool that may be on `PATH`.
@@ -217,12 +274,13 @@ impl Baseline {
         }
     }
 
-    /// Whether it has a figure for `op` (`put_latency`, `put`, `get`).
+    /// Whether it has a figure for `op` (`put_latency`, `put`, `get`, `put_nbi`, `get_nbi`).
     fn covers(self, op: &str) -> bool {
         match self {
-            Baseline::FiPingpong | Baseline::OpenShmem => true,
+            Baseline::FiPingpong => true,
+            Baseline::OpenShmem => matches!(op, "put_latency" | "put" | "get"),
             Baseline::FiRmaBw => op != "put_latency",
-            Baseline::FiRmaPingpong => op != "get",
+            Baseline::FiRmaPingpong => matches!(op, "put_latency" | "put"),
         }
     }
 }
@@ -429,7 +487,11 @@ pub fn add_baselines(
             let base = match b {
                 Baseline::FiPingpong => fi_pingpong(target, bytes, iters).map(|p| p.usec_per_xfer),
                 Baseline::FiRmaBw => {
-                    let op = if r.op == "get" { "read" } else { "write" };
+                    let op = if r.op.starts_with("get") {
+                        "read"
+                    } else {
+                        "write"
+                    };
                     // Its default window (64) but at most 256 MiB in flight (each side holds
                     // a window of buffers), and several windows of transfers.
                     let window = (256usize << 20).div_ceil(bytes).clamp(1, 64);
@@ -516,6 +578,15 @@ mod tests {
         assert!(Baseline::FiRmaBw.covers("get"));
         assert!(!Baseline::FiRmaPingpong.covers("get"));
         assert!(Baseline::OpenShmem.covers("put_latency"));
+        // The windowed figures go beside the windowed baseline and the message ping-pong.
+        assert!(Baseline::FiRmaBw.covers("put_nbi") && Baseline::FiRmaBw.covers("get_nbi"));
+        assert!(Baseline::FiPingpong.covers("get_nbi"));
+        assert!(!Baseline::OpenShmem.covers("put_nbi"));
+        assert!(!Baseline::FiRmaPingpong.covers("get_nbi"));
+        assert_eq!(
+            (nbi_window(8), nbi_window(4 << 20), nbi_window(64 << 20)),
+            (64, 16, 1)
+        );
         assert!(!on_path("rshmem-no-such-program"));
     }
 }

@@ -437,6 +437,50 @@ fn host_and_stream_operations_across_two_nodes() {
     harness::gpu_run(t, GpuMode::Processes, 2, config(), host_and_stream);
 }
 
+/// Large transfers between the GPU heaps of two nodes: 24 MiB each way, many staged requests
+/// through the page-locked staging area, exact data and untouched neighbours; the non-blocking
+/// forms too.
+fn large_transfers(pe: &Pe) -> Result<()> {
+    let me = pe.my_pe();
+    let other = other_node(pe);
+    let len = (3 << 20) + 5;
+    let x = pe.alloc::<u64>(len + 2)?;
+    pe.local_fill(&x, POISON)?;
+    pe.barrier_all()?;
+    let data = rand_u64(me, 7, len);
+    pe.put(&x, 1, &data, other)?;
+    pe.barrier_all()?;
+    let got = pe.local_vec(&x)?;
+    assert_eq!((got[0], got[len + 1]), (POISON, POISON), "neighbours");
+    assert!(got[1..=len] == rand_u64(other, 7, len)[..], "put of 24 MiB");
+    let mut back = vec![0u64; len];
+    pe.get(&x, 1, &mut back, other)?;
+    assert!(back == data, "get of 24 MiB");
+    pe.barrier_all()?;
+    let again = rand_u64(me, 8, len);
+    let h = pe.put_nbi(&x, 1, &again, other, 1)?;
+    pe.quiet()?;
+    assert!(h.is_done());
+    drop(h);
+    pe.barrier_all()?;
+    let mut back = vec![0u64; len];
+    pe.get_nbi(&x, 1, &mut back, other, 2)?.wait()?;
+    assert!(back == again, "get_nbi of 24 MiB");
+    pe.barrier_all()?;
+    pe.free(x)?;
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn large_puts_and_gets_across_two_nodes_on_gpu_heaps() {
+    if fabric_data::skip() {
+        return;
+    }
+    let t = "large_puts_and_gets_across_two_nodes_on_gpu_heaps";
+    harness::gpu_run(t, GpuMode::Processes, 2, config(), large_transfers);
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn device_initiated_puts_through_the_proxy_across_two_nodes() {

@@ -79,6 +79,8 @@ fn to_bench(r: &Record) -> CliResult<rshmem_bench::p2p::BenchRecord> {
         "put_latency" => "put_latency",
         "put" => "put",
         "get" => "get",
+        "put_nbi" => "put_nbi",
+        "get_nbi" => "get_nbi",
         o => return Err(format!("unexpected record {o:?} from the fabric world").into()),
     };
     Ok(rshmem_bench::p2p::BenchRecord {

@@ -9,6 +9,7 @@ pub(crate) mod shm;
 
 use crate::config::BackendKind;
 use crate::error::Result;
+use std::sync::Arc;
 
 /// An atomic read-modify-write on a 32- or 64-bit heap word; operands are zero-extended bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +56,20 @@ impl AtomicOp {
     }
 }
 
+/// An operation a backend started and that may not have completed: a non-blocking put or get
+/// to a PE of another node, posted on the fabric.
+pub(crate) trait InFlight: Send + Sync + std::fmt::Debug {
+    /// Its outcome once it ended, `None` while it runs; never blocks. `drive`: read the
+    /// transport's completions first (one caller polling many operations drives once).
+    fn poll(&self, drive: bool) -> Option<Result<()>>;
+    /// Waits for it to end (bounded by the world's deadline, counted from its last progress,
+    /// and ending early when its peer is lost); its outcome.
+    fn wait(&self) -> Result<()>;
+    /// A get that ended well: copies its bytes into `dst` (the length it was started with),
+    /// once; nothing for a put, a failed get, or one still running.
+    fn land(&self, dst: &mut [u8]);
+}
+
 /// Memory of the symmetric heap and the engines that move data between PEs.
 pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     /// Which backend this is.
@@ -65,6 +80,23 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     fn get(&self, pe: usize, offset: usize, dst: &mut [u8]) -> Result<()>;
     /// Atomic on the 8-byte (`wide`) or 4-byte word at `offset` of PE `pe`; returns the old value.
     fn atomic(&self, pe: usize, offset: usize, wide: bool, op: AtomicOp) -> Result<u64>;
+    /// Starts a put of `src` to `offset` of PE `pe`'s heap: `None` when it completed before
+    /// returning (every backend but the fabric's, and the fabric's to PEs of this node), else
+    /// the operation in flight (`src` already copied: reusable at once).
+    fn put_nbi(&self, pe: usize, offset: usize, src: &[u8]) -> Result<Option<Arc<dyn InFlight>>> {
+        self.put(pe, offset, src).map(|()| None)
+    }
+    /// Starts a get of `dst.len()` bytes from `offset` of PE `pe`'s heap: `None` when the bytes
+    /// are in `dst` on return, else the operation in flight, which writes nothing into `dst`
+    /// until [`InFlight::land`].
+    fn get_nbi(
+        &self,
+        pe: usize,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<Option<Arc<dyn InFlight>>> {
+        self.get(pe, offset, dst).map(|()| None)
+    }
     /// Orders this PE's earlier puts and atomics before later ones to each PE.
     fn fence(&self);
     /// Completes every outstanding operation of this PE.

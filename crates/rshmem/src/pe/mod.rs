@@ -9,7 +9,7 @@ pub(crate) use calls::CallKind;
 pub(crate) use free::sealed;
 pub use free::Free;
 
-use crate::backend::AtomicOp;
+use crate::backend::{AtomicOp, InFlight};
 use crate::bootstrap::Bootstrap;
 use crate::config::{BackendKind, Config};
 use crate::control::EXCH_FIXED;
@@ -20,8 +20,7 @@ use crate::sym::{as_bytes, as_bytes_mut, AsSym, RawSym, Signal, Sym};
 use crate::sync::{checked_barrier, hier_checked_barrier, Note, NoteMem, SyncMem, LANES};
 use crate::team::{color_groups, strided_members, Team};
 use crate::world::{self, Mode, PeInner};
-use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -568,12 +567,39 @@ impl Pe {
     fn complete(&self, kind: OpKind, pe: usize, tag: u64) -> OpHandle<'static> {
         let id = self.inner.next_op.fetch_add(1, Ordering::Relaxed);
         self.inner.cq.push(Completion { id, kind, pe, tag });
-        OpHandle {
-            id,
-            pe,
-            timeout: self.inner.config.timeout,
-            done: Arc::new(AtomicBool::new(true)),
-            _buf: PhantomData,
+        OpHandle::done(id, pe)
+    }
+
+    /// The handle of a non-blocking operation the backend started (its completion-queue place
+    /// reserved): complete already (`None`), or in flight, borrowing `dst` (a get's).
+    fn submitted<'a>(
+        &self,
+        kind: OpKind,
+        pe: usize,
+        tag: u64,
+        started: Result<Option<Arc<dyn InFlight>>>,
+        dst: Option<&'a mut [u8]>,
+    ) -> Result<OpHandle<'a>> {
+        let started = started.and_then(|s| {
+            // A blocking copy reads a mapping that stays valid after the peer died.
+            if s.is_none() {
+                self.inner
+                    .check_peer(pe, if dst.is_some() { "get_nbi" } else { "put_nbi" })?;
+            }
+            Ok(s)
+        });
+        match started {
+            Err(e) => {
+                self.inner.cq.unreserve();
+                Err(e)
+            }
+            Ok(None) => Ok(self.complete(kind, pe, tag)),
+            Ok(Some(op)) => {
+                let id = self.inner.next_op.fetch_add(1, Ordering::Relaxed);
+                let c = Completion { id, kind, pe, tag };
+                self.inner.cq.push_flying(c, op.clone());
+                Ok(OpHandle::flying(id, pe, op, dst))
+            }
         }
     }
 
@@ -581,8 +607,13 @@ impl Pe {
     /// [`completions`](Self::completions) (with `tag`), and ensured by [`quiet`](Self::quiet).
     /// The handle borrows `src` until it is dropped.
     ///
-    /// On the CPU backend the copy is made by the calling thread before returning (the fastest
-    /// engine on a CPU); the handle is then already complete.
+    /// To a PE of this node the copy is made by the calling thread before returning (the
+    /// fastest engine on a CPU); the handle is then already complete. To a PE of another node
+    /// `src` is copied into staging the fabric owns, the writes are posted, and the call
+    /// returns: `src` may be reused at once (dropping the handle waits for nothing), the data
+    /// is in the target's memory once the handle [`is_done`](OpHandle::is_done) or after
+    /// [`quiet`](Self::quiet). Its order with later puts to the same PE is set by
+    /// [`fence`](Self::fence).
     pub fn put_nbi<'a, T: Elem>(
         &self,
         dst: &(impl AsSym<T> + ?Sized),
@@ -591,12 +622,17 @@ impl Pe {
         pe: usize,
         tag: u64,
     ) -> Result<OpHandle<'a>> {
-        self.inner.cq.check_room()?;
-        self.put(dst, at, src, pe)?;
-        Ok(self.complete(OpKind::Put, pe, tag))
+        let off = self.locate(dst, at, src.len(), pe)?;
+        self.inner.cq.reserve()?;
+        let started = self.inner.backend.put_nbi(pe, off, as_bytes(src));
+        self.submitted(OpKind::Put, pe, tag, started, None)
     }
 
     /// Non-blocking get; `dst` is borrowed by the handle until it completes.
+    ///
+    /// From a PE of another node the reads are posted and the call returns; the bytes reach
+    /// `dst` when the handle sees the operation end ([`is_done`](OpHandle::is_done),
+    /// [`wait`](OpHandle::wait), or dropping it, which waits). Until then `dst` is untouched.
     pub fn get_nbi<'a, T: Elem>(
         &self,
         src: &(impl AsSym<T> + ?Sized),
@@ -605,9 +641,11 @@ impl Pe {
         pe: usize,
         tag: u64,
     ) -> Result<OpHandle<'a>> {
-        self.inner.cq.check_room()?;
-        self.get(src, at, dst, pe)?;
-        Ok(self.complete(OpKind::Get, pe, tag))
+        let off = self.locate(src, at, dst.len(), pe)?;
+        self.inner.cq.reserve()?;
+        let bytes = as_bytes_mut(dst);
+        let started = self.inner.backend.get_nbi(pe, off, bytes);
+        self.submitted(OpKind::Get, pe, tag, started, Some(bytes))
     }
 
     /// Moves the completed non-blocking operations into `out`; returns how many.
@@ -653,8 +691,11 @@ impl Pe {
         pe: usize,
         tag: u64,
     ) -> Result<OpHandle<'a>> {
-        self.inner.cq.check_room()?;
-        self.put_signal(dst, at, src, signal, pe)?;
+        self.inner.cq.reserve()?;
+        if let Err(e) = self.put_signal(dst, at, src, signal, pe) {
+            self.inner.cq.unreserve();
+            return Err(e);
+        }
         Ok(self.complete(OpKind::PutSignal, pe, tag))
     }
 
@@ -666,14 +707,22 @@ impl Pe {
     // ----- ordering -----
 
     /// Orders earlier puts, atomics and signals to each PE before later ones to the same PE.
+    ///
+    /// Across nodes, the first operation to a PE after a fence waits for that PE's
+    /// non-blocking operations issued before it; their failures are reported by
+    /// [`quiet`](Self::quiet).
     pub fn fence(&self) {
         self.inner.backend.fence()
     }
 
-    /// Completes every outstanding operation of this PE (all non-blocking ones included).
+    /// Completes every outstanding operation of this PE (all non-blocking ones included: a
+    /// put's data is in the target's memory, a get's is ready for its handle). An operation
+    /// that failed since the last quiet makes it an error (once), even if its handle was
+    /// dropped; a lost peer is [`Error::PeerLost`] naming it.
     pub fn quiet(&self) -> Result<()> {
-        self.inner.backend.quiet()?;
-        self.inner.check_all_peers("quiet")
+        let r = self.inner.backend.quiet();
+        self.inner.check_all_peers("quiet")?;
+        r
     }
 
     // ----- barriers -----

@@ -264,7 +264,7 @@ fn completion_queue_is_bounded() {
                 "{full:?}"
             );
             let mut dst = [7u32; 1];
-            let full = pe.get_nbi(&x, 0, &mut dst, peer, 9);
+            let full = pe.get_nbi(&x, 0, &mut dst, peer, 9).map(|h| h.id());
             assert!(matches!(full, Err(Error::QueueFull { .. })), "{full:?}");
             assert_eq!(dst, [7], "a refused get wrote its destination");
             let mut done = Vec::new();

@@ -30,6 +30,8 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemsetD8_v2",
     "cuMemHostAlloc",
     "cuMemFreeHost",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
     "cuMemHostGetDevicePointer_v2",
     "cuIpcGetMemHandle",
     "cuIpcOpenMemHandle_v2",

@@ -430,6 +430,74 @@ impl Drop for HostBuf {
     }
 }
 
+/// Host memory the caller owns, page-locked for the GPU's copies (`cuMemHostRegister`) while
+/// the value lives and unregistered when it drops: copies between it and GPU memory take the
+/// DMA path instead of the driver's staging through its own pinned buffers. Only the whole
+/// pages inside the range are locked (the range need not be page-aligned).
+#[derive(Debug)]
+pub(crate) struct HostPin {
+    gpu: Arc<Gpu>,
+    ptr: *mut u8,
+    #[cfg_attr(not(test), allow(dead_code))]
+    len: usize,
+}
+
+// SAFETY: a registration belongs to the process, not to a thread; the value only holds the
+// address to unregister.
+unsafe impl Send for HostPin {}
+// SAFETY: as for Send (no access through a shared reference).
+unsafe impl Sync for HostPin {}
+
+impl HostPin {
+    /// Page-locks the whole pages inside `ptr..ptr + len` for `gpu`'s context (and every other,
+    /// `PORTABLE`); `None` when no whole page lies inside.
+    ///
+    /// # Safety
+    /// The range must stay mapped for the life of the returned value.
+    pub unsafe fn register(gpu: &Arc<Gpu>, ptr: *mut u8, len: usize) -> Result<Option<HostPin>> {
+        // SAFETY: sysconf reads a constant.
+        let page = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as usize;
+        let start = (ptr as usize).next_multiple_of(page);
+        let end = (ptr as usize).saturating_add(len) / page * page;
+        if end <= start {
+            return Ok(None);
+        }
+        let _g = gpu.bind()?;
+        // SAFETY: context current; whole pages of a range the caller keeps mapped.
+        check(
+            unsafe {
+                cu::cuMemHostRegister_v2(
+                    start as *mut _,
+                    end - start,
+                    cu::CU_MEMHOSTREGISTER_PORTABLE,
+                )
+            },
+            "cuMemHostRegister",
+        )?;
+        Ok(Some(HostPin {
+            gpu: gpu.clone(),
+            ptr: start as *mut u8,
+            len: end - start,
+        }))
+    }
+
+    /// The locked range: its first byte and length.
+    #[cfg(test)]
+    pub fn range(&self) -> (*mut u8, usize) {
+        (self.ptr, self.len)
+    }
+}
+
+impl Drop for HostPin {
+    fn drop(&mut self) {
+        if let Ok(_g) = self.gpu.bind() {
+            // SAFETY: registered by `register`, unregistered once, while still mapped (the
+            // caller's contract).
+            let _ = unsafe { cu::cuMemHostUnregister(self.ptr as *mut _) };
+        }
+    }
+}
+
 /// A module loaded into one GPU's context (never unloaded: kernels may be in graphs).
 #[derive(Debug)]
 pub(crate) struct Module {

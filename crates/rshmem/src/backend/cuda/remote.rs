@@ -286,15 +286,19 @@ impl Ring {
     }
 }
 
+/// Bytes of the page-locked bounce buffer the proxy's copies go through.
+const BOUNCE: usize = 512 << 10;
+
 /// The ring of one PE in mapped host memory, and a stream of its own for the proxy's copies
-/// between the GPU and the host.
+/// between the GPU and the host, through a page-locked bounce buffer (DMA, rather than the
+/// driver's pageable path), both behind one lock.
 pub(crate) struct DeviceRing {
     _mem: HostBuf,
     /// The ring's address for kernels.
     pub dev: u64,
     pub ring: Ring,
     gpu: Arc<Gpu>,
-    stream: Mutex<RawStream>,
+    stream: Mutex<(RawStream, HostBuf)>,
 }
 
 impl std::fmt::Debug for DeviceRing {
@@ -331,42 +335,52 @@ impl DeviceRing {
             dev,
             ring,
             gpu: gpu.clone(),
-            stream: Mutex::new(RawStream::new(gpu)?),
+            stream: Mutex::new((RawStream::new(gpu)?, HostBuf::zeroed(gpu, BOUNCE)?)),
         })
     }
 }
 
 impl DeviceCopy for DeviceRing {
-    /// Copies on the proxy's own stream, which runs beside waiting kernels.
+    /// Copies on the proxy's own stream, which runs beside waiting kernels, a bounce buffer at
+    /// a time.
     fn copy_from_device(&self, src: u64, dst: &mut [u8]) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let s = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let (s, bounce) = &*guard;
         let _g = self.gpu.bind()?;
-        // SAFETY: `src` is a device address a kernel of this PE posted as the source of its
-        // put (valid until the put completes, which waits for this copy); the destination is
-        // a live slice that outlives the synchronised copy.
-        ffi::check(
-            unsafe { cu::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, dst.len(), s.raw) },
-            "cuMemcpyDtoHAsync (proxy put)",
-        )?;
-        s.sync()
+        for (k, d) in dst.chunks_mut(BOUNCE).enumerate() {
+            let from = src + (k * BOUNCE) as u64;
+            // SAFETY: `from` lies in the device range a kernel of this PE posted as the source
+            // of its put (valid until the put completes, which waits for this copy); the bounce
+            // buffer holds BOUNCE bytes, used only under the lock, until the copy is synchronised.
+            ffi::check(
+                unsafe { cu::cuMemcpyDtoHAsync_v2(bounce.host_ptr().cast(), from, d.len(), s.raw) },
+                "cuMemcpyDtoHAsync (proxy put)",
+            )?;
+            s.sync()?;
+            d.copy_from_slice(&bounce.bytes()[..d.len()]);
+        }
+        Ok(())
     }
 
     fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        let s = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let (s, bounce) = &*guard;
         let _g = self.gpu.bind()?;
-        // SAFETY: `dst` is the device address a kernel of this PE posted as its get's
-        // destination (valid until the get completes); the source outlives the copy.
-        ffi::check(
-            unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), s.raw) },
-            "cuMemcpyHtoDAsync (proxy get)",
-        )?;
-        s.sync()
+        for (k, c) in src.chunks(BOUNCE).enumerate() {
+            // SAFETY: the bounce buffer holds BOUNCE bytes, written only under the lock while
+            // no copy reads it (the previous one was synchronised).
+            unsafe { std::ptr::copy_nonoverlapping(c.as_ptr(), bounce.host_ptr(), c.len()) };
+            let to = dst + (k * BOUNCE) as u64;
+            // SAFETY: `to` lies in the device range a kernel of this PE posted as its get's
+            // destination (valid until the get completes); the bounce buffer is not written
+            // again before this copy is synchronised.
+            ffi::check(
+                unsafe { cu::cuMemcpyHtoDAsync_v2(to, bounce.host_ptr().cast(), c.len(), s.raw) },
+                "cuMemcpyHtoDAsync (proxy get)",
+            )?;
+            s.sync()?;
+        }
+        Ok(())
     }
 }
 

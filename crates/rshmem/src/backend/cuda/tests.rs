@@ -221,3 +221,69 @@ fn device_choice_wraps_and_follows_the_map() {
     ));
     assert_eq!(parse_devices("0,x"), None);
 }
+
+/// The staging area of a CUDA world spanning nodes is page-locked this way: only whole pages
+/// inside the range, copies through it exact, and the registration gone when the value drops
+/// (registering the same pages again would otherwise fail).
+#[test]
+#[ignore = "needs a GPU"]
+fn a_page_locked_range_copies_exactly_and_is_released_on_drop() {
+    let g = gpu::gpu(0).expect("GPU 0");
+    // A shared mapping, as a world's segment is, the range starting and ending mid-page.
+    let len = 4 << 20;
+    // SAFETY: a fresh anonymous mapping, unmapped at the end.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let base = map as *mut u8;
+    // SAFETY: sysconf reads a constant.
+    let page = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as usize;
+    // SAFETY: the mapping stays until munmap below, after every registration dropped.
+    let small = unsafe { gpu::HostPin::register(&g, base.wrapping_add(8), 100) };
+    assert!(matches!(small, Ok(None)), "no whole page inside");
+    for round in 0..2u8 {
+        // SAFETY: as above.
+        let pin = unsafe { gpu::HostPin::register(&g, base.wrapping_add(100), len - 300) }
+            .unwrap_or_else(|e| panic!("round {round}: register: {e}"))
+            .expect("whole pages inside");
+        let (p, l) = pin.range();
+        assert_eq!((p as usize - base as usize, l), (page, len - 2 * page));
+        // SAFETY: inside the mapping.
+        let host = unsafe { std::slice::from_raw_parts_mut(p, l) };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ round as u64;
+        for b in host.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = (x >> 24) as u8;
+        }
+        let want = host.to_vec();
+        let dev = gpu::DevBuf::zeroed(&g, l).expect("device buffer");
+        let stream = gpu::RawStream::new(&g).expect("stream");
+        let _c = g.bind().expect("bind");
+        // SAFETY: both ranges hold `l` bytes and outlive the synchronised copies.
+        unsafe {
+            let r = ffi::cu::cuMemcpyHtoDAsync_v2(dev.ptr, p.cast(), l, stream.raw);
+            assert_eq!(r, ffi::cu::CUresult::CUDA_SUCCESS);
+            // From page-locked memory the copy is asynchronous (DMA): the bytes may be
+            // rewritten only once the stream is synchronised.
+            stream.sync().expect("sync");
+            host.fill(0x5A);
+            let r = ffi::cu::cuMemcpyDtoHAsync_v2(p.cast(), dev.ptr, l, stream.raw);
+            assert_eq!(r, ffi::cu::CUresult::CUDA_SUCCESS);
+        }
+        stream.sync().expect("sync");
+        assert!(host[..] == want[..], "round {round}: bytes through the GPU");
+        drop(pin);
+    }
+    // SAFETY: the mapping made above; nothing registered in it any more.
+    unsafe { libc::munmap(map, len) };
+}

@@ -63,6 +63,11 @@ pub(super) struct State {
     pub(super) done: HashMap<u64, Option<String>>,
     /// Operations whose waiter gave up (peer lost, deadline): their completions are dropped.
     pub(super) abandoned: HashSet<u64>,
+    /// Chunks of non-blocking operations in flight (`nbi.rs`): their completions go to
+    /// `nbi_done`, which the operations' table collects.
+    pub(super) nbi_ids: HashSet<u64>,
+    /// Completions of non-blocking chunks not yet collected: id → error text, if it failed.
+    pub(super) nbi_done: Vec<(u64, Option<String>)>,
     /// Addresses of the peers, by peer index (after `insert_peers`).
     pub(super) peers: Vec<fi_addr_t>,
 }
@@ -86,8 +91,12 @@ pub(crate) struct Endpoint {
     window: usize,
     /// The provider places RMA writes to a peer in posting order (see `xfer.rs`).
     ordered_writes: AtomicBool,
-    /// Staging slots of puts and gets, free for reuse.
+    /// Staging slots of puts and gets, free for reuse: full chunks, and small ones.
     pool: Mutex<Vec<Slot>>,
+    small_pool: Mutex<Vec<Slot>>,
+    /// Non-blocking operations in flight (`nbi.rs`). Lock order: this table, then the pools,
+    /// then the state; never the other way round.
+    pub(super) nbi: Mutex<super::nbi::Table>,
     /// A small registered buffer for atomic operands and results.
     bounce: Mutex<Option<MemoryRegion>>,
     timeout: Duration,
@@ -149,6 +158,18 @@ impl Handles {
 }
 
 impl State {
+    /// Files the completion of operation `id` (`err`: its error text) for its waiter.
+    fn completed(&mut self, id: u64, err: Option<String>) {
+        if self.abandoned.remove(&id) {
+            return;
+        }
+        if self.nbi_ids.remove(&id) {
+            self.nbi_done.push((id, err));
+        } else {
+            self.done.insert(id, err);
+        }
+    }
+
     /// The open domain.
     pub(super) fn domain(&self) -> *mut fid_domain {
         self.h.domain
@@ -168,10 +189,7 @@ impl State {
             };
             if n > 0 {
                 for e in &entries[..n as usize] {
-                    let id = e.op_context as u64;
-                    if !self.abandoned.remove(&id) {
-                        self.done.insert(id, None);
-                    }
+                    self.completed(e.op_context as u64, None);
                 }
                 continue;
             }
@@ -198,9 +216,7 @@ impl State {
                         }
                     };
                     let msg = format!("{} (provider: {prov})", lib.strerror(e.err as isize));
-                    if !self.abandoned.remove(&id) {
-                        self.done.insert(id, Some(msg));
-                    }
+                    self.completed(id, Some(msg));
                     continue;
                 }
             }
@@ -250,6 +266,8 @@ impl Endpoint {
             next_id: 1,
             done: HashMap::new(),
             abandoned: HashSet::new(),
+            nbi_ids: HashSet::new(),
+            nbi_done: Vec::new(),
             peers: Vec::new(),
         }));
         let stop = Arc::new(AtomicBool::new(false));
@@ -280,6 +298,8 @@ impl Endpoint {
             window: WINDOW.min(tx_size).max(1),
             ordered_writes: AtomicBool::new(ordered_writes),
             pool: Mutex::new(Vec::new()),
+            small_pool: Mutex::new(Vec::new()),
+            nbi: Mutex::new(super::nbi::Table::default()),
             bounce: Mutex::new(None),
             timeout: config.timeout,
             lost: Mutex::new(HashSet::new()),
@@ -555,12 +575,6 @@ impl Endpoint {
         }
     }
 
-    /// Completes every operation posted on this endpoint (OpenSHMEM quiet): every operation
-    /// waits for its own completion before it returns, so nothing is outstanding here.
-    pub fn quiet(&self) -> Result<()> {
-        Ok(())
-    }
-
     pub(super) fn needs_local_mr(&self) -> bool {
         self.mr_mode & FI_MR_LOCAL != 0
     }
@@ -600,6 +614,11 @@ impl Endpoint {
         }
     }
 
+    /// Deadline of every wait for a completion.
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Largest chunk one operation moves.
     pub(super) fn chunk(&self) -> usize {
         self.max_msg.min(CHUNK)
@@ -622,9 +641,10 @@ impl Endpoint {
         self.ordered_writes.store(true, Ordering::Relaxed);
     }
 
-    /// The pool of free staging slots.
-    pub(super) fn pool(&self) -> MutexGuard<'_, Vec<Slot>> {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    /// The pool of free staging slots of full chunks (`small`: of small ones).
+    pub(super) fn pool_of(&self, small: bool) -> MutexGuard<'_, Vec<Slot>> {
+        let p = if small { &self.small_pool } else { &self.pool };
+        p.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Writes `src` to `offset` of `remote` on peer `pe`; `delivery` asks for delivery
@@ -761,8 +781,18 @@ impl Drop for Endpoint {
         if let Some(t) = self.progress.take() {
             let _ = t.join();
         }
+        // Non-blocking chunks still in flight keep their staging for good: the provider may
+        // touch it until its handles close.
+        self.nbi
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget_in_flight();
         // The handles close when the last registration holding them is gone (State's drop).
         self.pool
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.small_pool
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .clear();

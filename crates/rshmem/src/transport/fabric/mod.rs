@@ -3,8 +3,9 @@
 //!
 //! * `ffi.rs`: the 1.17 structs and ops tables, by hand; `loader.rs`: the six exported
 //!   functions, loaded at run time.
-//! * `endpoint.rs`: fabric, domain, CQ, AV, endpoint; atomics, quiet.
+//! * `endpoint.rs`: fabric, domain, CQ, AV, endpoint; atomics.
 //! * `xfer.rs`: puts and gets, pipelined in a window of staged chunks.
+//! * `nbi.rs`: non-blocking puts and gets, posted and completed later; fence and quiet.
 //! * `mr.rs`: registrations and the `Remote` record a peer needs.
 //! * `net.rs`: a world's fabric (`Net`: control words of peers on other nodes) and the
 //!   backend that sends heap operations for those peers over it (`FabricBackend`).
@@ -16,6 +17,9 @@ mod endpoint;
 mod ffi;
 mod loader;
 mod mr;
+mod nbi;
+#[cfg(test)]
+mod nbi_tests;
 mod net;
 mod proxy;
 mod staging;
@@ -50,10 +54,24 @@ pub(crate) unsafe fn gpu_backend(
     timeout: std::time::Duration,
 ) -> Result<proxy::GpuFabricBackend> {
     let (me, n) = (cuda.me, cuda.n);
+    // The proxy copies requests' data between the staging area and the GPU heap: page-locked,
+    // those copies are DMA rather than the driver's pageable path. Where the driver refuses
+    // (memory it cannot lock), they stay correct on the pageable path.
+    // SAFETY: the caller's contract: the area stays mapped for the life of the backend, which
+    // owns the registration (dropped after its proxy threads stopped).
+    let pin = match unsafe {
+        crate::backend::cuda::gpu::HostPin::register(&cuda.gpu, area, staging_bytes(n))
+    } {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(pe = me, %e, "the staging area stays pageable");
+            None
+        }
+    };
     // SAFETY: the caller's contract (the segment is page-aligned, `base` a multiple of pages).
     let area = unsafe { staging::Area::new(area, staging_bytes(n)) };
     let staged = staging::Staged::new(net, me, n, area, base, timeout);
-    proxy::GpuFabricBackend::start(cuda, staged)
+    proxy::GpuFabricBackend::start(cuda, staged, pin)
 }
 
 use crate::bootstrap::Bootstrap;

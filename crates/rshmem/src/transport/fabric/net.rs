@@ -3,12 +3,14 @@
 //! words of a peer on another node (barrier counters, call words, exchange area, header) are
 //! reached through it; so are its heap bytes (`FabricBackend`).
 
+use super::nbi::NbiDir;
 use super::{exchange, Endpoint, FabricConfig, MemoryRegion, Remote};
-use crate::backend::{AtomicOp, Backend};
+use crate::backend::{AtomicOp, Backend, InFlight};
 use crate::bootstrap::Bootstrap;
 use crate::config::BackendKind;
 use crate::error::Result;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// See the module documentation.
@@ -138,10 +140,11 @@ impl Net {
 }
 
 /// The CPU backend of a world spanning nodes: peers of this node through their mappings (the
-/// shm backend), peers of other nodes through the fabric. Every fabric put is
+/// shm backend), peers of other nodes through the fabric. A blocking fabric put is
 /// delivery-complete, so it is in the target's memory when the call returns: a signal (or any
-/// later operation) issued after it is seen after the data, and fence and quiet have nothing
-/// left to wait for on the fabric side.
+/// later operation) issued after it is seen after the data. Non-blocking puts and gets are
+/// posted and complete later (`nbi.rs`): quiet waits for them, and after a fence every
+/// operation to a PE with some outstanding waits for them first.
 #[derive(Debug)]
 pub(crate) struct FabricBackend {
     local: Box<dyn Backend>,
@@ -164,6 +167,7 @@ impl Backend for FabricBackend {
         }
         let n = &self.net;
         n.count(src.len());
+        n.ep.nbi_fenced(pe);
         n.ep.write(pe, &n.segments[pe], n.ctrl_bytes + offset, src, true)
     }
     fn get(&self, pe: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
@@ -172,20 +176,56 @@ impl Backend for FabricBackend {
         }
         let n = &self.net;
         n.count(dst.len());
+        n.ep.nbi_fenced(pe);
         n.ep.read(pe, &n.segments[pe], n.ctrl_bytes + offset, dst)
+    }
+    fn put_nbi(&self, pe: usize, offset: usize, src: &[u8]) -> Result<Option<Arc<dyn InFlight>>> {
+        if !self.net.is_remote(pe) || src.is_empty() {
+            return self.local.put_nbi(pe, offset, src);
+        }
+        let n = &self.net;
+        n.count(src.len());
+        let dir = NbiDir::Put(src);
+        let key =
+            n.ep.nbi_post(pe, &n.segments[pe], n.ctrl_bytes + offset, dir)?;
+        Ok(Some(Arc::new(FabricOp {
+            net: Arc::downgrade(n),
+            key,
+        })))
+    }
+    fn get_nbi(
+        &self,
+        pe: usize,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<Option<Arc<dyn InFlight>>> {
+        if !self.net.is_remote(pe) || dst.is_empty() {
+            return self.local.get_nbi(pe, offset, dst);
+        }
+        let n = &self.net;
+        n.count(dst.len());
+        let dir = NbiDir::Get(dst.len());
+        let key =
+            n.ep.nbi_post(pe, &n.segments[pe], n.ctrl_bytes + offset, dir)?;
+        Ok(Some(Arc::new(FabricOp {
+            net: Arc::downgrade(n),
+            key,
+        })))
     }
     fn atomic(&self, pe: usize, offset: usize, wide: bool, op: AtomicOp) -> Result<u64> {
         if !self.net.is_remote(pe) {
             return self.local.atomic(pe, offset, wide, op);
         }
         let n = &self.net;
+        n.ep.nbi_fenced(pe);
         n.ep.atomic(pe, &n.segments[pe], n.ctrl_bytes + offset, wide, op)
     }
     fn fence(&self) {
+        self.net.ep.nbi_fence();
         self.local.fence();
     }
     fn quiet(&self) -> Result<()> {
-        self.net.ep.quiet()?;
+        self.net.ep.nbi_quiet()?;
         self.local.quiet()
     }
     fn host_base(&self, pe: usize) -> Option<*mut u8> {
@@ -193,5 +233,45 @@ impl Backend for FabricBackend {
             return None;
         }
         self.local.host_base(pe)
+    }
+}
+
+/// A non-blocking put or get on the fabric (its key in the endpoint's table); dropping the last
+/// reference releases it (its staging goes back once it ended). It does not keep the fabric
+/// alive: a handle kept past the end of its world finds it gone ([`Error::WorldEnded`]), and
+/// the endpoint, closing, keeps the staging of whatever was still in flight.
+///
+/// [`Error::WorldEnded`]: crate::Error::WorldEnded
+#[derive(Debug)]
+struct FabricOp {
+    net: std::sync::Weak<Net>,
+    key: u64,
+}
+
+impl InFlight for FabricOp {
+    fn poll(&self, drive: bool) -> Option<Result<()>> {
+        match self.net.upgrade() {
+            Some(n) => n.ep.nbi_status(self.key, drive),
+            None => Some(Err(crate::Error::WorldEnded)),
+        }
+    }
+    fn wait(&self) -> Result<()> {
+        match self.net.upgrade() {
+            Some(n) => n.ep.nbi_wait(self.key),
+            None => Err(crate::Error::WorldEnded),
+        }
+    }
+    fn land(&self, dst: &mut [u8]) {
+        if let Some(n) = self.net.upgrade() {
+            n.ep.nbi_land(self.key, dst);
+        }
+    }
+}
+
+impl Drop for FabricOp {
+    fn drop(&mut self) {
+        if let Some(n) = self.net.upgrade() {
+            n.ep.nbi_release(self.key);
+        }
     }
 }

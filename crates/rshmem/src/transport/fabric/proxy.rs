@@ -17,6 +17,7 @@
 //! requests are completed without being carried out.
 
 use super::staging::Staged;
+use crate::backend::cuda::gpu::HostPin;
 use crate::backend::cuda::remote::{DeviceCopy, Ring, RingRequest, RingSignal};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{AtomicOp, Backend};
@@ -41,11 +42,18 @@ pub(crate) struct GpuFabricBackend {
     /// The first error of a ring request (reported by quiet).
     failed: Arc<Mutex<Option<Error>>>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// The staging area's page-locking (`None` where the driver refused it), released only
+    /// after the threads that copy through the area stopped (fields drop after `drop`).
+    _pinned: Option<HostPin>,
 }
 
 impl GpuFabricBackend {
     /// Starts the proxy threads of PE `cuda.me`.
-    pub fn start(cuda: CudaBackend, staged: Staged) -> Result<GpuFabricBackend> {
+    pub fn start(
+        cuda: CudaBackend,
+        staged: Staged,
+        pinned: Option<HostPin>,
+    ) -> Result<GpuFabricBackend> {
         let cuda = Arc::new(cuda);
         let staged = Arc::new(staged);
         let stop = Arc::new(AtomicBool::new(false));
@@ -87,6 +95,7 @@ impl GpuFabricBackend {
             stop,
             failed,
             threads,
+            _pinned: pinned,
         })
     }
 

@@ -39,7 +39,7 @@ pub(super) fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
 }
 
 /// Runs `f(rank, endpoint, own registration, every PE's remote)` on `n` thread-PEs.
-fn with_pes(
+pub(super) fn with_pes(
     n: usize,
     len: usize,
     f: impl Fn(usize, &Endpoint, &mut MemoryRegion, &[Remote], &dyn Bootstrap) + Sync,
@@ -77,7 +77,7 @@ fn put_get_move_random_bytes_exactly() {
         let to = (me + 1) % n;
         let data = random_bytes(me as u64 * 7 + 3, (2 << 20) + 13);
         ep.write(to, &heaps[to], 5, &data, false).expect("put");
-        ep.quiet().expect("quiet");
+        ep.nbi_quiet().expect("quiet");
         boot.barrier().expect("barrier");
         let from = (me + n - 1) % n;
         let want = random_bytes(from as u64 * 7 + 3, (2 << 20) + 13);
@@ -208,7 +208,7 @@ fn atomics_of_both_widths_return_old_values() {
             .expect("cas32"),
             0xdead_bef1
         );
-        ep.quiet().expect("quiet");
+        ep.nbi_quiet().expect("quiet");
         boot.barrier().expect("barrier");
         let mine = mr.bytes();
         let at = 64 * peer;

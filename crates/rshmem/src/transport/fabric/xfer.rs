@@ -29,6 +29,11 @@ pub(super) const WINDOW: usize = 16;
 /// Staging slots the endpoint keeps for reuse (more are allocated while transfers of several
 /// threads overlap, and freed when they end).
 const POOL: usize = 2 * WINDOW;
+/// Size of the small staging slots, for chunks up to this size (non-blocking operations keep
+/// many small ones in flight: a full-chunk slot each would be 64 times the memory).
+pub(super) const SMALL: usize = 4096;
+/// Small slots the endpoint keeps for reuse.
+const SMALL_POOL: usize = 1024;
 
 /// Staging memory of one chunk: plain memory, or a registration where the provider wants
 /// local buffers registered (`FI_MR_LOCAL`).
@@ -38,13 +43,17 @@ pub(super) enum Slot {
 }
 
 impl Slot {
-    fn bytes(&mut self) -> &mut [u8] {
+    pub(super) fn bytes(&mut self) -> &mut [u8] {
         match self {
             Slot::Plain(b) => b,
             Slot::Registered(m) => m.bytes_mut(),
         }
     }
-    fn desc(&self) -> *mut c_void {
+    /// Bytes the slot holds.
+    pub(super) fn cap(&mut self) -> usize {
+        self.bytes().len()
+    }
+    pub(super) fn desc(&self) -> *mut c_void {
         match self {
             Slot::Plain(_) => std::ptr::null_mut(),
             Slot::Registered(m) => m.desc(),
@@ -81,10 +90,17 @@ impl Endpoint {
     /// A free staging slot of `CHUNK` bytes (taken from the pool or made). Never called with
     /// the state locked (a registration locks it).
     fn take_slot(&self) -> Result<Slot> {
-        if let Some(s) = self.pool().pop() {
+        self.take_slot_for(CHUNK)
+    }
+
+    /// A free staging slot for a chunk of `len` bytes: a small one up to [`SMALL`], else one of
+    /// `CHUNK` bytes. Never called with the state locked.
+    pub(super) fn take_slot_for(&self, len: usize) -> Result<Slot> {
+        let small = len <= SMALL;
+        if let Some(s) = self.pool_of(small).pop() {
             return Ok(s);
         }
-        let buf = vec![0u8; CHUNK].into_boxed_slice();
+        let buf = vec![0u8; if small { SMALL } else { CHUNK }].into_boxed_slice();
         if self.needs_local_mr() {
             Ok(Slot::Registered(MemoryRegion::register_owned(self, buf)?))
         } else {
@@ -94,9 +110,10 @@ impl Endpoint {
 
     /// Returns a slot whose operation completed. Never called with the state locked (dropping
     /// a registration locks it).
-    fn give_slot(&self, s: Slot) {
-        let mut pool = self.pool();
-        if pool.len() < POOL {
+    pub(super) fn give_slot(&self, mut s: Slot) {
+        let small = s.cap() <= SMALL;
+        let mut pool = self.pool_of(small);
+        if pool.len() < if small { SMALL_POOL } else { POOL } {
             pool.push(s);
         } else {
             drop(pool);
