@@ -301,6 +301,11 @@ impl<'a> CudaPe<'a> {
         }
     }
 
+    /// Whether one of `members` (world PEs) runs on another node (reached through the proxy).
+    pub(crate) fn any_remote(&self, members: &[usize]) -> bool {
+        members.iter().any(|&p| self.b.is_remote(p))
+    }
+
     /// Whether no other PE of the world runs on this PE's GPU.
     pub(crate) fn gpu_alone(&self) -> bool {
         self.b.gpu_alone()

@@ -246,7 +246,7 @@ pub use ll::{
     LlCombineSent, LlConfig, LlDispatch, LlDispatchOpts, LlDispatchSent, LowLatencyBuffer,
     LL_KERNELS, LL_MAX_LOCAL_EXPERTS, LL_MAX_TOPK,
 };
-use params::{param_words, plan, readback_len, Plan, PARAM_WORDS};
+use params::{param_words, plan, readback_len, stage_plan, Plan, Stage, PARAM_WORDS};
 pub use tuning::{EpTuning, EP_WRONG_RESULT_SWITCHES};
 
 /// The kernels' source (after the device header): the files of `kernels/` in this order, one
@@ -523,6 +523,9 @@ pub struct GpuBuffer<T: Elem> {
     readbacks: std::cell::Cell<u64>,
     readback_sync: bool,
     grid: u32,
+    /// The staging area's plan where the team spans nodes (after the plan's areas): what this
+    /// PE puts to PEs of other nodes through the proxy is written there first.
+    stage: Option<Stage>,
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -541,9 +544,15 @@ impl<T: Elem> GpuBuffer<T> {
         Ok(plan(cfg, n_pes, std::mem::size_of::<T>())?.total)
     }
 
-    /// Symmetric bytes per PE this buffer takes.
+    /// Symmetric bytes per PE this buffer takes ([`bytes_for`](Self::bytes_for), plus a staging
+    /// area of `max_tokens` rows and row records where the team spans nodes).
     pub fn bytes(&self) -> usize {
-        self.plan.total
+        self.plan.total + self.stage.map_or(0, |st| st.total)
+    }
+
+    /// Whether the team spans nodes (its PEs there reached through the proxy).
+    pub fn spans_nodes(&self) -> bool {
+        self.stage.is_some()
     }
 
     /// The configuration.
@@ -562,8 +571,13 @@ impl<T: Elem> GpuBuffer<T> {
         self.tokens_combine.set(how);
     }
 
-    /// Whether `combine_tokens` pulls (the setting, `Auto` resolved by the pair size).
+    /// Whether `combine_tokens` pulls (the setting, `Auto` resolved by the pair size; never
+    /// where the team spans nodes: the push path is taken whatever the setting).
     pub fn tokens_combine_pulls(&self) -> bool {
+        // Pulling reads peers' y by loads, which PEs of other nodes do not offer.
+        if self.spans_nodes() {
+            return false;
+        }
         match self.tokens_combine.get() {
             TokensCombine::Pull => true,
             TokensCombine::Push => false,
@@ -589,7 +603,9 @@ impl<T: Elem> GpuBuffer<T> {
     /// `EpTuning::from_env()` at a program's edge, or `EpTuning::default()`).
     pub fn new(pe: &Pe, team: &Team, cfg: EpConfig, tuning: &EpTuning) -> Result<GpuBuffer<T>> {
         let g = CudaPe::new(pe)?;
-        g.check_one_node(&team.members, "cuda::ep::GpuBuffer")?;
+        // A team across nodes: its peers there are reached through the proxy (see "Across
+        // nodes"), from a staging area after the plan's areas.
+        let spans = g.any_remote(&team.members);
         let n = team.n_pes();
         let prepared = (|| {
             tuning.check()?;
@@ -601,6 +617,10 @@ impl<T: Elem> GpuBuffer<T> {
             let split_knob = tuning.split_combine;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
+            let stage = match spans {
+                true => Some(stage_plan(&cfg, n, std::mem::size_of::<T>())?),
+                false => None,
+            };
             // Normal mode's readback: the control words, receive counts and expert offsets,
             // then the device error word (8-byte aligned).
             let readback = g.host_buf(readback_len(&p, cfg.num_experts / n) + 16)?;
@@ -633,7 +653,7 @@ impl<T: Elem> GpuBuffer<T> {
             );
             Ok::<_, Error>((
                 dt,
-                p,
+                (p, stage),
                 ks,
                 (tokens_combine, send_block, pstream_block, readback_sync),
                 (readback, readback_dev),
@@ -643,7 +663,7 @@ impl<T: Elem> GpuBuffer<T> {
         })();
         let (
             dt,
-            plan,
+            (plan, stage),
             (
                 [layout32, send32],
                 [layout64, send64],
@@ -665,7 +685,7 @@ impl<T: Elem> GpuBuffer<T> {
                 return Err(e);
             }
         };
-        let area = pe.alloc_aligned::<u8>(plan.total, 256)?;
+        let area = pe.alloc_aligned::<u8>(plan.total + stage.map_or(0, |st| st.total), 256)?;
         // The grid, agreed: every PE puts its SM count into slot (its team index) of each
         // member's record area, all meet, each takes the smallest (the records are rewritten by
         // every dispatch, which no PE starts before the barrier at the end of this function).
@@ -674,6 +694,7 @@ impl<T: Elem> GpuBuffer<T> {
         // Bit 32: this PE may take the split combine (the knob on, its GPU its own; the other
         // conditions are alike on every PE).
         let may_split = (split_knob
+            && !spans
             && g.gpu_alone()
             && n >= 2
             && (cfg.hidden * std::mem::size_of::<T>()).is_multiple_of(16))
@@ -738,11 +759,16 @@ impl<T: Elem> GpuBuffer<T> {
             readbacks: std::cell::Cell::new(0),
             readback_sync,
             grid,
+            stage,
             _t: std::marker::PhantomData,
         };
         let base = g.ptr(&buf.area)?;
         let p = &buf.plan;
-        let params: Vec<u64> = param_words(base, p, &cfg, n, &dt, buf.grid, buf.split)
+        let staged = buf
+            .stage
+            .as_ref()
+            .map(|st| (base + p.total as u64, st));
+        let params: Vec<u64> = param_words(base, p, staged, &cfg, n, &dt, buf.grid, buf.split)
             .iter()
             .map(|w| w.1)
             .collect();

@@ -136,11 +136,44 @@ pub(super) fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
     })
 }
 
+/// Byte offsets, from its start, of the staging area a buffer whose team spans nodes has after
+/// its plan's areas: the rows (`max_tokens × H`), row records (`max_tokens × rmw` u32) and
+/// count records (`n × rw` u64) this PE writes once and puts from there to PEs of other nodes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Stage {
+    pub(super) x: usize,
+    pub(super) meta: usize,
+    pub(super) rec: usize,
+    pub(super) total: usize,
+}
+
+pub(super) fn stage_plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Stage> {
+    let round = |v: usize| {
+        v.checked_next_multiple_of(256)
+            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))
+    };
+    let x = round(mul(mul(cfg.max_tokens, cfg.hidden)?, es)?)?;
+    let meta = round(mul(mul(cfg.max_tokens, 1 + 2 * cfg.max_topk)?, 4)?)?;
+    let rec = round(mul(mul(n, REC_FIXED + cfg.num_experts / n)?, 8)?)?;
+    Ok(Stage {
+        x: 0,
+        meta: x,
+        rec: x + meta,
+        total: x
+            .checked_add(meta)
+            .and_then(|v| v.checked_add(rec))
+            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?,
+    })
+}
+
 /// The words of the kernels' `ep_params` block, in declaration order and named as in
-/// `kernels/common.cuh` (`base`: the device address of the buffer's area).
+/// `kernels/common.cuh` (`base`: the device address of the buffer's area; `stage`: that of its
+/// staging area and its plan, where the team spans nodes, else the staging words are 0).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn param_words(
     base: u64,
     p: &Plan,
+    stage: Option<(u64, &Stage)>,
     cfg: &EpConfig,
     n: usize,
     dt: &crate::device::DeviceTeam,
@@ -169,6 +202,9 @@ pub(super) fn param_words(
                 RecvLayout::TokenMajor => 0,
             },
         ),
+        ("xstage", stage.map_or(0, |(b, st)| b + st.x as u64)),
+        ("mstage", stage.map_or(0, |(b, st)| b + st.meta as u64)),
+        ("rstage", stage.map_or(0, |(b, st)| b + st.rec as u64)),
         ("n", n as u64),
         ("me", dt.my_index as u64),
         ("start", dt.start as u64),
@@ -186,7 +222,7 @@ pub(super) fn param_words(
 }
 
 /// Words of the kernels' `ep_params` block.
-pub(super) const PARAM_WORDS: usize = 27;
+pub(super) const PARAM_WORDS: usize = 30;
 
 /// What normal-mode dispatch reads back after the count exchange.
 pub(super) struct CtlRead {

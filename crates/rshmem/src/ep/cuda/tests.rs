@@ -147,7 +147,8 @@ fn params_block_matches_ep_params() {
         start: 1,
         stride: 2,
     };
-    let words = param_words(base, &p, &cfg, n, &dt, 132, true);
+    let st = stage_plan(&cfg, n, 2).unwrap();
+    let words = param_words(base, &p, Some((base + 4096, &st)), &cfg, n, &dt, 132, true);
     let names: Vec<&str> = words.iter().map(|w| w.0).collect();
     let want: Vec<&str> = fields.iter().map(|f| f.1.as_str()).collect();
     assert_eq!(names, want);

@@ -136,7 +136,12 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
             const long long s = t % n, i = t / n, g = s * C + i;
             if (i >= recv_cnt[s] || (tokens == 2 && s == me)) continue;
             const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
-            ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
+            ep_t* to = (ep_t*)P->comb + ((parity * n + me) * C + i) * H;
+            // A source on another node: the row goes into this PE's idle half of the combine
+            // area (row (1 - parity, s, i): only s writes there, after this PE's next ready
+            // signal, which follows the put in ring order) and is put from there.
+            const bool remote = ep_remote(P, (int)s);
+            ep_t* dst = remote ? (ep_t*)P->comb + (((1 - parity) * n + s) * C + i) * H : (ep_t*)rshmem_ptr(to, ep_pe(P, (int)s));
             if (tokens) {
                 if (vec) {
                     const int v0 = (int)(c * chunk) + (int)lane;
@@ -157,6 +162,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
                 ep_round_store<EP_UR>(dst, acc, v0, nv);
             } else {
                 for (long long h = lane; h < H; h += 32) ep_from(ep_slots_elem(tok_rows + g * K, m + 1 + K, K, y, H, h), &dst[h]);
+            }
+            if (remote) {
+                const long long a = vec ? c * chunk * 16 : 0;
+                const long long b = vec ? min((long long)nv, (c + 1) * chunk) * 16 : H * (long long)sizeof(ep_t);
+                ep_put_remote((char*)to + a, (const char*)dst + a, b - a, P, (int)s, lane);
             }
         }
     }

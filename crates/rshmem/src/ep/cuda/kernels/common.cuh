@@ -2,7 +2,8 @@
 // once per (hidden type EP_T, top-k id type EP_ID).
 //
 // Every buffer address in `ep_params` is this PE's symmetric address; peers' copies are reached
-// with rshmem_ptr. Step order on one stream (see ep.rs for why each area is safe to reuse):
+// with rshmem_ptr, those of peers on other nodes through the proxy ring (ep_remote: the data is
+// written into this PE's staging area first, then put from there; see ep.rs, "Across nodes"). Step order on one stream (see ep.rs for why each area is safe to reuse):
 //   dispatch: ep_layout (grid) -> ep_send (grid) -> ep_dwait (1 block) -> ep_pstream (grid,
 //             expert-major buffers) or ep_permute (grid, token-major: the index only)
 //             (the last three launched as programmatic dependents: ep_send and ep_dwait start
@@ -33,7 +34,7 @@ typedef EP_ID ep_id;
 // Parameter block (u64 words; written by the host once per buffer). Keep in step with ep.rs.
 struct ep_params {
     unsigned long long recv_x, recv_meta, comb, rec, sig, ctl, recv_cnt, expert_off, fill, tok_pos,
-        row_src, tok_rows, acc, prog;
+        row_src, tok_rows, acc, prog, xstage, mstage, rstage;
     long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid, sentinel;
 };
 
@@ -144,23 +145,47 @@ __device__ __forceinline__ void ep_abort_if_failed(unsigned long long* ctl) {
 
 // Adds `v` (1 unless given) to PE `pe`'s counter `sig` (this PE's symmetric address) after this
 // thread's barrier with its block; an aborted PE first puts the abort bit into the peer's flags
-// (ordered before the signal by the release).
+// (ordered before the signal by the release). A PE of another node is signalled through the
+// proxy, after every request this PE posted before (the ring is carried out in order); device
+// atomics do not cross nodes, so an aborted PE sends it no signal at all instead of the abort
+// bit: its wait times out, and it never takes the step as complete.
 __device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64* peer_ctl_err, int pe,
                                           rshmem_u64 v = 1) {
     asm volatile("fence.sc.sys;" ::: "memory");
-    if (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)
-        atomicOr_system((unsigned long long*)rshmem_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
+    const bool aborted = (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+    if (rshmemi_remote(pe)) {
+        if (!aborted) rshmemi_proxy_signal_at(rshmemi_offset(sig), v, RSHMEM_SIGNAL_ADD, pe);
+        return;
+    }
+    if (aborted) atomicOr_system((unsigned long long*)rshmem_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
     rshmemi_red_add_release((rshmem_u64*)rshmem_ptr(sig, pe), v);
 }
 // As ep_signal, setting PE `pe`'s word `sig` to `v` instead of adding 1.
 __device__ __forceinline__ void ep_signal_set(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64 v, int pe) {
     asm volatile("fence.sc.sys;" ::: "memory");
-    if (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)
-        atomicOr_system((unsigned long long*)rshmem_ptr((const void*)(ctl + EP_CTL_ERR), pe), EP_ERR_ABORT);
+    const bool aborted = (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+    if (rshmemi_remote(pe)) {
+        if (!aborted) rshmemi_proxy_signal_at(rshmemi_offset(sig), v, RSHMEM_SIGNAL_SET, pe);
+        return;
+    }
+    if (aborted) atomicOr_system((unsigned long long*)rshmem_ptr((const void*)(ctl + EP_CTL_ERR), pe), EP_ERR_ABORT);
     rshmemi_st_release((rshmem_u64*)rshmem_ptr(sig, pe), v);
 }
 
 __device__ __forceinline__ int ep_pe(const ep_params* P, int d) { return (int)(P->start + d * P->stride); }
+// Whether team member d runs on another node: reached through the proxy ring, never by loads
+// and stores (its base in the heap base table is 0).
+__device__ __forceinline__ bool ep_remote(const ep_params* P, int d) { return rshmemi_remote(ep_pe(P, d)); }
+// Lane 0 of a warp, after the warp's stores into this PE's staging copy `src`: a non-blocking
+// put of `bytes` from it to `dst` (this PE's symmetric address) on team member d of another
+// node. The source must stay unchanged until the proxy copied it, which every PE's next ready
+// signal (after the rows' data signal, in ring order) guarantees.
+__device__ __forceinline__ void ep_put_remote(void* dst, const void* src, long long bytes, const ep_params* P, int d,
+                                              unsigned lane) {
+    __syncwarp();
+    if (lane == 0) rshmemi_proxy_put(dst, src, (size_t_rshmem)bytes, ep_pe(P, d), false);
+    __syncwarp();
+}
 // The block waits until word s of `words` (this PE's signal group) is at least `v` for every
 // team member s; then thread 0 fences, stops the step on a timeout or an abort
 // (ep_abort_if_failed) and, with EP_STAMPS, stamps `stamp` (< 0: none).

@@ -56,6 +56,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
             __syncwarp();
         }
         for (int d = lane; d < n; d += 32) {
+            // A PE of another node gets no ready signal from a PE that gave up (ep_signal).
+            if (ep_remote(P, d)) {
+                if (!gone) rshmemi_signal_op_collective(ready + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
+                continue;
+            }
             // The abort bit first (ordered before the signal by its fence and release).
             if (gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
             rshmemi_signal_op_collective(ready + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
@@ -123,20 +128,32 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     rshmemi_grid_dep_launch();
     const long long RW = EP_REC_FIXED + El;
     rshmem_u64* rec = (rshmem_u64*)P->rec;
+    // The record for PE d: in its records area, or (another node) in this PE's staging row d,
+    // put from there with the signal below.
+    auto rec_of = [&](int d) -> rshmem_u64* {
+        return ep_remote(P, d) ? (rshmem_u64*)P->rstage + d * RW : (rshmem_u64*)rshmem_ptr(rec + me * RW, ep_pe(P, d));
+    };
     for (int i = tid; i < n * El && !s_gone; i += nth) {
         const int d = i / El, e = i % El;
-        rshmem_u64* r = (rshmem_u64*)rshmem_ptr(rec + me * RW + EP_REC_FIXED + e, ep_pe(P, d));
-        *(volatile rshmem_u64*)r = va[i];
+        ((volatile rshmem_u64*)rec_of(d))[EP_REC_FIXED + e] = va[i];
     }
     for (int d = tid; d < n && !s_gone; d += nth) {
-        rshmem_u64* r = (rshmem_u64*)rshmem_ptr(rec + me * RW, ep_pe(P, d));
-        ((volatile rshmem_u64*)r)[0] = s_status;
-        ((volatile rshmem_u64*)r)[1] = va[E + d];
-        ((volatile rshmem_u64*)r)[2] = (rshmem_u64)T;
-        ((volatile rshmem_u64*)r)[3] = (rshmem_u64)topk;
+        volatile rshmem_u64* r = rec_of(d);
+        r[0] = s_status;
+        r[1] = va[E + d];
+        r[2] = (rshmem_u64)T;
+        r[3] = (rshmem_u64)topk;
     }
     __syncthreads();
     for (int d = tid; d < n; d += nth) {
+        if (ep_remote(P, d)) {
+            // One request: the record, then its signal (ep_signal: none from a PE that gave up).
+            asm volatile("fence.sc.sys;" ::: "memory");
+            if (!s_gone)
+                rshmemi_proxy_put_signal(rec + me * RW, rec_of(d), RW * 8, sig + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d),
+                                         false);
+            continue;
+        }
         if (s_gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
         rshmemi_signal_op_collective(sig + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
     }

@@ -66,19 +66,31 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 __syncthreads();
             }
         }
-        // The row records, a warp per token.
+        // The row records, a warp per token; for PEs of other nodes the record is written once
+        // into this PE's staging row of the token and put from there.
         for (int t = t0 + (int)warp; t < t1; t += (int)nwarps) {
+            bool staged = false;
             for (int d = 0; d < n; d++) {
                 const int pos = tok_pos[(long long)t * n + d];
                 if (pos < 0 || pos >= C) continue;
                 const long long row = me * C + pos;
-                unsigned* m = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
+                const bool remote = ep_remote(P, d);
+                if (remote && staged) {
+                    ep_put_remote((unsigned*)P->recv_meta + row * RMW, (unsigned*)P->mstage + t * RMW, RMW * 4, P, d, lane);
+                    continue;
+                }
+                unsigned* m = remote ? (unsigned*)P->mstage + t * RMW
+                                     : (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
                 for (long long i = lane; i < RMW; i += 32) {
                     unsigned v;
                     if (i == 0) v = (unsigned)t;
                     else if (i <= K) { long long j = i - 1; v = j < topk ? (unsigned)(int)ids[(long long)t * topk + j] : 0xffffffffu; }
                     else { long long j = i - 1 - K; v = j < topk ? __float_as_uint(w[(long long)t * topk + j]) : 0u; }
                     m[i] = v;
+                }
+                if (remote) {
+                    staged = true;
+                    ep_put_remote((unsigned*)P->recv_meta + row * RMW, m, RMW * 4, P, d, lane);
                 }
             }
         }
@@ -91,7 +103,13 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 long long lo = s_base[d];
                 for (int bb = b0; bb < b; bb++) lo += bcnt[(long long)bb * n + d];
                 const long long hi = lo + bcnt[(long long)b * n + d];
-                ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * G + b, ep_pe(P, d)), ep_records_in_word(min(hi, C), min(lo, C)));
+                // A PE of another node: a signal set after the records (one writer per word, so
+                // set is max), posted after them into the ring, which is carried out in order.
+                if (ep_remote(P, d))
+                    rshmemi_proxy_signal_at(rshmemi_offset(prog + me * G + b), ep_records_in_word(min(hi, C), min(lo, C)),
+                                            RSHMEM_SIGNAL_SET, ep_pe(P, d));
+                else
+                    ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * G + b, ep_pe(P, d)), ep_records_in_word(min(hi, C), min(lo, C)));
             }
         }
         const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)x | P->recv_x);
@@ -112,6 +130,15 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
 #pragma unroll
                     for (int q = 0; q < EP_SEND_U; q++) r[q] = ep_canon4(r[q]);
                 }
+                // The chunk once into this PE's staging row of the token when a PE of another
+                // node takes it (put from there below).
+                bool far = false;
+                for (int d = 0; d < n; d++) {
+                    const int pos = tok_pos[t * n + d];
+                    far |= pos >= 0 && pos < C && ep_remote(P, d);
+                }
+                ep_t* srow = (ep_t*)P->xstage + t * H;
+                if (far) ep_store<EP_SEND_U>((rshmemi_v4*)srow, r, v0, lim);
                 for (int dd = 0; dd < n; dd++) {
 #if EP_SEND_PEERS_FIRST
                     const int d = dd + me + 1 < n ? dd + me + 1 : dd + me + 1 - n;  // this PE last
@@ -120,16 +147,31 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
 #endif
                     const int pos = tok_pos[t * n + d];
                     if (pos < 0 || pos >= C || ((EP_SEND_SKIP_SELF || em) && d == me)) continue;
+                    if (ep_remote(P, d)) {
+                        const long long a = c * chunk * 16, b = (long long)lim * 16;
+                        ep_put_remote((char*)((ep_t*)P->recv_x + (me * C + pos) * H) + a, (const char*)srow + a, b - a, P, d,
+                                      lane);
+                        continue;
+                    }
                     rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
                     ep_store<EP_SEND_U>(dst, r, v0, lim);
                 }
             } else {
+                bool staged = false;
                 for (int d = 0; d < n; d++) {
                     const int pos = tok_pos[t * n + d];
                     if (pos < 0 || pos >= C || (em && d == me)) continue;
-                    ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
-                    if (em) ep_copy_row_canon(dst, x + t * H, H, lane);
-                    else ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
+                    ep_t* to = (ep_t*)P->recv_x + (me * C + pos) * H;
+                    const bool remote = ep_remote(P, d);
+                    ep_t* dst = remote ? (ep_t*)P->xstage + t * H : (ep_t*)rshmem_ptr(to, ep_pe(P, d));
+                    if (!(remote && staged)) {
+                        if (em) ep_copy_row_canon(dst, x + t * H, H, lane);
+                        else ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
+                    }
+                    if (remote) {
+                        staged = true;
+                        ep_put_remote(to, dst, H * (long long)sizeof(ep_t), P, d, lane);
+                    }
                 }
             }
         }
