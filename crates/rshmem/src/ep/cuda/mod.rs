@@ -303,6 +303,7 @@ const CTL_GO: usize = 3;
 const CTL_ERR: usize = 4;
 const CTL_INFO: usize = 5;
 const CTL_ROWS: usize = 6;
+const CTL_XABORT: usize = 14;
 const ERR_MINE: u64 = 1;
 const ERR_PEER: u64 = 2;
 const ERR_CAPACITY: u64 = 4;
@@ -764,10 +765,7 @@ impl<T: Elem> GpuBuffer<T> {
         };
         let base = g.ptr(&buf.area)?;
         let p = &buf.plan;
-        let staged = buf
-            .stage
-            .as_ref()
-            .map(|st| (base + p.total as u64, st));
+        let staged = buf.stage.as_ref().map(|st| (base + p.total as u64, st));
         let params: Vec<u64> = param_words(base, p, staged, &cfg, n, &dt, buf.grid, buf.split)
             .iter()
             .map(|w| w.1)

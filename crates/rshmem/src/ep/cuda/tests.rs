@@ -180,6 +180,59 @@ fn params_block_matches_ep_params() {
     );
 }
 
+/// A buffer whose team spans nodes stages `max_tokens` rows, their row records and one count
+/// record per PE, each on a 256-byte boundary; the parameter block points into that area, and
+/// holds 0 there on one node.
+#[test]
+fn staging_area_across_nodes() {
+    let cfg = EpConfig {
+        num_experts: 12,
+        max_tokens: 40,
+        hidden: 72,
+        max_topk: 8,
+        mode: EpMode::Normal,
+        layout: RecvLayout::TokenMajor,
+    };
+    let (n, es) = (3, 2);
+    let st = stage_plan(&cfg, n, es).unwrap();
+    // 40 * 72 * 2 = 5760 -> 5888; 40 * 17 * 4 = 2720 -> 2816; 3 * (4 + 4) * 8 = 192 -> 256.
+    assert_eq!(
+        st,
+        Stage {
+            x: 0,
+            meta: 5888,
+            rec: 5888 + 2816,
+            total: 5888 + 2816 + 256,
+        }
+    );
+    let p = plan(&cfg, n, es).unwrap();
+    let dt = crate::device::DeviceTeam {
+        slot: 0,
+        my_index: 0,
+        size: 3,
+        start: 0,
+        stride: 1,
+    };
+    let base = 1u64 << 40;
+    let sb = base + p.total as u64;
+    let get = |w: &[(&str, u64)], k: &str| w.iter().find(|x| x.0 == k).unwrap().1;
+    let words = param_words(base, &p, Some((sb, &st)), &cfg, n, &dt, 4, false);
+    assert_eq!(
+        ["xstage", "mstage", "rstage"].map(|k| get(&words, k)),
+        [sb, sb + 5888, sb + 8704]
+    );
+    let words = param_words(base, &p, None, &cfg, n, &dt, 4, false);
+    assert_eq!(
+        ["xstage", "mstage", "rstage"].map(|k| get(&words, k)),
+        [0, 0, 0]
+    );
+    let huge = EpConfig {
+        max_tokens: usize::MAX / 4,
+        ..cfg
+    };
+    assert!(stage_plan(&huge, n, es).is_err());
+}
+
 /// The block-size knobs take multiples of 32 from 64 to 512 only, and name themselves
 /// when refused; unset, the default holds.
 #[test]
@@ -333,6 +386,7 @@ fn constants_match_the_kernels() {
         ("EP_CTL_ERR", CTL_ERR),
         ("EP_CTL_INFO", CTL_INFO),
         ("EP_CTL_ROWS", CTL_ROWS),
+        ("EP_CTL_XABORT", CTL_XABORT),
         ("EP_REC_FIXED", REC_FIXED),
         ("EP_SIG_GROUPS", SIG_GROUPS),
         ("EP_MAX_PES", MAX_GPU_EP_PES),

@@ -93,6 +93,10 @@ struct ep_params {
 #define EP_CTL_PTICKET 12
 // ep_pstream's row tickets (zeroed by ep_dwait before the gate opens).
 #define EP_CTL_RTICKET 13
+// The abort bit from a PE of another node (device atomics do not cross nodes: it sets this
+// word through the proxy, before its signal, instead of or-ing the bit into EP_CTL_ERR). Read
+// with the abort bit (ep_aborted); cleared by the host with the error word.
+#define EP_CTL_XABORT 14
 // sig words (this PE's, n each; member s writes word s of a group): records (set to the epoch),
 // data (ep_send's blocks add 1), combine (ep_csend's blocks add 1), ready (set to the epoch),
 // then the pull combine's: its ready and done (set to the combine's number, ctl[CWAIT]) and the
@@ -128,6 +132,12 @@ __device__ __forceinline__ void ep_from(float f, float* o) { *o = f; }
 __device__ __forceinline__ void ep_from(float f, rshmem_bfloat16* o) { *o = rshmem_float_to_bfloat16(f); }
 __device__ __forceinline__ void ep_from(float f, rshmem_half* o) { *o = rshmem_float_to_half(f); }
 
+// The abort bit, or one a PE of another node set (EP_CTL_XABORT).
+__device__ __forceinline__ bool ep_aborted(const unsigned long long* ctl) {
+    const volatile unsigned long long* v = (const volatile unsigned long long*)ctl;
+    return (v[EP_CTL_ERR] & EP_ERR_ABORT) != 0 || v[EP_CTL_XABORT] != 0;
+}
+
 // True when a device wait of this PE timed out or a device barrier was misused (the device
 // header's flag; the host clears it).
 __device__ __forceinline__ bool ep_timed_out() {
@@ -137,24 +147,30 @@ __device__ __forceinline__ bool ep_timed_out() {
 // After this PE's waits of a step (one thread): a timeout here, or an abort a peer put here
 // before the signals just waited for, stops the rest of the step on this PE.
 __device__ __forceinline__ void ep_abort_if_failed(unsigned long long* ctl) {
-    if (ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) {
+    if (ep_timed_out() || ep_aborted(ctl)) {
         atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_ABORT);
         ((volatile unsigned long long*)ctl)[EP_CTL_GO] = 0;
     }
 }
 
+// Sets PE `pe`'s (another node's) EP_CTL_XABORT word through the proxy: carried out before any
+// request this thread posts after it.
+__device__ __forceinline__ void ep_xabort(const unsigned long long* ctl, int pe) {
+    rshmemi_proxy_signal_at(rshmemi_offset(ctl + EP_CTL_XABORT), 1, RSHMEM_SIGNAL_SET, pe);
+}
+
 // Adds `v` (1 unless given) to PE `pe`'s counter `sig` (this PE's symmetric address) after this
 // thread's barrier with its block; an aborted PE first puts the abort bit into the peer's flags
 // (ordered before the signal by the release). A PE of another node is signalled through the
-// proxy, after every request this PE posted before (the ring is carried out in order); device
-// atomics do not cross nodes, so an aborted PE sends it no signal at all instead of the abort
-// bit: its wait times out, and it never takes the step as complete.
+// proxy, after every request this PE posted before (the ring is carried out in order); an
+// aborted PE first sets its EP_CTL_XABORT word (device atomics do not cross nodes).
 __device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64* peer_ctl_err, int pe,
                                           rshmem_u64 v = 1) {
     asm volatile("fence.sc.sys;" ::: "memory");
-    const bool aborted = (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+    const bool aborted = ep_aborted(ctl);
     if (rshmemi_remote(pe)) {
-        if (!aborted) rshmemi_proxy_signal_at(rshmemi_offset(sig), v, RSHMEM_SIGNAL_ADD, pe);
+        if (aborted) ep_xabort(ctl, pe);
+        rshmemi_proxy_signal_at(rshmemi_offset(sig), v, RSHMEM_SIGNAL_ADD, pe);
         return;
     }
     if (aborted) atomicOr_system((unsigned long long*)rshmem_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
@@ -163,9 +179,10 @@ __device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_
 // As ep_signal, setting PE `pe`'s word `sig` to `v` instead of adding 1.
 __device__ __forceinline__ void ep_signal_set(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64 v, int pe) {
     asm volatile("fence.sc.sys;" ::: "memory");
-    const bool aborted = (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+    const bool aborted = ep_aborted(ctl);
     if (rshmemi_remote(pe)) {
-        if (!aborted) rshmemi_proxy_signal_at(rshmemi_offset(sig), v, RSHMEM_SIGNAL_SET, pe);
+        if (aborted) ep_xabort(ctl, pe);
+        rshmemi_proxy_signal_at(rshmemi_offset(sig), v, RSHMEM_SIGNAL_SET, pe);
         return;
     }
     if (aborted) atomicOr_system((unsigned long long*)rshmem_ptr((const void*)(ctl + EP_CTL_ERR), pe), EP_ERR_ABORT);

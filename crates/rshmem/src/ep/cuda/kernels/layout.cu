@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     // The last warp of block 0 signals while the first ones count tokens (when warp 0 sent them,
     // its fences delayed block 0's count by about 3 us).
     if (blockIdx.x == 0 && (tid >> 5) == (nth >> 5) - 1) {
-        const bool gone = ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+        const bool gone = ep_timed_out() || ep_aborted(ctl);
         // This PE's "records in" words (expert-major buffers) are zero again before any peer may
         // write them (after the ready signal below; the previous step's writers were all seen
         // by its ep_dwait, the previous step's readers ended before this kernel began).
@@ -56,9 +56,10 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
             __syncwarp();
         }
         for (int d = lane; d < n; d += 32) {
-            // A PE of another node gets no ready signal from a PE that gave up (ep_signal).
+            // A PE of another node: the abort word first (ep_signal).
             if (ep_remote(P, d)) {
-                if (!gone) rshmemi_signal_op_collective(ready + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
+                if (gone) ep_xabort(ctl, ep_pe(P, d));
+                rshmemi_signal_op_collective(ready + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
                 continue;
             }
             // The abort bit first (ordered before the signal by its fence and release).
@@ -112,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     if (tid == 0) {
         asm volatile("fence.acq_rel.sys;" ::: "memory");
         EP_STAMP(ctl, 2);
-        const bool gone = ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+        const bool gone = ep_timed_out() || ep_aborted(ctl);
         s_gone = gone;
         ctl[EP_CTL_GO] = gone ? 0 : 1;
         ctl[EP_CTL_EPOCH] = epoch;
@@ -147,11 +148,16 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     __syncthreads();
     for (int d = tid; d < n; d += nth) {
         if (ep_remote(P, d)) {
-            // One request: the record, then its signal (ep_signal: none from a PE that gave up).
+            // One request: the record, then its signal; a PE that gave up wrote none and sets
+            // the abort word before the signal instead.
             asm volatile("fence.sc.sys;" ::: "memory");
-            if (!s_gone)
+            if (s_gone) {
+                ep_xabort(ctl, ep_pe(P, d));
+                rshmemi_signal_op_collective(sig + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
+            } else {
                 rshmemi_proxy_put_signal(rec + me * RW, rec_of(d), RW * 8, sig + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d),
                                          false);
+            }
             continue;
         }
         if (s_gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
@@ -199,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) 
         }
         // A timed-out wait above read records that may not have arrived; an abort latched by an
         // earlier step (or ep_layout's) stays until the host clears it.
-        if (ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) err |= EP_ERR_ABORT;
+        if (ep_timed_out() || ep_aborted(ctl)) err |= EP_ERR_ABORT;
         if (err) {
             ctl[EP_CTL_GO] = 0;
             atomicOr_system(&ctl[EP_CTL_ERR], err);  // peers' signals may put an abort bit concurrently
