@@ -169,6 +169,29 @@
 //! [`GpuBuffer::check`] reports as for any timeout (and the combine area is filled with the
 //! sentinel again).
 //!
+//! # Across nodes
+//! A team with members on other nodes (a CUDA world over the fabric, docs/fabric.md) takes the
+//! same kernels, output, layout and API; each store into a member of another node becomes a
+//! request into this PE's proxy ring (`backend/cuda/remote.rs`: the proxy thread carries the
+//! requests out in ticket order, each complete at the target before the next): the data is
+//! written once into a staging area after the buffer's areas ([`GpuBuffer::bytes`]: a row and a
+//! row record per token, a count record per PE) and put from there, never from `x`, so the
+//! caller may reuse `x` as on one node. `ep_layout`'s record goes as one put-with-signal;
+//! `ep_send` writes each token's row record and row (chunk) once into the staging area and puts
+//! it to every destination of another node, then its "records in" words (a signal set: one
+//! writer per word) and data signals (a signal add) follow in the ring, after the data;
+//! `ep_csend` sums a token's row into this PE's idle half of the combine area (row `(1 -
+//! parity, s, i)`, which only source `s` writes, after this PE's next ready signal) and puts it
+//! from there. A staged source is rewritten only after every PE's next ready signal, which each
+//! sends after it waited for this PE's signals of the step, themselves after the puts. The
+//! abort bit (a device atomic on one node) crosses as a word (`EP_CTL_XABORT`) set through the
+//! proxy before the signal; the host reads it with the error word. Every row crosses to each
+//! destination PE of another node (DeepEP's internode design sends it once per node and
+//! forwards it over NVLink there: not done), one request per row chunk, so the path is meant
+//! for correctness first. Pull `combine_tokens` and the split combine read or wait on peers'
+//! memory by loads: a buffer across nodes pushes ([`GpuBuffer::tokens_combine_pulls`] is
+//! false) and never splits. [`LowLatencyBuffer`] stays refused across nodes.
+//!
 //! # Errors that are not agreed on the device
 //! A PE whose inputs fail the host checks still launches `ep_layout` (marked invalid, no pointer
 //! read) and, in capturable mode, the rest of the step, so peers see the error too. Combine's
