@@ -228,14 +228,17 @@ fn run_calibration(a: &SimArgs) -> CliResult<()> {
     let (model, rows) = calibrate::fit(&topos, &setup, &cases, start)?;
     println!(
         "[model]\nlaunch_us = {:.3}\nblock_gbps = {:.3}\nfence_us = {:.3}\npeer_us = {:.3}\n\
-         ll_efficiency = {:.3}\nep_dispatch_us = {:.3}\nep_combine_us = {:.3}\n",
+         late_wait_us = {:.3}\nll_efficiency = {:.3}\nep_dispatch_us = {:.3}\nep_combine_us = {:.3}\n\
+         ep_expand_tail_us = {:.3}\n",
         model.launch_us,
         model.block_gbps,
         model.fence_us,
         model.peer_us,
+        model.late_wait_us,
         model.ll_efficiency,
         model.ep_dispatch_us,
-        model.ep_combine_us
+        model.ep_combine_us,
+        model.ep_expand_tail_us
     );
     println!(
         "| op | GPUs | bytes | variant | measured us | simulated us | path taken | error | set |"

@@ -11,7 +11,7 @@ CPU only (no torch.distributed baseline; the per-call overhead only):
 Records:
 * ``call_overhead``: host microseconds per ``rshmem.put`` call from Python against the same
   operation issued by a Rust loop in the same process (8 bytes; GPU: stream-ordered, not
-  synchronised; rank 0 alone, alternating rounds, medians). Target: Python - Rust <= 2 us.
+  synchronised; rank 0 alone, alternating rounds of 500 calls, medians). Target: Python - Rust <= 2 us.
 * ``all_reduce``: GPU microseconds per in-place all_reduce (float32 and bfloat16, 4 KiB to
   1 MiB) for rshmem and torch.distributed (NCCL) on the same stream; ratio = rshmem / NCCL.
   Target: <= 0.5 for small sizes.
@@ -63,26 +63,40 @@ def call_overhead_cpu():
 
 
 def call_overhead_gpu(torch):
-    """Rank 0 measures (rank 1 waits in a barrier): rounds of Python calls alternating with
-    rounds of the Rust loop, so both see the same machine; medians over the rounds."""
+    """Rank 0 measures (rank 1 waits in a barrier): rounds of Python calls (a plain loop, as a
+    user writes it) alternating with rounds of the Rust loop, so both see the same machine;
+    medians over the rounds. A round is short enough that the stream's queue never fills
+    (a full queue would time the GPU's copies, not the calls); the GPU's own time per put is
+    recorded beside it."""
     w = rshmem._world.current()
     me = rshmem.my_pe()
     dst = rshmem.zeros(1, torch.int64)
     src = rshmem.zeros(1, torch.int64)
     rec = None
     if me == 0:
-        iters, rounds = 5_000, 9
+        iters, rounds = 500, 21
         s = torch.cuda.current_stream()
+        put = rshmem.put
         py, rs = [], []
         for _ in range(rounds):
-            py.append(timed(lambda: rshmem.put(dst, src, 1), iters))
+            s.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                put(dst, src, 1)
+            py.append((time.perf_counter() - t0) / iters)
             s.synchronize()
             rs.append(w.put_dev_loop(dst.data_ptr(), src.data_ptr(), 8, 1, s.cuda_stream, iters))
-            s.synchronize()
+        s.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        w.put_dev_loop(dst.data_ptr(), src.data_ptr(), 8, 1, s.cuda_stream, iters)
+        b.record()
+        s.synchronize()
         med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
         p, r = med(py), med(rs)
         rec = {"python_us": p * 1e6, "rust_us": r * 1e6, "overhead_us": (p - r) * 1e6,
-               "rounds": rounds, "iters": iters}
+               "gpu_us_per_put": a.elapsed_time(b) * 1e3 / iters, "rounds": rounds,
+               "iters": iters}
     torch.cuda.synchronize()
     rshmem.barrier()
     return rec
@@ -100,19 +114,44 @@ def gpu_time(torch, fn, iters):
     return a.elapsed_time(b) * 1e3 / iters  # us
 
 
+def symm_all_reduce(torch, dist, dtype, count):
+    """``torch.distributed._symmetric_memory``'s one-shot and two-shot all_reduce on a tensor of
+    its own symmetric memory (the multimem variants need NVLink multicast, which stays off):
+    microseconds each, or the reason it could not run."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = dist.group.WORLD.group_name
+        t = symm_mem.empty(count, dtype=dtype, device=torch.device("cuda", rshmem.device()))
+        t.zero_()
+        symm_mem.rendezvous(t, group)
+        ops = torch.ops.symm_mem
+        one = gpu_time(torch, lambda: ops.one_shot_all_reduce(t, "sum", group), 500)
+        two = gpu_time(torch, lambda: ops.two_shot_all_reduce_(t, "sum", group), 500)
+        return {"symm_one_shot_us": one, "symm_two_shot_us": two}
+    except Exception as e:  # an older torch, an unsupported dtype or device: say why
+        return {"symm_error": f"{type(e).__name__}: {e}"[:200]}
+
+
 def all_reduce(torch, dist, quick):
+    """Beside torch.distributed on NCCL and ``torch.distributed._symmetric_memory``."""
     out = []
     for dtype in (torch.float32, torch.bfloat16):
         for nbytes in (4 << 10, 32 << 10, 256 << 10, 1 << 20):
             count = nbytes // torch.tensor([], dtype=dtype).element_size()
             x = rshmem.zeros(count, dtype)
-            y = torch.zeros(count, dtype=dtype, device=x.device)
             iters = 200 if quick else 2000
             r = gpu_time(torch, lambda: rshmem.all_reduce(x), iters)
+            y = torch.zeros(count, dtype=dtype, device=x.device)
             n = gpu_time(torch, lambda: dist.all_reduce(y), iters)
+            rec = {"dtype": str(dtype).replace("torch.", ""), "bytes": nbytes, "rshmem_us": r,
+                   "nccl_us": n, "ratio": r / n}
+            rec.update(symm_all_reduce(torch, dist, dtype, count))
+            if "symm_one_shot_us" in rec:
+                best = min(rec["symm_one_shot_us"], rec["symm_two_shot_us"])
+                rec["ratio_symm"] = r / best
             rshmem.check_errors()
-            out.append({"dtype": str(dtype).replace("torch.", ""), "bytes": nbytes,
-                        "rshmem_us": r, "nccl_us": n, "ratio": r / n})
+            out.append(rec)
             rshmem.free(x)
     return out
 
@@ -166,6 +205,9 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="host heap, thread mode, no NCCL")
     ap.add_argument("--json", help="also write the records to this file")
+    ap.add_argument("--one-gpu", action="store_true",
+                    help="every rank on one GPU (NCCL cannot run there, and kernels waiting on "
+                         "another process's time slice time nothing): the call overhead only")
     a = ap.parse_args()
     if a.cpu:
         rec = {"backend": "shm", "call_overhead": call_overhead_cpu()}
@@ -175,14 +217,17 @@ def main():
 
         rshmem.init(backend="cuda", heap_size=4 << 30)
         dev = torch.device("cuda", rshmem.device())
-        dist.init_process_group("nccl", device_id=dev)
+        if not a.one_gpu:
+            dist.init_process_group("nccl", device_id=dev)
         rec = {"backend": "cuda", "n_pes": rshmem.n_pes(),
                "gpu": torch.cuda.get_device_name(dev),
-               "call_overhead": call_overhead_gpu(torch),
-               "all_reduce": all_reduce(torch, dist, a.quick),
-               "moe": moe(torch, a.quick)}
+               "call_overhead": call_overhead_gpu(torch)}
+        if not a.one_gpu:
+            rec["all_reduce"] = all_reduce(torch, dist, a.quick)
+            rec["moe"] = moe(torch, a.quick)
         me = rshmem.my_pe()
-        dist.destroy_process_group()
+        if not a.one_gpu:
+            dist.destroy_process_group()
         rshmem.finalize()
         if me != 0:
             return 0

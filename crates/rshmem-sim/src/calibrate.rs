@@ -5,7 +5,8 @@
 //! at 8 B or 4 KiB, 64 KiB, 16 MiB and 1 GiB, and the token-major dispatch and combine on 2
 //! GPUs); every other record validates: the other sizes, the other collectives, the
 //! expert-major MoE calls and MoE on 4 GPUs. It fits six of the [`Model`]'s parameters (the
-//! fence cost is measured), shared by every topology, by coordinate descent on the squared log
+//! fence cost, an LL call's late wait and the expert-major expansion's tail are measured),
+//! shared by every topology, by coordinate descent on the squared log
 //! error (multiplicative steps that halve when no step helps): deterministic, and enough for
 //! six parameters. A record whose path note differs from the path the current library picks
 //! is left out and counted: it times a path the library no longer takes; so is a record of a

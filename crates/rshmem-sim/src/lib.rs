@@ -15,8 +15,12 @@
 //! * [`schedule`]: the schedule of one call, from the library's own code: the path a GPU call
 //!   takes ([`rshmem::cuda::PathRules`]), each one-kernel path's traffic
 //!   ([`rshmem::cuda::traffic`], with the waves its kernels move in: a fold's loads in
-//!   flight, member after member, a pair's fenced steps), the barrier-based plans ([`rshmem::coll::plan`]) and the MoE
-//!   routing layout ([`rshmem::ep::Layout`]).
+//!   flight, member after member, a pair's fenced steps; an LL call's grid,
+//!   [`rshmem::cuda::PathRules::ll_grid`], and whether it takes its data only after the
+//!   header's verdict, [`rshmem::cuda::traffic::ll_late_waits`]), the barrier-based plans
+//!   ([`rshmem::coll::plan`]) and the MoE routing layout ([`rshmem::ep::Layout`]), with the
+//!   HBM traffic of an expert-major dispatch's expansion and an expert-major combine's sums
+//!   as flows beside the link.
 //! * [`sim`]: runs a schedule on a topology: phases, per-link bytes and busy time.
 //! * [`calibrate`]: fits the model's few parameters to `rshmem perf --json` records and reports
 //!   the error on records not used in the fit.

@@ -12,7 +12,7 @@ use crate::topology::{Port, Topology};
 use crate::{Result, SimError};
 use rshmem::coll::plan::{self, Algo, CollKind, Shape, Step};
 use rshmem::coll::CollConfig;
-use rshmem::cuda::traffic::{path_traffic, Mover, PathTraffic};
+use rshmem::cuda::traffic::{ll_late_waits, path_traffic, Mover, PathTraffic};
 use rshmem::cuda::{
     copy_grid, plan_fused, reduce_grid, CallFacts, CollPath, CollTuning, PathRules,
     PLAN_COPIES_PER_KERNEL,
@@ -314,17 +314,9 @@ impl Builder<'_> {
         let n = self.n;
         let t = &self.setup.tuning;
         let part = bytes / n;
+        let ll = rules.ll_grid(kind, n, bytes, t.ll_ctrl_lines);
         let blocks = match path {
-            CollPath::Ll => {
-                let (lines, cap) = match kind {
-                    CollKind::AllReduce | CollKind::ReduceScatter => (bytes / 8, t.ll_blocks),
-                    _ => (
-                        part.max(bytes * usize::from(kind == CollKind::Broadcast)) / 8,
-                        t.ll_a2a_blocks,
-                    ),
-                };
-                lines.div_ceil(t.ll_threads as usize).clamp(1, cap as usize) as u32
-            }
+            CollPath::Ll => ll.blocks,
             CollPath::Pull | CollPath::PullTwoShot | CollPath::Push => match kind {
                 CollKind::AllReduce => rules
                     .pull_all_reduce(f, bytes, self.setup.config.algo.is_none())
@@ -369,7 +361,16 @@ impl Builder<'_> {
                     after: Xfer::FIRST,
                 });
             }
-            self.share_grid(&mut xfers, blocks);
+            if path == CollPath::Ll {
+                // An LL call's threads store all their lines at once (the default grids give
+                // every thread one batch of at most four), so no block rate bounds them: the
+                // ports and links do.
+                for x in &mut xfers {
+                    x.cap_gbps = f32::INFINITY;
+                }
+            } else {
+                self.share_grid(&mut xfers, blocks);
+            }
             if traffic.wave > 0 {
                 xfers = self.waves(&xfers, &traffic, blocks);
             }
@@ -391,8 +392,16 @@ impl Builder<'_> {
                 } else {
                     0.0
                 },
+                // An LL call that takes its data only after the header's verdict waits once
+                // more from the header's arrival: lines still coming in hide that wait.
                 beside_us: if r == 0 {
-                    traffic.fold_bytes as f64 / (self.topo.gpu.hbm_gbps * 1e3)
+                    let fold = traffic.fold_bytes as f64 / (self.topo.gpu.hbm_gbps * 1e3);
+                    let late = ll_late_waits(kind, &ll, t.ll_threads) as f64;
+                    if path == CollPath::Ll && late > 0.0 {
+                        fold.max(self.lat + late * model.late_wait_us)
+                    } else {
+                        fold
+                    }
                 } else {
                     0.0
                 },
@@ -727,16 +736,32 @@ impl Builder<'_> {
 
     /// MoE dispatch or combine from the routing's layout: the fixed work (layout kernel and
     /// count exchange), then every PE's rows to the PEs their experts live on, by stores on
-    /// every SM, its own rows copied locally; an expert-major dispatch expands every arriving
-    /// row into its experts' slots beside the transfers; a combine folds what arrives.
+    /// every SM, its own rows copied locally; a combine folds what arrives beside the
+    /// transfers. An expert-major dispatch copies no own row: `ep_pstream` expands every row
+    /// (its own from `x`, the peers' as they land) into its experts' slots while the rows
+    /// come in, so the GPU's memory carries the send's reads, the rows landing, the
+    /// expansion's reads and writes and the sentinel stored back over the peers' rows beside
+    /// the link (one flow on its HBM port), and the step ends the expansion's tail after the
+    /// last row is in ([`crate::Model::ep_expand_tail_us`]). An expert-major combine reads
+    /// every served slot's expert output to sum a token's partial row before it sends it;
+    /// that and the summing of the rows that land are its HBM flow. A token-major combine
+    /// past the pulling threshold loads its rows from the peers.
     fn moe(&self, op: Op) -> Result<Program> {
         let n = self.n;
         let ep = &self.setup.ep;
         let row = (ep.hidden * ep.elem) as f64;
+        let expands = op == Op::Dispatch && !ep.token_major;
+        // An expert-major combine is summed on the expert side first (every slot's row of `y`
+        // read there); its rows announce themselves like the dispatch's.
+        let presums = op == Op::Combine && !ep.token_major;
         let mut xfers = Vec::new();
         let mut sent0 = 0usize;
         let mut pairs_in = vec![0usize; n];
         let mut rows_in = vec![0usize; n];
+        // Rows each PE sends to its peers, and receives from them.
+        let mut rows_out = vec![0usize; n];
+        let mut peer_rows_in = vec![0usize; n];
+        let mut max_pair = 0usize;
         let mut ids = vec![0i32; ep.tokens * ep.topk];
         for me in 0..n {
             match &ep.routing {
@@ -761,7 +786,17 @@ impl Builder<'_> {
                 if me == 0 && dst != 0 {
                     sent0 += tokens * ep.hidden * ep.elem;
                 }
+                if me != dst {
+                    max_pair = max_pair.max(tokens);
+                }
                 rows_in[d] += tokens;
+                if s != d {
+                    rows_out[s] += tokens;
+                    peer_rows_in[d] += tokens;
+                } else if expands || presums {
+                    // Read in place by the expansion or the summers (their HBM flow below).
+                    continue;
+                }
                 xfers.push(Xfer {
                     src: s as u32,
                     dst: d as u32,
@@ -775,15 +810,48 @@ impl Builder<'_> {
                 *c += layout.pairs_to_pe(p);
             }
         }
+        // A token-major combine (`combine_tokens`) reads its tokens' rows from the peers'
+        // `y` where a pair's rows reach the pulling threshold (the benchmark's capacity: the
+        // most tokens a PE sends one peer), behind a ready and before a done handshake.
+        let pulls = op == Op::Combine
+            && ep.token_major
+            && max_pair as f64 * row >= rshmem::cuda::ep::PULL_MIN_PAIR_BYTES as f64;
+        if pulls {
+            for x in xfers.iter_mut().filter(|x| x.port == Port::Store) {
+                x.port = Port::Load;
+            }
+        }
         let blocks = self.topo.gpu.sms;
         self.share_grid(&mut xfers, blocks);
-        // Local work beside the transfers on the busiest PE: expanding rows into expert slots
-        // (expert-major dispatch) or folding the returned rows (combine).
+        let model = &self.topo.model;
+        if expands || presums {
+            for pe in 0..n {
+                // Rows read and written; the HBM port's rate is that of a copy (a read and a
+                // write per byte). A dispatch: the send's reads, the rows landing, the
+                // expansion's reads and writes, the sentinel back. A combine: every served
+                // slot's row of `y`, the partial rows landing, read by the summers and the
+                // sentinel back, the output.
+                let traffic = if expands {
+                    rows_out[pe] + peer_rows_in[pe] + rows_in[pe] + pairs_in[pe] + peer_rows_in[pe]
+                } else {
+                    pairs_in[pe] + 3 * peer_rows_in[pe] + ep.tokens
+                };
+                xfers.push(Xfer {
+                    src: pe as u32,
+                    dst: pe as u32,
+                    bytes: (traffic as f64 * row / 2.0) as f32,
+                    cap_gbps: f32::INFINITY,
+                    port: Port::Hbm,
+                    after: Xfer::FIRST,
+                });
+            }
+        }
+        // A combine folds the returned rows beside the transfers, on the busiest PE.
         let hbm = self.topo.gpu.local_copy_gbps * 1e3;
-        let local = match (op, ep.token_major) {
-            (Op::Dispatch, false) => pairs_in.iter().max().copied().unwrap_or(0) as f64 * row / hbm,
-            (Op::Combine, _) => rows_in.iter().max().copied().unwrap_or(0) as f64 * row / hbm,
-            _ => 0.0,
+        let local = if op == Op::Combine && !presums {
+            rows_in.iter().max().copied().unwrap_or(0) as f64 * row / hbm
+        } else {
+            0.0
         };
         let phase = Phase {
             what: if op == Op::Dispatch {
@@ -792,12 +860,18 @@ impl Builder<'_> {
                 "combine"
             },
             before_us: if op == Op::Dispatch {
-                self.topo.model.ep_dispatch_us
+                model.ep_dispatch_us
             } else {
-                self.topo.model.ep_combine_us
+                model.ep_combine_us
             } + self.peers_us()
-                + 2.0 * self.lat,
-            after_us: self.topo.model.fence_us + self.lat,
+                + if pulls { 3.0 } else { 2.0 } * self.lat,
+            after_us: model.fence_us
+                + if pulls { 2.0 } else { 1.0 } * self.lat
+                + if expands {
+                    model.ep_expand_tail_us
+                } else {
+                    0.0
+                },
             beside_us: local,
             xfers,
         };

@@ -54,6 +54,12 @@ pub struct Model {
     /// A system-scope fence and the flag after it, beyond the flag's own latency, µs
     /// (measured, not fitted: data, fence and flag took 1.72 µs one way where a flag took 0.74).
     pub fence_us: f64,
+    /// What an LL call that takes its data lines only after the header's verdict
+    /// ([`rshmem::cuda::traffic::ll_late_waits`]) spends on that wait: a block barrier and a
+    /// load round trip of its own memory, µs (measured by the LL kernels' clock stamps, not
+    /// fitted).
+    #[serde(default = "default_late_wait_us")]
+    pub late_wait_us: f64,
     /// What a kernel that meets its peers (a barrier, an LL or pull kernel) spends per peer
     /// beyond the flags' latency, µs.
     pub peer_us: f64,
@@ -64,6 +70,11 @@ pub struct Model {
     pub ep_dispatch_us: f64,
     /// The fixed work of a MoE combine besides its rows, µs.
     pub ep_combine_us: f64,
+    /// An expert-major dispatch's expansion from the last row's arrival to `ep_pstream`'s
+    /// end (a row's ticket, records, slot atomics and chunks, the last block's check), µs
+    /// (measured by the MoE kernels' clock stamps, not fitted).
+    #[serde(default = "default_ep_expand_tail_us")]
+    pub ep_expand_tail_us: f64,
 }
 
 impl Default for Model {
@@ -73,11 +84,25 @@ impl Default for Model {
             block_gbps: 16.0,
             fence_us: 0.98,
             peer_us: 0.5,
+            late_wait_us: default_late_wait_us(),
             ll_efficiency: 1.0,
             ep_dispatch_us: 20.0,
             ep_combine_us: 10.0,
+            ep_expand_tail_us: default_ep_expand_tail_us(),
         }
     }
+}
+
+/// [`Model::late_wait_us`] of a file that gives none: an H200's, from the LL kernels' clock
+/// stamps (BENCHMARKS.md, Simulator).
+fn default_late_wait_us() -> f64 {
+    0.47
+}
+
+/// [`Model::ep_expand_tail_us`] of a file that gives none: 2x H200's, from the MoE kernels'
+/// clock stamps (BENCHMARKS.md, Simulator).
+fn default_ep_expand_tail_us() -> f64 {
+    19.8
 }
 
 /// The fabric generators and the explicit form.

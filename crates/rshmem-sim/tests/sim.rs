@@ -297,9 +297,11 @@ fn end_tolerance_bounds_every_end() {
     }
 }
 
-/// Time never falls as the size grows on one path. Across a change of path it may: on 64 PEs
-/// of the fat tree the plans' two-shot at 256 KiB beats their one-shot at 64 KiB, so the
-/// one-shot limit (`RSHMEM_COLL_TWO_SHOT_BYTES`) is too high there.
+/// Time never falls as the size grows on one path. Across a change of path it may (a plan's
+/// two-shot past the one-shot limit, `RSHMEM_COLL_TWO_SHOT_BYTES`). On the LL path by at most
+/// one late wait: an all_reduce of one block whose verdict warp has lines of its own takes
+/// them after the verdict, the larger calls with a control warp beside it
+/// (`traffic::ll_late_waits`).
 #[test]
 fn time_grows_with_size() {
     let cases = [
@@ -319,8 +321,13 @@ fn time_grows_with_size() {
                 let p = build(&t, &Setup::default(), Op::Coll(kind), pes, bytes).expect("plan");
                 let got = simulate(&t, &p, &mut |_, _| {}).expect("simulate").time_us;
                 let before = last.insert(p.path.clone(), got).unwrap_or(0.0);
+                let slack = if p.path == "ll" {
+                    t.model.late_wait_us
+                } else {
+                    0.0
+                };
                 assert!(
-                    got >= before,
+                    got + slack >= before,
                     "{file} {kind:?} {bytes} {}: {got} after {before}",
                     p.path
                 );
@@ -332,10 +339,6 @@ fn time_grows_with_size() {
             assert!(end > 100.0 * first, "{file} {kind:?}: {first} to {end}");
         }
     }
-    let t = topo_file("railfat4096.toml");
-    let one = time(&t, Op::Coll(CollKind::AllReduce), 64, 64 << 10);
-    let two = time(&t, Op::Coll(CollKind::AllReduce), 64, 256 << 10);
-    assert!(two < one, "{two} against {one}");
 }
 
 #[test]
@@ -539,18 +542,31 @@ fn moe_traffic_follows_the_routing() {
     setup.ep.hidden = 8;
     // PE p's tokens go to experts (p, p+1) and (2, 3): PEs p and p+1, then PEs 2 and 3.
     setup.ep.routing = Some((0..4).map(|p: i32| vec![p, (p + 1) % 4, 2, 3]).collect());
-    let p = build(&t, &setup, Op::Dispatch, 4, 0).expect("schedule");
-    // PE 0 sends token 0 to PE 1 and token 1 to PEs 2 and 3: three rows of 16 bytes.
-    assert_eq!(p.bytes, 3 * 16);
-    let mut pairs: Vec<(u32, u32, f32)> = p.phases[0]
-        .xfers
-        .iter()
-        .filter(|x| x.src == 0)
-        .map(|x| (x.src, x.dst, x.bytes))
-        .collect();
-    pairs.sort_by_key(|a| a.1);
+    let from0 = |setup: &Setup| {
+        let p = build(&t, setup, Op::Dispatch, 4, 0).expect("schedule");
+        // PE 0 sends token 0 to PE 1 and token 1 to PEs 2 and 3: three rows of 16 bytes.
+        assert_eq!(p.bytes, 3 * 16);
+        let mut pairs: Vec<(u32, u32, f32)> = p.phases[0]
+            .xfers
+            .iter()
+            .filter(|x| x.src == 0)
+            .map(|x| (x.src, x.dst, x.bytes))
+            .collect();
+        pairs.sort_by_key(|a| a.1);
+        pairs
+    };
+    // Expert-major: no copy of the own row; PE 0's memory carries its 3 rows sent, PE 3's
+    // token 0 landing (1), both rows read by the expansion (2) and written to their one slot
+    // each (2), the sentinel stored back (1): 9 rows of 16 bytes, at a copy's rate (a read
+    // and a write per byte).
     assert_eq!(
-        pairs,
+        from0(&setup),
+        [(0, 0, 72.0), (0, 1, 16.0), (0, 2, 16.0), (0, 3, 16.0)]
+    );
+    // Token-major: the own row copied.
+    setup.ep.token_major = true;
+    assert_eq!(
+        from0(&setup),
         [(0, 0, 16.0), (0, 1, 16.0), (0, 2, 16.0), (0, 3, 16.0)]
     );
 }

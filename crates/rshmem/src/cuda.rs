@@ -16,7 +16,7 @@ pub use crate::device::{
 pub use crate::coll::cuda::traffic;
 pub use crate::coll::cuda::{
     coll_kernel_names, default_ll_sizes, CallFacts, CollPath, CollTuning, DeviceCounts, GpuColl,
-    LlSizes, PathRules, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_KERNELS,
+    LlGrid, LlSizes, PathRules, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_KERNELS,
     COLL_LL_A2A_BYTES, COLL_LL_BYTES, COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES,
     COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES, COLL_PULL_RS_BYTES,
     COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,

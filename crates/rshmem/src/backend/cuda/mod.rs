@@ -51,6 +51,7 @@ pub(crate) mod gpu;
 mod grave;
 mod heap;
 mod info;
+mod lock;
 pub(crate) mod knobs;
 pub mod nvrtc;
 pub(crate) mod remote;
@@ -245,7 +246,7 @@ pub(crate) struct CudaBackend {
     pub ring: Option<remote::DeviceRing>,
     /// `rshmemi_take_error`: takes the device error word and its info word atomically.
     f_take_error: Func,
-    lock: Mutex<()>,
+    lock: lock::TicketLock,
     pub modules: Mutex<std::collections::HashMap<u64, Arc<Module>>>,
     _peers: Vec<PeerMap>,
     /// This PE's heap (taken by `Drop`, see [`grave`]).
@@ -606,7 +607,7 @@ impl CudaBackend {
             f_proxy,
             remote: remote.to_vec(),
             ring,
-            lock: Mutex::new(()),
+            lock: Default::default(),
             modules: Mutex::new(Default::default()),
             _peers: peers,
             own: Some(own),
@@ -658,8 +659,8 @@ impl CudaBackend {
         self.stream.sync()
     }
 
-    fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    fn guard(&self) -> lock::TicketGuard<'_> {
+        self.lock.lock()
     }
 
     /// Takes the device error word (set by device waits that timed out and device barriers

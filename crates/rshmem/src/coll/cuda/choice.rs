@@ -4,7 +4,10 @@
 //! same functions without a GPU, so both follow one set of rules.
 
 use super::exec::fusable;
-use super::ll::{ll_lines, LlSizes, LL_MAX_MEMBERS, PULL_AR_PUSH, PULL_AR_TWO_SHOT};
+use super::ll::{
+    ll_a2a_grid_cap, ll_lines, uses_ctrl_warp, LlSizes, LL_MAX_MEMBERS, PULL_AR_PUSH,
+    PULL_AR_TWO_SHOT,
+};
 use super::paths::CollPath;
 use super::sig::{MAX_COPIES, SIG_WORDS, THREADS};
 use super::tuning::CollTuning;
@@ -47,6 +50,21 @@ impl CallFacts {
             aligned: true,
         }
     }
+}
+
+/// The grid of an LL call ([`PathRules::ll_grid`]): what [`super::GpuColl`] launches and the
+/// simulator times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LlGrid {
+    /// Data lines (8 bytes each) a member sends one peer, over the thread lines
+    /// ([`CollTuning::ll_thread_lines`]) of the all_reduce kernel: a thread each.
+    pub lines: usize,
+    /// Most blocks.
+    pub cap: u32,
+    /// Blocks: a block per [`CollTuning::ll_threads`] lines, at most `cap`.
+    pub blocks: u32,
+    /// The LL all_reduce kernel runs a control warp per block beside its data threads.
+    pub ctrl: bool,
 }
 
 impl PathRules<'_> {
@@ -115,6 +133,52 @@ impl PathRules<'_> {
             && bytes > 0
             && bytes <= self.ll_sizes.all_reduce
             && bytes <= self.ll_sizes.region()
+    }
+
+    /// The grid of the LL kernel of `kind` (all_reduce, reduce_scatter, all_to_all,
+    /// all_gather, broadcast) for nccl-tests' size `bytes` on a team of `members`, with
+    /// `ctrl_lines` the most lines of an all_reduce call with a control warp: the all_reduce
+    /// kernel takes a line per thread of the message (a reduce_scatter of the part it sends
+    /// each member) up to [`CollTuning::ll_blocks`]; the data kernels a line per thread of a
+    /// share (a broadcast of the message) up to [`CollTuning::ll_a2a_blocks`], an all_to_all
+    /// past two lines per thread spreading over up to twice as many.
+    pub fn ll_grid(
+        &self,
+        kind: CollKind,
+        members: usize,
+        bytes: usize,
+        ctrl_lines: usize,
+    ) -> LlGrid {
+        let t = self.tuning;
+        let part = bytes / members.max(1);
+        let (lines, cap) = match kind {
+            CollKind::AllReduce | CollKind::ReduceScatter => {
+                let nb = if kind == CollKind::AllReduce {
+                    bytes
+                } else {
+                    part
+                };
+                (
+                    nb.div_ceil(8).div_ceil(t.ll_thread_lines.max(1)),
+                    t.ll_blocks,
+                )
+            }
+            CollKind::AllToAll => {
+                let lines = part.div_ceil(8);
+                (lines, ll_a2a_grid_cap(lines, t.ll_threads, t.ll_a2a_blocks))
+            }
+            CollKind::Broadcast => (bytes.div_ceil(8), t.ll_a2a_blocks),
+            _ => (part.div_ceil(8), t.ll_a2a_blocks),
+        };
+        let blocks = (lines as u64)
+            .div_ceil(t.ll_threads.max(1) as u64)
+            .clamp(1, cap.max(1) as u64) as u32;
+        LlGrid {
+            lines,
+            cap,
+            blocks,
+            ctrl: kind == CollKind::AllReduce && uses_ctrl_warp(lines, t.ll_threads, ctrl_lines),
+        }
     }
 
     /// The grid of a pull kernel reading `bytes`: a block per `per_block` (at most the pull
@@ -307,6 +371,52 @@ pub fn plan_fused(plan: &Plan, elem_size: usize, tuning: &CollTuning) -> bool {
 mod tests {
     use super::*;
     use crate::coll::cuda::default_ll_sizes;
+
+    /// The LL grids GpuColl launches on a pair with the default tuning, and which of them take
+    /// their data only after the header's verdict (`traffic::ll_late_waits`).
+    #[test]
+    fn ll_grids_and_late_waits() {
+        use crate::coll::cuda::traffic::ll_late_waits;
+        let config = CollConfig::default();
+        let tuning = CollTuning::default();
+        let rules = PathRules {
+            config: &config,
+            tuning: &tuning,
+            ll_sizes: default_ll_sizes(5 << 29, 2),
+        };
+        let ctrl = tuning.ll_ctrl_lines;
+        for (kind, bytes, lines, cap, blocks, with_ctrl, late) in [
+            // One line, one block: folded beside the verdict.
+            (CollKind::AllReduce, 8, 1, 128, 1, false, 0),
+            // A block whose verdict warp has lines of its own.
+            (CollKind::AllReduce, 2048, 256, 128, 1, false, 1),
+            // A control warp on 2 to 8 blocks.
+            (CollKind::AllReduce, 4096, 512, 128, 2, true, 0),
+            (CollKind::AllReduce, 16384, 2048, 128, 8, true, 0),
+            (CollKind::AllReduce, 65536, 8192, 128, 32, false, 1),
+            (CollKind::AllReduce, 512 << 10, 65536, 128, 128, false, 1),
+            // A reduce_scatter pushes each member its part, never with a control warp.
+            (CollKind::ReduceScatter, 8, 1, 128, 1, false, 0),
+            (CollKind::ReduceScatter, 4096, 256, 128, 1, false, 1),
+            // The data kernels: always after the verdicts; an all_to_all spreads further.
+            (CollKind::AllToAll, 8, 1, 64, 1, false, 1),
+            (CollKind::AllToAll, 1 << 20, 65536, 128, 128, false, 1),
+            (CollKind::AllGather, 1 << 20, 65536, 64, 64, false, 1),
+            (CollKind::Broadcast, 65536, 8192, 64, 32, false, 1),
+        ] {
+            let g = rules.ll_grid(kind, 2, bytes, ctrl);
+            assert_eq!(
+                (g.lines, g.cap, g.blocks, g.ctrl),
+                (lines, cap, blocks, with_ctrl),
+                "{kind:?} {bytes}"
+            );
+            assert_eq!(
+                ll_late_waits(kind, &g, tuning.ll_threads),
+                late,
+                "{kind:?} {bytes}"
+            );
+        }
+    }
 
     /// The paths the 2x and 4x H200 benchmark runs report (2.5 GiB heaps: 512 KiB / 1 MiB LL
     /// sizes), from the default tuning.

@@ -20,7 +20,7 @@ pub mod traffic;
 mod tuning;
 
 pub use choice::{
-    copy_grid, plan_fused, reduce_grid, CallFacts, PathRules, PLAN_COPIES_PER_KERNEL,
+    copy_grid, plan_fused, reduce_grid, CallFacts, LlGrid, PathRules, PLAN_COPIES_PER_KERNEL,
 };
 pub use ll::{default_ll_sizes, LlSizes, COLL_LL_A2A_BYTES, COLL_LL_BYTES, LL_MAX_MEMBERS};
 pub use paths::CollPath;
@@ -523,9 +523,14 @@ impl<'a> GpuColl<'a> {
             let ck = self.ll_check(dt, CallSig { algo: None, ..sig })?;
             let lf = self.ll_func::<T>(op)?;
             // A block per LL threads × thread lines (LL_THREAD_LINES), up to the block cap.
-            let lines = bytes.div_ceil(8).div_ceil(self.tuning.ll_thread_lines);
-            let grid = (lines, self.tuning.ll_blocks, self.ll_threads);
-            let ll = self.ll_ctrl(ll, lines);
+            let g = self.rules().ll_grid(
+                CollKind::AllReduce,
+                dt.size as usize,
+                bytes,
+                self.ll_ctrl_lines,
+            );
+            let grid = (g.lines, g.cap, self.ll_threads);
+            let ll = self.ll_ctrl(ll, g.lines);
             return self.ll_launch(s, lf, (d, sr, count), grid, dt, ck, ll, Some(0));
         }
         if let Some((ll, blocks, mode)) = pull {
@@ -625,8 +630,13 @@ impl<'a> GpuColl<'a> {
             } else {
                 d
             };
-            let lines = part.div_ceil(8).div_ceil(self.tuning.ll_thread_lines);
-            let grid = (lines, self.tuning.ll_blocks, self.ll_threads);
+            let g = self.rules().ll_grid(
+                CollKind::ReduceScatter,
+                dt.size as usize,
+                part * dt.size as usize,
+                0,
+            );
+            let grid = (g.lines, g.cap, self.ll_threads);
             // (No control warp: 2x H200, graph, with / without, 8 KiB 2.92-2.94 / 2.89-2.90
             // us, 16 KiB 3.03-3.06 / 2.91-2.97, 64 KiB 3.25-3.26 / 2.98-3.02.)
             let stride = Some(count as u64);

@@ -97,21 +97,21 @@ impl GpuColl<'_> {
         // A thread per line up to the most blocks (as measured: more blocks beat batches
         // here), then more lines per thread (the kernel picks its batch from the grid); an
         // all_to_all past two lines per thread on them spreads further (ll_a2a_grid_cap).
-        let lines = nb.div_ceil(8);
         let words = nb.is_multiple_of(8) && (dst | src).is_multiple_of(8);
         let f = self.f_ll_move[kind][usize::from(!words)];
         let extra = Some(root as u64);
         let ll = self.ll_early(ll);
-        let cap = if kind == MOVE_A2A {
-            ll_a2a_grid_cap(lines, self.ll_threads, self.tuning.ll_a2a_blocks)
-        } else {
-            self.tuning.ll_a2a_blocks
+        let n = dt.size as usize;
+        let g = match kind {
+            MOVE_A2A => self.rules().ll_grid(CollKind::AllToAll, n, nb * n, 0),
+            MOVE_GATHER => self.rules().ll_grid(CollKind::AllGather, n, nb * n, 0),
+            _ => self.rules().ll_grid(CollKind::Broadcast, n, nb, 0),
         };
         self.ll_launch(
             s,
             f,
             (dst, src, nb),
-            (lines, cap, self.ll_threads),
+            (g.lines, g.cap, self.ll_threads),
             dt,
             ck,
             ll,

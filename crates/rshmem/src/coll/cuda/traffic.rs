@@ -4,6 +4,7 @@
 //! description to time them, so a change to a kernel's traffic belongs here too. The
 //! barrier-based plans need no such description: they are data already ([`crate::coll::plan`]).
 
+use super::choice::LlGrid;
 use super::ll::LL_THREADS;
 use super::paths::CollPath;
 use crate::coll::plan::CollKind;
@@ -78,6 +79,25 @@ pub fn push_steps(bytes: usize, blocks: u32) -> usize {
 pub fn push_step_vecs(bytes: usize, blocks: u32) -> usize {
     let vecs = bytes.div_ceil(16).div_ceil(blocks.max(1) as usize);
     (vecs / 16).clamp(4096, 16384)
+}
+
+/// Dependent waits an LL call spends after its header's verdict before its data is in: 0 where
+/// the kernel polls its first data lines beside the verdict, 1 where it polls them only once
+/// the verdicts are in (a block barrier and one more load round trip of its own LL area on the
+/// call's critical path). The LL all_reduce kernel (`rshmemi_ll_all_reduce` of
+/// `kernels/all_reduce.cu`, also the reduce_scatter's) folds its first lines beside the
+/// verdict in a call of one block or with a control warp ([`LlGrid::ctrl`]), except that a
+/// call of one block whose last warp (the verdict warp) has lines of its own loads them after
+/// it; on more blocks without a control warp it folds after them. The data kernels
+/// (`rshmemi_ll_move` of `kernels/move.cu`) always take their lines after the verdicts.
+pub fn ll_late_waits(kind: CollKind, grid: &LlGrid, threads: u32) -> usize {
+    match kind {
+        CollKind::AllReduce | CollKind::ReduceScatter => {
+            let verdict_warp_has_lines = grid.lines + 32 > threads as usize;
+            usize::from(!(grid.ctrl || (grid.blocks == 1 && !verdict_warp_has_lines)))
+        }
+        _ => 1,
+    }
 }
 
 /// Steps of one block of a chain broadcast: an eighth of its part (`kernels/move.cu`).

@@ -304,9 +304,8 @@ fn aligned16(what: &str, p: u64) -> Result<u64> {
 }
 
 /// A low-latency (decode) expert-parallel buffer for bf16 rows: fixed receive buffers per local
-/// expert, no host synchronisation, send/receive hooks, optional FP8 dispatch (see the
-/// [module docs](self)). Created collectively; every call is collective over its team, in the
-/// same order on every PE.
+/// expert, no host synchronisation, send/receive hooks, optional FP8 dispatch. Created
+/// collectively; every call is collective over its team, in the same order on every PE.
 ///
 /// ```no_run
 /// # fn f(pe: &rshmem::Pe) -> rshmem::Result<()> {
