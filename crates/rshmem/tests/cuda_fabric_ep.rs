@@ -201,6 +201,8 @@ fn step(
     let me = pe.my_pe();
     let t = st.tokens[me];
     let d = buf.dispatch(pe, s, &inp.x, &inp.ids.slice(..t * st.k)?, &inp.w, st.k)?;
+    // Progress for logs: where a PE waits when a step does not end.
+    eprintln!("PE {me}: dispatch returned ({st:?})");
     match (buf.config().layout, tokens) {
         (RecvLayout::TokenMajor, true) => {
             buf.combine_tokens(pe, s, &d, &buf.recv_x()?, &inp.out)?
@@ -386,41 +388,43 @@ fn cfg(n: usize, hidden: usize, mode: EpMode, layout: RecvLayout) -> EpConfig {
     }
 }
 
-/// The steps of one buffer: random routings, a PE with no tokens, tokens only for their own
-/// node, a single token.
-fn steps(n: usize, seed: u64) -> Vec<Step> {
-    let mut v = Vec::new();
-    for (i, k) in [4, 2, 3].into_iter().enumerate() {
-        v.push(Step {
-            route: Route::Random,
-            tokens: vec![24; n],
-            k,
-            seed: seed + i as u64,
-        });
-    }
+/// The steps of buffer `b`: a random routing, then (by `b`) a PE with no tokens, tokens only
+/// for their own node, a single token, or another random routing. Few steps: on one GPU shared
+/// by the nodes' processes every request through the proxy waits for a time slice.
+fn steps(n: usize, b: usize) -> Vec<Step> {
+    let seed = 100 * b as u64 + 1;
+    let random = |k: usize, seed: u64| Step {
+        route: Route::Random,
+        tokens: vec![24; n],
+        k,
+        seed,
+    };
     let mut none = vec![17; n];
     none[0] = 0;
-    v.push(Step {
-        route: Route::Random,
-        tokens: none,
-        k: 3,
-        seed: seed + 10,
-    });
-    v.push(Step {
-        route: Route::OwnNode,
-        tokens: vec![20; n],
-        k: 4,
-        seed: seed + 11,
-    });
     let mut one = vec![0; n];
     one[n - 1] = 1;
-    v.push(Step {
-        route: Route::Random,
-        tokens: one,
-        k: 4,
-        seed: seed + 12,
-    });
-    v
+    let special = match b % 4 {
+        0 => Step {
+            route: Route::Random,
+            tokens: none,
+            k: 3,
+            seed: seed + 1,
+        },
+        1 => Step {
+            route: Route::OwnNode,
+            tokens: vec![20; n],
+            k: 4,
+            seed: seed + 1,
+        },
+        2 => Step {
+            route: Route::Random,
+            tokens: one,
+            k: 4,
+            seed: seed + 1,
+        },
+        _ => random(2, seed + 1),
+    };
+    vec![random(4, seed), special]
 }
 
 /// Every step of [`steps`] on buffers of both layouts and modes, the vector path (rows of 40
@@ -454,21 +458,29 @@ fn across_nodes(pe: &Pe) -> Result<()> {
         );
         let buf = GpuBuffer::<f32>::new(pe, pe.world_team(), c, &tuning)?;
         assert!(buf.spans_nodes());
+        eprintln!("PE {}: buffer {b} created", pe.my_pe());
         // Pulling reads peers' memory by loads: never taken across nodes.
         buf.set_tokens_combine(TokensCombine::Pull);
         assert!(!buf.tokens_combine_pulls());
         let inp = inputs(pe, &c, buf.max_rows())?;
-        for st in steps(n, 100 * b as u64 + 1) {
+        for (i, st) in steps(n, b).into_iter().enumerate() {
             for tokens in [false, true] {
                 if tokens && layout == RecvLayout::ExpertMajor {
                     continue;
                 }
+                let t0 = Instant::now();
                 prepare(pe, &w, &buf, &inp, &st)?;
                 let d = step(pe, &s, &buf, &inp, &st, tokens)?;
                 s.synchronize()?;
                 buf.check(pe)?;
                 verify(pe, &w, &buf, &inp, &st, &d, tokens)?;
                 pe.barrier_all()?;
+                eprintln!(
+                    "PE {}: buffer {b} ({hidden} x {mode:?} {layout:?}) step {i} \
+                     (combine_tokens {tokens}) exact after {:?}",
+                    pe.my_pe(),
+                    t0.elapsed()
+                );
             }
         }
         free_inputs(pe, inp)?;
@@ -519,6 +531,7 @@ fn overflow(pe: &Pe, s: &Stream) -> Result<()> {
         ),
     }
     drop(d);
+    eprintln!("PE {}: capacity overflow reported", pe.my_pe());
     assert!(!buf.last_dispatch_ok(pe)?);
     assert!(
         pe.local_vec(&buf.expert_x()?)?
@@ -545,6 +558,7 @@ fn overflow(pe: &Pe, s: &Stream) -> Result<()> {
     buf.check(pe)?;
     verify(pe, &w, &buf, &inp, &st, &d, false)?;
     pe.barrier_all()?;
+    eprintln!("PE {}: a good step after the overflow exact", pe.my_pe());
     free_inputs(pe, inp)?;
     pe.free(buf)
 }
@@ -560,7 +574,7 @@ fn gpu_moe_across_two_nodes() {
         t,
         GpuMode::Processes,
         2,
-        config(&[0, 1], Duration::from_secs(30)),
+        config(&[0, 1], Duration::from_secs(20)),
         across_nodes,
     );
 }
@@ -578,7 +592,7 @@ fn gpu_moe_one_pe_beside_a_node_of_two() {
         t,
         GpuMode::Processes,
         3,
-        config(&[0, 1, 1], Duration::from_secs(30)),
+        config(&[0, 1, 1], Duration::from_secs(20)),
         across_nodes,
     );
 }
@@ -626,6 +640,7 @@ fn gpu_moe_with_a_killed_node_is_an_error_naming_it() {
     buf.check(&pe).expect("check");
     verify(&pe, &w, &buf, &inp, &st, &d, false).expect("verify");
     pe.barrier_all().expect("barrier");
+    eprintln!("PE {}: the first step exact", pe.my_pe());
     if pe.my_pe() == 1 {
         std::thread::sleep(Duration::from_millis(300));
         // SAFETY: plain syscall on this process.

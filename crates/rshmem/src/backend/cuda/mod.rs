@@ -51,8 +51,8 @@ pub(crate) mod gpu;
 mod grave;
 mod heap;
 mod info;
-mod lock;
 pub(crate) mod knobs;
+mod lock;
 pub mod nvrtc;
 pub(crate) mod remote;
 #[cfg(test)]

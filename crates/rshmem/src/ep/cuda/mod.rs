@@ -171,26 +171,30 @@
 //!
 //! # Across nodes
 //! A team with members on other nodes (a CUDA world over the fabric, docs/fabric.md) takes the
-//! same kernels, output, layout and API; each store into a member of another node becomes a
-//! request into this PE's proxy ring (`backend/cuda/remote.rs`: the proxy thread carries the
-//! requests out in ticket order, each complete at the target before the next): the data is
-//! written once into a staging area after the buffer's areas ([`GpuBuffer::bytes`]: a row and a
-//! row record per token, a count record per PE) and put from there, never from `x`, so the
-//! caller may reuse `x` as on one node. `ep_layout`'s record goes as one put-with-signal;
-//! `ep_send` writes each token's row record and row (chunk) once into the staging area and puts
-//! it to every destination of another node, then its "records in" words (a signal set: one
-//! writer per word) and data signals (a signal add) follow in the ring, after the data;
-//! `ep_csend` sums a token's row into this PE's idle half of the combine area (row `(1 -
-//! parity, s, i)`, which only source `s` writes, after this PE's next ready signal) and puts it
-//! from there. A staged source is rewritten only after every PE's next ready signal, which each
-//! sends after it waited for this PE's signals of the step, themselves after the puts. The
-//! abort bit (a device atomic on one node) crosses as a word (`EP_CTL_XABORT`) set through the
-//! proxy before the signal; the host reads it with the error word. Every row crosses to each
-//! destination PE of another node (DeepEP's internode design sends it once per node and
-//! forwards it over NVLink there: not done), one request per row chunk, so the path is meant
-//! for correctness first. Pull `combine_tokens` and the split combine read or wait on peers'
-//! memory by loads: a buffer across nodes pushes ([`GpuBuffer::tokens_combine_pulls`] is
-//! false) and never splits. [`LowLatencyBuffer`] stays refused across nodes.
+//! same kernels, outputs, layouts and API; what a kernel would store into a member of another
+//! node goes through this PE's proxy ring instead (`backend/cuda/remote.rs`: the proxy thread
+//! carries requests out in ticket order, each complete at the target before the next), in a
+//! few requests per PE and step, as each request is a round trip through both proxies:
+//! * `ep_layout` puts its count record with the records signal in one request (from a staging
+//!   row), after the ready signal.
+//! * `ep_send`'s blocks write the rows, row records and (expert-major) "records in" words for
+//!   such a PE into this PE's staging area after the buffer's areas ([`GpuBuffer::bytes`]), laid
+//!   out as in the destination (`C` rows per PE: as large as the receive area), and the block
+//!   that finishes last (a ticket) puts each of the three in one request, then adds the grid's
+//!   whole share to the data signal. Nothing is put from `x`, which the caller may reuse as on
+//!   one node.
+//! * `ep_csend` sums a source's rows into this PE's idle half of the combine area (rows `(1 -
+//!   parity, s, ·)`, which only source `s` writes, after this PE's next ready signal); the last
+//!   block puts them in one request and adds the grid's combine signal.
+//!
+//! A staged area is rewritten only after every PE's next ready signal, which each sends after
+//! it waited for this PE's signals of the step, posted after the puts. The abort bit (a device
+//! atomic on one node) crosses as a word (`EP_CTL_XABORT`) set through the proxy before a
+//! signal; the host reads it with the error word. Every row crosses to each destination PE of
+//! another node, not once per node (DeepEP's internode design forwards it over NVLink there:
+//! not done). Pull `combine_tokens` and the split combine read or wait on peers' memory by
+//! loads: a buffer across nodes pushes ([`GpuBuffer::tokens_combine_pulls`] is false) and never
+//! splits. [`LowLatencyBuffer`] stays refused across nodes.
 //!
 //! # Errors that are not agreed on the device
 //! A PE whose inputs fail the host checks still launches `ep_layout` (marked invalid, no pointer
@@ -569,7 +573,7 @@ impl<T: Elem> GpuBuffer<T> {
     }
 
     /// Symmetric bytes per PE this buffer takes ([`bytes_for`](Self::bytes_for), plus a staging
-    /// area of `max_tokens` rows and row records where the team spans nodes).
+    /// area as large as the receive area and its row records where the team spans nodes).
     pub fn bytes(&self) -> usize {
         self.plan.total + self.stage.map_or(0, |st| st.total)
     }

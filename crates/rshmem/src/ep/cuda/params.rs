@@ -137,32 +137,42 @@ pub(super) fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
 }
 
 /// Byte offsets, from its start, of the staging area a buffer whose team spans nodes has after
-/// its plan's areas: the rows (`max_tokens × H`), row records (`max_tokens × rmw` u32) and
-/// count records (`n × rw` u64) this PE writes once and puts from there to PEs of other nodes.
+/// its plan's areas: what this PE sends to PEs of other nodes, laid out as at the destination
+/// (per PE `d`: `C` rows, `C` row records, `MAX_GRID` "records in" words; then a count record
+/// per PE), written by the kernels and put from there in one request per area and PE.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Stage {
     pub(super) x: usize,
     pub(super) meta: usize,
+    pub(super) prog: usize,
     pub(super) rec: usize,
     pub(super) total: usize,
 }
 
 pub(super) fn stage_plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Stage> {
-    let round = |v: usize| {
-        v.checked_next_multiple_of(256)
-            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))
-    };
-    let x = round(mul(mul(cfg.max_tokens, cfg.hidden)?, es)?)?;
-    let meta = round(mul(mul(cfg.max_tokens, 1 + 2 * cfg.max_topk)?, 4)?)?;
-    let rec = round(mul(mul(n, REC_FIXED + cfg.num_experts / n)?, 8)?)?;
+    let p = plan(cfg, n, es)?;
+    let rows = mul(n, p.cap)?;
+    let sizes = [
+        mul(mul(rows, cfg.hidden)?, es)?,
+        mul(mul(rows, p.rmw)?, 4)?,
+        mul(mul(n, MAX_GRID as usize)?, 8)?,
+        mul(mul(n, REC_FIXED + cfg.num_experts / n)?, 8)?,
+    ];
+    let mut offs = [0usize; 4];
+    let mut at = 0usize;
+    for (o, sz) in offs.iter_mut().zip(sizes) {
+        *o = at;
+        at = at
+            .checked_add(sz)
+            .and_then(|v| v.checked_next_multiple_of(256))
+            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
+    }
     Ok(Stage {
-        x: 0,
-        meta: x,
-        rec: x + meta,
-        total: x
-            .checked_add(meta)
-            .and_then(|v| v.checked_add(rec))
-            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?,
+        x: offs[0],
+        meta: offs[1],
+        prog: offs[2],
+        rec: offs[3],
+        total: at,
     })
 }
 
@@ -204,6 +214,7 @@ pub(super) fn param_words(
         ),
         ("xstage", stage.map_or(0, |(b, st)| b + st.x as u64)),
         ("mstage", stage.map_or(0, |(b, st)| b + st.meta as u64)),
+        ("pstage", stage.map_or(0, |(b, st)| b + st.prog as u64)),
         ("rstage", stage.map_or(0, |(b, st)| b + st.rec as u64)),
         ("n", n as u64),
         ("me", dt.my_index as u64),
@@ -222,7 +233,7 @@ pub(super) fn param_words(
 }
 
 /// Words of the kernels' `ep_params` block.
-pub(super) const PARAM_WORDS: usize = 30;
+pub(super) const PARAM_WORDS: usize = 31;
 
 /// What normal-mode dispatch reads back after the count exchange.
 pub(super) struct CtlRead {

@@ -195,16 +195,25 @@ fn staging_area_across_nodes() {
     };
     let (n, es) = (3, 2);
     let st = stage_plan(&cfg, n, es).unwrap();
-    // 40 * 72 * 2 = 5760 -> 5888; 40 * 17 * 4 = 2720 -> 2816; 3 * (4 + 4) * 8 = 192 -> 256.
+    // Per PE: 40 rows of 72 bf16 (3 * 40 * 144 = 17280 -> 17408), 40 records of 17 words
+    // (3 * 40 * 68 = 8160 -> 8192), MAX_GRID "records in" words (3 * 1024 * 8 = 24576); then
+    // a count record per PE (3 * (4 + 4) * 8 = 192 -> 256).
     assert_eq!(
         st,
         Stage {
             x: 0,
-            meta: 5888,
-            rec: 5888 + 2816,
-            total: 5888 + 2816 + 256,
+            meta: 17408,
+            prog: 17408 + 8192,
+            rec: 17408 + 8192 + 24576,
+            total: 17408 + 8192 + 24576 + 256,
         }
     );
+    // Capturable: the pair capacity, not max_tokens (3 * 30 * 144 = 12960 -> 13056).
+    let capt = EpConfig {
+        mode: EpMode::Capturable { capacity: 30 },
+        ..cfg
+    };
+    assert_eq!(stage_plan(&capt, n, es).unwrap().meta, 13056);
     let p = plan(&cfg, n, es).unwrap();
     let dt = crate::device::DeviceTeam {
         slot: 0,
@@ -218,13 +227,13 @@ fn staging_area_across_nodes() {
     let get = |w: &[(&str, u64)], k: &str| w.iter().find(|x| x.0 == k).unwrap().1;
     let words = param_words(base, &p, Some((sb, &st)), &cfg, n, &dt, 4, false);
     assert_eq!(
-        ["xstage", "mstage", "rstage"].map(|k| get(&words, k)),
-        [sb, sb + 5888, sb + 8704]
+        ["xstage", "mstage", "pstage", "rstage"].map(|k| get(&words, k)),
+        [sb, sb + 17408, sb + 25600, sb + 50176]
     );
     let words = param_words(base, &p, None, &cfg, n, &dt, 4, false);
     assert_eq!(
-        ["xstage", "mstage", "rstage"].map(|k| get(&words, k)),
-        [0, 0, 0]
+        ["xstage", "mstage", "pstage", "rstage"].map(|k| get(&words, k)),
+        [0, 0, 0, 0]
     );
     let huge = EpConfig {
         max_tokens: usize::MAX / 4,

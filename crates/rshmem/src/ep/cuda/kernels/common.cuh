@@ -34,7 +34,7 @@ typedef EP_ID ep_id;
 // Parameter block (u64 words; written by the host once per buffer). Keep in step with ep.rs.
 struct ep_params {
     unsigned long long recv_x, recv_meta, comb, rec, sig, ctl, recv_cnt, expert_off, fill, tok_pos,
-        row_src, tok_rows, acc, prog, xstage, mstage, rstage;
+        row_src, tok_rows, acc, prog, xstage, mstage, pstage, rstage;
     long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid, sentinel;
 };
 
@@ -97,6 +97,8 @@ struct ep_params {
 // word through the proxy, before its signal, instead of or-ing the bit into EP_CTL_ERR). Read
 // with the abort bit (ep_aborted); cleared by the host with the error word.
 #define EP_CTL_XABORT 14
+// Across nodes: the ticket of ep_send's and ep_csend's blocks (ep_last_block), 0 between kernels.
+#define EP_CTL_XTICKET 15
 // sig words (this PE's, n each; member s writes word s of a group): records (set to the epoch),
 // data (ep_send's blocks add 1), combine (ep_csend's blocks add 1), ready (set to the epoch),
 // then the pull combine's: its ready and done (set to the combine's number, ctl[CWAIT]) and the
@@ -193,15 +195,33 @@ __device__ __forceinline__ int ep_pe(const ep_params* P, int d) { return (int)(P
 // Whether team member d runs on another node: reached through the proxy ring, never by loads
 // and stores (its base in the heap base table is 0).
 __device__ __forceinline__ bool ep_remote(const ep_params* P, int d) { return rshmemi_remote(ep_pe(P, d)); }
-// Lane 0 of a warp, after the warp's stores into this PE's staging copy `src`: a non-blocking
-// put of `bytes` from it to `dst` (this PE's symmetric address) on team member d of another
-// node. The source must stay unchanged until the proxy copied it, which every PE's next ready
-// signal (after the rows' data signal, in ring order) guarantees.
-__device__ __forceinline__ void ep_put_remote(void* dst, const void* src, long long bytes, const ep_params* P, int d,
-                                              unsigned lane) {
-    __syncwarp();
-    if (lane == 0) rshmemi_proxy_put(dst, src, (size_t_rshmem)bytes, ep_pe(P, d), false);
-    __syncwarp();
+// Across nodes (P->xstage set) ep_send's and ep_csend's blocks write what goes to PEs of other
+// nodes into this PE's staging copies, laid out as at the destination, and the block that
+// finishes last puts each area to each such PE in one request, then the kernel's whole signal:
+// a few requests per PE and step rather than one per row and block (each request is a round
+// trip through both PEs' proxies). True in every thread of the last block, once every other
+// block's writes are visible to the proxy's copies; it resets the ticket for the next kernel.
+__device__ __forceinline__ bool ep_last_block(const unsigned long long* ctl, int* s_last) {
+    unsigned long long* t = (unsigned long long*)ctl + EP_CTL_XTICKET;
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *s_last = atomicAdd(t, 1ull) == gridDim.x - 1;
+        if (*s_last) {
+            __threadfence_system();
+            *(volatile unsigned long long*)t = 0;
+        }
+    }
+    __syncthreads();
+    return *s_last != 0;
+}
+// A non-blocking put of `bytes` from this PE's staging copy `src` to `dst` (this PE's symmetric
+// address) on team member d of another node. The source stays unchanged until the proxy
+// copied it: it is rewritten only after every PE's next ready signal, which each sends after
+// its wait for this PE's signal of the step, posted after the put (the ring is carried out in
+// order).
+__device__ __forceinline__ void ep_put_remote(void* dst, const void* src, long long bytes, const ep_params* P, int d) {
+    if (bytes > 0) rshmemi_proxy_put(dst, src, (size_t_rshmem)bytes, ep_pe(P, d), false);
 }
 // The block waits until word s of `words` (this PE's signal group) is at least `v` for every
 // team member s; then thread 0 fences, stops the step on a timeout or an abort

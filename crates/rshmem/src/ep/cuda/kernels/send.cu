@@ -12,12 +12,15 @@
 // PE's own rows from x), with no all-ones element (ep_canon: the receive area's sentinel).
 // Every block then adds b1 - b0 to each destination's data signal for this PE (also when
 // nothing moves, so the counters stay in step: ep_layout's grid is the same on every PE).
+// Destinations on other nodes (ep_remote): records, rows and "records in" words go into this
+// PE's staging copies at the destination's positions, and the last block puts each of them in
+// one request and adds the grid's whole share to the data signal (ep_last_block).
 extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, const ep_t* x, const ep_id* ids, const float* w) {
     __shared__ unsigned s_cnt[EP_MAX_PES];
     __shared__ unsigned s_wt[32];
     __shared__ unsigned s_wbase[32];
     __shared__ unsigned s_base[EP_MAX_PES];
-    __shared__ int s_go;
+    __shared__ int s_go, s_last;
     const unsigned long long* ctl = (const unsigned long long*)P->ctl;
     const int n = (int)P->n, me = (int)P->me, E = (int)P->experts, El = (int)P->el;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K, G = P->grid;
@@ -34,6 +37,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
     rshmemi_grid_dep_launch();
     EP_STAMP_FIRST(ctl, 4);
     const int b0 = (int)(G * blockIdx.x / gridDim.x), b1 = (int)(G * (blockIdx.x + 1) / gridDim.x);
+    const bool span = P->xstage != 0;
     if (s_go) {
         const int T = (int)ctl[EP_CTL_TOKENS], topk = (int)ctl[EP_CTL_TOPK];
         int* tok_pos = (int*)P->tok_pos;
@@ -66,31 +70,20 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 __syncthreads();
             }
         }
-        // The row records, a warp per token; for PEs of other nodes the record is written once
-        // into this PE's staging row of the token and put from there.
+        // The row records, a warp per token.
         for (int t = t0 + (int)warp; t < t1; t += (int)nwarps) {
-            bool staged = false;
             for (int d = 0; d < n; d++) {
                 const int pos = tok_pos[(long long)t * n + d];
                 if (pos < 0 || pos >= C) continue;
                 const long long row = me * C + pos;
-                const bool remote = ep_remote(P, d);
-                if (remote && staged) {
-                    ep_put_remote((unsigned*)P->recv_meta + row * RMW, (unsigned*)P->mstage + t * RMW, RMW * 4, P, d, lane);
-                    continue;
-                }
-                unsigned* m = remote ? (unsigned*)P->mstage + t * RMW
-                                     : (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
+                unsigned* m = span && ep_remote(P, d) ? (unsigned*)P->mstage + ((long long)d * C + pos) * RMW
+                                                      : (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
                 for (long long i = lane; i < RMW; i += 32) {
                     unsigned v;
                     if (i == 0) v = (unsigned)t;
                     else if (i <= K) { long long j = i - 1; v = j < topk ? (unsigned)(int)ids[(long long)t * topk + j] : 0xffffffffu; }
                     else { long long j = i - 1 - K; v = j < topk ? __float_as_uint(w[(long long)t * topk + j]) : 0u; }
                     m[i] = v;
-                }
-                if (remote) {
-                    staged = true;
-                    ep_put_remote((unsigned*)P->recv_meta + row * RMW, m, RMW * 4, P, d, lane);
                 }
             }
         }
@@ -103,13 +96,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 long long lo = s_base[d];
                 for (int bb = b0; bb < b; bb++) lo += bcnt[(long long)bb * n + d];
                 const long long hi = lo + bcnt[(long long)b * n + d];
-                // A PE of another node: a signal set after the records (one writer per word, so
-                // set is max), posted after them into the ring, which is carried out in order.
-                if (ep_remote(P, d))
-                    rshmemi_proxy_signal_at(rshmemi_offset(prog + me * G + b), ep_records_in_word(min(hi, C), min(lo, C)),
-                                            RSHMEM_SIGNAL_SET, ep_pe(P, d));
-                else
-                    ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * G + b, ep_pe(P, d)), ep_records_in_word(min(hi, C), min(lo, C)));
+                const rshmem_u64 word = ep_records_in_word(min(hi, C), min(lo, C));
+                if (span && ep_remote(P, d)) ((rshmem_u64*)P->pstage)[(long long)d * G + b] = word;
+                else ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * G + b, ep_pe(P, d)), word);
             }
         }
         const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)x | P->recv_x);
@@ -130,15 +119,6 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
 #pragma unroll
                     for (int q = 0; q < EP_SEND_U; q++) r[q] = ep_canon4(r[q]);
                 }
-                // The chunk once into this PE's staging row of the token when a PE of another
-                // node takes it (put from there below).
-                bool far = false;
-                for (int d = 0; d < n; d++) {
-                    const int pos = tok_pos[t * n + d];
-                    far |= pos >= 0 && pos < C && ep_remote(P, d);
-                }
-                ep_t* srow = (ep_t*)P->xstage + t * H;
-                if (far) ep_store<EP_SEND_U>((rshmemi_v4*)srow, r, v0, lim);
                 for (int dd = 0; dd < n; dd++) {
 #if EP_SEND_PEERS_FIRST
                     const int d = dd + me + 1 < n ? dd + me + 1 : dd + me + 1 - n;  // this PE last
@@ -147,31 +127,19 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
 #endif
                     const int pos = tok_pos[t * n + d];
                     if (pos < 0 || pos >= C || ((EP_SEND_SKIP_SELF || em) && d == me)) continue;
-                    if (ep_remote(P, d)) {
-                        const long long a = c * chunk * 16, b = (long long)lim * 16;
-                        ep_put_remote((char*)((ep_t*)P->recv_x + (me * C + pos) * H) + a, (const char*)srow + a, b - a, P, d,
-                                      lane);
-                        continue;
-                    }
-                    rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                    rshmemi_v4* dst = span && ep_remote(P, d)
+                                          ? (rshmemi_v4*)((ep_t*)P->xstage + ((long long)d * C + pos) * H)
+                                          : (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
                     ep_store<EP_SEND_U>(dst, r, v0, lim);
                 }
             } else {
-                bool staged = false;
                 for (int d = 0; d < n; d++) {
                     const int pos = tok_pos[t * n + d];
                     if (pos < 0 || pos >= C || (em && d == me)) continue;
-                    ep_t* to = (ep_t*)P->recv_x + (me * C + pos) * H;
-                    const bool remote = ep_remote(P, d);
-                    ep_t* dst = remote ? (ep_t*)P->xstage + t * H : (ep_t*)rshmem_ptr(to, ep_pe(P, d));
-                    if (!(remote && staged)) {
-                        if (em) ep_copy_row_canon(dst, x + t * H, H, lane);
-                        else ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
-                    }
-                    if (remote) {
-                        staged = true;
-                        ep_put_remote(to, dst, H * (long long)sizeof(ep_t), P, d, lane);
-                    }
+                    ep_t* dst = span && ep_remote(P, d) ? (ep_t*)P->xstage + ((long long)d * C + pos) * H
+                                                        : (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                    if (em) ep_copy_row_canon(dst, x + t * H, H, lane);
+                    else ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
                 }
             }
         }
@@ -182,6 +150,22 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
     EP_STAMP_LAST(ctl, 5);
     rshmem_u64* sig = (rshmem_u64*)P->sig;
     for (int d = tid; d < n && b1 > b0; d += nth)
-        ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d), (rshmem_u64)(b1 - b0));
+        if (!(span && ep_remote(P, d)))
+            ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d), (rshmem_u64)(b1 - b0));
+    if (span && ep_last_block(ctl, &s_last)) {
+        // Every block's staging writes are in: per PE of another node its rows, their records
+        // and (expert-major) the "records in" words, then the grid's data signal.
+        const unsigned* acc = (const unsigned*)P->acc;
+        for (int d = tid; d < n; d += nth) {
+            if (!ep_remote(P, d)) continue;
+            if (s_go) {
+                const long long cnt = min((long long)((volatile const unsigned*)acc)[P->experts + d], C);
+                ep_put_remote((ep_t*)P->recv_x + me * C * H, (ep_t*)P->xstage + d * C * H, cnt * H * (long long)sizeof(ep_t), P, d);
+                ep_put_remote((unsigned*)P->recv_meta + me * C * RMW, (unsigned*)P->mstage + d * C * RMW, cnt * RMW * 4, P, d);
+                if (P->prog) ep_put_remote((rshmem_u64*)P->prog + me * G, (rshmem_u64*)P->pstage + d * G, G * 8, P, d);
+            }
+            ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d), (rshmem_u64)G);
+        }
+    }
 }
 
