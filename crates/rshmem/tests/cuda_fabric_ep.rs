@@ -431,10 +431,6 @@ fn steps(n: usize, b: usize) -> Vec<Step> {
 /// f32) and the scalar one (9 f32), combine and combine_tokens; then a capacity overflow
 /// towards the last PE's node, an error on every PE with nothing moved, and a good step after.
 fn across_nodes(pe: &Pe) -> Result<()> {
-    let n = pe.n_pes();
-    let g = CudaPe::new(pe)?;
-    let s = g.stream()?;
-    let tuning = EpTuning::default();
     let bufs = [
         (40, EpMode::Normal, RecvLayout::ExpertMajor),
         (9, EpMode::Normal, RecvLayout::TokenMajor),
@@ -449,7 +445,33 @@ fn across_nodes(pe: &Pe) -> Result<()> {
             RecvLayout::ExpertMajor,
         ),
     ];
-    for (b, (hidden, mode, layout)) in bufs.into_iter().enumerate() {
+    on_buffers(pe, &bufs, usize::MAX)?;
+    let g = CudaPe::new(pe)?;
+    overflow(pe, &g.stream()?)
+}
+
+/// The first random step on an expert-major normal buffer (vector rows) and on a token-major
+/// capturable one (scalar rows, combine and combine_tokens): the short check.
+fn one_step(pe: &Pe) -> Result<()> {
+    let bufs = [
+        (40, EpMode::Normal, RecvLayout::ExpertMajor),
+        (
+            9,
+            EpMode::Capturable { capacity: 24 },
+            RecvLayout::TokenMajor,
+        ),
+    ];
+    on_buffers(pe, &bufs, 1)
+}
+
+/// The first `max_steps` of [`steps`] on a buffer of each of `bufs` (hidden, mode, layout).
+fn on_buffers(pe: &Pe, bufs: &[(usize, EpMode, RecvLayout)], max_steps: usize) -> Result<()> {
+    let n = pe.n_pes();
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let tuning = EpTuning::default();
+
+    for (b, &(hidden, mode, layout)) in bufs.iter().enumerate() {
         let c = cfg(n, hidden, mode, layout);
         let w = World::of(pe, &c);
         assert!(
@@ -463,7 +485,7 @@ fn across_nodes(pe: &Pe) -> Result<()> {
         buf.set_tokens_combine(TokensCombine::Pull);
         assert!(!buf.tokens_combine_pulls());
         let inp = inputs(pe, &c, buf.max_rows())?;
-        for (i, st) in steps(n, b).into_iter().enumerate() {
+        for (i, st) in steps(n, b).into_iter().take(max_steps).enumerate() {
             for tokens in [false, true] {
                 if tokens && layout == RecvLayout::ExpertMajor {
                     continue;
@@ -486,7 +508,7 @@ fn across_nodes(pe: &Pe) -> Result<()> {
         free_inputs(pe, inp)?;
         pe.free(buf)?;
     }
-    overflow(pe, &s)
+    Ok(())
 }
 
 /// Capturable, capacity 5: every PE sends 16 tokens to the last PE (another node for PE 0).
@@ -576,6 +598,22 @@ fn gpu_moe_across_two_nodes() {
         2,
         config(&[0, 1], Duration::from_secs(20)),
         across_nodes,
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_moe_one_step_across_two_nodes() {
+    if skip() {
+        return;
+    }
+    let t = "gpu_moe_one_step_across_two_nodes";
+    harness::gpu_run(
+        t,
+        GpuMode::Processes,
+        2,
+        config(&[0, 1], Duration::from_secs(20)),
+        one_step,
     );
 }
 
