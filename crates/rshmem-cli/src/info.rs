@@ -46,6 +46,10 @@ const MORE_VARS: &[(&str, &str)] = &[
         "CUDA collectives: largest message of the fused single-kernel path, default 64K",
     ),
     (
+        "RSHMEM_CUDA_COLL_NET_CHUNK_BYTES",
+        "CUDA collectives on teams spanning nodes: bytes per round across nodes and per scratch half (2 x PEs x this of the heap), default 512K",
+    ),
+    (
         "RSHMEM_CUDA_COLL_LL_A2A_BYTES",
         "CUDA collectives: largest per-member traffic of the LL all_to_all, all_gather and reduce_scatter, default 1M (less when the LL area would pass 1/16 of the heap; 0 = off)",
     ),

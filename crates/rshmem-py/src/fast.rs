@@ -1,9 +1,11 @@
 //! The fast path of `put` and `get` on torch tensors: the operands are read here (address,
 //! bytes, dtype, device, contiguity) and the call goes straight to the library, with no Python
 //! code in between, so a call from Python costs little more than the same call from Rust.
-//! Anything unusual (not a contiguous torch tensor, `torch.bool`, dtypes or sizes that differ,
-//! another device, a PE that is not a plain in-range `int`) answers `False` and the Python layer
-//! takes its checked path, which raises the precise error. Errors of the call itself (an operand
+//! On the host backend plain numpy arrays take it too (the package's CPU surface). Anything
+//! unusual (not a contiguous torch tensor or numpy array, `torch.bool`, an element type rshmem
+//! does not have, dtypes or sizes that differ, a read-only destination of a get, another device,
+//! a PE that is not a plain in-range `int`) answers `False` and the Python layer takes its
+//! checked path, which raises the precise error. Errors of the call itself (an operand
 //! off the symmetric heap, a freed tensor) are the same on both paths: they come from the same
 //! Rust calls.
 
@@ -11,7 +13,8 @@ use crate::world::World;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
-use pyo3::types::{PyInt, PyType};
+use pyo3::types::{PyCapsule, PyCapsuleMethods, PyInt, PyType};
+use std::ffi::{c_char, c_int, c_void};
 
 /// The torch objects the fast path needs, looked up once.
 struct Torch {
@@ -42,6 +45,95 @@ fn torch(py: Python<'_>) -> Option<&'static Torch> {
             })
         })
         .as_ref()
+}
+
+/// numpy's array type, looked up once.
+static NDARRAY: GILOnceCell<Option<Py<PyType>>> = GILOnceCell::new();
+
+fn ndarray(py: Python<'_>) -> Option<&'static Py<PyType>> {
+    NDARRAY
+        .get_or_init(py, || {
+            let t = py.import("numpy").ok()?.getattr("ndarray").ok()?;
+            Some(t.downcast_into::<PyType>().ok()?.unbind())
+        })
+        .as_ref()
+}
+
+/// numpy's C-struct form of the array interface (`__array_struct__`, version 2), which gives
+/// the address, type, shape and flags in one attribute read where `__array_interface__` builds
+/// a dictionary.
+#[repr(C)]
+struct ArrayStruct {
+    two: c_int,
+    nd: c_int,
+    typekind: c_char,
+    itemsize: c_int,
+    flags: c_int,
+    shape: *const isize,
+    strides: *const isize,
+    data: *mut c_void,
+    descr: *mut c_void,
+}
+
+const C_CONTIGUOUS: c_int = 0x1;
+const NOTSWAPPED: c_int = 0x200;
+const WRITEABLE: c_int = 0x400;
+
+/// A C-contiguous numpy array in native byte order of one of rshmem's element types (signed
+/// and unsigned integers of 1 to 8 bytes, floats of 2, 4 or 8; writable where `write`), or
+/// `None` where the checked path must decide.
+fn operand_np(
+    py: Python<'_>,
+    ndarray: &Py<PyType>,
+    a: &Bound<'_, PyAny>,
+    write: bool,
+) -> PyResult<Option<Operand>> {
+    if !a.get_type().is(ndarray.bind(py)) {
+        return Ok(None);
+    }
+    let cap = a.getattr(intern!(py, "__array_struct__"))?;
+    let Ok(cap) = cap.downcast::<PyCapsule>() else {
+        return Ok(None);
+    };
+    let p = cap.pointer() as *const ArrayStruct;
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: numpy's capsule holds a PyArrayInterface (checked by `two` below) that lives as
+    // long as the capsule, which `cap` keeps alive; `shape` has `nd` entries.
+    let i = unsafe { &*p };
+    let need = C_CONTIGUOUS | NOTSWAPPED | if write { WRITEABLE } else { 0 };
+    if i.two != 2 || i.flags & need != need || i.nd < 0 {
+        return Ok(None);
+    }
+    let kind = i.typekind as u8;
+    let ok = match kind {
+        b'i' | b'u' => matches!(i.itemsize, 1 | 2 | 4 | 8),
+        b'f' => matches!(i.itemsize, 2 | 4 | 8),
+        _ => false,
+    };
+    if !ok {
+        return Ok(None);
+    }
+    let mut elems: usize = 1;
+    for d in 0..i.nd as usize {
+        // SAFETY: `d < nd`, the length of `shape` (see above).
+        let n = unsafe { *i.shape.add(d) };
+        let Some(e) = usize::try_from(n).ok().and_then(|n| elems.checked_mul(n)) else {
+            return Ok(None);
+        };
+        elems = e;
+    }
+    let Some(nbytes) = elems.checked_mul(i.itemsize as usize) else {
+        return Ok(None);
+    };
+    Ok(Some(Operand {
+        addr: i.data as u64,
+        nbytes,
+        // The same code for the same element type (dst and src are compared with each other).
+        dtype: usize::from(kind) << 8 | i.itemsize as usize,
+        device: -1,
+    }))
 }
 
 /// What a call needs to know about a tensor.
@@ -100,18 +192,30 @@ struct Pair {
 }
 
 impl World {
+    /// `write_dst`: the call writes `dst` (a get), so a read-only array is not plain.
     fn pair(
         &self,
         py: Python<'_>,
-        dst: &Bound<'_, PyAny>,
-        src: &Bound<'_, PyAny>,
-        pe: &Bound<'_, PyAny>,
+        (dst, src, pe): (&Bound<'_, PyAny>, &Bound<'_, PyAny>, &Bound<'_, PyAny>),
+        write_dst: bool,
     ) -> PyResult<Option<Pair>> {
-        let Some(t) = torch(py) else { return Ok(None) };
         let Some(pe) = plain_pe(pe, self.world_size()) else {
             return Ok(None);
         };
         let cuda = self.is_cuda();
+        if let (false, Some(np)) = (cuda, ndarray(py)) {
+            let d = operand_np(py, np, dst, write_dst)?;
+            if let (Some(d), Some(s)) = (d, operand_np(py, np, src, false)?) {
+                let same = d.dtype == s.dtype && d.nbytes == s.nbytes;
+                return Ok(same.then_some(Pair {
+                    dst: d,
+                    src: s,
+                    pe,
+                    stream: 0,
+                }));
+            }
+        }
+        let Some(t) = torch(py) else { return Ok(None) };
         let (Some(d), Some(s)) = (operand(py, t, dst, !cuda)?, operand(py, t, src, !cuda)?) else {
             return Ok(None);
         };
@@ -144,10 +248,11 @@ impl World {
     fn with_pair(
         &self,
         py: Python<'_>,
-        (dst, src, pe): (&Bound<'_, PyAny>, &Bound<'_, PyAny>, &Bound<'_, PyAny>),
+        args: (&Bound<'_, PyAny>, &Bound<'_, PyAny>, &Bound<'_, PyAny>),
+        write_dst: bool,
         op: impl FnOnce(Pair) -> PyResult<()>,
     ) -> PyResult<bool> {
-        match self.pair(py, dst, src, pe)? {
+        match self.pair(py, args, write_dst)? {
             Some(p) => op(p).map(|()| true),
             None => Ok(false),
         }
@@ -165,7 +270,7 @@ impl World {
         src: &Bound<'_, PyAny>,
         pe: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        self.with_pair(py, (dst, src, pe), |p| {
+        self.with_pair(py, (dst, src, pe), false, |p| {
             if self.is_cuda() {
                 self.put_dev(py, p.dst.addr, p.src.addr, p.dst.nbytes, p.pe, p.stream)
             } else {
@@ -182,7 +287,7 @@ impl World {
         src: &Bound<'_, PyAny>,
         pe: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        self.with_pair(py, (dst, src, pe), |p| {
+        self.with_pair(py, (dst, src, pe), true, |p| {
             if self.is_cuda() {
                 self.get_dev(py, p.dst.addr, p.src.addr, p.dst.nbytes, p.pe, p.stream)
             } else {

@@ -141,6 +141,11 @@ def test_bad_inputs_raise_and_leave_the_world_usable(kind):
             ro = np.zeros(16, np.float32)
             ro.flags.writeable = False
             cases.append(lambda: rshmem.get(ro, s, 0))
+            # Same byte counts, element types rshmem does not have.
+            cases.append(lambda: rshmem.put(s, np.zeros(64, np.bool_), 0))
+            cases.append(lambda: rshmem.put(s, np.zeros(8, np.complex64), 0))
+            cases.append(lambda: rshmem.get(np.zeros(8, np.complex64), s, 0))
+            cases.append(lambda: rshmem.put(s, np.zeros(16, ">f4"), 0))     # byte-swapped
         for i, c in enumerate(cases):
             with pytest.raises(rshmem.InvalidArgument):
                 c()

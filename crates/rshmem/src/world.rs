@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 /// How long the monitor's read of a peer's header over the fabric may take before the peer is
 /// taken as lost (at most the configured timeout).
-const HEADER_PROBE: Duration = Duration::from_secs(3);
+pub(crate) const HEADER_PROBE: Duration = Duration::from_secs(3);
 
 /// Protocol version checked at start-up; PEs of different versions refuse to form a world.
 pub const PROTOCOL_VERSION: u64 = 5;

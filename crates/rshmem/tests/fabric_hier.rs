@@ -65,9 +65,9 @@ fn record_bytes(pe: &Pe) -> u64 {
     far as u64 * 12 * 8
 }
 
-/// all_reduce, all_gather and broadcast, hierarchical and flat, checked exactly; the
-/// hierarchical all_reduce reads exactly its parts' node partials across nodes, fewer bytes
-/// than the flat plan.
+/// all_reduce, all_gather, broadcast and reduce_scatter, hierarchical and flat, checked
+/// exactly; the hierarchical all_reduce reads exactly its parts' node partials across nodes,
+/// fewer bytes than the flat plan.
 fn collectives(pe: &Pe) -> Result<()> {
     let (me, n) = (pe.my_pe(), pe.n_pes());
     let world = pe.world_team();
@@ -238,6 +238,40 @@ fn collectives(pe: &Pe) -> Result<()> {
             .collect();
         assert_eq!(pe.local_vec(&a)?, want, "{name} min");
     }
+    // reduce_scatter: hierarchical in place (the buffer holds the node partials), flat out of
+    // place; block `me` of the sum either way. In place each block crosses to its member once
+    // per other node.
+    let rc = 1001;
+    let v = pe.alloc::<u64>(rc * n)?;
+    let r = pe.alloc::<u64>(rc)?;
+    let mut want = vec![0u64; rc];
+    for s in 0..n {
+        let input = harness::rand_vec::<u64>(s, 14, rc * n);
+        for (w, x) in want.iter_mut().zip(&input[me * rc..(me + 1) * rc]) {
+            *w = w.wrapping_add(*x);
+        }
+    }
+    for (name, coll) in [("hier", &hier), ("flat", &flat)] {
+        pe.local_write(&v, 0, &harness::rand_vec::<u64>(me, 14, rc * n))?;
+        let before = traffic(pe);
+        coll.reduce_scatter(world, &v, &v, rc, ReduceOp::Sum)?;
+        let moved = traffic(pe) - before - record_bytes(pe);
+        assert_eq!(
+            pe.local_vec(&v)?[me * rc..(me + 1) * rc],
+            want[..],
+            "{name} in-place reduce_scatter"
+        );
+        if name == "hier" {
+            let want_bytes = ((nm.n_nodes() - 1) * rc * 8) as u64;
+            assert_eq!(moved, want_bytes, "hier reduce_scatter bytes across nodes");
+        }
+        pe.local_write(&v, 0, &harness::rand_vec::<u64>(me, 14, rc * n))?;
+        pe.local_fill(&r, u64::MAX)?; // poison
+        coll.reduce_scatter(world, &r, &v, rc, ReduceOp::Sum)?;
+        assert_eq!(pe.local_vec(&r)?, want, "{name} reduce_scatter");
+    }
+    pe.free(r)?;
+    pe.free(v)?;
     // A team of one PE per node stays flat (nothing to gain inside nodes), and works.
     let (l0, l1) = (nm.leader(0), nm.leader(1));
     let leaders = pe.team_split_strided(world, l0, l1 - l0, nm.n_nodes())?;

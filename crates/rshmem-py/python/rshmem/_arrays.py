@@ -136,6 +136,11 @@ def info(a: Any, what: str = "tensor") -> Info:
     if isinstance(a, np.ndarray):
         if not a.flags.c_contiguous:
             raise InvalidArgument(f"{what} is not contiguous (np.ascontiguousarray first)")
+        if not a.dtype.isnative:
+            # Bytes move as they are: a peer would read the elements byte-swapped.
+            raise InvalidArgument(
+                f"{what} is not in native byte order (a.astype(a.dtype.newbyteorder('=')) first)"
+            )
         name = _name_of(a.dtype)
         return Info(a.__array_interface__["data"][0], a.nbytes, name, -1, a)
     raise InvalidArgument(

@@ -460,6 +460,9 @@ impl<'pe> Coll<'pe> {
             CollKind::Broadcast if hier => plan::hier::broadcast(shape, &nodes, c.root, c.count),
             CollKind::AllReduce if hier => plan::hier::all_reduce(shape, &nodes, c.count),
             CollKind::AllGather if hier => plan::hier::all_gather(shape, &nodes, c.count),
+            CollKind::ReduceScatter if hier && in_place => {
+                plan::hier::reduce_scatter(shape, &nodes, c.count)
+            }
             CollKind::Broadcast => plan::broadcast(shape, c.root, c.count, algo),
             CollKind::Reduce => plan::reduce(shape, c.root, c.count),
             CollKind::AllReduce => plan::all_reduce(shape, c.count, algo),

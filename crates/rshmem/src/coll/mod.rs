@@ -210,14 +210,18 @@ impl CollConfig {
         self
     }
     /// True when a `kind` call moving `bytes` per member vector on a team placed as `nodes`
-    /// runs a hierarchical plan.
+    /// runs a hierarchical plan (all_reduce, all_gather, broadcast; reduce_scatter when in
+    /// place, where the buffer can hold the partials: out of place it runs the flat plan).
     pub fn is_hierarchical(&self, kind: CollKind, bytes: usize, nodes: &crate::NodeMap) -> bool {
         self.hierarchical
             && bytes >= self.hier_bytes
             && nodes.is_hierarchical()
             && matches!(
                 kind,
-                CollKind::AllReduce | CollKind::AllGather | CollKind::Broadcast
+                CollKind::AllReduce
+                    | CollKind::AllGather
+                    | CollKind::Broadcast
+                    | CollKind::ReduceScatter
             )
     }
     /// Sets the chunk size in bytes (at least one element is used).

@@ -45,9 +45,10 @@ fn coll_kernels_compile_and_export_every_name() {
         Err(e) => panic!("{e}"),
     };
     let names = cuda::coll_kernel_names();
-    // The fixed kernels (six LL data kernels and two pull kernels among them), then a reduce, an LL and a pull
-    // all_reduce kernel per (type, op): 8 integer types × 7 ops, 4 float types × 4.
-    assert_eq!(names.len(), 13 + 3 * (8 * 7 + 4 * 4));
+    // The fixed kernels (six LL data kernels, two pull kernels and the cross-node round among
+    // them), then a reduce, an LL and a pull all_reduce kernel and a cross-node fold per
+    // (type, op): 8 integer types × 7 ops, 4 float types × 4.
+    assert_eq!(names.len(), 14 + 4 * (8 * 7 + 4 * 4));
     for n in names {
         let needle = format!("{n}\0");
         assert!(

@@ -59,6 +59,20 @@ pub fn spawn_self_ignored(
     spawn_job(test, n, threads, env, grace, true, Duration::from_secs(120))
 }
 
+/// As [`spawn_self_ignored`], the job stopped after `limit` (a short limit per test, so one
+/// that hangs does not take a run's whole time on the GPU).
+#[allow(dead_code)]
+pub fn spawn_self_ignored_within(
+    test: &str,
+    n: usize,
+    threads: usize,
+    env: &[(&str, &str)],
+    grace: Duration,
+    limit: Duration,
+) -> Outcome {
+    spawn_job(test, n, threads, env, grace, true, limit)
+}
+
 /// As [`spawn_self`]; `ignored`: the test is `#[ignore]`d (the children run it anyway), and the
 /// job is stopped after `limit`.
 fn spawn_job(

@@ -48,7 +48,34 @@ impl GpuColl<'_> {
     /// timeouts become [`Error::Timeout`]. After a device wait of this PE timed out, its
     /// collectives move no data (barriers still run) until this check or [`Pe::quiet`](crate::Pe::quiet) clears
     /// the flag: a PE that gave up on a barrier never overwrites what its peers may still read.
+    ///
+    /// In a world spanning nodes, a call that ended in an error while a PE was lost (a node
+    /// killed: the proxy failed a request to it, or a wait for it gave up) is
+    /// [`Error::PeerLost`] naming the lost PE.
     pub fn check_errors(&self) -> Result<()> {
+        let r = self.take_errors();
+        if r.is_err() && self.net.is_some() {
+            let inner = &self.g.pe_ref().inner;
+            inner.check_all_peers("cuda collective")?;
+            if let Err(Error::Timeout { pe: Some(p), .. }) = r {
+                if self.g.backend().is_remote(p) {
+                    // A wait for a PE of another node gave up (or the proxy failed a request to
+                    // it): the monitor establishes within its probe of the PE's header whether
+                    // it is lost, the cause to report then.
+                    let until = std::time::Instant::now()
+                        + crate::world::HEADER_PROBE
+                        + std::time::Duration::from_millis(100);
+                    while std::time::Instant::now() < until {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        inner.check_all_peers("cuda collective")?;
+                    }
+                }
+            }
+        }
+        r
+    }
+
+    fn take_errors(&self) -> Result<()> {
         // The device timeout flag is read (and cleared) after the record: a mismatch, which
         // makes members pad their barriers, is the cause to report before any timeout.
         let timeout = self.g.check_device_errors();
@@ -417,12 +444,13 @@ impl GpuColl<'_> {
                 x.ll_ctrl_lines,
                 x.early_launch,
                 x.nvrtc_options.clone(),
+                x.net_chunk_bytes,
             )
         };
         if fixed(&t) != fixed(&self.tuning) {
             return Err(Error::invalid(
-                "GpuColl::retune: the LL sizes, ll_threads, ll_ctrl_lines, early_launch and \
-                 nvrtc_options are fixed when the GpuColl is created",
+                "GpuColl::retune: the LL sizes, ll_threads, ll_ctrl_lines, early_launch, \
+                 nvrtc_options and net_chunk_bytes are fixed when the GpuColl is created",
             ));
         }
         self.tuning = t;

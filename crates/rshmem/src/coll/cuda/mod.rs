@@ -12,6 +12,9 @@
 mod choice;
 mod exec;
 mod ll;
+mod net;
+#[cfg(test)]
+mod net_tests;
 mod paths;
 mod sig;
 #[cfg(test)]
@@ -26,10 +29,10 @@ pub use ll::{default_ll_sizes, LlSizes, COLL_LL_A2A_BYTES, COLL_LL_BYTES, LL_MAX
 pub use paths::CollPath;
 pub use sig::coll_kernel_names;
 pub use tuning::{
-    CollTuning, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_PULL_A2A_BYTES,
-    COLL_PULL_ALL_REDUCE_BYTES, COLL_PULL_ALL_REDUCE_PAIR_BYTES, COLL_PULL_BCAST_BYTES,
-    COLL_PULL_RS_BYTES, COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES, COLL_TWO_SHOT_PULL_BYTES,
-    COLL_TWO_SHOT_PULL_PAIR_BYTES, WRONG_RESULT_SWITCHES,
+    CollTuning, PerTeam, COLL_CHAIN_BCAST_BYTES, COLL_FUSED_BYTES, COLL_NET_CHUNK_BYTES,
+    COLL_PULL_A2A_BYTES, COLL_PULL_ALL_REDUCE_BYTES, COLL_PULL_ALL_REDUCE_PAIR_BYTES,
+    COLL_PULL_BCAST_BYTES, COLL_PULL_RS_BYTES, COLL_PUSH_A2A_BYTES, COLL_PUSH_ALL_REDUCE_BYTES,
+    COLL_TWO_SHOT_PULL_BYTES, COLL_TWO_SHOT_PULL_PAIR_BYTES, WRONG_RESULT_SWITCHES,
 };
 
 use crate::backend::cuda::ffi;
@@ -57,6 +60,7 @@ pub const COLL_KERNELS: &str = concat!(
     include_str!("kernels/all_reduce.cu"),
     include_str!("kernels/move.cu"),
     include_str!("kernels/copy.cu"),
+    include_str!("kernels/net.cu"),
 );
 
 /// Stream-ordered collectives of one PE on the CUDA backend.
@@ -142,6 +146,18 @@ pub const COLL_KERNELS: &str = concat!(
 ///   team (its staging memory and all_to_all_v metadata serve every team: in-place calls or
 ///   all_to_all_v of two teams running at once on two streams would overwrite each other's).
 ///   Collectives of different teams that run concurrently need a [`GpuColl`] per stream.
+/// * **Teams spanning nodes** (a world whose PEs name several nodes: `docs/fabric.md`):
+///   all_reduce, all_gather, broadcast, all_to_all (out of place) and barrier decompose along
+///   the team's [`NodeMap`](crate::NodeMap): the node-local paths above on the node's members
+///   of the team (on the team's slot; they must be evenly strided, as every device team), and
+///   between
+///   nodes rounds of puts with signals through the proxy, each member of a node carrying a
+///   share, chunked by [`CollTuning::net_chunk_bytes`] (all_reduce folds the nodes' partials
+///   in node order, so floats group their terms by node). Graph-capturable like the rest.
+///   reduce, reduce_scatter and all_to_all_v(_device) are an [`Error::Backend`] on such teams;
+///   the signature check covers members of other nodes too (carried with each call's first
+///   exchange between two PEs);
+///   [`GpuColl::check_errors`] reports a lost node as [`Error::PeerLost`].
 /// * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
 ///   matrix lives in one block's shared memory: about 170 members on H100/H200; an explicit
 ///   error beyond). Host-count all_to_all_v lists travel in 64-member chunks of kernel
@@ -169,9 +185,9 @@ pub struct GpuColl<'a> {
     _module: Arc<Module>,
     /// Kernels of the module (for `Debug`).
     kernels: usize,
-    /// The reduce and LL all_reduce kernel per (element type, operation), at
-    /// [`typed_index`]: no name formatting or hashing per call.
-    typed: Vec<[Option<Func>; 3]>,
+    /// The reduce, LL all_reduce, pull all_reduce and cross-node fold kernel per (element
+    /// type, operation), at [`typed_index`]: no name formatting or hashing per call.
+    typed: Vec<[Option<Func>; 4]>,
     f_copy: Func,
     f_a2av_dev: Func,
     f_a2av_meta: Func,
@@ -219,6 +235,9 @@ pub struct GpuColl<'a> {
     /// The paths' limits and the kernels' grids the calls read, LL sizes resolved
     /// ([`GpuColl::tuning`]).
     tuning: CollTuning,
+    /// Signals, scratch and pair counts of teams spanning nodes (`None` in a world of one
+    /// node).
+    net: Option<net::Net>,
 }
 
 impl std::fmt::Debug for GpuColl<'_> {
@@ -246,8 +265,6 @@ impl<'a> GpuColl<'a> {
     /// (reported in the log); sizes whose area does not fit the heap are an allocation error
     /// here.
     pub fn new(g: CudaPe<'a>, config: CollConfig, tuning: CollTuning) -> Result<GpuColl<'a>> {
-        let world: Vec<usize> = (0..g.pe_ref().n_pes()).collect();
-        g.check_one_node(&world, "GpuColl")?;
         tuning.check()?;
         let ll_sizes = tuning.ll_sizes(g.backend().heap_size, g.pe_ref().n_pes());
         let names = coll_kernel_names();
@@ -314,18 +331,26 @@ impl<'a> GpuColl<'a> {
         };
         // Staging for small in-place collectives now, not in the middle of one.
         let temp = DevBuf::zeroed_on(&own, MIN_STAGING)?;
-        let mut typed = vec![[None; 3]; ELEMS.len() * ReduceOp::ALL.len()];
+        let mut typed = vec![[None; 4]; ELEMS.len() * ReduceOp::ALL.len()];
         for k in ELEMS {
             for op in ReduceOp::ALL {
                 typed[typed_index(k, op)] = [
                     funcs.get(&reduce_name(k, op)).copied(),
                     funcs.get(&ll_name(k, op)).copied(),
                     funcs.get(&pull_ar_name(k, op)).copied(),
+                    funcs.get(&net_fold_name(k, op)).copied(),
                 ];
             }
         }
         let f_a2av_dev = funcs["rshmemi_coll_a2av_dev"];
         let a2av_dev_max = a2av_dev_shared(&b.gpu, f_a2av_dev, n_pes)?;
+        // Teams spanning nodes: every PE of such a world allocates the same objects.
+        let net = if (0..n_pes).any(|p| b.is_remote(p)) {
+            let f = funcs["rshmemi_coll_net_round"];
+            Some(net::Net::new(&g, &own, f, tuning.net_chunk_bytes, slots)?)
+        } else {
+            None
+        };
         pe.barrier_all()?;
         Ok(GpuColl {
             f_copy: funcs["rshmemi_coll_copy"],
@@ -367,6 +392,7 @@ impl<'a> GpuColl<'a> {
             ll_slots,
             ll,
             tuning: tuning.with_ll(ll_sizes),
+            net,
         })
     }
 }
@@ -374,7 +400,8 @@ impl<'a> GpuColl<'a> {
 impl<'a> GpuColl<'a> {
     // ----- the collectives -----
 
-    /// Stream-ordered barrier of `team` (earlier work on the stream completes first).
+    /// Stream-ordered barrier of `team` (earlier work on the stream completes first); members
+    /// on other nodes are reached through the proxy.
     pub fn barrier(&self, s: &Stream, team: &Team) -> Result<()> {
         let dt = self.team(s, team)?;
         self.sync(s, dt)
@@ -392,6 +419,22 @@ impl<'a> GpuColl<'a> {
     ) -> Result<()> {
         let dt = self.team(s, team)?;
         check_root(root, dt)?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_broadcast(s, &nt, dst, src, count, root);
+        }
+        self.broadcast_on(s, dt, dst, src, count, root)
+    }
+
+    /// [`GpuColl::broadcast`] on a node-local team already resolved and checked against `s`.
+    fn broadcast_on<T: Elem>(
+        &self,
+        s: &Stream,
+        dt: DeviceTeam,
+        dst: &(impl AsSym<T> + ?Sized),
+        src: &(impl AsSym<T> + ?Sized),
+        count: usize,
+        root: usize,
+    ) -> Result<()> {
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
         let ip = Self::in_place(src, dst)?;
         let es = std::mem::size_of::<T>();
@@ -442,6 +485,7 @@ impl<'a> GpuColl<'a> {
     ) -> Result<()> {
         let ToRoot { op, root } = to;
         let dt = self.team(s, team)?;
+        self.net_refuse(team, "reduce")?;
         check_root(root, dt)?;
         let f = self.reduce_func::<T>(op)?;
         let (d, sr) = (self.buf(dst, count)?, self.buf(src, count)?);
@@ -474,6 +518,9 @@ impl<'a> GpuColl<'a> {
     ) -> Result<()> {
         let dt = self.team(s, team)?;
         let Fold { op, algo } = op.into();
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_all_reduce(s, &nt, dst, src, count, op, algo);
+        }
         self.all_reduce_on(s, dt, dst, src, count, op, algo)
     }
 
@@ -563,6 +610,9 @@ impl<'a> GpuColl<'a> {
         count: usize,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_all_gather(s, &nt, dst, src, count);
+        }
         let n = dt.size as usize;
         let ip = Self::in_place(src, dst)?;
         let d = self.buf(dst, mul(n, count)?)?;
@@ -601,6 +651,7 @@ impl<'a> GpuColl<'a> {
         op: ReduceOp,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
+        self.net_refuse(team, "reduce_scatter")?;
         let f = self.reduce_func::<T>(op)?;
         let n = dt.size as usize;
         let ip = Self::in_place(src, dst)?;
@@ -664,6 +715,9 @@ impl<'a> GpuColl<'a> {
         count: usize,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_all_to_all(s, &nt, dst, src, count);
+        }
         let n = dt.size as usize;
         let ip = Self::in_place(src, dst)?;
         let d = self.buf(dst, mul(n, count)?)?;
@@ -696,6 +750,7 @@ impl<'a> GpuColl<'a> {
         v: &AllToAllV<'_>,
     ) -> Result<()> {
         let dt = self.team(s, team)?;
+        self.net_refuse(team, "all_to_all_v")?;
         let n = dt.size as usize;
         if Self::in_place(src, dst)? {
             return Err(Error::invalid(
@@ -809,6 +864,7 @@ impl<'a> GpuColl<'a> {
             recv: recv_counts,
         } = counts;
         let dt = self.team(s, team)?;
+        self.net_refuse(team, "all_to_all_v_device")?;
         let n = dt.size as usize;
         if n > self.a2av_dev_max {
             return Err(Error::invalid(format!(

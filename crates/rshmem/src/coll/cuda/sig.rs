@@ -228,6 +228,7 @@ pub fn coll_kernel_names() -> Vec<String> {
         "rshmemi_coll_ll_move_bcast_bytes".to_string(),
         "rshmemi_coll_pull_a2a".to_string(),
         "rshmemi_coll_pull_bcast".to_string(),
+        "rshmemi_coll_net_round".to_string(),
     ];
     for k in ELEMS {
         for op in ReduceOp::ALL {
@@ -235,6 +236,7 @@ pub fn coll_kernel_names() -> Vec<String> {
                 v.push(reduce_name(k, op));
                 v.push(ll_name(k, op));
                 v.push(pull_ar_name(k, op));
+                v.push(net_fold_name(k, op));
             }
         }
     }
@@ -248,6 +250,10 @@ pub(super) fn typed_index(k: ElemKind, op: ReduceOp) -> usize {
 
 pub(super) fn pull_ar_name(k: ElemKind, op: ReduceOp) -> String {
     format!("rshmemi_coll_pull_ar_{}_{}", k.name(), op.name())
+}
+
+pub(super) fn net_fold_name(k: ElemKind, op: ReduceOp) -> String {
+    format!("rshmemi_coll_net_fold_{}_{}", k.name(), op.name())
 }
 
 pub(super) fn ll_name(k: ElemKind, op: ReduceOp) -> String {

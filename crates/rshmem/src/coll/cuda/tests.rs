@@ -687,7 +687,11 @@ fn ll_sizes() {
 #[test]
 fn kernel_names_cover_every_type_and_op() {
     let names = coll_kernel_names();
-    assert_eq!(names.len(), 13 + 3 * (8 * 7 + 4 * 4));
+    // 14 untyped (the net round among them); reduce, LL, pull and net fold per type and op.
+    assert_eq!(names.len(), 14 + 4 * (8 * 7 + 4 * 4));
+    assert!(names.contains(&"rshmemi_coll_net_round".to_string()));
+    assert!(names.contains(&"rshmemi_coll_net_fold_half_max".to_string()));
+    assert!(!names.contains(&"rshmemi_coll_net_fold_float_or".to_string()));
     assert!(names.contains(&"rshmemi_coll_pull_a2a".to_string()));
     assert!(names.contains(&"rshmemi_coll_pull_ar_half_min".to_string()));
     assert!(!names.contains(&"rshmemi_coll_pull_ar_double_and".to_string()));

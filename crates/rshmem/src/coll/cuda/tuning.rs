@@ -10,6 +10,8 @@ use super::ll::{
 use crate::backend::cuda::knobs::{knob_from_env, nvrtc_options};
 use crate::error::{Error, Result};
 
+/// Default of [`CollTuning::net_chunk_bytes`].
+pub const COLL_NET_CHUNK_BYTES: usize = 512 << 10;
 /// Default of [`CollTuning::fused_bytes`].
 pub const COLL_FUSED_BYTES: usize = 64 << 10;
 
@@ -190,6 +192,11 @@ pub struct CollTuning {
     /// reduce_scatter, all_gather, all_to_all, one-shot broadcast, out of place) runs as one
     /// kernel of one block with both barriers inside (0: never).
     pub fused_bytes: usize,
+    /// Bytes a member moves to another node per round of a collective on a team spanning
+    /// nodes, and of each of the two scratch halves per PE that reductions receive into
+    /// (`2 × n_pes ×` this of the symmetric heap, allocated by [`super::GpuColl::new`] in a
+    /// world spanning nodes); a multiple of 16 from 16 bytes to 1 GiB.
+    pub net_chunk_bytes: usize,
     /// Extra NVRTC options of the collectives' module: the compile-time switches of
     /// `kernels/`, for measurements. The switches in [`WRONG_RESULT_SWITCHES`] break the
     /// kernels on purpose, for rshmem's own tests; [`CollTuning::from_env`] refuses them.
@@ -225,6 +232,7 @@ impl Default for CollTuning {
             chain_broadcast: COLL_CHAIN_BCAST_BYTES,
             pull_reduce_scatter: COLL_PULL_RS_BYTES,
             fused_bytes: COLL_FUSED_BYTES,
+            net_chunk_bytes: COLL_NET_CHUNK_BYTES,
             nvrtc_options: Vec::new(),
         }
     }
@@ -303,6 +311,7 @@ impl CollTuning {
             chain_broadcast: size("RSHMEM_CUDA_COLL_CHAIN_BCAST_BYTES", d.chain_broadcast)?,
             pull_reduce_scatter: size("RSHMEM_CUDA_COLL_PULL_RS_BYTES", d.pull_reduce_scatter)?,
             fused_bytes: size("RSHMEM_CUDA_COLL_FUSED_BYTES", d.fused_bytes)?,
+            net_chunk_bytes: size("RSHMEM_CUDA_COLL_NET_CHUNK_BYTES", d.net_chunk_bytes)?,
             nvrtc_options: nvrtc_options_value(
                 "RSHMEM_CUDA_COLL_NVRTC_OPTS",
                 &std::env::var("RSHMEM_CUDA_COLL_NVRTC_OPTS").unwrap_or_default(),
@@ -384,6 +393,12 @@ impl CollTuning {
             if !(16..=1 << 30).contains(&v) {
                 return bad(format!("{name} {v} is not 16 bytes to 1G"));
             }
+        }
+        let v = self.net_chunk_bytes;
+        if !(16..=1 << 30).contains(&v) || !v.is_multiple_of(16) {
+            return bad(format!(
+                "net_chunk_bytes {v} is not a multiple of 16 from 16 bytes to 1G"
+            ));
         }
         Ok(())
     }

@@ -129,3 +129,36 @@ pub fn broadcast(s: Shape, nodes: &NodeMap, root: usize, count: usize) -> Plan {
     }
     b.done(CollKind::Broadcast, Algo::OneShot)
 }
+
+/// reduce_scatter across nodes, in place (the buffer holds every member's block, so partials
+/// can wait in it for readers on other nodes): (1) for each block `x` whose carrier on this
+/// node is this member (the member of local index `local(x) % L`, [`NodeMap::peer`]; a member
+/// of this node carries its own block), fold block `x` over the node's members into this
+/// member's block `x`; (2) fold its own block over its carriers on every node, in node order.
+/// Each block crosses to its member once per other node: `(nodes - 1) · count` elements read
+/// across nodes per member, against `(n - L) · count` for the flat plan. Out of place the
+/// destination holds one block, no room for the partials: the flat plan runs.
+pub fn reduce_scatter(s: Shape, nodes: &NodeMap, count: usize) -> Plan {
+    debug_assert!(s.in_place, "hierarchical reduce_scatter runs in place only");
+    let mut b = Builder::new(s);
+    let me = s.me;
+    let k = nodes.node(me);
+    for x in (0..s.n).filter(|&x| nodes.peer(k, nodes.local(x)) == me) {
+        // Only this member reads block x on its node's members (it is x's one carrier here),
+        // and it reads all of a step's inputs before it writes.
+        b.reduce_group(
+            nodes.members(k).to_vec(),
+            Buf::Src,
+            x * count,
+            Buf::Dst,
+            x * count,
+            count,
+        );
+    }
+    b.sync();
+    let carriers: Vec<usize> = (0..nodes.n_nodes())
+        .map(|j| nodes.peer(j, nodes.local(me)))
+        .collect();
+    b.reduce_group(carriers, Buf::Dst, me * count, Buf::Dst, me * count, count);
+    b.done(CollKind::ReduceScatter, Algo::OneShot)
+}

@@ -45,6 +45,26 @@ impl Model {
         v[at..at + x.len()].copy_from_slice(x);
     }
 
+    /// `n` members' objects of `len` elements: `src` holds member inputs, `dst` is poisoned;
+    /// an in-place all_gather's input sits at the member's part of the object.
+    fn with_inputs(kind: CollKind, n: usize, count: usize, len: usize, in_place: bool) -> Model {
+        let mut md = Model {
+            n,
+            in_place,
+            src: (0..n)
+                .map(|m| (0..len).map(|i| input(m, i)).collect())
+                .collect(),
+            dst: (0..n).map(|_| vec![-1; len]).collect(),
+        };
+        if in_place && kind == CollKind::AllGather {
+            for m in 0..n {
+                let v: Vec<i64> = (0..count).map(|i| input(m, i)).collect();
+                md.src[m][m * count..(m + 1) * count].copy_from_slice(&v);
+            }
+        }
+        md
+    }
+
     fn run(&mut self, plans: &[Plan]) {
         let n = self.n;
         let mut temp: Vec<Vec<i64>> = plans.iter().map(|p| vec![0; p.temp_len]).collect();
@@ -196,22 +216,7 @@ fn model(
         CollKind::ReduceScatter => (n * count, count),
         _ => (n * count, n * count),
     };
-    let len = src_len.max(dst_len);
-    let mut md = Model {
-        n,
-        in_place,
-        src: (0..n)
-            .map(|m| (0..len).map(|i| input(m, i)).collect())
-            .collect(),
-        dst: (0..n).map(|_| vec![-1; len]).collect(),
-    };
-    if in_place && kind == CollKind::AllGather {
-        // the input sits at the member's part of the object
-        for m in 0..n {
-            let v: Vec<i64> = (0..count).map(|i| input(m, i)).collect();
-            md.src[m][m * count..(m + 1) * count].copy_from_slice(&v);
-        }
-    }
+    let mut md = Model::with_inputs(kind, n, count, src_len.max(dst_len), in_place);
     let plans: Vec<Plan> = (0..n)
         .map(|me| {
             let s = Shape {
@@ -304,23 +309,10 @@ fn model_hier(
 ) -> (Vec<Vec<i64>>, Vec<Plan>) {
     let n = nodes.n_pes();
     let len = match kind {
-        CollKind::AllGather => n * count,
+        CollKind::AllGather | CollKind::ReduceScatter => n * count,
         _ => count,
     };
-    let mut md = Model {
-        n,
-        in_place,
-        src: (0..n)
-            .map(|m| (0..len).map(|i| input(m, i)).collect())
-            .collect(),
-        dst: (0..n).map(|_| vec![-1; len]).collect(),
-    };
-    if in_place && kind == CollKind::AllGather {
-        for m in 0..n {
-            let v: Vec<i64> = (0..count).map(|i| input(m, i)).collect();
-            md.src[m][m * count..(m + 1) * count].copy_from_slice(&v);
-        }
-    }
+    let mut md = Model::with_inputs(kind, n, count, len, in_place);
     let plans: Vec<Plan> = (0..n)
         .map(|me| {
             let s = Shape {
@@ -333,6 +325,7 @@ fn model_hier(
                 CollKind::AllReduce => hier::all_reduce(s, nodes, count),
                 CollKind::AllGather => hier::all_gather(s, nodes, count),
                 CollKind::Broadcast => hier::broadcast(s, nodes, root, count),
+                CollKind::ReduceScatter => hier::reduce_scatter(s, nodes, count),
                 _ => unreachable!(),
             }
         })
@@ -420,6 +413,41 @@ fn hierarchical_plans_are_correct_hazard_free_and_cross_less() {
                         .map(|k| (n - nodes.members(k).len()) * count)
                         .sum();
                     assert_eq!(cross, per_node, "all_gather crossings {ctx}");
+                    if in_place {
+                        // Member m's block m: the sum over members of their block m.
+                        let (d, plans) =
+                            model_hier(CollKind::ReduceScatter, &nodes, count, true, chunk, 0);
+                        for m in 0..n {
+                            let want: Vec<i64> = (0..count)
+                                .map(|i| (0..n).map(|p| input(p, m * count + i)).sum())
+                                .collect();
+                            assert_eq!(
+                                d[m][m * count..(m + 1) * count],
+                                want[..],
+                                "reduce_scatter {ctx}"
+                            );
+                        }
+                        let cross: usize = plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                        assert_eq!(
+                            cross,
+                            n * (nodes.n_nodes() - 1) * count,
+                            "reduce_scatter crossings {ctx}"
+                        );
+                        if count >= 7 && chunk == 1 << 20 {
+                            let flat: usize = (0..n)
+                                .map(|me| {
+                                    let s = Shape {
+                                        n,
+                                        me,
+                                        in_place,
+                                        chunk,
+                                    };
+                                    cross_node_reads(&reduce_scatter(s, count), &nodes)
+                                })
+                                .sum();
+                            assert!(cross < flat, "reduce_scatter {ctx}: {cross} vs {flat}");
+                        }
+                    }
                     for root in 0..n {
                         let (d, plans) =
                             model_hier(CollKind::Broadcast, &nodes, count, in_place, chunk, root);

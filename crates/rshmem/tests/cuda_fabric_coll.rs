@@ -1,0 +1,559 @@
+//! `GpuColl` on teams spanning nodes: the node-local kernels inside a node, rounds of puts with
+//! signals through the proxy between nodes (`coll/cuda/net.rs`). Two "nodes" of one PE each
+//! (processes), and a node of one thread-PE beside a node of two (one process), over loopback
+//! tcp, every PE on GPU 0 (`RSHMEM_DEVICES` is not needed: the configurations name GPU 0).
+//! Random inputs, poisoned outputs, exact values (integers, and floats whose every fold is
+//! exact in any grouping), in and out of place, every element type and operation, every
+//! broadcast root, all_to_all, sizes spanning several rounds of a small `net_chunk_bytes`, a
+//! captured graph replayed with new data, the collectives not served across nodes refused, and
+//! a killed node.
+//! The first test runs everywhere (NVRTC compiles the kernels); the others need a GPU
+//! (`--include-ignored`) and libfabric.
+
+#[path = "harness/coll_data.rs"]
+#[macro_use]
+mod coll_data;
+#[path = "harness/fabric_data.rs"]
+mod fabric_data;
+#[path = "harness/mod.rs"]
+mod harness;
+
+use coll_data::TElem;
+use rshmem::coll::{CollConfig, ReduceOp, ToRoot};
+use rshmem::cuda::{self, CollTuning, CudaPe, GpuColl, Stream};
+use rshmem::launcher::Exit;
+use rshmem::*;
+use std::time::{Duration, Instant};
+
+/// Bytes per round across nodes in these tests: vectors of a few KiB take several rounds.
+const CHUNK: usize = 4096;
+
+fn tuning() -> CollTuning {
+    CollTuning {
+        net_chunk_bytes: CHUNK,
+        ..CollTuning::default()
+    }
+}
+
+/// Each process its own node (from its rank), both PEs on GPU 0, loopback tcp.
+fn config() -> Config {
+    let rank: usize = std::env::var("RSHMEM_RANK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    base_config(2).node(format!("node{rank}"))
+}
+
+fn base_config(n: usize) -> Config {
+    Config::default()
+        .heap_size(64 << 20)
+        .timeout(Duration::from_secs(20))
+        .backend(BackendKind::Cuda)
+        .devices(vec![0; n])
+        .fabric_provider("tcp")
+        .fabric_domain("lo")
+}
+
+#[test]
+fn nvrtc_compiles_the_collectives_across_nodes() {
+    let ci = std::env::var_os("CI").is_some();
+    let src = cuda::nvrtc::with_header(cuda::COLL_KERNELS);
+    match cuda::nvrtc::compile_uncached(&src, "sm_90", &[]) {
+        Ok(cubin) => {
+            // Every kernel GpuColl::new loads is in the module (names appear in the cubin's
+            // symbol table).
+            let bytes = String::from_utf8_lossy(&cubin).into_owned();
+            for name in cuda::coll_kernel_names() {
+                assert!(bytes.contains(&name), "{name} is not in the module");
+            }
+            assert!(bytes.contains("rshmemi_coll_net_round"));
+            assert!(bytes.contains("rshmemi_coll_net_fold_bfloat16_max"));
+        }
+        Err(e) if format!("{e}").contains("was not found") && !ci => {
+            eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
+        }
+        Err(e) => panic!("collective kernels: {e}"),
+    }
+}
+
+struct Ctx<'a> {
+    pe: &'a Pe,
+    coll: GpuColl<'a>,
+    s: Stream,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(pe: &'a Pe) -> Result<Ctx<'a>> {
+        let g = CudaPe::new(pe)?;
+        let t0 = Instant::now();
+        let coll = GpuColl::new(g, CollConfig::default(), tuning())?;
+        // Progress for the logs (a cold kernel cache compiles the collectives' module here).
+        eprintln!("PE {}: GpuColl::new took {:?}", pe.my_pe(), t0.elapsed());
+        coll.reserve(1 << 20)?;
+        let nodes: std::collections::BTreeSet<usize> =
+            pe.placements().iter().map(|p| p.node).collect();
+        assert!(nodes.len() > 1, "the world spans nodes");
+        Ok(Ctx {
+            pe,
+            coll,
+            s: g.stream()?,
+        })
+    }
+    /// Synchronises the stream and checks the device errors.
+    fn done(&self) -> Result<()> {
+        self.s.synchronize()?;
+        self.coll.check_errors()
+    }
+}
+
+/// The fold across nodes: each node's members folded in team order (rounded to `T`, as the
+/// node-local all_reduce leaves it), then the nodes' partials in node order.
+fn want_fold<T: TElem>(pe: &Pe, op: ReduceOp, stream: u64, count: usize) -> Vec<T> {
+    let map = pe.node_map(pe.world_team());
+    let ins: Vec<Vec<T>> = (0..pe.n_pes())
+        .map(|p| T::gen(p, stream, count, op))
+        .collect();
+    (0..count)
+        .map(|i| {
+            let partials: Vec<T> = (0..map.n_nodes())
+                .map(|k| {
+                    let xs: Vec<T> = map.members(k).iter().map(|&m| ins[m][i]).collect();
+                    T::fold(op, &xs)
+                })
+                .collect();
+            T::fold(op, &partials)
+        })
+        .collect()
+}
+
+/// all_reduce of `T` with every operation, out of place (1001 elements) and in place (a size
+/// spanning several rounds plus a remainder).
+fn all_reduce_t<T: TElem>(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let me = pe.my_pe();
+    let big = 3 * CHUNK / std::mem::size_of::<T>() + 5;
+    let src = pe.alloc::<T>(big)?;
+    let dst = pe.alloc::<T>(big)?;
+    for (k, &op) in T::ops().iter().enumerate() {
+        for (count, in_place) in [(1001, false), (big, true), (1, false)] {
+            let stream = 100 + 10 * k as u64 + in_place as u64;
+            pe.local_write(&src, 0, &T::gen(me, stream, count, op))?;
+            pe.local_fill(&dst, T::poison())?;
+            pe.barrier_all()?;
+            let out = if in_place { &src } else { &dst };
+            c.coll.all_reduce(&c.s, w, out, &src, count, op)?;
+            c.done()?;
+            let got = pe.local_vec(out)?;
+            let ctx = format!(
+                "{} all_reduce {op:?} of {count}, in place {in_place}",
+                T::KIND.name()
+            );
+            coll_data::check(&got[..count], &want_fold::<T>(pe, op, stream, count), &ctx);
+            if !in_place {
+                let rest = vec![T::poison(); big - count];
+                coll_data::check(&got[count..], &rest, &format!("{ctx}: past the count"));
+            }
+            pe.barrier_all()?;
+        }
+    }
+    Ok(())
+}
+
+/// all_gather in and out of place, broadcast from every root in and out of place.
+fn movement(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let poison = 0xa5a5_a5a5u32 as i32;
+    for count in [1, 2 * CHUNK / 4 + 3] {
+        let src = pe.alloc::<i32>(count)?;
+        let dst = pe.alloc::<i32>(n * count)?;
+        for in_place in [false, true] {
+            let stream = 300 + count as u64 + in_place as u64;
+            let mine = harness::rand_vec::<i32>(me, stream, count);
+            pe.local_fill(&dst, poison)?;
+            pe.local_write(&src, 0, &mine)?;
+            if in_place {
+                pe.local_write(&dst, me * count, &mine)?;
+            }
+            pe.barrier_all()?;
+            let from = if in_place {
+                dst.slice(..)?
+            } else {
+                src.slice(..)?
+            };
+            c.coll.all_gather(&c.s, w, &dst, &from, count)?;
+            c.done()?;
+            let want: Vec<i32> = (0..n)
+                .flat_map(|p| harness::rand_vec::<i32>(p, stream, count))
+                .collect();
+            assert_eq!(
+                pe.local_vec(&dst)?,
+                want,
+                "all_gather of {count}, in place {in_place}"
+            );
+            pe.barrier_all()?;
+        }
+        let total = count + 7;
+        let bsrc = pe.alloc::<f32>(total)?;
+        let bdst = pe.alloc::<f32>(total)?;
+        for root in 0..n {
+            for in_place in [false, true] {
+                let stream = 400 + 2 * root as u64 + in_place as u64;
+                pe.local_write(&bsrc, 0, &harness::rand_vec::<f32>(me, stream, total))?;
+                pe.local_fill(&bdst, f32::NAN)?;
+                pe.barrier_all()?;
+                let out = if in_place { &bsrc } else { &bdst };
+                c.coll.broadcast(&c.s, w, out, &bsrc, total, root)?;
+                c.done()?;
+                let want = harness::rand_vec::<f32>(root, stream, total);
+                let ctx = format!("broadcast of {total} from {root}, in place {in_place}");
+                coll_data::check(&pe.local_vec(out)?, &want, &ctx);
+                pe.barrier_all()?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// all_to_all out of place, over several rounds.
+fn all_to_all(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    for count in [1, 2 * CHUNK / 2 + 5] {
+        let src = pe.alloc::<u16>(n * count)?;
+        let dst = pe.alloc::<u16>(n * count)?;
+        let stream = 600 + count as u64;
+        pe.local_write(&src, 0, &harness::rand_vec::<u16>(me, stream, n * count))?;
+        pe.local_fill(&dst, 0xa5a5)?;
+        pe.barrier_all()?;
+        c.coll.all_to_all(&c.s, w, &dst, &src, count)?;
+        c.done()?;
+        let want: Vec<u16> = (0..n)
+            .flat_map(|j| {
+                harness::rand_vec::<u16>(j, stream, n * count)[me * count..][..count].to_vec()
+            })
+            .collect();
+        assert_eq!(pe.local_vec(&dst)?, want, "all_to_all of {count}");
+        pe.barrier_all()?;
+    }
+    Ok(())
+}
+
+/// A stream barrier across nodes: every PE's put to every PE before it has landed after it.
+fn barrier(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let g = CudaPe::new(pe)?;
+    let slots = pe.alloc::<u64>(n)?;
+    let mine = pe.alloc::<u64>(1)?;
+    let seen = pe.alloc::<u64>(n)?;
+    for round in 0..3u64 {
+        let token = 1000 * round + me as u64 + 1;
+        pe.local_fill(&slots, 0)?;
+        pe.local_fill(&seen, 0)?;
+        pe.local_write(&mine, 0, &[token])?;
+        pe.barrier_all()?;
+        for t in 0..n {
+            g.put_on_stream(&c.s, &slots.slice(me..me + 1)?, &mine, t)?;
+        }
+        c.coll.barrier(&c.s, w)?;
+        g.copy_raw_on_stream(&c.s, g.ptr(&seen)?, g.ptr(&slots)?, n * 8)?;
+        c.done()?;
+        let want: Vec<u64> = (0..n).map(|p| 1000 * round + p as u64 + 1).collect();
+        assert_eq!(pe.local_vec(&seen)?, want, "tokens after barrier {round}");
+        pe.barrier_all()?;
+    }
+    Ok(())
+}
+
+/// all_reduce, all_gather and broadcast captured once and replayed with new data.
+fn graph(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let count = 2 * CHUNK / 8 + 9;
+    let a = pe.alloc::<u64>(count)?;
+    let b = pe.alloc::<u64>(count)?;
+    let gsrc = pe.alloc::<u32>(count)?;
+    let gdst = pe.alloc::<u32>(n * count)?;
+    let root = n - 1;
+    pe.barrier_all()?;
+    c.s.begin_capture()?;
+    let captured = (|| {
+        c.coll.all_reduce(&c.s, w, &b, &a, count, ReduceOp::Sum)?;
+        c.coll.all_gather(&c.s, w, &gdst, &gsrc, count)?;
+        c.coll.broadcast(&c.s, w, &a, &a, count, root)
+    })();
+    let graph = c.s.end_capture();
+    captured?;
+    let graph = graph?;
+    pe.barrier_all()?; // every PE has its graph before any launches
+    for r in 0..4u64 {
+        let st = 500 + 4 * r;
+        pe.local_write(&a, 0, &harness::rand_vec::<u64>(me, st, count))?;
+        pe.local_write(&gsrc, 0, &harness::rand_vec::<u32>(me, st + 1, count))?;
+        pe.local_fill(&b, u64::MAX)?;
+        pe.local_fill(&gdst, u32::MAX)?;
+        pe.barrier_all()?;
+        graph.launch(&c.s)?;
+        c.done()?;
+        let mut sum = vec![0u64; count];
+        for p in 0..n {
+            for (s, v) in sum.iter_mut().zip(harness::rand_vec::<u64>(p, st, count)) {
+                *s = s.wrapping_add(v);
+            }
+        }
+        assert_eq!(pe.local_vec(&b)?, sum, "replay {r}: all_reduce");
+        let want: Vec<u32> = (0..n)
+            .flat_map(|p| harness::rand_vec::<u32>(p, st + 1, count))
+            .collect();
+        assert_eq!(pe.local_vec(&gdst)?, want, "replay {r}: all_gather");
+        let bc = harness::rand_vec::<u64>(root, st, count);
+        assert_eq!(pe.local_vec(&a)?, bc, "replay {r}: broadcast in place");
+        pe.barrier_all()?;
+    }
+    Ok(())
+}
+
+/// The collectives not served across nodes (and in-place all_to_all) are errors before
+/// anything is launched.
+fn refused(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let n = pe.n_pes();
+    let x = pe.alloc::<u32>(4 * n)?;
+    let y = pe.alloc::<u32>(4 * n)?;
+    let rs = c.coll.reduce_scatter(&c.s, w, &y, &x, 4, ReduceOp::Sum);
+    let a2a = c.coll.all_to_all(&c.s, w, &x, &x, 4);
+    let red = c.coll.reduce(
+        &c.s,
+        w,
+        &y,
+        &x,
+        4,
+        ToRoot {
+            op: ReduceOp::Sum,
+            root: 0,
+        },
+    );
+    for (what, r) in [
+        ("reduce_scatter", rs),
+        ("all_to_all in place", a2a),
+        ("reduce", red),
+    ] {
+        match r {
+            Err(Error::Backend { ref msg, .. }) if msg.contains("spanning nodes") => {}
+            other => panic!("{what} across nodes: {other:?}"),
+        }
+    }
+    c.done()?;
+    pe.barrier_all()
+}
+
+/// PE 0 passes another count than the others: every PE whose partner across nodes differs
+/// reports `CollectiveMismatch` naming a PE of the other kind of call; the next matching call
+/// moves exact data.
+fn mismatch(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let x = pe.alloc::<u32>(1000)?;
+    let y = pe.alloc::<u32>(1000)?;
+    pe.local_write(&x, 0, &harness::rand_vec::<u32>(me, 700, 1000))?;
+    pe.barrier_all()?;
+    let count = if me == 0 { 1000 } else { 999 };
+    c.coll.all_reduce(&c.s, w, &y, &x, count, ReduceOp::Sum)?;
+    c.s.synchronize()?;
+    match c.coll.check_errors() {
+        Err(Error::CollectiveMismatch { pe: other, .. }) => {
+            assert_ne!(other == 0, me == 0, "PE {me} names PE {other}");
+        }
+        r => panic!("PE {me}: all_reduce of another count across nodes: {r:?}"),
+    }
+    pe.barrier_all()?;
+    c.coll.all_reduce(&c.s, w, &y, &x, 1000, ReduceOp::Sum)?;
+    c.done()?;
+    let mut want = vec![0u32; 1000];
+    for p in 0..n {
+        for (a, v) in want.iter_mut().zip(harness::rand_vec::<u32>(p, 700, 1000)) {
+            *a = a.wrapping_add(v);
+        }
+    }
+    assert_eq!(pe.local_vec(&y)?, want, "the call after the mismatch");
+    pe.barrier_all()
+}
+
+/// Prints how long the part took (progress for the logs).
+fn step(pe: &Pe, what: &str, t0: Instant, r: Result<()>) -> Result<()> {
+    eprintln!("PE {}: {what} done after {:?}", pe.my_pe(), t0.elapsed());
+    r
+}
+
+fn everything(pe: &Pe) -> Result<()> {
+    let c = Ctx::new(pe)?;
+    let t0 = Instant::now();
+    step(pe, "barrier", t0, barrier(&c))?;
+    step(pe, "all_reduce u64", t0, all_reduce_t::<u64>(&c))?;
+    each_type!(all_reduce_t(&c));
+    step(pe, "all_reduce of every type", t0, Ok(()))?;
+    step(pe, "all_gather, broadcast", t0, movement(&c))?;
+    step(pe, "all_to_all", t0, all_to_all(&c))?;
+    step(pe, "graph", t0, graph(&c))?;
+    step(pe, "refusals", t0, refused(&c))?;
+    step(pe, "mismatch", t0, mismatch(&c))?;
+    pe.quiet()
+}
+
+/// On three PEs the node of two runs the node-local kernels too: a sample of the types.
+fn sample(pe: &Pe) -> Result<()> {
+    let c = Ctx::new(pe)?;
+    let t0 = Instant::now();
+    step(pe, "barrier", t0, barrier(&c))?;
+    step(pe, "all_reduce u64", t0, all_reduce_t::<u64>(&c))?;
+    all_reduce_t::<bf16>(&c)?;
+    step(pe, "all_reduce bf16, f32", t0, all_reduce_t::<f32>(&c))?;
+    step(pe, "all_gather, broadcast", t0, movement(&c))?;
+    step(pe, "all_to_all", t0, all_to_all(&c))?;
+    step(pe, "graph", t0, graph(&c))?;
+    step(pe, "refusals", t0, refused(&c))?;
+    step(pe, "mismatch", t0, mismatch(&c))?;
+    pe.quiet()
+}
+
+/// Compiles the collectives' module into the kernel cache (for an sm_90 GPU, H100/H200) in the
+/// test's own process, before its job starts: a cold cache otherwise compiles it in every PE
+/// inside `GpuColl::new`, within the job's time limit.
+fn warm_kernel_cache() {
+    let t0 = Instant::now();
+    let src = cuda::nvrtc::with_header(cuda::COLL_KERNELS);
+    match cuda::nvrtc::compile(&src, "sm_90", &[]) {
+        Ok(_) => eprintln!(
+            "collectives' module in the kernel cache after {:?}",
+            t0.elapsed()
+        ),
+        Err(e) => eprintln!("kernel cache not warmed ({e}); GpuColl::new compiles"),
+    }
+}
+
+/// Runs this test as a job of `n` processes of `threads` PEs, stopped after `limit`; every
+/// process must exit 0.
+fn job(test: &str, n: usize, threads: usize, tag: &str, limit: u64) {
+    warm_kernel_cache();
+    let env = [(harness::CHILD_VAR, tag)];
+    let grace = Duration::from_secs(10);
+    let out = harness::spawn_self_ignored_within(
+        test,
+        n,
+        threads,
+        &env,
+        grace,
+        Duration::from_secs(limit),
+    );
+    assert_eq!(out.code, 0, "{test}: {:?}", out.exits);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_collectives_across_two_nodes_of_one_pe() {
+    if fabric_data::skip() {
+        return;
+    }
+    let test = "gpu_collectives_across_two_nodes_of_one_pe";
+    if !harness::is_child() {
+        return job(test, 2, 1, "two", 100);
+    }
+    let pe = Launch::new().config(config()).init().expect("init");
+    everything(&pe).unwrap_or_else(|e| panic!("PE {}: {e}", pe.my_pe()));
+    pe.finalize().expect("finalize");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_collectives_across_a_node_of_one_beside_a_node_of_two() {
+    if fabric_data::skip() {
+        return;
+    }
+    let test = "gpu_collectives_across_a_node_of_one_beside_a_node_of_two";
+    if !harness::is_child() {
+        // A fresh process (and CUDA context) for the world of three thread-PEs.
+        return job(test, 1, 1, "three", 100);
+    }
+    let hub = InProcBootstrap::new(3, Duration::from_secs(30)).expect("hub");
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                let hub = &hub;
+                s.spawn(move || {
+                    // PE 0 alone on node a; PEs 1 and 2 on node b.
+                    let node = if r == 0 { "a" } else { "b" };
+                    let config = base_config(3).node(node);
+                    let pe = Pe::init(config, Box::new(hub.join(r).expect("join")))?;
+                    sample(&pe).inspect_err(|e| eprintln!("PE {r}: {e}"))?;
+                    pe.finalize()
+                })
+            })
+            .collect();
+        for (r, h) in hs.into_iter().enumerate() {
+            let res = h.join().expect("a PE's thread panicked");
+            res.unwrap_or_else(|e| panic!("PE {r}: {e}"));
+        }
+    });
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn a_node_killed_before_a_gpu_all_reduce_is_peer_lost() {
+    if fabric_data::skip() {
+        return;
+    }
+    let test = "a_node_killed_before_a_gpu_all_reduce_is_peer_lost";
+    if !harness::is_child() {
+        warm_kernel_cache();
+        let env = [(harness::CHILD_VAR, "kill")];
+        let (grace, limit) = (Duration::from_secs(20), Duration::from_secs(60));
+        let out = harness::spawn_self_ignored_within(test, 2, 1, &env, grace, limit);
+        assert_eq!(out.exits[1], Exit::Signal(9), "the killed node");
+        assert_eq!(
+            out.exits[0],
+            Exit::Code(0),
+            "the survivor did not see the loss in time"
+        );
+        return;
+    }
+    let pe = Launch::new().config(config()).init().expect("init");
+    let g = CudaPe::new(&pe).expect("cuda pe");
+    let t0 = Instant::now();
+    let coll = GpuColl::new(g, CollConfig::default(), tuning()).expect("GpuColl");
+    eprintln!("PE {}: GpuColl::new took {:?}", pe.my_pe(), t0.elapsed());
+    let count = 3 * CHUNK / 8;
+    let x = pe.alloc::<u64>(count).expect("alloc");
+    let y = pe.alloc::<u64>(count).expect("alloc");
+    let s = g.stream().expect("stream");
+    pe.local_write(&x, 0, &vec![pe.my_pe() as u64 + 1; count])
+        .expect("write");
+    pe.barrier_all().expect("first barrier");
+    // One call that completes on both nodes first.
+    coll.all_reduce(&s, pe.world_team(), &y, &x, count, ReduceOp::Sum)
+        .expect("launch");
+    s.synchronize().expect("synchronize");
+    coll.check_errors().expect("first all_reduce");
+    eprintln!("PE {}: first all_reduce done", pe.my_pe());
+    assert_eq!(pe.local_vec(&y).expect("read"), vec![3u64; count]);
+    pe.barrier_all().expect("second barrier");
+    if pe.my_pe() == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: plain syscall on this process.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        std::process::abort();
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    let t0 = Instant::now();
+    coll.all_reduce(&s, pe.world_team(), &y, &x, count, ReduceOp::Sum)
+        .expect("launch");
+    s.synchronize().expect("the kernels end");
+    let r = coll.check_errors();
+    assert!(
+        matches!(r, Err(Error::PeerLost { pe: 1, .. })),
+        "all_reduce with a node gone: {r:?} after {:?}",
+        t0.elapsed()
+    );
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    eprintln!("PE 1 lost, reported after {:?}", t0.elapsed());
+}
