@@ -33,6 +33,94 @@ fn config(nodes: &[usize], timeout: Duration) -> Config {
         .fabric_domain("lo")
 }
 
+/// The buffers' tuning: the defaults, with `RSHMEM_TEST_EP_STAMPS=1` (a switch of these tests)
+/// kernels that stamp each phase (`-DEP_STAMPS=1`), which [`diagnose`] prints.
+fn tuning() -> EpTuning {
+    let mut t = EpTuning::default();
+    if std::env::var("RSHMEM_TEST_EP_STAMPS").is_ok_and(|v| v == "1") {
+        t.nvrtc_options.push("-DEP_STAMPS=1".into());
+    }
+    t
+}
+
+/// After a step failed with `e`: where this PE's kernels stopped (control and signal words,
+/// clock stamps where enabled), the proxy ring's tickets against its completed requests, and
+/// the proxy's own error (quiet).
+fn diagnose(pe: &Pe, s: &Stream, buf: &GpuBuffer<f32>, e: &Error) {
+    let me = pe.my_pe();
+    eprintln!("PE {me}: DIAG step failed: {e}");
+    if let Err(e) = s.synchronize() {
+        eprintln!("PE {me}: DIAG stream: {e}");
+    }
+    let names = [
+        "epoch", "dwait", "cwait", "go", "err", "info", "rows", "tokens", "topk", "gate", "cpush",
+        "pgate", "pticket", "rticket", "xabort", "xticket",
+    ];
+    match buf.control_words(pe) {
+        Ok((ctl, sig)) => {
+            let ctl: Vec<String> = names
+                .iter()
+                .zip(&ctl)
+                .map(|(n, v)| format!("{n}={v:#x}"))
+                .collect();
+            eprintln!("PE {me}: DIAG ctl {}", ctl.join(" "));
+            let n = pe.n_pes();
+            for (g, name) in ["records", "data", "combine", "ready", "cready", "cdone"]
+                .iter()
+                .enumerate()
+            {
+                eprintln!(
+                    "PE {me}: DIAG sig {name} per source {:?}",
+                    &sig[g * n..(g + 1) * n]
+                );
+            }
+        }
+        Err(e) => eprintln!("PE {me}: DIAG control words: {e}"),
+    }
+    match CudaPe::new(pe).and_then(|g| g.proxy_ring_counts()) {
+        Ok(c) => eprintln!("PE {me}: DIAG proxy ring (tickets issued, completed) {c:?}"),
+        Err(e) => eprintln!("PE {me}: DIAG proxy ring: {e}"),
+    }
+    eprintln!(
+        "PE {me}: DIAG quiet (the proxy's error, if any): {:?}",
+        pe.quiet()
+    );
+    if let Ok(st) = buf.stamps(pe) {
+        if st.iter().any(|&v| v != 0) {
+            let t0 = st.iter().copied().filter(|&v| v != 0).min().unwrap_or(0);
+            let rel: Vec<String> = st
+                .iter()
+                .enumerate()
+                .map(|(k, &v)| match v {
+                    0 => format!("{k}:-"),
+                    v => format!("{k}:{}us", (v - t0) / 1000),
+                })
+                .collect();
+            eprintln!("PE {me}: DIAG stamps {}", rel.join(" "));
+        }
+    }
+}
+
+/// [`step`], the stream synchronised and the buffer checked; a failure is diagnosed first.
+fn checked_step(
+    pe: &Pe,
+    s: &Stream,
+    buf: &GpuBuffer<f32>,
+    inp: &Inputs,
+    st: &Step,
+    tokens: bool,
+) -> Result<ep::Dispatch> {
+    let r = step(pe, s, buf, inp, st, tokens).and_then(|d| {
+        s.synchronize()?;
+        buf.check(pe)?;
+        Ok(d)
+    });
+    if let Err(e) = &r {
+        diagnose(pe, s, buf, e);
+    }
+    r
+}
+
 fn skip() -> bool {
     if let Err(e) = rshmem::transport::fabric::probe() {
         eprintln!("SKIPPED: libfabric is not usable here ({e})");
@@ -469,7 +557,7 @@ fn on_buffers(pe: &Pe, bufs: &[(usize, EpMode, RecvLayout)], max_steps: usize) -
     let n = pe.n_pes();
     let g = CudaPe::new(pe)?;
     let s = g.stream()?;
-    let tuning = EpTuning::default();
+    let tuning = tuning();
 
     for (b, &(hidden, mode, layout)) in bufs.iter().enumerate() {
         let c = cfg(n, hidden, mode, layout);
@@ -492,9 +580,7 @@ fn on_buffers(pe: &Pe, bufs: &[(usize, EpMode, RecvLayout)], max_steps: usize) -
                 }
                 let t0 = Instant::now();
                 prepare(pe, &w, &buf, &inp, &st)?;
-                let d = step(pe, &s, &buf, &inp, &st, tokens)?;
-                s.synchronize()?;
-                buf.check(pe)?;
+                let d = checked_step(pe, &s, &buf, &inp, &st, tokens)?;
                 verify(pe, &w, &buf, &inp, &st, &d, tokens)?;
                 pe.barrier_all()?;
                 eprintln!(
@@ -522,7 +608,7 @@ fn overflow(pe: &Pe, s: &Stream) -> Result<()> {
     );
     c.max_tokens = 16;
     let w = World::of(pe, &c);
-    let buf = GpuBuffer::<f32>::new(pe, pe.world_team(), c, &EpTuning::default())?;
+    let buf = GpuBuffer::<f32>::new(pe, pe.world_team(), c, &tuning())?;
     let inp = inputs(pe, &c, buf.max_rows())?;
     let st = Step {
         route: Route::LastPe,
@@ -547,10 +633,15 @@ fn overflow(pe: &Pe, s: &Stream) -> Result<()> {
                 pe.my_pe()
             )
         }
-        other => panic!(
-            "PE {}: expected a capacity error, got {other:?}",
-            pe.my_pe()
-        ),
+        other => {
+            if let Err(e) = &other {
+                diagnose(pe, s, &buf, e);
+            }
+            panic!(
+                "PE {}: expected a capacity error, got {other:?}",
+                pe.my_pe()
+            )
+        }
     }
     drop(d);
     eprintln!("PE {}: capacity overflow reported", pe.my_pe());
@@ -575,9 +666,7 @@ fn overflow(pe: &Pe, s: &Stream) -> Result<()> {
         seed: 8,
     };
     prepare(pe, &w, &buf, &inp, &st)?;
-    let d = step(pe, s, &buf, &inp, &st, false)?;
-    s.synchronize()?;
-    buf.check(pe)?;
+    let d = checked_step(pe, s, &buf, &inp, &st, false)?;
     verify(pe, &w, &buf, &inp, &st, &d, false)?;
     pe.barrier_all()?;
     eprintln!("PE {}: a good step after the overflow exact", pe.my_pe());
@@ -663,7 +752,7 @@ fn gpu_moe_with_a_killed_node_is_an_error_naming_it() {
     let s = g.stream().expect("stream");
     let c = cfg(2, 40, EpMode::Normal, RecvLayout::ExpertMajor);
     let w = World::of(&pe, &c);
-    let buf = GpuBuffer::<f32>::new(&pe, pe.world_team(), c, &EpTuning::default()).expect("buffer");
+    let buf = GpuBuffer::<f32>::new(&pe, pe.world_team(), c, &tuning()).expect("buffer");
     let inp = inputs(&pe, &c, buf.max_rows()).expect("inputs");
     // One good step first.
     let st = Step {
@@ -673,9 +762,7 @@ fn gpu_moe_with_a_killed_node_is_an_error_naming_it() {
         seed: 5,
     };
     prepare(&pe, &w, &buf, &inp, &st).expect("prepare");
-    let d = step(&pe, &s, &buf, &inp, &st, false).expect("step");
-    s.synchronize().expect("sync");
-    buf.check(&pe).expect("check");
+    let d = checked_step(&pe, &s, &buf, &inp, &st, false).expect("step");
     verify(&pe, &w, &buf, &inp, &st, &d, false).expect("verify");
     pe.barrier_all().expect("barrier");
     eprintln!("PE {}: the first step exact", pe.my_pe());

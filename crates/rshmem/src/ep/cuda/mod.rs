@@ -826,6 +826,18 @@ impl<T: Elem> GpuBuffer<T> {
         pe.local_vec(&self.view::<u64>(self.plan.ctl + 16 * 8, 24)?)
     }
 
+    // for tests/cuda_fabric_ep.rs: where a step that timed out stopped.
+    /// The 16 control words (call numbers, gates, error words: `kernels/common.cuh`) and the
+    /// `7 * n` signal words (records, data, combine and ready per source, then the pull
+    /// combine's), as they are now. A diagnostic hook, not part of the supported API.
+    #[doc(hidden)]
+    pub fn control_words(&self, pe: &Pe) -> Result<(Vec<u64>, Vec<u64>)> {
+        Ok((
+            pe.local_vec(&self.view::<u64>(self.plan.ctl, 16)?)?,
+            pe.local_vec(&self.view::<u64>(self.plan.sig, SIG_GROUPS * self.n)?)?,
+        ))
+    }
+
     // for rshmem-bench: printed beside its per-kernel times.
     /// Blocks of the grid kernels, agreed by the team at creation. A benchmark hook.
     #[doc(hidden)]

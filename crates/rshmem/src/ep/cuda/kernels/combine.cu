@@ -173,7 +173,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
         if (!(span && ep_remote(P, d))) ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
     if (span && ep_last_block(ctl, &s_last)) {
         // Every block's rows are staged: per source of another node its rows in one put, then
-        // the grid's combine signal (ep_last_block).
+        // the combine signal set to what the grid's adds would have made it (ep_xsig).
         const long long parity = (long long)(ctl[EP_CTL_CWAIT] & 1);
         for (int s = threadIdx.x; s < n; s += blockDim.x) {
             if (!ep_remote(P, s)) continue;
@@ -182,7 +182,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
                 ep_put_remote((ep_t*)P->comb + (parity * n + me) * C * H, (ep_t*)P->comb + ((1 - parity) * n + s) * C * H,
                               cnt * H * (long long)sizeof(ep_t), P, s);
             }
-            ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, s), (rshmem_u64)gridDim.x);
+            // ep_cwait counts this push combine only after this kernel's end (its
+            // rshmemi_grid_dep_wait): the call number is the count so far plus one.
+            ep_signal_set(ctl, sig + 2 * n + me, ep_xsig(ctl[EP_CTL_CPUSH] + 1, P->grid), ep_pe(P, s));
         }
     }
 }

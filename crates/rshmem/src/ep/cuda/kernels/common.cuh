@@ -191,6 +191,14 @@ __device__ __forceinline__ void ep_signal_set(const unsigned long long* ctl, rsh
     rshmemi_st_release((rshmem_u64*)rshmem_ptr(sig, pe), v);
 }
 
+// A counter signal (data, combine) that a PE of another node sets instead of adding to: after
+// call `call` (1, 2, ... on every PE alike) the adds of a grid of `grid` blocks on one node
+// leave it at call * grid, which the receiver waits for. The word is this source's alone, so a
+// set is as good as the adds, and the target's proxy writes a set by a stream memory operation
+// with no kernel (an add would take a one-thread kernel there, which may find no room beside
+// the kernels that wait for it).
+__device__ __forceinline__ rshmem_u64 ep_xsig(rshmem_u64 call, long long grid) { return call * (rshmem_u64)grid; }
+
 __device__ __forceinline__ int ep_pe(const ep_params* P, int d) { return (int)(P->start + d * P->stride); }
 // Whether team member d runs on another node: reached through the proxy ring, never by loads
 // and stores (its base in the heap base table is 0).

@@ -14,7 +14,8 @@
 // nothing moves, so the counters stay in step: ep_layout's grid is the same on every PE).
 // Destinations on other nodes (ep_remote): records, rows and "records in" words go into this
 // PE's staging copies at the destination's positions, and the last block puts each of them in
-// one request and adds the grid's whole share to the data signal (ep_last_block).
+// one request and then sets the data signal to what the grid's adds would have made it after
+// this dispatch (ep_xsig: the call number, ep_layout's epoch, times the grid).
 extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, const ep_t* x, const ep_id* ids, const float* w) {
     __shared__ unsigned s_cnt[EP_MAX_PES];
     __shared__ unsigned s_wt[32];
@@ -164,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 ep_put_remote((unsigned*)P->recv_meta + me * C * RMW, (unsigned*)P->mstage + d * C * RMW, cnt * RMW * 4, P, d);
                 if (P->prog) ep_put_remote((rshmem_u64*)P->prog + me * G, (rshmem_u64*)P->pstage + d * G, G * 8, P, d);
             }
-            ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d), (rshmem_u64)G);
+            ep_signal_set(ctl, sig + n + me, ep_xsig(ctl[EP_CTL_EPOCH], G), ep_pe(P, d));
         }
     }
 }
