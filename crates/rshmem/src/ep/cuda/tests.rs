@@ -581,3 +581,101 @@ fn kernel_source_is_its_pieces_cut_at_the_top_level() {
         assert_eq!(names.iter().filter(|n| *n == name).count(), 1, "{name}");
     }
 }
+
+/// Nothing a kernel sends to a PE of another node is an add: every signal through the proxy
+/// (`rshmemi_proxy_signal_at`, `rshmemi_proxy_put_signal`, and the header's signal functions,
+/// which take the proxy for such a PE) is a set, and every counter add (`ep_signal`) sits behind
+/// a test that its PE is on this node, or in `ep_csplit` (never taken across nodes). A set is
+/// served at the target by a stream memory write; an add would take a one-thread kernel there,
+/// which may find no room beside the kernels that wait for it.
+#[test]
+fn signals_to_other_nodes_are_sets() {
+    let src = EP_KERNELS;
+    assert!(
+        !src.contains("RSHMEM_SIGNAL_ADD"),
+        "a signal add in the EP kernels"
+    );
+    let mut sets = 0;
+    for f in [
+        "rshmemi_proxy_signal_at(",
+        "rshmemi_proxy_put_signal(",
+        "rshmemi_signal_op_collective(",
+        "rshmem_signal_op(",
+    ] {
+        for (at, _) in src.match_indices(f) {
+            let open = at + f.len() - 1;
+            let args = &src[open..=close_paren(src, open)];
+            assert!(args.contains("RSHMEM_SIGNAL_SET"), "{f}{args}: not a set");
+            sets += 1;
+        }
+    }
+    assert!(sets >= 6, "only {sets} signals found");
+    let ep_csplit = src.find("ep_csplit(").expect("ep_csplit");
+    let csplit_body = {
+        let open = ep_csplit + "ep_csplit".len();
+        let close = close_paren(src, open);
+        close + 1..close + 1 + body_after(src, close + 1).len()
+    };
+    let mut adds = 0;
+    for (at, _) in src.match_indices("ep_signal(") {
+        // The definition, and calls inside ep_csplit.
+        if src[..at].ends_with("void ") || csplit_body.contains(&at) {
+            continue;
+        }
+        let before = &src[at.saturating_sub(200)..at];
+        assert!(
+            before.contains("!(span && ep_remote("),
+            "an ep_signal call not kept to this node: ...{}",
+            &src[at.saturating_sub(120)..at + 40]
+        );
+        adds += 1;
+    }
+    assert_eq!(adds, 2, "ep_send's and ep_csend's adds");
+}
+
+/// The counter words across nodes, modelled on the host: receiver `r`'s word of source `s`
+/// (data: ep_dwait waits for `call * grid`; combine: ep_cwait likewise), where a source on
+/// this node adds its blocks' shares (any split of the grid over fewer sending blocks) and a
+/// source of another node sets `ep_xsig(call, grid)` once its last block is done. Over several
+/// calls: the word is below the wait's threshold until the source's last signal of the call,
+/// reaches it exactly then, and never satisfies the next call's wait early.
+#[test]
+fn counters_across_nodes_reach_the_waits_exactly() {
+    fn xsig(call: u64, grid: u64) -> u64 {
+        call * grid
+    }
+    let mut rnd = {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    };
+    for grid in [1u64, 2, 7, 132] {
+        // Sources: even on this node, odd on another.
+        let n = 4usize;
+        let mut word = vec![0u64; n];
+        for call in 1..=6u64 {
+            let want = call * grid;
+            for (s, w) in word.iter_mut().enumerate() {
+                assert!(*w < want, "grid {grid} call {call} source {s}: early");
+                if s % 2 == 0 {
+                    // Sending blocks: block i of `sb` takes layout blocks b0..b1.
+                    let sb = 1 + rnd() % grid;
+                    for i in 0..sb {
+                        let (b0, b1) = (grid * i / sb, grid * (i + 1) / sb);
+                        *w += b1 - b0;
+                        if i + 1 < sb {
+                            assert!(*w < want, "grid {grid} call {call}: early after block {i}");
+                        }
+                    }
+                } else {
+                    *w = xsig(call, grid);
+                }
+                assert_eq!(*w, want, "grid {grid} call {call} source {s}");
+            }
+        }
+    }
+}

@@ -163,22 +163,25 @@ __device__ __forceinline__ void ep_xabort(const unsigned long long* ctl, int pe)
 
 // Adds `v` (1 unless given) to PE `pe`'s counter `sig` (this PE's symmetric address) after this
 // thread's barrier with its block; an aborted PE first puts the abort bit into the peer's flags
-// (ordered before the signal by the release). A PE of another node is signalled through the
-// proxy, after every request this PE posted before (the ring is carried out in order); an
-// aborted PE first sets its EP_CTL_XABORT word (device atomics do not cross nodes).
+// (ordered before the signal by the release). PEs of this node only: a PE of another node gets
+// ep_signal_set of the count the adds would reach (ep_xsig), since an add served there takes a
+// kernel of the target's context; a caller that passes one anyway stops its step (flagged as a
+// wait for that PE) rather than reach an address that is not mapped.
 __device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64* peer_ctl_err, int pe,
                                           rshmem_u64 v = 1) {
     asm volatile("fence.sc.sys;" ::: "memory");
     const bool aborted = ep_aborted(ctl);
     if (rshmemi_remote(pe)) {
-        if (aborted) ep_xabort(ctl, pe);
-        rshmemi_proxy_signal_at(rshmemi_offset(sig), v, RSHMEM_SIGNAL_ADD, pe);
+        rshmemi_flag_timeout(pe);
         return;
     }
     if (aborted) atomicOr_system((unsigned long long*)rshmem_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
     rshmemi_red_add_release((rshmem_u64*)rshmem_ptr(sig, pe), v);
 }
-// As ep_signal, setting PE `pe`'s word `sig` to `v` instead of adding 1.
+// As ep_signal, setting PE `pe`'s word `sig` to `v` instead of adding 1; a PE of another node
+// through the proxy, after every request this PE posted before (the ring is carried out in
+// order), an aborted PE first setting its EP_CTL_XABORT word (device atomics do not cross
+// nodes).
 __device__ __forceinline__ void ep_signal_set(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64 v, int pe) {
     asm volatile("fence.sc.sys;" ::: "memory");
     const bool aborted = ep_aborted(ctl);
