@@ -180,12 +180,20 @@
 //! * `ep_send`'s blocks write the rows, row records and (expert-major) "records in" words for
 //!   such a PE into this PE's staging area after the buffer's areas ([`GpuBuffer::bytes`]), laid
 //!   out as in the destination (`C` rows per PE: as large as the receive area), and the block
-//!   that finishes last (a ticket) puts each of the three in one request, then adds the grid's
-//!   whole share to the data signal. Nothing is put from `x`, which the caller may reuse as on
-//!   one node.
+//!   that finishes last (a ticket) puts each of the three in one request, then sets the data
+//!   signal to the count the grid's adds would reach (call number × grid). Nothing is put from
+//!   `x`, which the caller may reuse as on one node.
 //! * `ep_csend` sums a source's rows into this PE's idle half of the combine area (rows `(1 -
 //!   parity, s, ·)`, which only source `s` writes, after this PE's next ready signal); the last
-//!   block puts them in one request and adds the grid's combine signal.
+//!   block puts them in one request and sets the combine signal likewise.
+//!
+//! **Every signal to a PE of another node is a set** (ready, records, data, combine, the abort
+//! word): each word has one writer (its source), so setting the count the adds would reach is
+//! as good as adding, and the target's proxy serves a set by a stream memory write
+//! (`cuStreamWriteValue64`) after the data's copy, with no kernel. An add would be a one-thread
+//! kernel in the target's context, which must become resident beside the EP kernels that wait
+//! for it; nothing the kernels wait for then needs an SM of the target (a lint in the unit
+//! tests holds the kernels to it).
 //!
 //! A staged area is rewritten only after every PE's next ready signal, which each sends after
 //! it waited for this PE's signals of the step, posted after the puts. The abort bit (a device
