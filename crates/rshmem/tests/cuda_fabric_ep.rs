@@ -18,7 +18,15 @@ use rshmem::*;
 use std::time::{Duration, Instant};
 
 /// `nodes[rank]` is the node of the process of that rank; every PE on GPU 0, loopback tcp.
+/// `RSHMEM_TEST_LOG` (a switch of these tests, e.g. `rshmem=debug`): the library's log on
+/// stderr (the proxy's requests and what each took).
 fn config(nodes: &[usize], timeout: Duration) -> Config {
+    if let Ok(f) = std::env::var("RSHMEM_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(f))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let rank: usize = std::env::var("RSHMEM_RANK")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -162,7 +162,10 @@ pub(super) fn drain_one(
         return false;
     };
     if ring.failed().is_none() {
-        if let Err((pe, e)) = carry_out(copies, staged, req) {
+        let t0 = Instant::now();
+        let r = carry_out(copies, staged, req);
+        tracing::debug!(pe = staged.me(), ?req, ok = r.is_ok(), took = ?t0.elapsed(), "ring request");
+        if let Err((pe, e)) = r {
             tracing::warn!(pe = staged.me(), peer = pe, %e, "a device request to another node failed");
             ring.fail(pe);
             failed
