@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// `nodes[rank]` is the node of the process of that rank; every PE on GPU 0, loopback tcp.
 /// `RSHMEM_TEST_LOG` (a switch of these tests, e.g. `rshmem=debug`): the library's log on
-/// stderr (the proxy's requests and what each took).
+/// stderr (among it the proxy's warning for each request to another node that failed).
 fn config(nodes: &[usize], timeout: Duration) -> Config {
     if let Ok(f) = std::env::var("RSHMEM_TEST_LOG") {
         let _ = tracing_subscriber::fmt()

@@ -162,10 +162,7 @@ pub(super) fn drain_one(
         return false;
     };
     if ring.failed().is_none() {
-        let t0 = Instant::now();
-        let r = carry_out(copies, staged, req);
-        tracing::debug!(pe = staged.me(), ?req, ok = r.is_ok(), took = ?t0.elapsed(), "ring request");
-        if let Err((pe, e)) = r {
+        if let Err((pe, e)) = carry_out(copies, staged, req) {
             tracing::warn!(pe = staged.me(), peer = pe, %e, "a device request to another node failed");
             ring.fail(pe);
             failed

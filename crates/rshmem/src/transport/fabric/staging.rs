@@ -442,9 +442,7 @@ impl Staged {
             for (k, x) in w.iter_mut().enumerate() {
                 *x = self.area.word(l.header(s) + 8 * k).load(Ordering::Relaxed);
             }
-            let t0 = Instant::now();
-            let req = Request::decode(&w);
-            let reply = match req {
+            let reply = match Request::decode(&w) {
                 // SAFETY: source `s` has one request in flight and waits for this reply
                 // before it touches the slot again.
                 Some(req) => serve(local, self.me, limit, req, unsafe {
@@ -455,7 +453,6 @@ impl Staged {
                     status: STATUS_REFUSED,
                 },
             };
-            tracing::debug!(pe = self.me, source = s, ?req, status = reply.status, took = ?t0.elapsed(), "served");
             if let Err(e) = self.reply(s, bell, reply) {
                 tracing::warn!(pe = self.me, peer = s, %e, "a staged reply was not delivered");
             }
