@@ -44,6 +44,14 @@ impl<'a> CudaPe<'a> {
     pub(crate) fn check_stream_pub(&self, s: &Stream) -> Result<()> {
         self.check_stream(s)
     }
+
+    // for tests/cuda_fabric_ep.rs: whether a step that timed out left requests in the ring.
+    /// Requests kernels and streams of this PE posted to its proxy ring, and how many the proxy
+    /// completed (`None` in a world on one node). A diagnostic hook, not part of the API.
+    #[doc(hidden)]
+    pub fn proxy_ring_counts(&self) -> Result<Option<(u64, u64)>> {
+        self.b.ring_counts()
+    }
 }
 
 /// A CUDA stream: owned by rshmem or wrapping the caller's `CUstream`.
@@ -299,6 +307,11 @@ impl<'a> CudaPe<'a> {
             ))),
             None => Ok(()),
         }
+    }
+
+    /// Whether one of `members` (world PEs) runs on another node (reached through the proxy).
+    pub(crate) fn any_remote(&self, members: &[usize]) -> bool {
+        members.iter().any(|&p| self.b.is_remote(p))
     }
 
     /// Whether no other PE of the world runs on this PE's GPU.

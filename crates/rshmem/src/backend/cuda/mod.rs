@@ -663,6 +663,34 @@ impl CudaBackend {
         self.lock.lock()
     }
 
+    /// Sets the 64-bit word at device address `addr` to `v` by a stream memory operation on the
+    /// host-API stream (synchronised before return); false where the device refuses 64-bit
+    /// stream memory operations (the caller then takes the atomic kernel).
+    ///
+    /// No SM is involved: a set a proxy serves for another node (a signal a kernel here is
+    /// waiting for) then never needs a kernel of this context to become resident beside kernels
+    /// that may fill the GPU while they wait for it.
+    fn write_word(&self, addr: u64, v: u64) -> Result<bool> {
+        let _l = self.guard();
+        let _g = self.gpu.bind()?;
+        // SAFETY: an aligned word inside a mapped heap (checked by the caller); default flags
+        // keep the memory barrier, so earlier copies on the stream are visible before it.
+        let r = unsafe {
+            ffi::cu::cuStreamWriteValue64_v2(
+                self.stream.raw,
+                addr,
+                v,
+                ffi::cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            )
+        };
+        if r == ffi::cu::CUresult::CUDA_ERROR_NOT_SUPPORTED {
+            return Ok(false);
+        }
+        ffi::check(r, "cuStreamWriteValue64 (host atomic set)")?;
+        self.stream.sync()?;
+        Ok(true)
+    }
+
     /// Takes the device error word (set by device waits that timed out and device barriers
     /// given a team outside the job or one this PE is not a member of) and reports what it
     /// held, once: a plain read first (no kernel while the word is 0), then, when it is set,
@@ -783,6 +811,11 @@ impl Backend for CudaBackend {
         self.stream.sync()
     }
     fn atomic(&self, pe: usize, offset: usize, wide: bool, op: AtomicOp) -> Result<u64> {
+        if let (AtomicOp::Set(v), true) = (op, wide) {
+            if self.write_word(self.addr(pe, offset), v)? {
+                return Ok(0);
+            }
+        }
         let (code, a, b) = op.encode();
         let code = code as i32;
         let mut addr = self.addr(pe, offset);

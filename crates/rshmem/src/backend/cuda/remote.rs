@@ -390,6 +390,19 @@ impl super::CudaBackend {
         self.remote.get(pe).copied().unwrap_or(false)
     }
 
+    /// The ring's tickets issued by kernels (the head word in this PE's sync area) and
+    /// requests the proxy completed (`done`); `None` in a world on one node. For diagnostics:
+    /// head above done is requests the proxy has not carried out (yet).
+    pub(crate) fn ring_counts(&self) -> Result<Option<(u64, u64)>> {
+        let Some(ring) = &self.ring else {
+            return Ok(None);
+        };
+        let mut head = [0u8; 8];
+        let at = self.heap_size + (self.layout.err() + ERR_LINE_HEAD) * 8;
+        crate::backend::Backend::get(self, self.me, at, &mut head)?;
+        Ok(Some((u64::from_le_bytes(head), ring.ring.done())))
+    }
+
     /// Enqueues on `stream` `req`, a request to a PE on another node through this PE's proxy,
     /// waited for on the stream: a one-thread kernel posts it and waits for its completion, so
     /// the stream's later work starts after it (a kernel node when captured in a graph).

@@ -3,8 +3,8 @@
 //! device handle of the last dispatch.
 
 use super::{
-    words_u32, GpuBuffer, HostHandle, CTL_ERR, CTL_GO, CTL_INFO, CTL_ROWS, ERR_ABORT, ERR_CAPACITY,
-    ERR_CORRUPT, ERR_MINE, ERR_PEER,
+    words_u32, GpuBuffer, HostHandle, CTL_ERR, CTL_GO, CTL_INFO, CTL_ROWS, CTL_XABORT, ERR_ABORT,
+    ERR_CAPACITY, ERR_CORRUPT, ERR_MINE, ERR_PEER,
 };
 use crate::backend::cuda::ffi;
 use crate::device::CudaPe;
@@ -22,12 +22,16 @@ impl<T: Elem> GpuBuffer<T> {
     /// Clears the latched error of control words `v` (as read from the device); returns (error
     /// bits, info).
     pub(super) fn clear_error(&self, pe: &Pe, v: &[u64]) -> Result<(u64, u64)> {
-        if v[CTL_ERR] != 0 {
+        // A PE of another node sets its own word for the abort bit (device atomics do not
+        // cross nodes).
+        let err = v[CTL_ERR] | if v[CTL_XABORT] != 0 { ERR_ABORT } else { 0 };
+        if err != 0 {
             self.fill_sentinel(pe)?;
             let ctl = self.view::<u64>(self.plan.ctl, 16)?;
             pe.local_write(&ctl, CTL_ERR, &[0u64, 0u64])?;
+            pe.local_write(&ctl, CTL_XABORT, &[0u64])?;
         }
-        Ok((v[CTL_ERR], v[CTL_INFO]))
+        Ok((err, v[CTL_INFO]))
     }
 
     /// Fills the areas whose rows announce themselves with the sentinel (every 32-bit word all

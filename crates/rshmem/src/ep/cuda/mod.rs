@@ -169,6 +169,41 @@
 //! [`GpuBuffer::check`] reports as for any timeout (and the combine area is filled with the
 //! sentinel again).
 //!
+//! # Across nodes
+//! A team with members on other nodes (a CUDA world over the fabric, docs/fabric.md) takes the
+//! same kernels, outputs, layouts and API; what a kernel would store into a member of another
+//! node goes through this PE's proxy ring instead (`backend/cuda/remote.rs`: the proxy thread
+//! carries requests out in ticket order, each complete at the target before the next), in a
+//! few requests per PE and step, as each request is a round trip through both proxies:
+//! * `ep_layout` puts its count record with the records signal in one request (from a staging
+//!   row), after the ready signal.
+//! * `ep_send`'s blocks write the rows, row records and (expert-major) "records in" words for
+//!   such a PE into this PE's staging area after the buffer's areas ([`GpuBuffer::bytes`]), laid
+//!   out as in the destination (`C` rows per PE: as large as the receive area), and the block
+//!   that finishes last (a ticket) puts each of the three in one request, then sets the data
+//!   signal to the count the grid's adds would reach (call number × grid). Nothing is put from
+//!   `x`, which the caller may reuse as on one node.
+//! * `ep_csend` sums a source's rows into this PE's idle half of the combine area (rows `(1 -
+//!   parity, s, ·)`, which only source `s` writes, after this PE's next ready signal); the last
+//!   block puts them in one request and sets the combine signal likewise.
+//!
+//! **Every signal to a PE of another node is a set** (ready, records, data, combine, the abort
+//! word): each word has one writer (its source), so setting the count the adds would reach is
+//! as good as adding, and the target's proxy serves a set by a stream memory write
+//! (`cuStreamWriteValue64`) after the data's copy, with no kernel. An add would be a one-thread
+//! kernel in the target's context, which must become resident beside the EP kernels that wait
+//! for it; nothing the kernels wait for then needs an SM of the target (a lint in the unit
+//! tests holds the kernels to it).
+//!
+//! A staged area is rewritten only after every PE's next ready signal, which each sends after
+//! it waited for this PE's signals of the step, posted after the puts. The abort bit (a device
+//! atomic on one node) crosses as a word (`EP_CTL_XABORT`) set through the proxy before a
+//! signal; the host reads it with the error word. Every row crosses to each destination PE of
+//! another node, not once per node (DeepEP's internode design forwards it over NVLink there:
+//! not done). Pull `combine_tokens` and the split combine read or wait on peers' memory by
+//! loads: a buffer across nodes pushes ([`GpuBuffer::tokens_combine_pulls`] is false) and never
+//! splits. [`LowLatencyBuffer`] stays refused across nodes.
+//!
 //! # Errors that are not agreed on the device
 //! A PE whose inputs fail the host checks still launches `ep_layout` (marked invalid, no pointer
 //! read) and, in capturable mode, the rest of the step, so peers see the error too. Combine's
@@ -212,7 +247,9 @@
 //!
 //! # Status
 //! Run on 2x H200 (one PE per GPU, and 4 thread-PEs on the 2 GPUs), on 4x H200 and on one GPU
-//! shared by the PEs: as threads, as processes and mixed (`tests/cuda_ep.rs`, 30 tests).
+//! shared by the PEs: as threads, as processes and mixed (`tests/cuda_ep.rs`, 30 tests). Across
+//! nodes: on one GPU shared by processes playing the nodes (`tests/cuda_fabric_ep.rs`: 2 nodes
+//! of one PE, a node of one beside a node of two, a killed node); not yet on GPUs of their own.
 //! The `rshmem-bench` crate measures it beside a same-run NCCL all-to-all-v baseline (missing
 //! where PEs share a GPU or NCCL is absent) and checks both paths' data; with
 //! `RSHMEM_EP_BREAKDOWN=1` it prints per-kernel times through hooks kept for it alone
@@ -246,7 +283,7 @@ pub use ll::{
     LlCombineSent, LlConfig, LlDispatch, LlDispatchOpts, LlDispatchSent, LowLatencyBuffer,
     LL_KERNELS, LL_MAX_LOCAL_EXPERTS, LL_MAX_TOPK,
 };
-use params::{param_words, plan, readback_len, Plan, PARAM_WORDS};
+use params::{param_words, plan, readback_len, stage_plan, Plan, Stage, PARAM_WORDS};
 pub use tuning::{EpTuning, EP_WRONG_RESULT_SWITCHES};
 
 /// The kernels' source (after the device header): the files of `kernels/` in this order, one
@@ -303,6 +340,7 @@ const CTL_GO: usize = 3;
 const CTL_ERR: usize = 4;
 const CTL_INFO: usize = 5;
 const CTL_ROWS: usize = 6;
+const CTL_XABORT: usize = 14;
 const ERR_MINE: u64 = 1;
 const ERR_PEER: u64 = 2;
 const ERR_CAPACITY: u64 = 4;
@@ -523,6 +561,9 @@ pub struct GpuBuffer<T: Elem> {
     readbacks: std::cell::Cell<u64>,
     readback_sync: bool,
     grid: u32,
+    /// The staging area's plan where the team spans nodes (after the plan's areas): what this
+    /// PE puts to PEs of other nodes through the proxy is written there first.
+    stage: Option<Stage>,
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -541,9 +582,15 @@ impl<T: Elem> GpuBuffer<T> {
         Ok(plan(cfg, n_pes, std::mem::size_of::<T>())?.total)
     }
 
-    /// Symmetric bytes per PE this buffer takes.
+    /// Symmetric bytes per PE this buffer takes ([`bytes_for`](Self::bytes_for), plus a staging
+    /// area as large as the receive area and its row records where the team spans nodes).
     pub fn bytes(&self) -> usize {
-        self.plan.total
+        self.plan.total + self.stage.map_or(0, |st| st.total)
+    }
+
+    /// Whether the team spans nodes (its PEs there reached through the proxy).
+    pub fn spans_nodes(&self) -> bool {
+        self.stage.is_some()
     }
 
     /// The configuration.
@@ -562,8 +609,13 @@ impl<T: Elem> GpuBuffer<T> {
         self.tokens_combine.set(how);
     }
 
-    /// Whether `combine_tokens` pulls (the setting, `Auto` resolved by the pair size).
+    /// Whether `combine_tokens` pulls (the setting, `Auto` resolved by the pair size; never
+    /// where the team spans nodes: the push path is taken whatever the setting).
     pub fn tokens_combine_pulls(&self) -> bool {
+        // Pulling reads peers' y by loads, which PEs of other nodes do not offer.
+        if self.spans_nodes() {
+            return false;
+        }
         match self.tokens_combine.get() {
             TokensCombine::Pull => true,
             TokensCombine::Push => false,
@@ -589,7 +641,9 @@ impl<T: Elem> GpuBuffer<T> {
     /// `EpTuning::from_env()` at a program's edge, or `EpTuning::default()`).
     pub fn new(pe: &Pe, team: &Team, cfg: EpConfig, tuning: &EpTuning) -> Result<GpuBuffer<T>> {
         let g = CudaPe::new(pe)?;
-        g.check_one_node(&team.members, "cuda::ep::GpuBuffer")?;
+        // A team across nodes: its peers there are reached through the proxy (see "Across
+        // nodes"), from a staging area after the plan's areas.
+        let spans = g.any_remote(&team.members);
         let n = team.n_pes();
         let prepared = (|| {
             tuning.check()?;
@@ -601,6 +655,10 @@ impl<T: Elem> GpuBuffer<T> {
             let split_knob = tuning.split_combine;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
+            let stage = match spans {
+                true => Some(stage_plan(&cfg, n, std::mem::size_of::<T>())?),
+                false => None,
+            };
             // Normal mode's readback: the control words, receive counts and expert offsets,
             // then the device error word (8-byte aligned).
             let readback = g.host_buf(readback_len(&p, cfg.num_experts / n) + 16)?;
@@ -633,7 +691,7 @@ impl<T: Elem> GpuBuffer<T> {
             );
             Ok::<_, Error>((
                 dt,
-                p,
+                (p, stage),
                 ks,
                 (tokens_combine, send_block, pstream_block, readback_sync),
                 (readback, readback_dev),
@@ -643,7 +701,7 @@ impl<T: Elem> GpuBuffer<T> {
         })();
         let (
             dt,
-            plan,
+            (plan, stage),
             (
                 [layout32, send32],
                 [layout64, send64],
@@ -665,7 +723,7 @@ impl<T: Elem> GpuBuffer<T> {
                 return Err(e);
             }
         };
-        let area = pe.alloc_aligned::<u8>(plan.total, 256)?;
+        let area = pe.alloc_aligned::<u8>(plan.total + stage.map_or(0, |st| st.total), 256)?;
         // The grid, agreed: every PE puts its SM count into slot (its team index) of each
         // member's record area, all meet, each takes the smallest (the records are rewritten by
         // every dispatch, which no PE starts before the barrier at the end of this function).
@@ -674,6 +732,7 @@ impl<T: Elem> GpuBuffer<T> {
         // Bit 32: this PE may take the split combine (the knob on, its GPU its own; the other
         // conditions are alike on every PE).
         let may_split = (split_knob
+            && !spans
             && g.gpu_alone()
             && n >= 2
             && (cfg.hidden * std::mem::size_of::<T>()).is_multiple_of(16))
@@ -738,11 +797,13 @@ impl<T: Elem> GpuBuffer<T> {
             readbacks: std::cell::Cell::new(0),
             readback_sync,
             grid,
+            stage,
             _t: std::marker::PhantomData,
         };
         let base = g.ptr(&buf.area)?;
         let p = &buf.plan;
-        let params: Vec<u64> = param_words(base, p, &cfg, n, &dt, buf.grid, buf.split)
+        let staged = buf.stage.as_ref().map(|st| (base + p.total as u64, st));
+        let params: Vec<u64> = param_words(base, p, staged, &cfg, n, &dt, buf.grid, buf.split)
             .iter()
             .map(|w| w.1)
             .collect();
@@ -773,6 +834,18 @@ impl<T: Elem> GpuBuffer<T> {
     #[doc(hidden)]
     pub fn stamps(&self, pe: &Pe) -> Result<Vec<u64>> {
         pe.local_vec(&self.view::<u64>(self.plan.ctl + 16 * 8, 24)?)
+    }
+
+    // for tests/cuda_fabric_ep.rs: where a step that timed out stopped.
+    /// The 16 control words (call numbers, gates, error words: `kernels/common.cuh`) and the
+    /// `7 * n` signal words (records, data, combine and ready per source, then the pull
+    /// combine's), as they are now. A diagnostic hook, not part of the supported API.
+    #[doc(hidden)]
+    pub fn control_words(&self, pe: &Pe) -> Result<(Vec<u64>, Vec<u64>)> {
+        Ok((
+            pe.local_vec(&self.view::<u64>(self.plan.ctl, 16)?)?,
+            pe.local_vec(&self.view::<u64>(self.plan.sig, SIG_GROUPS * self.n)?)?,
+        ))
     }
 
     // for rshmem-bench: printed beside its per-kernel times.

@@ -136,11 +136,54 @@ pub(super) fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
     })
 }
 
+/// Byte offsets, from its start, of the staging area a buffer whose team spans nodes has after
+/// its plan's areas: what this PE sends to PEs of other nodes, laid out as at the destination
+/// (per PE `d`: `C` rows, `C` row records, `MAX_GRID` "records in" words; then a count record
+/// per PE), written by the kernels and put from there in one request per area and PE.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Stage {
+    pub(super) x: usize,
+    pub(super) meta: usize,
+    pub(super) prog: usize,
+    pub(super) rec: usize,
+    pub(super) total: usize,
+}
+
+pub(super) fn stage_plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Stage> {
+    let p = plan(cfg, n, es)?;
+    let rows = mul(n, p.cap)?;
+    let sizes = [
+        mul(mul(rows, cfg.hidden)?, es)?,
+        mul(mul(rows, p.rmw)?, 4)?,
+        mul(mul(n, MAX_GRID as usize)?, 8)?,
+        mul(mul(n, REC_FIXED + cfg.num_experts / n)?, 8)?,
+    ];
+    let mut offs = [0usize; 4];
+    let mut at = 0usize;
+    for (o, sz) in offs.iter_mut().zip(sizes) {
+        *o = at;
+        at = at
+            .checked_add(sz)
+            .and_then(|v| v.checked_next_multiple_of(256))
+            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
+    }
+    Ok(Stage {
+        x: offs[0],
+        meta: offs[1],
+        prog: offs[2],
+        rec: offs[3],
+        total: at,
+    })
+}
+
 /// The words of the kernels' `ep_params` block, in declaration order and named as in
-/// `kernels/common.cuh` (`base`: the device address of the buffer's area).
+/// `kernels/common.cuh` (`base`: the device address of the buffer's area; `stage`: that of its
+/// staging area and its plan, where the team spans nodes, else the staging words are 0).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn param_words(
     base: u64,
     p: &Plan,
+    stage: Option<(u64, &Stage)>,
     cfg: &EpConfig,
     n: usize,
     dt: &crate::device::DeviceTeam,
@@ -169,6 +212,10 @@ pub(super) fn param_words(
                 RecvLayout::TokenMajor => 0,
             },
         ),
+        ("xstage", stage.map_or(0, |(b, st)| b + st.x as u64)),
+        ("mstage", stage.map_or(0, |(b, st)| b + st.meta as u64)),
+        ("pstage", stage.map_or(0, |(b, st)| b + st.prog as u64)),
+        ("rstage", stage.map_or(0, |(b, st)| b + st.rec as u64)),
         ("n", n as u64),
         ("me", dt.my_index as u64),
         ("start", dt.start as u64),
@@ -186,7 +233,7 @@ pub(super) fn param_words(
 }
 
 /// Words of the kernels' `ep_params` block.
-pub(super) const PARAM_WORDS: usize = 27;
+pub(super) const PARAM_WORDS: usize = 31;
 
 /// What normal-mode dispatch reads back after the count exchange.
 pub(super) struct CtlRead {

@@ -147,7 +147,8 @@ fn params_block_matches_ep_params() {
         start: 1,
         stride: 2,
     };
-    let words = param_words(base, &p, &cfg, n, &dt, 132, true);
+    let st = stage_plan(&cfg, n, 2).unwrap();
+    let words = param_words(base, &p, Some((base + 4096, &st)), &cfg, n, &dt, 132, true);
     let names: Vec<&str> = words.iter().map(|w| w.0).collect();
     let want: Vec<&str> = fields.iter().map(|f| f.1.as_str()).collect();
     assert_eq!(names, want);
@@ -177,6 +178,68 @@ fn params_block_matches_ep_params() {
         p.acc + acc_words * 4 <= p.params,
         "the accumulators fit their area"
     );
+}
+
+/// A buffer whose team spans nodes stages `max_tokens` rows, their row records and one count
+/// record per PE, each on a 256-byte boundary; the parameter block points into that area, and
+/// holds 0 there on one node.
+#[test]
+fn staging_area_across_nodes() {
+    let cfg = EpConfig {
+        num_experts: 12,
+        max_tokens: 40,
+        hidden: 72,
+        max_topk: 8,
+        mode: EpMode::Normal,
+        layout: RecvLayout::TokenMajor,
+    };
+    let (n, es) = (3, 2);
+    let st = stage_plan(&cfg, n, es).unwrap();
+    // Per PE: 40 rows of 72 bf16 (3 * 40 * 144 = 17280 -> 17408), 40 records of 17 words
+    // (3 * 40 * 68 = 8160 -> 8192), MAX_GRID "records in" words (3 * 1024 * 8 = 24576); then
+    // a count record per PE (3 * (4 + 4) * 8 = 192 -> 256).
+    assert_eq!(
+        st,
+        Stage {
+            x: 0,
+            meta: 17408,
+            prog: 17408 + 8192,
+            rec: 17408 + 8192 + 24576,
+            total: 17408 + 8192 + 24576 + 256,
+        }
+    );
+    // Capturable: the pair capacity, not max_tokens (3 * 30 * 144 = 12960 -> 13056).
+    let capt = EpConfig {
+        mode: EpMode::Capturable { capacity: 30 },
+        ..cfg
+    };
+    assert_eq!(stage_plan(&capt, n, es).unwrap().meta, 13056);
+    let p = plan(&cfg, n, es).unwrap();
+    let dt = crate::device::DeviceTeam {
+        slot: 0,
+        my_index: 0,
+        size: 3,
+        start: 0,
+        stride: 1,
+    };
+    let base = 1u64 << 40;
+    let sb = base + p.total as u64;
+    let get = |w: &[(&str, u64)], k: &str| w.iter().find(|x| x.0 == k).unwrap().1;
+    let words = param_words(base, &p, Some((sb, &st)), &cfg, n, &dt, 4, false);
+    assert_eq!(
+        ["xstage", "mstage", "pstage", "rstage"].map(|k| get(&words, k)),
+        [sb, sb + 17408, sb + 25600, sb + 50176]
+    );
+    let words = param_words(base, &p, None, &cfg, n, &dt, 4, false);
+    assert_eq!(
+        ["xstage", "mstage", "pstage", "rstage"].map(|k| get(&words, k)),
+        [0, 0, 0, 0]
+    );
+    let huge = EpConfig {
+        max_tokens: usize::MAX / 4,
+        ..cfg
+    };
+    assert!(stage_plan(&huge, n, es).is_err());
 }
 
 /// The block-size knobs take multiples of 32 from 64 to 512 only, and name themselves
@@ -332,6 +395,7 @@ fn constants_match_the_kernels() {
         ("EP_CTL_ERR", CTL_ERR),
         ("EP_CTL_INFO", CTL_INFO),
         ("EP_CTL_ROWS", CTL_ROWS),
+        ("EP_CTL_XABORT", CTL_XABORT),
         ("EP_REC_FIXED", REC_FIXED),
         ("EP_SIG_GROUPS", SIG_GROUPS),
         ("EP_MAX_PES", MAX_GPU_EP_PES),
@@ -515,5 +579,103 @@ fn kernel_source_is_its_pieces_cut_at_the_top_level() {
     let names: Vec<&str> = kernels(EP_KERNELS).iter().map(|k| k.0).collect();
     for name in &names {
         assert_eq!(names.iter().filter(|n| *n == name).count(), 1, "{name}");
+    }
+}
+
+/// Nothing a kernel sends to a PE of another node is an add: every signal through the proxy
+/// (`rshmemi_proxy_signal_at`, `rshmemi_proxy_put_signal`, and the header's signal functions,
+/// which take the proxy for such a PE) is a set, and every counter add (`ep_signal`) sits behind
+/// a test that its PE is on this node, or in `ep_csplit` (never taken across nodes). A set is
+/// served at the target by a stream memory write; an add would take a one-thread kernel there,
+/// which may find no room beside the kernels that wait for it.
+#[test]
+fn signals_to_other_nodes_are_sets() {
+    let src = EP_KERNELS;
+    assert!(
+        !src.contains("RSHMEM_SIGNAL_ADD"),
+        "a signal add in the EP kernels"
+    );
+    let mut sets = 0;
+    for f in [
+        "rshmemi_proxy_signal_at(",
+        "rshmemi_proxy_put_signal(",
+        "rshmemi_signal_op_collective(",
+        "rshmem_signal_op(",
+    ] {
+        for (at, _) in src.match_indices(f) {
+            let open = at + f.len() - 1;
+            let args = &src[open..=close_paren(src, open)];
+            assert!(args.contains("RSHMEM_SIGNAL_SET"), "{f}{args}: not a set");
+            sets += 1;
+        }
+    }
+    assert!(sets >= 6, "only {sets} signals found");
+    let ep_csplit = src.find("ep_csplit(").expect("ep_csplit");
+    let csplit_body = {
+        let open = ep_csplit + "ep_csplit".len();
+        let close = close_paren(src, open);
+        close + 1..close + 1 + body_after(src, close + 1).len()
+    };
+    let mut adds = 0;
+    for (at, _) in src.match_indices("ep_signal(") {
+        // The definition, and calls inside ep_csplit.
+        if src[..at].ends_with("void ") || csplit_body.contains(&at) {
+            continue;
+        }
+        let before = &src[at.saturating_sub(200)..at];
+        assert!(
+            before.contains("!(span && ep_remote("),
+            "an ep_signal call not kept to this node: ...{}",
+            &src[at.saturating_sub(120)..at + 40]
+        );
+        adds += 1;
+    }
+    assert_eq!(adds, 2, "ep_send's and ep_csend's adds");
+}
+
+/// The counter words across nodes, modelled on the host: receiver `r`'s word of source `s`
+/// (data: ep_dwait waits for `call * grid`; combine: ep_cwait likewise), where a source on
+/// this node adds its blocks' shares (any split of the grid over fewer sending blocks) and a
+/// source of another node sets `ep_xsig(call, grid)` once its last block is done. Over several
+/// calls: the word is below the wait's threshold until the source's last signal of the call,
+/// reaches it exactly then, and never satisfies the next call's wait early.
+#[test]
+fn counters_across_nodes_reach_the_waits_exactly() {
+    fn xsig(call: u64, grid: u64) -> u64 {
+        call * grid
+    }
+    let mut rnd = {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    };
+    for grid in [1u64, 2, 7, 132] {
+        // Sources: even on this node, odd on another.
+        let n = 4usize;
+        let mut word = vec![0u64; n];
+        for call in 1..=6u64 {
+            let want = call * grid;
+            for (s, w) in word.iter_mut().enumerate() {
+                assert!(*w < want, "grid {grid} call {call} source {s}: early");
+                if s % 2 == 0 {
+                    // Sending blocks: block i of `sb` takes layout blocks b0..b1.
+                    let sb = 1 + rnd() % grid;
+                    for i in 0..sb {
+                        let (b0, b1) = (grid * i / sb, grid * (i + 1) / sb);
+                        *w += b1 - b0;
+                        if i + 1 < sb {
+                            assert!(*w < want, "grid {grid} call {call}: early after block {i}");
+                        }
+                    }
+                } else {
+                    *w = xsig(call, grid);
+                }
+                assert_eq!(*w, want, "grid {grid} call {call} source {s}");
+            }
+        }
     }
 }

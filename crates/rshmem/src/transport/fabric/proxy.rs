@@ -5,7 +5,8 @@
 //!   operations on PEs of other nodes are staged requests (`staging.rs`), complete at the
 //!   target's GPU when they return, so put-with-signal's signal follows its data there.
 //! * The server thread serves the staged requests other nodes' PEs send to this PE, on its
-//!   own GPU heap (copies on the backend's stream, atomics by its one-thread kernel).
+//!   own GPU heap (copies and 64-bit sets on the backend's stream, other atomics by its
+//!   one-thread kernel).
 //! * The ring thread drains the ring kernels and stream operations post into
 //!   (`backend/cuda/remote.rs`): it copies a put's source from the GPU into host memory, sends
 //!   it as staged requests, applies the signal after the data, and advances the ring's `done`

@@ -121,6 +121,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
     const int n = (int)P->n, me = (int)P->me;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K;
     const unsigned lane = threadIdx.x & 31;
+    const bool span = P->xstage != 0;
+    __shared__ int s_last;
     EP_STAMP_FIRST(ctl, 11);
     if (ctl[EP_CTL_GO]) {
         const unsigned* recv_cnt = (const unsigned*)P->recv_cnt;
@@ -136,7 +138,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
             const long long s = t % n, i = t / n, g = s * C + i;
             if (i >= recv_cnt[s] || (tokens == 2 && s == me)) continue;
             const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
-            ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
+            // A source on another node: the row goes into this PE's idle half of the combine
+            // area at row (1 - parity, s, i), which only s writes (after this PE's next ready
+            // signal), and the last block puts s's rows from there.
+            ep_t* dst = span && ep_remote(P, (int)s) ? (ep_t*)P->comb + (((1 - parity) * n + s) * C + i) * H
+                                                     : (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
             if (tokens) {
                 if (vec) {
                     const int v0 = (int)(c * chunk) + (int)lane;
@@ -164,6 +170,22 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
     EP_STAMP_LAST(ctl, 12);
     rshmem_u64* sig = (rshmem_u64*)P->sig;
     for (int d = threadIdx.x; d < n; d += blockDim.x)
-        ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
+        if (!(span && ep_remote(P, d))) ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
+    if (span && ep_last_block(ctl, &s_last)) {
+        // Every block's rows are staged: per source of another node its rows in one put, then
+        // the combine signal set to what the grid's adds would have made it (ep_xsig).
+        const long long parity = (long long)(ctl[EP_CTL_CWAIT] & 1);
+        for (int s = threadIdx.x; s < n; s += blockDim.x) {
+            if (!ep_remote(P, s)) continue;
+            if (ctl[EP_CTL_GO]) {
+                const long long cnt = min((long long)((const unsigned*)P->recv_cnt)[s], C);
+                ep_put_remote((ep_t*)P->comb + (parity * n + me) * C * H, (ep_t*)P->comb + ((1 - parity) * n + s) * C * H,
+                              cnt * H * (long long)sizeof(ep_t), P, s);
+            }
+            // ep_cwait counts this push combine only after this kernel's end (its
+            // rshmemi_grid_dep_wait): the call number is the count so far plus one.
+            ep_signal_set(ctl, sig + 2 * n + me, ep_xsig(ctl[EP_CTL_CPUSH] + 1, P->grid), ep_pe(P, s));
+        }
+    }
 }
 

@@ -2,7 +2,8 @@
 // once per (hidden type EP_T, top-k id type EP_ID).
 //
 // Every buffer address in `ep_params` is this PE's symmetric address; peers' copies are reached
-// with rshmem_ptr. Step order on one stream (see ep.rs for why each area is safe to reuse):
+// with rshmem_ptr, those of peers on other nodes through the proxy ring (ep_remote: the data is
+// written into this PE's staging area first, then put from there; see ep.rs, "Across nodes"). Step order on one stream (see ep.rs for why each area is safe to reuse):
 //   dispatch: ep_layout (grid) -> ep_send (grid) -> ep_dwait (1 block) -> ep_pstream (grid,
 //             expert-major buffers) or ep_permute (grid, token-major: the index only)
 //             (the last three launched as programmatic dependents: ep_send and ep_dwait start
@@ -33,7 +34,7 @@ typedef EP_ID ep_id;
 // Parameter block (u64 words; written by the host once per buffer). Keep in step with ep.rs.
 struct ep_params {
     unsigned long long recv_x, recv_meta, comb, rec, sig, ctl, recv_cnt, expert_off, fill, tok_pos,
-        row_src, tok_rows, acc, prog;
+        row_src, tok_rows, acc, prog, xstage, mstage, pstage, rstage;
     long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid, sentinel;
 };
 
@@ -92,6 +93,12 @@ struct ep_params {
 #define EP_CTL_PTICKET 12
 // ep_pstream's row tickets (zeroed by ep_dwait before the gate opens).
 #define EP_CTL_RTICKET 13
+// The abort bit from a PE of another node (device atomics do not cross nodes: it sets this
+// word through the proxy, before its signal, instead of or-ing the bit into EP_CTL_ERR). Read
+// with the abort bit (ep_aborted); cleared by the host with the error word.
+#define EP_CTL_XABORT 14
+// Across nodes: the ticket of ep_send's and ep_csend's blocks (ep_last_block), 0 between kernels.
+#define EP_CTL_XTICKET 15
 // sig words (this PE's, n each; member s writes word s of a group): records (set to the epoch),
 // data (ep_send's blocks add 1), combine (ep_csend's blocks add 1), ready (set to the epoch),
 // then the pull combine's: its ready and done (set to the combine's number, ctl[CWAIT]) and the
@@ -127,6 +134,12 @@ __device__ __forceinline__ void ep_from(float f, float* o) { *o = f; }
 __device__ __forceinline__ void ep_from(float f, rshmem_bfloat16* o) { *o = rshmem_float_to_bfloat16(f); }
 __device__ __forceinline__ void ep_from(float f, rshmem_half* o) { *o = rshmem_float_to_half(f); }
 
+// The abort bit, or one a PE of another node set (EP_CTL_XABORT).
+__device__ __forceinline__ bool ep_aborted(const unsigned long long* ctl) {
+    const volatile unsigned long long* v = (const volatile unsigned long long*)ctl;
+    return (v[EP_CTL_ERR] & EP_ERR_ABORT) != 0 || v[EP_CTL_XABORT] != 0;
+}
+
 // True when a device wait of this PE timed out or a device barrier was misused (the device
 // header's flag; the host clears it).
 __device__ __forceinline__ bool ep_timed_out() {
@@ -136,31 +149,91 @@ __device__ __forceinline__ bool ep_timed_out() {
 // After this PE's waits of a step (one thread): a timeout here, or an abort a peer put here
 // before the signals just waited for, stops the rest of the step on this PE.
 __device__ __forceinline__ void ep_abort_if_failed(unsigned long long* ctl) {
-    if (ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) {
+    if (ep_timed_out() || ep_aborted(ctl)) {
         atomicOr_system(&ctl[EP_CTL_ERR], EP_ERR_ABORT);
         ((volatile unsigned long long*)ctl)[EP_CTL_GO] = 0;
     }
 }
 
+// Sets PE `pe`'s (another node's) EP_CTL_XABORT word through the proxy: carried out before any
+// request this thread posts after it.
+__device__ __forceinline__ void ep_xabort(const unsigned long long* ctl, int pe) {
+    rshmemi_proxy_signal_at(rshmemi_offset(ctl + EP_CTL_XABORT), 1, RSHMEM_SIGNAL_SET, pe);
+}
+
 // Adds `v` (1 unless given) to PE `pe`'s counter `sig` (this PE's symmetric address) after this
 // thread's barrier with its block; an aborted PE first puts the abort bit into the peer's flags
-// (ordered before the signal by the release).
+// (ordered before the signal by the release). PEs of this node only: a PE of another node gets
+// ep_signal_set of the count the adds would reach (ep_xsig), since an add served there takes a
+// kernel of the target's context; a caller that passes one anyway stops its step (flagged as a
+// wait for that PE) rather than reach an address that is not mapped.
 __device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64* peer_ctl_err, int pe,
                                           rshmem_u64 v = 1) {
     asm volatile("fence.sc.sys;" ::: "memory");
-    if (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)
-        atomicOr_system((unsigned long long*)rshmem_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
+    const bool aborted = ep_aborted(ctl);
+    if (rshmemi_remote(pe)) {
+        rshmemi_flag_timeout(pe);
+        return;
+    }
+    if (aborted) atomicOr_system((unsigned long long*)rshmem_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
     rshmemi_red_add_release((rshmem_u64*)rshmem_ptr(sig, pe), v);
 }
-// As ep_signal, setting PE `pe`'s word `sig` to `v` instead of adding 1.
+// As ep_signal, setting PE `pe`'s word `sig` to `v` instead of adding 1; a PE of another node
+// through the proxy, after every request this PE posted before (the ring is carried out in
+// order), an aborted PE first setting its EP_CTL_XABORT word (device atomics do not cross
+// nodes).
 __device__ __forceinline__ void ep_signal_set(const unsigned long long* ctl, rshmem_u64* sig, rshmem_u64 v, int pe) {
     asm volatile("fence.sc.sys;" ::: "memory");
-    if (((const volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)
-        atomicOr_system((unsigned long long*)rshmem_ptr((const void*)(ctl + EP_CTL_ERR), pe), EP_ERR_ABORT);
+    const bool aborted = ep_aborted(ctl);
+    if (rshmemi_remote(pe)) {
+        if (aborted) ep_xabort(ctl, pe);
+        rshmemi_proxy_signal_at(rshmemi_offset(sig), v, RSHMEM_SIGNAL_SET, pe);
+        return;
+    }
+    if (aborted) atomicOr_system((unsigned long long*)rshmem_ptr((const void*)(ctl + EP_CTL_ERR), pe), EP_ERR_ABORT);
     rshmemi_st_release((rshmem_u64*)rshmem_ptr(sig, pe), v);
 }
 
+// A counter signal (data, combine) that a PE of another node sets instead of adding to: after
+// call `call` (1, 2, ... on every PE alike) the adds of a grid of `grid` blocks on one node
+// leave it at call * grid, which the receiver waits for. The word is this source's alone, so a
+// set is as good as the adds, and the target's proxy writes a set by a stream memory operation
+// with no kernel (an add would take a one-thread kernel there, which may find no room beside
+// the kernels that wait for it).
+__device__ __forceinline__ rshmem_u64 ep_xsig(rshmem_u64 call, long long grid) { return call * (rshmem_u64)grid; }
+
 __device__ __forceinline__ int ep_pe(const ep_params* P, int d) { return (int)(P->start + d * P->stride); }
+// Whether team member d runs on another node: reached through the proxy ring, never by loads
+// and stores (its base in the heap base table is 0).
+__device__ __forceinline__ bool ep_remote(const ep_params* P, int d) { return rshmemi_remote(ep_pe(P, d)); }
+// Across nodes (P->xstage set) ep_send's and ep_csend's blocks write what goes to PEs of other
+// nodes into this PE's staging copies, laid out as at the destination, and the block that
+// finishes last puts each area to each such PE in one request, then the kernel's whole signal:
+// a few requests per PE and step rather than one per row and block (each request is a round
+// trip through both PEs' proxies). True in every thread of the last block, once every other
+// block's writes are visible to the proxy's copies; it resets the ticket for the next kernel.
+__device__ __forceinline__ bool ep_last_block(const unsigned long long* ctl, int* s_last) {
+    unsigned long long* t = (unsigned long long*)ctl + EP_CTL_XTICKET;
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *s_last = atomicAdd(t, 1ull) == gridDim.x - 1;
+        if (*s_last) {
+            __threadfence_system();
+            *(volatile unsigned long long*)t = 0;
+        }
+    }
+    __syncthreads();
+    return *s_last != 0;
+}
+// A non-blocking put of `bytes` from this PE's staging copy `src` to `dst` (this PE's symmetric
+// address) on team member d of another node. The source stays unchanged until the proxy
+// copied it: it is rewritten only after every PE's next ready signal, which each sends after
+// its wait for this PE's signal of the step, posted after the put (the ring is carried out in
+// order).
+__device__ __forceinline__ void ep_put_remote(void* dst, const void* src, long long bytes, const ep_params* P, int d) {
+    if (bytes > 0) rshmemi_proxy_put(dst, src, (size_t_rshmem)bytes, ep_pe(P, d), false);
+}
 // The block waits until word s of `words` (this PE's signal group) is at least `v` for every
 // team member s; then thread 0 fences, stops the step on a timeout or an abort
 // (ep_abort_if_failed) and, with EP_STAMPS, stamps `stamp` (< 0: none).

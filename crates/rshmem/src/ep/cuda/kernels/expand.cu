@@ -208,7 +208,7 @@ extern "C" __global__ void __maxnreg__(EP_PSTREAM_REGS) ep_pstream(const ep_para
         }
     } else if (EP_DISPATCH_REFILL) {
         rshmemi_grid_dep_wait();
-        if (!ep_timed_out() && !(((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) {
+        if (!ep_timed_out() && !ep_aborted(ctl)) {
             const long long RW = EP_REC_FIXED + P->el;
             const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x, st = (long long)gridDim.x * blockDim.x;
             for (int s = 0; s < n; s++) {

@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     // The last warp of block 0 signals while the first ones count tokens (when warp 0 sent them,
     // its fences delayed block 0's count by about 3 us).
     if (blockIdx.x == 0 && (tid >> 5) == (nth >> 5) - 1) {
-        const bool gone = ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+        const bool gone = ep_timed_out() || ep_aborted(ctl);
         // This PE's "records in" words (expert-major buffers) are zero again before any peer may
         // write them (after the ready signal below; the previous step's writers were all seen
         // by its ep_dwait, the previous step's readers ended before this kernel began).
@@ -56,6 +56,12 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
             __syncwarp();
         }
         for (int d = lane; d < n; d += 32) {
+            // A PE of another node: the abort word first (ep_signal).
+            if (ep_remote(P, d)) {
+                if (gone) ep_xabort(ctl, ep_pe(P, d));
+                rshmemi_signal_op_collective(ready + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
+                continue;
+            }
             // The abort bit first (ordered before the signal by its fence and release).
             if (gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
             rshmemi_signal_op_collective(ready + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
@@ -107,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     if (tid == 0) {
         asm volatile("fence.acq_rel.sys;" ::: "memory");
         EP_STAMP(ctl, 2);
-        const bool gone = ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT) != 0;
+        const bool gone = ep_timed_out() || ep_aborted(ctl);
         s_gone = gone;
         ctl[EP_CTL_GO] = gone ? 0 : 1;
         ctl[EP_CTL_EPOCH] = epoch;
@@ -123,20 +129,37 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     rshmemi_grid_dep_launch();
     const long long RW = EP_REC_FIXED + El;
     rshmem_u64* rec = (rshmem_u64*)P->rec;
+    // The record for PE d: in its records area, or (another node) in this PE's staging row d,
+    // put from there with the signal below.
+    auto rec_of = [&](int d) -> rshmem_u64* {
+        return ep_remote(P, d) ? (rshmem_u64*)P->rstage + d * RW : (rshmem_u64*)rshmem_ptr(rec + me * RW, ep_pe(P, d));
+    };
     for (int i = tid; i < n * El && !s_gone; i += nth) {
         const int d = i / El, e = i % El;
-        rshmem_u64* r = (rshmem_u64*)rshmem_ptr(rec + me * RW + EP_REC_FIXED + e, ep_pe(P, d));
-        *(volatile rshmem_u64*)r = va[i];
+        ((volatile rshmem_u64*)rec_of(d))[EP_REC_FIXED + e] = va[i];
     }
     for (int d = tid; d < n && !s_gone; d += nth) {
-        rshmem_u64* r = (rshmem_u64*)rshmem_ptr(rec + me * RW, ep_pe(P, d));
-        ((volatile rshmem_u64*)r)[0] = s_status;
-        ((volatile rshmem_u64*)r)[1] = va[E + d];
-        ((volatile rshmem_u64*)r)[2] = (rshmem_u64)T;
-        ((volatile rshmem_u64*)r)[3] = (rshmem_u64)topk;
+        volatile rshmem_u64* r = rec_of(d);
+        r[0] = s_status;
+        r[1] = va[E + d];
+        r[2] = (rshmem_u64)T;
+        r[3] = (rshmem_u64)topk;
     }
     __syncthreads();
     for (int d = tid; d < n; d += nth) {
+        if (ep_remote(P, d)) {
+            // One request: the record, then its signal; a PE that gave up wrote none and sets
+            // the abort word before the signal instead.
+            asm volatile("fence.sc.sys;" ::: "memory");
+            if (s_gone) {
+                ep_xabort(ctl, ep_pe(P, d));
+                rshmemi_signal_op_collective(sig + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
+            } else {
+                rshmemi_proxy_put_signal(rec + me * RW, rec_of(d), RW * 8, sig + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d),
+                                         false);
+            }
+            continue;
+        }
         if (s_gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
         rshmemi_signal_op_collective(sig + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
     }
@@ -182,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_dwait(const ep_params* P) 
         }
         // A timed-out wait above read records that may not have arrived; an abort latched by an
         // earlier step (or ep_layout's) stays until the host clears it.
-        if (ep_timed_out() || (((volatile unsigned long long*)ctl)[EP_CTL_ERR] & EP_ERR_ABORT)) err |= EP_ERR_ABORT;
+        if (ep_timed_out() || ep_aborted(ctl)) err |= EP_ERR_ABORT;
         if (err) {
             ctl[EP_CTL_GO] = 0;
             atomicOr_system(&ctl[EP_CTL_ERR], err);  // peers' signals may put an abort bit concurrently
