@@ -68,11 +68,13 @@ def bf16_bits(f32):
 def as_np(a, dtype):
     """The values of array ``a`` (either kind) as float64 / int64 numpy for comparison."""
     if torch is not None and isinstance(a, torch.Tensor):
+        # Copies: `.to()` of a tensor already of that dtype returns the tensor itself, and its
+        # `.numpy()` would then alias symmetric memory that later operations rewrite.
         if dtype in ("bfloat16", "float16", "float32", "float64"):
-            return a.to(torch.float64).numpy()
+            return a.to(torch.float64).numpy().copy()
         if dtype == "uint64":
             return a.view(torch.int64).numpy().view(np.uint64).copy()
-        return a.to(torch.int64).numpy() if dtype != "uint64" else a.numpy()
+        return a.to(torch.int64).numpy().copy()
     a = np.asarray(a)
     if dtype == "bfloat16" and a.dtype == np.dtype("<u2"):
         return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)

@@ -122,10 +122,16 @@ def put_signal(
     d, s, g = A.info(dst, "dst"), A.info(src, "src"), _signal(w, signal)
     _same(d, s, "put_signal")
     v = int(value) & 0xFFFF_FFFF_FFFF_FFFF
+    da, sa = d.addr, s.addr
+    if d.nbytes == 0:
+        # A signal without data: torch reports address 0 for an empty slice of a symmetric
+        # tensor, so move zero bytes at the signal word instead.
+        da = sa = g.addr
     if _device_side(w, d, s, g):
-        w.put_signal_dev(d.addr, s.addr, d.nbytes, g.addr, v, op, pe, stream_ptr(w, stream))
+        w.put_signal_dev(da, sa, 0 if d.nbytes == 0 else d.nbytes, g.addr, v, op, pe,
+                         stream_ptr(w, stream))
     else:
-        w.put_signal(d.addr, s.addr, s.nbytes, g.addr, v, op, pe)
+        w.put_signal(da, sa, s.nbytes, g.addr, v, op, pe)
 
 
 def wait_until(
