@@ -51,6 +51,27 @@ extern "C" __global__ void f_p(unsigned long long* dst, unsigned long long base,
     }
     rshmem_quiet();
 }
+// Block 0 meets the other node in `rounds` device barriers, each after a `p` to it, while every
+// other block of a grid that fills the GPU spins until block 0 is done (bounded): a barrier
+// arrival from the other node must land without a kernel at this PE.
+extern "C" __global__ void f_wide_barrier(unsigned long long* dst, unsigned long long* seen, unsigned int* done,
+                                          int rounds, int pe) {
+    if (blockIdx.x == 0) {
+        for (int r = 0; r < rounds; r++) {
+            if (threadIdx.x == 0) rshmem_uint64_p(dst + r, ((unsigned long long)rshmem_my_pe() << 32) | r, pe);
+            rshmem_barrier_all_block();
+            if (threadIdx.x == 0) seen[r] = ((volatile unsigned long long*)dst)[r];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) atomicExch(done, 1u);
+        return;
+    }
+    if (threadIdx.x == 0) {
+        const unsigned long long t0 = rshmemi_now();
+        while (atomicAdd(done, 0u) == 0u && rshmemi_now() - t0 < 60ull * 1000000000ull) __nanosleep(1000);
+    }
+    __syncthreads();
+}
 // n words of PE `pe`'s src into this PE's dst.
 extern "C" __global__ void f_get(unsigned long long* dst, const unsigned long long* src, unsigned long long n, int pe) {
     if (threadIdx.x == 0) rshmem_getmem(dst, src, n * 8, pe);
@@ -115,6 +136,51 @@ fn other_node(pe: &Pe) -> usize {
     let p = pe.placements();
     assert_ne!(p[0].node, p[1].node, "the two PEs are on different nodes");
     1 - me
+}
+
+/// Device barriers across nodes from block 0 of a grid whose other blocks occupy every SM.
+fn wide_grid_barrier(pe: &Pe) -> Result<()> {
+    let other = other_node(pe);
+    let g = CudaPe::new(pe)?;
+    let s = g.stream()?;
+    let k = g.kernel(KERNELS, "f_wide_barrier", &[])?;
+    let rounds = 4usize;
+    let dst = pe.alloc::<u64>(rounds)?;
+    let seen = pe.alloc::<u64>(rounds)?;
+    let done = pe.alloc::<u32>(1)?;
+    pe.local_fill(&dst, POISON)?;
+    pe.local_fill(&seen, POISON)?;
+    pe.local_fill(&done, 0)?;
+    pe.barrier_all()?;
+    let args = [
+        g.arg(&dst)?,
+        g.arg(&seen)?,
+        g.arg(&done)?,
+        KernelArg::I32(rounds as i32),
+        KernelArg::I32(other as i32),
+    ];
+    // Two blocks of 1024 threads fill an SM's threads; four per SM leave none free.
+    let blocks = 4 * g.sm_count() as u32;
+    // SAFETY: matches f_wide_barrier(u64*, u64*, unsigned*, int, int).
+    unsafe { g.launch(&k, &s, blocks, 1024, 0, &args)? };
+    s.synchronize()?;
+    pe.quiet()?;
+    let want: Vec<u64> = (0..rounds as u64)
+        .map(|r| ((other as u64) << 32) | r)
+        .collect();
+    assert_eq!(
+        pe.local_vec(&seen)?,
+        want,
+        "what block 0 saw after each barrier"
+    );
+    assert_eq!(
+        pe.local_vec(&dst)?,
+        want,
+        "the other node's p before each barrier"
+    );
+    assert_eq!(pe.local_vec(&done)?, vec![1], "block 0 finished");
+    pe.barrier_all()?;
+    Ok(())
 }
 
 /// Host put, get, put-with-signal and atomics, then the stream-ordered forms, across nodes.
@@ -489,6 +555,16 @@ fn device_initiated_puts_through_the_proxy_across_two_nodes() {
     }
     let t = "device_initiated_puts_through_the_proxy_across_two_nodes";
     harness::gpu_run(t, GpuMode::Processes, 2, config(), device_initiated);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn device_barriers_across_nodes_from_a_grid_that_fills_the_gpu() {
+    if fabric_data::skip() {
+        return;
+    }
+    let t = "device_barriers_across_nodes_from_a_grid_that_fills_the_gpu";
+    harness::gpu_run(t, GpuMode::Processes, 2, config(), wide_grid_barrier);
 }
 
 #[test]

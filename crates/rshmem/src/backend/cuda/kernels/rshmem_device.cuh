@@ -872,7 +872,13 @@ __device__ __forceinline__ void rshmem_team_sync_block(rshmem_team team) {
         int pe = team.start + i * team.stride;
         if (rshmemi_remote(pe)) {
             // After this block's earlier proxied requests (the ring is carried out in order).
-            rshmemi_proxy_signal_at(rshmem_dstate.heap_size + (bar + me) * 8, 1, RSHMEM_SIGNAL_ADD, pe);
+            // A set of the pair's count, not an add: the target's proxy writes a set with a
+            // stream memory operation, while an add needs a kernel there, which a grid waiting
+            // on the GPU could keep from running. The pair syncs as often as each expects of
+            // the other, so this PE's arrivals at `pe` number its expectation of `pe` plus one
+            // (the same thread updates that expectation below).
+            const rshmem_u64 e = mine[exp_at + pe] + 1;
+            rshmemi_proxy_signal_at(rshmem_dstate.heap_size + (bar + me) * 8, e, RSHMEM_SIGNAL_SET, pe);
         } else {
             rshmemi_red_add_release(rshmemi_sync(pe) + bar + me, 1);
         }
