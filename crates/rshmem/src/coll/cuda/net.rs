@@ -115,6 +115,9 @@ pub(super) struct Net {
     /// Symmetric u64[n_pes][2]: what each PE expects of this one in all_to_all_v (where its
     /// data lands in that PE's `dst`, and how many elements), written by that PE.
     pub meta: Sym<u64>,
+    /// Symmetric u64[team slots][n_pes][SIG_WORDS]: the signature rows of partners of other
+    /// nodes for odd calls of the pair (the `GpuColl`'s own rows serve even ones).
+    pub sig_alt: Sym<u64>,
     pub f_round: Func,
     pub f_a2av: Func,
 }
@@ -168,15 +171,19 @@ impl Net {
         let scratch = pe.alloc_aligned::<u8>(mul(mul(nodes, 2)?, chunk)?, 256)?;
         let exp = DevBuf::zeroed_on(own, mul(slots, n)? * 8)?;
         let meta = pe.alloc::<u64>(mul(n, 2)?)?;
-        let sp = g.ptr(&sig)?;
+        let alt_words = mul(mul(slots, n)?, SIG_WORDS)?;
+        let sig_alt = pe.alloc::<u64>(alt_words)?;
+        let (sp, ap) = (g.ptr(&sig)?, g.ptr(&sig_alt)?);
         let b = g.backend();
         let _g = b.gpu.bind()?;
-        // SAFETY: our own symmetric object's words, on our own stream, then synchronised; no
-        // peer signals it before the constructor's closing barrier.
-        ffi::check(
-            unsafe { ffi::cu::cuMemsetD8Async(sp, 0, words * 8, own.raw) },
-            "cuMemsetD8Async",
-        )?;
+        for (p, w) in [(sp, words), (ap, alt_words)] {
+            // SAFETY: our own symmetric objects' words, on our own stream, then synchronised;
+            // no peer writes them before the constructor's closing barrier.
+            ffi::check(
+                unsafe { ffi::cu::cuMemsetD8Async(p, 0, w * 8, own.raw) },
+                "cuMemsetD8Async",
+            )?;
+        }
         own.sync()?;
         Ok(Net {
             sig,
@@ -185,6 +192,7 @@ impl Net {
             nodes,
             exp,
             meta,
+            sig_alt,
             f_round,
             f_a2av,
         })
@@ -325,7 +333,7 @@ impl GpuColl<'_> {
         };
         let launch = |begin: u32, round: u32, bytes: usize, p, w, a| {
             let args = (exp, sig, n, begin, round, bytes as u64);
-            self.net_launch(s, net.f_round, args, p, w, a, (ck, skip))
+            self.net_launch(s, net.f_round, args, p, w, a, (ck, skip, 0))
         };
         self.net_ready(s, nt, &sched.partners, ck, skip)?;
         for r in &sched.rounds {
@@ -398,6 +406,7 @@ impl GpuColl<'_> {
         let sig = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 3 * n * 8) as u64;
         let exp = net.exp.ptr + (nt.dt.slot as usize * n * 8) as u64;
         let list = self.net_list.clamp(1, NET_MAX);
+        let alt = self.g.ptr(&net.sig_alt)? + (nt.dt.slot as usize * n * SIG_WORDS * 8) as u64;
         for l in ready_launches(partners.len(), list) {
             let flags = [(l.post, NET_POST), (l.wait, NET_WAIT), (l.more, NET_MORE)];
             let begin = flags.iter().filter(|f| f.0).fold(0, |b, f| b | f.1);
@@ -417,7 +426,8 @@ impl GpuColl<'_> {
             };
             let args = (exp, sig, n, begin, 0, 0);
             let w = (w, l.range.len());
-            self.net_launch(s, net.f_round, args, (puts, 0), w, (acks, 0), (ck, skip))?;
+            let cs = (ck, skip, alt);
+            self.net_launch(s, net.f_round, args, (puts, 0), w, (acks, 0), cs)?;
         }
         Ok(())
     }
@@ -431,7 +441,7 @@ impl GpuColl<'_> {
         (mut puts, np): (NetPuts, usize),
         (mut waits, nw): (NetWaits, usize),
         (mut acks, na): (NetAcks, usize),
-        (mut ck, mut skip): (Check, u64),
+        (mut ck, mut skip, mut alt): (Check, u64, u64),
     ) -> Result<()> {
         let (mut e, mut sg, mut ni, mut b) = (exp, sig, n as i32, begin as i32);
         let (mut r, mut by, mut npi, mut nwi, mut nai) =
@@ -451,13 +461,15 @@ impl GpuColl<'_> {
             &mut nai as *mut i32 as *mut _,
             &mut ck as *mut Check as *mut _,
             &mut skip as *mut u64 as *mut _,
+            &mut alt as *mut u64 as *mut _,
         ];
         // SAFETY: matches rshmemi_coll_net_round(u64*, u64*, int, int, unsigned, u64,
         // rshmemi_net_puts, int, rshmemi_net_waits, int, rshmemi_net_acks, int, rshmemi_check,
-        // u64*) (repr(C) lists of NET_MAX); `exp` and `sig` are this slot's rows of the net
-        // state, `ck` the slot's signature row and our error record, `skip` the slot's skip
-        // flag in that record, every put a checked range of a symmetric object or of our
-        // staging (its destination translated by the target's proxy).
+        // u64*, u64*) (repr(C) lists of NET_MAX); `exp` and `sig` are this slot's rows of the
+        // net state, `ck` the slot's signature rows and our error record, `skip` the slot's
+        // skip flag in that record, `alt` the slot's second signature rows (as many), every
+        // put a checked range of a symmetric object or of our staging (its destination
+        // translated by the target's proxy).
         unsafe { gpu::launch(&s.raw, f, 1, 32, 0, &mut a) }
     }
 

@@ -80,16 +80,22 @@ __device__ __forceinline__ void rshmemi_net_wait(const rshmem_u64* p, rshmem_u64
     }
 }
 
+// A partner may finish a call without hearing from this PE after its arrival (a reduce's
+// sender, a broadcast's) and post its next call's signature before this PE compared this
+// one's: signature rows alternate with the pair's call count, `ck.slots` for even calls and
+// `alt` (the same layout) for odd ones. A partner is at most one call ahead: its next call's
+// arrival waits for this PE's, posted after this PE's compare.
 extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* sig, int n_pes, int begin,
                                                   unsigned round, rshmem_u64 bytes, rshmemi_net_puts p, int np,
                                                   rshmemi_net_waits w, int nw, rshmemi_net_acks a,
-                                                  int na, rshmemi_check ck, rshmem_u64* skip) {
+                                                  int na, rshmemi_check ck, rshmem_u64* skip, rshmem_u64* alt) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const int me = rshmem_my_pe();
     if (begin) {
         if (begin & RSHMEMI_NET_POST) {
-            rshmem_u64* mine = ck.slots + (rshmem_u64)me * RSHMEMI_SIG_WORDS;
             for (int i = 0; i < nw; i++) {
+                const rshmem_u64 call = *(volatile rshmem_u64*)(exp + w.pe[i]) + 1;
+                rshmem_u64* mine = ((call & 1) ? alt : ck.slots) + (rshmem_u64)me * RSHMEMI_SIG_WORDS;
                 for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) rshmem_uint64_p(mine + k, ck.sig.w[k], w.pe[i]);
                 rshmem_signal_op(sig + n_pes + me, 1, RSHMEM_SIGNAL_ADD, w.pe[i]);
             }
@@ -104,7 +110,7 @@ extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* s
             *e = want;
             rshmemi_net_wait(sig + n_pes + pe, want, pe);
             if (rshmemi_failed()) continue;
-            volatile rshmem_u64* theirs = ck.slots + (rshmem_u64)pe * RSHMEMI_SIG_WORDS;
+            volatile rshmem_u64* theirs = ((want & 1) ? alt : ck.slots) + (rshmem_u64)pe * RSHMEMI_SIG_WORDS;
             bool eq = true;
             for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) eq = eq && theirs[k] == ck.sig.w[k];
             if (!eq && bad < 0) {
