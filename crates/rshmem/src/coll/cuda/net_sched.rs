@@ -818,3 +818,11 @@ pub(crate) fn all_to_all_v_split(map: &NodeMap, me: usize, v: [&[usize]; 4]) -> 
         puts: far.iter().map(|&j| (j, sd[j], sc[j])).collect(),
     }
 }
+
+/// Which of a pair's two signature rows call number `call` of the pair uses (the round
+/// kernel's `(call & 1) ? alt : ck.slots`, mirrored here for the host model): a partner may be
+/// one call ahead, never two.
+#[cfg(test)]
+pub(crate) fn sig_rows(call: u64) -> usize {
+    (call & 1) as usize
+}

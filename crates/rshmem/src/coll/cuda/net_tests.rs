@@ -997,3 +997,24 @@ fn the_model_all_to_all_vs_exactly_on_every_layout() {
         }
     }
 }
+
+/// A reduce's sender hears nothing back after the ready arrival, so it can post its next
+/// call's signature before the root compared this call's: with rows alternating by the pair's
+/// call count the root still reads this call's; with one row it would read the next one's.
+#[test]
+fn a_partner_one_call_ahead_does_not_overwrite_the_signature_being_compared() {
+    let run = |rows: &dyn Fn(u64) -> usize| {
+        let mut slot = [0u64; 2];
+        let mut seen = Vec::new();
+        for call in 1..=6u64 {
+            // The sender posts call `call`'s signature (its value: the call) and, having
+            // nothing to wait for, the next call's too, before the root compares.
+            slot[rows(call)] = call;
+            slot[rows(call + 1)] = call + 1;
+            seen.push(slot[rows(call)]);
+        }
+        seen
+    };
+    assert_eq!(run(&sig_rows), [1, 2, 3, 4, 5, 6]);
+    assert_ne!(run(&|_| 0), [1, 2, 3, 4, 5, 6], "one row: a false mismatch");
+}
