@@ -13,6 +13,8 @@ mod choice;
 mod exec;
 mod ll;
 mod net;
+#[cfg(test)]
+mod net_model;
 mod net_sched;
 #[cfg(test)]
 mod net_tests;
