@@ -5,6 +5,7 @@
 //! Every call that can wait for another PE releases the GIL, so thread-PEs of one interpreter
 //! make progress while one of them waits.
 
+mod bench;
 mod coll;
 mod elem;
 mod ep;

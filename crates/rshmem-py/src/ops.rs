@@ -178,31 +178,6 @@ impl World {
         })
     }
 
-    /// Benchmark baseline: `iters` host puts of the host array at `src` issued by a Rust loop
-    /// (the same call `put` makes); returns the seconds per call (the GIL released).
-    fn put_loop(
-        &self,
-        py: Python<'_>,
-        dst: u64,
-        src: usize,
-        nbytes: usize,
-        pe: usize,
-        iters: usize,
-    ) -> PyResult<f64> {
-        let s = HostBytes::new(src, nbytes)?;
-        self.run(py, |p| {
-            let t0 = std::time::Instant::now();
-            for _ in 0..iters {
-                let h = self.hold(&[(dst, s.len(), "destination")])?;
-                let g = h.guards();
-                let v = sym(&g[0])?.view::<u8>(h.offset(0), s.len())?;
-                // SAFETY: `src` is held by the caller for this call.
-                p.put(&v, 0, unsafe { s.bytes() }, pe)?;
-            }
-            Ok(t0.elapsed().as_secs_f64() / iters.max(1) as f64)
-        })
-    }
-
     /// Copies PE `pe`'s copy of the symmetric bytes at `src` into the writable host array at
     /// `dst` (`nbytes`).
     pub(crate) fn get(
