@@ -33,7 +33,13 @@ impl World {
     ) -> PyResult<f64> {
         if !matches!(
             op,
-            "put" | "get" | "put_signal" | "wait_until" | "barrier" | "all_reduce" | "fence"
+            "put"
+                | "get"
+                | "put_signal"
+                | "wait_until"
+                | "barrier"
+                | "all_reduce"
+                | "fence"
                 | "quiet"
         ) {
             return Err(invalid(format!("op_loop: unknown op {op:?}")));

@@ -171,7 +171,7 @@ impl World {
 
     /// Stream-ordered put with signal (`nbytes` may be 0: a signal alone).
     #[allow(clippy::too_many_arguments)]
-    fn put_signal_dev(
+    pub(crate) fn put_signal_dev(
         &self,
         py: Python<'_>,
         dst: u64,
@@ -200,7 +200,7 @@ impl World {
     }
 
     /// Stream-ordered wait until this PE's symmetric `u64` at `sig` compares true with `value`.
-    fn wait_until_dev(
+    pub(crate) fn wait_until_dev(
         &self,
         py: Python<'_>,
         sig: u64,
@@ -218,12 +218,12 @@ impl World {
     }
 
     /// Stream-ordered barrier of every PE.
-    fn barrier_dev(&self, py: Python<'_>, stream_ptr: usize) -> PyResult<()> {
+    pub(crate) fn barrier_dev(&self, py: Python<'_>, stream_ptr: usize) -> PyResult<()> {
         self.run_cuda(py, |_, g| g.barrier_on_stream(&stream(&g, stream_ptr)))
     }
 
     /// Stream-ordered quiet.
-    fn quiet_dev(&self, py: Python<'_>, stream_ptr: usize) -> PyResult<()> {
+    pub(crate) fn quiet_dev(&self, py: Python<'_>, stream_ptr: usize) -> PyResult<()> {
         self.run_cuda(py, |_, g| g.quiet_on_stream(&stream(&g, stream_ptr)))
     }
 
@@ -244,7 +244,7 @@ impl World {
     /// A GPU collective over the world on `stream_ptr` (see `World.collective`).
     #[pyo3(signature = (kind_name, dtype, dst, dst_bytes, src, src_bytes, count, op, root, stream_ptr))]
     #[allow(clippy::too_many_arguments)]
-    fn collective_dev(
+    pub(crate) fn collective_dev(
         &self,
         py: Python<'_>,
         kind_name: &str,

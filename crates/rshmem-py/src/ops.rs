@@ -201,7 +201,7 @@ impl World {
     /// Puts `src` into `dst` on PE `pe`, then sets or adds `value` to the symmetric `u64` at
     /// `sig` there (whoever sees the signal sees the data).
     #[allow(clippy::too_many_arguments)]
-    fn put_signal(
+    pub(crate) fn put_signal(
         &self,
         py: Python<'_>,
         dst: u64,
@@ -286,7 +286,7 @@ impl World {
     /// Waits until this PE's symmetric word at `addr` compares true with `value` (at most
     /// `timeout` seconds, default the world's); returns the value seen. The GIL is released.
     #[pyo3(signature = (addr, dtype, cmp, value, timeout=None))]
-    fn wait_until(
+    pub(crate) fn wait_until(
         &self,
         py: Python<'_>,
         addr: u64,
@@ -315,7 +315,7 @@ impl World {
     }
 
     /// Orders this PE's earlier puts and atomics to each PE before later ones.
-    fn fence(&self, py: Python<'_>) -> PyResult<()> {
+    pub(crate) fn fence(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |p| {
             p.fence();
             Ok(())
@@ -323,12 +323,12 @@ impl World {
     }
 
     /// Completes this PE's outstanding operations.
-    fn quiet(&self, py: Python<'_>) -> PyResult<()> {
+    pub(crate) fn quiet(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |p| p.quiet())
     }
 
     /// Barrier of every PE (after quiet). The GIL is released.
-    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+    pub(crate) fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |p| p.barrier_all())
     }
 }
