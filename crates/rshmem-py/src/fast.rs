@@ -22,6 +22,8 @@ pub(crate) struct Torch {
     dtypes: Vec<(usize, ElemKind)>,
     /// `torch._C._cuda_getCurrentRawStream` (absent from CPU-only builds).
     raw_stream: Option<Py<PyAny>>,
+    /// `torch.cuda.Stream`.
+    stream_type: Option<Py<PyType>>,
 }
 
 static TORCH: GILOnceCell<Option<Torch>> = GILOnceCell::new();
@@ -42,10 +44,17 @@ pub(crate) fn torch(py: Python<'_>) -> Option<&'static Torch> {
                 .and_then(|c| c.getattr("_cuda_getCurrentRawStream"))
                 .ok()
                 .map(Bound::unbind);
+            let stream_type = py
+                .import("torch.cuda")
+                .and_then(|c| c.getattr("Stream"))
+                .ok()
+                .and_then(|t| t.downcast_into::<PyType>().ok())
+                .map(Bound::unbind);
             Some(Torch {
                 tensor: tensor.unbind(),
                 dtypes,
                 raw_stream,
+                stream_type,
             })
         })
         .as_ref()
@@ -113,9 +122,9 @@ pub(crate) struct Operand {
     pub(crate) addr: u64,
     pub(crate) nbytes: usize,
     pub(crate) kind: ElemKind,
-    /// -1 on the host, else the GPU ordinal (asked of torch tensors where `ask_device` only:
-    /// on the CUDA backend an address on the heap settles the device).
-    pub(crate) device: i64,
+    /// Whether the memory is the host's (asked of torch tensors where `ask_device` only: on
+    /// the CUDA backend an address on the heap settles the device).
+    pub(crate) host: bool,
 }
 
 /// A C-contiguous numpy array in native byte order of one of rshmem's element types (signed
@@ -168,7 +177,7 @@ fn operand_np(a: &Bound<'_, PyAny>, write: bool) -> PyResult<Option<Operand>> {
         addr: i.data as u64,
         nbytes,
         kind,
-        device: -1,
+        host: true,
     }))
 }
 
@@ -189,11 +198,7 @@ fn operand_torch(t: &Torch, a: &Bound<'_, PyAny>, ask_device: bool) -> PyResult<
         addr: a.call_method0(intern!(py, "data_ptr"))?.extract()?,
         nbytes: a.getattr(intern!(py, "nbytes"))?.extract()?,
         kind,
-        device: if ask_device {
-            a.call_method0(intern!(py, "get_device"))?.extract()?
-        } else {
-            0
-        },
+        host: ask_device && a.getattr(intern!(py, "is_cpu"))?.is_truthy()?,
     }))
 }
 
@@ -224,22 +229,38 @@ impl World {
         let mine = if cuda {
             self.on_heap(o.addr, o.nbytes)
         } else {
-            o.device < 0
+            o.host
         };
         Ok(mine.then_some(o))
     }
 
-    /// torch's current stream of this PE's GPU (CUDA backend), else 0; `None` where torch
-    /// cannot say (a CPU-only torch: the checked path explains).
-    pub(crate) fn current_stream(&self, py: Python<'_>) -> PyResult<Option<usize>> {
-        if !self.is_cuda() {
-            return Ok(Some(0));
-        }
-        match (
-            self.ordinal(),
-            torch(py).and_then(|t| t.raw_stream.as_ref()),
-        ) {
-            (Some(dev), Some(raw)) => Ok(Some(raw.bind(py).call1((dev,))?.extract()?)),
+    /// The raw stream a call runs on: `stream` (a `torch.cuda.Stream` of this PE's GPU), else
+    /// torch's current stream of this PE's GPU (CUDA backend); 0 on the host without a
+    /// `stream`. `None` where the checked path must decide (a `stream` on the host, of another
+    /// type or device; a torch without CUDA).
+    pub(crate) fn stream_of(
+        &self,
+        py: Python<'_>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<usize>> {
+        let t = torch(py);
+        match (self.is_cuda(), stream, self.ordinal()) {
+            (false, None, _) => Ok(Some(0)),
+            (true, None, Some(dev)) => match t.and_then(|t| t.raw_stream.as_ref()) {
+                Some(raw) => Ok(Some(raw.bind(py).call1((dev,))?.extract()?)),
+                None => Ok(None),
+            },
+            (true, Some(s), Some(dev)) => {
+                let Some(ty) = t.and_then(|t| t.stream_type.as_ref()) else {
+                    return Ok(None);
+                };
+                if !s.is_instance(ty.bind(py))?
+                    || s.getattr(intern!(py, "device_index"))?.extract::<i64>()? != dev as i64
+                {
+                    return Ok(None);
+                }
+                Ok(Some(s.getattr(intern!(py, "cuda_stream"))?.extract()?))
+            }
             _ => Ok(None),
         }
     }

@@ -1,8 +1,9 @@
 //! The calling thread's PE, and the entry points of the calls a program makes in its inner
 //! loops (`rshmem.put`, `get`, `put_signal`, `wait_until`, `barrier`, `quiet`, `fence`,
-//! `all_reduce`): the PE is found and plain operands are read here (`fast.rs`), and the call
-//! goes straight to the library with no Python code in between. Anything else (another kind
-//! of operand, a `stream=`, an argument of another type, an operand of another device, no PE)
+//! `all_reduce`): the PE is found and plain operands (and a `stream=` of the PE's GPU) are read
+//! here (`fast.rs`), and the call goes straight to the library with no Python code in between.
+//! Anything else (another kind of operand or stream, an argument of another type, an operand
+//! of another device, no PE)
 //! goes to the Python layer's checked function of the same name with the same arguments,
 //! which raises the precise error or serves the call. Errors of the call itself (an operand
 //! off the symmetric heap, a freed tensor) are the same on both paths: they come from the
@@ -160,11 +161,12 @@ impl World {
         dst: &Bound<'_, PyAny>,
         src: &Bound<'_, PyAny>,
         pe: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let Some((d, s, pe)) = self.plain_pair(dst, src, pe, false)? else {
             return Ok(false);
         };
-        let Some(stream) = self.current_stream(py)? else {
+        let Some(stream) = self.stream_of(py, stream)? else {
             return Ok(false);
         };
         if self.is_cuda() {
@@ -181,11 +183,12 @@ impl World {
         dst: &Bound<'_, PyAny>,
         src: &Bound<'_, PyAny>,
         pe: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let Some((d, s, pe)) = self.plain_pair(dst, src, pe, true)? else {
             return Ok(false);
         };
-        let Some(stream) = self.current_stream(py)? else {
+        let Some(stream) = self.stream_of(py, stream)? else {
             return Ok(false);
         };
         if self.is_cuda() {
@@ -206,6 +209,7 @@ impl World {
         value: &Bound<'_, PyAny>,
         pe: &Bound<'_, PyAny>,
         op: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let Some((d, s, pe)) = self.plain_pair(dst, src, pe, false)? else {
             return Ok(false);
@@ -220,7 +224,7 @@ impl World {
         if !matches!(g.kind, ElemKind::U64 | ElemKind::I64) || g.nbytes < 8 || d.nbytes == 0 {
             return Ok(false);
         }
-        let Some(stream) = self.current_stream(py)? else {
+        let Some(stream) = self.stream_of(py, stream)? else {
             return Ok(false);
         };
         if self.is_cuda() {
@@ -240,6 +244,7 @@ impl World {
         cmp: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
         timeout: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<PyObject>> {
         let (Some(o), Some(c)) = (self.operand(t, false)?, one_of(cmp, &CMPS)) else {
             return Ok(None);
@@ -253,7 +258,8 @@ impl World {
             return Ok(None);
         }
         if self.is_cuda() {
-            let (Some(v), Some(stream), 8) = (word(value), self.current_stream(py)?, size) else {
+            let (Some(v), Some(stream), 8) = (word(value), self.stream_of(py, stream)?, size)
+            else {
                 return Ok(None);
             };
             self.wait_until_dev(py, o.addr, c, v, stream)?;
@@ -284,11 +290,12 @@ impl World {
         py: Python<'_>,
         t: &Bound<'_, PyAny>,
         op: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let (Some(o), Some(op)) = (self.operand(t, true)?, one_of(op, &REDUCE_OPS)) else {
             return Ok(false);
         };
-        let Some(stream) = self.current_stream(py)? else {
+        let Some(stream) = self.stream_of(py, stream)? else {
             return Ok(false);
         };
         let es = o.kind.size();
@@ -315,8 +322,13 @@ impl World {
     }
 
     /// The plain form of barrier and quiet: this PE's stream on the CUDA backend.
-    fn sync_plain(&self, py: Python<'_>, barrier: bool) -> PyResult<bool> {
-        let Some(stream) = self.current_stream(py)? else {
+    fn sync_plain(
+        &self,
+        py: Python<'_>,
+        barrier: bool,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let Some(stream) = self.stream_of(py, stream)? else {
             return Ok(false);
         };
         match (self.is_cuda(), barrier) {
@@ -342,8 +354,8 @@ pub(crate) fn put<'py>(
     pe: &Bound<'py, PyAny>,
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
-    if let (None, Some(w)) = (stream, live_world(py)) {
-        if w.get().put_plain(py, dst, src, pe)? {
+    if let Some(w) = live_world(py) {
+        if w.get().put_plain(py, dst, src, pe, stream)? {
             return Ok(());
         }
     }
@@ -361,8 +373,8 @@ pub(crate) fn get<'py>(
     pe: &Bound<'py, PyAny>,
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
-    if let (None, Some(w)) = (stream, live_world(py)) {
-        if w.get().get_plain(py, dst, src, pe)? {
+    if let Some(w) = live_world(py) {
+        if w.get().get_plain(py, dst, src, pe, stream)? {
             return Ok(());
         }
     }
@@ -385,11 +397,11 @@ pub(crate) fn put_signal<'py>(
     op: Option<&Bound<'py, PyAny>>,
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
-    if let (None, Some(w)) = (stream, live_world(py)) {
+    if let Some(w) = live_world(py) {
         let set = PyString::new(py, "set").into_any();
         let op = op.unwrap_or(&set);
         if w.get()
-            .put_signal_plain(py, dst, src, signal, value, pe, op)?
+            .put_signal_plain(py, dst, src, signal, value, pe, op, stream)?
         {
             return Ok(());
         }
@@ -420,8 +432,11 @@ pub(crate) fn wait_until<'py>(
     timeout: Option<&Bound<'py, PyAny>>,
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<PyObject> {
-    if let (None, Some(w)) = (stream, live_world(py)) {
-        if let Some(v) = w.get().wait_until_plain(py, t, cmp, value, timeout)? {
+    if let Some(w) = live_world(py) {
+        if let Some(v) = w
+            .get()
+            .wait_until_plain(py, t, cmp, value, timeout, stream)?
+        {
             return Ok(v);
         }
     }
@@ -442,8 +457,8 @@ pub(crate) fn barrier<'py>(
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
     let sync = async_op.map_or(Ok(true), |a| a.is_truthy().map(|t| !t))?;
-    if let (None, None, true, Some(w)) = (group, stream, sync, live_world(py)) {
-        if w.get().sync_plain(py, true)? {
+    if let (None, true, Some(w)) = (group, sync, live_world(py)) {
+        if w.get().sync_plain(py, true, stream)? {
             return Ok(());
         }
     }
@@ -456,8 +471,8 @@ pub(crate) fn barrier<'py>(
 #[pyfunction]
 #[pyo3(signature = (*, stream=None))]
 pub(crate) fn quiet<'py>(py: Python<'py>, stream: Option<&Bound<'py, PyAny>>) -> PyResult<()> {
-    if let (None, Some(w)) = (stream, live_world(py)) {
-        if w.get().sync_plain(py, false)? {
+    if let Some(w) = live_world(py) {
+        if w.get().sync_plain(py, false, stream)? {
             return Ok(());
         }
     }
@@ -488,9 +503,11 @@ pub(crate) fn all_reduce<'py>(
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
     let sync = async_op.map_or(Ok(true), |a| a.is_truthy().map(|t| !t))?;
-    if let (None, None, None, true, Some(w)) = (group, out, stream, sync, live_world(py)) {
+    if let (None, None, true, Some(w)) = (group, out, sync, live_world(py)) {
         let sum = PyString::new(py, "sum").into_any();
-        if w.get().all_reduce_plain(py, tensor, op.unwrap_or(&sum))? {
+        if w.get()
+            .all_reduce_plain(py, tensor, op.unwrap_or(&sum), stream)?
+        {
             return Ok(());
         }
     }
