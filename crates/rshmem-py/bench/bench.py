@@ -11,8 +11,9 @@ that this command starts):
 
 Records:
 * ``call_overhead``: host microseconds per call from Python against the same operation issued
-  by a Rust loop in the same process, in alternating rounds (medians). GPU: ``rshmem.put`` of 8
-  bytes, stream-ordered, not synchronised (rank 0 alone, rounds of 500 calls). CPU (``--cpu``):
+  by a Rust loop in the same process, in alternating rounds (medians). GPU: ``put``, ``get``,
+  ``put_signal`` of 8 bytes, ``wait_until`` (already true) and ``quiet``, stream-ordered on the
+  current stream, not synchronised (rank 0 alone, rounds of 500 calls). CPU (``--cpu``):
   a list, per operand kind (numpy arrays; torch CPU tensors where torch is importable) and
   call: ``put``/``get`` of 8 bytes, ``put_signal``, ``wait_until`` (already true) from PE 0
   while PE 1 waits in a barrier, ``barrier`` and a 64-byte float32 ``all_reduce`` on both PEs
@@ -147,39 +148,53 @@ def call_overhead_cpu(quick):
 
 
 def call_overhead_gpu(torch):
-    """Rank 0 measures (rank 1 waits in a barrier): rounds of Python calls (a plain loop, as a
-    user writes it) alternating with rounds of the Rust loop, so both see the same machine;
-    medians over the rounds. A round is short enough that the stream's queue never fills
-    (a full queue would time the GPU's copies, not the calls); the GPU's own time per put is
-    recorded beside it."""
+    """Rank 0 measures (rank 1 waits in a barrier): per call, rounds of Python calls (a plain
+    loop, as a user writes it) alternating with rounds of the Rust loop, so both see the same
+    machine; medians over the rounds. A round is short enough that the stream's queue never
+    fills (a full queue would time the GPU's work, not the calls); the GPU's own time per put
+    is recorded beside it."""
     w = rshmem._world.current()
     me = rshmem.my_pe()
     dst = rshmem.zeros(1, torch.int64)
     src = rshmem.zeros(1, torch.int64)
+    sig = rshmem.zeros(1, torch.uint64)
     rec = None
     if me == 0:
         iters, rounds = 500, 21
         s = torch.cuda.current_stream()
-        put = rshmem.put
-        py, rs = [], []
-        for _ in range(rounds):
+        put, get, put_signal, wait_until, quiet = (rshmem.put, rshmem.get, rshmem.put_signal,
+                                                   rshmem.wait_until, rshmem.quiet)
+        calls = {
+            "put": lambda: put(dst, src, 1),
+            "get": lambda: get(dst, src, 1),
+            "put_signal": lambda: put_signal(dst, src, sig, 1, 1),
+            "wait_until": lambda: wait_until(sig, ">=", 0),
+            "quiet": quiet,
+        }
+        args = {"dst": dst.data_ptr(), "src": src.data_ptr(), "nbytes": 8,
+                "sig": sig.data_ptr(), "pe": 1}
+        recs = []
+        for name, fn in calls.items():
+            py, rs = [], []
+            for _ in range(rounds):
+                s.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    fn()
+                py.append((time.perf_counter() - t0) / iters)
+                s.synchronize()
+                rs.append(w.op_dev_loop(name, iters, s.cuda_stream, **args))
             s.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                put(dst, src, 1)
-            py.append((time.perf_counter() - t0) / iters)
-            s.synchronize()
-            rs.append(w.put_dev_loop(dst.data_ptr(), src.data_ptr(), 8, 1, s.cuda_stream, iters))
-        s.synchronize()
+            p, r = med(py), med(rs)
+            recs.append({"call": name, "python_us": p * 1e6, "rust_us": r * 1e6,
+                         "overhead_us": (p - r) * 1e6})
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        w.put_dev_loop(dst.data_ptr(), src.data_ptr(), 8, 1, s.cuda_stream, iters)
+        w.op_dev_loop("put", iters, s.cuda_stream, **args)
         b.record()
         s.synchronize()
-        p, r = med(py), med(rs)
-        rec = {"python_us": p * 1e6, "rust_us": r * 1e6, "overhead_us": (p - r) * 1e6,
-               "gpu_us_per_put": a.elapsed_time(b) * 1e3 / iters, "rounds": rounds,
-               "iters": iters}
+        rec = {"calls": recs, "gpu_us_per_put": a.elapsed_time(b) * 1e3 / iters,
+               "rounds": rounds, "iters": iters}
     torch.cuda.synchronize()
     rshmem.barrier()
     return rec

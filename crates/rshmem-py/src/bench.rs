@@ -4,6 +4,7 @@
 //! the Python side adds.
 
 use crate::errors::invalid;
+use crate::gpu::stream;
 use crate::ops::{sym, HostBytes};
 use crate::world::World;
 use pyo3::prelude::*;
@@ -96,6 +97,64 @@ impl World {
                     }
                     "fence" => p.fence(),
                     _ => p.quiet()?,
+                }
+            }
+            Ok(t0.elapsed().as_secs_f64() / iters.max(1) as f64)
+        })
+    }
+
+    /// `iters` stream-ordered calls of `op` on `stream_ptr` from a Rust loop; returns the host
+    /// seconds per call (the GIL released). `op`: `put` (symmetric `src` into `dst`, `nbytes`),
+    /// `get`, `put_signal` (as put, then set the `u64` at `sig`), `wait_until` (the `u64` at
+    /// `sig` >= 0), `quiet`.
+    #[pyo3(signature = (op, iters, stream_ptr, dst=0, src=0, nbytes=0, sig=0, pe=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn op_dev_loop(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        iters: usize,
+        stream_ptr: usize,
+        dst: u64,
+        src: u64,
+        nbytes: usize,
+        sig: u64,
+        pe: usize,
+    ) -> PyResult<f64> {
+        if !matches!(op, "put" | "get" | "put_signal" | "wait_until" | "quiet") {
+            return Err(invalid(format!("op_dev_loop: unknown op {op:?}")));
+        }
+        self.run_cuda(py, |_, g| {
+            let st = stream(&g, stream_ptr);
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                match op {
+                    "put" => {
+                        self.with_views(dst, src, nbytes, |d, s| g.put_on_stream(&st, d, s, pe))?
+                    }
+                    "get" => {
+                        self.with_views(dst, src, nbytes, |d, s| g.get_on_stream(&st, d, s, pe))?
+                    }
+                    "put_signal" => {
+                        let h = self.hold(&[
+                            (dst, nbytes, "destination"),
+                            (src, nbytes, "source"),
+                            (sig, 8, "signal"),
+                        ])?;
+                        let gd = h.guards();
+                        let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;
+                        let s = sym(&gd[1])?.view::<u8>(h.offset(1), nbytes)?;
+                        let sv = sym(&gd[2])?.view::<u64>(h.offset(2), 1)?;
+                        let signal = Signal::new(&sv, 0, 1, SignalOp::Set);
+                        g.put_signal_on_stream(&st, &d, &s, signal, pe)?;
+                    }
+                    "wait_until" => {
+                        let h = self.hold(&[(sig, 8, "signal")])?;
+                        let gd = h.guards();
+                        let sv = sym(&gd[0])?.view::<u64>(h.offset(0), 1)?;
+                        g.wait_until_on_stream(&st, &sv, 0, Cmp::Ge, 0)?;
+                    }
+                    _ => g.quiet_on_stream(&st)?,
                 }
             }
             Ok(t0.elapsed().as_secs_f64() / iters.max(1) as f64)
