@@ -4,6 +4,7 @@ A process started by torchrun or ``rshmem run`` holds one PE (``init()``); threa
 Python threads as n PEs of one world (``launch(n, fn)``), each thread seeing its own PE.
 """
 
+import atexit
 import threading
 from typing import Any, Callable, List, Optional
 
@@ -11,7 +12,10 @@ from . import _rshmem
 from .errors import InvalidArgument, PeerLost, WorldEnded
 
 # Which PE the calling thread is lives in the native module (``set_world``, ``current_world``),
-# where the entry points of the hot calls find it without Python code.
+# where the entry points of the hot calls find it without Python code. The process's PE is let
+# go at exit (as a module global is at interpreter shutdown), so a PE never finalized still
+# releases its resources there.
+atexit.register(_rshmem.set_world, None, False)
 
 
 def current() -> _rshmem.World:
