@@ -17,6 +17,7 @@ from . import _coll as C
 from . import _ops
 from . import _world
 from ._pg_route import CALLS, Router, routed
+from ._rshmem import all_reduce as _all_reduce  # native entry (plain tensors: no Python code)
 from ._tensors import empty, free
 from .dist import BACKEND, Options
 from .errors import CollectiveMismatch, Error, HeapExhausted, InvalidArgument
@@ -308,13 +309,13 @@ class ProcessGroupRshmem(dist.ProcessGroup):
         if not t.numel():
             return self._work(opts, [t])
         if self._sym(t):
-            C.all_reduce(t, rop)
+            _all_reduce(t, rop)
             if op == "avg":
                 t.div_(self.size())
         else:
             s = self._stage(0, t.nbytes, "all_reduce").view(t.dtype).view(t.shape)
             s.copy_(t)
-            C.all_reduce(s, rop)
+            _all_reduce(s, rop)
             if op == "avg":
                 s.div_(self.size())
             t.copy_(s)
