@@ -3,11 +3,10 @@
 //! `all_reduce`): the PE is found and plain operands (and a `stream=` of the PE's GPU) are read
 //! here (`fast.rs`), and the call goes straight to the library with no Python code in between.
 //! Anything else (another kind of operand or stream, an argument of another type, an operand
-//! of another device, no PE)
-//! goes to the Python layer's checked function of the same name with the same arguments,
-//! which raises the precise error or serves the call. Errors of the call itself (an operand
-//! off the symmetric heap, a freed tensor) are the same on both paths: they come from the
-//! same native calls.
+//! of another device, no PE) goes to the Python layer's checked function of the same name with
+//! the same arguments, which raises the precise error or serves the call. Errors of the call
+//! itself (an operand off the symmetric heap, a freed tensor) are the same on both paths: they
+//! come from the same native calls.
 
 use crate::fast::{name_of, plain_index, Operand};
 use crate::world::World;
