@@ -383,6 +383,10 @@ def torchrun_main(mode):
     assert (rshmem.my_pe(), rshmem.n_pes()) == (me, n) and dist.get_backend() == "rshmem"
     dev = torch.device("cpu") if mode == "cpu" else torch.device("cuda", rshmem.device())
     gloo = dist.new_group(backend="gloo") if mode == "cpu" else None
+    # One device (torch picks the device of object collectives from these).
+    types = [d.type for d in dist.group.WORLD._device_types]
+    if types != [dev.type]:
+        BAD.append(f"device types {types}")
     whole = dist.new_group()  # every rank in order: served by the same world
     t = torch.full((5,), float(me + 1), device=dev)
     dist.all_reduce(t, group=whole)
@@ -445,6 +449,9 @@ def mixed_main(mode):
         check(f"cpu all_gather_into_tensor {dtype}", out, torch.cat(xs))
     if not isinstance(pg._get_backend(cpu), dist.ProcessGroupGloo):
         BAD.append(f"cpu backend {type(pg._get_backend(cpu)).__name__}")
+    types = [d.type for d in pg._device_types]
+    if types != (["cuda", "cpu"] if mode == "mixed-cuda" else ["cpu"]):
+        BAD.append(f"mixed device types {types}")
     # Calls rshmem does not serve: gloo's.
     xs = inputs("mixed p2p", (16,), torch.int64, n)
     peer = (me + 1) % n

@@ -63,6 +63,18 @@ def test_import_registers_the_backend():
 
 
 @needs_torch
+def test_route_helpers():
+    from rshmem._pg_route import device_map, first_tensor
+
+    assert device_map("cpu:gloo,cuda:rshmem") == {"cpu": "gloo", "cuda": "rshmem"}
+    assert device_map("cpu:rshmem,cuda:rshmem") == {"cpu": "rshmem", "cuda": "rshmem"}
+    t, u = torch.zeros(1), torch.ones(2)
+    assert first_tensor(([[], [t]], u)) is t
+    assert first_tensor(([], None, 3)) is None
+    assert first_tensor((u, [t])) is u
+
+
+@needs_torch
 def test_cpu_tensors_under_torchrun_against_exact_values_and_gloo():
     torchrun("cpu")
 

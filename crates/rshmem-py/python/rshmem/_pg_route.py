@@ -73,7 +73,7 @@ class Router:
         if m is None:
             return [also] if also else []
         out = [also] if also and m.get(also, BACKEND) == BACKEND else []
-        return out + [d for d, name in m.items() if name != BACKEND and d != also]
+        return out + [d for d, name in m.items() if name != BACKEND and d not in out]
 
     def _device_map(self, group: Any) -> Optional[Dict[str, str]]:
         if self._map is None:
