@@ -4,7 +4,8 @@
 # runs, by argument:
 #   tests  the whole pytest suite: CPU tests with numpy and torch CPU tensors, the GPU tests in
 #          thread mode, collectives against NCCL and the MoE layer example under torchrun
-#   bench  bench/bench.py under torchrun --nproc-per-node 2 (JSON)
+#   bench  bench/bench.py under torchrun --nproc-per-node 2 (JSON; $BENCH_ARGS added, e.g.
+#          BENCH_ARGS=--one-gpu RSHMEM_DEVICES=0,0 on a machine of one GPU)
 #   all    both (default)
 # Logs and bench.json go to $OUT (default /tmp/rshmem-py-gpu).
 set -uo pipefail
@@ -41,7 +42,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   "$PY" -m torch.distributed.run --nproc-per-node 2 --master-port 29611 bench/bench.py \
-    --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
+    --json "$out/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
   [ "${PIPESTATUS[0]}" -ne 0 ] && rc=1
 fi
 echo "logs in $out"

@@ -4,14 +4,20 @@ GPU machine (2 GPUs, torch with CUDA):
 
     torchrun --nproc-per-node 2 crates/rshmem-py/bench/bench.py [--quick] [--json out.json]
 
-CPU only (no torch.distributed baseline; the per-call overhead only):
+CPU only (no torch.distributed baseline; the per-call overhead only, two PEs as two processes
+that this command starts):
 
-    python crates/rshmem-py/bench/bench.py --cpu
+    python crates/rshmem-py/bench/bench.py --cpu [--quick]
 
 Records:
-* ``call_overhead``: host microseconds per ``rshmem.put`` call from Python against the same
-  operation issued by a Rust loop in the same process (8 bytes; GPU: stream-ordered, not
-  synchronised; rank 0 alone, alternating rounds of 500 calls, medians). Target: Python - Rust <= 2 us.
+* ``call_overhead``: host microseconds per call from Python against the same operation issued
+  by a Rust loop in the same process, in alternating rounds (medians). GPU: ``put``, ``get``,
+  ``put_signal`` of 8 bytes, ``wait_until`` (already true) and ``quiet``, stream-ordered on the
+  current stream, not synchronised (rank 0 alone, rounds of 500 calls). CPU (``--cpu``):
+  a list, per operand kind (numpy arrays; torch CPU tensors where torch is importable) and
+  call: ``put``/``get`` of 8 bytes, ``put_signal``, ``wait_until`` (already true) from PE 0
+  while PE 1 waits in a barrier, ``barrier`` and a 64-byte float32 ``all_reduce`` on both PEs
+  in step. Target: Python - Rust <= 2 us.
 * ``all_reduce``: GPU microseconds per in-place all_reduce (float32 and bfloat16, 4 KiB to
   1 MiB) for rshmem and torch.distributed (NCCL) on the same stream; ratio = rshmem / NCCL.
   Target: <= 0.5 for small sizes. Also ``dist.all_reduce`` on a group of the "rshmem" backend
@@ -43,66 +49,152 @@ def timed(fn, iters, sync=lambda: None):
     return (time.perf_counter() - t0) / iters
 
 
-def call_overhead_cpu():
-    """Thread mode, 2 PEs, host heap."""
+def med(v):
+    return sorted(v)[len(v) // 2]
 
-    def f():
-        me = rshmem.my_pe()
-        dst = rshmem.numpy.zeros(1, np.int64)
-        src = np.ones(1, np.int64)
-        if me == 1:  # PE 1 waits in a barrier (without the GIL) while PE 0 measures
+
+# (call, both PEs take part): the host calls whose overhead --cpu measures.
+CPU_CALLS = (("put", False), ("get", False), ("put_signal", False), ("wait_until", False),
+             ("barrier", True), ("all_reduce", True))
+
+
+def cpu_operands(kind):
+    """Symmetric int64 word, host int64 word, symmetric uint64 signal, symmetric float32[16]."""
+    if kind == "numpy":
+        mod, addr = rshmem.numpy, (lambda a: a.__array_interface__["data"][0])
+        return (mod.zeros(1, np.int64), np.ones(1, np.int64), mod.zeros(1, np.uint64),
+                mod.zeros(16, np.float32), addr)
+    import torch
+
+    return (rshmem.zeros(1, torch.int64), torch.ones(1, dtype=torch.int64),
+            rshmem.zeros(1, torch.uint64), rshmem.zeros(16, torch.float32),
+            lambda t: t.data_ptr())
+
+
+def cpu_pe(rank, address, quick):
+    """One of the two PEs of --cpu; PE 0 returns the records."""
+    rshmem.init(rank=rank, world_size=2, address=address, backend="shm", timeout=60.0)
+    w = rshmem._world.current()
+    rounds, iters = (5, 500) if quick else (15, 2000)
+    kinds = ["numpy"]
+    try:
+        import torch  # noqa: F401
+
+        kinds.append("torch")
+    except ImportError:
+        pass
+    recs = []
+    for kind in kinds:
+        dst, src, sig, x, addr = cpu_operands(kind)
+        put, get, put_signal, wait_until = (rshmem.put, rshmem.get, rshmem.put_signal,
+                                            rshmem.wait_until)
+        barrier, all_reduce = rshmem.barrier, rshmem.all_reduce
+        calls = {
+            "put": lambda: put(dst, src, 1),
+            "get": lambda: get(src, dst, 1),
+            "put_signal": lambda: put_signal(dst, src, sig, 1, 1),
+            "wait_until": lambda: wait_until(dst, ">=", 0),
+            "barrier": barrier,
+            "all_reduce": lambda: all_reduce(x),
+        }
+        for name, both in CPU_CALLS:
+            args = {"put": (addr(dst), addr(src), 8, 0),
+                    "get": (addr(src), addr(dst), 8, 0),
+                    "put_signal": (addr(dst), addr(src), 8, addr(sig)),
+                    "wait_until": (addr(dst), 0, 8, 0),
+                    "all_reduce": (addr(x), 0, 64, 0)}.get(name, (0, 0, 0, 0))
             rshmem.barrier()
-            return None
-        iters = 200_000
-        put = rshmem.put
-        put(dst, src, 1)
-        t0 = time.perf_counter()
-        for _ in range(iters):  # a plain loop, as a user writes it
-            put(dst, src, 1)
-        py = (time.perf_counter() - t0) / iters
-        rs = rshmem._world.current().put_loop(dst.__array_interface__["data"][0],
-                                              src.__array_interface__["data"][0], 8, 1, iters)
-        rshmem.barrier()
-        return {"python_us": py * 1e6, "rust_us": rs * 1e6, "overhead_us": (py - rs) * 1e6}
+            if rank == 1 and not both:  # waits in a barrier while PE 0 measures
+                rshmem.barrier()
+                continue
+            fn = calls[name]
+            py, rs = [], []
+            for _ in range(rounds):
+                fn()
+                t0 = time.perf_counter()
+                for _ in range(iters):  # a plain loop, as a user writes it
+                    fn()
+                py.append((time.perf_counter() - t0) / iters)
+                d, s, n, g = args
+                rs.append(w.op_loop(name, iters, dst=d, src=s, nbytes=n, sig=g, pe=1))
+            if not both:
+                rshmem.barrier()
+            p, r = med(py), med(rs)
+            recs.append({"kind": kind, "call": name, "python_us": p * 1e6, "rust_us": r * 1e6,
+                         "overhead_us": (p - r) * 1e6})
+    rshmem.finalize()
+    return recs
 
-    return rshmem.launch(2, f)[0]
+
+def call_overhead_cpu(quick):
+    """Two PEs as two processes of this script (each with its own interpreter, as under
+    torchrun), host heap; PE 0's records."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, __file__, "--cpu-pe", "0", "--address", f"127.0.0.1:{port}"]
+    cmd += ["--quick"] if quick else []
+    procs = []
+    for r in range(2):
+        cmd[3] = str(r)
+        procs.append(subprocess.Popen(list(cmd), stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=1200)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"a PE failed: {[p.returncode for p in procs]}")
+    return json.loads(outs[0])
 
 
 def call_overhead_gpu(torch):
-    """Rank 0 measures (rank 1 waits in a barrier): rounds of Python calls (a plain loop, as a
-    user writes it) alternating with rounds of the Rust loop, so both see the same machine;
-    medians over the rounds. A round is short enough that the stream's queue never fills
-    (a full queue would time the GPU's copies, not the calls); the GPU's own time per put is
-    recorded beside it."""
+    """Rank 0 measures (rank 1 waits in a barrier): per call, rounds of Python calls (a plain
+    loop, as a user writes it) alternating with rounds of the Rust loop, so both see the same
+    machine; medians over the rounds. A round is short enough that the stream's queue never
+    fills (a full queue would time the GPU's work, not the calls); the GPU's own time per put
+    is recorded beside it."""
     w = rshmem._world.current()
     me = rshmem.my_pe()
     dst = rshmem.zeros(1, torch.int64)
     src = rshmem.zeros(1, torch.int64)
+    sig = rshmem.zeros(1, torch.uint64)
     rec = None
     if me == 0:
         iters, rounds = 500, 21
         s = torch.cuda.current_stream()
-        put = rshmem.put
-        py, rs = [], []
-        for _ in range(rounds):
+        put, get, put_signal, wait_until, quiet = (rshmem.put, rshmem.get, rshmem.put_signal,
+                                                   rshmem.wait_until, rshmem.quiet)
+        calls = {
+            "put": lambda: put(dst, src, 1),
+            "get": lambda: get(dst, src, 1),
+            "put_signal": lambda: put_signal(dst, src, sig, 1, 1),
+            "wait_until": lambda: wait_until(sig, ">=", 0),
+            "quiet": quiet,
+        }
+        args = {"dst": dst.data_ptr(), "src": src.data_ptr(), "nbytes": 8,
+                "sig": sig.data_ptr(), "pe": 1}
+        recs = []
+        for name, fn in calls.items():
+            py, rs = [], []
+            for _ in range(rounds):
+                s.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    fn()
+                py.append((time.perf_counter() - t0) / iters)
+                s.synchronize()
+                rs.append(w.op_dev_loop(name, iters, s.cuda_stream, **args))
             s.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                put(dst, src, 1)
-            py.append((time.perf_counter() - t0) / iters)
-            s.synchronize()
-            rs.append(w.put_dev_loop(dst.data_ptr(), src.data_ptr(), 8, 1, s.cuda_stream, iters))
-        s.synchronize()
+            p, r = med(py), med(rs)
+            recs.append({"call": name, "python_us": p * 1e6, "rust_us": r * 1e6,
+                         "overhead_us": (p - r) * 1e6})
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        w.put_dev_loop(dst.data_ptr(), src.data_ptr(), 8, 1, s.cuda_stream, iters)
+        w.op_dev_loop("put", iters, s.cuda_stream, **args)
         b.record()
         s.synchronize()
-        med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
-        p, r = med(py), med(rs)
-        rec = {"python_us": p * 1e6, "rust_us": r * 1e6, "overhead_us": (p - r) * 1e6,
-               "gpu_us_per_put": a.elapsed_time(b) * 1e3 / iters, "rounds": rounds,
-               "iters": iters}
+        rec = {"calls": recs, "gpu_us_per_put": a.elapsed_time(b) * 1e3 / iters,
+               "rounds": rounds, "iters": iters}
     torch.cuda.synchronize()
     rshmem.barrier()
     return rec
@@ -229,12 +321,19 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="host heap, thread mode, no NCCL")
     ap.add_argument("--json", help="also write the records to this file")
+    ap.add_argument("--cpu-pe", type=int, help=argparse.SUPPRESS)  # one PE of --cpu
+    ap.add_argument("--address", help=argparse.SUPPRESS)
     ap.add_argument("--one-gpu", action="store_true",
                     help="every rank on one GPU (NCCL cannot run there, and kernels waiting on "
                          "another process's time slice time nothing): the call overhead only")
     a = ap.parse_args()
+    if a.cpu_pe is not None:
+        recs = cpu_pe(a.cpu_pe, a.address, a.quick)
+        if a.cpu_pe == 0:
+            print(json.dumps(recs))
+        return 0
     if a.cpu:
-        rec = {"backend": "shm", "call_overhead": call_overhead_cpu()}
+        rec = {"backend": "shm", "call_overhead": call_overhead_cpu(a.quick)}
     else:
         import torch
         import torch.distributed as dist

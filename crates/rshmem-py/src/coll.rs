@@ -40,7 +40,7 @@ impl World {
     /// `rshmem::coll::Coll` defines it. The GIL is released.
     #[pyo3(signature = (kind_name, dtype, dst, dst_bytes, src, src_bytes, count, op=None, root=0))]
     #[allow(clippy::too_many_arguments)]
-    fn collective(
+    pub(crate) fn collective(
         &self,
         py: Python<'_>,
         kind_name: &str,

@@ -1,50 +1,87 @@
-//! The fast path of `put` and `get` on torch tensors: the operands are read here (address,
-//! bytes, dtype, device, contiguity) and the call goes straight to the library, with no Python
-//! code in between, so a call from Python costs little more than the same call from Rust.
-//! On the host backend plain numpy arrays take it too (the package's CPU surface). Anything
-//! unusual (not a contiguous torch tensor or numpy array, `torch.bool`, an element type rshmem
-//! does not have, dtypes or sizes that differ, a read-only destination of a get, another device,
-//! a PE that is not a plain in-range `int`) answers `False` and the Python layer takes its
-//! checked path, which raises the precise error. Errors of the call itself (an operand
-//! off the symmetric heap, a freed tensor) are the same on both paths: they come from the same
-//! Rust calls.
+//! Reading plain operands in Rust: a C-contiguous numpy array (native byte order) or a
+//! contiguous torch tensor of one of rshmem's 12 element types becomes its address, bytes,
+//! element type and device without any Python code, so the entry points of `front.rs` cost
+//! little more from Python than the same call from Rust. Anything unusual (another type, a
+//! non-contiguous or byte-swapped array, `torch.bool`, an element type rshmem does not have, a
+//! read-only destination) reads as `None`, and the caller takes the Python layer's checked
+//! path, which raises the precise error.
 
 use crate::world::World;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyCapsule, PyCapsuleMethods, PyInt, PyType};
+use rshmem::ElemKind;
 use std::ffi::{c_char, c_int, c_void};
 
 /// The torch objects the fast path needs, looked up once.
-struct Torch {
+pub(crate) struct Torch {
     tensor: Py<PyType>,
-    bool_: Py<PyAny>,
+    /// The dtype objects of the 12 element types (torch's dtypes are singletons: a dtype is
+    /// recognised by identity).
+    dtypes: Vec<(usize, ElemKind)>,
     /// `torch._C._cuda_getCurrentRawStream` (absent from CPU-only builds).
     raw_stream: Option<Py<PyAny>>,
+    /// `torch.cuda.Stream`.
+    stream_type: Option<Py<PyType>>,
 }
 
 static TORCH: GILOnceCell<Option<Torch>> = GILOnceCell::new();
 
-fn torch(py: Python<'_>) -> Option<&'static Torch> {
+/// torch, where it is importable.
+pub(crate) fn torch(py: Python<'_>) -> Option<&'static Torch> {
     TORCH
         .get_or_init(py, || {
             // The package imports torch where it is installed; without it there is no fast path.
             let m = py.import("torch").ok()?;
             let tensor = m.getattr("Tensor").ok()?.downcast_into::<PyType>().ok()?;
-            let bool_ = m.getattr("bool").ok()?;
+            let dtypes = KINDS
+                .iter()
+                .filter_map(|&(name, k)| Some((m.getattr(name).ok()?.as_ptr() as usize, k)))
+                .collect();
             let raw_stream = m
                 .getattr("_C")
                 .and_then(|c| c.getattr("_cuda_getCurrentRawStream"))
                 .ok()
                 .map(Bound::unbind);
+            let stream_type = py
+                .import("torch.cuda")
+                .and_then(|c| c.getattr("Stream"))
+                .ok()
+                .and_then(|t| t.downcast_into::<PyType>().ok())
+                .map(Bound::unbind);
             Some(Torch {
                 tensor: tensor.unbind(),
-                bool_: bool_.unbind(),
+                dtypes,
                 raw_stream,
+                stream_type,
             })
         })
         .as_ref()
+}
+
+/// The 12 element types by their torch (and rshmem) names.
+pub(crate) const KINDS: [(&str, ElemKind); 12] = [
+    ("int8", ElemKind::I8),
+    ("int16", ElemKind::I16),
+    ("int32", ElemKind::I32),
+    ("int64", ElemKind::I64),
+    ("uint8", ElemKind::U8),
+    ("uint16", ElemKind::U16),
+    ("uint32", ElemKind::U32),
+    ("uint64", ElemKind::U64),
+    ("float16", ElemKind::F16),
+    ("bfloat16", ElemKind::Bf16),
+    ("float32", ElemKind::F32),
+    ("float64", ElemKind::F64),
+];
+
+/// The rshmem (torch) name of an element type.
+pub(crate) fn name_of(k: ElemKind) -> &'static str {
+    KINDS
+        .iter()
+        .find(|&&(_, kk)| kk == k)
+        .map_or("?", |&(n, _)| n)
 }
 
 /// numpy's array type, looked up once.
@@ -79,18 +116,22 @@ const C_CONTIGUOUS: c_int = 0x1;
 const NOTSWAPPED: c_int = 0x200;
 const WRITEABLE: c_int = 0x400;
 
+/// What a call needs to know about an array or tensor.
+#[derive(Clone, Copy)]
+pub(crate) struct Operand {
+    pub(crate) addr: u64,
+    pub(crate) nbytes: usize,
+    pub(crate) kind: ElemKind,
+    /// Whether the memory is the host's (asked of torch tensors where `ask_device` only: on
+    /// the CUDA backend an address on the heap settles the device).
+    pub(crate) host: bool,
+}
+
 /// A C-contiguous numpy array in native byte order of one of rshmem's element types (signed
 /// and unsigned integers of 1 to 8 bytes, floats of 2, 4 or 8; writable where `write`), or
-/// `None` where the checked path must decide.
-fn operand_np(
-    py: Python<'_>,
-    ndarray: &Py<PyType>,
-    a: &Bound<'_, PyAny>,
-    write: bool,
-) -> PyResult<Option<Operand>> {
-    if !a.get_type().is(ndarray.bind(py)) {
-        return Ok(None);
-    }
+/// `None`.
+fn operand_np(a: &Bound<'_, PyAny>, write: bool) -> PyResult<Option<Operand>> {
+    let py = a.py();
     let cap = a.getattr(intern!(py, "__array_struct__"))?;
     let Ok(cap) = cap.downcast::<PyCapsule>() else {
         return Ok(None);
@@ -106,15 +147,20 @@ fn operand_np(
     if i.two != 2 || i.flags & need != need || i.nd < 0 {
         return Ok(None);
     }
-    let kind = i.typekind as u8;
-    let ok = match kind {
-        b'i' | b'u' => matches!(i.itemsize, 1 | 2 | 4 | 8),
-        b'f' => matches!(i.itemsize, 2 | 4 | 8),
-        _ => false,
+    let kind = match (i.typekind as u8, i.itemsize) {
+        (b'i', 1) => ElemKind::I8,
+        (b'i', 2) => ElemKind::I16,
+        (b'i', 4) => ElemKind::I32,
+        (b'i', 8) => ElemKind::I64,
+        (b'u', 1) => ElemKind::U8,
+        (b'u', 2) => ElemKind::U16,
+        (b'u', 4) => ElemKind::U32,
+        (b'u', 8) => ElemKind::U64,
+        (b'f', 2) => ElemKind::F16,
+        (b'f', 4) => ElemKind::F32,
+        (b'f', 8) => ElemKind::F64,
+        _ => return Ok(None),
     };
-    if !ok {
-        return Ok(None);
-    }
     let mut elems: usize = 1;
     for d in 0..i.nd as usize {
         // SAFETY: `d < nd`, the length of `shape` (see above).
@@ -130,169 +176,92 @@ fn operand_np(
     Ok(Some(Operand {
         addr: i.data as u64,
         nbytes,
-        // The same code for the same element type (dst and src are compared with each other).
-        dtype: usize::from(kind) << 8 | i.itemsize as usize,
-        device: -1,
+        kind,
+        host: true,
     }))
 }
 
-/// What a call needs to know about a tensor.
-struct Operand {
-    addr: u64,
-    nbytes: usize,
-    /// The dtype object (torch's dtypes are singletons: the same dtype is the same object).
-    dtype: usize,
-    /// `get_device()`: -1 on the host (asked on the host backend only).
-    device: i64,
-}
-
-/// The operand `a`, or `None` where the checked path must decide. `device` is asked only
-/// where `ask_device` (on the CUDA backend an address on the heap settles the device).
-fn operand(
-    py: Python<'_>,
-    t: &Torch,
-    a: &Bound<'_, PyAny>,
-    ask_device: bool,
-) -> PyResult<Option<Operand>> {
+/// A contiguous torch tensor of one of rshmem's element types, or `None`.
+fn operand_torch(t: &Torch, a: &Bound<'_, PyAny>, ask_device: bool) -> PyResult<Option<Operand>> {
+    let py = a.py();
     if !a.is_instance(t.tensor.bind(py))? {
         return Ok(None);
     }
-    if !a.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
+    let dtype = a.getattr(intern!(py, "dtype"))?.as_ptr() as usize;
+    let Some(&(_, kind)) = t.dtypes.iter().find(|&&(d, _)| d == dtype) else {
         return Ok(None);
-    }
-    let dtype = a.getattr(intern!(py, "dtype"))?;
-    if dtype.is(t.bool_.bind(py)) {
+    };
+    if !a.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
         return Ok(None);
     }
     Ok(Some(Operand {
         addr: a.call_method0(intern!(py, "data_ptr"))?.extract()?,
         nbytes: a.getattr(intern!(py, "nbytes"))?.extract()?,
-        dtype: dtype.as_ptr() as usize,
-        device: if ask_device {
-            a.call_method0(intern!(py, "get_device"))?.extract()?
-        } else {
-            0
-        },
+        kind,
+        host: ask_device && a.getattr(intern!(py, "is_cpu"))?.is_truthy()?,
     }))
 }
 
-/// A plain `int` PE in `0..n`, else `None`.
-fn plain_pe(pe: &Bound<'_, PyAny>, n: usize) -> Option<usize> {
-    let i = pe.downcast_exact::<PyInt>().ok()?;
+/// A plain `int` in `0..n`, else `None`.
+pub(crate) fn plain_index(v: &Bound<'_, PyAny>, n: usize) -> Option<usize> {
+    let i = v.downcast_exact::<PyInt>().ok()?;
     i.extract::<usize>().ok().filter(|&p| p < n)
 }
 
-/// A pair of operands of the same dtype and size on this world's kind of memory, with torch's
-/// current stream of their GPU on the CUDA backend (0 on the host).
-struct Pair {
-    dst: Operand,
-    src: Operand,
-    pe: usize,
-    stream: usize,
-}
-
 impl World {
-    /// `write_dst`: the call writes `dst` (a get), so a read-only array is not plain.
-    fn pair(
-        &self,
-        py: Python<'_>,
-        (dst, src, pe): (&Bound<'_, PyAny>, &Bound<'_, PyAny>, &Bound<'_, PyAny>),
-        write_dst: bool,
-    ) -> PyResult<Option<Pair>> {
-        let Some(pe) = plain_pe(pe, self.world_size()) else {
-            return Ok(None);
-        };
+    /// `a` as an operand of this PE's kind of memory (`write`: the call writes it), or `None`:
+    /// on the host a numpy array or CPU tensor, on the CUDA backend a tensor on the heap (an
+    /// address outside the heap -- another device, host memory -- is for the checked path).
+    pub(crate) fn operand(&self, a: &Bound<'_, PyAny>, write: bool) -> PyResult<Option<Operand>> {
+        let py = a.py();
         let cuda = self.is_cuda();
-        if let (false, Some(np)) = (cuda, ndarray(py)) {
-            let d = operand_np(py, np, dst, write_dst)?;
-            if let (Some(d), Some(s)) = (d, operand_np(py, np, src, false)?) {
-                let same = d.dtype == s.dtype && d.nbytes == s.nbytes;
-                return Ok(same.then_some(Pair {
-                    dst: d,
-                    src: s,
-                    pe,
-                    stream: 0,
-                }));
+        if !cuda {
+            if let Some(np) = ndarray(py) {
+                if a.get_type().is(np.bind(py)) {
+                    return operand_np(a, write);
+                }
             }
         }
         let Some(t) = torch(py) else { return Ok(None) };
-        let (Some(d), Some(s)) = (operand(py, t, dst, !cuda)?, operand(py, t, src, !cuda)?) else {
+        let Some(o) = operand_torch(t, a, !cuda)? else {
             return Ok(None);
         };
-        if d.dtype != s.dtype || d.nbytes != s.nbytes {
-            return Ok(None);
-        }
-        let stream = match (cuda, self.ordinal(), &t.raw_stream) {
-            // Both operands must be symmetric, so on this PE's GPU: an address outside the
-            // heap (another device, host memory) goes to the checked path and its error.
-            (true, Some(dev), Some(raw)) => {
-                if !self.on_heap(d.addr, d.nbytes) || !self.on_heap(s.addr, s.nbytes) {
+        let mine = if cuda {
+            self.on_heap(o.addr, o.nbytes)
+        } else {
+            o.host
+        };
+        Ok(mine.then_some(o))
+    }
+
+    /// The raw stream a call runs on: `stream` (a `torch.cuda.Stream` of this PE's GPU), else
+    /// torch's current stream of this PE's GPU (CUDA backend); 0 on the host without a
+    /// `stream`. `None` where the checked path must decide (a `stream` on the host, of another
+    /// type or device; a torch without CUDA).
+    pub(crate) fn stream_of(
+        &self,
+        py: Python<'_>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<usize>> {
+        let t = torch(py);
+        match (self.is_cuda(), stream, self.ordinal()) {
+            (false, None, _) => Ok(Some(0)),
+            (true, None, Some(dev)) => match t.and_then(|t| t.raw_stream.as_ref()) {
+                Some(raw) => Ok(Some(raw.bind(py).call1((dev,))?.extract()?)),
+                None => Ok(None),
+            },
+            (true, Some(s), Some(dev)) => {
+                let Some(ty) = t.and_then(|t| t.stream_type.as_ref()) else {
+                    return Ok(None);
+                };
+                if !s.is_instance(ty.bind(py))?
+                    || s.getattr(intern!(py, "device_index"))?.extract::<i64>()? != dev as i64
+                {
                     return Ok(None);
                 }
-                raw.bind(py).call1((dev,))?.extract()?
+                Ok(Some(s.getattr(intern!(py, "cuda_stream"))?.extract()?))
             }
-            (false, _, _) if d.device < 0 && s.device < 0 => 0,
-            _ => return Ok(None),
-        };
-        Ok(Some(Pair {
-            dst: d,
-            src: s,
-            pe,
-            stream,
-        }))
-    }
-}
-
-impl World {
-    /// Runs `op` on the plain pair, if it is one: whether it ran.
-    fn with_pair(
-        &self,
-        py: Python<'_>,
-        args: (&Bound<'_, PyAny>, &Bound<'_, PyAny>, &Bound<'_, PyAny>),
-        write_dst: bool,
-        op: impl FnOnce(Pair) -> PyResult<()>,
-    ) -> PyResult<bool> {
-        match self.pair(py, args, write_dst)? {
-            Some(p) => op(p).map(|()| true),
-            None => Ok(false),
+            _ => Ok(None),
         }
-    }
-}
-
-#[pymethods]
-impl World {
-    /// `put(dst, src, pe)` on torch's current stream (CUDA) or from host memory (shm), when
-    /// the operands are plain: returns whether it ran (`False`: take the checked path).
-    fn put_fast(
-        &self,
-        py: Python<'_>,
-        dst: &Bound<'_, PyAny>,
-        src: &Bound<'_, PyAny>,
-        pe: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
-        self.with_pair(py, (dst, src, pe), false, |p| {
-            if self.is_cuda() {
-                self.put_dev(py, p.dst.addr, p.src.addr, p.dst.nbytes, p.pe, p.stream)
-            } else {
-                self.put(py, p.dst.addr, p.src.addr as usize, p.src.nbytes, p.pe)
-            }
-        })
-    }
-
-    /// `get(dst, src, pe)` as [`put_fast`](Self::put_fast) does `put`.
-    fn get_fast(
-        &self,
-        py: Python<'_>,
-        dst: &Bound<'_, PyAny>,
-        src: &Bound<'_, PyAny>,
-        pe: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
-        self.with_pair(py, (dst, src, pe), true, |p| {
-            if self.is_cuda() {
-                self.get_dev(py, p.dst.addr, p.src.addr, p.dst.nbytes, p.pe, p.stream)
-            } else {
-                self.get(py, p.dst.addr as usize, p.dst.nbytes, p.src.addr, p.pe)
-            }
-        })
     }
 }

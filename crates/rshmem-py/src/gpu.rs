@@ -62,7 +62,7 @@ impl World {
 
     /// Runs `f` with this PE's byte views of symmetric `dst` and `src` (`nbytes` each), the
     /// allocations held against a concurrent free for the duration.
-    fn with_views<R>(
+    pub(crate) fn with_views<R>(
         &self,
         dst: u64,
         src: u64,
@@ -95,7 +95,7 @@ impl World {
     }
 
     /// Runs `f` with the PE's CUDA side only (no collectives made), the GIL released.
-    fn run_cuda<R: Send>(
+    pub(crate) fn run_cuda<R: Send>(
         &self,
         py: Python<'_>,
         f: impl for<'a> FnOnce(&'a Pe, CudaPe<'a>) -> rshmem::Result<R> + Send,
@@ -129,29 +129,6 @@ impl World {
         })
     }
 
-    /// Benchmark baseline: `iters` stream-ordered puts issued by a Rust loop (the same call
-    /// `put_dev` makes); returns the host seconds per call (the GIL released).
-    #[allow(clippy::too_many_arguments)]
-    fn put_dev_loop(
-        &self,
-        py: Python<'_>,
-        dst: u64,
-        src: u64,
-        nbytes: usize,
-        pe: usize,
-        stream_ptr: usize,
-        iters: usize,
-    ) -> PyResult<f64> {
-        self.run_cuda(py, |_, g| {
-            let st = stream(&g, stream_ptr);
-            let t0 = std::time::Instant::now();
-            for _ in 0..iters {
-                self.with_views(dst, src, nbytes, |d, s| g.put_on_stream(&st, d, s, pe))?;
-            }
-            Ok(t0.elapsed().as_secs_f64() / iters.max(1) as f64)
-        })
-    }
-
     /// Stream-ordered get of `nbytes` of PE `pe`'s symmetric `src` into this PE's `dst`.
     pub(crate) fn get_dev(
         &self,
@@ -171,7 +148,7 @@ impl World {
 
     /// Stream-ordered put with signal (`nbytes` may be 0: a signal alone).
     #[allow(clippy::too_many_arguments)]
-    fn put_signal_dev(
+    pub(crate) fn put_signal_dev(
         &self,
         py: Python<'_>,
         dst: u64,
@@ -184,7 +161,7 @@ impl World {
         stream_ptr: usize,
     ) -> PyResult<()> {
         let op = signal_op(op)?;
-        self.run_cuda(py, |_, g| {
+        self.enqueue_cuda(py, |_, g| {
             let h = self.hold(&[
                 (dst, nbytes, "destination"),
                 (src, nbytes, "source"),
@@ -200,7 +177,7 @@ impl World {
     }
 
     /// Stream-ordered wait until this PE's symmetric `u64` at `sig` compares true with `value`.
-    fn wait_until_dev(
+    pub(crate) fn wait_until_dev(
         &self,
         py: Python<'_>,
         sig: u64,
@@ -209,7 +186,7 @@ impl World {
         stream_ptr: usize,
     ) -> PyResult<()> {
         let c = cmp_of(cmp)?;
-        self.run_cuda(py, |_, g| {
+        self.enqueue_cuda(py, |_, g| {
             let h = self.hold(&[(sig, 8, "signal")])?;
             let gd = h.guards();
             let sv = sym(&gd[0])?.view::<u64>(h.offset(0), 1)?;
@@ -218,13 +195,13 @@ impl World {
     }
 
     /// Stream-ordered barrier of every PE.
-    fn barrier_dev(&self, py: Python<'_>, stream_ptr: usize) -> PyResult<()> {
-        self.run_cuda(py, |_, g| g.barrier_on_stream(&stream(&g, stream_ptr)))
+    pub(crate) fn barrier_dev(&self, py: Python<'_>, stream_ptr: usize) -> PyResult<()> {
+        self.enqueue_cuda(py, |_, g| g.barrier_on_stream(&stream(&g, stream_ptr)))
     }
 
     /// Stream-ordered quiet.
-    fn quiet_dev(&self, py: Python<'_>, stream_ptr: usize) -> PyResult<()> {
-        self.run_cuda(py, |_, g| g.quiet_on_stream(&stream(&g, stream_ptr)))
+    pub(crate) fn quiet_dev(&self, py: Python<'_>, stream_ptr: usize) -> PyResult<()> {
+        self.enqueue_cuda(py, |_, g| g.quiet_on_stream(&stream(&g, stream_ptr)))
     }
 
     /// Device-side errors (wait timeouts, collective mismatches) recorded so far, raised.
@@ -244,7 +221,7 @@ impl World {
     /// A GPU collective over the world on `stream_ptr` (see `World.collective`).
     #[pyo3(signature = (kind_name, dtype, dst, dst_bytes, src, src_bytes, count, op, root, stream_ptr))]
     #[allow(clippy::too_many_arguments)]
-    fn collective_dev(
+    pub(crate) fn collective_dev(
         &self,
         py: Python<'_>,
         kind_name: &str,

@@ -5,11 +5,13 @@
 //! Every call that can wait for another PE releases the GIL, so thread-PEs of one interpreter
 //! make progress while one of them waits.
 
+mod bench;
 mod coll;
 mod elem;
 mod ep;
 mod errors;
 mod fast;
+mod front;
 mod gpu;
 mod gpu_ep;
 mod gpu_ll;
@@ -36,6 +38,16 @@ fn _rshmem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<gpu_ll::LlPending>()?;
     m.add_function(wrap_pyfunction!(world::unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(world::launched, m)?)?;
+    m.add_function(wrap_pyfunction!(front::set_world, m)?)?;
+    m.add_function(wrap_pyfunction!(front::current_world, m)?)?;
+    m.add_function(wrap_pyfunction!(front::put, m)?)?;
+    m.add_function(wrap_pyfunction!(front::get, m)?)?;
+    m.add_function(wrap_pyfunction!(front::put_signal, m)?)?;
+    m.add_function(wrap_pyfunction!(front::wait_until, m)?)?;
+    m.add_function(wrap_pyfunction!(front::barrier, m)?)?;
+    m.add_function(wrap_pyfunction!(front::quiet, m)?)?;
+    m.add_function(wrap_pyfunction!(front::fence, m)?)?;
+    m.add_function(wrap_pyfunction!(front::all_reduce, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

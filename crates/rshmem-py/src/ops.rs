@@ -178,31 +178,6 @@ impl World {
         })
     }
 
-    /// Benchmark baseline: `iters` host puts of the host array at `src` issued by a Rust loop
-    /// (the same call `put` makes); returns the seconds per call (the GIL released).
-    fn put_loop(
-        &self,
-        py: Python<'_>,
-        dst: u64,
-        src: usize,
-        nbytes: usize,
-        pe: usize,
-        iters: usize,
-    ) -> PyResult<f64> {
-        let s = HostBytes::new(src, nbytes)?;
-        self.run(py, |p| {
-            let t0 = std::time::Instant::now();
-            for _ in 0..iters {
-                let h = self.hold(&[(dst, s.len(), "destination")])?;
-                let g = h.guards();
-                let v = sym(&g[0])?.view::<u8>(h.offset(0), s.len())?;
-                // SAFETY: `src` is held by the caller for this call.
-                p.put(&v, 0, unsafe { s.bytes() }, pe)?;
-            }
-            Ok(t0.elapsed().as_secs_f64() / iters.max(1) as f64)
-        })
-    }
-
     /// Copies PE `pe`'s copy of the symmetric bytes at `src` into the writable host array at
     /// `dst` (`nbytes`).
     pub(crate) fn get(
@@ -226,7 +201,7 @@ impl World {
     /// Puts `src` into `dst` on PE `pe`, then sets or adds `value` to the symmetric `u64` at
     /// `sig` there (whoever sees the signal sees the data).
     #[allow(clippy::too_many_arguments)]
-    fn put_signal(
+    pub(crate) fn put_signal(
         &self,
         py: Python<'_>,
         dst: u64,
@@ -311,7 +286,7 @@ impl World {
     /// Waits until this PE's symmetric word at `addr` compares true with `value` (at most
     /// `timeout` seconds, default the world's); returns the value seen. The GIL is released.
     #[pyo3(signature = (addr, dtype, cmp, value, timeout=None))]
-    fn wait_until(
+    pub(crate) fn wait_until(
         &self,
         py: Python<'_>,
         addr: u64,
@@ -340,7 +315,7 @@ impl World {
     }
 
     /// Orders this PE's earlier puts and atomics to each PE before later ones.
-    fn fence(&self, py: Python<'_>) -> PyResult<()> {
+    pub(crate) fn fence(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |p| {
             p.fence();
             Ok(())
@@ -348,12 +323,12 @@ impl World {
     }
 
     /// Completes this PE's outstanding operations.
-    fn quiet(&self, py: Python<'_>) -> PyResult<()> {
+    pub(crate) fn quiet(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |p| p.quiet())
     }
 
     /// Barrier of every PE (after quiet). The GIL is released.
-    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+    pub(crate) fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |p| p.barrier_all())
     }
 }

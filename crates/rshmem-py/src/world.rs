@@ -193,6 +193,11 @@ impl World {
         self.cuda
     }
 
+    /// Whether finalize has run (or the PE was abandoned).
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
     /// This PE's GPU ordinal (CUDA backend), else None.
     pub(crate) fn ordinal(&self) -> Option<usize> {
         self.ordinal

@@ -5,6 +5,8 @@ group over the same ranks), in and out of place, several sizes (one grows the st
 async_op, a captured CUDA graph (GPU), and bad inputs. Prints "OK rank R" at the end.
 
     dist_worker.py cpu|cuda          under torchrun --nproc-per-node 2
+    dist_worker.py mixed|mixed-cuda  "cpu:gloo,cuda:rshmem" under torchrun (mixed-cuda: with
+                                     the CUDA half, which needs a GPU)
     dist_worker.py store RANK PORT   explicit rank, world size and TCPStore (CPU)
 """
 
@@ -381,6 +383,10 @@ def torchrun_main(mode):
     assert (rshmem.my_pe(), rshmem.n_pes()) == (me, n) and dist.get_backend() == "rshmem"
     dev = torch.device("cpu") if mode == "cpu" else torch.device("cuda", rshmem.device())
     gloo = dist.new_group(backend="gloo") if mode == "cpu" else None
+    # One device (torch picks the device of object collectives from these).
+    types = [d.type for d in dist.group.WORLD._device_types]
+    if types != [dev.type]:
+        BAD.append(f"device types {types}")
     whole = dist.new_group()  # every rank in order: served by the same world
     t = torch.full((5,), float(me + 1), device=dev)
     dist.all_reduce(t, group=whole)
@@ -419,6 +425,85 @@ def torchrun_main(mode):
         progress("device_id group done")
 
 
+def mixed_main(mode):
+    """init_process_group("cpu:gloo,cuda:rshmem"): CPU tensors go to gloo (also the calls only
+    gloo serves: send/recv, gather, scatter), CUDA tensors to rshmem; object collectives on the
+    CPU; a subgroup's CPU calls to gloo; rshmem's world ends with the group."""
+    dist.init_process_group("cpu:gloo,cuda:rshmem", timeout=TIMEOUT)
+    progress("mixed group started")
+    me, n = dist.get_rank(), dist.get_world_size()
+    pg = dist.group.WORLD
+    if dist.get_backend_config() != "cpu:gloo,cuda:rshmem":
+        BAD.append(f"backend config {dist.get_backend_config()}")
+    assert rshmem.is_initialized() and (rshmem.my_pe(), rshmem.n_pes()) == (me, n)
+    cpu = torch.device("cpu")
+    for dtype in (torch.int32, torch.int64, torch.float32):
+        for op in (ReduceOp.SUM, ReduceOp.MAX):
+            xs = inputs(("mixed ar", str(op)), (37,), dtype, n)
+            t = xs[me].clone()
+            dist.all_reduce(t, op)
+            check(f"cpu all_reduce {op} {dtype}", t, fold(xs, op, dtype))
+        xs = inputs("mixed ag", (5, 3), dtype, n)
+        out = poison((n * 5, 3), dtype, cpu)
+        dist.all_gather_into_tensor(out, xs[me])
+        check(f"cpu all_gather_into_tensor {dtype}", out, torch.cat(xs))
+    if not isinstance(pg._get_backend(cpu), dist.ProcessGroupGloo):
+        BAD.append(f"cpu backend {type(pg._get_backend(cpu)).__name__}")
+    types = [d.type for d in pg._device_types]
+    if types != (["cuda", "cpu"] if mode == "mixed-cuda" else ["cpu"]):
+        BAD.append(f"mixed device types {types}")
+    # Calls rshmem does not serve: gloo's.
+    xs = inputs("mixed p2p", (16,), torch.int64, n)
+    peer = (me + 1) % n
+    got = poison((16,), torch.int64, cpu)
+    if me % 2 == 0:
+        dist.send(xs[me], peer)
+        dist.recv(got, (me - 1) % n)
+    else:
+        dist.recv(got, (me - 1) % n)
+        dist.send(xs[me], peer)
+    check("cpu send/recv", got, xs[(me - 1) % n])
+    outs = [poison((16,), torch.int64, cpu) for _ in range(n)] if me == 0 else None
+    dist.gather(xs[me], outs, dst=0)
+    if me == 0:
+        check("cpu gather", torch.stack(outs), torch.stack(xs))
+    got = poison((16,), torch.int64, cpu)
+    dist.scatter(got, list(xs) if me == 1 else None, src=1)
+    check("cpu scatter", got, xs[me])
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": me})
+    if objs != [{"rank": r} for r in range(n)]:
+        BAD.append(f"all_gather_object {objs}")
+    sub = dist.new_group([0])
+    if me == 0:
+        t = torch.arange(6)
+        dist.all_reduce(t, group=sub)
+        check("cpu subgroup all_reduce (gloo)", t, torch.arange(6))
+    progress("cpu half done")
+    if mode == "mixed-cuda":
+        dev = torch.device("cuda", rshmem.device())
+        if pg._get_backend(dev) is not pg:
+            BAD.append(f"cuda backend {type(pg._get_backend(dev)).__name__}")
+        for kind in ("plain", "sym"):
+            xs = inputs(("mixed cuda", kind), (1000,), torch.float32, n)
+            t = make(kind, xs[me], dev)
+            dist.all_reduce(t)
+            check(f"cuda all_reduce {kind}", t, fold(xs, ReduceOp.SUM, torch.float32))
+        t = torch.ones(8, device=dev)
+        expect_error("cuda send (rshmem)", lambda: dist.send(t, (me + 1) % n),
+                     NotImplementedError)
+        if me == 0:
+            expect_error("cuda subgroup", lambda: dist.all_reduce(t, group=sub),
+                         NotImplementedError)
+        dist.barrier()
+        torch.cuda.synchronize()
+        rshmem.check_errors()
+        progress("cuda half done")
+    dist.barrier()
+    dist.destroy_process_group()
+    assert not rshmem.is_initialized()
+
+
 def store_main(rank, port):
     """Explicit rank, world size and store; a second group after the first is destroyed; a
     group over a world this process started itself."""
@@ -450,6 +535,9 @@ def main():
     if mode == "store":
         rank, port = int(sys.argv[2]), int(sys.argv[3])
         store_main(rank, port)
+    elif mode.startswith("mixed"):
+        rank = int(os.environ["RANK"])
+        mixed_main(mode)
     else:
         rank = int(os.environ["RANK"])
         torchrun_main(mode)

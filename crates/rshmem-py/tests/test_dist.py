@@ -1,6 +1,7 @@
 """torch.distributed's "rshmem" backend (``dist.init_process_group("rshmem")``): two ranks under
 torchrun on CPU tensors (rshmem's host heap, also against gloo) and on CUDA tensors (both ranks
-on GPU 0), and with an explicit store; every call's data checked by tests/dist_worker.py.
+on GPU 0), and with an explicit store; the per-device string "cpu:gloo,cuda:rshmem" (CPU half
+everywhere, CUDA half on a GPU); every call's data checked by tests/dist_worker.py.
 Without torch: ``import rshmem`` still works and registers nothing."""
 
 import os
@@ -62,8 +63,32 @@ def test_import_registers_the_backend():
 
 
 @needs_torch
+def test_route_helpers():
+    from rshmem._pg_route import device_map, first_tensor
+
+    assert device_map("cpu:gloo,cuda:rshmem") == {"cpu": "gloo", "cuda": "rshmem"}
+    assert device_map("cpu:rshmem,cuda:rshmem") == {"cpu": "rshmem", "cuda": "rshmem"}
+    t, u = torch.zeros(1), torch.ones(2)
+    assert first_tensor(([[], [t]], u)) is t
+    assert first_tensor(([], None, 3)) is None
+    assert first_tensor((u, [t])) is u
+
+
+@needs_torch
 def test_cpu_tensors_under_torchrun_against_exact_values_and_gloo():
     torchrun("cpu")
+
+
+@needs_torch
+def test_cpu_gloo_cuda_rshmem_string_cpu_half():
+    torchrun("mixed")
+
+
+@needs_torch
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cpu_gloo_cuda_rshmem_string_both_halves_on_one_gpu():
+    torchrun("mixed-cuda", RSHMEM_DEVICES="0,0",
+             NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0"))
 
 
 @needs_torch

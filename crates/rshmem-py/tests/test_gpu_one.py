@@ -1,5 +1,6 @@
-"""put and get on one GPU (a world of one PE): the fast path for plain torch tensors and the
-checked path for everything else give the same data and the same errors. Skipped without
+"""put and get on one GPU (a world of one PE): the native path for plain torch tensors (on the
+current stream or a given one) and the checked path for everything else give the same data and
+the same errors. Skipped without
 torch or without a CUDA GPU (run by gpu-test.sh on the GPU machine)."""
 
 import pytest
@@ -39,7 +40,7 @@ def test_put_get_fast_and_checked_paths_agree(dtype):
         with torch.cuda.stream(s):
             got = rshmem.empty(64, dtype)
             got.fill_(7)
-            rshmem.get(got, b, 0, stream=s)    # checked path: explicit stream
+            rshmem.get(got, b, 0, stream=s)    # native path: a given stream
         s.synchronize()
         back = rshmem.empty(64, dtype)
         back.fill_(5)
@@ -74,6 +75,8 @@ def test_fast_path_falls_back_to_the_checked_errors():
             (lambda: rshmem.put(t, t, True), rshmem.InvalidArgument),            # bool PE
             (lambda: rshmem.get(t, t, 1.0), rshmem.InvalidArgument),
             (lambda: rshmem.put(flags, flags, 0), rshmem.InvalidArgument),       # torch.bool
+            (lambda: rshmem.put(t, t, 0, stream="s"), rshmem.InvalidArgument),   # not a stream
+            (lambda: rshmem.barrier(stream=1), rshmem.InvalidArgument),
         ]
         seen = []
         for c, exc in cases:
@@ -89,3 +92,33 @@ def test_fast_path_falls_back_to_the_checked_errors():
     seen = run(f)
     assert all(m for m in seen), seen
     assert "out of range" in seen[5] and "out of range" in seen[6]
+
+
+def test_given_stream_for_every_native_call():
+    """put_signal, wait_until, quiet, barrier and all_reduce on a given side stream: the work
+    is ordered on that stream (exact data after synchronising it alone)."""
+
+    def f():
+        dev = torch.device("cuda", rshmem.device())
+        s = torch.cuda.Stream(device=dev)
+        data = rshmem.zeros(256, torch.int32)
+        src = rshmem.empty(256, torch.int32)
+        sig = rshmem.zeros(1, torch.uint64)
+        x = rshmem.empty(100, torch.float32)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            src.copy_(gen(3, 256, torch.int32).to(dev))
+            x.copy_(gen(4, 100, torch.float32).to(dev))
+        rshmem.put_signal(data, src, sig, 9, 0, stream=s)
+        rshmem.wait_until(sig, "==", 9, stream=s)
+        rshmem.quiet(stream=s)
+        rshmem.all_reduce(x, "max", stream=s)
+        rshmem.barrier(stream=s)
+        s.synchronize()
+        rshmem.check_errors()
+        return data.cpu(), sig.cpu(), x.cpu()
+
+    data, sig, x = run(f)
+    assert torch.equal(data, gen(3, 256, torch.int32))
+    assert sig.view(torch.int64).tolist() == [9]
+    assert torch.equal(x, gen(4, 100, torch.float32))

@@ -34,9 +34,7 @@ from . import _rshmem  # noqa: E402
 from ._coll import (
     ReduceOp,
     all_gather_into_tensor,
-    all_reduce,
     all_to_all_single,
-    barrier,
     broadcast,
     reduce,
     reduce_scatter_tensor,
@@ -51,6 +49,13 @@ from ._ops import (
     atomic_set,
     atomic_swap,
     check_errors,
+)
+
+# The calls of inner loops: native entry points that serve plain operands without Python code
+# and hand anything else to the checked functions of _ops and _coll (see src/front.rs).
+from ._rshmem import (  # noqa: E402
+    all_reduce,
+    barrier,
     fence,
     get,
     put,

@@ -58,6 +58,7 @@ def _run(kind: str, dst: A.Info, src: A.Info, count: int, op: Optional[str] = No
     w = current()
     if dst.dtype != src.dtype:
         raise InvalidArgument(f"{kind}: dtypes differ ({dst.dtype} and {src.dtype})")
+    A.writable(dst._a, f"{kind}: the output")
     if _device_side(w, dst, src):
         w.collective_dev(kind, dst.dtype, dst.addr, dst.nbytes, src.addr, src.nbytes, count,
                          op, root, stream_ptr(w, stream))

@@ -1,6 +1,10 @@
 """One-sided operations on tensors: put, get, put-with-signal, atomics, waits, fence, quiet,
 barrier. On the CUDA backend they are stream-ordered on ``torch.cuda.current_stream()`` (or
 the ``stream`` given) and never synchronise the host, so they capture into CUDA graphs.
+
+``rshmem.put``, ``get``, ``put_signal``, ``wait_until``, ``fence``, ``quiet`` and ``barrier``
+are native entry points (``src/front.rs``) that serve plain operands themselves and call the
+functions of the same name here, the checked path, for anything else.
 """
 
 from typing import Any, Optional
@@ -68,9 +72,6 @@ def put(dst: Any, src: Any, pe: int, *, stream: Any = None) -> None:
     contiguous slice of a symmetric tensor). Host: returns when ``src`` may be reused
     (delivery by ``quiet`` or ``barrier``); GPU: ``src`` must be symmetric too, stream-ordered."""
     w = current()
-    # Plain torch operands on the current stream go straight to the library (see fast.rs).
-    if stream is None and w.put_fast(dst, src, pe):
-        return
     d, s = A.info(dst, "dst"), A.info(src, "src")
     if d.dtype != s.dtype or d.nbytes != s.nbytes:
         _same(d, s, "put")
@@ -90,8 +91,6 @@ def get(dst: Any, src: Any, pe: int, *, stream: Any = None) -> None:
     """Copies PE ``pe``'s copy of symmetric ``src`` into ``dst`` (host: any contiguous
     writable array; GPU: symmetric, stream-ordered)."""
     w = current()
-    if stream is None and w.get_fast(dst, src, pe):
-        return
     pe = _pe(w, pe)
     d, s = A.info(dst, "dst"), A.info(src, "src")
     _same(d, s, "get")

@@ -1,6 +1,8 @@
 """The process group behind ``init_process_group("rshmem")`` (see ``rshmem.dist``): a Python
 ``torch.distributed.ProcessGroup`` whose collectives run rshmem's over the world, on symmetric
-tensors directly or through the group's symmetric staging buffers."""
+tensors directly or through the group's symmetric staging buffers. With a per-device backend
+string (``"cpu:gloo,cuda:rshmem"``) it hands the other devices' tensors to their backends
+(``_pg_route``)."""
 
 import os
 import weakref
@@ -14,6 +16,8 @@ from . import _arrays as A
 from . import _coll as C
 from . import _ops
 from . import _world
+from ._pg_route import CALLS, Router, routed
+from ._rshmem import all_reduce as _all_reduce  # native entry (plain tensors: no Python code)
 from ._tensors import empty, free
 from .dist import BACKEND, Options
 from .errors import CollectiveMismatch, Error, HeapExhausted, InvalidArgument
@@ -177,11 +181,13 @@ def _done() -> _Work:
     return _DONE
 
 
+@routed
 class ProcessGroupRshmem(dist.ProcessGroup):
     """A ``torch.distributed`` process group over rshmem's world (see ``rshmem.dist``)."""
 
-    def __init__(self, rank: int, size: int, world: Any, owned: bool) -> None:
+    def __init__(self, rank: int, size: int, world: Any, owned: bool, router: Router) -> None:
         super().__init__(rank, size)
+        self._router = router
         self._w = world
         self._owned = owned
         self._cuda = world.backend == "cuda"
@@ -201,14 +207,19 @@ class ProcessGroupRshmem(dist.ProcessGroup):
 
     @property
     def _device_types(self) -> List[torch.device]:
-        return [torch.device(self._dev.type)]
+        # The heap's device and those the backend string gives to other backends (torch picks
+        # the device of object collectives from these).
+        mine = self._dev.type
+        devs = self._router.devices(self, also=mine)
+        return [torch.device(d) for d in devs]
 
     # torch asks a group for its backend of a device (init_process_group's device_id, group
-    # splitting): this group is its own, and it does not split.
+    # splitting): this group is its own (or the routed backend of that device), and it does
+    # not split.
     supports_splitting = False
 
-    def _get_backend(self, device: Any) -> "ProcessGroupRshmem":
-        return self
+    def _get_backend(self, device: Any) -> Any:
+        return self._router.backend(self, torch.device(device).type) or self
 
     # The name and description torch gives the group (functional collectives find it by name).
     def setGroupName(self, name: str) -> None:
@@ -235,8 +246,9 @@ class ProcessGroupRshmem(dist.ProcessGroup):
             where = f"GPU {self._dev}" if self._cuda else "host memory"
             raise InvalidArgument(
                 f"{what} is on {d}, but this rshmem process group's heap is {where} (backend "
-                f"{self._w.backend!r}): one group serves one device; use a gloo or nccl group "
-                "for the other, or rshmem.dist.Options(backend=...)"
+                f"{self._w.backend!r}): rshmem serves one device per process; give the other "
+                "device to another backend (init_process_group(\"cpu:gloo,cuda:rshmem\")), use "
+                "a gloo or nccl group, or rshmem.dist.Options(backend=...)"
             )
         return t
 
@@ -297,13 +309,13 @@ class ProcessGroupRshmem(dist.ProcessGroup):
         if not t.numel():
             return self._work(opts, [t])
         if self._sym(t):
-            C.all_reduce(t, rop)
+            _all_reduce(t, rop)
             if op == "avg":
                 t.div_(self.size())
         else:
             s = self._stage(0, t.nbytes, "all_reduce").view(t.dtype).view(t.shape)
             s.copy_(t)
-            C.all_reduce(s, rop)
+            _all_reduce(s, rop)
             if op == "avg":
                 s.div_(self.size())
             t.copy_(s)
@@ -551,6 +563,7 @@ class ProcessGroupRshmem(dist.ProcessGroup):
         if not self._live:
             return
         self._live = False
+        self._router.shutdown()
         st = self._st
         st.users -= 1
         if self._w.ended:
@@ -565,6 +578,7 @@ class ProcessGroupRshmem(dist.ProcessGroup):
 
     def abort(self) -> None:
         self._live = False
+        self._router.shutdown()
         if self._owned and not self._w.ended:
             self._w.abandon()
 
@@ -655,24 +669,24 @@ def _unsupported(call: str) -> NotImplementedError:
     )
 
 
-_SUBGROUP_CALLS = (
-    "allreduce", "reduce", "broadcast", "allgather", "_allgather_base", "reduce_scatter",
-    "_reduce_scatter_base", "alltoall_base", "alltoall", "barrier", "send", "recv",
-    "recv_anysource", "gather", "scatter", "allreduce_coalesced", "allgather_coalesced",
-    "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "monitored_barrier",
-)
-
-
 class _Subgroup(dist.ProcessGroup):
     """A group of some of the world's ranks: rshmem's collectives here span the world, so each
-    call raises (such groups are made with another backend)."""
+    call raises (such groups are made with another backend), except those the backend string
+    gives to another backend."""
 
-    def __init__(self, rank: int, size: int, ranks: List[int]) -> None:
+    def __init__(self, rank: int, size: int, ranks: List[int], router: Router) -> None:
         super().__init__(rank, size)
         self._ranks = ranks
+        self._router = router
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    def _get_backend(self, device: Any) -> Any:
+        return self._router.backend(self, torch.device(device).type) or self
+
+    def shutdown(self) -> None:
+        self._router.shutdown()
 
 
 def _refuse(call: str) -> Any:
@@ -687,8 +701,10 @@ def _refuse(call: str) -> Any:
     return f
 
 
-for _c in _SUBGROUP_CALLS:
+for _c in CALLS:
     setattr(_Subgroup, _c, _refuse(_c))
+# Calls of devices that the backend string gives to another backend go there.
+routed(_Subgroup)
 
 
 def _start(store: Any, rank: int, size: int, timeout: Any, opts: Options) -> Any:
@@ -718,6 +734,7 @@ def create(dist_opts: Any, pg_options: Any) -> dist.ProcessGroup:
     """The creator registered for "rshmem" (torch's extended API)."""
     rank, size = dist_opts.group_rank, dist_opts.group_size
     ranks = list(dist_opts.global_ranks_in_group)
+    router = Router(dist_opts.store, rank, size, dist_opts.timeout)
     if pg_options is None:
         pg_options = Options()
     if not isinstance(pg_options, Options):
@@ -730,8 +747,9 @@ def create(dist_opts: Any, pg_options: Any) -> dist.ProcessGroup:
         if _world.is_initialized():
             w = _world.current()
             if ranks == list(range(w.n_pes)) and rank == w.my_pe:
-                return ProcessGroupRshmem(rank, size, w, owned=False)
-        return _Subgroup(rank, size, ranks)
+                return ProcessGroupRshmem(rank, size, w, owned=False, router=router)
+        sub = Router(dist_opts.store, rank, size, dist_opts.timeout, tensorless_elsewhere=True)
+        return _Subgroup(rank, size, ranks, sub)
     if _world.is_initialized():
         w = _world.current()
         if (w.my_pe, w.n_pes) != (rank, size):
@@ -739,7 +757,7 @@ def create(dist_opts: Any, pg_options: Any) -> dist.ProcessGroup:
                 f"this process runs rshmem as PE {w.my_pe} of {w.n_pes}, but the process group "
                 f"is rank {rank} of {size}"
             )
-        return ProcessGroupRshmem(rank, size, w, owned=False)
+        return ProcessGroupRshmem(rank, size, w, owned=False, router=router)
     w = _start(dist_opts.store, rank, size, dist_opts.timeout, pg_options)
-    return ProcessGroupRshmem(rank, size, w, owned=True)
+    return ProcessGroupRshmem(rank, size, w, owned=True, router=router)
 

@@ -4,26 +4,23 @@ A process started by torchrun or ``rshmem run`` holds one PE (``init()``); threa
 Python threads as n PEs of one world (``launch(n, fn)``), each thread seeing its own PE.
 """
 
+import atexit
 import threading
 from typing import Any, Callable, List, Optional
 
 from . import _rshmem
 from .errors import InvalidArgument, PeerLost, WorldEnded
 
-
-class _Local(threading.local):
-    # A class default, so that a thread without a PE of its own reads None without the
-    # AttributeError that getattr(..., None) raises and catches inside (a microsecond a call).
-    world: Optional[_rshmem.World] = None
-
-
-_local = _Local()
-_global: Optional[_rshmem.World] = None
+# Which PE the calling thread is lives in the native module (``set_world``, ``current_world``),
+# where the entry points of the hot calls find it without Python code. The process's PE is let
+# go at exit (as a module global is at interpreter shutdown), so a PE never finalized still
+# releases its resources there.
+atexit.register(_rshmem.set_world, None, False)
 
 
 def current() -> _rshmem.World:
     """The calling thread's PE (set by ``launch``), else the process's (set by ``init``)."""
-    w = _local.world or _global
+    w = _rshmem.current_world()
     if w is None or w.ended:
         raise WorldEnded(
             "no rshmem world: call rshmem.init() (torchrun, rshmem run, or explicit arguments) "
@@ -65,8 +62,8 @@ def init(
     ``"cuda"``) override ``RSHMEM_HEAP_SIZE``, ``RSHMEM_TIMEOUT`` and ``RSHMEM_BACKEND``.
     Collective: every PE calls it. End with ``finalize()``.
     """
-    global _global
-    if _global is not None and not _global.ended:
+    g = _rshmem.current_world(False)
+    if g is not None and not g.ended:
         raise InvalidArgument("rshmem.init: this process already has a PE (call finalize first)")
     if rank is None and world_size is None and address is None and unique_id is None:
         w = _rshmem.World.from_env(heap_size, timeout, backend)
@@ -77,26 +74,25 @@ def init(
         if where is None or (address is not None and unique_id is not None):
             raise InvalidArgument("rshmem.init: pass exactly one of address and unique_id")
         w = _rshmem.World.connect(where, rank, world_size, heap_size, timeout, backend)
-    _global = w
+    _rshmem.set_world(w, False)
     _bind_device(w)
 
 
 def finalize() -> None:
     """Ends this thread's (or process's) PE: quiet, a barrier of every PE. Collective."""
-    global _global
     w = current()
     try:
         w.finalize()
     finally:
-        if _local.world is w:
-            _local.world = None
-        if _global is w:
-            _global = None
+        if _rshmem.current_world(True) is w:
+            _rshmem.set_world(None, True)
+        if _rshmem.current_world(False) is w:
+            _rshmem.set_world(None, False)
 
 
 def is_initialized() -> bool:
     """Whether the calling thread has a live PE."""
-    w = _local.world or _global
+    w = _rshmem.current_world()
     return w is not None and not w.ended
 
 
@@ -140,7 +136,7 @@ def launch(
         except BaseException as e:  # noqa: BLE001 - reported below
             errors[rank] = e
             return
-        _local.world = w
+        _rshmem.set_world(w, True)
         try:
             _bind_device(w)
             results[rank] = fn(*args)
@@ -149,7 +145,7 @@ def launch(
             w.abandon()
             return
         finally:
-            _local.world = None
+            _rshmem.set_world(None, True)
         try:
             w.finalize()
         except BaseException as e:  # noqa: BLE001 - reported below

@@ -22,6 +22,15 @@ PE's GPU (``"cuda"``: CUDA tensors of that GPU); a tensor of the other kind rais
 ``InvalidArgument``. The kind is ``Options.backend``, else ``RSHMEM_BACKEND``, else ``"cuda"``
 where torch sees a GPU and ``"shm"`` otherwise. On ``"cuda"`` rshmem picks the GPU
 (``RSHMEM_DEVICES``, else the rank modulo the visible GPUs) and makes it torch's current device.
+
+**Per-device strings.** ``init_process_group("cpu:gloo,cuda:rshmem")`` (torch's syntax; gloo or
+nccl for the other device; also in ``new_group``) sends every call whose first tensor is on
+the CPU to gloo (``send``/``recv``, ``gather`` and ``scatter`` included; object collectives
+pick the CPU) and CUDA tensors to rshmem. torch combines C++ backends only (a Python group
+replaces the whole group), so the rshmem group routes by itself, to a gloo (nccl) backend it
+makes over the group's ranks and store at that device's first call. Calls without tensors
+(``barrier``) are rshmem's. The heap's default follows the GPU, not the string: for
+``"cpu:rshmem,cuda:nccl"`` on a machine with a GPU pass ``Options(backend="shm")``.
 If this process already called ``rshmem.init()`` (same rank and size) that world is used and
 left running at ``destroy_process_group``; otherwise the group starts it -- rank 0 makes
 ``rshmem.unique_id()`` and hands it out through the group's store -- and finalizes it there.
@@ -61,9 +70,8 @@ calls end in errors on every rank (host: ``CollectiveMismatch``; GPU: raised by 
 ``rshmem.check_errors()``), after which the group still works unless the staging buffers were
 to grow (a failed growth makes every later growth raise: re-create the group), a dead peer in
 ``PeerLost`` or ``Timeout`` naming it, never a hang; ``init_process_group``'s ``timeout``
-(when given) becomes rshmem's wait timeout, else ``RSHMEM_TIMEOUT`` (60 s);
-``"cpu:gloo,cuda:rshmem"`` style strings are not supported (the group is a Python
-``ProcessGroup``, which torch does not combine with others); no ``send``/``recv``.
+(when given) becomes rshmem's wait timeout, else ``RSHMEM_TIMEOUT`` (60 s); no
+``send``/``recv`` on the device rshmem serves.
 """
 
 from dataclasses import dataclass
