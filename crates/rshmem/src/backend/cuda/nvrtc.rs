@@ -5,6 +5,7 @@ use crate::error::Result;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The device header, prepended to every program compiled through rshmem.
@@ -46,9 +47,11 @@ pub fn with_header(src: &str) -> String {
 }
 
 /// Compiles `src` (already including the header if it needs it) for `arch` (e.g. `sm_90`) with
-/// extra NVRTC `options`; returns a cubin. Cached in memory and on disk.
+/// extra NVRTC `options`; returns a cubin. Cached in memory and on disk; threads of one process
+/// asking for the same program at once compile it once (the others wait for its cubin).
 pub fn compile(src: &str, arch: &str, options: &[&str]) -> Result<Arc<Vec<u8>>> {
     static MEM: OnceLock<Cache> = OnceLock::new();
+    static BUSY: OnceLock<Mutex<HashMap<u64, Arc<Mutex<()>>>>> = OnceLock::new();
     let opts_joined = options.join("\u{1}");
     let key = fnv(&[
         src.as_bytes(),
@@ -57,6 +60,18 @@ pub fn compile(src: &str, arch: &str, options: &[&str]) -> Result<Arc<Vec<u8>>> 
         b"rshmem-nvrtc-1",
     ]);
     let mem = MEM.get_or_init(Default::default);
+    if let Some(c) = mem.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(c.clone());
+    }
+    let lock = BUSY
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key)
+        .or_default()
+        .clone();
+    let _compiling = lock.lock().unwrap_or_else(|e| e.into_inner());
+    // Another thread may have compiled it while this one waited.
     if let Some(c) = mem.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(c.clone());
     }
@@ -88,6 +103,48 @@ pub fn compile(src: &str, arch: &str, options: &[&str]) -> Result<Arc<Vec<u8>>> 
         .unwrap_or_else(|e| e.into_inner())
         .insert(key, cubin.clone());
     Ok(cubin)
+}
+
+/// Compiles several programs (source and options) as [`compile`] does, on scoped threads, at
+/// most [`std::thread::available_parallelism`] at once, in the order given (put the slowest
+/// first); returns their cubins in that order, or the first program's error (by order) when
+/// any fails.
+pub fn compile_all(programs: &[(&str, &[&str])], arch: &str) -> Result<Vec<Arc<Vec<u8>>>> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(programs.len());
+    let next = AtomicUsize::new(0);
+    let mut out: Vec<Option<Result<Arc<Vec<u8>>>>> = (0..programs.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((src, options)) = programs.get(i) else {
+                            return done;
+                        };
+                        done.push((i, compile(src, arch, options)));
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            // A worker that panicked leaves its programs unset: reported below.
+            if let Ok(done) = h.join() {
+                for (i, r) in done {
+                    out[i] = Some(r);
+                }
+            }
+        }
+    });
+    out.into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.unwrap_or_else(|| Err(ffi::err(format!("NVRTC compile of program {i} panicked"))))
+        })
+        .collect()
 }
 
 /// Compiles without any cache (the CI check uses this).
