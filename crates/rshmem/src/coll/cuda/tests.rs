@@ -371,7 +371,7 @@ fn layouts_match_the_kernels() {
     // rshmemi_check: six signature words, two pointers; the error record fits every slot.
     assert_eq!(std::mem::size_of::<Check>(), 8 * (SIG_WORDS + 2));
     assert_eq!(std::mem::size_of::<A2avList>(), 16 * A2AV_CHUNK);
-    let src = super::COLL_KERNELS;
+    let src = super::modules::COLL_SOURCE;
     for (name, v) in [
         ("RSHMEMI_SIG_WORDS", SIG_WORDS),
         ("RSHMEMI_ERR_MM_PE", ERR_MM_PE),
@@ -434,7 +434,7 @@ fn struct_fields(src: &str, name: &str) -> Vec<String> {
 #[test]
 fn launches_match_the_kernel_signatures() {
     use std::mem::{offset_of, size_of};
-    let coll = super::COLL_KERNELS;
+    let coll = super::modules::COLL_SOURCE;
     let internal = crate::backend::cuda::nvrtc::INTERNAL_KERNELS;
     let header = crate::backend::cuda::nvrtc::DEVICE_HEADER;
     let (p, u, i, team, ck) = ("ptr", "rshmem_u64", "int", "rshmem_team", "rshmemi_check");
