@@ -91,8 +91,9 @@ impl CollModule {
 /// The modules the collectives are compiled as, every one loaded by
 /// [`GpuColl::new`](super::GpuColl::new): one per integer type (seven operations each), the
 /// floating-point types in two pairs (four operations each: a pair takes about as long as the
-/// slowest integer type), and the untyped kernels (the fastest). Listed roughly slowest to compile first, the order the compiles
-/// start in, so that fewer cores than modules still finish close together.
+/// slowest integer type), and the untyped kernels (the fastest). Listed roughly slowest to
+/// compile first, the order the compiles start in, so that fewer cores than modules still
+/// finish close together.
 pub const COLL_MODULES: [CollModule; 11] = {
     use ElemKind::*;
     [
