@@ -162,38 +162,43 @@ impl Drop for DiskLock {
     }
 }
 
-/// Compiles several programs (source and options) as [`compile`] does, on scoped threads, at
-/// most [`std::thread::available_parallelism`] at once, in the order given (put the slowest
-/// first); returns their cubins in that order, or the first program's error (by order) when
-/// any fails.
+/// Compiles several programs (source and options) as [`compile`] does, at most
+/// [`std::thread::available_parallelism`] at once (the calling thread and scoped threads), in
+/// the order given (put the slowest first); returns their cubins in that order, or the first
+/// program's error (by order) when any fails.
 pub fn compile_all(programs: &[(&str, &[&str])], arch: &str) -> Result<Vec<Arc<Vec<u8>>>> {
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(programs.len());
     let next = AtomicUsize::new(0);
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((src, options)) = programs.get(i) else {
+                return done;
+            };
+            done.push((i, compile(src, arch, options)));
+        }
+    };
     let mut out: Vec<Option<Result<Arc<Vec<u8>>>>> = (0..programs.len()).map(|_| None).collect();
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some((src, options)) = programs.get(i) else {
-                            return done;
-                        };
-                        done.push((i, compile(src, arch, options)));
-                    }
-                })
+        // A thread that cannot be started leaves its share to the others (this one included).
+        let helpers: Vec<_> = (1..workers)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("rshmem-nvrtc".into())
+                    .spawn_scoped(s, work)
+                    .ok()
             })
             .collect();
-        for h in handles {
-            // A worker that panicked leaves its programs unset: reported below.
-            if let Ok(done) = h.join() {
-                for (i, r) in done {
-                    out[i] = Some(r);
-                }
-            }
+        let mut done = work();
+        for h in helpers {
+            // A helper that panicked leaves its programs unset: reported below.
+            done.extend(h.join().unwrap_or_default());
+        }
+        for (i, r) in done {
+            out[i] = Some(r);
         }
     });
     out.into_iter()
