@@ -94,6 +94,16 @@ impl CollModule {
 /// slowest integer type), and the untyped kernels (the fastest). Listed roughly slowest to
 /// compile first, the order the compiles start in, so that fewer cores than modules still
 /// finish close together.
+///
+/// ```
+/// use rshmem::cuda::{coll_kernel_names, COLL_MODULES};
+/// let names: Vec<String> = COLL_MODULES.iter().map(|m| m.name()).collect();
+/// assert_eq!(names[0], "int8");
+/// assert!(names.contains(&"half+bfloat16".to_string()));
+/// // Every collective kernel is in exactly one module.
+/// let n: usize = COLL_MODULES.iter().map(|m| m.kernel_names().len()).sum();
+/// assert_eq!(n, coll_kernel_names().len());
+/// ```
 pub const COLL_MODULES: [CollModule; 11] = {
     use ElemKind::*;
     [
