@@ -7,8 +7,8 @@
 //! broadcast and reduce root, reduce_scatter, all_to_all, all_to_all_v, sizes spanning
 //! several rounds of a small `net_chunk_bytes`, captured graphs replayed with new data,
 //! all_to_all_v_device refused, and a killed node.
-//! The first test runs everywhere (NVRTC compiles the kernels); the others need a GPU
-//! (`--include-ignored`) and libfabric.
+//! The tests need a GPU (`--include-ignored`) and libfabric; that the kernels, the cross-node
+//! ones among them, compile is `cuda_coll`'s `coll_kernels_compile_and_export_every_name`.
 
 #[path = "harness/coll_data.rs"]
 #[macro_use]
@@ -53,28 +53,6 @@ fn base_config(n: usize) -> Config {
         .devices(vec![0; n])
         .fabric_provider("tcp")
         .fabric_domain("lo")
-}
-
-#[test]
-fn nvrtc_compiles_the_collectives_across_nodes() {
-    let ci = std::env::var_os("CI").is_some();
-    let src = cuda::nvrtc::with_header(cuda::COLL_KERNELS);
-    match cuda::nvrtc::compile_uncached(&src, "sm_90", &[]) {
-        Ok(cubin) => {
-            // Every kernel GpuColl::new loads is in the module (names appear in the cubin's
-            // symbol table).
-            let bytes = String::from_utf8_lossy(&cubin).into_owned();
-            for name in cuda::coll_kernel_names() {
-                assert!(bytes.contains(&name), "{name} is not in the module");
-            }
-            assert!(bytes.contains("rshmemi_coll_net_round"));
-            assert!(bytes.contains("rshmemi_coll_net_fold_bfloat16_max"));
-        }
-        Err(e) if format!("{e}").contains("was not found") && !ci => {
-            eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
-        }
-        Err(e) => panic!("collective kernels: {e}"),
-    }
 }
 
 struct Ctx<'a> {
@@ -722,15 +700,14 @@ fn sample(pe: &Pe) -> Result<()> {
     pe.quiet()
 }
 
-/// Compiles the collectives' module into the kernel cache (for an sm_90 GPU, H100/H200) in the
-/// test's own process, before its job starts: a cold cache otherwise compiles it in every PE
+/// Compiles the collectives' modules into the kernel cache (for an sm_90 GPU, H100/H200) in the
+/// test's own process, before its job starts: a cold cache otherwise compiles them in every PE
 /// inside `GpuColl::new`, within the job's time limit.
 fn warm_kernel_cache() {
     let t0 = Instant::now();
-    let src = cuda::nvrtc::with_header(cuda::COLL_KERNELS);
-    match cuda::nvrtc::compile(&src, "sm_90", &[]) {
+    match cuda::compile_coll_modules("sm_90", &[]) {
         Ok(_) => eprintln!(
-            "collectives' module in the kernel cache after {:?}",
+            "collectives' modules in the kernel cache after {:?}",
             t0.elapsed()
         ),
         Err(e) => eprintln!("kernel cache not warmed ({e}); GpuColl::new compiles"),

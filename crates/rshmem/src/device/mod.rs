@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::sym::{AsSym, RawSym, Signal};
 use crate::team::Team;
 use crate::Pe;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The CUDA side of a PE: its GPU, stream-ordered operations and device kernels.
@@ -710,31 +711,12 @@ impl<'a> CudaPe<'a> {
     /// kernels running on the same GPU.
     pub fn kernel(&self, src: &str, name: &str, options: &[&str]) -> Result<Kernel> {
         let full = nvrtc::with_header(src);
-        let arch = self.b.gpu.arch();
-        let key = nvrtc::fnv(&[
-            full.as_bytes(),
-            arch.as_bytes(),
-            options.join("\u{1}").as_bytes(),
-        ]);
-        let existing = self
-            .b
-            .modules
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        let module = match existing {
+        let key = self.module_key(&full, options);
+        let module = match self.loaded(key) {
             Some(m) => m,
             None => {
-                let cubin = nvrtc::compile(&full, &arch, options)?;
-                let m = Arc::new(Module::load(&self.b.gpu, &cubin)?);
-                set_state(&m, &self.b.state())?;
-                self.b
-                    .modules
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, m.clone());
-                m
+                let cubin = nvrtc::compile(&full, &self.b.gpu.arch(), options)?;
+                self.load(key, &cubin)?
             }
         };
         Ok(Kernel {
@@ -742,6 +724,64 @@ impl<'a> CudaPe<'a> {
             module,
             name: name.to_string(),
         })
+    }
+
+    /// The modules of `srcs` (as [`kernel`](Self::kernel) compiles and loads one), those not
+    /// yet loaded compiled on parallel threads ([`nvrtc::compile_all`]: put the slowest
+    /// first), then every one loaded on this thread; in the order of `srcs`.
+    pub(crate) fn modules(&self, srcs: &[String], options: &[&str]) -> Result<Vec<Arc<Module>>> {
+        let full: Vec<String> = srcs.iter().map(|s| nvrtc::with_header(s)).collect();
+        let keys: Vec<u64> = full.iter().map(|f| self.module_key(f, options)).collect();
+        let missing: Vec<usize> = (0..keys.len())
+            .filter(|&i| self.loaded(keys[i]).is_none())
+            .collect();
+        let programs: Vec<(&str, &[&str])> = missing
+            .iter()
+            .map(|&i| (full[i].as_str(), options))
+            .collect();
+        let cubins = nvrtc::compile_all(&programs, &self.b.gpu.arch())?;
+        let mut cubins: HashMap<usize, Arc<Vec<u8>>> = missing.into_iter().zip(cubins).collect();
+        let mut out = Vec::with_capacity(srcs.len());
+        for (i, &key) in keys.iter().enumerate() {
+            let m = match (self.loaded(key), cubins.remove(&i)) {
+                (Some(m), _) => m,
+                (None, Some(cubin)) => self.load(key, &cubin)?,
+                (None, None) => return Err(ffi::err("a module was unloaded while compiling")),
+            };
+            out.push(m);
+        }
+        Ok(out)
+    }
+
+    /// The key of a module of this PE: its source (header included), architecture, options.
+    fn module_key(&self, full: &str, options: &[&str]) -> u64 {
+        nvrtc::fnv(&[
+            full.as_bytes(),
+            self.b.gpu.arch().as_bytes(),
+            options.join("\u{1}").as_bytes(),
+        ])
+    }
+
+    /// The module of `key` if this PE has loaded it.
+    fn loaded(&self, key: u64) -> Option<Arc<Module>> {
+        self.b
+            .modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned()
+    }
+
+    /// Loads `cubin` as this PE's module of `key` and fills its device state.
+    fn load(&self, key: u64, cubin: &[u8]) -> Result<Arc<Module>> {
+        let m = Arc::new(Module::load(&self.b.gpu, cubin)?);
+        set_state(&m, &self.b.state())?;
+        self.b
+            .modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, m.clone());
+        Ok(m)
     }
 
     /// Launches `k` (1-D grid and block) on `s` with `args`.

@@ -4,8 +4,11 @@ use super::ffi::{self, check_rtc, rtc};
 use crate::error::Result;
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The device header, prepended to every program compiled through rshmem.
 pub const DEVICE_HEADER: &str = include_str!("kernels/rshmem_device.cuh");
@@ -46,9 +49,12 @@ pub fn with_header(src: &str) -> String {
 }
 
 /// Compiles `src` (already including the header if it needs it) for `arch` (e.g. `sm_90`) with
-/// extra NVRTC `options`; returns a cubin. Cached in memory and on disk.
+/// extra NVRTC `options`; returns a cubin. Cached in memory and on disk; threads, and processes
+/// sharing the cache directory, asking for the same program at once compile it once (the
+/// others wait for its cubin).
 pub fn compile(src: &str, arch: &str, options: &[&str]) -> Result<Arc<Vec<u8>>> {
     static MEM: OnceLock<Cache> = OnceLock::new();
+    static BUSY: OnceLock<Mutex<HashMap<u64, Arc<Mutex<()>>>>> = OnceLock::new();
     let opts_joined = options.join("\u{1}");
     let key = fnv(&[
         src.as_bytes(),
@@ -60,25 +66,38 @@ pub fn compile(src: &str, arch: &str, options: &[&str]) -> Result<Arc<Vec<u8>>> 
     if let Some(c) = mem.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(c.clone());
     }
+    let lock = BUSY
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key)
+        .or_default()
+        .clone();
+    let _compiling = lock.lock().unwrap_or_else(|e| e.into_inner());
+    // Another thread may have compiled it while this one waited.
+    if let Some(c) = mem.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(c.clone());
+    }
     let file = cache_dir().map(|d| d.join(format!("{key:016x}-{arch}.cubin")));
-    if let Some(f) = &file {
-        if let Ok(b) = std::fs::read(f) {
-            if !b.is_empty() {
-                let b = Arc::new(b);
-                mem.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, b.clone());
-                return Ok(b);
-            }
-        }
+    let from_disk = || file.as_deref().and_then(read_cubin);
+    // Processes starting together (the PEs of a node) ask for the same programs: one compiles
+    // each while the others wait for its cubin.
+    let mut _disk_lock = None;
+    let hit = from_disk().or_else(|| {
+        _disk_lock = file.as_deref().and_then(DiskLock::wait);
+        from_disk()
+    });
+    if let Some(b) = hit {
+        let b = Arc::new(b);
+        mem.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, b.clone());
+        return Ok(b);
     }
     let cubin = Arc::new(compile_uncached(src, arch, options)?);
     if let Some(f) = &file {
         // A cache that cannot be written is not an error; write then rename so readers never
         // see half a file.
-        if let Some(d) = f.parent() {
-            let _ = std::fs::create_dir_all(d);
-        }
         let tmp = f.with_extension(format!("tmp{}", std::process::id()));
         if std::fs::write(&tmp, cubin.as_slice()).is_ok() {
             let _ = std::fs::rename(&tmp, f);
@@ -88,6 +107,106 @@ pub fn compile(src: &str, arch: &str, options: &[&str]) -> Result<Arc<Vec<u8>>> 
         .unwrap_or_else(|e| e.into_inner())
         .insert(key, cubin.clone());
     Ok(cubin)
+}
+
+/// The cached cubin at `f`, if there is one (a file never holds half a cubin: written, then
+/// renamed).
+fn read_cubin(f: &Path) -> Option<Vec<u8>> {
+    std::fs::read(f).ok().filter(|b| !b.is_empty())
+}
+
+/// How long a process waits for another that holds a cubin's lock before it compiles the
+/// program itself (the holder compiles; a holder that exits releases the lock at once, so
+/// only a stopped or stuck one is waited for this long).
+const LOCK_PATIENCE: Duration = Duration::from_secs(300);
+
+/// An exclusive `flock` on `<cubin>.lock` in the cache directory, held while compiling.
+struct DiskLock(std::fs::File);
+
+impl DiskLock {
+    /// Waits for the lock of cubin `f`. `None` (compile or read without it) once the cubin has
+    /// appeared, after [`LOCK_PATIENCE`], or when the lock file cannot be made (a cache that
+    /// cannot be written).
+    fn wait(f: &Path) -> Option<DiskLock> {
+        let d = f.parent()?;
+        let _ = std::fs::create_dir_all(d);
+        let name = f.file_name()?.to_string_lossy().into_owned() + ".lock";
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(d.join(name))
+            .ok()?;
+        let t0 = Instant::now();
+        loop {
+            // SAFETY: flock on a descriptor of a file this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Some(DiskLock(file));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK)
+                || read_cubin(f).is_some()
+                || t0.elapsed() > LOCK_PATIENCE
+            {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for DiskLock {
+    fn drop(&mut self) {
+        // SAFETY: flock on the descriptor this value owns (closing it would release it too).
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Compiles several programs (source and options) as [`compile`] does, at most
+/// [`std::thread::available_parallelism`] at once (the calling thread and scoped threads), in
+/// the order given (put the slowest first); returns their cubins in that order, or the first
+/// program's error (by order) when any fails.
+pub fn compile_all(programs: &[(&str, &[&str])], arch: &str) -> Result<Vec<Arc<Vec<u8>>>> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(programs.len());
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((src, options)) = programs.get(i) else {
+                return done;
+            };
+            done.push((i, compile(src, arch, options)));
+        }
+    };
+    let mut out: Vec<Option<Result<Arc<Vec<u8>>>>> = (0..programs.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        // A thread that cannot be started leaves its share to the others (this one included).
+        let helpers: Vec<_> = (1..workers)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("rshmem-nvrtc".into())
+                    .spawn_scoped(s, work)
+                    .ok()
+            })
+            .collect();
+        let mut done = work();
+        for h in helpers {
+            // A helper that panicked leaves its programs unset: reported below.
+            done.extend(h.join().unwrap_or_default());
+        }
+        for (i, r) in done {
+            out[i] = Some(r);
+        }
+    });
+    out.into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.unwrap_or_else(|| Err(ffi::err(format!("NVRTC compile of program {i} panicked"))))
+        })
+        .collect()
 }
 
 /// Compiles without any cache (the CI check uses this).
@@ -161,4 +280,53 @@ pub fn compile_uncached(src: &str, arch: &str, options: &[&str]) -> Result<Vec<u
         "nvrtcGetCUBIN",
     )?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second waiter for a cubin's lock (another open file, as another process has) waits
+    /// while the first holds it: it returns without the lock once the cubin appears, and takes
+    /// the lock once the holder lets go without writing one.
+    #[test]
+    fn disk_lock_waits_for_the_holder() {
+        let dir = std::env::temp_dir().join(format!("rshmem-disk-lock-{}", std::process::id()));
+        let f = dir.join("0123-sm_90.cubin");
+        let held = DiskLock::wait(&f).expect("a free lock");
+        let waiter = {
+            let f = f.clone();
+            std::thread::spawn(move || DiskLock::wait(&f).is_some())
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!waiter.is_finished(), "the lock is held");
+        std::fs::write(&f, b"cubin").unwrap();
+        assert!(
+            !waiter.join().unwrap(),
+            "the cubin appeared: no lock needed"
+        );
+        std::fs::remove_file(&f).unwrap();
+        let waiter = {
+            let f = f.clone();
+            std::thread::spawn(move || DiskLock::wait(&f).is_some())
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        drop(held);
+        assert!(waiter.join().unwrap(), "released: the waiter holds it");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An empty cache file is no cubin; a missing directory is no cache.
+    #[test]
+    fn read_cubin_needs_a_nonempty_file() {
+        let dir = std::env::temp_dir().join(format!("rshmem-read-cubin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("x-sm_90.cubin");
+        std::fs::write(&f, b"").unwrap();
+        assert_eq!(read_cubin(&f), None);
+        std::fs::write(&f, b"\x7fELF").unwrap();
+        assert_eq!(read_cubin(&f), Some(b"\x7fELF".to_vec()));
+        assert_eq!(read_cubin(&dir.join("missing/y-sm_90.cubin")), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -6,12 +6,14 @@
 //! `exec` runs the host collectives' plans on the GPU (barrier, copy and reduce kernels);
 //! `sig` the call signatures every member's call is checked against; `ll` the LL and pull
 //! paths' constants and area; `tuning` the typed tuning ([`CollTuning`]); `kernels/` the CUDA
-//! sources, one file per family over shared headers, assembled into one module
-//! ([`COLL_KERNELS`]). The benchmark against NCCL is the `rshmem-bench` crate's.
+//! sources, one file per family over shared headers; `modules` the NVRTC modules they are
+//! compiled as, in parallel ([`COLL_MODULES`]). The benchmark against NCCL is the
+//! `rshmem-bench` crate's.
 
 mod choice;
 mod exec;
 mod ll;
+mod modules;
 mod net;
 #[cfg(test)]
 mod net_model;
@@ -29,6 +31,7 @@ pub use choice::{
     copy_grid, plan_fused, reduce_grid, CallFacts, LlGrid, PathRules, PLAN_COPIES_PER_KERNEL,
 };
 pub use ll::{default_ll_sizes, LlSizes, COLL_LL_A2A_BYTES, COLL_LL_BYTES, LL_MAX_MEMBERS};
+pub use modules::{compile_coll_modules, CollModule, COLL_MODULES};
 pub use paths::CollPath;
 pub use sig::coll_kernel_names;
 pub use tuning::{
@@ -52,19 +55,6 @@ use ll::*;
 use sig::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-/// The collectives' CUDA source (one NVRTC module): the files of `kernels/` in order, the
-/// shared definitions first.
-pub const COLL_KERNELS: &str = concat!(
-    include_str!("kernels/common.cuh"),
-    include_str!("kernels/barrier.cu"),
-    include_str!("kernels/reduce.cu"),
-    include_str!("kernels/ll.cuh"),
-    include_str!("kernels/all_reduce.cu"),
-    include_str!("kernels/move.cu"),
-    include_str!("kernels/copy.cu"),
-    include_str!("kernels/net.cu"),
-);
 
 /// Stream-ordered collectives of one PE on the CUDA backend.
 ///
@@ -188,8 +178,9 @@ pub const COLL_KERNELS: &str = concat!(
 pub struct GpuColl<'a> {
     g: CudaPe<'a>,
     config: CollConfig,
-    _module: Arc<Module>,
-    /// Kernels of the module (for `Debug`).
+    /// The modules of [`COLL_MODULES`], in that order (their kernels' functions below).
+    _modules: Vec<Arc<Module>>,
+    /// Kernels of the modules (for `Debug`).
     kernels: usize,
     /// The reduce, LL all_reduce, pull all_reduce and cross-node fold kernel per (element
     /// type, operation), at [`typed_index`]: no name formatting or hashing per call.
@@ -258,11 +249,13 @@ impl std::fmt::Debug for GpuColl<'_> {
 }
 
 impl<'a> GpuColl<'a> {
-    /// Compiles (NVRTC, cached per GPU architecture on disk and per PE in memory) and loads
-    /// every collective kernel, allocates its symmetric objects (all_to_all_v metadata,
-    /// 16 bytes per PE; signature slots, `48 × n_pes × (max_teams + 1)` bytes) and 64 KiB of
-    /// staging, and meets the other PEs. Collective over the world: every PE calls it before
-    /// any PE launches a collective (loading a module waits for kernels running on the GPU).
+    /// Compiles (NVRTC, cached per GPU architecture on disk and per PE in memory; the modules
+    /// of [`COLL_MODULES`] on parallel threads, so a cold cache costs about the slowest
+    /// module's compile given a core per module) and loads every collective kernel, allocates
+    /// its symmetric objects (all_to_all_v metadata, 16 bytes per PE; signature slots,
+    /// `48 × n_pes × (max_teams + 1)` bytes) and 64 KiB of staging, and meets the other PEs.
+    /// Collective over the world: every PE calls it before any PE launches a collective
+    /// (loading a module waits for kernels running on the GPU).
     ///
     /// `tuning` chooses the paths and sizes the kernels ([`CollTuning`]; `CollTuning::from_env`
     /// at a program's edge, or `CollTuning::default()`); every PE must pass the same. The LL
@@ -275,13 +268,15 @@ impl<'a> GpuColl<'a> {
     pub fn new(g: CudaPe<'a>, config: CollConfig, tuning: CollTuning) -> Result<GpuColl<'a>> {
         tuning.check()?;
         let ll_sizes = tuning.ll_sizes(g.backend().heap_size, g.pe_ref().n_pes());
-        let names = coll_kernel_names();
         let opts: Vec<&str> = tuning.nvrtc_options.iter().map(|s| s.as_str()).collect();
-        let k = g.kernel(COLL_KERNELS, &names[0], &opts)?;
-        let module = k.module.clone();
+        let srcs: Vec<String> = COLL_MODULES.iter().map(|m| m.source()).collect();
+        let modules = g.modules(&srcs, &opts)?;
         let mut funcs = HashMap::new();
-        for n in &names {
-            funcs.insert(n.clone(), module.func(n)?);
+        for (m, module) in COLL_MODULES.iter().zip(&modules) {
+            for n in m.kernel_names() {
+                let f = module.func(&n)?;
+                funcs.insert(n, f);
+            }
         }
         let ll_threads = tuning.ll_threads;
         ll_threads_fit(&funcs, ll_threads)?;
@@ -387,7 +382,7 @@ impl<'a> GpuColl<'a> {
             },
             kernels: funcs.len(),
             typed,
-            _module: module,
+            _modules: modules,
             g,
             config,
             temp: Mutex::new(vec![(temp, MIN_STAGING)]),

@@ -212,33 +212,50 @@ pub(super) fn reduce_name(k: ElemKind, op: ReduceOp) -> String {
     format!("rshmemi_coll_reduce_{}_{}", k.name(), op.name())
 }
 
-/// The kernel names of `kernels/` (every one is compiled and loaded by [`GpuColl::new`]).
+/// The kernel names of `kernels/` (every one is compiled and loaded by [`GpuColl::new`]): the
+/// untyped kernels, then each element type's.
 pub fn coll_kernel_names() -> Vec<String> {
-    let mut v = vec![
-        "rshmemi_coll_copy".to_string(),
-        "rshmemi_coll_a2av_dev".to_string(),
-        "rshmemi_coll_a2av_meta".to_string(),
-        "rshmemi_coll_a2av_host".to_string(),
-        "rshmemi_coll_sync_sig".to_string(),
-        "rshmemi_coll_ll_move_a2a_words".to_string(),
-        "rshmemi_coll_ll_move_a2a_bytes".to_string(),
-        "rshmemi_coll_ll_move_gather_words".to_string(),
-        "rshmemi_coll_ll_move_gather_bytes".to_string(),
-        "rshmemi_coll_ll_move_bcast_words".to_string(),
-        "rshmemi_coll_ll_move_bcast_bytes".to_string(),
-        "rshmemi_coll_pull_a2a".to_string(),
-        "rshmemi_coll_pull_bcast".to_string(),
-        "rshmemi_coll_net_round".to_string(),
-        "rshmemi_coll_net_a2av".to_string(),
-    ];
+    let mut v = untyped_kernel_names();
     for k in ELEMS {
-        for op in ReduceOp::ALL {
-            if op.supports(k) {
-                v.push(reduce_name(k, op));
-                v.push(ll_name(k, op));
-                v.push(pull_ar_name(k, op));
-                v.push(net_fold_name(k, op));
-            }
+        v.extend(typed_kernel_names(k));
+    }
+    v
+}
+
+/// The kernels that take no element type (barriers, copies, the LL and pull data movers, the
+/// cross-node rounds).
+pub(super) fn untyped_kernel_names() -> Vec<String> {
+    [
+        "rshmemi_coll_copy",
+        "rshmemi_coll_a2av_dev",
+        "rshmemi_coll_a2av_meta",
+        "rshmemi_coll_a2av_host",
+        "rshmemi_coll_sync_sig",
+        "rshmemi_coll_ll_move_a2a_words",
+        "rshmemi_coll_ll_move_a2a_bytes",
+        "rshmemi_coll_ll_move_gather_words",
+        "rshmemi_coll_ll_move_gather_bytes",
+        "rshmemi_coll_ll_move_bcast_words",
+        "rshmemi_coll_ll_move_bcast_bytes",
+        "rshmemi_coll_pull_a2a",
+        "rshmemi_coll_pull_bcast",
+        "rshmemi_coll_net_round",
+        "rshmemi_coll_net_a2av",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The reduce, LL all_reduce, pull all_reduce and cross-node fold kernels of elements of
+/// kind `k`, for every operation defined on it.
+pub(super) fn typed_kernel_names(k: ElemKind) -> Vec<String> {
+    let mut v = Vec::new();
+    for op in ReduceOp::ALL {
+        if op.supports(k) {
+            v.push(reduce_name(k, op));
+            v.push(ll_name(k, op));
+            v.push(pull_ar_name(k, op));
+            v.push(net_fold_name(k, op));
         }
     }
     v

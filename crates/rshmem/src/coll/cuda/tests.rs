@@ -371,7 +371,7 @@ fn layouts_match_the_kernels() {
     // rshmemi_check: six signature words, two pointers; the error record fits every slot.
     assert_eq!(std::mem::size_of::<Check>(), 8 * (SIG_WORDS + 2));
     assert_eq!(std::mem::size_of::<A2avList>(), 16 * A2AV_CHUNK);
-    let src = super::COLL_KERNELS;
+    let src = super::modules::COLL_SOURCE;
     for (name, v) in [
         ("RSHMEMI_SIG_WORDS", SIG_WORDS),
         ("RSHMEMI_ERR_MM_PE", ERR_MM_PE),
@@ -434,7 +434,7 @@ fn struct_fields(src: &str, name: &str) -> Vec<String> {
 #[test]
 fn launches_match_the_kernel_signatures() {
     use std::mem::{offset_of, size_of};
-    let coll = super::COLL_KERNELS;
+    let coll = super::modules::COLL_SOURCE;
     let internal = crate::backend::cuda::nvrtc::INTERNAL_KERNELS;
     let header = crate::backend::cuda::nvrtc::DEVICE_HEADER;
     let (p, u, i, team, ck) = ("ptr", "rshmem_u64", "int", "rshmem_team", "rshmemi_check");
@@ -701,4 +701,48 @@ fn kernel_names_cover_every_type_and_op() {
     assert!(!names.contains(&"rshmemi_coll_ll_half_or".to_string()));
     assert!(names.contains(&"rshmemi_coll_reduce_uint8_xor".to_string()));
     assert!(!names.contains(&"rshmemi_coll_reduce_float_xor".to_string()));
+}
+
+/// Each module's source (its prelude, then the collectives' source with its
+/// `RSHMEMI_COLL_TYPED_ONLY` guards) defines exactly the kernels its `kernel_names` lists,
+/// which `GpuColl::new` takes from it; the modules' kernels are disjoint and together every
+/// kernel of `coll_kernel_names()`, as the source alone defines them.
+#[test]
+fn coll_modules_partition_the_kernels() {
+    use crate::backend::cuda::srcparse::kernel_names;
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let mut owner: HashMap<String, String> = HashMap::new();
+    for m in super::COLL_MODULES {
+        let defined = kernel_names(&m.source());
+        assert!(!defined.is_empty(), "module {}", m.name());
+        assert_eq!(
+            sorted(defined.clone()),
+            sorted(m.kernel_names()),
+            "module {}",
+            m.name()
+        );
+        for n in defined {
+            if let Some(other) = owner.insert(n.clone(), m.name()) {
+                panic!("kernel {n} in modules {other} and {}", m.name());
+            }
+        }
+    }
+    let all = sorted(coll_kernel_names());
+    assert_eq!(sorted(owner.into_keys().collect()), all);
+    assert_eq!(sorted(kernel_names(super::modules::COLL_SOURCE)), all);
+    // Every element type in one module; the untyped kernels in the last (started last: it
+    // compiles fastest).
+    let mut types: Vec<ElemKind> = super::COLL_MODULES
+        .iter()
+        .flat_map(|m| m.types.to_vec())
+        .collect();
+    types.sort_by_key(|&k| k as usize);
+    assert_eq!(types, ElemKind::ALL);
+    assert_eq!(
+        super::COLL_MODULES.last().map(|m| m.name()),
+        Some("untyped".to_string())
+    );
 }

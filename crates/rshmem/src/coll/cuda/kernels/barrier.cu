@@ -102,6 +102,8 @@ __device__ bool rshmemi_sig_sync(rshmem_team team, const rshmemi_check& ck) {
     return ok;
 }
 
-// The first barrier of a collective that does not run fused.
+// The first barrier of a collective that does not run fused (an untyped kernel: see common.cuh).
+#ifndef RSHMEMI_COLL_TYPED_ONLY
 extern "C" __global__ void rshmemi_coll_sync_sig(rshmem_team team, rshmemi_check ck) { rshmemi_sig_sync(team, ck); }
+#endif
 

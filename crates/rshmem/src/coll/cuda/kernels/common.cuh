@@ -22,14 +22,33 @@
 
 // ----- element types: storage type, accumulation type -----
 // NAME (rshmem::ElemKind::name, as in the device API), storage T, accumulator A.
-#define RSHMEMI_COLL_INT_TYPES(X)                                                   \
-    X(int8, signed char, signed char) X(int16, short, short) X(int32, int, int)     \
-    X(int64, long long, long long) X(uint8, unsigned char, unsigned char)           \
-    X(uint16, unsigned short, unsigned short) X(uint32, unsigned int, unsigned int) \
-    X(uint64, unsigned long long, unsigned long long)
-#define RSHMEMI_COLL_FLOAT_TYPES(X)                                                 \
-    X(half, rshmem_half, float) X(bfloat16, rshmem_bfloat16, float)                \
-    X(float, float, float) X(double, double, double)
+#define RSHMEMI_COLL_TYPE_int8(X) X(int8, signed char, signed char)
+#define RSHMEMI_COLL_TYPE_int16(X) X(int16, short, short)
+#define RSHMEMI_COLL_TYPE_int32(X) X(int32, int, int)
+#define RSHMEMI_COLL_TYPE_int64(X) X(int64, long long, long long)
+#define RSHMEMI_COLL_TYPE_uint8(X) X(uint8, unsigned char, unsigned char)
+#define RSHMEMI_COLL_TYPE_uint16(X) X(uint16, unsigned short, unsigned short)
+#define RSHMEMI_COLL_TYPE_uint32(X) X(uint32, unsigned int, unsigned int)
+#define RSHMEMI_COLL_TYPE_uint64(X) X(uint64, unsigned long long, unsigned long long)
+#define RSHMEMI_COLL_TYPE_half(X) X(half, rshmem_half, float)
+#define RSHMEMI_COLL_TYPE_bfloat16(X) X(bfloat16, rshmem_bfloat16, float)
+#define RSHMEMI_COLL_TYPE_float(X) X(float, float, float)
+#define RSHMEMI_COLL_TYPE_double(X) X(double, double, double)
+// The types instantiated: every one, unless the source defines the lists first. rshmem compiles
+// this source as several modules in parallel (rshmem::cuda::COLL_MODULES): one with every
+// untyped kernel and no types, the others with RSHMEMI_COLL_TYPED_ONLY defined (no untyped
+// kernel) and a few types each, so that no single NVRTC compile takes long.
+#ifndef RSHMEMI_COLL_INT_TYPES
+#define RSHMEMI_COLL_INT_TYPES(X)                                                          \
+    RSHMEMI_COLL_TYPE_int8(X) RSHMEMI_COLL_TYPE_int16(X) RSHMEMI_COLL_TYPE_int32(X)        \
+    RSHMEMI_COLL_TYPE_int64(X) RSHMEMI_COLL_TYPE_uint8(X) RSHMEMI_COLL_TYPE_uint16(X)      \
+    RSHMEMI_COLL_TYPE_uint32(X) RSHMEMI_COLL_TYPE_uint64(X)
+#endif
+#ifndef RSHMEMI_COLL_FLOAT_TYPES
+#define RSHMEMI_COLL_FLOAT_TYPES(X)                                                        \
+    RSHMEMI_COLL_TYPE_half(X) RSHMEMI_COLL_TYPE_bfloat16(X) RSHMEMI_COLL_TYPE_float(X)     \
+    RSHMEMI_COLL_TYPE_double(X)
+#endif
 
 // Operation codes (rshmem::coll::ReduceOp in declaration order).
 #define RSHMEMI_OP_SUM 0

@@ -1,4 +1,6 @@
 // ----- copies: every Copy step of one phase in one launch -----
+// Untyped kernels only (see common.cuh).
+#ifndef RSHMEMI_COLL_TYPED_ONLY
 
 // `bytes` from `src` (translated to world PE `pe`'s copy when pe >= 0, else a local address)
 // to this PE's `dst`.
@@ -139,3 +141,4 @@ extern "C" __global__ void rshmemi_coll_a2av_host(char* dst, const char* src, co
     const char* s = (const char*)rshmem_ptr(src + d * elem, pe);
     rshmemi_copy(dst + at * elem, s, c * elem, part * blockDim.x + threadIdx.x, parts * blockDim.x);
 }
+#endif

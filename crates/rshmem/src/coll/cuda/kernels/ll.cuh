@@ -156,7 +156,8 @@ __device__ __forceinline__ bool rshmemi_ll_header(const rshmem_u64* h, unsigned 
 // RSHMEMI_LL_STAMPS 1 (measurements only): block 0's thread 0 of the LL all_reduce takes the
 // SM clock at each step of a call (and the last warp when its verdict is in), and every 32nd
 // call prints the steps' cycles, the globaltimer span of the call and the gap since the
-// previous call's end (device printf).
+// previous call's end (device printf). Calls count per module (rshmem::cuda::COLL_MODULES):
+// the calls and gaps of one element type's kernels, or of the LL data movers.
 #ifndef RSHMEMI_LL_STAMPS
 #define RSHMEMI_LL_STAMPS 0
 #endif

@@ -1,4 +1,6 @@
 // The bytes these kernels move, as data the simulator reads: coll/cuda/traffic.rs.
+// Untyped kernels only (see common.cuh).
+#ifndef RSHMEMI_COLL_TYPED_ONLY
 // Bytes l·8 .. l·8+8 of a share of nb bytes at d (those below nb), from a line's payload.
 __device__ __forceinline__ void rshmemi_ll_unpack(char* d, rshmem_u64 nb, rshmem_u64 l, rshmem_u64 v) {
     char* p = d + l * 8;
@@ -381,3 +383,4 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
     rshmemi_ll_end(S, team, ck, exp, row);
 }
 
+#endif

@@ -80,6 +80,7 @@ __device__ __forceinline__ void rshmemi_net_wait(const rshmem_u64* p, rshmem_u64
     }
 }
 
+#ifndef RSHMEMI_COLL_TYPED_ONLY // the untyped kernels (see common.cuh)
 // A partner may finish a call without hearing from this PE after its arrival (a reduce's
 // sender, a broadcast's) and post its next call's signature before this PE compared this
 // one's: signature rows alternate with the pair's call count, `ck.slots` for even calls and
@@ -214,6 +215,7 @@ extern "C" __global__ void rshmemi_coll_net_a2av(rshmem_u64* exp, rshmem_u64* si
         }
     }
 }
+#endif
 
 // dst[0..n) = fold over i = 0..k-1 (node order) of s.p[i][0..n), where s.p[i] == 0 stands for
 // dst itself (this node's partial). Each element is read from every source before it is written.
