@@ -264,6 +264,8 @@
 mod check;
 mod combine;
 mod dispatch;
+#[cfg(test)]
+mod fwd_model;
 mod ll;
 mod params;
 #[cfg(test)]
