@@ -191,6 +191,7 @@ struct World {
     n: usize,
     el: usize,
     node: Vec<usize>,
+    nm: NodeMap,
 }
 
 impl World {
@@ -202,7 +203,34 @@ impl World {
             n,
             el: cfg.num_experts / n,
             node: (0..n).map(|p| nm.node(p)).collect(),
+            nm,
         }
+    }
+    /// The tokens of source `p` in `st` bound for node `j` (any slot's expert there).
+    fn tokens_to_node(&self, p: usize, st: &Step, j: usize) -> usize {
+        let (ids, _) = routing(self, p, st);
+        ids.chunks(st.k)
+            .filter(|t| {
+                t.iter()
+                    .any(|&id| self.owner(id).is_some_and(|d| self.node[d] == j))
+            })
+            .count()
+    }
+    /// The bytes PE `me`'s kernels put across nodes in `st` (DeepEP's internode design): its
+    /// tokens once per other node they go to, each a row and its record (dispatch); as a
+    /// forwarder, one row per token of each source it serves (combine).
+    fn net_bytes(&self, me: usize, st: &Step) -> (u64, u64) {
+        let (h, rmw) = (self.cfg.hidden, 1 + 2 * self.cfg.max_topk);
+        let k = self.node[me];
+        let out: usize = (0..self.nm.n_nodes())
+            .filter(|&j| j != k)
+            .map(|j| self.tokens_to_node(me, st, j) * (h + rmw) * 4)
+            .sum();
+        let back: usize = (0..self.n)
+            .filter(|&s| self.node[s] != k && self.nm.peer(k, self.nm.local(s)) == me)
+            .map(|s| self.tokens_to_node(s, st, k) * h * 4)
+            .sum();
+        (out as u64, back as u64)
     }
     fn owner(&self, id: i32) -> Option<usize> {
         (id >= 0).then(|| id as usize / self.el)
@@ -588,8 +616,16 @@ fn on_buffers(pe: &Pe, bufs: &[(usize, EpMode, RecvLayout)], max_steps: usize) -
                 }
                 let t0 = Instant::now();
                 prepare(pe, &w, &buf, &inp, &st)?;
+                let before = buf.net_bytes(pe)?;
                 let d = checked_step(pe, &s, &buf, &inp, &st, tokens)?;
                 verify(pe, &w, &buf, &inp, &st, &d, tokens)?;
+                let after = buf.net_bytes(pe)?;
+                assert_eq!(
+                    (after.0 - before.0, after.1 - before.1),
+                    w.net_bytes(pe.my_pe(), &st),
+                    "PE {}: bytes across nodes (dispatch, combine), step {i}",
+                    pe.my_pe()
+                );
                 pe.barrier_all()?;
                 eprintln!(
                     "PE {}: buffer {b} ({hidden} x {mode:?} {layout:?}) step {i} \
@@ -714,8 +750,27 @@ fn gpu_moe_one_step_across_two_nodes() {
     );
 }
 
+/// Two nodes of two PEs: a token bound for the other node crosses once, to the PE of its
+/// source's local index there, which forwards it to the other PE of its node over NVLink and
+/// sums that node's partial rows in combine.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_moe_two_nodes_of_two() {
+    if skip() {
+        return;
+    }
+    let t = "gpu_moe_two_nodes_of_two";
+    harness::gpu_run(
+        t,
+        GpuMode::Processes,
+        4,
+        config(&[0, 0, 1, 1], Duration::from_secs(20)),
+        across_nodes,
+    );
+}
+
 /// A node of one PE beside a node of two (PEs 1 and 2 reach each other by loads and stores,
-/// PE 0 through the proxy).
+/// PE 0 through the proxy; PE 0 forwards for both, PE 1 for PE 0).
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_moe_one_pe_beside_a_node_of_two() {

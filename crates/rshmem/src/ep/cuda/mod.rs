@@ -286,7 +286,7 @@ pub use ll::{
     LlCombineSent, LlConfig, LlDispatch, LlDispatchOpts, LlDispatchSent, LowLatencyBuffer,
     LL_KERNELS, LL_MAX_LOCAL_EXPERTS, LL_MAX_TOPK,
 };
-use params::{param_words, plan, readback_len, stage_plan, Plan, Stage, PARAM_WORDS};
+use params::{node_table, param_words, plan, readback_len, stage_plan, Plan, Stage, PARAM_WORDS};
 pub use tuning::{EpTuning, EP_WRONG_RESULT_SWITCHES};
 
 /// The kernels' source (after the device header): the files of `kernels/` in this order, one
@@ -299,6 +299,8 @@ pub const EP_KERNELS: &str = concat!(
     include_str!("kernels/layout.cu"),
     // How rows move (16-byte vectors) and announce themselves (the sentinel).
     include_str!("kernels/rows.cuh"),
+    // Across nodes: the node table, ep_send's packing per node, ep_fwd and ep_cfwd.
+    include_str!("kernels/fwd.cu"),
     // Dispatch step 2: ep_send.
     include_str!("kernels/send.cu"),
     // One-block kernels: ep_cwait (combine's wait) and ep_readback (normal mode's counts).
@@ -564,9 +566,12 @@ pub struct GpuBuffer<T: Elem> {
     readbacks: std::cell::Cell<u64>,
     readback_sync: bool,
     grid: u32,
-    /// The staging area's plan where the team spans nodes (after the plan's areas): what this
-    /// PE puts to PEs of other nodes through the proxy is written there first.
+    /// The plan of the area for other nodes where the team spans nodes (after the plan's
+    /// areas): staging, the node areas of a forwarder, the forwarding signals.
     stage: Option<Stage>,
+    /// Across nodes: `ep_fwd` (after `ep_send`) and `ep_cfwd` (after `ep_csend`).
+    fwd: Kernel,
+    cfwd: Kernel,
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -585,8 +590,9 @@ impl<T: Elem> GpuBuffer<T> {
         Ok(plan(cfg, n_pes, std::mem::size_of::<T>())?.total)
     }
 
-    /// Symmetric bytes per PE this buffer takes ([`bytes_for`](Self::bytes_for), plus a staging
-    /// area as large as the receive area and its row records where the team spans nodes).
+    /// Symmetric bytes per PE this buffer takes ([`bytes_for`](Self::bytes_for), plus, where the
+    /// team spans nodes, the staging and node areas of DeepEP's internode design: "Across
+    /// nodes").
     pub fn bytes(&self) -> usize {
         self.plan.total + self.stage.map_or(0, |st| st.total)
     }
@@ -658,8 +664,18 @@ impl<T: Elem> GpuBuffer<T> {
             let split_knob = tuning.split_combine;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
+            let nodes = pe.node_map(team);
+            // Forwarders reach the PEs of their node by loads and stores: the node map must say
+            // which members the device reaches through the proxy.
+            for (i, &m) in team.members.iter().enumerate() {
+                if (nodes.node(i) != nodes.node(dt.my_index as usize)) != g.any_remote(&[m]) {
+                    return Err(Error::invalid(format!(
+                        "ep: PE {m} is on another node by the node map but not by the device"
+                    )));
+                }
+            }
             let stage = match spans {
-                true => Some(stage_plan(&cfg, n, std::mem::size_of::<T>())?),
+                true => Some(stage_plan(&cfg, &nodes, std::mem::size_of::<T>())?),
                 false => None,
             };
             // Normal mode's readback: the control words, receive counts and expert offsets,
@@ -691,10 +707,11 @@ impl<T: Elem> GpuBuffer<T> {
                     k("ep_readback", &o32)?,
                     k("ep_csplit", &o32)?,
                 ],
+                [k("ep_fwd", &o32)?, k("ep_cfwd", &o32)?],
             );
             Ok::<_, Error>((
                 dt,
-                (p, stage),
+                (p, stage, nodes),
                 ks,
                 (tokens_combine, send_block, pstream_block, readback_sync),
                 (readback, readback_dev),
@@ -704,12 +721,13 @@ impl<T: Elem> GpuBuffer<T> {
         })();
         let (
             dt,
-            (plan, stage),
+            (plan, stage, nodes),
             (
                 [layout32, send32],
                 [layout64, send64],
                 [dwait, cwait, permute, pstream, csend, crecv, scale],
                 [cready, cpull, cdone, ccopy, readback_k, csplit],
+                [fwd, cfwd],
             ),
             (tokens_combine, send_block, pstream_block, readback_sync),
             (readback, readback_dev),
@@ -801,6 +819,8 @@ impl<T: Elem> GpuBuffer<T> {
             readback_sync,
             grid,
             stage,
+            fwd,
+            cfwd,
             _t: std::marker::PhantomData,
         };
         let base = g.ptr(&buf.area)?;
@@ -811,6 +831,13 @@ impl<T: Elem> GpuBuffer<T> {
             .map(|w| w.1)
             .collect();
         pe.local_write(&buf.view::<u64>(p.params, PARAM_WORDS)?, 0, &params)?;
+        if let Some(st) = &buf.stage {
+            // The forwarding signals and the byte counter start at 0; the node table.
+            pe.local_fill(&buf.view::<u64>(p.total + st.fsig, 2 * n)?, 0)?;
+            pe.local_fill(&buf.view::<u64>(p.total + st.xcount, 2)?, 0)?;
+            let t = node_table(&nodes);
+            pe.local_write(&buf.view::<u32>(p.total + st.ntab, t.len())?, 0, &t)?;
+        }
         pe.local_fill(&buf.view::<u64>(p.sig, SIG_GROUPS * n)?, 0)?;
         buf.fill_sentinel(pe)?;
         pe.local_fill(&buf.view::<u32>(p.acc, cfg.num_experts + n + 2)?, 0)?;
@@ -849,6 +876,22 @@ impl<T: Elem> GpuBuffer<T> {
             pe.local_vec(&self.view::<u64>(self.plan.ctl, 16)?)?,
             pe.local_vec(&self.view::<u64>(self.plan.sig, SIG_GROUPS * self.n)?)?,
         ))
+    }
+
+    // for tests/cuda_fabric_ep.rs: the bytes each step sends across nodes.
+    /// Bytes this PE's kernels put to PEs of other nodes so far: (dispatch rows and their row
+    /// records, combine rows), counted on the device where the puts are posted; `(0, 0)` where
+    /// the team is on one node. Read after synchronising the stream. Count records and signals
+    /// are not counted. A diagnostic hook, not part of the supported API.
+    #[doc(hidden)]
+    pub fn net_bytes(&self, pe: &Pe) -> Result<(u64, u64)> {
+        match &self.stage {
+            None => Ok((0, 0)),
+            Some(st) => {
+                let v = pe.local_vec(&self.view::<u64>(self.plan.total + st.xcount, 2)?)?;
+                Ok((v[0], v[1]))
+            }
+        }
     }
 
     // for rshmem-bench: printed beside its per-kernel times.
