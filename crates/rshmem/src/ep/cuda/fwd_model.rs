@@ -13,6 +13,11 @@
 //! from the writer it expects (and every set by one wait). Results are compared with the flat
 //! path's (every row once per destination PE) on exact data: integer rows, expert outputs and
 //! power-of-two weights, so the sums are exact in `f32` whatever their grouping.
+//!
+//! Against the kernels (`kernels/fwd.cu`): the model's `px` is a PE's idle combine half, its
+//! `ncomb` the combine slots of the node's members at the source (node row `p` in member
+//! `p / C`'s slot, row `p % C`), and its node sums stay `f32` where the kernels round them to
+//! the element type once (the data here is exact either way).
 
 use crate::team::NodeMap;
 use std::collections::{BTreeMap, HashMap};
