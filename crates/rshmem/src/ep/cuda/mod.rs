@@ -276,9 +276,9 @@
 //! # Status
 //! Run on 2x H200 (one PE per GPU, and 4 thread-PEs on the 2 GPUs), on 4x H200 and on one GPU
 //! shared by the PEs: as threads, as processes and mixed (`tests/cuda_ep.rs`, 30 tests). Across
-//! nodes: `tests/cuda_fabric_ep.rs` (2 nodes of one PE, 2 nodes of two, a node of one beside a
-//! node of two, a killed node) on one GPU shared by processes playing the nodes; not yet on
-//! GPUs of their own.
+//! nodes, forwarding once per node: `tests/cuda_fabric_ep.rs` (2 nodes of one PE, 2 nodes of
+//! two, a node of one beside a node of two, a killed node of one and of two) on one GPU shared
+//! by processes playing the nodes; not yet on GPUs of their own.
 //! The `rshmem-bench` crate measures it beside a same-run NCCL all-to-all-v baseline (missing
 //! where PEs share a GPU or NCCL is absent) and checks both paths' data; with
 //! `RSHMEM_EP_BREAKDOWN=1` it prints per-kernel times through hooks kept for it alone
