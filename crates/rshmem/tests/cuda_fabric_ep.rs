@@ -191,6 +191,7 @@ struct World {
     n: usize,
     el: usize,
     node: Vec<usize>,
+    nm: NodeMap,
 }
 
 impl World {
@@ -202,7 +203,34 @@ impl World {
             n,
             el: cfg.num_experts / n,
             node: (0..n).map(|p| nm.node(p)).collect(),
+            nm,
         }
+    }
+    /// The tokens of source `p` in `st` bound for node `j` (any slot's expert there).
+    fn tokens_to_node(&self, p: usize, st: &Step, j: usize) -> usize {
+        let (ids, _) = routing(self, p, st);
+        ids.chunks(st.k)
+            .filter(|t| {
+                t.iter()
+                    .any(|&id| self.owner(id).is_some_and(|d| self.node[d] == j))
+            })
+            .count()
+    }
+    /// The bytes PE `me`'s kernels put across nodes in `st` (DeepEP's internode design): its
+    /// tokens once per other node they go to, each a row and its record (dispatch); as a
+    /// forwarder, one row per token of each source it serves (combine).
+    fn net_bytes(&self, me: usize, st: &Step) -> (u64, u64) {
+        let (h, rmw) = (self.cfg.hidden, 1 + 2 * self.cfg.max_topk);
+        let k = self.node[me];
+        let out: usize = (0..self.nm.n_nodes())
+            .filter(|&j| j != k)
+            .map(|j| self.tokens_to_node(me, st, j) * (h + rmw) * 4)
+            .sum();
+        let back: usize = (0..self.n)
+            .filter(|&s| self.node[s] != k && self.nm.peer(k, self.nm.local(s)) == me)
+            .map(|s| self.tokens_to_node(s, st, k) * h * 4)
+            .sum();
+        (out as u64, back as u64)
     }
     fn owner(&self, id: i32) -> Option<usize> {
         (id >= 0).then(|| id as usize / self.el)
@@ -588,8 +616,16 @@ fn on_buffers(pe: &Pe, bufs: &[(usize, EpMode, RecvLayout)], max_steps: usize) -
                 }
                 let t0 = Instant::now();
                 prepare(pe, &w, &buf, &inp, &st)?;
+                let before = buf.net_bytes(pe)?;
                 let d = checked_step(pe, &s, &buf, &inp, &st, tokens)?;
                 verify(pe, &w, &buf, &inp, &st, &d, tokens)?;
+                let after = buf.net_bytes(pe)?;
+                assert_eq!(
+                    (after.0 - before.0, after.1 - before.1),
+                    w.net_bytes(pe.my_pe(), &st),
+                    "PE {}: bytes across nodes (dispatch, combine), step {i}",
+                    pe.my_pe()
+                );
                 pe.barrier_all()?;
                 eprintln!(
                     "PE {}: buffer {b} ({hidden} x {mode:?} {layout:?}) step {i} \
@@ -714,8 +750,27 @@ fn gpu_moe_one_step_across_two_nodes() {
     );
 }
 
+/// Two nodes of two PEs: a token bound for the other node crosses once, to the PE of its
+/// source's local index there, which forwards it to the other PE of its node over NVLink and
+/// sums that node's partial rows in combine.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_moe_two_nodes_of_two() {
+    if skip() {
+        return;
+    }
+    let t = "gpu_moe_two_nodes_of_two";
+    harness::gpu_run(
+        t,
+        GpuMode::Processes,
+        4,
+        config(&[0, 0, 1, 1], Duration::from_secs(20)),
+        across_nodes,
+    );
+}
+
 /// A node of one PE beside a node of two (PEs 1 and 2 reach each other by loads and stores,
-/// PE 0 through the proxy).
+/// PE 0 through the proxy; PE 0 forwards for both, PE 1 for PE 0).
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_moe_one_pe_beside_a_node_of_two() {
@@ -737,35 +792,59 @@ fn gpu_moe_one_pe_beside_a_node_of_two() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_moe_with_a_killed_node_is_an_error_naming_it() {
+    killed_node("gpu_moe_with_a_killed_node_is_an_error_naming_it", &[0, 1]);
+}
+
+/// Of two nodes of two PEs, node 1 (PEs 2 and 3) dies before a dispatch: PEs 0 and 1 (PE 0
+/// forwarding for PE 2, PE 1 for PE 3) end in an error naming one of them.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_moe_with_a_killed_node_of_two_is_an_error_naming_it() {
+    killed_node(
+        "gpu_moe_with_a_killed_node_of_two_is_an_error_naming_it",
+        &[0, 0, 1, 1],
+    );
+}
+
+/// The PEs of the last node of `nodes` die after a good step, before a dispatch: every other
+/// PE's dispatch or check ends in an error naming one of them within the deadline.
+fn killed_node(test: &str, nodes: &[usize]) {
     if skip() {
         return;
     }
-    let test = "gpu_moe_with_a_killed_node_is_an_error_naming_it";
+    let n = nodes.len();
+    let last = nodes[n - 1];
+    let dead: Vec<usize> = (0..n).filter(|&p| nodes[p] == last).collect();
     if !harness::is_child() {
         let env = [(harness::CHILD_VAR, "kill")];
-        let out = harness::spawn_self_ignored(test, 2, 1, &env, Duration::from_secs(20));
-        assert_eq!(out.exits[1], Exit::Signal(9), "the killed node");
-        assert_eq!(
-            out.exits[0],
-            Exit::Code(0),
-            "the survivor did not see the loss in time"
-        );
+        let out = harness::spawn_self_ignored(test, n, 1, &env, Duration::from_secs(20));
+        for p in 0..n {
+            match dead.contains(&p) {
+                true => assert_eq!(out.exits[p], Exit::Signal(9), "the killed node's PE {p}"),
+                false => assert_eq!(
+                    out.exits[p],
+                    Exit::Code(0),
+                    "PE {p} did not see the loss in time"
+                ),
+            }
+        }
         return;
     }
     let pe = Launch::new()
-        .config(config(&[0, 1], Duration::from_secs(10)))
+        .config(config(nodes, Duration::from_secs(10)))
         .init()
         .expect("init");
+    let me = pe.my_pe();
     let g = CudaPe::new(&pe).expect("cuda pe");
     let s = g.stream().expect("stream");
-    let c = cfg(2, 40, EpMode::Normal, RecvLayout::ExpertMajor);
+    let c = cfg(n, 40, EpMode::Normal, RecvLayout::ExpertMajor);
     let w = World::of(&pe, &c);
     let buf = GpuBuffer::<f32>::new(&pe, pe.world_team(), c, &tuning()).expect("buffer");
     let inp = inputs(&pe, &c, buf.max_rows()).expect("inputs");
     // One good step first.
     let st = Step {
         route: Route::Random,
-        tokens: vec![24; 2],
+        tokens: vec![24; n],
         k: 4,
         seed: 5,
     };
@@ -773,8 +852,8 @@ fn gpu_moe_with_a_killed_node_is_an_error_naming_it() {
     let d = checked_step(&pe, &s, &buf, &inp, &st, false).expect("step");
     verify(&pe, &w, &buf, &inp, &st, &d, false).expect("verify");
     pe.barrier_all().expect("barrier");
-    eprintln!("PE {}: the first step exact", pe.my_pe());
-    if pe.my_pe() == 1 {
+    eprintln!("PE {me}: the first step exact");
+    if dead.contains(&me) {
         std::thread::sleep(Duration::from_millis(300));
         // SAFETY: plain syscall on this process.
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
@@ -794,13 +873,13 @@ fn gpu_moe_with_a_killed_node_is_an_error_naming_it() {
         .and_then(|_| s.synchronize())
         .and_then(|_| buf.check(&pe));
     let named = |e: &Error| match e {
-        Error::PeerLost { pe, .. } => *pe == 1,
-        Error::Timeout { pe, .. } => *pe == Some(1),
+        Error::PeerLost { pe, .. } => dead.contains(pe),
+        Error::Timeout { pe: Some(p), .. } => dead.contains(p),
         _ => false,
     };
     match &r {
-        Err(e) if named(e) => eprintln!("PE 0: {e} after {:?}", t0.elapsed()),
-        other => panic!("a dispatch towards a dead node: {other:?}"),
+        Err(e) if named(e) => eprintln!("PE {me}: {e} after {:?}", t0.elapsed()),
+        other => panic!("PE {me}: a dispatch towards a dead node: {other:?}"),
     }
     assert!(t0.elapsed() < Duration::from_secs(40), "{:?}", t0.elapsed());
 }

@@ -200,6 +200,10 @@ impl<T: Elem> GpuBuffer<T> {
                 &[prm, yp, KernelArg::I32(mode)],
             )?;
             mark()?;
+            if self.spans_nodes() {
+                // ep_cfwd(const ep_params*): as ep_fwd in dispatch, after ep_csend.
+                g.launch_dependent(&self.cfwd, s, self.n as u32, BLOCK, 0, &[prm])?;
+            }
             g.launch_dependent(&self.cwait, s, 1, 64, 0, &[prm])?;
             mark()?;
             g.launch_dependent(&self.crecv, s, self.grid, BLOCK, 0, &[prm, op, own_p])?;

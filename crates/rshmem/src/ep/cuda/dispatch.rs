@@ -160,6 +160,12 @@ impl<T: Elem> GpuBuffer<T> {
                 ],
             )?;
             mark()?;
+            if self.spans_nodes() {
+                // ep_fwd(const ep_params*): a block per team member (the sources this PE
+                // forwards for; the others end at once), launched as a dependent: it lets
+                // ep_dwait in at its start and waits for ep_send's end before it ends.
+                g.launch_dependent(&self.fwd, s, self.n as u32, BLOCK, 0, &[prm])?;
+            }
             g.launch_dependent(&self.dwait, s, 1, 1024, 0, &[prm])?;
         }
         mark()?;

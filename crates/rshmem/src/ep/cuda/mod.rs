@@ -171,38 +171,66 @@
 //!
 //! # Across nodes
 //! A team with members on other nodes (a CUDA world over the fabric, docs/fabric.md) takes the
-//! same kernels, outputs, layouts and API; what a kernel would store into a member of another
-//! node goes through this PE's proxy ring instead (`backend/cuda/remote.rs`: the proxy thread
-//! carries requests out in ticket order, each complete at the target before the next), in a
-//! few requests per PE and step, as each request is a round trip through both proxies:
-//! * `ep_layout` puts its count record with the records signal in one request (from a staging
-//!   row), after the ready signal.
-//! * `ep_send`'s blocks write the rows, row records and (expert-major) "records in" words for
-//!   such a PE into this PE's staging area after the buffer's areas ([`GpuBuffer::bytes`]), laid
-//!   out as in the destination (`C` rows per PE: as large as the receive area), and the block
-//!   that finishes last (a ticket) puts each of the three in one request, then sets the data
-//!   signal to the count the grid's adds would reach (call number × grid). Nothing is put from
-//!   `x`, which the caller may reuse as on one node.
-//! * `ep_csend` sums a source's rows into this PE's idle half of the combine area (rows `(1 -
-//!   parity, s, ·)`, which only source `s` writes, after this PE's next ready signal); the last
-//!   block puts them in one request and sets the combine signal likewise.
+//! same kernels, outputs, layouts and API, and **DeepEP's internode design**: a token bound for
+//! another node crosses the network once, to its **forwarder** there (the member of that node
+//! with the source's local index, modulo the node's size: [`NodeMap::peer`](crate::NodeMap::peer)),
+//! which stores it over NVLink into the receive areas of its node's destinations at the rows
+//! the source would have used itself (positions keyed by the original source: `recv_x`, the row
+//! records and the handle keep their meaning), and in combine sums its node's partial rows of
+//! the token and puts one row per (token, node) back. What goes to another node leaves through
+//! this PE's proxy ring (`backend/cuda/remote.rs`: requests carried out in ticket order, each
+//! complete at the target before the next), in a few requests per node and step, as each is a
+//! round trip through both proxies (the schedule's host model: `fwd_model.rs`):
+//! * `ep_layout` puts its count record to every PE of another node with the records signal, as
+//!   on one node (from a staging row, after the ready signal).
+//! * `ep_send`'s blocks move rows to this node's PEs only; the block that finishes last
+//!   (`ep_pack_nodes`, `kernels/fwd.cu`) gives this PE's tokens bound for each other node their
+//!   node positions (token order), writes their rows and records into a staging area per node
+//!   (after the buffer's areas, [`GpuBuffer::bytes`]), puts them in one request each into the
+//!   forwarder's node area at this PE's slot (the records after a header with their count), and
+//!   sets the forwarder's word for this PE to the call number. Nothing is put from `x`.
+//! * `ep_fwd` (a block per source this PE forwards for, between `ep_send` and `ep_dwait`) waits
+//!   for that word (the rows arrive whole before it), gives each node row its position at each
+//!   destination of this node (a scan in row order: the source's own positions, which its count
+//!   records announced), stores records, "records in" words (expert-major buffers) and rows
+//!   into their receive areas, and sets their data words for the source to what the source's
+//!   grid would have added (call number × grid).
+//! * `ep_csend` sums a source of another node's rows into this PE's idle half of the combine
+//!   area (rows `(1 - parity, s, ·)`, which no other PE writes) and its last block sets a word
+//!   at each forwarder of this node; `ep_cfwd` (after `ep_csend`) waits for every member's word,
+//!   sums each node row's partials over the node's destinations (ascending, `f32`), rounds once
+//!   and puts the rows back in one request per `C` rows, into the combine slots of this node's
+//!   members at the source (which send it no rows of their own), then sets the source's combine
+//!   word for this PE. `ep_cwait` waits for this node's PEs and for one forwarder per other
+//!   node; `ep_crecv` sums by combine positions that `ep_pack_nodes` wrote (a node's row where
+//!   that node's partial is). Against one node the sum of a token's rows of another node is
+//!   rounded to `T` once more (at the forwarder): exact for exact sums, within bf16/f16
+//!   tolerance otherwise.
 //!
-//! **Every signal to a PE of another node is a set** (ready, records, data, combine, the abort
-//! word): each word has one writer (its source), so setting the count the adds would reach is
-//! as good as adding, and the target's proxy serves a set by a stream memory write
-//! (`cuStreamWriteValue64`) after the data's copy, with no kernel. An add would be a one-thread
-//! kernel in the target's context, which must become resident beside the EP kernels that wait
-//! for it; nothing the kernels wait for then needs an SM of the target (a lint in the unit
-//! tests holds the kernels to it).
+//! A forwarder's node area holds `min(max_tokens, lmax * C)` rows per source (`lmax`: the most
+//! PEs of one node): a source's tokens for one node fit whenever each of its pairs fits `C`, so
+//! capacity errors are those of one node. [`GpuBuffer::net_bytes`] counts the bytes this PE's
+//! kernels put across nodes (one row and record per (token, destination node) in dispatch, one
+//! row per (token, node) in combine, against one per (token, destination PE) before).
+//!
+//! **Every signal to a PE of another node is a set** (ready, records, a source's node rows,
+//! combine, the abort word): each word has one writer (its source; a data word of a source of
+//! another node has one too, the source's forwarder on this node), so setting the count the
+//! adds would reach is as good as adding, and the target's proxy serves a set by a stream
+//! memory write (`cuStreamWriteValue64`) after the data's copy, with no kernel. An add would be
+//! a one-thread kernel in the target's context, which must become resident beside the EP
+//! kernels that wait for it; nothing the kernels wait for then needs an SM of the target (a
+//! lint in the unit tests holds the kernels to it). `ep_fwd` and `ep_cfwd` wait only for sets
+//! across nodes and for words of PEs of their own node.
 //!
 //! A staged area is rewritten only after every PE's next ready signal, which each sends after
-//! it waited for this PE's signals of the step, posted after the puts. The abort bit (a device
-//! atomic on one node) crosses as a word (`EP_CTL_XABORT`) set through the proxy before a
-//! signal; the host reads it with the error word. Every row crosses to each destination PE of
-//! another node, not once per node (DeepEP's internode design forwards it over NVLink there:
-//! not done). Pull `combine_tokens` and the split combine read or wait on peers' memory by
-//! loads: a buffer across nodes pushes ([`GpuBuffer::tokens_combine_pulls`] is false) and never
-//! splits. [`LowLatencyBuffer`] stays refused across nodes.
+//! it waited for this PE's signals of the step, posted after the puts; a forwarder's node areas
+//! are rewritten by their sources only after its next ready signal, sent after its combine.
+//! The abort bit (a device atomic on one node) crosses as a word (`EP_CTL_XABORT`) set through
+//! the proxy before a signal; the host reads it with the error word. Pull `combine_tokens` and
+//! the split combine read or wait on peers' memory by loads: a buffer across nodes pushes
+//! ([`GpuBuffer::tokens_combine_pulls`] is false) and never splits. [`LowLatencyBuffer`] stays
+//! refused across nodes.
 //!
 //! # Errors that are not agreed on the device
 //! A PE whose inputs fail the host checks still launches `ep_layout` (marked invalid, no pointer
@@ -248,9 +276,9 @@
 //! # Status
 //! Run on 2x H200 (one PE per GPU, and 4 thread-PEs on the 2 GPUs), on 4x H200 and on one GPU
 //! shared by the PEs: as threads, as processes and mixed (`tests/cuda_ep.rs`, 30 tests). Across
-//! nodes: on one GPU shared by processes playing the nodes (`tests/cuda_fabric_ep.rs`: 2 nodes
-//! of one PE, a node of one beside a node of two, a killed node; with the page-locked staging
-//! area of docs/fabric.md); not yet on GPUs of their own.
+//! nodes, forwarding once per node: `tests/cuda_fabric_ep.rs` (2 nodes of one PE, 2 nodes of
+//! two, a node of one beside a node of two, a killed node of one and of two) on one GPU shared
+//! by processes playing the nodes; not yet on GPUs of their own.
 //! The `rshmem-bench` crate measures it beside a same-run NCCL all-to-all-v baseline (missing
 //! where PEs share a GPU or NCCL is absent) and checks both paths' data; with
 //! `RSHMEM_EP_BREAKDOWN=1` it prints per-kernel times through hooks kept for it alone
@@ -259,11 +287,15 @@
 //! # GpuBuffer sizing (bytes per PE, [`GpuBuffer::bytes_for`])
 //! `n*C*H*s` receive rows + `n*C*(1+2k)*4` row records + `2*n*C*H*s` combine rows +
 //! `n*C*k*H*s` expert-major rows (none for [`RecvLayout::TokenMajor`]) + small bookkeeping
-//! (`s` = element size).
+//! (`s` = element size). Across nodes ([`GpuBuffer::bytes`]) also, with `C'` = `min(max_tokens,
+//! lmax*C)`: `(nodes + 2n)*C'*H*s` staging, node and summed rows, `(nodes + n)*C'*(1+2k)*4`
+//! row records, `n*C'*lmax*4` positions and `max_tokens*(n+1)*4` combine positions.
 
 mod check;
 mod combine;
 mod dispatch;
+#[cfg(test)]
+mod fwd_model;
 mod ll;
 mod params;
 #[cfg(test)]
@@ -284,7 +316,7 @@ pub use ll::{
     LlCombineSent, LlConfig, LlDispatch, LlDispatchOpts, LlDispatchSent, LowLatencyBuffer,
     LL_KERNELS, LL_MAX_LOCAL_EXPERTS, LL_MAX_TOPK,
 };
-use params::{param_words, plan, readback_len, stage_plan, Plan, Stage, PARAM_WORDS};
+use params::{node_table, param_words, plan, readback_len, stage_plan, Plan, Stage, PARAM_WORDS};
 pub use tuning::{EpTuning, EP_WRONG_RESULT_SWITCHES};
 
 /// The kernels' source (after the device header): the files of `kernels/` in this order, one
@@ -297,6 +329,8 @@ pub const EP_KERNELS: &str = concat!(
     include_str!("kernels/layout.cu"),
     // How rows move (16-byte vectors) and announce themselves (the sentinel).
     include_str!("kernels/rows.cuh"),
+    // Across nodes: the node table, ep_send's packing per node, ep_fwd and ep_cfwd.
+    include_str!("kernels/fwd.cu"),
     // Dispatch step 2: ep_send.
     include_str!("kernels/send.cu"),
     // One-block kernels: ep_cwait (combine's wait) and ep_readback (normal mode's counts).
@@ -562,9 +596,12 @@ pub struct GpuBuffer<T: Elem> {
     readbacks: std::cell::Cell<u64>,
     readback_sync: bool,
     grid: u32,
-    /// The staging area's plan where the team spans nodes (after the plan's areas): what this
-    /// PE puts to PEs of other nodes through the proxy is written there first.
+    /// The plan of the area for other nodes where the team spans nodes (after the plan's
+    /// areas): staging, the node areas of a forwarder, the forwarding signals.
     stage: Option<Stage>,
+    /// Across nodes: `ep_fwd` (after `ep_send`) and `ep_cfwd` (after `ep_csend`).
+    fwd: Kernel,
+    cfwd: Kernel,
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -583,8 +620,9 @@ impl<T: Elem> GpuBuffer<T> {
         Ok(plan(cfg, n_pes, std::mem::size_of::<T>())?.total)
     }
 
-    /// Symmetric bytes per PE this buffer takes ([`bytes_for`](Self::bytes_for), plus a staging
-    /// area as large as the receive area and its row records where the team spans nodes).
+    /// Symmetric bytes per PE this buffer takes ([`bytes_for`](Self::bytes_for), plus, where the
+    /// team spans nodes, the staging and node areas of DeepEP's internode design: "Across
+    /// nodes").
     pub fn bytes(&self) -> usize {
         self.plan.total + self.stage.map_or(0, |st| st.total)
     }
@@ -656,8 +694,18 @@ impl<T: Elem> GpuBuffer<T> {
             let split_knob = tuning.split_combine;
             let dt = g.device_team(team)?;
             let p = plan(&cfg, n, std::mem::size_of::<T>())?;
+            let nodes = pe.node_map(team);
+            // Forwarders reach the PEs of their node by loads and stores: the node map must say
+            // which members the device reaches through the proxy.
+            for (i, &m) in team.members.iter().enumerate() {
+                if (nodes.node(i) != nodes.node(dt.my_index as usize)) != g.any_remote(&[m]) {
+                    return Err(Error::invalid(format!(
+                        "ep: PE {m} is on another node by the node map but not by the device"
+                    )));
+                }
+            }
             let stage = match spans {
-                true => Some(stage_plan(&cfg, n, std::mem::size_of::<T>())?),
+                true => Some(stage_plan(&cfg, &nodes, std::mem::size_of::<T>())?),
                 false => None,
             };
             // Normal mode's readback: the control words, receive counts and expert offsets,
@@ -689,10 +737,11 @@ impl<T: Elem> GpuBuffer<T> {
                     k("ep_readback", &o32)?,
                     k("ep_csplit", &o32)?,
                 ],
+                [k("ep_fwd", &o32)?, k("ep_cfwd", &o32)?],
             );
             Ok::<_, Error>((
                 dt,
-                (p, stage),
+                (p, stage, nodes),
                 ks,
                 (tokens_combine, send_block, pstream_block, readback_sync),
                 (readback, readback_dev),
@@ -702,12 +751,13 @@ impl<T: Elem> GpuBuffer<T> {
         })();
         let (
             dt,
-            (plan, stage),
+            (plan, stage, nodes),
             (
                 [layout32, send32],
                 [layout64, send64],
                 [dwait, cwait, permute, pstream, csend, crecv, scale],
                 [cready, cpull, cdone, ccopy, readback_k, csplit],
+                [fwd, cfwd],
             ),
             (tokens_combine, send_block, pstream_block, readback_sync),
             (readback, readback_dev),
@@ -799,6 +849,8 @@ impl<T: Elem> GpuBuffer<T> {
             readback_sync,
             grid,
             stage,
+            fwd,
+            cfwd,
             _t: std::marker::PhantomData,
         };
         let base = g.ptr(&buf.area)?;
@@ -809,6 +861,13 @@ impl<T: Elem> GpuBuffer<T> {
             .map(|w| w.1)
             .collect();
         pe.local_write(&buf.view::<u64>(p.params, PARAM_WORDS)?, 0, &params)?;
+        if let Some(st) = &buf.stage {
+            // The forwarding signals and the byte counter start at 0; the node table.
+            pe.local_fill(&buf.view::<u64>(p.total + st.fsig, 2 * n)?, 0)?;
+            pe.local_fill(&buf.view::<u64>(p.total + st.xcount, 2)?, 0)?;
+            let t = node_table(&nodes);
+            pe.local_write(&buf.view::<u32>(p.total + st.ntab, t.len())?, 0, &t)?;
+        }
         pe.local_fill(&buf.view::<u64>(p.sig, SIG_GROUPS * n)?, 0)?;
         buf.fill_sentinel(pe)?;
         pe.local_fill(&buf.view::<u32>(p.acc, cfg.num_experts + n + 2)?, 0)?;
@@ -847,6 +906,22 @@ impl<T: Elem> GpuBuffer<T> {
             pe.local_vec(&self.view::<u64>(self.plan.ctl, 16)?)?,
             pe.local_vec(&self.view::<u64>(self.plan.sig, SIG_GROUPS * self.n)?)?,
         ))
+    }
+
+    // for tests/cuda_fabric_ep.rs: the bytes each step sends across nodes.
+    /// Bytes this PE's kernels put to PEs of other nodes so far: (dispatch rows and their row
+    /// records, combine rows), counted on the device where the puts are posted; `(0, 0)` where
+    /// the team is on one node. Read after synchronising the stream. Count records and signals
+    /// are not counted. A diagnostic hook, not part of the supported API.
+    #[doc(hidden)]
+    pub fn net_bytes(&self, pe: &Pe) -> Result<(u64, u64)> {
+        match &self.stage {
+            None => Ok((0, 0)),
+            Some(st) => {
+                let v = pe.local_vec(&self.view::<u64>(self.plan.total + st.xcount, 2)?)?;
+                Ok((v[0], v[1]))
+            }
+        }
     }
 
     // for rshmem-bench: printed beside its per-kernel times.

@@ -5,6 +5,7 @@
 use super::{MAX_GPU_EP_PES, MAX_GPU_EXPERTS, MAX_GRID, REC_FIXED, SIG_GROUPS};
 use crate::ep::{EpConfig, EpMode, RecvLayout};
 use crate::error::{Error, Result};
+use crate::team::NodeMap;
 
 /// Byte offsets of the areas in the buffer's one symmetric allocation.
 #[derive(Debug, Clone, Copy)]
@@ -136,29 +137,64 @@ pub(super) fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
     })
 }
 
-/// Byte offsets, from its start, of the staging area a buffer whose team spans nodes has after
-/// its plan's areas: what this PE sends to PEs of other nodes, laid out as at the destination
-/// (per PE `d`: `C` rows, `C` row records, `MAX_GRID` "records in" words; then a count record
-/// per PE), written by the kernels and put from there in one request per area and PE.
+/// Byte offsets, from its start, of the area a buffer whose team spans nodes has after its
+/// plan's areas (DeepEP's internode design, `kernels/fwd.cu`): what this PE sends to each other
+/// node (`x`, `meta`: rows and row records per node, `ncap` per node, the records after a
+/// 16-byte header holding their count) and its count records to PEs of other nodes (`rec`); as
+/// a forwarder, the node rows and records each source of another node put here (`nx`, `nmeta`,
+/// `ncap` per source, keyed by the source), their positions at this node's PEs (`fpos`, `lmax`
+/// per row) and combine's summed rows for them (`cx`); the combine positions of this PE's own
+/// tokens (`cpos`, `[max_tokens][n]`) and their node positions (`npos`, one node at a time);
+/// the forwarding signals (`fsig`: a source's node rows are in, `n` words; a member's partial
+/// rows are in, `n` words); the node table (`ntab`: each member's node, the node count, the most
+/// members of one node) and the counter of bytes put across nodes (`xcount`: dispatch rows and
+/// records, combine rows).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Stage {
     pub(super) x: usize,
     pub(super) meta: usize,
-    pub(super) prog: usize,
     pub(super) rec: usize,
+    pub(super) nx: usize,
+    pub(super) nmeta: usize,
+    pub(super) cx: usize,
+    pub(super) fpos: usize,
+    pub(super) cpos: usize,
+    pub(super) npos: usize,
+    pub(super) fsig: usize,
+    pub(super) ntab: usize,
+    pub(super) xcount: usize,
     pub(super) total: usize,
+    /// Rows per source of a node area: `min(max_tokens, lmax * C)`, which holds a source's
+    /// tokens for one node whenever each of its pairs fits `C` (fwd_model.rs).
+    pub(super) ncap: usize,
+    pub(super) lmax: usize,
 }
 
-pub(super) fn stage_plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Stage> {
+pub(super) fn stage_plan(cfg: &EpConfig, nm: &NodeMap, es: usize) -> Result<Stage> {
+    let n = nm.n_pes();
     let p = plan(cfg, n, es)?;
-    let rows = mul(n, p.cap)?;
+    let (nodes, lmax) = (nm.n_nodes(), nm.max_local());
+    let ncap = cfg.max_tokens.min(mul(lmax, p.cap)?);
+    // u32 words of one source's node records: a 4-word header, then ncap records.
+    let nrec = mul(ncap, p.rmw)?
+        .checked_add(4)
+        .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
+    let row_bytes = mul(cfg.hidden, es)?;
     let sizes = [
-        mul(mul(rows, cfg.hidden)?, es)?,
-        mul(mul(rows, p.rmw)?, 4)?,
-        mul(mul(n, MAX_GRID as usize)?, 8)?,
+        mul(mul(nodes, ncap)?, row_bytes)?,
+        mul(mul(nodes, nrec)?, 4)?,
         mul(mul(n, REC_FIXED + cfg.num_experts / n)?, 8)?,
+        mul(mul(n, ncap)?, row_bytes)?,
+        mul(mul(n, nrec)?, 4)?,
+        mul(mul(n, ncap)?, row_bytes)?,
+        mul(mul(mul(n, ncap)?, lmax)?, 4)?,
+        mul(mul(cfg.max_tokens, n)?, 4)?,
+        mul(cfg.max_tokens, 4)?,
+        2 * n * 8,
+        (n + 2) * 4,
+        2 * 8,
     ];
-    let mut offs = [0usize; 4];
+    let mut offs = [0usize; 12];
     let mut at = 0usize;
     for (o, sz) in offs.iter_mut().zip(sizes) {
         *o = at;
@@ -167,13 +203,38 @@ pub(super) fn stage_plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Stage> {
             .and_then(|v| v.checked_next_multiple_of(256))
             .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
     }
+    // Node rows and positions are int in the kernels.
+    if mul(n, ncap)? > i32::MAX as usize {
+        return Err(Error::invalid(
+            "ep: buffer too large for 32-bit row indices",
+        ));
+    }
     Ok(Stage {
         x: offs[0],
         meta: offs[1],
-        prog: offs[2],
-        rec: offs[3],
+        rec: offs[2],
+        nx: offs[3],
+        nmeta: offs[4],
+        cx: offs[5],
+        fpos: offs[6],
+        cpos: offs[7],
+        npos: offs[8],
+        fsig: offs[9],
+        ntab: offs[10],
+        xcount: offs[11],
         total: at,
+        ncap,
+        lmax,
     })
+}
+
+/// The node table's words (`Stage::ntab`): each member's node (numbered from 0 in order of first
+/// appearance), the node count, the most members of one node.
+pub(super) fn node_table(nm: &NodeMap) -> Vec<u32> {
+    let mut t: Vec<u32> = (0..nm.n_pes()).map(|i| nm.node(i) as u32).collect();
+    t.push(nm.n_nodes() as u32);
+    t.push(nm.max_local() as u32);
+    t
 }
 
 /// The words of the kernels' `ep_params` block, in declaration order and named as in
@@ -214,8 +275,16 @@ pub(super) fn param_words(
         ),
         ("xstage", stage.map_or(0, |(b, st)| b + st.x as u64)),
         ("mstage", stage.map_or(0, |(b, st)| b + st.meta as u64)),
-        ("pstage", stage.map_or(0, |(b, st)| b + st.prog as u64)),
         ("rstage", stage.map_or(0, |(b, st)| b + st.rec as u64)),
+        ("nx", stage.map_or(0, |(b, st)| b + st.nx as u64)),
+        ("nmeta", stage.map_or(0, |(b, st)| b + st.nmeta as u64)),
+        ("cx", stage.map_or(0, |(b, st)| b + st.cx as u64)),
+        ("fpos", stage.map_or(0, |(b, st)| b + st.fpos as u64)),
+        ("cpos", stage.map_or(0, |(b, st)| b + st.cpos as u64)),
+        ("npos", stage.map_or(0, |(b, st)| b + st.npos as u64)),
+        ("fsig", stage.map_or(0, |(b, st)| b + st.fsig as u64)),
+        ("ntab", stage.map_or(0, |(b, st)| b + st.ntab as u64)),
+        ("xcount", stage.map_or(0, |(b, st)| b + st.xcount as u64)),
         ("n", n as u64),
         ("me", dt.my_index as u64),
         ("start", dt.start as u64),
@@ -229,11 +298,12 @@ pub(super) fn param_words(
         ("rmax", p.rmax as u64),
         ("grid", grid as u64),
         ("sentinel", sentinel as u64),
+        ("ncap", stage.map_or(0, |(_, st)| st.ncap as u64)),
     ]
 }
 
 /// Words of the kernels' `ep_params` block.
-pub(super) const PARAM_WORDS: usize = 31;
+pub(super) const PARAM_WORDS: usize = 40;
 
 /// What normal-mode dispatch reads back after the count exchange.
 pub(super) struct CtlRead {

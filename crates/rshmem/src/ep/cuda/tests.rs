@@ -69,7 +69,7 @@ fn kernel_params(src: &str, name: &str) -> Vec<String> {
 #[test]
 fn launches_match_the_kernel_signatures() {
     let (p, i) = ("ptr", "int");
-    let launches: [(&str, Vec<&str>); 15] = [
+    let launches: [(&str, Vec<&str>); 17] = [
         // the buffer (mod.rs, dispatch.rs, combine.rs)
         ("ep_layout", vec![p, p, p, i, i, i, i]),
         ("ep_send", vec![p, p, p, p]),
@@ -86,6 +86,8 @@ fn launches_match_the_kernel_signatures() {
         ("ep_cdone", vec![p]),
         ("ep_ccopy", vec![p, p]),
         ("ep_readback", vec![p, p, i, "unsigned long long"]),
+        ("ep_fwd", vec![p]),
+        ("ep_cfwd", vec![p]),
     ];
     for (name, want) in &launches {
         assert_eq!(&kernel_params(EP_KERNELS, name), want, "{name}");
@@ -147,7 +149,7 @@ fn params_block_matches_ep_params() {
         start: 1,
         stride: 2,
     };
-    let st = stage_plan(&cfg, n, 2).unwrap();
+    let st = stage_plan(&cfg, &crate::team::NodeMap::from_nodes(&[0, 1, 1]), 2).unwrap();
     let words = param_words(base, &p, Some((base + 4096, &st)), &cfg, n, &dt, 132, true);
     let names: Vec<&str> = words.iter().map(|w| w.0).collect();
     let want: Vec<&str> = fields.iter().map(|f| f.1.as_str()).collect();
@@ -180,9 +182,9 @@ fn params_block_matches_ep_params() {
     );
 }
 
-/// A buffer whose team spans nodes stages `max_tokens` rows, their row records and one count
-/// record per PE, each on a 256-byte boundary; the parameter block points into that area, and
-/// holds 0 there on one node.
+/// A buffer whose team spans nodes has the areas of the internode design after its plan, each
+/// on a 256-byte boundary, node areas of `min(max_tokens, lmax * C)` rows per source; the
+/// parameter block points into them, and holds 0 there on one node; the node table.
 #[test]
 fn staging_area_across_nodes() {
     let cfg = EpConfig {
@@ -193,27 +195,43 @@ fn staging_area_across_nodes() {
         mode: EpMode::Normal,
         layout: RecvLayout::TokenMajor,
     };
-    let (n, es) = (3, 2);
-    let st = stage_plan(&cfg, n, es).unwrap();
-    // Per PE: 40 rows of 72 bf16 (3 * 40 * 144 = 17280 -> 17408), 40 records of 17 words
-    // (3 * 40 * 68 = 8160 -> 8192), MAX_GRID "records in" words (3 * 1024 * 8 = 24576); then
-    // a count record per PE (3 * (4 + 4) * 8 = 192 -> 256).
+    let es = 2;
+    // Nodes of 1 and 2 PEs: ncap = max_tokens.
+    let nm = crate::team::NodeMap::from_nodes(&[4, 9, 9]);
+    let n = 3;
+    let st = stage_plan(&cfg, &nm, es).unwrap();
+    // Per node: 40 rows of 72 bf16 (2 * 40 * 144 = 11520); a header and 40 records of 17 words
+    // (2 * 684 * 4 = 5472 -> 5632); count records (3 * (4 + 4) * 8 = 192 -> 256); per source
+    // 40 rows (17280 -> 17408), records (3 * 684 * 4 = 8208 -> 8448), summed rows (17408);
+    // positions (3 * 40 * 2 * 4 = 960 -> 1024); combine positions (40 * 3 * 4 = 480 -> 512),
+    // node positions (160 -> 256); signals (48 -> 256), node table (20 -> 256), counter (16).
+    let sizes = [
+        11520, 5632, 256, 17408, 8448, 17408, 1024, 512, 256, 256, 256, 256,
+    ];
+    let offs: Vec<usize> = sizes
+        .iter()
+        .scan(0, |a, s| {
+            let o = *a;
+            *a += s;
+            Some(o)
+        })
+        .collect();
     assert_eq!(
-        st,
-        Stage {
-            x: 0,
-            meta: 17408,
-            prog: 17408 + 8192,
-            rec: 17408 + 8192 + 24576,
-            total: 17408 + 8192 + 24576 + 256,
-        }
+        [
+            st.x, st.meta, st.rec, st.nx, st.nmeta, st.cx, st.fpos, st.cpos, st.npos, st.fsig,
+            st.ntab, st.xcount
+        ],
+        offs[..12]
     );
-    // Capturable: the pair capacity, not max_tokens (3 * 30 * 144 = 12960 -> 13056).
+    assert_eq!(st.total, sizes.iter().sum::<usize>());
+    assert_eq!((st.ncap, st.lmax), (40, 2));
+    assert_eq!(node_table(&nm), [0, 1, 1, 2, 2]);
+    // Capturable: node areas of lmax * capacity rows where that is below max_tokens.
     let capt = EpConfig {
-        mode: EpMode::Capturable { capacity: 30 },
+        mode: EpMode::Capturable { capacity: 15 },
         ..cfg
     };
-    assert_eq!(stage_plan(&capt, n, es).unwrap().meta, 13056);
+    assert_eq!(stage_plan(&capt, &nm, es).unwrap().ncap, 30);
     let p = plan(&cfg, n, es).unwrap();
     let dt = crate::device::DeviceTeam {
         slot: 0,
@@ -225,21 +243,30 @@ fn staging_area_across_nodes() {
     let base = 1u64 << 40;
     let sb = base + p.total as u64;
     let get = |w: &[(&str, u64)], k: &str| w.iter().find(|x| x.0 == k).unwrap().1;
+    let names = [
+        "xstage", "mstage", "rstage", "nx", "fsig", "ntab", "xcount", "ncap",
+    ];
     let words = param_words(base, &p, Some((sb, &st)), &cfg, n, &dt, 4, false);
     assert_eq!(
-        ["xstage", "mstage", "pstage", "rstage"].map(|k| get(&words, k)),
-        [sb, sb + 17408, sb + 25600, sb + 50176]
+        names.map(|k| get(&words, k)),
+        [
+            sb,
+            sb + st.meta as u64,
+            sb + st.rec as u64,
+            sb + st.nx as u64,
+            sb + st.fsig as u64,
+            sb + st.ntab as u64,
+            sb + st.xcount as u64,
+            40
+        ]
     );
     let words = param_words(base, &p, None, &cfg, n, &dt, 4, false);
-    assert_eq!(
-        ["xstage", "mstage", "pstage", "rstage"].map(|k| get(&words, k)),
-        [0, 0, 0, 0]
-    );
+    assert_eq!(names.map(|k| get(&words, k)), [0; 8]);
     let huge = EpConfig {
         max_tokens: usize::MAX / 4,
         ..cfg
     };
-    assert!(stage_plan(&huge, n, es).is_err());
+    assert!(stage_plan(&huge, &nm, es).is_err());
 }
 
 /// The block-size knobs take multiples of 32 from 64 to 512 only, and name themselves
@@ -542,6 +569,7 @@ fn kernel_source_is_its_pieces_cut_at_the_top_level() {
         ("common.cuh", include_str!("kernels/common.cuh")),
         ("layout.cu", include_str!("kernels/layout.cu")),
         ("rows.cuh", include_str!("kernels/rows.cuh")),
+        ("fwd.cu", include_str!("kernels/fwd.cu")),
         ("send.cu", include_str!("kernels/send.cu")),
         ("waits.cu", include_str!("kernels/waits.cu")),
         ("expand.cu", include_str!("kernels/expand.cu")),

@@ -139,8 +139,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
             if (i >= recv_cnt[s] || (tokens == 2 && s == me)) continue;
             const unsigned* m = (const unsigned*)P->recv_meta + g * RMW;
             // A source on another node: the row goes into this PE's idle half of the combine
-            // area at row (1 - parity, s, i), which only s writes (after this PE's next ready
-            // signal), and the last block puts s's rows from there.
+            // area at row (1 - parity, s, i), which no other PE writes (s sends this PE no rows
+            // of its own), and s's forwarder on this node sums it with the node's other rows of
+            // the token (ep_cfwd).
             ep_t* dst = span && ep_remote(P, (int)s) ? (ep_t*)P->comb + (((1 - parity) * n + s) * C + i) * H
                                                      : (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
             if (tokens) {
@@ -172,20 +173,13 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
     for (int d = threadIdx.x; d < n; d += blockDim.x)
         if (!(span && ep_remote(P, d))) ep_signal(ctl, sig + 2 * n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d));
     if (span && ep_last_block(ctl, &s_last)) {
-        // Every block's rows are staged: per source of another node its rows in one put, then
-        // the combine signal set to what the grid's adds would have made it (ep_xsig).
-        const long long parity = (long long)(ctl[EP_CTL_CWAIT] & 1);
-        for (int s = threadIdx.x; s < n; s += blockDim.x) {
-            if (!ep_remote(P, s)) continue;
-            if (ctl[EP_CTL_GO]) {
-                const long long cnt = min((long long)((const unsigned*)P->recv_cnt)[s], C);
-                ep_put_remote((ep_t*)P->comb + (parity * n + me) * C * H, (ep_t*)P->comb + ((1 - parity) * n + s) * C * H,
-                              cnt * H * (long long)sizeof(ep_t), P, s);
-            }
-            // ep_cwait counts this push combine only after this kernel's end (its
-            // rshmemi_grid_dep_wait): the call number is the count so far plus one.
-            ep_signal_set(ctl, sig + 2 * n + me, ep_xsig(ctl[EP_CTL_CPUSH] + 1, P->grid), ep_pe(P, s));
-        }
+        // Every block's partial rows for sources of other nodes are in this PE's idle half:
+        // this node's forwarders may sum them (ep_cfwd), which put one row per (token, node)
+        // back and set the combine signals. ep_cwait counts this push combine only after this
+        // kernel's end (its rshmemi_grid_dep_wait): the call number is the count so far plus one.
+        for (int f = threadIdx.x; f < n; f += blockDim.x)
+            if (!ep_remote(P, f) && ep_serves_any(P, f))
+                ep_signal_set(ctl, (rshmem_u64*)P->fsig + n + me, ctl[EP_CTL_CPUSH] + 1, ep_pe(P, f));
     }
 }
 

@@ -3,7 +3,8 @@
 //
 // Every buffer address in `ep_params` is this PE's symmetric address; peers' copies are reached
 // with rshmem_ptr, those of peers on other nodes through the proxy ring (ep_remote: the data is
-// written into this PE's staging area first, then put from there; see ep.rs, "Across nodes"). Step order on one stream (see ep.rs for why each area is safe to reuse):
+// written into this PE's staging area first, then put from there; see mod.rs, "Across nodes",
+// and fwd.cu). Step order on one stream (see mod.rs for why each area is safe to reuse):
 //   dispatch: ep_layout (grid) -> ep_send (grid) -> ep_dwait (1 block) -> ep_pstream (grid,
 //             expert-major buffers) or ep_permute (grid, token-major: the index only)
 //             (the last three launched as programmatic dependents: ep_send and ep_dwait start
@@ -13,6 +14,7 @@
 //             that ep_pstream's blocks wait for rows: ep_send runs 128 threads per block for
 //             expert-major buffers, so they fit beside it and never keep it out)
 //   combine:  ep_csend (grid) -> ep_cwait (1 block) -> ep_crecv (grid), all three likewise;
+//   across nodes ep_fwd (after ep_send) and ep_cfwd (after ep_csend), n blocks each, likewise;
 //   combine_tokens pulling: ep_cready (1 block) -> ep_cpull (grid) -> ep_cdone (1 block)
 //             [-> ep_ccopy (grid) where out overlaps y], likewise
 // Only one block of a kernel waits for peers (ep_layout's last one, the one-block kernels),
@@ -34,8 +36,8 @@ typedef EP_ID ep_id;
 // Parameter block (u64 words; written by the host once per buffer). Keep in step with ep.rs.
 struct ep_params {
     unsigned long long recv_x, recv_meta, comb, rec, sig, ctl, recv_cnt, expert_off, fill, tok_pos,
-        row_src, tok_rows, acc, prog, xstage, mstage, pstage, rstage;
-    long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid, sentinel;
+        row_src, tok_rows, acc, prog, xstage, mstage, rstage, nx, nmeta, cx, fpos, cpos, npos, fsig, ntab, xcount;
+    long long n, me, start, stride, cap, hidden, kmax, el, experts, max_tokens, rmax, grid, sentinel, ncap;
 };
 
 // EP_STAMPS 1 (a compile option for measurements, through RSHMEM_CUDA_EP_NVRTC_OPTS): clock
@@ -206,12 +208,12 @@ __device__ __forceinline__ int ep_pe(const ep_params* P, int d) { return (int)(P
 // Whether team member d runs on another node: reached through the proxy ring, never by loads
 // and stores (its base in the heap base table is 0).
 __device__ __forceinline__ bool ep_remote(const ep_params* P, int d) { return rshmemi_remote(ep_pe(P, d)); }
-// Across nodes (P->xstage set) ep_send's and ep_csend's blocks write what goes to PEs of other
-// nodes into this PE's staging copies, laid out as at the destination, and the block that
-// finishes last puts each area to each such PE in one request, then the kernel's whole signal:
-// a few requests per PE and step rather than one per row and block (each request is a round
-// trip through both PEs' proxies). True in every thread of the last block, once every other
-// block's writes are visible to the proxy's copies; it resets the ticket for the next kernel.
+// Across nodes (P->xstage set) the block of ep_send and of ep_csend that finishes last does
+// what goes to other nodes (ep_send: packs and puts each node's rows, ep_pack_nodes; ep_csend:
+// tells this node's forwarders its partial rows are in): a few requests per node and step
+// rather than one per row and block (each request is a round trip through both PEs' proxies).
+// True in every thread of the last block, once every other block's writes are visible to the
+// proxy's copies; it resets the ticket for the next kernel.
 __device__ __forceinline__ bool ep_last_block(const unsigned long long* ctl, int* s_last) {
     unsigned long long* t = (unsigned long long*)ctl + EP_CTL_XTICKET;
     __threadfence_system();

@@ -53,7 +53,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_crecv(const ep_params* P, e
     const long long H = P->hidden, C = P->cap;
     const int T = (int)ctl[EP_CTL_TOKENS];
     const long long parity = (long long)((ctl[EP_CTL_CWAIT] - 1) & 1);
-    const int* tok_pos = (const int*)P->tok_pos;
+    // Across nodes the rows of another node's PEs are one per (token, node): ep_pack_nodes's
+    // combine positions.
+    const int* tok_pos = (const int*)(P->cpos ? P->cpos : P->tok_pos);
     const ep_t* comb = (const ep_t*)P->comb + parity * n * C * H;
     __shared__ const ep_t* s_base[EP_MAX_PES];
     for (int d = threadIdx.x; d < n; d += blockDim.x) s_base[d] = (own && d == (int)P->me ? own : comb) + d * C * H;

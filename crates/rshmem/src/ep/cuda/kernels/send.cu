@@ -12,10 +12,10 @@
 // PE's own rows from x), with no all-ones element (ep_canon: the receive area's sentinel).
 // Every block then adds b1 - b0 to each destination's data signal for this PE (also when
 // nothing moves, so the counters stay in step: ep_layout's grid is the same on every PE).
-// Destinations on other nodes (ep_remote): records, rows and "records in" words go into this
-// PE's staging copies at the destination's positions, and the last block puts each of them in
-// one request and then sets the data signal to what the grid's adds would have made it after
-// this dispatch (ep_xsig: the call number, ep_layout's epoch, times the grid).
+// Destinations on other nodes (ep_remote) get nothing from the blocks: the last block packs
+// the tokens bound for each other node and puts them to the forwarder there once
+// (ep_pack_nodes), which stores them into its node's receive areas and sets their data words
+// (ep_fwd).
 extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, const ep_t* x, const ep_id* ids, const float* w) {
     __shared__ unsigned s_cnt[EP_MAX_PES];
     __shared__ unsigned s_wt[32];
@@ -75,10 +75,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
         for (int t = t0 + (int)warp; t < t1; t += (int)nwarps) {
             for (int d = 0; d < n; d++) {
                 const int pos = tok_pos[(long long)t * n + d];
-                if (pos < 0 || pos >= C) continue;
+                if (pos < 0 || pos >= C || (span && ep_remote(P, d))) continue;
                 const long long row = me * C + pos;
-                unsigned* m = span && ep_remote(P, d) ? (unsigned*)P->mstage + ((long long)d * C + pos) * RMW
-                                                      : (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
+                unsigned* m = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
                 for (long long i = lane; i < RMW; i += 32) {
                     unsigned v;
                     if (i == 0) v = (unsigned)t;
@@ -98,8 +97,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 for (int bb = b0; bb < b; bb++) lo += bcnt[(long long)bb * n + d];
                 const long long hi = lo + bcnt[(long long)b * n + d];
                 const rshmem_u64 word = ep_records_in_word(min(hi, C), min(lo, C));
-                if (span && ep_remote(P, d)) ((rshmem_u64*)P->pstage)[(long long)d * G + b] = word;
-                else ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * G + b, ep_pe(P, d)), word);
+                if (!(span && ep_remote(P, d))) ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * G + b, ep_pe(P, d)), word);
             }
         }
         const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)x | P->recv_x);
@@ -127,18 +125,15 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                     const int d = dd;
 #endif
                     const int pos = tok_pos[t * n + d];
-                    if (pos < 0 || pos >= C || ((EP_SEND_SKIP_SELF || em) && d == me)) continue;
-                    rshmemi_v4* dst = span && ep_remote(P, d)
-                                          ? (rshmemi_v4*)((ep_t*)P->xstage + ((long long)d * C + pos) * H)
-                                          : (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                    if (pos < 0 || pos >= C || ((EP_SEND_SKIP_SELF || em) && d == me) || (span && ep_remote(P, d))) continue;
+                    rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
                     ep_store<EP_SEND_U>(dst, r, v0, lim);
                 }
             } else {
                 for (int d = 0; d < n; d++) {
                     const int pos = tok_pos[t * n + d];
-                    if (pos < 0 || pos >= C || (em && d == me)) continue;
-                    ep_t* dst = span && ep_remote(P, d) ? (ep_t*)P->xstage + ((long long)d * C + pos) * H
-                                                        : (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                    if (pos < 0 || pos >= C || (em && d == me) || (span && ep_remote(P, d))) continue;
+                    ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
                     if (em) ep_copy_row_canon(dst, x + t * H, H, lane);
                     else ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
                 }
@@ -154,19 +149,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
         if (!(span && ep_remote(P, d)))
             ep_signal(ctl, sig + n + me, (rshmem_u64*)P->ctl + EP_CTL_ERR, ep_pe(P, d), (rshmem_u64)(b1 - b0));
     if (span && ep_last_block(ctl, &s_last)) {
-        // Every block's staging writes are in: per PE of another node its rows, their records
-        // and (expert-major) the "records in" words, then the grid's data signal.
-        const unsigned* acc = (const unsigned*)P->acc;
-        for (int d = tid; d < n; d += nth) {
-            if (!ep_remote(P, d)) continue;
-            if (s_go) {
-                const long long cnt = min((long long)((volatile const unsigned*)acc)[P->experts + d], C);
-                ep_put_remote((ep_t*)P->recv_x + me * C * H, (ep_t*)P->xstage + d * C * H, cnt * H * (long long)sizeof(ep_t), P, d);
-                ep_put_remote((unsigned*)P->recv_meta + me * C * RMW, (unsigned*)P->mstage + d * C * RMW, cnt * RMW * 4, P, d);
-                if (P->prog) ep_put_remote((rshmem_u64*)P->prog + me * G, (rshmem_u64*)P->pstage + d * G, G * 8, P, d);
-            }
-            ep_signal_set(ctl, sig + n + me, ep_xsig(ctl[EP_CTL_EPOCH], G), ep_pe(P, d));
-        }
+        // Every block's positions are in: once per other node, to its forwarder.
+        ep_pack_nodes(P, x, ids, w, s_go ? (int)ctl[EP_CTL_TOKENS] : 0, s_go ? (int)ctl[EP_CTL_TOPK] : 1, s_go,
+                      P->prog != 0);
     }
 }
-

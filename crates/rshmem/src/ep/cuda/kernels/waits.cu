@@ -11,7 +11,20 @@ extern "C" __global__ void ep_cwait(const ep_params* P) {
         ctl[EP_CTL_CPUSH] = s_c;
     }
     __syncthreads();
-    ep_wait_every_pe(P, ctl, (const rshmem_u64*)P->sig + 2 * n, s_c * (rshmem_u64)P->grid, 13);
+    if (P->xstage) {
+        // Across nodes: the PEs of this node and this PE's forwarder on each other node.
+        const rshmem_u64* words = (const rshmem_u64*)P->sig + 2 * n;
+        for (int s = threadIdx.x; s < n; s += blockDim.x)
+            if (!ep_remote(P, s) || ep_serves(P, s, (int)P->me)) rshmemi_wait64(words + s, RSHMEM_CMP_GE, s_c * (rshmem_u64)P->grid, ep_pe(P, s));
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            asm volatile("fence.acq_rel.sys;" ::: "memory");
+            ep_abort_if_failed(ctl);
+            EP_STAMP(ctl, 13);
+        }
+    } else {
+        ep_wait_every_pe(P, ctl, (const rshmem_u64*)P->sig + 2 * n, s_c * (rshmem_u64)P->grid, 13);
+    }
     // ep_crecv may become resident now (no wait for other PEs is left here).
     rshmemi_grid_dep_launch();
 }
