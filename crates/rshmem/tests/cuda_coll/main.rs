@@ -48,7 +48,7 @@ fn coll_kernels_compile_and_export_every_name() {
     // The fixed kernels (six LL data kernels, two pull kernels and the cross-node round among
     // them), then a reduce, an LL and a pull all_reduce kernel and a cross-node fold per
     // (type, op): 8 integer types × 7 ops, 4 float types × 4.
-    assert_eq!(names.len(), 15 + 4 * (8 * 7 + 4 * 4));
+    assert_eq!(names.len(), 16 + 4 * (8 * 7 + 4 * 4));
     for n in names {
         let needle = format!("{n}\0");
         assert!(

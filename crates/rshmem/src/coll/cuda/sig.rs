@@ -230,6 +230,7 @@ pub fn coll_kernel_names() -> Vec<String> {
         "rshmemi_coll_pull_bcast".to_string(),
         "rshmemi_coll_net_round".to_string(),
         "rshmemi_coll_net_a2av".to_string(),
+        "rshmemi_coll_net_a2avd".to_string(),
     ];
     for k in ELEMS {
         for op in ReduceOp::ALL {
