@@ -6,7 +6,8 @@
 //! exact in any grouping), in and out of place, every element type and operation, every
 //! broadcast and reduce root, reduce_scatter, all_to_all, all_to_all_v, sizes spanning
 //! several rounds of a small `net_chunk_bytes`, captured graphs replayed with new data,
-//! all_to_all_v_device refused, and a killed node.
+//! all_to_all_v_device (random device counts, a graph replayed with new counts, a count past
+//! the capacity), and a killed node.
 //! The tests need a GPU (`--include-ignored`) and libfabric; that the kernels, the cross-node
 //! ones among them, compile is `cuda_coll`'s `coll_kernels_compile_and_export_every_name`.
 
@@ -537,23 +538,136 @@ fn all_to_all_v(c: &Ctx<'_>) -> Result<()> {
     pe.barrier_all()
 }
 
-/// all_to_all_v_device, not served across nodes, and bad arguments of the calls served are
-/// errors before anything is launched.
-fn refused(c: &Ctx<'_>) -> Result<()> {
+/// Counts of all_to_all_v_device call `r` from member i to member j: random, a third of them 0
+/// (a whole row on some calls), up to a few KiB of u32.
+fn dev_cnt(i: usize, j: usize, r: u64) -> u64 {
+    let mut h = (i as u64) << 40 ^ (j as u64) << 20 ^ r ^ 0x9e37_79b9_7f4a_7c15;
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    if h.is_multiple_of(3) || (r % 2 == 1 && i == 1) {
+        0
+    } else {
+        h % 1500
+    }
+}
+
+/// all_to_all_v_device across nodes: random device counts (some 0) over calls and a captured
+/// graph replayed with new counts and data; exact `dst` (poison past the packed data) and
+/// receive counts; a count past `src` on PE 0 a `Capacity` error on every PE with `dst`
+/// untouched and the counts seen reported; then a good call exact.
+fn all_to_all_v_device(c: &Ctx<'_>) -> Result<()> {
     let (pe, w) = (c.pe, c.pe.world_team());
-    let n = pe.n_pes();
-    let x = pe.alloc::<u32>(4 * n)?;
-    let y = pe.alloc::<u32>(4 * n)?;
+    let (me, n) = (pe.my_pe(), pe.n_pes());
+    let poison = 0xa5a5_a5a5u32;
+    let cap = 1500 * n;
+    let src = pe.alloc::<u32>(cap)?;
+    let big = pe.alloc::<u32>(cap + 16)?; // dst is the first `cap`: the rest must stay poison
+    let dst = big.view::<u32>(0, cap)?;
     let cs = pe.alloc::<u64>(n)?;
     let cr = pe.alloc::<u64>(n)?;
     let dc = DeviceCounts {
         send: &cs,
         recv: &cr,
     };
-    match c.coll.all_to_all_v_device(&c.s, w, &y, &x, dc) {
-        Err(Error::Backend { ref msg, .. }) if msg.contains("spanning nodes") => {}
-        other => panic!("all_to_all_v_device across nodes: {other:?}"),
+    let set = |r: u64, cnt: &dyn Fn(usize, usize) -> u64| -> Result<()> {
+        pe.local_fill(&big, poison)?;
+        pe.local_fill(&cr, u64::MAX)?;
+        pe.local_write(&src, 0, &harness::rand_vec::<u32>(me, 1400 + r, cap))?;
+        let mine: Vec<u64> = (0..n).map(|k| cnt(me, k)).collect();
+        pe.local_write(&cs, 0, &mine)?;
+        pe.barrier_all()
+    };
+    let check = |r: u64, cnt: &dyn Fn(usize, usize) -> u64| -> Result<()> {
+        let got_counts = pe.local_vec(&cr)?;
+        let want_counts: Vec<u64> = (0..n).map(|i| cnt(i, me)).collect();
+        assert_eq!(got_counts, want_counts, "call {r} PE {me}: receive counts");
+        let mut want = vec![poison; cap + 16];
+        let mut at = 0;
+        for i in 0..n {
+            let k = cnt(i, me) as usize;
+            let from: u64 = (0..me).map(|j| cnt(i, j)).sum();
+            let theirs = harness::rand_vec::<u32>(i, 1400 + r, cap);
+            want[at..at + k].copy_from_slice(&theirs[from as usize..][..k]);
+            at += k;
+        }
+        assert!(pe.local_vec(&big)? == want, "call {r} PE {me}: dst");
+        pe.barrier_all()
+    };
+    for r in 0..3 {
+        let cnt = |i: usize, j: usize| dev_cnt(i, j, r);
+        set(r, &cnt)?;
+        c.coll.all_to_all_v_device(&c.s, w, &dst, &src, dc)?;
+        c.done()?;
+        check(r, &cnt)?;
     }
+    // Every PE captures and instantiates before any launches.
+    c.s.begin_capture()?;
+    let captured = c.coll.all_to_all_v_device(&c.s, w, &dst, &src, dc);
+    let graph = c.s.end_capture();
+    captured?;
+    let graph = graph?;
+    pe.barrier_all()?;
+    for r in 3..5 {
+        let cnt = |i: usize, j: usize| dev_cnt(i, j, r);
+        set(r, &cnt)?;
+        graph.launch(&c.s)?;
+        c.done()?;
+        check(r, &cnt)?;
+    }
+    // PE 0 sends the last PE (of another node) more than `src` holds.
+    let over = |i: usize, j: usize| {
+        if (i, j) == (0, n - 1) {
+            cap as u64 + 1
+        } else {
+            dev_cnt(i, j, 5)
+        }
+    };
+    set(5, &over)?;
+    c.coll.all_to_all_v_device(&c.s, w, &dst, &src, dc)?;
+    c.s.synchronize()?;
+    let r = c.coll.check_errors();
+    assert!(
+        matches!(r, Err(Error::Capacity { src_pe: 0, dst_pe, .. }) if dst_pe == n - 1),
+        "PE {me}: a count past src: {r:?}"
+    );
+    let seen: Vec<u64> = (0..n).map(|i| over(i, me)).collect();
+    assert_eq!(pe.local_vec(&cr)?, seen, "PE {me}: the counts seen");
+    assert!(
+        pe.local_vec(&big)?.iter().all(|&x| x == poison),
+        "PE {me}: dst written after a bad count"
+    );
+    pe.barrier_all()?;
+    let cnt = |i: usize, j: usize| dev_cnt(i, j, 6);
+    set(6, &cnt)?;
+    c.coll.all_to_all_v_device(&c.s, w, &dst, &src, dc)?;
+    c.done()?;
+    check(6, &cnt)
+}
+
+/// Bad arguments of the calls served across nodes are errors before anything is launched.
+fn refused(c: &Ctx<'_>) -> Result<()> {
+    let (pe, w) = (c.pe, c.pe.world_team());
+    let n = pe.n_pes();
+    let x = pe.alloc::<u32>(4 * n)?;
+    let y = pe.alloc::<u32>(4 * n)?;
+    let cs = pe.alloc::<u64>(n)?;
+    let short = pe.alloc::<u64>(n - 1)?;
+    let dc = DeviceCounts {
+        send: &cs,
+        recv: &short,
+    };
+    let r = c.coll.all_to_all_v_device(&c.s, w, &y, &x, dc);
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "a2av device counts too short: {r:?}"
+    );
+    let dc = DeviceCounts {
+        send: &cs,
+        recv: &cs,
+    };
+    let r = c.coll.all_to_all_v_device(&c.s, w, &x, &x, dc);
+    assert!(r.is_err(), "a2av device in place");
     let (counts, displs): (Vec<usize>, Vec<usize>) = (0..n).map(|j| (4, 4 * j + 1)).unzip();
     let v = AllToAllV {
         send_counts: &counts,
@@ -660,6 +774,7 @@ fn everything(pe: &Pe) -> Result<()> {
     step(pe, "all_gather, broadcast", t0, movement(&c))?;
     step(pe, "all_to_all", t0, all_to_all(&c))?;
     step(pe, "all_to_all_v", t0, all_to_all_v(&c))?;
+    step(pe, "all_to_all_v_device", t0, all_to_all_v_device(&c))?;
     step(pe, "graph", t0, graph(&c))?;
     step(pe, "refusals", t0, refused(&c))?;
     step(pe, "mismatch", t0, mismatch(&c))?;
@@ -687,6 +802,7 @@ fn sample(pe: &Pe) -> Result<()> {
     step(pe, "all_gather, broadcast", t0, movement(&c))?;
     step(pe, "all_to_all", t0, all_to_all(&c))?;
     step(pe, "all_to_all_v", t0, all_to_all_v(&c))?;
+    step(pe, "all_to_all_v_device", t0, all_to_all_v_device(&c))?;
     step(pe, "graph", t0, graph(&c))?;
     step(pe, "refusals", t0, refused(&c))?;
     step(pe, "mismatch", t0, mismatch(&c))?;
@@ -696,6 +812,7 @@ fn sample(pe: &Pe) -> Result<()> {
     reduce_t::<u64>(&c)?;
     all_to_all(&c)?;
     all_to_all_v(&c)?;
+    all_to_all_v_device(&c)?;
     step(pe, "lists of one entry", t0, graph(&c))?;
     pe.quiet()
 }

@@ -57,7 +57,7 @@ fn coll_kernels_compile_and_export_every_name() {
     // The fixed kernels (six LL data kernels, two pull kernels and the cross-node round among
     // them), then a reduce, an LL and a pull all_reduce kernel and a cross-node fold per
     // (type, op): 8 integer types × 7 ops, 4 float types × 4.
-    assert_eq!(names.len(), 15 + 4 * (8 * 7 + 4 * 4));
+    assert_eq!(names.len(), 16 + 4 * (8 * 7 + 4 * 4));
     // The NUL-terminated strings of each cubin (its string tables among them).
     let strings: Vec<std::collections::HashSet<&[u8]>> = cubins
         .iter()

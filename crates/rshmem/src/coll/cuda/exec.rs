@@ -491,6 +491,59 @@ impl GpuColl<'_> {
     pub fn all_to_all_v_device_max_team(&self) -> usize {
         self.a2av_dev_max
     }
+
+    /// Launches `rshmemi_coll_a2av_dev` on `dt` (arguments checked by the caller); `net`: the
+    /// rows, row stride and plan of a team spanning nodes (zeros on one node).
+    pub(super) fn a2av_dev_launch<T: Elem>(
+        &self,
+        s: &Stream,
+        dt: DeviceTeam,
+        dst: &(impl AsSym<T> + ?Sized),
+        src: &(impl AsSym<T> + ?Sized),
+        counts: DeviceCounts<'_>,
+        net: [u64; 3],
+    ) -> Result<()> {
+        let n = dt.size as usize;
+        let c = self.buf(counts.send, n)?;
+        let rc = self.buf(counts.recv, n)?;
+        let (sl, dl) = (src.raw().len, dst.raw().len);
+        let (sr, d) = (self.g.ptr(src)?, self.g.ptr(dst)?);
+        let es = std::mem::size_of::<T>() as u64;
+        // Sizes are unknown on the host: spread the capacity's worth over the grid.
+        let per = self.per(dl as u64 * es / n as u64, n);
+        let (mut dd, mut ss, mut cc, mut rr, mut e) = (d, sr, c, rc, self.err.ptr);
+        let (mut el, mut sc, mut dc, mut t) = (es, sl as u64, dl as u64, dt);
+        let [mut rows, mut stride, mut plan] = net;
+        let mut p = [
+            &mut dd as *mut u64 as *mut std::ffi::c_void,
+            &mut ss as *mut u64 as *mut _,
+            &mut cc as *mut u64 as *mut _,
+            &mut rr as *mut u64 as *mut _,
+            &mut e as *mut u64 as *mut _,
+            &mut el as *mut u64 as *mut _,
+            &mut sc as *mut u64 as *mut _,
+            &mut dc as *mut u64 as *mut _,
+            &mut t as *mut DeviceTeam as *mut _,
+            &mut rows as *mut u64 as *mut _,
+            &mut stride as *mut u64 as *mut _,
+            &mut plan as *mut u64 as *mut _,
+        ];
+        let shmem = (n * n * 8) as u32;
+        // SAFETY: matches rshmemi_coll_a2av_dev; the kernel checks every count against the
+        // lengths passed before it copies; n² words of shared memory fit (n <= a2av_dev_max,
+        // checked by the caller); `rows` holds a row of `stride` >= n words per world PE and
+        // `plan` 3 words per world PE (net.rs), or both are 0.
+        unsafe {
+            gpu::launch(
+                &s.raw,
+                self.f_a2av_dev,
+                n as u32 * per,
+                THREADS,
+                shmem,
+                &mut p,
+            )
+        }
+    }
 }
 
 /// True for a plan `Sync, (copies | one reduce), Sync` that reads something and at most

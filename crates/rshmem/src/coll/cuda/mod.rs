@@ -15,6 +15,7 @@ mod exec;
 mod ll;
 mod modules;
 mod net;
+mod net_a2av;
 #[cfg(test)]
 mod net_model;
 mod net_sched;
@@ -140,7 +141,7 @@ use std::sync::{Arc, Mutex};
 ///   all_to_all_v of two teams running at once on two streams would overwrite each other's).
 ///   Collectives of different teams that run concurrently need a [`GpuColl`] per stream.
 /// * **Teams spanning nodes** (a world whose PEs name several nodes: `docs/fabric.md`):
-///   every collective but all_to_all_v_device decomposes along the team's
+///   every collective decomposes along the team's
 ///   [`NodeMap`](crate::NodeMap): the node-local paths above on the node's members of the
 ///   team (on the team's slot; they must be evenly strided, as every device team), and
 ///   between nodes rounds of puts with signals through the proxy, each member of a node
@@ -149,14 +150,16 @@ use std::sync::{Arc, Mutex};
 ///   by node). Graph-capturable like the rest (out-of-place reduce_scatter, reduce and
 ///   in-place all_to_all use staging memory: [`GpuColl::reserve`] before capturing).
 ///   all_to_all_v puts each share for another node straight at the displacement its
-///   receiver published. all_to_all_v_device is an [`Error::Backend`] on such teams; teams of
-///   more than 64 nodes too.
+///   receiver published; all_to_all_v_device first sends each member's count row to the
+///   members of other nodes (through the proxy, before the ready handshake), so every member
+///   computes the same layout and capacity verdict, then puts each share for another node at
+///   the place it computed. Teams of more than 64 nodes are an [`Error::Backend`].
 ///   The signature check covers members of other nodes too (carried with each call's first
 ///   exchange between two PEs);
 ///   [`GpuColl::check_errors`] reports a lost node as [`Error::PeerLost`].
 /// * **Team size**: no limit of its own except [`GpuColl::all_to_all_v_device`] (its n×n count
-///   matrix lives in one block's shared memory: about 170 members on H100/H200; an explicit
-///   error beyond). Host-count all_to_all_v lists travel in 64-member chunks of kernel
+///   matrix lives in one block's shared memory: about 170 members on H100/H200; 256 on teams
+///   spanning nodes, the rows each PE keeps; an explicit error beyond). Host-count all_to_all_v lists travel in 64-member chunks of kernel
 ///   arguments (one launch per chunk), copies in launches of 64 descriptors.
 ///
 /// Reductions fold in team order; integers wrap; f16/bf16 accumulate in f32 and round once;
@@ -352,6 +355,7 @@ impl<'a> GpuColl<'a> {
             let f = (
                 funcs["rshmemi_coll_net_round"],
                 funcs["rshmemi_coll_net_a2av"],
+                funcs["rshmemi_coll_net_a2avd"],
             );
             Some(net::Net::new(&g, &own, f, tuning.net_chunk_bytes, slots)?)
         } else {
@@ -873,7 +877,9 @@ impl<'a> GpuColl<'a> {
     /// stream work) elements to member k, packed in member order from `src[0]`; member k
     /// receives them packed in member order from `dst[0]` and gets the per-sender counts in its
     /// `counts.recv` (≥ team-size words). The counts are exchanged on the device (each member
-    /// reads every member's counts after a barrier), so the call captures into a graph; the
+    /// reads every member's counts after a barrier; on a team spanning nodes the members of
+    /// other nodes put their counts through the proxy first), so the call captures into a
+    /// graph; the
     /// capacity bound is the objects' lengths. If any sender's total exceeds `src`'s length or
     /// any receiver's total exceeds `dst`'s, every member copies nothing, writes the counts it
     /// saw to `counts.recv`, and raises a device flag: [`GpuColl::check_errors`] (after a
@@ -891,7 +897,6 @@ impl<'a> GpuColl<'a> {
             recv: recv_counts,
         } = counts;
         let dt = self.team(s, team)?;
-        self.net_refuse(team, "all_to_all_v_device")?;
         let n = dt.size as usize;
         if n > self.a2av_dev_max {
             return Err(Error::invalid(format!(
@@ -906,10 +911,8 @@ impl<'a> GpuColl<'a> {
                 "cuda all_to_all_v_device: src and dst must be different objects",
             ));
         }
-        let c = self.buf(send_counts, n)?;
-        let rc = self.buf(recv_counts, n)?;
-        let (sl, dl) = (src.raw().len, dst.raw().len);
-        let (sr, d) = (self.g.ptr(src)?, self.g.ptr(dst)?);
+        self.buf(send_counts, n)?;
+        self.buf(recv_counts, n)?;
         let sig = raw_sig(
             SigKind::A2avDevice,
             T::KIND,
@@ -922,36 +925,12 @@ impl<'a> GpuColl<'a> {
             dst.raw(),
             dt,
         );
-        self.sig_sync(s, dt, self.check(dt, CallSig { syncs: 2, ..sig }.pack()?)?)?;
-        let es = std::mem::size_of::<T>() as u64;
-        // Sizes are unknown on the host: spread the capacity's worth over the grid.
-        let per = self.per(dl as u64 * es / n as u64, n);
-        let (mut dd, mut ss, mut cc, mut rr, mut e) = (d, sr, c, rc, self.err.ptr);
-        let (mut el, mut sc, mut dc, mut t) = (es, sl as u64, dl as u64, dt);
-        let mut p = [
-            &mut dd as *mut u64 as *mut std::ffi::c_void,
-            &mut ss as *mut u64 as *mut _,
-            &mut cc as *mut u64 as *mut _,
-            &mut rr as *mut u64 as *mut _,
-            &mut e as *mut u64 as *mut _,
-            &mut el as *mut u64 as *mut _,
-            &mut sc as *mut u64 as *mut _,
-            &mut dc as *mut u64 as *mut _,
-            &mut t as *mut DeviceTeam as *mut _,
-        ];
-        let shmem = (n * n * 8) as u32;
-        // SAFETY: matches rshmemi_coll_a2av_dev; the kernel checks every count against the
-        // lengths passed before it copies; n² words of shared memory fit (n <= a2av_dev_max).
-        unsafe {
-            gpu::launch(
-                &s.raw,
-                self.f_a2av_dev,
-                n as u32 * per,
-                THREADS,
-                shmem,
-                &mut p,
-            )?
-        };
+        let ck = self.check(dt, CallSig { syncs: 2, ..sig }.pack()?)?;
+        if let Some(nt) = self.net_team(team, dt)? {
+            return self.net_all_to_all_v_device(s, &nt, dst, src, counts, ck);
+        }
+        self.sig_sync(s, dt, ck)?;
+        self.a2av_dev_launch(s, dt, dst, src, counts, [0; 3])?;
         self.sync(s, dt)
     }
 }

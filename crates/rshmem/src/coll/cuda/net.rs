@@ -30,10 +30,9 @@ pub(super) const NET_MAX: usize = 64;
 const NET_POST: u32 = 1;
 const NET_WAIT: u32 = 2;
 const NET_MORE: u32 = 4;
-/// `phase` of the all_to_all_v kernel: `RSHMEMI_NET_A2AV_META`, `_PUT`, `_WAIT`.
-const A2AV_META: i32 = 1;
-const A2AV_PUT: i32 = 2;
-const A2AV_WAIT: i32 = 4;
+/// Most members of a team spanning nodes in [`GpuColl::all_to_all_v_device`]: the words of a
+/// count row each PE keeps per world PE (besides the GPU's own limit on the count matrix).
+pub(super) const A2AVD_MAX_TEAM: usize = 256;
 
 /// A team spanning nodes as this PE runs its calls.
 #[derive(Debug, Clone)]
@@ -118,15 +117,17 @@ pub(super) struct Net {
     /// Symmetric u64[team slots][n_pes][SIG_WORDS]: the signature rows of partners of other
     /// nodes for odd calls of the pair (the `GpuColl`'s own rows serve even ones).
     pub sig_alt: Sym<u64>,
+    /// Symmetric u64[n_pes][row_stride]: all_to_all_v_device's count rows of the partners
+    /// of other nodes, written by them before their ready arrival.
+    pub rows: Sym<u64>,
+    /// Words of a count row: `n_pes` up to [`A2AVD_MAX_TEAM`].
+    pub row_stride: usize,
+    /// Private u64[n_pes][3]: this PE's all_to_all_v_device puts to PEs of other nodes
+    /// (where they land, where they start, elements), written by the count kernel.
+    pub plan: DevBuf,
     pub f_round: Func,
     pub f_a2av: Func,
-}
-
-#[repr(C)]
-struct NetA2av {
-    pe: [i32; NET_MAX],
-    at: [u64; NET_MAX],
-    count: [u64; NET_MAX],
+    pub f_a2avd: Func,
 }
 
 #[repr(C)]
@@ -138,8 +139,9 @@ struct NetPuts {
 }
 
 #[repr(C)]
-struct NetWaits {
-    pe: [i32; NET_MAX],
+#[derive(Clone)]
+pub(super) struct NetWaits {
+    pub pe: [i32; NET_MAX],
 }
 
 #[repr(C)]
@@ -159,7 +161,7 @@ impl Net {
     pub(super) fn new(
         g: &CudaPe<'_>,
         own: &RawStream,
-        (f_round, f_a2av): (Func, Func),
+        (f_round, f_a2av, f_a2avd): (Func, Func, Func),
         chunk: usize,
         slots: usize,
     ) -> Result<Net> {
@@ -173,6 +175,9 @@ impl Net {
         let meta = pe.alloc::<u64>(mul(n, 2)?)?;
         let alt_words = mul(mul(slots, n)?, SIG_WORDS)?;
         let sig_alt = pe.alloc::<u64>(alt_words)?;
+        let row_stride = n.min(A2AVD_MAX_TEAM);
+        let rows = pe.alloc::<u64>(mul(n, row_stride)?)?;
+        let plan = DevBuf::zeroed_on(own, mul(n, 3)? * 8)?;
         let (sp, ap) = (g.ptr(&sig)?, g.ptr(&sig_alt)?);
         let b = g.backend();
         let _g = b.gpu.bind()?;
@@ -193,8 +198,12 @@ impl Net {
             exp,
             meta,
             sig_alt,
+            rows,
+            row_stride,
+            plan,
             f_round,
             f_a2av,
+            f_a2avd,
         })
     }
 }
@@ -228,20 +237,6 @@ impl GpuColl<'_> {
             members: team.members().to_vec(),
             me,
         }))
-    }
-
-    /// An error for collective `what` on a team spanning nodes, which it does not serve.
-    pub(super) fn net_refuse(&self, team: &Team, what: &str) -> Result<()> {
-        let b = self.g.backend();
-        match team.members().iter().find(|&&p| b.is_remote(p)) {
-            Some(p) => Err(ffi::err(format!(
-                "GpuColl::{what} is not supported on teams spanning nodes (PE {p} runs on \
-                 another node): a receiver's layout depends on every sender's count, which \
-                 would have to cross the network first; use all_to_all_v with counts known on \
-                 the host"
-            ))),
-            None => Ok(()),
-        }
     }
 
     /// Elements per round of `T` ([`CollTuning::net_chunk_bytes`]).
@@ -335,7 +330,7 @@ impl GpuColl<'_> {
             let args = (exp, sig, n, begin, round, bytes as u64);
             self.net_launch(s, net.f_round, args, p, w, a, (ck, skip, 0))
         };
-        self.net_ready(s, nt, &sched.partners, ck, skip)?;
+        self.net_ready(s, nt, &sched.partners, ck, skip, false)?;
         for r in &sched.rounds {
             let bytes = r.len * es;
             for l in round_launches(r, list) {
@@ -389,14 +384,16 @@ impl GpuColl<'_> {
     }
 
     /// The ready handshake of a call with `partners` (members), carrying the call's
-    /// signature (`ck`): a partner's memory is written only after its arrival.
-    fn net_ready(
+    /// signature (`ck`): a partner's memory is written only after its arrival. `add`: a
+    /// difference adds to the skip flag that the call's node barrier set, instead of setting it.
+    pub(super) fn net_ready(
         &self,
         s: &Stream,
         nt: &NetTeam,
         partners: &[usize],
         ck: Check,
         skip: u64,
+        add: bool,
     ) -> Result<()> {
         let net = self
             .net
@@ -408,7 +405,8 @@ impl GpuColl<'_> {
         let list = self.net_list.clamp(1, NET_MAX);
         let alt = self.g.ptr(&net.sig_alt)? + (nt.dt.slot as usize * n * SIG_WORDS * 8) as u64;
         for l in ready_launches(partners.len(), list) {
-            let flags = [(l.post, NET_POST), (l.wait, NET_WAIT), (l.more, NET_MORE)];
+            let more = l.more || add;
+            let flags = [(l.post, NET_POST), (l.wait, NET_WAIT), (more, NET_MORE)];
             let begin = flags.iter().filter(|f| f.0).fold(0, |b, f| b | f.1);
             let mut w = NetWaits { pe: [0; NET_MAX] };
             for (i, &m) in partners[l.range.clone()].iter().enumerate() {
@@ -731,134 +729,5 @@ impl GpuColl<'_> {
         let (whole, sig) = nt.sigs::<T>(CollKind::AllGather, None, None, ip, count, 0, src, dst);
         self.net_rounds(s, nt, &sched, (sr, d, es), None, whole)?;
         self.net_after(s, nt, &sched, CollKind::AllGather, (sr, d, es), ip, sig)
-    }
-}
-
-impl GpuColl<'_> {
-    /// [`GpuColl::all_to_all_v`] on a team spanning nodes (`v` checked against the objects):
-    /// the node's members by the node-local call, the members of other nodes by puts at the
-    /// displacements the receivers publish before their ready arrival.
-    pub(super) fn net_all_to_all_v<T: Elem>(
-        &self,
-        s: &Stream,
-        nt: &NetTeam,
-        dst: &(impl AsSym<T> + ?Sized),
-        src: &(impl AsSym<T> + ?Sized),
-        v: &AllToAllV<'_>,
-    ) -> Result<()> {
-        let net = self
-            .net
-            .as_ref()
-            .ok_or_else(|| Error::invalid("internal: no cross-node state"))?;
-        let arrays = [v.send_counts, v.send_displs, v.recv_counts, v.recv_displs];
-        let split = all_to_all_v_split(&nt.map, nt.me, arrays);
-        let (sr, d) = (self.g.ptr(src)?, self.g.ptr(dst)?);
-        let es = std::mem::size_of::<T>();
-        let me = nt.me;
-        if nt.node.size == 1 && v.send_counts[me] != v.recv_counts[me] {
-            return Err(Error::invalid(format!(
-                "all_to_all_v: member {me} sends itself {} elements but receives {}",
-                v.send_counts[me], v.recv_counts[me]
-            )));
-        }
-        let world = |m: usize| nt.members[m] as i32;
-        let list = self.net_list.clamp(1, NET_MAX);
-        let lists = |l: &[(usize, usize, usize)]| -> Vec<(NetA2av, usize)> {
-            l.chunks(list)
-                .map(|c| {
-                    let mut a = NetA2av {
-                        pe: [0; NET_MAX],
-                        at: [0; NET_MAX],
-                        count: [0; NET_MAX],
-                    };
-                    for (i, &(m, at, n)) in c.iter().enumerate() {
-                        a.pe[i] = world(m);
-                        a.at[i] = at as u64;
-                        a.count[i] = n as u64;
-                    }
-                    (a, c.len())
-                })
-                .collect()
-        };
-        let (meta_lists, put_lists) = (lists(&split.meta), lists(&split.puts));
-        let sig = call_sig::<T>(
-            CollKind::AllToAllV,
-            None,
-            None,
-            false,
-            0,
-            0,
-            src,
-            dst,
-            nt.dt,
-        );
-        let ck = self.check(nt.dt, sig.pack()?)?;
-        // Inside the node: the node-local call on the node's arrays (or the own share).
-        if nt.node.size > 1 {
-            let [sc, sd, rc, rd] = &split.node;
-            let nv = AllToAllV {
-                send_counts: sc,
-                send_displs: sd,
-                recv_counts: rc,
-                recv_displs: rd,
-            };
-            self.all_to_all_v_on(s, nt.node, dst, src, &nv)?;
-        } else if v.send_counts[me] > 0 {
-            let to = d + (v.recv_displs[me] * es) as u64;
-            let from = sr + (v.send_displs[me] * es) as u64;
-            self.g
-                .copy_raw_on_stream(s, to, from, v.send_counts[me] * es)?;
-        }
-        let n = self.n_pes;
-        let skip = self.err.ptr + ((ERR_SKIP + nt.dt.slot as usize) * 8) as u64;
-        let sigw = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 3 * n * 8) as u64;
-        let exp = net.exp.ptr + (nt.dt.slot as usize * n * 8) as u64;
-        let meta = self.g.ptr(&net.meta)?;
-        let a2av = |phase: i32, (mut l, nl): (NetA2av, usize)| -> Result<()> {
-            let (mut e, mut sg, mut m, mut ni, mut ph) = (exp, sigw, meta, n as i32, phase);
-            let (mut dd, mut ss, mut el, mut nli) = (d, sr, es as u64, nl as i32);
-            let (mut er, mut sk) = (self.err.ptr, skip);
-            let mut a = [
-                &mut e as *mut u64 as *mut std::ffi::c_void,
-                &mut sg as *mut u64 as *mut _,
-                &mut m as *mut u64 as *mut _,
-                &mut ni as *mut i32 as *mut _,
-                &mut ph as *mut i32 as *mut _,
-                &mut dd as *mut u64 as *mut _,
-                &mut ss as *mut u64 as *mut _,
-                &mut el as *mut u64 as *mut _,
-                &mut l as *mut NetA2av as *mut _,
-                &mut nli as *mut i32 as *mut _,
-                &mut er as *mut u64 as *mut _,
-                &mut sk as *mut u64 as *mut _,
-            ];
-            // SAFETY: matches rshmemi_coll_net_a2av(u64*, u64*, u64*, int, int, u64, u64, u64,
-            // rshmemi_net_a2av_list, int, u64*, u64*) (repr(C) list of NET_MAX); `exp` and
-            // `sig` are this slot's rows of the net state, `meta` the symmetric metadata rows,
-            // `er` our error record and `sk` the slot's skip flag in it; the ranges put were
-            // checked on the host against the objects (this PE's send ranges; the receivers'
-            // ranges by the receivers, whose counts must equal ours for anything to move).
-            unsafe { gpu::launch(&s.raw, net.f_a2av, 1, 32, 0, &mut a) }
-        };
-        // Publish what this PE expects from each partner, then the ready handshake, then the
-        // data (every put before any wait).
-        for l in meta_lists {
-            a2av(A2AV_META, l)?;
-        }
-        let partners: Vec<usize> = split.meta.iter().map(|x| x.0).collect();
-        self.net_ready(s, nt, &partners, ck, skip)?;
-        if put_lists.len() == 1 {
-            let l = put_lists.into_iter().next().expect("one list");
-            a2av(A2AV_PUT | A2AV_WAIT, l)?;
-        } else {
-            let waits: Vec<_> = lists(&split.puts);
-            for l in put_lists {
-                a2av(A2AV_PUT, l)?;
-            }
-            for l in waits {
-                a2av(A2AV_WAIT, l)?;
-            }
-        }
-        Ok(())
     }
 }

@@ -350,3 +350,293 @@ pub(super) fn sum(vs: impl Iterator<Item = Vec<u64>>, count: usize) -> Vec<u64> 
 
 pub(super) const COUNTS: [usize; 7] = [0, 1, 2, 5, 17, 33, 64];
 pub(super) const CHUNKS: [usize; 3] = [1, 3, 100];
+
+/// all_to_all_v_device across nodes in the model: what may be left out of the protocol to see
+/// the model catch it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct A2avdProtocol {
+    /// A pair whose count is 0 still signals (and the receiver waits for it).
+    pub bare_signals: bool,
+    /// The node's members meet after the puts and waits (they read each other's `src` and
+    /// counts until then).
+    pub closing_barrier: bool,
+}
+
+pub(super) const A2AVD_FULL: A2avdProtocol = A2avdProtocol {
+    bare_signals: true,
+    closing_barrier: true,
+};
+
+/// `rshmemi_coll_a2av_dev`'s verdict and places, mirrored: whether count matrix `m` (`m[j][k]`
+/// from member j to member k) exceeds the capacities (a sender's counts or total past
+/// `src_cap`, a receiver's past `dst_cap`), and where j's share for k starts in k's `dst` and
+/// in j's `src`.
+pub(super) fn a2avd_places(
+    m: &[Vec<u64>],
+    src_cap: u64,
+    dst_cap: u64,
+) -> (bool, Vec<Vec<(u64, u64)>>) {
+    let n = m.len();
+    let mut bad = false;
+    // As the kernel: element (j, k) and (k, j) side by side.
+    #[allow(clippy::needless_range_loop)]
+    for j in 0..n {
+        let (mut sent, mut got) = (0u64, 0u64);
+        for k in 0..n {
+            let (a, b) = (m[j][k], m[k][j]);
+            if a > src_cap || b > dst_cap {
+                bad = true;
+            } else {
+                sent += a;
+                got += b;
+            }
+        }
+        bad |= sent > src_cap || got > dst_cap;
+    }
+    let places = (0..n)
+        .map(|j| {
+            (0..n)
+                .map(|k| ((0..j).map(|i| m[i][k]).sum(), (0..k).map(|i| m[j][i]).sum()))
+                .collect()
+        })
+        .collect();
+    (bad, places)
+}
+
+/// A count row in a member's `rows`: (call, row, read yet).
+type Row = (usize, Vec<u64>, bool);
+
+/// A member's state in the all_to_all_v_device model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum A2avdAt {
+    /// Writes its counts and `src` of the call and poisons `dst` (earlier stream work).
+    Start,
+    /// The node's barrier that opens the call.
+    Open,
+    /// Its count row to partner i (through the proxy).
+    Row(usize),
+    /// Its ready arrival at partner i.
+    Arrive(usize),
+    /// Waits for partner i's arrival.
+    Ready(usize),
+    /// The count kernel: the matrix, the verdict, `recv`, the node's copies, the plan.
+    Count,
+    /// Its put (or bare signal) to partner i.
+    Put(usize),
+    /// Waits for partner i's signal.
+    Wait(usize),
+    /// The node's closing barrier.
+    Close,
+    Done,
+}
+
+/// Runs `calls` (one count matrix each) of all_to_all_v_device back to back on every member of
+/// `map`, stepping members in an order drawn from `seed`; puts and rows land at once. Panics on
+/// a deadlock, a read of another call's counts, row or `src`, a row overwritten before it was
+/// read, a put into a `dst` whose owner has not arrived, or a put without its wait. Returns
+/// each call's `dst` (length `dst_cap`) and `recv` per member.
+pub(super) fn a2avd_model(
+    map: &NodeMap,
+    calls: &[Vec<Vec<u64>>],
+    (src_cap, dst_cap): (usize, usize),
+    proto: A2avdProtocol,
+    seed: u64,
+) -> Vec<Vec<(Vec<u64>, Vec<u64>)>> {
+    let n = map.n_pes();
+    let partners: Vec<Vec<usize>> = (0..n)
+        .map(|m| all_to_all_v_device_partners(map, m))
+        .collect();
+    let local = |m: usize| map.members(map.node(m)).len() > 1;
+    let src_of = |m: usize, c: usize| vals(m * 1000 + c, src_cap);
+    // Per member: (call, place); what its objects hold: (call of counts and src, src, dst).
+    let mut at = vec![(0usize, A2avdAt::Start); n];
+    let mut held: Vec<Option<usize>> = vec![None; n];
+    let mut src = vec![Vec::new(); n];
+    let mut dst = vec![vec![POISON; dst_cap]; n];
+    let mut recv = vec![vec![u64::MAX; n]; n];
+    // rows[to][from]: (call, row, read); arrivals and data signals: [to][from] = call + 1.
+    let mut rows: Vec<Vec<Option<Row>>> = vec![vec![None; n]; n];
+    let mut arrived = vec![vec![0usize; n]; n];
+    let mut signalled = vec![vec![0usize; n]; n];
+    // Node barriers each member has reached.
+    let mut bars = vec![0usize; n];
+    let mut plan: Vec<Vec<(u64, u64, u64)>> = vec![vec![(0, 0, 0); n]; n];
+    let mut puts: HashMap<(usize, usize, usize), usize> = HashMap::new();
+    let mut waits: HashMap<(usize, usize, usize), usize> = HashMap::new();
+    let mut out = vec![vec![(Vec::new(), Vec::new()); n]; calls.len()];
+    let bad: Vec<bool> = calls
+        .iter()
+        .map(|cm| a2avd_places(cm, src_cap as u64, dst_cap as u64).0)
+        .collect();
+    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut idle = 0;
+    let barrier_done =
+        |bars: &[usize], m: usize, b: usize| map.members(map.node(m)).iter().all(|&q| bars[q] >= b);
+    while at.iter().any(|a| a.0 < calls.len()) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // One member, drawn from the seed, runs ahead of the others by turns.
+        let m = if (rng >> 40).is_multiple_of(3) {
+            (seed as usize + rng as usize % 2) % n
+        } else {
+            (rng % n as u64) as usize
+        };
+        let (c, place) = at[m];
+        if c == calls.len() {
+            idle += 1;
+            assert!(idle < 1000 * n * n + 1000, "deadlock: {at:?}");
+            continue;
+        }
+        let cm = &calls[c];
+        let ps = &partners[m];
+        // Barriers a member reaches per call on its node.
+        let per_call = 1 + proto.closing_barrier as usize;
+        let next = |i: usize, here: fn(usize) -> A2avdAt, then: A2avdAt| {
+            if i + 1 < ps.len() {
+                here(i + 1)
+            } else {
+                then
+            }
+        };
+        let first = |here: fn(usize) -> A2avdAt, then: A2avdAt| {
+            if ps.is_empty() {
+                then
+            } else {
+                here(0)
+            }
+        };
+        let moved: Option<A2avdAt> = match place {
+            A2avdAt::Start => {
+                held[m] = Some(c);
+                src[m] = src_of(m, c);
+                dst[m] = vec![POISON; dst_cap];
+                recv[m] = vec![u64::MAX; n];
+                Some(if local(m) {
+                    A2avdAt::Open
+                } else {
+                    first(A2avdAt::Row, A2avdAt::Count)
+                })
+            }
+            A2avdAt::Open => {
+                if bars[m] < c * per_call + 1 {
+                    bars[m] = c * per_call + 1;
+                }
+                barrier_done(&bars, m, c * per_call + 1)
+                    .then(|| first(A2avdAt::Row, A2avdAt::Count))
+            }
+            A2avdAt::Row(i) => {
+                let p = ps[i];
+                if let Some((old, _, read)) = &rows[p][m] {
+                    assert!(
+                        *read,
+                        "call {c}: row {m} -> {p} of call {old} overwritten unread"
+                    );
+                }
+                rows[p][m] = Some((c, cm[m].clone(), false));
+                Some(next(i, A2avdAt::Row, A2avdAt::Arrive(0)))
+            }
+            A2avdAt::Arrive(i) => {
+                arrived[ps[i]][m] = c + 1;
+                Some(next(i, A2avdAt::Arrive, A2avdAt::Ready(0)))
+            }
+            A2avdAt::Ready(i) => {
+                (arrived[m][ps[i]] > c).then(|| next(i, A2avdAt::Ready, A2avdAt::Count))
+            }
+            A2avdAt::Count => {
+                // The matrix: rows of other nodes from `rows`, of this node from the counts.
+                let mut mat = vec![Vec::new(); n];
+                for (j, row) in mat.iter_mut().enumerate() {
+                    if map.node(j) == map.node(m) {
+                        assert_eq!(held[j], Some(c), "call {c}: {m} reads {j}'s counts");
+                        *row = cm[j].clone();
+                    } else {
+                        let r = rows[m][j].as_mut().expect("a row");
+                        assert_eq!(r.0, c, "call {c}: {m} reads {j}'s row of call {}", r.0);
+                        r.2 = true;
+                        *row = r.1.clone();
+                    }
+                }
+                let (bad, places) = a2avd_places(&mat, src_cap as u64, dst_cap as u64);
+                for j in 0..n {
+                    recv[m][j] = mat[j][m];
+                }
+                for j in 0..n {
+                    let (to, from) = places[j][m];
+                    let k = mat[j][m] as usize;
+                    if bad || map.node(j) != map.node(m) || k == 0 {
+                        continue;
+                    }
+                    assert_eq!(held[j], Some(c), "call {c}: {m} reads {j}'s src");
+                    let d = src[j][from as usize..][..k].to_vec();
+                    dst[m][to as usize..][..k].copy_from_slice(&d);
+                }
+                for &k in ps {
+                    let (to, from) = places[m][k];
+                    plan[m][k] = (to, from, if bad { 0 } else { mat[m][k] });
+                }
+                Some(first(A2avdAt::Put, A2avdAt::Close))
+            }
+            A2avdAt::Put(i) => {
+                let p = ps[i];
+                let (to, from, k) = plan[m][p];
+                if k > 0 {
+                    let ready = at[p].0 == c && !matches!(at[p].1, A2avdAt::Start);
+                    assert!(
+                        ready && arrived[m][p] > c,
+                        "call {c}: {m} puts into {p}'s dst early"
+                    );
+                    let d = src[m][from as usize..][..k as usize].to_vec();
+                    dst[p][to as usize..][..k as usize].copy_from_slice(&d);
+                }
+                if k > 0 || proto.bare_signals {
+                    signalled[p][m] = c + 1;
+                    *puts.entry((c, m, p)).or_default() += 1;
+                }
+                Some(next(i, A2avdAt::Put, A2avdAt::Wait(0)))
+            }
+            A2avdAt::Wait(i) => {
+                let p = ps[i];
+                let expect = proto.bare_signals || (!bad[c] && cm[p][m] > 0);
+                if !expect {
+                    Some(next(i, A2avdAt::Wait, A2avdAt::Close))
+                } else if signalled[m][p] > c {
+                    *waits.entry((c, p, m)).or_default() += 1;
+                    Some(next(i, A2avdAt::Wait, A2avdAt::Close))
+                } else {
+                    None
+                }
+            }
+            A2avdAt::Close => {
+                if !local(m) || !proto.closing_barrier {
+                    Some(A2avdAt::Done)
+                } else {
+                    let b = c * per_call + 2;
+                    bars[m] = bars[m].max(b);
+                    barrier_done(&bars, m, b).then_some(A2avdAt::Done)
+                }
+            }
+            A2avdAt::Done => {
+                out[c][m] = (dst[m].clone(), recv[m].clone());
+                at[m] = (c + 1, A2avdAt::Start);
+                idle = 0;
+                continue;
+            }
+        };
+        match moved {
+            Some(p) => {
+                at[m] = (c, p);
+                idle = 0;
+            }
+            None => {
+                idle += 1;
+                assert!(idle < 1000 * n * n + 1000, "deadlock: {at:?}");
+            }
+        }
+    }
+    assert_eq!(
+        puts, waits,
+        "every put is waited for once, every wait has its put"
+    );
+    out
+}

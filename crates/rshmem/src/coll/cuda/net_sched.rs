@@ -819,6 +819,17 @@ pub(crate) fn all_to_all_v_split(map: &NodeMap, me: usize, v: [&[usize]; 4]) -> 
     }
 }
 
+/// all_to_all_v_device across nodes, for one member: the members of other nodes, ascending.
+/// Each is a partner in every phase of every call (its count row goes to each before the ready
+/// arrival, then one put, or a bare signal where the count is 0, and one wait): every pair of
+/// members of different nodes exchanges a signal in every call, so a partner's next row lands
+/// only after this call's was read.
+pub(crate) fn all_to_all_v_device_partners(map: &NodeMap, me: usize) -> Vec<usize> {
+    (0..map.n_pes())
+        .filter(|&j| map.node(j) != map.node(me))
+        .collect()
+}
+
 /// Which of a pair's two signature rows call number `call` of the pair uses (the round
 /// kernel's `(call & 1) ? alt : ck.slots`, mirrored here for the host model): a partner may be
 /// one call ahead, never two.

@@ -674,3 +674,96 @@ fn a_partner_one_call_ahead_does_not_overwrite_the_signature_being_compared() {
     assert_eq!(run(&sig_rows), [1, 2, 3, 4, 5, 6]);
     assert_ne!(run(&|_| 0), [1, 2, 3, 4, 5, 6], "one row: a false mismatch");
 }
+
+/// Counts of all_to_all_v_device call `c` in the model: random up to 7, a third of them 0;
+/// call 1 all 0; call 3 one count past `src` (8 · n elements); call 4 every member sending 9
+/// to the last, past its `dst` (8 · n) while every sender stays within its `src`.
+fn a2avd_counts(n: usize, seed: u64, c: usize) -> Vec<Vec<u64>> {
+    let mut x = (seed + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ c as u64;
+    (0..n)
+        .map(|i| {
+            (0..n)
+                .map(|j| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    match c {
+                        1 => 0,
+                        3 if (i, j) == (0, n - 1) => 8 * n as u64 + 1,
+                        4 if j == n - 1 => 9,
+                        _ if x.is_multiple_of(3) => 0,
+                        _ => x % 8,
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// all_to_all_v_device across nodes (count rows through the proxy before the ready arrival,
+/// the count kernel's matrix, verdict and plan, puts or bare signals and their waits, the
+/// node's barriers) in many interleavings over five calls back to back on every layout:
+/// exact `dst` (packed in member order, poison past it) and `recv`, a count past `src` or a
+/// receiver's total past `dst` moving nothing on every member; every row read before the next
+/// call's overwrites it, no member reading another call's counts or `src`, every put waited for.
+#[test]
+fn the_model_all_to_all_v_devices_exactly_on_every_layout() {
+    for nodes in LAYOUTS {
+        let map = NodeMap::from_nodes(nodes);
+        let n = map.n_pes();
+        let cap = 8 * n;
+        for seed in 0..8u64 {
+            let calls: Vec<_> = (0..5).map(|c| a2avd_counts(n, seed, c)).collect();
+            let got = a2avd_model(&map, &calls, (cap, cap), A2AVD_FULL, seed);
+            for (c, m_) in calls.iter().enumerate() {
+                let col = |m: usize| (0..n).map(|i| m_[i][m]).collect::<Vec<u64>>();
+                let bad = (0..n).any(|j| {
+                    m_[j].iter().sum::<u64>() > cap as u64
+                        || col(j).iter().sum::<u64>() > cap as u64
+                });
+                assert_eq!(bad, c >= 3, "{nodes:?} call {c}: the capacity cases");
+                for m in 0..n {
+                    let mut want = vec![POISON; cap];
+                    let mut at = 0;
+                    for i in (0..n).filter(|_| !bad) {
+                        let k = m_[i][m] as usize;
+                        let from = m_[i][..m].iter().sum::<u64>() as usize;
+                        want[at..at + k].copy_from_slice(&vals(i * 1000 + c, cap)[from..][..k]);
+                        at += k;
+                    }
+                    let ctx = format!("{nodes:?} seed {seed} call {c} member {m}");
+                    assert_eq!(got[c][m].0, want, "{ctx}: dst");
+                    assert_eq!(got[c][m].1, col(m), "{ctx}: recv");
+                }
+            }
+        }
+    }
+}
+
+/// The model catches a protocol without bare signals for empty pairs (a partner's next row
+/// overwrites one not yet read, or reads of another call) and one without the node's closing
+/// barrier (a member of the node starts its next call while another still reads its counts
+/// or `src`).
+#[test]
+fn the_model_catches_a2avd_without_bare_signals_or_closing_barrier() {
+    let fails = |nodes: &[usize], proto: A2avdProtocol| {
+        let map = NodeMap::from_nodes(nodes);
+        let n = map.n_pes();
+        (0..64u64).any(|seed| {
+            let calls: Vec<_> = (0..3).map(|c| a2avd_counts(n, seed, c)).collect();
+            std::panic::catch_unwind(|| a2avd_model(&map, &calls, (8 * n, 8 * n), proto, seed))
+                .is_err()
+        })
+    };
+    let no_bare = A2avdProtocol {
+        bare_signals: false,
+        ..A2AVD_FULL
+    };
+    let no_close = A2avdProtocol {
+        closing_barrier: false,
+        ..A2AVD_FULL
+    };
+    assert!(fails(&[0, 1], no_bare), "without bare signals");
+    assert!(fails(&[0, 0, 1], no_close), "without the closing barrier");
+    assert!(!fails(&[0, 0, 1], A2AVD_FULL), "the full protocol");
+}

@@ -241,6 +241,7 @@ pub(super) fn untyped_kernel_names() -> Vec<String> {
         "rshmemi_coll_pull_bcast",
         "rshmemi_coll_net_round",
         "rshmemi_coll_net_a2av",
+        "rshmemi_coll_net_a2avd",
     ]
     .map(String::from)
     .to_vec()

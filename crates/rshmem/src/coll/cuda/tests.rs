@@ -438,9 +438,9 @@ fn launches_match_the_kernel_signatures() {
     let internal = crate::backend::cuda::nvrtc::INTERNAL_KERNELS;
     let header = crate::backend::cuda::nvrtc::DEVICE_HEADER;
     let (p, u, i, team, ck) = ("ptr", "rshmem_u64", "int", "rshmem_team", "rshmemi_check");
-    // What `sync`, `sig_sync`, `reduce_launch`, `flush`, `all_to_all_v` and
-    // `all_to_all_v_device` pass (u64 addresses go to pointer or rshmem_u64 parameters).
-    let launches: [(&str, &str, Vec<&str>); 12] = [
+    // What `sync`, `sig_sync`, `reduce_launch`, `flush`, `all_to_all_v`,
+    // `all_to_all_v_device` and its cross-node launches pass (u64 addresses go to pointer or rshmem_u64 parameters).
+    let launches: [(&str, &str, Vec<&str>); 13] = [
         (internal, "rshmemi_team_sync", vec![team]),
         (coll, "rshmemi_coll_sync_sig", vec![team, ck]),
         (
@@ -481,7 +481,12 @@ fn launches_match_the_kernel_signatures() {
         (
             coll,
             "rshmemi_coll_a2av_dev",
-            vec![p, p, p, p, p, u, u, u, team],
+            vec![p, p, p, p, p, u, u, u, team, p, u, p],
+        ),
+        (
+            coll,
+            "rshmemi_coll_net_a2avd",
+            vec![p, p, p, u, p, i, i, u, u, u, p, "rshmemi_net_waits", i, p],
         ),
         (
             coll,
@@ -688,7 +693,7 @@ fn ll_sizes() {
 fn kernel_names_cover_every_type_and_op() {
     let names = coll_kernel_names();
     // 14 untyped (the net round among them); reduce, LL, pull and net fold per type and op.
-    assert_eq!(names.len(), 15 + 4 * (8 * 7 + 4 * 4));
+    assert_eq!(names.len(), 16 + 4 * (8 * 7 + 4 * 4));
     assert!(names.contains(&"rshmemi_coll_net_round".to_string()));
     assert!(names.contains(&"rshmemi_coll_net_fold_half_max".to_string()));
     assert!(!names.contains(&"rshmemi_coll_net_fold_float_or".to_string()));
@@ -745,4 +750,53 @@ fn coll_modules_partition_the_kernels() {
         super::COLL_MODULES.last().map(|m| m.name()),
         Some("untyped".to_string())
     );
+
+/// Every signal the collectives send (through the proxy to PEs of other nodes: the cross-node
+/// rounds, ready arrivals, acknowledgements and all_to_all_v's) is a set: the proxy applies a
+/// set by a copy, but an add by a one-thread kernel at the target, which cannot become resident
+/// beside a grid that fills that GPU.
+#[test]
+fn signals_to_other_nodes_are_sets() {
+    let src = super::modules::COLL_SOURCE;
+    assert!(
+        // Spelt in two parts: `rshmem info`'s test takes whole "RSHMEM_..." literals for
+        // environment variables.
+        !src.contains(concat!("RSHMEM_", "SIGNAL_ADD")),
+        "a signal add in the collectives' kernels"
+    );
+    let close = |open: usize| {
+        let mut depth = 0;
+        for (j, c) in src.bytes().enumerate().skip(open) {
+            match c {
+                b'(' => depth += 1,
+                b')' if depth == 1 => return j,
+                b')' => depth -= 1,
+                _ => {}
+            }
+        }
+        panic!("unbalanced parentheses")
+    };
+    let mut sets = 0;
+    for f in [
+        "rshmem_signal_op(",
+        "rshmem_putmem_signal_nbi(",
+        "rshmem_putmem_signal(",
+        "rshmem_signal_op_collective(",
+    ] {
+        for (at, _) in src.match_indices(f) {
+            let open = at + f.len() - 1;
+            let args = &src[open..=close(open)];
+            assert!(
+                args.contains(concat!("RSHMEM_", "SIGNAL_SET")),
+                "{f}{args}: not a set"
+            );
+            sets += 1;
+        }
+    }
+    // Ready arrivals, acknowledgements, round puts, all_to_all_v's three and
+    // all_to_all_v_device's two.
+    assert_eq!(sets, 8, "signals found");
+    // A ready arrival sets the pair's call count, which the wait expects.
+    assert!(src.contains("rshmem_signal_op(sig + n_pes + me, call, RSHMEM_SIGNAL_SET, w.pe[i]);"));
+    assert!(src.contains("rshmemi_net_wait(sig + n_pes + pe, want, pe);"));
 }

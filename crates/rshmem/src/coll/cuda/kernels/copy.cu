@@ -43,9 +43,18 @@ extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_tea
 // exceed `src_cap` elements or a receiver whose total exceeds `dst_cap` makes every member
 // copy nothing, set *err (bit 1) and write the counts it saw; the host turns that into an error.
 // The count matrix lives in dynamic shared memory (team.size^2 words, sized by the host).
+//
+// On a team spanning nodes (rows != 0) the rows of members on other nodes are not mapped: each
+// such member put its row into this PE's `rows` (row of world PE p at p * row_stride) before
+// its ready arrival, which the launch before this one waited for (rshmemi_coll_net_a2avd). The
+// matrix is then the same on every member, so is the verdict. This kernel copies only from the
+// members of this PE's node; for each receiver of another node block 0 writes this PE's put
+// into `plan` (world PE p: plan[3p] where it lands in p's dst, plan[3p + 1] where it starts
+// in src, plan[3p + 2] elements; 0 elements after a bad verdict), which the next launch posts.
 extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, const rshmem_u64* counts,
                                                  rshmem_u64* recv_counts, rshmem_u64* err, rshmem_u64 elem,
-                                                 rshmem_u64 src_cap, rshmem_u64 dst_cap, rshmem_team team) {
+                                                 rshmem_u64 src_cap, rshmem_u64 dst_cap, rshmem_team team,
+                                                 const rshmem_u64* rows, rshmem_u64 row_stride, rshmem_u64* plan) {
     extern __shared__ rshmem_u64 m[];
     __shared__ int bad;
     const int n = team.size, me = team.my_index;
@@ -53,7 +62,11 @@ extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, con
     if (threadIdx.x == 0) bad = 0;
     for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
         int j = t / n, k = t % n;
-        m[t] = rshmemi_vld((const rshmem_u64*)rshmem_ptr(counts + k, rshmemi_member(team, j)));
+        const int pe = rshmemi_member(team, j);
+        if (rows && rshmemi_remote(pe))
+            m[t] = rshmemi_vld(rows + (rshmem_u64)pe * row_stride + k);
+        else
+            m[t] = rshmemi_vld((const rshmem_u64*)rshmem_ptr(counts + k, pe));
     }
     __syncthreads();
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
@@ -67,8 +80,21 @@ extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, con
         if (over || sent > src_cap || got > dst_cap) atomicOr(&bad, 1);
     }
     __syncthreads();
-    if (blockIdx.x == 0)
+    if (blockIdx.x == 0) {
         for (int j = threadIdx.x; j < n; j += blockDim.x) recv_counts[j] = m[j * n + me];
+        if (rows) {
+            for (int k = threadIdx.x; k < n; k += blockDim.x) {
+                const int pe = rshmemi_member(team, k);
+                if (!rshmemi_remote(pe)) continue;
+                rshmem_u64 at = 0, from = 0;
+                for (int i = 0; i < me; i++) at += m[i * n + k];
+                for (int i = 0; i < k; i++) from += m[me * n + i];
+                plan[3 * (rshmem_u64)pe] = at;
+                plan[3 * (rshmem_u64)pe + 1] = from;
+                plan[3 * (rshmem_u64)pe + 2] = bad ? 0 : m[me * n + k];
+            }
+        }
+    }
     if (bad) {
         // err[1..5): the first offending pair (sender, receiver), the running total of elements
         // that overflowed (sent by the sender, resp. received by the receiver) and the capacity.
@@ -92,6 +118,8 @@ extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, con
         return;
     }
     unsigned j = blockIdx.x % n, part = blockIdx.x / n, parts = gridDim.x / n;
+    // A sender of another node puts its share itself.
+    if (rows && rshmemi_remote(rshmemi_member(team, j))) return;
     rshmem_u64 disp = 0, at = 0;
     for (int k = 0; k < me; k++) disp += m[j * n + k];
     for (unsigned i = 0; i < j; i++) at += m[i * n + me];

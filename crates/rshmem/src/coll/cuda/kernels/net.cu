@@ -98,7 +98,10 @@ extern "C" __global__ void rshmemi_coll_net_round(rshmem_u64* exp, rshmem_u64* s
                 const rshmem_u64 call = *(volatile rshmem_u64*)(exp + w.pe[i]) + 1;
                 rshmem_u64* mine = ((call & 1) ? alt : ck.slots) + (rshmem_u64)me * RSHMEMI_SIG_WORDS;
                 for (int k = 0; k < RSHMEMI_SIG_WORDS; k++) rshmem_uint64_p(mine + k, ck.sig.w[k], w.pe[i]);
-                rshmem_signal_op(sig + n_pes + me, 1, RSHMEM_SIGNAL_ADD, w.pe[i]);
+                // A set of the pair's call count, never an add: the proxy applies a set by a
+                // copy, an add by a one-thread kernel at the target, which cannot become
+                // resident while a grid fills that GPU.
+                rshmem_signal_op(sig + n_pes + me, call, RSHMEM_SIGNAL_SET, w.pe[i]);
             }
             rshmem_quiet();
         }
@@ -215,6 +218,59 @@ extern "C" __global__ void rshmemi_coll_net_a2av(rshmem_u64* exp, rshmem_u64* si
         }
     }
 }
+
+// all_to_all_v_device across nodes (counts in device memory, rshmemi_coll_a2av_dev beside it).
+// Every member needs the whole count matrix (receivers pack in member order; the capacity
+// verdict is the team's). ROWS, before the ready arrival: this PE's count row (n words, from
+// `counts`, written by earlier stream work) into each partner's `rows` at this PE's row
+// (requests to one PE are carried out in order: the row has landed when the arrival is seen;
+// the partner read the previous call's row before it signalled that call's data, which this PE
+// waited for). Then rshmemi_coll_a2av_dev reads the rows, checks, copies inside the node and
+// writes this PE's `plan`; PUT posts, per partner, the plan's elements at the plan's places
+// with a signal (a bare signal for none: every pair signals every call, which keeps the rows'
+// reuse in step), WAIT waits for the partners' signals. Signal words and values as
+// rshmemi_coll_net_a2av's.
+#define RSHMEMI_NET_A2AVD_ROWS 1
+#define RSHMEMI_NET_A2AVD_PUT 2
+#define RSHMEMI_NET_A2AVD_WAIT 4
+extern "C" __global__ void rshmemi_coll_net_a2avd(rshmem_u64* exp, rshmem_u64* sig, rshmem_u64* rows,
+                                                  rshmem_u64 row_stride, const rshmem_u64* counts, int n,
+                                                  int phase, rshmem_u64 dst, rshmem_u64 src, rshmem_u64 es,
+                                                  const rshmem_u64* plan, rshmemi_net_waits l, int nl,
+                                                  rshmem_u64* skip) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const int me = rshmem_my_pe();
+    if (phase & RSHMEMI_NET_A2AVD_ROWS) {
+        for (int i = 0; i < nl; i++)
+            rshmem_putmem_nbi(rows + (rshmem_u64)me * row_stride, counts, (rshmem_u64)n * 8, l.pe[i]);
+        rshmem_quiet();
+        return;
+    }
+    if (rshmemi_coll_gave_up() || *(volatile rshmem_u64*)skip) return;
+    if (phase & RSHMEMI_NET_A2AVD_PUT) {
+        for (int i = 0; i < nl; i++) {
+            const int pe = l.pe[i];
+            const rshmem_u64 call = *(volatile rshmem_u64*)(exp + pe) << 32;
+            const volatile rshmem_u64* p = plan + 3 * (rshmem_u64)pe;
+            const rshmem_u64 at = p[0], from = p[1], c = p[2];
+            if (c == 0) {
+                rshmem_signal_op(sig + me, call | 1, RSHMEM_SIGNAL_SET, pe);
+            } else {
+                rshmem_putmem_signal_nbi((void*)(dst + at * es), (const void*)(src + from * es), c * es,
+                                         sig + me, call | 1, RSHMEM_SIGNAL_SET, pe);
+            }
+        }
+        rshmem_quiet();
+    }
+    if (phase & RSHMEMI_NET_A2AVD_WAIT) {
+        for (int i = 0; i < nl; i++) {
+            const int pe = l.pe[i];
+            const rshmem_u64 call = *(volatile rshmem_u64*)(exp + pe) << 32;
+            rshmemi_net_wait(sig + pe, call | 1, pe);
+        }
+    }
+}
+
 #endif
 
 // dst[0..n) = fold over i = 0..k-1 (node order) of s.p[i][0..n), where s.p[i] == 0 stands for
