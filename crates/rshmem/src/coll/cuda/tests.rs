@@ -750,6 +750,7 @@ fn coll_modules_partition_the_kernels() {
         super::COLL_MODULES.last().map(|m| m.name()),
         Some("untyped".to_string())
     );
+}
 
 /// Every signal the collectives send (through the proxy to PEs of other nodes: the cross-node
 /// rounds, ready arrivals, acknowledgements and all_to_all_v's) is a set: the proxy applies a
