@@ -253,7 +253,32 @@ impl PeInner {
     /// wait reports as [`Error::PeerLost`] naming it.
     fn fabric_failed(&self, pe: usize, e: &Error) {
         tracing::warn!(pe = self.me, peer = pe, %e, "fabric operation on a peer's control block failed");
+        // A peer of another node that cannot be reached may have ended because of an earlier
+        // loss that its header (read over the fabric, so possibly stale) does not show yet,
+        // while a PE of this node, whose header is read directly, already published it: that
+        // loss is the root cause, and every PE of this node then names the same PE.
+        if self.root_cause(pe) == pe {
+            if let Some(r) = self.cause_seen_on_this_node(pe) {
+                self.mark_lost(r);
+            }
+        }
         self.mark_lost(pe);
+    }
+
+    /// The root cause (not a timeout, neither `not` nor this PE) that a PE of this node
+    /// published, if any.
+    fn cause_seen_on_this_node(&self, not: usize) -> Option<usize> {
+        let net = self.net.as_deref()?;
+        (0..self.n)
+            .filter(|&q| q != self.me && !net.is_remote(q))
+            .find_map(|q| {
+                let w = self.ctrls[q].word(control::W_CAUSE).load(Ordering::Acquire);
+                if w == 0 || w & control::CAUSE_TIMEOUT != 0 {
+                    return None;
+                }
+                let (r, timed_out) = self.root_cause_of(q);
+                (r != q && r != not && r != self.me && !timed_out).then_some(r)
+            })
     }
 
     /// Whether control words of PE `pe` are reached over the fabric, which is left alone once
