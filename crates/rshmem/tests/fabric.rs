@@ -9,6 +9,7 @@ mod fabric_data;
 #[path = "harness/mod.rs"]
 mod harness;
 
+use fabric_data::config;
 use rshmem::coll::{Coll, CollConfig, ReduceOp};
 use rshmem::launcher::Exit;
 use rshmem::*;
@@ -19,19 +20,6 @@ const ENV: &[(&str, &str)] = &[
     ("RSHMEM_TIMEOUT", "20"),
     ("RSHMEM_HEAP_SIZE", "8M"),
 ];
-
-/// The world of a child: PEs of `pes_per_node` consecutive ranks form one node; loopback tcp.
-fn config(pes_per_node: usize) -> Config {
-    let rank: usize = std::env::var("RSHMEM_RANK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .expect("RSHMEM_RANK from the launcher");
-    Config::from_env()
-        .expect("config")
-        .node(format!("node{}", rank / pes_per_node))
-        .fabric_provider("tcp")
-        .fabric_domain("lo")
-}
 
 /// Runs `test` as `procs` processes of `threads` PEs; every process must exit 0.
 fn run_job(test: &str, procs: usize, threads: usize) {

@@ -8,23 +8,11 @@ mod fabric_data;
 #[path = "harness/mod.rs"]
 mod harness;
 
+use fabric_data::config;
 use rshmem::launcher::Exit;
 use rshmem::*;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-
-/// The world of a child: PEs of `pes_per_node` consecutive ranks form one node; loopback tcp.
-fn config(pes_per_node: usize) -> Config {
-    let rank: usize = std::env::var("RSHMEM_RANK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .expect("RSHMEM_RANK from the launcher");
-    Config::from_env()
-        .expect("config")
-        .node(format!("node{}", rank / pes_per_node))
-        .fabric_provider("tcp")
-        .fabric_domain("lo")
-}
 
 /// Reproducible random bytes of stream `seed`.
 fn bytes(seed: u64, n: usize) -> Vec<u8> {

@@ -3,6 +3,25 @@
 use super::TopkId;
 use crate::error::{Error, Result};
 
+/// Lays areas of `sizes` bytes out one after another in a buffer, each starting on a 256-byte
+/// boundary: their offsets and the buffer's size (`what` names the buffer in the overflow
+/// error).
+pub(crate) fn pack_areas<const N: usize>(
+    what: &str,
+    sizes: [usize; N],
+) -> Result<([usize; N], usize)> {
+    let mut offs = [0usize; N];
+    let mut at = 0usize;
+    for (o, sz) in offs.iter_mut().zip(sizes) {
+        *o = at;
+        at = at
+            .checked_add(sz)
+            .and_then(|v| v.checked_next_multiple_of(256))
+            .ok_or_else(|| Error::invalid(format!("{what}: buffer size overflows")))?;
+    }
+    Ok((offs, at))
+}
+
 /// Where one PE's tokens go, computed from its top-k expert ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {

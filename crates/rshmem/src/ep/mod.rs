@@ -125,6 +125,7 @@ mod layout;
 pub(crate) use handle::Forward;
 pub use handle::{Dispatched, Handle};
 pub use host::HostBuffer;
+pub(crate) use layout::pack_areas;
 pub use layout::Layout;
 
 use crate::elem::{Elem, ElemKind};

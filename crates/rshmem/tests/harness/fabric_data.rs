@@ -1,11 +1,24 @@
 //! What the tests of PEs on several "nodes" share (`fabric.rs`, `fabric_hier.rs`,
-//! `cuda_fabric.rs`): the libfabric probe, and a MoE dispatch/combine across the nodes with
+//! `cuda_fabric.rs`): the libfabric probe, a child's world config, and a MoE dispatch/combine across the nodes with
 //! exact results.
 
 #![allow(dead_code)]
 
 use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
-use rshmem::{Pe, Result};
+use rshmem::{Config, Pe, Result};
+
+/// The world of a child: PEs of `pes_per_node` consecutive ranks form one node; loopback tcp.
+pub fn config(pes_per_node: usize) -> Config {
+    let rank: usize = std::env::var("RSHMEM_RANK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect("RSHMEM_RANK from the launcher");
+    Config::from_env()
+        .expect("config")
+        .node(format!("node{}", rank / pes_per_node))
+        .fabric_provider("tcp")
+        .fabric_domain("lo")
+}
 
 /// Whether libfabric is unusable here (then the test says so and passes).
 pub fn skip() -> bool {

@@ -74,7 +74,7 @@
 use crate::backend::cuda::ffi;
 use crate::device::{CudaPe, Kernel, KernelArg, Stream};
 use crate::elem::{Elem, ElemKind};
-use crate::ep::TopkId;
+use crate::ep::{pack_areas, TopkId};
 use crate::error::{Error, Result};
 use crate::sym::{AsSym, Sym, SymView};
 use crate::team::Team;
@@ -266,15 +266,7 @@ fn ll_plan(c: &LlConfig, n: usize) -> Result<LlPlan> {
         CTL_WORDS * 8,
         PARAM_WORDS * 8,
     ];
-    let mut offs = [0usize; 12];
-    let mut at = 0usize;
-    for (o, sz) in offs.iter_mut().zip(sizes) {
-        *o = at;
-        at = at
-            .checked_add(sz)
-            .and_then(|v| v.checked_next_multiple_of(256))
-            .ok_or_else(of)?;
-    }
+    let (offs, at) = pack_areas("ep low latency", sizes)?;
     Ok(LlPlan {
         stage: offs[0],
         meta: offs[1],

@@ -3,7 +3,7 @@
 //! parameter block the host writes once per buffer, and the parse of normal mode's readback.
 
 use super::{MAX_GPU_EP_PES, MAX_GPU_EXPERTS, MAX_GRID, REC_FIXED, SIG_GROUPS};
-use crate::ep::{EpConfig, EpMode, RecvLayout};
+use crate::ep::{pack_areas, EpConfig, EpMode, RecvLayout};
 use crate::error::{Error, Result};
 use crate::team::NodeMap;
 
@@ -94,15 +94,7 @@ pub(super) fn plan(cfg: &EpConfig, n: usize, es: usize) -> Result<Plan> {
         },
         PARAM_WORDS * 8,
     ];
-    let mut offs = [0usize; 16];
-    let mut at = 0usize;
-    for (o, sz) in offs.iter_mut().zip(sizes) {
-        *o = at;
-        at = at
-            .checked_add(sz)
-            .and_then(|v| v.checked_next_multiple_of(256))
-            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
-    }
+    let (offs, at) = pack_areas("ep", sizes)?;
     // Row indices are u32 (row_src: row * kmax + slot) and int (tok_rows, expert-major rows);
     // token counts and positions are int, ep_send steps over tokens 512 at a time in int.
     if rmax.saturating_mul(k) > u32::MAX as usize
@@ -194,15 +186,7 @@ pub(super) fn stage_plan(cfg: &EpConfig, nm: &NodeMap, es: usize) -> Result<Stag
         (n + 2) * 4,
         2 * 8,
     ];
-    let mut offs = [0usize; 12];
-    let mut at = 0usize;
-    for (o, sz) in offs.iter_mut().zip(sizes) {
-        *o = at;
-        at = at
-            .checked_add(sz)
-            .and_then(|v| v.checked_next_multiple_of(256))
-            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
-    }
+    let (offs, at) = pack_areas("ep", sizes)?;
     // Node rows and positions are int in the kernels.
     if mul(n, ncap)? > i32::MAX as usize {
         return Err(Error::invalid(

@@ -8,7 +8,7 @@ mod dispatch;
 mod hier;
 
 use super::handle::{Dispatched, Handle};
-use super::layout::Layout;
+use super::layout::{pack_areas, Layout};
 use super::{check_dtype, EpConfig, EpMode, RecvLayout, TopkId};
 use crate::elem::{Cmp, Elem, ElemKind};
 use crate::error::{Error, Result};
@@ -170,15 +170,7 @@ fn plan(cfg: &EpConfig, n: usize, elem: usize, internode: bool) -> Result<Plan> 
         mul(mul(fwd_rows, cfg.hidden)?, 4)?,
         if internode { mul(3 * n, 8)? } else { 0 },
     ];
-    let mut offs = [0usize; 10];
-    let mut at = 0usize;
-    for (o, sz) in offs.iter_mut().zip(sizes) {
-        *o = at;
-        at = at
-            .checked_add(sz)
-            .and_then(|v| v.checked_next_multiple_of(256))
-            .ok_or_else(|| Error::invalid("ep: buffer size overflows"))?;
-    }
+    let (offs, at) = pack_areas("ep", sizes)?;
     Ok(Plan {
         rows,
         mw,
