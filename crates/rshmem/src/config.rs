@@ -61,6 +61,12 @@ pub struct Config {
     /// libfabric domain, i.e. the interface or device (`RSHMEM_FABRIC_DOMAIN`, e.g. `lo`,
     /// `eth0`, `mlx5_0`). Default: the provider's first.
     pub fabric_domain: Option<String>,
+    /// CUDA worlds spanning nodes: register each GPU heap with the fabric (`FI_HMEM_CUDA`)
+    /// where the provider takes device memory (verbs, EFA, cxi, shm built with CUDA), so
+    /// transfers to and from it move without host staging (`RSHMEM_FABRIC_HMEM=on|off`).
+    /// Where the provider does not (tcp), or a registration fails on any PE, GPU heaps are
+    /// reached through the proxies' staging either way. Default on.
+    pub fabric_hmem: bool,
 }
 
 impl Default for Config {
@@ -76,6 +82,7 @@ impl Default for Config {
             node: None,
             fabric_provider: None,
             fabric_domain: None,
+            fabric_hmem: true,
         }
     }
 }
@@ -112,6 +119,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "RSHMEM_FABRIC_DOMAIN",
         "libfabric domain (interface or device, e.g. lo, eth0, mlx5_0), default the provider's first",
+    ),
+    (
+        "RSHMEM_FABRIC_HMEM",
+        "CUDA across nodes: register GPU heaps with the fabric where the provider takes device memory (on | off), default on",
     ),
     (
         "RSHMEM_CACHE_DIR",
@@ -231,6 +242,13 @@ impl Config {
         c.node = env("RSHMEM_NODE").map(|v| v.trim().to_string());
         c.fabric_provider = env("RSHMEM_FABRIC_PROVIDER").map(|v| v.trim().to_string());
         c.fabric_domain = env("RSHMEM_FABRIC_DOMAIN").map(|v| v.trim().to_string());
+        if let Some(v) = env("RSHMEM_FABRIC_HMEM") {
+            c.fabric_hmem = match v.trim() {
+                "on" | "1" | "true" => true,
+                "off" | "0" | "false" => false,
+                _ => return Err(bad("RSHMEM_FABRIC_HMEM", &v, "on or off")),
+            };
+        }
         c.validate()?;
         Ok(c)
     }
@@ -278,6 +296,12 @@ impl Config {
     /// Sets the libfabric domain (interface or device) used between nodes.
     pub fn fabric_domain(mut self, name: impl Into<String>) -> Self {
         self.fabric_domain = Some(name.into());
+        self
+    }
+    /// Sets whether GPU heaps are registered with the fabric where the provider takes device
+    /// memory (see [`Config::fabric_hmem`]).
+    pub fn fabric_hmem(mut self, on: bool) -> Self {
+        self.fabric_hmem = on;
         self
     }
     /// Sets the most teams alive at once.
@@ -406,6 +430,7 @@ mod tests {
             ("RSHMEM_MAX_TEAMS", "0"),
             ("RSHMEM_COMPLETION_QUEUE", "-3"),
             ("RSHMEM_DEVICES", "0,x"),
+            ("RSHMEM_FABRIC_HMEM", "maybe"),
         ];
         for (var, v) in bad {
             std::env::set_var(var, v);
@@ -425,18 +450,21 @@ mod tests {
         std::env::set_var("RSHMEM_HEAP_SIZE", "3M");
         std::env::set_var("RSHMEM_MAX_TEAMS", "5");
         std::env::set_var("RSHMEM_COMPLETION_QUEUE", "0");
+        std::env::set_var("RSHMEM_FABRIC_HMEM", "off");
         let c = Config::from_env();
         for var in [
             "RSHMEM_HEAP_SIZE",
             "RSHMEM_MAX_TEAMS",
             "RSHMEM_COMPLETION_QUEUE",
+            "RSHMEM_FABRIC_HMEM",
         ] {
             std::env::remove_var(var);
         }
         let c = c.unwrap();
         assert_eq!(
-            (c.heap_size, c.max_teams, c.completion_queue),
-            (3 << 20, 5, 0)
+            (c.heap_size, c.max_teams, c.completion_queue, c.fabric_hmem),
+            (3 << 20, 5, 0, false)
         );
+        assert!(Config::default().fabric_hmem);
     }
 }

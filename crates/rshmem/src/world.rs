@@ -837,6 +837,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
             provider: config.fabric_provider.clone(),
             domain: config.fabric_domain.clone(),
             timeout: config.timeout,
+            hmem: config.backend == BackendKind::Cuda && config.fabric_hmem,
         };
         // SAFETY: this PE's segment stays mapped as long as `regions` (kept by PeInner, which
         // also holds the Net).
@@ -901,6 +902,7 @@ pub(crate) fn init(config: Config, boot: Box<dyn Bootstrap>) -> Result<Arc<PeInn
                     crate::transport::fabric::gpu_backend(
                         cuda,
                         net.clone(),
+                        boot.as_ref(),
                         mine.ptr().add(ctrl_bytes),
                         ctrl_bytes,
                         config.timeout,

@@ -86,20 +86,21 @@ extern "C" __global__ void f_put_latency(unsigned long long* dst, const unsigned
 }
 "#;
 
-/// Each process its own node (from its rank), both PEs on GPU 0, loopback tcp.
+/// Each process its own node (from its rank), both PEs on GPU 0, loopback tcp (or the provider
+/// `fabric_data::gpu_fabric` names).
 fn config() -> Config {
     let rank: usize = std::env::var("RSHMEM_RANK")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    Config::default()
-        .heap_size(64 << 20)
-        .timeout(Duration::from_secs(30))
-        .backend(BackendKind::Cuda)
-        .devices(vec![0, 0])
-        .node(format!("node{rank}"))
-        .fabric_provider("tcp")
-        .fabric_domain("lo")
+    fabric_data::gpu_fabric(
+        Config::default()
+            .heap_size(64 << 20)
+            .timeout(Duration::from_secs(30))
+            .backend(BackendKind::Cuda)
+            .devices(vec![0, 0])
+            .node(format!("node{rank}")),
+    )
 }
 
 fn rand_u64(pe: usize, stream: u64, len: usize) -> Vec<u64> {
@@ -306,6 +307,7 @@ fn host_and_stream(pe: &Pe) -> Result<()> {
 /// Kernels putting to the other node: thread, warp and block scope, put-with-signal, quiet,
 /// and a get; the added latency of a device-initiated put over a host one is printed.
 fn device_initiated(pe: &Pe) -> Result<()> {
+    fabric_data::check_gpu_path(pe);
     let me = pe.my_pe();
     let other = other_node(pe);
     let g = CudaPe::new(pe)?;
@@ -507,6 +509,7 @@ fn host_and_stream_operations_across_two_nodes() {
 /// through the page-locked staging area, exact data and untouched neighbours; the non-blocking
 /// forms too.
 fn large_transfers(pe: &Pe) -> Result<()> {
+    fabric_data::check_gpu_path(pe);
     let me = pe.my_pe();
     let other = other_node(pe);
     let len = (3 << 20) + 5;

@@ -47,13 +47,13 @@ fn config() -> Config {
 }
 
 fn base_config(n: usize) -> Config {
-    Config::default()
-        .heap_size(64 << 20)
-        .timeout(Duration::from_secs(20))
-        .backend(BackendKind::Cuda)
-        .devices(vec![0; n])
-        .fabric_provider("tcp")
-        .fabric_domain("lo")
+    fabric_data::gpu_fabric(
+        Config::default()
+            .heap_size(64 << 20)
+            .timeout(Duration::from_secs(20))
+            .backend(BackendKind::Cuda)
+            .devices(vec![0; n]),
+    )
 }
 
 struct Ctx<'a> {
@@ -760,6 +760,7 @@ fn step(pe: &Pe, what: &str, t0: Instant, r: Result<()>) -> Result<()> {
 }
 
 fn everything(pe: &Pe) -> Result<()> {
+    fabric_data::check_gpu_path(pe);
     let c = Ctx::new(pe)?;
     let t0 = Instant::now();
     step(pe, "barrier", t0, barrier(&c))?;

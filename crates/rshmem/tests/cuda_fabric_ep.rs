@@ -6,6 +6,8 @@
 //! every PE's seeded inputs. The first test runs everywhere (NVRTC compiles the kernels); the
 //! others need a GPU (`--include-ignored`) and libfabric.
 
+#[path = "harness/fabric_data.rs"]
+mod fabric_data;
 #[path = "harness/mod.rs"]
 mod harness;
 
@@ -31,14 +33,14 @@ fn config(nodes: &[usize], timeout: Duration) -> Config {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    Config::default()
-        .heap_size(64 << 20)
-        .timeout(timeout)
-        .backend(BackendKind::Cuda)
-        .devices(vec![0; nodes.len()])
-        .node(format!("node{}", nodes[rank.min(nodes.len() - 1)]))
-        .fabric_provider("tcp")
-        .fabric_domain("lo")
+    fabric_data::gpu_fabric(
+        Config::default()
+            .heap_size(64 << 20)
+            .timeout(timeout)
+            .backend(BackendKind::Cuda)
+            .devices(vec![0; nodes.len()])
+            .node(format!("node{}", nodes[rank.min(nodes.len() - 1)])),
+    )
 }
 
 /// The buffers' tuning: the defaults, with `RSHMEM_TEST_EP_STAMPS=1` (a switch of these tests)
@@ -127,14 +129,6 @@ fn checked_step(
         diagnose(pe, s, buf, e);
     }
     r
-}
-
-fn skip() -> bool {
-    if let Err(e) = rshmem::transport::fabric::probe() {
-        eprintln!("SKIPPED: libfabric is not usable here ({e})");
-        return true;
-    }
-    false
 }
 
 #[test]
@@ -555,6 +549,7 @@ fn steps(n: usize, b: usize) -> Vec<Step> {
 /// f32) and the scalar one (9 f32), combine and combine_tokens; then a capacity overflow
 /// towards the last PE's node, an error on every PE with nothing moved, and a good step after.
 fn across_nodes(pe: &Pe) -> Result<()> {
+    fabric_data::check_gpu_path(pe);
     let bufs = [
         (40, EpMode::Normal, RecvLayout::ExpertMajor),
         (9, EpMode::Normal, RecvLayout::TokenMajor),
@@ -721,7 +716,7 @@ fn overflow(pe: &Pe, s: &Stream) -> Result<()> {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_moe_across_two_nodes() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let t = "gpu_moe_across_two_nodes";
@@ -737,7 +732,7 @@ fn gpu_moe_across_two_nodes() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_moe_one_step_across_two_nodes() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let t = "gpu_moe_one_step_across_two_nodes";
@@ -756,7 +751,7 @@ fn gpu_moe_one_step_across_two_nodes() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_moe_two_nodes_of_two() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let t = "gpu_moe_two_nodes_of_two";
@@ -774,7 +769,7 @@ fn gpu_moe_two_nodes_of_two() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_moe_one_pe_beside_a_node_of_two() {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let t = "gpu_moe_one_pe_beside_a_node_of_two";
@@ -809,7 +804,7 @@ fn gpu_moe_with_a_killed_node_of_two_is_an_error_naming_it() {
 /// The PEs of the last node of `nodes` die after a good step, before a dispatch: every other
 /// PE's dispatch or check ends in an error naming one of them within the deadline.
 fn killed_node(test: &str, nodes: &[usize]) {
-    if skip() {
+    if fabric_data::skip() {
         return;
     }
     let n = nodes.len();

@@ -110,4 +110,9 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
         None
     }
+    /// Whether GPU heaps of PEs on other nodes are reached by RMA on their registration with
+    /// the fabric (`FI_HMEM`) rather than through the proxies' staging.
+    fn gpu_heaps_on_fabric(&self) -> bool {
+        false
+    }
 }

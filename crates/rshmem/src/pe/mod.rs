@@ -282,6 +282,15 @@ impl Pe {
             ctrl_ops,
         }
     }
+    /// True when this PE's world spans nodes on the CUDA backend and every PE's GPU heap is
+    /// registered with the fabric (`FI_HMEM`, see [`Config::fabric_hmem`]): puts and gets to
+    /// GPU heaps of other nodes are then RMA operations, not requests staged through host
+    /// memory and the target's proxy.
+    ///
+    /// [`Config::fabric_hmem`]: crate::Config::fabric_hmem
+    pub fn gpu_heaps_on_fabric(&self) -> bool {
+        self.inner.backend.gpu_heaps_on_fabric()
+    }
     /// True when world PE `pe` lives in this process (direct pointers, no mapping).
     pub fn is_same_process(&self, pe: usize) -> Result<bool> {
         self.check_pe(pe)?;

@@ -20,6 +20,30 @@ pub fn config(pes_per_node: usize) -> Config {
         .fabric_domain("lo")
 }
 
+/// The provider of the GPU tests across nodes: loopback tcp (GPU heaps staged through host
+/// memory), or the one `RSHMEM_TEST_FABRIC_PROVIDER` names (on the GPU machine, `shm` of a
+/// libfabric built with CUDA: GPU heaps registered with the fabric, unless
+/// `RSHMEM_TEST_FABRIC_HMEM=off`).
+pub fn gpu_fabric(c: Config) -> Config {
+    // RSHMEM_TEST_FABRIC_HMEM=off: the same provider with GPU heaps staged.
+    let c = c.fabric_hmem(std::env::var("RSHMEM_TEST_FABRIC_HMEM").map_or(true, |v| v != "off"));
+    match std::env::var("RSHMEM_TEST_FABRIC_PROVIDER") {
+        Ok(p) if p != "tcp" => c.fabric_provider(p),
+        _ => c.fabric_provider("tcp").fabric_domain("lo"),
+    }
+}
+
+/// Checks that GPU heaps of the other nodes are reached the way the run expects: registered
+/// with the fabric when `RSHMEM_TEST_GPU_HEAPS_ON_FABRIC=1`, staged otherwise.
+pub fn check_gpu_path(pe: &Pe) {
+    let want = std::env::var("RSHMEM_TEST_GPU_HEAPS_ON_FABRIC").is_ok_and(|v| v == "1");
+    assert_eq!(
+        pe.gpu_heaps_on_fabric(),
+        want,
+        "GPU heaps on the fabric (FI_HMEM): expected {want}"
+    );
+}
+
 /// Whether libfabric is unusable here (then the test says so and passes).
 pub fn skip() -> bool {
     if let Err(e) = rshmem::transport::fabric::probe() {

@@ -30,6 +30,9 @@ pub struct FabricConfig {
     pub domain: Option<String>,
     /// Deadline of every wait for a completion.
     pub timeout: Duration,
+    /// Ask the provider chosen for device memory (`FI_HMEM`) too, for a GPU heap registered
+    /// with it; where it does not offer it, the endpoint is opened without.
+    pub hmem: bool,
 }
 
 impl Default for FabricConfig {
@@ -38,6 +41,7 @@ impl Default for FabricConfig {
             provider: None,
             domain: None,
             timeout: Duration::from_secs(60),
+            hmem: false,
         }
     }
 }
@@ -87,6 +91,8 @@ pub(crate) struct Endpoint {
     max_msg: usize,
     /// Name of the provider chosen.
     pub provider: String,
+    /// The endpoint takes device memory (`FI_HMEM`): GPU heaps can be registered.
+    pub hmem: bool,
     /// Chunks of one put or get in flight at once.
     window: usize,
     /// The provider places RMA writes to a peer in posting order (see `xfer.rs`).
@@ -110,6 +116,7 @@ impl std::fmt::Debug for Endpoint {
         f.debug_struct("Endpoint")
             .field("provider", &self.provider)
             .field("mr_mode", &self.mr_mode)
+            .field("hmem", &self.hmem)
             .finish()
     }
 }
@@ -126,6 +133,73 @@ fn check(lib: &Lib, op: &'static str, rc: isize) -> Result<()> {
         return Err(fail(op, None, lib.strerror(rc)));
     }
     Ok(())
+}
+
+/// `fi_getinfo` for an RDM endpoint with RMA and atomics from `provider` on `domain` (`None`:
+/// any), with device memory (`FI_HMEM`, registrations of it required) when `hmem`; the list
+/// (the caller frees it) or libfabric's error code.
+fn getinfo(
+    lib: &Lib,
+    provider: Option<&str>,
+    domain: Option<&str>,
+    hmem: bool,
+) -> std::result::Result<*mut fi_info, c_int> {
+    // SAFETY: fi_dupinfo(NULL) allocates zeroed hints with every attr struct.
+    let hints = unsafe { (lib.dupinfo)(std::ptr::null()) };
+    if hints.is_null() {
+        return Err(-libc::ENOMEM);
+    }
+    struct FreeHints<'a>(&'a Lib, *mut fi_info);
+    impl Drop for FreeHints<'_> {
+        fn drop(&mut self) {
+            // SAFETY: allocated by fi_dupinfo; strings in it were strdup'ed.
+            unsafe { (self.0.freeinfo)(self.1) };
+        }
+    }
+    let _free = FreeHints(lib, hints);
+    let dup = |s: &str| -> std::result::Result<*mut std::ffi::c_char, c_int> {
+        let c = CString::new(s).map_err(|_| -libc::EINVAL)?;
+        // SAFETY: strdup of a valid C string; fi_freeinfo frees it.
+        Ok(unsafe { libc::strdup(c.as_ptr()) })
+    };
+    // SAFETY: hints and its attr structs were allocated by fi_dupinfo.
+    unsafe {
+        let i = &mut *hints;
+        i.caps =
+            FI_RMA | FI_ATOMIC | FI_MSG | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+        (*i.ep_attr).type_ = FI_EP_RDM;
+        let d = &mut *i.domain_attr;
+        d.mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+        if hmem {
+            i.caps |= FI_HMEM;
+            d.mr_mode |= FI_MR_HMEM;
+        }
+        d.threading = 3; // FI_THREAD_DOMAIN: the endpoint's mutex serialises every call
+        d.av_type = FI_AV_TABLE;
+        if let Some(name) = domain {
+            d.name = dup(name)?;
+        }
+        if let Some(p) = provider {
+            (*i.fabric_attr).prov_name = dup(p)?;
+        }
+    }
+    let mut info = std::ptr::null_mut();
+    // SAFETY: valid hints; info receives a list the caller frees.
+    let rc = unsafe {
+        (lib.getinfo)(
+            fi_version(FI_MAJOR_VERSION, FI_MINOR_VERSION),
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            hints,
+            &mut info,
+        )
+    };
+    match (rc, info.is_null()) {
+        (0, false) => Ok(info),
+        (0, true) => Err(-libc::ENODATA),
+        _ => Err(rc),
+    }
 }
 
 impl Handles {
@@ -246,7 +320,7 @@ impl Endpoint {
             }
         }
         // SAFETY: info is valid until freed in close.
-        let (mr_mode, provider, max_msg, tx_size, ordered_writes) = unsafe {
+        let (mr_mode, provider, max_msg, tx_size, ordered_writes, hmem) = unsafe {
             let i = &*h.info;
             let max_msg = (*i.ep_attr).max_msg_size.max(4096);
             (
@@ -258,6 +332,7 @@ impl Endpoint {
                 (*i.tx_attr).size,
                 (*i.tx_attr).msg_order & (FI_ORDER_WAW | FI_ORDER_RMA_WAW) != 0
                     && (*i.ep_attr).max_order_waw_size >= max_msg.min(CHUNK),
+                i.caps & FI_HMEM != 0,
             )
         };
         let state = Arc::new(Mutex::new(State {
@@ -294,6 +369,7 @@ impl Endpoint {
             mr_mode,
             max_msg,
             provider,
+            hmem,
             // A queue of unknown size (0) still takes one operation at a time.
             window: WINDOW.min(tx_size).max(1),
             ordered_writes: AtomicBool::new(ordered_writes),
@@ -312,55 +388,19 @@ impl Endpoint {
     }
 
     fn open_handles(lib: &'static Lib, config: &FabricConfig, h: &mut Handles) -> Result<()> {
-        // SAFETY: fi_dupinfo(NULL) allocates zeroed hints with every attr struct.
-        let hints = unsafe { (lib.dupinfo)(std::ptr::null()) };
-        if hints.is_null() {
-            return Err(fail("fi_allocinfo", None, "out of memory".into()));
-        }
-        struct FreeHints(&'static Lib, *mut fi_info);
-        impl Drop for FreeHints {
-            fn drop(&mut self) {
-                // SAFETY: allocated by fi_dupinfo; strings in it were strdup'ed.
-                unsafe { (self.0.freeinfo)(self.1) };
+        for name in [&config.provider, &config.domain].into_iter().flatten() {
+            if name.contains('\0') {
+                return Err(Error::invalid(format!("NUL in {name:?}")));
             }
         }
-        let _free = FreeHints(lib, hints);
-        let dup = |s: &str| -> Result<*mut std::ffi::c_char> {
-            let c = CString::new(s).map_err(|_| Error::invalid(format!("NUL in {s:?}")))?;
-            // SAFETY: strdup of a valid C string; fi_freeinfo frees it.
-            Ok(unsafe { libc::strdup(c.as_ptr()) })
-        };
-        // SAFETY: hints and its attr structs were allocated by fi_dupinfo.
-        unsafe {
-            let i = &mut *hints;
-            i.caps =
-                FI_RMA | FI_ATOMIC | FI_MSG | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-            (*i.ep_attr).type_ = FI_EP_RDM;
-            let d = &mut *i.domain_attr;
-            d.mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-            d.threading = 3; // FI_THREAD_DOMAIN: the endpoint's mutex serialises every call
-            d.av_type = FI_AV_TABLE;
-            if let Some(name) = &config.domain {
-                d.name = dup(name)?;
-            }
-            if let Some(p) = &config.provider {
-                (*i.fabric_attr).prov_name = dup(p)?;
-            }
-        }
-        let mut info = std::ptr::null_mut();
-        // SAFETY: valid hints; info receives a list freed in Handles::close.
-        let rc = unsafe {
-            (lib.getinfo)(
-                fi_version(FI_MAJOR_VERSION, FI_MINOR_VERSION),
-                std::ptr::null(),
-                std::ptr::null(),
-                0,
-                hints,
-                &mut info,
-            )
-        };
-        if rc != 0 || info.is_null() {
-            return Err(fail(
+        let info = getinfo(
+            lib,
+            config.provider.as_deref(),
+            config.domain.as_deref(),
+            false,
+        )
+        .map_err(|rc| {
+            fail(
                 "fi_getinfo",
                 None,
                 format!(
@@ -369,9 +409,63 @@ impl Endpoint {
                     config.domain.as_deref().unwrap_or("(any)"),
                     lib.strerror(rc as isize)
                 ),
-            ));
-        }
+            )
+        })?;
         h.info = info;
+        if config.hmem {
+            // Asked again of the provider and domain just chosen: wanting device memory must
+            // never move a job to another provider (shm offers FI_HMEM, tcp does not).
+            // SAFETY: info is a valid fi_getinfo result; its names are NUL-terminated.
+            let (prov, dom) = unsafe {
+                let i = &*info;
+                let s = |p: *mut std::ffi::c_char| {
+                    (!p.is_null())
+                        .then(|| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+                };
+                (s((*i.fabric_attr).prov_name), s((*i.domain_attr).name))
+            };
+            let prov_name = prov.as_deref().unwrap_or("?").to_string();
+            match getinfo(lib, prov.as_deref(), dom.as_deref(), true) {
+                Ok(hi) => {
+                    h.info = hi;
+                    match Self::open_on(lib, h, true) {
+                        Ok(()) => {
+                            // SAFETY: returned by fi_getinfo, freed once (replaced by `hi`).
+                            unsafe { (lib.freeinfo)(info) };
+                            return Ok(());
+                        }
+                        Err(e) => {
+                            tracing::debug!(
+                                provider = prov_name,
+                                reason = %e,
+                                "GPU heaps are staged: the provider takes device memory only \
+                                 with CUDA calls of its own"
+                            );
+                            h.close(lib);
+                            h.info = info;
+                        }
+                    }
+                }
+                Err(rc) => tracing::debug!(
+                    provider = prov_name,
+                    reason = %lib.strerror(rc as isize),
+                    "the provider does not offer FI_HMEM: GPU heaps are staged"
+                ),
+            }
+        }
+        Self::open_on(lib, h, false)
+    }
+
+    /// Opens fabric, domain, CQ, AV and an enabled endpoint on `h.info`. `hmem`: the info
+    /// offers device memory, and the provider must then agree not to call CUDA itself
+    /// (`FI_OPT_CUDA_API_PERMITTED`, as NCCL's libfabric plugin asks): a provider that copies
+    /// device memory with the CUDA runtime issues synchronous copies that wait for the GPU,
+    /// where rshmem's kernels spin on waits for the very data being copied (seen with shm:
+    /// the progress thread blocked in `cudaMemcpy` until the kernels' device timeout).
+    /// Providers that move device memory by DMA (verbs and EFA with GPUDirect RDMA, cxi)
+    /// agree.
+    fn open_on(lib: &'static Lib, h: &mut Handles, hmem: bool) -> Result<()> {
+        let info = h.info;
         // SAFETY: every call below gets handles opened just before, and valid out-pointers;
         // each result code is checked before the handle is used.
         unsafe {
@@ -403,6 +497,17 @@ impl Endpoint {
             check(lib, "fi_av_open", rc as isize)?;
             let rc = ((*(*h.domain).ops).endpoint)(h.domain, info, &mut h.ep, std::ptr::null_mut());
             check(lib, "fi_endpoint", rc as isize)?;
+            if hmem {
+                let permitted = false;
+                let rc = ((*(*h.ep).ops).setopt)(
+                    h.ep.cast(),
+                    FI_OPT_ENDPOINT,
+                    FI_OPT_CUDA_API_PERMITTED,
+                    (&permitted as *const bool).cast(),
+                    std::mem::size_of::<bool>(),
+                );
+                check(lib, "fi_setopt(FI_OPT_CUDA_API_PERMITTED)", rc as isize)?;
+            }
             let epf: *mut fid = h.ep.cast();
             let rc = ((*(*epf).ops).bind)(epf, h.cq.cast(), FI_TRANSMIT | FI_RECV);
             check(lib, "fi_ep_bind(cq)", rc as isize)?;
@@ -676,6 +781,47 @@ impl Endpoint {
         timeout: Duration,
     ) -> Result<()> {
         self.transfer("fabric get", pe, remote, offset, Dir::Get { dst }, timeout)
+    }
+
+    /// Writes `len` bytes of `local` (a registration on this endpoint) from its byte `at` to
+    /// `offset` of `remote` on peer `pe`, in place; in the target's memory on return.
+    pub fn write_registered(
+        &self,
+        pe: usize,
+        remote: &Remote,
+        offset: usize,
+        local: &MemoryRegion,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let ptr = local.at(at, len)?;
+        let dir = Dir::PutFrom {
+            ptr,
+            len,
+            desc: local.desc(),
+            delivery: true,
+        };
+        self.transfer("fabric put", pe, remote, offset, dir, self.timeout)
+    }
+
+    /// Reads `len` bytes from `offset` of `remote` on peer `pe` into `local` (a registration on
+    /// this endpoint) at its byte `at`, in place.
+    pub fn read_registered(
+        &self,
+        pe: usize,
+        remote: &Remote,
+        offset: usize,
+        local: &MemoryRegion,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let ptr = local.at(at, len)?;
+        let dir = Dir::GetInto {
+            ptr,
+            len,
+            desc: local.desc(),
+        };
+        self.transfer("fabric get", pe, remote, offset, dir, self.timeout)
     }
 
     /// An atomic on the 8-byte (`wide`) or 4-byte word at `offset` of `remote` on peer `pe`;

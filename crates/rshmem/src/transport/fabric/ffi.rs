@@ -37,6 +37,8 @@ pub const FI_COMPLETION: u64 = 1 << 24;
 pub const FI_INJECT: u64 = 1 << 25;
 pub const FI_TRANSMIT_COMPLETE: u64 = 1 << 27;
 pub const FI_DELIVERY_COMPLETE: u64 = 1 << 28;
+/// Device (GPU) memory as a source or target of data transfers.
+pub const FI_HMEM: u64 = 1 << 47;
 
 // Memory registration modes (fabric.h).
 pub const FI_MR_LOCAL: c_int = 1 << 2;
@@ -63,6 +65,11 @@ pub const FI_PROGRESS_MANUAL: c_int = 2;
 pub const FI_CQ_FORMAT_CONTEXT: c_int = 1;
 pub const FI_WAIT_NONE: c_int = 0;
 pub const FI_ENABLE: c_int = 6;
+/// `fi_setopt` level of endpoint options.
+pub const FI_OPT_ENDPOINT: c_int = 0;
+/// Endpoint option (bool): whether the provider may call the CUDA API itself. Added in 1.18
+/// (after `FI_OPT_XPU_TRIGGER`, 9); a 1.17 provider refuses it as unknown.
+pub const FI_OPT_CUDA_API_PERMITTED: c_int = 10;
 
 // fi_datatype.
 pub const FI_UINT32: c_int = 5;
@@ -292,7 +299,32 @@ pub struct fi_ops_mr {
         context: *mut c_void,
     ) -> c_int,
     pub regv: Unused,
-    pub regattr: Unused,
+    pub regattr: unsafe extern "C" fn(
+        fid: *mut fid,
+        attr: *const fi_mr_attr,
+        flags: u64,
+        mr: *mut *mut fid_mr,
+    ) -> c_int,
+}
+
+/// `enum fi_hmem_iface`: CUDA device memory.
+pub const FI_HMEM_CUDA: c_int = 1;
+
+/// A registration's attributes (`fi_mr_regattr`), as of 1.17: later versions append fields
+/// that a provider reads only from callers of their version.
+#[repr(C)]
+pub struct fi_mr_attr {
+    pub mr_iov: *const iovec,
+    pub iov_count: usize,
+    pub access: u64,
+    pub offset: u64,
+    pub requested_key: u64,
+    pub context: *mut c_void,
+    pub auth_key_size: usize,
+    pub auth_key: *mut u8,
+    pub iface: c_int,
+    /// The device union (`cuda` is its first `int`); 8 bytes wide.
+    pub device: u64,
 }
 
 #[repr(C)]
@@ -384,7 +416,13 @@ pub struct fi_ops_ep {
     pub size: usize,
     pub cancel: Unused,
     pub getopt: Unused,
-    pub setopt: Unused,
+    pub setopt: unsafe extern "C" fn(
+        fid: *mut fid,
+        level: c_int,
+        optname: c_int,
+        optval: *const c_void,
+        optlen: usize,
+    ) -> c_int,
     pub tx_ctx: Unused,
     pub rx_ctx: Unused,
     pub rx_size_left: Unused,
@@ -561,6 +599,7 @@ pub(crate) fn layouts() -> Vec<Layout> {
         l!(fi_cq_attr; flags, format, wait_obj, signaling_vector, wait_cond, wait_set),
         l!(fi_ops_domain; av_open, cq_open, endpoint, query_atomic, endpoint2),
         l!(fi_ops_mr; reg, regv, regattr),
+        l!(fi_mr_attr; mr_iov, iov_count, access, offset, requested_key, context, auth_key_size, auth_key, iface, device),
         l!(fid_domain; fid, ops, mr),
         l!(fid_mr; fid, mem_desc, key),
         l!(fi_ops_av; insert, insertsvc, av_set),
@@ -569,7 +608,7 @@ pub(crate) fn layouts() -> Vec<Layout> {
         l!(fi_cq_err_entry; flags, len, buf, data, tag, olen, err, prov_errno, err_data, err_data_size),
         l!(fi_ops_cq; read, readfrom, readerr, sread, signal, strerror),
         l!(fid_cq; fid, ops),
-        l!(fi_ops_ep; cancel, getopt, tx_size_left),
+        l!(fi_ops_ep; cancel, getopt, setopt, tx_size_left),
         l!(fi_ops_cm; setname, getname, getpeer, join),
         l!(fi_rma_iov; addr, len, key),
         l!(fi_msg_rma; msg_iov, desc, iov_count, addr, rma_iov, rma_iov_count, context, data),

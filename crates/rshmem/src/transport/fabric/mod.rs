@@ -9,12 +9,15 @@
 //! * `mr.rs`: registrations and the `Remote` record a peer needs.
 //! * `net.rs`: a world's fabric (`Net`: control words of peers on other nodes) and the
 //!   backend that sends heap operations for those peers over it (`FabricBackend`).
-//! * `staging.rs`: GPU heaps of peers on other nodes, reached by requests staged through
-//!   registered host memory; `proxy.rs`: the CUDA backend of such a world and its proxy
-//!   threads (serving other nodes' requests, draining the device's request ring).
+//! * `hmem.rs`: GPU heaps registered with the fabric (`FI_HMEM_CUDA`) where the provider
+//!   takes device memory; `staging.rs`: GPU heaps of peers on other nodes, reached by requests
+//!   staged through registered host memory otherwise (and for atomics); `proxy.rs`: the CUDA
+//!   backend of such a world and its proxy threads (serving other nodes' requests, draining
+//!   the device's request ring).
 
 mod endpoint;
 mod ffi;
+mod hmem;
 mod loader;
 mod mr;
 mod nbi;
@@ -43,17 +46,32 @@ pub(crate) fn staging_bytes(n: usize) -> usize {
 /// The CUDA backend of PE `cuda.me` in a world spanning nodes: `cuda` for PEs of this node,
 /// staged requests over `net` for the others, and the proxy threads.
 ///
+/// Collective over `boot` (the GPU heaps' registration with the fabric, [`hmem`]).
+///
 /// # Safety
 /// `area` must be this PE's staging area (`staging_bytes(n)` bytes at `base` in its segment
 /// registered with `net`), mapped for the life of the returned backend.
 pub(crate) unsafe fn gpu_backend(
     cuda: crate::backend::cuda::CudaBackend,
     net: std::sync::Arc<Net>,
+    boot: &dyn Bootstrap,
     area: *mut u8,
     base: usize,
     timeout: std::time::Duration,
 ) -> Result<proxy::GpuFabricBackend> {
     let (me, n) = (cuda.me, cuda.n);
+    // SAFETY: this PE's heap and sync area, allocated and mapped for the life of `cuda`, which
+    // the backend returned owns (it drops the registration first: its fields drop in order).
+    let hmem = unsafe {
+        hmem::Hmem::open_cuda(
+            net.clone(),
+            boot,
+            me,
+            cuda.bases[me],
+            cuda.heap_size + cuda.layout.bytes(),
+            cuda.ordinals[me],
+        )
+    }?;
     // The proxy copies requests' data between the staging area and the GPU heap: page-locked,
     // those copies are DMA rather than the driver's pageable path. Where the driver refuses
     // (memory it cannot lock), they stay correct on the pageable path.
@@ -71,7 +89,7 @@ pub(crate) unsafe fn gpu_backend(
     // SAFETY: the caller's contract (the segment is page-aligned, `base` a multiple of pages).
     let area = unsafe { staging::Area::new(area, staging_bytes(n)) };
     let staged = staging::Staged::new(net, me, n, area, base, timeout);
-    proxy::GpuFabricBackend::start(cuda, staged, pin)
+    proxy::GpuFabricBackend::start(cuda, staged, hmem, pin)
 }
 
 use crate::bootstrap::Bootstrap;

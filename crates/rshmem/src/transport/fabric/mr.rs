@@ -4,7 +4,7 @@
 use super::endpoint::{Endpoint, State};
 use super::ffi::*;
 use crate::error::{Error, Result};
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
 /// What a peer needs to address a registered range: the base the provider expects (the
@@ -47,7 +47,6 @@ impl Remote {
 /// closed only after every registration.
 pub(crate) struct MemoryRegion {
     mr: *mut fid_mr,
-    #[cfg_attr(not(test), allow(dead_code))]
     ptr: *mut u8,
     len: usize,
     remote: Remote,
@@ -75,20 +74,38 @@ impl MemoryRegion {
     /// # Safety
     /// The range must stay mapped for the life of the registration.
     pub unsafe fn register(ep: &Endpoint, ptr: *mut u8, len: usize) -> Result<MemoryRegion> {
-        Self::reg(ep, ptr, len, None)
+        Self::reg(ep, ptr, len, None, None)
+    }
+
+    /// Registers `len` bytes of CUDA memory of GPU `device` at device address `ptr`, on an
+    /// endpoint that takes device memory ([`Endpoint::hmem`]).
+    ///
+    /// # Safety
+    /// The range must stay allocated and mapped for the life of the registration.
+    pub unsafe fn register_cuda(
+        ep: &Endpoint,
+        ptr: u64,
+        len: usize,
+        device: usize,
+    ) -> Result<MemoryRegion> {
+        let device = c_int::try_from(device)
+            .map_err(|_| Error::invalid(format!("GPU ordinal {device} out of range")))?;
+        Self::reg(ep, ptr as *mut u8, len, None, Some(device))
     }
 
     /// Registers memory the registration owns.
     pub fn register_owned(ep: &Endpoint, mut buf: Box<[u8]>) -> Result<MemoryRegion> {
         let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-        Self::reg(ep, ptr, len, Some(buf))
+        Self::reg(ep, ptr, len, Some(buf), None)
     }
 
+    /// Registers host memory (`cuda`: `None`) or memory of that CUDA device.
     fn reg(
         ep: &Endpoint,
         ptr: *mut u8,
         len: usize,
         owned: Option<Box<[u8]>>,
+        cuda: Option<c_int>,
     ) -> Result<MemoryRegion> {
         let state = ep.state().clone();
         let lib = ep.lib();
@@ -97,27 +114,58 @@ impl MemoryRegion {
         let rc = {
             let s = state.lock().unwrap_or_else(|e| e.into_inner());
             let dom = s.domain();
-            // SAFETY: an open domain; the range is mapped (the caller's contract); the key is
-            // ignored under FI_MR_PROV_KEY and unique per domain otherwise (the address).
-            unsafe {
-                ((*(*dom).mr).reg)(
-                    dom.cast(),
-                    ptr as *const c_void,
-                    len,
-                    access,
-                    0,
-                    ptr as u64 >> 12,
-                    0,
-                    &mut mr,
-                    std::ptr::null_mut(),
-                )
+            let requested_key = ptr as u64 >> 12;
+            match cuda {
+                Some(device) => {
+                    let iov = iovec {
+                        iov_base: ptr.cast(),
+                        iov_len: len,
+                    };
+                    let attr = fi_mr_attr {
+                        mr_iov: &iov,
+                        iov_count: 1,
+                        access,
+                        offset: 0,
+                        requested_key,
+                        context: std::ptr::null_mut(),
+                        auth_key_size: 0,
+                        auth_key: std::ptr::null_mut(),
+                        iface: FI_HMEM_CUDA,
+                        device: device as u32 as u64,
+                    };
+                    // SAFETY: an open domain of an endpoint opened with FI_HMEM; the attribute
+                    // and its iovec are read during the call; the device range is allocated
+                    // (the caller's contract).
+                    unsafe { ((*(*dom).mr).regattr)(dom.cast(), &attr, 0, &mut mr) }
+                }
+                // SAFETY: an open domain; the range is mapped (the caller's contract); the key
+                // is ignored under FI_MR_PROV_KEY and unique per domain otherwise (the address).
+                None => unsafe {
+                    ((*(*dom).mr).reg)(
+                        dom.cast(),
+                        ptr as *const c_void,
+                        len,
+                        access,
+                        0,
+                        requested_key,
+                        0,
+                        &mut mr,
+                        std::ptr::null_mut(),
+                    )
+                },
             }
         };
         if rc != 0 || mr.is_null() {
             return Err(Error::Fabric {
                 op: "fi_mr_reg",
                 pe: None,
-                msg: format!("{len} bytes: {}", lib.strerror(rc as isize)),
+                msg: match cuda {
+                    Some(d) => format!(
+                        "{len} bytes of GPU {d}'s memory: {}",
+                        lib.strerror(rc as isize)
+                    ),
+                    None => format!("{len} bytes: {}", lib.strerror(rc as isize)),
+                },
             });
         }
         // SAFETY: a registered MR; its key is valid from here on.
@@ -144,6 +192,21 @@ impl MemoryRegion {
     /// What peers need to reach this range.
     pub fn remote(&self) -> Remote {
         self.remote
+    }
+    /// The address of byte `at` of the range, for an operation on `len` bytes from there;
+    /// an error when they do not lie inside it.
+    pub fn at(&self, at: usize, len: usize) -> Result<*mut u8> {
+        match at.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.ptr.wrapping_add(at)),
+            _ => Err(Error::invalid(format!(
+                "{len} bytes at {at} are outside a registered range of {} bytes",
+                self.len
+            ))),
+        }
+    }
+    /// Bytes of the range.
+    pub fn len(&self) -> usize {
+        self.len
     }
     /// The local descriptor for operations whose local buffer lies in this range.
     pub fn desc(&self) -> *mut c_void {

@@ -2,21 +2,25 @@
 //! where the provider cannot reach GPU memory).
 //!
 //! * Host API: operations on PEs of this node go to the CUDA backend (mapped peer heaps);
-//!   operations on PEs of other nodes are staged requests (`staging.rs`), complete at the
-//!   target's GPU when they return, so put-with-signal's signal follows its data there.
+//!   puts and gets to PEs of other nodes are RMA operations on their registered GPU heaps
+//!   where the provider takes device memory (`hmem.rs`), else staged requests
+//!   (`staging.rs`); atomics are staged requests either way. Each is complete at the target's
+//!   GPU when it returns, so put-with-signal's signal follows its data there.
 //! * The server thread serves the staged requests other nodes' PEs send to this PE, on its
 //!   own GPU heap (copies and 64-bit sets on the backend's stream, other atomics by its
 //!   one-thread kernel).
 //! * The ring thread drains the ring kernels and stream operations post into
-//!   (`backend/cuda/remote.rs`): it copies a put's source from the GPU into host memory, sends
-//!   it as staged requests, applies the signal after the data, and advances the ring's `done`
-//!   counter that device quiet and blocking device puts wait on.
+//!   (`backend/cuda/remote.rs`): it writes a put's source straight from the registered GPU
+//!   heap (or copies it from the GPU into host memory and sends it as staged requests),
+//!   applies the signal after the data, and advances the ring's `done` counter that device
+//!   quiet and blocking device puts wait on.
 //!
 //! Serving and sending are separate threads, so two PEs whose rings send to each other at once
 //! are both served. A failed ring request (a lost peer, a timeout) is kept and reported by the
 //! next `quiet`; the ring is then failed for kernels (their waits stop, flagged), and later
 //! requests are completed without being carried out.
 
+use super::hmem::Hmem;
 use super::staging::Staged;
 use crate::backend::cuda::gpu::HostPin;
 use crate::backend::cuda::remote::{DeviceCopy, Ring, RingRequest, RingSignal};
@@ -37,6 +41,9 @@ const IDLE_SLEEP: Duration = Duration::from_micros(20);
 /// See the module documentation.
 #[derive(Debug)]
 pub(crate) struct GpuFabricBackend {
+    /// The GPU heaps registered with the fabric, where every PE's could be. First: fields
+    /// drop in order, and the registration must end before `cuda` frees the heap.
+    hmem: Option<Arc<Hmem>>,
     cuda: Arc<CudaBackend>,
     staged: Arc<Staged>,
     stop: Arc<AtomicBool>,
@@ -53,10 +60,12 @@ impl GpuFabricBackend {
     pub fn start(
         cuda: CudaBackend,
         staged: Staged,
+        hmem: Option<Hmem>,
         pinned: Option<HostPin>,
     ) -> Result<GpuFabricBackend> {
         let cuda = Arc::new(cuda);
         let staged = Arc::new(staged);
+        let hmem = hmem.map(Arc::new);
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let me = cuda.me;
@@ -76,9 +85,10 @@ impl GpuFabricBackend {
             Box::new(move || serve_loop(&c, &s, &st)),
         )?);
         let (c, s, st, f) = (cuda.clone(), staged.clone(), stop.clone(), failed.clone());
+        let h = hmem.clone();
         let ring = spawn(
             format!("rshmem-proxy-{me}"),
-            Box::new(move || ring_loop(&c, &s, &st, &f)),
+            Box::new(move || ring_loop(&c, &s, h.as_deref(), &st, &f)),
         );
         match ring {
             Ok(t) => threads.push(t),
@@ -91,6 +101,7 @@ impl GpuFabricBackend {
             }
         }
         Ok(GpuFabricBackend {
+            hmem,
             cuda,
             staged,
             stop,
@@ -151,11 +162,12 @@ fn serve_loop(cuda: &CudaBackend, staged: &Staged, stop: &AtomicBool) {
 fn ring_loop(
     cuda: &CudaBackend,
     staged: &Staged,
+    hmem: Option<&Hmem>,
     stop: &AtomicBool,
     failed: &Mutex<Option<Error>>,
 ) {
     let Some(ring) = &cuda.ring else { return };
-    poll(stop, || drain_one(&ring.ring, ring, staged, failed));
+    poll(stop, || drain_one(&ring.ring, ring, staged, hmem, failed));
 }
 
 /// Takes the next request of `ring`, if one is posted, carries it out (unless the ring has
@@ -165,13 +177,14 @@ pub(super) fn drain_one(
     ring: &Ring,
     copies: &dyn DeviceCopy,
     staged: &Staged,
+    hmem: Option<&Hmem>,
     failed: &Mutex<Option<Error>>,
 ) -> bool {
     let Some(req) = ring.next() else {
         return false;
     };
     if ring.failed().is_none() {
-        if let Err((pe, e)) = carry_out(copies, staged, req) {
+        if let Err((pe, e)) = carry_out(copies, staged, hmem, req) {
             tracing::warn!(pe = staged.me(), peer = pe, %e, "a device request to another node failed");
             ring.fail(pe);
             failed
@@ -188,6 +201,7 @@ pub(super) fn drain_one(
 fn carry_out(
     copies: &dyn DeviceCopy,
     staged: &Staged,
+    hmem: Option<&Hmem>,
     req: RingRequest,
 ) -> std::result::Result<(), (usize, Error)> {
     let signal = |pe: usize, s: RingSignal| {
@@ -206,9 +220,14 @@ fn carry_out(
             signal: sig,
         } => {
             let r = (|| {
-                let mut buf = vec![0u8; len];
-                copies.copy_from_device(src, &mut buf)?;
-                staged.put(pe, dst, &buf)?;
+                match hmem {
+                    Some(h) => h.put_from_device(copies, pe, dst, src, len)?,
+                    None => {
+                        let mut buf = vec![0u8; len];
+                        copies.copy_from_device(src, &mut buf)?;
+                        staged.put(pe, dst, &buf)?;
+                    }
+                }
                 match sig {
                     Some(s) => signal(pe, s),
                     None => Ok(()),
@@ -224,15 +243,22 @@ fn carry_out(
         } => {
             let bytes = value.to_le_bytes();
             let len = len.min(bytes.len());
-            staged.put(pe, dst, &bytes[..len]).map_err(|e| (pe, e))
+            match hmem {
+                Some(h) => h.put(pe, dst, &bytes[..len]),
+                None => staged.put(pe, dst, &bytes[..len]),
+            }
+            .map_err(|e| (pe, e))
         }
         RingRequest::Signal { pe, signal: s } => signal(pe, s).map_err(|e| (pe, e)),
         RingRequest::Get { pe, dst, src, len } => {
-            let r = (|| {
-                let mut buf = vec![0u8; len];
-                staged.get(pe, src, &mut buf)?;
-                copies.copy_to_device(dst, &buf)
-            })();
+            let r = match hmem {
+                Some(h) => h.get_to_device(copies, pe, src, dst, len),
+                None => (|| {
+                    let mut buf = vec![0u8; len];
+                    staged.get(pe, src, &mut buf)?;
+                    copies.copy_to_device(dst, &buf)
+                })(),
+            };
             r.map_err(|e| (pe, e))
         }
         RingRequest::Malformed => Err((
@@ -247,15 +273,17 @@ impl Backend for GpuFabricBackend {
         BackendKind::Cuda
     }
     fn put(&self, pe: usize, offset: usize, src: &[u8]) -> Result<()> {
-        match self.remote(pe) {
-            true => self.staged.put(pe, offset, src),
-            false => self.cuda.put(pe, offset, src),
+        match (self.remote(pe), &self.hmem) {
+            (true, Some(h)) => h.put(pe, offset, src),
+            (true, None) => self.staged.put(pe, offset, src),
+            (false, _) => self.cuda.put(pe, offset, src),
         }
     }
     fn get(&self, pe: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
-        match self.remote(pe) {
-            true => self.staged.get(pe, offset, dst),
-            false => self.cuda.get(pe, offset, dst),
+        match (self.remote(pe), &self.hmem) {
+            (true, Some(h)) => h.get(pe, offset, dst),
+            (true, None) => self.staged.get(pe, offset, dst),
+            (false, _) => self.cuda.get(pe, offset, dst),
         }
     }
     fn atomic(&self, pe: usize, offset: usize, wide: bool, op: AtomicOp) -> Result<u64> {
@@ -282,5 +310,8 @@ impl Backend for GpuFabricBackend {
     }
     fn as_cuda(&self) -> Option<&CudaBackend> {
         Some(&self.cuda)
+    }
+    fn gpu_heaps_on_fabric(&self) -> bool {
+        self.hmem.is_some()
     }
 }

@@ -482,4 +482,4 @@ impl Staged {
 
 #[cfg(test)]
 #[path = "staging_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -10,14 +10,18 @@ use std::sync::atomic::AtomicBool;
 
 /// A heap in host memory behind the backend calls the proxy makes on its own GPU heap.
 #[derive(Debug)]
-struct HostHeap(Mutex<Vec<u8>>);
+pub(crate) struct HostHeap(Mutex<Vec<u8>>);
 
 impl HostHeap {
     fn new(len: usize) -> HostHeap {
         HostHeap(Mutex::new(vec![0xee; len]))
     }
-    fn bytes(&self) -> Vec<u8> {
+    pub(crate) fn bytes(&self) -> Vec<u8> {
         self.0.lock().unwrap().clone()
+    }
+    /// Where the heap's bytes lie (they never move: the vector is never resized).
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.0.lock().unwrap().as_mut_ptr()
     }
 }
 
@@ -210,7 +214,7 @@ const CTRL: usize = 4096;
 /// `n` thread-PEs over loopback tcp, each with a staging area after a control block in its
 /// registered segment and a heap of `heap` bytes served by a proxy-like thread (unless the PE
 /// is in `silent`); runs `f(me, staged, heaps)`.
-fn with_staged(
+pub(crate) fn with_staged(
     n: usize,
     heap: usize,
     silent: &[usize],
@@ -359,7 +363,7 @@ fn a_lost_peer_ends_a_waiting_request_naming_it() {
 
 /// Device memory stand-in for the proxy's copies: "device addresses" are host addresses of
 /// buffers the test owns.
-struct HostCopies;
+pub(crate) struct HostCopies;
 
 impl crate::backend::cuda::remote::DeviceCopy for HostCopies {
     fn copy_from_device(&self, src: u64, dst: &mut [u8]) -> Result<()> {
@@ -428,7 +432,7 @@ fn the_proxy_carries_out_ring_requests_in_order_with_the_signal_after_the_data()
         };
         ring.post(3, inline);
         while ring.done() < 4 {
-            drain_one(&ring, &HostCopies, st, &failed);
+            drain_one(&ring, &HostCopies, st, None, &failed);
         }
         assert!(
             failed.lock().unwrap().is_none(),
@@ -494,7 +498,7 @@ fn a_failed_ring_request_fails_the_ring_naming_the_peer_and_drains_the_rest() {
                 st.net().mark_lost(1);
             });
             while ring.done() < 2 {
-                drain_one(&ring, &HostCopies, st, &failed);
+                drain_one(&ring, &HostCopies, st, None, &failed);
             }
         });
         assert_eq!(ring.failed(), Some(1), "the ring names the lost PE");

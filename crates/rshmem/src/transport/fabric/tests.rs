@@ -22,6 +22,7 @@ pub(super) fn loopback(timeout: Duration) -> FabricConfig {
         provider: Some("tcp".into()),
         domain: Some("lo".into()),
         timeout,
+        hmem: false,
     }
 }
 
@@ -259,6 +260,44 @@ fn remote_fetch_adds_and_the_targets_cpu_atomics_sum_exactly() {
             assert_eq!(v, per as u64 * (1 + 2) + per as u64 * 20 * 1000);
         }
     });
+}
+
+#[test]
+fn asking_for_device_memory_keeps_the_provider_and_says_whether_it_got_it() {
+    if skip() {
+        return;
+    }
+    // tcp does not take device memory: the endpoint opens all the same, on tcp, without it.
+    let ep = Endpoint::open(&FabricConfig {
+        hmem: true,
+        ..loopback(Duration::from_secs(5))
+    })
+    .expect("open");
+    let plain = Endpoint::open(&loopback(Duration::from_secs(5))).expect("open");
+    assert!(ep.provider.starts_with("tcp"), "{}", ep.provider);
+    assert_eq!((&ep.provider, ep.hmem), (&plain.provider, false));
+    assert!(!plain.hmem);
+}
+
+#[test]
+fn device_memory_is_refused_from_a_provider_that_would_call_cuda_itself() {
+    if skip() {
+        return;
+    }
+    // shm offers FI_HMEM but moves device memory with CUDA calls of its own (and refuses to
+    // do without them): the endpoint opens on shm all the same, without device memory.
+    let shm = |hmem| FabricConfig {
+        provider: Some("shm".into()),
+        domain: None,
+        timeout: Duration::from_secs(5),
+        hmem,
+    };
+    let Ok(plain) = Endpoint::open(&shm(false)) else {
+        eprintln!("SKIPPED: no shm provider here");
+        return;
+    };
+    let ep = Endpoint::open(&shm(true)).expect("open");
+    assert_eq!((&ep.provider, ep.hmem), (&plain.provider, false));
 }
 
 #[test]
@@ -542,6 +581,10 @@ fn abi_constants() -> Vec<(&'static str, i64)> {
         ("FI_MR_ALLOCATED", ffi::FI_MR_ALLOCATED as i64),
         ("FI_MR_PROV_KEY", ffi::FI_MR_PROV_KEY as i64),
         ("FI_DELIVERY_COMPLETE", ffi::FI_DELIVERY_COMPLETE as i64),
+        ("FI_HMEM", ffi::FI_HMEM as i64),
+        ("FI_MR_HMEM", ffi::FI_MR_HMEM as i64),
+        ("FI_HMEM_CUDA", ffi::FI_HMEM_CUDA as i64),
+        ("FI_OPT_ENDPOINT", ffi::FI_OPT_ENDPOINT as i64),
         ("FI_COMPLETION", ffi::FI_COMPLETION as i64),
         ("FI_REMOTE_WRITE", ffi::FI_REMOTE_WRITE as i64),
         ("FI_ORDER_WAW", ffi::FI_ORDER_WAW as i64),

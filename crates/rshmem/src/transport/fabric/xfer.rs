@@ -67,6 +67,20 @@ pub(super) enum Dir<'a> {
     Put { src: &'a [u8], delivery: bool },
     /// Read into `dst`.
     Get { dst: &'a mut [u8] },
+    /// Write `len` bytes of registered memory at `ptr` in place (its region's descriptor
+    /// `desc`): no staging, the provider reads it (a GPU heap under `FI_HMEM`).
+    PutFrom {
+        ptr: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        delivery: bool,
+    },
+    /// Read `len` bytes into registered memory at `ptr` in place.
+    GetInto {
+        ptr: *mut u8,
+        len: usize,
+        desc: *mut c_void,
+    },
 }
 
 impl Dir<'_> {
@@ -74,16 +88,28 @@ impl Dir<'_> {
         match self {
             Dir::Put { src, .. } => src.len(),
             Dir::Get { dst } => dst.len(),
+            Dir::PutFrom { len, .. } | Dir::GetInto { len, .. } => *len,
+        }
+    }
+
+    /// Byte `lo` of the registered memory moved in place, and its descriptor; `None` where
+    /// chunks are staged.
+    fn in_place(&self, lo: usize) -> Option<(*mut u8, *mut c_void)> {
+        match *self {
+            // wrapping_add: only an address for the provider, never dereferenced here.
+            Dir::PutFrom { ptr, desc, .. } => Some((ptr.wrapping_add(lo).cast_mut(), desc)),
+            Dir::GetInto { ptr, desc, .. } => Some((ptr.wrapping_add(lo), desc)),
+            Dir::Put { .. } | Dir::Get { .. } => None,
         }
     }
 }
 
-/// A posted chunk: its completion id, its index and its staging.
+/// A posted chunk: its completion id, its index and its staging (`None`: moved in place).
 struct Flight {
     id: u64,
     k: usize,
     len: usize,
-    slot: Slot,
+    slot: Option<Slot>,
 }
 
 impl Endpoint {
@@ -142,8 +168,8 @@ impl Endpoint {
         let chunks = len.div_ceil(chunk);
         let window = self.window();
         let (put, delivery) = match &dir {
-            Dir::Put { delivery, .. } => (true, *delivery),
-            Dir::Get { .. } => (false, false),
+            Dir::Put { delivery, .. } | Dir::PutFrom { delivery, .. } => (true, *delivery),
+            Dir::Get { .. } | Dir::GetInto { .. } => (false, false),
         };
         let flags_of = |k: usize| {
             let dc = delivery && (k + 1 == chunks || !self.ordered_writes());
@@ -162,7 +188,7 @@ impl Endpoint {
         };
         let mut flights: Vec<Flight> = Vec::with_capacity(window);
         // A chunk staged but refused for a full queue, posted first on the next turn.
-        let mut pending: Option<(usize, Slot)> = None;
+        let mut pending: Option<(usize, Option<Slot>)> = None;
         let mut next = 0usize;
         let mut last_progress = Instant::now();
         let mut idle = 0u32;
@@ -174,23 +200,32 @@ impl Endpoint {
                     None => {
                         let k = next;
                         next += 1;
-                        let mut slot = match self.take_slot() {
-                            Ok(s) => s,
-                            Err(e) => break 'run Err(e),
-                        };
-                        if let Dir::Put { src, .. } = &dir {
-                            let lo = k * chunk;
-                            let hi = (lo + chunk).min(len);
-                            slot.bytes()[..hi - lo].copy_from_slice(&src[lo..hi]);
+                        if dir.in_place(0).is_some() {
+                            (k, None)
+                        } else {
+                            let mut slot = match self.take_slot() {
+                                Ok(s) => s,
+                                Err(e) => break 'run Err(e),
+                            };
+                            if let Dir::Put { src, .. } = &dir {
+                                let lo = k * chunk;
+                                let hi = (lo + chunk).min(len);
+                                slot.bytes()[..hi - lo].copy_from_slice(&src[lo..hi]);
+                            }
+                            (k, Some(slot))
                         }
-                        (k, slot)
                     }
                 };
                 let lo = k * chunk;
                 let n = (lo + chunk).min(len) - lo;
                 let raddr = remote.addr(offset + lo);
-                let desc = slot.desc();
-                let ptr = slot.bytes().as_mut_ptr();
+                let (ptr, desc) = match (&mut slot, dir.in_place(lo)) {
+                    (_, Some(p)) => p,
+                    (Some(s), None) => (s.bytes().as_mut_ptr(), s.desc()),
+                    (None, None) => {
+                        break 'run Err(fail(op, Some(pe), "a staged chunk without staging".into()))
+                    }
+                };
                 let mut s = self.lock();
                 let id = s.next_id;
                 let ctx = id as *mut c_void;
@@ -216,7 +251,8 @@ impl Endpoint {
                         data: 0,
                     };
                     // SAFETY: enabled endpoint; the message is read during the call; the slot
-                    // holds n bytes and stays alive until the chunk completes (leaked if the
+                    // (or the registered memory moved in place, the caller's contract) holds n
+                    // bytes and stays alive until the chunk completes (a slot is leaked if the
                     // transfer gives up first).
                     unsafe { ((*(*s.h.ep).rma).writemsg)(s.h.ep, &msg, flags_of(k)) }
                 } else {
@@ -250,7 +286,9 @@ impl Endpoint {
                     break;
                 }
                 // Refused outright: the slot was never handed over.
-                self.give_slot(slot);
+                if let Some(slot) = slot {
+                    self.give_slot(slot);
+                }
                 break 'run Err(fail(op, Some(pe), self.lib().strerror(rc)));
             }
             if flights.is_empty() && pending.is_none() && next >= chunks {
@@ -276,12 +314,13 @@ impl Endpoint {
                 }
             }
             let progressed = !finished.is_empty();
-            for mut f in finished {
+            for f in finished {
+                let Some(mut slot) = f.slot else { continue };
                 if let Dir::Get { dst } = &mut dir {
                     let lo = f.k * chunk;
-                    dst[lo..lo + f.len].copy_from_slice(&f.slot.bytes()[..f.len]);
+                    dst[lo..lo + f.len].copy_from_slice(&slot.bytes()[..f.len]);
                 }
-                self.give_slot(f.slot);
+                self.give_slot(slot);
             }
             if let Some(msg) = failed {
                 break Err(fail(op, Some(pe), msg));
@@ -310,7 +349,7 @@ impl Endpoint {
                 std::hint::spin_loop();
             }
         };
-        if let Some((_, slot)) = pending {
+        if let Some((_, Some(slot))) = pending {
             // Never posted: safe to reuse.
             self.give_slot(slot);
         }
@@ -321,7 +360,7 @@ impl Endpoint {
                 let mut s = self.lock();
                 for f in flights {
                     if s.done.remove(&f.id).is_some() {
-                        done.push(f.slot);
+                        done.extend(f.slot);
                     } else {
                         s.abandoned.insert(f.id);
                         std::mem::forget(f.slot);
