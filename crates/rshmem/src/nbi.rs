@@ -172,6 +172,22 @@ impl<'a> OpHandle<'a> {
     fn finish(&self) -> crate::Result<()> {
         match &self.state {
             State::Done => Ok(()),
+            State::Flying {
+                op,
+                dst: Some((ptr, len)),
+                landed,
+            } => {
+                let mut landed = landed.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(prev) = &*landed {
+                    return prev.clone();
+                }
+                // SAFETY: as in `collect`: the buffer this handle borrows, written by this
+                // one collection only (`landed`).
+                let dst = unsafe { std::slice::from_raw_parts_mut(*ptr, *len) };
+                let r = op.wait_into(dst);
+                *landed = Some(r.clone());
+                r
+            }
             State::Flying { op, .. } => {
                 let r = op.wait();
                 self.collect(r)

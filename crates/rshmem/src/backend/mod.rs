@@ -68,6 +68,15 @@ pub(crate) trait InFlight: Send + Sync + std::fmt::Debug {
     /// A get that ended well: copies its bytes into `dst` (the length it was started with),
     /// once; nothing for a put, a failed get, or one still running.
     fn land(&self, dst: &mut [u8]);
+    /// [`wait`](Self::wait), then [`land`](Self::land) into `dst` when it ended well; a
+    /// transport may land a get's bytes as they arrive instead.
+    fn wait_into(&self, dst: &mut [u8]) -> Result<()> {
+        let r = self.wait();
+        if r.is_ok() {
+            self.land(dst);
+        }
+        r
+    }
 }
 
 /// Memory of the symmetric heap and the engines that move data between PEs.

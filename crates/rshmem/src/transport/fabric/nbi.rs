@@ -38,13 +38,16 @@ const MAX_FLIGHTS: usize = 1024;
 /// Most staging bytes those chunks hold (four windows of a blocking transfer: enough in flight
 /// to keep a link busy, little memory held).
 const MAX_STAGED: usize = 4 * super::xfer::WINDOW * super::xfer::CHUNK;
+#[cfg(test)]
+pub(super) const MAX_STAGED_FOR_TESTS: usize = MAX_STAGED;
 
 /// Which way a non-blocking operation goes.
 pub(crate) enum NbiDir<'a> {
     /// Write these bytes.
     Put(&'a [u8]),
-    /// Read this many bytes.
-    Get(usize),
+    /// Read into this buffer: chunks that complete while the post is still waiting for room
+    /// land in it then (the caller lends it for the call); the rest when the handle collects.
+    Get(&'a mut [u8]),
 }
 
 /// One posted chunk of an operation.
@@ -64,6 +67,8 @@ struct Op {
     chunks: Vec<Chunk>,
     /// Chunks in flight.
     left: usize,
+    /// A get's chunks that completed well and hold bytes not yet copied to the caller.
+    landable: usize,
     /// Its poster is still posting chunks.
     posting: bool,
     error: Option<Error>,
@@ -136,10 +141,12 @@ impl Endpoint {
         offset: usize,
         dir: NbiDir<'_>,
     ) -> Result<u64> {
-        let (get, len) = match dir {
-            NbiDir::Put(src) => (false, src.len()),
-            NbiDir::Get(n) => (true, n),
+        let (src, mut dst) = match dir {
+            NbiDir::Put(src) => (Some(src), None),
+            NbiDir::Get(dst) => (None, Some(dst)),
         };
+        let get = dst.is_some();
+        let len = src.map_or_else(|| dst.as_ref().map_or(0, |d| d.len()), |s| s.len());
         let name = if get { "get_nbi" } else { "put_nbi" };
         self.nbi_fenced(pe);
         if self.is_lost(pe) {
@@ -163,6 +170,7 @@ impl Endpoint {
                 get,
                 chunks: Vec::with_capacity(chunks),
                 left: 0,
+                landable: 0,
                 posting: true,
                 error: None,
                 last: Instant::now(),
@@ -176,9 +184,16 @@ impl Endpoint {
             let n = (lo + chunk).min(len) - lo;
             while t.flights >= MAX_FLIGHTS || t.staged + chunk > MAX_STAGED {
                 drop(t);
+                // A large get lands what already arrived meanwhile: its staging goes back to
+                // the pool for the chunks still to post, and the copies overlap the wire.
                 self.nbi_drive(
                     |_, _| true,
-                    |t| t.flights < MAX_FLIGHTS && t.staged + chunk <= MAX_STAGED,
+                    |t| {
+                        if let Some(d) = dst.as_deref_mut() {
+                            self.land_ready(t, key, d);
+                        }
+                        t.flights < MAX_FLIGHTS && t.staged + chunk <= MAX_STAGED
+                    },
                 );
                 t = self.table();
             }
@@ -192,7 +207,7 @@ impl Endpoint {
                     break;
                 }
             };
-            if let NbiDir::Put(src) = dir {
+            if let Some(src) = src {
                 slot.bytes()[..n].copy_from_slice(&src[lo..lo + n]);
             }
             // Delivery completion of every chunk, except that where the provider places
@@ -270,6 +285,12 @@ impl Endpoint {
         };
         op.posting = false;
         let err = op.error.clone();
+        if let Some(d) = dst {
+            self.land_ready(&mut t, key, d);
+        }
+        let Some(op) = t.ops.get_mut(&key) else {
+            return Err(fail(name, Some(pe), "the operation was lost".into()));
+        };
         if err.is_some() {
             // The caller gets the error, not a handle: nobody collects the operation.
             op.detached = true;
@@ -371,6 +392,9 @@ impl Endpoint {
             op.error.get_or_insert(e);
         }
         // A get's bytes stay in its slot until collected.
+        if op.get && op.error.is_none() {
+            op.landable += 1;
+        }
         let back = if !op.get || op.error.is_some() {
             op.chunks
                 .iter_mut()
@@ -478,13 +502,17 @@ impl Endpoint {
 
     /// Drives the table until `enough` holds, giving up the operations `in_scope` selects
     /// whose peer is lost or that made no progress within the deadline.
-    fn nbi_drive(&self, in_scope: impl Fn(u64, &Op) -> bool, enough: impl Fn(&Table) -> bool) {
+    fn nbi_drive(
+        &self,
+        in_scope: impl Fn(u64, &Op) -> bool,
+        mut enough: impl FnMut(&mut Table) -> bool,
+    ) {
         let mut i = 0u32;
         loop {
             {
                 let mut t = self.table();
                 self.nbi_sweep(&mut t);
-                if enough(&t) {
+                if enough(&mut t) {
                     return;
                 }
                 if i.is_multiple_of(64) {
@@ -518,7 +546,7 @@ impl Endpoint {
                     for (k, e) in stuck {
                         self.give_up(&mut t, k, e);
                     }
-                    if enough(&t) {
+                    if enough(&mut t) {
                         return;
                     }
                 }
@@ -556,8 +584,43 @@ impl Endpoint {
         self.nbi_status(key, false).unwrap_or(Ok(()))
     }
 
-    /// Collects ended get `key`: copies its bytes into `dst` (when it ended well) and gives
-    /// its staging back. Nothing while it runs.
+    /// Waits for get `key` to end as [`nbi_wait`](Self::nbi_wait) does, copying each chunk
+    /// into `dst` as it arrives (the copies overlap the chunks still on the wire), then
+    /// collects it ([`nbi_land`](Self::nbi_land)); its outcome.
+    pub(crate) fn nbi_wait_land(&self, key: u64, dst: &mut [u8]) -> Result<()> {
+        self.nbi_drive(
+            |k, _| k == key,
+            |t| {
+                self.land_ready(t, key, dst);
+                t.ops.get(&key).is_none_or(|o| o.ended())
+            },
+        );
+        let r = self.nbi_status(key, false).unwrap_or(Ok(()));
+        self.nbi_land(key, dst);
+        r
+    }
+
+    /// Copies the chunks of get `key` that completed well and were not copied yet into `dst`,
+    /// giving their staging back.
+    fn land_ready(&self, t: &mut Table, key: u64, dst: &mut [u8]) {
+        let Some(op) = t.ops.get_mut(&key) else {
+            return;
+        };
+        if op.landable == 0 || op.error.is_some() {
+            return;
+        }
+        op.landable = 0;
+        for c in op.chunks.iter_mut().filter(|c| !c.live) {
+            let Some(mut s) = c.slot.take() else { continue };
+            if let Some(d) = dst.get_mut(c.lo..c.lo + c.len) {
+                d.copy_from_slice(&s.bytes()[..c.len]);
+            }
+            self.give_slot(s);
+        }
+    }
+
+    /// Collects ended get `key`: copies its bytes not landed yet into `dst` (when it ended
+    /// well) and gives its staging back. Nothing while it runs.
     pub(crate) fn nbi_land(&self, key: u64, dst: &mut [u8]) {
         let mut t = self.table();
         if !t.ops.get(&key).is_some_and(|o| o.ended()) {

@@ -1,7 +1,7 @@
 //! Non-blocking puts and gets over loopback tcp between thread-PEs with their own endpoints:
 //! many in flight at once, fence ordering, a peer closed with operations in flight.
 
-use super::nbi::NbiDir;
+use super::nbi::{NbiDir, MAX_STAGED_FOR_TESTS};
 use super::tests::{loopback, random_bytes, skip, with_pes};
 use super::*;
 use crate::bootstrap::InProcBootstrap;
@@ -96,15 +96,15 @@ fn many_non_blocking_puts_and_gets_in_flight_move_exact_bytes() {
             .iter()
             .enumerate()
             .map(|(i, &s)| {
-                ep.nbi_post(from, &heaps[from], at[i], NbiDir::Get(s))
+                let dst = &mut outs[i][1..1 + s];
+                ep.nbi_post(from, &heaps[from], at[i], NbiDir::Get(dst))
                     .expect("get_nbi")
             })
             .collect();
-        // Half collected after a wait each, half after quiet.
+        // Half collected by a wait that lands chunks as they arrive, half after quiet.
         for (i, &k) in keys.iter().enumerate().step_by(2) {
-            ep.nbi_wait(k).expect("wait");
             let s = sizes[i];
-            ep.nbi_land(k, &mut outs[i][1..1 + s]);
+            ep.nbi_wait_land(k, &mut outs[i][1..1 + s]).expect("wait");
         }
         ep.nbi_quiet().expect("quiet");
         for (i, &k) in keys.iter().enumerate().skip(1).step_by(2) {
@@ -221,6 +221,7 @@ fn a_peer_closed_with_operations_in_flight_ends_them_in_an_error_within_the_dead
                     }
                     let t = Instant::now();
                     let data = random_bytes(9, big);
+                    let mut back = vec![0u8; big / 2];
                     let mut err = None;
                     // Windows of 32 operations then quiet, until the closed peer fails one.
                     'outer: for _ in 0..10_000 {
@@ -228,7 +229,7 @@ fn a_peer_closed_with_operations_in_flight_ends_them_in_an_error_within_the_dead
                         for i in 0..32 {
                             let lo = (i * 4099) % (big / 2);
                             let dir = if get {
-                                NbiDir::Get(big / 2)
+                                NbiDir::Get(&mut back[..big / 2])
                             } else {
                                 NbiDir::Put(&data[..big / 2])
                             };
@@ -268,7 +269,7 @@ fn a_peer_closed_with_operations_in_flight_ends_them_in_an_error_within_the_dead
                     let t1 = Instant::now();
                     let _ = ep.nbi_quiet();
                     ep.mark_lost(1);
-                    let r = ep.nbi_post(1, &remotes[1][0], 0, NbiDir::Get(8));
+                    let r = ep.nbi_post(1, &remotes[1][0], 0, NbiDir::Get(&mut [0u8; 8]));
                     assert!(matches!(r, Err(Error::PeerLost { pe: 1, .. })), "{r:?}");
                     assert!(t1.elapsed() < deadline * 3, "no wait after the error");
                     assert_eq!(ep.nbi_counts().0, 0, "no chunk left in flight");
@@ -277,4 +278,29 @@ fn a_peer_closed_with_operations_in_flight_ends_them_in_an_error_within_the_dead
             }
         });
     }
+}
+
+#[test]
+fn a_get_past_the_staging_bound_lands_exactly_while_it_posts() {
+    if skip() {
+        return;
+    }
+    // More than the staging the endpoint keeps in flight: the post waits for room, landing
+    // the chunks that arrived meanwhile, and the handle lands the rest.
+    let big = MAX_STAGED_FOR_TESTS + 3 * xfer::CHUNK + 11;
+    with_pes(2, big + 128, |me, ep, mr, heaps, boot| {
+        let mine = random_bytes(me as u64 + 70, big);
+        mr.bytes_mut()[64..64 + big].copy_from_slice(&mine);
+        boot.barrier().expect("barrier");
+        let other = 1 - me;
+        let mut out = vec![0x5Au8; big + 2];
+        let k = ep
+            .nbi_post(other, &heaps[other], 64, NbiDir::Get(&mut out[1..1 + big]))
+            .expect("get_nbi");
+        ep.nbi_wait_land(k, &mut out[1..1 + big]).expect("wait");
+        assert!(out[1..1 + big] == random_bytes(other as u64 + 70, big)[..]);
+        assert_eq!((out[0], out[big + 1]), (0x5A, 0x5A), "neighbours");
+        assert_eq!(ep.nbi_counts(), (0, 0), "nothing in flight or held");
+        boot.barrier().expect("barrier");
+    });
 }

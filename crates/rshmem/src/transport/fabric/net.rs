@@ -204,7 +204,7 @@ impl Backend for FabricBackend {
         }
         let n = &self.net;
         n.count(dst.len());
-        let dir = NbiDir::Get(dst.len());
+        let dir = NbiDir::Get(dst);
         let key =
             n.ep.nbi_post(pe, &n.segments[pe], n.ctrl_bytes + offset, dir)?;
         Ok(Some(Arc::new(FabricOp {
@@ -264,6 +264,12 @@ impl InFlight for FabricOp {
     fn land(&self, dst: &mut [u8]) {
         if let Some(n) = self.net.upgrade() {
             n.ep.nbi_land(self.key, dst);
+        }
+    }
+    fn wait_into(&self, dst: &mut [u8]) -> Result<()> {
+        match self.net.upgrade() {
+            Some(n) => n.ep.nbi_wait_land(self.key, dst),
+            None => Err(crate::Error::WorldEnded),
         }
     }
 }
