@@ -5,9 +5,11 @@
 //! once, and the provider never reads memory the caller could free or change) and posts each
 //! chunk as a write asking for delivery completion, so an operation that completed is in the
 //! target's memory. A get posts reads into staging slots; their bytes reach the caller's
-//! buffer only when the caller collects them ([`Endpoint::nbi_land`], called by the handle that
-//! borrows the buffer): the provider never writes memory the caller owns, so a handle that is
-//! forgotten rather than dropped leaves nothing writing behind the borrow's end.
+//! buffer only while the caller lends it: during the post (a get past the staging bound lands
+//! what arrived while it waits for room) and when the handle that borrows it collects
+//! ([`Endpoint::nbi_wait_land`], chunk by chunk as they arrive, or [`Endpoint::nbi_land`]):
+//! the provider never writes memory the caller owns, so a handle that is forgotten rather than
+//! dropped leaves nothing writing behind the borrow's end.
 //!
 //! Completions of posted chunks are filed by every reader of the completion queue (the progress
 //! thread included) in the state's `nbi_done`; the table collects them when it is driven.
