@@ -11,7 +11,7 @@
 use super::ffi::*;
 use super::loader::{lib, Lib};
 use super::mr::{MemoryRegion, Remote};
-use super::xfer::{Dir, Slot, CHUNK, WINDOW};
+use super::xfer::{Dir, Pool, BURST_HOLD, CHUNK, WINDOW};
 use crate::backend::AtomicOp;
 use crate::error::{Error, Result};
 use std::collections::{HashMap, HashSet};
@@ -98,8 +98,8 @@ pub(crate) struct Endpoint {
     /// The provider places RMA writes to a peer in posting order (see `xfer.rs`).
     ordered_writes: AtomicBool,
     /// Staging slots of puts and gets, free for reuse: full chunks, and small ones.
-    pool: Mutex<Vec<Slot>>,
-    small_pool: Mutex<Vec<Slot>>,
+    pool: Arc<Mutex<Pool>>,
+    small_pool: Mutex<Pool>,
     /// Non-blocking operations in flight (`nbi.rs`). Lock order: this table, then the pools,
     /// then the state; never the other way round.
     pub(super) nbi: Mutex<super::nbi::Table>,
@@ -346,15 +346,25 @@ impl Endpoint {
             peers: Vec::new(),
         }));
         let stop = Arc::new(AtomicBool::new(false));
+        let pool = Arc::new(Mutex::new(Pool::new(false)));
         let progress = {
             let state = state.clone();
             let stop = stop.clone();
+            let pool = pool.clone();
             std::thread::Builder::new()
                 .name("rshmem-fabric".into())
                 .spawn(move || {
+                    let mut trimmed = std::time::Instant::now();
                     while !stop.load(Ordering::Acquire) {
                         if let Ok(mut s) = state.try_lock() {
                             s.reap(lib);
+                        }
+                        // Staging kept for a burst goes back once it is over (freed here,
+                        // outside both locks: a registered slot locks the state to close).
+                        if trimmed.elapsed() >= BURST_HOLD / 4 {
+                            trimmed = std::time::Instant::now();
+                            let extra = pool.try_lock().map(|mut p| p.trim());
+                            drop(extra);
                         }
                         std::thread::sleep(Duration::from_micros(50));
                     }
@@ -373,8 +383,8 @@ impl Endpoint {
             // A queue of unknown size (0) still takes one operation at a time.
             window: WINDOW.min(tx_size).max(1),
             ordered_writes: AtomicBool::new(ordered_writes),
-            pool: Mutex::new(Vec::new()),
-            small_pool: Mutex::new(Vec::new()),
+            pool,
+            small_pool: Mutex::new(Pool::new(true)),
             nbi: Mutex::new(super::nbi::Table::default()),
             bounce: Mutex::new(None),
             timeout: config.timeout,
@@ -747,8 +757,8 @@ impl Endpoint {
     }
 
     /// The pool of free staging slots of full chunks (`small`: of small ones).
-    pub(super) fn pool_of(&self, small: bool) -> MutexGuard<'_, Vec<Slot>> {
-        let p = if small { &self.small_pool } else { &self.pool };
+    pub(super) fn pool_of(&self, small: bool) -> MutexGuard<'_, Pool> {
+        let p = if small { &self.small_pool } else { &*self.pool };
         p.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -934,10 +944,7 @@ impl Drop for Endpoint {
             .unwrap_or_else(|e| e.into_inner())
             .forget_in_flight();
         // The handles close when the last registration holding them is gone (State's drop).
-        self.pool
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.small_pool
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
