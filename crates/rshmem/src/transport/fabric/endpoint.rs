@@ -793,45 +793,31 @@ impl Endpoint {
         self.transfer("fabric get", pe, remote, offset, Dir::Get { dst }, timeout)
     }
 
-    /// Writes `len` bytes of `local` (a registration on this endpoint) from its byte `at` to
-    /// `offset` of `remote` on peer `pe`, in place; in the target's memory on return.
-    pub fn write_registered(
+    /// Moves `len` bytes between byte `at` of `local` (a registration on this endpoint) and
+    /// `offset` of `remote` on peer `pe`, in place: a write (`put`; in the target's memory on
+    /// return) or a read.
+    pub fn transfer_registered(
         &self,
         pe: usize,
         remote: &Remote,
         offset: usize,
-        local: &MemoryRegion,
-        at: usize,
-        len: usize,
+        (local, at, len): (&MemoryRegion, usize, usize),
+        put: bool,
     ) -> Result<()> {
-        let ptr = local.at(at, len)?;
-        let dir = Dir::PutFrom {
-            ptr,
-            len,
-            desc: local.desc(),
-            delivery: true,
+        let (ptr, desc) = (local.at(at, len)?, local.desc());
+        let (op, dir) = match put {
+            true => (
+                "fabric put",
+                Dir::PutFrom {
+                    ptr,
+                    len,
+                    desc,
+                    delivery: true,
+                },
+            ),
+            false => ("fabric get", Dir::GetInto { ptr, len, desc }),
         };
-        self.transfer("fabric put", pe, remote, offset, dir, self.timeout)
-    }
-
-    /// Reads `len` bytes from `offset` of `remote` on peer `pe` into `local` (a registration on
-    /// this endpoint) at its byte `at`, in place.
-    pub fn read_registered(
-        &self,
-        pe: usize,
-        remote: &Remote,
-        offset: usize,
-        local: &MemoryRegion,
-        at: usize,
-        len: usize,
-    ) -> Result<()> {
-        let ptr = local.at(at, len)?;
-        let dir = Dir::GetInto {
-            ptr,
-            len,
-            desc: local.desc(),
-        };
-        self.transfer("fabric get", pe, remote, offset, dir, self.timeout)
+        self.transfer(op, pe, remote, offset, dir, self.timeout)
     }
 
     /// An atomic on the 8-byte (`wide`) or 4-byte word at `offset` of `remote` on peer `pe`;

@@ -174,7 +174,7 @@ impl Hmem {
             Some(at) => self
                 .net
                 .endpoint()
-                .write_registered(pe, r, offset, &self.mr, at, len)
+                .transfer_registered(pe, r, offset, (&self.mr, at, len), true)
                 .map_err(|e| self.lost_or(pe, "fabric put", e)),
             None => {
                 let mut buf = vec![0u8; len];
@@ -199,7 +199,7 @@ impl Hmem {
             Some(at) => self
                 .net
                 .endpoint()
-                .read_registered(pe, r, offset, &self.mr, at, len)
+                .transfer_registered(pe, r, offset, (&self.mr, at, len), false)
                 .map_err(|e| self.lost_or(pe, "fabric get", e)),
             None => {
                 let mut buf = vec![0u8; len];
