@@ -277,6 +277,18 @@ pub fn report() -> String {
         ),
         Err(e) => writeln!(s, "  fabric not available: {e}"),
     };
+    if let Ok(ps) = rshmem::transport::fabric::providers() {
+        for (i, p) in ps.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "    {:<16} domain {:<10} device memory (FI_HMEM): {}{}",
+                p.name,
+                p.domain,
+                if p.hmem { "offered" } else { "no" },
+                if i == 0 { "  (the default)" } else { "" }
+            );
+        }
+    }
     let d = Config::default();
     let _ = writeln!(s, "\nDefaults:");
     let _ = writeln!(s, "  heap size   {} bytes per PE", d.heap_size);

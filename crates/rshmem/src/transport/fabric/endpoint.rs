@@ -138,7 +138,7 @@ fn check(lib: &Lib, op: &'static str, rc: isize) -> Result<()> {
 /// `fi_getinfo` for an RDM endpoint with RMA and atomics from `provider` on `domain` (`None`:
 /// any), with device memory (`FI_HMEM`, registrations of it required) when `hmem`; the list
 /// (the caller frees it) or libfabric's error code.
-fn getinfo(
+pub(super) fn getinfo(
     lib: &Lib,
     provider: Option<&str>,
     domain: Option<&str>,

@@ -2,7 +2,7 @@
 //! registered, addresses and keys exchanged through the bootstrap.
 //!
 //! * `ffi.rs`: the 1.17 structs and ops tables, by hand; `loader.rs`: the six exported
-//!   functions, loaded at run time.
+//!   functions, loaded at run time; `info.rs`: the providers offered (`rshmem info`).
 //! * `endpoint.rs`: fabric, domain, CQ, AV, endpoint; atomics.
 //! * `xfer.rs`: puts and gets, pipelined in a window of staged chunks.
 //! * `nbi.rs`: non-blocking puts and gets, posted and completed later; fence and quiet.
@@ -18,6 +18,7 @@
 mod endpoint;
 mod ffi;
 mod hmem;
+mod info;
 mod loader;
 mod mr;
 mod nbi;
@@ -31,6 +32,7 @@ mod tests;
 mod xfer;
 
 pub(crate) use endpoint::{Endpoint, FabricConfig};
+pub use info::{providers, Provider};
 #[cfg(test)]
 use loader::available;
 pub use loader::{probe, LIBRARY};

@@ -284,8 +284,9 @@ fn device_memory_is_refused_from_a_provider_that_would_call_cuda_itself() {
     if skip() {
         return;
     }
-    // shm offers FI_HMEM but moves device memory with CUDA calls of its own (and refuses to
-    // do without them): the endpoint opens on shm all the same, without device memory.
+    // shm moves device memory with CUDA calls of its own: where it offers FI_HMEM with RMA
+    // and atomics (1.22 built with CUDA; not Debian's 1.17) it refuses to do without them.
+    // Either way the endpoint opens on shm all the same, without device memory.
     let shm = |hmem| FabricConfig {
         provider: Some("shm".into()),
         domain: None,
@@ -668,4 +669,25 @@ fn fabric_abi_matches_the_headers() {
         "FFI differs from the headers:\n{}",
         wrong.join("\n")
     );
+}
+
+#[test]
+fn the_providers_listed_include_loopback_tcp_once() {
+    if skip() {
+        return;
+    }
+    let ps = super::providers().expect("providers");
+    assert!(
+        ps.iter()
+            .any(|p| p.name.starts_with("tcp") && p.domain == "lo"),
+        "{ps:?}"
+    );
+    for (i, p) in ps.iter().enumerate() {
+        assert!(
+            !ps[..i]
+                .iter()
+                .any(|q| q.name == p.name && q.domain == p.domain),
+            "{p:?} twice"
+        );
+    }
 }
