@@ -1,5 +1,5 @@
 //! The CUDA backend across nodes: two "nodes" of one PE each, processes over loopback tcp, both
-//! PEs on GPU 0 (`RSHMEM_DEVICES=0,0`, set here). GPU heaps of the other node are staged through
+//! PEs on GPU 0 (`RSHMEM_TEST_FABRIC_GPUS=2`: each on its own GPU). GPU heaps of the other node are staged through
 //! registered host memory by each PE's proxy thread; kernels reach the other node through the
 //! proxy's request ring. The first test runs everywhere (NVRTC compiles the kernels); the
 //! others need a GPU (`--include-ignored`) and libfabric.
@@ -86,7 +86,7 @@ extern "C" __global__ void f_put_latency(unsigned long long* dst, const unsigned
 }
 "#;
 
-/// Each process its own node (from its rank), both PEs on GPU 0, loopback tcp (or the provider
+/// Each process its own node (from its rank), both PEs on GPU 0 (or `gpu_devices`), loopback tcp (or the provider
 /// `fabric_data::gpu_fabric` names).
 fn config() -> Config {
     let rank: usize = std::env::var("RSHMEM_RANK")
@@ -98,7 +98,7 @@ fn config() -> Config {
             .heap_size(64 << 20)
             .timeout(Duration::from_secs(30))
             .backend(BackendKind::Cuda)
-            .devices(vec![0, 0])
+            .devices(fabric_data::gpu_devices(2))
             .node(format!("node{rank}")),
     )
 }

@@ -1,7 +1,7 @@
 //! `GpuColl` on teams spanning nodes: the node-local kernels inside a node, rounds of puts with
 //! signals through the proxy between nodes (`coll/cuda/net.rs`). Two "nodes" of one PE each
 //! (processes), and a node of one thread-PE beside a node of two (one process), over loopback
-//! tcp, every PE on GPU 0 (`RSHMEM_DEVICES` is not needed: the configurations name GPU 0).
+//! tcp, every PE on GPU 0 (`RSHMEM_TEST_FABRIC_GPUS=k`: round-robin over k GPUs).
 //! Random inputs, poisoned outputs, exact values (integers, and floats whose every fold is
 //! exact in any grouping), in and out of place, every element type and operation, every
 //! broadcast and reduce root, reduce_scatter, all_to_all, all_to_all_v, sizes spanning
@@ -37,7 +37,7 @@ fn tuning() -> CollTuning {
     }
 }
 
-/// Each process its own node (from its rank), both PEs on GPU 0, loopback tcp.
+/// Each process its own node (from its rank), the GPUs of `fabric_data::gpu_devices`.
 fn config() -> Config {
     let rank: usize = std::env::var("RSHMEM_RANK")
         .ok()
@@ -52,7 +52,7 @@ fn base_config(n: usize) -> Config {
             .heap_size(64 << 20)
             .timeout(Duration::from_secs(20))
             .backend(BackendKind::Cuda)
-            .devices(vec![0; n]),
+            .devices(fabric_data::gpu_devices(n)),
     )
 }
 

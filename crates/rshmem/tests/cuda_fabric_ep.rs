@@ -1,6 +1,6 @@
 //! The GPU MoE buffer (`rshmem::cuda::ep::GpuBuffer`) across nodes: "nodes" are processes of
 //! this machine over loopback tcp (`RSHMEM_NODE` from each process's rank), every PE on GPU 0
-//! (`RSHMEM_DEVICES=0,...`, set here), PEs of other nodes reached through the proxy. Every
+//! (`RSHMEM_TEST_FABRIC_GPUS=k`: round-robin over k GPUs), PEs of other nodes reached through the proxy. Every
 //! check is exact: f32 values that are small integers times multiples of 1/8, so every sum is
 //! exact whatever its grouping, outputs poisoned before each step, and a host reference from
 //! every PE's seeded inputs. The first test runs everywhere (NVRTC compiles the kernels); the
@@ -19,7 +19,7 @@ use rshmem::launcher::Exit;
 use rshmem::*;
 use std::time::{Duration, Instant};
 
-/// `nodes[rank]` is the node of the process of that rank; every PE on GPU 0, loopback tcp.
+/// `nodes[rank]` is the node of the process of that rank; GPUs from `fabric_data::gpu_devices`.
 /// `RSHMEM_TEST_LOG` (a switch of these tests, e.g. `rshmem=debug`): the library's log on
 /// stderr (among it the proxy's warning for each request to another node that failed).
 fn config(nodes: &[usize], timeout: Duration) -> Config {
@@ -38,7 +38,7 @@ fn config(nodes: &[usize], timeout: Duration) -> Config {
             .heap_size(64 << 20)
             .timeout(timeout)
             .backend(BackendKind::Cuda)
-            .devices(vec![0; nodes.len()])
+            .devices(fabric_data::gpu_devices(nodes.len()))
             .node(format!("node{}", nodes[rank.min(nodes.len() - 1)])),
     )
 }

@@ -33,6 +33,18 @@ pub fn gpu_fabric(c: Config) -> Config {
     }
 }
 
+/// The GPU of each of `n` PEs in the GPU tests across nodes: all on GPU 0, or round-robin over
+/// the first `RSHMEM_TEST_FABRIC_GPUS` GPUs (a switch of these tests: "nodes" of their own GPU
+/// on a machine of several).
+pub fn gpu_devices(n: usize) -> Vec<usize> {
+    let k = std::env::var("RSHMEM_TEST_FABRIC_GPUS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
+    (0..n).map(|i| i % k).collect()
+}
+
 /// Checks that GPU heaps of the other nodes are reached the way the run expects: registered
 /// with the fabric when `RSHMEM_TEST_GPU_HEAPS_ON_FABRIC=1`, staged otherwise.
 pub fn check_gpu_path(pe: &Pe) {
