@@ -72,6 +72,13 @@ extern "C" __global__ void f_wide_barrier(unsigned long long* dst, unsigned long
     }
     __syncthreads();
 }
+// A device atomic and a `g` to PE `pe` (on another node: refused, flagged, 0 returned); what
+// they returned into out[0..2].
+extern "C" __global__ void f_remote_amo(unsigned long long* word, unsigned long long* out, int pe) {
+    if (threadIdx.x != 0) return;
+    out[0] = rshmem_uint64_atomic_fetch_add(word, 5ull, pe);
+    out[1] = rshmem_uint64_g(word, pe);
+}
 // n words of PE `pe`'s src into this PE's dst.
 extern "C" __global__ void f_get(unsigned long long* dst, const unsigned long long* src, unsigned long long n, int pe) {
     if (threadIdx.x == 0) rshmem_getmem(dst, src, n * 8, pe);
@@ -434,6 +441,36 @@ fn device_initiated(pe: &Pe) -> Result<()> {
     let want: Vec<u8> = (0..64u64).map(|i| (theirs + 3 * i) as u8).collect();
     assert_eq!(bytes, want, "device p of u8");
     assert!(got[72..].iter().all(|&v| v == POISON), "past the p range");
+    pe.barrier_all()?;
+    // A device atomic and `g` to the other node: an error naming it, nothing touched there,
+    // and this PE's device operations work after it.
+    let k_amo = g.kernel(KERNELS, "f_remote_amo", &[])?;
+    let word = pe.alloc::<u64>(1)?;
+    let outs = pe.alloc::<u64>(2)?;
+    pe.local_write(&word, 0, &[77])?;
+    pe.local_fill(&outs, POISON)?;
+    pe.barrier_all()?;
+    let args = [g.arg(&word)?, g.arg(&outs)?, KernelArg::I32(other as i32)];
+    // SAFETY: matches f_remote_amo(u64*, u64*, int).
+    unsafe { g.launch(&k_amo, &s, 1, 32, 0, &args)? };
+    s.synchronize()?;
+    match g.check_device_errors() {
+        Err(Error::InvalidArgument(m)) => {
+            assert!(m.contains(&format!("PE {other} on another node")), "{m}")
+        }
+        r => panic!("a device atomic to another node: {r:?}"),
+    }
+    assert_eq!(
+        pe.local_vec(&outs)?,
+        [0, 0],
+        "what the refused calls returned"
+    );
+    pe.barrier_all()?;
+    assert_eq!(
+        pe.local_vec(&word)?,
+        [77],
+        "the other node's word untouched"
+    );
     pe.barrier_all()?;
     // Latency: 8-byte blocking puts, device-initiated through the proxy and from the host.
     // Printed for the record (BENCHMARKS.md), never a pass/fail condition.

@@ -185,6 +185,8 @@ const _: () = assert!(std::mem::size_of::<DeviceState>() == 72);
 
 /// `RSHMEM_ERR_BAD_TEAM` of the header (`RSHMEM_ERR_TIMEOUT` is 1).
 const ERR_BAD_TEAM: u64 = 2;
+/// `RSHMEM_ERR_REMOTE_OP` of the header.
+const ERR_REMOTE_OP: u64 = 4;
 
 impl DeviceState {
     /// The state of PE `me` whose heap of `heap_size` bytes (then the sync area) is at
@@ -758,6 +760,14 @@ fn device_error(word: u64, named: u64, n_pes: usize, after: std::time::Duration)
         .checked_sub(1)
         .map(|p| p as usize)
         .filter(|&p| p < n_pes);
+    if word & ERR_REMOTE_OP != 0 {
+        let whom = pe.map_or_else(|| "a PE".to_string(), |p| format!("PE {p}"));
+        return Error::InvalidArgument(format!(
+            "a kernel issued a device atomic or `g` to {whom} on another node: kernels reach \
+             PEs of other nodes by put, put-with-signal, signal, get and quiet only; it \
+             touched nothing and returned 0"
+        ));
+    }
     Error::Timeout {
         op: "device-side wait (kernel or stream)",
         pe,

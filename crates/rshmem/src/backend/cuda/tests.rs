@@ -132,6 +132,7 @@ fn header_state_matches_device_state() {
     assert_eq!(off, std::mem::size_of::<DeviceState>());
     assert!(h.contains(&format!("static_assert(sizeof(rshmem_state) == {off}")));
     assert!(h.contains(&format!("#define RSHMEM_ERR_BAD_TEAM {ERR_BAD_TEAM}ull")));
+    assert!(h.contains(&format!("#define RSHMEM_ERR_REMOTE_OP {ERR_REMOTE_OP}ull")));
     for gone in ["RSHMEM_MAX_PES", "RSHMEM_MAX_TEAMS", "RSHMEM_SYNC_"] {
         assert!(!h.contains(gone), "{gone} is back in the header");
     }
@@ -184,6 +185,11 @@ fn device_errors_name_the_pe_waited_for() {
         device_error(ERR_BAD_TEAM | ERR_TIMEOUT, 2, 4, t),
         Error::Team(_)
     ));
+    // A device atomic or `g` to a PE of another node names it, before any timeout.
+    match device_error(ERR_REMOTE_OP | ERR_TIMEOUT, 3, 4, t) {
+        Error::InvalidArgument(m) => assert!(m.contains("PE 2 on another node"), "{m}"),
+        other => panic!("expected an invalid argument, got {other:?}"),
+    }
 }
 
 #[test]

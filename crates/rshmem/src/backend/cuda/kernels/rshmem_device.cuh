@@ -20,9 +20,12 @@
 #define RSHMEM_DEVICE_CUH
 
 // Bits of the error word: a device wait timed out; a device barrier got a team outside the job
-// or one this PE is not a member of.
+// or one this PE is not a member of; a device atomic or `g` named a PE on another node (the
+// proxy carries puts, put-with-signal, signals, gets and quiet there, not these: it touched
+// nothing and returned 0; the PE is kept in the word after, as a timed-out wait's).
 #define RSHMEM_ERR_TIMEOUT 1ull
 #define RSHMEM_ERR_BAD_TEAM 2ull
+#define RSHMEM_ERR_REMOTE_OP 4ull
 
 // Comparisons (same order as rshmem::Cmp) and signal operations (rshmem::SignalOp).
 #define RSHMEM_CMP_EQ 0
@@ -391,6 +394,11 @@ __device__ __forceinline__ void rshmemi_bulk_copy_block(void* d, const void* s, 
 
 // Whether PE `pe` lies on another node (reached through the proxy, not by loads and stores).
 __device__ __forceinline__ bool rshmemi_remote(int pe) { return rshmemi_base(pe) == 0; }
+// Flags an operation the proxy does not carry, naming PE `pe` (the first named one is kept).
+__device__ __forceinline__ void rshmemi_flag_remote_op(int pe) {
+    atomicCAS((unsigned long long*)(rshmemi_err_word() + 1), 0ull, (unsigned long long)pe + 1);
+    atomicOr((unsigned long long*)rshmemi_err_word(), RSHMEM_ERR_REMOTE_OP);
+}
 // This PE's ring (0 in a world on one node).
 __device__ __forceinline__ rshmem_u64* rshmemi_ring() {
     return (rshmem_u64*)__ldg(rshmemi_err_word() + RSHMEMI_RING_ERR_LINE_RING);
@@ -785,7 +793,14 @@ template <typename T> __device__ __forceinline__ T rshmemi_vld(const T* p) {
         rshmemi_vst((T*)rshmem_ptr(d, pe), v);                                                       \
     }                                                                                                \
     __device__ __forceinline__ T rshmem_##NAME##_g(const T* s, int pe)                              \
-    { return rshmemi_vld((const T*)rshmem_ptr(s, pe)); }                                             \
+    {                                                                                                \
+        if (rshmemi_remote(pe)) {                                                                    \
+            rshmemi_flag_remote_op(pe);                                                              \
+            T zero{};                                                                                \
+            return zero;                                                                             \
+        }                                                                                            \
+        return rshmemi_vld((const T*)rshmem_ptr(s, pe));                                             \
+    }                                                                                                \
     __device__ __forceinline__ void rshmem_##NAME##_put_signal(T* d, const T* s, size_t_rshmem n,   \
         rshmem_u64* sig, rshmem_u64 value, int op, int pe)                                          \
     { rshmem_putmem_signal(d, s, n * sizeof(T), sig, value, op, pe); }                              \
@@ -805,25 +820,28 @@ RSHMEM_FOR_EACH_TYPE(RSHMEMI_TYPED)
     X(int32, int, unsigned int) X(uint32, unsigned int, unsigned int) \
     X(int64, long long, unsigned long long) X(uint64, unsigned long long, unsigned long long)
 
+// A PE on another node: flagged (RSHMEM_ERR_REMOTE_OP), nothing touched, 0 returned.
+#define RSHMEMI_LOCAL_ONLY(pe, ret) if (rshmemi_remote(pe)) { rshmemi_flag_remote_op(pe); return ret; }
+
 #define RSHMEMI_AMO(NAME, T, U)                                                                     \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_add(T* d, T v, int pe)                \
-    { return (T)atomicAdd_system((U*)rshmem_ptr(d, pe), (U)v); }                                    \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicAdd_system((U*)rshmem_ptr(d, pe), (U)v); }       \
     __device__ __forceinline__ void rshmem_##NAME##_atomic_add(T* d, T v, int pe)                   \
-    { atomicAdd_system((U*)rshmem_ptr(d, pe), (U)v); }                                              \
+    { RSHMEMI_LOCAL_ONLY(pe, ) atomicAdd_system((U*)rshmem_ptr(d, pe), (U)v); }                     \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_swap(T* d, T v, int pe)                     \
-    { return (T)atomicExch_system((U*)rshmem_ptr(d, pe), (U)v); }                                   \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicExch_system((U*)rshmem_ptr(d, pe), (U)v); }      \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_compare_swap(T* d, T cond, T v, int pe)     \
-    { return (T)atomicCAS_system((U*)rshmem_ptr(d, pe), (U)cond, (U)v); }                           \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicCAS_system((U*)rshmem_ptr(d, pe), (U)cond, (U)v); } \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_and(T* d, T v, int pe)                \
-    { return (T)atomicAnd_system((U*)rshmem_ptr(d, pe), (U)v); }                                    \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicAnd_system((U*)rshmem_ptr(d, pe), (U)v); }       \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_or(T* d, T v, int pe)                 \
-    { return (T)atomicOr_system((U*)rshmem_ptr(d, pe), (U)v); }                                     \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicOr_system((U*)rshmem_ptr(d, pe), (U)v); }        \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_xor(T* d, T v, int pe)                \
-    { return (T)atomicXor_system((U*)rshmem_ptr(d, pe), (U)v); }                                    \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicXor_system((U*)rshmem_ptr(d, pe), (U)v); }       \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch(const T* d, int pe)                   \
-    { return (T)atomicOr_system((U*)rshmem_ptr(d, pe), (U)0); }                                     \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicOr_system((U*)rshmem_ptr(d, pe), (U)0); }        \
     __device__ __forceinline__ void rshmem_##NAME##_atomic_set(T* d, T v, int pe)                   \
-    { atomicExch_system((U*)rshmem_ptr(d, pe), (U)v); }
+    { RSHMEMI_LOCAL_ONLY(pe, ) atomicExch_system((U*)rshmem_ptr(d, pe), (U)v); }
 
 RSHMEM_FOR_EACH_AMO_TYPE(RSHMEMI_AMO)
 
