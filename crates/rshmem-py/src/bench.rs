@@ -136,17 +136,10 @@ impl World {
                         self.with_views(dst, src, nbytes, |d, s| g.get_on_stream(&st, d, s, pe))?
                     }
                     "put_signal" => {
-                        let h = self.hold(&[
-                            (dst, nbytes, "destination"),
-                            (src, nbytes, "source"),
-                            (sig, 8, "signal"),
-                        ])?;
-                        let gd = h.guards();
-                        let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;
-                        let s = sym(&gd[1])?.view::<u8>(h.offset(1), nbytes)?;
-                        let sv = sym(&gd[2])?.view::<u64>(h.offset(2), 1)?;
-                        let signal = Signal::new(&sv, 0, 1, SignalOp::Set);
-                        g.put_signal_on_stream(&st, &d, &s, signal, pe)?;
+                        self.with_signal_views((dst, src, nbytes), sig, |d, s, sv| {
+                            let signal = Signal::new(sv, 0, 1, SignalOp::Set);
+                            g.put_signal_on_stream(&st, d, s, signal, pe)
+                        })?;
                     }
                     "wait_until" => {
                         let h = self.hold(&[(sig, 8, "signal")])?;

@@ -94,6 +94,23 @@ fn checked<'py>(
     m.bind(py).getattr(name)?.call(args, Some(&kw))
 }
 
+/// The live world's fast path where it takes the call (`fast` returns true), else the checked
+/// function `name` of `rshmem._ops` with `args` and `kwargs`.
+fn fast_or_checked<'py>(
+    py: Python<'py>,
+    fast: impl FnOnce(&World) -> PyResult<bool>,
+    name: &str,
+    args: impl IntoPyObject<'py, Target = PyTuple>,
+    kwargs: &[(&str, Option<&Bound<'py, PyAny>>)],
+) -> PyResult<()> {
+    if let Some(w) = live_world(py) {
+        if fast(w.get())? {
+            return Ok(());
+        }
+    }
+    checked(py, false, name, args, kwargs).map(drop)
+}
+
 /// Where a value is a plain word: `int` extracted as `u64` (negative values wrap, as the
 /// checked path's `& 0xFFFF_FFFF_FFFF_FFFF`), else `None`.
 fn word(v: &Bound<'_, PyAny>) -> Option<u64> {
@@ -353,12 +370,13 @@ pub(crate) fn put<'py>(
     pe: &Bound<'py, PyAny>,
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
-    if let Some(w) = live_world(py) {
-        if w.get().put_plain(py, dst, src, pe, stream)? {
-            return Ok(());
-        }
-    }
-    checked(py, false, "put", (dst, src, pe), &[("stream", stream)]).map(drop)
+    fast_or_checked(
+        py,
+        |w| w.put_plain(py, dst, src, pe, stream),
+        "put",
+        (dst, src, pe),
+        &[("stream", stream)],
+    )
 }
 
 /// Copies PE ``pe``'s copy of symmetric ``src`` into ``dst`` (host: any contiguous writable
@@ -372,12 +390,13 @@ pub(crate) fn get<'py>(
     pe: &Bound<'py, PyAny>,
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
-    if let Some(w) = live_world(py) {
-        if w.get().get_plain(py, dst, src, pe, stream)? {
-            return Ok(());
-        }
-    }
-    checked(py, false, "get", (dst, src, pe), &[("stream", stream)]).map(drop)
+    fast_or_checked(
+        py,
+        |w| w.get_plain(py, dst, src, pe, stream),
+        "get",
+        (dst, src, pe),
+        &[("stream", stream)],
+    )
 }
 
 /// Puts ``src`` into ``dst`` on PE ``pe``, then sets (``op="set"``) or adds (``"add"``)
@@ -396,24 +415,18 @@ pub(crate) fn put_signal<'py>(
     op: Option<&Bound<'py, PyAny>>,
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<()> {
-    if let Some(w) = live_world(py) {
+    let fast = |w: &World| {
         let set = PyString::new(py, "set").into_any();
-        let op = op.unwrap_or(&set);
-        if w.get()
-            .put_signal_plain(py, dst, src, signal, value, pe, op, stream)?
-        {
-            return Ok(());
-        }
-    }
+        w.put_signal_plain(py, dst, src, signal, value, pe, op.unwrap_or(&set), stream)
+    };
     let args = (dst, src, signal, value, pe);
-    checked(
+    fast_or_checked(
         py,
-        false,
+        fast,
         "put_signal",
         args,
         &[("op", op), ("stream", stream)],
     )
-    .map(drop)
 }
 
 /// Waits until this PE's first element of symmetric ``t`` compares true (``cmp`` one of
@@ -470,12 +483,13 @@ pub(crate) fn barrier<'py>(
 #[pyfunction]
 #[pyo3(signature = (*, stream=None))]
 pub(crate) fn quiet<'py>(py: Python<'py>, stream: Option<&Bound<'py, PyAny>>) -> PyResult<()> {
-    if let Some(w) = live_world(py) {
-        if w.get().sync_plain(py, false, stream)? {
-            return Ok(());
-        }
-    }
-    checked(py, false, "quiet", (), &[("stream", stream)]).map(drop)
+    fast_or_checked(
+        py,
+        |w| w.sync_plain(py, false, stream),
+        "quiet",
+        (),
+        &[("stream", stream)],
+    )
 }
 
 /// Orders this PE's earlier puts and atomics to each PE before later ones to that PE.

@@ -76,6 +76,26 @@ impl World {
         f(&d, &s)
     }
 
+    /// As [`with_views`](Self::with_views), with the first word of the symmetric `u64` at `sig`
+    /// as well (a put-with-signal's operands).
+    pub(crate) fn with_signal_views<R>(
+        &self,
+        (dst, src, nbytes): (u64, u64, usize),
+        sig: u64,
+        f: impl FnOnce(&SymView<'_, u8>, &SymView<'_, u8>, &SymView<'_, u64>) -> rshmem::Result<R>,
+    ) -> rshmem::Result<R> {
+        let h = self.hold(&[
+            (dst, nbytes, "destination"),
+            (src, nbytes, "source"),
+            (sig, 8, "signal"),
+        ])?;
+        let gd = h.guards();
+        let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;
+        let s = sym(&gd[1])?.view::<u8>(h.offset(1), nbytes)?;
+        let sv = sym(&gd[2])?.view::<u64>(h.offset(2), 1)?;
+        f(&d, &s, &sv)
+    }
+
     /// Runs `f`, which only enqueues work on a stream (it never waits for a peer), with the
     /// PE's CUDA side: the GIL is kept where this process has no other PE (releasing and
     /// taking it back is a good part of such a call's cost from Python), else released (a
@@ -162,17 +182,10 @@ impl World {
     ) -> PyResult<()> {
         let op = signal_op(op)?;
         self.enqueue_cuda(py, |_, g| {
-            let h = self.hold(&[
-                (dst, nbytes, "destination"),
-                (src, nbytes, "source"),
-                (sig, 8, "signal"),
-            ])?;
-            let gd = h.guards();
-            let d = sym(&gd[0])?.view::<u8>(h.offset(0), nbytes)?;
-            let s = sym(&gd[1])?.view::<u8>(h.offset(1), nbytes)?;
-            let sv = sym(&gd[2])?.view::<u64>(h.offset(2), 1)?;
             let st = stream(&g, stream_ptr);
-            g.put_signal_on_stream(&st, &d, &s, Signal::new(&sv, 0, value, op), pe)
+            self.with_signal_views((dst, src, nbytes), sig, |d, s, sv| {
+                g.put_signal_on_stream(&st, d, s, Signal::new(sv, 0, value, op), pe)
+            })
         })
     }
 

@@ -261,6 +261,17 @@ impl GpuColl<'_> {
         self.temp_addr(Some(s), mul(sched.temp_len, es)?)
     }
 
+    /// Device addresses of team slot `dt.slot`'s cross-node state: its skip flag in this PE's
+    /// error record, its rows of the signal words (data signals, ready arrivals, fold
+    /// acknowledgements) and of the expected call counts.
+    pub(super) fn net_rows(&self, net: &Net, dt: DeviceTeam) -> Result<(u64, u64, u64)> {
+        let (slot, n) = (dt.slot as usize, self.n_pes);
+        let skip = self.err.ptr + ((ERR_SKIP + slot) * 8) as u64;
+        let sig = self.g.ptr(&net.sig)? + (slot * 3 * n * 8) as u64;
+        let exp = net.exp.ptr + (slot * n * 8) as u64;
+        Ok((skip, sig, exp))
+    }
+
     /// Runs `sched`'s rounds on the stream: the ready handshake carrying the call's signature
     /// (`sig`, on the whole team), then each round's acknowledgements, puts, waits and fold.
     /// `src`/`dst`: the call's buffers (puts read [`NetSched::input`]; folds and
@@ -296,10 +307,8 @@ impl GpuColl<'_> {
         };
         let ck = self.check(nt.dt, sig.pack()?)?;
         // The slot's skip flag: set by the first launch when a partner's call differs.
-        let skip = self.err.ptr + ((ERR_SKIP + nt.dt.slot as usize) * 8) as u64;
+        let (skip, sig, exp) = self.net_rows(net, nt.dt)?;
         let n = self.n_pes;
-        let sig = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 3 * n * 8) as u64;
-        let exp = net.exp.ptr + (nt.dt.slot as usize * n * 8) as u64;
         let scratch = self.g.ptr(&net.scratch)?;
         let slot_of = |node: usize, parity: usize| -> Result<u64> {
             if node >= net.nodes {
@@ -400,8 +409,7 @@ impl GpuColl<'_> {
             .as_ref()
             .ok_or_else(|| Error::invalid("internal: no cross-node state"))?;
         let n = self.n_pes;
-        let sig = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 3 * n * 8) as u64;
-        let exp = net.exp.ptr + (nt.dt.slot as usize * n * 8) as u64;
+        let (_, sig, exp) = self.net_rows(net, nt.dt)?;
         let list = self.net_list.clamp(1, NET_MAX);
         let alt = self.g.ptr(&net.sig_alt)? + (nt.dt.slot as usize * n * SIG_WORDS * 8) as u64;
         for l in ready_launches(partners.len(), list) {

@@ -98,9 +98,7 @@ impl GpuColl<'_> {
                 .copy_raw_on_stream(s, to, from, v.send_counts[me] * es)?;
         }
         let n = self.n_pes;
-        let skip = self.err.ptr + ((ERR_SKIP + nt.dt.slot as usize) * 8) as u64;
-        let sigw = self.g.ptr(&net.sig)? + (nt.dt.slot as usize * 3 * n * 8) as u64;
-        let exp = net.exp.ptr + (nt.dt.slot as usize * n * 8) as u64;
+        let (skip, sigw, exp) = self.net_rows(net, nt.dt)?;
         let meta = self.g.ptr(&net.meta)?;
         let a2av = |phase: i32, (mut l, nl): (NetA2av, usize)| -> Result<()> {
             let (mut e, mut sg, mut m, mut ni, mut ph) = (exp, sigw, meta, n as i32, phase);
@@ -191,11 +189,7 @@ impl GpuColl<'_> {
                 (w, c.len())
             })
             .collect();
-        let pn = self.n_pes;
-        let slot = nt.dt.slot as usize;
-        let skip = self.err.ptr + ((ERR_SKIP + slot) * 8) as u64;
-        let sig = self.g.ptr(&net.sig)? + (slot * 3 * pn * 8) as u64;
-        let exp = net.exp.ptr + (slot * pn * 8) as u64;
+        let (skip, sig, exp) = self.net_rows(net, nt.dt)?;
         let rows = self.g.ptr(&net.rows)?;
         let counts_send = self.buf(counts.send, n)?;
         let (sr, d) = (self.g.ptr(src)?, self.g.ptr(dst)?);

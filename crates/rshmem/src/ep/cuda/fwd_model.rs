@@ -630,7 +630,8 @@ fn routing(tm: &Team, k: usize, rnd: &mut impl FnMut() -> u64) -> Vec<Vec<Tok>> 
         .collect()
 }
 
-fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+/// A reproducible stream of random words (xorshift64) for the models and tests.
+pub(super) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     let mut s = seed | 1;
     move || {
         s ^= s << 13;

@@ -677,15 +677,7 @@ fn counters_across_nodes_reach_the_waits_exactly() {
     fn xsig(call: u64, grid: u64) -> u64 {
         call * grid
     }
-    let mut rnd = {
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
-    };
+    let mut rnd = super::fwd_model::xorshift(0x9e37_79b9_7f4a_7c15);
     for grid in [1u64, 2, 7, 132] {
         // Sources: even on this node, odd on another.
         let n = 4usize;
