@@ -470,8 +470,8 @@ impl Endpoint {
     /// offers device memory, and the provider must then agree not to call CUDA itself
     /// (`FI_OPT_CUDA_API_PERMITTED`, as NCCL's libfabric plugin asks): a provider that copies
     /// device memory with the CUDA runtime issues synchronous copies that wait for the GPU,
-    /// where rshmem's kernels spin on waits for the very data being copied (seen with shm:
-    /// the progress thread blocked in `cudaMemcpy` until the kernels' device timeout).
+    /// where rshmem's kernels spin on waits for the very data being copied (shm's progress
+    /// thread blocks in `cudaMemcpy` behind them until their device timeout).
     /// Providers that move device memory by DMA (verbs and EFA with GPUDirect RDMA, cxi)
     /// agree.
     fn open_on(lib: &'static Lib, h: &mut Handles, hmem: bool) -> Result<()> {

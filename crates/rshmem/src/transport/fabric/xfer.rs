@@ -30,9 +30,8 @@ pub(super) const WINDOW: usize = 16;
 const POOL: usize = 2 * WINDOW;
 /// Slots kept for reuse while demand outgrew the pool within [`BURST_HOLD`] (windows of
 /// non-blocking gets hold each one's staging until its handle collects it): 64 MiB at most,
-/// handed back once the burst is over. Fresh memory for each chunk of such a window cost
-/// more than the copy (its page faults): `get_nbi` of 1 MiB in windows of 64 ran at 0.54x
-/// `fi_rma_bw` with the steady pool alone and 1.31x with this one (2-core VM).
+/// handed back once the burst is over: fresh memory for each chunk of such a window costs
+/// more than the copy (its page faults).
 const POOL_BURST: usize = 16 * WINDOW;
 /// How long after the pool last ran dry the slots beyond [`POOL`] are kept.
 pub(super) const BURST_HOLD: Duration = Duration::from_secs(1);
