@@ -73,11 +73,18 @@ extern "C" __global__ void f_wide_barrier(unsigned long long* dst, unsigned long
     __syncthreads();
 }
 // A device atomic and a `g` to PE `pe` (on another node: refused, flagged, 0 returned); what
-// they returned into out[0..2].
+// they returned into out[0..2]; whether rshmem_ptr gave NULL for PE `pe` (out[2]) and `word`
+// itself for this PE (out[3]).
 extern "C" __global__ void f_remote_amo(unsigned long long* word, unsigned long long* out, int pe) {
     if (threadIdx.x != 0) return;
     out[0] = rshmem_uint64_atomic_fetch_add(word, 5ull, pe);
     out[1] = rshmem_uint64_g(word, pe);
+    out[2] = rshmem_ptr(word, pe) == 0;
+    out[3] = rshmem_ptr(word, rshmem_my_pe()) == (void*)word;
+}
+// An LL put-with-signal of the 16 bytes of `src` into PE `pe`'s `area` (by a warp).
+extern "C" __global__ void f_remote_ll(void* area, const unsigned long long* src, int pe) {
+    if (threadIdx.x < 32) rshmem_putmem_signal_ll_warp(area, src, 16, 1u, pe);
 }
 // n words of PE `pe`'s src into this PE's dst.
 extern "C" __global__ void f_get(unsigned long long* dst, const unsigned long long* src, unsigned long long n, int pe) {
@@ -446,7 +453,7 @@ fn device_initiated(pe: &Pe) -> Result<()> {
     // and this PE's device operations work after it.
     let k_amo = g.kernel(KERNELS, "f_remote_amo", &[])?;
     let word = pe.alloc::<u64>(1)?;
-    let outs = pe.alloc::<u64>(2)?;
+    let outs = pe.alloc::<u64>(4)?;
     pe.local_write(&word, 0, &[77])?;
     pe.local_fill(&outs, POISON)?;
     pe.barrier_all()?;
@@ -462,14 +469,37 @@ fn device_initiated(pe: &Pe) -> Result<()> {
     }
     assert_eq!(
         pe.local_vec(&outs)?,
-        [0, 0],
-        "what the refused calls returned"
+        [0, 0, 1, 1],
+        "what the refused calls returned, rshmem_ptr NULL for the other node only"
     );
     pe.barrier_all()?;
     assert_eq!(
         pe.local_vec(&word)?,
         [77],
         "the other node's word untouched"
+    );
+    // The LL put-with-signal (stores into the peer's heap) is refused alike.
+    let k_ll = g.kernel(KERNELS, "f_remote_ll", &[])?;
+    let area = pe.alloc::<u64>(4)?;
+    let src = pe.alloc::<u64>(2)?;
+    pe.local_fill(&area, POISON)?;
+    pe.local_write(&src, 0, &[11, 12])?;
+    pe.barrier_all()?;
+    let args = [g.arg(&area)?, g.arg(&src)?, KernelArg::I32(other as i32)];
+    // SAFETY: matches f_remote_ll(void*, const u64*, int); `area` holds the 2 x 16 bytes of
+    // 16 data bytes in lines.
+    unsafe { g.launch(&k_ll, &s, 1, 32, 0, &args)? };
+    s.synchronize()?;
+    match g.check_device_errors() {
+        Err(Error::InvalidArgument(m)) => {
+            assert!(m.contains(&format!("PE {other} on another node")), "{m}")
+        }
+        r => panic!("an LL put-with-signal to another node: {r:?}"),
+    }
+    pe.barrier_all()?;
+    assert!(
+        pe.local_vec(&area)?.iter().all(|&v| v == POISON),
+        "the other node's LL area untouched"
     );
     pe.barrier_all()?;
     // Latency: 8-byte blocking puts, device-initiated through the proxy and from the host.

@@ -35,13 +35,13 @@ extern "C" __global__ void rshmemi_bench_get(char* dest, const char* src, rshmem
 // RSHMEMI_BULK_CHUNK (the pieces go through one pipeline per block, not one per piece).
 extern "C" __global__ void rshmemi_bench_put_bulk(char* dest, const char* src, rshmem_u64 n, int pe, rshmem_u64 chunk) {
     rshmem_u64 lo, len;
-    if (chunk > 0) rshmemi_bulk_copy_pieces(rshmem_ptr(dest, pe), src, n, chunk, blockIdx.x, gridDim.x);
-    else if (rshmemi_bench_share(n, &lo, &len)) rshmemi_bulk_copy_block(rshmem_ptr(dest + lo, pe), src + lo, len);
+    if (chunk > 0) rshmemi_bulk_copy_pieces(rshmemi_ptr(dest, pe), src, n, chunk, blockIdx.x, gridDim.x);
+    else if (rshmemi_bench_share(n, &lo, &len)) rshmemi_bulk_copy_block(rshmemi_ptr(dest + lo, pe), src + lo, len);
 }
 extern "C" __global__ void rshmemi_bench_get_bulk(char* dest, const char* src, rshmem_u64 n, int pe, rshmem_u64 chunk) {
     rshmem_u64 lo, len;
-    if (chunk > 0) rshmemi_bulk_copy_pieces(dest, rshmem_ptr(src, pe), n, chunk, blockIdx.x, gridDim.x);
-    else if (rshmemi_bench_share(n, &lo, &len)) rshmemi_bulk_copy_block(dest + lo, rshmem_ptr(src + lo, pe), len);
+    if (chunk > 0) rshmemi_bulk_copy_pieces(dest, rshmemi_ptr(src, pe), n, chunk, blockIdx.x, gridDim.x);
+    else if (rshmemi_bench_share(n, &lo, &len)) rshmemi_bulk_copy_block(dest + lo, rshmemi_ptr(src + lo, pe), len);
 }
 // Put-with-signal ping-pong (one thread): role 0 sends first; `sig` is symmetric.
 extern "C" __global__ void rshmemi_bench_pingpong_signal(char* buf, rshmem_u64* sig, int iters, int role, int peer) {

@@ -95,9 +95,17 @@ __device__ __forceinline__ rshmem_team rshmem_team_world() {
 // PE `pe`'s heap base as mapped on this GPU: one read-only (cached) load from the base table.
 __device__ __forceinline__ rshmem_u64 rshmemi_base(int pe) { return __ldg(rshmem_dstate.base + pe); }
 
-// The address of `local` (a symmetric address of this PE) in PE `pe`'s copy.
-__device__ __forceinline__ void* rshmem_ptr(const void* local, int pe) {
+// The address of `local` (a symmetric address of this PE) in PE `pe`'s copy, for a PE whose heap
+// is mapped on this GPU (callers test rshmemi_remote first).
+__device__ __forceinline__ void* rshmemi_ptr(const void* local, int pe) {
     return (void*)(rshmemi_base(pe) + ((rshmem_u64)local - rshmem_dstate.my_base));
+}
+// The address of `local` (a symmetric address of this PE) in PE `pe`'s copy, which this thread
+// may load from and store to; NULL where PE `pe` is on another node (its heap is reached only
+// through rshmem's put/get, never by loads and stores), as nvshmem_ptr does.
+__device__ __forceinline__ void* rshmem_ptr(const void* local, int pe) {
+    const rshmem_u64 b = rshmemi_base(pe);
+    return b == 0 ? (void*)0 : (void*)(b + ((rshmem_u64)local - rshmem_dstate.my_base));
 }
 
 __device__ __forceinline__ rshmem_u64* rshmemi_sync(int pe) {
@@ -503,7 +511,7 @@ __device__ __forceinline__ void rshmem_quiet() {
 
 __device__ __forceinline__ void rshmem_putmem_nbi(void* dest, const void* src, size_t_rshmem n, int pe) {
     if (rshmemi_remote(pe)) { rshmemi_proxy_put(dest, src, n, pe, false); return; }
-    rshmemi_copy(rshmem_ptr(dest, pe), src, n, 0, 1);
+    rshmemi_copy(rshmemi_ptr(dest, pe), src, n, 0, 1);
 }
 __device__ __forceinline__ void rshmem_putmem(void* dest, const void* src, size_t_rshmem n, int pe) {
     if (rshmemi_remote(pe)) { rshmemi_proxy_put(dest, src, n, pe, true); return; }
@@ -511,7 +519,7 @@ __device__ __forceinline__ void rshmem_putmem(void* dest, const void* src, size_
 }
 __device__ __forceinline__ void rshmem_getmem_nbi(void* dest, const void* src, size_t_rshmem n, int pe) {
     if (rshmemi_remote(pe)) { rshmemi_proxy_get(dest, src, n, pe, false); return; }
-    rshmemi_copy(dest, rshmem_ptr(src, pe), n, 0, 1);
+    rshmemi_copy(dest, rshmemi_ptr(src, pe), n, 0, 1);
 }
 __device__ __forceinline__ void rshmem_getmem(void* dest, const void* src, size_t_rshmem n, int pe) {
     if (rshmemi_remote(pe)) { rshmemi_proxy_get(dest, src, n, pe, true); return; }
@@ -519,7 +527,7 @@ __device__ __forceinline__ void rshmem_getmem(void* dest, const void* src, size_
 }
 __device__ __forceinline__ void rshmem_putmem_nbi_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
     if (rshmemi_remote(pe)) { rshmemi_syncwarp(); if (rshmemi_lane() == 0) rshmemi_proxy_put(dest, src, n, pe, false); rshmemi_syncwarp(); return; }
-    rshmemi_copy(rshmem_ptr(dest, pe), src, n, rshmemi_lane(), rshmemi_warp_width());
+    rshmemi_copy(rshmemi_ptr(dest, pe), src, n, rshmemi_lane(), rshmemi_warp_width());
     rshmemi_syncwarp();
 }
 __device__ __forceinline__ void rshmem_putmem_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
@@ -528,7 +536,7 @@ __device__ __forceinline__ void rshmem_putmem_warp(void* dest, const void* src, 
 }
 __device__ __forceinline__ void rshmem_getmem_nbi_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
     if (rshmemi_remote(pe)) { rshmemi_syncwarp(); if (rshmemi_lane() == 0) rshmemi_proxy_get(dest, src, n, pe, false); rshmemi_syncwarp(); return; }
-    rshmemi_copy(dest, rshmem_ptr(src, pe), n, rshmemi_lane(), rshmemi_warp_width());
+    rshmemi_copy(dest, rshmemi_ptr(src, pe), n, rshmemi_lane(), rshmemi_warp_width());
     rshmemi_syncwarp();
 }
 __device__ __forceinline__ void rshmem_getmem_warp(void* dest, const void* src, size_t_rshmem n, int pe) {
@@ -537,7 +545,7 @@ __device__ __forceinline__ void rshmem_getmem_warp(void* dest, const void* src, 
 }
 __device__ __forceinline__ void rshmem_putmem_nbi_block(void* dest, const void* src, size_t_rshmem n, int pe) {
     if (rshmemi_remote(pe)) { __syncthreads(); if (rshmemi_tid() == 0) rshmemi_proxy_put(dest, src, n, pe, false); __syncthreads(); return; }
-    rshmemi_copy(rshmem_ptr(dest, pe), src, n, rshmemi_tid(), rshmemi_nthreads());
+    rshmemi_copy(rshmemi_ptr(dest, pe), src, n, rshmemi_tid(), rshmemi_nthreads());
     __syncthreads();
 }
 __device__ __forceinline__ void rshmem_putmem_block(void* dest, const void* src, size_t_rshmem n, int pe) {
@@ -546,7 +554,7 @@ __device__ __forceinline__ void rshmem_putmem_block(void* dest, const void* src,
 }
 __device__ __forceinline__ void rshmem_getmem_nbi_block(void* dest, const void* src, size_t_rshmem n, int pe) {
     if (rshmemi_remote(pe)) { __syncthreads(); if (rshmemi_tid() == 0) rshmemi_proxy_get(dest, src, n, pe, false); __syncthreads(); return; }
-    rshmemi_copy(dest, rshmem_ptr(src, pe), n, rshmemi_tid(), rshmemi_nthreads());
+    rshmemi_copy(dest, rshmemi_ptr(src, pe), n, rshmemi_tid(), rshmemi_nthreads());
     __syncthreads();
 }
 __device__ __forceinline__ void rshmem_getmem_block(void* dest, const void* src, size_t_rshmem n, int pe) {
@@ -565,7 +573,7 @@ __device__ __forceinline__ void rshmem_getmem_block(void* dest, const void* src,
 #endif
 __device__ __forceinline__ void rshmem_signal_op(rshmem_u64* sig, rshmem_u64 value, int op, int pe) {
     if (rshmemi_remote(pe)) { rshmemi_proxy_signal_at(rshmemi_offset(sig), value, op, pe); return; }
-    rshmem_u64* r = (rshmem_u64*)rshmem_ptr(sig, pe);
+    rshmem_u64* r = (rshmem_u64*)rshmemi_ptr(sig, pe);
 #if RSHMEMI_SIGNAL_MODE == 0
     if (op == RSHMEM_SIGNAL_ADD) rshmemi_red_add_release(r, value);
     else rshmemi_st_release(r, value);
@@ -653,7 +661,7 @@ __device__ __forceinline__ void rshmemi_ll_line_store(void* p, rshmem_u64 v, uns
 // PE `pe`'s `area` with `flag`.
 __device__ __forceinline__ void rshmemi_putmem_signal_ll(void* area, const void* src, size_t_rshmem n, unsigned flag,
                                                          int pe, unsigned tid, unsigned nth) {
-    char* r = (char*)rshmem_ptr(area, pe);
+    char* r = (char*)rshmemi_ptr(area, pe);
     const rshmem_u64* s = (const rshmem_u64*)src;
     const size_t_rshmem nl = n / 8;
     for (size_t_rshmem l0 = tid; l0 < nl; l0 += (size_t_rshmem)nth * RSHMEMI_LL_BATCH) {
@@ -711,13 +719,16 @@ __device__ __forceinline__ bool rshmemi_signal_wait_ll(const void* area, void* d
     }
     return true;
 }
-// One thread puts the whole message.
+// One thread puts the whole message. The line protocol is stores into the peer's heap, so a PE
+// on another node is refused: flagged (RSHMEM_ERR_REMOTE_OP), nothing stored.
 __device__ __forceinline__ void rshmem_putmem_signal_ll(void* area, const void* src, size_t_rshmem n, unsigned flag, int pe) {
+    if (rshmemi_remote(pe)) { rshmemi_flag_remote_op(pe); return; }
     rshmemi_putmem_signal_ll(area, src, n, flag, pe, 0, 1);
 }
-// The calling warp (all 32 lanes) puts the message, a line per lane at a time.
+// The calling warp (all 32 lanes) puts the message, a line per lane at a time (refused alike).
 __device__ __forceinline__ void rshmem_putmem_signal_ll_warp(void* area, const void* src, size_t_rshmem n, unsigned flag,
                                                              int pe) {
+    if (rshmemi_remote(pe)) { if (rshmemi_lane() == 0) rshmemi_flag_remote_op(pe); return; }
     rshmemi_putmem_signal_ll(area, src, n, flag, pe, rshmemi_lane(), 32);
 }
 // One thread waits for the message in this PE's `area` and copies it to `dst`; false on a
@@ -790,7 +801,7 @@ template <typename T> __device__ __forceinline__ T rshmemi_vld(const T* p) {
             rshmemi_proxy_p(d, (rshmem_u64)*(U*)&v, sizeof(T), pe);                                  \
             return;                                                                                  \
         }                                                                                            \
-        rshmemi_vst((T*)rshmem_ptr(d, pe), v);                                                       \
+        rshmemi_vst((T*)rshmemi_ptr(d, pe), v);                                                       \
     }                                                                                                \
     __device__ __forceinline__ T rshmem_##NAME##_g(const T* s, int pe)                              \
     {                                                                                                \
@@ -799,7 +810,7 @@ template <typename T> __device__ __forceinline__ T rshmemi_vld(const T* p) {
             T zero{};                                                                                \
             return zero;                                                                             \
         }                                                                                            \
-        return rshmemi_vld((const T*)rshmem_ptr(s, pe));                                             \
+        return rshmemi_vld((const T*)rshmemi_ptr(s, pe));                                             \
     }                                                                                                \
     __device__ __forceinline__ void rshmem_##NAME##_put_signal(T* d, const T* s, size_t_rshmem n,   \
         rshmem_u64* sig, rshmem_u64 value, int op, int pe)                                          \
@@ -825,23 +836,23 @@ RSHMEM_FOR_EACH_TYPE(RSHMEMI_TYPED)
 
 #define RSHMEMI_AMO(NAME, T, U)                                                                     \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_add(T* d, T v, int pe)                \
-    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicAdd_system((U*)rshmem_ptr(d, pe), (U)v); }       \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicAdd_system((U*)rshmemi_ptr(d, pe), (U)v); }       \
     __device__ __forceinline__ void rshmem_##NAME##_atomic_add(T* d, T v, int pe)                   \
-    { RSHMEMI_LOCAL_ONLY(pe, ) atomicAdd_system((U*)rshmem_ptr(d, pe), (U)v); }                     \
+    { RSHMEMI_LOCAL_ONLY(pe, ) atomicAdd_system((U*)rshmemi_ptr(d, pe), (U)v); }                     \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_swap(T* d, T v, int pe)                     \
-    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicExch_system((U*)rshmem_ptr(d, pe), (U)v); }      \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicExch_system((U*)rshmemi_ptr(d, pe), (U)v); }      \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_compare_swap(T* d, T cond, T v, int pe)     \
-    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicCAS_system((U*)rshmem_ptr(d, pe), (U)cond, (U)v); } \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicCAS_system((U*)rshmemi_ptr(d, pe), (U)cond, (U)v); } \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_and(T* d, T v, int pe)                \
-    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicAnd_system((U*)rshmem_ptr(d, pe), (U)v); }       \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicAnd_system((U*)rshmemi_ptr(d, pe), (U)v); }       \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_or(T* d, T v, int pe)                 \
-    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicOr_system((U*)rshmem_ptr(d, pe), (U)v); }        \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicOr_system((U*)rshmemi_ptr(d, pe), (U)v); }        \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch_xor(T* d, T v, int pe)                \
-    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicXor_system((U*)rshmem_ptr(d, pe), (U)v); }       \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicXor_system((U*)rshmemi_ptr(d, pe), (U)v); }       \
     __device__ __forceinline__ T rshmem_##NAME##_atomic_fetch(const T* d, int pe)                   \
-    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicOr_system((U*)rshmem_ptr(d, pe), (U)0); }        \
+    { RSHMEMI_LOCAL_ONLY(pe, (T)0) return (T)atomicOr_system((U*)rshmemi_ptr(d, pe), (U)0); }        \
     __device__ __forceinline__ void rshmem_##NAME##_atomic_set(T* d, T v, int pe)                   \
-    { RSHMEMI_LOCAL_ONLY(pe, ) atomicExch_system((U*)rshmem_ptr(d, pe), (U)v); }
+    { RSHMEMI_LOCAL_ONLY(pe, ) atomicExch_system((U*)rshmemi_ptr(d, pe), (U)v); }
 
 RSHMEM_FOR_EACH_AMO_TYPE(RSHMEMI_AMO)
 

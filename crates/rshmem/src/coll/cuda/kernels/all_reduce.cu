@@ -271,7 +271,7 @@ __device__ __forceinline__ void rshmemi_pair_push_all_reduce(rshmemi_v4* dst, co
     __shared__ int lost;
     const int me = team.my_index, other = 1 - me;
     const unsigned tid = threadIdx.x, nth = blockDim.x, b = blockIdx.x, G = gridDim.x;
-    rshmemi_v4* theirs = (rshmemi_v4*)rshmem_ptr((void*)dst, rshmemi_member(team, other));
+    rshmemi_v4* theirs = (rshmemi_v4*)rshmemi_ptr((void*)dst, rshmemi_member(team, other));
     const rshmem_u64 c = (nv + G - 1) / G, lo = (rshmem_u64)b * c;
     const rshmem_u64 len = lo < nv ? (nv - lo < c ? nv - lo : c) : 0;
     rshmem_u64 st = len / 16;
@@ -386,10 +386,10 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
     const rshmem_u64 row = (rshmem_u64)team.slot * (rshmem_u64)rshmem_dstate.n_pes;
     rshmem_u64* exp = rshmemi_my_sync() + rshmem_dstate.sync_exp + row;
     for (int i = tid; i < N; i += nth) {
-        from[i] = (const rshmemi_v4*)(i == me ? (const void*)src : rshmem_ptr((const void*)src, rshmemi_member(team, i)));
+        from[i] = (const rshmemi_v4*)(i == me ? (const void*)src : rshmemi_ptr((const void*)src, rshmemi_member(team, i)));
         // Destinations of the two-shot: the members after this PE in team order, then this PE.
         const int j = (me + 1 + i) % N;
-        to[i] = (rshmemi_v4*)(j == me ? (void*)dst : rshmem_ptr((void*)dst, rshmemi_member(team, j)));
+        to[i] = (rshmemi_v4*)(j == me ? (void*)dst : rshmemi_ptr((void*)dst, rshmemi_member(team, j)));
     }
     rshmemi_pull_handshake(S, team, ck, ll, exp, true);
     if ((mode & RSHMEMI_PULL_AR_PUSH) && N == 2) {

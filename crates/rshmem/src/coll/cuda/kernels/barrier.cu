@@ -40,7 +40,7 @@ __device__ bool rshmemi_sig_sync(rshmem_team team, const rshmemi_check& ck) {
     const int my_pe = rshmem_dstate.my_pe;
     if (tid == 0) { first_bad = 0x7fffffff; max_syncs = 0; }
     for (int i = tid; i < team.size; i += nth) {
-        volatile rshmem_u64* d = (volatile rshmem_u64*)rshmem_ptr(ck.slots + (rshmem_u64)my_pe * RSHMEMI_SIG_WORDS,
+        volatile rshmem_u64* d = (volatile rshmem_u64*)rshmemi_ptr(ck.slots + (rshmem_u64)my_pe * RSHMEMI_SIG_WORDS,
                                                                   rshmemi_member(team, i));
         // What a member wrote before the LL header an earlier call of this PE saw (that
         // member's clearing of this PE's slot, released at the end of its kernel) comes before

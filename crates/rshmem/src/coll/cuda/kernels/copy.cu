@@ -22,7 +22,7 @@ extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_tea
         bool ok = rshmemi_sig_sync(team, ck);
         for (int i = 0; i < n && ok && !rshmemi_coll_gave_up(); i++) {
             const rshmemi_copy_desc& d = c.d[i];
-            const void* s = d.pe >= 0 ? rshmem_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
+            const void* s = d.pe >= 0 ? rshmemi_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
             rshmemi_copy((void*)d.dst, s, d.bytes, threadIdx.x, blockDim.x);
         }
         rshmem_team_sync_block(team);
@@ -31,7 +31,7 @@ extern "C" __global__ void rshmemi_coll_copy(rshmemi_copies c, int n, rshmem_tea
     if (rshmemi_coll_gave_up() || rshmemi_coll_skip(ck, team)) return;
     unsigned i = blockIdx.x % n, part = blockIdx.x / n, parts = gridDim.x / n;
     const rshmemi_copy_desc& d = c.d[i];
-    const void* s = d.pe >= 0 ? rshmem_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
+    const void* s = d.pe >= 0 ? rshmemi_ptr((const void*)d.src, (int)d.pe) : (const void*)d.src;
     rshmemi_copy((void*)d.dst, s, d.bytes, part * blockDim.x + threadIdx.x, parts * blockDim.x);
 }
 
@@ -66,7 +66,7 @@ extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, con
         if (rows && rshmemi_remote(pe))
             m[t] = rshmemi_vld(rows + (rshmem_u64)pe * row_stride + k);
         else
-            m[t] = rshmemi_vld((const rshmem_u64*)rshmem_ptr(counts + k, pe));
+            m[t] = rshmemi_vld((const rshmem_u64*)rshmemi_ptr(counts + k, pe));
     }
     __syncthreads();
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
@@ -124,7 +124,7 @@ extern "C" __global__ void rshmemi_coll_a2av_dev(char* dst, const char* src, con
     for (int k = 0; k < me; k++) disp += m[j * n + k];
     for (unsigned i = 0; i < j; i++) at += m[i * n + me];
     rshmem_u64 bytes = m[j * n + me] * elem;
-    const char* s = (const char*)rshmem_ptr(src + disp * elem, rshmemi_member(team, j));
+    const char* s = (const char*)rshmemi_ptr(src + disp * elem, rshmemi_member(team, j));
     rshmemi_copy(dst + at * elem, s, bytes, part * blockDim.x + threadIdx.x, parts * blockDim.x);
 }
 
@@ -159,14 +159,14 @@ extern "C" __global__ void rshmemi_coll_a2av_host(char* dst, const char* src, co
     if (rshmemi_coll_gave_up() || *(volatile rshmem_u64*)(err + RSHMEMI_ERR_SKIP + team.slot)) return;
     unsigned jj = blockIdx.x % cn, part = blockIdx.x / cn, parts = gridDim.x / cn;
     int pe = rshmemi_member(team, base + (int)jj);
-    rshmem_u64 c = rshmemi_vld((const rshmem_u64*)rshmem_ptr(meta + me, pe));
-    rshmem_u64 d = rshmemi_vld((const rshmem_u64*)rshmem_ptr(meta + stride + me, pe));
+    rshmem_u64 c = rshmemi_vld((const rshmem_u64*)rshmemi_ptr(meta + me, pe));
+    rshmem_u64 d = rshmemi_vld((const rshmem_u64*)rshmemi_ptr(meta + stride + me, pe));
     rshmem_u64 at = recv.displ[jj];
     if (c != recv.count[jj] || c > src_cap || d > src_cap - c || c > dst_cap || at > dst_cap - c) {
         if (part == 0 && threadIdx.x == 0) atomicOr(err, RSHMEMI_ERR_A2AV);
         return;
     }
-    const char* s = (const char*)rshmem_ptr(src + d * elem, pe);
+    const char* s = (const char*)rshmemi_ptr(src + d * elem, pe);
     rshmemi_copy(dst + at * elem, s, c * elem, part * blockDim.x + threadIdx.x, parts * blockDim.x);
 }
 #endif

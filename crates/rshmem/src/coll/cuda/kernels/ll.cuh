@@ -416,7 +416,7 @@ __device__ __forceinline__ rshmemi_ll_prep rshmemi_ll_prepare(const rshmem_team&
     const int pe = rshmemi_member(team, i < team.size ? i : 0);
     P.sq = rshmemi_ll_seq(ll.done, blockIdx.x, pe);
     P.ex = exp + pe;
-    P.to = (rshmem_u64)rshmem_ptr(rshmemi_ll_lines(ll, 0, rshmem_dstate.my_pe, n_pes), pe);
+    P.to = (rshmem_u64)rshmemi_ptr(rshmemi_ll_lines(ll, 0, rshmem_dstate.my_pe, n_pes), pe);
     P.from = (rshmem_u64)rshmemi_ll_lines(ll, 0, pe, n_pes);
     P.half = (rshmem_u64)n_pes * ll.lines * 16;
     P.err = rshmemi_err_word();

@@ -265,8 +265,8 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
         const int i = (me + 1 + k) % N;
         const rshmemi_v4* s = gather ? src : src + (rshmem_u64)me * w;
         rshmemi_v4* d = dst + (rshmem_u64)me * w;
-        from[k] = i == me ? s : (const rshmemi_v4*)rshmem_ptr(s, rshmemi_member(team, i));
-        to[k] = i == me ? d : (rshmemi_v4*)rshmem_ptr((void*)d, rshmemi_member(team, i));
+        from[k] = i == me ? s : (const rshmemi_v4*)rshmemi_ptr(s, rshmemi_member(team, i));
+        to[k] = i == me ? d : (rshmemi_v4*)rshmemi_ptr((void*)d, rshmemi_member(team, i));
     }
     rshmemi_pull_handshake(S, team, ck, ll, exp, RSHMEMI_PULL_FENCES);
     if (S.verdict == 0) {
@@ -350,8 +350,8 @@ extern "C" __global__ void rshmemi_coll_pull_bcast(rshmemi_v4* dst, const rshmem
     if (S.verdict == 0) {
         const int pos = (me - r + N) % N, up = chain ? (me + N - 1) % N : r, down = (me + 1) % N;
         const rshmemi_v4* s = pos == 0               ? src
-                              : pos == 1 || !chain ? (const rshmemi_v4*)rshmem_ptr((const void*)src, rshmemi_member(team, up))
-                                                   : (const rshmemi_v4*)rshmem_ptr((const void*)dst, rshmemi_member(team, up));
+                              : pos == 1 || !chain ? (const rshmemi_v4*)rshmemi_ptr((const void*)src, rshmemi_member(team, up))
+                                                   : (const rshmemi_v4*)rshmemi_ptr((const void*)dst, rshmemi_member(team, up));
         const rshmem_u64 c = (w + G - 1) / G, lo = (rshmem_u64)b * c;
         const rshmem_u64 len = lo < w ? (w - lo < c ? w - lo : c) : 0;
         rshmem_u64 st = len;

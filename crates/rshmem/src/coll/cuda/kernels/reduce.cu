@@ -13,13 +13,13 @@ __device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 
         for (rshmem_u64 v = tid; v < nv; v += nth) {
             A acc[V];
             {
-                rshmemi_v4 x = ((const rshmemi_v4*)rshmem_ptr(src, rshmemi_member(team, 0)))[v];
+                rshmemi_v4 x = ((const rshmemi_v4*)rshmemi_ptr(src, rshmemi_member(team, 0)))[v];
                 const T* e = (const T*)&x;
 #pragma unroll
                 for (int k = 0; k < V; k++) acc[k] = rshmemi_cvt<T, A>::in(e[k]);
             }
             for (int i = 1; i < team.size; i++) {
-                rshmemi_v4 x = ((const rshmemi_v4*)rshmem_ptr(src, rshmemi_member(team, i)))[v];
+                rshmemi_v4 x = ((const rshmemi_v4*)rshmemi_ptr(src, rshmemi_member(team, i)))[v];
                 const T* e = (const T*)&x;
 #pragma unroll
                 for (int k = 0; k < V; k++) acc[k] = rshmemi_apply<A, OP>(acc[k], rshmemi_cvt<T, A>::in(e[k]));
@@ -33,9 +33,9 @@ __device__ __forceinline__ void rshmemi_reduce(T* dst, const T* src, rshmem_u64 
         done = nv * V;
     }
     for (rshmem_u64 j = done + tid; j < n; j += nth) {
-        A acc = rshmemi_cvt<T, A>::in(((const T*)rshmem_ptr(src, rshmemi_member(team, 0)))[j]);
+        A acc = rshmemi_cvt<T, A>::in(((const T*)rshmemi_ptr(src, rshmemi_member(team, 0)))[j]);
         for (int i = 1; i < team.size; i++)
-            acc = rshmemi_apply<A, OP>(acc, rshmemi_cvt<T, A>::in(((const T*)rshmem_ptr(src, rshmemi_member(team, i)))[j]));
+            acc = rshmemi_apply<A, OP>(acc, rshmemi_cvt<T, A>::in(((const T*)rshmemi_ptr(src, rshmemi_member(team, i)))[j]));
         dst[j] = rshmemi_cvt<T, A>::out(acc);
     }
 }

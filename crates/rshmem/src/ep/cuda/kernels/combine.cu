@@ -143,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_csend(const ep_params* P, c
             // of its own), and s's forwarder on this node sums it with the node's other rows of
             // the token (ep_cfwd).
             ep_t* dst = span && ep_remote(P, (int)s) ? (ep_t*)P->comb + (((1 - parity) * n + s) * C + i) * H
-                                                     : (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
+                                                     : (ep_t*)rshmemi_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
             if (tokens) {
                 if (vec) {
                     const int v0 = (int)(c * chunk) + (int)lane;

@@ -177,8 +177,8 @@ __device__ __forceinline__ void ep_signal(const unsigned long long* ctl, rshmem_
         rshmemi_flag_timeout(pe);
         return;
     }
-    if (aborted) atomicOr_system((unsigned long long*)rshmem_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
-    rshmemi_red_add_release((rshmem_u64*)rshmem_ptr(sig, pe), v);
+    if (aborted) atomicOr_system((unsigned long long*)rshmemi_ptr(peer_ctl_err, pe), EP_ERR_ABORT);
+    rshmemi_red_add_release((rshmem_u64*)rshmemi_ptr(sig, pe), v);
 }
 // As ep_signal, setting PE `pe`'s word `sig` to `v` instead of adding 1; a PE of another node
 // through the proxy, after every request this PE posted before (the ring is carried out in
@@ -192,8 +192,8 @@ __device__ __forceinline__ void ep_signal_set(const unsigned long long* ctl, rsh
         rshmemi_proxy_signal_at(rshmemi_offset(sig), v, RSHMEM_SIGNAL_SET, pe);
         return;
     }
-    if (aborted) atomicOr_system((unsigned long long*)rshmem_ptr((const void*)(ctl + EP_CTL_ERR), pe), EP_ERR_ABORT);
-    rshmemi_st_release((rshmem_u64*)rshmem_ptr(sig, pe), v);
+    if (aborted) atomicOr_system((unsigned long long*)rshmemi_ptr((const void*)(ctl + EP_CTL_ERR), pe), EP_ERR_ABORT);
+    rshmemi_st_release((rshmem_u64*)rshmemi_ptr(sig, pe), v);
 }
 
 // A counter signal (data, combine) that a PE of another node sets instead of adding to: after

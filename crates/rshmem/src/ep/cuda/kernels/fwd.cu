@@ -169,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_fwd(const ep_params* P) {
             for (int q = 0; q < L; q++) {
                 const long long p = fpos[i * LM + q];
                 if (p < 0 || p >= C) continue;
-                unsigned* dst = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + (s * C + p) * RMW, ep_pe(P, ep_member(P, my, q)));
+                unsigned* dst = (unsigned*)rshmemi_ptr((unsigned*)P->recv_meta + (s * C + p) * RMW, ep_pe(P, ep_member(P, my, q)));
                 for (long long k = lane; k < RMW; k += 32) dst[k] = nm[4 + i * RMW + k];
             }
         }
@@ -179,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_fwd(const ep_params* P) {
                 const int q = (int)(u / G);
                 const long long b = u % G, c = min((long long)s_next[q], C), r = (c + G - 1) / G;
                 rshmem_u64* pw = (rshmem_u64*)P->prog + s * G + b;
-                ep_red_max_release((rshmem_u64*)rshmem_ptr(pw, ep_pe(P, ep_member(P, my, q))),
+                ep_red_max_release((rshmem_u64*)rshmemi_ptr(pw, ep_pe(P, ep_member(P, my, q))),
                                    ep_records_in_word(min(c, (b + 1) * r), min(c, b * r)));
             }
         }
@@ -188,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_fwd(const ep_params* P) {
             for (int q = 0; q < L; q++) {
                 const long long p = fpos[i * LM + q];
                 if (p < 0 || p >= C) continue;
-                ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (s * C + p) * H, ep_pe(P, ep_member(P, my, q)));
+                ep_t* dst = (ep_t*)rshmemi_ptr((ep_t*)P->recv_x + (s * C + p) * H, ep_pe(P, ep_member(P, my, q)));
                 ep_copy_row(dst, nx + i * H, H * (long long)sizeof(ep_t), lane);
             }
         }
@@ -243,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_cfwd(const ep_params* P) {
                     const long long p = fpos[i * LM + q];
                     if (p < 0 || p >= C) continue;
                     const ep_t* src = (const ep_t*)P->comb + (((1 - parity) * n + s) * C + p) * H + h;
-                    a += ep_f(*(const ep_t*)rshmem_ptr(src, ep_pe(P, ep_member(P, my, q))));
+                    a += ep_f(*(const ep_t*)rshmemi_ptr(src, ep_pe(P, ep_member(P, my, q))));
                 }
                 ep_from(a, &cx[i * H + h]);
             }

@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
                 continue;
             }
             // The abort bit first (ordered before the signal by its fence and release).
-            if (gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
+            if (gone) atomicOr_system((unsigned long long*)rshmemi_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
             rshmemi_signal_op_collective(ready + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
         }
     }
@@ -132,7 +132,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     // The record for PE d: in its records area, or (another node) in this PE's staging row d,
     // put from there with the signal below.
     auto rec_of = [&](int d) -> rshmem_u64* {
-        return ep_remote(P, d) ? (rshmem_u64*)P->rstage + d * RW : (rshmem_u64*)rshmem_ptr(rec + me * RW, ep_pe(P, d));
+        return ep_remote(P, d) ? (rshmem_u64*)P->rstage + d * RW : (rshmem_u64*)rshmemi_ptr(rec + me * RW, ep_pe(P, d));
     };
     for (int i = tid; i < n * El && !s_gone; i += nth) {
         const int d = i / El, e = i % El;
@@ -160,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
             }
             continue;
         }
-        if (s_gone) atomicOr_system((unsigned long long*)rshmem_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
+        if (s_gone) atomicOr_system((unsigned long long*)rshmemi_ptr(ctl + EP_CTL_ERR, ep_pe(P, d)), EP_ERR_ABORT);
         rshmemi_signal_op_collective(sig + me, epoch, RSHMEM_SIGNAL_SET, ep_pe(P, d));
     }
     if (tid == 0) EP_STAMP(ctl, 3);

@@ -74,13 +74,13 @@ extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_combine_send(const ll_
         // b != 0: the row was placed because a slot names e.
         const long long j = b ? __ffs(b) - 1 : 0;
         rshmem_bfloat16* to = (rshmem_bfloat16*)P->comb + ((h * M + t) * K + j) * H;
-        uint4* dst = (uint4*)rshmem_ptr(to, ll_pe(P, s));
+        uint4* dst = (uint4*)rshmemi_ptr(to, ll_pe(P, s));
         ll_copy(dst, (const uint4*)(y + ((e * nM) + r) * H), H / 8, lane, 32);
     }
     if (ll_last_block(P, 2, h)) {
         for (long long d = 0; d < n; d++) {
             unsigned long long* f = (unsigned long long*)P->cflag + h * n + me;
-            rshmemi_st_release((unsigned long long*)rshmem_ptr(f, ll_pe(P, d)), 1ull);
+            rshmemi_st_release((unsigned long long*)rshmemi_ptr(f, ll_pe(P, d)), 1ull);
         }
     }
 }

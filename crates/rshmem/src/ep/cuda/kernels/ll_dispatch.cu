@@ -136,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_dispatch_send(const ll
         for (long long i = threadIdx.x; i < n * K; i += blockDim.x) {
             const long long d = i / K, j = i % K;
             int* meta = (int*)P->meta + ((h * n + me) * M + t) * K + j;
-            *(int*)rshmem_ptr(meta, ll_pe(P, d)) = s_ids[j];
+            *(int*)rshmemi_ptr(meta, ll_pe(P, d)) = s_ids[j];
         }
         const unsigned long long mask = s_mask;
         unsigned char* stage = (unsigned char*)P->stage + ((h * n + me) * M + t) * rb;
@@ -150,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_dispatch_send(const ll
                     if (v0 + q * nth < nv) r[q] = src[v0 + q * nth];
                 for (long long d = 0; d < n; d++) {
                     if (!(mask >> d & 1)) continue;
-                    uint4* to = (uint4*)rshmem_ptr(stage, ll_pe(P, d));
+                    uint4* to = (uint4*)rshmemi_ptr(stage, ll_pe(P, d));
 #pragma unroll
                     for (int q = 0; q < LL_BATCH; q++)
                         if (v0 + q * nth < nv) to[v0 + q * nth] = r[q];
@@ -174,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_dispatch_send(const ll
                                    ((unsigned)ll_e4m3x2(f[3] * inv, f[2] * inv) << 16);
                 for (long long d = 0; d < n; d++) {
                     if (!(mask >> d & 1)) continue;
-                    unsigned char* r = (unsigned char*)rshmem_ptr(stage, ll_pe(P, d));
+                    unsigned char* r = (unsigned char*)rshmemi_ptr(stage, ll_pe(P, d));
                     ((unsigned*)(r + g * 128))[lane] = q;
                     if (lane == 0) ((float*)(r + H))[g] = scale;
                 }
@@ -185,7 +185,7 @@ extern "C" __global__ void __launch_bounds__(LL_BLOCK) ll_dispatch_send(const ll
     if (ll_last_block(P, 0, h)) {
         for (long long d = 0; d < n; d++) {
             unsigned long long* f = (unsigned long long*)P->dflag + h * n + me;
-            rshmemi_st_release((unsigned long long*)rshmem_ptr(f, ll_pe(P, d)), (unsigned long long)T + 1);
+            rshmemi_st_release((unsigned long long*)rshmemi_ptr(f, ll_pe(P, d)), (unsigned long long)T + 1);
         }
     }
 }

@@ -25,7 +25,7 @@ extern "C" __global__ void ep_cready(const ep_params* P, const ep_t* y) {
     const rshmem_u64 yoff = (rshmem_u64)y - rshmem_dstate.my_base;
     for (int d = threadIdx.x; d < n; d += blockDim.x) {
         const int pe = ep_pe(P, d);
-        *(volatile rshmem_u64*)rshmem_ptr(sig + EP_SIG_YOFF * n + me, pe) = yoff;
+        *(volatile rshmem_u64*)rshmemi_ptr(sig + EP_SIG_YOFF * n + me, pe) = yoff;
         ep_signal_set(ctl, sig + EP_SIG_CREADY * n + me, s_c, pe);
     }
     EP_STAMP_LAST(ctl, 12);
@@ -59,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_cpull(const ep_params* P, e
     if (out == nullptr) out = ep_ptemp(P);
     const rshmem_u64* yoff = (const rshmem_u64*)P->sig + EP_SIG_YOFF * n;
     for (int d = threadIdx.x; d < n; d += blockDim.x)
-        s_base[d] = (const ep_t*)rshmem_ptr((const void*)(rshmem_dstate.my_base + yoff[d]), ep_pe(P, d)) + me * C * H;
+        s_base[d] = (const ep_t*)rshmemi_ptr((const void*)(rshmem_dstate.my_base + yoff[d]), ep_pe(P, d)) + me * C * H;
     __syncthreads();
     EP_STAMP_FIRST(ctl, 14);
     ep_sum_rows((const int*)P->tok_pos, T, n, H, s_base, out, -1);

@@ -77,7 +77,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 const int pos = tok_pos[(long long)t * n + d];
                 if (pos < 0 || pos >= C || (span && ep_remote(P, d))) continue;
                 const long long row = me * C + pos;
-                unsigned* m = (unsigned*)rshmem_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
+                unsigned* m = (unsigned*)rshmemi_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
                 for (long long i = lane; i < RMW; i += 32) {
                     unsigned v;
                     if (i == 0) v = (unsigned)t;
@@ -97,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 for (int bb = b0; bb < b; bb++) lo += bcnt[(long long)bb * n + d];
                 const long long hi = lo + bcnt[(long long)b * n + d];
                 const rshmem_u64 word = ep_records_in_word(min(hi, C), min(lo, C));
-                if (!(span && ep_remote(P, d))) ep_red_max_release((rshmem_u64*)rshmem_ptr(prog + me * G + b, ep_pe(P, d)), word);
+                if (!(span && ep_remote(P, d))) ep_red_max_release((rshmem_u64*)rshmemi_ptr(prog + me * G + b, ep_pe(P, d)), word);
             }
         }
         const bool vec = (H * sizeof(ep_t)) % 16 == 0 && ep_al16((unsigned long long)x | P->recv_x);
@@ -126,14 +126,14 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
 #endif
                     const int pos = tok_pos[t * n + d];
                     if (pos < 0 || pos >= C || ((EP_SEND_SKIP_SELF || em) && d == me) || (span && ep_remote(P, d))) continue;
-                    rshmemi_v4* dst = (rshmemi_v4*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                    rshmemi_v4* dst = (rshmemi_v4*)rshmemi_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
                     ep_store<EP_SEND_U>(dst, r, v0, lim);
                 }
             } else {
                 for (int d = 0; d < n; d++) {
                     const int pos = tok_pos[t * n + d];
                     if (pos < 0 || pos >= C || (em && d == me) || (span && ep_remote(P, d))) continue;
-                    ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
+                    ep_t* dst = (ep_t*)rshmemi_ptr((ep_t*)P->recv_x + (me * C + pos) * H, ep_pe(P, d));
                     if (em) ep_copy_row_canon(dst, x + t * H, H, lane);
                     else ep_copy_row(dst, x + t * H, H * (long long)sizeof(ep_t), lane);
                 }

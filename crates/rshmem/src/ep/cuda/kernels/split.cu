@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(EP_SPLIT_BLOCK) ep_csplit(const ep_
                 const long long sp = t % (n - 1), i = t / (n - 1), s = sp < me ? sp : sp + 1, g = s * C + i;
                 if (i >= recv_cnt[s]) continue;
                 const unsigned* wts = (const unsigned*)P->recv_meta + g * RMW + 1 + K;
-                ep_t* dst = (ep_t*)rshmem_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
+                ep_t* dst = (ep_t*)rshmemi_ptr((ep_t*)P->comb + ((parity * n + me) * C + i) * H, ep_pe(P, (int)s));
                 if (vec) {
                     float acc[EP_UR][EP_VEC];
                     ep_split_partial<EP_UR>(acc, tok_rows + g * K, wts, K, y, H, (int)(c * chunk) + (int)lane, nv, lane, dst);
