@@ -109,9 +109,8 @@ pub fn bench(
         // contiguous share per block): the blocks take pieces of this size in turn, every
         // block inside one moving window of the buffer. The SM one a multiple of 16, the bulk
         // one of the bulk stage size (8 KiB unless RSHMEM_BENCH_NVRTC_OPTS sets
-        // RSHMEMI_BULK_CHUNK). 2x H100, 1 GiB, against cuMemcpyPeerAsync: contiguous shares
-        // put / get 0.912 / 0.925 (SM), 0.740 / 0.726 (bulk); 64 KiB pieces 0.935 / 0.944 (SM),
-        // 0.941 / 0.944 (bulk); 256 KiB and 1 MiB pieces the same at 1 GiB, worse below 64 MiB.
+        // RSHMEMI_BULK_CHUNK). Pieces of 64 KiB move more than contiguous shares (the bulk
+        // copies by far) and, at smaller sizes, than larger pieces.
         let (chunk, bulk_chunk) = (settings.chunk, settings.bulk_chunk);
         for &n in sizes {
             let iters = if n >= 64 << 20 { 10 } else { 100 };

@@ -6,7 +6,7 @@
 //! three *ports*, links of its own that no route crosses but that its transfers do: the SMs
 //! storing into peers (`store`), the SMs loading from peers (`load`) and local copies (`hbm`).
 //! A port caps what one GPU moves however many links it spreads over, which is what the
-//! measurements show (2 GPUs on 18 NVLinks: 478 GB/s raw, 370 GB/s by SM stores).
+//! measurements show (SM stores into peers stay well below the links' raw bandwidth).
 
 use crate::{Result, SimError};
 use serde::Deserialize;
@@ -52,7 +52,7 @@ pub struct Model {
     /// b times this.
     pub block_gbps: f64,
     /// A system-scope fence and the flag after it, beyond the flag's own latency, µs
-    /// (measured, not fitted: data, fence and flag took 1.72 µs one way where a flag took 0.74).
+    /// (measured, not fitted: data, fence and flag one way less a flag alone).
     pub fence_us: f64,
     /// What an LL call that takes its data lines only after the header's verdict
     /// ([`rshmem::cuda::traffic::ll_late_waits`]) spends on that wait: a block barrier and a

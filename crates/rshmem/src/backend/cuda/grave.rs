@@ -4,11 +4,11 @@
 //! or PCIe when the peer's GPU differs). A PE that ends first (its finalize barrier timed out
 //! because a peer is stuck, or it simply finished earlier) must not free its heap while a
 //! peer's kernel may still read or write it: on another GPU that access faults, and the fault
-//! is sticky, poisoning every later use of that GPU's context in the process (seen on 2x H200
-//! with 18 to 72 thread PEs whose barriers timed out: the timeouts were followed by
-//! `CUDA_ERROR_ILLEGAL_ADDRESS` in the PEs that kept running). So a PE's heap goes here when it
-//! ends, and the last PE of the world in this process releases them all, after synchronising
-//! every GPU they live on (kernels of timed-out waits drain within the device timeout).
+//! is sticky, poisoning every later use of that GPU's context in the process (after barriers
+//! time out, the PEs that keep running get `CUDA_ERROR_ILLEGAL_ADDRESS`). So a PE's heap goes
+//! here when it ends, and the last PE of the world in this process releases them all, after
+//! synchronising every GPU they live on (kernels of timed-out waits drain within the device
+//! timeout).
 
 use std::sync::Mutex;
 

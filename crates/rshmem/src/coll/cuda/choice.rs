@@ -78,8 +78,7 @@ impl PathRules<'_> {
     /// a pair, `2 / members` of it on larger teams (rounded down to 16 bytes). Each member
     /// pushes its whole message, twice its size with the flags, to every other member, so the
     /// LL path's traffic grows with the team where the two-shot pull's stays about twice the
-    /// message: the size where the pull overtakes it shrinks as the team grows (BENCHMARKS.md,
-    /// 4x H200).
+    /// message: the size where the pull overtakes it shrinks as the team grows (BENCHMARKS.md).
     pub fn ll_all_reduce_bytes(&self, members: usize) -> usize {
         if members <= 2 {
             self.ll_sizes.all_reduce
@@ -418,7 +417,7 @@ mod tests {
         }
     }
 
-    /// The paths the 2x and 4x H200 benchmark runs report (2.5 GiB heaps: 512 KiB / 1 MiB LL
+    /// The paths the 2- and 4-GPU benchmark runs report (2.5 GiB heaps: 512 KiB / 1 MiB LL
     /// sizes), from the default tuning.
     #[test]
     fn default_paths_match_the_benchmarks() {

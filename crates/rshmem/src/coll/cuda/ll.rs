@@ -7,26 +7,20 @@ pub const LL_MAX_MEMBERS: usize = 16;
 /// Team slots with an LL area (the world's and the first teams made after it).
 pub(super) const LL_SLOTS: usize = 4;
 /// Most blocks of an LL all_reduce: its blocks wait for peers, so they must leave SMs to the
-/// peers' kernels when PEs share a GPU. 2x H100, graph replay, a line per thread, 64 against
-/// 128 blocks: 256 KiB 6.20 against 5.47 us.
+/// peers' kernels when PEs share a GPU; 128, since fewer make large calls slower.
 pub(super) const LL_MAX_BLOCKS: u32 = 128;
 /// Most lines per LL all_reduce thread (`RSHMEMI_LL_U` of `kernels/`: one batch of loads).
 pub(super) const LL_LINES_PER_THREAD: usize = 4;
 /// Lines per LL all_reduce thread the grid is sized for below the block cap: one, so a call
 /// spreads over as many SMs as it can (one SM stores into a peer at only about 13-20 GB/s).
-/// 2x H100, graph replay, 4 against 1: 8 KiB 4.75 against 4.00 us, 64 KiB 5.19 against 4.08,
-/// 128 KiB 5.52 against 4.48; reduce_scatter 64 KiB 5.18 against 4.22.
 pub(super) const LL_THREAD_LINES: usize = 1;
-/// Most blocks of an LL all_to_all (bandwidth-bound up to its larger size; the same care).
-/// 2x H200, graph replay, 32 against 64 blocks: all_to_all 1 MiB 7.62 against 7.26 us,
-/// all_gather 1 MiB 7.90 against 7.33 (128: 7.42 and 7.63).
+/// Most blocks of an LL all_to_all (bandwidth-bound up to its larger size; the same care):
+/// 64, faster at its largest sizes than 32 or 128.
 pub(super) const LL_A2A_MAX_BLOCKS: u32 = 64;
 /// An LL all_to_all of more than two lines per thread on that many blocks spreads over up to
 /// twice as many, two lines per thread (each kernel runs the batch its lines need, `kernels/`).
-/// 2x H100, graph replay, early launch, 64 against 128 blocks: 1 MiB 6.69 against 6.45-6.55 us;
-/// 512 KiB (two lines per thread on 64) 4.97-5.00 against 5.19-5.31, so not below. The
-/// all_gather (1 MiB 6.56-6.62 against 6.59-6.63) and the broadcast (512 KiB 5.45-5.46 against
-/// 5.59-5.60) keep 64.
+/// More blocks pay only past two lines per thread (at two they make the call slower); the
+/// all_gather and the broadcast gain nothing from them and keep 64.
 pub(super) fn ll_a2a_grid_cap(lines: usize, threads: u32, cap: u32) -> u32 {
     let per_two = lines.div_ceil(2 * threads as usize);
     if per_two > cap as usize {
@@ -49,9 +43,8 @@ pub(super) const PULL_AR_TWO_SHOT: u64 = 2;
 pub(super) const PULL_AR_SCATTER: u64 = 4;
 pub(super) const LL_THREADS: u32 = 256;
 /// Most blocks of a pull kernel (they wait for peers, like the LL kernels, but one block per
-/// SM of an H100/H200 at most). 2x H200, same run, 64 against 128 blocks: a pair's all_reduce
-/// by stores 1 GiB 342 against 360 GB/s bus bandwidth, all_to_all by stores 1 GiB 319 against
-/// 348 (BENCHMARKS.md).
+/// SM of an H100/H200 at most): 128, since 64 leave the pair paths by stores short of the
+/// link's bandwidth (BENCHMARKS.md).
 pub(super) const PULL_MAX_BLOCKS: u32 = 128;
 /// Bytes per pull all_to_all block: two rounds of eight 16-byte loads per thread.
 pub(super) const PULL_BLOCK_BYTES: usize = LL_THREADS as usize * 256;
@@ -73,14 +66,13 @@ pub(super) struct LlArg {
 /// `rshmemi_ll::flags` bit (`RSHMEMI_LL_CTRL_WARP`): the LL all_reduce / reduce_scatter kernel
 /// runs a control warp per block beside its data threads (it pushes the header and takes the
 /// verdict; the data threads poll their first lines beside it instead of after it). Set for
-/// the all_reduce only ([`LL_CTRL_LINES`]; the reduce_scatter was slower with it).
+/// the all_reduce only ([`LL_CTRL_LINES`]; the reduce_scatter is slower with it).
 pub(super) const LL_CTRL_WARP: u64 = 2;
 /// Most lines (threads at a line each) of an LL all_reduce call that runs with a control warp
 /// per block (`RSHMEM_CUDA_COLL_LL_CTRL_LINES`; 0: never); calls of one block
-/// run without (their one warp of verdicts folds its line beside it anyway). 2x H200, graph,
-/// same binary, with / without: all_reduce 4 KiB 2.75-2.79 / 2.94-2.96 us, 8 KiB 2.84-2.86 /
-/// 2.95-2.96, 16 KiB 2.93-2.96 / 2.98-2.99, 32 KiB 3.04-3.05 / 3.00-3.10, 64 KiB 3.23-3.25 /
-/// 3.01-3.05 (every thread polling while the lines still come in slows the larger calls).
+/// run without (their one warp of verdicts folds its line beside it anyway). The control warp
+/// makes calls up to 16 KiB faster and larger ones slower (every thread polling while the
+/// lines still come in).
 pub(super) const LL_CTRL_LINES: usize = 2048;
 
 /// Whether an LL all_reduce call of `lines` lines on blocks of `threads` data threads runs a
@@ -94,8 +86,7 @@ pub(super) fn uses_ctrl_warp(lines: usize, threads: u32, ctrl_lines: usize) -> b
 pub(super) const LL_EARLY_LAUNCH: u64 = 1;
 
 /// Largest default LL all_reduce size (`RSHMEM_CUDA_COLL_LL_BYTES` unset): 512 KiB, the
-/// largest size where the LL all_reduce beat NCCL on 2 H200s (1.09x at 512 KiB, 0.87x at
-/// 1 MiB, graph replay; the barrier-based two-shot took twice NCCL's time from 256 KiB).
+/// largest size where the LL all_reduce beats NCCL on a pair (BENCHMARKS.md).
 pub const COLL_LL_BYTES: usize = 512 << 10;
 /// Largest default LL all_to_all size (`RSHMEM_CUDA_COLL_LL_A2A_BYTES` unset; all of a
 /// member's input, every pair's share together): 1 MiB.
@@ -153,8 +144,8 @@ pub fn default_ll_sizes(heap: usize, n_pes: usize) -> LlSizes {
 
 /// Most blocks of any LL or pull kernel (`RSHMEMI_LL_MAX_BLOCKS` of `kernels/`): each block
 /// keeps its own copy of the pair sequences, so a call's blocks never wait for one another at
-/// its end (an end of several blocks took 850-930 cycles against 320-440 for one when block
-/// 0 moved a single copy once every block had read it).
+/// its end (a single copy, moved by block 0 once every block had read it, would make the end
+/// of a call of several blocks about twice as slow as one block's).
 pub(super) const LL_KERNEL_MAX_BLOCKS: u32 = 128;
 
 /// Private u32 words per LL slot: the blocks' end arrivals (`rshmemi_ll_end`), then per block

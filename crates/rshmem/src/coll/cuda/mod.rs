@@ -703,8 +703,7 @@ impl<'a> GpuColl<'a> {
                 0,
             );
             let grid = (g.lines, g.cap, self.ll_threads);
-            // (No control warp: 2x H200, graph, with / without, 8 KiB 2.92-2.94 / 2.89-2.90
-            // us, 16 KiB 3.03-3.06 / 2.91-2.97, 64 KiB 3.25-3.26 / 2.98-3.02.)
+            // (No control warp: it makes the reduce_scatter slower.)
             let stride = Some(count as u64);
             return self.ll_launch(s, lf, (to, sr, count), grid, dt, ck, ll, stride);
         }

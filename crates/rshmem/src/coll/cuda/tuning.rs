@@ -22,8 +22,7 @@ pub const COLL_FUSED_BYTES: usize = 64 << 10;
 pub const COLL_PULL_ALL_REDUCE_BYTES: usize = 8 << 20;
 
 /// Default [`CollTuning::pull_all_reduce`] for two-member teams: every size. A pair's pull
-/// moves as many bytes over the link as two-shot, in one kernel instead of five launches
-/// (2x H200, same run: 1.18x the two-shot path's bus bandwidth at 64 MiB).
+/// moves as many bytes over the link as two-shot, in one kernel instead of five launches.
 pub const COLL_PULL_ALL_REDUCE_PAIR_BYTES: usize = usize::MAX;
 
 /// Default [`CollTuning::two_shot_pull`] for teams of three or more members: every pull
@@ -36,33 +35,28 @@ pub const COLL_TWO_SHOT_PULL_PAIR_BYTES: usize = 0;
 
 /// Default [`CollTuning::pull_reduce_scatter`]: 8 MiB. Past it the barrier-based plan's
 /// reduce kernel, on every SM, reads the parts faster than the pull kernel's 128 blocks
-/// (BENCHMARKS.md, 4x H200).
+/// (BENCHMARKS.md).
 pub const COLL_PULL_RS_BYTES: usize = 8 << 20;
 
-/// Default [`CollTuning::push_all_reduce`]: 256 MiB (2x H200, same run, pushes against
-/// loads on 64 blocks: 1 GiB 341.6-344.2 against 336.9-337.2 GB/s bus bandwidth, 256 MiB
-/// 333.9-336.2 against 333.3-333.8, 64 MiB 284-293 against 323-325; on 128 blocks pushing
-/// at every size took 14.3-14.8 against 13.1 us at 2 MiB, 59.4 against 56.7-56.9 at 16 MiB,
-/// and tied at 64 MiB; BENCHMARKS.md).
+/// Default [`CollTuning::push_all_reduce`]: 256 MiB. From there pushes on 64 blocks beat
+/// loads; below it they lose, and on 128 blocks they gain nothing at any size (BENCHMARKS.md).
 pub const COLL_PUSH_ALL_REDUCE_BYTES: usize = 256 << 20;
 
 /// Default [`CollTuning::pull_broadcast`]: every size (past
 /// [`CollTuning::chain_broadcast`] on teams of more than two, along a chain).
 pub const COLL_PULL_BCAST_BYTES: usize = usize::MAX;
 
-/// Default [`CollTuning::chain_broadcast`]. On 4x H200 (same run, 4 members) everyone
-/// reading the root took 18.8 us at 1 MiB where the chain took 22.4 (three hops of
-/// latency), and 27.4 against 25.3 at 2 MiB; from 8 MiB the chain is 1.8x faster (the root's
-/// links carry one copy instead of three).
+/// Default [`CollTuning::chain_broadcast`]. Up to it everyone reading the root is faster
+/// than the chain (a hop of latency per member); past it the chain wins, more so as sizes
+/// grow (the root's links carry one copy instead of one per reader).
 pub const COLL_CHAIN_BCAST_BYTES: usize = 1 << 20;
 
-/// Default [`CollTuning::pull_all_to_all`]: every size (2x H200, same run, by stores on 128
-/// blocks against the barrier-based plan: 64 MiB 1.29-1.31x against 1.19x NCCL's bus
-/// bandwidth, 1 GiB 1.05x against 1.00x).
+/// Default [`CollTuning::pull_all_to_all`]: every size (by stores on 128 blocks it beats the
+/// barrier-based plan up to the largest sizes; BENCHMARKS.md).
 pub const COLL_PULL_A2A_BYTES: usize = usize::MAX;
 
-/// Default [`CollTuning::push_all_to_all`]: every pull size (2x H200, same run, stores against
-/// loads: 2 MiB 10.3 against 11.6 us, 1 GiB 348 against 335 GB/s bus bandwidth).
+/// Default [`CollTuning::push_all_to_all`]: every pull size (stores beat loads from small
+/// sizes to the largest; BENCHMARKS.md).
 pub const COLL_PUSH_A2A_BYTES: usize = 1;
 
 /// A size threshold of the GPU collectives for two-member teams and for larger ones: the
@@ -108,7 +102,7 @@ impl PerTeam {
 /// How the GPU collectives choose their paths and size their kernels. Every PE of a job must
 /// use the same values: a call that runs another way on one member is reported as a
 /// [`crate::Error::CollectiveMismatch`]. `Default` holds the measured defaults (each field's
-/// constant says where it was measured); [`CollTuning::from_env`] reads the
+/// constant says why it is what it is); [`CollTuning::from_env`] reads the
 /// `RSHMEM_CUDA_COLL_*` variables once. Sizes are bytes; 0 turns a path off where noted.
 ///
 /// ```

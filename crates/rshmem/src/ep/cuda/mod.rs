@@ -52,7 +52,7 @@
 //!    always within the receive areas, while the records travelled); the error is latched in a
 //!    device flag that [`GpuBuffer::check`] turns into [`Error::Capacity`] /
 //!    [`Error::InvalidArgument`]. Rows thus leave about as soon as the layout is known rather
-//!    than after a round trip of records (2x H200, T = 4096: BENCHMARKS.md).
+//!    than after a round trip of records (BENCHMARKS.md).
 //! 3. Expert-major buffers: `ep_pstream` (grid) moves rows **while they are still coming
 //!    in**, and **the rows announce themselves**: nothing is published or fenced per row. The
 //!    receive area holds a sentinel (every element all ones) where no row is; `ep_send` stores
@@ -108,7 +108,7 @@
 //!    pull and split combines; it fails without any one of those stores back).
 //!    Where `out` overlaps `y` or the buffer on a PE, that PE's summers store its own partial
 //!    rows instead and `ep_cwait`/`ep_crecv` sum after the kernel; its peers cannot tell.
-//!    2x H200, T = 4096: 195-197 us against 231-234 for the three kernels (BENCHMARKS.md).
+//!    It combines faster than `ep_csend`, `ep_cwait` and `ep_crecv` (BENCHMARKS.md).
 //! 5. `combine_tokens` **pulling** ([`TokensCombine`]; the default where a pair's rows reach
 //!    [`PULL_MIN_PAIR_BYTES`]): `ep_cready` (one block) puts this PE's `y` offset and a ready
 //!    signal to every PE and waits for theirs; `ep_cpull` (grid) reads each token's rows from
@@ -125,10 +125,9 @@
 //!   sees that number (asking the stream every 256 spins whether it failed or went idle) and
 //!   reads them there, without synchronising the stream ([`Dispatch::rows`],
 //!   [`Dispatch::expert_counts`], [`Dispatch::recv_tokens_per_pe`], and any error; the device
-//!   error word is read again, and taken, only when it is set). Against two synchronous copies
-//!   after a synchronisation this took 20-26 us off a T = 4096 step and 20-30 us off a T = 128
-//!   one; waiting for the number instead of synchronising, 1-4 us and 4-5 us more (2x H200,
-//!   BENCHMARKS.md). While the stream is being
+//!   error word is read again, and taken, only when it is set). That is faster than two
+//!   synchronous copies after a synchronisation, and waiting for the number faster than
+//!   synchronising (BENCHMARKS.md). While the stream is being
 //!   captured into a CUDA graph it does not synchronise: the counts stay on the device (those
 //!   methods return `None`), errors are latched for [`GpuBuffer::check`], and the step replays
 //!   like a capturable one (its receive area is sized for the worst case, so it cannot
@@ -274,7 +273,7 @@
 //!   [`GpuColl`](crate::cuda::GpuColl)).
 //!
 //! # Status
-//! Run on 2x H200 (one PE per GPU, and 4 thread-PEs on the 2 GPUs), on 4x H200 and on one GPU
+//! Run on 2 GPUs (one PE per GPU, and 4 thread-PEs on the 2 GPUs), on 4 GPUs and on one GPU
 //! shared by the PEs: as threads, as processes and mixed (`tests/cuda_ep.rs`, 30 tests). Across
 //! nodes, forwarding once per node: `tests/cuda_fabric_ep.rs` (2 nodes of one PE, 2 nodes of
 //! two, a node of one beside a node of two, a killed node of one and of two) on one GPU shared
@@ -357,8 +356,7 @@ const BLOCK: u32 = 512;
 /// Threads per block of `ep_send` for expert-major buffers and of `ep_pstream`: `ep_send` takes
 /// at most 128 registers per thread and `ep_pstream` at most 96 (`EP_PSTREAM_REGS`), so one
 /// block of each fits on an SM (`ep_pstream` moves rows while `ep_send` runs). The send needs
-/// few threads (its rows announce themselves: no fences), the expansion many (2x H200:
-/// BENCHMARKS.md).
+/// few threads (its rows announce themselves: no fences), the expansion many (BENCHMARKS.md).
 const EM_SEND_BLOCK: u32 = 128;
 const PSTREAM_BLOCK: u32 = 448;
 /// Threads per block of `ep_csplit` (`EP_SPLIT_BLOCK`: one block per SM, no spills to speak of).
@@ -398,11 +396,11 @@ pub enum TokensCombine {
     Push,
     /// Each PE reads its tokens' rows straight from its peers' `y` and sums them as they come:
     /// one pass, but a ready and a done handshake (y stays untouched until every peer has read
-    /// it). 2x H200, T = 4096, H = 7168 bf16: 193 us against 222 us pushed.
+    /// it): the faster at prefill sizes.
     Pull,
 }
 
-/// [`TokensCombine::Auto`]'s threshold (2x H200: BENCHMARKS.md).
+/// [`TokensCombine::Auto`]'s threshold (BENCHMARKS.md).
 pub const PULL_MIN_PAIR_BYTES: usize = 8 << 20;
 
 impl TokensCombine {

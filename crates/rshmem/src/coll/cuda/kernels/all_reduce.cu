@@ -76,13 +76,12 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
     rshmemi_ll_verdicts(S, team, ck);
     if (RSHMEMI_LL_STAMPS && blockIdx.x == 0 && threadIdx.x == blockDim.x - 32) vt = clock64();
     // A call of one block folds its first batch beside the verdicts (kept in registers until
-    // they are in): its one data line and the header arrive together; so does a call with a
-    // control warp (the host runs one on several blocks up to 16 KiB: 2x H200, 4 KiB 2.75-2.79
-    // against 2.94-2.96 us without; otherwise the warp that took the verdict had one more load
-    // round trip for its own line after it). A call of more blocks without one folds after
-    // them: every thread polling while the lines still stream in slowed it
-    // (RSHMEMI_LL_AR_EARLY; 2x H100, graph: 64 KiB 4.08 -> 3.94-3.97 us, 128 KiB 4.51 -> 4.19;
-    // 8 bytes 3.14 -> 3.35-3.63 when its one block waits after the verdicts).
+    // they are in): its one data line and the header arrive together (waiting after the
+    // verdicts would make it slower); so does a call with a control warp (the host runs one on
+    // several blocks up to 16 KiB, where it makes calls faster: otherwise the warp that takes
+    // the verdict has one more load round trip for its own line after it). A call of more
+    // blocks without one folds after them: every thread polling while the lines still stream
+    // in slows it (RSHMEMI_LL_AR_EARLY).
     A acc[U][8 / sizeof(T)];
     const volatile int* abort = (const volatile int*)&S.abort;
     const bool early = RSHMEMI_LL_AR_EARLY == 2 ? gridDim.x == 1 || ctrl : RSHMEMI_LL_AR_EARLY != 0;
@@ -137,9 +136,8 @@ __device__ __forceinline__ void rshmemi_ll_all_reduce(T* dst, const T* src, rshm
 // reads this PE's src. The fence is at GPU scope: after the block's barrier every load of the
 // block has returned its value (each was stored before it), so no later write of a member can
 // change what was read; the fence only keeps the done store after them, which any scope does,
-// and the system scope waited for this block's local stores to be performed system-wide too
-// (2 GPUs, graph replay: all_reduce 1 MiB 11.98 -> 11.03 us, all_to_all 4 MiB 15.67 -> 14.85,
-// broadcast 1 MiB 11.25 -> 10.78).
+// and the system scope would wait for this block's local stores to be performed system-wide
+// too, which makes the calls slower.
 // sys (the pushing all_to_all): the block stored into members' memory, so the fence is at
 // system scope (the stores are performed at their GPUs before the done line says so).
 __device__ __forceinline__ void rshmemi_pull_done(const rshmemi_ll_shared& S, const rshmem_team& team, unsigned b,
@@ -212,7 +210,7 @@ __device__ __forceinline__ bool rshmemi_ll_wait_count(const rshmem_u64* p, unsig
 // host from GpuColl::push_all_reduce_bytes and carried in the call's signature): each member
 // stores its src into the other's dst over the peer mapping, and folds what the other stored
 // into its own dst with its src, in team order. Both GPUs storing to each other at once move
-// more than both loading from each other (2x H200, 1 GiB each way: 365 against 336 GB/s).
+// more than both loading from each other.
 // Block b takes vectors [b·c, (b+1)·c) (c = ceil(nv / blocks)) in steps (a sixteenth of its
 // part, 64 to 256 KiB); after storing step k it publishes k + 1 as line RSHMEMI_SIG_WORDS + b
 // to the other member (after the block's barrier and a system-scope release fence: the stores
@@ -222,7 +220,7 @@ __device__ __forceinline__ bool rshmemi_ll_wait_count(const rshmem_u64* p, unsig
 // has arrived and been folded, so no store of this call is pending when either kernel ends.
 // No member reads the other's memory, so no done lines. A wait that gives up stops this
 // member's stores and folds (the other then times out too). The system-scope fence per step
-// (about 1.7 us) makes it lose to the pull below about 256 MiB (BENCHMARKS.md).
+// (more than a microsecond) makes it lose to the pull below about 256 MiB (BENCHMARKS.md).
 #ifndef RSHMEMI_PUSH_MIN_VECS
 #define RSHMEMI_PUSH_MIN_VECS 4096
 #endif
@@ -369,7 +367,7 @@ __device__ __forceinline__ void rshmemi_pull_fold(rshmemi_v4* const* to, int nto
 // parts of n): member i folds part i of every member's src into its own dst; plain done lines.
 // RSHMEMI_PULL_PAIR_LOADS 0 (a compile option for measurements, through
 // RSHMEM_CUDA_COLL_NVRTC_OPTS): a pair's pull all_reduce loads its members' vectors one member
-// after the other like larger teams' (the former code).
+// after the other like larger teams'.
 #ifndef RSHMEMI_PULL_PAIR_LOADS
 #define RSHMEMI_PULL_PAIR_LOADS 1
 #endif
@@ -417,7 +415,7 @@ __device__ __forceinline__ void rshmemi_pull_all_reduce(T* dst, const T* src, rs
 }
 
 // One line per thread (small messages): the batch of one, whose fewer registers and checks
-// measured 0.6 us faster at 8 bytes (2x H200); more: batches of RSHMEMI_LL_U.
+// make small calls faster; more: batches of RSHMEMI_LL_U.
 #define RSHMEMI_COLL_LL_KERNEL(NAME, T, A, OPN, OP)                                                 \
     extern "C" __global__ void rshmemi_coll_ll_##NAME##_##OPN(T* dst, const T* src, rshmem_u64 n,     \
                                                                rshmem_team team, rshmemi_check ck,   \

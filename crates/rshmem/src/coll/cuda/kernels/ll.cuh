@@ -15,8 +15,8 @@
 // r reads the half of the same parity (the sequences are equal). s finishes an LL call only after r started
 // it (r's header or slot arrived), so r has finished its call before, and with it the last
 // read of the half s writes next. No fence, no barrier counter and no atomic (one block) on
-// the way of a matched call: system-scope fences cost a round trip over NVLink each, and a
-// first version with them took 12 us where this takes 5 (2x H100, graph replay).
+// the way of a matched call: system-scope fences cost a round trip over NVLink each, which
+// would more than double a call's time.
 //
 // A member whose call is not an LL call (another collective, other arguments beyond the
 // LL size) writes its signature into this member's slot row before its first barrier (see
@@ -51,11 +51,12 @@ struct rshmemi_ll {
 // pull kernels (GpuColl::ll_early).
 #define RSHMEMI_LL_EARLY_LAUNCH 1ull
 // rshmemi_ll::flags (the LL all_reduce kernel on a grid of several blocks, up to 16 KiB; the
-// kernel also runs it for the reduce_scatter, which measured slower with it): the
+// kernel also runs it for the reduce_scatter, which is slower with it): the
 // last warp of each block is a control warp, launched beside the data threads (blockDim.x - 32
 // of them, a line each): it pushes the header and takes the verdict on the first other member,
 // and has no data line, so the data threads poll their first lines beside the verdict instead of
-// after it (a warp with both took the verdict and then one more load round trip for its line).
+// after it (a warp with both would take the verdict and then one more load round trip for its
+// line).
 #define RSHMEMI_LL_CTRL_WARP 2ull
 
 __device__ __forceinline__ void rshmemi_ll_store(rshmem_u64* p, rshmem_u64 v, unsigned flag) {
@@ -195,11 +196,11 @@ __device__ void rshmemi_ll_stamps_print(const char* what, rshmem_u64 n, const lo
 // pair's LL sequence (moved by every LL call both ran); bit 31 set, so never 0 (the area's
 // initial contents). Neither ever goes down and the sequence moves at every LL call, so the sum
 // grows with every call: a line left in the area by an earlier call (a larger one, whose lines
-// this call does not write) never carries this call's flag within 2^31 calls of the pair. (The
-// former flag, 16 bits of the expectation beside 15 of the sequence, came back after 32768 LL
-// calls without a barrier-based one: a call as large as one 32768 calls before it took that
-// call's stale lines for its own. RSHMEMI_LL_FLAG_15 1, a compile option for the test that
-// shows it, builds that flag again.)
+// this call does not write) never carries this call's flag within 2^31 calls of the pair. (A
+// flag of 16 bits of the expectation beside 15 of the sequence would come back after 32768 LL
+// calls without a barrier-based one: a call as large as one 32768 calls before it would take
+// that call's stale lines for its own. RSHMEMI_LL_FLAG_15 1, a compile option for the test
+// that shows it, builds that flag.)
 #ifndef RSHMEMI_LL_FLAG_15
 #define RSHMEMI_LL_FLAG_15 0
 #endif
@@ -273,7 +274,7 @@ __device__ __forceinline__ bool rshmemi_ll_wait_line(const rshmem_u64* p, unsign
 
 // Lines a thread handles at once (its lines l0 + u·gn, u < U): every load of a batch is issued
 // before any is checked, so a thread with several lines waits one load latency per batch,
-// not one per line (a thread walking its lines one by one took about 0.6 us per line).
+// not one per line.
 // (Compile options for measurements; the host's grid sizes assume these defaults.)
 #ifndef RSHMEMI_LL_U
 #define RSHMEMI_LL_U 4
@@ -391,10 +392,7 @@ struct rshmemi_ll_shared {
 // base table), per member thread (thread i < N for member i: N <= RSHMEMI_LL_MAX_MEMBERS < 32
 // <= blockDim.x) and for the last thread (the error word). The LL all_reduce computes it before
 // rshmemi_grid_dep_wait (RSHMEMI_LL_PREP), so that the loads after the wait are the begin's only
-// ones; so do the other LL kernels and the pull kernels (rshmemi_pull_handshake). (2x H100,
-// stamps: the begin took 1100-1230 cycles when it read the arguments after the wait, 650-700
-// now; graph replay, with the per-block sequences: all_reduce 8 B 2.70-2.79 -> 2.54-2.57 us,
-// 4 KiB 3.47-3.54 -> 2.99-3.06.)
+// ones; so do the other LL kernels and the pull kernels (rshmemi_pull_handshake).
 struct rshmemi_ll_prep {
     unsigned* sq;           // this block's copy of the pair sequence with the member
     const rshmem_u64* ex;   // this PE's barrier expectation for the member
@@ -404,8 +402,8 @@ struct rshmemi_ll_prep {
     const rshmem_u64* err;  // this PE's error word
 };
 // RSHMEMI_LL_PREP 0 (measurements): the values are computed before the wait but not kept in
-// registers (the compiler may load the arguments again after it). 2x H100, graph: all_reduce
-// 4 KiB 3.05-3.17 us against 2.98-3.05, 8 KiB 3.11-3.17 against 2.97-3.04.
+// registers (the compiler may load the arguments again after it), which makes small calls
+// slower.
 #ifndef RSHMEMI_LL_PREP
 #define RSHMEMI_LL_PREP 1
 #endif
@@ -478,7 +476,7 @@ __device__ __forceinline__ void rshmemi_ll_push(const rshmemi_ll_shared& S, int 
 
 // The header to every other member (lanes 0..5 of block 0's last warp: one copy per pair,
 // which the receiver's blocks each check on their own). Not thread 0's: every store into a
-// peer costs its thread about 350 cycles (2x H100), and thread 0 pushes the first data line.
+// peer costs its thread several hundred cycles, and thread 0 pushes the first data line.
 // The header word this thread pushes (rshmemi_ll_push_header), RSHMEMI_SIG_WORDS or more: none.
 __device__ __forceinline__ unsigned rshmemi_ll_header_word() {
     if (blockIdx.x != 0) return RSHMEMI_SIG_WORDS;
@@ -566,10 +564,10 @@ __device__ __forceinline__ void rshmemi_ll_unmove_seqs(const rshmemi_ll_shared& 
 
 // The end of a block's part of an LL call. Sequences: each block reads and moves on its own
 // copies at its begin (block 0 also those of the blocks this call does not have), so no block
-// waits for another and a matched call has nothing left to store. (Before, a pair had one
-// sequence, which block 0 moved at the end once every block had read it: 850-930 cycles at the
-// end of a call of several blocks against 320-440 for one block, 2x H200, the stamps; here the
-// end reads only shared memory, its kernel arguments being copied there at the begin.)
+// waits for another and a matched call has nothing left to store. (One sequence per pair,
+// moved by block 0 once every block had read it, would make a call's blocks wait for one
+// another at its end; here the end reads only shared memory, its kernel arguments being
+// copied there at the begin.)
 // A mismatch (only block 0, the last to get here, handles it): its record, the slot clearing
 // and the padding. End arrivals: every block of a grid of several adds 1 to done[0] (after a
 // fence when its verdict is against the call: its slot reads come before the clearing). Block

@@ -48,12 +48,9 @@ __device__ __forceinline__ void rshmemi_ll_move_st(char* d, rshmem_u64 nb, rshme
 
 // Shares of this many bytes or more: the LL data kernels copy this PE's own share first, then
 // take the members' lines from the next member on, so the copy runs while those lines are still
-// on their way; smaller shares go in team order (this PE's own in its place among them).
-// 2x H100, graph, same call, own first against team order: all_to_all 1 MiB 6.22 against
-// 6.44-6.47 us, 256 KiB 4.09-4.11 against 4.21-4.23, all_gather 1 MiB 6.29-6.34 against
-// 6.55-6.57; but all_to_all 8 B 3.56-3.66 against 3.34-3.35 and 64 KiB (32 KiB shares)
-// 4.07-4.09 against 3.91, all_gather 64 KiB 4.03 against 3.86-3.92. (A compile option for
-// measurements: 0 always own first, a large value never.)
+// on their way; smaller shares go in team order (this PE's own in its place among them): own
+// first makes calls of large shares faster and calls of small ones slower. (A compile option
+// for measurements: 0 always own first, a large value never.)
 #ifndef RSHMEMI_LL_OWN_FIRST_BYTES
 #define RSHMEMI_LL_OWN_FIRST_BYTES (128u << 10)
 #endif
@@ -68,11 +65,10 @@ __device__ __forceinline__ void rshmemi_ll_move_st(char* d, rshmem_u64 nb, rshme
 
 // One kind, word or byte shares, as compile-time constants (no branch on them per line).
 // Word shares: the first batch of lines to the first member it sends to is loaded beside
-// rshmemi_ll_begin's loads (2x H100, graph: all_to_all 1 MiB 7.09-7.17 -> 6.98-7.05 us,
-// all_gather 1 MiB 7.40 -> 7.03; byte shares, e.g. an 8-byte all_to_all, measured 0.45 us
-// slower with it). The lines taken from members are waited for only after the verdicts: waiting
-// for the first batch beside them (as the LL all_reduce does in a call of one block) measured
-// slower, 1 MiB 7.21-7.27 -> 7.64-7.68 us (every thread polling while the lines still stream in).
+// rshmemi_ll_begin's loads (faster for large calls; byte shares, e.g. an 8-byte all_to_all,
+// are slower with it). The lines taken from members are waited for only after the verdicts:
+// waiting for the first batch beside them (as the LL all_reduce does in a call of one block)
+// is slower (every thread polling while the lines still stream in).
 template <int KIND, bool WORDS, int U>
 __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshmem_u64 nb, const rshmem_team& team,
                                                 const rshmemi_check& ck, const rshmemi_ll& ll, int root,
@@ -168,13 +164,12 @@ __device__ __forceinline__ void rshmemi_ll_move(char* dst, const char* src, rshm
 
 // A kernel per kind and share shape (rshmemi_coll_ll_move_<kind>_<words|bytes>): one
 // instance of rshmemi_ll_move each, so none carries the others' code and registers (one kernel
-// for all six measured slower at 8 bytes). words: whole 8-byte words at 8-byte aligned
+// for all six is slower at 8 bytes). words: whole 8-byte words at 8-byte aligned
 // addresses (nb a multiple of 8; the host checks).
 // Each kernel runs the batch (lines per thread at once) its call needs: 1 where every thread
 // has at most one line, 2 or 4 up to two or four, else RSHMEMI_LL_A2A_U. The code of a larger batch is
-// executed even where its lines are absent (predicated), and it cost: 2x H100, graph,
-// all_to_all 64 KiB (a line per thread) 4.31-4.34 us with batches of 8, 3.85-3.91 with 2;
-// 1 MiB (four lines per thread) 6.97-7.06 with 8, 6.70-6.77 with 4.
+// executed even where its lines are absent (predicated), so a call in batches larger than its
+// lines need is slower.
 // RSHMEMI_LL_MOVE_BATCHES 0 (a compile option for measurements): batches of 1 only.
 #define RSHMEMI_LL_MOVE_KERNEL(KN, K, SN, W)                                                              \
     extern "C" __global__ void rshmemi_coll_ll_move_##KN##_##SN(char* dst, const char* src, rshmem_u64 nb, \
@@ -226,7 +221,7 @@ RSHMEMI_LL_MOVE_KERNEL(bcast, RSHMEMI_LL_BCAST, bytes, false)
 // push (GpuColl::push_a2a_bytes, carried in the call's signature): the same handshake, then
 // every member stores its shares into the members' dst instead (member i's src[j·w..] into
 // member j's dst[i·w..]): both GPUs of a pair storing at once move more than both loading at
-// once (2x H200: 365 against 336 GB/s each way). A member stores into another's dst only after
+// once. A member stores into another's dst only after
 // that member's header arrived (it is in this call: its dst is free); block b's done line then
 // follows a system-scope fence (its stores are performed in the members' memory), and waiting
 // for every member's block b (acquire) means this PE's part b of dst is complete. Nobody reads
@@ -296,9 +291,9 @@ extern "C" __global__ void rshmemi_coll_pull_a2a(rshmemi_v4* dst, const rshmemi_
 // memory, and the next member reads it over the peer mapping through this GPU's L2, the point
 // of coherence of that memory for local and peer accesses alike; a GPU-scope fence has the
 // block's stores performed there before the count is sent (the reader acquires at system
-// scope, which also drops stale lines from its L1). On 4x H200 a system-scope fence per step
-// cost about 1.7 us each (1 GiB broadcast: 3.64 ms against 3.22), and letting a third warp
-// fence while the others copied the next step did not recover it (3.24 ms).
+// scope, which also drops stale lines from its L1). A system-scope fence would cost every
+// step more than a microsecond, which a third warp fencing while the others copy the next step
+// does not hide.
 // RSHMEMI_CHAIN_FENCE_SYS 1: the system-scope fence; RSHMEMI_CHAIN_FENCE 0 (measurements
 // only: wrong memory ordering): none.
 #ifndef RSHMEMI_CHAIN_FENCE

@@ -29,10 +29,8 @@ __device__ __noinline__ void ep_expand_row_scalar(ep_t* out, const ep_t* src, un
 
 // ep_pstream: at most EP_PSTREAM_REGS registers per thread (its blocks of 448 threads fit beside
 // ep_send's of 128, whose launch bounds give it at most 128, with room to spare) and
-// EP_PSTREAM_U vectors per lane in flight. 2x H200, T = 4096, H = 7168 bf16, capturable
-// expert-major dispatch (send / pstream threads, registers, U): 128 / 512, 96, 4: 244-247 us;
-// 128 / 448, 96, 4: 244; 128 / 384, 128, 8: 255; 256 / 256, 128, 8: 329; 128 / 512, 96, 8:
-// 276; 80 registers or U = 2: 246-248 (BENCHMARKS.md).
+// EP_PSTREAM_U vectors per lane in flight: the fastest expert-major dispatch of the thread,
+// register and batch splits tried (BENCHMARKS.md).
 #ifndef EP_PSTREAM_REGS
 #define EP_PSTREAM_REGS 96
 #endif
@@ -263,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_permute(const ep_params* P)
     // Token-major buffers: the index only, a thread per (receive row, slot) pair. A block
     // counts its pairs per local expert in shared memory (dynamic: 2 * El unsigned) and
     // reserves each expert's rows with one global atomic; one atomic per pair on the El
-    // contended fill counters took about 10 us for T = 4096, k = 8, 2 PEs. More than
+    // contended fill counters would make the index several times slower. More than
     // EP_INDEX_EXPERTS local experts: one atomic per pair.
     extern __shared__ unsigned s_idx[];
     const bool shared_path = El <= EP_INDEX_EXPERTS;

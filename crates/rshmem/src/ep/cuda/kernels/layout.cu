@@ -8,8 +8,8 @@
 //   their (token, slot) pairs per expert in shared memory (dynamic: `experts` unsigned), adds
 //   those and its count per destination PE to this PE's accumulators (`acc`, zeroed by the
 //   previous ep_dwait) and writes its own count per destination for ep_send's positions. One
-//   block for all tokens (the former ep_prep) took about 19 us at T = 4096 on H200, the grid
-//   with a global atomic per slot 10 to 13, with the pairs counted in shared memory about 5.
+//   block for all tokens, or a global atomic per slot, would make the count several times
+//   slower.
 // * The block that finishes last (a ticket) waits for every PE's ready signal, then puts one
 //   record to every PE (status, count for it, tokens, top_k, the pairs of its local experts)
 //   with a signal carrying the epoch. A PE that gave up (here or before) writes none (a peer may
@@ -43,8 +43,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
         ((volatile unsigned long long*)ctl)[EP_CTL_PGATE] = 0;
     }
     __syncthreads();
-    // The last warp of block 0 signals while the first ones count tokens (when warp 0 sent them,
-    // its fences delayed block 0's count by about 3 us).
+    // The last warp of block 0 signals while the first ones count tokens (signals from warp 0
+    // would delay block 0's count by their fences).
     if (blockIdx.x == 0 && (tid >> 5) == (nth >> 5) - 1) {
         const bool gone = ep_timed_out() || ep_aborted(ctl);
         // This PE's "records in" words (expert-major buffers) are zero again before any peer may
@@ -79,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_layout(const ep_params* P, 
     EP_STAMP_MAX(ctl, 17);
     // The block's pairs into the accumulators, one fire-and-forget add per expert and thread:
     // global atomics in the token loop (8 per token, each waited for, on 256 contended words)
-    // made the count take about 10 us.
+    // would make the count several times slower.
     for (int e = tid; e < E; e += nth) {
         const unsigned c = s_pairs[e];
         if (c) asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" :: "l"(acc + e), "r"(c) : "memory");

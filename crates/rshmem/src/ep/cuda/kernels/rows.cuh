@@ -7,10 +7,8 @@
 #define EP_U 8   // copies: vectors per lane per chunk
 #endif
 // ep_send: at most this many vectors per lane per chunk, chunks of equal size, and the stores of
-// a chunk to the peers before the one to this PE (EP_SEND_PEERS_FIRST 0: ascending PEs). 2x
-// H200, T = 4096, H = 7168 bf16, capturable+tokens dispatch: 6 and peers first 194.0-194.3 us;
-// ascending PEs 194.4-194.9; 2, 3, 4, 5 and 8 (8: 256-vector chunks, the last half full, the
-// former code) 195-198 us (BENCHMARKS.md).
+// a chunk to the peers before the one to this PE (EP_SEND_PEERS_FIRST 0: ascending PEs): 6 and
+// peers first dispatch a little faster than other chunk sizes or ascending PEs (BENCHMARKS.md).
 #ifndef EP_SEND_U
 #define EP_SEND_U 6
 #endif
@@ -173,8 +171,8 @@ __device__ __forceinline__ void ep_sleep_until_vec(const rshmemi_v4* row, int v,
 // The dispatch readers' slow path (kept out of line: the fast path's registers): lane 0 waits
 // for vector `last` (the chunk's last, about the last to arrive), then every lane until none of
 // its vectors v0 + 32 q (q < U, below nv) has a sentinel element: a few polling loads instead of
-// whole chunks polled (the dispatch's readers polling whole chunks took the memory system from
-// the rows themselves: 415 us against 279, 2x H200).
+// whole chunks polled (readers polling whole chunks take the memory system from the rows
+// themselves, and the dispatch gets much slower).
 __device__ __noinline__ void ep_wait_chunk(const rshmemi_v4* row, int v0, int nv, int U, int last, int pe, unsigned lane) {
     if (lane == 0 && !rshmemi_failed() && ep_has_snt_elem(ep_ldvol(row + last))) ep_sleep_until_vec(row, last, pe);
     __syncwarp();

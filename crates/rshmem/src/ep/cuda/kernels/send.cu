@@ -26,8 +26,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
     const int n = (int)P->n, me = (int)P->me, E = (int)P->experts, El = (int)P->el;
     const long long H = P->hidden, C = P->cap, K = P->kmax, RMW = 1 + 2 * K, G = P->grid;
     const unsigned tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarps = (nth + 31) / 32;
-    // Starts on ep_layout's gate, not on ep_layout's end (about 9 us later at T = 4096: its
-    // last block still puts the records and their signals). The gate is open by the time this
+    // Starts on ep_layout's gate, not on ep_layout's end (microseconds later: its last block
+    // still puts the records and their signals). The gate is open by the time this
     // kernel is let in; the wait only acquires what ep_layout wrote before it.
     if (tid == 0) {
         rshmemi_wait64((const rshmem_u64*)ctl + EP_CTL_GATE, RSHMEM_CMP_EQ, 1, me);
