@@ -21,12 +21,6 @@ const ENV: &[(&str, &str)] = &[
     ("RSHMEM_HEAP_SIZE", "8M"),
 ];
 
-/// Runs `test` as `procs` processes of `threads` PEs; every process must exit 0.
-fn run_job(test: &str, procs: usize, threads: usize) {
-    let out = harness::spawn_self(test, procs * threads, threads, ENV, Duration::from_secs(5));
-    assert_eq!(out.code, 0, "{test}: {:?}", out.exits);
-}
-
 fn rand_u64(pe: usize, stream: u64, len: usize) -> Vec<u64> {
     harness::rand_vec::<u64>(pe, stream, len)
 }
@@ -199,12 +193,8 @@ fn every_operation_across_two_nodes_of_two_processes() {
     if fabric_data::skip() {
         return;
     }
-    if !harness::is_child() {
-        return run_job("every_operation_across_two_nodes_of_two_processes", 4, 1);
-    }
-    let pe = Launch::new().config(config(2)).init().expect("init");
-    every_operation(&pe).expect("operations");
-    pe.finalize().expect("finalize");
+    let test = "every_operation_across_two_nodes_of_two_processes";
+    fabric_data::two_pe_nodes(test, ENV, 4, 1, every_operation);
 }
 
 #[test]
@@ -212,17 +202,8 @@ fn every_operation_across_three_nodes_of_two_threads() {
     if fabric_data::skip() {
         return;
     }
-    if !harness::is_child() {
-        return run_job("every_operation_across_three_nodes_of_two_threads", 3, 2);
-    }
-    let r = Launch::new()
-        .config(config(2))
-        .run(6, every_operation)
-        .values()
-        .expect("world");
-    for v in r {
-        v.expect("operations");
-    }
+    let test = "every_operation_across_three_nodes_of_two_threads";
+    fabric_data::two_pe_nodes(test, ENV, 3, 2, every_operation);
 }
 
 /// Teams, allocation checks, collectives and MoE dispatch/combine across nodes.
@@ -303,12 +284,8 @@ fn teams_collectives_and_moe_across_two_nodes() {
     if fabric_data::skip() {
         return;
     }
-    if !harness::is_child() {
-        return run_job("teams_collectives_and_moe_across_two_nodes", 4, 1);
-    }
-    let pe = Launch::new().config(config(2)).init().expect("init");
-    teams_collectives_moe(&pe).expect("teams, collectives, MoE");
-    pe.finalize().expect("finalize");
+    let test = "teams_collectives_and_moe_across_two_nodes";
+    fabric_data::two_pe_nodes(test, ENV, 4, 1, teams_collectives_moe);
 }
 
 #[test]
@@ -342,10 +319,7 @@ fn killing_a_whole_node_is_peer_lost_naming_it_on_every_other_pe() {
     let pe = Launch::new().config(config(2)).init().expect("init");
     pe.barrier_all().expect("first barrier");
     if pe.my_pe() / 2 == 1 {
-        std::thread::sleep(Duration::from_millis(300));
-        // SAFETY: plain syscall on this process.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        std::process::abort();
+        fabric_data::die_soon();
     }
     let t0 = Instant::now();
     let r = pe.barrier_all();
@@ -374,15 +348,7 @@ fn a_node_killed_mid_transfer_ends_the_transfer_in_an_error_naming_it() {
     }
     let test = "a_node_killed_mid_transfer_ends_the_transfer_in_an_error_naming_it";
     if !harness::is_child() {
-        let env = [
-            (harness::CHILD_VAR, "kill-mid-transfer"),
-            ("RSHMEM_TIMEOUT", "30"),
-            ("RSHMEM_HEAP_SIZE", "16M"),
-        ];
-        let out = harness::spawn_self(test, 2, 1, &env, Duration::from_secs(15));
-        assert_eq!(out.exits[1], Exit::Signal(9), "{:?}", out.exits);
-        assert_eq!(out.exits[0], Exit::Code(0), "survivor: {:?}", out.exits);
-        return;
+        return fabric_data::second_node_killed(test, "kill-mid-transfer");
     }
     // Two nodes of one process; node 1 is killed while PE 0 puts and gets 8 MiB (many windows
     // of chunks) to and from it, over and over.
@@ -391,10 +357,7 @@ fn a_node_killed_mid_transfer_ends_the_transfer_in_an_error_naming_it() {
     let buf = pe.alloc::<u8>(n).expect("alloc");
     pe.barrier_all().expect("first barrier");
     if pe.my_pe() == 1 {
-        std::thread::sleep(Duration::from_millis(300));
-        // SAFETY: plain syscall on this process.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        std::process::abort();
+        fabric_data::die_soon();
     }
     let data = harness::rand_vec::<u8>(0, 1, n);
     let mut back = vec![0u8; n];
@@ -412,17 +375,7 @@ fn a_node_killed_mid_transfer_ends_the_transfer_in_an_error_naming_it() {
             "no error after the kill"
         );
     };
-    let el = t0.elapsed();
-    assert!(
-        matches!(
-            e,
-            Error::PeerLost { pe: 1, .. }
-                | Error::Fabric { pe: Some(1), .. }
-                | Error::Timeout { pe: Some(1), .. }
-        ),
-        "{e:?}"
-    );
-    assert!(el < Duration::from_secs(25), "error after {el:?}");
+    fabric_data::assert_pe_1_lost(&e, t0);
 }
 
 #[test]
@@ -430,27 +383,18 @@ fn a_world_across_nodes_with_the_cuda_backend_gets_past_the_node_check() {
     // Thread-PEs naming two nodes: no refusal of the CUDA backend across nodes any more (GPU
     // heaps of other nodes are staged through the fabric, `tests/cuda_fabric.rs` on a GPU).
     // Where the fabric or the driver is missing, every PE fails with that error instead.
-    let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
-    std::thread::scope(|s| {
-        for r in 0..2 {
-            let hub = &hub;
-            s.spawn(move || {
-                let config = Config::default()
-                    .heap_size(1 << 20)
-                    .backend(BackendKind::Cuda)
-                    .node(format!("n{r}"))
-                    .fabric_provider("tcp")
-                    .fabric_domain("lo");
-                match Pe::init(config, Box::new(hub.join(r).expect("join"))) {
-                    Ok(pe) => pe.finalize().expect("finalize"),
-                    Err(e) => assert!(
-                        !e.to_string().contains("nodes"),
-                        "refused across nodes: {e}"
-                    ),
-                }
-            });
-        }
-    });
+    fabric_data::thread_nodes(
+        2,
+        |r| r,
+        |c| c.heap_size(1 << 20).backend(BackendKind::Cuda),
+        |_, init| match init {
+            Ok(pe) => pe.finalize().expect("finalize"),
+            Err(e) => assert!(
+                !e.to_string().contains("nodes"),
+                "refused across nodes: {e}"
+            ),
+        },
+    );
 }
 
 #[test]
@@ -458,34 +402,27 @@ fn thread_pes_on_two_nodes_share_memory_inside_and_use_the_fabric_across() {
     if fabric_data::skip() {
         return;
     }
-    let hub = InProcBootstrap::new(4, Duration::from_secs(30)).expect("hub");
-    std::thread::scope(|s| {
-        for r in 0..4 {
-            let hub = &hub;
-            s.spawn(move || {
-                let config = Config::default()
-                    .heap_size(1 << 20)
-                    .timeout(Duration::from_secs(20))
-                    .node(format!("n{}", r / 2))
-                    .fabric_provider("tcp")
-                    .fabric_domain("lo");
-                let pe = Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
-                let nodes: Vec<usize> = pe.placements().iter().map(|p| p.node).collect();
-                assert_eq!(nodes, [0, 0, 1, 1]);
-                let x = pe.alloc::<u64>(4).expect("alloc");
-                pe.barrier_all().expect("barrier");
-                for t in 0..4 {
-                    pe.p(&x, r, (r * 10 + t) as u64, t).expect("p");
-                }
-                pe.barrier_all().expect("barrier");
-                let got = pe.local_vec(&x).expect("read");
-                assert_eq!(got, (0..4).map(|s| (s * 10 + r) as u64).collect::<Vec<_>>());
-                // Host pointers reach PEs of this node only.
-                assert!(pe.host_ptr(&x, 0, r ^ 1).is_ok());
-                assert!(pe.host_ptr(&x, 0, (r + 2) % 4).is_err());
-                pe.free(x).expect("free");
-                pe.finalize().expect("finalize");
-            });
-        }
-    });
+    fabric_data::thread_nodes(
+        4,
+        |r| r / 2,
+        |c| c.heap_size(1 << 20).timeout(Duration::from_secs(20)),
+        |r, init| {
+            let pe = init.expect("world");
+            let nodes: Vec<usize> = pe.placements().iter().map(|p| p.node).collect();
+            assert_eq!(nodes, [0, 0, 1, 1]);
+            let x = pe.alloc::<u64>(4).expect("alloc");
+            pe.barrier_all().expect("barrier");
+            for t in 0..4 {
+                pe.p(&x, r, (r * 10 + t) as u64, t).expect("p");
+            }
+            pe.barrier_all().expect("barrier");
+            let got = pe.local_vec(&x).expect("read");
+            assert_eq!(got, (0..4).map(|s| (s * 10 + r) as u64).collect::<Vec<_>>());
+            // Host pointers reach PEs of this node only.
+            assert!(pe.host_ptr(&x, 0, r ^ 1).is_ok());
+            assert!(pe.host_ptr(&x, 0, (r + 2) % 4).is_err());
+            pe.free(x).expect("free");
+            pe.finalize().expect("finalize");
+        },
+    );
 }

@@ -22,22 +22,6 @@ const ENV: &[(&str, &str)] = &[
     ("RSHMEM_HEAP_SIZE", "16M"),
 ];
 
-/// Node of each rank: `nodes[rank]`.
-fn config_for(rank: usize, nodes: &[usize]) -> Config {
-    Config::from_env()
-        .expect("config")
-        .node(format!("node{}", nodes[rank]))
-        .fabric_provider("tcp")
-        .fabric_domain("lo")
-}
-
-fn rank() -> usize {
-    std::env::var("RSHMEM_RANK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .expect("RSHMEM_RANK from the launcher")
-}
-
 /// Runs `test` as one process per PE on the nodes `nodes` (by rank); every process must exit 0.
 fn processes(test: &str, nodes: &[usize], body: fn(&Pe) -> Result<()>) {
     if !harness::is_child() {
@@ -46,7 +30,7 @@ fn processes(test: &str, nodes: &[usize], body: fn(&Pe) -> Result<()>) {
         return;
     }
     let pe = Launch::new()
-        .config(config_for(rank(), nodes))
+        .config(fabric_data::config_of(|r| nodes[r]))
         .init()
         .expect("init");
     body(&pe).expect("body");
@@ -751,23 +735,16 @@ fn hierarchical_collectives_and_moe_on_interleaved_nodes_of_thread_pes() {
         return;
     }
     // Team order alternates nodes (PEs 0 and 2 on one node, 1 and 3 on the other).
-    let hub = InProcBootstrap::new(4, Duration::from_secs(30)).expect("hub");
-    std::thread::scope(|s| {
-        for r in 0..4 {
-            let hub = &hub;
-            s.spawn(move || {
-                let config = Config::default()
-                    .heap_size(16 << 20)
-                    .timeout(Duration::from_secs(30))
-                    .node(format!("n{}", r % 2))
-                    .fabric_provider("tcp")
-                    .fabric_domain("lo");
-                let pe = Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
-                everything(&pe).expect("body");
-                pe.finalize().expect("finalize");
-            });
-        }
-    });
+    fabric_data::thread_nodes(
+        4,
+        |r| r % 2,
+        |c| c.heap_size(16 << 20).timeout(Duration::from_secs(30)),
+        |_, init| {
+            let pe = init.expect("world");
+            everything(&pe).expect("body");
+            pe.finalize().expect("finalize");
+        },
+    );
 }
 
 #[test]
@@ -795,7 +772,7 @@ fn a_node_killed_before_an_internode_dispatch_is_an_error_on_every_survivor() {
         return;
     }
     let pe = Launch::new()
-        .config(config_for(rank(), &nodes))
+        .config(fabric_data::config_of(|r| nodes[r]))
         .init()
         .expect("init");
     let cfg = EpConfig::new(12, 4, 8, 2);
@@ -803,10 +780,7 @@ fn a_node_killed_before_an_internode_dispatch_is_an_error_on_every_survivor() {
     assert!(buf.is_hierarchical());
     pe.barrier_all().expect("barrier");
     if nodes[pe.my_pe()] == 1 {
-        std::thread::sleep(Duration::from_millis(300));
-        // SAFETY: plain syscall on this process.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        std::process::abort();
+        fabric_data::die_soon();
     }
     // Every token goes to every node.
     let ids: Vec<i32> = (0..4).flat_map(|t| [t % 4, 4 + t % 4]).collect();
@@ -842,36 +816,25 @@ fn a_pe_missing_from_a_barrier_across_nodes_is_named_by_every_timeout() {
     ];
     for (layout, sleeper) in cases {
         let n = layout.len();
-        let hub = InProcBootstrap::new(n, Duration::from_secs(30)).expect("hub");
         let done = std::sync::Barrier::new(n);
-        let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..n)
-                .map(|r| {
-                    let (hub, done) = (&hub, &done);
-                    s.spawn(move || {
-                        let config = Config::default()
-                            .heap_size(1 << 20)
-                            .timeout(Duration::from_millis(1500))
-                            .node(format!("n{}", layout[r]))
-                            .fabric_provider("tcp")
-                            .fabric_domain("lo");
-                        let pe =
-                            Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
-                        pe.barrier_all().expect("first barrier");
-                        let res = if r == sleeper {
-                            Ok(())
-                        } else {
-                            pe.barrier_all()
-                        };
-                        // The sleeper wakes only once every other PE has its error.
-                        done.wait();
-                        let _ = pe.finalize();
-                        res
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().expect("thread")).collect()
-        });
+        let results: Vec<Result<()>> = fabric_data::thread_nodes(
+            n,
+            |r| layout[r],
+            |c| c.heap_size(1 << 20).timeout(Duration::from_millis(1500)),
+            |r, init| {
+                let pe = init.expect("world");
+                pe.barrier_all().expect("first barrier");
+                let res = if r == sleeper {
+                    Ok(())
+                } else {
+                    pe.barrier_all()
+                };
+                // The sleeper wakes only once every other PE has its error.
+                done.wait();
+                let _ = pe.finalize();
+                res
+            },
+        );
         for (p, r) in results.iter().enumerate() {
             if p == sleeper {
                 continue;

@@ -9,7 +9,6 @@ mod fabric_data;
 mod harness;
 
 use fabric_data::config;
-use rshmem::launcher::Exit;
 use rshmem::*;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -31,6 +30,11 @@ fn bytes(seed: u64, n: usize) -> Vec<u8> {
 /// chunk (256 KiB).
 const SIZES: &[usize] = &[1, 3, 8, 61, 4095, 4097, 65_537, 262_143, 262_153, 700_001];
 const POISON: u8 = 0xA5;
+const ENV: &[(&str, &str)] = &[
+    (harness::CHILD_VAR, "fabric-nbi"),
+    ("RSHMEM_TIMEOUT", "20"),
+    ("RSHMEM_HEAP_SIZE", "16M"),
+];
 const GAP: usize = 64;
 
 /// Offset of size `i` inside a source's region, and the region's length.
@@ -203,19 +207,7 @@ fn non_blocking_operations_across_two_nodes_of_two_processes() {
         return;
     }
     let test = "non_blocking_operations_across_two_nodes_of_two_processes";
-    if !harness::is_child() {
-        let env = [
-            (harness::CHILD_VAR, "fabric-nbi"),
-            ("RSHMEM_TIMEOUT", "20"),
-            ("RSHMEM_HEAP_SIZE", "16M"),
-        ];
-        let out = harness::spawn_self(test, 4, 1, &env, Duration::from_secs(5));
-        assert_eq!(out.code, 0, "{:?}", out.exits);
-        return;
-    }
-    let pe = Launch::new().config(config(2)).init().expect("init");
-    non_blocking_operations(&pe).expect("non-blocking operations");
-    pe.finalize().expect("finalize");
+    fabric_data::two_pe_nodes(test, ENV, 4, 1, non_blocking_operations);
 }
 
 #[test]
@@ -224,24 +216,7 @@ fn non_blocking_operations_across_two_nodes_of_two_threads() {
         return;
     }
     let test = "non_blocking_operations_across_two_nodes_of_two_threads";
-    if !harness::is_child() {
-        let env = [
-            (harness::CHILD_VAR, "fabric-nbi"),
-            ("RSHMEM_TIMEOUT", "20"),
-            ("RSHMEM_HEAP_SIZE", "16M"),
-        ];
-        let out = harness::spawn_self(test, 4, 2, &env, Duration::from_secs(5));
-        assert_eq!(out.code, 0, "{:?}", out.exits);
-        return;
-    }
-    let r = Launch::new()
-        .config(config(2))
-        .run(4, non_blocking_operations)
-        .values()
-        .expect("world");
-    for v in r {
-        v.expect("non-blocking operations");
-    }
+    fabric_data::two_pe_nodes(test, ENV, 2, 2, non_blocking_operations);
 }
 
 #[test]
@@ -251,15 +226,7 @@ fn a_node_killed_with_non_blocking_operations_in_flight_is_an_error_naming_it() 
     }
     let test = "a_node_killed_with_non_blocking_operations_in_flight_is_an_error_naming_it";
     if !harness::is_child() {
-        let env = [
-            (harness::CHILD_VAR, "kill-nbi"),
-            ("RSHMEM_TIMEOUT", "30"),
-            ("RSHMEM_HEAP_SIZE", "16M"),
-        ];
-        let out = harness::spawn_self(test, 2, 1, &env, Duration::from_secs(15));
-        assert_eq!(out.exits[1], Exit::Signal(9), "{:?}", out.exits);
-        assert_eq!(out.exits[0], Exit::Code(0), "survivor: {:?}", out.exits);
-        return;
+        return fabric_data::second_node_killed(test, "kill-nbi");
     }
     // Two nodes of one process; node 1 is killed while PE 0 keeps windows of 32 puts and 32
     // gets of 256 KiB in flight to it, each window ended by quiet.
@@ -268,10 +235,7 @@ fn a_node_killed_with_non_blocking_operations_in_flight_is_an_error_naming_it() 
     let buf = pe.alloc::<u8>(64 * chunk).expect("alloc");
     pe.barrier_all().expect("first barrier");
     if pe.my_pe() == 1 {
-        std::thread::sleep(Duration::from_millis(300));
-        // SAFETY: plain syscall on this process.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        std::process::abort();
+        fabric_data::die_soon();
     }
     let data = bytes(1, chunk);
     let mut backs = vec![vec![0u8; chunk]; 32];
@@ -313,17 +277,7 @@ fn a_node_killed_with_non_blocking_operations_in_flight_is_an_error_naming_it() 
             "no error after the kill"
         );
     };
-    let el = t0.elapsed();
-    assert!(
-        matches!(
-            e,
-            Error::PeerLost { pe: 1, .. }
-                | Error::Fabric { pe: Some(1), .. }
-                | Error::Timeout { pe: Some(1), .. }
-        ),
-        "{e:?}"
-    );
-    assert!(el < Duration::from_secs(25), "error after {el:?}");
+    fabric_data::assert_pe_1_lost(&e, t0);
     // No entry is dropped: every operation that was submitted has its entry (a failed one too)
     // once quiet ended them all.
     let _ = pe.quiet();
@@ -355,36 +309,29 @@ fn a_get_handle_kept_past_the_end_of_its_world_is_exact_or_world_ended() {
         return;
     }
     // Thread-PEs of one process on two nodes: PE 0 keeps a get's handle while it finalizes.
-    let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
-    std::thread::scope(|s| {
-        for r in 0..2 {
-            let hub = &hub;
-            s.spawn(move || {
-                let config = Config::default()
-                    .heap_size(4 << 20)
-                    .timeout(Duration::from_secs(20))
-                    .node(format!("n{r}"))
-                    .fabric_provider("tcp")
-                    .fabric_domain("lo");
-                let pe = Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
-                let n = 300_001;
-                let x = pe.alloc::<u8>(n).expect("alloc");
-                pe.local_write(&x, 0, &bytes(r as u64 + 7, n))
-                    .expect("fill");
-                pe.barrier_all().expect("barrier");
-                let mut dst = vec![0x5Au8; n];
-                let h = pe.get_nbi(&x, 0, &mut dst, 1 - r, 1).expect("get_nbi");
-                pe.finalize().expect("finalize");
-                // Finalize's quiet ended the get; its bytes land if the fabric is still there,
-                // else the handle says the world ended and the buffer is untouched.
-                match h.wait() {
-                    Ok(()) => assert!(dst == bytes((1 - r) as u64 + 7, n), "landed exactly"),
-                    Err(Error::WorldEnded) => assert!(dst.iter().all(|&b| b == 0x5A)),
-                    Err(e) => panic!("{e}"),
-                }
-            });
-        }
-    });
+    fabric_data::thread_nodes(
+        2,
+        |r| r,
+        |c| c.heap_size(4 << 20).timeout(Duration::from_secs(20)),
+        |r, init| {
+            let pe = init.expect("world");
+            let n = 300_001;
+            let x = pe.alloc::<u8>(n).expect("alloc");
+            pe.local_write(&x, 0, &bytes(r as u64 + 7, n))
+                .expect("fill");
+            pe.barrier_all().expect("barrier");
+            let mut dst = vec![0x5Au8; n];
+            let h = pe.get_nbi(&x, 0, &mut dst, 1 - r, 1).expect("get_nbi");
+            pe.finalize().expect("finalize");
+            // Finalize's quiet ended the get; its bytes land if the fabric is still there,
+            // else the handle says the world ended and the buffer is untouched.
+            match h.wait() {
+                Ok(()) => assert!(dst == bytes((1 - r) as u64 + 7, n), "landed exactly"),
+                Err(Error::WorldEnded) => assert!(dst.iter().all(|&b| b == 0x5A)),
+                Err(e) => panic!("{e}"),
+            }
+        },
+    );
 }
 
 #[test]
@@ -393,72 +340,68 @@ fn a_full_completion_queue_refuses_a_submission_across_nodes_before_it_starts() 
         return;
     }
     // Thread-PEs on two nodes, a queue of 4 entries: operations in flight hold their places.
-    let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
-    std::thread::scope(|s| {
-        for r in 0..2 {
-            let hub = &hub;
-            s.spawn(move || {
-                let config = Config::default()
-                    .heap_size(4 << 20)
-                    .timeout(Duration::from_secs(20))
-                    .completion_queue(4)
-                    .node(format!("n{r}"))
-                    .fabric_provider("tcp")
-                    .fabric_domain("lo");
-                let pe = Pe::init(config, Box::new(hub.join(r).expect("join"))).expect("world");
-                let other = 1 - r;
-                let x = pe.alloc::<u8>(1 << 20).expect("alloc");
-                pe.local_fill(&x, POISON).expect("fill");
-                pe.barrier_all().expect("barrier");
-                let data = bytes(r as u64, 200_000);
-                let mut hs = Vec::new();
-                for i in 0..4 {
-                    hs.push(
-                        pe.put_nbi(&x, i * 200_000, &data, other, i as u64)
-                            .expect("put"),
-                    );
-                }
-                let mut dst = [7u8; 16];
-                let full = pe.get_nbi(&x, 0, &mut dst, other, 9).map(|h| h.id());
+    fabric_data::thread_nodes(
+        2,
+        |r| r,
+        |c| {
+            c.heap_size(4 << 20)
+                .timeout(Duration::from_secs(20))
+                .completion_queue(4)
+        },
+        |r, init| {
+            let pe = init.expect("world");
+            let other = 1 - r;
+            let x = pe.alloc::<u8>(1 << 20).expect("alloc");
+            pe.local_fill(&x, POISON).expect("fill");
+            pe.barrier_all().expect("barrier");
+            let data = bytes(r as u64, 200_000);
+            let mut hs = Vec::new();
+            for i in 0..4 {
+                hs.push(
+                    pe.put_nbi(&x, i * 200_000, &data, other, i as u64)
+                        .expect("put"),
+                );
+            }
+            let mut dst = [7u8; 16];
+            let full = pe.get_nbi(&x, 0, &mut dst, other, 9).map(|h| h.id());
+            assert!(
+                matches!(full, Err(Error::QueueFull { capacity: 4 })),
+                "{full:?}"
+            );
+            assert_eq!(dst, [7u8; 16], "a refused get wrote its destination");
+            let full = pe
+                .put_nbi(&x, 900_000, &data[..8], other, 9)
+                .map(|h| h.id());
+            assert!(matches!(full, Err(Error::QueueFull { .. })), "{full:?}");
+            pe.quiet().expect("quiet");
+            drop(hs);
+            let mut got = Vec::new();
+            assert_eq!(pe.completions(&mut got), 4);
+            let tags: Vec<u64> = got.iter().map(|c| c.tag).collect();
+            assert_eq!(
+                tags.iter().copied().collect::<BTreeSet<_>>(),
+                (0..4).collect()
+            );
+            // Room again once drained.
+            pe.put_nbi(&x, 900_000, &data[..8], other, 10)
+                .expect("room after drain")
+                .wait()
+                .expect("put");
+            pe.barrier_all().expect("barrier");
+            let mine = pe.local_vec(&x).expect("read");
+            let from = bytes(other as u64, 200_000);
+            for i in 0..4 {
                 assert!(
-                    matches!(full, Err(Error::QueueFull { capacity: 4 })),
-                    "{full:?}"
+                    mine[i * 200_000..(i + 1) * 200_000] == from[..],
+                    "block {i}"
                 );
-                assert_eq!(dst, [7u8; 16], "a refused get wrote its destination");
-                let full = pe
-                    .put_nbi(&x, 900_000, &data[..8], other, 9)
-                    .map(|h| h.id());
-                assert!(matches!(full, Err(Error::QueueFull { .. })), "{full:?}");
-                pe.quiet().expect("quiet");
-                drop(hs);
-                let mut got = Vec::new();
-                assert_eq!(pe.completions(&mut got), 4);
-                let tags: Vec<u64> = got.iter().map(|c| c.tag).collect();
-                assert_eq!(
-                    tags.iter().copied().collect::<BTreeSet<_>>(),
-                    (0..4).collect()
-                );
-                // Room again once drained.
-                pe.put_nbi(&x, 900_000, &data[..8], other, 10)
-                    .expect("room after drain")
-                    .wait()
-                    .expect("put");
-                pe.barrier_all().expect("barrier");
-                let mine = pe.local_vec(&x).expect("read");
-                let from = bytes(other as u64, 200_000);
-                for i in 0..4 {
-                    assert!(
-                        mine[i * 200_000..(i + 1) * 200_000] == from[..],
-                        "block {i}"
-                    );
-                }
-                assert_eq!(mine[900_000..900_008], from[..8]);
-                assert_eq!(
-                    mine[900_008], POISON,
-                    "the refused put moved nothing past its end"
-                );
-                pe.finalize().expect("finalize");
-            });
-        }
-    });
+            }
+            assert_eq!(mine[900_000..900_008], from[..8]);
+            assert_eq!(
+                mine[900_008], POISON,
+                "the refused put moved nothing past its end"
+            );
+            pe.finalize().expect("finalize");
+        },
+    );
 }

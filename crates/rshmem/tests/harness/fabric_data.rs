@@ -4,20 +4,124 @@
 
 #![allow(dead_code)]
 
+use crate::harness;
 use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
-use rshmem::{Config, Pe, Result};
+use rshmem::launcher::Exit;
+use rshmem::{Config, Error, InProcBootstrap, Launch, Pe, Result};
+use std::time::{Duration, Instant};
 
 /// The world of a child: PEs of `pes_per_node` consecutive ranks form one node; loopback tcp.
 pub fn config(pes_per_node: usize) -> Config {
+    config_of(|rank| rank / pes_per_node)
+}
+
+/// The world of a child on node `node(rank)`; loopback tcp.
+pub fn config_of(node: impl Fn(usize) -> usize) -> Config {
     let rank: usize = std::env::var("RSHMEM_RANK")
         .ok()
         .and_then(|v| v.parse().ok())
         .expect("RSHMEM_RANK from the launcher");
     Config::from_env()
         .expect("config")
-        .node(format!("node{}", rank / pes_per_node))
+        .node(format!("node{}", node(rank)))
         .fabric_provider("tcp")
         .fabric_domain("lo")
+}
+
+/// Runs `body` on `procs` processes of `threads` PEs each, nodes of two consecutive ranks, by
+/// re-executing `test` with `env`: in the parent every process must exit 0; in a child, every
+/// PE of it runs `body` to an `Ok`.
+pub fn two_pe_nodes(
+    test: &str,
+    env: &[(&str, &str)],
+    procs: usize,
+    threads: usize,
+    body: fn(&Pe) -> Result<()>,
+) {
+    if !harness::is_child() {
+        let out = harness::spawn_self(test, procs * threads, threads, env, Duration::from_secs(5));
+        assert_eq!(out.code, 0, "{test}: {:?}", out.exits);
+        return;
+    }
+    if threads == 1 {
+        let pe = Launch::new().config(config(2)).init().expect("init");
+        body(&pe).expect(test);
+        pe.finalize().expect("finalize");
+        return;
+    }
+    let r = Launch::new()
+        .config(config(2))
+        .run(procs * threads, body)
+        .values()
+        .expect("world");
+    for v in r {
+        v.expect(test);
+    }
+}
+
+/// Runs `test` as two processes, one a node, with the child setting `child` (timeout 30 s,
+/// heap 16 MiB): process 1 must die by SIGKILL, process 0 survive it and exit 0.
+pub fn second_node_killed(test: &str, child: &str) {
+    let env = [
+        (harness::CHILD_VAR, child),
+        ("RSHMEM_TIMEOUT", "30"),
+        ("RSHMEM_HEAP_SIZE", "16M"),
+    ];
+    let out = harness::spawn_self(test, 2, 1, &env, Duration::from_secs(15));
+    assert_eq!(out.exits[1], Exit::Signal(9), "{:?}", out.exits);
+    assert_eq!(out.exits[0], Exit::Code(0), "survivor: {:?}", out.exits);
+}
+
+/// Kills this process after 300 ms: its node dies while the others are at work.
+pub fn die_soon() -> ! {
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: plain syscall on this process.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    std::process::abort()
+}
+
+/// Checks the error that ended transfers to a killed PE 1 (`since`: when they began): the peer
+/// lost, or the fabric or a timeout naming it, well before the world's 30 s timeout.
+pub fn assert_pe_1_lost(e: &Error, since: Instant) {
+    let el = since.elapsed();
+    assert!(
+        matches!(
+            e,
+            Error::PeerLost { pe: 1, .. }
+                | Error::Fabric { pe: Some(1), .. }
+                | Error::Timeout { pe: Some(1), .. }
+        ),
+        "{e:?}"
+    );
+    assert!(el < Duration::from_secs(25), "error after {el:?}");
+}
+
+/// Runs `body(rank, init)` on `n` thread-PEs of one in-process hub (30 s), `init` the result of
+/// `Pe::init` with `config` applied to a config of node `n{node(rank)}` on loopback tcp; returns
+/// the bodies' values in rank order.
+pub fn thread_nodes<R: Send>(
+    n: usize,
+    node: impl Fn(usize) -> usize + Sync,
+    config: impl Fn(Config) -> Config + Sync,
+    body: impl Fn(usize, Result<Pe>) -> R + Sync,
+) -> Vec<R> {
+    let hub = InProcBootstrap::new(n, Duration::from_secs(30)).expect("hub");
+    let (node, config, body) = (&node, &config, &body);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let hub = &hub;
+                s.spawn(move || {
+                    let c = config(Config::default())
+                        .node(format!("n{}", node(r)))
+                        .fabric_provider("tcp")
+                        .fabric_domain("lo");
+                    body(r, Pe::init(c, Box::new(hub.join(r).expect("join"))))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    })
 }
 
 /// The provider of the GPU tests across nodes: loopback tcp (GPU heaps staged through host
