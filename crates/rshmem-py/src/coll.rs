@@ -6,7 +6,7 @@ use crate::ops::sym;
 use crate::world::{Live, World};
 use pyo3::prelude::*;
 use rshmem::coll::{AllToAllV, ToRoot};
-use rshmem::Error;
+use rshmem::{Elem, Error, SymView};
 
 impl World {
     /// Runs `f` with the live PE and its dependents, the GIL released.
@@ -20,6 +20,24 @@ impl World {
             f(l.get())
         })
         .py()
+    }
+}
+
+impl World {
+    /// Runs `f` with the symmetric operands `dst` and `src`, each (address, bytes), as views of
+    /// `T`: the output and the input of a collective.
+    pub(crate) fn with_io_views<T: Elem, R>(
+        &self,
+        (dst, dst_bytes): (u64, usize),
+        (src, src_bytes): (u64, usize),
+        f: impl FnOnce(&SymView<'_, T>, &SymView<'_, T>) -> rshmem::Result<R>,
+    ) -> rshmem::Result<R> {
+        let es = std::mem::size_of::<T>();
+        let h = self.hold(&[(dst, dst_bytes, "output"), (src, src_bytes, "input")])?;
+        let g = h.guards();
+        let dv = sym(&g[0])?.view::<T>(h.offset(0), elems(dst_bytes, es, "output")?)?;
+        let sv = sym(&g[1])?.view::<T>(h.offset(1), elems(src_bytes, es, "input")?)?;
+        f(&dv, &sv)
     }
 }
 
@@ -58,11 +76,7 @@ impl World {
         let kind_name = kind_name.to_string();
         with_elem!(k, T => self.run_live(py, move |live| {
             let pe = live.borrow_owner();
-            let es = std::mem::size_of::<T>();
-            let h = self.hold(&[(dst, dst_bytes, "output"), (src, src_bytes, "input")])?;
-            let g = h.guards();
-            let dv = sym(&g[0])?.view::<T>(h.offset(0), elems(dst_bytes, es, "output")?)?;
-            let sv = sym(&g[1])?.view::<T>(h.offset(1), elems(src_bytes, es, "input")?)?;
+            self.with_io_views::<T, _>((dst, dst_bytes), (src, src_bytes), |dv, sv| {
             live.with_dependent(|_, deps| {
             let c = deps.coll.lock().unwrap_or_else(|e| e.into_inner());
             let team = pe.world_team();
@@ -70,14 +84,15 @@ impl World {
                 op.ok_or_else(|| Error::InvalidArgument(format!("{kind_name} needs an op")))
             };
             match kind_name.as_str() {
-                "broadcast" => c.broadcast(team, &dv, &sv, count, root),
-                "reduce" => c.reduce(team, &dv, &sv, count, ToRoot { op: need_op()?, root }),
-                "all_reduce" => c.all_reduce(team, &dv, &sv, count, need_op()?),
-                "all_gather" => c.all_gather(team, &dv, &sv, count),
-                "reduce_scatter" => c.reduce_scatter(team, &dv, &sv, count, need_op()?),
-                "all_to_all" => c.all_to_all(team, &dv, &sv, count),
+                "broadcast" => c.broadcast(team, dv, sv, count, root),
+                "reduce" => c.reduce(team, dv, sv, count, ToRoot { op: need_op()?, root }),
+                "all_reduce" => c.all_reduce(team, dv, sv, count, need_op()?),
+                "all_gather" => c.all_gather(team, dv, sv, count),
+                "reduce_scatter" => c.reduce_scatter(team, dv, sv, count, need_op()?),
+                "all_to_all" => c.all_to_all(team, dv, sv, count),
                 o => Err(Error::InvalidArgument(format!("unknown collective {o:?}"))),
             }
+            })
             })
         }))
     }
@@ -101,11 +116,7 @@ impl World {
         let k = kind(dtype)?;
         with_elem!(k, T => self.run_live(py, move |live| {
             let pe = live.borrow_owner();
-            let es = std::mem::size_of::<T>();
-            let h = self.hold(&[(dst, dst_bytes, "output"), (src, src_bytes, "input")])?;
-            let g = h.guards();
-            let dv = sym(&g[0])?.view::<T>(h.offset(0), elems(dst_bytes, es, "output")?)?;
-            let sv = sym(&g[1])?.view::<T>(h.offset(1), elems(src_bytes, es, "input")?)?;
+            self.with_io_views::<T, _>((dst, dst_bytes), (src, src_bytes), |dv, sv| {
             live.with_dependent(|_, deps| {
             let c = deps.coll.lock().unwrap_or_else(|e| e.into_inner());
             let v = AllToAllV {
@@ -114,7 +125,8 @@ impl World {
                 recv_counts: &recv_counts,
                 recv_displs: &recv_displs,
             };
-            c.all_to_all_v(pe.world_team(), &dv, &sv, &v)
+            c.all_to_all_v(pe.world_team(), dv, sv, &v)
+            })
             })
         }))
     }

@@ -94,3 +94,39 @@ macro_rules! with_elem {
     };
 }
 pub(crate) use with_elem;
+
+/// One value of `F`, `B` or `H`: an MoE buffer by the dtype of its hidden states (float32,
+/// bfloat16, float16).
+pub(crate) enum Hidden<F, B, H> {
+    F32(F),
+    Bf16(B),
+    F16(H),
+}
+
+/// Runs `$body` with `$b` bound to the buffer inside a [`Hidden`] and `$T` to its element type.
+macro_rules! with_buf {
+    ($buf:expr, $b:ident, $T:ident => $body:expr) => {
+        match $buf {
+            $crate::elem::Hidden::F32($b) => {
+                type $T = f32;
+                $body
+            }
+            $crate::elem::Hidden::Bf16($b) => {
+                type $T = rshmem::bf16;
+                $body
+            }
+            $crate::elem::Hidden::F16($b) => {
+                type $T = rshmem::f16;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_buf;
+
+/// The error for hidden states of dtype `d`.
+pub(crate) fn bad_hidden(d: &str) -> rshmem::Error {
+    rshmem::Error::InvalidArgument(format!(
+        "ep: hidden states must be float32, bfloat16 or float16, not {d}"
+    ))
+}

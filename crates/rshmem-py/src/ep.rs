@@ -1,39 +1,17 @@
 //! MoE dispatch and combine on the CPU backend (`rshmem::ep::HostBuffer`); the Python
 //! `rshmem.ep.Buffer` gives it DeepEP's face.
 
+use crate::elem::{bad_hidden, with_buf, Hidden};
 use crate::errors::invalid;
 use crate::ops::HostBytes;
 use crate::world::World;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 use rshmem::ep::{EpConfig, EpMode, Handle, HostBuffer, RecvLayout};
-use rshmem::{bf16, f16, Elem, Error};
+use rshmem::{bf16, f16, Elem, Error, Free, Pe};
 use std::sync::Mutex;
 
-enum Buf {
-    F32(HostBuffer<f32>),
-    Bf16(HostBuffer<bf16>),
-    F16(HostBuffer<f16>),
-}
-
-macro_rules! with_buf {
-    ($buf:expr, $b:ident, $T:ident => $body:expr) => {
-        match $buf {
-            Buf::F32($b) => {
-                type $T = f32;
-                $body
-            }
-            Buf::Bf16($b) => {
-                type $T = bf16;
-                $body
-            }
-            Buf::F16($b) => {
-                type $T = f16;
-                $body
-            }
-        }
-    };
-}
+type Buf = Hidden<HostBuffer<f32>, HostBuffer<bf16>, HostBuffer<f16>>;
 
 /// A host MoE buffer of one PE.
 #[pyclass(frozen, module = "rshmem._rshmem")]
@@ -46,6 +24,46 @@ pub struct HostEp {
 #[pyclass(frozen, module = "rshmem._rshmem")]
 pub struct HostEpHandle {
     h: Handle,
+}
+
+/// The configuration of an MoE buffer of `(num_experts, max_tokens, hidden, max_topk)`: the
+/// receive layout token-major or expert-major, capturable with `capacity` pairs or normal.
+pub(crate) fn ep_config(
+    (num_experts, max_tokens, hidden, max_topk): (usize, usize, usize, usize),
+    token_major: bool,
+    capacity: Option<usize>,
+) -> EpConfig {
+    EpConfig::new(num_experts, max_tokens, hidden, max_topk)
+        .with_layout(if token_major {
+            RecvLayout::TokenMajor
+        } else {
+            RecvLayout::ExpertMajor
+        })
+        .with_mode(match capacity {
+            Some(capacity) => EpMode::Capturable { capacity },
+            None => EpMode::Normal,
+        })
+}
+
+/// Whether routing ids of dtype `id_dtype` are int64 (else int32).
+pub(crate) fn wide_ids(id_dtype: &str) -> PyResult<bool> {
+    match id_dtype {
+        "int64" => Ok(true),
+        "int32" => Ok(false),
+        d => Err(invalid(format!("topk_idx must be int64 or int32, not {d}"))),
+    }
+}
+
+/// Collectively frees the buffer in `slot`, which is left empty.
+pub(crate) fn free_buf<F: Free, B: Free, H: Free>(
+    pe: &Pe,
+    slot: &Mutex<Option<Hidden<F, B, H>>>,
+) -> rshmem::Result<()> {
+    let b = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match b {
+        Some(b) => with_buf!(b, b, _T => pe.free(b)),
+        None => Err(Error::InvalidArgument("ep buffer already freed".into())),
+    }
 }
 
 /// `hb`'s bytes as elements of `T` (aligned, whole elements).
@@ -99,30 +117,23 @@ impl HostEp {
         token_major: bool,
         capacity: Option<usize>,
     ) -> PyResult<HostEp> {
-        let cfg = EpConfig::new(num_experts, max_tokens, hidden, max_topk)
-            .with_layout(if token_major {
-                RecvLayout::TokenMajor
-            } else {
-                RecvLayout::ExpertMajor
-            })
-            .with_mode(match capacity {
-                Some(capacity) => EpMode::Capturable { capacity },
-                None => EpMode::Normal,
-            });
+        let cfg = ep_config(
+            (num_experts, max_tokens, hidden, max_topk),
+            token_major,
+            capacity,
+        );
         let dtype = dtype.to_string();
         let w = world.get();
         let buf = w.run(py, move |pe| {
             let team = pe.world_team();
             Ok(match dtype.as_str() {
-                "float32" => Buf::F32(HostBuffer::new(pe, team, cfg)?),
-                "bfloat16" => Buf::Bf16(HostBuffer::new(pe, team, cfg)?),
-                "float16" => Buf::F16(HostBuffer::new(pe, team, cfg)?),
+                "float32" => Hidden::F32(HostBuffer::new(pe, team, cfg)?),
+                "bfloat16" => Hidden::Bf16(HostBuffer::new(pe, team, cfg)?),
+                "float16" => Hidden::F16(HostBuffer::new(pe, team, cfg)?),
                 d => {
                     // Take part in the collective allocation so the peers are not left waiting.
                     let _ = HostBuffer::<f32>::new(pe, team, EpConfig::new(0, 0, 0, 0));
-                    return Err(Error::InvalidArgument(format!(
-                        "ep: hidden states must be float32, bfloat16 or float16, not {d}"
-                    )));
+                    return Err(bad_hidden(d));
                 }
             })
         })?;
@@ -149,11 +160,7 @@ impl HostEp {
         let xb = HostBytes::new(x.0, x.1)?;
         let ib = HostBytes::new(topk_ids.0, topk_ids.1)?;
         let wb = HostBytes::new(topk_weights.0, topk_weights.1)?;
-        let wide = match id_dtype {
-            "int64" => true,
-            "int32" => false,
-            d => return Err(invalid(format!("topk_idx must be int64 or int32, not {d}"))),
-        };
+        let wide = wide_ids(id_dtype)?;
         let world = self.world.get();
         let (bytes, h) = world.run(py, |pe| {
             let mut g = self.buf.lock().unwrap_or_else(|e| e.into_inner());
@@ -211,13 +218,7 @@ impl HostEp {
 
     /// Collectively releases the buffer's symmetric memory.
     fn free(&self, py: Python<'_>) -> PyResult<()> {
-        self.world.get().run(py, |pe| {
-            let b = self.buf.lock().unwrap_or_else(|e| e.into_inner()).take();
-            match b {
-                Some(b) => with_buf!(b, b, _T => pe.free(b)),
-                None => Err(Error::InvalidArgument("ep buffer already freed".into())),
-            }
-        })
+        self.world.get().run(py, |pe| free_buf(pe, &self.buf))
     }
 }
 

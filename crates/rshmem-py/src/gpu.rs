@@ -5,12 +5,12 @@
 use crate::coll::elems;
 use crate::elem::{kind, reduce_op, with_elem};
 use crate::errors::{invalid, IntoPy};
-use crate::ops::{signal_op, sym};
+use crate::ops::{cmp_of, signal_op, sym};
 use crate::world::{Live, World};
 use pyo3::prelude::*;
 use rshmem::coll::{AllToAllV, CollConfig, ToRoot};
 use rshmem::cuda::{CollTuning, CudaPe, DeviceCounts, GpuColl, Kernel, KernelArg, Stream};
-use rshmem::{Cmp, Error, Pe, Signal, SymView};
+use rshmem::{Error, Pe, Signal, SymView};
 use std::sync::MutexGuard;
 
 /// Per-PE CUDA state that borrows the PE (made by the first GPU collective: collective).
@@ -23,18 +23,6 @@ pub(crate) fn stream(g: &CudaPe<'_>, raw: usize) -> Stream {
     // SAFETY: the Python layer passes torch's stream of this PE's device (it checks the
     // device), alive for the call; the wrapper does not destroy it.
     unsafe { g.stream_from_raw(raw as *mut std::ffi::c_void) }
-}
-
-fn cmp_of(name: &str) -> PyResult<Cmp> {
-    Ok(match name {
-        "eq" | "==" => Cmp::Eq,
-        "ne" | "!=" => Cmp::Ne,
-        "gt" | ">" => Cmp::Gt,
-        "ge" | ">=" => Cmp::Ge,
-        "lt" | "<" => Cmp::Lt,
-        "le" | "<=" => Cmp::Le,
-        c => return Err(invalid(format!("comparison {c:?}"))),
-    })
 }
 
 impl World {
@@ -252,26 +240,23 @@ impl World {
         let op = op.map(reduce_op).transpose()?;
         let kind_name = kind_name.to_string();
         with_elem!(k, T => self.run_gpu(py, move |pe, g, c| {
-            let es = std::mem::size_of::<T>();
-            let h = self.hold(&[(dst, dst_bytes, "output"), (src, src_bytes, "input")])?;
-            let gd = h.guards();
-            let dv = sym(&gd[0])?.view::<T>(h.offset(0), elems(dst_bytes, es, "output")?)?;
-            let sv = sym(&gd[1])?.view::<T>(h.offset(1), elems(src_bytes, es, "input")?)?;
+            self.with_io_views::<T, _>((dst, dst_bytes), (src, src_bytes), |dv, sv| {
             let s = stream(&g, stream_ptr);
             let team = pe.world_team();
             let need_op = || {
                 op.ok_or_else(|| Error::InvalidArgument(format!("{kind_name} needs an op")))
             };
             match kind_name.as_str() {
-                "broadcast" => c.broadcast(&s, team, &dv, &sv, count, root),
-                "reduce" => c.reduce(&s, team, &dv, &sv, count, ToRoot { op: need_op()?, root }),
-                "all_reduce" => c.all_reduce(&s, team, &dv, &sv, count, need_op()?),
-                "all_gather" => c.all_gather(&s, team, &dv, &sv, count),
-                "reduce_scatter" => c.reduce_scatter(&s, team, &dv, &sv, count, need_op()?),
-                "all_to_all" => c.all_to_all(&s, team, &dv, &sv, count),
+                "broadcast" => c.broadcast(&s, team, dv, sv, count, root),
+                "reduce" => c.reduce(&s, team, dv, sv, count, ToRoot { op: need_op()?, root }),
+                "all_reduce" => c.all_reduce(&s, team, dv, sv, count, need_op()?),
+                "all_gather" => c.all_gather(&s, team, dv, sv, count),
+                "reduce_scatter" => c.reduce_scatter(&s, team, dv, sv, count, need_op()?),
+                "all_to_all" => c.all_to_all(&s, team, dv, sv, count),
                 "barrier" => c.barrier(&s, team),
                 o => Err(Error::InvalidArgument(format!("unknown collective {o:?}"))),
             }
+            })
         }))
     }
 
@@ -293,18 +278,15 @@ impl World {
     ) -> PyResult<()> {
         let k = kind(dtype)?;
         with_elem!(k, T => self.run_gpu(py, move |pe, g, c| {
-            let es = std::mem::size_of::<T>();
-            let h = self.hold(&[(dst, dst_bytes, "output"), (src, src_bytes, "input")])?;
-            let gd = h.guards();
-            let dv = sym(&gd[0])?.view::<T>(h.offset(0), elems(dst_bytes, es, "output")?)?;
-            let sv = sym(&gd[1])?.view::<T>(h.offset(1), elems(src_bytes, es, "input")?)?;
+            self.with_io_views::<T, _>((dst, dst_bytes), (src, src_bytes), |dv, sv| {
             let v = AllToAllV {
                 send_counts: &send_counts,
                 send_displs: &send_displs,
                 recv_counts: &recv_counts,
                 recv_displs: &recv_displs,
             };
-            c.all_to_all_v(&stream(&g, stream_ptr), pe.world_team(), &dv, &sv, &v)
+            c.all_to_all_v(&stream(&g, stream_ptr), pe.world_team(), dv, sv, &v)
+            })
         }))
     }
 

@@ -2,6 +2,8 @@
 //! `rshmem.ep.Buffer` stages DeepEP-style tensors into the symmetric operands it takes.
 
 use crate::coll::elems;
+use crate::elem::{bad_hidden, with_buf, Hidden};
+use crate::ep::{ep_config, free_buf, wide_ids};
 use crate::errors::invalid;
 use crate::gpu::stream;
 use crate::ops::sym;
@@ -9,34 +11,10 @@ use crate::world::World;
 use pyo3::prelude::*;
 use rshmem::cuda::ep::{Dispatch, EpTuning, GpuBuffer};
 use rshmem::cuda::CudaPe;
-use rshmem::ep::{EpConfig, EpMode, RecvLayout};
 use rshmem::{bf16, f16, Error};
 use std::sync::Mutex;
 
-enum Buf {
-    F32(GpuBuffer<f32>),
-    Bf16(GpuBuffer<bf16>),
-    F16(GpuBuffer<f16>),
-}
-
-macro_rules! with_buf {
-    ($buf:expr, $b:ident, $T:ident => $body:expr) => {
-        match $buf {
-            Buf::F32($b) => {
-                type $T = f32;
-                $body
-            }
-            Buf::Bf16($b) => {
-                type $T = bf16;
-                $body
-            }
-            Buf::F16($b) => {
-                type $T = f16;
-                $body
-            }
-        }
-    };
-}
+type Buf = Hidden<GpuBuffer<f32>, GpuBuffer<bf16>, GpuBuffer<f16>>;
 
 /// A GPU MoE buffer of one PE.
 #[pyclass(frozen, module = "rshmem._rshmem")]
@@ -71,29 +49,20 @@ impl GpuEp {
         token_major: bool,
         capacity: Option<usize>,
     ) -> PyResult<GpuEp> {
-        let cfg = EpConfig::new(num_experts, max_tokens, hidden, max_topk)
-            .with_layout(if token_major {
-                RecvLayout::TokenMajor
-            } else {
-                RecvLayout::ExpertMajor
-            })
-            .with_mode(match capacity {
-                Some(capacity) => EpMode::Capturable { capacity },
-                None => EpMode::Normal,
-            });
+        let cfg = ep_config(
+            (num_experts, max_tokens, hidden, max_topk),
+            token_major,
+            capacity,
+        );
         let dtype = dtype.to_string();
         let buf = world.get().run(py, move |pe| {
             let team = pe.world_team();
             let t = EpTuning::from_env()?;
             Ok(match dtype.as_str() {
-                "float32" => Buf::F32(GpuBuffer::new(pe, team, cfg, &t)?),
-                "bfloat16" => Buf::Bf16(GpuBuffer::new(pe, team, cfg, &t)?),
-                "float16" => Buf::F16(GpuBuffer::new(pe, team, cfg, &t)?),
-                d => {
-                    return Err(Error::InvalidArgument(format!(
-                        "ep: hidden states must be float32, bfloat16 or float16, not {d}"
-                    )))
-                }
+                "float32" => Hidden::F32(GpuBuffer::new(pe, team, cfg, &t)?),
+                "bfloat16" => Hidden::Bf16(GpuBuffer::new(pe, team, cfg, &t)?),
+                "float16" => Hidden::F16(GpuBuffer::new(pe, team, cfg, &t)?),
+                d => return Err(bad_hidden(d)),
             })
         })?;
         Ok(GpuEp {
@@ -160,11 +129,7 @@ impl GpuEp {
         top_k: usize,
         stream_ptr: usize,
     ) -> PyResult<GpuEpHandle> {
-        let wide = match id_dtype {
-            "int64" => true,
-            "int32" => false,
-            d => return Err(invalid(format!("topk_idx must be int64 or int32, not {d}"))),
-        };
+        let wide = wide_ids(id_dtype)?;
         let w = self.world.get();
         let d = w.run(py, |pe| {
             let g = CudaPe::new(pe)?;
@@ -289,20 +254,14 @@ impl GpuEp {
 
     /// Collectively releases the buffer.
     fn free(&self, py: Python<'_>) -> PyResult<()> {
-        self.world.get().run(py, |pe| {
-            let b = self.buf.lock().unwrap_or_else(|e| e.into_inner()).take();
-            match b {
-                Some(b) => with_buf!(b, b, _T => pe.free(b)),
-                None => Err(Error::InvalidArgument("ep buffer already freed".into())),
-            }
-        })
+        self.world.get().run(py, |pe| free_buf(pe, &self.buf))
     }
 }
 
 impl GpuEp {
     fn elem_bytes(&self) -> usize {
         match self.buf.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            Some(Buf::F32(_)) => 4,
+            Some(Hidden::F32(_)) => 4,
             Some(_) => 2,
             None => 1,
         }

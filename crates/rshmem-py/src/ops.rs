@@ -104,7 +104,7 @@ impl World {
     }
 }
 
-fn cmp_of(name: &str) -> PyResult<Cmp> {
+pub(crate) fn cmp_of(name: &str) -> PyResult<Cmp> {
     Ok(match name {
         "eq" | "==" => Cmp::Eq,
         "ne" | "!=" => Cmp::Ne,
