@@ -375,19 +375,48 @@ fn cross_node_reads(plan: &Plan, nodes: &crate::team::NodeMap) -> usize {
         .sum()
 }
 
+/// Elements every member reads from members of other nodes in `plans` (one plan a member).
+fn total_cross_node_reads(plans: &[Plan], nodes: &crate::team::NodeMap) -> usize {
+    plans.iter().map(|p| cross_node_reads(p, nodes)).sum()
+}
+
+/// As [`total_cross_node_reads`] for the flat plans `plan` makes of each member's shape.
+fn flat_cross_node_reads(
+    nodes: &crate::team::NodeMap,
+    in_place: bool,
+    chunk: usize,
+    plan: impl Fn(Shape) -> Plan,
+) -> usize {
+    let n = nodes.n_pes();
+    (0..n)
+        .map(|me| {
+            let s = Shape {
+                n,
+                me,
+                in_place,
+                chunk,
+            };
+            cross_node_reads(&plan(s), nodes)
+        })
+        .sum()
+}
+
+/// Node of each member in the hierarchical plan tests: pairs, interleaved, lone members,
+/// nodes of unequal sizes and node ids out of order.
+const TOPOLOGIES: [&[usize]; 7] = [
+    &[0, 0, 1, 1],
+    &[0, 0, 1, 1, 2, 2],
+    &[0, 1, 0, 1],
+    &[0, 0, 0, 1],
+    &[0, 1, 1, 1],
+    &[0, 0, 1, 2, 2, 2],
+    &[3, 1, 3, 1, 1],
+];
+
 #[test]
 fn hierarchical_plans_are_correct_hazard_free_and_cross_less() {
     use crate::team::NodeMap;
-    let topologies: [&[usize]; 7] = [
-        &[0, 0, 1, 1],
-        &[0, 0, 1, 1, 2, 2],
-        &[0, 1, 0, 1],
-        &[0, 0, 0, 1],
-        &[0, 1, 1, 1],
-        &[0, 0, 1, 2, 2, 2],
-        &[3, 1, 3, 1, 1],
-    ];
-    for topo in topologies {
+    for topo in TOPOLOGIES {
         let nodes = NodeMap::from_nodes(topo);
         let n = topo.len();
         for count in [0, 1, 3, 7, 20] {
@@ -403,19 +432,11 @@ fn hierarchical_plans_are_correct_hazard_free_and_cross_less() {
                     }
                     // Fewer elements cross nodes than in the flat plans.
                     if count >= 7 && chunk == 1 << 20 {
-                        let cross: usize = plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                        let cross: usize = total_cross_node_reads(&plans, &nodes);
                         for algo in [Algo::OneShot, Algo::TwoShot] {
-                            let flat: usize = (0..n)
-                                .map(|me| {
-                                    let s = Shape {
-                                        n,
-                                        me,
-                                        in_place,
-                                        chunk,
-                                    };
-                                    cross_node_reads(&all_reduce(s, count, algo), &nodes)
-                                })
-                                .sum();
+                            let flat = flat_cross_node_reads(&nodes, in_place, chunk, |s| {
+                                all_reduce(s, count, algo)
+                            });
                             assert!(cross < flat, "all_reduce {ctx}: {cross} vs {algo:?} {flat}");
                         }
                         assert_eq!(
@@ -432,7 +453,7 @@ fn hierarchical_plans_are_correct_hazard_free_and_cross_less() {
                     for m in 0..n {
                         assert_eq!(d[m][..n * count], want[..], "all_gather {ctx}");
                     }
-                    let cross: usize = plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                    let cross: usize = total_cross_node_reads(&plans, &nodes);
                     let per_node: usize = (0..nodes.n_nodes())
                         .map(|k| (n - nodes.members(k).len()) * count)
                         .sum();
@@ -451,24 +472,16 @@ fn hierarchical_plans_are_correct_hazard_free_and_cross_less() {
                                 "reduce_scatter {ctx}"
                             );
                         }
-                        let cross: usize = plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                        let cross: usize = total_cross_node_reads(&plans, &nodes);
                         assert_eq!(
                             cross,
                             n * (nodes.n_nodes() - 1) * count,
                             "reduce_scatter crossings {ctx}"
                         );
                         if count >= 7 && chunk == 1 << 20 {
-                            let flat: usize = (0..n)
-                                .map(|me| {
-                                    let s = Shape {
-                                        n,
-                                        me,
-                                        in_place,
-                                        chunk,
-                                    };
-                                    cross_node_reads(&reduce_scatter(s, count), &nodes)
-                                })
-                                .sum();
+                            let flat = flat_cross_node_reads(&nodes, in_place, chunk, |s| {
+                                reduce_scatter(s, count)
+                            });
                             assert!(cross < flat, "reduce_scatter {ctx}: {cross} vs {flat}");
                         }
                     }
@@ -479,7 +492,7 @@ fn hierarchical_plans_are_correct_hazard_free_and_cross_less() {
                         for m in 0..n {
                             assert_eq!(d[m][..count], want[..], "broadcast root {root} {ctx}");
                         }
-                        let cross: usize = plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                        let cross: usize = total_cross_node_reads(&plans, &nodes);
                         assert_eq!(cross, (nodes.n_nodes() - 1) * count, "broadcast {ctx}");
                     }
                 }
@@ -491,16 +504,7 @@ fn hierarchical_plans_are_correct_hazard_free_and_cross_less() {
 #[test]
 fn hierarchical_reduce_and_out_of_place_reduce_scatter_through_scratch() {
     use crate::team::NodeMap;
-    let topologies: [&[usize]; 7] = [
-        &[0, 0, 1, 1],
-        &[0, 0, 1, 1, 2, 2],
-        &[0, 1, 0, 1],
-        &[0, 0, 0, 1],
-        &[0, 1, 1, 1],
-        &[0, 0, 1, 2, 2, 2],
-        &[3, 1, 3, 1, 1],
-    ];
-    for topo in topologies {
+    for topo in TOPOLOGIES {
         let nodes = NodeMap::from_nodes(topo);
         let (n, nn) = (topo.len(), nodes.n_nodes());
         for count in [0, 1, 3, 7, 20] {
@@ -509,21 +513,10 @@ fn hierarchical_reduce_and_out_of_place_reduce_scatter_through_scratch() {
                 for scratch in [n, n + 1, 3 * n, 1 << 20] {
                     let ctx = format!("{topo:?} count {count} chunk {chunk} scratch {scratch}");
                     let flat_cross = |kind: CollKind, root: usize, in_place: bool| -> usize {
-                        (0..n)
-                            .map(|me| {
-                                let s = Shape {
-                                    n,
-                                    me,
-                                    in_place,
-                                    chunk,
-                                };
-                                let p = match kind {
-                                    CollKind::Reduce => reduce(s, root, count),
-                                    _ => reduce_scatter(s, count),
-                                };
-                                cross_node_reads(&p, &nodes)
-                            })
-                            .sum()
+                        flat_cross_node_reads(&nodes, in_place, chunk, |s| match kind {
+                            CollKind::Reduce => reduce(s, root, count),
+                            _ => reduce_scatter(s, count),
+                        })
                     };
                     for in_place in [false, true] {
                         for root in 0..n {
@@ -552,8 +545,7 @@ fn hierarchical_reduce_and_out_of_place_reduce_scatter_through_scratch() {
                             let windows = count.div_ceil(scratch);
                             let syncs = if windows == 0 { 2 } else { 3 * windows + 1 };
                             assert!(plans.iter().all(|p| p.syncs() == syncs), "syncs {ctx}");
-                            let cross: usize =
-                                plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                            let cross: usize = total_cross_node_reads(&plans, &nodes);
                             assert_eq!(cross, (nn - 1) * count, "reduce crossings {ctx}");
                             // Fewer than flat where another node than the root's has
                             // several members (else both read each other node once).
@@ -582,7 +574,7 @@ fn hierarchical_reduce_and_out_of_place_reduce_scatter_through_scratch() {
                         assert_eq!(d[m][..count], want[..], "reduce_scatter member {m} {ctx}");
                         assert!(d[m][count..].iter().all(|&v| v == -1), "beyond count {ctx}");
                     }
-                    let cross: usize = plans.iter().map(|p| cross_node_reads(p, &nodes)).sum();
+                    let cross: usize = total_cross_node_reads(&plans, &nodes);
                     assert_eq!(
                         cross,
                         n * (nn - 1) * count,
