@@ -3,7 +3,7 @@
 
 use rshmem::coll::CollKind;
 use rshmem_sim::fluid::{Engine, Flows};
-use rshmem_sim::schedule::{build, Op, Setup};
+use rshmem_sim::schedule::{build, Op, Program, Setup};
 use rshmem_sim::{simulate, Topology};
 
 fn topo_file(name: &str) -> Topology {
@@ -37,6 +37,11 @@ ep_combine_us = 0.0
 "#
     );
     Topology::parse(&text).expect("topology")
+}
+
+/// The schedule of collective `kind` on `pes` PEs of `topo`, `bytes` a member, default setup.
+fn coll_plan(topo: &Topology, kind: CollKind, pes: usize, bytes: usize) -> Program {
+    build(topo, &Setup::default(), Op::Coll(kind), pes, bytes).expect("schedule")
 }
 
 fn time(topo: &Topology, op: Op, pes: usize, bytes: usize) -> f64 {
@@ -318,7 +323,7 @@ fn time_grows_with_size() {
             let (mut first, mut end) = (0.0, 0.0);
             for s in 0..=13 {
                 let bytes = (pes * 16) << (2 * s);
-                let p = build(&t, &Setup::default(), Op::Coll(kind), pes, bytes).expect("plan");
+                let p = coll_plan(&t, kind, pes, bytes);
                 let got = simulate(&t, &p, &mut |_, _| {}).expect("simulate").time_us;
                 let before = last.insert(p.path.clone(), got).unwrap_or(0.0);
                 let slack = if p.path == "ll" {
@@ -412,14 +417,7 @@ fn every_link_carries_what_the_schedule_sends() {
 fn same_inputs_same_timeline() {
     let t = topo_file("torus8x8.toml");
     let run = || {
-        let p = build(
-            &t,
-            &Setup::default(),
-            Op::Coll(CollKind::AllToAll),
-            64,
-            16 << 20,
-        )
-        .expect("schedule");
+        let p = coll_plan(&t, CollKind::AllToAll, 64, 16 << 20);
         simulate(&t, &p, &mut |_, _| {}).expect("simulate")
     };
     let (a, b) = (run(), run());
@@ -495,35 +493,17 @@ links = [
 #[test]
 fn paths_are_the_librarys() {
     let t = topo_file("h200x2.toml");
-    let path = |kind, bytes| {
-        build(&t, &Setup::default(), Op::Coll(kind), 2, bytes)
-            .expect("schedule")
-            .path
-    };
+    let path = |kind, bytes| coll_plan(&t, kind, 2, bytes).path;
     assert_eq!(path(CollKind::AllReduce, 8), "ll");
     assert_eq!(path(CollKind::AllReduce, 1 << 20), "pull");
     assert_eq!(path(CollKind::AllReduce, 256 << 20), "push");
     assert_eq!(path(CollKind::AllToAll, 16 << 20), "push");
     assert_eq!(path(CollKind::ReduceScatter, 16 << 20), "one_shot");
     let t = topo_file("nvswitch8.toml");
-    let p = build(
-        &t,
-        &Setup::default(),
-        Op::Coll(CollKind::AllReduce),
-        8,
-        64 << 20,
-    )
-    .expect("plan");
+    let p = coll_plan(&t, CollKind::AllReduce, 8, 64 << 20);
     assert_eq!(p.path, "pull_two_shot");
     let t = topo_file("railfat4096.toml");
-    let p = build(
-        &t,
-        &Setup::default(),
-        Op::Coll(CollKind::AllReduce),
-        64,
-        64 << 20,
-    )
-    .expect("plan");
+    let p = coll_plan(&t, CollKind::AllReduce, 64, 64 << 20);
     assert_eq!(p.path, "two_shot");
     // Two-shot plan: barrier, reduce kernel, barrier, a copy kernel (63 copies), barrier.
     let whats: Vec<&str> = p.phases.iter().map(|ph| ph.what).collect();
@@ -580,14 +560,7 @@ fn folds_and_push_steps_run_in_waves() {
     // A pair's pull all_reduce of 16 MiB: 128 blocks of 256 threads, 128 bytes in flight
     // each: 4 MiB waves, 4 per member, each after the last.
     let t = topo_file("h200x2.toml");
-    let p = build(
-        &t,
-        &Setup::default(),
-        Op::Coll(CollKind::AllReduce),
-        2,
-        16 << 20,
-    )
-    .expect("schedule");
+    let p = coll_plan(&t, CollKind::AllReduce, 2, 16 << 20);
     let x = &p.phases[0].xfers;
     assert_eq!(x.len(), 8);
     for (i, x) in x.iter().enumerate() {
@@ -602,14 +575,7 @@ fn folds_and_push_steps_run_in_waves() {
     // Four members' two-shot of 16 MiB: one wave, each member reading its part (4 MiB) of
     // every member in team order, its own among them; then the stores.
     let t = topo_file("h200x4.toml");
-    let p = build(
-        &t,
-        &Setup::default(),
-        Op::Coll(CollKind::AllReduce),
-        4,
-        16 << 20,
-    )
-    .expect("schedule");
+    let p = coll_plan(&t, CollKind::AllReduce, 4, 16 << 20);
     assert_eq!(p.path, "pull_two_shot");
     let loads = &p.phases[0].xfers;
     assert_eq!(loads.len(), 16);
@@ -629,14 +595,7 @@ fn folds_and_push_steps_run_in_waves() {
     // A pair's 256 MiB by stores: steps of 8192 vectors of 128 blocks (16 MiB) one after the
     // other, then the last step's fold.
     let t = topo_file("h200x2.toml");
-    let p = build(
-        &t,
-        &Setup::default(),
-        Op::Coll(CollKind::AllReduce),
-        2,
-        256 << 20,
-    )
-    .expect("schedule");
+    let p = coll_plan(&t, CollKind::AllReduce, 2, 256 << 20);
     assert_eq!(p.path, "push");
     let x: Vec<&Xfer> = p.phases[0].xfers.iter().filter(|x| x.src == 0).collect();
     assert_eq!(x.len(), 17);
