@@ -27,7 +27,7 @@
 use super::endpoint::{fail, Endpoint};
 use super::ffi::*;
 use super::mr::Remote;
-use super::xfer::Slot;
+use super::xfer::{post_rma, Slot};
 use crate::error::{Error, Result};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::c_void;
@@ -324,35 +324,9 @@ impl Endpoint {
         let mut s = self.lock();
         let id = s.next_id;
         let ctx = id as *mut c_void;
-        let rc = if get {
-            // SAFETY: enabled endpoint; the provider writes n bytes into the slot, which stays
-            // alive until the chunk completes (abandoned to the provider if it never does).
-            unsafe { ((*(*s.h.ep).rma).read)(s.h.ep, ptr.cast(), n, desc, addr, raddr, key, ctx) }
-        } else {
-            let iov = iovec {
-                iov_base: ptr.cast(),
-                iov_len: n,
-            };
-            let rma = fi_rma_iov {
-                addr: raddr,
-                len: n,
-                key,
-            };
-            let mut d = desc;
-            let msg = fi_msg_rma {
-                msg_iov: &iov,
-                desc: &mut d,
-                iov_count: 1,
-                addr,
-                rma_iov: &rma,
-                rma_iov_count: 1,
-                context: ctx,
-                data: 0,
-            };
-            // SAFETY: as above; the message is read during the call, the slot's n bytes until
-            // the chunk completes.
-            unsafe { ((*(*s.h.ep).rma).writemsg)(s.h.ep, &msg, flags) }
-        };
+        // SAFETY: enabled endpoint; the slot holds n bytes and stays alive until the chunk
+        // completes (abandoned to the provider if it never does).
+        let rc = unsafe { post_rma(s.h.ep, get, (ptr, n, desc), (addr, raddr, key), ctx, flags) };
         if rc != 0 {
             return Err(rc);
         }

@@ -2,9 +2,8 @@
 //! many in flight at once, fence ordering, a peer closed with operations in flight.
 
 use super::nbi::{NbiDir, MAX_STAGED_FOR_TESTS};
-use super::tests::{loopback, random_bytes, skip, with_pes};
+use super::tests::{random_bytes, skip, with_peer_closing, with_pes};
 use super::*;
-use crate::bootstrap::InProcBootstrap;
 use crate::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -201,81 +200,61 @@ fn a_peer_closed_with_operations_in_flight_ends_them_in_an_error_within_the_dead
     let deadline = Duration::from_secs(2);
     let big = 2 * xfer::CHUNK;
     for get in [false, true] {
-        let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
-        std::thread::scope(|s| {
-            for r in 0..2 {
-                let hub = &hub;
-                s.spawn(move || {
-                    let boot = hub.join(r).expect("join");
-                    let ep = Endpoint::open(&loopback(deadline)).expect("open");
-                    let mr = MemoryRegion::register_owned(&ep, vec![0u8; big].into_boxed_slice())
-                        .expect("reg");
-                    let remotes = exchange(&boot, &ep, &[&mr]).expect("exchange");
-                    boot.barrier().expect("barrier");
-                    if r == 1 {
-                        std::thread::sleep(Duration::from_millis(30));
-                        drop(mr);
-                        drop(ep);
-                        boot.barrier().expect("barrier");
-                        return;
-                    }
-                    let t = Instant::now();
-                    let data = random_bytes(9, big);
-                    let mut back = vec![0u8; big / 2];
-                    let mut err = None;
-                    // Windows of 32 operations then quiet, until the closed peer fails one.
-                    'outer: for _ in 0..10_000 {
-                        let mut keys = Vec::new();
-                        for i in 0..32 {
-                            let lo = (i * 4099) % (big / 2);
-                            let dir = if get {
-                                NbiDir::Get(&mut back[..big / 2])
-                            } else {
-                                NbiDir::Put(&data[..big / 2])
-                            };
-                            match ep.nbi_post(1, &remotes[1][0], lo, dir) {
-                                Ok(k) => keys.push(k),
-                                Err(e) => {
-                                    err = Some(e);
-                                    break 'outer;
-                                }
-                            }
-                        }
-                        let q = ep.nbi_quiet();
-                        for k in keys {
-                            ep.nbi_release(k);
-                        }
-                        if let Err(e) = q {
+        with_peer_closing(deadline, big, |ep, remotes| {
+            let t = Instant::now();
+            let data = random_bytes(9, big);
+            let mut back = vec![0u8; big / 2];
+            let mut err = None;
+            // Windows of 32 operations then quiet, until the closed peer fails one.
+            'outer: for _ in 0..10_000 {
+                let mut keys = Vec::new();
+                for i in 0..32 {
+                    let lo = (i * 4099) % (big / 2);
+                    let dir = if get {
+                        NbiDir::Get(&mut back[..big / 2])
+                    } else {
+                        NbiDir::Put(&data[..big / 2])
+                    };
+                    match ep.nbi_post(1, &remotes[1][0], lo, dir) {
+                        Ok(k) => keys.push(k),
+                        Err(e) => {
                             err = Some(e);
-                            break;
-                        }
-                        if t.elapsed() > Duration::from_secs(20) {
-                            break;
+                            break 'outer;
                         }
                     }
-                    let e = err.expect("operations to a closed peer must fail");
-                    assert!(
-                        matches!(
-                            e,
-                            Error::Fabric { pe: Some(1), .. }
-                                | Error::Timeout { pe: Some(1), .. }
-                                | Error::PeerLost { pe: 1, .. }
-                        ),
-                        "{e}"
-                    );
-                    assert!(t.elapsed() < Duration::from_secs(25), "bounded");
-                    // Everything ended: a quiet now waits for nothing, and a peer taken as
-                    // lost fails a new operation at once.
-                    let t1 = Instant::now();
-                    let _ = ep.nbi_quiet();
-                    ep.mark_lost(1);
-                    let r = ep.nbi_post(1, &remotes[1][0], 0, NbiDir::Get(&mut [0u8; 8]));
-                    assert!(matches!(r, Err(Error::PeerLost { pe: 1, .. })), "{r:?}");
-                    assert!(t1.elapsed() < deadline * 3, "no wait after the error");
-                    assert_eq!(ep.nbi_counts().0, 0, "no chunk left in flight");
-                    boot.barrier().expect("barrier");
-                });
+                }
+                let q = ep.nbi_quiet();
+                for k in keys {
+                    ep.nbi_release(k);
+                }
+                if let Err(e) = q {
+                    err = Some(e);
+                    break;
+                }
+                if t.elapsed() > Duration::from_secs(20) {
+                    break;
+                }
             }
+            let e = err.expect("operations to a closed peer must fail");
+            assert!(
+                matches!(
+                    e,
+                    Error::Fabric { pe: Some(1), .. }
+                        | Error::Timeout { pe: Some(1), .. }
+                        | Error::PeerLost { pe: 1, .. }
+                ),
+                "{e}"
+            );
+            assert!(t.elapsed() < Duration::from_secs(25), "bounded");
+            // Everything ended: a quiet now waits for nothing, and a peer taken as
+            // lost fails a new operation at once.
+            let t1 = Instant::now();
+            let _ = ep.nbi_quiet();
+            ep.mark_lost(1);
+            let r = ep.nbi_post(1, &remotes[1][0], 0, NbiDir::Get(&mut [0u8; 8]));
+            assert!(matches!(r, Err(Error::PeerLost { pe: 1, .. })), "{r:?}");
+            assert!(t1.elapsed() < deadline * 3, "no wait after the error");
+            assert_eq!(ep.nbi_counts().0, 0, "no chunk left in flight");
         });
     }
 }

@@ -65,6 +65,39 @@ pub(super) fn with_pes(
     });
 }
 
+/// Two thread-PEs over loopback (`deadline`), each with a registration of `len` bytes: PE 1
+/// closes its endpoint 30 ms in, while PE 0 runs `f(endpoint, every PE's remotes)`.
+pub(super) fn with_peer_closing(
+    deadline: Duration,
+    len: usize,
+    f: impl Fn(&Endpoint, &[Vec<Remote>]) + Sync,
+) {
+    let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
+    std::thread::scope(|s| {
+        for r in 0..2 {
+            let (hub, f) = (&hub, &f);
+            s.spawn(move || {
+                let boot = hub.join(r).expect("join");
+                let ep = Endpoint::open(&loopback(deadline)).expect("open");
+                let mr = MemoryRegion::register_owned(&ep, vec![0u8; len].into_boxed_slice())
+                    .expect("reg");
+                let remotes = exchange(&boot, &ep, &[&mr]).expect("exchange");
+                boot.barrier().expect("barrier");
+                if r == 1 {
+                    // Close while PE 0's transfers are in flight.
+                    std::thread::sleep(Duration::from_millis(30));
+                    drop(mr);
+                    drop(ep);
+                    boot.barrier().expect("barrier");
+                    return;
+                }
+                f(&ep, &remotes);
+                boot.barrier().expect("barrier");
+            });
+        }
+    });
+}
+
 #[test]
 fn put_get_move_random_bytes_exactly() {
     if skip() {
@@ -502,57 +535,36 @@ fn a_peer_closed_mid_window_ends_the_transfer_in_an_error_within_the_deadline() 
     let deadline = Duration::from_secs(2);
     let big = 4 * xfer::WINDOW * xfer::CHUNK;
     for get in [false, true] {
-        let hub = InProcBootstrap::new(2, Duration::from_secs(30)).expect("hub");
-        std::thread::scope(|s| {
-            for r in 0..2 {
-                let hub = &hub;
-                s.spawn(move || {
-                    let boot = hub.join(r).expect("join");
-                    let ep = Endpoint::open(&loopback(deadline)).expect("open");
-                    let mr = MemoryRegion::register_owned(&ep, vec![0u8; big].into_boxed_slice())
-                        .expect("reg");
-                    let remotes = exchange(&boot, &ep, &[&mr]).expect("exchange");
-                    boot.barrier().expect("barrier");
-                    if r == 1 {
-                        // Close while PE 0's transfers are in flight.
-                        std::thread::sleep(Duration::from_millis(30));
-                        drop(mr);
-                        drop(ep);
-                        boot.barrier().expect("barrier");
-                        return;
-                    }
-                    let t = std::time::Instant::now();
-                    let data = random_bytes(9, big);
-                    let mut back = vec![0u8; big];
-                    let mut err = None;
-                    // Transfer until the closed peer makes one fail (every one is many
-                    // windows long, so the close lands in the middle of one).
-                    for _ in 0..10_000 {
-                        let res = if get {
-                            ep.read(1, &remotes[1][0], 0, &mut back)
-                        } else {
-                            ep.write(1, &remotes[1][0], 0, &data, true)
-                        };
-                        if let Err(e) = res {
-                            err = Some(e);
-                            break;
-                        }
-                        if t.elapsed() > Duration::from_secs(20) {
-                            break;
-                        }
-                    }
-                    let e = err.expect("a transfer to a closed peer must fail");
-                    assert!(
-                        matches!(
-                            e,
-                            Error::Fabric { pe: Some(1), .. } | Error::Timeout { pe: Some(1), .. }
-                        ),
-                        "{e}"
-                    );
-                    assert!(t.elapsed() < Duration::from_secs(25), "bounded");
-                    boot.barrier().expect("barrier");
-                });
+        with_peer_closing(deadline, big, |ep, remotes| {
+            let t = std::time::Instant::now();
+            let data = random_bytes(9, big);
+            let mut back = vec![0u8; big];
+            let mut err = None;
+            // Transfer until the closed peer makes one fail (every one is many
+            // windows long, so the close lands in the middle of one).
+            for _ in 0..10_000 {
+                let res = if get {
+                    ep.read(1, &remotes[1][0], 0, &mut back)
+                } else {
+                    ep.write(1, &remotes[1][0], 0, &data, true)
+                };
+                if let Err(e) = res {
+                    err = Some(e);
+                    break;
+                }
+                if t.elapsed() > Duration::from_secs(20) {
+                    break;
+                }
             }
+            let e = err.expect("a transfer to a closed peer must fail");
+            assert!(
+                matches!(
+                    e,
+                    Error::Fabric { pe: Some(1), .. } | Error::Timeout { pe: Some(1), .. }
+                ),
+                "{e}"
+            );
+            assert!(t.elapsed() < Duration::from_secs(25), "bounded");
         });
     }
 }

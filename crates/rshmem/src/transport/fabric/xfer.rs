@@ -174,6 +174,48 @@ impl Dir<'_> {
     }
 }
 
+/// Posts one chunk on `ep`: for `get` a read into the `n` bytes at `ptr` (registration
+/// `desc`), else a write of them with `flags`, at `raddr` under `key` of the peer at `addr`;
+/// the provider's return code.
+///
+/// # Safety
+/// `ep` is an enabled endpoint; the `n` bytes at `ptr` stay alive until the chunk completes.
+pub(super) unsafe fn post_rma(
+    ep: *mut fid_ep,
+    get: bool,
+    (ptr, n, desc): (*mut u8, usize, *mut c_void),
+    (addr, raddr, key): (fi_addr_t, u64, u64),
+    ctx: *mut c_void,
+    flags: u64,
+) -> ssize_t {
+    if get {
+        // SAFETY: the caller's contract; the provider writes n bytes at `ptr`.
+        return unsafe { ((*(*ep).rma).read)(ep, ptr.cast(), n, desc, addr, raddr, key, ctx) };
+    }
+    let iov = iovec {
+        iov_base: ptr.cast(),
+        iov_len: n,
+    };
+    let rma = fi_rma_iov {
+        addr: raddr,
+        len: n,
+        key,
+    };
+    let mut d = desc;
+    let msg = fi_msg_rma {
+        msg_iov: &iov,
+        desc: &mut d,
+        iov_count: 1,
+        addr,
+        rma_iov: &rma,
+        rma_iov_count: 1,
+        context: ctx,
+        data: 0,
+    };
+    // SAFETY: the caller's contract; the message is read during the call.
+    unsafe { ((*(*ep).rma).writemsg)(ep, &msg, flags) }
+}
+
 /// A posted chunk: its completion id, its index and its staging (`None`: moved in place).
 struct Flight {
     id: u64,
@@ -294,46 +336,18 @@ impl Endpoint {
                 let mut s = self.lock();
                 let id = s.next_id;
                 let ctx = id as *mut c_void;
-                let rc = if put {
-                    let iov = iovec {
-                        iov_base: ptr.cast(),
-                        iov_len: n,
-                    };
-                    let rma = fi_rma_iov {
-                        addr: raddr,
-                        len: n,
-                        key: remote.key,
-                    };
-                    let mut d = desc;
-                    let msg = fi_msg_rma {
-                        msg_iov: &iov,
-                        desc: &mut d,
-                        iov_count: 1,
-                        addr,
-                        rma_iov: &rma,
-                        rma_iov_count: 1,
-                        context: ctx,
-                        data: 0,
-                    };
-                    // SAFETY: enabled endpoint; the message is read during the call; the slot
-                    // (or the registered memory moved in place, the caller's contract) holds n
-                    // bytes and stays alive until the chunk completes (a slot is leaked if the
-                    // transfer gives up first).
-                    unsafe { ((*(*s.h.ep).rma).writemsg)(s.h.ep, &msg, flags_of(k)) }
-                } else {
-                    // SAFETY: as above; the provider writes n bytes into the slot.
-                    unsafe {
-                        ((*(*s.h.ep).rma).read)(
-                            s.h.ep,
-                            ptr.cast(),
-                            n,
-                            desc,
-                            addr,
-                            raddr,
-                            remote.key,
-                            ctx,
-                        )
-                    }
+                // SAFETY: enabled endpoint; the slot (or the registered memory moved in place,
+                // the caller's contract) holds n bytes and stays alive until the chunk
+                // completes (a slot is leaked if the transfer gives up first).
+                let rc = unsafe {
+                    post_rma(
+                        s.h.ep,
+                        !put,
+                        (ptr, n, desc),
+                        (addr, raddr, remote.key),
+                        ctx,
+                        flags_of(k),
+                    )
                 };
                 if rc == 0 {
                     s.next_id += 1;
