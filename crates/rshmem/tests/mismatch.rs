@@ -133,27 +133,12 @@ fn kinds_never_match(pe: &Pe) -> Result<()> {
         } else {
             (rest, odd, 0)
         };
-        match call(pe, &coll, mine, &obj, &out, victim) {
-            Err(Error::CollectiveMismatch {
-                op,
-                pe: p,
-                mine: m,
-                theirs: t,
-            }) => assert!(
-                op == mine.name()
-                    && p == culprit
-                    && m.starts_with(mine.name())
-                    && t.starts_with(theirs.name()),
-                "round {round} ({odd:?} on PE 0 against {rest:?}), PE {me}: mismatch in {op} \
-                 naming PE {p}: mine {m:?}, theirs {t:?}"
-            ),
-            other => panic!(
-                "round {round} ({odd:?} on PE 0 against {rest:?}), PE {me}: expected a \
-                 CollectiveMismatch naming {} and {}, got {other:?}",
-                mine.name(),
-                theirs.name()
-            ),
-        }
+        assert_mismatch(
+            call(pe, &coll, mine, &obj, &out, victim),
+            (mine.name(), theirs.name()),
+            culprit,
+            &format!("round {round} ({odd:?} on PE 0 against {rest:?}), PE {me}"),
+        );
         // Nothing was allocated or freed by the mismatched calls.
         pe.free(out)?;
         pe.free(obj)?;
