@@ -52,9 +52,22 @@ pub(super) fn run_fabric(args: &PerfArgs) -> CliResult<Vec<Record>> {
 
 /// The worker side: this process is the node named by its rank.
 pub(super) fn worker(spec: &Spec, f: &FabricOpts) -> CliResult<()> {
+    node_worker(spec, f, BackendKind::Shm, |pe| {
+        rshmem_bench::fabric::bench(pe, &f.sizes, f.latency_iters)
+    })
+}
+
+/// A worker of a fabric group on `backend`: this process is the node named by its rank, runs
+/// `bench`, and PE 0 writes the records.
+pub(super) fn node_worker(
+    spec: &Spec,
+    f: &FabricOpts,
+    backend: BackendKind,
+    bench: impl FnOnce(&rshmem::Pe) -> rshmem::Result<Vec<rshmem_bench::p2p::BenchRecord>>,
+) -> CliResult<()> {
     let rank = std::env::var("RSHMEM_RANK").unwrap_or_default();
     let mut config = Config::from_env()?
-        .backend(BackendKind::Shm)
+        .backend(backend)
         .heap_size(spec.heap)
         .node(format!("perf-node-{rank}"))
         .fabric_provider(f.provider.clone());
@@ -62,7 +75,7 @@ pub(super) fn worker(spec: &Spec, f: &FabricOpts) -> CliResult<()> {
         config = config.fabric_domain(d.clone());
     }
     let pe = rshmem::Launch::new().config(config).init()?;
-    let recs = rshmem_bench::fabric::bench(&pe, &f.sizes, f.latency_iters)?;
+    let recs = bench(&pe)?;
     if pe.my_pe() == 0 {
         let recs: Vec<Record> = recs.iter().map(cuda::from_cuda).collect();
         if let Some(out) = &spec.out {

@@ -30,23 +30,7 @@ pub(super) fn run_fabric_gpu(args: &PerfArgs) -> CliResult<Vec<Record>> {
 /// The worker side: this process is the node named by its rank, on the CUDA backend (PEs
 /// share GPUs round robin where there are fewer GPUs than PEs).
 pub(super) fn worker(spec: &Spec, f: &fabric::FabricOpts) -> CliResult<()> {
-    let rank = std::env::var("RSHMEM_RANK").unwrap_or_default();
-    let mut config = Config::from_env()?
-        .backend(BackendKind::Cuda)
-        .heap_size(spec.heap)
-        .node(format!("perf-node-{rank}"))
-        .fabric_provider(f.provider.clone());
-    if let Some(d) = &f.domain {
-        config = config.fabric_domain(d.clone());
-    }
-    let pe = rshmem::Launch::new().config(config).init()?;
-    let recs = rshmem_bench::fabric_gpu::bench(&pe, f.latency_iters)?;
-    if pe.my_pe() == 0 {
-        let recs: Vec<Record> = recs.iter().map(cuda::from_cuda).collect();
-        if let Some(out) = &spec.out {
-            report::write_json(out, &recs)?;
-        }
-    }
-    pe.finalize()?;
-    Ok(())
+    fabric::node_worker(spec, f, BackendKind::Cuda, |pe| {
+        rshmem_bench::fabric_gpu::bench(pe, f.latency_iters)
+    })
 }
