@@ -192,19 +192,13 @@ pub fn write_svg(path: &Path, records: &[Record]) -> CliResult<()> {
         .filter(|y| y.is_finite() && *y > 0.0)
         .collect();
     let (ymin, ymax) = bounds(&ys, 0.01, 100.0);
-    let mut c = ChartBuilder::on(&left)
-        .caption("Bandwidth (GB/s) vs size", ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d((xmin..xmax).log_scale().base(2.0), (ymin..ymax).log_scale())
-        .map_err(|e| err(&e))?;
-    c.configure_mesh()
-        .x_desc("bytes")
-        .y_desc("GB/s")
-        .x_label_formatter(&|x| human_bytes(*x as usize))
-        .draw()
-        .map_err(|e| err(&e))?;
+    let mut c = size_chart(
+        &left,
+        "Bandwidth (GB/s) vs size",
+        (xmin..xmax, ymin..ymax),
+        ("bytes", "GB/s"),
+        &err,
+    )?;
     for (i, (label, v)) in groups.iter().enumerate() {
         let col = palette[i % palette.len()];
         c.draw_series(LineSeries::new(
@@ -237,19 +231,13 @@ pub fn write_svg(path: &Path, records: &[Record]) -> CliResult<()> {
         .filter(|y| y.is_finite() && *y > 0.0)
         .collect();
     let (tmin, tmax) = bounds(&ts, 0.001, 1e5);
-    let mut c = ChartBuilder::on(&right)
-        .caption("Time per operation (us) vs size", ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d((xmin..xmax).log_scale().base(2.0), (tmin..tmax).log_scale())
-        .map_err(|e| err(&e))?;
-    c.configure_mesh()
-        .x_desc("bytes (barrier drawn at 4)")
-        .y_desc("microseconds")
-        .x_label_formatter(&|x| human_bytes(*x as usize))
-        .draw()
-        .map_err(|e| err(&e))?;
+    let mut c = size_chart(
+        &right,
+        "Time per operation (us) vs size",
+        (xmin..xmax, tmin..tmax),
+        ("bytes (barrier drawn at 4)", "microseconds"),
+        &err,
+    )?;
     for (i, (label, v)) in groups.iter().enumerate() {
         let col = palette[i % palette.len()];
         c.draw_series(LineSeries::new(v.iter().map(|&(b, t, _)| (b, t)), col))
@@ -289,6 +277,44 @@ pub fn write_svg(path: &Path, records: &[Record]) -> CliResult<()> {
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+/// A chart of log-scaled values against log₂-scaled sizes, drawn into an SVG.
+type SizeChart<'a, 'b> = plotters::prelude::ChartContext<
+    'a,
+    plotters::prelude::SVGBackend<'b>,
+    plotters::prelude::Cartesian2d<
+        plotters::coord::combinators::LogCoord<f64>,
+        plotters::coord::combinators::LogCoord<f64>,
+    >,
+>;
+
+/// A chart on `area` of log-scaled `y` against log₂-scaled size `x`, with its mesh drawn.
+fn size_chart<'a, 'b>(
+    area: &'a plotters::drawing::DrawingArea<
+        plotters::prelude::SVGBackend<'b>,
+        plotters::coord::Shift,
+    >,
+    caption: &str,
+    (x, y): (std::ops::Range<f64>, std::ops::Range<f64>),
+    (x_desc, y_desc): (&str, &str),
+    err: &dyn Fn(&dyn std::fmt::Display) -> String,
+) -> CliResult<SizeChart<'a, 'b>> {
+    use plotters::prelude::*;
+    let mut c = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x.log_scale().base(2.0), y.log_scale())
+        .map_err(|e| err(&e))?;
+    c.configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| human_bytes(*x as usize))
+        .draw()
+        .map_err(|e| err(&e))?;
+    Ok(c)
 }
 
 fn bounds(v: &[f64], lo: f64, hi: f64) -> (f64, f64) {
