@@ -10,6 +10,19 @@ use crate::error::{Error, Result};
 use crate::sym::AsSym;
 use crate::Pe;
 
+/// `what` holds `got` elements: at least `expected`, else a length mismatch naming it.
+pub(super) fn need(what: &'static str, got: usize, expected: usize) -> Result<()> {
+    if got < expected {
+        Err(Error::LengthMismatch {
+            what,
+            got,
+            expected,
+        })
+    } else {
+        Ok(())
+    }
+}
+
 impl<T: Elem> GpuBuffer<T> {
     fn validate_dispatch<I: Elem>(
         &self,
@@ -40,17 +53,6 @@ impl<T: Elem> GpuBuffer<T> {
                 c.max_tokens
             )));
         }
-        let need = |what: &'static str, got: usize, expected: usize| {
-            if got < expected {
-                Err(Error::LengthMismatch {
-                    what,
-                    got,
-                    expected,
-                })
-            } else {
-                Ok(())
-            }
-        };
         need("x (tokens * hidden)", x.raw().len, t * c.hidden)?;
         need("topk_ids (tokens * top_k)", ids.raw().len, t * top_k)?;
         need("topk_weights (tokens * top_k)", w.raw().len, t * top_k)?;

@@ -71,6 +71,7 @@
 //! dispatch still send an empty dispatch (peers do not wait in vain) and return the error;
 //! those of a combine return before any launch (the peers' combines then time out).
 
+use super::dispatch::need;
 use crate::backend::cuda::ffi;
 use crate::device::{CudaPe, Kernel, KernelArg, Stream};
 use crate::elem::{Elem, ElemKind};
@@ -749,17 +750,6 @@ impl LowLatencyBuffer {
         self.check_handle(&d)?;
         let (t, k, h) = (d.num_tokens, d.top_k, self.cfg.hidden);
         let g = CudaPe::new(pe)?;
-        let need = |what: &'static str, got: usize, expected: usize| {
-            if got < expected {
-                Err(Error::LengthMismatch {
-                    what,
-                    got,
-                    expected,
-                })
-            } else {
-                Ok(())
-            }
-        };
         let checked = (|| {
             need(
                 "topk_weights (tokens * top_k)",
