@@ -116,6 +116,31 @@ fn round(index: u32, len: usize) -> Round {
     }
 }
 
+/// The part at `at` (`len` elements) of `dst` copied from its owner's `dst` (node member
+/// `peer`, by local index): a node phase after the part's rounds.
+fn from_owner(peer: usize, at: usize, len: usize) -> Step {
+    Step::Copy {
+        peer,
+        from: Buf::Dst,
+        from_at: at,
+        to: Buf::Dst,
+        to_at: at,
+        len,
+    }
+}
+
+/// This member's own `src` at `from_at` into the first `len` elements of its `dst`.
+fn own_input(from_at: usize, len: usize) -> Step {
+    Step::Copy {
+        peer: 0,
+        from: Buf::Src,
+        from_at,
+        to: Buf::Dst,
+        to_at: 0,
+        len,
+    }
+}
+
 /// A schedule without a phase before the rounds, reading `input`.
 fn finish(
     mut partners: Vec<usize>,
@@ -254,14 +279,7 @@ pub(crate) fn all_reduce_sched(
         let (at, len) = part(count, parts, q);
         let owners: Vec<usize> = (0..nodes).map(|k| map.peer(k, q)).collect();
         if owners[mine] != me && len > 0 {
-            after.push(Step::Copy {
-                peer: map.local(owners[mine]),
-                from: Buf::Dst,
-                from_at: at,
-                to: Buf::Dst,
-                to_at: at,
-                len,
-            });
+            after.push(from_owner(map.local(owners[mine]), at, len));
         }
         for (a, n) in chunks(at, len, chunk) {
             let index = next_round(&mut r)?;
@@ -351,14 +369,7 @@ pub(crate) fn reduce_sched(
                 len: count,
             });
         } else if me == root && !in_place {
-            s.before.push(Step::Copy {
-                peer: 0,
-                from: Buf::Src,
-                from_at: 0,
-                to: Buf::Dst,
-                to_at: 0,
-                len: count,
-            });
+            s.before.push(own_input(0, count));
         }
     } else if local > 1 {
         s.before_phase = true;
@@ -467,14 +478,7 @@ pub(crate) fn reduce_scatter_sched(
             s.temp_len = mine_blocks.len() * count;
         }
     } else if !in_place {
-        s.before.push(Step::Copy {
-            peer: 0,
-            from: Buf::Src,
-            from_at: me * count,
-            to: Buf::Dst,
-            to_at: 0,
-            len: count,
-        });
+        s.before.push(own_input(me * count, count));
     }
     Ok(s)
 }
@@ -498,14 +502,7 @@ pub(crate) fn broadcast_sched(
         let sender = map.peer(from, q);
         let owner = map.peer(mine, q);
         if mine != from && owner != me && len > 0 {
-            after.push(Step::Copy {
-                peer: map.local(owner),
-                from: Buf::Dst,
-                from_at: at,
-                to: Buf::Dst,
-                to_at: at,
-                len,
-            });
+            after.push(from_owner(map.local(owner), at, len));
         }
         for (a, n) in chunks(at, len, chunk) {
             let index = next_round(&mut r)?;
