@@ -603,10 +603,7 @@ impl<'a> GpuColl<'a> {
                 algo: two.then_some(Algo::TwoShot),
                 ..sig
             };
-            let ck = self.ll_check(dt, sig)?;
-            let pf = self.pull_ar_func::<T>(op)?;
-            let grid = (blocks as usize * LL_THREADS as usize, blocks, LL_THREADS);
-            return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, Some(mode));
+            return self.pull_fold::<T>(s, dt, sig, (ll, blocks), (d, sr, count), op, mode);
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
@@ -709,11 +706,8 @@ impl<'a> GpuColl<'a> {
         }
         if let Some((ll, blocks)) = self.pull_rs_arg(dt, part, ip, (sr, d)) {
             let sig = CallSig { pull: true, ..sig };
-            let ck = self.ll_check(dt, sig)?;
-            let pf = self.pull_ar_func::<T>(op)?;
-            let grid = (blocks as usize * LL_THREADS as usize, blocks, LL_THREADS);
-            let mode = Some(PULL_AR_SCATTER);
-            return self.ll_launch(s, pf, (d, sr, count), grid, dt, ck, ll, mode);
+            let (ll, bufs, mode) = ((ll, blocks), (d, sr, count), PULL_AR_SCATTER);
+            return self.pull_fold::<T>(s, dt, sig, ll, bufs, op, mode);
         }
         let plan = plan::reduce_scatter(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, es, Some(f), sig)

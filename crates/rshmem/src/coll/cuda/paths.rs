@@ -335,6 +335,26 @@ impl GpuColl<'_> {
         self.ll_launch(s, f, (dst, src, share / 16), grid, dt, ck, ll, Some(word))
     }
 
+    /// The pull all_reduce kernel of `T` and `op` on `blocks` blocks (from `pull_ar_arg` or
+    /// `pull_rs_arg`) in `mode`: `count` elements of the members' `src` folded into `dst`,
+    /// the call checked as `sig`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn pull_fold<T: Elem>(
+        &self,
+        s: &Stream,
+        dt: DeviceTeam,
+        sig: CallSig,
+        (ll, blocks): (LlArg, u32),
+        (dst, src, count): (u64, u64, usize),
+        op: ReduceOp,
+        mode: u64,
+    ) -> Result<()> {
+        let ck = self.ll_check(dt, sig)?;
+        let pf = self.pull_ar_func::<T>(op)?;
+        let grid = (blocks as usize * LL_THREADS as usize, blocks, LL_THREADS);
+        self.ll_launch(s, pf, (dst, src, count), grid, dt, ck, ll, Some(mode))
+    }
+
     /// The path a collective of nccl-tests' size `bytes` (the all_gather output, the
     /// reduce_scatter input, the all_to_all buffer, the message otherwise) on `team` takes
     /// between out-of-place, 4096-aligned buffers: what the benchmarks report and the tests
