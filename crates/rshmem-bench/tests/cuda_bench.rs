@@ -67,20 +67,12 @@ fn coll_config() -> Config {
 
 /// As `tests/cuda_ep.rs`: one GPU per PE where `RSHMEM_DEVICES` lists enough.
 fn ep_config(n: usize) -> Config {
-    let devs: Vec<usize> = std::env::var("RSHMEM_DEVICES")
-        .ok()
-        .and_then(|v| v.split(',').map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_default();
     let c = Config::default()
         .heap_size(256 << 20)
         .timeout(Duration::from_secs(20))
         .backend(BackendKind::Cuda)
         .heap_kind(HeapKind::Static);
-    if devs.is_empty() {
-        c
-    } else {
-        c.devices((0..n).map(|i| devs[i % devs.len()]).collect())
-    }
+    harness::cycled_devices(c, n)
 }
 
 /// The point-to-point benchmark kernels, block scope by SM and bulk (TMA), move exactly the

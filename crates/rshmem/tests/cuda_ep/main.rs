@@ -57,20 +57,12 @@ fn nvrtc_compiles_ep_kernels() {
 // ---------- GPU tests ----------
 
 fn gpu_config(n: usize) -> Config {
-    let devs: Vec<usize> = std::env::var("RSHMEM_DEVICES")
-        .ok()
-        .and_then(|v| v.split(',').map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_default();
     let c = Config::default()
         .heap_size(256 << 20)
         .timeout(Duration::from_secs(20))
         .backend(BackendKind::Cuda)
         .heap_kind(HeapKind::Static);
-    if devs.is_empty() {
-        c
-    } else {
-        c.devices((0..n).map(|i| devs[i % devs.len()]).collect())
-    }
+    harness::cycled_devices(c, n)
 }
 
 fn on_gpus(n: usize, body: fn(&Pe) -> Result<()>) {

@@ -66,20 +66,12 @@ fn ll_config_is_checked_and_sized() {
 // ---------- GPU tests ----------
 
 fn gpu_config() -> Config {
-    let devs: Vec<usize> = std::env::var("RSHMEM_DEVICES")
-        .ok()
-        .and_then(|v| v.split(',').map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_default();
     let c = Config::default()
         .heap_size(128 << 20)
         .timeout(Duration::from_secs(10))
         .backend(BackendKind::Cuda)
         .heap_kind(HeapKind::Static);
-    if devs.is_empty() {
-        c
-    } else {
-        c.devices((0..2).map(|i| devs[i % devs.len()]).collect())
-    }
+    harness::cycled_devices(c, 2)
 }
 
 /// The shape of the tests: 4 local experts per PE, top-4, hidden 256 (FP8 groups: 2).

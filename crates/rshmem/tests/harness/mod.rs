@@ -464,6 +464,20 @@ pub fn gpu_threads(n: usize, config: Config, body: fn(&Pe) -> Result<()>) {
     gpu_run(&test_name(), GpuMode::Threads, n, config, body);
 }
 
+/// `c` with its `n` PEs' GPUs cycled from `RSHMEM_DEVICES` (e.g. `0,0` puts two PEs on one
+/// GPU) where it lists any; `c` as it is otherwise.
+pub fn cycled_devices(c: Config, n: usize) -> Config {
+    let devs: Vec<usize> = std::env::var("RSHMEM_DEVICES")
+        .ok()
+        .and_then(|v| v.split(',').map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    if devs.is_empty() {
+        c
+    } else {
+        c.devices((0..n).map(|i| devs[i % devs.len()]).collect())
+    }
+}
+
 /// Runs `body` on `n` PEs in every mode: threads, `n` processes, and `n / 2` processes × 2
 /// threads when `n` is even (see [`gpu_run`]).
 pub fn gpu_modes(test: &str, n: usize, config: impl Fn() -> Config, body: fn(&Pe) -> Result<()>) {
