@@ -603,7 +603,8 @@ impl<'a> GpuColl<'a> {
                 algo: two.then_some(Algo::TwoShot),
                 ..sig
             };
-            return self.pull_fold::<T>(s, dt, sig, (ll, blocks), (d, sr, count), op, mode);
+            let ll = (ll, blocks);
+            return self.pull_fold::<T>(s, dt, (op, mode), sig, ll, (d, sr, count));
         }
         let plan = plan::all_reduce(Self::shape(&dt, ip), count, algo);
         self.exec(s, dt, &plan, sr, d, std::mem::size_of::<T>(), Some(f), sig)
@@ -706,8 +707,8 @@ impl<'a> GpuColl<'a> {
         }
         if let Some((ll, blocks)) = self.pull_rs_arg(dt, part, ip, (sr, d)) {
             let sig = CallSig { pull: true, ..sig };
-            let (ll, bufs, mode) = ((ll, blocks), (d, sr, count), PULL_AR_SCATTER);
-            return self.pull_fold::<T>(s, dt, sig, ll, bufs, op, mode);
+            let (ll, mode) = ((ll, blocks), PULL_AR_SCATTER);
+            return self.pull_fold::<T>(s, dt, (op, mode), sig, ll, (d, sr, count));
         }
         let plan = plan::reduce_scatter(Self::shape(&dt, ip), count);
         self.exec(s, dt, &plan, sr, d, es, Some(f), sig)

@@ -335,19 +335,17 @@ impl GpuColl<'_> {
         self.ll_launch(s, f, (dst, src, share / 16), grid, dt, ck, ll, Some(word))
     }
 
-    /// The pull all_reduce kernel of `T` and `op` on `blocks` blocks (from `pull_ar_arg` or
-    /// `pull_rs_arg`) in `mode`: `count` elements of the members' `src` folded into `dst`,
-    /// the call checked as `sig`.
-    #[allow(clippy::too_many_arguments)]
+    /// The pull all_reduce kernel of `T` and `op` in `mode` on `blocks` blocks (from
+    /// `pull_ar_arg` or `pull_rs_arg`): `count` elements of the members' `src` folded into
+    /// `dst`, the call checked as `sig`.
     pub(super) fn pull_fold<T: Elem>(
         &self,
         s: &Stream,
         dt: DeviceTeam,
+        (op, mode): (ReduceOp, u64),
         sig: CallSig,
         (ll, blocks): (LlArg, u32),
         (dst, src, count): (u64, u64, usize),
-        op: ReduceOp,
-        mode: u64,
     ) -> Result<()> {
         let ck = self.ll_check(dt, sig)?;
         let pf = self.pull_ar_func::<T>(op)?;
