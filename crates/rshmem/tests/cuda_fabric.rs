@@ -562,14 +562,21 @@ fn collective_and_moe(pe: &Pe) -> Result<()> {
     Ok(())
 }
 
-#[test]
-#[ignore = "needs a GPU"]
-fn host_and_stream_operations_across_two_nodes() {
+/// Runs `body` on two nodes of one process-PE each (skipped where the fabric is not there).
+fn two_nodes(test: &str, body: fn(&Pe) -> Result<()>) {
     if fabric_data::skip() {
         return;
     }
-    let t = "host_and_stream_operations_across_two_nodes";
-    harness::gpu_run(t, GpuMode::Processes, 2, config(), host_and_stream);
+    harness::gpu_run(test, GpuMode::Processes, 2, config(), body);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn host_and_stream_operations_across_two_nodes() {
+    two_nodes(
+        "host_and_stream_operations_across_two_nodes",
+        host_and_stream,
+    );
 }
 
 /// Large transfers between the GPU heaps of two nodes: 24 MiB each way, many staged requests
@@ -610,41 +617,37 @@ fn large_transfers(pe: &Pe) -> Result<()> {
 #[test]
 #[ignore = "needs a GPU"]
 fn large_puts_and_gets_across_two_nodes_on_gpu_heaps() {
-    if fabric_data::skip() {
-        return;
-    }
-    let t = "large_puts_and_gets_across_two_nodes_on_gpu_heaps";
-    harness::gpu_run(t, GpuMode::Processes, 2, config(), large_transfers);
+    two_nodes(
+        "large_puts_and_gets_across_two_nodes_on_gpu_heaps",
+        large_transfers,
+    );
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn device_initiated_puts_through_the_proxy_across_two_nodes() {
-    if fabric_data::skip() {
-        return;
-    }
-    let t = "device_initiated_puts_through_the_proxy_across_two_nodes";
-    harness::gpu_run(t, GpuMode::Processes, 2, config(), device_initiated);
+    two_nodes(
+        "device_initiated_puts_through_the_proxy_across_two_nodes",
+        device_initiated,
+    );
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn device_barriers_across_nodes_from_a_grid_that_fills_the_gpu() {
-    if fabric_data::skip() {
-        return;
-    }
-    let t = "device_barriers_across_nodes_from_a_grid_that_fills_the_gpu";
-    harness::gpu_run(t, GpuMode::Processes, 2, config(), wide_grid_barrier);
+    two_nodes(
+        "device_barriers_across_nodes_from_a_grid_that_fills_the_gpu",
+        wide_grid_barrier,
+    );
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn all_reduce_and_moe_across_two_nodes_on_gpu_heaps() {
-    if fabric_data::skip() {
-        return;
-    }
-    let t = "all_reduce_and_moe_across_two_nodes_on_gpu_heaps";
-    harness::gpu_run(t, GpuMode::Processes, 2, config(), collective_and_moe);
+    two_nodes(
+        "all_reduce_and_moe_across_two_nodes_on_gpu_heaps",
+        collective_and_moe,
+    );
 }
 
 #[test]

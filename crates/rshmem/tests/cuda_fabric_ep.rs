@@ -713,36 +713,26 @@ fn overflow(pe: &Pe, s: &Stream) -> Result<()> {
     pe.free(buf)
 }
 
-#[test]
-#[ignore = "needs a GPU"]
-fn gpu_moe_across_two_nodes() {
+/// Runs `body` on a process-PE per entry of `nodes` (its node), skipped where the fabric is
+/// not there.
+fn on_nodes(test: &str, nodes: &[usize], body: fn(&Pe) -> Result<()>) {
     if fabric_data::skip() {
         return;
     }
-    let t = "gpu_moe_across_two_nodes";
-    harness::gpu_run(
-        t,
-        GpuMode::Processes,
-        2,
-        config(&[0, 1], Duration::from_secs(20)),
-        across_nodes,
-    );
+    let config = config(nodes, Duration::from_secs(20));
+    harness::gpu_run(test, GpuMode::Processes, nodes.len(), config, body);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_moe_across_two_nodes() {
+    on_nodes("gpu_moe_across_two_nodes", &[0, 1], across_nodes);
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_moe_one_step_across_two_nodes() {
-    if fabric_data::skip() {
-        return;
-    }
-    let t = "gpu_moe_one_step_across_two_nodes";
-    harness::gpu_run(
-        t,
-        GpuMode::Processes,
-        2,
-        config(&[0, 1], Duration::from_secs(20)),
-        one_step,
-    );
+    on_nodes("gpu_moe_one_step_across_two_nodes", &[0, 1], one_step);
 }
 
 /// Two nodes of two PEs: a token bound for the other node crosses once, to the PE of its
@@ -751,17 +741,7 @@ fn gpu_moe_one_step_across_two_nodes() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_moe_two_nodes_of_two() {
-    if fabric_data::skip() {
-        return;
-    }
-    let t = "gpu_moe_two_nodes_of_two";
-    harness::gpu_run(
-        t,
-        GpuMode::Processes,
-        4,
-        config(&[0, 0, 1, 1], Duration::from_secs(20)),
-        across_nodes,
-    );
+    on_nodes("gpu_moe_two_nodes_of_two", &[0, 0, 1, 1], across_nodes);
 }
 
 /// A node of one PE beside a node of two (PEs 1 and 2 reach each other by loads and stores,
@@ -769,15 +749,9 @@ fn gpu_moe_two_nodes_of_two() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_moe_one_pe_beside_a_node_of_two() {
-    if fabric_data::skip() {
-        return;
-    }
-    let t = "gpu_moe_one_pe_beside_a_node_of_two";
-    harness::gpu_run(
-        t,
-        GpuMode::Processes,
-        3,
-        config(&[0, 1, 1], Duration::from_secs(20)),
+    on_nodes(
+        "gpu_moe_one_pe_beside_a_node_of_two",
+        &[0, 1, 1],
         across_nodes,
     );
 }
