@@ -759,6 +759,18 @@ fn step(pe: &Pe, what: &str, t0: Instant, r: Result<()>) -> Result<()> {
     r
 }
 
+/// The steps of both worlds after their reductions: data movement, the all_to_all family,
+/// graphs, refusals and a mismatch.
+fn after_reductions(pe: &Pe, c: &Ctx<'_>, t0: Instant) -> Result<()> {
+    step(pe, "all_gather, broadcast", t0, movement(c))?;
+    step(pe, "all_to_all", t0, all_to_all(c))?;
+    step(pe, "all_to_all_v", t0, all_to_all_v(c))?;
+    step(pe, "all_to_all_v_device", t0, all_to_all_v_device(c))?;
+    step(pe, "graph", t0, graph(c))?;
+    step(pe, "refusals", t0, refused(c))?;
+    step(pe, "mismatch", t0, mismatch(c))
+}
+
 fn everything(pe: &Pe) -> Result<()> {
     fabric_data::check_gpu_path(pe);
     let c = Ctx::new(pe)?;
@@ -772,13 +784,7 @@ fn everything(pe: &Pe) -> Result<()> {
     reduce_t::<u64>(&c)?;
     reduce_t::<f16>(&c)?;
     step(pe, "reduce u64, f16", t0, reduce_t::<f32>(&c))?;
-    step(pe, "all_gather, broadcast", t0, movement(&c))?;
-    step(pe, "all_to_all", t0, all_to_all(&c))?;
-    step(pe, "all_to_all_v", t0, all_to_all_v(&c))?;
-    step(pe, "all_to_all_v_device", t0, all_to_all_v_device(&c))?;
-    step(pe, "graph", t0, graph(&c))?;
-    step(pe, "refusals", t0, refused(&c))?;
-    step(pe, "mismatch", t0, mismatch(&c))?;
+    after_reductions(pe, &c, t0)?;
     pe.quiet()
 }
 
@@ -800,13 +806,7 @@ fn sample(pe: &Pe) -> Result<()> {
     )?;
     reduce_t::<i64>(&c)?;
     step(pe, "reduce i64, f32", t0, reduce_t::<f32>(&c))?;
-    step(pe, "all_gather, broadcast", t0, movement(&c))?;
-    step(pe, "all_to_all", t0, all_to_all(&c))?;
-    step(pe, "all_to_all_v", t0, all_to_all_v(&c))?;
-    step(pe, "all_to_all_v_device", t0, all_to_all_v_device(&c))?;
-    step(pe, "graph", t0, graph(&c))?;
-    step(pe, "refusals", t0, refused(&c))?;
-    step(pe, "mismatch", t0, mismatch(&c))?;
+    after_reductions(pe, &c, t0)?;
     assert!(c.coll.set_net_list(0).is_err() && c.coll.set_net_list(65).is_err());
     c.coll.set_net_list(1)?;
     reduce_scatter_t::<u64>(&c)?;
