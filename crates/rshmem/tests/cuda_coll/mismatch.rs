@@ -68,6 +68,23 @@ pub(crate) fn arm(
     Ok(v)
 }
 
+/// Nothing moved on this PE after a mismatch: `dst` still poison, `src` still `mine_src`.
+pub(crate) fn unmoved(
+    pe: &Pe,
+    src: &rshmem::Sym<f32>,
+    dst: &rshmem::Sym<f32>,
+    mine_src: &[f32],
+    ctx: &str,
+) -> Result<()> {
+    check(
+        &pe.local_vec(dst)?,
+        &vec![f32::poison(); dst.len()],
+        &format!("{ctx}: dst"),
+    );
+    check(&pe.local_vec(src)?, mine_src, &format!("{ctx}: src"));
+    Ok(())
+}
+
 /// A correct all_reduce after a mismatch: exact data.
 pub(crate) fn good_all_reduce(
     c: &Ctx<'_>,
@@ -113,13 +130,7 @@ pub(crate) fn mismatch_body(pe: &Pe, fused: bool) -> Result<()> {
     let other = pe.alloc::<f32>(N)?;
     let seed = std::cell::Cell::new(500 + fused as u64 * 100);
     let after = |c: &Ctx<'_>, ctx: &str, mine_src: &[f32]| -> Result<()> {
-        // Nothing moved on any PE: dst still poison, src untouched.
-        check(
-            &pe.local_vec(&dst)?,
-            &vec![f32::poison(); N],
-            &format!("{ctx}: dst"),
-        );
-        check(&pe.local_vec(&src)?, mine_src, &format!("{ctx}: src"));
+        unmoved(pe, &src, &dst, mine_src, ctx)?;
         seed.set(seed.get() + 1);
         good_all_reduce(c, &src, &dst, seed.get(), 1000, ctx)
     };
@@ -258,12 +269,7 @@ pub(crate) fn ll_mismatch_body(pe: &Pe) -> Result<()> {
     let dst = pe.alloc::<f32>(N)?;
     let seed = std::cell::Cell::new(900);
     let after = |ctx: &str, mine_src: &[f32]| -> Result<()> {
-        check(
-            &pe.local_vec(&dst)?,
-            &vec![f32::poison(); N],
-            &format!("{ctx}: dst"),
-        );
-        check(&pe.local_vec(&src)?, mine_src, &format!("{ctx}: src"));
+        unmoved(pe, &src, &dst, mine_src, ctx)?;
         seed.set(seed.get() + 2);
         good_all_reduce(&c, &src, &dst, seed.get(), 1000, ctx)?;
         good_all_reduce(&c, &src, &dst, seed.get() + 1, N, ctx)
@@ -272,13 +278,7 @@ pub(crate) fn ll_mismatch_body(pe: &Pe) -> Result<()> {
     let v = arm(pe, &src, &dst, seed.get())?;
     let n = if me == 1 { 99 } else { 100 };
     c.coll.all_reduce(s, w, &dst, &src, n, ReduceOp::Sum)?;
-    expect_mismatch_with(
-        &c,
-        1,
-        ["count 99 ", "count 100 "],
-        ["count 100 ", "count 99 "],
-        ctx,
-    );
+    expect_mismatch(&c, 1, "count 99 ", "count 100 ", ctx);
     after(ctx, &v)?;
     let ctx = "LL against two-shot";
     let v = arm(pe, &src, &dst, seed.get())?;
@@ -315,20 +315,14 @@ pub(crate) fn ll_mismatch_body(pe: &Pe) -> Result<()> {
         c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
     }
     // (A small all_gather runs the LL way too: each side reads the other's header.)
-    expect_mismatch_with(
-        &c,
-        3,
-        ["all_gather", "all_reduce"],
-        ["all_reduce", "all_gather"],
-        ctx,
-    );
+    expect_mismatch(&c, 3, "all_gather", "all_reduce", ctx);
     after(ctx, &v)?;
     // An LL broadcast whose members name different roots: nothing is waited for or written.
     let ctx = "LL broadcast with different roots";
     let v = arm(pe, &src, &dst, seed.get())?;
     c.coll
         .broadcast(s, w, &dst, &src, 100, if me == 2 { 1 } else { 0 })?;
-    expect_mismatch_with(&c, 2, ["root 1", "root 0"], ["root 0", "root 1"], ctx);
+    expect_mismatch(&c, 2, "root 1", "root 0", ctx);
     after(ctx, &v)?;
     // The LL all_to_all (26 f32 = 104 bytes per pair: whole words) shares the LL areas: an
     // LL all_reduce beside it reads its header and reports the difference.
@@ -339,13 +333,7 @@ pub(crate) fn ll_mismatch_body(pe: &Pe) -> Result<()> {
     } else {
         c.coll.all_reduce(s, w, &dst, &src, 100, ReduceOp::Sum)?;
     }
-    expect_mismatch_with(
-        &c,
-        2,
-        ["all_to_all", "all_reduce"],
-        ["all_reduce", "all_to_all"],
-        ctx,
-    );
+    expect_mismatch(&c, 2, "all_to_all", "all_reduce", ctx);
     after(ctx, &v)?;
     // 9001 f32 per pair (144 KB in all) is beyond the LL all_to_all size (128 KiB) and its
     // shares are not whole 16-byte vectors (no pull): the barrier-based all_to_all, against
