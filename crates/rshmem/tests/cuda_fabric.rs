@@ -103,18 +103,7 @@ extern "C" __global__ void f_put_latency(unsigned long long* dst, const unsigned
 /// Each process its own node (from its rank), both PEs on GPU 0 (or `gpu_devices`), loopback tcp (or the provider
 /// `fabric_data::gpu_fabric` names).
 fn config() -> Config {
-    let rank: usize = std::env::var("RSHMEM_RANK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    fabric_data::gpu_fabric(
-        Config::default()
-            .heap_size(64 << 20)
-            .timeout(Duration::from_secs(30))
-            .backend(BackendKind::Cuda)
-            .devices(fabric_data::gpu_devices(2))
-            .node(format!("node{rank}")),
-    )
+    fabric_data::gpu_config_of(2, Duration::from_secs(30), |rank| rank)
 }
 
 fn rand_u64(pe: usize, stream: u64, len: usize) -> Vec<u64> {

@@ -29,18 +29,8 @@ fn config(nodes: &[usize], timeout: Duration) -> Config {
             .with_writer(std::io::stderr)
             .try_init();
     }
-    let rank: usize = std::env::var("RSHMEM_RANK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    fabric_data::gpu_fabric(
-        Config::default()
-            .heap_size(64 << 20)
-            .timeout(timeout)
-            .backend(BackendKind::Cuda)
-            .devices(fabric_data::gpu_devices(nodes.len()))
-            .node(format!("node{}", nodes[rank.min(nodes.len() - 1)])),
-    )
+    let node = |rank: usize| nodes[rank.min(nodes.len() - 1)];
+    fabric_data::gpu_config_of(nodes.len(), timeout, node)
 }
 
 /// The buffers' tuning: the defaults, with `RSHMEM_TEST_EP_STAMPS=1` (a switch of these tests)

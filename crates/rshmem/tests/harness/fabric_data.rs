@@ -7,7 +7,7 @@
 use crate::harness;
 use rshmem::ep::{EpConfig, EpMode, HostBuffer, RecvLayout};
 use rshmem::launcher::Exit;
-use rshmem::{Config, Error, InProcBootstrap, Launch, Pe, Result};
+use rshmem::{BackendKind, Config, Error, InProcBootstrap, Launch, Pe, Result};
 use std::time::{Duration, Instant};
 
 /// The world of a child: PEs of `pes_per_node` consecutive ranks form one node; loopback tcp.
@@ -135,6 +135,24 @@ pub fn gpu_fabric(c: Config) -> Config {
         Ok(p) if p != "tcp" => c.fabric_provider(p),
         _ => c.fabric_provider("tcp").fabric_domain("lo"),
     }
+}
+
+/// The world of a GPU child of rank `RSHMEM_RANK` (0 outside a launched job) on node
+/// `node(rank)`: the GPUs of `pes` PEs from [`gpu_devices`], a 64 MiB heap, `timeout`, the
+/// provider of [`gpu_fabric`].
+pub fn gpu_config_of(pes: usize, timeout: Duration, node: impl Fn(usize) -> usize) -> Config {
+    let rank: usize = std::env::var("RSHMEM_RANK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    gpu_fabric(
+        Config::default()
+            .heap_size(64 << 20)
+            .timeout(timeout)
+            .backend(BackendKind::Cuda)
+            .devices(gpu_devices(pes))
+            .node(format!("node{}", node(rank))),
+    )
 }
 
 /// The GPU of each of `n` PEs in the GPU tests across nodes: all on GPU 0, or round-robin over
