@@ -114,7 +114,6 @@ const POISON: u64 = 0xdead_beef_dead_beef;
 
 #[test]
 fn nvrtc_compiles_the_cross_node_kernels() {
-    let ci = std::env::var_os("CI").is_some();
     let srcs = [
         ("test kernels", cuda::nvrtc::with_header(KERNELS)),
         (
@@ -123,13 +122,8 @@ fn nvrtc_compiles_the_cross_node_kernels() {
         ),
     ];
     for (what, src) in srcs {
-        match cuda::nvrtc::compile_uncached(&src, "sm_90", &[]) {
-            Ok(cubin) => assert!(cubin.len() > 100, "{what}: empty cubin"),
-            Err(e) if format!("{e}").contains("was not found") && !ci => {
-                eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
-                return;
-            }
-            Err(e) => panic!("{what}: {e}"),
+        if !harness::nvrtc_compiled(what, cuda::nvrtc::compile_uncached(&src, "sm_90", &[])) {
+            return;
         }
     }
 }

@@ -144,7 +144,6 @@ extern "C" __global__ void t_conv(rshmem_half* h, rshmem_bfloat16* b, float* f) 
 /// slowest to compile).
 #[test]
 fn nvrtc_compiles_every_kernel() {
-    let ci = std::env::var_os("CI").is_some();
     let srcs = [
         (
             "internal kernels",
@@ -155,16 +154,8 @@ fn nvrtc_compiles_every_kernel() {
         ("header alone", cuda::nvrtc::with_header("")),
     ];
     for (what, src) in srcs {
-        match cuda::nvrtc::compile_uncached(&src, "sm_90", &[]) {
-            Ok(cubin) => assert!(cubin.len() > 100, "{what}: empty cubin"),
-            Err(e) => {
-                let missing = format!("{e}").contains("was not found");
-                if missing && !ci {
-                    eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
-                    return;
-                }
-                panic!("{what}: {e}");
-            }
+        if !harness::nvrtc_compiled(what, cuda::nvrtc::compile_uncached(&src, "sm_90", &[])) {
+            return;
         }
     }
 }

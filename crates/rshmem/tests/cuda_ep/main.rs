@@ -31,22 +31,14 @@ fn ep_tuning() -> ep::EpTuning {
 
 #[test]
 fn nvrtc_compiles_ep_kernels() {
-    let ci = std::env::var_os("CI").is_some();
     let src = cuda::nvrtc::with_header(ep::EP_KERNELS);
     for t in [ElemKind::F32, ElemKind::Bf16, ElemKind::F16] {
         for id in [ElemKind::I32, ElemKind::I64] {
             let opts = ep::kernel_options(t, id, &ep_tuning().nvrtc_options).unwrap();
             let o: Vec<&str> = opts.iter().map(|s| s.as_str()).collect();
-            match cuda::nvrtc::compile_uncached(&src, "sm_90", &o) {
-                Ok(cubin) => assert!(cubin.len() > 100, "{t:?}/{id:?}: empty cubin"),
-                Err(e) => {
-                    let missing = format!("{e}").contains("was not found");
-                    if missing && !ci {
-                        eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
-                        return;
-                    }
-                    panic!("{t:?}/{id:?}: {e}");
-                }
+            let r = cuda::nvrtc::compile_uncached(&src, "sm_90", &o);
+            if !harness::nvrtc_compiled(&format!("{t:?}/{id:?}"), r) {
+                return;
             }
         }
     }

@@ -19,18 +19,13 @@ use std::time::Duration;
 
 #[test]
 fn nvrtc_compiles_ll_kernels() {
-    let ci = std::env::var_os("CI").is_some();
-    for src in [ep::LL_KERNELS, put_signal::SRC] {
-        match cuda::nvrtc::compile_uncached(&cuda::nvrtc::with_header(src), "sm_90", &[]) {
-            Ok(cubin) => assert!(cubin.len() > 100, "empty cubin"),
-            Err(e) => {
-                let missing = format!("{e}").contains("was not found");
-                if missing && !ci {
-                    eprintln!("NVRTC not found, not checked here (CI requires it): {e}");
-                    return;
-                }
-                panic!("{e}");
-            }
+    for (what, src) in [
+        ("LL kernels", ep::LL_KERNELS),
+        ("put-signal kernels", put_signal::SRC),
+    ] {
+        let r = cuda::nvrtc::compile_uncached(&cuda::nvrtc::with_header(src), "sm_90", &[]);
+        if !harness::nvrtc_compiled(what, r) {
+            return;
         }
     }
 }
