@@ -4,6 +4,8 @@
 # runs, by argument:
 #   tests  the whole pytest suite: CPU tests with numpy and torch CPU tensors, the GPU tests in
 #          thread mode, collectives against NCCL and the MoE layer example under torchrun
+#          (on a machine of one GPU, RSHMEM_DEVICES=0,0 runs the two-PE tests with both PEs on
+#          it; those that need two distinct GPUs skip)
 #   bench  bench/bench.py under torchrun --nproc-per-node 2 (JSON; $BENCH_ARGS added, e.g.
 #          BENCH_ARGS=--one-gpu RSHMEM_DEVICES=0,0 on a machine of one GPU)
 #   all    both (default)

@@ -1,7 +1,10 @@
 """The CUDA surface with torch, thread mode (one GPU per thread-PE): every operation
 stream-ordered, graph capture and replay, user kernels, collectives against references,
 all_to_all_single with split sizes on the GPU, MoE dispatch/combine against a reference.
-Skipped without torch or without 2 GPUs (run by gpu-test.sh on the GPU machine)."""
+Skipped without torch or without 2 GPUs (run by gpu-test.sh on the GPU machine); on a machine
+of one GPU, ``RSHMEM_DEVICES=0,0`` runs them with both thread-PEs on it."""
+
+import os
 
 import numpy as np
 import pytest
@@ -11,9 +14,25 @@ torch = pytest.importorskip("torch")
 import rshmem  # noqa: E402
 from conftest import HEAP  # noqa: E402
 
+
+
+def _two_pes_have_gpus() -> bool:
+    """Two GPUs, or one that RSHMEM_DEVICES lets two PEs share (``0,0``: thread-PEs on one
+    GPU, each on a stream of its own)."""
+    if not torch.cuda.is_available():
+        return False
+    listed = [d for d in os.environ.get("RSHMEM_DEVICES", "").split(",") if d.strip()]
+    return torch.cuda.device_count() >= 2 or len(listed) >= 2
+
+
 pytestmark = pytest.mark.skipif(
+    not _two_pes_have_gpus(), reason="needs torch with 2 CUDA GPUs (or RSHMEM_DEVICES=0,0)"
+)
+# Tests that need two distinct GPUs (a tensor on the other GPU; NCCL, which refuses two ranks
+# on one GPU).
+two_gpus = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-    reason="needs torch with 2 CUDA GPUs",
+    reason="needs 2 distinct CUDA GPUs",
 )
 N = 2
 DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16,
@@ -90,12 +109,16 @@ def test_put_signal_wait_on_streams_and_in_graphs():
             rshmem.barrier()
             out.copy_(data)
         reps = []
+        # This PE's streams only: where PEs share a GPU, a device-wide synchronize would also
+        # wait for the other PE's replay, whose barrier waits for this PE's.
+        cur = torch.cuda.current_stream()
         for i in range(3):
             src.fill_(10 * (i + 1) + me)
-            torch.cuda.synchronize()
+            cur.synchronize()
             rshmem.barrier()
             g.replay()
-            torch.cuda.synchronize()
+            cur.synchronize()
+            s.synchronize()
             reps.append(out.clone().cpu())
         sync()
         return eager.cpu(), reps, int(sig[1:2].view(torch.int64).item())
@@ -294,6 +317,7 @@ def test_moe_dispatch_combine_against_reference():
         assert torch.allclose(cx.float(), want.float(), rtol=2e-2, atol=1e-2)
 
 
+@two_gpus
 def test_gpu_bad_inputs():
     def f():
         t = rshmem.zeros(16, torch.float32)
@@ -334,6 +358,7 @@ def torchrun(script, *args):
         cwd=os.path.dirname(script))
 
 
+@two_gpus
 def test_collectives_against_nccl_under_torchrun():
     from pathlib import Path
 

@@ -29,8 +29,12 @@ def current() -> _rshmem.World:
     return w
 
 
-def _bind_device(w: _rshmem.World) -> None:
-    """Makes the PE's GPU torch's current device of this thread (CUDA backend)."""
+def _bind_device(w: _rshmem.World, shared: bool = False) -> None:
+    """Makes the PE's GPU torch's current device of this thread (CUDA backend). Where other
+    thread-PEs of this process share that GPU (``shared``), also gives this thread a stream of
+    its own as its current stream: torch's default stream is one per GPU, so their
+    stream-ordered calls would queue behind each other (one PE's barrier kernel waiting for the
+    other PE's, which is queued behind it, until the device timeout)."""
     if w.backend != "cuda":
         return
     try:
@@ -38,6 +42,8 @@ def _bind_device(w: _rshmem.World) -> None:
     except ImportError:
         return
     torch.cuda.set_device(w.device)
+    if shared:
+        torch.cuda.set_stream(torch.cuda.Stream(device=w.device))
 
 
 def init(
@@ -112,6 +118,10 @@ def launch(
     leaves without finalize (its peers' waits end in ``PeerLost``) and the first exception
     that is not a ``PeerLost`` is raised here once every thread ended.
 
+    On the CUDA backend each thread's current torch device is its PE's GPU; thread-PEs that
+    share a GPU (``RSHMEM_DEVICES=0,0``) each also get a stream of their own as the thread's
+    current stream, so that their stream-ordered calls do not queue behind each other.
+
     Started by a launcher (torchrun, ``rshmem run``), this process is one PE of that job:
     ``fn`` runs once, here, and the list holds its one result.
     """
@@ -129,16 +139,27 @@ def launch(
     hub = _rshmem.Hub(n, heap_size, timeout, backend)
     results: List[Any] = [None] * n
     errors: List[Optional[BaseException]] = [None] * n
+    # Each PE's GPU, known once every PE joined (the gate), to tell which share one.
+    devices: List[Optional[int]] = [None] * n
+    gate = threading.Barrier(n)
 
     def body(rank: int) -> None:
         try:
             w = hub.join(rank)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors[rank] = e
+            gate.abort()
             return
         _rshmem.set_world(w, True)
         try:
-            _bind_device(w)
+            devices[rank] = w.device if w.backend == "cuda" else None
+            try:
+                gate.wait()
+                shared = devices[rank] is not None and devices.count(devices[rank]) > 1
+            except threading.BrokenBarrierError:
+                # A PE that could not join: this one's first call with it fails instead.
+                shared = False
+            _bind_device(w, shared)
             results[rank] = fn(*args)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors[rank] = e
