@@ -332,6 +332,17 @@ __device__ __forceinline__ unsigned long long ep_tok_mask(const ep_id* ids, cons
     return mask;
 }
 
+// Word i of token t's row record: the token index, then its K expert slots (ids; -1 past
+// topk), then their weights' bits (0 past topk). The receivers place and weigh the row by it,
+// so the direct sends and the packing for other nodes write the same record.
+__device__ __forceinline__ unsigned ep_record_word(const ep_id* ids, const float* w, long long t, int topk, long long K,
+                                                   long long i) {
+    if (i == 0) return (unsigned)t;
+    if (i <= K) { const long long j = i - 1; return j < topk ? (unsigned)(int)ids[t * topk + j] : 0xffffffffu; }
+    const long long j = i - 1 - K;
+    return j < topk ? __float_as_uint(w[t * topk + j]) : 0u;
+}
+
 // Tokens of ep_layout's block b of G: [T*b/G, T*(b+1)/G), in ep_layout and ep_send alike.
 __device__ __forceinline__ void ep_range_tokens(int T, long long b, long long G, int* t0, int* t1) {
     *t0 = (int)((long long)T * b / G);

@@ -83,13 +83,7 @@ __device__ void ep_pack_nodes(const ep_params* P, const ep_t* x, const ep_id* id
             const long long p = npos[t];
             if (p < 0 || p >= CN) continue;
             unsigned* m = ms + 4 + p * RMW;
-            for (long long i = lane; i < RMW; i += 32) {
-                unsigned v;
-                if (i == 0) v = (unsigned)t;
-                else if (i <= K) { long long q = i - 1; v = q < topk ? (unsigned)(int)ids[(long long)t * topk + q] : 0xffffffffu; }
-                else { long long q = i - 1 - K; v = q < topk ? __float_as_uint(w[(long long)t * topk + q]) : 0u; }
-                m[i] = v;
-            }
+            for (long long i = lane; i < RMW; i += 32) m[i] = ep_record_word(ids, w, t, topk, K, i);
             if (em) ep_copy_row_canon(xs + p * H, x + (long long)t * H, H, lane);
             else ep_copy_row(xs + p * H, x + (long long)t * H, H * (long long)sizeof(ep_t), lane);
         }

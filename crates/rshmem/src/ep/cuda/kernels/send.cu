@@ -78,13 +78,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_send(const ep_params* P, co
                 if (pos < 0 || pos >= C || (span && ep_remote(P, d))) continue;
                 const long long row = me * C + pos;
                 unsigned* m = (unsigned*)rshmemi_ptr((unsigned*)P->recv_meta + row * RMW, ep_pe(P, d));
-                for (long long i = lane; i < RMW; i += 32) {
-                    unsigned v;
-                    if (i == 0) v = (unsigned)t;
-                    else if (i <= K) { long long j = i - 1; v = j < topk ? (unsigned)(int)ids[(long long)t * topk + j] : 0xffffffffu; }
-                    else { long long j = i - 1 - K; v = j < topk ? __float_as_uint(w[(long long)t * topk + j]) : 0u; }
-                    m[i] = v;
-                }
+                for (long long i = lane; i < RMW; i += 32) m[i] = ep_record_word(ids, w, t, topk, K, i);
             }
         }
         if (em) {
