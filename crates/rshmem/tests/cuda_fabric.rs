@@ -441,15 +441,20 @@ fn device_initiated(pe: &Pe) -> Result<()> {
     pe.local_fill(&outs, POISON)?;
     pe.barrier_all()?;
     let args = [g.arg(&word)?, g.arg(&outs)?, KernelArg::I32(other as i32)];
+    // The kernel's refusal, reported by the next device-error check, naming the other node's PE.
+    let refused = |what: &str| match g.check_device_errors() {
+        Err(Error::InvalidArgument(m)) => {
+            assert!(
+                m.contains(&format!("PE {other} on another node")),
+                "{what}: {m}"
+            )
+        }
+        r => panic!("{what} to another node: {r:?}"),
+    };
     // SAFETY: matches f_remote_amo(u64*, u64*, int).
     unsafe { g.launch(&k_amo, &s, 1, 32, 0, &args)? };
     s.synchronize()?;
-    match g.check_device_errors() {
-        Err(Error::InvalidArgument(m)) => {
-            assert!(m.contains(&format!("PE {other} on another node")), "{m}")
-        }
-        r => panic!("a device atomic to another node: {r:?}"),
-    }
+    refused("a device atomic");
     assert_eq!(
         pe.local_vec(&outs)?,
         [0, 0, 1, 1],
@@ -473,12 +478,7 @@ fn device_initiated(pe: &Pe) -> Result<()> {
     // 16 data bytes in lines.
     unsafe { g.launch(&k_ll, &s, 1, 32, 0, &args)? };
     s.synchronize()?;
-    match g.check_device_errors() {
-        Err(Error::InvalidArgument(m)) => {
-            assert!(m.contains(&format!("PE {other} on another node")), "{m}")
-        }
-        r => panic!("an LL put-with-signal to another node: {r:?}"),
-    }
+    refused("an LL put-with-signal");
     pe.barrier_all()?;
     assert!(
         pe.local_vec(&area)?.iter().all(|&v| v == POISON),
