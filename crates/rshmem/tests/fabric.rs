@@ -170,12 +170,18 @@ fn every_operation(pe: &Pe) -> Result<()> {
         pe.atomic_fetch_add(&data, 4096, 1, far),
         Err(Error::OutOfBounds { .. })
     ));
+    let r = pe.host_ptr(&data, 0, far);
     assert!(
-        pe.host_ptr(&data, 0, far).is_err(),
-        "no host pointer into another node"
+        matches!(r, Err(Error::Backend { .. })),
+        "no host pointer into another node: {r:?}"
     );
-    assert!(
-        pe.host_ptr(&data, 0, me ^ 1).is_ok(),
+    // A host pointer into a PE of this node reads its copy: what its left neighbour put.
+    let near = pe.host_ptr(&data, 15, me ^ 1)?;
+    // SAFETY: in range of the peer's live copy; nothing writes it until the frees below.
+    let seen = unsafe { near.read_volatile() };
+    assert_eq!(
+        seen,
+        ((me ^ 1) + n - 1) as u64 % n as u64 + 99,
         "host pointer into a PE of this node"
     );
     pe.free(flag)?;
@@ -419,8 +425,13 @@ fn thread_pes_on_two_nodes_share_memory_inside_and_use_the_fabric_across() {
             let got = pe.local_vec(&x).expect("read");
             assert_eq!(got, (0..4).map(|s| (s * 10 + r) as u64).collect::<Vec<_>>());
             // Host pointers reach PEs of this node only.
-            assert!(pe.host_ptr(&x, 0, r ^ 1).is_ok());
-            assert!(pe.host_ptr(&x, 0, (r + 2) % 4).is_err());
+            let near = pe
+                .host_ptr(&x, 3, r ^ 1)
+                .expect("host pointer on this node");
+            // SAFETY: in range of the peer's live copy; nothing writes it until the free.
+            assert_eq!(unsafe { near.read_volatile() }, (3 * 10 + (r ^ 1)) as u64);
+            let far = pe.host_ptr(&x, 0, (r + 2) % 4);
+            assert!(matches!(far, Err(Error::Backend { .. })), "{far:?}");
             pe.free(x).expect("free");
             pe.finalize().expect("finalize");
         },

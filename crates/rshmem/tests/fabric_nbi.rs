@@ -245,6 +245,8 @@ fn a_node_killed_with_non_blocking_operations_in_flight_is_an_error_naming_it() 
     let e = 'run: loop {
         let mut puts = Vec::new();
         let mut gets = Vec::new();
+        // Poisoned: the gets must bring the target's zeros back.
+        backs.iter_mut().for_each(|b| b.fill(0xa5));
         for (i, back) in backs.iter_mut().enumerate() {
             match pe.put_nbi(&buf, i * chunk, &data, 1, i as u64) {
                 Ok(h) => puts.push(h),
