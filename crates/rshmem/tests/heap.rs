@@ -180,7 +180,15 @@ fn slices(pe: &Pe) -> Result<()> {
     #[allow(clippy::reversed_empty_ranges)]
     let reversed = x.slice(9..5).map(|_| ());
     assert!(matches!(reversed, Err(rshmem::Error::OutOfBounds { .. })));
-    assert!(pe.put(&x.slice(14..)?, 0, &[1, 2, 3], next).is_err());
+    // Three elements into the last two: refused, and nothing written past the slice's end
+    // (or into it).
+    let over = pe.put(&x.slice(14..)?, 0, &[1, 2, 3], next);
+    assert!(
+        matches!(over, Err(rshmem::Error::OutOfBounds { .. })),
+        "{over:?}"
+    );
+    pe.barrier_all()?;
+    check_eq("x after a refused put", &pe.local_vec(&x)?, &want);
     pe.barrier_all()?;
     pe.free(x)
 }
