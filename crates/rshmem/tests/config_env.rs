@@ -63,21 +63,33 @@ fn bad_configurations() {
             .values()
             .map(|_| ())
     };
-    expect_err("heap 0", run(cfg().heap_size(0), 2), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("teams 0", run(cfg().max_teams(0), 2), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("teams 5000", run(cfg().max_teams(5000), 1), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("timeout 0", run(cfg().timeout(Duration::ZERO), 2), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
-    expect_err("0 PEs", run(cfg(), 0), |e| {
-        matches!(e, Error::InvalidArgument(_))
-    });
+    // Each refused for the setting it gets wrong (the message names it), not for another.
+    let names = |what: &'static str| move |e: &Error| matches!(e, Error::InvalidArgument(m) if m.contains(what));
+    expect_err(
+        "heap 0",
+        run(cfg().heap_size(0), 2),
+        names("heap size: 0 bytes is below the minimum"),
+    );
+    expect_err(
+        "teams 0",
+        run(cfg().max_teams(0), 2),
+        names("max_teams 0 is out of range"),
+    );
+    expect_err(
+        "teams 5000",
+        run(cfg().max_teams(5000), 1),
+        names("max_teams 5000 is out of range"),
+    );
+    expect_err(
+        "timeout 0",
+        run(cfg().timeout(Duration::ZERO), 2),
+        names("timeout must be positive"),
+    );
+    expect_err(
+        "0 PEs",
+        run(cfg(), 0),
+        names("a world needs at least one PE"),
+    );
     // a heap below the minimum is refused, naming the minimum (not accepted as 0 bytes)
     for tiny in [1, 10, 4095] {
         expect_err(
