@@ -103,6 +103,8 @@ fn coll(pe: &Pe, config: &CollConfig, kind: CollKind, bytes: usize) -> Result<us
     let dst = pe.alloc::<u64>(dst_len)?;
     let input: Vec<u64> = (0..src_len).map(|i| value(me, i)).collect();
     pe.local_write(&src, 0, &input)?;
+    // Poisoned: value(0, 0) is 0, which a fresh heap already holds.
+    pe.local_fill(&dst, u64::MAX)?;
     pe.barrier_all()?;
     match kind {
         CollKind::AllReduce => c.all_reduce(world, &dst, &src, count, ReduceOp::Sum)?,

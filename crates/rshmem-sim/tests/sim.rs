@@ -486,8 +486,12 @@ links = [
     assert_eq!(t.route(0, 1).expect("route"), vec![6]);
     assert_eq!(t.route(1, 0).expect("route"), vec![2, 1]);
     assert_eq!(t.route(0, 2).expect("route"), vec![0, 5]);
+    // Incomplete (no fabric, a GPU of one field): refused as TOML that lacks a field.
     let bad = Topology::parse("name = \"x\"\n[gpu]\nsms = 1");
-    assert!(bad.is_err());
+    assert!(
+        matches!(&bad, Err(rshmem_sim::SimError::Toml { source, .. }) if source.to_string().contains("missing field")),
+        "{bad:?}"
+    );
 }
 
 #[test]
