@@ -78,9 +78,11 @@ fn bad_run_arguments() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(
+    // Refused before anything runs (the launcher's spawn error): exit code 2, as for bad
+    // arguments, not some other failure's code.
+    assert_eq!(
         out.status.code(),
-        Some(0),
+        Some(2),
         "a command that does not exist: {err}"
     );
     assert!(err.contains("/nonexistent/rshmem-test-cmd"), "{err}");

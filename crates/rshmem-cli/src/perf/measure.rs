@@ -404,10 +404,15 @@ mod tests {
 
     #[test]
     fn memcpy_copies() {
-        let src = AlignedBuf::new(33, 5);
-        let mut dst = AlignedBuf::new(33, 0);
+        // Distinct words (a copy from the wrong place would show), into a poisoned buffer.
+        let mut src = AlignedBuf::new(33, 0);
+        for (i, w) in src.as_mut_slice().iter_mut().enumerate() {
+            *w = 0x5a5a_0000 + i as u64;
+        }
+        let mut dst = AlignedBuf::new(33, u64::MAX);
         memcpy_k(2, src.as_slice(), dst.as_mut_slice());
-        assert_eq!(src.as_slice(), dst.as_slice());
+        let want: Vec<u64> = (0..33).map(|i| 0x5a5a_0000 + i).collect();
+        assert_eq!(dst.as_slice(), &want[..]);
     }
 
     #[test]
