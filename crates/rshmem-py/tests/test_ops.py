@@ -96,8 +96,11 @@ def test_wait_until_every_comparison():
     def f():
         w = rshmem.numpy.zeros(1, np.int64)
         w[0] = -3
-        for cmp, v in (("==", -3), ("!=", 0), (">", -4), (">=", -3), ("<", 0), ("<=", -3),
-                       ("eq", -3), ("ge", -3)):
+        # Each holds for -3 and its neighbour comparisons fail for some of them (">=" with -4,
+        # "<=" with -2, ...): a comparison read as another one waits and ends in Timeout.
+        for cmp, v in (("==", -3), ("!=", 0), ("!=", -4), (">", -4), (">=", -3), (">=", -4),
+                       ("<", 0), ("<", -2), ("<=", -3), ("<=", -2), ("eq", -3), ("ge", -3),
+                       ("ge", -4)):
             assert rshmem.wait_until(w, cmp, v) == -3
         with pytest.raises(rshmem.InvalidArgument):
             rshmem.wait_until(w, "=~", 0)

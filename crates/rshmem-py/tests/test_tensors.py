@@ -96,11 +96,13 @@ def test_bad_allocation_arguments():
 def test_free_is_checked_and_safe():
     def f():
         me = rshmem.my_pe()
+        base = rshmem.heap_usage()[1]
         a = rshmem.numpy.zeros(1024, np.uint8)
         b = rshmem.numpy.zeros(1024, np.uint8)
         # Different tensors on different PEs: a mismatch on every PE, nothing freed.
         with pytest.raises(rshmem.CollectiveMismatch):
             rshmem.free(a if me == 0 else b)
+        held = [rshmem.heap_usage()[1] - base]
         # A view is not the allocation; a plain array is not symmetric.
         with pytest.raises(rshmem.InvalidArgument):
             rshmem.free(a[8:])
@@ -125,12 +127,18 @@ def test_free_is_checked_and_safe():
         rshmem.free(c)
         rshmem.free(b)
         d = rshmem.numpy.zeros(4096, np.uint8)  # the released blocks are reclaimed here
-        used = rshmem.heap_usage()[1]
+        held.append(rshmem.heap_usage()[1] - base)
         rshmem.free(d)
-        return used
+        del b, c, d
+        gc.collect()
+        e = rshmem.numpy.zeros(1024, np.uint8)  # b, c and d reclaimed here
+        held.append(rshmem.heap_usage()[1] - base)
+        rshmem.free(e)
+        return held
 
-    used = run(2, f)
-    assert used[0] == used[1]
+    # In use: a and b after the refused free; then d, and b and c (freed, their arrays still
+    # live) but not a (its array and view deleted); at last e alone.
+    assert run(2, f) == [[2048, 4096 + 2048, 1024]] * 2
 
 
 def test_views_outlive_finalize_without_crash():
