@@ -13,6 +13,13 @@ from conftest import ALL_DTYPES, as_np, empty, host, rand, run, torch, zeros
 def test_every_dtype_is_symmetric_and_peer_visible(kind, dtype):
     def f():
         me, n = rshmem.my_pe(), rshmem.n_pes()
+        # An object freed where `z` is placed next (its last view dropped, so its memory is
+        # reused): zeros must clear what it left.
+        dirty = empty(kind, (3, 5), dtype)
+        dirty[...] = host(kind, rand(me + 7, (3, 5), dtype), dtype)
+        rshmem.free(dirty)
+        del dirty
+        gc.collect()
         z = zeros(kind, (3, 5), dtype)
         assert tuple(z.shape) == (3, 5)
         assert (as_np(z, dtype) == 0).all()
