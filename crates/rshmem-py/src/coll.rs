@@ -21,9 +21,7 @@ impl World {
         })
         .py()
     }
-}
 
-impl World {
     /// Runs `f` with the symmetric operands `dst` and `src`, each (address, bytes), as views of
     /// `T`: the output and the input of a collective.
     pub(crate) fn with_io_views<T: Elem, R>(

@@ -152,7 +152,7 @@ def launch(
             return
         _rshmem.set_world(w, True)
         try:
-            devices[rank] = w.device if w.backend == "cuda" else None
+            devices[rank] = w.device  # None off the CUDA backend
             try:
                 gate.wait()
                 shared = devices[rank] is not None and devices.count(devices[rank]) > 1
